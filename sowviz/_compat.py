@@ -1,0 +1,176 @@
+"""Every touch of JAX internals, and nothing else.
+
+sowviz supports JAX 0.7 – 0.10 and is tested on the version pinned by `make test`
+(0.10.2 at the time of writing). Public `jax.extend` names are preferred; the few
+`jax._src` imports below are the ones with no public equivalent. When JAX moves
+one of them, this is the only file to change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Primitive, Var
+from jax.interpreters import ad, batching, mlir
+
+# No public home: effects (to keep tagged values alive through DCE and partial
+# evaluation), source locations and name stacks of equations.
+from jax._src import core as _core
+from jax._src import effects as _effects
+from jax._src import source_info_util as _source_info
+
+__all__ = [
+    "ClosedJaxpr",
+    "Jaxpr",
+    "JaxprEqn",
+    "Literal",
+    "Primitive",
+    "Var",
+    "ad",
+    "batching",
+    "mlir",
+]
+
+JAX_VERSION = tuple(int(p) for p in jax.__version__.split(".")[:3] if p.isdigit())
+
+# ---------------------------------------------------------------------------
+# Effects. A tagged value must survive dead-code elimination inside `jit`,
+# `scan` and `remat` partial evaluation even when nothing downstream uses it;
+# an unordered effect registered where jax.debug.print registers its own does
+# exactly that, without the token threading an ordered effect would need.
+
+
+class CaptureEffect(_effects.Effect):
+    """The effect of a `sow`: 'this value is observed'."""
+
+    def __str__(self) -> str:
+        return "SowCapture"
+
+
+capture_effect = CaptureEffect()
+for _set in (
+    _effects.lowerable_effects,
+    _effects.control_flow_allowed_effects,
+    _effects.custom_derivatives_allowed_effects,
+    _effects.remat_allowed_effects,
+    _effects.partial_eval_kept_effects,
+):
+    _set.add_type(CaptureEffect)
+
+
+def is_zero_cotangent(x: Any) -> bool:
+    return type(x) is ad.Zero
+
+
+def instantiate_zeros(x: Any) -> Any:
+    return ad.instantiate_zeros(x)
+
+
+not_mapped = None  # batching's marker for an unbatched operand (0.4.31+: None)
+
+
+# ---------------------------------------------------------------------------
+# Higher-order primitives by name. Names are stable across 0.7–0.10; looking
+# them up by name keeps the import surface small.
+
+PJIT = "jit"  # pjit_p.name; was "pjit" before JAX 0.7
+CALL_NAMES = frozenset({"jit", "pjit", "closed_call", "core_call"})
+SCAN = "scan"
+COND = "cond"
+WHILE = "while"
+REMAT = frozenset({"checkpoint", "remat"})
+CUSTOM_JVP = "custom_jvp_call"
+CUSTOM_VJP = frozenset({"custom_vjp_call", "custom_vjp_call_jaxpr"})
+SHARD_MAP = "shard_map"
+TESSERACT = "tesseract_dispatch"
+
+
+def sub_jaxprs(eqn: JaxprEqn) -> Iterator[tuple[str, int | None, Jaxpr]]:
+    """(param name, index in a tuple param or None, jaxpr) for every jaxpr in `eqn.params`."""
+    for key, val in eqn.params.items():
+        items = val if isinstance(val, (tuple, list)) else (val,)
+        for i, item in enumerate(items):
+            j = item.jaxpr if isinstance(item, ClosedJaxpr) else item
+            if isinstance(j, Jaxpr):
+                yield key, (i if isinstance(val, (tuple, list)) else None), j
+
+
+# ---------------------------------------------------------------------------
+# Source locations and name stacks.
+
+
+@dataclass(frozen=True)
+class SourceLocation:
+    file: str
+    line: int
+    function: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line} ({self.function})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "function": self.function}
+
+
+def user_location(eqn: JaxprEqn) -> SourceLocation | None:
+    """The user's frame that created `eqn` (library frames skipped), or None."""
+    try:
+        frame = _source_info.user_frame(eqn.source_info.traceback)
+    except Exception:  # source info is best effort; never fail a capture for it
+        return None
+    if frame is None:
+        return None
+    return SourceLocation(frame.file_name, frame.start_line, frame.function_name)
+
+
+def current_user_location() -> SourceLocation | None:
+    """The user's frame calling into JAX right now (for errors raised at trace time)."""
+    try:
+        frame = _source_info.user_frame(_source_info.current().traceback)
+    except Exception:
+        return None
+    if frame is None:
+        return None
+    return SourceLocation(frame.file_name, frame.start_line, frame.function_name)
+
+
+def name_stack(eqn: JaxprEqn) -> tuple[str, ...]:
+    """The `jax.named_scope` / transform name stack of `eqn`, outermost first."""
+    stack = eqn.source_info.name_stack
+    out: list[str] = []
+    for entry in getattr(stack, "stack", ()):
+        name = getattr(entry, "name", None)
+        if isinstance(name, str):
+            out.append(name)
+    return tuple(out)
+
+
+def name_stack_kinds(eqn: JaxprEqn) -> tuple[tuple[str, str], ...]:
+    """(kind, name) per name-stack entry: kind is 'scope' or 'transform'."""
+    stack = eqn.source_info.name_stack
+    out: list[tuple[str, str]] = []
+    for entry in getattr(stack, "stack", ()):
+        name = getattr(entry, "name", None)
+        if isinstance(name, str):
+            kind = "transform" if type(entry).__name__ == "Transform" else "scope"
+            out.append((kind, name))
+    return tuple(out)
+
+
+def new_eqn(invars, outvars, primitive, params, effects, source_info=None) -> JaxprEqn:
+    return _core.new_jaxpr_eqn(invars, outvars, primitive, params, effects, source_info)
+
+
+def jaxpr_effects(jaxpr: Jaxpr):
+    return jaxpr.effects
+
+
+def eval_jaxpr(jaxpr: Jaxpr, consts, *args):
+    return _core.eval_jaxpr(jaxpr, consts, *args)
+
+
+def unmapped_aval(size: int, aval):
+    return _core.unmapped_aval(size, 0, aval)

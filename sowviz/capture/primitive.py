@@ -1,0 +1,130 @@
+"""The `sow` primitive: an identity that marks values for capture.
+
+One primitive carries every leaf of a sown pytree. Its parameters say what the
+value is (`name`, `tag`) and which derivative it is (`mode`, a tuple of roles,
+one per differentiation level that reached it, innermost first):
+
+* the JVP rule keeps the primal's roles + ``P`` and gives the tangent roles + ``T``;
+* the transpose rule turns the last ``T`` into ``C``: the cotangent at that point;
+* the batching rule moves the batch axis to the front and keeps the roles.
+
+`mode_key` renders roles as the capture key users see: trailing ``P`` dropped,
+``()`` is ``"primal"``, ``("C", "T")`` is ``"cotangent.tangent"`` (the tangent of
+a cotangent, as under `jax.hessian`).
+
+The primitive carries an unordered effect (see `_compat.CaptureEffect`) so no
+dead-code elimination or partial evaluation inside `jit`, `scan` or `remat` can
+drop a tagged value that nothing downstream uses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import _compat
+
+Roles = tuple[str, ...]
+_ROLE_NAMES = {"P": "primal", "T": "tangent", "C": "cotangent"}
+
+sow_p = _compat.Primitive("sow")
+sow_p.multiple_results = True
+
+
+def _impl(*xs: Any, **_: Any) -> tuple[Any, ...]:
+    return xs
+
+
+def _abstract_eval(*avals: Any, **_: Any):
+    return avals, {_compat.capture_effect}
+
+
+def _jvp(primals, tangents, *, name, tag, mode, treedef, index):
+    outs = sow_p.bind(*primals, name=name, tag=tag, mode=(*mode, "P"), treedef=treedef, index=index)
+    tans = [_compat.instantiate_zeros(t) for t in tangents]
+    touts = sow_p.bind(*tans, name=name, tag=tag, mode=(*mode, "T"), treedef=treedef, index=index)
+    return outs, touts
+
+
+def _transpose(cts, *operands, name, tag, mode, treedef, index):
+    del operands
+    if "T" not in mode:  # a primal sow is not linear; JAX never asks for this
+        raise ValueError(f"sow {name!r}: transpose of a non-tangent value (roles {mode})")
+    last = len(mode) - 1 - mode[::-1].index("T")
+    ct_mode = (*mode[:last], "C", *mode[last + 1 :])
+    cts = [_compat.instantiate_zeros(c) for c in cts]
+    return sow_p.bind(*cts, name=name, tag=tag, mode=ct_mode, treedef=treedef, index=index)
+
+
+def _batch(args, dims, **params):
+    moved = [
+        a if d is _compat.not_mapped else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)
+    ]
+    out_dims = [_compat.not_mapped if d is _compat.not_mapped else 0 for d in dims]
+    return sow_p.bind(*moved, **params), out_dims
+
+
+def _lower(ctx, *xs, **_):
+    return xs
+
+
+sow_p.def_impl(_impl)
+sow_p.def_effectful_abstract_eval(_abstract_eval)
+_compat.ad.primitive_jvps[sow_p] = _jvp
+_compat.ad.primitive_transposes[sow_p] = _transpose
+_compat.batching.primitive_batchers[sow_p] = _batch
+_compat.mlir.register_lowering(sow_p, _lower)
+
+
+def mode_key(roles: Roles) -> str:
+    """Render derivative roles as a capture key: ``("C", "T")`` → ``"cotangent.tangent"``."""
+    trimmed = list(roles)
+    while trimmed and trimmed[-1] == "P":
+        trimmed.pop()
+    if not trimmed:
+        return "primal"
+    return ".".join(_ROLE_NAMES[r] for r in trimmed)
+
+
+def _check_str(value: Any, what: str) -> None:
+    if not isinstance(value, str) or not value:
+        raise TypeError(
+            f"sowviz.sow: `{what}` must be a non-empty string, got {value!r} "
+            f"({type(value).__name__}). Pass a name such as sow(x, 'layer_1')."
+        )
+
+
+def _as_array(leaf: Any, name: str) -> Any:
+    if isinstance(leaf, (jax.Array, np.ndarray, np.generic)) or hasattr(leaf, "aval"):
+        return leaf
+    if isinstance(leaf, (bool, int, float, complex)):
+        return jnp.asarray(leaf)
+    raise TypeError(
+        f"sowviz.sow({name!r}): leaf of type {type(leaf).__name__} is not an array. "
+        "Only arrays and numbers can be sown; sow the array fields of your object instead."
+    )
+
+
+def sow(value: Any, name: str, *, tag: str = "intermediates") -> Any:
+    """Tag `value` (any pytree of arrays) for capture and return it unchanged."""
+    _check_str(name, "name")
+    _check_str(tag, "tag")
+    leaves, treedef = jax.tree_util.tree_flatten(value)
+    if not leaves:
+        return value
+    arrays = [_as_array(leaf, name) for leaf in leaves]
+    outs = sow_p.bind(*arrays, name=name, tag=tag, mode=(), treedef=treedef, index=_next_index())
+    return jax.tree_util.tree_unflatten(treedef, outs)
+
+
+# Each `sow` call gets a serial number so two calls with one name stay distinct
+# through every transformation (duplicates are then detected, not merged).
+_counter = [0]
+
+
+def _next_index() -> int:
+    _counter[0] += 1
+    return _counter[0]
