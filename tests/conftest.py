@@ -18,8 +18,3 @@ def chromium_path() -> str:
         pytest.fail(f"{CHROMIUM} is missing: run `make test`, which installs Debian's chromium")
     return CHROMIUM
 
-
-@pytest.fixture(autouse=True)
-def _fresh_jax_caches():
-    yield
-    jax.clear_caches()
