@@ -1,0 +1,404 @@
+"""On-device statistics of one array: counts, moments and two histograms.
+
+`summarize` runs inside the compiled program (it is jittable, vmappable and keeps
+sharded inputs distributed), so only a `Summary` of constant size crosses to the
+host, whatever the size of the array it describes.
+
+Conventions (reproduced by the tests in NumPy):
+
+* Integer and bool arrays are summarised by value (as float32); bf16/f16 are
+  accumulated in float32; float64 (with ``jax_enable_x64``) stays float64;
+  complex arrays are summarised by magnitude ``|x|``.
+* ``nan``/``posinf``/``neginf``/``zeros`` are counted over all elements; ``min``,
+  ``max``, ``mean``, ``std`` (population, ddof=0), ``l2`` and ``absmax`` are over
+  the ``count`` finite elements only.
+* ``hist`` has ``bins + 1`` edges ``lo + (hi - lo) * i / bins`` over
+  ``[lo, hi] = [min, max]`` of the finite values, and bin ``i`` counts
+  ``edges[i] <= v < edges[i + 1]`` (the last bin also holds ``v == hi``), exactly
+  like ``np.histogram(v, bins=edges)`` with the returned edges.
+  ``loghist`` is the same over ``log10|v|`` of the non-zero finite values.
+* A degenerate range (``lo == hi``, also "no values at all", where ``lo = hi = 0``)
+  is widened to ``[lo - p, hi + p]`` with ``p = max(0.5, |lo| / 1024)``, so the
+  edges are distinct and all values land in one middle bin.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["Summary", "SummaryOptions", "summarize", "summarize_tree", "to_host"]
+
+
+def _check_bins(bins: Any) -> int:
+    # bool is an int subclass; `bins=True` is a mistake, not "one bin".
+    if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 1:
+        raise ValueError(
+            f"bins must be an int >= 1 (the number of histogram bins), got {bins!r}; "
+            "pass e.g. bins=64"
+        )
+    return int(bins)
+
+
+@dataclasses.dataclass(frozen=True)
+class SummaryOptions:
+    """How captured arrays are summarised.
+
+    Example:
+        >>> SummaryOptions(bins=32).bins
+        32
+    """
+
+    bins: int = 64
+
+    def __post_init__(self) -> None:
+        _check_bins(self.bins)
+
+
+_DATA_FIELDS = (
+    "count",
+    "nan",
+    "posinf",
+    "neginf",
+    "zeros",
+    "min",
+    "max",
+    "mean",
+    "std",
+    "l2",
+    "absmax",
+    "hist_edges",
+    "hist_counts",
+    "loghist_edges",
+    "loghist_counts",
+)
+_META_FIELDS = ("shape", "dtype", "is_complex", "bins")
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass, data_fields=_DATA_FIELDS, meta_fields=_META_FIELDS
+)
+@dataclasses.dataclass(frozen=True)
+class Summary:
+    """Statistics of one array, computed on the device by `summarize`.
+
+    A pytree: the array fields are leaves (so a `Summary` can be returned from a
+    jitted function, or stacked by `vmap`/`scan` along a leading axis); ``shape``,
+    ``dtype``, ``is_complex`` and ``bins`` are static metadata describing the
+    summarised array (for a stacked `Summary`, one element of the stack).
+
+    Example:
+        >>> s = summarize(jnp.array([1.0, 2.0, jnp.nan]), bins=4)
+        >>> s.to_json()["count"], s.to_json()["nan"], s.to_json()["max"]
+        (2, 1, 2.0)
+    """
+
+    count: Any  # int32: finite elements
+    nan: Any  # int32
+    posinf: Any  # int32
+    neginf: Any  # int32
+    zeros: Any  # int32
+    min: Any  # float: over finite elements (0 when count == 0)
+    max: Any
+    mean: Any
+    std: Any  # population standard deviation
+    l2: Any  # Euclidean norm
+    absmax: Any
+    hist_edges: Any  # (bins + 1,)
+    hist_counts: Any  # (bins,) int32
+    loghist_edges: Any  # (bins + 1,) of log10|x|
+    loghist_counts: Any  # (bins,) int32
+    shape: tuple[int, ...]
+    dtype: str
+    is_complex: bool
+    bins: int
+
+    @property
+    def size(self) -> int:
+        """Number of elements of the summarised array."""
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the array leaves: what one device→host transfer of this summary moves."""
+        return sum(int(leaf.nbytes) for leaf in jax.tree_util.tree_leaves(self))
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON-ready dict of docs/model.md ("Summary"), with plain Python types.
+
+        Statistics over finite values are ``None`` when there are none (``l2`` is
+        then 0.0); no NaN or infinity ever appears. Fetches the leaves from the
+        device if needed (prefer `to_host` on a whole tree first: one transfer).
+
+        Example:
+            >>> summarize(jnp.zeros((2, 3)), bins=2).to_json()["hist"]["counts"]
+            [0, 6]
+        """
+        host = jax.device_get(self)
+        if np.ndim(host.count) != 0:
+            raise ValueError(
+                f"to_json needs one summary, but this one is stacked with leading axes "
+                f"{np.shape(host.count)} (from vmap/scan); index its leaves first, e.g. "
+                "jax.tree.map(lambda leaf: leaf[i], summary)"
+            )
+        count = int(host.count)
+
+        def stat(v: Any) -> float | None:
+            return _finite_float(v) if count > 0 else None
+
+        return {
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "size": self.size,
+            "complex": self.is_complex,
+            "count": count,
+            "nan": int(host.nan),
+            "posinf": int(host.posinf),
+            "neginf": int(host.neginf),
+            "zeros": int(host.zeros),
+            "min": stat(host.min),
+            "max": stat(host.max),
+            "mean": stat(host.mean),
+            "std": stat(host.std),
+            "l2": _finite_float(host.l2) if count > 0 else 0.0,
+            "absmax": stat(host.absmax),
+            "hist": {
+                "edges": [_finite_float(e) for e in np.asarray(host.hist_edges)],
+                "counts": [int(c) for c in np.asarray(host.hist_counts)],
+            },
+            "loghist": {
+                "edges": [_finite_float(e) for e in np.asarray(host.loghist_edges)],
+                "counts": [int(c) for c in np.asarray(host.loghist_counts)],
+            },
+        }
+
+
+def _finite_float(v: Any) -> float:
+    # The only statistic that can leave the dtype's range is l2 (sqrt(n) * absmax
+    # near the float32 limit). JSON has no infinity, so it saturates at the
+    # largest finite value of its dtype instead.
+    a = np.asarray(v)
+    if np.isfinite(a):
+        return float(a)
+    if np.isnan(a):  # unreachable by construction; never emit NaN regardless
+        return 0.0
+    big = float(np.finfo(a.dtype).max)
+    return big if a > 0 else -big
+
+
+def to_host(tree: Any) -> Any:
+    """Fetch a whole pytree of `Summary` objects in ONE `jax.device_get`.
+
+    Returns the same structure with NumPy leaves.
+
+    Example:
+        >>> host = to_host({"w": summarize(jnp.ones(3))})
+        >>> type(host["w"].count).__name__
+        'ndarray'
+    """
+    return jax.device_get(tree)
+
+
+def _widen(lo: jax.Array, hi: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Make [lo, hi] non-degenerate (see module docstring) while staying finite."""
+    big = jnp.finfo(lo.dtype).max
+    pad = jnp.maximum(jnp.asarray(0.5, lo.dtype), jnp.abs(lo) / 1024)
+    same = lo == hi
+    return (
+        jnp.where(same, jnp.maximum(lo - pad, -big), lo),
+        jnp.where(same, jnp.minimum(hi + pad, big), hi),
+    )
+
+
+def _histogram(
+    v: jax.Array, mask: jax.Array, lo: jax.Array, hi: jax.Array, bins: int
+) -> tuple[jax.Array, jax.Array]:
+    """Counts of the masked values of `v` in `bins` equal bins over [lo, hi].
+
+    `lo`, `hi` must be finite. Scatter-adds a clipped bin index with weight
+    `mask`, so memory is O(size + bins), never O(size * bins), and a sharded `v`
+    is counted where it lives (partial counts are then summed across devices).
+    """
+    lo, hi = _widen(lo, hi)
+    # Work in units of a power of two >= max(|lo|, |hi|): scaling by it is exact,
+    # and hi - lo can no longer overflow (e.g. lo = -3e38, hi = 3e38).
+    scale = _pow2_scale(jnp.maximum(jnp.abs(lo), jnp.abs(hi)))
+    lo_s, hi_s = lo / scale, hi / scale
+    t = jnp.arange(bins + 1, dtype=lo.dtype) / bins
+    edges = (lo_s + (hi_s - lo_s) * t) * scale
+    # Pin the ends exactly and keep rounding from stepping outside [lo, hi], so
+    # edges are non-decreasing and bin membership is defined by these edges.
+    edges = jnp.clip(edges.at[0].set(lo).at[-1].set(hi), lo, hi)
+    # Membership is decided by comparing with the returned edges (not by the
+    # arithmetic estimate), so counts equal np.histogram(v, bins=edges) exactly.
+    idx = jnp.minimum(_last_edge_at_or_below(edges, v), bins - 1)
+    # No ravel: flattening a dimension that is sharded is not allowed on explicit
+    # meshes, and an N-d index array scatters just as well.
+    counts = jnp.zeros(bins, jnp.int32).at[idx].add(mask.astype(jnp.int32), **_replicated(v))
+    return edges, counts
+
+
+def _replicated(v: jax.Array) -> dict[str, Any]:
+    """`out_sharding=` for a small replicated result when `v` lives on an explicit mesh.
+
+    With explicit mesh axes JAX asks where a scatter's result goes; the answer is
+    "replicated": each device counts its shard and the partial counts are summed.
+    """
+    mesh = jax.typeof(v).sharding.mesh
+    if mesh.empty or jax.sharding.AxisType.Explicit not in mesh.axis_types:
+        return {}
+    return {"out_sharding": jax.sharding.NamedSharding(mesh, jax.P())}
+
+
+def _last_edge_at_or_below(edges: jax.Array, v: jax.Array) -> jax.Array:
+    """Largest i with edges[i] <= v (0 if none), for non-decreasing `edges`.
+
+    A binary search unrolled over the static number of edges: log2(bins) rounds
+    of elementwise gathers from the small edge table, so it stays elementwise on
+    a sharded `v` (`jnp.searchsorted` does not trace under a sharded jit).
+    """
+    n = edges.shape[0]
+    # On an explicit mesh the looked-up edges must stay sharded like `v` (JAX
+    # would otherwise replicate them: an all-gather of the whole array).
+    same = {"out_sharding": jax.typeof(v).sharding} if _replicated(v) else {}
+    i = jnp.zeros(v.shape, jnp.int32)
+    step = 1 << (n - 1).bit_length()
+    while step:
+        j = jnp.minimum(i + step, n - 1)
+        i = jnp.where(edges.at[j].get(**same) <= v, j, i)
+        step >>= 1
+    return i
+
+
+def _pow2_scale(m: jax.Array) -> jax.Array:
+    """Largest power of two <= m (1 for m == 0): dividing by it is exact, and
+    m / scale lies in [1, 2), so squares and sums of the scaled values are small.
+    """
+    _, e = jnp.frexp(m)  # m = f * 2**e with f in [0.5, 1)
+    return jnp.where(m > 0, jnp.ldexp(jnp.ones_like(m), e - 1), jnp.ones_like(m))
+
+
+def _value_dtype(dtype: np.dtype) -> tuple[Any, bool]:
+    """The float dtype statistics are computed in, and whether input is complex."""
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        return (jnp.float64 if dtype == jnp.complex128 else jnp.float32), True
+    if dtype == jnp.float64:
+        return jnp.float64, False
+    # bf16/f16 would lose everything to rounding in long sums; ints and bool are
+    # summarised by value.
+    return jnp.float32, False
+
+
+@functools.partial(jax.jit, static_argnames=("bins",))
+def _summarize(x: jax.Array, bins: int) -> Summary:
+    acc, is_complex = _value_dtype(x.dtype)
+    v = (jnp.abs(x) if is_complex else x).astype(acc)
+    meta = {"shape": tuple(x.shape), "dtype": str(x.dtype), "is_complex": is_complex, "bins": bins}
+    i32 = jnp.int32
+
+    finite = jnp.isfinite(v)
+    count = jnp.sum(finite, dtype=i32)
+    nan = jnp.sum(jnp.isnan(v), dtype=i32)
+    posinf = jnp.sum(v == jnp.inf, dtype=i32)
+    neginf = jnp.sum(v == -jnp.inf, dtype=i32)
+    zeros = jnp.sum(v == 0, dtype=i32)
+
+    have = count > 0
+    zero = jnp.zeros((), acc)
+    vmin = jnp.where(have, jnp.min(jnp.where(finite, v, jnp.inf), initial=jnp.inf), zero)
+    vmax = jnp.where(have, jnp.max(jnp.where(finite, v, -jnp.inf), initial=-jnp.inf), zero)
+    absmax = jnp.maximum(jnp.abs(vmin), jnp.abs(vmax))
+
+    # Moments in units of a power of two near absmax: no square or sum can
+    # overflow (values near 3e38), and the scaling itself is exact.
+    scale = _pow2_scale(absmax)
+    n = jnp.maximum(count, 1).astype(acc)
+    vs = jnp.where(finite, v / scale, zero)
+    mean_s = jnp.sum(vs) / n
+    # Two-pass variance with the Chan–Golub–LeVeque correction term, which also
+    # refines the mean by the rounding error of the first sum.
+    c = jnp.where(finite, vs - mean_s, zero)
+    sum_c = jnp.sum(c)
+    var_s = jnp.maximum(jnp.sum(c * c) - sum_c * sum_c / n, zero) / n
+    mean = jnp.clip((mean_s + sum_c / n) * scale, vmin, vmax)
+    std = jnp.sqrt(var_s) * scale
+    l2 = jnp.sqrt(jnp.sum(vs * vs)) * scale
+
+    hist_edges, hist_counts = _histogram(v, finite, vmin, vmax, bins)
+
+    nonzero = finite & (v != 0)
+    logs = jnp.log10(jnp.where(nonzero, jnp.abs(v), jnp.ones_like(v)))
+    have_log = jnp.any(nonzero)
+    log_lo = jnp.where(have_log, jnp.min(jnp.where(nonzero, logs, jnp.inf), initial=jnp.inf), zero)
+    log_hi = jnp.where(have_log, jnp.max(jnp.where(nonzero, logs, -jnp.inf), initial=-jnp.inf), zero)
+    loghist_edges, loghist_counts = _histogram(logs, nonzero, log_lo, log_hi, bins)
+
+    return Summary(
+        count=count,
+        nan=nan,
+        posinf=posinf,
+        neginf=neginf,
+        zeros=zeros,
+        min=vmin,
+        max=vmax,
+        mean=mean,
+        std=std,
+        l2=l2,
+        absmax=absmax,
+        hist_edges=hist_edges,
+        hist_counts=hist_counts,
+        loghist_edges=loghist_edges,
+        loghist_counts=loghist_counts,
+        **meta,
+    )
+
+
+def summarize(x: Any, *, bins: int = 64) -> Summary:
+    """On-device `Summary` of one array (see the module docstring for the rules).
+
+    Jittable with `bins` static, vmappable (gives a stacked `Summary`), and keeps
+    a sharded `x` distributed: only reductions of constant size are combined.
+
+    Example:
+        >>> s = summarize(jnp.array([-1.0, 0.0, 3.0, jnp.inf]), bins=8)
+        >>> s.count, s.zeros, s.posinf
+        (Array(3, dtype=int32), Array(1, dtype=int32), Array(1, dtype=int32))
+    """
+    bins = _check_bins(bins)
+    if not isinstance(x, jax.Array):
+        x = jnp.asarray(x)
+    return _summarize(x, bins=bins)
+
+
+def summarize_tree(tree: Any, options: SummaryOptions | None = None) -> Any:
+    """Summarise every array leaf of `tree`; returns the same structure of `Summary`.
+
+    Leaves must be arrays or Python/NumPy scalars; anything else raises, so that
+    nothing is dropped silently.
+
+    Example:
+        >>> out = summarize_tree({"a": jnp.ones(3), "b": [jnp.zeros(2)]}, SummaryOptions(bins=8))
+        >>> int(out["b"][0].zeros)
+        2
+    """
+    options = options if options is not None else SummaryOptions()
+
+    def one(path: Sequence[Any], leaf: Any) -> Summary:
+        if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")) and not isinstance(
+            leaf, (bool, int, float, complex)
+        ):
+            raise TypeError(
+                f"summarize_tree: leaf at {jax.tree_util.keystr(tuple(path))} is a "
+                f"{type(leaf).__name__}, not an array; only arrays and numeric scalars "
+                "can be summarised (remove it from the tree or mark it static)"
+            )
+        return summarize(leaf, bins=options.bins)
+
+    return jax.tree_util.tree_map_with_path(one, tree)
