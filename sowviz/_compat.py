@@ -18,9 +18,21 @@ from jax.interpreters import ad, batching, mlir
 
 # No public home: effects (to keep tagged values alive through DCE and partial
 # evaluation), source locations and name stacks of equations.
+import contextlib
+import os
+
+from jax._src import api_util as _api_util
 from jax._src import core as _core
 from jax._src import effects as _effects
+from jax._src import linear_util as _lu
 from jax._src import source_info_util as _source_info
+from jax._src import traceback_util as _traceback_util
+from jax._src.interpreters import partial_eval as _pe
+from jax._src.sharding_impls import UNSPECIFIED as _UNSPECIFIED
+
+# Frames inside sowviz are library frames: hidden from user tracebacks, and
+# skipped when an equation's source location is reported.
+_traceback_util.register_exclusion(os.path.dirname(os.path.abspath(__file__)))
 
 __all__ = [
     "ClosedJaxpr",
@@ -81,7 +93,7 @@ CALL_NAMES = frozenset({"jit", "pjit", "closed_call", "core_call"})
 SCAN = "scan"
 COND = "cond"
 WHILE = "while"
-REMAT = frozenset({"checkpoint", "remat"})
+REMAT = frozenset({"checkpoint", "remat", "remat2"})
 CUSTOM_JVP = "custom_jvp_call"
 CUSTOM_VJP = frozenset({"custom_vjp_call", "custom_vjp_call_jaxpr"})
 SHARD_MAP = "shard_map"
@@ -174,3 +186,107 @@ def eval_jaxpr(jaxpr: Jaxpr, consts, *args):
 
 def unmapped_aval(size: int, aval):
     return _core.unmapped_aval(size, 0, aval)
+
+
+# ---------------------------------------------------------------------------
+# Re-binding equations (the capture engine's interpreter).
+
+
+def eqn_context(eqn: JaxprEqn):
+    """Bind inside `eqn`'s own source location and name stack, as `core.eval_jaxpr` does."""
+    stack = _source_info.current_name_stack() + eqn.source_info.name_stack
+    return contextlib.ExitStack() if eqn.source_info is None else _EqnContext(eqn, stack)
+
+
+class _EqnContext:
+    def __init__(self, eqn: JaxprEqn, stack):
+        self._user = _source_info.user_context(eqn.source_info.traceback, name_stack=stack)
+        self._ctx = eqn.ctx.manager
+
+    def __enter__(self):
+        self._user.__enter__()
+        self._ctx.__enter__()
+
+    def __exit__(self, *exc):
+        self._ctx.__exit__(*exc)
+        return self._user.__exit__(*exc)
+
+
+def bind_eqn(eqn: JaxprEqn, invals: list) -> list:
+    """Evaluate one equation on `invals` (tracers or arrays); always returns a list."""
+    bind_params = eqn.primitive.get_bind_params(eqn.params)
+    with eqn_context(eqn):
+        out = eqn.primitive.bind(*invals, **bind_params)
+    return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def trace_closed(fn, in_avals, name: str = "sowviz") -> ClosedJaxpr:
+    """Trace `fn(*flat_args) -> list` at `in_avals` into a ClosedJaxpr (avals kept exactly,
+    weak types and shardings included, which `jax.make_jaxpr` would not guarantee)."""
+    dbg = _api_util.debug_info(name, fn, tuple(in_avals), {})
+    wrapped = _lu.wrap_init(lambda *a: list(fn(*a)), debug_info=dbg)
+    jaxpr, _, consts = _pe.trace_to_jaxpr_dynamic(wrapped, list(in_avals))
+    return ClosedJaxpr(jaxpr, consts)
+
+
+def closed_to_open(closed: ClosedJaxpr) -> tuple[Jaxpr, list]:
+    """Turn a ClosedJaxpr's consts into leading inputs: (open jaxpr, consts)."""
+    return _pe.convert_constvars_jaxpr(closed.jaxpr), list(closed.consts)
+
+
+UNSPECIFIED_SHARDING = _UNSPECIFIED
+
+
+def aval_of(x):
+    return _core.get_aval(x)
+
+
+# --- graph builder
+# Helpers for sowviz/graph (stage graph and instrumentation). JAX 0.10 names the
+# `jax.checkpoint` primitive "remat2"; older releases used "checkpoint"/"remat".
+REMAT_NAMES = REMAT | {"remat2"}
+SOW_NAMES = frozenset({"sow"})  # sowviz's and tesseract_jax's sow primitives
+_LIBRARY_DIRS = ("site-packages", "dist-packages")
+_SOWVIZ_DIR = __file__.rsplit("/", 1)[0] + "/"
+
+
+def user_location_outside_libraries(eqn: JaxprEqn) -> SourceLocation | None:
+    """Like `user_location`, also skipping installed packages and sowviz itself.
+
+    The innermost frame outside JAX, sowviz and site-packages (so an Equinox layer
+    points at the line that called it); falls back to `user_location`.
+    """
+    tb = eqn.source_info.traceback
+    if tb is None:
+        return None
+    try:
+        codes, lastis = tb.raw_frames()
+        for code, lasti in zip(codes, lastis):
+            fname = code.co_filename
+            if (
+                not _source_info.is_user_filename(fname)
+                or fname.startswith(_SOWVIZ_DIR)
+                or any(d in fname for d in _LIBRARY_DIRS)
+            ):
+                continue
+            frame = _source_info.raw_frame_to_frame(code, lasti)
+            return SourceLocation(frame.file_name, frame.start_line, frame.function_name)
+    except Exception:  # best effort, as user_location
+        return None
+    return user_location(eqn)
+
+
+def new_var(aval: Any) -> Var:
+    return _core.Var(aval)
+
+
+def replace_eqn(eqn: JaxprEqn, **changes: Any) -> JaxprEqn:
+    return eqn.replace(**changes)
+
+
+def replace_jaxpr(jaxpr: Jaxpr, **changes: Any) -> Jaxpr:
+    return jaxpr.replace(**changes)
+
+
+def check_jaxpr(jaxpr: Jaxpr) -> None:
+    _core.check_jaxpr(jaxpr)

@@ -42,21 +42,33 @@ def _abstract_eval(*avals: Any, **_: Any):
     return avals, {_compat.capture_effect}
 
 
-def _jvp(primals, tangents, *, name, tag, mode, treedef, index):
-    outs = sow_p.bind(*primals, name=name, tag=tag, mode=(*mode, "P"), treedef=treedef, index=index)
+def _jvp(primals, tangents, *, mode, leaves, **params):
+    outs = sow_p.bind(*primals, mode=(*mode, "P"), leaves=leaves, **params)
     tans = [_compat.instantiate_zeros(t) for t in tangents]
-    touts = sow_p.bind(*tans, name=name, tag=tag, mode=(*mode, "T"), treedef=treedef, index=index)
-    return outs, touts
+    # Integer and bool leaves have float0 tangents: nothing to observe there.
+    keep = [i for i, t in enumerate(tans) if t.dtype != jax.dtypes.float0]
+    if keep:
+        kept = sow_p.bind(
+            *(tans[i] for i in keep),
+            mode=(*mode, "T"),
+            leaves=tuple(leaves[i] for i in keep),
+            **params,
+        )
+        for i, t in zip(keep, kept):
+            tans[i] = t
+    return outs, tans
 
 
-def _transpose(cts, *operands, name, tag, mode, treedef, index):
+def _transpose(cts, *operands, name, tag, mode, treedef, leaves, index):
     del operands
     if "T" not in mode:  # a primal sow is not linear; JAX never asks for this
         raise ValueError(f"sow {name!r}: transpose of a non-tangent value (roles {mode})")
     last = len(mode) - 1 - mode[::-1].index("T")
     ct_mode = (*mode[:last], "C", *mode[last + 1 :])
     cts = [_compat.instantiate_zeros(c) for c in cts]
-    return sow_p.bind(*cts, name=name, tag=tag, mode=ct_mode, treedef=treedef, index=index)
+    return sow_p.bind(
+        *cts, name=name, tag=tag, mode=ct_mode, treedef=treedef, leaves=leaves, index=index
+    )
 
 
 def _batch(args, dims, **params):
@@ -116,7 +128,15 @@ def sow(value: Any, name: str, *, tag: str = "intermediates") -> Any:
     if not leaves:
         return value
     arrays = [_as_array(leaf, name) for leaf in leaves]
-    outs = sow_p.bind(*arrays, name=name, tag=tag, mode=(), treedef=treedef, index=_next_index())
+    outs = sow_p.bind(
+        *arrays,
+        name=name,
+        tag=tag,
+        mode=(),
+        treedef=treedef,
+        leaves=tuple(range(len(arrays))),
+        index=_next_index(),
+    )
     return jax.tree_util.tree_unflatten(treedef, outs)
 
 

@@ -1,0 +1,235 @@
+"""`save_intermediates`: trace once, rewrite, compile, cache.
+
+The wrapped function is a `jax.jit` of a function that traces the user's `fn`
+to a jaxpr and re-evaluates it with `interpret.evaluate`, so captured values
+leave the compiled program as extra outputs. `jax.jit`'s own C++ cache keys on
+the arguments' tree structure, shapes, dtypes, weak types and shardings: a
+second call with like arguments neither retraces `fn` nor recompiles. Leaves
+that are not JAX types (strings, enums, arbitrary objects) are treated as
+static and key a separate cache entry.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Hashable
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import rules as _rules  # noqa: F401  (registers the rules)
+from .interpret import evaluate
+from .record import Capture, Options, Recorder
+
+DuplicatePolicy = Literal["error", "suffix", "stack"]
+_DUPLICATES = ("error", "suffix", "stack")
+META_KEYS = ("iterations", "taken")
+
+
+def _check_options(fn, tag, duplicates, loops) -> tuple[frozenset[str], Any]:
+    if not callable(fn):
+        raise TypeError(
+            f"sowviz.save_intermediates: `fn` must be callable, got {type(fn).__name__}. "
+            "Pass the function itself: save_intermediates(jax.grad(loss))."
+        )
+    tags = (tag,) if isinstance(tag, str) else tuple(tag)
+    if not tags or not all(isinstance(t, str) and t for t in tags):
+        raise TypeError(
+            f"sowviz.save_intermediates: `tag` must be a non-empty string (or a sequence of "
+            f"them), got {tag!r}."
+        )
+    if duplicates not in _DUPLICATES:
+        raise ValueError(
+            f"sowviz.save_intermediates: unknown `duplicates` policy {duplicates!r}; "
+            f"use one of {', '.join(map(repr, _DUPLICATES))}."
+        )
+    if not (loops == "last" or (isinstance(loops, int) and not isinstance(loops, bool) and loops > 0)):
+        raise ValueError(
+            f"sowviz.save_intermediates: `loops` must be 'last' or a positive int (the "
+            f"number of while-loop iterations to keep), got {loops!r}."
+        )
+    return frozenset(tags), loops
+
+
+def _is_dynamic(leaf: Any) -> bool:
+    return isinstance(leaf, (jax.Array, np.ndarray, np.generic, bool, int, float, complex)) or (
+        hasattr(leaf, "__jax_array__") or hasattr(leaf, "aval")
+    )
+
+
+class SaveIntermediates:
+    """The callable returned by `save_intermediates` (see its docstring)."""
+
+    def __init__(self, fn, *, tag, duplicates, loops, summarize, strict):
+        tags, loops = _check_options(fn, tag, duplicates, loops)
+        self.fn = fn
+        self._options = Options(tags=tags, loops=loops, strict=strict)
+        self._duplicates = duplicates
+        self._summary = _summary_options(summarize)
+        self.notes: list[str] = []
+        self.trace_count = 0
+        self._jitted = jax.jit(self._traced)
+        self._static_cache: dict[Hashable, Callable] = {}
+        self._local = threading.local()
+        functools.update_wrapper(self, fn, updated=())
+
+    def _traced(self, *args, **kwargs):
+        self._local.entered = True
+        self.trace_count += 1
+        closed, out_shape = jax.make_jaxpr(self.fn, return_shape=True)(*args, **kwargs)
+        flat = jax.tree_util.tree_leaves((args, kwargs))
+        rec = Recorder(self._options)
+        outs = evaluate(closed.jaxpr, closed.consts, flat, rec)
+        self.notes = list(rec.notes)
+        result = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), outs)
+        inter = assemble(rec.captures, self._duplicates)
+        if self._summary is not None:
+            from ..summary import summarize_tree
+
+            inter = summarize_tree(inter, self._summary)
+        return result, inter
+
+    def __call__(self, *args, **kwargs):
+        self._local.entered = False
+        try:
+            return self._jitted(*args, **kwargs)
+        except TypeError:
+            if getattr(self._local, "entered", True):
+                raise
+        return self._call_with_static(args, kwargs)
+
+    def _call_with_static(self, args, kwargs):
+        leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+        static = tuple((i, leaf) for i, leaf in enumerate(leaves) if not _is_dynamic(leaf))
+        try:
+            key = (treedef, static)
+            hash(key)
+        except TypeError:
+            bad = next(type(v).__name__ for _, v in static if not _hashable(v))
+            raise TypeError(
+                f"sowviz.save_intermediates: an argument leaf of type {bad} is neither an "
+                "array nor hashable, so it can be neither traced nor used as a static cache "
+                "key. Close over it (functools.partial) or make it a registered pytree."
+            ) from None
+        fn = self._static_cache.get(key)
+        if fn is None:
+            positions = {i for i, _ in static}
+
+            def call(*dyn):
+                it = iter(dyn)
+                merged = [dict(static)[i] if i in positions else next(it) for i in range(len(leaves))]
+                a, k = jax.tree_util.tree_unflatten(treedef, merged)
+                return self._traced(*a, **k)
+
+            fn = self._static_cache[key] = jax.jit(call)
+        dyn = [leaf for i, leaf in enumerate(leaves) if i not in {j for j, _ in static}]
+        return fn(*dyn)
+
+
+def _hashable(v) -> bool:
+    try:
+        hash(v)
+    except TypeError:
+        return False
+    return True
+
+
+def _summary_options(summarize):
+    if summarize is None or summarize is False:
+        return None
+    from ..summary import SummaryOptions
+
+    if summarize is True:
+        return SummaryOptions()
+    if isinstance(summarize, SummaryOptions):
+        return summarize
+    if isinstance(summarize, int) and not isinstance(summarize, bool):
+        return SummaryOptions(bins=summarize)
+    raise TypeError(
+        f"sowviz.save_intermediates: `summarize` must be True, a number of bins or "
+        f"sowviz.SummaryOptions(...), got {summarize!r}."
+    )
+
+
+DUPLICATE = (
+    "sowviz: the name {name!r} is sown more than once:\n  first at {a}\n  again at {b}\n"
+    "Give each `sow` a unique name, or pass duplicates='suffix' (name_0, name_1, ...) or "
+    "duplicates='stack' (stack like-shaped values along a new leading axis)."
+)
+
+
+def assemble(captures: list[Capture], duplicates: str) -> dict[str, dict[str, Any]]:
+    """Captures → `{name: {mode: value pytree, "iterations"/"taken": meta}}`."""
+    by_name: dict[str, list[Capture]] = {}
+    for c in captures:
+        by_name.setdefault(c.site.name, []).append(c)
+    out: dict[str, dict[str, Any]] = {}
+    for name, caps in by_name.items():
+        calls = sorted({c.site.call for c in caps})
+        modes = {}
+        for c in caps:
+            modes.setdefault(c.site.mode, []).append(c)
+        repeated = len(calls) > 1 or any(len(v) > 1 for v in modes.values())
+        if not repeated:
+            out[name] = _entry(caps)
+        elif duplicates == "error":
+            group = next((v for v in modes.values() if len(v) > 1), None)
+            if group is None:
+                group = [next(c for c in caps if c.site.call == k) for k in calls[:2]]
+            raise ValueError(
+                DUPLICATE.format(
+                    name=name,
+                    a=group[0].site.location or "unknown location",
+                    b=group[1].site.location or "unknown location",
+                )
+            )
+        elif duplicates == "suffix":
+            for i, group in enumerate(_by_call(caps)):
+                out[f"{name}_{i}"] = _entry(group)
+        else:
+            out[name] = _stacked([_entry(g) for g in _by_call(caps)], name)
+    return out
+
+
+def _by_call(caps: list[Capture]) -> list[list[Capture]]:
+    """Group captures into one group per `sow` call, in program order."""
+    groups: dict[tuple, list[Capture]] = {}
+    seen: dict[tuple, int] = {}
+    for c in caps:
+        # A foreign sow has no call number: its n-th occurrence per mode is call n.
+        k = (c.site.call,) if c.site.call >= 0 else ("foreign", seen.get(c.site.mode, 0))
+        if c.site.call < 0:
+            seen[c.site.mode] = seen.get(c.site.mode, 0) + 1
+        groups.setdefault(k, []).append(c)
+    return [groups[k] for k in sorted(groups, key=lambda k: (isinstance(k[0], str), k))]
+
+
+def _entry(caps: list[Capture]) -> dict[str, Any]:
+    entry: dict[str, Any] = {}
+    for c in caps:
+        site = c.site
+        n = site.treedef.num_leaves
+        full: list[Any] = [None] * n
+        for i, v in zip(site.leaves, c.values):
+            full[i] = v
+        entry[site.mode] = jax.tree_util.tree_unflatten(site.treedef, full)
+        for k, v in c.meta.items():
+            entry.setdefault(k, v)
+    return entry
+
+
+def _stacked(entries: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    keys = [k for k in entries[0] if all(k in e for e in entries)]
+    out = {}
+    for k in keys:
+        try:
+            out[k] = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *(e[k] for e in entries))
+        except (ValueError, TypeError) as err:
+            raise ValueError(
+                f"sowviz: duplicates='stack' cannot stack the values sown as {name!r} "
+                f"({k}): they differ in structure or shape ({err}). Use duplicates='suffix'."
+            ) from None
+    return out

@@ -1,0 +1,157 @@
+"""The driver: evaluate a jaxpr, turning tagged values into captures.
+
+`evaluate` walks the equations once, at trace time (the caller runs it inside
+`jax.jit`, so the walk is paid once per compilation, never per call). A `sow`
+equation whose tag is being collected becomes an identity plus a capture.
+Equations whose sub-programs contain such sows go to the rule registered for
+their primitive (see `rules.py`); every other equation is re-bound unchanged,
+so sub-programs without captures are never rewritten. A sow inside a primitive
+with no rule is an error that names the primitive, never a silent drop.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .. import _compat
+from .primitive import mode_key, sow_p
+from .record import Recorder, Site
+
+Rule = Callable[[Any, list, Recorder], list]
+RULES: dict[str, Rule] = {}
+
+
+class CaptureError(ValueError):
+    """A tagged value cannot be captured where it is."""
+
+
+def register(*names: str) -> Callable[[Rule], Rule]:
+    """Register the capture rule for higher-order primitives named `names`."""
+
+    def deco(rule: Rule) -> Rule:
+        for n in names:
+            RULES[n] = rule
+        return rule
+
+    return deco
+
+
+def _is_foreign_sow(eqn) -> bool:
+    # tesseract_jax.sow: a primitive also named "sow", with a string `mode`.
+    return (
+        eqn.primitive is not sow_p
+        and eqn.primitive.name == "sow"
+        and isinstance(eqn.params.get("mode"), str)
+        and "name" in eqn.params
+    )
+
+
+def _captured_here(eqn, tags: frozenset[str]) -> bool:
+    if eqn.primitive is sow_p or _is_foreign_sow(eqn):
+        return eqn.params["tag"] in tags
+    return False
+
+
+@functools.lru_cache(maxsize=4096)
+def contains_capture(jaxpr, tags: frozenset[str]) -> bool:
+    """Whether `jaxpr` (or any sub-program of it) holds a sow collected under `tags`."""
+    for eqn in jaxpr.eqns:
+        if _captured_here(eqn, tags):
+            return True
+        for _, _, sub in _compat.sub_jaxprs(eqn):
+            if contains_capture(sub, tags):
+                return True
+    return False
+
+
+def site_of(eqn) -> Site:
+    p = eqn.params
+    if eqn.primitive is sow_p:
+        return Site(
+            name=p["name"],
+            tag=p["tag"],
+            mode=mode_key(p["mode"]),
+            treedef=p["treedef"],
+            leaves=p["leaves"],
+            call=p["index"],
+            location=_compat.user_location(eqn),
+        )
+    import jax  # tesseract_jax.sow: one leaf per operand, no treedef recorded
+
+    n = len(eqn.invars)
+    treedef = jax.tree_util.tree_structure(list(range(n)) if n != 1 else 0)
+    return Site(
+        name=p["name"],
+        tag=p["tag"],
+        mode=p["mode"],
+        treedef=treedef,
+        leaves=tuple(range(n)),
+        call=-1,
+        location=_compat.user_location(eqn),
+    )
+
+
+def evaluate(jaxpr, consts: Sequence[Any], args: Sequence[Any], rec: Recorder) -> list:
+    """Evaluate `jaxpr` on `args` under the current trace, recording captures in `rec`."""
+    env: dict[Any, Any] = {}
+
+    def read(v):
+        return v.val if isinstance(v, _compat.Literal) else env[v]
+
+    for v, x in zip(jaxpr.constvars, consts):
+        env[v] = x
+    for v, x in zip(jaxpr.invars, args):
+        env[v] = x
+    tags = rec.options.tags
+    for eqn in jaxpr.eqns:
+        invals = [read(v) for v in eqn.invars]
+        if _captured_here(eqn, tags):
+            rec.add(site_of(eqn), invals)
+            outs = invals
+        elif any(contains_capture(sub, tags) for _, _, sub in _compat.sub_jaxprs(eqn)):
+            rule = RULES.get(eqn.primitive.name)
+            if rule is None:
+                outs = _unsupported(eqn, invals, rec)
+            else:
+                with _compat.eqn_context(eqn):
+                    outs = rule(eqn, invals, rec)
+        else:
+            outs = _compat.bind_eqn(eqn, invals)
+        for v, x in zip(eqn.outvars, outs):
+            env[v] = x
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _sow_names(jaxpr, tags: frozenset[str]) -> list[str]:
+    names: list[str] = []
+    for eqn in jaxpr.eqns:
+        if _captured_here(eqn, tags):
+            names.append(eqn.params["name"])
+        for _, _, sub in _compat.sub_jaxprs(eqn):
+            names.extend(_sow_names(sub, tags))
+    return names
+
+
+UNSUPPORTED = (
+    "sowviz cannot capture {names} inside `{prim}` (at {loc}): the engine has no rule "
+    "for that primitive, so the values would be lost. Move the `sow` outside the "
+    "`{prim}` call, or pass `strict=False` to run without them (they are then listed "
+    "in `wrapped.notes`)."
+)
+
+
+def _unsupported(eqn, invals: list, rec: Recorder) -> list:
+    names = sorted(
+        {n for _, _, sub in _compat.sub_jaxprs(eqn) for n in _sow_names(sub, rec.options.tags)}
+    )
+    msg = UNSUPPORTED.format(
+        names=", ".join(repr(n) for n in names),
+        prim=eqn.primitive.name,
+        loc=_compat.user_location(eqn) or "unknown location",
+    )
+    if rec.options.strict:
+        raise CaptureError(msg)
+    rec.notes.append(msg)
+    return _compat.bind_eqn(eqn, invals)

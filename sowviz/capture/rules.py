@@ -1,0 +1,269 @@
+"""One capture rule per higher-order primitive, registered in `interpret.RULES`.
+
+Each rule re-evaluates its sub-program(s) with `evaluate`, returns the captured
+values from the sub-program as extra outputs, and lifts them into the parent
+recorder. Policy (what a loop or branch keeps) lives here; walking lives in
+`interpret.py`. Rules run only for equations whose sub-programs hold a sow being
+collected: everything else is re-bound untouched.
+
+Semantics (see the README's table):
+* jit / closed_call: values pass out unchanged.
+* scan (and fori_loop with a static trip count): stacked, one row per iteration.
+* cond / switch: the taken branch's value. A name sown in only some branches is
+  zeros when another branch runs, with a boolean `taken` alongside it.
+* while_loop (and dynamic fori_loop): `loops="last"` keeps the last iteration's
+  value, `loops=N` the first N stacked; `iterations` counts them.
+* checkpoint / remat: re-bound as checkpoint with the values as extra outputs.
+* custom_jvp / custom_vjp calls: we only execute (never differentiate) the
+  rewritten program, so the call is inlined: its body is what runs.
+* shard_map: values stacked along one new leading axis per manual mesh axis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .. import _compat
+from .interpret import CaptureError, contains_capture, evaluate, register
+from .record import Recorder
+
+
+def _avals(eqn) -> list:
+    return [v.aval for v in eqn.invars]
+
+
+def _traced_body(eqn, closed, rec: Recorder) -> tuple[object, Recorder]:
+    """Trace `closed` (the eqn's sub-program) with captures as extra outputs."""
+    child = rec.child()
+
+    def body(*args):
+        child.reset()
+        outs = evaluate(closed.jaxpr, closed.consts, args, child)
+        return [*outs, *child.flat()]
+
+    return _compat.trace_closed(body, _avals(eqn), name=str(eqn.primitive)), child
+
+
+def _discover(closed, in_avals, rec: Recorder) -> Recorder:
+    """Trace `closed` once to learn what it captures; values become ShapeDtypeStructs."""
+    child = rec.child()
+    _compat.trace_closed(lambda *a: evaluate(closed.jaxpr, closed.consts, a, child), in_avals)
+    for c in child.captures:
+        c.values = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in c.values]
+        c.meta = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in c.meta.items()}
+    return child
+
+
+def _zeros(v):
+    return jnp.zeros(v.shape, v.dtype)
+
+
+@register("jit", "pjit")
+def _jit(eqn, invals, rec):
+    p = eqn.params
+    new, child = _traced_body(eqn, p["jaxpr"], rec)
+    n_out, n_new = len(eqn.outvars), len(new.out_avals)
+    extra = n_new - n_out
+    params = dict(
+        p,
+        jaxpr=new,
+        out_shardings=(*p["out_shardings"], *[_compat.UNSPECIFIED_SHARDING] * extra),
+        out_layouts=(*p["out_layouts"], *[None] * extra),
+    )
+    outs = eqn.primitive.bind(*invals, **params)
+    rec.lift(child, outs[n_out:])
+    return list(outs[:n_out])
+
+
+@register("closed_call", "core_call")
+def _closed_call(eqn, invals, rec):
+    closed = eqn.params["call_jaxpr"]
+    if isinstance(closed, _compat.Jaxpr):
+        return evaluate(closed, [], invals, rec)
+    return evaluate(closed.jaxpr, closed.consts, invals, rec)
+
+
+@register(_compat.CUSTOM_JVP, *_compat.CUSTOM_VJP)
+def _custom(eqn, invals, rec):
+    # The rewritten program is run, never differentiated (derivatives were taken
+    # before we saw it), so the custom rule has no role left: run the body.
+    closed = eqn.params["call_jaxpr"]
+    return evaluate(closed.jaxpr, closed.consts, invals, rec)
+
+
+@register("scan")
+def _scan(eqn, invals, rec):
+    p = eqn.params
+    closed = p["jaxpr"]
+    nc, ncar = p["num_consts"], p["num_carry"]
+    consts, init, xs = invals[:nc], invals[nc : nc + ncar], invals[nc + ncar :]
+    child = rec.child()
+
+    def body(carry, x):
+        child.reset()
+        outs = evaluate(closed.jaxpr, closed.consts, [*consts, *carry, *x], child)
+        return outs[:ncar], (outs[ncar:], child.flat())
+
+    carry, (ys, stacked) = lax.scan(
+        body, list(init), list(xs), length=p["length"], reverse=p["reverse"], unroll=p["unroll"]
+    )
+    rec.lift(child, stacked, axis="scan")
+    return [*carry, *ys]
+
+
+@register("cond")
+def _cond(eqn, invals, rec):
+    index, ops = invals[0], invals[1:]
+    branches = eqn.params["branches"]
+    in_avals = _avals(eqn)[1:]
+
+    # Discover what each branch captures, then give every branch the union.
+    found = [_discover(br, in_avals, rec) for br in branches]
+    slots: list[tuple] = []  # (key, template capture)
+    slot_of: list[list[int]] = []
+    for child in found:
+        seen: dict[tuple, int] = {}
+        mine: list[int] = []
+        for c in child.captures:
+            avals = tuple((v.shape, v.dtype) for v in c.flat())
+            base = (c.site.name, c.site.tag, c.site.mode, c.site.leaves, avals)
+            k = (*base, seen.get(base, 0))
+            seen[base] = seen.get(base, 0) + 1
+            idx = next((i for i, (key, _) in enumerate(slots) if key == k), None)
+            if idx is None:
+                slots.append((k, c))
+                idx = len(slots) - 1
+            mine.append(idx)
+        slot_of.append(mine)
+    partial = [sum(i in m for m in slot_of) < len(branches) for i in range(len(slots))]
+
+    def make_branch(b):
+        br = branches[b]
+
+        def run(*a):
+            child = rec.child()
+            outs = evaluate(br.jaxpr, br.consts, a, child)
+            vals: list = [None] * len(slots)
+            for slot, c in zip(slot_of[b], child.captures):
+                vals[slot] = c.flat()
+            extra = []
+            for i, (_, tmpl) in enumerate(slots):
+                got = vals[i]
+                extra.append(got if got is not None else [_zeros(v) for v in tmpl.flat()])
+                if partial[i]:
+                    extra.append([jnp.asarray(got is not None)])
+            return outs, extra
+
+        return run
+
+    outs, extra = lax.switch(index, [make_branch(b) for b in range(len(branches))], *ops)
+    for i, (_, tmpl) in enumerate(slots):
+        vals = extra.pop(0)
+        cap = tmpl.rebuilt(vals, None)
+        if partial[i]:
+            cap.meta["taken"] = extra.pop(0)[0]
+        rec.captures.append(cap)
+    return list(outs)
+
+
+@register("while")
+def _while(eqn, invals, rec):
+    p = eqn.params
+    cond_closed, body_closed = p["cond_jaxpr"], p["body_jaxpr"]
+    cnc, bnc = p["cond_nconsts"], p["body_nconsts"]
+    if contains_capture(cond_closed.jaxpr, rec.options.tags):
+        raise CaptureError(
+            "sowviz cannot capture a value sown inside a while_loop's `cond_fun` (at "
+            f"{_compat.user_location(eqn) or 'unknown location'}): the condition runs once "
+            "more than the body and returns only a boolean. Sow the value in `body_fun` instead."
+        )
+    cconsts, bconsts, init = invals[:cnc], invals[cnc : cnc + bnc], invals[cnc + bnc :]
+    loops = rec.options.loops
+
+    # Discover the captured avals so the loop can carry buffers for them.
+    probe = _discover(body_closed, _avals(eqn)[cnc:], rec)
+    templates = [v for c in probe.captures for v in c.flat()]
+
+    def buffer(v):
+        return jnp.zeros(v.shape if loops == "last" else (loops, *v.shape), v.dtype)
+
+    def cond_fn(state):
+        carry, _, _ = state
+        return evaluate(cond_closed.jaxpr, cond_closed.consts, [*cconsts, *carry], rec.child())[0]
+
+    def body_fn(state):
+        carry, bufs, i = state
+        child = rec.child()
+        carry = evaluate(body_closed.jaxpr, body_closed.consts, [*bconsts, *carry], child)
+        vals = child.flat()
+        if loops == "last":
+            bufs = vals
+        else:
+            keep = i < loops
+            slot = jnp.minimum(i, loops - 1)
+            bufs = [
+                jnp.where(keep, lax.dynamic_update_index_in_dim(b, v, slot, 0), b)
+                for b, v in zip(bufs, vals)
+            ]
+        return carry, bufs, i + 1
+
+    state0 = (list(init), [buffer(v) for v in templates], jnp.zeros((), jnp.int32))
+    carry, bufs, count = lax.while_loop(cond_fn, body_fn, state0)
+    before = len(rec.captures)
+    rec.lift(probe, bufs, axis=None if loops == "last" else "while")
+    for c in rec.captures[before:]:
+        c.meta["iterations"] = count
+    return list(carry)
+
+
+@register(*_compat.REMAT)
+def _remat(eqn, invals, rec):
+    p = eqn.params
+    closed = _compat.ClosedJaxpr(p["jaxpr"], ())
+    new, child = _traced_body(eqn, closed, rec)
+    jaxpr, consts = _compat.closed_to_open(new)
+    outs = eqn.primitive.bind(*consts, *invals, **dict(p, jaxpr=jaxpr))
+    n_out = len(eqn.outvars)
+    rec.lift(child, outs[n_out:])
+    return list(outs[:n_out])
+
+
+@register(_compat.SHARD_MAP)
+def _shard_map(eqn, invals, rec):
+    p = eqn.params
+    mesh = p["mesh"]
+    manual = [a for a in mesh.axis_names if a in p["newly_manual_axes"]]
+    child = rec.child()
+    jaxpr = p["jaxpr"]
+
+    def body(*args):
+        child.reset()
+        outs = evaluate(jaxpr, [], args, child)
+        extra = []
+        for v in child.flat():
+            if p["check_vma"]:
+                missing = tuple(a for a in manual if a not in jax.typeof(v).vma)
+                if missing:
+                    v = lax.pcast(v, missing, to="varying")
+            extra.append(jnp.reshape(v, (1,) * len(manual) + jnp.shape(v)))
+        return list(outs), extra
+
+    spec = jax.sharding.PartitionSpec(*manual)
+    outs, extra = jax.shard_map(
+        body,
+        mesh=mesh,
+        in_specs=tuple(p["in_specs"]),
+        out_specs=(list(p["out_specs"]), spec),
+        axis_names=frozenset(p["newly_manual_axes"]),
+        check_vma=p["check_vma"],
+    )(*invals)
+    before = len(rec.captures)
+    rec.lift(child, extra)
+    axes = tuple(f"mesh:{a}" for a in manual)
+    for c in rec.captures[before:]:
+        c.site = replace(c.site, axes=(*axes, *c.site.axes))
+    return list(outs)
