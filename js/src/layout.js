@@ -1,0 +1,122 @@
+// Positions for everything drawn. Each visible level (the children of one expanded
+// stage) is laid out on its own with dagre, innermost first, so an expanded stage is
+// just a bigger node to the level around it. Levels above GRID_THRESHOLD nodes use a
+// program-order grid instead (dagre is superlinear; such levels are rare and dense).
+// Local layouts are cached by level and by the sizes of their expanded children, so
+// expanding a stage only lays out that stage and its ancestors again.
+
+import dagre from "@dagrejs/dagre";
+import { visibleLevels } from "./levels.js";
+
+export const NODE_W = 184;
+export const NODE_H = 58;
+export const PAD = 14;
+export const HEADER = 32;
+export const GRID_THRESHOLD = 300;
+
+/**
+ * @typedef {{x: number, y: number, w: number, h: number}} Box
+ * @typedef {{pos: Map<string, Box>, edges: Array<{source: string, target: string, count: number, points: Array<{x: number, y: number}>}>, w: number, h: number, mode: "dagre"|"grid", hiddenEdges: number}} LocalLayout
+ */
+
+/** dagre on one level. Boxes are top-left based, relative to the level's origin. */
+export function dagreLevel(ids, sizes, edges) {
+  const g = new dagre.graphlib.Graph({ multigraph: false });
+  g.setGraph({ rankdir: "TB", nodesep: 26, ranksep: 40, edgesep: 12, marginx: 0, marginy: 0 });
+  g.setDefaultEdgeLabel(() => ({}));
+  for (const id of ids) g.setNode(id, { width: sizes.get(id).w, height: sizes.get(id).h });
+  for (const e of edges) g.setEdge(e.source, e.target);
+  dagre.layout(g);
+  const pos = new Map();
+  for (const id of ids) {
+    const n = g.node(id);
+    const { w, h } = sizes.get(id);
+    pos.set(id, { x: n.x - w / 2, y: n.y - h / 2, w, h });
+  }
+  const outEdges = edges.map((e) => ({ ...e, points: (g.edge(e.source, e.target)?.points ?? []).map((p) => ({ x: p.x, y: p.y })) }));
+  const gr = g.graph();
+  return { pos, edges: outEdges, w: gr.width ?? 0, h: gr.height ?? 0, mode: "dagre", hiddenEdges: 0 };
+}
+
+/** Rows in program order, wrapped at about a 16:10 aspect ratio. Edges are not drawn. */
+export function gridLevel(ids, sizes, edges) {
+  const gap = 16;
+  let area = 0;
+  for (const id of ids) area += (sizes.get(id).w + gap) * (sizes.get(id).h + gap);
+  const target = Math.max(NODE_W, Math.sqrt(area * 1.6));
+  const pos = new Map();
+  let x = 0;
+  let y = 0;
+  let rowH = 0;
+  let w = 0;
+  for (const id of ids) {
+    const s = sizes.get(id);
+    if (x > 0 && x + s.w > target) { x = 0; y += rowH + gap; rowH = 0; }
+    pos.set(id, { x, y, w: s.w, h: s.h });
+    x += s.w + gap;
+    w = Math.max(w, x - gap);
+    rowH = Math.max(rowH, s.h);
+  }
+  return { pos, edges: [], w, h: y + rowH, mode: "grid", hiddenEdges: edges.length };
+}
+
+/**
+ * Lays out every visible level and returns absolute boxes.
+ * @param {import("./model.js").ModelIndex} index
+ * @param {Set<string>} expanded
+ * @param {Map<string, any[]>} levelEdges from edgesByLevel
+ * @param {Map<string, LocalLayout>} cache
+ */
+export function layoutView(index, expanded, levelEdges, cache = new Map()) {
+  const levels = visibleLevels(index, expanded);
+  const local = new Map();
+  for (let i = levels.length - 1; i >= 0; i--) {
+    const L = levels[i];
+    const ids = index.children.get(L);
+    const sizes = new Map();
+    const sig = [];
+    for (const id of ids) {
+      const inner = local.get(id);
+      if (inner) {
+        sizes.set(id, { w: Math.max(NODE_W, inner.w + 2 * PAD), h: inner.h + HEADER + PAD });
+        sig.push(`${id}:${inner.w}x${inner.h}`);
+      } else {
+        sizes.set(id, { w: NODE_W, h: NODE_H });
+      }
+    }
+    const key = `${L}|${sig.join(",")}`;
+    let lay = cache.get(key);
+    if (!lay) {
+      const edges = levelEdges.get(L) ?? [];
+      lay = ids.length > GRID_THRESHOLD ? gridLevel(ids, sizes, edges) : dagreLevel(ids, sizes, edges);
+      cache.set(key, lay);
+    }
+    local.set(L, lay);
+  }
+
+  /** @type {Map<string, Box & {expanded: boolean, level: string}>} */
+  const boxes = new Map();
+  const edges = [];
+  const levelInfo = new Map();
+  const origin = new Map([[index.root, { x: 0, y: 0 }]]);
+  for (const L of levels) {
+    const lay = local.get(L);
+    const o = origin.get(L);
+    levelInfo.set(L, { mode: lay.mode, hiddenEdges: lay.hiddenEdges, n: lay.pos.size });
+    for (const [id, b] of lay.pos) {
+      const isOpen = local.has(id);
+      boxes.set(id, { x: o.x + b.x, y: o.y + b.y, w: b.w, h: b.h, expanded: isOpen, level: L });
+      if (isOpen) {
+        const inner = local.get(id);
+        // centre the inner layout when the box is wider than it (minimum width)
+        const dx = (b.w - 2 * PAD - inner.w) / 2;
+        origin.set(id, { x: o.x + b.x + PAD + dx, y: o.y + b.y + HEADER });
+      }
+    }
+    for (const e of lay.edges) {
+      edges.push({ ...e, level: L, points: e.points.map((p) => ({ x: p.x + o.x, y: p.y + o.y })) });
+    }
+  }
+  const root = local.get(index.root);
+  return { boxes, edges, levels: levelInfo, bounds: { x: 0, y: 0, w: root?.w ?? 0, h: root?.h ?? 0 } };
+}

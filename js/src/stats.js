@@ -1,0 +1,77 @@
+// The statistic drawn on node faces, its colour scale, and number formatting. Pure.
+
+export const STATS = {
+  l2: { label: "‖·‖₂ (l2 norm)", combine: (vs) => Math.sqrt(vs.reduce((a, v) => a + v * v, 0)) },
+  absmax: { label: "max |x|", combine: (vs) => Math.max(...vs) },
+  std: { label: "std", combine: (vs) => Math.max(...vs) },
+};
+
+/** Default face statistic: the l2 norm of the backward quantity when there is one. */
+export function defaultStat(modes) {
+  const mode = modes.find((m) => m === "cotangent") ?? modes.find((m) => m.includes("cotangent"))
+    ?? modes.find((m) => m === "tangent") ?? modes[0] ?? "primal";
+  return { mode, stat: "l2" };
+}
+
+/** The statistic of a node over its own probes, or null when none has it. */
+export function nodeStat(probes, mode, stat) {
+  const vs = [];
+  for (const p of probes ?? []) {
+    const v = p.summaries?.[mode]?.[stat];
+    if (typeof v === "number" && Number.isFinite(v)) vs.push(Math.abs(v));
+  }
+  return vs.length ? STATS[stat].combine(vs) : null;
+}
+
+const VIRIDIS = ["#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c", "#28ae80", "#5ec962", "#addc30", "#fde725"];
+
+function lerpHex(a, b, t) {
+  const pa = [1, 3, 5].map((i) => parseInt(a.slice(i, i + 2), 16));
+  const pb = [1, 3, 5].map((i) => parseInt(b.slice(i, i + 2), 16));
+  return `#${pa.map((v, i) => Math.round(v + (pb[i] - v) * t).toString(16).padStart(2, "0")).join("")}`;
+}
+
+/** Viridis at t in [0, 1]. */
+export function viridis(t) {
+  const x = Math.min(1, Math.max(0, Number.isFinite(t) ? t : 0)) * (VIRIDIS.length - 1);
+  const i = Math.min(VIRIDIS.length - 2, Math.floor(x));
+  return lerpHex(VIRIDIS[i], VIRIDIS[i + 1], x - i);
+}
+
+export const VIRIDIS_STOPS = VIRIDIS;
+
+/**
+ * A log10 colour scale over the positive values given.
+ * @param {Iterable<number|null>} values
+ * @returns {{lo: number, hi: number, t: (v: number|null) => number|null, colour: (v: number|null) => string|null}}
+ */
+export function logScale(values) {
+  let lo = Infinity;
+  let hi = -Infinity;
+  for (const v of values) {
+    if (v == null || !(v > 0) || !Number.isFinite(v)) continue;
+    const l = Math.log10(v);
+    lo = Math.min(lo, l);
+    hi = Math.max(hi, l);
+  }
+  if (!(lo <= hi)) { lo = 0; hi = 0; }
+  const span = hi - lo;
+  const t = (v) => {
+    if (v == null || !Number.isFinite(v)) return null;
+    if (v <= 0) return 0;
+    return span > 0 ? (Math.log10(v) - lo) / span : 1;
+  };
+  return { lo, hi, t, colour: (v) => { const x = t(v); return x == null ? null : viridis(x); } };
+}
+
+/** Short, stable number formatting for tables and labels. */
+export function fmt(x) {
+  if (x == null) return "—";
+  if (typeof x !== "number") return String(x);
+  if (Number.isNaN(x)) return "NaN";
+  if (!Number.isFinite(x)) return x > 0 ? "+Inf" : "−Inf";
+  if (Number.isInteger(x) && Math.abs(x) < 1e7) return String(x);
+  const a = Math.abs(x);
+  if (a !== 0 && (a >= 1e5 || a < 1e-3)) return x.toExponential(3).replace(/\.?0+e/, "e");
+  return String(Number(x.toPrecision(4)));
+}

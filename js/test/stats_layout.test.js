@@ -1,0 +1,65 @@
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { fmt, logScale, nodeStat, defaultStat, viridis } from "../src/stats.js";
+import { indexModel } from "../src/model.js";
+import { edgesByLevel } from "../src/levels.js";
+import { layoutView, gridLevel, NODE_W, NODE_H, GRID_THRESHOLD } from "../src/layout.js";
+import { smallModel } from "./helpers.js";
+
+test("face statistic combines a node's probes", () => {
+  const ps = [{ summaries: { cotangent: { l2: 3 } } }, { summaries: { cotangent: { l2: 4 } } }, { summaries: {} }];
+  assert.equal(nodeStat(ps, "cotangent", "l2"), 5);
+  assert.equal(nodeStat(ps, "primal", "l2"), null);
+  assert.deepEqual(defaultStat(["primal", "cotangent"]), { mode: "cotangent", stat: "l2" });
+  assert.deepEqual(defaultStat(["primal", "tangent"]), { mode: "tangent", stat: "l2" });
+});
+
+test("log colour scale", () => {
+  const s = logScale([1, 10, 100, null, 0, -5]);
+  assert.equal(s.lo, 0);
+  assert.equal(s.hi, 2);
+  assert.equal(s.t(10), 0.5);
+  assert.equal(s.t(0), 0);
+  assert.equal(s.t(null), null);
+  assert.equal(s.colour(100), viridis(1));
+  assert.equal(viridis(0), "#440154");
+});
+
+test("number formatting", () => {
+  assert.equal(fmt(null), "—");
+  assert.equal(fmt(3), "3");
+  assert.equal(fmt(0.123456), "0.1235");
+  assert.equal(fmt(1.5e-7), "1.5e-7");
+  assert.equal(fmt(123456.7), "1.235e+5");
+  assert.equal(fmt(Infinity), "+Inf");
+});
+
+test("layout: collapsed stages are node-sized, expanded ones hold their children", () => {
+  const ix = indexModel(smallModel());
+  const le = edgesByLevel(ix);
+  const a = layoutView(ix, new Set(), le);
+  assert.deepEqual([...a.boxes.keys()].sort(), ["n1", "n2", "n6", "n9"]);
+  assert.equal(a.boxes.get("n2").w, NODE_W);
+  assert.equal(a.edges.length, 3);
+  const b = layoutView(ix, new Set(["n2"]), le);
+  const s = b.boxes.get("n2");
+  assert.ok(s.expanded && s.h > NODE_H);
+  for (const id of ["n3", "n4", "n5"]) {
+    const c = b.boxes.get(id);
+    assert.ok(c.x >= s.x && c.y >= s.y && c.x + c.w <= s.x + s.w && c.y + c.h <= s.y + s.h, id);
+  }
+  // the root level comes first: nodes flow top to bottom along edges
+  assert.ok(b.boxes.get("n1").y < b.boxes.get("n2").y);
+});
+
+test("layout: big levels use the program-order grid", () => {
+  const ids = Array.from({ length: GRID_THRESHOLD + 1 }, (_, i) => `n${i}`);
+  const sizes = new Map(ids.map((id) => [id, { w: NODE_W, h: NODE_H }]));
+  const g = gridLevel(ids, sizes, [{ source: "n0", target: "n1" }]);
+  assert.equal(g.mode, "grid");
+  assert.equal(g.hiddenEdges, 1);
+  const p0 = g.pos.get("n0");
+  const p1 = g.pos.get("n1");
+  assert.ok(p1.x > p0.x && p1.y === p0.y);
+  assert.ok(g.w < g.h * 3 && g.h < g.w * 3);
+});
