@@ -8,19 +8,15 @@ one of them, this is the only file to change.
 
 from __future__ import annotations
 
+# No public home: effects (to keep tagged values alive through DCE and partial
+# evaluation), source locations and name stacks of equations.
+import contextlib
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import jax
-from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Primitive, Var
-from jax.interpreters import ad, batching, mlir
-
-# No public home: effects (to keep tagged values alive through DCE and partial
-# evaluation), source locations and name stacks of equations.
-import contextlib
-import os
-
 from jax._src import api_util as _api_util
 from jax._src import core as _core
 from jax._src import effects as _effects
@@ -29,10 +25,24 @@ from jax._src import source_info_util as _source_info
 from jax._src import traceback_util as _traceback_util
 from jax._src.interpreters import partial_eval as _pe
 from jax._src.sharding_impls import UNSPECIFIED as _UNSPECIFIED
+from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Primitive, Var
+from jax.interpreters import ad, batching, mlir
 
 # Frames inside sowviz are library frames: hidden from user tracebacks, and
 # skipped when an equation's source location is reported.
-_traceback_util.register_exclusion(os.path.dirname(os.path.abspath(__file__)))
+_SOWVIZ_DIR = os.path.dirname(os.path.abspath(__file__))
+_traceback_util.register_exclusion(_SOWVIZ_DIR)
+_source_info.register_exclusion(_SOWVIZ_DIR)
+
+
+def varying_axes(x) -> frozenset:
+    """Mesh axes a value varies over inside `shard_map` (its 'vma')."""
+    aval = _core.typeof(x)
+    mat = getattr(aval, "mat", None)
+    if mat is not None:
+        return frozenset(mat.varying)
+    return frozenset(getattr(aval, "vma", ()))  # JAX < 0.9
+
 
 __all__ = [
     "ClosedJaxpr",
@@ -247,7 +257,7 @@ def aval_of(x):
 REMAT_NAMES = REMAT | {"remat2"}
 SOW_NAMES = frozenset({"sow"})  # sowviz's and tesseract_jax's sow primitives
 _LIBRARY_DIRS = ("site-packages", "dist-packages")
-_SOWVIZ_DIR = __file__.rsplit("/", 1)[0] + "/"
+_GRAPH_SKIP_DIR = __file__.rsplit("/", 1)[0] + "/"  # sowviz itself
 
 
 def user_location_outside_libraries(eqn: JaxprEqn) -> SourceLocation | None:
@@ -265,7 +275,7 @@ def user_location_outside_libraries(eqn: JaxprEqn) -> SourceLocation | None:
             fname = code.co_filename
             if (
                 not _source_info.is_user_filename(fname)
-                or fname.startswith(_SOWVIZ_DIR)
+                or fname.startswith(_GRAPH_SKIP_DIR)
                 or any(d in fname for d in _LIBRARY_DIRS)
             ):
                 continue

@@ -46,7 +46,9 @@ def _check_options(fn, tag, duplicates, loops) -> tuple[frozenset[str], Any]:
             f"sowviz.save_intermediates: unknown `duplicates` policy {duplicates!r}; "
             f"use one of {', '.join(map(repr, _DUPLICATES))}."
         )
-    if not (loops == "last" or (isinstance(loops, int) and not isinstance(loops, bool) and loops > 0)):
+    if not (
+        loops == "last" or (isinstance(loops, int) and not isinstance(loops, bool) and loops > 0)
+    ):
         raise ValueError(
             f"sowviz.save_intermediates: `loops` must be 'last' or a positive int (the "
             f"number of while-loop iterations to keep), got {loops!r}."
@@ -79,8 +81,17 @@ class SaveIntermediates:
     def _traced(self, *args, **kwargs):
         self._local.entered = True
         self.trace_count += 1
-        closed, out_shape = jax.make_jaxpr(self.fn, return_shape=True)(*args, **kwargs)
-        flat = jax.tree_util.tree_leaves((args, kwargs))
+        leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+        dynamic = [_is_dynamic(leaf) for leaf in leaves]
+        flat = [leaf for leaf, d in zip(leaves, dynamic) if d]
+
+        def flat_fn(*dyn):
+            it = iter(dyn)
+            merged = [next(it) if d else leaf for leaf, d in zip(leaves, dynamic)]
+            a, k = jax.tree_util.tree_unflatten(treedef, merged)
+            return self.fn(*a, **k)
+
+        closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*flat)
         rec = Recorder(self._options)
         outs = evaluate(closed.jaxpr, closed.consts, flat, rec)
         self.notes = list(rec.notes)
@@ -120,7 +131,9 @@ class SaveIntermediates:
 
             def call(*dyn):
                 it = iter(dyn)
-                merged = [dict(static)[i] if i in positions else next(it) for i in range(len(leaves))]
+                merged = [
+                    dict(static)[i] if i in positions else next(it) for i in range(len(leaves))
+                ]
                 a, k = jax.tree_util.tree_unflatten(treedef, merged)
                 return self._traced(*a, **k)
 

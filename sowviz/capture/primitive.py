@@ -72,9 +72,7 @@ def _transpose(cts, *operands, name, tag, mode, treedef, leaves, index):
 
 
 def _batch(args, dims, **params):
-    moved = [
-        a if d is _compat.not_mapped else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)
-    ]
+    moved = [a if d is _compat.not_mapped else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
     out_dims = [_compat.not_mapped if d is _compat.not_mapped else 0 for d in dims]
     return sow_p.bind(*moved, **params), out_dims
 

@@ -246,7 +246,7 @@ def _shard_map(eqn, invals, rec):
         extra = []
         for v in child.flat():
             if p["check_vma"]:
-                missing = tuple(a for a in manual if a not in jax.typeof(v).vma)
+                missing = tuple(a for a in manual if a not in _compat.varying_axes(v))
                 if missing:
                     v = lax.pcast(v, missing, to="varying")
             extra.append(jnp.reshape(v, (1,) * len(manual) + jnp.shape(v)))

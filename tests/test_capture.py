@@ -1,0 +1,510 @@
+"""The capture engine against plain JAX: values, derivatives, every construct, errors."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import sowviz
+from sowviz import save_intermediates, sow
+
+KEY = jax.random.PRNGKey(0)
+X = jax.random.normal(KEY, (5,))
+W = jax.random.normal(jax.random.PRNGKey(1), (5, 5)) / 3
+
+
+def g1(x):
+    return jnp.tanh(W @ x)
+
+
+def g2(h):
+    return jnp.sum(jnp.sin(h) * h**2)
+
+
+def f(x):
+    return g2(sow(g1(x), "h"))
+
+
+def close(a, b, tol=1e-5):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=tol, atol=tol)
+
+
+# --- the three kinds of value --------------------------------------------------
+
+
+def test_primal_is_the_value_and_result_unchanged():
+    res, inter = save_intermediates(f)(X)
+    close(res, f(X))
+    close(inter["h"]["primal"], g1(X))
+    assert set(inter["h"]) == {"primal"}
+
+
+def test_cotangent_is_grad_of_downstream():
+    grad, inter = save_intermediates(jax.grad(f))(X)
+    close(grad, jax.grad(f)(X))
+    close(inter["h"]["primal"], g1(X))
+    close(inter["h"]["cotangent"], jax.grad(g2)(g1(X)))
+    assert set(inter["h"]) == {"primal", "cotangent"}
+
+
+def test_tangent_is_jvp_of_upstream():
+    v = jnp.arange(5.0)
+    (_y, t), inter = save_intermediates(lambda x: jax.jvp(f, (x,), (v,)))(X)
+    close(inter["h"]["tangent"], jax.jvp(g1, (X,), (v,))[1])
+    close(t, jax.jvp(f, (X,), (v,))[1])
+
+
+def test_vjp_cotangent_with_custom_seed():
+    def run(x):
+        _y, pull = jax.vjp(lambda x: 3.0 * sow(g1(x), "h"), x)
+        return pull(jnp.arange(5.0))
+
+    _, inter = save_intermediates(run)(X)
+    close(inter["h"]["cotangent"], 3.0 * jnp.arange(5.0))
+
+
+def test_cotangent_of_unused_value_is_zero():
+    def fn(x):
+        sow(x * 2, "unused")
+        return jnp.sum(x**2)
+
+    _, inter = save_intermediates(jax.grad(fn))(X)
+    close(inter["unused"]["primal"], 2 * X)
+    close(inter["unused"]["cotangent"], jnp.zeros(5))
+
+
+def test_second_order_keys_compose_and_values_match():
+    v = jnp.linspace(-1.0, 1.0, 5)
+
+    def run(x):
+        return jax.jvp(jax.grad(f), (x,), (v,))
+
+    _, inter = save_intermediates(run)(X)
+    assert set(inter["h"]) == {"primal", "primal.tangent", "cotangent", "cotangent.tangent"}
+    close(inter["h"]["cotangent"], jax.grad(g2)(g1(X)))
+    expected = jax.jvp(lambda x: jax.grad(g2)(g1(x)), (X,), (v,))[1]
+    close(inter["h"]["cotangent.tangent"], expected)
+    close(inter["h"]["primal.tangent"], jax.jvp(g1, (X,), (v,))[1])
+
+
+def test_hessian_jacfwd_jacrev_never_label_cotangent_as_primal():
+    for transform, expected in [
+        (jax.hessian, {"primal", "primal.tangent", "cotangent", "cotangent.tangent"}),
+        (jax.jacrev, {"primal", "cotangent"}),
+        (jax.jacfwd, {"primal", "tangent"}),
+    ]:
+        _, inter = save_intermediates(transform(f))(X)
+        assert set(inter["h"]) == expected, transform
+        close(inter["h"]["primal"], g1(X))
+    # jacrev vmaps the pullback over the output basis: one row per output element.
+    _, inter = save_intermediates(jax.jacrev(f))(X)
+    close(inter["h"]["cotangent"], jax.grad(g2)(g1(X))[None])
+
+
+# --- pytrees, caching, composition ---------------------------------------------
+
+
+def test_pytrees_dict_inputs_kwargs_and_output_structure():
+    def fn(params, batch, *, scale):
+        h = sow({"a": params["w"] @ batch, "b": [batch * scale]}, "tree")
+        return {"loss": jnp.sum(h["a"] ** 2), "aux": (h["b"][0], None)}
+
+    params = {"w": W}
+    res, inter = save_intermediates(fn)(params, X, scale=2.0)
+    expected = fn(params, X, scale=2.0)
+    assert jax.tree_util.tree_structure(res) == jax.tree_util.tree_structure(expected)
+    close(res["loss"], expected["loss"])
+    close(inter["tree"]["primal"]["a"], W @ X)
+    close(inter["tree"]["primal"]["b"][0], X * 2.0)
+
+    grads, inter = save_intermediates(jax.grad(lambda p, b: fn(p, b, scale=2.0)["loss"]))(params, X)
+    close(grads["w"], jax.grad(lambda p: fn(p, X, scale=2.0)["loss"])(params)["w"])
+    close(inter["tree"]["cotangent"]["a"], 2 * (W @ X))
+    close(inter["tree"]["cotangent"]["b"][0], jnp.zeros(5))
+
+
+def test_second_call_neither_retraces_nor_recompiles():
+    calls = []
+
+    def fn(x):
+        calls.append(1)
+        return jnp.sum(sow(x * 2, "y"))
+
+    wrapped = save_intermediates(jax.grad(fn))
+    wrapped(X)
+    wrapped(X + 1)
+    assert len(calls) == 1
+    assert wrapped.trace_count == 1
+    assert wrapped._jitted._cache_size() == 1
+    wrapped(jnp.ones(7))  # new shape: one more trace
+    assert len(calls) == 2
+
+
+def test_non_array_leaves_are_static_and_cached():
+    calls = []
+
+    def fn(x, act):
+        calls.append(act)
+        h = jnp.tanh(x) if act == "tanh" else jnp.sin(x)
+        return jnp.sum(sow(h, "h"))
+
+    wrapped = save_intermediates(fn)
+    _, a = wrapped(X, "tanh")
+    _, b = wrapped(X, "sin")
+    wrapped(X, "tanh")
+    close(a["h"]["primal"], jnp.tanh(X))
+    close(b["h"]["primal"], jnp.sin(X))
+    assert calls == ["tanh", "sin"]
+
+
+def test_composes_with_outer_jit_and_vmap():
+    wrapped = save_intermediates(jax.grad(f))
+    _g, inter = jax.jit(wrapped)(X)
+    close(inter["h"]["cotangent"], jax.grad(g2)(g1(X)))
+    xs = jax.random.normal(KEY, (3, 5))
+    gs, inter = jax.vmap(wrapped)(xs)
+    assert inter["h"]["cotangent"].shape == (3, 5)
+    for i in range(3):
+        close(inter["h"]["cotangent"][i], jax.grad(g2)(g1(xs[i])))
+        close(gs[i], jax.grad(f)(xs[i]))
+
+
+def test_vmap_inside_fn_batches_the_capture():
+    xs = jax.random.normal(KEY, (4, 5))
+    _, inter = save_intermediates(lambda xs: jax.vmap(f)(xs))(xs)
+    close(inter["h"]["primal"], jax.vmap(g1)(xs))
+
+
+def test_rewrite_is_deterministic():
+    wrapped = save_intermediates(jax.grad(f))
+    a = str(jax.make_jaxpr(wrapped)(X))
+    b = str(jax.make_jaxpr(save_intermediates(jax.grad(f)))(X))
+    assert a == b
+
+
+# --- control flow ----------------------------------------------------------------
+
+
+def test_nested_jit_passes_values_out():
+    @jax.jit
+    def inner(x):
+        return sow(jnp.sin(x), "inner")
+
+    @jax.jit
+    def outer(x):
+        return jnp.sum(inner(x) ** 2)
+
+    _, inter = save_intermediates(jax.grad(outer))(X)
+    close(inter["inner"]["primal"], jnp.sin(X))
+    close(inter["inner"]["cotangent"], 2 * jnp.sin(X))
+
+
+def test_scan_stacks_per_iteration_like_a_python_loop():
+    def fn(x):
+        def body(c, w):
+            c = sow(jnp.tanh(c * w), "c")
+            return c, None
+
+        c, _ = lax.scan(body, x, jnp.arange(1.0, 4.0))
+        return jnp.sum(c**2)
+
+    (_, inter) = save_intermediates(fn)(X)
+    rows, c = [], X
+    for w in [1.0, 2.0, 3.0]:
+        c = jnp.tanh(c * w)
+        rows.append(c)
+    close(inter["c"]["primal"], jnp.stack(rows))
+
+    _, inter = save_intermediates(jax.grad(fn))(X)
+
+    def downstream(c_i, i):  # loss as a function of the i-th carry
+        c = c_i
+        for w in [1.0, 2.0, 3.0][i + 1 :]:
+            c = jnp.tanh(c * w)
+        return jnp.sum(c**2)
+
+    for i in range(3):
+        close(inter["c"]["cotangent"][i], jax.grad(downstream)(rows[i], i))
+
+
+def test_nested_scans_and_static_fori_loop_stack_each_level():
+    def fn(x):
+        def outer(c, _):
+            def inner(d, _):
+                return sow(d * 2.0, "d"), None
+
+            c, _ = lax.scan(inner, c, None, length=2)
+            return c, None
+
+        c, _ = lax.scan(outer, x, None, length=3)
+        c = lax.fori_loop(0, 4, lambda i, c: sow(c + i, "f"), c)
+        return jnp.sum(c)
+
+    _, inter = save_intermediates(fn)(X)
+    assert inter["d"]["primal"].shape == (3, 2, 5)
+    close(inter["d"]["primal"][2, 1], X * 2**6)
+    assert inter["f"]["primal"].shape == (4, 5)
+    close(inter["f"]["primal"][3], X * 2**6 + 6)
+
+
+def test_reverse_scan_rows_follow_xs():
+    def fn(x):
+        _, ys = lax.scan(lambda c, w: (c, sow(c * w, "y")), x, jnp.arange(3.0), reverse=True)
+        return jnp.sum(ys)
+
+    _, inter = save_intermediates(fn)(X)
+    close(inter["y"]["primal"], jnp.stack([X * 0, X * 1, X * 2]))
+
+
+def test_cond_gives_the_taken_branch():
+    def fn(x, pred):
+        return lax.cond(pred, lambda x: sow(jnp.sin(x), "b"), lambda x: sow(jnp.cos(x), "b"), x)
+
+    wrapped = save_intermediates(lambda x, p: jax.grad(lambda x: jnp.sum(fn(x, p) ** 2))(x))
+    _, inter = wrapped(X, True)
+    close(inter["b"]["primal"], jnp.sin(X))
+    close(inter["b"]["cotangent"], 2 * jnp.sin(X))
+    assert "taken" not in inter["b"]
+    _, inter = wrapped(X, False)
+    close(inter["b"]["primal"], jnp.cos(X))
+
+
+def test_name_in_some_branches_is_zero_with_taken_flag():
+    def fn(x, i):
+        return lax.switch(
+            i, [lambda x: sow(x + 1, "only1") * 0, lambda x: sow(x * 3, "only1"), jnp.sin], x
+        )
+
+    wrapped = save_intermediates(fn)
+    _, inter = wrapped(X, 1)
+    close(inter["only1"]["primal"], X * 3)
+    assert bool(inter["only1"]["taken"])
+    _, inter = wrapped(X, 2)
+    assert not bool(inter["only1"]["taken"])
+    close(inter["only1"]["primal"], jnp.zeros(5))
+
+
+def test_while_loop_last_and_first_n():
+    def fn(x):
+        def body(s):
+            i, c = s
+            return i + 1, sow(c * 1.5, "w")
+
+        return lax.while_loop(lambda s: s[0] < 4, body, (0, x))[1]
+
+    _, inter = save_intermediates(fn)(X)
+    close(inter["w"]["primal"], X * 1.5**4)
+    assert int(inter["w"]["iterations"]) == 4
+
+    _, inter = save_intermediates(fn, loops=6)(X)
+    assert inter["w"]["primal"].shape == (6, 5)
+    for k in range(4):
+        close(inter["w"]["primal"][k], X * 1.5 ** (k + 1))
+    close(inter["w"]["primal"][4:], jnp.zeros((2, 5)))
+
+    v = jnp.ones(5)
+    _, inter = save_intermediates(lambda x: jax.jvp(fn, (x,), (v,)), loops=2)(X)
+    close(inter["w"]["tangent"], jnp.stack([v * 1.5, v * 1.5**2]))
+    assert int(inter["w"]["iterations"]) == 4
+
+
+def test_dynamic_fori_loop_is_a_while():
+    def fn(x, n):
+        return lax.fori_loop(0, n, lambda i, c: sow(c + 1.0, "f"), x)
+
+    _, inter = save_intermediates(fn)(X, 3)
+    close(inter["f"]["primal"], X + 3)
+    assert int(inter["f"]["iterations"]) == 3
+
+
+def test_checkpoint_captures_primal_and_cotangent_once():
+    def body(x):
+        return jnp.sum(jnp.sin(sow(jnp.tanh(W @ x), "h")) ** 2)
+
+    plain = save_intermediates(jax.grad(body))(X)[1]
+    for policy in [None, jax.checkpoint_policies.nothing_saveable]:
+        remat = jax.checkpoint(body, policy=policy)
+        grads, inter = save_intermediates(jax.grad(remat))(X)
+        close(grads, jax.grad(body)(X))
+        close(inter["h"]["primal"], plain["h"]["primal"])
+        close(inter["h"]["cotangent"], plain["h"]["cotangent"])
+
+
+def test_custom_jvp_and_vjp():
+    @jax.custom_jvp
+    def soft(x):
+        return sow(jnp.log1p(jnp.exp(x)), "inside")
+
+    soft.defjvp(lambda p, t: (soft(p[0]), t[0] * jax.nn.sigmoid(p[0])))
+
+    @jax.custom_vjp
+    def clip_grad(x):
+        return sow(x * 1.0, "inside_vjp")
+
+    clip_grad.defvjp(lambda x: (clip_grad(x), None), lambda _, g: (jnp.clip(g, -0.1, 0.1),))
+
+    def fn(x):
+        y = sow(soft(x), "out")
+        z = sow(clip_grad(y), "out_vjp")
+        return jnp.sum(z**2)
+
+    _, inter = save_intermediates(fn)(X)
+    close(inter["inside"]["primal"], jnp.log1p(jnp.exp(X)))
+    grads, inter = save_intermediates(jax.grad(fn))(X)
+    close(grads, jax.grad(fn)(X))
+    y = jnp.log1p(jnp.exp(X))
+    close(inter["out_vjp"]["cotangent"], 2 * y)
+    close(inter["out"]["cotangent"], jnp.clip(2 * y, -0.1, 0.1))
+    close(inter["inside"]["primal"], y)  # the custom rule calls soft() for its primal
+
+
+def test_shard_map_stacks_per_mesh_axis():
+    mesh = jax.make_mesh((2, 4), ("x", "y"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+    P = jax.sharding.PartitionSpec
+
+    def body(a):
+        h = sow(jnp.sin(a), "local")
+        return lax.psum(h, "y")
+
+    fn = jax.shard_map(body, mesh=mesh, in_specs=P("x", "y"), out_specs=P("x"))
+    x = jax.device_put(
+        jnp.arange(32.0).reshape(4, 8), jax.sharding.NamedSharding(mesh, P("x", "y"))
+    )
+    res, inter = save_intermediates(fn)(x)
+    close(res, fn(x))
+    local, xs = np.asarray(inter["local"]["primal"]), np.asarray(x)
+    assert local.shape == (2, 4, 2, 2)
+    for i in range(2):
+        for j in range(4):
+            close(local[i, j], np.sin(xs[2 * i : 2 * i + 2, 2 * j : 2 * j + 2]))
+
+    _grads, inter = save_intermediates(jax.grad(lambda x: jnp.sum(fn(x) ** 2)))(x)
+    assert inter["local"]["cotangent"].shape == (2, 4, 2, 2)
+
+
+def test_jit_over_sharded_arrays():
+    mesh = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Explicit,))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("d"))
+    x = jax.device_put(jnp.arange(16.0), sharding)
+    _grads, inter = save_intermediates(jax.grad(lambda x: jnp.sum(sow(jnp.sin(x), "s") ** 2)))(x)
+    close(inter["s"]["primal"], jnp.sin(jnp.arange(16.0)))
+    close(inter["s"]["cotangent"], 2 * jnp.sin(jnp.arange(16.0)))
+    assert len(inter["s"]["primal"].sharding.device_set) >= 1
+
+
+# --- names, tags, policies ---------------------------------------------------------
+
+
+def _dup(x):
+    a = sow(x * 2, "dup")
+    b = sow(x * 3, "dup")
+    return jnp.sum(a * b)
+
+
+def test_duplicates_error_names_both_locations():
+    with pytest.raises(ValueError, match=r"'dup' is sown more than once") as err:
+        save_intermediates(_dup)(X)
+    lines = re.findall(r"test_capture\.py:(\d+)", str(err.value))
+    assert len(set(lines)) == 2
+
+
+def test_duplicates_suffix_and_stack():
+    _, inter = save_intermediates(jax.grad(_dup), duplicates="suffix")(X)
+    close(inter["dup_0"]["primal"], 2 * X)
+    close(inter["dup_1"]["primal"], 3 * X)
+    close(inter["dup_0"]["cotangent"], 3 * X)
+    close(inter["dup_1"]["cotangent"], 2 * X)
+    _, inter = save_intermediates(_dup, duplicates="stack")(X)
+    close(inter["dup"]["primal"], jnp.stack([2 * X, 3 * X]))
+
+
+def test_tags_filter_and_nesting():
+    def fn(x):
+        a = sow(x + 1, "a", tag="acts")
+        b = sow(x + 2, "b")
+        return jnp.sum(a * b)
+
+    _, inter = save_intermediates(fn, tag="acts")(X)
+    assert set(inter) == {"a"}
+    _, inter = save_intermediates(fn, tag=("acts", "intermediates"))(X)
+    assert set(inter) == {"a", "b"}
+    # An inner capture consumes its tag; the outer one still sees the other.
+    (_res, inner), outer = save_intermediates(save_intermediates(fn, tag="acts"))(X)
+    assert set(inner) == {"a"} and set(outer) == {"b"}
+
+
+def test_tesseract_jax_sow_is_captured():
+    tj = pytest.importorskip("tesseract_jax")
+
+    def fn(x):
+        return jnp.sum(tj.sow(jnp.sin(x), "ts") ** 2)
+
+    _, inter = save_intermediates(fn)(X)
+    close(inter["ts"]["primal"], jnp.sin(X))
+    _, inter = save_intermediates(jax.grad(fn))(X)
+    close(inter["ts"]["primal"], jnp.sin(X))
+
+
+def test_integer_leaves_have_no_tangent():
+    def fn(x):
+        tree = sow({"f": x * 2, "i": jnp.arange(5)}, "mixed")
+        return jnp.sum(tree["f"] * tree["i"])
+
+    _, inter = save_intermediates(jax.grad(fn))(X)
+    close(inter["mixed"]["cotangent"]["f"], jnp.arange(5.0))
+    assert inter["mixed"]["cotangent"]["i"] is None
+    close(inter["mixed"]["primal"]["i"], jnp.arange(5))
+
+
+# --- errors ------------------------------------------------------------------------
+
+
+def test_bad_arguments_are_clear():
+    with pytest.raises(TypeError, match="`fn` must be callable"):
+        save_intermediates(3)
+    with pytest.raises(ValueError, match="unknown `duplicates` policy 'merge'"):
+        save_intermediates(f, duplicates="merge")
+    with pytest.raises(ValueError, match="`loops` must be 'last' or a positive int"):
+        save_intermediates(f, loops=0)
+    with pytest.raises(TypeError, match="`name` must be a non-empty string"):
+        sow(X, 3)
+    with pytest.raises(TypeError, match="`tag` must be a non-empty string"):
+        save_intermediates(f, tag="")
+    with pytest.raises(TypeError, match="is not an array"):
+        sow({"a": "text"}, "s")
+
+
+def test_sow_in_while_cond_is_refused():
+    def fn(x):
+        return lax.while_loop(lambda c: sow(c, "c")[0] < 3, lambda c: c + 1, x)
+
+    with pytest.raises(sowviz.CaptureError, match="while_loop's `cond_fun`"):
+        save_intermediates(fn)(X)
+
+
+def test_unsupported_primitive_raises_or_reports():
+    def fn(b):
+        def matvec(x):
+            return sow(2.0 * x, "mv")
+
+        return lax.custom_linear_solve(matvec, b, lambda mv, b: b / 2.0)
+
+    with pytest.raises(sowviz.CaptureError, match=r"'mv' inside `custom_linear_solve`"):
+        save_intermediates(fn)(X)
+    wrapped = save_intermediates(fn, strict=False)
+    res, inter = wrapped(X)
+    close(res, X / 2)
+    assert "mv" not in inter
+    assert any("custom_linear_solve" in n for n in wrapped.notes)
+
+
+def test_eager_sow_is_identity():
+    tree = {"a": X, "b": (1.0, jnp.ones(2))}
+    out = sow(tree, "t")
+    close(out["a"], X)
+    assert jax.tree_util.tree_structure(out) == jax.tree_util.tree_structure(
+        jax.tree_util.tree_map(jnp.asarray, tree)
+    )
