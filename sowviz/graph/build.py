@@ -1,0 +1,411 @@
+"""jaxpr → stage graph: nodes, lifted edges, probe points.
+
+One depth-first walk over the primal program. Every equation becomes a node;
+higher-order equations become stages whose children come from their sub-jaxprs;
+runs of equations that share a `jax.named_scope` prefix group into `scope` nodes.
+Node ids are `n<order>`, the position in that walk, so they depend only on the
+program. See README.md in this folder for the design and its sharp edges.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from .. import _compat
+from .model import STAGE_KINDS, Capture, Edge, Node, Note, ProbePoint, StageGraph, Step
+from .tesseract import tesseract_label
+
+_CAPTURES = ("sows", "stages", "all")
+
+_BAD_CAPTURE = (
+    "build_graph: `capture` must be one of 'sows', 'stages' or 'all', got {!r}. "
+    "'stages' probes the outputs of every stage, 'all' also every equation, "
+    "'sows' only the values the program already sows."
+)
+_BAD_NAMES = (
+    "build_graph: `{arg}` has {got} names but the program has {want} {what}. "
+    "Pass one pytree key path per flat {what[:-1]} (e.g. from jax.tree_util.tree_flatten_with_path)."
+)
+
+_CUSTOM_NOTE = (
+    "{n} call(s) of {prim} `{label}`: its values are probed on the call's outputs only. "
+    "Under differentiation the custom rule replaces the body, so values inside it have "
+    "no tangents or cotangents."
+)
+_WHILE_COND_NOTE = (
+    "`while` condition: its equations are shown but not probed (it only decides whether "
+    "to continue and is never differentiated)."
+)
+
+
+def build_graph(
+    closed_jaxpr: _compat.ClosedJaxpr,
+    *,
+    in_names: Sequence[str],
+    out_names: Sequence[str],
+    capture: Capture = "stages",
+    title: str = "program",
+    tesseract_names: Mapping[Any, str] | Callable[[Any], str | None] | None = None,
+) -> StageGraph:
+    """The stage graph of the primal program `closed_jaxpr` (from `jax.make_jaxpr`).
+
+    `in_names` / `out_names` label the flat inputs and outputs. `capture` chooses
+    the probe points: `"stages"` one per stage output, `"all"` also one per
+    floating-point equation, `"sows"` none. `tesseract_names` renames Tesseract
+    stages: a mapping from Tesseract objects (or their default names) to labels,
+    or a function of the Tesseract returning a label or None.
+    """
+    if capture not in _CAPTURES:
+        raise ValueError(_BAD_CAPTURE.format(capture))
+    jaxpr = closed_jaxpr.jaxpr
+    for arg, names, vars_, what in (
+        ("in_names", in_names, jaxpr.invars, "inputs"),
+        ("out_names", out_names, jaxpr.outvars, "outputs"),
+    ):
+        if len(names) != len(vars_):
+            raise ValueError(_BAD_NAMES.format(arg=arg, got=len(names), want=len(vars_), what=what))
+    return _Builder(capture, tesseract_names).build(jaxpr, list(in_names), list(out_names), title)
+
+
+# ---------------------------------------------------------------------------
+# Helpers with per-process caches (avals repeat a lot in big programs).
+
+_shape_cache: dict[Any, str] = {}
+_float_cache: dict[Any, bool] = {}
+
+
+def shape_str(aval: Any) -> str:
+    key = (getattr(aval, "dtype", None), getattr(aval, "shape", None))
+    s = _shape_cache.get(key)
+    if s is None:
+        if key[0] is None or key[1] is None:
+            s = str(aval)
+        else:
+            s = f"{key[0]}[{','.join(str(d) for d in key[1])}]"
+        _shape_cache[key] = s
+    return s
+
+
+def is_floating(aval: Any) -> bool:
+    dtype = getattr(aval, "dtype", None)
+    if dtype is None:
+        return False
+    f = _float_cache.get(dtype)
+    if f is None:
+        try:
+            f = bool(jax.dtypes.issubdtype(dtype, jnp.inexact))
+        except TypeError:
+            f = False
+        _float_cache[dtype] = f
+    return f
+
+
+def _jaxpr_name(j: Any) -> str | None:
+    info = getattr(j, "debug_info", None)
+    name = getattr(info, "func_name", None) if info is not None else None
+    return None if not name or name.startswith("<") else name
+
+
+class _Rec:
+    """A node under construction (mutable until the walk ends)."""
+
+    __slots__ = (
+        "collapsed",
+        "id",
+        "kind",
+        "label",
+        "n_eqns",
+        "order",
+        "out_vars",
+        "parent",
+        "primitive",
+        "shapes",
+        "source",
+    )
+
+    def __init__(self, order, kind, label, parent, source=None, shapes=(), primitive=None):
+        self.id = f"n{order}"
+        self.order = order
+        self.kind = kind
+        self.label = label
+        self.parent = parent
+        self.source = source
+        self.shapes = shapes
+        self.primitive = primitive
+        self.n_eqns = 1 if kind in ("eqn", "sow", "tesseract") else 0  # stages: summed later
+        self.collapsed = kind in STAGE_KINDS
+        self.out_vars: dict[Any, tuple[int, int]] | None = None  # scopes: output var -> loc
+
+
+class _Builder:
+    def __init__(self, capture: str, tesseract_names: Any) -> None:
+        self.capture = capture
+        self.tesseract_names = tesseract_names
+        self.recs: list[_Rec] = []
+        self.edges: dict[tuple[str, str], Edge] = {}
+        self.points: list[tuple[int, ProbePoint]] = []
+        self.sows: dict[str, list[str]] = {}
+        self.custom_skips: dict[tuple[str, str], list[str]] = {}
+        self.notes: list[Note] = []
+
+    # -- nodes -----------------------------------------------------------------
+    def new(self, kind, label, parent, source=None, shapes=(), primitive=None) -> _Rec:
+        rec = _Rec(len(self.recs), kind, label, parent, source, shapes, primitive)
+        self.recs.append(rec)
+        return rec
+
+    def build(self, jaxpr, in_names, out_names, title) -> StageGraph:
+        root = self.new("jit", title, None)
+        root.collapsed = False
+        root.shapes = tuple(shape_str(v.aval) for v in jaxpr.outvars)
+        inputs = {}
+        for v, name in zip(jaxpr.invars, in_names):
+            rec = self.new("input", name, root.id, shapes=(shape_str(v.aval),))
+            inputs[v] = (rec.id,)
+        outs = self.walk(jaxpr, root, (), inputs, probe=True)
+        for v, name in zip(jaxpr.outvars, out_names):
+            rec = self.new("output", name, root.id, shapes=(shape_str(v.aval),))
+            chain = outs.get(v) if isinstance(v, _compat.Var) else None
+            if chain is not None:
+                self.edge(chain, (rec.id,), v)
+        return self.finish(root, title)
+
+    # -- one jaxpr level ---------------------------------------------------------
+    def walk(
+        self,
+        jaxpr: _compat.Jaxpr,
+        container: _Rec,
+        path: tuple[Step, ...],
+        known: dict[Any, tuple[str, ...]],
+        *,
+        probe: bool,
+        in_custom: _Rec | None = None,
+    ) -> dict[Any, tuple[str, ...]]:
+        """Add the nodes of `jaxpr` under `container`; return var -> producer chain.
+
+        A chain lists the producer's ancestors below `container`, outermost first,
+        ending with the producer: lifting an edge is comparing two chains.
+        """
+        prod: dict[Any, tuple[str, ...]] = dict(known)
+        loc: dict[Any, tuple[int, int]] = {}
+        scopes: list[tuple[str, _Rec]] = []  # open named scopes, outermost first
+        chain_here: tuple[str, ...] = ()  # their ids
+        level_scopes: list[_Rec] = []
+        capture_eqns = probe and self.capture == "all"
+        capture_stages = probe and self.capture in ("stages", "all")
+        for i, eqn in enumerate(jaxpr.eqns):
+            names = tuple(n for k, n in _compat.name_stack_kinds(eqn) if k == "scope")
+            # Close the scopes that end here, open the ones that start.
+            keep = 0
+            while keep < len(scopes) and keep < len(names) and scopes[keep][0] == names[keep]:
+                keep += 1
+            if keep < len(scopes):
+                del scopes[keep:]
+                chain_here = chain_here[:keep]
+            for name in names[keep:]:
+                parent = scopes[-1][1] if scopes else container
+                rec = self.new("scope", name, parent.id, source=self.source(eqn))
+                rec.out_vars = {}
+                scopes.append((name, rec))
+                level_scopes.append(rec)
+                chain_here = (*chain_here, rec.id)
+            parent = scopes[-1][1] if scopes else container
+            rec = self.eqn_node(eqn, i, parent, path, probe, in_custom)
+            chain = (*chain_here, rec.id)
+            for v in eqn.invars:
+                if isinstance(v, _compat.Var):
+                    src = prod.get(v)
+                    if src is not None:
+                        k = self.edge(src, chain, v)
+                        if k < len(src) - 1 and v in loc:
+                            self.mark_scope_outputs(src, k, v, loc[v])
+            for k, v in enumerate(eqn.outvars):
+                prod[v] = chain
+                loc[v] = (i, k)
+            if (rec.kind == "eqn" and capture_eqns) or (rec.kind in STAGE_KINDS and capture_stages):
+                self.point(rec, path, [(i, k) for k in range(len(eqn.outvars))], eqn.outvars)
+        # Values leaving this level leave every scope around their producer.
+        for v in jaxpr.outvars:
+            if isinstance(v, _compat.Var) and v in loc:
+                self.mark_scope_outputs(prod[v], 0, v, loc[v])
+        if capture_stages:
+            for rec in level_scopes:
+                assert rec.out_vars is not None
+                items = sorted(rec.out_vars.items(), key=lambda kv: kv[1])
+                self.point(rec, path, [at for _, at in items], [v for v, _ in items])
+        return prod
+
+    def eqn_node(self, eqn, i, parent: _Rec, path, probe, in_custom) -> _Rec:
+        name = eqn.primitive.name
+        shapes = tuple(shape_str(v.aval) for v in eqn.outvars)
+        src = self.source(eqn)
+        params = eqn.params
+        here = tuple(path)
+        if name in _compat.SOW_NAMES:
+            label = str(params.get("name", "sow"))
+            rec = self.new("sow", label, parent.id, src, shapes)
+            self.sows.setdefault(label, []).append(rec.id)
+            return rec
+        if name in _compat.CALL_NAMES:
+            rec = self.new("jit", str(params.get("name") or name), parent.id, src, shapes)
+            param = "jaxpr" if "jaxpr" in params else "call_jaxpr"
+            self.descend(rec, eqn, i, param, None, here, probe, in_custom)
+            return rec
+        if name == _compat.SCAN:
+            body = _jaxpr_name(params["jaxpr"].jaxpr)
+            rec = self.new("scan", f"scan({body})" if body else "scan", parent.id, src, shapes)
+            self.descend(rec, eqn, i, "jaxpr", None, here, probe, in_custom)
+            return rec
+        if name == _compat.COND:
+            rec = self.new("cond", "cond", parent.id, src, shapes)
+            for b, br in enumerate(params["branches"]):
+                label = f"branch {b}"
+                fn = _jaxpr_name(br.jaxpr)
+                sub = self.new("scope", f"{label}: {fn}" if fn else label, rec.id, src)
+                sub.shapes = shapes
+                self.descend(sub, eqn, i, "branches", b, here, probe, in_custom)
+            return rec
+        if name == _compat.WHILE:
+            rec = self.new("while", "while", parent.id, src, shapes)
+            cond = self.new("scope", "cond", rec.id, src)
+            self.descend(cond, eqn, i, "cond_jaxpr", None, here, False, in_custom)
+            if probe and self.capture == "all" and params["cond_jaxpr"].jaxpr.eqns:
+                self.notes.append(Note("info", cond.id, _WHILE_COND_NOTE))
+            body = self.new("scope", "body", rec.id, src, shapes)
+            self.descend(body, eqn, i, "body_jaxpr", None, here, probe, in_custom)
+            return rec
+        if name in _compat.REMAT_NAMES:
+            rec = self.new("remat", "checkpoint", parent.id, src, shapes)
+            self.descend(rec, eqn, i, "jaxpr", None, here, probe, in_custom)
+            return rec
+        if name == _compat.CUSTOM_JVP or name in _compat.CUSTOM_VJP:
+            label = str(params.get("name") or _jaxpr_name(params["call_jaxpr"].jaxpr) or name)
+            rec = self.new("custom", label, parent.id, src, shapes, primitive=name)
+            n_before = len(self.points)
+            # Probes inside would see no derivatives: walk with probing on to find
+            # what would be probed, then drop those points and say so.
+            self.descend(rec, eqn, i, "call_jaxpr", None, here, probe, rec)
+            if len(self.points) > n_before:
+                del self.points[n_before:]
+                if in_custom is None:
+                    self.custom_skips.setdefault((name, label), []).append(rec.id)
+            return rec
+        if name == _compat.SHARD_MAP:
+            rec = self.new("shard_map", "shard_map", parent.id, src, shapes)
+            self.descend(rec, eqn, i, "jaxpr", None, here, probe, in_custom)
+            return rec
+        if name == _compat.TESSERACT:
+            label = tesseract_label(params.get("client"), self.tesseract_names)
+            return self.new("tesseract", label, parent.id, src, shapes, primitive=name)
+        n_inner = sum(_count_eqns(j) for _, _, j in _compat.sub_jaxprs(eqn))
+        rec = self.new("eqn", name, parent.id, src, shapes, primitive=name)
+        rec.n_eqns = 1 + n_inner
+        return rec
+
+    def descend(self, rec, eqn, i, param, index, path, probe, in_custom) -> None:
+        val = eqn.params[param]
+        if index is not None:
+            val = val[index]
+        inner = val.jaxpr if isinstance(val, _compat.ClosedJaxpr) else val
+        self.walk(inner, rec, (*path, (i, param, index)), {}, probe=probe, in_custom=in_custom)
+
+    def source(self, eqn) -> _compat.SourceLocation | None:
+        return _compat.user_location_outside_libraries(eqn)
+
+    # -- edges -----------------------------------------------------------------
+    def edge(self, src: tuple[str, ...], dst: tuple[str, ...], v: Any) -> int:
+        """Add the edge for `v` lifted to the sibling ancestors; return where the chains part."""
+        k = 0
+        n = min(len(src), len(dst))
+        while k < n and src[k] == dst[k]:
+            k += 1
+        if k == n:  # one node contains the other: not an edge of any level
+            return k
+        key = (src[k], dst[k])
+        if key not in self.edges:
+            aval = v.aval
+            self.edges[key] = Edge(
+                key[0],
+                key[1],
+                tuple(int(d) for d in getattr(aval, "shape", ())),
+                str(getattr(aval, "dtype", type(aval).__name__)),
+            )
+        return k
+
+    def mark_scope_outputs(self, chain: tuple[str, ...], start: int, v: Any, at) -> None:
+        """`v` leaves the scopes chain[start:-1] (the producer's enclosing scopes)."""
+        recs = self.recs
+        for node_id in chain[start:-1]:
+            out = recs[int(node_id[1:])].out_vars
+            if out is not None and v not in out:
+                out[v] = at
+
+    # -- probes ----------------------------------------------------------------
+    def point(self, rec: _Rec, path, values, vars_) -> None:
+        chosen = [(ik, v) for ik, v in zip(values, vars_) if is_floating(v.aval)]
+        if not chosen:
+            return
+        self.points.append(
+            ProbePoint(
+                node=rec.id,
+                path=tuple(path),
+                at=max(ik[0] for ik, _ in chosen),
+                values=tuple(ik for ik, _ in chosen),
+                shapes=tuple(shape_str(v.aval) for _, v in chosen),
+                kind=rec.kind,
+            )
+        )
+
+    # -- result ----------------------------------------------------------------
+    def finish(self, root: _Rec, title: str) -> StageGraph:
+        recs = self.recs
+        for rec in recs:
+            if rec.out_vars is not None:  # scopes: their outputs in program order
+                items = sorted(rec.out_vars.items(), key=lambda kv: kv[1])
+                rec.shapes = tuple(shape_str(v.aval) for v, _ in items)
+        for rec in reversed(recs):  # children come after parents: sum upwards
+            if rec.parent is not None:
+                recs[int(rec.parent[1:])].n_eqns += rec.n_eqns
+        nodes = tuple(
+            Node(
+                id=r.id,
+                label=r.label,
+                kind=r.kind,
+                parent=r.parent,
+                order=r.order,
+                source=r.source,
+                shapes=r.shapes,
+                primitive=r.primitive,
+                n_eqns=r.n_eqns,
+                collapsed=r.collapsed,
+            )
+            for r in recs
+        )
+        notes = list(self.notes)
+        for (prim, label), ids in self.custom_skips.items():
+            msg = _CUSTOM_NOTE.format(n=len(ids), prim=prim, label=label)
+            notes.append(Note("info", ids[0], msg))
+        points = sorted(self.points, key=lambda p: int(p.node[1:]))
+        return StageGraph(
+            title=title,
+            root=root.id,
+            nodes=nodes,
+            edges=tuple(self.edges.values()),
+            probe_points=tuple(points),
+            sow_nodes={k: v[0] for k, v in self.sows.items()},
+            sow_nodes_all={k: tuple(v) for k, v in self.sows.items()},
+            notes=tuple(notes),
+        )
+
+
+def _count_eqns(jaxpr: Any) -> int:
+    n = 0
+    for eqn in jaxpr.eqns:
+        n += 1
+        for _, _, sub in _compat.sub_jaxprs(eqn):
+            n += _count_eqns(sub)
+    return n

@@ -1,0 +1,168 @@
+"""Insert `sow` equations at probe points, inside nested jaxprs where the points live.
+
+The rewrite is jaxpr surgery, not re-tracing: after the equation `at` of the
+jaxpr a `ProbePoint.path` leads to, one `sow` equation takes the point's values
+and gives fresh variables that every later use reads instead (so the cotangent a
+probe sees is the whole cotangent flowing back into the values from after the
+point). Enclosing equations keep their params except for the rewritten
+sub-jaxpr and gain the capture effect. Names, name stacks and source info of
+every existing equation are untouched; a `sow` carries the source info of the
+equation it follows. A `sow` is an identity, so no aval changes anywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+from .. import _compat
+from ..capture import primitive as _sow
+from .model import ProbePoint
+
+_NO_CUSTOM = (
+    "instrument: probe point {node!r} lies inside `{prim}`. Under differentiation the custom "
+    "rule replaces that body, so a probe there sees no tangents or cotangents. Probe the "
+    "custom call's outputs instead (build_graph does)."
+)
+_BAD_STEP = "instrument: probe point {node!r}: step {step} does not match the program ({why})."
+_BAD_VALUE = (
+    "instrument: probe point {node!r}: value {value} is not an output of an equation at "
+    "or before eqn {at} of its jaxpr."
+)
+_CUSTOM_PRIMS = frozenset({_compat.CUSTOM_JVP, *_compat.CUSTOM_VJP})
+
+
+def instrument(
+    closed_jaxpr: _compat.ClosedJaxpr, probe_points: Sequence[ProbePoint], *, tag: str
+) -> Callable[..., list]:
+    """A function of the flat inputs that runs the program with a `sow` at every point.
+
+    The sow of a point is named by the point's node id and tagged `tag`. The
+    function is jittable and differentiable and returns the program's outputs
+    as a list, bit for bit.
+    """
+    closed = instrument_jaxpr(closed_jaxpr, probe_points, tag=tag)
+
+    def instrumented(*args: Any) -> list:
+        return _compat.eval_jaxpr(closed.jaxpr, closed.consts, *args)
+
+    instrumented.jaxpr = closed  # type: ignore[attr-defined]
+    return instrumented
+
+
+def instrument_jaxpr(
+    closed_jaxpr: _compat.ClosedJaxpr, probe_points: Sequence[ProbePoint], *, tag: str
+) -> _compat.ClosedJaxpr:
+    """The instrumented program as a ClosedJaxpr with the same signature."""
+    if not probe_points:
+        return closed_jaxpr
+    jaxpr = _rewrite(closed_jaxpr.jaxpr, list(probe_points), 0, tag)
+    return closed_jaxpr.replace(jaxpr=jaxpr)
+
+
+def _rewrite(jaxpr: _compat.Jaxpr, points: list[ProbePoint], depth: int, tag: str):
+    here: dict[int, list[ProbePoint]] = {}
+    below: dict[int, dict[tuple[str, int | None], list[ProbePoint]]] = {}
+    for p in points:
+        if len(p.path) == depth:
+            here.setdefault(p.at, []).append(p)
+        else:
+            i, param, index = p.path[depth]
+            below.setdefault(i, {}).setdefault((param, index), []).append(p)
+
+    eqns = jaxpr.eqns
+    subst: dict[Any, Any] = {}
+
+    def read(v: Any) -> Any:
+        return subst.get(v, v) if isinstance(v, _compat.Var) else v
+
+    new_eqns = []
+    for i, eqn in enumerate(eqns):
+        if subst:
+            eqn = _compat.replace_eqn(eqn, invars=[read(v) for v in eqn.invars])
+        if i in below:
+            eqn = _rewrite_eqn(eqn, below[i], depth, tag)
+        new_eqns.append(eqn)
+        for p in here.get(i, ()):
+            new_eqns.append(_sow_eqn(p, eqns, i, read, subst, tag, eqn.source_info))
+    if not here and not below:
+        return jaxpr
+    return _compat.replace_jaxpr(
+        jaxpr,
+        eqns=new_eqns,
+        outvars=[read(v) for v in jaxpr.outvars],
+        effects=jaxpr.effects | {_compat.capture_effect},
+        debug_info=jaxpr.debug_info,
+    )
+
+
+def _rewrite_eqn(eqn, groups, depth: int, tag: str):
+    name = eqn.primitive.name
+    params = dict(eqn.params)
+    for (param, index), pts in groups.items():
+        node = pts[0].node
+        step = pts[0].path[depth]
+        if name in _CUSTOM_PRIMS:
+            raise ValueError(_NO_CUSTOM.format(node=node, prim=name))
+        if param not in params:
+            raise ValueError(
+                _BAD_STEP.format(node=node, step=step, why=f"`{name}` has no `{param}`")
+            )
+        val = params[param]
+        item = val if index is None else val[index]
+        is_closed = isinstance(item, _compat.ClosedJaxpr)
+        inner = item.jaxpr if is_closed else item
+        if not isinstance(inner, _compat.Jaxpr):
+            raise ValueError(
+                _BAD_STEP.format(node=node, step=step, why=f"`{param}` is not a jaxpr")
+            )
+        new_inner = _rewrite(inner, pts, depth + 1, tag)
+        new_item = item.replace(jaxpr=new_inner) if is_closed else new_inner
+        if index is None:
+            params[param] = new_item
+        else:
+            seq = list(val)
+            seq[index] = new_item
+            params[param] = type(val)(seq)
+    return _compat.replace_eqn(eqn, params=params, effects=eqn.effects | {_compat.capture_effect})
+
+
+def _sow_eqn(p: ProbePoint, eqns, at: int, read, subst, tag: str, source_info):
+    ins = []
+    for i, k in p.values:
+        if i > at or i < 0 or k >= len(eqns[i].outvars):
+            raise ValueError(_BAD_VALUE.format(node=p.node, value=(i, k), at=at))
+        ins.append(read(eqns[i].outvars[k]))
+    outs = [_compat.new_var(v.aval) for v in ins]
+    for (i, k), new in zip(p.values, outs):
+        subst[eqns[i].outvars[k]] = new
+    params = dict(_template(tag, len(ins)))
+    params["name"] = p.node
+    if "index" in params and hasattr(_sow, "_next_index"):
+        params["index"] = _sow._next_index()
+    return _compat.new_eqn(ins, outs, _sow.sow_p, params, {_compat.capture_effect}, source_info)
+
+
+_templates: dict[tuple[str, int], dict[str, Any]] = {}
+
+
+def _template(tag: str, n: int) -> dict[str, Any]:
+    """Params of a `sow` of `n` float arrays (a bare array for n == 1, else a list).
+
+    Traced once through the public `sow`, so the params stay whatever the capture
+    engine's primitive expects; only `name` (and the serial `index`) change per point.
+    """
+    key = (tag, n)
+    params = _templates.get(key)
+    if params is None:
+        dummy = jax.ShapeDtypeStruct((), jax.numpy.float32)
+
+        def one(*xs):
+            return _sow.sow(xs[0] if n == 1 else list(xs), "template", tag=tag)
+
+        closed = jax.make_jaxpr(one)(*[dummy] * n)
+        (eqn,) = [e for e in closed.jaxpr.eqns if e.primitive is _sow.sow_p]
+        params = _templates[key] = dict(eqn.params)
+    return params

@@ -1,0 +1,170 @@
+"""The stage graph as frozen dataclasses; `to_dict()` gives the JSON of docs/model.md."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .._compat import SourceLocation
+
+NodeKind = Literal[
+    "input",
+    "output",
+    "jit",
+    "scope",
+    "tesseract",
+    "scan",
+    "cond",
+    "while",
+    "remat",
+    "custom",
+    "sow",
+    "eqn",
+    "shard_map",
+]
+Capture = Literal["sows", "stages", "all"]
+
+#: Kinds that group other nodes (or, for a Tesseract, an opaque program) and start collapsed.
+STAGE_KINDS: frozenset[str] = frozenset(
+    {"jit", "scope", "scan", "cond", "while", "remat", "custom", "shard_map", "tesseract"}
+)
+
+
+@dataclass(frozen=True)
+class Node:
+    """One box of the graph. `id` is `n<order>`: stable for a given program."""
+
+    id: str
+    label: str
+    kind: NodeKind
+    parent: str | None
+    order: int
+    source: SourceLocation | None = None
+    shapes: tuple[str, ...] = ()
+    primitive: str | None = None
+    n_eqns: int = 1
+    collapsed: bool = False
+
+    def to_dict(self, *, compact: bool = False) -> dict[str, Any]:
+        """The node as in docs/model.md.
+
+        With `compact=True`, an `eqn` node leaves out the fields that only restate
+        its kind (`n_eqns` 1, `collapsed` false): readers default them.
+        """
+        d: dict[str, Any] = {
+            "id": self.id,
+            "label": self.label,
+            "kind": self.kind,
+            "parent": self.parent,
+            "order": self.order,
+            "source": None if self.source is None else self.source.to_dict(),
+            "shapes": list(self.shapes),
+            "primitive": self.primitive,
+        }
+        if not (compact and self.kind in ("eqn", "sow")):
+            d["n_eqns"] = self.n_eqns
+            d["collapsed"] = self.collapsed
+        return d
+
+
+@dataclass(frozen=True)
+class Edge:
+    """A data dependency between two nodes with the same parent."""
+
+    source: str
+    target: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "target": self.target,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+        }
+
+
+#: One step down into a nested jaxpr: (index of the eqn in the enclosing jaxpr,
+#: name of the eqn param holding the sub-jaxpr, index within a tuple param or None).
+Step = tuple[int, str, "int | None"]
+
+
+@dataclass(frozen=True)
+class ProbePoint:
+    """Where a stage's (or an equation's) values live in the program.
+
+    `path` leads from the top-level jaxpr to the jaxpr holding the values;
+    in that jaxpr, `values` are (eqn index, output index) pairs, and `at` is the
+    index of the equation after which all of them exist (the largest eqn index):
+    `instrument` sows them there, under the name `node` (the node id).
+    """
+
+    node: str
+    path: tuple[Step, ...]
+    at: int
+    values: tuple[tuple[int, int], ...]
+    shapes: tuple[str, ...]
+    kind: str  # kind of `node`
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "path": [list(s) for s in self.path],
+            "at": self.at,
+            "values": [list(v) for v in self.values],
+            "shapes": list(self.shapes),
+            "kind": self.kind,
+        }
+
+
+@dataclass(frozen=True)
+class Note:
+    """Something the graph cannot show or probe, and why."""
+
+    level: Literal["info", "warning"]
+    node: str
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        # `probe` is the model's field name: a stage probe is named by its node id.
+        return {"level": self.level, "probe": self.node, "message": self.message}
+
+
+@dataclass(frozen=True)
+class StageGraph:
+    """Nodes in program order (parents first), edges, probe points and notes."""
+
+    title: str
+    root: str
+    nodes: tuple[Node, ...]
+    edges: tuple[Edge, ...]
+    probe_points: tuple[ProbePoint, ...]
+    #: user sow name -> id of its first `sow` node
+    sow_nodes: dict[str, str] = field(default_factory=dict)
+    #: user sow name -> ids of every `sow` node with that name, in program order
+    sow_nodes_all: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    notes: tuple[Note, ...] = ()
+
+    def node(self, node_id: str) -> Node:
+        return self._by_id()[node_id]
+
+    def _by_id(self) -> dict[str, Node]:
+        cache = self.__dict__.get("_index")
+        if cache is None:
+            cache = {n.id: n for n in self.nodes}
+            object.__setattr__(self, "_index", cache)
+        return cache
+
+    def children(self, node_id: str | None) -> list[Node]:
+        return [n for n in self.nodes if n.parent == node_id]
+
+    def to_dict(self, *, compact: bool = False) -> dict[str, Any]:
+        """`root`, `nodes`, `edges`, `notes` of the inspection model (docs/model.md)."""
+        return {
+            "title": self.title,
+            "root": self.root,
+            "nodes": [n.to_dict(compact=compact) for n in self.nodes],
+            "edges": [e.to_dict() for e in self.edges],
+            "notes": [n.to_dict() for n in self.notes],
+        }

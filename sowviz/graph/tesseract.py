@@ -1,0 +1,83 @@
+"""Naming Tesseract stages.
+
+A `tesseract_dispatch` equation (from `tesseract_jax.apply_tesseract`) carries a
+`client` param: tesseract-jax's `Jaxeract` wrapper, whose `.client` is the
+`tesseract_core.Tesseract`. Tesseracts have no name field, so one is found, in
+order, from: the user's override; the `name:` of the `tesseract_config.yaml`
+beside an in-process API module (`Tesseract.from_tesseract_api`), else that
+module's folder (or file) name; the image name (`from_image`); the URL
+(`from_url`); the OpenAPI title when it is not the generic "Tesseract".
+Everything here is best effort and reads attributes defensively: the
+Tesseract SDK's private fields may move between releases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+_GENERIC = {"", "tesseract", "tesseract_api"}
+
+
+def tesseract_of(client: Any) -> Any:
+    """The `tesseract_core.Tesseract` behind a `tesseract_dispatch` `client` param."""
+    return getattr(client, "client", client)
+
+
+def default_name(tess: Any) -> str:
+    """A readable name for a Tesseract (see the module docstring for the order)."""
+    inner = getattr(tess, "_client", None)
+    module = getattr(inner, "api_module", None)
+    file = getattr(module, "__file__", None)
+    if file:
+        path = Path(file)
+        name = _config_name(path.parent / "tesseract_config.yaml")
+        if name:
+            return name
+        return path.parent.name if path.stem == "tesseract_api" else path.stem
+    spawn = getattr(tess, "_spawn_config", None)
+    if isinstance(spawn, Mapping):
+        image = spawn.get("image_name") or spawn.get("image")
+        if isinstance(image, str) and image:
+            return image.rsplit("/", 1)[-1]
+    url = getattr(inner, "_url", None)
+    if isinstance(url, str) and url:
+        return url
+    try:
+        title = inner.openapi_schema["info"]["title"]  # type: ignore[union-attr]
+    except Exception:
+        title = None
+    if isinstance(title, str) and title.strip().lower() not in _GENERIC:
+        return title
+    return "tesseract"
+
+
+def _config_name(path: Path) -> str | None:
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("name:"):
+            value = line[5:].split("#", 1)[0].strip().strip("'\"")
+            if value and "{{" not in value:
+                return value
+    return None
+
+
+def tesseract_label(
+    client: Any, overrides: Mapping[Any, str] | Callable[[Any], str | None] | None
+) -> str:
+    """The label of a Tesseract stage: the user's override, else `default_name`."""
+    tess = tesseract_of(client)
+    name = default_name(tess)
+    if overrides is None:
+        return name
+    if callable(overrides) and not isinstance(overrides, Mapping):
+        chosen = overrides(tess)
+        return chosen if chosen else name
+    for key, label in overrides.items():  # by identity: Tesseracts need not be hashable
+        if key is tess or key is client or (isinstance(key, str) and key == name):
+            return label
+    return name
