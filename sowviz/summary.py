@@ -217,32 +217,51 @@ def _widen(lo: jax.Array, hi: jax.Array) -> tuple[jax.Array, jax.Array]:
     )
 
 
-def _histogram(
-    v: jax.Array, mask: jax.Array, lo: jax.Array, hi: jax.Array, bins: int
+def _bin_index(
+    v: jax.Array, lo: jax.Array, hi: jax.Array, bins: int
 ) -> tuple[jax.Array, jax.Array]:
-    """Counts of the masked values of `v` in `bins` equal bins over [lo, hi].
+    """Edges of `bins` equal bins over [lo, hi] and the bin index of every `v`.
 
-    `lo`, `hi` must be finite. Scatter-adds a clipped bin index with weight
-    `mask`, so memory is O(size + bins), never O(size * bins), and a sharded `v`
-    is counted where it lives (partial counts are then summed across devices).
+    `lo <= hi` must be finite. Indices of values outside [lo, hi] (or not finite)
+    are clipped into [0, bins); the caller overrides or ignores them.
     """
     lo, hi = _widen(lo, hi)
-    # Work in units of a power of two >= max(|lo|, |hi|): scaling by it is exact,
-    # and hi - lo can no longer overflow (e.g. lo = -3e38, hi = 3e38).
+    # Work in units of a power of two near max(|lo|, |hi|): scaling by it is
+    # exact, and hi - lo can no longer overflow (e.g. lo = -3e38, hi = 3e38).
     scale = _pow2_scale(jnp.maximum(jnp.abs(lo), jnp.abs(hi)))
     lo_s, hi_s = lo / scale, hi / scale
+    # A range only a few ulps wide cannot be cut into `bins` distinct bins; give
+    # every bin at least 8 ulps (of the scaled values, which lie in [-2, 2)).
+    min_width = bins * 8 * jnp.finfo(lo.dtype).eps
+    tiny = hi_s - lo_s < min_width
+    mid = lo_s / 2 + hi_s / 2
+    big = jnp.finfo(lo.dtype).max
+    lo = jnp.where(tiny, jnp.clip((mid - min_width / 2) * scale, -big, lo), lo)
+    hi = jnp.where(tiny, jnp.clip((mid + min_width / 2) * scale, hi, big), hi)
+    lo_s, hi_s = lo / scale, hi / scale
+    width = hi_s - lo_s
     t = jnp.arange(bins + 1, dtype=lo.dtype) / bins
-    edges = (lo_s + (hi_s - lo_s) * t) * scale
-    # Pin the ends exactly and keep rounding from stepping outside [lo, hi], so
-    # edges are non-decreasing and bin membership is defined by these edges.
+    edges = (lo_s + width * t) * scale
+    # Pin the ends exactly and keep rounding from stepping outside [lo, hi].
     edges = jnp.clip(edges.at[0].set(lo).at[-1].set(hi), lo, hi)
-    # Membership is decided by comparing with the returned edges (not by the
-    # arithmetic estimate), so counts equal np.histogram(v, bins=edges) exactly.
-    idx = jnp.minimum(_last_edge_at_or_below(edges, v), bins - 1)
-    # No ravel: flattening a dimension that is sharded is not allowed on explicit
-    # meshes, and an N-d index array scatters just as well.
-    counts = jnp.zeros(bins, jnp.int32).at[idx].add(mask.astype(jnp.int32), **_replicated(v))
-    return edges, counts
+    # The bin is this arithmetic estimate alone (the rule in the module
+    # docstring): correcting values within an ulp of an edge by looking the
+    # edges up would cost two gathers per element, more than the rest.
+    ratio = bins / width
+    pos = jnp.floor((v / scale - lo_s) * ratio)
+    idx = jnp.clip(jnp.where(jnp.isnan(pos), 0, pos), 0, bins - 1).astype(jnp.int32)
+    return edges, idx
+
+
+def _tally(idx: jax.Array, length: int, like: jax.Array) -> jax.Array:
+    """int32 counts of each value of `idx` in [0, length).
+
+    A scatter-add of ones: memory O(size + length), never O(size * length), and
+    a sharded `idx` is counted where it lives (partial counts are summed across
+    devices). No ravel: flattening a sharded dimension is not allowed on explicit
+    meshes, and an N-d index array scatters just as well.
+    """
+    return jnp.zeros(length, jnp.int32).at[idx].add(1, **_replicated(like))
 
 
 def _replicated(v: jax.Array) -> dict[str, Any]:
@@ -255,26 +274,6 @@ def _replicated(v: jax.Array) -> dict[str, Any]:
     if mesh.empty or jax.sharding.AxisType.Explicit not in mesh.axis_types:
         return {}
     return {"out_sharding": jax.sharding.NamedSharding(mesh, jax.P())}
-
-
-def _last_edge_at_or_below(edges: jax.Array, v: jax.Array) -> jax.Array:
-    """Largest i with edges[i] <= v (0 if none), for non-decreasing `edges`.
-
-    A binary search unrolled over the static number of edges: log2(bins) rounds
-    of elementwise gathers from the small edge table, so it stays elementwise on
-    a sharded `v` (`jnp.searchsorted` does not trace under a sharded jit).
-    """
-    n = edges.shape[0]
-    # On an explicit mesh the looked-up edges must stay sharded like `v` (JAX
-    # would otherwise replicate them: an all-gather of the whole array).
-    same = {"out_sharding": jax.typeof(v).sharding} if _replicated(v) else {}
-    i = jnp.zeros(v.shape, jnp.int32)
-    step = 1 << (n - 1).bit_length()
-    while step:
-        j = jnp.minimum(i + step, n - 1)
-        i = jnp.where(edges.at[j].get(**same) <= v, j, i)
-        step >>= 1
-    return i
 
 
 def _pow2_scale(m: jax.Array) -> jax.Array:
@@ -300,45 +299,52 @@ def _value_dtype(dtype: np.dtype) -> tuple[Any, bool]:
 def _summarize(x: jax.Array, bins: int) -> Summary:
     acc, is_complex = _value_dtype(x.dtype)
     v = (jnp.abs(x) if is_complex else x).astype(acc)
-    meta = {"shape": tuple(x.shape), "dtype": str(x.dtype), "is_complex": is_complex, "bins": bins}
-    i32 = jnp.int32
-
-    finite = jnp.isfinite(v)
-    count = jnp.sum(finite, dtype=i32)
-    nan = jnp.sum(jnp.isnan(v), dtype=i32)
-    posinf = jnp.sum(v == jnp.inf, dtype=i32)
-    neginf = jnp.sum(v == -jnp.inf, dtype=i32)
-    zeros = jnp.sum(v == 0, dtype=i32)
-
-    have = count > 0
     zero = jnp.zeros((), acc)
-    vmin = jnp.where(have, jnp.min(jnp.where(finite, v, jnp.inf), initial=jnp.inf), zero)
-    vmax = jnp.where(have, jnp.max(jnp.where(finite, v, -jnp.inf), initial=-jnp.inf), zero)
+
+    # Pass 1: ranges. On XLA:CPU every full-size reduction materialises its
+    # input, so the passes are kept few; the counts ride on the histograms.
+    finite = jnp.isfinite(v)
+    nonzero = finite & (v != 0)
+    vmin = jnp.min(jnp.where(finite, v, jnp.inf), initial=jnp.inf)
+    vmax = jnp.max(jnp.where(finite, v, -jnp.inf), initial=-jnp.inf)
+    absmin = jnp.min(jnp.where(nonzero, jnp.abs(v), jnp.inf), initial=jnp.inf)
+    have = vmin <= vmax  # some finite value
+    have_log = absmin < jnp.inf  # some non-zero finite value
+    vmin = jnp.where(have, vmin, zero)
+    vmax = jnp.where(have, vmax, zero)
     absmax = jnp.maximum(jnp.abs(vmin), jnp.abs(vmax))
 
+    # Histogram of values; non-finite values go to three extra slots, so one
+    # scatter also counts nan / +inf / -inf (and count = the finite bins' sum).
+    hist_edges, idx = _bin_index(v, vmin, vmax, bins)
+    idx = jnp.where(finite, idx, jnp.where(jnp.isnan(v), bins, jnp.where(v > 0, bins + 1, bins + 2)))
+    tallied = _tally(idx, bins + 3, v)
+    hist_counts = tallied[:bins]
+    nan, posinf, neginf = tallied[bins], tallied[bins + 1], tallied[bins + 2]
+    count = jnp.sum(hist_counts)
+
+    # Histogram of log10|v| over non-zero finite values; zeros get their own slot.
+    # log10 is monotone, so the range comes from |v|'s range without a pass.
+    log_lo = jnp.where(have_log, jnp.log10(jnp.where(have_log, absmin, 1)), zero)
+    log_hi = jnp.where(have_log, jnp.log10(jnp.where(have_log, absmax, 1)), zero)
+    logs = jnp.log10(jnp.where(nonzero, jnp.abs(v), 1))
+    loghist_edges, lidx = _bin_index(logs, log_lo, log_hi, bins)
+    lidx = jnp.where(nonzero, lidx, jnp.where(finite, bins, bins + 1))
+    ltallied = _tally(lidx, bins + 2, v)
+    loghist_counts = ltallied[:bins]
+    zeros = ltallied[bins]
+
     # Moments in units of a power of two near absmax: no square or sum can
-    # overflow (values near 3e38), and the scaling itself is exact.
+    # overflow (values near 3e38), and the scaling itself is exact. Two passes:
+    # the mean first, then squares of deviations from it (no cancellation).
     scale = _pow2_scale(absmax)
     n = jnp.maximum(count, 1).astype(acc)
     vs = jnp.where(finite, v / scale, zero)
     mean_s = jnp.sum(vs) / n
-    # Two-pass variance with the Chan–Golub–LeVeque correction term, which also
-    # refines the mean by the rounding error of the first sum.
-    c = jnp.where(finite, vs - mean_s, zero)
-    sum_c = jnp.sum(c)
-    var_s = jnp.maximum(jnp.sum(c * c) - sum_c * sum_c / n, zero) / n
-    mean = jnp.clip((mean_s + sum_c / n) * scale, vmin, vmax)
-    std = jnp.sqrt(var_s) * scale
     l2 = jnp.sqrt(jnp.sum(vs * vs)) * scale
-
-    hist_edges, hist_counts = _histogram(v, finite, vmin, vmax, bins)
-
-    nonzero = finite & (v != 0)
-    logs = jnp.log10(jnp.where(nonzero, jnp.abs(v), jnp.ones_like(v)))
-    have_log = jnp.any(nonzero)
-    log_lo = jnp.where(have_log, jnp.min(jnp.where(nonzero, logs, jnp.inf), initial=jnp.inf), zero)
-    log_hi = jnp.where(have_log, jnp.max(jnp.where(nonzero, logs, -jnp.inf), initial=-jnp.inf), zero)
-    loghist_edges, loghist_counts = _histogram(logs, nonzero, log_lo, log_hi, bins)
+    c = jnp.where(finite, vs - mean_s, zero)
+    std = jnp.sqrt(jnp.sum(c * c) / n) * scale
+    mean = jnp.clip(mean_s * scale, vmin, vmax)
 
     return Summary(
         count=count,
@@ -356,7 +362,10 @@ def _summarize(x: jax.Array, bins: int) -> Summary:
         hist_counts=hist_counts,
         loghist_edges=loghist_edges,
         loghist_counts=loghist_counts,
-        **meta,
+        shape=tuple(x.shape),
+        dtype=str(x.dtype),
+        is_complex=is_complex,
+        bins=bins,
     )
 
 
