@@ -83,6 +83,22 @@ for _set in (
     _set.add_type(CaptureEffect)
 
 
+# Whether a capture is being traced. Outside a capture a `sow` carries no
+# effect, so a user's plain `jax.jit` of code full of sows keeps JAX's C++
+# dispatch fast path (an effectful program loses it: ~3x slower dispatch on a
+# 64-layer MLP). Being part of the trace context, the flag also keys JAX's
+# tracing caches: an inner `jit` traced without it is never reused inside a
+# capture, where its sows might have been dead-code eliminated.
+from jax._src import config as _config  # noqa: E402
+
+capturing = _config.bool_state(
+    "sowviz_capturing",
+    False,
+    "Internal to sowviz: set while save_intermediates traces a function.",
+    include_in_trace_context=True,
+)
+
+
 def is_zero_cotangent(x: Any) -> bool:
     return type(x) is ad.Zero
 

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _compat
 from . import rules as _rules  # noqa: F401  (registers the rules)
 from .interpret import evaluate
 from .record import Capture, Options, Recorder
@@ -91,7 +92,8 @@ class SaveIntermediates:
             a, k = jax.tree_util.tree_unflatten(treedef, merged)
             return self.fn(*a, **k)
 
-        closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*flat)
+        with _compat.capturing(True):
+            closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*flat)
         rec = Recorder(self._options)
         outs = evaluate(closed.jaxpr, closed.consts, flat, rec)
         self.notes = list(rec.notes)

@@ -39,7 +39,7 @@ def _impl(*xs: Any, **_: Any) -> tuple[Any, ...]:
 
 
 def _abstract_eval(*avals: Any, **_: Any):
-    return avals, {_compat.capture_effect}
+    return avals, ({_compat.capture_effect} if _compat.capturing.value else set())
 
 
 def _jvp(primals, tangents, *, mode, leaves, **params):

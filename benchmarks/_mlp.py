@@ -1,0 +1,52 @@
+"""Shared benchmark fixtures: an MLP with a sow per layer, and an interleaved timer."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+import sowviz
+
+
+def mlp_params(depth: int, width: int, seed: int = 0) -> list[dict[str, jax.Array]]:
+    keys = jax.random.split(jax.random.PRNGKey(seed), depth)
+    return [
+        {"w": jax.random.normal(k, (width, width)) / jnp.sqrt(width), "b": jnp.zeros(width)}
+        for k in keys
+    ]
+
+
+def mlp_loss(params, x):
+    h = x
+    for i, layer in enumerate(params):
+        h = jnp.tanh(h @ layer["w"] + layer["b"])
+        h = sowviz.sow(h, f"layer_{i}")
+    return jnp.mean(h**2)
+
+
+def block(tree) -> None:
+    jax.tree_util.tree_map(
+        lambda x: x.block_until_ready() if hasattr(x, "block_until_ready") else x, tree
+    )
+
+
+def interleaved_medians(
+    fns: dict[str, Callable[[], object]], repeats: int, inner: int
+) -> dict[str, float]:
+    """Median seconds per call of each thunk, measured in alternation so drift hits all alike."""
+    for fn in fns.values():  # compile and warm up
+        for _ in range(3):
+            block(fn())
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                out = fn()
+            block(out)
+            samples[name].append((time.perf_counter() - t0) / inner)
+    return {k: statistics.median(v) for k, v in samples.items()}

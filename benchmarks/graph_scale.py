@@ -1,0 +1,57 @@
+"""Stage-graph build time and model size for 1K- and 10K-equation programs.
+
+A deep MLP of many `jax.named_scope` layers (4 equations each: dot, add, tanh,
+and a residual add). Prints, per size: equations, nodes, edges, probe points,
+`build_graph` time (best of 3), and `len(json.dumps(model))` for the full and
+the compact node encoding.
+
+    .venv/bin/python benchmarks/graph_scale.py
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+
+from sowviz.graph import build_graph
+from sowviz.graph.build import _count_eqns
+
+
+def deep_mlp(n_layers: int):
+    def f(ws, x):
+        for i, w in enumerate(ws):
+            with jax.named_scope(f"layer_{i}"):
+                x = x + jnp.tanh(x @ w + 1.0)
+        return jnp.sum(x * x)
+
+    ws = [jax.ShapeDtypeStruct((16, 16), jnp.float32)] * n_layers
+    x = jax.ShapeDtypeStruct((8, 16), jnp.float32)
+    closed = jax.make_jaxpr(f)(ws, x)
+    return closed, [f"ws[{i}]" for i in range(n_layers)] + ["x"]
+
+
+def main() -> None:
+    for target in (1_000, 10_000):
+        closed, in_names = deep_mlp(target // 4)
+        n_eqns = _count_eqns(closed.jaxpr)
+        for capture in ("stages", "all"):
+            best = float("inf")
+            for _ in range(3):
+                t0 = time.perf_counter()
+                graph = build_graph(closed, in_names=in_names, out_names=["loss"], capture=capture)
+                best = min(best, time.perf_counter() - t0)
+            full = len(json.dumps(graph.to_dict()))
+            compact = len(json.dumps(graph.to_dict(compact=True)))
+            print(
+                f"{n_eqns:>6} eqns  capture={capture:<6}  nodes={len(graph.nodes):>6}  "
+                f"edges={len(graph.edges):>6}  probes={len(graph.probe_points):>6}  "
+                f"build={best * 1e3:7.1f} ms  json={full / 1e3:7.1f} kB  "
+                f"compact={compact / 1e3:7.1f} kB"
+            )
+
+
+if __name__ == "__main__":
+    main()
