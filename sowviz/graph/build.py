@@ -9,6 +9,7 @@ program. See README.md in this folder for the design and its sharp edges.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -28,7 +29,7 @@ _BAD_CAPTURE = (
 )
 _BAD_NAMES = (
     "build_graph: `{arg}` has {got} names but the program has {want} {what}. "
-    "Pass one pytree key path per flat {what[:-1]} (e.g. from jax.tree_util.tree_flatten_with_path)."
+    "Pass one pytree key path per flat value (e.g. from jax.tree_util.tree_flatten_with_path)."
 )
 
 _CUSTOM_NOTE = (
@@ -136,7 +137,8 @@ class _Rec:
         self.source = source
         self.shapes = shapes
         self.primitive = primitive
-        self.n_eqns = 1 if kind in ("eqn", "sow", "tesseract") else 0  # stages: summed later
+        # An equation counts itself; stages then add what they hold (see `finish`).
+        self.n_eqns = 0 if kind in ("scope", "input", "output") else 1
         self.collapsed = kind in STAGE_KINDS
         self.out_vars: dict[Any, tuple[int, int]] | None = None  # scopes: output var -> loc
 
@@ -151,6 +153,7 @@ class _Builder:
         self.sows: dict[str, list[str]] = {}
         self.custom_skips: dict[tuple[str, str], list[str]] = {}
         self.notes: list[Note] = []
+        self.sources: dict[tuple[str, int, str], _compat.SourceLocation] = {}
 
     # -- nodes -----------------------------------------------------------------
     def new(self, kind, label, parent, source=None, shapes=(), primitive=None) -> _Rec:
@@ -161,6 +164,7 @@ class _Builder:
     def build(self, jaxpr, in_names, out_names, title) -> StageGraph:
         root = self.new("jit", title, None)
         root.collapsed = False
+        root.n_eqns = 0  # the whole program is not an equation
         root.shapes = tuple(shape_str(v.aval) for v in jaxpr.outvars)
         inputs = {}
         for v, name in zip(jaxpr.invars, in_names):
@@ -314,7 +318,16 @@ class _Builder:
         self.walk(inner, rec, (*path, (i, param, index)), {}, probe=probe, in_custom=in_custom)
 
     def source(self, eqn) -> _compat.SourceLocation | None:
-        return _compat.user_location_outside_libraries(eqn)
+        loc = _compat.user_location_outside_libraries(eqn)
+        if loc is None:
+            return None
+        key = (loc.file, loc.line, loc.function)
+        cached = self.sources.get(key)
+        if cached is None:  # one object per location; files relative to the cwd
+            cached = self.sources[key] = _compat.SourceLocation(
+                _short_path(loc.file), loc.line, loc.function
+            )
+        return cached
 
     # -- edges -----------------------------------------------------------------
     def edge(self, src: tuple[str, ...], dst: tuple[str, ...], v: Any) -> int:
@@ -400,6 +413,14 @@ class _Builder:
             sow_nodes_all={k: tuple(v) for k, v in self.sows.items()},
             notes=tuple(notes),
         )
+
+
+_cwd = os.getcwd() + os.sep
+
+
+def _short_path(file: str) -> str:
+    """`file` relative to the working directory when it lies under it."""
+    return file[len(_cwd) :] if file.startswith(_cwd) else file
 
 
 def _count_eqns(jaxpr: Any) -> int:

@@ -41,25 +41,42 @@ def instrument(
 
     The sow of a point is named by the point's node id and tagged `tag`. The
     function is jittable and differentiable and returns the program's outputs
-    as a list, bit for bit.
+    as a list, bit for bit. The rewrite happens when the function is traced (and
+    is cached): a `sow`'s effects depend on whether a capture is tracing it.
     """
-    closed = instrument_jaxpr(closed_jaxpr, probe_points, tag=tag)
+    points = list(probe_points)
+    # Rewrite once now, so bad points fail here rather than at the first call.
+    cache: dict[Any, _compat.ClosedJaxpr] = {
+        _context_key(): instrument_jaxpr(closed_jaxpr, points, tag=tag)
+    }
 
     def instrumented(*args: Any) -> list:
+        key = _context_key()
+        closed = cache.get(key)
+        if closed is None:
+            closed = cache[key] = instrument_jaxpr(closed_jaxpr, points, tag=tag)
         return _compat.eval_jaxpr(closed.jaxpr, closed.consts, *args)
 
-    instrumented.jaxpr = closed  # type: ignore[attr-defined]
+    instrumented.probe_points = tuple(points)  # type: ignore[attr-defined]
     return instrumented
 
 
 def instrument_jaxpr(
     closed_jaxpr: _compat.ClosedJaxpr, probe_points: Sequence[ProbePoint], *, tag: str
 ) -> _compat.ClosedJaxpr:
-    """The instrumented program as a ClosedJaxpr with the same signature."""
+    """The instrumented program as a ClosedJaxpr with the same signature.
+
+    Its `sow` equations carry the effects a `sow` traced right now would carry.
+    """
     if not probe_points:
         return closed_jaxpr
     jaxpr = _rewrite(closed_jaxpr.jaxpr, list(probe_points), 0, tag)
     return closed_jaxpr.replace(jaxpr=jaxpr)
+
+
+def _context_key() -> Any:
+    flag = getattr(_compat, "capturing", None)
+    return None if flag is None else bool(flag.value)
 
 
 def _rewrite(jaxpr: _compat.Jaxpr, points: list[ProbePoint], depth: int, tag: str):
@@ -93,7 +110,7 @@ def _rewrite(jaxpr: _compat.Jaxpr, points: list[ProbePoint], depth: int, tag: st
         jaxpr,
         eqns=new_eqns,
         outvars=[read(v) for v in jaxpr.outvars],
-        effects=jaxpr.effects | {_compat.capture_effect},
+        effects=jaxpr.effects | _sow_effects(tag),
         debug_info=jaxpr.debug_info,
     )
 
@@ -126,7 +143,7 @@ def _rewrite_eqn(eqn, groups, depth: int, tag: str):
             seq = list(val)
             seq[index] = new_item
             params[param] = type(val)(seq)
-    return _compat.replace_eqn(eqn, params=params, effects=eqn.effects | {_compat.capture_effect})
+    return _compat.replace_eqn(eqn, params=params, effects=eqn.effects | _sow_effects(tag))
 
 
 def _sow_eqn(p: ProbePoint, eqns, at: int, read, subst, tag: str, source_info):
@@ -138,25 +155,31 @@ def _sow_eqn(p: ProbePoint, eqns, at: int, read, subst, tag: str, source_info):
     outs = [_compat.new_var(v.aval) for v in ins]
     for (i, k), new in zip(p.values, outs):
         subst[eqns[i].outvars[k]] = new
-    params = dict(_template(tag, len(ins)))
+    template, effects = _template(tag, len(ins))
+    params = dict(template)
     params["name"] = p.node
     if "index" in params and hasattr(_sow, "_next_index"):
         params["index"] = _sow._next_index()
-    return _compat.new_eqn(ins, outs, _sow.sow_p, params, {_compat.capture_effect}, source_info)
+    return _compat.new_eqn(ins, outs, _sow.sow_p, params, effects, source_info)
 
 
-_templates: dict[tuple[str, int], dict[str, Any]] = {}
+def _sow_effects(tag: str) -> Any:
+    return _template(tag, 1)[1]
 
 
-def _template(tag: str, n: int) -> dict[str, Any]:
+_templates: dict[Any, tuple[dict[str, Any], Any]] = {}
+
+
+def _template(tag: str, n: int) -> tuple[dict[str, Any], Any]:
     """Params of a `sow` of `n` float arrays (a bare array for n == 1, else a list).
 
-    Traced once through the public `sow`, so the params stay whatever the capture
-    engine's primitive expects; only `name` (and the serial `index`) change per point.
+    Traced once (per tracing context) through the public `sow`, so params and
+    effects stay whatever the capture engine's primitive gives; only `name` (and
+    the serial `index`) change per point.
     """
-    key = (tag, n)
-    params = _templates.get(key)
-    if params is None:
+    key = (tag, n, _context_key())
+    found = _templates.get(key)
+    if found is None:
         dummy = jax.ShapeDtypeStruct((), jax.numpy.float32)
 
         def one(*xs):
@@ -164,5 +187,5 @@ def _template(tag: str, n: int) -> dict[str, Any]:
 
         closed = jax.make_jaxpr(one)(*[dummy] * n)
         (eqn,) = [e for e in closed.jaxpr.eqns if e.primitive is _sow.sow_p]
-        params = _templates[key] = dict(eqn.params)
-    return params
+        found = _templates[key] = (dict(eqn.params), eqn.effects)
+    return found

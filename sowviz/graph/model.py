@@ -45,11 +45,13 @@ class Node:
     n_eqns: int = 1
     collapsed: bool = False
 
-    def to_dict(self, *, compact: bool = False) -> dict[str, Any]:
+    def to_dict(self, *, compact: bool = False, parent_source: Any = None) -> dict[str, Any]:
         """The node as in docs/model.md.
 
-        With `compact=True`, an `eqn` node leaves out the fields that only restate
-        its kind (`n_eqns` 1, `collapsed` false): readers default them.
+        With `compact=True`, an `eqn` or `sow` node leaves out what restates its
+        kind or its parent: `n_eqns` (1), `collapsed` (false), `primitive` when it
+        equals the label, and `source` when it equals `parent_source` (the
+        parent's). Readers fill them back in with those defaults.
         """
         d: dict[str, Any] = {
             "id": self.id,
@@ -57,11 +59,14 @@ class Node:
             "kind": self.kind,
             "parent": self.parent,
             "order": self.order,
-            "source": None if self.source is None else self.source.to_dict(),
-            "shapes": list(self.shapes),
-            "primitive": self.primitive,
         }
-        if not (compact and self.kind in ("eqn", "sow")):
+        leaf = compact and self.kind in ("eqn", "sow")
+        if not (leaf and self.source == parent_source):
+            d["source"] = None if self.source is None else self.source.to_dict()
+        d["shapes"] = list(self.shapes)
+        if not (leaf and self.primitive in (None, self.label)):
+            d["primitive"] = self.primitive
+        if not leaf:
             d["n_eqns"] = self.n_eqns
             d["collapsed"] = self.collapsed
         return d
@@ -160,11 +165,22 @@ class StageGraph:
         return [n for n in self.nodes if n.parent == node_id]
 
     def to_dict(self, *, compact: bool = False) -> dict[str, Any]:
-        """`root`, `nodes`, `edges`, `notes` of the inspection model (docs/model.md)."""
+        """`title`, `root`, `nodes`, `edges`, `notes` of the inspection model (docs/model.md).
+
+        `compact=True` shortens `eqn`/`sow` nodes (see `Node.to_dict`); the default
+        is exactly the documented shape.
+        """
+        if compact:
+            sources = {n.id: n.source for n in self.nodes}
+            nodes = [
+                n.to_dict(compact=True, parent_source=sources.get(n.parent)) for n in self.nodes
+            ]
+        else:
+            nodes = [n.to_dict() for n in self.nodes]
         return {
             "title": self.title,
             "root": self.root,
-            "nodes": [n.to_dict(compact=compact) for n in self.nodes],
+            "nodes": nodes,
             "edges": [e.to_dict() for e in self.edges],
             "notes": [n.to_dict() for n in self.notes],
         }

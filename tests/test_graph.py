@@ -1,0 +1,602 @@
+"""Stage graph: nodes, nesting, edges, probe points, determinism; instrumentation."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from sowviz import _compat, sow
+from sowviz.graph import ProbePoint, build_graph, instrument, instrument_jaxpr
+from sowviz.graph.build import _count_eqns
+
+HERE = Path(__file__)
+TESSERACTS = HERE.parent / "fixtures" / "tesseracts"
+
+
+def line_of(marker: str) -> int:
+    """Line number in this file of the line ending with `# <marker>`."""
+    for n, line in enumerate(HERE.read_text().splitlines(), start=1):
+        if line.rstrip().endswith(f"# {marker}"):
+            return n
+    raise AssertionError(marker)
+
+
+def graph_of(fn, *args, capture="stages", **kw):
+    closed = jax.make_jaxpr(fn)(*args)
+    n_in, n_out = len(closed.jaxpr.invars), len(closed.jaxpr.outvars)
+    g = build_graph(
+        closed,
+        in_names=[f"in{i}" for i in range(n_in)],
+        out_names=[f"out{i}" for i in range(n_out)],
+        capture=capture,
+        **kw,
+    )
+    return closed, g
+
+
+def by_label(g, label, kind=None):
+    found = [n for n in g.nodes if n.label == label and (kind is None or n.kind == kind)]
+    assert found, f"no node {label!r} ({kind}) in {[(n.label, n.kind) for n in g.nodes]}"
+    return found
+
+
+def one(g, label, kind=None):
+    (node,) = by_label(g, label, kind)
+    return node
+
+
+def edge_set(g):
+    return {(e.source, e.target) for e in g.edges}
+
+
+def sows_in(closed):
+    """(name, mode) of every sow equation, recursively."""
+    out = []
+
+    def walk(j):
+        for e in j.eqns:
+            if e.primitive.name == "sow":
+                out.append((e.params["name"], tuple(e.params["mode"])))
+            for _, _, sub in _compat.sub_jaxprs(e):
+                walk(sub)
+
+    walk(closed.jaxpr)
+    return out
+
+
+def modes_by_name(closed):
+    d: dict[str, set] = {}
+    for name, mode in sows_in(closed):
+        d.setdefault(name, set()).add(mode)
+    return d
+
+
+X = jnp.linspace(-1.0, 1.0, 12, dtype=jnp.float32).reshape(3, 4)
+W = jnp.linspace(-0.5, 0.7, 16, dtype=jnp.float32).reshape(4, 4)
+
+
+# ---------------------------------------------------------------------------
+# Programs
+
+
+@jax.jit
+def leaf_fn(x):
+    return jnp.sin(x) * 2.0  # @leaf_body
+
+
+@jax.jit
+def middle_fn(x):
+    y = leaf_fn(x)  # @call_leaf
+    return jnp.cos(y) + x
+
+
+def nested_jits(x):
+    return middle_fn(x) * 3.0  # @call_middle
+
+
+def scoped(x, w):
+    with jax.named_scope("encoder"):
+        h = x @ w  # @encoder_dot
+        with jax.named_scope("act"):
+            h = jnp.tanh(h)
+        skip = h * 0.5
+    with jax.named_scope("decoder"):
+        y = h @ w.T + skip  # @decoder
+    return jnp.sum(y), y
+
+
+def nested_scans(x):
+    def inner(c, row):
+        c = c * 0.9 + jnp.sin(row)  # @inner_scan
+        return c, c
+
+    def outer(c, block):
+        c, ys = lax.scan(inner, c, block)
+        return c + 1.0, ys.sum(0)
+
+    blocks = x.reshape(3, 1, 4)
+    c, ys = lax.scan(outer, jnp.zeros(4), blocks)
+    return jnp.sum(c) + jnp.sum(ys)
+
+
+def with_cond(x):
+    def pos(a):
+        return jnp.sin(a) * 2.0  # @branch_pos
+
+    def neg(a):
+        return jnp.cos(a) - 1.0
+
+    y = lax.cond(jnp.sum(x) > 0, pos, neg, x)
+    return jnp.sum(y * y)
+
+
+def with_while(x):
+    def body(carry):
+        i, a = carry
+        return i + 1, a * 1.5 + 0.1  # @while_body
+
+    _, a = lax.while_loop(lambda c: c[0] < 3, body, (0, x))
+    return jnp.sum(a)
+
+
+def with_checkpoint(x):
+    @jax.checkpoint
+    def block(a):
+        return jnp.sin(a) * jnp.cos(a)  # @remat_body
+
+    return jnp.sum(block(x) ** 2)
+
+
+@jax.custom_jvp
+def softclip(a):
+    return jnp.tanh(a) * 3.0
+
+
+softclip.defjvp(lambda p, t: (softclip(p[0]), t[0] * (1 - jnp.tanh(p[0]) ** 2) * 3.0))
+
+
+def with_custom(x):
+    return jnp.sum(softclip(x * 2.0) ** 2)  # @custom_call
+
+
+# ---------------------------------------------------------------------------
+# Structure
+
+
+def test_nested_named_jits_and_sources():
+    _, g = graph_of(nested_jits, X)
+    root = g.node(g.root)
+    assert root.kind == "jit" and root.parent is None and root.label == "program"
+    middle = one(g, "middle_fn", "jit")
+    leaf = one(g, "leaf_fn", "jit")
+    assert middle.parent == root.id
+    assert leaf.parent == middle.id
+    assert {n.label for n in g.children(leaf.id)} == {"sin", "mul"}
+    # n_eqns: a stage's own equation plus every equation inside it, recursively.
+    assert leaf.n_eqns == 1 + 2  # the jit eqn, sin, mul
+    assert middle.n_eqns == 1 + leaf.n_eqns + 2  # + cos, add
+    assert root.n_eqns == _count_eqns(jax.make_jaxpr(nested_jits)(X).jaxpr)
+    assert middle.source is not None and middle.source.line == line_of("@call_middle")
+    assert Path(middle.source.file).name == HERE.name
+    assert leaf.source.line == line_of("@call_leaf")
+    sin = one(g, "sin")
+    assert sin.source.line == line_of("@leaf_body") and sin.source.function == "leaf_fn"
+    assert middle.collapsed and leaf.collapsed and not root.collapsed
+    assert middle.shapes == ("float32[3,4]",)
+
+
+def test_named_scopes_group_nest_and_lift_edges():
+    _, g = graph_of(scoped, X, W)
+    enc, dec, act = one(g, "encoder", "scope"), one(g, "decoder", "scope"), one(g, "act", "scope")
+    root = g.root
+    assert enc.parent == root and dec.parent == root and act.parent == enc.id
+    assert enc.source.line == line_of("@encoder_dot")
+    inputs = [n for n in g.nodes if n.kind == "input"]
+    outputs = [n for n in g.nodes if n.kind == "output"]
+    assert [n.label for n in inputs] == ["in0", "in1"]
+    edges = edge_set(g)
+    # x and w feed the encoder; w also feeds the decoder (w.T is inside it).
+    assert (inputs[0].id, enc.id) in edges and (inputs[1].id, enc.id) in edges
+    assert (inputs[1].id, dec.id) in edges
+    # h and skip both cross encoder -> decoder: one lifted, deduplicated edge.
+    assert [e for e in g.edges if (e.source, e.target) == (enc.id, dec.id)] == [
+        next(e for e in g.edges if (e.source, e.target) == (enc.id, dec.id))
+    ]
+    e = next(e for e in g.edges if (e.source, e.target) == (enc.id, dec.id))
+    assert e.shape == (3, 4) and e.dtype == "float32"
+    # Inside the encoder: dot -> act scope -> mul.
+    dot = by_label(g, "dot_general")[0]
+    assert dot.parent == enc.id
+    assert (dot.id, act.id) in edges
+    # Every edge joins siblings.
+    parent = {n.id: n.parent for n in g.nodes}
+    assert all(parent[s] == parent[t] for s, t in edges)
+    # The decoder produces both outputs (sum and y).
+    assert {s for s, t in edges if t in {o.id for o in outputs}} == {
+        one(g, "reduce_sum").id,
+        dec.id,
+    }
+    # Encoder's probe: the values leaving it (h and skip), in program order.
+    (pe,) = [p for p in g.probe_points if p.node == enc.id]
+    assert pe.path == () and pe.shapes == ("float32[3,4]", "float32[3,4]")
+    assert pe.at == max(i for i, _ in pe.values)
+    assert enc.shapes == pe.shapes
+
+
+def test_nested_scans():
+    closed, g = graph_of(nested_scans, X)
+    outer, inner = by_label(g, "scan(outer)", "scan")[0], one(g, "scan(inner)", "scan")
+    assert inner.parent == outer.id and outer.parent == g.root
+    sin = one(g, "sin")
+    assert sin.parent == inner.id and sin.source.line == line_of("@inner_scan")
+    (pi,) = [p for p in g.probe_points if p.node == inner.id]
+    i_outer = next(i for i, e in enumerate(closed.jaxpr.eqns) if e.primitive.name == "scan")
+    assert pi.path == ((i_outer, "jaxpr", None),)
+    assert len(pi.values) == 2  # carry and stacked ys
+
+
+def test_cond_branches():
+    _, g = graph_of(with_cond, X)
+    cond = one(g, "cond", "cond")
+    branches = g.children(cond.id)
+    assert [b.label for b in branches] == ["branch 0: neg", "branch 1: pos"]
+    assert all(b.kind == "scope" for b in branches)
+    sin = one(g, "sin")
+    assert sin.parent == branches[1].id and sin.source.line == line_of("@branch_pos")
+    assert [p.node for p in g.probe_points] == [cond.id]
+
+
+def test_while_loop():
+    _, g = graph_of(with_while, X)
+    w = one(g, "while", "while")
+    cond, body = g.children(w.id)
+    assert (cond.label, body.label) == ("cond", "body")
+    assert one(g, "lt").parent == cond.id
+    mul = one(g, "mul")
+    assert mul.parent == body.id and mul.source.line == line_of("@while_body")
+    # Only the float output of the loop is probed (the counter is int32).
+    (p,) = g.probe_points
+    assert p.node == w.id and p.shapes == ("float32[3,4]",) and p.values == ((0, 1),)
+
+
+def test_checkpoint():
+    _, g = graph_of(with_checkpoint, X)
+    r = one(g, "checkpoint", "remat")
+    assert {n.label for n in g.children(r.id)} == {"sin", "cos", "mul"}
+    assert one(g, "sin").source.line == line_of("@remat_body")
+    assert [p.node for p in g.probe_points] == [r.id]
+
+
+def test_custom_jvp_probed_on_outputs_with_note():
+    _, g = graph_of(with_custom, X, capture="all")
+    c = one(g, "softclip", "custom")
+    assert c.source.line == line_of("@custom_call")
+    inside = {n.id for n in g.nodes if n.parent == c.id}
+    assert {g.node(i).label for i in inside} == {"tanh", "mul"}
+    probed = {p.node for p in g.probe_points}
+    assert c.id in probed and not (probed & inside)
+    (note,) = [n for n in g.notes if n.node == c.id]
+    assert "softclip" in note.message and "custom rule" in note.message
+    assert note.to_dict()["probe"] == c.id
+
+
+def test_equinox_mlp():
+    mlp = eqx.nn.MLP(4, 2, 8, 2, key=jax.random.PRNGKey(0))
+    params, static = eqx.partition(mlp, eqx.is_array)
+
+    @eqx.filter_jit
+    def loss(m, x):
+        return jnp.sum(jax.vmap(m)(x) ** 2)  # @eqx_call
+
+    closed = jax.make_jaxpr(lambda p, x: loss(eqx.combine(p, static), x))(params, X)
+    names = [jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+    g = build_graph(closed, in_names=[*names, "x"], out_names=["loss"])
+    assert next(n.label for n in g.nodes if n.kind == "input") == ".layers[0].weight"
+    jit = one(g, "loss", "jit")
+    (mlp_scope,) = [n for n in g.children(jit.id) if n.label == "eqx.nn.MLP"]
+    linears = [n for n in g.children(mlp_scope.id) if n.label == "eqx.nn.Linear"]
+    assert len(linears) == 3 and all(n.kind == "scope" for n in linears)
+    relus = [n for n in g.children(mlp_scope.id) if n.kind == "custom"]
+    assert len(relus) == 2
+    # Layer sources point at the user's call, not into equinox.
+    assert linears[0].source.line == line_of("@eqx_call")
+    # Consecutive layers chain: Linear -> relu -> Linear -> relu -> Linear.
+    chain = [linears[0], relus[0], linears[1], relus[1], linears[2]]
+    edges = edge_set(g)
+    assert all((a.id, b.id) in edges for a, b in itertools.pairwise(chain))
+    assert {p.node for p in g.probe_points} >= {n.id for n in chain}
+
+
+def test_ids_orders_and_dicts_are_deterministic():
+    _, g1 = graph_of(scoped, X, W, capture="all")
+    _, g2 = graph_of(scoped, X, W, capture="all")
+    assert g1.to_dict() == g2.to_dict()
+    assert g1.probe_points == g2.probe_points
+    assert [n.order for n in g1.nodes] == list(range(len(g1.nodes)))
+    assert all(n.id == f"n{n.order}" for n in g1.nodes)
+    ids = {n.id for n in g1.nodes}
+    assert all(n.parent is None or n.parent in ids for n in g1.nodes)
+    pos = {n.id: n.order for n in g1.nodes}
+    assert all(pos[n.parent] < n.order for n in g1.nodes if n.parent)
+
+
+def test_same_model_in_another_process():
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); import test_graph as t;"
+        "_, g = t.graph_of(t.scoped, t.X, t.W, capture='all');"
+        "print(json.dumps(g.to_dict()))"
+    )
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(HERE.parent)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+        cwd=os.getcwd(),
+    ).stdout
+    _, g = graph_of(scoped, X, W, capture="all")
+    assert json.loads(out) == json.loads(json.dumps(g.to_dict()))
+
+
+def test_model_json_shape():
+    _, g = graph_of(scoped, X, W)
+    d = json.loads(json.dumps(g.to_dict()))
+    assert d["root"] == "n0"
+    node = next(n for n in d["nodes"] if n["label"] == "encoder")
+    assert set(node) == {
+        "id",
+        "label",
+        "kind",
+        "parent",
+        "order",
+        "source",
+        "shapes",
+        "primitive",
+        "n_eqns",
+        "collapsed",
+    }
+    assert node["source"]["line"] == line_of("@encoder_dot") and node["collapsed"] is True
+    eqn = next(n for n in d["nodes"] if n["kind"] == "eqn")
+    assert eqn["primitive"] == eqn["label"] and eqn["n_eqns"] == 1 and eqn["collapsed"] is False
+    assert set(d["edges"][0]) == {"source", "target", "shape", "dtype"}
+    small = g.to_dict(compact=True)
+    ceqn = next(n for n in small["nodes"] if n["kind"] == "eqn")
+    assert "n_eqns" not in ceqn and "collapsed" not in ceqn and "primitive" not in ceqn
+    assert len(json.dumps(small)) < len(json.dumps(d))
+
+
+def test_capture_modes_and_float_only():
+    def f(x, n):
+        y = jnp.sin(x) * n  # int n is promoted
+        k = n + 1  # integer: never probed
+        return jnp.sum(y) + k
+
+    _closed, g_all = graph_of(f, X, 3, capture="all")
+    probed = {p.node for p in g_all.probe_points}
+    int_add = next(n for n in g_all.nodes if n.shapes == ("int32[]",) and n.label == "add")
+    assert one(g_all, "sin").id in probed and int_add.id not in probed
+    assert all(s.startswith("float") for p in g_all.probe_points for s in p.shapes)
+    _, g_sows = graph_of(f, X, 3, capture="sows")
+    assert g_sows.probe_points == ()
+    assert [n.to_dict() for n in g_sows.nodes] == [n.to_dict() for n in g_all.nodes]
+
+
+def test_sow_nodes():
+    def f(x):
+        a = sow(jnp.sin(x), "h")  # @sow_h
+        b = sow(a * 2.0, "h")
+        return jnp.sum(sow({"z": b, "w": a}, "pair")["z"])
+
+    _, g = graph_of(f, X)
+    hs = by_label(g, "h", "sow")
+    assert g.sow_nodes == {"h": hs[0].id, "pair": one(g, "pair", "sow").id}
+    assert g.sow_nodes_all["h"] == (hs[0].id, hs[1].id)
+    assert hs[0].source.line == line_of("@sow_h")
+    assert (hs[0].id, one(g, "mul").id) in edge_set(g)
+
+
+def test_errors_name_the_argument():
+    closed = jax.make_jaxpr(jnp.sin)(X)
+    with pytest.raises(ValueError, match="`capture` must be one of"):
+        build_graph(closed, in_names=["x"], out_names=["y"], capture="everything")
+    with pytest.raises(ValueError, match="`in_names` has 2 names but the program has 1 inputs"):
+        build_graph(closed, in_names=["x", "y"], out_names=["y"])
+
+
+# ---------------------------------------------------------------------------
+# instrument
+
+
+def _run_plain(closed):
+    return lambda *a: jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *a)
+
+
+def _assert_same(a, b):
+    for u, v in zip(a, b):
+        np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
+        assert np.asarray(u).tobytes() == np.asarray(v).tobytes()
+
+
+def full_program(x, w):
+    with jax.named_scope("block"):
+        h = leaf_fn(x @ w)
+    c = nested_scans(h)
+    return with_cond(h) + c + with_checkpoint(h) + with_custom(h)
+
+
+def test_instrument_outputs_bit_identical():
+    closed, g = graph_of(full_program, X, W, capture="all")
+    fn = instrument(closed, g.probe_points, tag="auto")
+    _assert_same(jax.jit(fn)(X, W), jax.jit(_run_plain(closed))(X, W))
+    _assert_same(fn(X, W), _run_plain(closed)(X, W))
+    plain = instrument_jaxpr(closed, g.probe_points, tag="auto")
+    _compat.check_jaxpr(plain.jaxpr)
+    assert {n for n, _ in sows_in(plain)} == {p.node for p in g.probe_points}
+    assert not plain.effects  # outside a capture a sow has no effect (fast dispatch)
+    with _compat.capturing(True):  # inside one, every enclosing jaxpr carries its effect
+        captured = instrument_jaxpr(closed, g.probe_points, tag="auto")
+        _compat.check_jaxpr(captured.jaxpr)
+        assert captured.effects
+        _assert_same(jax.jit(fn)(X, W), jax.jit(_run_plain(closed))(X, W))
+
+
+def test_instrument_grad_sees_cotangents_in_jit_scan_cond():
+    closed, g = graph_of(full_program, X, W, capture="all")
+    fn = instrument(closed, g.probe_points, tag="auto")
+    grad = jax.grad(lambda x, w: fn(x, w)[0], argnums=(0, 1))
+    modes = modes_by_name(jax.make_jaxpr(grad)(X, W))
+    in_jit = by_label(g, "sin")[0]  # the first sin is leaf_fn's
+    assert g.node(in_jit.parent).label == "leaf_fn"
+    in_scan = next(n for n in by_label(g, "sin") if g.node(n.parent).kind == "scan")
+    in_branch = next(n for n in by_label(g, "sin") if g.node(n.parent).label.startswith("branch"))
+    for node in (in_jit, in_scan, in_branch, one(g, "block", "scope"), one(g, "leaf_fn")):
+        assert ("C",) in modes[node.id], (node, modes.get(node.id))
+        assert () in modes[node.id] or ("P",) in modes[node.id]
+    # Gradients are those of the original program.
+    g_plain = jax.grad(lambda x, w: _run_plain(closed)(x, w)[0], argnums=(0, 1))(X, W)
+    g_inst = jax.jit(grad)(X, W)
+    for a, b in zip(g_plain, g_inst):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_instrument_jvp_and_vjp_and_while():
+    closed, g = graph_of(with_while, X, capture="all")
+    fn = instrument(closed, g.probe_points, tag="auto")
+    body_mul = one(g, "mul")
+    jvp = lambda x, t: jax.jvp(lambda a: fn(a)[0], (x,), (t,))  # noqa: E731
+    modes = modes_by_name(jax.make_jaxpr(jvp)(X, X))
+    assert ("P",) in modes[body_mul.id] and ("T",) in modes[body_mul.id]
+    out, tan = jax.jit(jvp)(X, X)
+    ref = jax.jvp(lambda a: _run_plain(closed)(a)[0], (X,), (X,))
+    _assert_same([out, tan], list(ref))
+    closed2, g2 = graph_of(with_checkpoint, X)
+    fn2 = instrument(closed2, g2.probe_points, tag="auto")
+    _, pullback = jax.vjp(lambda a: fn2(a)[0], X)
+    modes2 = modes_by_name(jax.make_jaxpr(pullback)(jnp.float32(1.0)))
+    assert ("C",) in modes2[one(g2, "checkpoint").id]
+
+
+def test_instrument_rejects_points_inside_custom_calls():
+    closed, _g = graph_of(with_custom, X)
+    i = next(i for i, e in enumerate(closed.jaxpr.eqns) if e.primitive.name == "custom_jvp_call")
+    bad = ProbePoint("n99", ((i, "call_jaxpr", None),), 0, ((0, 0),), ("float32[3,4]",), "eqn")
+    with pytest.raises(ValueError, match="inside `custom_jvp_call`"):
+        instrument(closed, [bad], tag="auto")
+
+
+def test_instrument_without_points_is_the_program():
+    closed, _ = graph_of(scoped, X, W)
+    fn = instrument(closed, [], tag="auto")
+    _assert_same(fn(X, W), _run_plain(closed)(X, W))
+
+
+def test_shard_map_stage():
+    mesh = jax.make_mesh((4,), ("d",))
+    spec = jax.sharding.PartitionSpec("d")
+
+    def f(x):
+        def local(a):
+            return lax.psum(jnp.sin(a), "d")
+
+        return jnp.sum(jax.shard_map(local, mesh=mesh, in_specs=spec, out_specs=jax.P())(x))
+
+    x = jax.device_put(jnp.arange(8.0), jax.NamedSharding(mesh, spec))
+    closed, g = graph_of(f, x, capture="all")
+    sm = one(g, "shard_map", "shard_map")
+    assert {n.label for n in g.children(sm.id)} == {"sin", "psum_invariant"}
+    fn = instrument(closed, g.probe_points, tag="auto")
+    _assert_same(jax.jit(fn)(x), jax.jit(_run_plain(closed))(x))
+    modes = modes_by_name(jax.make_jaxpr(jax.grad(lambda a: fn(a)[0]))(x))
+    assert ("C",) in modes[one(g, "sin").id]
+
+
+# ---------------------------------------------------------------------------
+# Tesseracts
+
+try:
+    import tesseract_jax  # noqa: F401
+except ImportError:  # pragma: no cover - the test extra installs it
+    _TESSERACT_JAX = False
+else:
+    _TESSERACT_JAX = True
+
+needs_tesseract = pytest.mark.skipif(
+    not _TESSERACT_JAX, reason="tesseract_jax is not importable (pip install sowviz[tesseract])"
+)
+
+
+@pytest.fixture(scope="module")
+def tesseracts():
+    from tesseract_core import Tesseract
+
+    return (
+        Tesseract.from_tesseract_api(TESSERACTS / "scale" / "tesseract_api.py"),
+        Tesseract.from_tesseract_api(TESSERACTS / "softplus_norm" / "tesseract_api.py"),
+    )
+
+
+def _pipeline(tesseracts):
+    from tesseract_jax import apply_tesseract
+
+    scale, norm = tesseracts
+
+    @jax.jit
+    def pipeline(x, a):
+        y = apply_tesseract(scale, {"x": x, "a": a, "b": jnp.float32(0.5)})["y"]  # @tess_scale
+        out = apply_tesseract(norm, {"y": jnp.tanh(y)})
+        return out["norm"] + 0.1 * jnp.sum(out["z"])
+
+    return pipeline
+
+
+@needs_tesseract
+def test_tesseract_pipeline_graph(tesseracts):
+    pipeline = _pipeline(tesseracts)
+    x, a = jnp.arange(4.0, dtype=jnp.float32), jnp.float32(2.0)
+    _, g = graph_of(pipeline, x, a)
+    t1, t2 = by_label(g, "scale", "tesseract")[0], one(g, "softplus_norm", "tesseract")
+    jit = one(g, "pipeline", "jit")
+    assert t1.parent == jit.id and t2.parent == jit.id
+    assert t1.source.line == line_of("@tess_scale")
+    tanh = one(g, "tanh")
+    edges = edge_set(g)
+    assert (t1.id, tanh.id) in edges and (tanh.id, t2.id) in edges
+    assert t2.shapes == ("float32[]", "float32[4]") and t1.collapsed
+    assert {p.node for p in g.probe_points} >= {t1.id, t2.id}
+    # Labels can be overridden by Tesseract object, by default name, or by a function.
+    _, g2 = graph_of(
+        pipeline, x, a, tesseract_names={tesseracts[0]: "affine", "softplus_norm": "sp"}
+    )
+    assert [n.label for n in g2.nodes if n.kind == "tesseract"] == ["affine", "sp"]
+    _, g3 = graph_of(pipeline, x, a, tesseract_names=lambda t: "T")
+    assert [n.label for n in g3.nodes if n.kind == "tesseract"] == ["T", "T"]
+
+
+@needs_tesseract
+def test_tesseract_pipeline_instrument_and_grad(tesseracts):
+    pipeline = _pipeline(tesseracts)
+    x, a = jnp.arange(4.0, dtype=jnp.float32), jnp.float32(2.0)
+    closed, g = graph_of(pipeline, x, a, capture="all")
+    fn = instrument(closed, g.probe_points, tag="auto")
+    _assert_same(fn(x, a), _run_plain(closed)(x, a))
+    grad = jax.grad(lambda x, a: fn(x, a)[0], argnums=(0, 1))
+    modes = modes_by_name(jax.make_jaxpr(grad)(x, a))
+    for t in g.nodes:
+        if t.kind == "tesseract":
+            assert ("C",) in modes[t.id]
+    got = grad(x, a)
+    want = jax.grad(pipeline, argnums=(0, 1))(x, a)
+    for u, v in zip(got, want):
+        np.testing.assert_allclose(u, v, rtol=1e-6)
