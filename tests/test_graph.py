@@ -600,3 +600,17 @@ def test_tesseract_pipeline_instrument_and_grad(tesseracts):
     want = jax.grad(pipeline, argnums=(0, 1))(x, a)
     for u, v in zip(got, want):
         np.testing.assert_allclose(u, v, rtol=1e-6)
+
+
+def test_instrumented_probes_reach_save_intermediates():
+    """End to end with the capture engine: every stage probe comes back with its cotangent."""
+    from sowviz import save_intermediates
+
+    closed, g = graph_of(full_program, X, W)
+    fn = instrument(closed, g.probe_points, tag="intermediates")
+    _, inter = save_intermediates(jax.grad(lambda x, w: fn(x, w)[0], argnums=(0, 1)))(X, W)
+    assert set(inter) == {p.node for p in g.probe_points}
+    for p in g.probe_points:
+        assert {"primal", "cotangent"} <= set(inter[p.node]), p
+    inner = one(g, "scan(inner)")  # nested scans stack one axis per level
+    assert [a.shape for a in inter[inner.id]["primal"]] == [(3, 4), (3, 1, 4)]
