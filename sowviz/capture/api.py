@@ -23,6 +23,7 @@ import numpy as np
 from .. import _compat
 from . import rules as _rules  # noqa: F401  (registers the rules)
 from .interpret import evaluate
+from .packing import Packed, pack
 from .record import Capture, Options, Recorder
 
 DuplicatePolicy = Literal["error", "suffix", "stack"]
@@ -99,13 +100,23 @@ class SaveIntermediates:
         self.notes = list(rec.notes)
         result = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), outs)
         inter = assemble(rec.captures, self._duplicates)
-        if self._summary is not None:
-            from ..summary import summarize_tree
-
-            inter = summarize_tree(inter, self._summary)
-        return result, inter
+        if self._summary is None:
+            return result, inter
+        values = {n: {k: v for k, v in e.items() if k not in META_KEYS} for n, e in inter.items()}
+        meta = {n: {k: v for k, v in e.items() if k in META_KEYS} for n, e in inter.items()}
+        summaries = summarize_grouped(values, self._summary)
+        return result, pack({n: {**summaries[n], **meta[n]} for n in inter})
 
     def __call__(self, *args, **kwargs):
+        """Run `fn`; return `(result, intermediates)` (summaries on the host if summarising)."""
+        result, inter = self.run(*args, **kwargs)
+        if isinstance(inter, Packed):
+            inter = inter.unpack()
+        return result, inter
+
+    def run(self, *args, **kwargs):
+        """Like calling, but summaries stay packed on the device (`Packed`): start their
+        transfer with `.fetch_async()` and read them with `.unpack()` when needed."""
         self._local.entered = False
         try:
             return self._jitted(*args, **kwargs)
@@ -142,6 +153,31 @@ class SaveIntermediates:
             fn = self._static_cache[key] = jax.jit(call)
         dyn = [leaf for i, leaf in enumerate(leaves) if i not in {j for j, _ in static}]
         return fn(*dyn)
+
+
+def summarize_grouped(tree: Any, options) -> Any:
+    """`summarize` every array leaf of `tree`, vmapped over groups of like arrays.
+
+    Models repeat shapes (one activation per layer): summarising each group in
+    one batched computation keeps the number of XLA operations independent of
+    the number of probes, which is what keeps summaries cheap on the CPU too.
+    """
+    from ..summary import summarize
+
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    groups: dict[tuple, list[int]] = {}
+    for i, leaf in enumerate(leaves):
+        groups.setdefault((jnp.shape(leaf), jnp.result_type(leaf)), []).append(i)
+    out: list[Any] = [None] * len(leaves)
+    one = functools.partial(summarize, bins=options.bins)
+    for idx in groups.values():
+        if len(idx) == 1:
+            out[idx[0]] = one(leaves[idx[0]])
+            continue
+        stacked = jax.vmap(one)(jnp.stack([leaves[i] for i in idx]))
+        for j, i in enumerate(idx):
+            out[i] = jax.tree_util.tree_map(lambda a, j=j: a[j], stacked)
+    return jax.tree_util.tree_unflatten(treedef, out)
 
 
 def _hashable(v) -> bool:
