@@ -2,8 +2,8 @@
 
 A deep MLP of many `jax.named_scope` layers (4 equations each: dot, add, tanh,
 and a residual add). Prints, per size: equations, nodes, edges, probe points,
-`build_graph` time (best of 3), and `len(json.dumps(model))` for the full and
-the compact node encoding.
+`build_graph` time (best of 3), `instrument_jaxpr` time, and
+`len(json.dumps(model))` for the full and the compact node encoding.
 
     .venv/bin/python benchmarks/graph_scale.py
 """
@@ -16,7 +16,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from sowviz.graph import build_graph
+from sowviz.graph import build_graph, instrument_jaxpr
 from sowviz.graph.build import _count_eqns
 
 
@@ -43,12 +43,16 @@ def main() -> None:
                 t0 = time.perf_counter()
                 graph = build_graph(closed, in_names=in_names, out_names=["loss"], capture=capture)
                 best = min(best, time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            instrument_jaxpr(closed, graph.probe_points, tag="bench")
+            t_inst = time.perf_counter() - t0
             full = len(json.dumps(graph.to_dict()))
             compact = len(json.dumps(graph.to_dict(compact=True)))
             print(
                 f"{n_eqns:>6} eqns  capture={capture:<6}  nodes={len(graph.nodes):>6}  "
                 f"edges={len(graph.edges):>6}  probes={len(graph.probe_points):>6}  "
-                f"build={best * 1e3:7.1f} ms  json={full / 1e3:7.1f} kB  "
+                f"build={best * 1e3:7.1f} ms  instrument={t_inst * 1e3:7.1f} ms  "
+                f"json={full / 1e3:7.1f} kB  "
                 f"compact={compact / 1e3:7.1f} kB"
             )
 
