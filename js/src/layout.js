@@ -9,7 +9,7 @@ import dagre from "@dagrejs/dagre";
 import { visibleLevels } from "./levels.js";
 
 export const NODE_W = 184;
-export const NODE_H = 58;
+export const NODE_H = 62;
 export const PAD = 14;
 export const HEADER = 32;
 export const GRID_THRESHOLD = 300;

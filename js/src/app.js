@@ -1,0 +1,375 @@
+// The front end of one view: toolbar, graph, legend, detail panel and Monitor loss
+// curve, wired to the view state (expanded stages, selection, search, statistic).
+// Used by the widget (index.js render) and the report (index.js mount) alike.
+
+import { h, clear } from "./dom.js";
+import { indexModel, isExpandable, STAGE_KINDS } from "./model.js";
+import { edgesByLevel, visibleRepresentative, pathToReveal } from "./levels.js";
+import { layoutView } from "./layout.js";
+import { computeFaces } from "./faces.js";
+import { nonfiniteOrigins } from "./nonfinite.js";
+import { searchNodes } from "./search.js";
+import { defaultStat, STATS, fmt, VIRIDIS_STOPS } from "./stats.js";
+import { GraphView } from "./graph.js";
+import { DetailPanel } from "./detail.js";
+import { drawLines, purge } from "./charts.js";
+import { watchTheme, chartColours } from "./theme.js";
+import { HistoryStore, withLatest } from "./history.js";
+
+export const MODES = ["primal", "grad", "jvp", "vjp", "all"];
+
+/**
+ * @typedef {Object} AppOptions
+ * @property {(mode: string) => void} [onModeChange] given: the mode dropdown is live (widget)
+ * @property {HistoryStore} [store] shared Monitor history (widget: one per model)
+ * @property {boolean} [standalone] the HTML report: fill the window
+ */
+
+export class App {
+  /**
+   * @param {HTMLElement} el
+   * @param {any} model a sowviz/1 model
+   * @param {AppOptions} options
+   */
+  constructor(el, model, options = {}) {
+    this.el = el;
+    this.options = options;
+    this.store = options.store ?? new HistoryStore(model?.history ?? null);
+    this.ownStore = !options.store;
+    this.expanded = new Set();
+    this.selected = null;
+    this.query = "";
+    this.layoutCache = new Map();
+    this.cleanups = [];
+    this.buildDom();
+    this.cleanups.push(watchTheme(this.root, () => this.onTheme()));
+    this.cleanups.push(this.store.subscribe(() => this.scheduleHistory()));
+    this.setModel(model, { first: true });
+  }
+
+  buildDom() {
+    const o = this.options;
+    this.root = h("div", { class: `sowviz${o.standalone ? " sv-standalone" : ""}` });
+    this.title = h("span", { class: "sv-title" });
+    this.modeSel = h("select", { class: "sv-select", "data-role": "mode", "aria-label": "mode", disabled: !o.onModeChange },
+      MODES.map((m) => h("option", { value: m, text: m })));
+    this.modeSel.addEventListener("change", () => {
+      this.setBusy(true);
+      o.onModeChange?.(this.modeSel.value);
+    });
+    this.statSel = h("select", { class: "sv-select", "data-role": "stat", "aria-label": "colour nodes by" });
+    this.statSel.addEventListener("change", () => {
+      const [mode, stat] = this.statSel.value.split("\u0000");
+      this.stat = { mode, stat };
+      this.refreshFaces();
+    });
+    this.search = h("input", { type: "search", class: "sv-search", "data-role": "search", placeholder: "search  (kind:scan, is:nan)", "aria-label": "search nodes", spellcheck: "false" });
+    this.searchCount = h("span", { class: "sv-muted sv-search-count", "data-role": "search-count" });
+    this.results = h("ul", { class: "sv-results", "data-role": "search-results", hidden: true });
+    let timer = null;
+    this.search.addEventListener("input", () => {
+      clearTimeout(timer);
+      timer = setTimeout(() => this.setQuery(this.search.value), 80);
+    });
+    this.search.addEventListener("keydown", (ev) => {
+      if (ev.key === "Enter" && this.hits?.length) this.reveal(this.hits[0]);
+      if (ev.key === "Escape") { this.search.value = ""; this.setQuery(""); }
+    });
+    this.busy = h("span", { class: "sv-busy", "data-role": "busy", hidden: true }, [h("span", { class: "sv-spinner" }), " recomputing…"]);
+    this.notesBtn = h("button", { type: "button", class: "sv-btn", "data-role": "notes-toggle", hidden: true });
+    this.notesList = h("ul", { class: "sv-notes", "data-role": "notes", hidden: true });
+    this.notesBtn.addEventListener("click", () => { this.notesList.hidden = !this.notesList.hidden; });
+    const toolbar = h("div", { class: "sv-toolbar" }, [
+      this.title,
+      h("label", { class: "sv-field" }, [h("span", { class: "sv-muted", text: "mode" }), this.modeSel]),
+      h("label", { class: "sv-field" }, [h("span", { class: "sv-muted", text: "colour" }), this.statSel]),
+      h("div", { class: "sv-search-box" }, [this.search, this.searchCount, this.results]),
+      h("button", { type: "button", class: "sv-btn", "data-role": "fit", text: "Fit", title: "fit the graph to the view", onclick: () => this.graph.fit() }),
+      h("button", { type: "button", class: "sv-btn", "data-role": "collapse-all", text: "Collapse all", onclick: () => this.collapseAll() }),
+      this.notesBtn,
+      this.busy,
+    ]);
+    this.errorBox = h("div", { class: "sv-error", "data-role": "error", role: "alert", hidden: true });
+    this.banner = h("div", { class: "sv-banner", "data-role": "nonfinite-banner", hidden: true });
+    this.graphBox = h("div", { class: "sv-graph" });
+    this.legend = h("div", { class: "sv-legend", "data-role": "legend" });
+    this.lossBox = h("div", { class: "sv-loss", "data-role": "loss", hidden: true });
+    this.levelNote = h("div", { class: "sv-level-note sv-muted", hidden: true });
+    this.detail = new DetailPanel(this.root, {
+      onClose: () => this.select(null),
+      onReveal: (id) => this.reveal(id),
+    });
+    this.graph = new GraphView(this.graphBox, {
+      onSelect: (id) => this.select(id),
+      onToggle: (id) => this.toggle(id),
+    });
+    this.graphBox.append(this.legend, this.lossBox, this.levelNote);
+    this.root.append(toolbar, this.notesList, this.errorBox, this.banner, h("div", { class: "sv-body" }, [this.graphBox, this.detail.el]));
+    this.el.append(this.root);
+  }
+
+  /** Installs a (new) model, keeping what the user opened and selected when ids persist. */
+  setModel(model, { first = false } = {}) {
+    this.model = model ?? { nodes: [], edges: [], probes: [] };
+    if (!first && model?.history) this.store.reset(model.history);
+    this.rebuildIndex();
+    const ix = this.index;
+    if (first) {
+      for (const n of ix.nodes.values()) if (!n.collapsed && isExpandable(ix, n.id)) this.expanded.add(n.id);
+    } else {
+      this.expanded = new Set([...this.expanded].filter((id) => ix.nodes.has(id)));
+      if (this.selected && !ix.nodes.has(this.selected)) this.selected = null;
+    }
+    this.levelEdges = edgesByLevel(ix);
+    this.layoutCache = new Map();
+    this.title.textContent = this.model.title ?? "";
+    this.title.title = this.model.title ?? "";
+    if (MODES.includes(this.model.mode)) this.modeSel.value = this.model.mode;
+    this.fillStatOptions();
+    this.fillNotes();
+    this.setBusy(false);
+    this.relayout({ fit: first });
+    if (this.selected) this.openDetail(this.selected); else this.detail.close();
+    this.drawLoss();
+  }
+
+  rebuildIndex() {
+    this.index = indexModel(withLatest(this.model, this.store.history));
+    this.origins = nonfiniteOrigins(this.index);
+    this.searchCache = new Map();
+  }
+
+  fillStatOptions() {
+    const modes = this.index.modes;
+    const keep = this.stat && modes.includes(this.stat.mode) ? this.stat : defaultStat(modes);
+    this.stat = keep;
+    clear(this.statSel);
+    for (const mode of modes) {
+      for (const [stat, def] of Object.entries(STATS)) {
+        this.statSel.append(h("option", { value: `${mode}\u0000${stat}`, text: `${mode} ${def.label}`, selected: mode === keep.mode && stat === keep.stat }));
+      }
+    }
+    this.statSel.disabled = !modes.length;
+  }
+
+  fillNotes() {
+    const notes = this.model.notes ?? [];
+    clear(this.notesList);
+    this.notesBtn.hidden = !notes.length;
+    this.notesBtn.textContent = `${notes.length} note${notes.length === 1 ? "" : "s"}`;
+    for (const n of notes) {
+      this.notesList.append(h("li", { class: `sv-note sv-note-${n.level === "error" ? "error" : "warning"}` }, [
+        n.probe ? h("strong", { text: `${n.probe}: ` }) : null, n.message ?? "",
+      ]));
+    }
+  }
+
+  /** Lays out and draws the visible levels; `anchorId` stays put on screen. */
+  relayout({ fit = false, anchorId = null } = {}) {
+    const before = anchorId ? this.graph.screenOf(this.layout?.boxes.get(anchorId)) : null;
+    this.layout = layoutView(this.index, this.expanded, this.levelEdges, this.layoutCache);
+    this.faceIds = [...this.layout.boxes.keys()];
+    const { faces, scale } = computeFaces(this.index, this.faceIds, this.stat);
+    this.graph.draw({ index: this.index, layout: this.layout, faces, expandable: (id) => isExpandable(this.index, id) });
+    this.drawLegend(scale);
+    this.markOrigins();
+    this.graph.setSelected(this.selected);
+    this.applySearch();
+    this.showLevelNote();
+    if (fit) this.graph.fit({ minScale: 0.55 });
+    else if (before) this.graph.anchor(this.layout.boxes.get(anchorId), before);
+  }
+
+  refreshFaces() {
+    // sparklines and value slots depend on the statistic's mode: redraw (layouts are cached)
+    this.relayout({ anchorId: this.faceIds?.[0] ?? null });
+  }
+
+  drawLegend(scale) {
+    clear(this.legend);
+    const { mode, stat } = this.stat;
+    const hasData = scale.lo <= scale.hi && [...this.index.probesByNode.keys()].length > 0;
+    const grad = `linear-gradient(to right, ${VIRIDIS_STOPS.join(", ")})`;
+    this.legend.append(
+      h("div", { class: "sv-legend-title", text: `${mode} ${STATS[stat].label}, log scale` }),
+      hasData ? h("div", { class: "sv-legend-bar", style: `background: ${grad}` }) : null,
+      hasData ? h("div", { class: "sv-legend-ticks" }, [h("span", { text: fmt(10 ** scale.lo) }), h("span", { text: fmt(10 ** scale.hi) })]) : null,
+      h("div", { class: "sv-legend-keys" }, [
+        h("span", { class: "sv-key sv-key-nan", text: "NaN/Inf" }),
+        h("span", { class: "sv-key sv-key-none", text: "no data" }),
+        h("span", { class: "sv-key sv-key-probe", text: "probe" }),
+      ]),
+    );
+  }
+
+  markOrigins() {
+    const reps = new Map();
+    for (const pass of ["forward", "backward"]) {
+      const id = this.origins[pass];
+      if (!id) continue;
+      const rep = visibleRepresentative(this.index, this.expanded, id);
+      if (!reps.has(rep)) reps.set(rep, []);
+      reps.get(rep).push(pass);
+    }
+    this.graph.markOrigins(reps);
+    clear(this.banner);
+    const o = this.origins;
+    const hist = this.store.history?.nonfinite;
+    this.banner.hidden = !o.forward && !o.backward && !hist;
+    if (this.banner.hidden) return;
+    const label = (id) => this.index.nodes.get(id)?.label ?? id;
+    const parts = [h("strong", { text: "NaN/Inf detected." })];
+    for (const pass of ["forward", "backward"]) {
+      if (!o[pass]) continue;
+      parts.push(` ${pass === "forward" ? "Forward" : "Backward"} pass first at `,
+        h("button", { type: "button", class: "sv-link", "data-origin": pass, text: label(o[pass]), onclick: () => this.reveal(o[pass]) }), ".");
+    }
+    if (hist) parts.push(` First seen at step ${hist.step}.`);
+    this.banner.append(...parts);
+  }
+
+  showLevelNote() {
+    const grids = [...this.layout.levels.entries()].filter(([, v]) => v.mode === "grid");
+    this.levelNote.hidden = !grids.length;
+    this.levelNote.textContent = grids.map(([id, v]) => `${this.index.nodes.get(id)?.label ?? id}: ${v.n} nodes in program order, ${v.hiddenEdges} edges hidden`).join(" · ");
+  }
+
+  setQuery(q) {
+    this.query = q;
+    this.applySearch();
+  }
+
+  applySearch() {
+    const q = this.query.trim();
+    clear(this.results);
+    if (!q) {
+      this.hits = [];
+      this.graph.setSearch(null, new Map());
+      this.searchCount.textContent = "";
+      this.results.hidden = true;
+      return;
+    }
+    this.hits = searchNodes(this.index, q, this.searchCache);
+    const drawn = new Set();
+    const inside = new Map();
+    for (const id of this.hits) {
+      if (this.graph.els.has(id)) { drawn.add(id); continue; }
+      const rep = visibleRepresentative(this.index, this.expanded, id);
+      inside.set(rep, (inside.get(rep) ?? 0) + 1);
+    }
+    this.graph.setSearch(drawn, inside);
+    this.searchCount.textContent = `${this.hits.length} match${this.hits.length === 1 ? "" : "es"}`;
+    for (const id of this.hits.slice(0, 30)) {
+      const n = this.index.nodes.get(id);
+      this.results.append(h("li", {}, [h("button", {
+        type: "button", class: "sv-result", "data-node": id, onclick: () => this.reveal(id),
+      }, [h("span", { text: n.label }), h("span", { class: "sv-muted", text: ` ${n.kind}` })])]));
+    }
+    this.results.hidden = document.activeElement !== this.search || !this.hits.length;
+    this.search.onfocus = () => { this.results.hidden = !this.hits.length; };
+    this.search.onblur = () => setTimeout(() => { this.results.hidden = true; }, 150);
+  }
+
+  toggle(id) {
+    if (!isExpandable(this.index, id)) return;
+    const opening = !this.expanded.has(id);
+    if (opening) this.expanded.add(id); else this.expanded.delete(id);
+    this.relayout({ anchorId: id });
+    if (opening) this.graph.ensureVisible(this.layout.boxes.get(id));
+  }
+
+  collapseAll() {
+    this.expanded.clear();
+    this.relayout({ fit: true });
+  }
+
+  /** Expands the stages around `id`, selects it and centres it. */
+  reveal(id) {
+    for (const a of pathToReveal(this.index, id)) this.expanded.add(a);
+    this.relayout();
+    this.select(id);
+    const box = this.layout.boxes.get(id);
+    if (box) this.graph.centreOn(box, 0.8);
+  }
+
+  select(id) {
+    this.selected = id;
+    this.graph.setSelected(id);
+    if (id == null) this.detail.close(); else this.openDetail(id);
+  }
+
+  openDetail(id) {
+    this.detail.open(this.index, id, { history: this.store.history, origins: this.origins });
+  }
+
+  setBusy(b) {
+    this.busy.hidden = !b;
+    this.root.toggleAttribute("data-busy", !!b);
+  }
+
+  setError(msg) {
+    this.errorBox.hidden = !msg;
+    this.errorBox.textContent = msg ?? "";
+  }
+
+  /** Coalesces Monitor steps into one redraw per animation frame. */
+  scheduleHistory() {
+    if (this.historyPending) return;
+    this.historyPending = true;
+    const run = () => {
+      this.historyPending = false;
+      if (this.destroyed) return;
+      this.rebuildIndex();
+      const { faces, scale } = computeFaces(this.index, this.faceIds, this.stat);
+      for (const [id, f] of faces) {
+        const el = this.graph.els.get(id);
+        el?.querySelector(":scope > .sv-chip")?.setAttribute("fill", f.colour ?? "none");
+        const v = el?.querySelector(":scope > .sv-value");
+        if (v) v.textContent = f.text;
+        if (el && this.index.subtreeNonfinite.has(id)) el.dataset.nonfinite = "true";
+        else el?.removeAttribute("data-nonfinite");
+      }
+      this.drawLegend(scale);
+      this.markOrigins();
+      this.drawLoss();
+      if (this.detail.isOpen && this.selected) {
+        if (this.detail.history) this.detail.refreshHistory(this.store.history);
+        else this.openDetail(this.selected);
+      }
+    };
+    (globalThis.requestAnimationFrame ?? setTimeout)(run);
+  }
+
+  drawLoss() {
+    const hist = this.store.history;
+    const has = hist?.steps?.length && hist.loss.some((v) => v != null);
+    this.lossBox.hidden = !has;
+    if (!has) return;
+    if (!this.lossChart) {
+      this.lossChart = h("div", { class: "sv-chart" });
+      this.lossBox.append(h("div", { class: "sv-legend-title", text: "loss" }), this.lossChart);
+    }
+    const c = chartColours(this.root);
+    drawLines(this.lossChart, hist.steps, [{ name: "loss", y: hist.loss, colour: c.accent }], { colours: c, width: 300, height: 120, yTitle: "" });
+  }
+
+  onTheme() {
+    if (this.detail.isOpen) this.detail.redraw();
+    this.drawLoss();
+  }
+
+  /** Public handle methods */
+  update(model) { this.setModel(model); }
+  pushStep(step) { this.store.push(step); }
+
+  destroy() {
+    this.destroyed = true;
+    for (const c of this.cleanups) c();
+    this.detail.close();
+    if (this.lossChart) purge(this.lossChart);
+    this.graph.destroy();
+    this.root.remove();
+  }
+}
+
+export { STAGE_KINDS };

@@ -1,0 +1,93 @@
+// Plotly charts of the detail panel, drawn from precomputed bin counts only.
+import Plotly from "./plotly.js";
+import { histogramHeatmap } from "./resample.js";
+
+const CONFIG = { displaylogo: false, displayModeBar: false, responsive: false, scrollZoom: false };
+
+export function modeColour(colours, mode) {
+  const head = String(mode).split(".")[0];
+  return colours.modes[head] ?? colours.modes.other;
+}
+
+function baseLayout(c, { width, height, xTitle, yTitle, logY }) {
+  const axis = (title) => ({
+    title: { text: title, font: { size: 10, color: c.muted } },
+    color: c.muted, gridcolor: c.grid, zerolinecolor: c.grid, tickfont: { size: 9 }, automargin: true,
+  });
+  return {
+    width, height,
+    margin: { l: 44, r: 8, t: 6, b: 34 },
+    paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
+    font: { family: c.font, size: 10, color: c.fg },
+    xaxis: axis(xTitle),
+    yaxis: { ...axis(yTitle), type: logY ? "log" : "linear", nticks: logY ? 4 : 6, exponentformat: "power" },
+    bargap: 0, showlegend: false,
+  };
+}
+
+/**
+ * A histogram from a Summary's `hist` (linear) or `loghist` (log10 |x|).
+ * @param {HTMLElement} el
+ * @param {{edges: number[], counts: number[]} | null} hist
+ */
+export function drawHistogram(el, hist, { colours, mode, scale, logY, width, height = 150 }) {
+  const edges = hist?.edges ?? [];
+  const counts = hist?.counts ?? [];
+  const x = [];
+  const w = [];
+  for (let i = 0; i < counts.length; i++) {
+    const lo = edges[i];
+    const hi = edges[i + 1];
+    x.push((lo + hi) / 2);
+    w.push(hi > lo ? hi - lo : 1);
+  }
+  const colour = modeColour(colours, mode);
+  const trace = {
+    type: "bar", x, y: counts, width: w, marker: { color: colour, line: { width: 0 } },
+    hovertemplate: scale === "log" ? "log₁₀|x| ≈ %{x:.3g}<br>%{y} values<extra></extra>" : "x ≈ %{x:.4g}<br>%{y} values<extra></extra>",
+  };
+  const layout = baseLayout(colours, {
+    width, height, logY,
+    xTitle: scale === "log" ? `log₁₀|${mode}|` : mode,
+    yTitle: "count",
+  });
+  if (!counts.length) {
+    layout.annotations = [{ text: "no finite values", showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5, font: { color: colours.muted } }];
+  }
+  return Plotly.react(el, [trace], layout, CONFIG);
+}
+
+/** Heatmap of a probe's histogram over Monitor steps, resampled onto a common grid. */
+export function drawHistoryHeatmap(el, steps, hists, { colours, mode, width, height = 150 }) {
+  const hm = histogramHeatmap(hists, 48);
+  const layout = baseLayout(colours, { width, height, xTitle: "step", yTitle: mode });
+  if (!hm) {
+    layout.annotations = [{ text: "no histogram yet", showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5 }];
+    return Plotly.react(el, [], layout, CONFIG);
+  }
+  const trace = {
+    type: "heatmap", x: steps, y: hm.centers, z: hm.z, showscale: false,
+    colorscale: "Viridis", hoverongaps: false,
+    hovertemplate: "step %{x}<br>x ≈ %{y:.3g}<br>%{z:.1%}<extra></extra>",
+  };
+  return Plotly.react(el, [trace], layout, CONFIG);
+}
+
+/** Lines over steps: [{name, y, colour, dash}] with a log y axis when every value is positive. */
+export function drawLines(el, steps, series, { colours, width, height = 130, yTitle = "", logY = true }) {
+  const positive = series.every((s) => s.y.every((v) => v == null || v > 0));
+  const traces = series.map((s) => ({
+    type: "scatter", mode: steps.length > 60 ? "lines" : "lines+markers", name: s.name,
+    x: steps, y: s.y, line: { color: s.colour, width: 1.5, dash: s.dash ?? "solid" }, marker: { size: 3 },
+    connectgaps: false, hovertemplate: `${s.name} %{y:.4g}<br>step %{x}<extra></extra>`,
+  }));
+  const layout = baseLayout(colours, { width, height, xTitle: "step", yTitle, logY: logY && positive });
+  layout.showlegend = series.length > 1;
+  layout.legend = { orientation: "h", y: 1.15, x: 0, font: { size: 9 } };
+  layout.margin.t = series.length > 1 ? 18 : 6;
+  return Plotly.react(el, traces, layout, CONFIG);
+}
+
+export function purge(el) {
+  try { Plotly.purge(el); } catch { /* already gone */ }
+}

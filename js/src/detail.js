@@ -1,0 +1,255 @@
+// The detail panel [data-role="detail"]: metadata, one histogram per captured mode,
+// the statistics table, and for a Monitor the history of the selected probe.
+
+import { h, clear } from "./dom.js";
+import { drawHistogram, drawHistoryHeatmap, drawLines, modeColour, purge } from "./charts.js";
+import { chartColours } from "./theme.js";
+import { fmt } from "./stats.js";
+import { nonfiniteCount } from "./nonfinite.js";
+import { orderModes } from "./model.js";
+
+export const TABLE_ROWS = [
+  ["count", "count"], ["nan", "NaN"], ["posinf", "+Inf"], ["neginf", "−Inf"], ["zeros", "zeros"],
+  ["min", "min"], ["max", "max"], ["mean", "mean"], ["std", "std"], ["l2", "l2"], ["absmax", "absmax"],
+];
+
+export class DetailPanel {
+  /**
+   * @param {HTMLElement} root the widget root (for theme colours)
+   * @param {{onClose: () => void, onReveal: (id: string) => void}} handlers
+   */
+  constructor(root, handlers) {
+    this.root = root;
+    this.handlers = handlers;
+    this.el = h("aside", { class: "sv-detail", "data-role": "detail", hidden: true, "aria-label": "details" });
+    this.scale = "linear";
+    this.logY = false;
+    this.probeByNode = new Map();
+    this.charts = [];
+    this.nodeId = null;
+  }
+
+  get isOpen() {
+    return !this.el.hidden;
+  }
+
+  close() {
+    this.purgeCharts();
+    clear(this.el);
+    this.el.hidden = true;
+    this.nodeId = null;
+  }
+
+  purgeCharts() {
+    for (const c of this.charts) purge(c);
+    this.charts = [];
+  }
+
+  /**
+   * @param {import("./model.js").ModelIndex} index
+   * @param {string} id
+   * @param {{history: any, origins: {forward: string|null, backward: string|null}}} ctx
+   */
+  open(index, id, ctx) {
+    this.index = index;
+    this.ctx = ctx;
+    this.nodeId = id;
+    this.purgeCharts();
+    clear(this.el);
+    this.el.hidden = false;
+    const node = index.nodes.get(id);
+    if (!node) return this.close();
+    const probes = index.probesByNode.get(id) ?? [];
+    this.el.append(this.header(node), this.meta(index, node, probes));
+    const alert = this.nonfiniteAlert(index, id, probes, ctx.origins);
+    if (alert) this.el.append(alert);
+    if (!probes.length) {
+      this.el.append(this.noProbes(index, id));
+      return;
+    }
+    let pid = this.probeByNode.get(id);
+    if (!probes.some((p) => p.id === pid)) pid = probes[0].id;
+    const probe = probes.find((p) => p.id === pid);
+    if (probes.length > 1) this.el.append(this.probePicker(probes, probe));
+    this.body = h("div", { class: "sv-detail-body" });
+    this.el.append(this.body);
+    this.drawProbe(probe);
+  }
+
+  header(node) {
+    return h("div", { class: "sv-detail-head" }, [
+      h("div", {}, [
+        h("h3", { class: "sv-detail-title", text: node.label, title: node.label }),
+        h("span", { class: `sv-pill sv-kind-${node.kind.replace(/[^a-z0-9_-]/gi, "_")}`, text: node.kind }),
+        h("span", { class: "sv-muted sv-id", text: node.id }),
+      ]),
+      h("button", { class: "sv-close", type: "button", title: "close", "aria-label": "close", text: "×", onclick: () => this.handlers.onClose() }),
+    ]);
+  }
+
+  meta(index, node, probes) {
+    const rows = [];
+    const src = node.source;
+    if (node.primitive) rows.push(["primitive", node.primitive]);
+    if (node.shapes?.length) rows.push(["shape", node.shapes.join(", ")]);
+    const s0 = probes[0] ? Object.values(probes[0].summaries)[0] : null;
+    if (s0?.dtype) rows.push(["dtype", `${s0.dtype}${s0.complex ? " (statistics of |x|)" : ""}`]);
+    if (s0?.shape) rows.push(["captured", `[${s0.shape.join(", ")}] · ${s0.size ?? "?"} values`]);
+    if (node.n_eqns > 1 || (index.children.get(node.id)?.length ?? 0) > 0) rows.push(["equations", String(node.n_eqns)]);
+    if (index.model.device) rows.push(["device", index.model.device]);
+    if (src?.file) rows.push(["source", `${src.file}:${src.line ?? "?"}${src.function ? ` (${src.function})` : ""}`]);
+    const notes = (index.model.notes ?? []).filter((n) => probes.some((p) => p.name === n.probe));
+    return h("div", {}, [
+      h("dl", { class: "sv-meta" }, rows.flatMap(([k, v]) => [h("dt", { text: k }), h("dd", { text: v, title: v })])),
+      ...notes.map((n) => h("p", { class: `sv-note sv-note-${n.level === "error" ? "error" : "warning"}`, text: n.message })),
+    ]);
+  }
+
+  nonfiniteAlert(index, id, probes, origins) {
+    if (!index.subtreeNonfinite.has(id)) return null;
+    const parts = [];
+    for (const p of probes) {
+      for (const [mode, s] of Object.entries(p.summaries)) {
+        if (nonfiniteCount(s) > 0) {
+          const bits = [["nan", "NaN"], ["posinf", "+Inf"], ["neginf", "−Inf"]].filter(([k]) => s[k] > 0).map(([k, l]) => `${s[k]} ${l}`);
+          parts.push(`${probes.length > 1 ? `${p.name} ` : ""}${mode}: ${bits.join(", ")}`);
+        }
+      }
+    }
+    const lines = [parts.length ? parts.join(" · ") : "a stage inside holds NaN/Inf values"];
+    if (origins.forward === id) lines.push("The forward pass first produces NaN/Inf here.");
+    if (origins.backward === id) lines.push("The backward pass first produces NaN/Inf here.");
+    return h("div", { class: "sv-alert", role: "alert" }, lines.map((t) => h("div", { text: t })));
+  }
+
+  noProbes(index, id) {
+    const inside = [];
+    const stack = [...(index.children.get(id) ?? [])];
+    while (stack.length && inside.length < 40) {
+      const c = stack.shift();
+      if (index.probesByNode.has(c)) inside.push(c);
+      stack.push(...(index.children.get(c) ?? []));
+    }
+    if (!inside.length) return h("p", { class: "sv-muted", text: "No values were captured at this node." });
+    return h("div", {}, [
+      h("p", { class: "sv-muted", text: "No values captured on the stage itself. Probes inside:" }),
+      h("ul", { class: "sv-probe-list" }, inside.map((c) => h("li", {}, [
+        h("button", { type: "button", class: "sv-link", text: index.nodes.get(c).label, onclick: () => this.handlers.onReveal(c) }),
+      ]))),
+    ]);
+  }
+
+  probePicker(probes, current) {
+    const sel = h("select", { class: "sv-select", "data-role": "probe", "aria-label": "probe" },
+      probes.map((p) => h("option", { value: p.id, text: `${p.name}${p.leaf ? ` ${p.leaf}` : ""}${p.auto ? " (stage)" : ""}`, selected: p.id === current.id })));
+    sel.addEventListener("change", () => {
+      this.probeByNode.set(this.nodeId, sel.value);
+      this.purgeCharts();
+      clear(this.body);
+      this.drawProbe(probes.find((p) => p.id === sel.value));
+    });
+    return h("label", { class: "sv-row" }, [h("span", { class: "sv-muted", text: "probe" }), sel]);
+  }
+
+  controls() {
+    const seg = (value, label) => h("button", {
+      type: "button", class: "sv-seg", "data-scale": value, "aria-pressed": String(this.scale === value), text: label,
+      onclick: () => { this.scale = value; this.redraw(); },
+    });
+    const logY = h("input", { type: "checkbox", checked: this.logY, "data-role": "log-count" });
+    logY.addEventListener("change", () => { this.logY = logY.checked; this.redraw(); });
+    return h("div", { class: "sv-row sv-controls", "data-role": "hist-scale" }, [
+      h("div", { class: "sv-segmented" }, [seg("linear", "linear"), seg("log", "log₁₀|x|")]),
+      h("label", { class: "sv-check" }, [logY, " log count"]),
+    ]);
+  }
+
+  drawProbe(probe) {
+    this.probe = probe;
+    const modes = orderModes(Object.keys(probe.summaries));
+    this.body.append(this.controls());
+    const colours = chartColours(this.root);
+    const width = Math.max(220, (this.el.clientWidth || 380) - 34);
+    const blocks = modes.map((mode) => {
+      const target = h("div", { class: "sv-chart", "data-mode": mode });
+      const s = probe.summaries[mode];
+      const title = h("h4", { class: "sv-chart-title" }, [
+        h("span", { class: "sv-swatch", style: `background:${modeColour(colours, mode)}` }),
+        mode,
+        nonfiniteCount(s) > 0 ? h("span", { class: "sv-bad", text: ` ${nonfiniteCount(s)} non-finite` }) : null,
+      ]);
+      this.body.append(h("div", { class: "sv-chart-block" }, [title, target]));
+      return { mode, target, s };
+    });
+    this.blocks = blocks;
+    this.body.append(this.statsTable(probe, modes));
+    this.drawCharts(colours, width);
+    this.drawHistory(probe, modes, colours, width);
+  }
+
+  drawCharts(colours, width) {
+    for (const b of this.blocks) {
+      const hist = this.scale === "log" ? b.s?.loghist : b.s?.hist;
+      drawHistogram(b.target, hist ?? null, { colours, mode: b.mode, scale: this.scale, logY: this.logY, width });
+      if (!this.charts.includes(b.target)) this.charts.push(b.target);
+    }
+  }
+
+  redraw() {
+    if (!this.isOpen || !this.blocks) return;
+    for (const b of this.el.querySelectorAll(".sv-seg")) b.setAttribute("aria-pressed", String(b.dataset.scale === this.scale));
+    const colours = chartColours(this.root);
+    const width = Math.max(220, (this.el.clientWidth || 380) - 34);
+    this.drawCharts(colours, width);
+    if (this.history) this.refreshHistory(this.ctx.history);
+  }
+
+  statsTable(probe, modes) {
+    const head = h("tr", {}, [h("th", { text: "" }), ...modes.map((m) => h("th", { text: m }))]);
+    const rows = TABLE_ROWS.map(([key, label]) => h("tr", { "data-stat": key }, [
+      h("th", { text: label }),
+      ...modes.map((m) => {
+        const v = probe.summaries[m]?.[key];
+        const bad = ["nan", "posinf", "neginf"].includes(key) && v > 0;
+        return h("td", { class: bad ? "sv-bad" : null, text: fmt(v) });
+      }),
+    ]));
+    return h("table", { class: "sv-stats", "data-role": "stats" }, [h("thead", {}, [head]), h("tbody", {}, rows)]);
+  }
+
+  drawHistory(probe, modes, colours, width) {
+    this.history = null;
+    const hist = this.ctx.history;
+    if (!hist?.steps?.length || !hist.probes?.[probe.id]) return;
+    this.history = h("section", { class: "sv-history", "data-role": "history" }, [h("h4", { class: "sv-section", text: `over ${hist.steps.length} steps` })]);
+    this.body.append(this.history);
+    this.historyCharts = [];
+    for (const mode of modes) {
+      if (!hist.probes[probe.id][mode]) continue;
+      const heat = h("div", { class: "sv-chart", "data-history": "heatmap", "data-mode": mode });
+      const lines = h("div", { class: "sv-chart", "data-history": "norms", "data-mode": mode });
+      this.history.append(h("h4", { class: "sv-chart-title", text: `${mode}: distribution and norms` }), heat, lines);
+      this.historyCharts.push({ mode, heat, lines });
+      this.charts.push(heat, lines);
+    }
+    this.refreshHistory(hist, colours, width);
+  }
+
+  /** Redraws the history charts (after a new Monitor step). */
+  refreshHistory(hist, colours = chartColours(this.root), width = Math.max(220, (this.el.clientWidth || 380) - 34)) {
+    if (!this.history || !this.probe) return;
+    this.ctx.history = hist;
+    const byMode = hist.probes?.[this.probe.id] ?? {};
+    for (const c of this.historyCharts) {
+      const list = byMode[c.mode] ?? [];
+      drawHistoryHeatmap(c.heat, hist.steps, list.map((s) => s?.hist ?? null), { colours, mode: c.mode, width });
+      const col = modeColour(colours, c.mode);
+      drawLines(c.lines, hist.steps, [
+        { name: "l2", y: list.map((s) => s?.l2 ?? null), colour: col },
+        { name: "absmax", y: list.map((s) => s?.absmax ?? null), colour: colours.muted, dash: "dot" },
+      ], { colours, width, yTitle: "norm" });
+    }
+    const title = this.history.querySelector(".sv-section");
+    if (title) title.textContent = `over ${hist.steps.length} steps`;
+  }
+}

@@ -1,0 +1,39 @@
+// Tiny DOM builders. User strings only ever reach the page through textContent or
+// setAttribute, never innerHTML.
+
+const SVG_NS = "http://www.w3.org/2000/svg";
+
+function apply(el, attrs, children) {
+  for (const [k, v] of Object.entries(attrs ?? {})) {
+    if (v == null || v === false) continue;
+    if (k === "text") el.textContent = String(v);
+    else if (k.startsWith("on") && typeof v === "function") el.addEventListener(k.slice(2), v);
+    else el.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const c of children ?? []) {
+    if (c == null || c === false) continue;
+    el.append(typeof c === "string" ? document.createTextNode(c) : c);
+  }
+  return el;
+}
+
+/** An HTML element: h("div", {class: "x", text: "hi"}, [children]). */
+export function h(tag, attrs, children) {
+  return apply(document.createElement(tag), attrs, children);
+}
+
+/** An SVG element. */
+export function s(tag, attrs, children) {
+  return apply(document.createElementNS(SVG_NS, tag), attrs, children);
+}
+
+/** Removes every child. */
+export function clear(el) {
+  while (el.firstChild) el.removeChild(el.firstChild);
+}
+
+/** Truncates to `n` characters with an ellipsis. */
+export function ellipsis(text, n) {
+  const t = String(text);
+  return t.length > n ? `${t.slice(0, n - 1)}…` : t;
+}

@@ -1,0 +1,49 @@
+// What each node face shows: the statistic, its colour, a sparkline and the flags.
+// Pure: computed from the index and the chosen statistic.
+
+import { nodeStat, logScale, fmt } from "./stats.js";
+
+/** Counts of a histogram merged down to at most `n` bins. */
+export function downsample(counts, n) {
+  if (!counts || counts.length <= n) return counts ? [...counts] : [];
+  const out = new Array(n).fill(0);
+  for (let i = 0; i < counts.length; i++) out[Math.floor((i * n) / counts.length)] += counts[i];
+  return out;
+}
+
+/** SVG path of a filled step sparkline of `counts` in a w×h box. */
+export function sparklinePath(counts, w, h) {
+  const c = downsample(counts, 24);
+  const max = Math.max(0, ...c);
+  if (!c.length || max <= 0) return "";
+  const bw = w / c.length;
+  let d = `M0,${h}`;
+  c.forEach((v, i) => {
+    const y = (h - (h * v) / max).toFixed(1);
+    d += `L${(i * bw).toFixed(1)},${y}L${((i + 1) * bw).toFixed(1)},${y}`;
+  });
+  return `${d}L${w},${h}Z`;
+}
+
+/**
+ * Faces for the given node ids. The colour scale spans every node in the model with
+ * the statistic, so colours do not shift when stages open and close.
+ * @returns {{faces: Map<string, {value: number|null, colour: string|null, text: string, hist: number[]|null}>, scale: ReturnType<typeof logScale>}}
+ */
+export function computeFaces(index, ids, { mode, stat }) {
+  const all = [];
+  for (const probes of index.probesByNode.values()) all.push(nodeStat(probes, mode, stat));
+  const scale = logScale(all);
+  const faces = new Map();
+  for (const id of ids) {
+    const probes = index.probesByNode.get(id);
+    const value = probes ? nodeStat(probes, mode, stat) : null;
+    let hist = null;
+    for (const p of probes ?? []) {
+      const s = p.summaries?.[mode];
+      if (s?.hist?.counts?.length) { hist = s.hist.counts; break; }
+    }
+    faces.set(id, { value, colour: scale.colour(value), text: value == null ? "" : fmt(value), hist });
+  }
+  return { faces, scale };
+}

@@ -1,0 +1,305 @@
+// The SVG graph: draws a layout (layout.js) with node faces (faces.js), pans and zooms
+// with d3-zoom, and reports clicks. Cheap updates (selection, search, colours) change
+// attributes of the existing elements; only a new layout rebuilds the SVG.
+
+import { select } from "d3-selection";
+import { zoom, zoomIdentity } from "d3-zoom";
+import { s, clear, ellipsis } from "./dom.js";
+import { sparklinePath } from "./faces.js";
+import { HEADER } from "./layout.js";
+
+let instances = 0;
+
+/** Smooth path through dagre's edge points. */
+export function edgePath(points) {
+  if (!points.length) return "";
+  const f = (p) => `${p.x.toFixed(1)},${p.y.toFixed(1)}`;
+  let d = `M${f(points[0])}`;
+  if (points.length === 2) return `${d}L${f(points[1])}`;
+  for (let i = 1; i < points.length - 1; i++) {
+    const mid = { x: (points[i].x + points[i + 1].x) / 2, y: (points[i].y + points[i + 1].y) / 2 };
+    d += i === points.length - 2 ? `Q${f(points[i])} ${f(points[i + 1])}` : `Q${f(points[i])} ${f(mid)}`;
+  }
+  return d;
+}
+
+function shapeText(node) {
+  const sh = node.shapes?.[0] ?? "";
+  const more = (node.shapes?.length ?? 0) > 1 ? ` +${node.shapes.length - 1}` : "";
+  return `${sh.replace(/^float/, "f").replace(/^bfloat/, "bf").replace(/^int/, "i")}${more}`;
+}
+
+export class GraphView {
+  /**
+   * @param {HTMLElement} container
+   * @param {{onSelect: (id: string|null) => void, onToggle: (id: string) => void}} handlers
+   */
+  constructor(container, handlers) {
+    this.container = container;
+    this.handlers = handlers;
+    this.uid = `sv${++instances}`;
+    this.svg = s("svg", { class: "sv-svg", role: "img", "aria-label": "stage graph" });
+    const defs = s("defs", {}, [
+      s("marker", { id: `${this.uid}-arrow`, viewBox: "0 0 10 10", refX: "9", refY: "5", markerWidth: "7", markerHeight: "7", orient: "auto-start-reverse" }, [
+        s("path", { d: "M0,0L10,5L0,10z", class: "sv-arrow" }),
+      ]),
+    ]);
+    this.viewport = s("g", { class: "sv-viewport" });
+    this.svg.append(defs, this.viewport);
+    container.append(this.svg);
+    this.els = new Map();
+    this.edgeEls = [];
+    this.zoom = zoom()
+      .scaleExtent([0.02, 4])
+      .filter((ev) => (!ev.ctrlKey || ev.type === "wheel") && !ev.button && !ev.target.closest?.("[data-role=toggle]"))
+      .on("zoom", (ev) => {
+        this.transform = ev.transform;
+        this.viewport.setAttribute("transform", ev.transform.toString());
+      });
+    this.sel = select(this.svg).call(this.zoom).on("dblclick.zoom", null);
+    this.transform = zoomIdentity;
+    this.svg.addEventListener("click", (ev) => {
+      if (ev.defaultPrevented) return;
+      const t = ev.target.closest?.("[data-role=toggle]");
+      if (t) { this.handlers.onToggle(t.closest("[data-node-id]").dataset.nodeId); return; }
+      const g = ev.target.closest?.("[data-node-id]");
+      this.handlers.onSelect(g ? g.dataset.nodeId : null);
+    });
+    this.svg.addEventListener("dblclick", (ev) => {
+      const g = ev.target.closest?.("[data-node-id]");
+      if (g && g.dataset.expandable === "true" && !ev.target.closest("[data-role=toggle]")) this.handlers.onToggle(g.dataset.nodeId);
+    });
+  }
+
+  /**
+   * Rebuilds the SVG for a layout.
+   * @param {{index: any, layout: any, faces: Map<string, any>, expandable: (id: string) => boolean}} view
+   */
+  draw({ index, layout, faces, expandable }) {
+    clear(this.viewport);
+    this.els = new Map();
+    this.edgeEls = [];
+    const stages = s("g", { class: "sv-layer-stages" });
+    const edgesG = s("g", { class: "sv-layer-edges" });
+    const nodesG = s("g", { class: "sv-layer-nodes" });
+    this.viewport.append(stages, edgesG, nodesG);
+    for (const [id, box] of layout.boxes) {
+      const node = index.nodes.get(id);
+      const compact = layout.levels.get(box.level)?.mode === "grid";
+      const el = box.expanded ? this.stageBox(node, box, faces.get(id)) : this.nodeFace(node, box, faces.get(id), expandable(id), compact);
+      el.dataset.nodeId = id;
+      el.dataset.kind = node.kind;
+      if (index.subtreeProbe.has(id)) el.dataset.hasProbe = "true";
+      if (index.subtreeNonfinite.has(id)) {
+        el.dataset.nonfinite = "true";
+        el.append(nanIcon(box.w, index.nonfinite.has(id)));
+      }
+      el.dataset.expandable = String(expandable(id));
+      if (expandable(id)) el.dataset.expanded = String(box.expanded);
+      (box.expanded ? stages : nodesG).append(el);
+      this.els.set(id, el);
+    }
+    for (const e of layout.edges) {
+      const p = s("path", {
+        class: "sv-edge", d: edgePath(e.points), "marker-end": `url(#${this.uid}-arrow)`,
+        "stroke-width": Math.min(1.2 + Math.log2(e.count), 4).toFixed(2),
+      }, [s("title", { text: edgeTitle(index, e) })]);
+      p.dataset.source = e.source;
+      p.dataset.target = e.target;
+      edgesG.append(p);
+      this.edgeEls.push(p);
+    }
+    this.bounds = layout.bounds;
+  }
+
+  stageBox(node, box, face) {
+    const g = s("g", { class: `sv-stage sv-kind-${safeKind(node.kind)}`, transform: `translate(${box.x},${box.y})` });
+    g.append(
+      s("rect", { class: "sv-stage-bg", width: box.w, height: box.h, rx: 10 }),
+      s("rect", { class: "sv-stage-head", width: box.w, height: HEADER - 6, rx: 10 }),
+      s("rect", { class: "sv-chip", x: 1, y: 1, width: 6, height: HEADER - 8, rx: 3, fill: face?.colour ?? "none" }),
+      s("g", { class: "sv-toggle", "data-role": "toggle", transform: "translate(12,4)" }, [
+        s("rect", { width: 18, height: 18, rx: 4 }),
+        s("text", { x: 9, y: 13, "text-anchor": "middle", text: "−" }),
+        s("title", { text: "collapse" }),
+      ]),
+      s("text", { class: "sv-stage-label", x: 38, y: 18, text: ellipsis(node.label, Math.max(8, Math.floor((box.w - 140) / 7))) }, [
+        s("title", { text: `${node.label} (${node.kind})` }),
+      ]),
+      s("text", { class: "sv-stage-kind", x: box.w - 10, y: 18, "text-anchor": "end", text: `${node.kind} · ${node.n_eqns} eqns` }),
+    );
+    if (face?.text) g.append(s("text", { class: "sv-value", x: box.w - 10, y: box.h - 8, "text-anchor": "end", text: face.text }));
+    return g;
+  }
+
+  nodeFace(node, box, face, canExpand, compact) {
+    const { w, h } = box;
+    const g = s("g", { class: `sv-node sv-kind-${safeKind(node.kind)}`, transform: `translate(${box.x},${box.y})` });
+    const tip = [node.label, `${node.kind}${node.primitive ? ` · ${node.primitive}` : ""}`, ...(node.shapes ?? [])];
+    if (face?.text) tip.push(`statistic: ${face.text}`);
+    g.append(
+      s("rect", { class: "sv-node-bg", width: w, height: h, rx: 8 }),
+      s("rect", { class: "sv-chip", x: 1.5, y: 1.5, width: 6, height: h - 3, rx: 3, fill: face?.colour ?? "none" }),
+      s("text", { class: "sv-label", x: 16, y: 20, text: ellipsis(node.label, 20) }),
+      s("title", { text: tip.join("\n") }),
+    );
+    if (compact) {
+      g.append(s("text", { class: "sv-shape", x: 16, y: 40, text: `${node.kind} ${ellipsis(shapeText(node), 18)}` }));
+    } else {
+      const kind = s("g", { class: "sv-badge", transform: "translate(14,28)" });
+      const kw = 8 + node.kind.length * 6.2;
+      kind.append(s("rect", { width: kw, height: 15, rx: 7.5 }), s("text", { x: kw / 2, y: 11, "text-anchor": "middle", text: node.kind }));
+      g.append(kind, s("text", { class: "sv-shape", x: 20 + kw, y: 39, text: ellipsis(shapeText(node), Math.max(4, Math.floor((w - kw - 34) / 6.3))) }));
+      const spark = face?.hist ? sparklinePath(face.hist, 56, 22) : "";
+      if (spark) g.append(s("path", { class: "sv-spark", d: spark, transform: `translate(${w - 64},8)` }));
+      if (face?.text) g.append(s("text", { class: "sv-value", x: w - 8, y: h - 8, "text-anchor": "end", text: face.text }));
+      if (canExpand) {
+        g.append(s("g", { class: "sv-toggle", "data-role": "toggle", transform: `translate(14,${h - 19})` }, [
+          s("rect", { width: 72, height: 15, rx: 4 }),
+          s("text", { x: 36, y: 11, "text-anchor": "middle", text: `+ ${node.n_eqns} eqn${node.n_eqns === 1 ? "" : "s"}` }),
+          s("title", { text: "expand (or double-click the node)" }),
+        ]));
+      }
+    }
+    return g;
+  }
+
+  /** Marks nodes holding or hiding the NaN/Inf origins, with a flag above them. */
+  markOrigins(reps) {
+    for (const el of this.viewport.querySelectorAll("[data-nonfinite-origin]")) {
+      el.removeAttribute("data-nonfinite-origin");
+      el.querySelector(".sv-origin-flag")?.remove();
+    }
+    for (const [id, passes] of reps) {
+      const el = this.els.get(id);
+      if (!el) continue;
+      el.dataset.nonfiniteOrigin = passes.join(" ");
+      const label = `NaN/Inf starts here (${passes.join(" + ")})`;
+      const w = 12 + label.length * 6;
+      el.append(s("g", { class: "sv-origin-flag", transform: `translate(0,-20)` }, [
+        s("rect", { width: w, height: 17, rx: 8.5 }),
+        s("text", { x: w / 2, y: 12.5, "text-anchor": "middle", text: label }),
+      ]));
+    }
+  }
+
+  setSelected(id) {
+    for (const el of this.viewport.querySelectorAll(".sv-selected")) el.classList.remove("sv-selected");
+    for (const el of this.viewport.querySelectorAll(".sv-edge-active")) el.classList.remove("sv-edge-active");
+    if (id == null) return;
+    this.els.get(id)?.classList.add("sv-selected");
+    for (const e of this.edgeEls) {
+      if (e.dataset.source === id || e.dataset.target === id) e.classList.add("sv-edge-active");
+    }
+  }
+
+  /**
+   * @param {Set<string>|null} hits drawn ids that match (null: no query)
+   * @param {Map<string, number>} inside drawn ids hiding n matches in their collapsed subtree
+   */
+  setSearch(hits, inside) {
+    for (const [id, el] of this.els) {
+      el.querySelector(":scope > .sv-hits")?.remove();
+      if (!hits) {
+        el.removeAttribute("data-match");
+        el.classList.remove("sv-dim");
+        continue;
+      }
+      const n = inside.get(id) ?? 0;
+      const match = hits.has(id) ? "true" : n > 0 ? "descendant" : null;
+      if (match) el.dataset.match = match; else el.removeAttribute("data-match");
+      const expandedStage = el.classList.contains("sv-stage");
+      el.classList.toggle("sv-dim", !match && !expandedStage);
+      if (n > 0 && !expandedStage) {
+        const t = `${n} inside`;
+        const w = 10 + t.length * 6;
+        const bw = Number(el.querySelector(".sv-node-bg")?.getAttribute("width") ?? 0);
+        el.append(s("g", { class: "sv-hits", transform: `translate(${bw - w / 2 - 20},-9)` }, [
+          s("rect", { width: w, height: 16, rx: 8 }), s("text", { x: w / 2, y: 12, "text-anchor": "middle", text: t }),
+        ]));
+      }
+    }
+  }
+
+  /** Fits the drawing into the view. With `minScale`, never zooms out below it (top-aligned). */
+  fit({ minScale = 0, animate = false } = {}) {
+    const b = this.bounds;
+    const W = this.svg.clientWidth || this.container.clientWidth || 800;
+    const H = this.svg.clientHeight || this.container.clientHeight || 500;
+    if (!b || !b.w || !b.h) return;
+    const pad = 28;
+    let k = Math.min((W - 2 * pad) / b.w, (H - 2 * pad) / b.h, 1.25);
+    let ty = (H - b.h * k) / 2 - b.y * k;
+    if (k < minScale) { k = minScale; ty = pad - b.y * k; }
+    const tx = (W - b.w * k) / 2 - b.x * k;
+    const t = zoomIdentity.translate(tx, ty).scale(k);
+    (animate ? this.sel.transition?.().duration(250) ?? this.sel : this.sel).call(this.zoom.transform, t);
+  }
+
+  /** Screen position of a drawn node, to keep it still across a relayout. */
+  screenOf(box) {
+    return box ? { x: this.transform.applyX(box.x), y: this.transform.applyY(box.y) } : null;
+  }
+
+  /** Pans (keeping the zoom) so that `box` lands at screen point `at`. */
+  anchor(box, at) {
+    if (!box || !at) return;
+    const k = this.transform.k;
+    this.sel.call(this.zoom.transform, zoomIdentity.translate(at.x - box.x * k, at.y - box.y * k).scale(k));
+  }
+
+  /** Pans as little as possible to bring `box` into view (its top-left first). */
+  ensureVisible(box) {
+    if (!box) return;
+    const W = this.svg.clientWidth || 800;
+    const H = this.svg.clientHeight || 500;
+    const { k, x, y } = this.transform;
+    const pad = 16;
+    const left = x + box.x * k;
+    const top = y + box.y * k;
+    const right = left + box.w * k;
+    const bottom = top + box.h * k;
+    let dx = 0;
+    let dy = 0;
+    if (right > W - pad) dx = W - pad - right;
+    if (left + dx < pad) dx = pad - left;
+    if (bottom > H - pad) dy = H - pad - bottom;
+    if (top + dy < pad) dy = pad - top;
+    if (dx || dy) this.sel.call(this.zoom.transform, zoomIdentity.translate(x + dx, y + dy).scale(k));
+  }
+
+  /** Pans so that `box` is centred, zooming in to at least `k` when given. */
+  centreOn(box, k) {
+    const W = this.svg.clientWidth || 800;
+    const H = this.svg.clientHeight || 500;
+    const kk = Math.max(this.transform.k, k ?? 0);
+    const t = zoomIdentity.translate(W / 2 - (box.x + box.w / 2) * kk, H / 2 - (box.y + box.h / 2) * kk).scale(kk);
+    this.sel.call(this.zoom.transform, t);
+  }
+
+  destroy() {
+    this.sel.on(".zoom", null);
+    this.svg.remove();
+  }
+}
+
+/** The red badge of a node holding NaN/Inf (hollow when only a descendant does). */
+function nanIcon(w, own) {
+  return s("g", { class: "sv-nan-icon", transform: `translate(${w - 2},2)` }, [
+    s("circle", { r: 9, "fill-opacity": own ? 1 : 0.75 }),
+    s("text", { y: 4, "text-anchor": "middle", text: "!" }),
+    s("title", { text: own ? "NaN/Inf in this node's values" : "NaN/Inf inside this stage" }),
+  ]);
+}
+
+function safeKind(kind) {
+  return String(kind).replace(/[^a-z0-9_-]/gi, "_");
+}
+
+function edgeTitle(index, e) {
+  const a = index.nodes.get(e.source)?.label ?? e.source;
+  const b = index.nodes.get(e.target)?.label ?? e.target;
+  const shape = Array.isArray(e.shape) ? `${e.dtype ?? ""}[${e.shape.join(",")}]` : e.dtype ?? "";
+  const many = e.count > 1 ? ` (${e.count} edges)` : "";
+  return `${a} → ${b}${shape ? `: ${shape}` : ""}${many}`;
+}

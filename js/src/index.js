@@ -1,0 +1,100 @@
+// Entry point of the bundle (sowviz/static/sowviz.js).
+//   default export {initialize, render}: the anywidget front end of sowviz.Inspector/Monitor.
+//   mount(el, model, options): the same view outside Jupyter (the HTML report).
+// A report page holds <script type="application/json" data-sowviz-model data-target="ID">;
+// loading this module mounts every such model (see autoMount), so the Python side
+// writes no JavaScript of its own.
+
+import { App } from "./app.js";
+import { HistoryStore } from "./history.js";
+
+/**
+ * Draws a sowviz/1 model into `el`.
+ * @param {HTMLElement} el
+ * @param {any} model the model object (or its JSON text)
+ * @param {import("./app.js").AppOptions} [options]
+ * @returns {{update: (model: any) => void, pushStep: (step: any) => void, setBusy: (b: boolean) => void, setError: (m: string) => void, destroy: () => void}}
+ */
+export function mount(el, model, options = {}) {
+  const app = new App(el, typeof model === "string" ? JSON.parse(model) : model, options);
+  return {
+    update: (m) => app.update(typeof m === "string" ? JSON.parse(m) : m),
+    pushStep: (step) => app.pushStep(step),
+    setBusy: (b) => app.setBusy(b),
+    setError: (m) => app.setError(m),
+    destroy: () => app.destroy(),
+  };
+}
+
+// One history store per widget model, shared by all of its views.
+const stores = new WeakMap();
+
+function storeFor(model) {
+  let store = stores.get(model);
+  if (!store) {
+    store = new HistoryStore(model.get("model")?.history ?? null);
+    stores.set(model, store);
+  }
+  return store;
+}
+
+/** anywidget: per-model state. Steps from Python arrive as {"type": "step", "step": {...}}. */
+function initialize({ model }) {
+  const store = storeFor(model);
+  const onMsg = (msg) => {
+    if (msg && msg.type === "step" && msg.step) store.push(msg.step);
+  };
+  model.on("msg:custom", onMsg);
+  return () => {
+    model.off("msg:custom", onMsg);
+    stores.delete(model);
+  };
+}
+
+/** anywidget: one view. */
+function render({ model, el }) {
+  const handle = mount(el, model.get("model"), {
+    store: storeFor(model),
+    onModeChange: (mode) => {
+      model.set("error", "");
+      model.set("mode", mode);
+      model.save_changes();
+    },
+  });
+  handle.setBusy(!!model.get("busy"));
+  handle.setError(model.get("error") || "");
+  const onModel = () => handle.update(model.get("model"));
+  const onBusy = () => handle.setBusy(!!model.get("busy"));
+  const onError = () => {
+    handle.setError(model.get("error") || "");
+    if (model.get("error")) handle.setBusy(false);
+  };
+  model.on("change:model", onModel);
+  model.on("change:busy", onBusy);
+  model.on("change:error", onError);
+  return () => {
+    model.off("change:model", onModel);
+    model.off("change:busy", onBusy);
+    model.off("change:error", onError);
+    handle.destroy();
+  };
+}
+
+/** Mounts every embedded report model on the page (once each). */
+export function autoMount(doc = globalThis.document) {
+  if (!doc?.querySelectorAll) return;
+  for (const script of doc.querySelectorAll('script[type="application/json"][data-sowviz-model]')) {
+    if (script.dataset.mounted) continue;
+    script.dataset.mounted = "true";
+    const target = doc.getElementById(script.dataset.target ?? "") ?? script.parentElement;
+    mount(target, script.textContent, { standalone: true });
+  }
+  globalThis.__sowviz_ready = true;
+}
+
+if (globalThis.document?.querySelector?.('script[type="application/json"][data-sowviz-model]')) {
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", () => autoMount(), { once: true });
+  else autoMount();
+}
+
+export default { initialize, render };

@@ -1,0 +1,134 @@
+"""Standalone HTML reports: one offline file that draws a sowviz/1 model.
+
+The page inlines the real front-end bundle (``sowviz/static/sowviz.js`` and
+``sowviz.css``, read with :mod:`importlib.resources`) and embeds the model as JSON in
+``<script type="application/json" data-sowviz-model>``. Loading the bundle mounts every
+such model on the page, so this module writes no JavaScript. A Content-Security-Policy
+forbids every network request.
+
+Everything taken from the model reaches the page escaped: header text through
+:func:`html.escape`, the JSON with ``<``, ``>`` and ``&`` as ``\\u003c``-style escapes
+(so neither ``</script>`` nor ``<!--`` can end or confuse the script element), and the
+front end builds its DOM with ``textContent`` only.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import pathlib
+import re
+from importlib import resources
+from typing import Any
+
+__all__ = ["render_html", "write_html"]
+
+_CSP = (
+    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+    "img-src data: blob:; font-src data:; connect-src 'none'; worker-src 'none'"
+)
+
+_MISSING_BUNDLE = (
+    "The front-end bundle `sowviz/static/{name}` is missing. It ships with the package; "
+    "in a source checkout build it with `cd js && npm ci && npm run build`."
+)
+
+# A `<` that starts `</script`, `<script` or `<!--` would end or confuse the inline
+# <script> element; `\x3C` means the same character in every JS string, template and
+# regular-expression literal, which is the only place the minified bundle has them.
+_SCRIPT_BREAK = re.compile(r"<(?=/script|script|!--)", re.IGNORECASE)
+_STYLE_BREAK = re.compile(r"<(?=/style)", re.IGNORECASE)
+
+
+def _static(name: str) -> str:
+    try:
+        return resources.files("sowviz").joinpath("static", name).read_text(encoding="utf-8")
+    except FileNotFoundError as err:
+        raise FileNotFoundError(_MISSING_BUNDLE.format(name=name)) from err
+
+
+def _jsonable(x: Any) -> Any:
+    """Plain JSON values: NaN/Inf become null (JSON has neither), numpy scalars and
+    arrays become Python numbers and lists."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if x is None or isinstance(x, (str, bool, int)):
+        return x
+    if hasattr(x, "tolist"):  # numpy scalars and arrays
+        return _jsonable(x.tolist())
+    return str(x)
+
+
+def model_json(model: dict) -> str:
+    """The model as JSON that is safe inside a ``<script>`` element."""
+    text = json.dumps(_jsonable(model), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return (
+        text.replace("&", "\\u0026")
+        .replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("\u2028", "\\u2028")
+        .replace("\u2029", "\\u2029")
+    )
+
+
+def _header(model: dict, title: str) -> str:
+    esc = html.escape
+    versions = model.get("versions") or {}
+    items = [
+        ("mode", model.get("mode")),
+        ("device", model.get("device")),
+        *((name, ver) for name, ver in versions.items()),
+        ("created", model.get("created")),
+    ]
+    meta = "".join(
+        f"<div><dt>{esc(str(k))}</dt><dd>{esc(str(v))}</dd></div>"
+        for k, v in items
+        if v not in (None, "")
+    )
+    return (
+        '<header class="sv-report-header">'
+        f"<h1>{esc(title)}</h1>"
+        f'<dl class="sv-report-meta">{meta}</dl>'
+        "</header>"
+    )
+
+
+def render_html(model: dict, *, title: str | None = None) -> str:
+    """One self-contained HTML page drawing ``model`` (a sowviz/1 dict).
+
+    ``title`` defaults to ``model["title"]``. The page makes no network request: the
+    bundle, its styles and the model are inline.
+    """
+    if not isinstance(model, dict):
+        raise TypeError(f"`model` must be a sowviz/1 dict, got {type(model).__name__}")
+    page_title = str(title if title is not None else model.get("title") or "sowviz report")
+    js = _SCRIPT_BREAK.sub(r"\\x3C", _static("sowviz.js"))
+    css = _STYLE_BREAK.sub(r"\\3C ", _static("sowviz.css"))
+    return (
+        "<!DOCTYPE html>\n"
+        '<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        '<meta name="generator" content="sowviz">\n'
+        f"<title>{html.escape(page_title)}</title>\n"
+        f"<style>\n{css}\n</style>\n</head>\n"
+        '<body class="sowviz-report">\n'
+        f"{_header(model, page_title)}\n"
+        '<main id="sowviz-root"></main>\n'
+        '<script type="application/json" data-sowviz-model data-target="sowviz-root">'
+        f"{model_json(model)}</script>\n"
+        f'<script type="module">\n{js}\n</script>\n'
+        "</body>\n</html>\n"
+    )
+
+
+def write_html(model: dict, path: str | pathlib.Path, *, title: str | None = None) -> pathlib.Path:
+    """Writes :func:`render_html` to ``path`` (UTF-8) and returns the path."""
+    out = pathlib.Path(path)
+    out.write_text(render_html(model, title=title), encoding="utf-8")
+    return out
