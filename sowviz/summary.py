@@ -225,6 +225,9 @@ def _bin_index(
     `lo <= hi` must be finite. Indices of values outside [lo, hi] (or not finite)
     are clipped into [0, bins); the caller overrides or ignores them.
     """
+    # Defensive: a non-finite range would make every edge NaN or infinite.
+    lo = jnp.where(jnp.isfinite(lo), lo, 0)
+    hi = jnp.where(jnp.isfinite(hi), hi, lo)
     lo, hi = _widen(lo, hi)
     # Work in units of a power of two near max(|lo|, |hi|): scaling by it is
     # exact, and hi - lo can no longer overflow (e.g. lo = -3e38, hi = 3e38).
@@ -298,11 +301,19 @@ def _value_dtype(dtype: np.dtype) -> tuple[Any, bool]:
 @functools.partial(jax.jit, static_argnames=("bins",))
 def _summarize(x: jax.Array, bins: int) -> Summary:
     acc, is_complex = _value_dtype(x.dtype)
-    v = (jnp.abs(x) if is_complex else x).astype(acc)
     zero = jnp.zeros((), acc)
-
+    if is_complex:
+        # C99/NumPy: a complex number with an infinite part has infinite
+        # magnitude, even if the other part is NaN (XLA's abs gives NaN).
+        v = jnp.where(jnp.isinf(x.real) | jnp.isinf(x.imag), jnp.inf, jnp.abs(x)).astype(acc)
+    else:
+        v = x.astype(acc)
     # Pass 1: ranges. On XLA:CPU every full-size reduction materialises its
     # input, so the passes are kept few; the counts ride on the histograms.
+    # Subnormals are zeros: XLA flushes them in some ops and on some backends
+    # but not others (a min can return 0 for one), so flushing them here keeps
+    # counts, ranges and log10 consistent, finite and backend-independent.
+    v = jnp.where(jnp.abs(v) < jnp.finfo(acc).tiny, zero, v)
     finite = jnp.isfinite(v)
     nonzero = finite & (v != 0)
     vmin = jnp.min(jnp.where(finite, v, jnp.inf), initial=jnp.inf)

@@ -1,0 +1,420 @@
+"""Tests of sowviz.summary against statistics computed independently in NumPy.
+
+The NumPy reference below follows the rules stated in the module docstring of
+`sowviz.summary` (float32 values, subnormals count as zeros, the histogram edge
+and bin rule); it never calls the code under test for expected values.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from sowviz import summary as summary_mod
+from sowviz.summary import Summary, SummaryOptions, summarize, summarize_tree, to_host
+
+F32 = np.float32
+F32_MAX = float(np.finfo(F32).max)
+F32_EPS = float(np.finfo(F32).eps)
+F32_TINY = float(np.finfo(F32).tiny)
+BINS = 16  # one static value in the property tests: one compilation per dtype and shape
+SHAPES = [(), (7,), (2, 3, 4), (0,)]
+SPECIALS = [math.nan, math.inf, -math.inf, 0.0, -0.0]
+
+JSON_KEYS = {
+    "shape", "dtype", "size", "complex", "count", "nan", "posinf", "neginf", "zeros",
+    "min", "max", "mean", "std", "l2", "absmax", "hist", "loghist",
+}  # fmt: skip
+
+settings.register_profile(
+    "summary", max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+
+
+# --------------------------------------------------------------------------
+# NumPy reference
+
+
+def _rule(vals: np.ndarray, lo: float, hi: float, bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """The documented edge and bin rule of sowviz.summary, in float32 NumPy."""
+    lo, hi = F32(lo), F32(hi)
+    if lo == hi:
+        pad = max(F32(0.5), abs(lo) / F32(1024))
+        lo, hi = max(lo - pad, F32(-F32_MAX)), min(hi + pad, F32(F32_MAX))
+    m = max(abs(lo), abs(hi))
+    scale = F32(2.0 ** (np.frexp(m)[1] - 1)) if m > 0 else F32(1)
+    lo_s, hi_s = lo / scale, hi / scale
+    min_width = F32(bins * 8 * F32_EPS)
+    if hi_s - lo_s < min_width:
+        mid = lo_s / F32(2) + hi_s / F32(2)
+        lo = np.clip((mid - min_width / F32(2)) * scale, -F32_MAX, lo).astype(F32)
+        hi = np.clip((mid + min_width / F32(2)) * scale, hi, F32_MAX).astype(F32)
+        lo_s, hi_s = lo / scale, hi / scale
+    width = F32(hi_s - lo_s)
+    t = np.arange(bins + 1, dtype=F32) / F32(bins)
+    edges = ((lo_s + width * t) * scale).astype(F32)
+    edges[0], edges[-1] = lo, hi
+    edges = np.clip(edges, lo, hi)
+    pos = np.floor((vals.astype(F32) / scale - lo_s) * (F32(bins) / width))
+    idx = np.clip(pos, 0, bins - 1).astype(np.int64)
+    return edges, np.bincount(idx, minlength=bins)
+
+
+def reference(a: np.ndarray, bins: int) -> dict[str, Any]:
+    """Expected statistics of `a`, computed in NumPy (moments in float64)."""
+    is_complex = np.iscomplexobj(a)
+    v = (np.abs(a) if is_complex else a).astype(F32).ravel()
+    v = np.where(np.abs(v) < F32_TINY, F32(0), v)  # subnormals are zeros
+    fin = np.isfinite(v)
+    nonzero = fin & (v != 0)
+    f = v[fin].astype(np.float64)
+    ref: dict[str, Any] = {
+        "count": int(fin.sum()),
+        "nan": int(np.isnan(v).sum()),
+        "posinf": int((v == np.inf).sum()),
+        "neginf": int((v == -np.inf).sum()),
+        "zeros": int((fin & ~nonzero).sum()),
+        "values": v[fin],
+        "logs": np.log10(np.abs(v[nonzero]).astype(np.float64)),
+    }
+    if f.size:
+        ref |= {
+            "min": f.min(),
+            "max": f.max(),
+            "mean": f.mean(),
+            "std": f.std(),
+            "l2": float(np.sqrt(np.sum(f * f))),
+            "absmax": np.abs(f).max(),
+        }
+    lo, hi = (ref["min"], ref["max"]) if f.size else (0.0, 0.0)
+    ref["hist_edges"], ref["hist_counts"] = _rule(v[fin], lo, hi, bins)
+    return ref
+
+
+def _near_edge(values: np.ndarray, edges: np.ndarray, tol: float) -> int:
+    if values.size == 0:
+        return 0
+    return int((np.abs(values[:, None] - edges[None, :].astype(np.float64)) <= tol).any(1).sum())
+
+
+def assert_histogram_close(values: np.ndarray, edges: np.ndarray, counts: np.ndarray, tol: float):
+    """`counts` are np.histogram(values, edges), up to values within `tol` of an edge."""
+    assert counts.sum() == values.size
+    assert np.all(np.diff(edges.astype(np.float64)) > 0), edges
+    expected = np.histogram(values.astype(np.float64), bins=edges.astype(np.float64))[0]
+    assert np.abs(counts - expected).sum() <= 2 * _near_edge(values, edges, tol), (counts, expected)
+
+
+def check_against_reference(s: Summary, a: np.ndarray, bins: int) -> None:
+    ref = reference(a, bins)
+    h = to_host(s)
+    exact = not np.iscomplexobj(a)  # |x| may differ by an ulp between NumPy and XLA
+    for k in ("count", "nan", "posinf", "neginf", "zeros"):
+        assert int(getattr(h, k)) == ref[k], (k, getattr(h, k), ref[k])
+    js = s.to_json()
+    json.dumps(js, allow_nan=False)  # valid JSON: no NaN, no infinity
+    assert js["complex"] is (not exact)
+    assert js["shape"] == list(a.shape) and js["size"] == a.size and js["dtype"] == str(a.dtype)
+    if ref["count"] == 0:
+        for k in ("min", "max", "mean", "std", "absmax"):
+            assert js[k] is None
+        assert js["l2"] == 0.0
+        assert sum(js["hist"]["counts"]) == 0 and sum(js["loghist"]["counts"]) == 0
+    else:
+        absmax = ref["absmax"]
+        if exact:
+            assert float(h.min) == ref["min"] and float(h.max) == ref["max"]
+            assert float(h.absmax) == absmax
+        else:
+            np.testing.assert_allclose([h.min, h.max, h.absmax], [ref["min"], ref["max"], absmax], rtol=1e-6)
+        atol = 1e-5 * absmax
+        np.testing.assert_allclose(float(h.mean), ref["mean"], rtol=1e-5, atol=atol)
+        np.testing.assert_allclose(float(h.std), ref["std"], rtol=1e-4, atol=atol)
+        if ref["l2"] > F32_MAX:
+            assert float(h.l2) == math.inf and js["l2"] == F32_MAX
+        else:
+            np.testing.assert_allclose(float(h.l2), ref["l2"], rtol=1e-5)
+    # hist: the documented rule exactly, and np.histogram up to values on an edge.
+    assert h.hist_edges.shape == (bins + 1,) and h.hist_counts.shape == (bins,)
+    scale = max(abs(float(h.hist_edges[0])), abs(float(h.hist_edges[-1])))
+    if exact:
+        # XLA may fuse lo + width * t into one FMA: edges agree to an ulp of the range.
+        np.testing.assert_allclose(h.hist_edges, ref["hist_edges"], rtol=0, atol=2 * F32_EPS * scale)
+        np.testing.assert_array_equal(h.hist_counts, ref["hist_counts"])
+    assert_histogram_close(ref["values"], h.hist_edges, h.hist_counts, 2 * F32_EPS * scale)
+    if ref["count"]:
+        assert h.hist_edges[0] <= ref["min"] and h.hist_edges[-1] >= ref["max"]
+    if ref["count"] and ref["max"] - ref["min"] >= 2 * bins * 8 * F32_EPS * scale:
+        # Not widened: the edges are linspace(min, max).
+        lin = np.linspace(ref["min"], ref["max"], bins + 1)
+        np.testing.assert_allclose(h.hist_edges, lin, rtol=0, atol=4 * F32_EPS * scale)
+    # loghist: log10 differs by ulps between NumPy and XLA, so edges are approximate.
+    logs = ref["logs"]
+    assert_histogram_close(logs, h.loghist_edges, h.loghist_counts, 1e-5)
+    if logs.size and logs.min() < logs.max() - 1e-3:
+        np.testing.assert_allclose(h.loghist_edges[[0, -1]], [logs.min(), logs.max()], atol=1e-5)
+
+
+# --------------------------------------------------------------------------
+# Strategies
+
+
+def _floats(width: int) -> st.SearchStrategy[float]:
+    finite = st.floats(width=width, allow_nan=False, allow_infinity=False, allow_subnormal=False)
+    return st.one_of(st.sampled_from(SPECIALS), finite, finite)
+
+
+def _elements(dtype: Any) -> st.SearchStrategy[Any] | None:
+    if dtype in (np.float32, jnp.bfloat16):
+        return _floats(32)
+    if dtype == np.float16:
+        return _floats(16)
+    if dtype == np.complex64:
+        part = st.one_of(st.sampled_from(SPECIALS), st.floats(-2.0**60, 2.0**60, width=32))
+        return st.builds(complex, part, part)
+    return None  # hypothesis' default covers the whole range of ints and bools
+
+
+@st.composite
+def arrays(draw: st.DrawFn, dtype: Any) -> np.ndarray:
+    shape = draw(st.sampled_from(SHAPES))
+    if dtype == jnp.bfloat16:  # hypothesis has no bfloat16: round float32 values
+        return draw(hnp.arrays(np.float32, shape, elements=_elements(dtype))).astype(dtype)
+    return draw(hnp.arrays(dtype, shape, elements=_elements(dtype)))
+
+
+DTYPES = [np.float32, np.float16, jnp.bfloat16, np.int32, np.int8, np.uint8, np.bool_, np.complex64]
+
+
+# --------------------------------------------------------------------------
+# Properties over dtypes and shapes
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@settings(settings.get_profile("summary"))
+@given(data=st.data())
+def test_matches_numpy(dtype: Any, data: st.DataObject) -> None:
+    a = data.draw(arrays(dtype))
+    check_against_reference(summarize(a, bins=BINS), a, BINS)
+
+
+@pytest.mark.skipif(not jax.config.jax_enable_x64, reason="float64 needs jax_enable_x64")
+def test_float64_stays_float64() -> None:
+    a = np.array([1.0, 2.0, np.nan, 1e300], np.float64)
+    s = summarize(a, bins=BINS)
+    assert s.mean.dtype == np.float64 and float(s.max) == 1e300
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param([math.nan] * 6, id="all-nan"),
+        pytest.param([0.0] * 6, id="all-zero"),
+        pytest.param([-2.5] * 6, id="constant"),
+        pytest.param([3e7] * 6, id="constant-large"),
+        pytest.param([3e38, -1e38, 1e38, 2.0, math.nan], id="near-limit"),
+        pytest.param([3.4e38, 3.4e38, -3.4e38, 1.0], id="l2-overflows"),
+        pytest.param([-3.4e38, 3.4e38], id="full-range"),
+        pytest.param([1.0, 1.0 + 2**-23, 1.0 + 2**-22], id="few-ulps"),
+        pytest.param([math.inf, -math.inf, 0.0, 1e-45], id="no-nonzero-finite"),
+        pytest.param([1e-30, 1e30, -1e-30, 5.0], id="wide-logs"),
+    ],
+)
+def test_edge_cases(values: list[float]) -> None:
+    a = np.array(values, F32)
+    s = summarize(a, bins=BINS)
+    check_against_reference(s, a, BINS)
+    h = to_host(s)
+    for field in ("mean", "std"):
+        assert np.isfinite(getattr(h, field))
+    assert np.all(np.isfinite(h.hist_edges)) and np.all(np.isfinite(h.loghist_edges))
+    assert np.all(np.diff(h.hist_edges) > 0) and np.all(np.diff(h.loghist_edges) > 0)
+
+
+def test_constant_lands_in_one_bin_of_a_sensible_range() -> None:
+    h = to_host(summarize(np.full((5,), 7.0, F32), bins=4))
+    np.testing.assert_array_equal(h.hist_edges, [6.5, 6.75, 7.0, 7.25, 7.5])
+    np.testing.assert_array_equal(h.hist_counts, [0, 0, 5, 0])
+    assert float(h.std) == 0.0 and float(h.mean) == 7.0
+
+
+def test_max_lands_in_last_bin_and_min_in_first() -> None:
+    a = np.linspace(-1, 3, 101, dtype=F32)
+    h = to_host(summarize(a, bins=4))
+    np.testing.assert_array_equal(h.hist_counts, [25, 25, 25, 26])
+    np.testing.assert_array_equal(h.hist_edges, [-1, 0, 1, 2, 3])
+
+
+def test_near_limit_moments_do_not_overflow() -> None:
+    a = np.array([3e38, 2.9e38, 3.1e38, -3e38], F32)
+    h = to_host(summarize(a))
+    f = a.astype(np.float64)
+    np.testing.assert_allclose(float(h.mean), f.mean(), rtol=1e-5)
+    np.testing.assert_allclose(float(h.std), f.std(), rtol=1e-5)
+    assert float(h.l2) == math.inf  # the true norm, 5.2e38, is beyond float32
+    assert summarize(a).to_json()["l2"] == F32_MAX
+
+
+def test_subnormals_count_as_zeros() -> None:
+    js = summarize(np.array([1e-45, -1e-40, 0.0, 2.0], F32)).to_json()
+    assert js["zeros"] == 3 and sum(js["loghist"]["counts"]) == 1
+
+
+def test_integer_extremes_and_bool() -> None:
+    a = np.array([np.iinfo(np.int32).min, np.iinfo(np.int32).max, 0, -1], np.int32)
+    check_against_reference(summarize(a, bins=BINS), a, BINS)
+    js = summarize(np.array([True, False, True])).to_json()
+    assert (js["count"], js["zeros"], js["max"], js["nan"]) == (3, 1, 1.0, 0)
+
+
+def test_complex_by_magnitude() -> None:
+    js = summarize(np.array([3 + 4j, -5j, 0, complex(math.nan, 1)], np.complex64)).to_json()
+    assert js["complex"] is True and js["dtype"] == "complex64"
+    assert (js["count"], js["nan"], js["zeros"], js["min"], js["max"]) == (3, 1, 1, 0.0, 5.0)
+
+
+@pytest.mark.parametrize("shape", [(0,), (2, 0, 3)])
+def test_empty(shape: tuple[int, ...]) -> None:
+    js = summarize(np.zeros(shape, F32)).to_json()
+    assert js["size"] == 0 and js["count"] == 0 and js["shape"] == list(shape)
+    json.dumps(js, allow_nan=False)
+
+
+# --------------------------------------------------------------------------
+# The pytree, JSON and the host transfer
+
+
+def test_json_shape() -> None:
+    js = summarize(np.arange(12, dtype=F32).reshape(3, 4), bins=8).to_json()
+    assert set(js) == JSON_KEYS
+    assert js["shape"] == [3, 4] and js["dtype"] == "float32" and js["size"] == 12
+    for key in ("hist", "loghist"):
+        assert set(js[key]) == {"edges", "counts"}
+        assert len(js[key]["edges"]) == 9 and len(js[key]["counts"]) == 8
+        assert all(type(e) is float for e in js[key]["edges"])
+        assert all(type(c) is int for c in js[key]["counts"])
+    for key in ("count", "nan", "posinf", "neginf", "zeros", "size"):
+        assert type(js[key]) is int
+    for key in ("min", "max", "mean", "std", "l2", "absmax"):
+        assert type(js[key]) is float
+    assert (js["min"], js["max"], js["mean"], js["zeros"]) == (0.0, 11.0, 5.5, 1)
+
+
+def test_all_nan_json_has_nulls() -> None:
+    js = summarize(np.full((4,), np.nan, F32)).to_json()
+    assert [js[k] for k in ("min", "max", "mean", "std", "absmax")] == [None] * 5
+    assert js["l2"] == 0.0 and js["nan"] == 4
+    json.dumps(js, allow_nan=False)
+
+
+def test_host_bytes_do_not_grow_with_the_array() -> None:
+    small = to_host(summarize(jnp.ones((1024,)), bins=64))
+    big = to_host(summarize(jnp.ones((1024, 1024)), bins=64))
+    assert small.nbytes == big.nbytes <= 4096
+    assert summarize(jnp.ones((1024,))).nbytes == small.nbytes  # same on device
+
+
+def test_to_host_is_one_device_get(monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = {"a": summarize(jnp.ones(3)), "b": [summarize(jnp.zeros((2, 2)))]}
+    calls = []
+    real = jax.device_get
+
+    def counting(x: Any) -> Any:
+        calls.append(x)
+        return real(x)
+
+    monkeypatch.setattr(jax, "device_get", counting)
+    host = to_host(tree)
+    assert len(calls) == 1
+    assert isinstance(host["b"][0], Summary)
+    assert all(isinstance(leaf, np.ndarray) for leaf in jax.tree.leaves(host))
+    assert host["b"][0].to_json()["zeros"] == 4
+
+
+def test_jit_returns_a_summary() -> None:
+    x = np.array([1.0, -2.0, np.inf, 0.5], F32)
+    s = jax.jit(lambda x: summarize(x * 2, bins=8))(x)
+    assert isinstance(s, Summary) and s.shape == (4,) and s.bins == 8
+    check_against_reference(s, x * 2, 8)
+
+
+def test_vmap_stacks_summaries() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(3, 50)).astype(F32)
+    x[1, :5] = np.nan
+    s = jax.vmap(lambda r: summarize(r, bins=8))(x)
+    assert s.count.shape == (3,) and s.hist_counts.shape == (3, 8) and s.shape == (50,)
+    np.testing.assert_array_equal(s.count, [50, 45, 50])
+    for i in range(3):
+        check_against_reference(jax.tree.map(lambda leaf, i=i: leaf[i], s), x[i], 8)
+    with pytest.raises(ValueError, match="stacked"):
+        s.to_json()
+
+
+def test_summarize_tree() -> None:
+    tree = {"w": jnp.ones((2, 3)), "b": [jnp.zeros(4), 3.0]}
+    out = summarize_tree(tree, SummaryOptions(bins=8))
+    assert jax.tree.structure(out, is_leaf=lambda n: isinstance(n, Summary)) == jax.tree.structure(tree)
+    assert out["w"].bins == 8 and out["w"].shape == (2, 3)
+    assert out["b"][0].to_json()["zeros"] == 4 and out["b"][1].to_json()["max"] == 3.0
+    assert summarize_tree(jnp.ones(2)).bins == 64
+    with pytest.raises(TypeError, match=r"\['name'\].*not an array"):
+        summarize_tree({"name": "relu"})
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "64", None])
+def test_bins_validation(bad: Any) -> None:
+    with pytest.raises(ValueError, match=r"bins must be an int >= 1.*bins=64"):
+        SummaryOptions(bins=bad)
+    with pytest.raises(ValueError, match="bins must be"):
+        summarize(jnp.ones(3), bins=bad)
+
+
+def test_one_bin() -> None:
+    js = summarize(np.array([1.0, 2.0, 3.0], F32), bins=1).to_json()
+    assert js["hist"] == {"edges": [1.0, 3.0], "counts": [3]}
+
+
+# --------------------------------------------------------------------------
+# Sharded arrays stay distributed
+
+
+@pytest.mark.parametrize(
+    ("mesh_shape", "spec", "axis_type"),
+    [
+        ((8,), P("x"), AxisType.Auto),
+        ((8,), P(None, "x"), AxisType.Explicit),
+        ((4, 2), P("x", "y"), AxisType.Explicit),
+        ((4, 2), P(("x", "y")), AxisType.Auto),
+    ],
+)
+def test_sharded_without_gathering(mesh_shape: tuple[int, ...], spec: P, axis_type: AxisType) -> None:
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 devices (tests/conftest.py sets XLA_FLAGS)")
+    names = ("x", "y")[: len(mesh_shape)]
+    mesh = jax.make_mesh(mesh_shape, names, axis_types=(axis_type,) * len(mesh_shape))
+    rng = np.random.default_rng(1)
+    a = rng.normal(size=(64, 128)).astype(F32)
+    a[3, :7] = np.nan
+    a[10, 5] = -np.inf
+    a[20:22] = 0.0
+    x = jax.device_put(a, NamedSharding(mesh, spec))
+    hlo = jax.jit(summarize).lower(x).compile().as_text()
+    assert "all-gather" not in hlo and "all-to-all" not in hlo
+    assert "all-reduce" in hlo  # the partial reductions really are combined across devices
+    check_against_reference(jax.jit(summarize)(x), a, 64)
+
+
+def test_module_exports() -> None:
+    assert set(summary_mod.__all__) == {"Summary", "SummaryOptions", "summarize", "summarize_tree", "to_host"}
