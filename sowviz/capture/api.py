@@ -67,11 +67,13 @@ def _is_dynamic(leaf: Any) -> bool:
 class SaveIntermediates:
     """The callable returned by `save_intermediates` (see its docstring)."""
 
-    def __init__(self, fn, *, tag, duplicates, loops, summarize, strict):
+    def __init__(self, fn, *, tag, duplicates, loops, summarize, strict, by_tag=False):
         tags, loops = _check_options(fn, tag, duplicates, loops)
         self.fn = fn
         self._options = Options(tags=tags, loops=loops, strict=strict)
         self._duplicates = duplicates
+        # Internal (inspect): key the result by tag first, so names never mix across tags.
+        self._by_tag = by_tag
         self._summary = _summary_options(summarize)
         self.notes: list[str] = []
         self.trace_count = 0
@@ -99,13 +101,16 @@ class SaveIntermediates:
         outs = evaluate(closed.jaxpr, closed.consts, flat, rec)
         self.notes = list(rec.notes)
         result = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), outs)
-        inter = assemble(rec.captures, self._duplicates)
+        if self._by_tag:
+            inter = {
+                t: assemble([c for c in rec.captures if c.site.tag == t], self._duplicates)
+                for t in sorted(self._options.tags)
+            }
+        else:
+            inter = assemble(rec.captures, self._duplicates)
         if self._summary is None:
             return result, inter
-        values = {n: {k: v for k, v in e.items() if k not in META_KEYS} for n, e in inter.items()}
-        meta = {n: {k: v for k, v in e.items() if k in META_KEYS} for n, e in inter.items()}
-        summaries = summarize_grouped(values, self._summary)
-        return result, pack({n: {**summaries[n], **meta[n]} for n in inter})
+        return result, pack(_summarize_entries(inter, self._summary))
 
     def __call__(self, *args, **kwargs):
         """Run `fn`; return `(result, intermediates)` (summaries on the host if summarising)."""
@@ -153,6 +158,33 @@ class SaveIntermediates:
             fn = self._static_cache[key] = jax.jit(call)
         dyn = [leaf for i, leaf in enumerate(leaves) if i not in {j for j, _ in static}]
         return fn(*dyn)
+
+
+def _summarize_entries(inter: dict, options) -> dict:
+    """Summaries for the mode entries of every name (nested by tag or not); meta kept."""
+    leaves_of: dict = {}
+
+    def walk(d: dict, path: tuple) -> None:
+        for k, v in d.items():
+            if isinstance(v, dict) and not _is_entry(v):
+                walk(v, (*path, k))
+            else:
+                leaves_of[(*path, k)] = v
+
+    walk(inter, ())
+    values = {p: {k: v for k, v in e.items() if k not in META_KEYS} for p, e in leaves_of.items()}
+    summaries = summarize_grouped(values, options)
+    out: dict = {}
+    for p, e in leaves_of.items():
+        d = out
+        for k in p[:-1]:
+            d = d.setdefault(k, {})
+        d[p[-1]] = {**summaries[p], **{k: v for k, v in e.items() if k in META_KEYS}}
+    return out
+
+
+def _is_entry(d: dict) -> bool:
+    return any(k == "primal" or k in META_KEYS or "." in k or k.endswith("tangent") for k in d)
 
 
 def summarize_grouped(tree: Any, options) -> Any:
