@@ -45,6 +45,20 @@ export class App {
     this.cleanups.push(watchTheme(this.root, () => this.onTheme()));
     this.cleanups.push(this.store.subscribe(() => this.scheduleHistory()));
     this.setModel(model, { first: true });
+    this.watchSize();
+  }
+
+  /** Fits again when the view first gets a size (a widget may render while detached). */
+  watchSize() {
+    if (typeof ResizeObserver === "undefined") return;
+    let sized = this.graphBox.clientWidth > 0;
+    const ro = new ResizeObserver(() => {
+      const now = this.graphBox.clientWidth > 0;
+      if (now && !sized) this.graph.fit({ minScale: 0.8 });
+      sized = now;
+    });
+    ro.observe(this.graphBox);
+    this.cleanups.push(() => ro.disconnect());
   }
 
   buildDom() {
@@ -176,7 +190,7 @@ export class App {
     this.graph.setSelected(this.selected);
     this.applySearch();
     this.showLevelNote();
-    if (fit) this.graph.fit({ minScale: 0.55 });
+    if (fit) this.graph.fit({ minScale: 0.8 });
     else if (before) this.graph.anchor(this.layout.boxes.get(anchorId), before);
   }
 
@@ -324,7 +338,7 @@ export class App {
       for (const [id, f] of faces) {
         const el = this.graph.els.get(id);
         el?.querySelector(":scope > .sv-chip")?.setAttribute("fill", f.colour ?? "none");
-        const v = el?.querySelector(":scope > .sv-value");
+        const v = el?.querySelector(".sv-value");
         if (v) v.textContent = f.text;
         if (el && this.index.subtreeNonfinite.has(id)) el.dataset.nonfinite = "true";
         else el?.removeAttribute("data-nonfinite");

@@ -126,9 +126,11 @@ export class GraphView {
       s("text", { class: "sv-stage-label", x: 38, y: 18, text: ellipsis(node.label, Math.max(8, Math.floor((box.w - 140) / 7))) }, [
         s("title", { text: `${node.label} (${node.kind})` }),
       ]),
-      s("text", { class: "sv-stage-kind", x: box.w - 10, y: 18, "text-anchor": "end", text: `${node.kind} · ${node.n_eqns} eqns` }),
+      s("text", { class: "sv-stage-kind", x: box.w - 10, y: 18, "text-anchor": "end" }, [
+        `${node.kind} · ${node.n_eqns} eqns`,
+        face?.text ? s("tspan", { class: "sv-value", dx: 8, text: face.text }) : null,
+      ]),
     );
-    if (face?.text) g.append(s("text", { class: "sv-value", x: box.w - 10, y: box.h - 8, "text-anchor": "end", text: face.text }));
     return g;
   }
 
@@ -140,9 +142,10 @@ export class GraphView {
     g.append(
       s("rect", { class: "sv-node-bg", width: w, height: h, rx: 8 }),
       s("rect", { class: "sv-chip", x: 1.5, y: 1.5, width: 6, height: h - 3, rx: 3, fill: face?.colour ?? "none" }),
-      s("text", { class: "sv-label", x: 16, y: 20, text: ellipsis(node.label, 20) }),
       s("title", { text: tip.join("\n") }),
     );
+    const spark = !compact && face?.hist ? sparklinePath(face.hist, 56, 22) : "";
+    g.append(s("text", { class: "sv-label", x: 16, y: 20, text: ellipsis(node.label, spark ? Math.floor((w - 92) / 7.4) : Math.floor((w - 30) / 7.4)) }));
     if (compact) {
       g.append(s("text", { class: "sv-shape", x: 16, y: 40, text: `${node.kind} ${ellipsis(shapeText(node), 18)}` }));
     } else {
@@ -150,7 +153,6 @@ export class GraphView {
       const kw = 8 + node.kind.length * 6.2;
       kind.append(s("rect", { width: kw, height: 15, rx: 7.5 }), s("text", { x: kw / 2, y: 11, "text-anchor": "middle", text: node.kind }));
       g.append(kind, s("text", { class: "sv-shape", x: 20 + kw, y: 39, text: ellipsis(shapeText(node), Math.max(4, Math.floor((w - kw - 34) / 6.3))) }));
-      const spark = face?.hist ? sparklinePath(face.hist, 56, 22) : "";
       if (spark) g.append(s("path", { class: "sv-spark", d: spark, transform: `translate(${w - 64},8)` }));
       if (face?.text) g.append(s("text", { class: "sv-value", x: w - 8, y: h - 8, "text-anchor": "end", text: face.text }));
       if (canExpand) {

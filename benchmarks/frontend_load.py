@@ -1,0 +1,105 @@
+"""Front-end load time: synthetic models of 1K and 10K equations, written as HTML
+reports, opened from disk in headless chromium.
+
+Prints, per model, the report size and the time from navigation start until the graph
+is interactive: `window.__sowviz_ready` is set (after the first draw) and
+`[data-node-id]` elements exist. Then it expands the largest stage and times that, and
+prints the bundle size. Target (DESIGN.md): 10K equations interactive within 2 s.
+
+    .venv/bin/python benchmarks/frontend_load.py [--runs 3] [--sizes 1000 10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import importlib.util
+import pathlib
+import statistics
+import tempfile
+import time
+
+from sowviz import report
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CHROMIUM = "/usr/bin/chromium"
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def _fixtures():
+    path = ROOT / "tests" / "fixtures" / "frontend_models.py"
+    spec = importlib.util.spec_from_file_location("frontend_models", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def measure(browser, path: pathlib.Path, expand: str | None) -> dict:
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    errors: list[str] = []
+    requests: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("request", lambda r: None if r.url.startswith("file:") else requests.append(r.url))
+    page.goto(path.as_uri())
+    page.wait_for_function(
+        "() => window.__sowviz_ready === true && !!document.querySelector('[data-node-id]')",
+        polling="raf",
+        timeout=30000,
+    )
+    ready_ms = page.evaluate("() => performance.now()")
+    nodes = page.locator("[data-node-id]").count()
+    expand_ms = None
+    if expand:
+        t = time.perf_counter()
+        page.locator(f'[data-node-id="{expand}"] [data-role="toggle"]').first.click()
+        page.wait_for_selector(f'[data-node-id="{expand}"][data-expanded="true"]')
+        expand_ms = (time.perf_counter() - t) * 1000
+    page.close()
+    if errors or requests:
+        raise RuntimeError(f"console errors {errors} or requests {requests}")
+    return {"ready_ms": ready_ms, "drawn": nodes, "expand_ms": expand_ms}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000])
+    ap.add_argument("--stages", type=int, default=100, help="stages the equations sit under")
+    args = ap.parse_args()
+    from playwright.sync_api import sync_playwright
+
+    fm = _fixtures()
+    static = ROOT / "sowviz" / "static"
+    for name in ("sowviz.js", "sowviz.css"):
+        data = (static / name).read_bytes()
+        print(
+            f"bundle {name}: {len(data) / 1024:.0f} KiB raw, {len(gzip.compress(data)) / 1024:.0f} KiB gzip"
+        )
+    with tempfile.TemporaryDirectory() as tmp, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        for n in args.sizes:
+            model = fm.large_model(n, n_stages=args.stages)
+            path = report.write_html(model, pathlib.Path(tmp) / f"m{n}.html")
+            n_nodes = len(model["nodes"])
+            runs = [measure(browser, path, expand="s0") for _ in range(args.runs)]
+            ready = [r["ready_ms"] for r in runs]
+            expand = [r["expand_ms"] for r in runs]
+            print(
+                f"{n:>6} equations ({n_nodes} nodes, report {path.stat().st_size / 1e6:.1f} MB): "
+                f"interactive in {statistics.median(ready):.0f} ms (median of {args.runs}; "
+                f"min {min(ready):.0f}, max {max(ready):.0f}), {runs[0]['drawn']} nodes drawn; "
+                f"expanding a {n // args.stages}-equation stage: {statistics.median(expand):.0f} ms"
+            )
+        browser.close()
+
+
+if __name__ == "__main__":
+    main()
