@@ -8,18 +8,30 @@ Conventions (reproduced by the tests in NumPy):
 
 * Integer and bool arrays are summarised by value (as float32); bf16/f16 are
   accumulated in float32; float64 (with ``jax_enable_x64``) stays float64;
-  complex arrays are summarised by magnitude ``|x|``.
+  complex arrays are summarised by magnitude ``|x|`` (C99: a complex with an
+  infinite part has infinite magnitude, even if the other part is NaN).
+* Subnormal values count as zeros (backends flush them inconsistently; doing it
+  explicitly keeps every statistic consistent with the others).
 * ``nan``/``posinf``/``neginf``/``zeros`` are counted over all elements; ``min``,
   ``max``, ``mean``, ``std`` (population, ddof=0), ``l2`` and ``absmax`` are over
-  the ``count`` finite elements only.
-* ``hist`` has ``bins + 1`` edges ``lo + (hi - lo) * i / bins`` over
-  ``[lo, hi] = [min, max]`` of the finite values, and bin ``i`` counts
-  ``edges[i] <= v < edges[i + 1]`` (the last bin also holds ``v == hi``), exactly
-  like ``np.histogram(v, bins=edges)`` with the returned edges.
-  ``loghist`` is the same over ``log10|v|`` of the non-zero finite values.
-* A degenerate range (``lo == hi``, also "no values at all", where ``lo = hi = 0``)
-  is widened to ``[lo - p, hi + p]`` with ``p = max(0.5, |lo| / 1024)``, so the
-  edges are distinct and all values land in one middle bin.
+  the ``count`` finite elements only. Moments are computed in units of a power of
+  two near ``absmax`` (no overflow near the float32 limit) with a two-pass
+  variance. Only ``l2`` can exceed the dtype's range (``sqrt(n) * absmax``): it is
+  then ``inf`` on the device and the largest finite value in `Summary.to_json`.
+* ``hist`` has ``bins + 1`` edges linearly spaced over ``[lo, hi] = [min, max]``
+  of the finite values (``edges[0] == lo``, ``edges[-1] == hi``). With ``s`` the
+  largest power of two <= ``max(|lo|, |hi|)``, a value's bin is
+  ``clip(floor((v/s - lo/s) * (bins / (hi/s - lo/s))), 0, bins - 1)`` in the
+  value dtype: the max lands in the last bin, and the counts equal
+  ``np.histogram(v, bins=edges)`` except possibly for a value within an ulp of
+  an interior edge. ``loghist`` is the same over ``log10|v|`` of the non-zero
+  finite values.
+* Ranges that cannot be cut into ``bins`` distinct bins are widened so the edges
+  strictly increase: ``lo == hi`` (also "no values", where ``lo = hi = 0``)
+  becomes ``[lo - p, hi + p]`` with ``p = max(0.5, |lo| / 1024)`` (all values
+  then land in one middle bin); a range narrower than ``bins * 8 * eps`` in units
+  of ``s`` is widened symmetrically around its midpoint to that width.
+* Counts are int32 (arrays of 2**31 or more elements would overflow them).
 """
 
 from __future__ import annotations
@@ -276,7 +288,7 @@ def _replicated(v: jax.Array) -> dict[str, Any]:
     mesh = jax.typeof(v).sharding.mesh
     if mesh.empty or jax.sharding.AxisType.Explicit not in mesh.axis_types:
         return {}
-    return {"out_sharding": jax.sharding.NamedSharding(mesh, jax.P())}
+    return {"out_sharding": jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())}
 
 
 def _pow2_scale(m: jax.Array) -> jax.Array:
@@ -328,7 +340,9 @@ def _summarize(x: jax.Array, bins: int) -> Summary:
     # Histogram of values; non-finite values go to three extra slots, so one
     # scatter also counts nan / +inf / -inf (and count = the finite bins' sum).
     hist_edges, idx = _bin_index(v, vmin, vmax, bins)
-    idx = jnp.where(finite, idx, jnp.where(jnp.isnan(v), bins, jnp.where(v > 0, bins + 1, bins + 2)))
+    idx = jnp.where(
+        finite, idx, jnp.where(jnp.isnan(v), bins, jnp.where(v > 0, bins + 1, bins + 2))
+    )
     tallied = _tally(idx, bins + 3, v)
     hist_counts = tallied[:bins]
     nan, posinf, neginf = tallied[bins], tallied[bins + 1], tallied[bins + 2]

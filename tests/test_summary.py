@@ -137,7 +137,9 @@ def check_against_reference(s: Summary, a: np.ndarray, bins: int) -> None:
             assert float(h.min) == ref["min"] and float(h.max) == ref["max"]
             assert float(h.absmax) == absmax
         else:
-            np.testing.assert_allclose([h.min, h.max, h.absmax], [ref["min"], ref["max"], absmax], rtol=1e-6)
+            np.testing.assert_allclose(
+                [h.min, h.max, h.absmax], [ref["min"], ref["max"], absmax], rtol=1e-6
+            )
         atol = 1e-5 * absmax
         np.testing.assert_allclose(float(h.mean), ref["mean"], rtol=1e-5, atol=atol)
         np.testing.assert_allclose(float(h.std), ref["std"], rtol=1e-4, atol=atol)
@@ -150,7 +152,9 @@ def check_against_reference(s: Summary, a: np.ndarray, bins: int) -> None:
     scale = max(abs(float(h.hist_edges[0])), abs(float(h.hist_edges[-1])))
     if exact:
         # XLA may fuse lo + width * t into one FMA: edges agree to an ulp of the range.
-        np.testing.assert_allclose(h.hist_edges, ref["hist_edges"], rtol=0, atol=2 * F32_EPS * scale)
+        np.testing.assert_allclose(
+            h.hist_edges, ref["hist_edges"], rtol=0, atol=2 * F32_EPS * scale
+        )
         np.testing.assert_array_equal(h.hist_counts, ref["hist_counts"])
     assert_histogram_close(ref["values"], h.hist_edges, h.hist_counts, 2 * F32_EPS * scale)
     if ref["count"]:
@@ -181,7 +185,7 @@ def _elements(dtype: Any) -> st.SearchStrategy[Any] | None:
     if dtype == np.float16:
         return _floats(16)
     if dtype == np.complex64:
-        part = st.one_of(st.sampled_from(SPECIALS), st.floats(-2.0**60, 2.0**60, width=32))
+        part = st.one_of(st.sampled_from(SPECIALS), st.floats(-(2.0**60), 2.0**60, width=32))
         return st.builds(complex, part, part)
     return None  # hypothesis' default covers the whole range of ints and bools
 
@@ -264,6 +268,15 @@ def test_near_limit_moments_do_not_overflow() -> None:
     np.testing.assert_allclose(float(h.std), f.std(), rtol=1e-5)
     assert float(h.l2) == math.inf  # the true norm, 5.2e38, is beyond float32
     assert summarize(a).to_json()["l2"] == F32_MAX
+
+
+def test_large_array_moments_are_accurate() -> None:
+    a = np.random.default_rng(2).normal(3.0, 2.0, size=(1024, 1024)).astype(F32)
+    h = to_host(summarize(a))
+    f = a.astype(np.float64)
+    np.testing.assert_allclose([h.mean, h.std], [f.mean(), f.std()], rtol=1e-5)
+    np.testing.assert_allclose(float(h.l2), np.sqrt(np.sum(f * f)), rtol=1e-5)
+    assert int(h.hist_counts.sum()) == a.size
 
 
 def test_subnormals_count_as_zeros() -> None:
@@ -365,7 +378,9 @@ def test_vmap_stacks_summaries() -> None:
 def test_summarize_tree() -> None:
     tree = {"w": jnp.ones((2, 3)), "b": [jnp.zeros(4), 3.0]}
     out = summarize_tree(tree, SummaryOptions(bins=8))
-    assert jax.tree.structure(out, is_leaf=lambda n: isinstance(n, Summary)) == jax.tree.structure(tree)
+    assert jax.tree.structure(out, is_leaf=lambda n: isinstance(n, Summary)) == jax.tree.structure(
+        tree
+    )
     assert out["w"].bins == 8 and out["w"].shape == (2, 3)
     assert out["b"][0].to_json()["zeros"] == 4 and out["b"][1].to_json()["max"] == 3.0
     assert summarize_tree(jnp.ones(2)).bins == 64
@@ -399,7 +414,9 @@ def test_one_bin() -> None:
         ((4, 2), P(("x", "y")), AxisType.Auto),
     ],
 )
-def test_sharded_without_gathering(mesh_shape: tuple[int, ...], spec: P, axis_type: AxisType) -> None:
+def test_sharded_without_gathering(
+    mesh_shape: tuple[int, ...], spec: P, axis_type: AxisType
+) -> None:
     if jax.device_count() < 8:
         pytest.skip("needs 8 devices (tests/conftest.py sets XLA_FLAGS)")
     names = ("x", "y")[: len(mesh_shape)]
@@ -417,4 +434,10 @@ def test_sharded_without_gathering(mesh_shape: tuple[int, ...], spec: P, axis_ty
 
 
 def test_module_exports() -> None:
-    assert set(summary_mod.__all__) == {"Summary", "SummaryOptions", "summarize", "summarize_tree", "to_host"}
+    assert set(summary_mod.__all__) == {
+        "Summary",
+        "SummaryOptions",
+        "summarize",
+        "summarize_tree",
+        "to_host",
+    }
