@@ -1,0 +1,78 @@
+"""`Inspector`: the Jupyter widget view of an inspection model.
+
+The widget knows nothing of JAX. It holds the sowviz/1 model in a synced trait
+and draws it with the bundled front end (`static/sowviz.js`, the same file the
+HTML report inlines). Everything the user clicks runs in the browser; only a
+change of `mode` comes back, and the kernel re-runs the inspection through the
+`rerun` callback it was given when it is free.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Callable
+from typing import Any
+
+import anywidget
+import traitlets
+
+STATIC = pathlib.Path(__file__).parent / "static"
+
+
+class Inspector(anywidget.AnyWidget):
+    """Interactive stage graph of one inspection (returned by `sowviz.show`).
+
+    Example:
+        >>> w = sowviz.show(loss, params, batch, mode="grad")   # doctest: +SKIP
+        >>> w.save_html("loss.html")                             # doctest: +SKIP
+    """
+
+    _esm = STATIC / "sowviz.js"
+    _css = STATIC / "sowviz.css"
+
+    model = traitlets.Dict(
+        help="dict: the sowviz/1 inspection model drawn by the front end (docs/model.md). "
+        "Default: an empty dict (nothing drawn)."
+    ).tag(sync=True)
+    mode = traitlets.Unicode(
+        "grad",
+        help="str: the inspection mode shown ('primal', 'grad', 'jvp', 'vjp', 'all'). Set by "
+        "the front end's mode picker; the kernel then re-runs. Default 'grad'.",
+    ).tag(sync=True)
+    busy = traitlets.Bool(
+        False, help="bool: True while the kernel recomputes the model. Default False."
+    ).tag(sync=True)
+    error = traitlets.Unicode(
+        "", help="str: the last error of a re-run, shown by the front end. Default ''."
+    ).tag(sync=True)
+
+    def __init__(
+        self,
+        model: dict[str, Any] | None = None,
+        *,
+        rerun: Callable[[str], dict[str, Any]] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._rerun = None  # no re-run while traits are initialised
+        init_mode = (model or {}).get("mode", kwargs.pop("mode", "grad"))
+        super().__init__(model=model or {}, mode=init_mode, **kwargs)
+        self._rerun = rerun
+
+    @traitlets.observe("mode")
+    def _mode_changed(self, change: dict[str, Any]) -> None:
+        if self._rerun is None or change["new"] == self.model.get("mode"):
+            return
+        self.busy = True
+        try:
+            self.model = self._rerun(change["new"])
+            self.error = ""
+        except Exception as err:  # shown in the widget; the kernel stays usable
+            self.error = f"{type(err).__name__}: {err}"
+        finally:
+            self.busy = False
+
+    def save_html(self, path: str | pathlib.Path) -> pathlib.Path:
+        """Write the current picture as a self-contained offline HTML report."""
+        from .report import write_html
+
+        return write_html(self.model, path)
