@@ -397,3 +397,11 @@ def test_widget_entry_point_with_a_stand_in_model(browser):
         assert p.errors == []
     finally:
         p.close()
+
+
+@pytest.mark.browser
+def test_an_empty_model_draws_an_empty_state(page, tmp_path):
+    pg = page.open_report(report.write_html({}, tmp_path / "empty.html"))
+    assert pg.locator("[data-node-id]").count() == 0
+    assert pg.locator('[data-role="empty"]').is_visible()
+    assert page.errors == [] and page.requests == []

@@ -68,7 +68,8 @@ export class App {
     this.modeSel = h("select", { class: "sv-select", "data-role": "mode", "aria-label": "mode", disabled: !o.onModeChange },
       MODES.map((m) => h("option", { value: m, text: m })));
     this.modeSel.addEventListener("change", () => {
-      this.setBusy(true);
+      // Python re-runs (and sends `busy`) only when the mode differs from the model's
+      if (this.modeSel.value !== this.model.mode) this.setBusy(true);
       o.onModeChange?.(this.modeSel.value);
     });
     this.statSel = h("select", { class: "sv-select", "data-role": "stat", "aria-label": "colour nodes by" });
@@ -117,7 +118,8 @@ export class App {
       onSelect: (id) => this.select(id),
       onToggle: (id) => this.toggle(id),
     });
-    this.graphBox.append(this.legend, this.lossBox, this.levelNote);
+    this.empty = h("div", { class: "sv-empty sv-muted", "data-role": "empty", text: "Nothing to show yet: the model has no nodes.", hidden: true });
+    this.graphBox.append(this.legend, this.lossBox, this.levelNote, this.empty);
     this.root.append(toolbar, this.notesList, this.errorBox, this.banner, h("div", { class: "sv-body" }, [this.graphBox, this.detail.el]));
     this.el.append(this.root);
   }
@@ -190,6 +192,7 @@ export class App {
     this.graph.setSelected(this.selected);
     this.applySearch();
     this.showLevelNote();
+    this.empty.hidden = this.layout.boxes.size > 0;
     if (fit) this.graph.fit({ minScale: 0.8 });
     else if (before) this.graph.anchor(this.layout.boxes.get(anchorId), before);
   }

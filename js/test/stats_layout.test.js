@@ -63,3 +63,10 @@ test("layout: big levels use the program-order grid", () => {
   assert.ok(p1.x > p0.x && p1.y === p0.y);
   assert.ok(g.w < g.h * 3 && g.h < g.w * 3);
 });
+
+test("layout: an empty model lays out to nothing without throwing", () => {
+  const ix = indexModel({});
+  const out = layoutView(ix, new Set(), edgesByLevel(ix));
+  assert.equal(out.boxes.size, 0);
+  assert.deepEqual(out.bounds, { x: 0, y: 0, w: 0, h: 0 });
+});
