@@ -1,0 +1,179 @@
+"""inspect(): the model, probe summaries against independently computed values."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import sowviz
+
+WIDTH = 6
+
+
+def make_params(n=3):
+    keys = jax.random.split(jax.random.PRNGKey(0), n)
+    return [
+        {"w": jax.random.normal(k, (WIDTH, WIDTH)) / 2, "b": jnp.full(WIDTH, 0.1)} for k in keys
+    ]
+
+
+def mlp(params, x):
+    h = x
+    for i, p in enumerate(params):
+        with jax.named_scope(f"layer_{i}"):
+            h = jnp.tanh(h @ p["w"] + p["b"])
+            h = sowviz.sow(h, f"act_{i}")
+    return jnp.mean(h**2)
+
+
+PARAMS = make_params()
+X = jax.random.normal(jax.random.PRNGKey(1), (4, WIDTH))
+
+
+def forward_to(params, x, k):
+    h = x
+    for p in params[: k + 1]:
+        h = jnp.tanh(h @ p["w"] + p["b"])
+    return h
+
+
+def downstream(params, h, k):
+    for p in params[k + 1 :]:
+        h = jnp.tanh(h @ p["w"] + p["b"])
+    return jnp.mean(h**2)
+
+
+def check_stats(summary, values):
+    v = np.asarray(values, np.float64).ravel()
+    assert summary["count"] == v.size
+    assert summary["nan"] == 0
+    np.testing.assert_allclose(summary["min"], v.min(), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(summary["max"], v.max(), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(summary["mean"], v.mean(), rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(summary["std"], v.std(), rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(summary["l2"], np.linalg.norm(v), rtol=1e-5)
+    assert sum(summary["hist"]["counts"]) == v.size
+
+
+def test_grad_mode_summaries_match_jax_grad():
+    ins = sowviz.inspect(mlp, PARAMS, X, mode="grad")
+    value, grads = ins.result
+    ref_value, ref_grads = jax.value_and_grad(mlp)(PARAMS, X)
+    np.testing.assert_allclose(value, ref_value, rtol=1e-6)
+    np.testing.assert_allclose(grads[1]["w"], ref_grads[1]["w"], rtol=1e-5)
+    for k in range(3):
+        h = forward_to(PARAMS, X, k)
+        ct = jax.grad(downstream, argnums=1)(PARAMS, h, k)
+        probe = ins.probe(f"act_{k}")
+        check_stats(probe.summaries["primal"], h)
+        check_stats(probe.summaries["cotangent"], ct)
+        # The scope's own automatic probe sees the same value leaving the scope.
+        stage = ins.probe(f"layer_{k}")
+        assert stage.auto
+        check_stats(stage.summaries["cotangent"], ct)
+
+
+def test_jvp_mode_tangent_matches_jax_jvp():
+    tangents = jax.tree_util.tree_map(jnp.ones_like, (PARAMS, X))
+    ins = sowviz.inspect(mlp, PARAMS, X, mode="jvp", tangents=tangents)
+    for k in range(3):
+        t = jax.jvp(lambda p, x, k=k: forward_to(p, x, k), (PARAMS, X), tangents)[1]
+        check_stats(ins.probe(f"act_{k}").summaries["tangent"], t)
+    np.testing.assert_allclose(ins.result[1], jax.jvp(mlp, (PARAMS, X), tangents)[1], rtol=1e-5)
+
+
+def test_all_mode_has_three_kinds_and_no_second_order_keys():
+    ins = sowviz.inspect(mlp, PARAMS, X, mode="all")
+    assert ins.to_dict()["modes"] == ["primal", "tangent", "cotangent"]
+    ct = jax.grad(downstream, argnums=1)(PARAMS, forward_to(PARAMS, X, 1), 1)
+    check_stats(ins.probe("act_1").summaries["cotangent"], ct)
+
+
+def test_vjp_mode_with_cotangent_seed():
+    ins = sowviz.inspect(mlp, PARAMS, X, mode="vjp", cotangents=jnp.asarray(2.0))
+    ct = 2.0 * jax.grad(downstream, argnums=1)(PARAMS, forward_to(PARAMS, X, 2), 2)
+    check_stats(ins.probe("act_2").summaries["cotangent"], ct)
+
+
+def test_model_structure_and_probe_attachment():
+    ins = sowviz.inspect(mlp, PARAMS, X)
+    d = json.loads(ins.to_json(allow_nan=False))
+    assert d["schema"] == "sowviz/1"
+    assert d["mode"] == "grad" and d["modes"] == ["primal", "cotangent"]
+    assert d["versions"]["jax"] == jax.__version__
+    nodes = {n["id"]: n for n in d["nodes"]}
+    assert d["root"] in nodes
+    kinds = {n["kind"] for n in d["nodes"]}
+    assert {"input", "output", "scope", "sow", "eqn"} <= kinds
+    for p in d["probes"]:
+        node = nodes[p["node"]]
+        if not p["auto"]:
+            assert node["kind"] == "sow" and node["label"] == p["name"]
+    scopes = [n for n in d["nodes"] if n["kind"] == "scope"]
+    assert [s["label"] for s in scopes] == ["layer_0", "layer_1", "layer_2"]
+    sow1 = next(n for n in d["nodes"] if n["kind"] == "sow" and n["label"] == "act_1")
+    assert nodes[sow1["parent"]]["label"] == "layer_1"
+    assert sow1["source"]["file"].endswith("test_inspection.py")
+    for e in d["edges"]:
+        assert nodes[e["source"]]["parent"] == nodes[e["target"]]["parent"]
+
+
+def test_capture_levels():
+    sows = sowviz.inspect(mlp, PARAMS, X, capture="sows")
+    assert all(not p.auto for p in sows.probes) and len(sows.probes) == 3
+    every = sowviz.inspect(mlp, PARAMS, X, capture="all")
+    kinds = {every.graph.node(p.node).kind for p in every.probes}
+    assert "eqn" in kinds
+    assert len(every.probes) > len(sowviz.inspect(mlp, PARAMS, X).probes)
+
+
+def test_nonfinite_values_are_counted():
+    def bad(x):
+        with jax.named_scope("root"):
+            r = jnp.sqrt(x)  # NaN for negative inputs, infinite gradient at 0
+        return jnp.sum(r)
+
+    ins = sowviz.inspect(bad, jnp.array([-1.0, 0.0, 4.0]))
+    s = ins.probe("root").summaries
+    assert s["primal"]["nan"] == 1
+    assert s["cotangent"]["nan"] == 0 and s["primal"]["count"] == 2
+
+
+def test_scan_and_cond_stages_in_the_graph():
+    def fn(x):
+        def body(c, _):
+            with jax.named_scope("cell"):
+                c = jnp.sin(c)
+            return c, c
+
+        c, ys = jax.lax.scan(body, x, None, length=3)
+        return jax.lax.cond(c[0] > 0, jnp.sum, lambda v: -jnp.sum(v), ys)
+
+    ins = sowviz.inspect(fn, jnp.ones(2))
+    kinds = [n.kind for n in ins.graph.nodes]
+    assert "scan" in kinds and "cond" in kinds
+    scan = next(p for p in ins.probes if ins.graph.node(p.node).kind == "scan")
+    assert scan.summaries["primal"]["count"] > 0 and "cotangent" in scan.summaries
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="unknown `mode` 'hessian'"):
+        sowviz.inspect(mlp, PARAMS, X, mode="hessian")
+    with pytest.raises(TypeError, match="unknown option\\(s\\) 'bin'"):
+        sowviz.inspect(mlp, PARAMS, X, bin=10)
+    with pytest.raises(ValueError, match="unknown `capture` 'everything'"):
+        sowviz.inspect(mlp, PARAMS, X, capture="everything")
+    with pytest.raises(TypeError, match="`fn` must be callable"):
+        sowviz.inspect("mlp", PARAMS, X)
+    with pytest.raises(ValueError, match="`argnums`"):
+        sowviz.inspect(mlp, PARAMS, X, argnums=5)
+
+
+def test_model_is_deterministic():
+    a = sowviz.inspect(mlp, PARAMS, X).to_dict()
+    b = sowviz.inspect(mlp, PARAMS, X).to_dict()
+    for d in (a, b):
+        d.pop("created")
+    assert a == b
