@@ -6,8 +6,10 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import jax  # noqa: E402
-import pytest  # noqa: E402
+import pathlib
+
+import jax  # noqa: F401
+import pytest
 
 CHROMIUM = "/usr/bin/chromium"
 
@@ -18,3 +20,67 @@ def chromium_path() -> str:
         pytest.fail(f"{CHROMIUM} is missing: run `make test`, which installs Debian's chromium")
     return CHROMIUM
 
+
+LAUNCH_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+@pytest.fixture(scope="session")
+def browser(chromium_path):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium_path, args=LAUNCH_ARGS)
+        yield b
+        b.close()
+
+
+class Page:
+    """A page with every request recorded and every non-file request aborted."""
+
+    def __init__(self, browser, color_scheme="light"):
+        self.context = browser.new_context(
+            viewport={"width": 1400, "height": 900}, color_scheme=color_scheme
+        )
+        self.page = self.context.new_page()
+        self.requests: list[str] = []
+        self.errors: list[str] = []
+        self.dialogs: list[str] = []
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("dialog", lambda d: (self.dialogs.append(d.message), d.dismiss()))
+
+        def route(r):
+            url = r.request.url
+            if url.startswith("file://"):
+                r.continue_()
+            else:
+                self.requests.append(url)
+                r.abort()
+
+        self.page.route("**/*", route)
+        self.page.on(
+            "request",
+            lambda req: None if req.url.startswith("file://") else self.requests.append(req.url),
+        )
+
+    def open_report(self, path: pathlib.Path):
+        self.page.goto(path.as_uri())
+        self.page.wait_for_function("() => window.__sowviz_ready === true", timeout=15000)
+        return self.page
+
+    def close(self):
+        self.context.close()
+
+
+@pytest.fixture
+def page(browser):
+    p = Page(browser)
+    yield p
+    p.close()

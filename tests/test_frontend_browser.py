@@ -12,19 +12,12 @@ import pathlib
 import re
 
 import pytest
+from conftest import Page
 
 from sowviz import report
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "artifacts"
-LAUNCH_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 
 
 def _load_fixtures():
@@ -80,61 +73,6 @@ def test_render_html_rejects_a_non_dict():
 
 
 # ---------------------------------------------------------------- in chromium
-
-
-@pytest.fixture(scope="module")
-def browser(chromium_path):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=chromium_path, args=LAUNCH_ARGS)
-        yield b
-        b.close()
-
-
-class Page:
-    """A page with every request recorded and every non-file request aborted."""
-
-    def __init__(self, browser, color_scheme="light"):
-        self.context = browser.new_context(
-            viewport={"width": 1400, "height": 900}, color_scheme=color_scheme
-        )
-        self.page = self.context.new_page()
-        self.requests: list[str] = []
-        self.errors: list[str] = []
-        self.dialogs: list[str] = []
-        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
-        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
-        self.page.on("dialog", lambda d: (self.dialogs.append(d.message), d.dismiss()))
-
-        def route(r):
-            url = r.request.url
-            if url.startswith("file://"):
-                r.continue_()
-            else:
-                self.requests.append(url)
-                r.abort()
-
-        self.page.route("**/*", route)
-        self.page.on(
-            "request",
-            lambda req: None if req.url.startswith("file://") else self.requests.append(req.url),
-        )
-
-    def open_report(self, path: pathlib.Path):
-        self.page.goto(path.as_uri())
-        self.page.wait_for_function("() => window.__sowviz_ready === true", timeout=15000)
-        return self.page
-
-    def close(self):
-        self.context.close()
-
-
-@pytest.fixture
-def page(browser):
-    p = Page(browser)
-    yield p
-    p.close()
 
 
 @pytest.fixture(scope="module")

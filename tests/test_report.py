@@ -1,0 +1,97 @@
+"""Reports of real inspections, opened from disk in chromium with the network blocked."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+from conftest import Page
+
+import sowviz
+
+INJECTION = "<img src=x onerror=alert(1)>"
+
+
+@pytest.fixture(scope="module")
+def demo_report(tmp_path_factory):
+    """`python -m sowviz demo`, as `make demo` runs it."""
+    out = tmp_path_factory.mktemp("demo") / "report.html"
+    proc = subprocess.run(
+        [sys.executable, "-m", "sowviz", "demo", "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert str(out) in proc.stdout
+    return out
+
+
+@pytest.fixture
+def page(browser):
+    p = Page(browser)
+    yield p
+    p.close()
+
+
+def test_demo_report_is_small_and_self_contained(demo_report):
+    text = demo_report.read_text(encoding="utf-8")
+    assert demo_report.stat().st_size < 3_000_000
+    assert (
+        "<script src" not in text
+        and "<link" not in text
+        and "http://" not in text.split('<script type="application/json"')[0]
+    )
+    assert "sowviz demo" in text and jax.__version__ in text
+
+
+@pytest.mark.browser
+def test_demo_report_in_the_browser(page, demo_report):
+    pg = page.open_report(demo_report)
+    nodes = pg.locator("[data-node-id]")
+    assert nodes.count() > 10
+    labels = nodes.evaluate_all("els => els.map(e => e.dataset.kind + ':' + e.textContent)")
+    assert any(label.startswith("scope:block_3") for label in labels)
+    # the NaN is flagged where it is born: distance (tangents), embed (cotangents)
+    distance = pg.locator('[data-kind="scope"]', has_text="distance").first
+    assert distance.get_attribute("data-nonfinite") == "true"
+    assert "forward" in (distance.get_attribute("data-nonfinite-origin") or "")
+    embed = pg.locator('[data-kind="scope"]', has_text="embed").first
+    assert "backward" in (embed.get_attribute("data-nonfinite-origin") or "")
+    # click → one chart per captured mode
+    pg.locator('[data-kind="scope"]', has_text="block_1").first.click()
+    detail = pg.locator('[data-role="detail"]')
+    detail.wait_for(state="visible")
+    modes = detail.locator(".js-plotly-plot").evaluate_all("els => els.map(e => e.dataset.mode)")
+    assert modes == ["primal", "tangent", "cotangent"]
+    # search filters by name
+    pg.locator('[data-role="search"]').fill("block_4")
+    pg.wait_for_timeout(300)
+    hits = pg.locator(".sv-match, [data-match='true']")
+    assert hits.count() >= 1
+    assert page.errors == []
+    assert page.requests == []
+
+
+@pytest.mark.browser
+def test_user_strings_are_text_never_markup(page, tmp_path):
+    def fn(x):
+        with jax.named_scope(INJECTION):
+            h = sowviz.sow(jnp.tanh(x), INJECTION)
+        return jnp.sum(h**2)
+
+    fn.__name__ = f"title {INJECTION}"
+    path = sowviz.inspect(fn, jnp.ones(3)).save_html(str(tmp_path / f"r{INJECTION[:4]}.html"))
+    pg = page.open_report(path)
+    assert pg.locator("img").count() == 0
+    assert page.dialogs == []
+    assert INJECTION in pg.locator("body").inner_text()
+    node = pg.locator('[data-kind="scope"]').first
+    node.click()
+    pg.locator('[data-role="detail"]').wait_for(state="visible")
+    assert pg.locator("img").count() == 0 and page.dialogs == []
+    assert page.errors == [] and page.requests == []

@@ -1,0 +1,214 @@
+"""The Inspector widget's traits and mode switching; the Monitor's step, history,
+throttling and NaN hunting."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import sowviz
+from sowviz.monitor import NonFiniteError
+
+
+def loss(params, x):
+    h = x
+    for i, p in enumerate(params):
+        with jax.named_scope(f"layer_{i}"):
+            h = jnp.tanh(h @ p["w"] + p["b"])
+    return jnp.mean(h**2)
+
+
+PARAMS = [
+    {"w": jax.random.normal(jax.random.PRNGKey(i), (4, 4)) / 2, "b": jnp.zeros(4)} for i in range(3)
+]
+X = jax.random.normal(jax.random.PRNGKey(9), (5, 4))
+
+
+# --- Inspector ------------------------------------------------------------------
+
+
+def test_show_returns_a_widget_with_the_model():
+    w = sowviz.show(loss, PARAMS, X, mode="grad")
+    assert isinstance(w, sowviz.Inspector)
+    assert w.model["schema"] == "sowviz/1" and w.mode == "grad"
+    assert w.busy is False and w.error == ""
+    state = w.get_state()
+    assert {"model", "mode", "busy", "error"} <= set(state)
+    # the widget ships the same bundle the report inlines
+    bundle = (sowviz.widget.STATIC / "sowviz.js").read_text(encoding="utf-8")
+    assert w._esm == bundle
+
+
+def test_mode_switch_reruns_in_the_kernel():
+    w = sowviz.show(loss, PARAMS, X, mode="grad")
+    w.mode = "jvp"
+    assert w.model["mode"] == "jvp"
+    assert w.model["modes"] == ["primal", "tangent"]
+    assert w.busy is False and w.error == ""
+
+
+def test_mode_switch_error_is_shown_not_raised():
+    w = sowviz.show(lambda x: x * 2.0, jnp.ones(3), mode="primal")  # not scalar: grad fails
+    w.mode = "grad"
+    assert "TypeError" in w.error and "scalar" in w.error
+    assert w.model["mode"] == "primal" and w.busy is False
+
+
+def test_widget_save_html(tmp_path):
+    w = sowviz.show(loss, PARAMS, X)
+    path = w.save_html(tmp_path / "w.html")
+    assert path.exists() and "sowviz/1" in path.read_text(encoding="utf-8")
+
+
+# --- Monitor ----------------------------------------------------------------------
+
+
+def sgd(params, grads, lr=0.1):
+    return jax.tree_util.tree_map(lambda p, g: p - lr * g, params, grads)
+
+
+def test_step_returns_value_and_grad_exactly():
+    mon = sowviz.Monitor(loss)
+    value, grads = mon.step(PARAMS, X)
+    ref_value, ref_grads = jax.jit(jax.value_and_grad(loss))(PARAMS, X)
+    np.testing.assert_allclose(value, ref_value, rtol=1e-6)
+    for g, r in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(ref_grads)):
+        np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-7)
+    assert jax.tree_util.tree_structure(grads) == jax.tree_util.tree_structure(ref_grads)
+
+
+def test_history_is_bounded_and_every_n():
+    mon = sowviz.Monitor(loss, history=4, every=2)
+    params = PARAMS
+    for _ in range(15):
+        _, g = mon.step(params, X)
+        params = sgd(params, g)
+    mon.flush()
+    assert [e["step"] for e in mon.history] == [8, 10, 12, 14]
+    d = mon.to_dict()
+    assert d["history"]["steps"] == [8, 10, 12, 14]
+    assert len(d["history"]["loss"]) == 4
+    first = next(iter(d["history"]["probes"].values()))
+    assert all(len(series) == 4 for series in first.values())
+    # the recorded loss is the loss of that step
+    assert d["history"]["loss"][-1] == pytest.approx(float(loss(params_at(14), X)), rel=1e-5)
+
+
+def params_at(step):
+    params = PARAMS
+    for _ in range(step):
+        params = sgd(params, jax.grad(loss)(params, X))
+    return params
+
+
+def test_updates_are_throttled_and_only_new_steps_travel():
+    mon = sowviz.Monitor(loss, throttle=3600.0)  # one update per hour at most
+    sent = []
+    mon.send = lambda msg, buffers=None: sent.append(msg)
+    for _ in range(20):
+        mon.step(PARAMS, X)
+    mon.flush()  # forced
+    # The first summaries travel inside the model (probe ids → nodes); steps after
+    # that as messages, never the whole history again.
+    assert mon.model["history"]["steps"][0] == 0
+    assert len(sent) <= 20
+    assert all(m["type"] == "step" for m in sent)
+    steps = [m["step"]["step"] for m in sent]
+    assert steps == sorted(set(steps))
+    assert set(steps).isdisjoint(mon.model["history"]["steps"])
+    assert sorted(steps + mon.model["history"]["steps"]) == list(range(20))
+
+    fast = sowviz.Monitor(loss, throttle=3600.0)
+    fast.send = lambda msg, buffers=None: sent.append(msg)
+    before = len(sent)
+    for _ in range(20):
+        fast.step(PARAMS, X)
+    assert len(sent) - before == 0  # the model was sent once; the hour has not passed
+
+
+def blowup_loss(params, x):
+    with jax.named_scope("body"):
+        h = jnp.tanh(x @ params["w"])
+    with jax.named_scope("logit"):
+        z = jnp.log(params["scale"] - jnp.sum(h**2))  # NaN once scale drops below sum(h²)
+    return z
+
+
+def test_nan_detected_at_the_known_step():
+    params = {"w": jnp.eye(4) * 0.1, "scale": jnp.asarray(3.0)}
+    x = jnp.ones((1, 4))
+    threshold = float(jnp.sum(jnp.tanh(x @ params["w"]) ** 2))
+    mon = sowviz.Monitor(blowup_loss)
+    expected = None
+    for step in range(10):
+        p = {**params, "scale": params["scale"] - 0.5 * step}
+        if expected is None and float(p["scale"]) < threshold:
+            expected = step
+        mon.step(p, x)
+    mon.flush()
+    assert mon.nonfinite is not None and mon.nonfinite.step == expected
+    logit = next(n.id for n in mon._pipeline.graph.nodes if n.label == "logit")
+    assert mon.nonfinite.forward == logit
+    assert mon.to_dict()["history"]["nonfinite"]["step"] == expected
+
+
+def test_stop_on_nonfinite_raises_with_the_stage():
+    params = {"w": jnp.eye(4) * 0.1, "scale": jnp.asarray(-1.0)}
+    mon = sowviz.Monitor(blowup_loss, stop_on_nonfinite=True)
+    with pytest.raises(NonFiniteError, match=r"step 0.*'logit'"):
+        mon.step(params, jnp.ones((1, 4)))
+
+
+def test_works_with_optax_and_any_pytree():
+    optax = pytest.importorskip("optax")
+    params = {"layers": tuple(PARAMS), "extra": {"gain": jnp.asarray(1.0)}}
+
+    def f(p, x):
+        return loss(list(p["layers"]), x) * p["extra"]["gain"]
+
+    opt = optax.adam(1e-2)
+    state = opt.init(params)
+    mon = sowviz.Monitor(f, history=50)
+    values = []
+    for _ in range(10):
+        value, grads = mon.step(params, X)
+        updates, state = opt.update(grads, state)
+        params = optax.apply_updates(params, updates)
+        values.append(float(value))
+    mon.flush()
+    assert values[-1] < values[0]
+    assert [e["loss"] for e in mon.history] == pytest.approx(values, rel=1e-6)
+
+
+@pytest.mark.browser
+def test_monitor_report_with_history_in_the_browser(browser, tmp_path):
+    from conftest import Page
+
+    mon = sowviz.Monitor(loss, history=30)
+    params = PARAMS
+    for _ in range(12):
+        _, g = mon.step(params, X)
+        params = sgd(params, g)
+    path = mon.save_html(tmp_path / "monitor.html")
+    p = Page(browser)
+    try:
+        pg = p.open_report(path)
+        pg.locator('[data-kind="scope"]', has_text="layer_1").first.click()
+        detail = pg.locator('[data-role="detail"]')
+        detail.wait_for(state="visible")
+        assert detail.locator(".js-plotly-plot").count() >= 3  # histograms + over-steps charts
+        assert "step" in detail.inner_text()
+        assert p.errors == [] and p.requests == []
+    finally:
+        p.close()
+
+
+def test_bad_monitor_arguments():
+    with pytest.raises(ValueError, match="`every` must be a positive int"):
+        sowviz.Monitor(loss, every=0)
+    with pytest.raises(TypeError, match="`fn` must be callable"):
+        sowviz.Monitor(3)
+    with pytest.raises(TypeError, match="unknown option"):
+        sowviz.Monitor(loss, histroy=3)
