@@ -508,3 +508,15 @@ def test_eager_sow_is_identity():
     assert jax.tree_util.tree_structure(out) == jax.tree_util.tree_structure(
         jax.tree_util.tree_map(jnp.asarray, tree)
     )
+
+
+def test_grad_of_grad_keys_are_unambiguous():
+    def fn(x):
+        return jnp.sin(sow(x**3, "h"))
+
+    _, inter = save_intermediates(jax.grad(jax.grad(fn)))(1.0)
+    x = 1.0
+    # inner cotangent of h: cos(h); the outer loss is L2 = cos(h) * 3x^2
+    close(inter["h"]["cotangent"], jnp.cos(x**3))
+    close(inter["h"]["primal.cotangent"], -jnp.sin(x**3) * 3 * x**2)  # dL2/dh
+    close(inter["h"]["cotangent.cotangent"], 3 * x**2)  # dL2/d(inner cotangent)
