@@ -1,0 +1,227 @@
+"""The user-facing notebooks run top to bottom in a real Jupyter kernel and say what
+they claim (nbclient + this virtual environment's ipykernel, working directory
+`notebooks/`). Also: notebooks are committed without outputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+WIDGET = "application/vnd.jupyter.widget-view+json"
+CHECK_CELL = "import sys\nprint('KERNEL-PYTHON', sys.executable)"
+
+
+def all_notebooks() -> list[pathlib.Path]:
+    return sorted(NOTEBOOKS.glob("*.ipynb"))
+
+
+@pytest.fixture(scope="module")
+def kernel_env(tmp_path_factory) -> dict[str, str]:
+    """Environment for the kernels: a `python3` kernelspec for *this* interpreter first on
+    JUPYTER_PATH, Jupyter's own directories and temp files under a temporary directory,
+    and JAX with its default single CPU device (not the test suite's 8 fake ones)."""
+    base = tmp_path_factory.mktemp("jupyter")
+    prefix = base / "prefix"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ipykernel",
+            "install",
+            "--prefix",
+            str(prefix),
+            "--name",
+            "python3",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    spec = json.loads((prefix / "share/jupyter/kernels/python3/kernel.json").read_text())
+    assert spec["argv"][0] == sys.executable
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    tmp = base / "tmp"
+    tmp.mkdir()
+    env.update(
+        JUPYTER_PATH=str(prefix / "share/jupyter"),
+        JUPYTER_CONFIG_DIR=str(base / "config"),
+        JUPYTER_DATA_DIR=str(base / "data"),
+        JUPYTER_RUNTIME_DIR=str(base / "runtime"),
+        JUPYTER_PLATFORM_DIRS="1",
+        IPYTHONDIR=str(base / "ipython"),
+        MPLCONFIGDIR=str(base / "mpl"),
+        TMPDIR=str(tmp),  # the notebooks' tempfile.mkdtemp() reports land here
+        JAX_PLATFORMS="cpu",
+        PYDEVD_DISABLE_FILE_VALIDATION="1",
+    )
+    return env
+
+
+def run_notebook(path: pathlib.Path, env: dict[str, str]):
+    """Execute a copy of the notebook (plus a cell naming the kernel's interpreter)."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(CHECK_CELL))
+    client = NotebookClient(
+        nb,
+        kernel_name="python3",
+        timeout=240,
+        startup_timeout=120,
+        allow_errors=False,
+        resources={"metadata": {"path": str(NOTEBOOKS)}},
+    )
+    start = time.monotonic()
+    client.execute(env=env)
+    return nb, time.monotonic() - start
+
+
+def text_of(nb) -> str:
+    """All stream and text/plain output of the code cells, in order."""
+    parts = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            if out.output_type == "stream":
+                parts.append(out.text)
+            elif out.output_type in ("execute_result", "display_data"):
+                parts.append(out.data.get("text/plain", ""))
+    return "\n".join(parts)
+
+
+def n_widgets(nb) -> int:
+    return sum(
+        1
+        for cell in nb.cells
+        for out in cell.get("outputs", [])
+        if out.output_type in ("execute_result", "display_data") and WIDGET in out.data
+    )
+
+
+def errors_of(nb) -> list[str]:
+    return [
+        f"{out.ename}: {out.evalue}"
+        for cell in nb.cells
+        for out in cell.get("outputs", [])
+        if out.output_type == "error"
+    ]
+
+
+def stderr_of(nb) -> str:
+    return "".join(
+        out.text
+        for cell in nb.cells
+        for out in cell.get("outputs", [])
+        if out.output_type == "stream" and out.name == "stderr"
+    )
+
+
+# ----------------------------------------------------------------- what each one shows
+
+
+def check_quickstart(nb, text, env):
+    assert "keys under grad: ['cotangent', 'primal']" in text
+    assert "keys under jvp: ['primal', 'tangent']" in text
+    for key in ("cotangent", "cotangent.tangent", "primal", "primal.tangent"):
+        assert re.search(rf"^{re.escape(key)}\s+shape \(", text, re.M), key
+    assert "modes captured: ['primal', 'cotangent']" in text
+    for layer in ("dense_0", "dense_1", "dense_2"):
+        assert re.search(rf"^{layer}\s+scope\s+\[64, ", text, re.M), layer
+    assert n_widgets(nb) == 5  # show() in every mode
+
+
+def check_nan_hunting(nb, text, env):
+    assert re.search(r"grad\['dense_0'\]\['w'\]\s+NaNs: 24 / 24", text)
+    assert "backward origin: embed (scope)" in text
+    assert "its cotangent comes from the backward pass of: rms_norm (scope)" in text
+    assert "The NaN is born in: ['sqrt'] inside rms_norm" in text
+    assert "origins after the fix: (None, None)" in text
+    assert "forward origin:  log_energy (scope)" in text
+    assert (
+        "NonFiniteError: non-finite values at step 0; backward pass: first in stage 'embed'" in text
+    )
+    assert n_widgets(nb) == 1
+
+
+def check_tesseract_pipeline(nb, text, env):
+    assert "('scale', 'tesseract')" in text and "('softplus_norm', 'tesseract')" in text
+    assert re.search(r"^scale\s+primal\s+\[8\]\s+-1\.5000\s+2\.5000", text, re.M)
+    assert re.search(r"^softplus_norm\[1\]\s+cotangent\s+\[8\]\s+0\.1000\s+0\.1000", text, re.M)
+    assert n_widgets(nb) == 1
+
+
+def check_training_monitor(nb, text, env):
+    assert "steps run: 300, kept in history: 60" in text
+    m = re.search(r"loss: ([\d.]+) \(step 0\) -> ([\d.]+) \(step 295\)", text)
+    assert m and float(m.group(2)) < 0.1 * float(m.group(1))
+    assert "non-finite values seen: None" in text
+    report = pathlib.Path(re.search(r"^(\S+training\.html) ", text, re.M).group(1))
+    assert report.is_relative_to(env["TMPDIR"]) and report.stat().st_size > 100_000
+    assert "data-sowviz-model" in report.read_text(encoding="utf-8")
+    assert n_widgets(nb) == 1  # the monitor itself
+
+
+def check_reports(nb, text, env):
+    assert "embedded model: sowviz/1 | MLP classifier | grad" in text
+    assert "external scripts or styles: []" in text
+    assert "connect-src 'none'" in text
+    assert "modes in the widget's model: jvp ['primal', 'tangent']" in text
+    for name in ("classifier.html", "classifier_jvp.html"):
+        (path,) = pathlib.Path(env["TMPDIR"]).glob(f"sowviz-reports-*/{name}")
+        assert path.stat().st_size > 100_000
+    assert re.search(r"^dense_0\s+\|dL/d out\| = \d", text, re.M)
+    assert n_widgets(nb) == 1
+
+
+CHECKS = {
+    "01_quickstart.ipynb": check_quickstart,
+    "02_nan_hunting.ipynb": check_nan_hunting,
+    "03_tesseract_pipeline.ipynb": check_tesseract_pipeline,
+    "04_training_monitor.ipynb": check_training_monitor,
+    "05_reports.ipynb": check_reports,
+}
+
+
+def test_every_notebook_has_checks():
+    assert sorted(CHECKS) == [p.name for p in all_notebooks()]
+
+
+@pytest.mark.parametrize("path", all_notebooks(), ids=lambda p: p.stem)
+def test_notebook_is_stripped(path):
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None, cell.source[:60]
+
+
+@pytest.mark.parametrize("path", all_notebooks(), ids=lambda p: p.stem)
+def test_notebook_runs(path, kernel_env, monkeypatch):
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    # nbclient looks the kernelspec up in this process: the same directories as the kernel.
+    for key in ("JUPYTER_PATH", "JUPYTER_DATA_DIR", "JUPYTER_CONFIG_DIR"):
+        monkeypatch.setenv(key, kernel_env[key])
+    assert KernelSpecManager().get_kernel_spec("python3").argv[0] == sys.executable
+    nb, elapsed = run_notebook(path, kernel_env)
+    assert errors_of(nb) == []
+    text = text_of(nb)
+    # it ran in this virtual environment's interpreter
+    (kernel_python,) = re.findall(r"^KERNEL-PYTHON (.+)$", text, re.M)
+    assert os.path.samefile(kernel_python, sys.executable)
+    assert "Traceback" not in stderr_of(nb)
+    CHECKS[path.name](nb, text, kernel_env)
+    print(f"{path.name}: {elapsed:.1f}s")
