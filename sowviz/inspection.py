@@ -141,6 +141,7 @@ class Pipeline:
                 "and its arguments: sowviz.inspect(loss, params, batch)."
             )
         self.fn, self.options = fn, options
+        self._plain: Callable | None = None
         leaves, self.in_tree = jax.tree_util.tree_flatten(tuple(args))
 
         def flat_fn(*flat):
@@ -181,6 +182,22 @@ class Pipeline:
             strict=options.strict,
             by_tag=True,
         )
+
+    def run_plain(self, *args: Any) -> Any:
+        """The same mode's result from the un-instrumented program, with no summaries:
+        what a Monitor runs on the steps it does not record."""
+        if self._plain is None:
+            self._plain = jax.jit(
+                transform(
+                    self.fn,
+                    self.options.mode,
+                    n_args=len(args),
+                    argnums=self.options.argnums,
+                    tangents=self.options.tangents,
+                    cotangents=self.options.cotangents,
+                )
+            )
+        return self._plain(*args)
 
     def run(self, *args: Any) -> tuple[Any, Packed]:
         """One compiled call: the mode's result and the packed summaries (still on device)."""

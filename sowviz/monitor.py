@@ -112,13 +112,17 @@ class Monitor(Inspector):
         if self._pipeline is None:
             self._pipeline = Pipeline(self.fn, args, self._options)
             self.model = self.to_dict()  # the graph, drawn before the first summaries
-        result, packed = self._pipeline.run(*args)
         step = self.steps
         self.steps += 1
-        if step % self.every == 0:
-            packed.fetch_async()
-            value = result[0] if isinstance(result, tuple) else result
-            self._pending.append((step, value, packed))
+        if step % self.every != 0:
+            # Not a recorded step: the plain compiled program, no probes, no summaries.
+            result = self._pipeline.run_plain(*args)
+            self._drain(block=False)
+            return result
+        result, packed = self._pipeline.run(*args)
+        packed.fetch_async()
+        value = result[0] if isinstance(result, tuple) else result
+        self._pending.append((step, value, packed))
         # Block only when asked to stop on NaN (the answer is needed now), or when
         # the queue grows: a bounded number of steps in flight.
         self._drain(block=self.stop_on_nonfinite or len(self._pending) > 4)

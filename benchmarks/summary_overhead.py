@@ -1,0 +1,64 @@
+"""Summaries of every sow, computed in the compiled program.
+
+Prints, measured in one run:
+* the ratio of `save_intermediates(jax.grad(f), summarize=True)` (capture +
+  summaries of every sow, fetched to the host) to `jax.jit(jax.grad(f))` on the
+  two MLPs of the capture benchmark (target ≤ 1.10×);
+* the bytes moved device→host per captured array and key, for arrays of 1K, 1M
+  and 16M elements (target: the same small number, ≤ 4 KB at 64 bins).
+Run: `.venv/bin/python benchmarks/summary_overhead.py`.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+from _mlp import block, interleaved_medians, mlp_loss, mlp_params
+
+import sowviz
+
+CASES = [("8x512 MLP, batch 256", 8, 512, 256, 20, 3), ("64x64 MLP, batch 32", 64, 64, 32, 20, 20)]
+
+
+def fetched(wrapped, *args):
+    result, packed = wrapped.run(*args)
+    return result, jax.device_get(packed.buffers)  # the one transfer
+
+
+def main() -> None:
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform}")
+    for label, depth, width, batch, repeats, inner in CASES:
+        params = mlp_params(depth, width)
+        x = jax.random.normal(jax.random.PRNGKey(1), (batch, width))
+        baseline = jax.jit(jax.grad(mlp_loss))
+        summarised = sowviz.save_intermediates(jax.grad(mlp_loss), summarize=True)
+        t = interleaved_medians(
+            {
+                "baseline": partial(baseline, params, x),
+                "summaries": partial(fetched, summarised, params, x),
+            },
+            repeats,
+            inner,
+        )
+        print(
+            f"{label}: jit(grad) {t['baseline'] * 1e6:8.1f} µs | capture + summaries of "
+            f"{2 * depth} arrays {t['summaries'] * 1e6:8.1f} µs | ratio "
+            f"{t['summaries'] / t['baseline']:.3f}x (target ≤ 1.10x)"
+        )
+
+    def one(x):
+        return jnp.sum(sowviz.sow(jnp.sin(x), "s") ** 2)
+
+    for n in (1_000, 1_000_000, 16_000_000):
+        x = jnp.linspace(-1.0, 1.0, n)
+        wrapped = sowviz.save_intermediates(jax.grad(one), summarize=True)
+        _, packed = wrapped.run(x)
+        block(packed.buffers)
+        per = sum(b.nbytes for b in packed.buffers) / 2  # primal + cotangent of one array
+        print(f"{n:>10,} elements: {per:,.0f} bytes device→host per captured array and key")
+
+
+if __name__ == "__main__":
+    main()
