@@ -26,7 +26,7 @@ from typing import Any, Literal
 import jax
 
 from . import _compat
-from .capture.api import META_KEYS, SaveIntermediates
+from .capture.api import META_KEYS, SaveIntermediates, nest
 from .capture.packing import Packed
 from .graph import build_graph, instrument
 from .graph.model import StageGraph
@@ -362,7 +362,7 @@ def _escape(s: str) -> str:
 
 def inspect_with(pipeline: Pipeline, args: Sequence[Any]) -> Inspection:
     result, packed = pipeline.run(*args)
-    summaries = packed.unpack()
+    summaries = nest(*packed.unpack())
     probes, notes = pipeline.probes(summaries)
     notes.extend(pipeline.capture.notes)
     return Inspection(

@@ -22,6 +22,7 @@ from typing import Any
 
 import jax
 
+from .capture.api import nest
 from .capture.packing import Packed
 from .inspection import Inspection, InspectOptions, Pipeline
 from .widget import Inspector
@@ -139,7 +140,7 @@ class Monitor(Inspector):
             if not block and not all(_ready(b) for b in packed.buffers):
                 break
             self._pending.popleft()
-            self._record(step, value, packed.unpack())
+            self._record(step, value, nest(*packed.unpack()))
         self._push_updates(force=False)
 
     def _record(self, step: int, value: Any, summaries: dict) -> None:

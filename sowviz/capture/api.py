@@ -23,8 +23,9 @@ import numpy as np
 from .. import _compat
 from . import rules as _rules  # noqa: F401  (registers the rules)
 from .interpret import evaluate
-from .packing import Packed, pack
+from .packing import Packed
 from .record import Capture, Options, Recorder
+from .summaries import summarize_packed
 
 DuplicatePolicy = Literal["error", "suffix", "stack"]
 _DUPLICATES = ("error", "suffix", "stack")
@@ -110,13 +111,13 @@ class SaveIntermediates:
             inter = assemble(rec.captures, self._duplicates)
         if self._summary is None:
             return result, inter
-        return result, pack(_summarize_entries(inter, self._summary))
+        return result, _summarize_entries(inter, self._summary)
 
     def __call__(self, *args, **kwargs):
         """Run `fn`; return `(result, intermediates)` (summaries on the host if summarising)."""
         result, inter = self.run(*args, **kwargs)
         if isinstance(inter, Packed):
-            inter = inter.unpack()
+            inter = nest(*inter.unpack())
         return result, inter
 
     def run(self, *args, **kwargs):
@@ -160,8 +161,9 @@ class SaveIntermediates:
         return fn(*dyn)
 
 
-def _summarize_entries(inter: dict, options) -> dict:
-    """Summaries for the mode entries of every name (nested by tag or not); meta kept."""
+def _summarize_entries(inter: dict, options) -> Packed:
+    """Pack summaries of the mode entries of every name (nested by tag or not), with
+    meta kept raw; `unpack()` gives back the same nesting."""
     leaves_of: dict = {}
 
     def walk(d: dict, path: tuple) -> None:
@@ -173,13 +175,18 @@ def _summarize_entries(inter: dict, options) -> dict:
 
     walk(inter, ())
     values = {p: {k: v for k, v in e.items() if k not in META_KEYS} for p, e in leaves_of.items()}
-    summaries = summarize_grouped(values, options)
+    meta = {p: {k: v for k, v in e.items() if k in META_KEYS} for p, e in leaves_of.items()}
+    return summarize_packed(values, meta, options.bins)
+
+
+def nest(summaries: dict, meta: dict) -> dict:
+    """Flat `{path: entry}` (from `_summarize_entries`) back to the nested result."""
     out: dict = {}
-    for p, e in leaves_of.items():
+    for p, e in summaries.items():
         d = out
         for k in p[:-1]:
             d = d.setdefault(k, {})
-        d[p[-1]] = {**summaries[p], **{k: v for k, v in e.items() if k in META_KEYS}}
+        d[p[-1]] = {**e, **meta[p]}
     return out
 
 
@@ -194,22 +201,50 @@ def summarize_grouped(tree: Any, options) -> Any:
     one batched computation keeps the number of XLA operations independent of
     the number of probes, which is what keeps summaries cheap on the CPU too.
     """
-    from ..summary import summarize
+    from ..summary import summarize, summarize_stack
 
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     groups: dict[tuple, list[int]] = {}
     for i, leaf in enumerate(leaves):
         groups.setdefault((jnp.shape(leaf), jnp.result_type(leaf)), []).append(i)
     out: list[Any] = [None] * len(leaves)
-    one = functools.partial(summarize, bins=options.bins)
     for idx in groups.values():
         if len(idx) == 1:
-            out[idx[0]] = one(leaves[idx[0]])
+            out[idx[0]] = summarize(leaves[idx[0]], bins=options.bins)
             continue
-        stacked = jax.vmap(one)(jnp.stack([leaves[i] for i in idx]))
-        for j, i in enumerate(idx):
-            out[i] = jax.tree_util.tree_map(lambda a, j=j: a[j], stacked)
+        # `jax.vmap(summarize)`, but choosing the fast path once for the stack.
+        stacked = summarize_stack(jnp.stack([leaves[i] for i in idx]), bins=options.bins)
+        for i, summary in zip(idx, _unstack(stacked, len(idx))):
+            out[i] = summary
     return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def _unstack(stacked: Any, n: int) -> list[Any]:
+    """The `n` members of a stacked `Summary`, as slices of one buffer per dtype.
+
+    Each dtype's fields are laid out member by member, in the order in which a
+    `Summary` flattens (one small concatenate). `pack` later concatenates the
+    flattened leaves per dtype, in tree order: consecutive members are then
+    adjacent slices of one buffer, which XLA merges into one, instead of a
+    concatenate of thousands of separate slices (each a kernel launch on CPU).
+    """
+    fields, summary_def = jax.tree_util.tree_flatten(stacked)
+    by_dtype: dict[Any, list[int]] = {}
+    for f, leaf in enumerate(fields):
+        by_dtype.setdefault(leaf.dtype, []).append(f)
+    members: list[list[Any]] = [[None] * len(fields) for _ in range(n)]
+    for numbers in by_dtype.values():
+        rows = jnp.concatenate([fields[f].reshape(n, -1) for f in numbers], axis=1)
+        width = rows.shape[1]
+        flat = rows.reshape(-1)
+        for j in range(n):
+            off = j * width
+            for f in numbers:
+                shape = fields[f].shape[1:]
+                size = int(np.prod(shape, dtype=int))
+                members[j][f] = flat[off : off + size].reshape(shape)
+                off += size
+    return [jax.tree_util.tree_unflatten(summary_def, m) for m in members]
 
 
 def _hashable(v) -> bool:

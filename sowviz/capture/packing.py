@@ -31,16 +31,18 @@ class Layout:
 class Packed:
     """Flat buffers (children) plus their static layout (aux data)."""
 
-    def __init__(self, buffers: tuple[Any, ...], layout: Layout):
+    def __init__(self, buffers: tuple[Any, ...], layout: Layout, regroup: Any = None):
         self.buffers = buffers
         self.layout = layout
+        # Optional static post-processing of the unpacked tree on the host.
+        self.regroup = regroup
 
     def tree_flatten(self):
-        return self.buffers, self.layout
+        return self.buffers, (self.layout, self.regroup)
 
     @classmethod
-    def tree_unflatten(cls, layout, buffers):
-        return cls(tuple(buffers), layout)
+    def tree_unflatten(cls, aux, buffers):
+        return cls(tuple(buffers), *aux)
 
     def fetch_async(self) -> None:
         """Start the device→host copy without waiting for it."""
@@ -61,7 +63,8 @@ class Packed:
             key, off, shape, _ = slot
             flat = by_key[key][off : off + math.prod(shape)]
             leaves.append(flat.reshape(shape))
-        return jax.tree_util.tree_unflatten(self.layout.treedef, leaves)
+        tree = jax.tree_util.tree_unflatten(self.layout.treedef, leaves)
+        return tree if self.regroup is None else self.regroup.apply(tree)
 
 
 def pack(tree: Any) -> Packed:
