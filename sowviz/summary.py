@@ -263,7 +263,7 @@ def _bin_index(
     # docstring): correcting values within an ulp of an edge by looking the
     # edges up would cost two gathers per element, more than the rest.
     ratio = bins / width
-    pos = jnp.floor((v / scale - lo_s) * ratio)
+    pos = jnp.floor((_div_pow2(v, scale) - lo_s) * ratio)
     idx = jnp.clip(jnp.where(jnp.isnan(pos), 0, pos), 0, bins - 1).astype(jnp.int32)
     return edges, idx
 
@@ -291,6 +291,22 @@ def _replicated(v: jax.Array) -> dict[str, Any]:
     return {"out_sharding": jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())}
 
 
+def _div_pow2(v: jax.Array, scale: jax.Array) -> jax.Array:
+    """`v / scale` for a power of two `scale`, bit for bit, by multiplications.
+
+    Both are the correctly rounded value of the same real number as long as the
+    inverse is exact and normal: for the two largest powers of two, whose
+    inverse would not be, the value is halved first (exactly, or into a range
+    where both roundings give 0). A division costs several multiplications.
+    """
+    limit = np.asarray(2.0 ** (jnp.finfo(scale.dtype).maxexp - 2), scale.dtype)
+    huge = scale > limit
+    one = jnp.ones((), scale.dtype)
+    pre = jnp.where(huge, one / 2, one)
+    inv = jnp.where(huge, 2 / scale, 1 / scale)
+    return v * pre * inv
+
+
 def _pow2_scale(m: jax.Array) -> jax.Array:
     """Largest power of two <= m (1 for m == 0): dividing by it is exact, and
     m / scale lies in [1, 2), so squares and sums of the scaled values are small.
@@ -310,18 +326,192 @@ def _value_dtype(dtype: np.dtype) -> tuple[Any, bool]:
     return jnp.float32, False
 
 
-@functools.partial(jax.jit, static_argnames=("bins",))
-def _summarize(x: jax.Array, bins: int) -> Summary:
+def _values(x: jax.Array) -> tuple[jax.Array, bool]:
+    """The values summarised (in the accumulation dtype) and whether `x` is complex."""
     acc, is_complex = _value_dtype(x.dtype)
-    zero = jnp.zeros((), acc)
     if is_complex:
         # C99/NumPy: a complex number with an infinite part has infinite
         # magnitude, even if the other part is NaN (XLA's abs gives NaN).
-        v = jnp.where(jnp.isinf(x.real) | jnp.isinf(x.imag), jnp.inf, jnp.abs(x)).astype(acc)
+        return jnp.where(jnp.isinf(x.real) | jnp.isinf(x.imag), jnp.inf, jnp.abs(x)).astype(
+            acc
+        ), True
+    return x.astype(acc), False
+
+
+def _plain_check(v: jax.Array, batched: bool) -> tuple[jax.Array, jax.Array]:
+    """Whether `v` is "plain" (all finite, no subnormal), and its smallest non-zero |v|.
+
+    Both come from reductions whose input is arithmetic only (no select, no
+    compare), which XLA:CPU computes while reading `v` once, writing nothing: a
+    sum of `v * 0` is NaN iff some element is NaN or infinite, and zeros are
+    lifted to the largest finite value by `1 - sign|v|` before the min. With
+    `batched`, the smallest |v| is per member of the stack (leading axis) and
+    the answer is for the whole stack.
+    """
+    big = np.asarray(jnp.finfo(v.dtype).max, v.dtype)
+    tiny = np.asarray(jnp.finfo(v.dtype).tiny, v.dtype)
+    a = jnp.abs(v)
+    axes = tuple(range(1, v.ndim)) if batched else None
+    smallest = jnp.min(a + (1 - jnp.sign(a)) * big, axis=axes)
+    plain = jnp.isfinite(jnp.sum(v * 0)) & jnp.all(smallest >= tiny)
+    return plain, smallest
+
+
+# How the statistics are computed on XLA:CPU (measured; the results follow the
+# rules of the module docstring whichever path computes them):
+#
+# * A full-size reduction whose input is elementwise arithmetic of `v` (add,
+#   multiply, divide, min, max, abs, sign...) reads `v` once and writes
+#   nothing. A select or compare in that input (`where`, `isfinite`), or a
+#   subexpression or broadcast constant shared with another consumer, makes
+#   XLA write the whole input to memory first.
+# * Every full-size array written costs several reads, and beyond 32 MB of
+#   temporaries each run maps fresh pages (one page fault per 4 KB).
+# * So the common case, a "plain" array (every value finite, no subnormal),
+#   takes a path whose only selects are in the one elementwise pass computing
+#   both bin indices; the two histograms are one scatter of the (bin, log bin)
+#   pairs. Other arrays take the general path (masks everywhere), chosen by a
+#   `lax.cond` on two cheap reductions.
+
+
+def _count(
+    idx: jax.Array, lidx: jax.Array, n_lin: int, n_log: int, batch: int | None, like: jax.Array
+):
+    """Counts of `idx` in [0, n_lin) and of `lidx` in [0, n_log), in one scatter.
+
+    With a `batch` size, the leading axis of `idx` and `lidx` is a stack of that
+    many members, counted separately (results have a leading axis too).
+
+    Large arrays scatter the pair (idx, lidx) into a joint 2-d histogram (one
+    index per element), small ones both indices into adjacent ranges (two per
+    element, but far fewer slots to clear and sum).
+    """
+    members = 1 if batch is None else batch
+    per_member = idx.size // members if idx.size else 0
+    joint = per_member >= 2 * n_lin * n_log
+    width = n_lin * n_log if joint else n_lin + n_log
+    if batch is not None:  # member b counts into slots [b * width, (b + 1) * width)
+        offsets = jnp.arange(batch, dtype=jnp.int32) * width
+        offsets = offsets.reshape((batch,) + (1,) * (idx.ndim - 1))
     else:
-        v = x.astype(acc)
-    # Pass 1: ranges. On XLA:CPU every full-size reduction materialises its
-    # input, so the passes are kept few; the counts ride on the histograms.
+        offsets = 0
+    if joint:
+        slots = [idx * n_log + lidx + offsets]
+    else:
+        slots = [idx + offsets, lidx + (offsets + n_lin)]
+    counts = _tally_slots(slots, members * width, like).reshape((members, width))
+    if joint:
+        counts = counts.reshape(members, n_lin, n_log)
+        lin, log = jnp.sum(counts, axis=2), jnp.sum(counts, axis=1)
+    else:
+        lin, log = counts[:, :n_lin], counts[:, n_lin:]
+    return (lin[0], log[0]) if batch is None else (lin, log)
+
+
+def _tally_slots(slots: list[jax.Array], length: int, like: jax.Array) -> jax.Array:
+    """int32 counts of the values of the (like-shaped) `slots` in [0, length).
+
+    Each slot s is scattered as the odd number k = 2s + 1 into slot k of twice
+    as many, and the scatter adds k itself there (not a 1): slot k ends with
+    k * count mod 2**32 (int32 arithmetic wraps), and an odd k is invertible
+    mod 2**32, so the count comes back exactly (it is < 2**31). That spares XLA
+    writing a full-size array of ones next to the indices: one array is both.
+    """
+    if _replicated(like):  # explicit mesh: jnp's scatter knows where the result goes
+        return _tally(slots[0] if len(slots) == 1 else jnp.stack(slots), length, like)
+    dims = jax.lax.ScatterDimensionNumbers(
+        update_window_dims=(), inserted_window_dims=(0,), scatter_dims_to_operand_dims=(0,)
+    )
+    summed = jnp.zeros(2 * length, jnp.int32)
+    # One scatter per part: stacking them would make XLA copy the indices into
+    # another layout (and flattening the stack would gather a sharded array).
+    for part in slots:
+        k = part * 2 + 1
+        summed = jax.lax.scatter_add(
+            summed, k[..., None], k, dims, mode=jax.lax.GatherScatterMode.PROMISE_IN_BOUNDS
+        )
+    odd = jax.lax.bitcast_convert_type(summed[1::2], jnp.uint32)
+    return jax.lax.bitcast_convert_type(odd * _odd_inverses(length), jnp.int32)
+
+
+@functools.lru_cache(maxsize=64)
+def _odd_inverses(n: int) -> np.ndarray:
+    """Inverses mod 2**32 of 1, 3, 5, ..., 2n - 1 (Newton: each step doubles the bits)."""
+    k = np.arange(n, dtype=np.uint64) * 2 + 1
+    inv = k.copy()  # k * k = 1 mod 8: 3 bits
+    mask = np.uint64(2**32 - 1)
+    for _ in range(4):  # 6, 12, 24, 48 bits
+        inv = (inv * ((np.uint64(2) - k * inv) & mask)) & mask
+    return inv.astype(np.uint32)
+
+
+def _log_range(absmin: jax.Array, absmax: jax.Array, have_log: jax.Array):
+    zero = jnp.zeros((), absmin.dtype)
+    one = jnp.ones((), absmin.dtype)
+    log_lo = jnp.where(have_log, jnp.log10(jnp.where(have_log, absmin, one)), zero)
+    log_hi = jnp.where(have_log, jnp.log10(jnp.where(have_log, absmax, one)), zero)
+    return log_lo, log_hi
+
+
+# Each path is in phases: per-member functions (vmapped for a stack) compute
+# ranges and bin indices, `_count` counts every member in one scatter, and the
+# general path then needs the counts for its moments.
+
+
+def _plain_phase(v: jax.Array, absmin: jax.Array, bins: int):
+    """Everything but the counts of a plain `v` (see `_plain_check`; `absmin` is its
+    smallest |v| > 0, or the largest finite value if all are zeros), by the rules
+    of the general path."""
+    dtype = v.dtype
+    info = jnp.finfo(dtype)
+    n = v.size
+    vmin, vmax = jnp.min(v), jnp.max(v)
+    absmax = jnp.maximum(-vmin, vmax)
+    have_log = absmax > 0  # some non-zero value (no subnormals here)
+    # Moments in units of a power of two near absmax, as in the general path;
+    # the scale is capped so that its inverse is a normal number too (scaled
+    # values stay below 4). The two sums spell the scaling differently, so
+    # they share no subexpression: XLA would write a shared one to memory.
+    scale = jnp.minimum(_pow2_scale(absmax), np.asarray(2.0 ** (info.maxexp - 2), dtype))
+    mean_s = jnp.sum(v * (1 / scale)) / n
+    c = v / scale - mean_s
+    ss = jnp.sum(c * c)
+    # sum(vs**2) = sum((vs - mean)**2) + n * mean**2, both terms non-negative.
+    stats = dict(
+        min=vmin,
+        max=vmax,
+        mean=jnp.clip(mean_s * scale, vmin, vmax),
+        std=jnp.sqrt(ss / n) * scale,
+        l2=jnp.sqrt(ss + n * (mean_s * mean_s)) * scale,
+        absmax=absmax,
+    )
+    # Both bin indices in one elementwise pass; zeros get the extra log slot.
+    stats["hist_edges"], idx = _bin_index(v, vmin, vmax, bins)
+    log_lo, log_hi = _log_range(absmin, absmax, have_log)
+    nonzero = v != 0
+    logs = jnp.log10(jnp.where(nonzero, jnp.abs(v), jnp.ones((), dtype)))
+    stats["loghist_edges"], lidx = _bin_index(logs, log_lo, log_hi, bins)
+    return stats, idx, jnp.where(nonzero, lidx, bins)
+
+
+def _plain_counts(stats: dict, lin: jax.Array, log: jax.Array, n: int, bins: int) -> dict:
+    zero = jnp.zeros(lin.shape[:-1], jnp.int32)
+    return dict(
+        stats,
+        count=jnp.full(lin.shape[:-1], n, jnp.int32),
+        nan=zero,
+        posinf=zero,
+        neginf=zero,
+        zeros=log[..., bins],
+        hist_counts=lin,
+        loghist_counts=log[..., :bins],
+    )
+
+
+def _general_phase(v: jax.Array, bins: int):
+    """Ranges and bin indices of any `v` (NaN and infinities are masked out)."""
+    acc = v.dtype
+    zero = jnp.zeros((), acc)
     # Subnormals are zeros: XLA flushes them in some ops and on some backends
     # but not others (a min can return 0 for one), so flushing them here keeps
     # counts, ranges and log10 consistent, finite and backend-independent.
@@ -336,62 +526,93 @@ def _summarize(x: jax.Array, bins: int) -> Summary:
     vmin = jnp.where(have, vmin, zero)
     vmax = jnp.where(have, vmax, zero)
     absmax = jnp.maximum(jnp.abs(vmin), jnp.abs(vmax))
+    stats = dict(min=vmin, max=vmax, absmax=absmax)
 
-    # Histogram of values; non-finite values go to three extra slots, so one
-    # scatter also counts nan / +inf / -inf (and count = the finite bins' sum).
-    hist_edges, idx = _bin_index(v, vmin, vmax, bins)
+    # Histogram of values; non-finite values go to three extra slots, so the
+    # counting also gives nan / +inf / -inf (and count = the finite bins' sum).
+    stats["hist_edges"], idx = _bin_index(v, vmin, vmax, bins)
     idx = jnp.where(
         finite, idx, jnp.where(jnp.isnan(v), bins, jnp.where(v > 0, bins + 1, bins + 2))
     )
-    tallied = _tally(idx, bins + 3, v)
-    hist_counts = tallied[:bins]
-    nan, posinf, neginf = tallied[bins], tallied[bins + 1], tallied[bins + 2]
-    count = jnp.sum(hist_counts)
-
-    # Histogram of log10|v| over non-zero finite values; zeros get their own slot.
-    # log10 is monotone, so the range comes from |v|'s range without a pass.
-    log_lo = jnp.where(have_log, jnp.log10(jnp.where(have_log, absmin, 1)), zero)
-    log_hi = jnp.where(have_log, jnp.log10(jnp.where(have_log, absmax, 1)), zero)
+    # Histogram of log10|v| over non-zero finite values, with two extra slots
+    # (zeros, non-finite). log10 is monotone, so the range comes from |v|'s.
+    log_lo, log_hi = _log_range(absmin, absmax, have_log)
     logs = jnp.log10(jnp.where(nonzero, jnp.abs(v), 1))
-    loghist_edges, lidx = _bin_index(logs, log_lo, log_hi, bins)
+    stats["loghist_edges"], lidx = _bin_index(logs, log_lo, log_hi, bins)
     lidx = jnp.where(nonzero, lidx, jnp.where(finite, bins, bins + 1))
-    ltallied = _tally(lidx, bins + 2, v)
-    loghist_counts = ltallied[:bins]
-    zeros = ltallied[bins]
+    return stats, idx, lidx
 
-    # Moments in units of a power of two near absmax: no square or sum can
-    # overflow (values near 3e38), and the scaling itself is exact. Two passes:
-    # the mean first, then squares of deviations from it (no cancellation).
-    scale = _pow2_scale(absmax)
+
+def _general_moments(v: jax.Array, stats: dict, count: jax.Array) -> dict:
+    """Moments in units of a power of two near absmax: no square or sum can
+    overflow (values near 3e38), and the scaling itself is exact. Two passes:
+    the mean first, then squares of deviations from it (no cancellation)."""
+    acc = v.dtype
+    zero = jnp.zeros((), acc)
+    v = jnp.where(jnp.abs(v) < jnp.finfo(acc).tiny, zero, v)
+    finite = jnp.isfinite(v)
+    scale = _pow2_scale(stats["absmax"])
     n = jnp.maximum(count, 1).astype(acc)
     vs = jnp.where(finite, v / scale, zero)
     mean_s = jnp.sum(vs) / n
-    l2 = jnp.sqrt(jnp.sum(vs * vs)) * scale
     c = jnp.where(finite, vs - mean_s, zero)
-    std = jnp.sqrt(jnp.sum(c * c) / n) * scale
-    mean = jnp.clip(mean_s * scale, vmin, vmax)
-
-    return Summary(
-        count=count,
-        nan=nan,
-        posinf=posinf,
-        neginf=neginf,
-        zeros=zeros,
-        min=vmin,
-        max=vmax,
-        mean=mean,
-        std=std,
-        l2=l2,
-        absmax=absmax,
-        hist_edges=hist_edges,
-        hist_counts=hist_counts,
-        loghist_edges=loghist_edges,
-        loghist_counts=loghist_counts,
-        shape=tuple(x.shape),
-        dtype=str(x.dtype),
-        is_complex=is_complex,
-        bins=bins,
+    return dict(
+        mean=jnp.clip(mean_s * scale, stats["min"], stats["max"]),
+        std=jnp.sqrt(jnp.sum(c * c) / n) * scale,
+        l2=jnp.sqrt(jnp.sum(vs * vs)) * scale,
     )
+
+
+def _stats(v: jax.Array, bins: int, batch: int | None = None) -> dict[str, jax.Array]:
+    """All statistics of `v` (of each of the `batch` members of the stack `v`)."""
+    each = (lambda f: f) if batch is None else jax.vmap
+    size = v.size // batch if batch else v.size
+
+    def plain(v: jax.Array, absmin: jax.Array) -> dict:
+        stats, idx, lidx = each(functools.partial(_plain_phase, bins=bins))(v, absmin)
+        lin, log = _count(idx, lidx, bins, bins + 1, batch, v)
+        return _plain_counts(stats, lin, log, size, bins)
+
+    def general(v: jax.Array, absmin: jax.Array | None = None) -> dict:
+        stats, idx, lidx = each(functools.partial(_general_phase, bins=bins))(v)
+        lin, log = _count(idx, lidx, bins + 3, bins + 2, batch, v)
+        hist_counts = lin[..., :bins]
+        count = jnp.sum(hist_counts, axis=-1)
+        stats |= each(_general_moments)(v, stats, count)
+        return dict(
+            stats,
+            count=count,
+            nan=lin[..., bins],
+            posinf=lin[..., bins + 1],
+            neginf=lin[..., bins + 2],
+            zeros=log[..., bins],
+            hist_counts=hist_counts,
+            loghist_counts=log[..., :bins],
+        )
+
+    if v.size == 0:
+        return general(v)
+    ok, absmin = _plain_check(v, batched=batch is not None)
+    return jax.lax.cond(ok, plain, general, v, absmin)
+
+
+def _as_summary(stats: dict[str, jax.Array], x: Any, shape: tuple[int, ...], bins: int) -> Summary:
+    _, is_complex = _value_dtype(x.dtype)
+    return Summary(
+        **stats, shape=tuple(shape), dtype=str(x.dtype), is_complex=is_complex, bins=bins
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("bins",))
+def _summarize(x: jax.Array, bins: int) -> Summary:
+    v, _ = _values(x)
+    return _as_summary(_stats(v, bins), x, x.shape, bins)
+
+
+@functools.partial(jax.jit, static_argnames=("bins",))
+def _summarize_stack(xs: jax.Array, bins: int) -> Summary:
+    v, _ = _values(xs)
+    return _as_summary(_stats(v, bins, batch=xs.shape[0]), xs, xs.shape[1:], bins)
 
 
 def summarize(x: Any, *, bins: int = 64) -> Summary:
@@ -409,6 +630,26 @@ def summarize(x: Any, *, bins: int = 64) -> Summary:
     if not isinstance(x, jax.Array):
         x = jnp.asarray(x)
     return _summarize(x, bins=bins)
+
+
+def summarize_stack(xs: Any, *, bins: int = 64) -> Summary:
+    """`jax.vmap(summarize)(xs)`: a stacked `Summary` of each ``xs[i]``, faster.
+
+    The same results, but the choice between the fast path (every value finite,
+    no subnormal) and the general one is made once for the whole stack, where
+    under `vmap` each member's `lax.cond` would become a select running both.
+
+    Example:
+        >>> s = summarize_stack(jnp.array([[1.0, 2.0], [0.0, jnp.nan]]), bins=4)
+        >>> s.count.tolist(), s.nan.tolist(), s.shape
+        ([2, 1], [0, 1], (2,))
+    """
+    bins = _check_bins(bins)
+    if not isinstance(xs, jax.Array):
+        xs = jnp.asarray(xs)
+    if xs.ndim < 1:
+        raise ValueError(f"summarize_stack needs a leading stack axis, got shape {xs.shape}")
+    return _summarize_stack(xs, bins=bins)
 
 
 def summarize_tree(tree: Any, options: SummaryOptions | None = None) -> Any:
