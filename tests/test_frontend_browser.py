@@ -295,7 +295,7 @@ def test_widget_entry_point_with_a_stand_in_model(browser):
         model = fm.small_model()
         model["mode"] = "grad"
         exports = pg.evaluate(FAKE_MODEL, model)
-        assert exports == ["autoMount", "default", "mount"]
+        assert exports == ["autoMount", "default", "modelText", "mount"]
         assert pg.locator("[data-node-id]").count() == 4
         # the mode dropdown writes the `mode` trait and shows the busy state
         pg.select_option('[data-role="mode"]', "jvp")

@@ -95,3 +95,22 @@ def test_user_strings_are_text_never_markup(page, tmp_path):
     pg.locator('[data-role="detail"]').wait_for(state="visible")
     assert pg.locator("img").count() == 0 and page.dialogs == []
     assert page.errors == [] and page.requests == []
+
+
+@pytest.mark.browser
+def test_large_models_are_embedded_compressed_and_still_open_offline(page, tmp_path, monkeypatch):
+    from sowviz import report
+
+    monkeypatch.setattr(report, "COMPRESS_ABOVE", 0)
+
+    def fn(x):
+        with jax.named_scope("layer"):
+            h = jnp.tanh(x)
+        return jnp.sum(h**2)
+
+    path = sowviz.inspect(fn, jnp.ones(4)).save_html(str(tmp_path / "z.html"))
+    text = path.read_text(encoding="utf-8")
+    assert 'data-encoding="gzip-base64"' in text
+    pg = page.open_report(path)
+    assert pg.locator('[data-kind="scope"]', has_text="layer").count() == 1
+    assert page.errors == [] and page.requests == []

@@ -81,15 +81,28 @@ function render({ model, el }) {
 }
 
 /** Mounts every embedded report model on the page (once each). */
-export function autoMount(doc = globalThis.document) {
+export async function autoMount(doc = globalThis.document) {
   if (!doc?.querySelectorAll) return;
   for (const script of doc.querySelectorAll('script[type="application/json"][data-sowviz-model]')) {
     if (script.dataset.mounted) continue;
     script.dataset.mounted = "true";
     const target = doc.getElementById(script.dataset.target ?? "") ?? script.parentElement;
-    mount(target, script.textContent, { standalone: true });
+    mount(target, await modelText(script), { standalone: true });
   }
   globalThis.__sowviz_ready = true;
+}
+
+/**
+ * The model's JSON text. Large reports embed it gzipped and base64-encoded
+ * (data-encoding="gzip-base64"): summaries compress about tenfold, and
+ * DecompressionStream needs no network, so the page still works from file://.
+ * @param {HTMLScriptElement} script
+ */
+export async function modelText(script) {
+  if (script.dataset.encoding !== "gzip-base64") return script.textContent;
+  const bytes = Uint8Array.from(atob(script.textContent.trim()), (c) => c.charCodeAt(0));
+  const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"));
+  return new Response(stream).text();
 }
 
 if (globalThis.document?.querySelector?.('script[type="application/json"][data-sowviz-model]')) {
