@@ -27,7 +27,7 @@ def _demo(args: argparse.Namespace) -> int:
     ins = sowviz.inspect(demo.loss, params, x, mode=args.mode, title="sowviz demo: a small MLP")
     path = ins.save_html(args.output)
     size = pathlib.Path(path).stat().st_size
-    print(f"wrote {path} ({size / 1e6:.2f} MB): open it in a browser")
+    print(f"wrote {pathlib.Path(path).resolve()} ({size / 1e6:.2f} MB): open it in a browser")
     return 0
 
 
