@@ -217,6 +217,17 @@ class Pipeline:
                 notes.append(f"sow {name!r} has no node in the primal program; it is not drawn.")
                 continue
             probes.extend(self._probes_of(name, node, entry, auto=False, start=len(probes)))
+        reached = {p.node for p in probes if not p.auto}
+        for name, nodes in self.graph.sow_nodes_all.items():
+            for node in nodes:
+                if node not in reached:
+                    where = self.graph.node(node).source
+                    notes.append(
+                        f"sow {name!r}{f' at {where}' if where else ''} was not reached under "
+                        f"mode {self.options.mode!r}: a custom_jvp/custom_vjp rule replaced the "
+                        "code around it (its rule does not call the function), so nothing "
+                        "flowed through it. Sow the custom function's output instead."
+                    )
         order = {n.id: n.order for n in self.graph.nodes}
         probes.sort(key=lambda p: (order.get(p.node, 0), not p.auto, p.name, p.leaf))
         probes = [replace(p, id=f"p{i}") for i, p in enumerate(probes)]

@@ -177,3 +177,25 @@ def test_model_is_deterministic():
     for d in (a, b):
         d.pop("created")
     assert a == b
+
+
+def test_what_a_custom_rule_hides_is_reported():
+    @jax.custom_vjp
+    def clipped(x):
+        return sowviz.sow(jnp.sin(x), "inside")
+
+    def fwd(x):
+        return jnp.sin(x), jnp.cos(x)  # does not call `clipped`: the sow is never reached
+
+    clipped.defvjp(fwd, lambda c, g: (jnp.clip(g * c, -1, 1),))
+
+    def fn(x):
+        return jnp.sum(sowviz.sow(clipped(x), "outside") ** 2)
+
+    ins = sowviz.inspect(fn, jnp.ones(3))
+    notes = " ".join(n["message"] for n in ins.to_dict()["notes"])
+    assert "'inside'" in notes and "not reached" in notes
+    out = ins.probe("outside").summaries
+    np.testing.assert_allclose(out["cotangent"]["mean"], 2 * np.sin(1.0), rtol=1e-5)
+    primal = sowviz.inspect(fn, jnp.ones(3), mode="primal")
+    assert primal.probe("inside").summaries["primal"]["count"] == 3
