@@ -9,6 +9,7 @@ change of `mode` comes back, and the kernel re-runs the inspection through the
 
 from __future__ import annotations
 
+import gzip
 import pathlib
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +18,13 @@ import anywidget
 import traitlets
 
 STATIC = pathlib.Path(__file__).parent / "static"
+
+
+def encode_model(model: dict[str, Any]) -> bytes:
+    """The model as gzipped UTF-8 JSON (NaN/Inf as null, as in reports)."""
+    from .report import model_json
+
+    return gzip.compress(model_json(model).encode("utf-8"), compresslevel=6, mtime=0)
 
 
 class Inspector(anywidget.AnyWidget):
@@ -32,7 +40,13 @@ class Inspector(anywidget.AnyWidget):
 
     model = traitlets.Dict(
         help="dict: the sowviz/1 inspection model drawn by the front end (docs/model.md). "
-        "Default: an empty dict (nothing drawn)."
+        "Kept in Python; it travels as `model_bytes`. Default: an empty dict (nothing drawn)."
+    )
+    model_bytes = traitlets.Bytes(
+        b"",
+        help="bytes: `model` as gzipped JSON, synced as a binary buffer (a 10,000-equation "
+        "model is ~20 MB of JSON, ~2 MB gzipped) and saved with the notebook's widget "
+        "state. Set from `model`; do not set it directly. Default b''.",
     ).tag(sync=True)
     mode = traitlets.Unicode(
         "grad",
@@ -57,6 +71,10 @@ class Inspector(anywidget.AnyWidget):
         init_mode = (model or {}).get("mode", kwargs.pop("mode", "grad"))
         super().__init__(model=model or {}, mode=init_mode, **kwargs)
         self._rerun = rerun
+
+    @traitlets.observe("model")
+    def _model_changed(self, change: dict[str, Any]) -> None:
+        self.model_bytes = encode_model(change["new"]) if change["new"] else b""
 
     @traitlets.observe("mode")
     def _mode_changed(self, change: dict[str, Any]) -> None:

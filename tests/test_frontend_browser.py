@@ -295,7 +295,7 @@ def test_widget_entry_point_with_a_stand_in_model(browser):
         model = fm.small_model()
         model["mode"] = "grad"
         exports = pg.evaluate(FAKE_MODEL, model)
-        assert exports == ["autoMount", "default", "modelText", "mount"]
+        assert exports == ["autoMount", "default", "modelText", "mount", "widgetModel"]
         assert pg.locator("[data-node-id]").count() == 4
         # the mode dropdown writes the `mode` trait and shows the busy state
         pg.select_option('[data-role="mode"]', "jvp")
@@ -332,6 +332,45 @@ def test_widget_entry_point_with_a_stand_in_model(browser):
         pg.evaluate("() => { window.__widget.cleanupView(); window.__widget.cleanupModel(); }")
         assert pg.locator(".sowviz").count() == 0
         assert pg.evaluate("Object.values(window.__widget.handlers).every(h => h.length === 0)")
+        assert p.errors == []
+    finally:
+        p.close()
+
+
+@pytest.mark.browser
+def test_widget_model_arrives_as_gzipped_bytes(browser):
+    """What the real Inspector syncs: `model_bytes` (gzipped JSON, a binary buffer)."""
+    from sowviz.widget import encode_model
+
+    static = ROOT / "sowviz" / "static"
+    p = Page(browser)
+    pg = p.page
+    served = {
+        "/index.html": (WIDGET_PAGE.format(css=(static / "sowviz.css").read_text()), "text/html"),
+        "/sowviz.js": ((static / "sowviz.js").read_text(), "text/javascript"),
+    }
+    pg.unroute("**/*")
+    pg.route(
+        "http://sowviz.test/**",
+        lambda r: r.fulfill(
+            status=200,
+            body=served["/" + r.request.url.split("/", 3)[3]][0],
+            content_type=served["/" + r.request.url.split("/", 3)[3]][1],
+        ),
+    )
+    try:
+        pg.goto("http://sowviz.test/index.html")
+        pg.evaluate(FAKE_MODEL, {"mode": "grad"})
+        assert pg.locator("[data-node-id]").count() == 0
+        payload = list(encode_model(fm.small_model()))
+        pg.evaluate(
+            """bytes => { const u8 = new Uint8Array(bytes);
+                 window.__widget.traits.model_bytes = new DataView(u8.buffer);
+                 window.__widget.fire('change:model_bytes'); }""",
+            payload,
+        )
+        pg.wait_for_selector("[data-node-id]")
+        assert pg.locator("[data-node-id]").count() == 4
         assert p.errors == []
     finally:
         p.close()

@@ -3,12 +3,16 @@ throttling and NaN hunting."""
 
 from __future__ import annotations
 
+import gzip
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import sowviz
+from sowviz import report
 from sowviz.monitor import NonFiniteError
 
 
@@ -35,7 +39,9 @@ def test_show_returns_a_widget_with_the_model():
     assert w.model["schema"] == "sowviz/1" and w.mode == "grad"
     assert w.busy is False and w.error == ""
     state = w.get_state()
-    assert {"model", "mode", "busy", "error"} <= set(state)
+    assert {"model_bytes", "mode", "busy", "error"} <= set(state)
+    assert "model" not in state  # kept in Python; it travels gzipped as a binary buffer
+    assert json.loads(gzip.decompress(w.model_bytes)) == json.loads(report.model_json(w.model))
     # the widget ships the same bundle the report inlines
     bundle = (sowviz.widget.STATIC / "sowviz.js").read_text(encoding="utf-8")
     assert w._esm == bundle

@@ -51,9 +51,31 @@ function initialize({ model }) {
   };
 }
 
+/** Gunzips bytes to text with the browser's DecompressionStream (no network). */
+async function gunzip(bytes) {
+  const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"));
+  return new Response(stream).text();
+}
+
+/**
+ * The widget's model: Python sends it as gzipped JSON in the binary trait
+ * `model_bytes` (a buffer, not a JSON string: a 10,000-equation model is ~20 MB
+ * of JSON and ~2 MB gzipped), or, from older or hand-made states, as `model`.
+ * @param {any} model the anywidget model
+ */
+export async function widgetModel(model) {
+  const raw = model.get("model_bytes");
+  if (raw && raw.byteLength) {
+    const bytes = raw instanceof DataView ? new Uint8Array(raw.buffer, raw.byteOffset, raw.byteLength) : new Uint8Array(raw);
+    return JSON.parse(await gunzip(bytes));
+  }
+  return model.get("model") ?? {};
+}
+
 /** anywidget: one view. */
 function render({ model, el }) {
-  const handle = mount(el, model.get("model"), {
+  const packed = !!model.get("model_bytes")?.byteLength;
+  const handle = mount(el, packed ? {} : model.get("model"), {
     store: storeFor(model),
     onModeChange: (mode) => {
       model.set("error", "");
@@ -63,17 +85,25 @@ function render({ model, el }) {
   });
   handle.setBusy(!!model.get("busy"));
   handle.setError(model.get("error") || "");
-  const onModel = () => handle.update(model.get("model"));
+  // Decoding is asynchronous: only the newest model is drawn.
+  let latest = 0;
+  const onModel = () => {
+    const mine = ++latest;
+    widgetModel(model).then((m) => { if (mine === latest) handle.update(m); }, (err) => handle.setError(String(err)));
+  };
+  if (packed) onModel();
   const onBusy = () => handle.setBusy(!!model.get("busy"));
   const onError = () => {
     handle.setError(model.get("error") || "");
     if (model.get("error")) handle.setBusy(false);
   };
   model.on("change:model", onModel);
+  model.on("change:model_bytes", onModel);
   model.on("change:busy", onBusy);
   model.on("change:error", onError);
   return () => {
     model.off("change:model", onModel);
+    model.off("change:model_bytes", onModel);
     model.off("change:busy", onBusy);
     model.off("change:error", onError);
     handle.destroy();
@@ -100,9 +130,7 @@ export async function autoMount(doc = globalThis.document) {
  */
 export async function modelText(script) {
   if (script.dataset.encoding !== "gzip-base64") return script.textContent;
-  const bytes = Uint8Array.from(atob(script.textContent.trim()), (c) => c.charCodeAt(0));
-  const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"));
-  return new Response(stream).text();
+  return gunzip(Uint8Array.from(atob(script.textContent.trim()), (c) => c.charCodeAt(0)));
 }
 
 if (globalThis.document?.querySelector?.('script[type="application/json"][data-sowviz-model]')) {
