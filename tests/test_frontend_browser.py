@@ -272,24 +272,28 @@ async (model) => {
 """
 
 
-@pytest.mark.browser
-def test_widget_entry_point_with_a_stand_in_model(browser):
-    """anywidget's contract: traits model/mode/busy/error and {"type": "step"} messages."""
+def serve_widget_page(p):
+    """Serve a bare page and the bundle from a fake origin (a module import needs one)."""
     static = ROOT / "sowviz" / "static"
-    p = Page(browser)
-    pg = p.page
     served = {
         "/index.html": (WIDGET_PAGE.format(css=(static / "sowviz.css").read_text()), "text/html"),
         "/sowviz.js": ((static / "sowviz.js").read_text(), "text/javascript"),
     }
 
     def serve(r):
-        path = "/" + r.request.url.split("/", 3)[3]
-        body, ctype = served[path]
+        body, ctype = served["/" + r.request.url.split("/", 3)[3]]
         r.fulfill(status=200, body=body, content_type=ctype)
 
-    pg.unroute("**/*")
-    pg.route("http://sowviz.test/**", serve)
+    p.page.unroute("**/*")
+    p.page.route("http://sowviz.test/**", serve)
+    return p.page
+
+
+@pytest.mark.browser
+def test_widget_entry_point_with_a_stand_in_model(browser):
+    """anywidget's contract: traits model/mode/busy/error and {"type": "step"} messages."""
+    p = Page(browser)
+    pg = serve_widget_page(p)
     try:
         pg.goto("http://sowviz.test/index.html")
         model = fm.small_model()
@@ -342,22 +346,8 @@ def test_widget_model_arrives_as_gzipped_bytes(browser):
     """What the real Inspector syncs: `model_bytes` (gzipped JSON, a binary buffer)."""
     from sowviz.widget import encode_model
 
-    static = ROOT / "sowviz" / "static"
     p = Page(browser)
-    pg = p.page
-    served = {
-        "/index.html": (WIDGET_PAGE.format(css=(static / "sowviz.css").read_text()), "text/html"),
-        "/sowviz.js": ((static / "sowviz.js").read_text(), "text/javascript"),
-    }
-    pg.unroute("**/*")
-    pg.route(
-        "http://sowviz.test/**",
-        lambda r: r.fulfill(
-            status=200,
-            body=served["/" + r.request.url.split("/", 3)[3]][0],
-            content_type=served["/" + r.request.url.split("/", 3)[3]][1],
-        ),
-    )
+    pg = serve_widget_page(p)
     try:
         pg.goto("http://sowviz.test/index.html")
         pg.evaluate(FAKE_MODEL, {"mode": "grad"})
