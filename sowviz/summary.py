@@ -470,11 +470,12 @@ def _plain_phase(v: jax.Array, absmin: jax.Array, bins: int):
     have_log = absmax > 0  # some non-zero value (no subnormals here)
     # Moments in units of a power of two near absmax, as in the general path;
     # the scale is capped so that its inverse is a normal number too (scaled
-    # values stay below 4). The two sums spell the scaling differently, so
-    # they share no subexpression: XLA would write a shared one to memory.
+    # values stay below 4). The two sums spell the scaling differently.
     scale = jnp.minimum(_pow2_scale(absmax), np.asarray(2.0 ** (info.maxexp - 2), dtype))
     mean_s = jnp.sum(v * (1 / scale)) / n
-    c = v / scale - mean_s
+    # 2 / (2 * scale) == 1 / scale exactly, but is another expression: XLA turns
+    # `v / scale` into `v * (1 / scale)`, which it would then share (and write).
+    c = v * (2 / (scale * 2)) - mean_s
     ss = jnp.sum(c * c)
     # sum(vs**2) = sum((vs - mean)**2) + n * mean**2, both terms non-negative.
     stats = dict(

@@ -305,6 +305,70 @@ def test_empty(shape: tuple[int, ...]) -> None:
 
 
 # --------------------------------------------------------------------------
+# The fast path (every value finite, no subnormal) and the general one agree
+
+
+PLAIN = [
+    pytest.param(np.random.default_rng(3).normal(size=100), id="small"),
+    pytest.param(np.random.default_rng(4).normal(2.0, 3.0, size=20_000), id="large"),
+    pytest.param(np.array([0.0, 0.0, -0.0, 5.0, -1.0, 0.0]), id="zeros"),
+    pytest.param(np.zeros(7), id="all-zero"),
+    pytest.param(np.array([3e38, -1e38, 1e38, 2.0]), id="near-limit"),
+    pytest.param(np.array([2e38, 1.8e38, 1.9e38]), id="above-2**127"),
+    pytest.param(np.array([1.5e-37, 2e-37, 1.2e-37]), id="near-tiny"),
+    pytest.param(np.array([1e-30, 1e30, -1e-30, 5.0]), id="wide-logs"),
+]
+
+
+@pytest.mark.parametrize("values", PLAIN)
+def test_plain_arrays_match_numpy_and_the_general_path(values: np.ndarray) -> None:
+    a = values.astype(F32)
+    s = summarize(a)
+    check_against_reference(s, a, 64)
+    # One NaN more sends the same values down the general (masked) path.
+    g = to_host(summarize(np.append(a, F32(np.nan))))
+    h = to_host(s)
+    assert int(g.nan) == 1 and int(h.nan) == 0
+    for k in ("count", "zeros", "min", "max", "absmax"):
+        assert getattr(h, k) == getattr(g, k), k
+    for k in ("hist_edges", "hist_counts", "loghist_edges", "loghist_counts"):
+        np.testing.assert_array_equal(getattr(h, k), getattr(g, k), err_msg=k)
+    for k in ("mean", "std", "l2"):
+        np.testing.assert_allclose(getattr(h, k), getattr(g, k), rtol=2e-6, err_msg=k)
+
+
+def test_counts_beyond_int32_products() -> None:
+    # Bins are counted by adding an odd number k per element (not 1) and
+    # dividing by k modulo 2**32: the sums wrap around int32 many times here.
+    a = np.full(600_000, 7.0, F32)
+    a[:3] = [1.0, 2.0, 0.0]
+    h = to_host(summarize(a, bins=64))
+    assert int(h.hist_counts.sum()) == int(h.count) == a.size
+    assert int(h.hist_counts[-1]) == 600_000 - 3 and int(h.zeros) == 1
+    assert int(h.loghist_counts.max()) == 600_000 - 3
+    counts = summary_mod._tally_slots([jnp.full((300_000,), 4000, jnp.int32)], 4100, a)
+    assert int(counts[4000]) == 300_000 and int(counts.sum()) == 300_000
+
+
+@pytest.mark.parametrize("n", [50, 20_000], ids=["stacked-indices", "joint-indices"])
+@pytest.mark.parametrize("with_nan", [False, True], ids=["plain", "general"])
+def test_summarize_stack_is_vmap_of_summarize(n: int, with_nan: bool) -> None:
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(3, n)).astype(F32)
+    x[1] *= 1e4
+    x[2, :4] = 0.0
+    if with_nan:
+        x[1, 3] = np.nan
+    stacked = to_host(summary_mod.summarize_stack(x, bins=16))
+    vmapped = to_host(jax.vmap(lambda r: summarize(r, bins=16))(x))
+    assert stacked.shape == (n,) and stacked.count.shape == (3,)
+    for k in ("count", "nan", "zeros", "min", "max", "hist_counts", "loghist_counts"):
+        np.testing.assert_array_equal(getattr(stacked, k), getattr(vmapped, k), err_msg=k)
+    for i in range(3):
+        check_against_reference(jax.tree.map(lambda leaf, i=i: leaf[i], stacked), x[i], 16)
+
+
+# --------------------------------------------------------------------------
 # The pytree, JSON and the host transfer
 
 
