@@ -319,6 +319,12 @@ class Inspection:
         order = ["primal", "tangent", "cotangent"]
         return sorted(seen, key=lambda m: (order.index(m) if m in order else 3, m))
 
+    def __repr__(self) -> str:
+        return (
+            f"Inspection(title={self.title!r}, mode={self.mode!r}, nodes={len(self.graph.nodes)}, "
+            f"probes={len(self.probes)}, device={self.device!r})"
+        )
+
     def to_dict(self) -> dict[str, Any]:
         from . import __version__
 

@@ -256,16 +256,37 @@ def _lite(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def _origin(probes, pipeline: Pipeline) -> tuple[str | None, str | None] | None:
-    order = {n.id: n.order for n in pipeline.graph.nodes}
-    fwd = [
-        p for p in probes if any(_bad(s) for m, s in p.summaries.items() if "cotangent" not in m)
-    ]
-    bwd = [p for p in probes if any(_bad(s) for m, s in p.summaries.items() if "cotangent" in m)]
+    """Where non-finite values first appear, by the front end's rule (js/src/nonfinite.js):
+    nodes compare by `exit`, the largest program order in their subtree (a stage's output
+    exists once its last child ran). Forward: the smallest exit wins, the deeper node on a
+    tie; backward (it runs in reverse): the largest exit wins, the shallower on a tie."""
+    fwd = {
+        p.node
+        for p in probes
+        if any(_bad(s) for m, s in p.summaries.items() if "cotangent" not in m)
+    }
+    bwd = {
+        p.node for p in probes if any(_bad(s) for m, s in p.summaries.items() if "cotangent" in m)
+    }
     if not fwd and not bwd:
         return None
-    first = min(fwd, key=lambda p: order.get(p.node, 0)).node if fwd else None
-    last = max(bwd, key=lambda p: order.get(p.node, 0)).node if bwd else None
+    key = _exit_depth(pipeline.graph)
+    first = min(fwd, key=key.__getitem__) if fwd else None
+    last = max(bwd, key=key.__getitem__) if bwd else None
     return first, last
+
+
+def _exit_depth(graph) -> dict[str, tuple[int, int]]:
+    """Per node: (largest order in its subtree, -depth)."""
+    depth: dict[str, int] = {}
+    exit_: dict[str, int] = {}
+    for n in graph.nodes:  # parents come before children
+        depth[n.id] = 0 if n.parent is None else depth[n.parent] + 1
+        exit_[n.id] = n.order
+    for n in reversed(graph.nodes):
+        if n.parent is not None:
+            exit_[n.parent] = max(exit_[n.parent], exit_[n.id])
+    return {i: (exit_[i], -depth[i]) for i in depth}
 
 
 def _bad(s: dict[str, Any]) -> bool:

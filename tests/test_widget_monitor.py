@@ -218,3 +218,21 @@ def test_bad_monitor_arguments():
         sowviz.Monitor(3)
     with pytest.raises(TypeError, match="unknown option"):
         sowviz.Monitor(loss, histroy=3)
+
+
+def test_monitor_origin_agrees_with_the_front_end_rule():
+    # A scope whose inner `log` makes the NaN: with every equation probed, the origin is
+    # the equation (deeper node, same exit order), as the widget marks it.
+    def f(w, x):
+        with jax.named_scope("feat"):
+            h = jnp.tanh(x @ w)
+            h = h * jnp.log(jnp.mean(h**2, axis=-1, keepdims=True))
+        return jnp.mean(h)
+
+    mon = sowviz.Monitor(f, capture="all")
+    mon.step(jnp.ones((3, 4)), jnp.zeros((2, 3)).at[0].set(1.0))
+    mon.flush()
+    graph = mon._pipeline.graph
+    assert graph.node(mon.nonfinite.forward).kind == "eqn"
+    assert graph.node(graph.node(mon.nonfinite.forward).parent).label == "feat"
+    assert "Inspection(" in repr(sowviz.inspect(f, jnp.ones((3, 4)), jnp.ones((2, 3))))
