@@ -14,6 +14,7 @@ Memory is bounded by `history` steps on both sides.
 from __future__ import annotations
 
 import collections
+import gzip
 import math
 import time
 from collections.abc import Callable
@@ -203,8 +204,11 @@ class Monitor(Inspector):
             self._need_model = False
             self.model = self.to_dict()
         else:
-            for entry in self._outbox:
-                self.send({"type": "step", "step": entry})
+            # New steps only, as one gzipped JSON binary buffer.
+            self.send(
+                {"type": "steps", "encoding": "gzip-json", "count": len(self._outbox)},
+                buffers=[encode_steps(self._outbox)],
+            )
         self._outbox.clear()
 
     def to_dict(self, *, with_history: bool = True) -> dict[str, Any]:
@@ -244,6 +248,13 @@ class Monitor(Inspector):
 
         self.flush()
         return write_html(self.to_dict(), path)
+
+
+def encode_steps(steps: list[dict[str, Any]]) -> bytes:
+    """Steps as gzipped JSON (NaN/Inf as null), the payload of one front-end update."""
+    from .report import model_json
+
+    return gzip.compress(model_json(steps).encode("utf-8"), mtime=0)
 
 
 def _ready(buf: Any) -> bool:

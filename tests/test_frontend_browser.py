@@ -344,6 +344,7 @@ def test_widget_entry_point_with_a_stand_in_model(browser):
 @pytest.mark.browser
 def test_widget_model_arrives_as_gzipped_bytes(browser):
     """What the real Inspector syncs: `model_bytes` (gzipped JSON, a binary buffer)."""
+    from sowviz.monitor import encode_steps
     from sowviz.widget import encode_model
 
     p = Page(browser)
@@ -361,6 +362,17 @@ def test_widget_model_arrives_as_gzipped_bytes(browser):
         )
         pg.wait_for_selector("[data-node-id]")
         assert pg.locator("[data-node-id]").count() == 4
+        # Monitor steps: one gzipped JSON buffer per update
+        steps = [
+            {"step": i, "loss": 1.0 / (i + 1), "probes": {}, "nonfinite": None} for i in range(3)
+        ]
+        pg.evaluate(
+            """bytes => { const u8 = new Uint8Array(bytes);
+                 window.__widget.fire('msg:custom', {type: 'steps', encoding: 'gzip-json', count: 3},
+                                      [new DataView(u8.buffer)]); }""",
+            list(encode_steps(steps)),
+        )
+        pg.wait_for_selector('[data-role="loss"] .js-plotly-plot')
         assert p.errors == []
     finally:
         p.close()

@@ -112,22 +112,27 @@ def params_at(step):
 def test_updates_are_throttled_and_only_new_steps_travel():
     mon = sowviz.Monitor(loss, throttle=3600.0)  # one update per hour at most
     sent = []
-    mon.send = lambda msg, buffers=None: sent.append(msg)
+    mon.send = lambda msg, buffers=None: sent.append((msg, buffers))
     for _ in range(20):
         mon.step(PARAMS, X)
     mon.flush()  # forced
-    # The first summaries travel inside the model (probe ids → nodes); steps after
-    # that as messages, never the whole history again.
+    # The first summaries travel inside the model (probe ids → nodes); later steps as
+    # gzipped JSON binary buffers, never the whole history again.
     assert mon.model["history"]["steps"][0] == 0
-    assert len(sent) <= 20
-    assert all(m["type"] == "step" for m in sent)
-    steps = [m["step"]["step"] for m in sent]
+    assert len(sent) <= 2
+    steps = []
+    for msg, buffers in sent:
+        assert msg["type"] == "steps" and msg["encoding"] == "gzip-json"
+        decoded = json.loads(gzip.decompress(buffers[0]))
+        assert msg["count"] == len(decoded)
+        steps += [s["step"] for s in decoded]
+        assert all(set(s) >= {"step", "loss", "probes"} for s in decoded)
     assert steps == sorted(set(steps))
     assert set(steps).isdisjoint(mon.model["history"]["steps"])
     assert sorted(steps + mon.model["history"]["steps"]) == list(range(20))
 
     fast = sowviz.Monitor(loss, throttle=3600.0)
-    fast.send = lambda msg, buffers=None: sent.append(msg)
+    fast.send = lambda msg, buffers=None: sent.append((msg, buffers))
     before = len(sent)
     for _ in range(20):
         fast.step(PARAMS, X)

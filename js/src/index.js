@@ -38,11 +38,26 @@ function storeFor(model) {
   return store;
 }
 
-/** anywidget: per-model state. Steps from Python arrive as {"type": "step", "step": {...}}. */
+/**
+ * anywidget: per-model state. Monitor steps from Python arrive as
+ * {"type": "steps", "encoding": "gzip-json"} with one binary buffer holding a
+ * gzipped JSON list of steps, or plainly as {"type": "step", "step": {...}}.
+ * Decoding is asynchronous; a chain keeps the steps in order.
+ */
 function initialize({ model }) {
   const store = storeFor(model);
-  const onMsg = (msg) => {
-    if (msg && msg.type === "step" && msg.step) store.push(msg.step);
+  let chain = Promise.resolve();
+  const onMsg = (msg, buffers) => {
+    if (msg && msg.type === "step" && msg.step) {
+      chain = chain.then(() => store.push(msg.step));
+    } else if (msg && msg.type === "steps" && buffers?.length) {
+      const raw = buffers[0];
+      const bytes = raw instanceof DataView ? new Uint8Array(raw.buffer, raw.byteOffset, raw.byteLength) : new Uint8Array(raw);
+      chain = chain
+        .then(() => gunzip(bytes))
+        .then((text) => { for (const step of JSON.parse(text)) store.push(step); })
+        .catch((err) => console.warn("sowviz: a Monitor update could not be decoded", err));
+    }
   };
   model.on("msg:custom", onMsg);
   return () => {
