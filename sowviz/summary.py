@@ -338,23 +338,26 @@ def _values(x: jax.Array) -> tuple[jax.Array, bool]:
     return x.astype(acc), False
 
 
-def _plain_check(v: jax.Array, batched: bool) -> tuple[jax.Array, jax.Array]:
-    """Whether `v` is "plain" (all finite, no subnormal), and its smallest non-zero |v|.
+def _plain_check(v: jax.Array, batched: bool) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Whether `v` is "plain" (all finite, no subnormal), its smallest non-zero |v|
+    and its sum.
 
-    Both come from reductions whose input is arithmetic only (no select, no
-    compare), which XLA:CPU computes while reading `v` once, writing nothing: a
-    sum of `v * 0` is NaN iff some element is NaN or infinite, and zeros are
-    lifted to the largest finite value by `1 - sign|v|` before the min. With
-    `batched`, the smallest |v| is per member of the stack (leading axis) and
-    the answer is for the whole stack.
+    All come from reductions whose input is arithmetic only (no select, no
+    compare), which XLA:CPU computes while reading `v` once, writing nothing: the
+    sum is finite iff every element is (it is inf or NaN otherwise, or if it
+    overflows: then the general path runs, which is merely slower), and zeros
+    are lifted to the largest finite value by `1 - sign|v|` before the min.
+    With `batched`, the smallest |v| and the sum are per member of the stack
+    (leading axis) and the answer is for the whole stack.
     """
     big = np.asarray(jnp.finfo(v.dtype).max, v.dtype)
     tiny = np.asarray(jnp.finfo(v.dtype).tiny, v.dtype)
     a = jnp.abs(v)
     axes = tuple(range(1, v.ndim)) if batched else None
     smallest = jnp.min(a + (1 - jnp.sign(a)) * big, axis=axes)
-    plain = jnp.isfinite(jnp.sum(v * 0)) & jnp.all(smallest >= tiny)
-    return plain, smallest
+    total = jnp.sum(v, axis=axes)
+    plain = jnp.all(jnp.isfinite(total)) & jnp.all(smallest >= tiny)
+    return plain, smallest, total
 
 
 # How the statistics are computed on XLA:CPU (measured; the results follow the
@@ -458,10 +461,10 @@ def _log_range(absmin: jax.Array, absmax: jax.Array, have_log: jax.Array):
 # general path then needs the counts for its moments.
 
 
-def _plain_phase(v: jax.Array, absmin: jax.Array, bins: int):
+def _plain_phase(v: jax.Array, absmin: jax.Array, total: jax.Array, bins: int):
     """Everything but the counts of a plain `v` (see `_plain_check`; `absmin` is its
-    smallest |v| > 0, or the largest finite value if all are zeros), by the rules
-    of the general path."""
+    smallest |v| > 0, or the largest finite value if all are zeros; `total` its
+    finite sum), by the rules of the general path."""
     dtype = v.dtype
     info = jnp.finfo(dtype)
     n = v.size
@@ -470,12 +473,12 @@ def _plain_phase(v: jax.Array, absmin: jax.Array, bins: int):
     have_log = absmax > 0  # some non-zero value (no subnormals here)
     # Moments in units of a power of two near absmax, as in the general path;
     # the scale is capped so that its inverse is a normal number too (scaled
-    # values stay below 4). The two sums spell the scaling differently.
+    # values stay below 4). The sum did not overflow, so scaling it afterwards is
+    # the same as summing scaled values (a power of two commutes with rounding).
     scale = jnp.minimum(_pow2_scale(absmax), np.asarray(2.0 ** (info.maxexp - 2), dtype))
-    mean_s = jnp.sum(v * (1 / scale)) / n
-    # 2 / (2 * scale) == 1 / scale exactly, but is another expression: XLA turns
-    # `v / scale` into `v * (1 / scale)`, which it would then share (and write).
-    c = v * (2 / (scale * 2)) - mean_s
+    inv = 1 / scale
+    mean_s = total * inv / n
+    c = v * inv - mean_s
     ss = jnp.sum(c * c)
     # sum(vs**2) = sum((vs - mean)**2) + n * mean**2, both terms non-negative.
     stats = dict(
@@ -569,12 +572,12 @@ def _stats(v: jax.Array, bins: int, batch: int | None = None) -> dict[str, jax.A
     each = (lambda f: f) if batch is None else jax.vmap
     size = v.size // batch if batch else v.size
 
-    def plain(v: jax.Array, absmin: jax.Array) -> dict:
-        stats, idx, lidx = each(functools.partial(_plain_phase, bins=bins))(v, absmin)
+    def plain(v: jax.Array, absmin: jax.Array, total: jax.Array) -> dict:
+        stats, idx, lidx = each(functools.partial(_plain_phase, bins=bins))(v, absmin, total)
         lin, log = _count(idx, lidx, bins, bins + 1, batch, v)
         return _plain_counts(stats, lin, log, size, bins)
 
-    def general(v: jax.Array, absmin: jax.Array | None = None) -> dict:
+    def general(v: jax.Array, *_: jax.Array) -> dict:
         stats, idx, lidx = each(functools.partial(_general_phase, bins=bins))(v)
         lin, log = _count(idx, lidx, bins + 3, bins + 2, batch, v)
         hist_counts = lin[..., :bins]
@@ -593,8 +596,8 @@ def _stats(v: jax.Array, bins: int, batch: int | None = None) -> dict[str, jax.A
 
     if v.size == 0:
         return general(v)
-    ok, absmin = _plain_check(v, batched=batch is not None)
-    return jax.lax.cond(ok, plain, general, v, absmin)
+    ok, absmin, total = _plain_check(v, batched=batch is not None)
+    return jax.lax.cond(ok, plain, general, v, absmin, total)
 
 
 def _as_summary(stats: dict[str, jax.Array], x: Any, shape: tuple[int, ...], bins: int) -> Summary:
