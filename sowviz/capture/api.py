@@ -194,59 +194,6 @@ def _is_entry(d: dict) -> bool:
     return any(k == "primal" or k in META_KEYS or "." in k or k.endswith("tangent") for k in d)
 
 
-def summarize_grouped(tree: Any, options) -> Any:
-    """`summarize` every array leaf of `tree`, vmapped over groups of like arrays.
-
-    Models repeat shapes (one activation per layer): summarising each group in
-    one batched computation keeps the number of XLA operations independent of
-    the number of probes, which is what keeps summaries cheap on the CPU too.
-    """
-    from ..summary import summarize, summarize_stack
-
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    groups: dict[tuple, list[int]] = {}
-    for i, leaf in enumerate(leaves):
-        groups.setdefault((jnp.shape(leaf), jnp.result_type(leaf)), []).append(i)
-    out: list[Any] = [None] * len(leaves)
-    for idx in groups.values():
-        if len(idx) == 1:
-            out[idx[0]] = summarize(leaves[idx[0]], bins=options.bins)
-            continue
-        # `jax.vmap(summarize)`, but choosing the fast path once for the stack.
-        stacked = summarize_stack(jnp.stack([leaves[i] for i in idx]), bins=options.bins)
-        for i, summary in zip(idx, _unstack(stacked, len(idx))):
-            out[i] = summary
-    return jax.tree_util.tree_unflatten(treedef, out)
-
-
-def _unstack(stacked: Any, n: int) -> list[Any]:
-    """The `n` members of a stacked `Summary`, as slices of one buffer per dtype.
-
-    Each dtype's fields are laid out member by member, in the order in which a
-    `Summary` flattens (one small concatenate). `pack` later concatenates the
-    flattened leaves per dtype, in tree order: consecutive members are then
-    adjacent slices of one buffer, which XLA merges into one, instead of a
-    concatenate of thousands of separate slices (each a kernel launch on CPU).
-    """
-    fields, summary_def = jax.tree_util.tree_flatten(stacked)
-    by_dtype: dict[Any, list[int]] = {}
-    for f, leaf in enumerate(fields):
-        by_dtype.setdefault(leaf.dtype, []).append(f)
-    members: list[list[Any]] = [[None] * len(fields) for _ in range(n)]
-    for numbers in by_dtype.values():
-        rows = jnp.concatenate([fields[f].reshape(n, -1) for f in numbers], axis=1)
-        width = rows.shape[1]
-        flat = rows.reshape(-1)
-        for j in range(n):
-            off = j * width
-            for f in numbers:
-                shape = fields[f].shape[1:]
-                size = int(np.prod(shape, dtype=int))
-                members[j][f] = flat[off : off + size].reshape(shape)
-                off += size
-    return [jax.tree_util.tree_unflatten(summary_def, m) for m in members]
-
-
 def _hashable(v) -> bool:
     try:
         hash(v)

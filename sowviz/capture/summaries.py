@@ -37,13 +37,6 @@ class Regroup:
         return values, tree["meta"]
 
 
-def _stack_summary(stack: jax.Array, bins: int) -> _summary.Summary:
-    fast = getattr(_summary, "summarize_stack", None)
-    if fast is not None:
-        return fast(stack, bins=bins)
-    return jax.vmap(lambda a: _summary.summarize(a, bins=bins))(stack)
-
-
 def summarize_packed(values: Any, meta: Any, bins: int) -> Packed:
     """Summarise every array leaf of `values` (None leaves stay None), pack them
     with the raw `meta` arrays; `Packed.unpack()` returns `(summaries, meta)`."""
@@ -55,7 +48,7 @@ def summarize_packed(values: Any, meta: Any, bins: int) -> Packed:
     where: list[tuple[int, int] | None] = [None] * len(leaves)
     stacked = []
     for g, idx in enumerate(groups.values()):
-        stacked.append(_stack_summary(jnp.stack([leaves[i] for i in idx]), bins))
+        stacked.append(_summary.summarize_stack(jnp.stack([leaves[i] for i in idx]), bins=bins))
         for j, i in enumerate(idx):
             where[i] = (g, j)
     packed = pack({"groups": stacked, "meta": meta})
