@@ -26,14 +26,6 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "01_quickstart.ipynb"
 ARTIFACTS = ROOT / "artifacts"
-LAUNCH_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 N_WIDGETS = 5  # the quickstart shows one widget per mode
 
 
@@ -189,15 +181,14 @@ def run_all_cells(page, timeout: float = 120.0) -> None:
 
 @pytest.mark.browser
 @pytest.mark.slow
-def test_quickstart_runs_in_jupyterlab(chromium_path, tmp_path):
-    from playwright.sync_api import sync_playwright
-
+def test_quickstart_runs_in_jupyterlab(browser, tmp_path):
+    # `browser` is the session's shared chromium (tests/conftest.py): one Playwright
+    # driver per process, since a second sync_playwright() cannot start inside the first.
     ARTIFACTS.mkdir(exist_ok=True)
     (ARTIFACTS / "jupyterlab_e2e_failure.png").unlink(missing_ok=True)
     blocked: list[str] = []
     errors: list[str] = []
-    with jupyter_lab(tmp_path) as (url, log), sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium_path, args=LAUNCH_ARGS)
+    with jupyter_lab(tmp_path) as (url, log):
         context = browser.new_context(viewport={"width": 1400, "height": 1000})
         page = context.new_page()
         page.set_default_timeout(30_000)
@@ -266,6 +257,6 @@ def test_quickstart_runs_in_jupyterlab(chromium_path, tmp_path):
                 + log.read_text()[-3000:]
             ) from err
         finally:
-            browser.close()
+            context.close()
     assert blocked == []
     assert errors == [], errors
