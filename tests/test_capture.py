@@ -520,3 +520,17 @@ def test_grad_of_grad_keys_are_unambiguous():
     close(inter["h"]["cotangent"], jnp.cos(x**3))
     close(inter["h"]["primal.cotangent"], -jnp.sin(x**3) * 3 * x**2)  # dL2/dh
     close(inter["h"]["cotangent.cotangent"], 3 * x**2)  # dL2/d(inner cotangent)
+
+
+def test_summaries_of_names_that_look_like_keys():
+    def fn(x):
+        a = sow(x * 2, "primal")
+        b = sow(x * 3, "my.tangent")
+        return jnp.sum(a * b)
+
+    _, inter = save_intermediates(jax.grad(fn), summarize=True)(X)
+    assert set(inter) == {"primal", "my.tangent"}
+    assert set(inter["primal"]) == {"primal", "cotangent"}
+    np.testing.assert_allclose(
+        inter["primal"]["cotangent"].to_json()["l2"], np.linalg.norm(3 * X), rtol=1e-5
+    )

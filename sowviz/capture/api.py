@@ -111,7 +111,7 @@ class SaveIntermediates:
             inter = assemble(rec.captures, self._duplicates)
         if self._summary is None:
             return result, inter
-        return result, _summarize_entries(inter, self._summary)
+        return result, _summarize_entries(inter, self._summary, depth=2 if self._by_tag else 1)
 
     def __call__(self, *args, **kwargs):
         """Run `fn`; return `(result, intermediates)` (summaries on the host if summarising)."""
@@ -161,21 +161,23 @@ class SaveIntermediates:
         return fn(*dyn)
 
 
-def _summarize_entries(inter: dict, options) -> Packed:
-    """Pack summaries of the mode entries of every name (nested by tag or not), with
-    meta kept raw; `unpack()` gives back the same nesting."""
-    leaves_of: dict = {}
+def _summarize_entries(inter: dict, options, depth: int) -> Packed:
+    """Pack summaries of the mode entries of every name, with meta kept raw.
+
+    `inter` nests `depth` levels of dicts above the entries (`{name: entry}` is 1,
+    `{tag: {name: entry}}` is 2); `nest(*packed.unpack())` rebuilds it."""
+    entries: dict = {}
 
     def walk(d: dict, path: tuple) -> None:
         for k, v in d.items():
-            if isinstance(v, dict) and not _is_entry(v):
+            if len(path) + 1 < depth:
                 walk(v, (*path, k))
             else:
-                leaves_of[(*path, k)] = v
+                entries[(*path, k)] = v
 
     walk(inter, ())
-    values = {p: {k: v for k, v in e.items() if k not in META_KEYS} for p, e in leaves_of.items()}
-    meta = {p: {k: v for k, v in e.items() if k in META_KEYS} for p, e in leaves_of.items()}
+    values = {p: {k: v for k, v in e.items() if k not in META_KEYS} for p, e in entries.items()}
+    meta = {p: {k: v for k, v in e.items() if k in META_KEYS} for p, e in entries.items()}
     return summarize_packed(values, meta, options.bins)
 
 
@@ -188,10 +190,6 @@ def nest(summaries: dict, meta: dict) -> dict:
             d = d.setdefault(k, {})
         d[p[-1]] = {**e, **meta[p]}
     return out
-
-
-def _is_entry(d: dict) -> bool:
-    return any(k == "primal" or k in META_KEYS or "." in k or k.endswith("tangent") for k in d)
 
 
 def _hashable(v) -> bool:
