@@ -68,7 +68,8 @@ class Inspector(anywidget.AnyWidget):
         **kwargs: Any,
     ) -> None:
         self._rerun = None  # no re-run while traits are initialised
-        init_mode = (model or {}).get("mode", kwargs.pop("mode", "grad"))
+        requested = kwargs.pop("mode", "grad")
+        init_mode = (model or {}).get("mode", requested)
         super().__init__(model=model or {}, mode=init_mode, **kwargs)
         self._rerun = rerun
 
