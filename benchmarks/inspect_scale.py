@@ -60,7 +60,9 @@ def main() -> None:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         for target, _, _, path in rows:
             m = measure(browser, path, expand=None)
-            print(f"{target:>6} eqns: report interactive after {m['ready_ms']:.0f} ms in headless chromium")
+            print(
+                f"{target:>6} eqns: report interactive after {m['ready_ms']:.0f} ms in headless chromium"
+            )
         browser.close()
 
 

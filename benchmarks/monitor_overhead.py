@@ -49,7 +49,7 @@ def main() -> None:
         for _ in range(STEPS):
             for name, step in steps.items():
                 t0 = time.perf_counter()
-                value, g = step(p[name], x)
+                _, g = step(p[name], x)
                 p[name] = sgd(p[name], g)
                 jax.block_until_ready(p[name])
                 times[name].append(time.perf_counter() - t0)

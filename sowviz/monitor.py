@@ -26,23 +26,11 @@ import jax
 from .capture.api import nest
 from .capture.packing import Packed
 from .inspection import Inspection, InspectOptions, Pipeline
+from .summary import STAT_KEYS
 from .widget import Inspector
 
 # Fields kept per step in the history: what the charts over steps draw.
-_LITE = (
-    "count",
-    "nan",
-    "posinf",
-    "neginf",
-    "zeros",
-    "min",
-    "max",
-    "mean",
-    "std",
-    "l2",
-    "absmax",
-    "hist",
-)
+_LITE = (*STAT_KEYS, "hist")
 
 
 class NonFiniteError(FloatingPointError):

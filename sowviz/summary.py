@@ -74,7 +74,8 @@ class SummaryOptions:
         _check_bins(self.bins)
 
 
-_DATA_FIELDS = (
+#: The scalar statistics of a summary, in display order (also its JSON keys).
+STAT_KEYS = (
     "count",
     "nan",
     "posinf",
@@ -86,6 +87,10 @@ _DATA_FIELDS = (
     "std",
     "l2",
     "absmax",
+)
+
+_DATA_FIELDS = (
+    *STAT_KEYS,
     "hist_edges",
     "hist_counts",
     "loghist_edges",

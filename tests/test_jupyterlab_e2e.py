@@ -22,6 +22,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from conftest import install_kernelspec
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "01_quickstart.ipynb"
@@ -44,21 +45,7 @@ def lab_environment(base: pathlib.Path) -> dict[str, str]:
     """Jupyter's directories under `base`, a `python3` kernelspec for this interpreter,
     settings: no network checks, every notebook cell in the DOM."""
     prefix = base / "prefix"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ipykernel",
-            "install",
-            "--prefix",
-            str(prefix),
-            "--name",
-            "python3",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
+    install_kernelspec(prefix)
     settings = base / "settings"
     write_json(
         settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings",

@@ -8,11 +8,11 @@ import json
 import os
 import pathlib
 import re
-import subprocess
 import sys
 import time
 
 import pytest
+from conftest import install_kernelspec
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
@@ -31,21 +31,7 @@ def kernel_env(tmp_path_factory) -> dict[str, str]:
     and JAX with its default single CPU device (not the test suite's 8 fake ones)."""
     base = tmp_path_factory.mktemp("jupyter")
     prefix = base / "prefix"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ipykernel",
-            "install",
-            "--prefix",
-            str(prefix),
-            "--name",
-            "python3",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
+    install_kernelspec(prefix)
     spec = json.loads((prefix / "share/jupyter/kernels/python3/kernel.json").read_text())
     assert spec["argv"][0] == sys.executable
     env = dict(os.environ)
