@@ -38,6 +38,7 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check sowviz tests benchmarks
+	$(VENV)/bin/ruff format --check sowviz tests benchmarks
 
 test-js: $(NODE_STAMP)
 	cd js && npm test
