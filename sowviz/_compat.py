@@ -268,9 +268,7 @@ def aval_of(x):
 
 
 # --- graph builder
-# Helpers for sowviz/graph (stage graph and instrumentation). JAX 0.10 names the
-# `jax.checkpoint` primitive "remat2"; older releases used "checkpoint"/"remat".
-REMAT_NAMES = REMAT | {"remat2"}
+# Helpers for sowviz/graph (stage graph and instrumentation).
 SOW_NAMES = frozenset({"sow"})  # sowviz's and tesseract_jax's sow primitives
 _LIBRARY_DIRS = ("site-packages", "dist-packages")
 _GRAPH_SKIP_DIR = __file__.rsplit("/", 1)[0] + "/"  # sowviz itself

@@ -282,7 +282,7 @@ class _Builder:
             body = self.new("scope", "body", rec.id, src, shapes)
             self.descend(body, eqn, i, "body_jaxpr", None, here, probe, in_custom)
             return rec
-        if name in _compat.REMAT_NAMES:
+        if name in _compat.REMAT:
             rec = self.new("remat", "checkpoint", parent.id, src, shapes)
             self.descend(rec, eqn, i, "jaxpr", None, here, probe, in_custom)
             return rec
