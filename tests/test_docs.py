@@ -38,3 +38,13 @@ def test_one_version_number():
     assert sowviz.__version__ == pyproject["project"]["version"] == package["version"]
     model = sowviz.inspect(lambda x: jnp.sum(x**2), jnp.ones(2)).to_dict()
     assert model["versions"]["sowviz"] == sowviz.__version__
+
+
+def test_readme_quick_start_runs(tmp_path, monkeypatch):
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    code = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    assert (tmp_path / "loss.html").exists()
+    assert namespace["inter"]["hidden"]["cotangent"].shape == (32, 16)
