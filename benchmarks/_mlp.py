@@ -11,6 +11,9 @@ import jax.numpy as jnp
 
 import sowviz
 
+# The two MLPs of DESIGN.md's capture targets: (label, depth, width, batch).
+MLP_CASES = [("8x512 MLP, batch 256", 8, 512, 256), ("64x64 MLP, batch 32", 64, 64, 32)]
+
 
 def mlp_params(depth: int, width: int, seed: int = 0) -> list[dict[str, jax.Array]]:
     keys = jax.random.split(jax.random.PRNGKey(seed), depth)

@@ -10,16 +10,17 @@ from __future__ import annotations
 from functools import partial
 
 import jax
-from _mlp import interleaved_medians, mlp_loss, mlp_params
+from _mlp import MLP_CASES, interleaved_medians, mlp_loss, mlp_params
 
 import sowviz
 
-CASES = [("8x512 MLP, batch 256", 8, 512, 256, 30, 5), ("64x64 MLP, batch 32", 64, 64, 32, 30, 50)]
+REPEATS = {"8x512": (30, 5), "64x64": (30, 50)}  # (repeats, calls per repeat)
 
 
 def main() -> None:
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}")
-    for label, depth, width, batch, repeats, inner in CASES:
+    for label, depth, width, batch in MLP_CASES:
+        repeats, inner = REPEATS[label.split()[0]]
         params = mlp_params(depth, width)
         x = jax.random.normal(jax.random.PRNGKey(1), (batch, width))
         baseline = jax.jit(jax.grad(mlp_loss))

@@ -15,11 +15,11 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
-from _mlp import block, interleaved_medians, mlp_loss, mlp_params
+from _mlp import MLP_CASES, block, interleaved_medians, mlp_loss, mlp_params
 
 import sowviz
 
-CASES = [("8x512 MLP, batch 256", 8, 512, 256, 20, 3), ("64x64 MLP, batch 32", 64, 64, 32, 20, 20)]
+REPEATS = {"8x512": (20, 3), "64x64": (20, 20)}  # (repeats, calls per repeat)
 
 
 def fetched(wrapped, *args):
@@ -29,7 +29,8 @@ def fetched(wrapped, *args):
 
 def main() -> None:
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}")
-    for label, depth, width, batch, repeats, inner in CASES:
+    for label, depth, width, batch in MLP_CASES:
+        repeats, inner = REPEATS[label.split()[0]]
         params = mlp_params(depth, width)
         x = jax.random.normal(jax.random.PRNGKey(1), (batch, width))
         baseline = jax.jit(jax.grad(mlp_loss))

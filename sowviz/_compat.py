@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import jax
 from jax._src import api_util as _api_util
 from jax._src import core as _core
 from jax._src import effects as _effects
@@ -56,7 +55,6 @@ __all__ = [
     "mlir",
 ]
 
-JAX_VERSION = tuple(int(p) for p in jax.__version__.split(".")[:3] if p.isdigit())
 
 # ---------------------------------------------------------------------------
 # Effects. A tagged value must survive dead-code elimination inside `jit`,
@@ -99,10 +97,6 @@ capturing = _config.bool_state(
 )
 
 
-def is_zero_cotangent(x: Any) -> bool:
-    return type(x) is ad.Zero
-
-
 def instantiate_zeros(x: Any) -> Any:
     return ad.instantiate_zeros(x)
 
@@ -114,7 +108,6 @@ not_mapped = None  # batching's marker for an unbatched operand (0.4.31+: None)
 # Higher-order primitives by name. Names are stable across 0.7–0.10; looking
 # them up by name keeps the import surface small.
 
-PJIT = "jit"  # pjit_p.name; was "pjit" before JAX 0.7
 CALL_NAMES = frozenset({"jit", "pjit", "closed_call", "core_call"})
 SCAN = "scan"
 COND = "cond"
@@ -164,28 +157,6 @@ def user_location(eqn: JaxprEqn) -> SourceLocation | None:
     return SourceLocation(frame.file_name, frame.start_line, frame.function_name)
 
 
-def current_user_location() -> SourceLocation | None:
-    """The user's frame calling into JAX right now (for errors raised at trace time)."""
-    try:
-        frame = _source_info.user_frame(_source_info.current().traceback)
-    except Exception:
-        return None
-    if frame is None:
-        return None
-    return SourceLocation(frame.file_name, frame.start_line, frame.function_name)
-
-
-def name_stack(eqn: JaxprEqn) -> tuple[str, ...]:
-    """The `jax.named_scope` / transform name stack of `eqn`, outermost first."""
-    stack = eqn.source_info.name_stack
-    out: list[str] = []
-    for entry in getattr(stack, "stack", ()):
-        name = getattr(entry, "name", None)
-        if isinstance(name, str):
-            out.append(name)
-    return tuple(out)
-
-
 def name_stack_kinds(eqn: JaxprEqn) -> tuple[tuple[str, str], ...]:
     """(kind, name) per name-stack entry: kind is 'scope' or 'transform'."""
     stack = eqn.source_info.name_stack
@@ -202,16 +173,8 @@ def new_eqn(invars, outvars, primitive, params, effects, source_info=None) -> Ja
     return _core.new_jaxpr_eqn(invars, outvars, primitive, params, effects, source_info)
 
 
-def jaxpr_effects(jaxpr: Jaxpr):
-    return jaxpr.effects
-
-
 def eval_jaxpr(jaxpr: Jaxpr, consts, *args):
     return _core.eval_jaxpr(jaxpr, consts, *args)
-
-
-def unmapped_aval(size: int, aval):
-    return _core.unmapped_aval(size, 0, aval)
 
 
 # ---------------------------------------------------------------------------
@@ -263,15 +226,10 @@ def closed_to_open(closed: ClosedJaxpr) -> tuple[Jaxpr, list]:
 UNSPECIFIED_SHARDING = _UNSPECIFIED
 
 
-def aval_of(x):
-    return _core.get_aval(x)
-
-
 # --- graph builder
 # Helpers for sowviz/graph (stage graph and instrumentation).
 SOW_NAMES = frozenset({"sow"})  # sowviz's and tesseract_jax's sow primitives
 _LIBRARY_DIRS = ("site-packages", "dist-packages")
-_GRAPH_SKIP_DIR = __file__.rsplit("/", 1)[0] + "/"  # sowviz itself
 
 
 def user_location_outside_libraries(eqn: JaxprEqn) -> SourceLocation | None:
@@ -289,7 +247,7 @@ def user_location_outside_libraries(eqn: JaxprEqn) -> SourceLocation | None:
             fname = code.co_filename
             if (
                 not _source_info.is_user_filename(fname)
-                or fname.startswith(_GRAPH_SKIP_DIR)
+                or fname.startswith(_SOWVIZ_DIR + os.sep)
                 or any(d in fname for d in _LIBRARY_DIRS)
             ):
                 continue

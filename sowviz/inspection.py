@@ -363,10 +363,9 @@ class Inspection:
         return write_html(self.to_dict(), path)
 
     def _repr_html_(self) -> str:
-        n = sum(1 for p in self.probes)
         return (
             f"<p>sowviz.Inspection of <code>{_escape(self.title)}</code> ({self.mode}): "
-            f"{len(self.graph.nodes)} nodes, {n} probes. Use <code>sowviz.show(...)</code> "
+            f"{len(self.graph.nodes)} nodes, {len(self.probes)} probes. Use <code>sowviz.show(...)</code> "
             "for the interactive view.</p>"
         )
 
@@ -398,10 +397,6 @@ def inspect(
 ) -> Inspection:
     opts = InspectOptions.from_kwargs("inspect", mode, capture, options)
     return inspect_with(Pipeline(fn, args, opts), args)
-
-
-def nonfinite(summary: dict[str, Any]) -> bool:
-    return bool(summary["nan"] or summary["posinf"] or summary["neginf"])
 
 
 __all__ = ["InspectOptions", "Inspection", "Pipeline", "Probe", "inspect"]
