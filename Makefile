@@ -1,22 +1,57 @@
 # Two entry points for a fresh clone: `make demo` and `make test`.
-# Each does its own set-up: a virtual environment, Python packages, Node
+# Each does its own set-up: virtual environments, Python packages, Node
 # packages and Debian's chromium (for the browser tests) as needed.
+#
+# Two Python environments, because users meet two JAX generations:
+#   .venv         the newest Python found (3.12/3.13, pyenv's included), where pip
+#                 installs the newest JAX (0.12): the whole suite runs here.
+#   .venv-oldest  Python 3.11 with the oldest supported JAX (0.10.2): the engine,
+#                 summary, graph and model-zoo tests run here too.
 
 SHELL := /bin/bash
-PYTHON ?= python3
+PYENV_ROOT ?= $(HOME)/.pyenv
+
+# The first interpreter that exists and runs: a pyenv shim for a version that is
+# not selected fails, so pyenv's own interpreters are tried by path first.
+find_python = $(firstword $(foreach p,$(1),$(shell p=$(p); [ -x "$$p" ] || p=$$(command -v $(p) 2>/dev/null); [ -n "$$p" ] && "$$p" -c 'import sys' >/dev/null 2>&1 && echo "$$p")))
+PYTHON_NEW ?= $(call find_python,$(wildcard $(PYENV_ROOT)/versions/3.12*/bin/python3.12) $(wildcard $(PYENV_ROOT)/versions/3.13*/bin/python3.13) python3.12 python3.13 python3)
+PYTHON_OLD ?= $(call find_python,$(wildcard $(PYENV_ROOT)/versions/3.11*/bin/python3.11) python3.11 python3)
+OLDEST_JAX := jax==0.10.2 jaxlib==0.10.2
+
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-stamp
+VENV_OLD := .venv-oldest
+PY_OLD := $(VENV_OLD)/bin/python
+BASE_STAMP := $(VENV)/.base-stamp
+TEST_STAMP := $(VENV)/.test-stamp
+OLD_STAMP := $(VENV_OLD)/.test-stamp
 NODE_STAMP := js/node_modules/.installed-stamp
 CHROMIUM := /usr/bin/chromium
+PYTEST := -m pytest -q -p no:cacheprovider
+# Tests that depend on the JAX version (engine, summaries, graph, real models);
+# the views are the same on every JAX and run once, on the newest.
+OLDEST_TESTS := tests/test_capture.py tests/test_summary.py tests/test_graph.py tests/test_inspection.py tests/zoo
 
-.PHONY: demo test test-py test-js lint js chromium bench clean
+.PHONY: demo test test-py test-oldest test-js lint js chromium bench clean
 
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+# What `make demo` needs: the package alone (no test toolchain).
+$(BASE_STAMP): pyproject.toml
+	@echo "Python for the newest JAX: $(PYTHON_NEW)"
+	[ -x $(PY) ] || $(PYTHON_NEW) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	touch $(BASE_STAMP)
+
+$(TEST_STAMP): $(BASE_STAMP) pyproject.toml
 	$(PY) -m pip install -q -e ".[test]"
-	touch $(STAMP)
+	touch $(TEST_STAMP)
+
+$(OLD_STAMP): pyproject.toml
+	@echo "Python for the oldest supported JAX: $(PYTHON_OLD)"
+	[ -x $(PY_OLD) ] || $(PYTHON_OLD) -m venv $(VENV_OLD)
+	$(PY_OLD) -m pip install -q --upgrade pip
+	$(PY_OLD) -m pip install -q -e ".[test]" $(OLDEST_JAX)
+	touch $(OLD_STAMP)
 
 $(NODE_STAMP): js/package.json js/package-lock.json
 	cd js && npm ci --no-audit --no-fund
@@ -33,23 +68,28 @@ chromium:
 	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q chromium; \
 	fi
 
-demo: $(STAMP)
+demo: $(BASE_STAMP)
 	$(PY) -m sowviz demo -o report.html
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check sowviz tests benchmarks
 	$(VENV)/bin/ruff format --check sowviz tests benchmarks
 
 test-js: $(NODE_STAMP)
 	cd js && npm test
 
-test-py: $(STAMP) chromium
-	$(PY) -m pytest -q -p no:cacheprovider
+test-py: $(TEST_STAMP) chromium
+	$(PY) -c 'import jax, sys; print("newest:", sys.version.split()[0], "jax", jax.__version__)'
+	$(PY) $(PYTEST)
 
-test: lint js test-js test-py
+test-oldest: $(OLD_STAMP)
+	$(PY_OLD) -c 'import jax, sys; print("oldest:", sys.version.split()[0], "jax", jax.__version__)'
+	$(PY_OLD) $(PYTEST) -m "not browser" $(OLDEST_TESTS)
 
-bench: $(STAMP)
+test: lint js test-js test-py test-oldest
+
+bench: $(TEST_STAMP)
 	for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) js/node_modules
+	rm -rf $(VENV) $(VENV_OLD) js/node_modules
