@@ -18,7 +18,6 @@ import gzip
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -26,6 +25,9 @@ import jax
 from .capture.api import nest
 from .capture.packing import Packed
 from .inspection import Inspection, InspectOptions, Pipeline
+from .nonfinite import NonFinite
+from .nonfinite import message as _nonfinite_message
+from .nonfinite import origin as _nonfinite_origin
 from .summary import STAT_KEYS
 from .widget import Inspector
 
@@ -35,16 +37,6 @@ _LITE = (*STAT_KEYS, "hist")
 
 class NonFiniteError(FloatingPointError):
     """Raised by `Monitor.step` with `stop_on_nonfinite=True`: where NaN/Inf first appeared."""
-
-
-@dataclass(frozen=True)
-class NonFinite:
-    step: int
-    forward: str | None  # node id: first stage in program order with a non-finite primal/tangent
-    backward: str | None  # node id: last stage in program order with a non-finite cotangent
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "forward": self.forward, "backward": self.backward}
 
 
 class Monitor(Inspector):
@@ -144,7 +136,7 @@ class Monitor(Inspector):
             "loss": loss,
             "probes": {p.id: {m: _lite(s) for m, s in p.summaries.items()} for p in probes},
         }
-        origin = _origin(probes, self._pipeline)
+        origin = _nonfinite_origin(probes, self._pipeline.graph)
         if origin is None and loss is not None and not math.isfinite(loss):
             # No probe saw it (e.g. unscoped top-level code): the output did.
             outputs = [n.id for n in self._pipeline.graph.nodes if n.kind == "output"]
@@ -166,18 +158,7 @@ class Monitor(Inspector):
         self._outbox.append(entry)
         if self.stop_on_nonfinite and origin is not None:
             self.flush()
-            raise NonFiniteError(self._nonfinite_message(step, origin))
-
-    def _nonfinite_message(self, step: int, origin: tuple[str | None, str | None]) -> str:
-        assert self._pipeline is not None
-        graph = self._pipeline.graph
-        parts = []
-        for label, node in (("forward pass", origin[0]), ("backward pass", origin[1])):
-            if node is not None:
-                n = graph.node(node)
-                where = f" at {n.source}" if n.source else ""
-                parts.append(f"{label}: first in stage {n.label!r} ({n.kind}, {node}){where}")
-        return f"non-finite values at step {step}; " + "; ".join(parts)
+            raise NonFiniteError(_nonfinite_message(self._pipeline.graph, step, origin))
 
     # -- the view ---------------------------------------------------------------------
 
@@ -252,44 +233,6 @@ def _ready(buf: Any) -> bool:
 
 def _lite(summary: dict[str, Any]) -> dict[str, Any]:
     return {k: summary[k] for k in _LITE if k in summary}
-
-
-def _origin(probes, pipeline: Pipeline) -> tuple[str | None, str | None] | None:
-    """Where non-finite values first appear, by the front end's rule (js/src/nonfinite.js):
-    nodes compare by `exit`, the largest program order in their subtree (a stage's output
-    exists once its last child ran). Forward: the smallest exit wins, the deeper node on a
-    tie; backward (it runs in reverse): the largest exit wins, the shallower on a tie."""
-    fwd = {
-        p.node
-        for p in probes
-        if any(_bad(s) for m, s in p.summaries.items() if "cotangent" not in m)
-    }
-    bwd = {
-        p.node for p in probes if any(_bad(s) for m, s in p.summaries.items() if "cotangent" in m)
-    }
-    if not fwd and not bwd:
-        return None
-    key = _exit_depth(pipeline.graph)
-    first = min(fwd, key=key.__getitem__) if fwd else None
-    last = max(bwd, key=key.__getitem__) if bwd else None
-    return first, last
-
-
-def _exit_depth(graph) -> dict[str, tuple[int, int]]:
-    """Per node: (largest order in its subtree, -depth)."""
-    depth: dict[str, int] = {}
-    exit_: dict[str, int] = {}
-    for n in graph.nodes:  # parents come before children
-        depth[n.id] = 0 if n.parent is None else depth[n.parent] + 1
-        exit_[n.id] = n.order
-    for n in reversed(graph.nodes):
-        if n.parent is not None:
-            exit_[n.parent] = max(exit_[n.parent], exit_[n.id])
-    return {i: (exit_[i], -depth[i]) for i in depth}
-
-
-def _bad(s: dict[str, Any]) -> bool:
-    return bool(s.get("nan") or s.get("posinf") or s.get("neginf"))
 
 
 def _device() -> str:
