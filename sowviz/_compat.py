@@ -1,9 +1,24 @@
 """Every touch of JAX internals, and nothing else.
 
-sowviz supports JAX 0.7 – 0.10 and is tested on the version pinned by `make test`
-(0.10.2 at the time of writing). Public `jax.extend` names are preferred; the few
-`jax._src` imports below are the ones with no public equivalent. When JAX moves
-one of them, this is the only file to change.
+sowviz supports JAX 0.10, 0.11 and 0.12; `make test` runs the engine on the
+oldest (0.10.2) and the newest (0.12). Public `jax.extend` names are preferred;
+the few `jax._src` imports below are the ones with no public equivalent. Each
+internal whose layout changed between those versions has one function here,
+with a comment naming the version that changed it:
+
+* `scan_layout`: JAX 0.11 replaced scan's `num_consts` / `num_carry` params by
+  the flat trees `ft_in` / `ft_out`.
+* `jaxpr_and_consts`: JAX 0.11 merged `ClosedJaxpr` into `Jaxpr` (a jaxpr
+  carries its consts; `jax.extend.core.ClosedJaxpr` is an alias of `Jaxpr`).
+* `CLOSED_CALL`: JAX 0.12 renamed the staged `closed_call` primitive
+  `eval_jaxpr` (same `call_jaxpr` param).
+* `varying_axes`: JAX 0.9 moved a shard_map value's varying axes from
+  `aval.vma` to `aval.mat.varying`.
+
+Unchanged across 0.10–0.12 (checked against both installs): the params of
+`jit` (`inline` became an enum in 0.12, passed through untouched), `cond`,
+`while`, `remat2`, `custom_jvp_call`, `custom_vjp_call` and `shard_map`.
+When JAX moves one of these, this is the only file to change.
 """
 
 from __future__ import annotations
@@ -105,10 +120,14 @@ not_mapped = None  # batching's marker for an unbatched operand (0.4.31+: None)
 
 
 # ---------------------------------------------------------------------------
-# Higher-order primitives by name. Names are stable across 0.7–0.10; looking
-# them up by name keeps the import surface small.
+# Higher-order primitives by name (looking them up by name keeps the import
+# surface small). Renames are commented with the JAX version.
 
-CALL_NAMES = frozenset({"jit", "pjit", "closed_call", "core_call"})
+JIT = frozenset({"jit", "pjit"})  # "pjit" before JAX 0.7
+# A call of a closed jaxpr (`call_jaxpr` param): "closed_call" up to JAX 0.11,
+# "eval_jaxpr" from JAX 0.12 (`core.closed_call_p` is `eval_jaxpr_p` there).
+CLOSED_CALL = frozenset({"closed_call", "core_call", "call", "eval_jaxpr"})
+CALL_NAMES = JIT | CLOSED_CALL
 SCAN = "scan"
 COND = "cond"
 WHILE = "while"
@@ -119,13 +138,54 @@ SHARD_MAP = "shard_map"
 TESSERACT = "tesseract_dispatch"
 
 
+@dataclass(frozen=True)
+class ScanLayout:
+    """How a `scan` equation's operands split: consts, then carry, then xs."""
+
+    num_consts: int
+    num_carry: int
+
+
+def scan_layout(params: dict[str, Any]) -> ScanLayout:
+    """The operand layout of a `scan` equation from its params.
+
+    JAX <= 0.10 has `num_consts` / `num_carry` params; JAX 0.11 replaced them by
+    `ft_in` / `ft_out` (flat trees of (consts, carry, xs) and (carry, ys)).
+    """
+    if "num_consts" in params:  # JAX <= 0.10
+        return ScanLayout(params["num_consts"], params["num_carry"])
+    consts, carry, _xs = params["ft_in"].unpack()  # JAX >= 0.11
+    return ScanLayout(len(consts), len(carry))
+
+
+_HAS_CLOSED_JAXPR = ClosedJaxpr is not Jaxpr  # JAX 0.11 made ClosedJaxpr an alias
+
+
+def jaxpr_and_consts(j: Any) -> tuple[Jaxpr, list]:
+    """(jaxpr, consts) of a sub-program param, closed or open, such that
+    `jaxpr.constvars` pair with `consts` and `jaxpr.invars` are the operands.
+
+    Up to JAX 0.10 a param is a `ClosedJaxpr` (jaxpr + consts) or an open `Jaxpr`
+    (no consts). From JAX 0.11 there is only `Jaxpr`, which carries its consts
+    itself (its `constvars` are the inputs with attached values).
+    """
+    if _HAS_CLOSED_JAXPR and isinstance(j, ClosedJaxpr):  # JAX <= 0.10
+        return j.jaxpr, list(j.consts)
+    return j, list(getattr(j, "consts", ()))  # an open jaxpr, or any JAX >= 0.11 jaxpr
+
+
+def as_closed(jaxpr: Jaxpr) -> Any:
+    """An open jaxpr (no consts) as the closed form `jaxpr_and_consts` reads."""
+    return ClosedJaxpr(jaxpr, ()) if _HAS_CLOSED_JAXPR else jaxpr  # JAX >= 0.11: one class
+
+
 def sub_jaxprs(eqn: JaxprEqn) -> Iterator[tuple[str, int | None, Jaxpr]]:
     """(param name, index in a tuple param or None, jaxpr) for every jaxpr in `eqn.params`."""
     for key, val in eqn.params.items():
         items = val if isinstance(val, (tuple, list)) else (val,)
         for i, item in enumerate(items):
-            j = item.jaxpr if isinstance(item, ClosedJaxpr) else item
-            if isinstance(j, Jaxpr):
+            if isinstance(item, (Jaxpr, ClosedJaxpr)):
+                j, _ = jaxpr_and_consts(item)
                 yield key, (i if isinstance(val, (tuple, list)) else None), j
 
 
@@ -272,3 +332,38 @@ def replace_jaxpr(jaxpr: Jaxpr, **changes: Any) -> Jaxpr:
 
 def check_jaxpr(jaxpr: Jaxpr) -> None:
     _core.check_jaxpr(jaxpr)
+
+
+# --- added by graph (H4): module stages' call sites. `Traceback.raw_frames` and
+# `raw_frame_to_frame` are unchanged from JAX 0.10.2 to 0.12.
+def call_sites(eqn: JaxprEqn, code: Any) -> list[SourceLocation]:
+    """Where each active call of the function with code object `code` was made, for
+    the equation's traceback, innermost call first (JAX-internal frames skipped)."""
+    tb = eqn.source_info.traceback
+    if tb is None:
+        return []
+    try:
+        codes, lastis = tb.raw_frames()
+        out = []
+        for k, c in enumerate(codes):
+            if c is not code:
+                continue
+            for c2, lasti in zip(codes[k + 1 :], lastis[k + 1 :]):
+                if _source_info.is_user_filename(c2.co_filename) and c2 is not code:
+                    f = _source_info.raw_frame_to_frame(c2, lasti)
+                    out.append(SourceLocation(f.file_name, f.start_line, f.function_name))
+                    break
+        return out
+    except Exception:  # best effort, as user_location
+        return []
+
+
+def tesseract_client(params: dict[str, Any]) -> Any:
+    """The `Jaxeract` client of a `tesseract_dispatch` equation, or None.
+
+    tesseract-jax 0.4 passes it as the `client` param; tesseract-jax 0.5 bundles
+    every static param into one `params` object whose `.client` it is.
+    """
+    if "client" in params:  # tesseract-jax <= 0.4
+        return params["client"]
+    return getattr(params.get("params"), "client", None)  # tesseract-jax >= 0.5

@@ -250,6 +250,55 @@ def test_nested_scans_and_static_fori_loop_stack_each_level():
     close(inter["f"]["primal"][3], X * 2**6 + 6)
 
 
+def test_scan_with_consts_two_carries_and_xs_splits_operands_right():
+    # A traced closure (a scan const), two carries and two xs: a wrong split of
+    # the operands (consts | carry | xs) gives wrong rows or fails to trace.
+    def fn(x, w):
+        def body(carry, xs):
+            a, b = carry
+            s, t = xs
+            a = sow(jnp.tanh(a * s + w), "a")
+            b = sow(b + a * t, "b")
+            return (a, b), a * 2
+
+        (a, b), ys = lax.scan(body, (x, x * 0), (jnp.arange(1.0, 4.0), jnp.arange(3.0)))
+        return jnp.sum(a) + jnp.sum(b**2) + jnp.sum(ys)
+
+    w = jnp.linspace(0.0, 1.0, 5)
+    (grads, inter) = save_intermediates(jax.grad(fn, argnums=(0, 1)))(X, w)
+    rows_a, rows_b, a, b = [], [], X, X * 0
+    for s, t in [(1.0, 0.0), (2.0, 1.0), (3.0, 2.0)]:
+        a = jnp.tanh(a * s + w)
+        b = b + a * t
+        rows_a.append(a)
+        rows_b.append(b)
+    close(inter["a"]["primal"], jnp.stack(rows_a))
+    close(inter["b"]["primal"], jnp.stack(rows_b))
+    expected = jax.grad(fn, argnums=(0, 1))(X, w)
+    close(grads[0], expected[0])
+    close(grads[1], expected[1])
+    # The last row's cotangents: d(loss)/d(b_2) = 2 b_2, d(loss)/d(a_2) = 1 + 2 + 2 b_2 t_2.
+    close(inter["b"]["cotangent"][2], 2 * rows_b[2])
+    close(inter["a"]["cotangent"][2], 3 + 2 * rows_b[2] * 2.0)
+
+
+def test_closed_call_primitive_is_rewritten():
+    # `closed_call` (JAX <= 0.11) is staged as `eval_jaxpr` from JAX 0.12.
+    from jax.extend.core.primitives import closed_call_p
+
+    inner = jax.make_jaxpr(lambda x: [sow(jnp.sin(x) * W[0], "cc")])(X)
+
+    def fn(x):
+        (y,) = closed_call_p.bind(x, **closed_call_p.get_bind_params({"call_jaxpr": inner}))
+        return jnp.sum(y**2)
+
+    assert any(e.primitive is closed_call_p for e in jax.make_jaxpr(fn)(X).eqns)
+    grads, inter = save_intermediates(jax.grad(fn))(X)
+    close(grads, jax.grad(fn)(X))
+    close(inter["cc"]["primal"], jnp.sin(X) * W[0])
+    close(inter["cc"]["cotangent"], 2 * jnp.sin(X) * W[0])
+
+
 def test_reverse_scan_rows_follow_xs():
     def fn(x):
         _, ys = lax.scan(lambda c, w: (c, sow(c * w, "y")), x, jnp.arange(3.0), reverse=True)

@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import _compat
 from . import rules as _rules  # noqa: F401  (registers the rules)
-from .interpret import evaluate
+from .interpret import evaluate_closed
 from .packing import Packed
 from .record import Capture, Options, Recorder
 from .summaries import summarize_packed
@@ -99,7 +99,7 @@ class SaveIntermediates:
         with _compat.capturing(True):
             closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*flat)
         rec = Recorder(self._options)
-        outs = evaluate(closed.jaxpr, closed.consts, flat, rec)
+        outs = evaluate_closed(closed, flat, rec)
         self.notes = list(rec.notes)
         result = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), outs)
         if self._by_tag:

@@ -124,6 +124,12 @@ def evaluate(jaxpr, consts: Sequence[Any], args: Sequence[Any], rec: Recorder) -
     return [read(v) for v in jaxpr.outvars]
 
 
+def evaluate_closed(closed, args: Sequence[Any], rec: Recorder) -> list:
+    """`evaluate` for a sub-program param (closed or open: see `_compat.jaxpr_and_consts`)."""
+    jaxpr, consts = _compat.jaxpr_and_consts(closed)
+    return evaluate(jaxpr, consts, args, rec)
+
+
 def _sow_names(jaxpr, tags: frozenset[str]) -> list[str]:
     names: list[str] = []
     for eqn in jaxpr.eqns:

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .. import _compat
-from .interpret import CaptureError, contains_capture, evaluate, register
+from .interpret import CaptureError, contains_capture, evaluate_closed, register
 from .record import Recorder
 
 
@@ -42,7 +42,7 @@ def _traced_body(eqn, closed, rec: Recorder) -> tuple[object, Recorder]:
 
     def body(*args):
         child.reset()
-        outs = evaluate(closed.jaxpr, closed.consts, args, child)
+        outs = evaluate_closed(closed, args, child)
         return [*outs, *child.flat()]
 
     return _compat.trace_closed(body, _avals(eqn), name=str(eqn.primitive)), child
@@ -51,7 +51,7 @@ def _traced_body(eqn, closed, rec: Recorder) -> tuple[object, Recorder]:
 def _discover(closed, in_avals, rec: Recorder) -> Recorder:
     """Trace `closed` once to learn what it captures; values become ShapeDtypeStructs."""
     child = rec.child()
-    _compat.trace_closed(lambda *a: evaluate(closed.jaxpr, closed.consts, a, child), in_avals)
+    _compat.trace_closed(lambda *a: evaluate_closed(closed, a, child), in_avals)
     for c in child.captures:
         c.values = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in c.values]
         c.meta = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in c.meta.items()}
@@ -62,7 +62,7 @@ def _zeros(v):
     return jnp.zeros(v.shape, v.dtype)
 
 
-@register("jit", "pjit")
+@register(*_compat.JIT)
 def _jit(eqn, invals, rec):
     p = eqn.params
     new, child = _traced_body(eqn, p["jaxpr"], rec)
@@ -79,12 +79,9 @@ def _jit(eqn, invals, rec):
     return list(outs[:n_out])
 
 
-@register("closed_call", "core_call")
+@register(*_compat.CLOSED_CALL)
 def _closed_call(eqn, invals, rec):
-    closed = eqn.params["call_jaxpr"]
-    if isinstance(closed, _compat.Jaxpr):
-        return evaluate(closed, [], invals, rec)
-    return evaluate(closed.jaxpr, closed.consts, invals, rec)
+    return evaluate_closed(eqn.params["call_jaxpr"], invals, rec)
 
 
 @register(_compat.CUSTOM_JVP, *_compat.CUSTOM_VJP)
@@ -92,20 +89,21 @@ def _custom(eqn, invals, rec):
     # The rewritten program is run, never differentiated (derivatives were taken
     # before we saw it), so the custom rule has no role left: run the body.
     closed = eqn.params["call_jaxpr"]
-    return evaluate(closed.jaxpr, closed.consts, invals, rec)
+    return evaluate_closed(closed, invals, rec)
 
 
 @register("scan")
 def _scan(eqn, invals, rec):
     p = eqn.params
     closed = p["jaxpr"]
-    nc, ncar = p["num_consts"], p["num_carry"]
+    layout = _compat.scan_layout(p)
+    nc, ncar = layout.num_consts, layout.num_carry
     consts, init, xs = invals[:nc], invals[nc : nc + ncar], invals[nc + ncar :]
     child = rec.child()
 
     def body(carry, x):
         child.reset()
-        outs = evaluate(closed.jaxpr, closed.consts, [*consts, *carry, *x], child)
+        outs = evaluate_closed(closed, [*consts, *carry, *x], child)
         return outs[:ncar], (outs[ncar:], child.flat())
 
     carry, (ys, stacked) = lax.scan(
@@ -146,7 +144,7 @@ def _cond(eqn, invals, rec):
 
         def run(*a):
             child = rec.child()
-            outs = evaluate(br.jaxpr, br.consts, a, child)
+            outs = evaluate_closed(br, a, child)
             vals: list = [None] * len(slots)
             for slot, c in zip(slot_of[b], child.captures):
                 vals[slot] = c.flat()
@@ -175,7 +173,7 @@ def _while(eqn, invals, rec):
     p = eqn.params
     cond_closed, body_closed = p["cond_jaxpr"], p["body_jaxpr"]
     cnc, bnc = p["cond_nconsts"], p["body_nconsts"]
-    if contains_capture(cond_closed.jaxpr, rec.options.tags):
+    if contains_capture(_compat.jaxpr_and_consts(cond_closed)[0], rec.options.tags):
         raise CaptureError(
             "sowviz cannot capture a value sown inside a while_loop's `cond_fun` (at "
             f"{_compat.user_location(eqn) or 'unknown location'}): the condition runs once "
@@ -193,12 +191,12 @@ def _while(eqn, invals, rec):
 
     def cond_fn(state):
         carry, _, _ = state
-        return evaluate(cond_closed.jaxpr, cond_closed.consts, [*cconsts, *carry], rec.child())[0]
+        return evaluate_closed(cond_closed, [*cconsts, *carry], rec.child())[0]
 
     def body_fn(state):
         carry, bufs, i = state
         child = rec.child()
-        carry = evaluate(body_closed.jaxpr, body_closed.consts, [*bconsts, *carry], child)
+        carry = evaluate_closed(body_closed, [*bconsts, *carry], child)
         vals = child.flat()
         if loops == "last":
             bufs = vals
@@ -223,7 +221,7 @@ def _while(eqn, invals, rec):
 @register(*_compat.REMAT)
 def _remat(eqn, invals, rec):
     p = eqn.params
-    closed = _compat.ClosedJaxpr(p["jaxpr"], ())
+    closed = _compat.as_closed(p["jaxpr"])
     new, child = _traced_body(eqn, closed, rec)
     jaxpr, consts = _compat.closed_to_open(new)
     outs = eqn.primitive.bind(*consts, *invals, **dict(p, jaxpr=jaxpr))
@@ -242,7 +240,7 @@ def _shard_map(eqn, invals, rec):
 
     def body(*args):
         child.reset()
-        outs = evaluate(jaxpr, [], args, child)
+        outs = evaluate_closed(jaxpr, args, child)
         extra = []
         for v in child.flat():
             if p["check_vma"]:
