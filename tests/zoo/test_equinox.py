@@ -1,0 +1,115 @@
+"""Equinox `eqx.nn.MLP` and the MNIST-tutorial CNN, passed as modules."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import sowviz
+
+from .checks import STAT_RTOL, assert_close, assert_stage, assert_value_and_grad
+from .models import eqx_models as em
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    return em.make_mlp()
+
+
+@pytest.fixture(scope="module")
+def cnn():
+    return em.make_cnn()
+
+
+@pytest.fixture(scope="module")
+def cnn_ins(cnn):
+    return sowviz.inspect(em.cnn_loss, *cnn, mode="grad")
+
+
+def test_mlp_grad_equals_filter_value_and_grad(mlp):
+    ins = sowviz.inspect(em.mlp_loss, *mlp, mode="grad")
+    value, grads = eqx.filter_value_and_grad(em.mlp_loss)(*mlp)
+    assert_value_and_grad(ins.result, value, grads)
+
+
+def test_mlp_vjp_mode_equals_filter_vjp(mlp):
+    ins = sowviz.inspect(em.mlp_loss, *mlp, mode="vjp")
+    value, pull = eqx.filter_vjp(em.mlp_loss, *mlp)
+    assert_close(ins.result[0], value, what="value")
+    assert_close(ins.result[1], pull(jnp.ones_like(value)), what="cotangent")
+
+
+def test_mlp_jvp_mode_equals_filter_jvp(mlp):
+    model, x, y = mlp
+    t_model = jax.tree.map(
+        lambda a: (
+            jax.random.normal(jax.random.PRNGKey(5), a.shape, a.dtype) if eqx.is_array(a) else None
+        ),
+        model,
+    )
+    tangents = (t_model, jnp.ones_like(x), jnp.zeros_like(y))
+    ins = sowviz.inspect(em.mlp_loss, *mlp, mode="jvp", tangents=tangents)
+    value, tangent = eqx.filter_jvp(em.mlp_loss, mlp, tangents)
+    assert_close(ins.result[0], value, what="value")
+    assert_close(ins.result[1], tangent, what="tangent")
+
+
+def test_cnn_grad_equals_filter_value_and_grad(cnn, cnn_ins):
+    value, grads = eqx.filter_value_and_grad(em.cnn_loss)(*cnn)
+    assert_value_and_grad(cnn_ins.result, value, grads)
+
+
+def _split(model, x, y, i):
+    """Layer `i`'s (batched) output and the loss as a function of it."""
+    head = lambda v: [v := layer(v) for layer in model.layers[: i + 1]][-1]  # noqa: E731
+
+    def rest(v):
+        for layer in model.layers[i + 1 :]:
+            v = layer(v)
+        return v
+
+    h = jax.vmap(head)(x)
+    return h, lambda h: em.cross_entropy(y, jax.vmap(rest)(h))
+
+
+def test_cnn_stage_cotangents_equal_grad_of_the_downstream_model(cnn, cnn_ins):
+    model, x, y = cnn
+    for i in (0, 4, 6):  # Conv2d, first Linear, last Linear
+        h, tail = _split(model, x, y, i)
+        assert_stage(cnn_ins, h, key="cotangent", expected=jax.grad(tail)(h))
+
+
+class Tap(eqx.Module):
+    inner: eqx.Module
+    name: str = eqx.field(static=True)
+
+    def __call__(self, x, *, key=None):
+        return sowviz.sow(self.inner(x), self.name)
+
+
+def test_cnn_sown_copy_under_filter_grad(cnn):
+    """`eqx.tree_at` swaps layers for sowing wrappers; the sows sit under `jax.vmap`."""
+    model, x, y = cnn
+    sown = eqx.tree_at(
+        lambda m: (m.layers[0], m.layers[4]),
+        model,
+        (Tap(model.layers[0], "conv"), Tap(model.layers[4], "linear")),
+    )
+    grads, inter = sowviz.save_intermediates(eqx.filter_grad(em.cnn_loss))(sown, x, y)
+    for name, i in (("conv", 0), ("linear", 4)):
+        h, tail = _split(model, x, y, i)
+        np.testing.assert_allclose(inter[name]["primal"], h, rtol=STAT_RTOL, atol=1e-5)
+        want = jax.grad(tail)(h)
+        np.testing.assert_allclose(
+            inter[name]["cotangent"], want, rtol=STAT_RTOL, atol=1e-4 * float(jnp.abs(want).max())
+        )
+    want = eqx.filter_grad(em.cnn_loss)(model, x, y)
+    np.testing.assert_allclose(grads.layers[0].inner.weight, want.layers[0].weight, rtol=1e-5)
+
+
+@pytest.mark.browser
+def test_cnn_report_opens_in_chromium(cnn_ins, report):
+    report(cnn_ins)
