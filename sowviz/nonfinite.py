@@ -1,66 +1,376 @@
 """Where non-finite values (NaN/Inf) are born: one rule, used by the Monitor and `inspect`.
 
-The front end and the report display what this module computes; they never
-recompute it.
+The rule runs once, in Python, on the summaries of one step; its answer is stored
+in the model (`"nonfinite"`, see docs/model.md) and the front end and the report
+only display it.
+
+Forward pass. Values exist in program order, and a stage's output exists once its
+last child ran, so a node's time is its `exit` (the largest order in its subtree);
+inside a loop, the first iteration holding a non-finite value comes first (from the
+summary's `per_iteration.nonfinite`, when present). The *producer* is the
+earliest non-finite node; being the earliest, every value it read was finite. Every
+other non-finite node only passes the values on: a *propagator*.
+
+Backward pass. Cotangents exist in reverse order: the first non-finite cotangent is
+the one of the latest node (the shallower on a tie, a stage's output cotangent
+exists before its children's). That node's cotangent is the sum of what its
+consumers' backward rules made of their own (finite, since they ran before)
+cotangents, so the NaN was *born in the backward of* a consumer and *reaches* the
+node. Parameter gradients (the input nodes' cotangents) count too: the caller
+passes them as `inputs`.
+
+Expected values. Stages or sows named in `expect_nonfinite` (and everything inside
+them) may hold non-finite values without an alarm; values that only they make do
+not count as an origin. A non-finite forward value that never reaches a result
+(masked afterwards: the returned values and the gradients are all finite) is
+*removed*: it is reported, with no alarm.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
+
+_INF = math.inf
 
 
 @dataclass(frozen=True)
 class NonFinite:
+    """The Monitor's record of its first non-finite step (`mon.nonfinite`)."""
+
     step: int
-    forward: str | None  # node id: first stage in program order with a non-finite primal/tangent
-    backward: str | None  # node id: last stage in program order with a non-finite cotangent
+    forward: str | None  # node id of the forward producer
+    backward: str | None  # node id of the stage whose backward rule made the NaN
+    origins: Origins | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        if self.origins is not None:
+            return self.origins.to_dict()
         return {"step": self.step, "forward": self.forward, "backward": self.backward}
 
 
-def origin(probes, graph) -> tuple[str | None, str | None] | None:
-    """Where non-finite values first appear: nodes compare by `exit`, the largest
-    program order in their subtree (a stage's output exists once its last child ran).
-    Forward: the smallest exit wins, the deeper node on a tie; backward (it runs in
-    reverse): the largest exit wins, the shallower on a tie."""
-    fwd = {
-        p.node
-        for p in probes
-        if any(is_bad(s) for m, s in p.summaries.items() if "cotangent" not in m)
-    }
-    bwd = {
-        p.node for p in probes if any(is_bad(s) for m, s in p.summaries.items() if "cotangent" in m)
-    }
-    if not fwd and not bwd:
-        return None
-    key = exit_depth(graph)
-    first = min(fwd, key=key.__getitem__) if fwd else None
-    last = max(bwd, key=key.__getitem__) if bwd else None
-    return first, last
+@dataclass(frozen=True)
+class Equation:
+    """One equation inside an origin stage, found by re-running with every equation probed."""
+
+    node: str  # its node id in the graph (same ids whatever the capture)
+    primitive: str
+    source: Any  # SourceLocation | None
+    reaching: str | None = None  # backward: the equation whose cotangent it made non-finite
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "primitive": self.primitive,
+            "source": None if self.source is None else self.source.to_dict(),
+            "reaching": self.reaching,
+        }
 
 
-def exit_depth(graph) -> dict[str, tuple[int, int]]:
-    """Per node: (largest order in its subtree, -depth)."""
-    depth: dict[str, int] = {}
-    exit_: dict[str, int] = {}
-    for n in graph.nodes:  # parents come before children
-        depth[n.id] = 0 if n.parent is None else depth[n.parent] + 1
-        exit_[n.id] = n.order
-    for n in reversed(graph.nodes):
-        if n.parent is not None:
-            exit_[n.parent] = max(exit_[n.parent], exit_[n.id])
-    return {i: (exit_[i], -depth[i]) for i in depth}
+@dataclass(frozen=True)
+class Origin:
+    """Where one pass first made a non-finite value."""
+
+    pass_: str  # "forward" | "backward"
+    node: str | None  # forward: the producer; backward: the stage whose backward rule made it
+    reaching: str | None = None  # backward: the node whose cotangent first became non-finite
+    candidates: tuple[str, ...] = ()  # backward: every consumer that may have made it
+    equation: Equation | None = None
+    message: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "reaching": self.reaching,
+            "candidates": list(self.candidates),
+            "equation": None if self.equation is None else self.equation.to_dict(),
+            "message": self.message,
+        }
 
 
-def is_bad(s: dict[str, Any]) -> bool:
+@dataclass(frozen=True)
+class Origins:
+    """The answer of the rule for one step: the model's `"nonfinite"` field."""
+
+    step: int | None
+    forward: Origin | None
+    backward: Origin | None
+    propagators: tuple[str, ...] = ()
+    expected: tuple[str, ...] = ()
+    removed: bool = False  # forward non-finite values that never reached a result
+    alarm: bool = True  # False when only expected or removed values are non-finite
+    message: str = ""
+    nodes: tuple[str, ...] = field(default=(), repr=False)  # every non-finite node
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "forward": None if self.forward is None else self.forward.to_dict(),
+            "backward": None if self.backward is None else self.backward.to_dict(),
+            "propagators": list(self.propagators),
+            "expected": list(self.expected),
+            "removed": self.removed,
+            "alarm": self.alarm,
+            "message": self.message,
+        }
+
+
+# ---------------------------------------------------------------------------
+# Summaries.
+
+
+def is_bad(s: Mapping[str, Any] | None) -> bool:
     """Whether a summary counts any NaN, +Inf or -Inf."""
-    return bool(s.get("nan") or s.get("posinf") or s.get("neginf"))
+    return bool(s and (s.get("nan") or s.get("posinf") or s.get("neginf")))
 
 
-def message(graph, step: int, where: tuple[str | None, str | None]) -> str:
-    """The sentence `NonFiniteError` carries: the stages where NaN/Inf first appeared."""
+def is_backward_key(key: str) -> bool:
+    """A capture key holding a cotangent anywhere ("cotangent", "cotangent.tangent")."""
+    return "cotangent" in str(key).split(".")
+
+
+def _bad_iterations(s: Mapping[str, Any]) -> list[int]:
+    per = s.get("per_iteration") or {}
+    counts = per.get("nonfinite") or []
+    return [i for i, c in enumerate(counts) if c]
+
+
+@dataclass
+class _Flags:
+    fwd: bool = False
+    bwd: bool = False
+    fwd_iter: float = _INF  # first iteration with a non-finite forward value
+    bwd_iter: float = -_INF  # last iteration with a non-finite cotangent (runs first)
+
+
+def node_flags(probes: Iterable[Any]) -> dict[str, _Flags]:
+    """Per node: whether its own probes hold non-finite values, by pass."""
+    out: dict[str, _Flags] = {}
+    for p in probes:
+        for key, s in p.summaries.items():
+            if not is_bad(s):
+                continue
+            f = out.setdefault(p.node, _Flags())
+            its = _bad_iterations(s)
+            if is_backward_key(key):
+                f.bwd = True
+                if its:
+                    f.bwd_iter = max(f.bwd_iter, its[-1])
+            else:
+                f.fwd = True
+                if its:
+                    f.fwd_iter = min(f.fwd_iter, its[0])
+    return out
+
+
+# ---------------------------------------------------------------------------
+# The graph: times, consumers, names.
+
+_STACKED = ("scan", "while")
+
+
+class _Index:
+    def __init__(self, graph: Any) -> None:
+        self.graph = graph
+        self.depth: dict[str, int] = {}
+        self.exit: dict[str, int] = {}
+        self.loop: dict[str, str | None] = {}  # outermost stacked ancestor
+        self.nodes = {n.id: n for n in graph.nodes}
+        for n in graph.nodes:  # parents come before children
+            p = n.parent
+            self.depth[n.id] = 0 if p is None else self.depth[p] + 1
+            self.exit[n.id] = n.order
+            outer = None if p is None else self.loop[p]
+            if outer is None and p is not None and self.nodes[p].kind in _STACKED:
+                outer = p
+            self.loop[n.id] = outer
+        for n in reversed(graph.nodes):
+            if n.parent is not None:
+                self.exit[n.parent] = max(self.exit[n.parent], self.exit[n.id])
+        self.out: dict[str, list[str]] = {}
+        for e in graph.edges:
+            self.out.setdefault(e.source, []).append(e.target)
+
+    def key(self, node: str, iteration: float) -> tuple[float, float, int, int]:
+        """When a node's value exists (forward time; the backward runs it in reverse)."""
+        loop = self.loop[node]
+        first = self.nodes[loop].order if loop is not None else self.exit[node]
+        it = iteration if loop is not None and math.isfinite(iteration) else _INF
+        return (first, it, self.exit[node], -self.depth[node])
+
+    def ancestors(self, node: str) -> list[str]:
+        out, p = [], self.nodes[node].parent
+        while p is not None:
+            out.append(p)
+            p = self.nodes[p].parent
+        return out
+
+    def consumers(self, node: str) -> list[str]:
+        """The nodes reading `node`'s values: its level's edges, else its parent's."""
+        cur: str | None = node
+        while cur is not None:
+            targets = [t for t in self.out.get(cur, ()) if self.nodes[t].kind != "output"]
+            if targets or cur in self.out:
+                return targets
+            cur = self.nodes[cur].parent
+        return []
+
+    def name(self, node: str) -> str:
+        n = self.nodes[node]
+        at = f" ({n.source.file}:{n.source.line})" if n.source is not None else ""
+        return f"`{n.label}`{at}"
+
+
+def _expected_nodes(ix: _Index, expect: Sequence[str]) -> set[str]:
+    names = set(expect)
+    marked = {n.id for n in ix.graph.nodes if n.label in names or n.id in names}
+    for name in names:
+        marked.update(getattr(ix.graph, "sow_nodes_all", {}).get(name, ()))
+    out = set(marked)
+    for n in ix.graph.nodes:  # parents first: a child of an expected node is expected
+        if n.parent in out:
+            out.add(n.id)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# The rule.
+
+
+def find(
+    probes: Iterable[Any],
+    graph: Any,
+    *,
+    step: int | None = None,
+    inputs: Mapping[str, tuple[bool, bool]] | None = None,
+    results_finite: bool | None = None,
+    expect_nonfinite: Sequence[str] = (),
+) -> Origins | None:
+    """The origins of non-finite values on one step, or None when every value is finite.
+
+    `inputs` maps input node ids to (value non-finite, gradient non-finite): the
+    arguments and parameter gradients, which no probe sees. `results_finite` says
+    whether everything the step returned (value and gradients) is finite; with True,
+    forward non-finite values were removed before a result. `expect_nonfinite` names
+    stages or sows where non-finite values are expected.
+    """
+    ix = _Index(graph)
+    flags = node_flags(probes)
+    for node, (fwd, bwd) in (inputs or {}).items():
+        if fwd or bwd:
+            f = flags.setdefault(node, _Flags())
+            f.fwd, f.bwd = f.fwd or fwd, f.bwd or bwd
+    if not flags:
+        return None
+    expected = _expected_nodes(ix, expect_nonfinite) if expect_nonfinite else set()
+    fwd = {n: f for n, f in flags.items() if f.fwd and n not in expected}
+    bwd = {n: f for n, f in flags.items() if f.bwd and n not in expected}
+    fwd_origin = bwd_origin = None
+    if fwd:
+        node = min(fwd, key=lambda n: ix.key(n, fwd[n].fwd_iter))
+        fwd_origin = Origin("forward", node, message=_fwd_message(ix, node))
+    if bwd:
+        reach = max(bwd, key=lambda n: ix.key(n, bwd[n].bwd_iter))
+        cands = [c for c in ix.consumers(reach) if not (c in flags and flags[c].bwd)]
+        cands.sort(key=lambda c: ix.exit[c], reverse=True)  # the latest runs first backward
+        made = cands[0] if cands else None
+        bwd_origin = Origin(
+            "backward", made, reach, tuple(cands), message=_bwd_message(ix, made, reach, cands)
+        )
+    origin_ids = {o.node for o in (fwd_origin, bwd_origin) if o is not None and o.node}
+    holders = {a for o in origin_ids for a in ix.ancestors(o)} | origin_ids
+    nonfinite = sorted((n for n, f in flags.items() if f.fwd or f.bwd), key=ix.exit.__getitem__)
+    propagators = tuple(n for n in nonfinite if n not in holders and n not in expected)
+    removed = fwd_origin is not None and results_finite is True
+    alarm = (fwd_origin is not None and not removed) or bwd_origin is not None
+    out = Origins(
+        step=step,
+        forward=fwd_origin,
+        backward=bwd_origin,
+        propagators=propagators,
+        expected=tuple(n for n in nonfinite if n in expected),
+        removed=removed,
+        alarm=alarm,
+        nodes=tuple(nonfinite),
+    )
+    return _with_message(out)
+
+
+def _fwd_message(ix: _Index, node: str) -> str:
+    kind = ix.nodes[node].kind
+    if kind == "input":
+        return f"the input {ix.name(node)} holds non-finite values"
+    return f"first made by {ix.name(node)}"
+
+
+def _bwd_message(ix: _Index, made: str | None, reach: str, cands: Sequence[str]) -> str:
+    if made is None:
+        return f"the cotangent of {ix.name(reach)} is non-finite where the backward pass starts"
+    others = [ix.name(c) for c in cands[1:]]
+    alt = f" (or of {', '.join(others)})" if others else ""
+    return f"born in the backward of {ix.name(made)}{alt}, reaching {ix.name(reach)}"
+
+
+def _with_message(o: Origins) -> Origins:
+    from dataclasses import replace
+
+    parts = []
+    if o.forward is not None:
+        parts.append("forward pass: " + o.forward.message)
+    if o.backward is not None:
+        parts.append("backward pass: " + o.backward.message)
+    text = "; ".join(parts) or "only expected non-finite values"
+    if o.removed:
+        text += " (masked afterwards: no result is non-finite)"
+    return replace(o, message=text)
+
+
+def with_equations(
+    o: Origins, graph: Any, forward: Equation | None, backward: Equation | None
+) -> Origins:
+    """`o` with the equations `locate` found, named in the messages:
+    "`rsqrt` in `LayerNorm_0` at models.py:112"."""
+    from dataclasses import replace
+
+    ix = _Index(graph)
+
+    def where(origin: Origin, eq: Equation) -> str:
+        at = f" at {eq.source.file}:{eq.source.line}" if eq.source is not None else ""
+        stage = origin.node
+        inside = f" in `{ix.nodes[stage].label}`" if stage and stage != eq.node else ""
+        return f"`{eq.primitive}`{inside}{at}"
+
+    fwd, bwd = o.forward, o.backward
+    if fwd is not None and forward is not None:
+        fwd = replace(fwd, equation=forward, message=f"first made by {where(fwd, forward)}")
+    if bwd is not None and backward is not None:
+        target = backward.reaching if bwd.reaching == bwd.node else bwd.reaching
+        reach = f", reaching {ix.name(target)}" if target else ""
+        msg = f"born in the backward of {where(bwd, backward)}{reach}"
+        bwd = replace(bwd, equation=backward, message=msg)
+    return _with_message(replace(o, forward=fwd, backward=bwd))
+
+
+# ---------------------------------------------------------------------------
+# The Monitor's historic interface (node ids only).
+
+
+def origin(probes, graph) -> tuple[str | None, str | None] | None:
+    """(forward producer, backward origin) node ids, or None when all values are finite."""
+    o = find(probes, graph)
+    if o is None or (o.forward is None and o.backward is None):
+        return None
+    fwd = o.forward.node if o.forward else None
+    bwd = (o.backward.node or o.backward.reaching) if o.backward else None
+    return fwd, bwd
+
+
+def message(graph, step: int, where: Any) -> str:
+    """The sentence `NonFiniteError` carries: where NaN/Inf first appeared."""
+    if isinstance(where, Origins):
+        return f"non-finite values at step {step}; {where.message}"
     parts = []
     for label, node in (("forward pass", where[0]), ("backward pass", where[1])):
         if node is not None:

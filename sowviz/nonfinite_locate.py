@@ -1,0 +1,207 @@
+"""Non-finite values of one run: the inputs and gradients no probe sees, and the
+equation inside an origin stage (a re-run of the step with every equation probed).
+
+`analyse(out, options, args)` is the rule of `sowviz.nonfinite` on one compiled
+program's output; `locate(fn, args, options)` re-runs the same step with
+`capture="all"` and names the equation and its source line, e.g.
+"`rsqrt` in `LayerNorm_0` at models.py:112".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import jax
+import numpy as np
+
+from .nonfinite import Equation, Origins, find, with_equations
+
+
+def _bad(x: Any) -> bool:
+    if x is None or not hasattr(x, "dtype"):
+        return False
+    if not np.issubdtype(np.dtype(x.dtype), np.inexact):
+        return False
+    return not bool(np.all(np.isfinite(np.asarray(jax.device_get(x)))))
+
+
+def _mode(options: Any) -> str:
+    return getattr(options.mode, "value", options.mode)
+
+
+def _argnums(options: Any, n_args: int) -> tuple[tuple[int, ...], bool]:
+    nums = options.argnums
+    single = isinstance(nums, int)
+    seq = (nums,) if single else tuple(nums)
+    return tuple(a % n_args for a in seq), single
+
+
+def input_flags(traced: Any, options: Any, result: Any, args: Sequence[Any] | None):
+    """Per input node: (value non-finite, gradient non-finite). Values need `args`;
+    gradients are read from a "grad" result `(value, grads)`."""
+    inputs = [n.id for n in traced.graph.nodes if n.kind == "input"]
+    layout = traced.layout
+    fwd = [False] * len(inputs)
+    bwd = [False] * len(inputs)
+    if args is not None:
+        leaves = jax.tree_util.tree_leaves(tuple(args))
+        for j, leaf in enumerate(layout.leaf_of):
+            if j < len(fwd) and leaf < len(leaves):
+                fwd[j] = _bad(leaves[leaf])
+    if _mode(options) == "grad" and isinstance(result, tuple) and len(result) == 2:
+        nums, single = _argnums(options, layout.n_args)
+        grads = (result[1],) if single else tuple(result[1])
+        per_arg = {
+            i: jax.tree_util.tree_leaves(g, is_leaf=lambda x: x is None)
+            for i, g in zip(nums, grads)
+        }
+        for j in layout.floating:
+            i = layout.arg_of[j]
+            if i in per_arg and j < len(bwd):
+                k = layout.leaf_of[j] - layout.offsets[i]
+                if k < len(per_arg[i]):
+                    bwd[j] = _bad(per_arg[i][k])
+    return {n: (f, b) for n, f, b in zip(inputs, fwd, bwd)}
+
+
+def results_finite(result: Any) -> bool:
+    """Whether every floating leaf the step returned (value, gradients) is finite."""
+    return not any(_bad(x) for x in jax.tree_util.tree_leaves(result))
+
+
+def analyse(
+    inspection: Any, traced: Any, options: Any, args: Sequence[Any] | None = None, step=None
+) -> Origins | None:
+    """The origins of one run's non-finite values (None when all are finite)."""
+    return find(
+        inspection.probes,
+        inspection.graph,
+        step=step,
+        inputs=input_flags(traced, options, inspection.result, args),
+        results_finite=results_finite(inspection.result),
+        expect_nonfinite=getattr(options, "expect_nonfinite", ()) or (),
+    )
+
+
+def _run_all(fn: Callable, args: Sequence[Any], options: Any):
+    from ._program import runner_for
+    from .inspection import inspection_of
+
+    opts = replace(options, capture="all")
+    out = runner_for(fn, opts).run(tuple(args), where="locate")
+    return inspection_of(out, opts), out.traced, opts
+
+
+def _stage_of(graph: Any, node: str) -> str:
+    """The stage an equation belongs to (itself when it sits at the top level)."""
+    n = graph.node(node)
+    if n.kind in ("eqn", "sow") and n.parent is not None and n.parent != graph.root:
+        return n.parent
+    return node
+
+
+class _Dataflow:
+    """Which equations read a node's values, from the jaxpr (exact, unlike lifted edges)."""
+
+    def __init__(self, traced: Any) -> None:
+        from . import _compat
+
+        self._compat = _compat
+        self.closed = traced.closed
+        self.points = {p.node: p for p in traced.graph.probe_points}
+        self.at: dict[tuple, str] = {}
+        for p in traced.graph.probe_points:
+            if p.kind != "scope" and len({i for i, _ in p.values}) == 1:
+                self.at[(p.path, p.values[0][0])] = p.node
+
+    def _jaxpr(self, path) -> Any:
+        j, _ = self._compat.jaxpr_and_consts(self.closed)
+        for i, param, index in path:
+            val = j.eqns[i].params[param]
+            if index is not None:
+                val = val[index]
+            j, _ = self._compat.jaxpr_and_consts(val)
+        return j
+
+    def consumers(self, node: str) -> list[str]:
+        """Node ids of the equations reading `node`'s values (leaving a sub-program: the
+        enclosing equation's readers)."""
+        p = self.points.get(node)
+        if p is None:
+            return []
+        return self._readers(p.path, [(i, k) for i, k in p.values])
+
+    def _readers(self, path, values) -> list[str]:
+        j = self._jaxpr(path)
+        vs = {id(j.eqns[i].outvars[k]) for i, k in values}
+        out = []
+        start = min(i for i, _ in values) + 1
+        for e in range(start, len(j.eqns)):
+            if any(id(v) in vs for v in j.eqns[e].invars):
+                node = self.at.get((path, e))
+                if node is not None:
+                    out.append(node)
+        if path and any(id(v) in vs for v in j.outvars):
+            up, (i, _, _) = path[:-1], path[-1]
+            parent = self._jaxpr(up)
+            out += self._readers(up, [(i, k) for k in range(len(parent.eqns[i].outvars))])
+        return out
+
+
+def _culprit(ins: Any, traced: Any, reach: str) -> tuple[str, ...]:
+    """The equations reading `reach` whose own cotangent is finite, latest first."""
+    from .nonfinite import node_flags
+
+    flags = node_flags(ins.probes)
+    order = {n.id: n.order for n in ins.graph.nodes}
+    cands = [c for c in _Dataflow(traced).consumers(reach) if not (c in flags and flags[c].bwd)]
+    return tuple(sorted(set(cands), key=order.__getitem__, reverse=True))
+
+
+def locate(
+    fn: Callable, args: Sequence[Any], options: Any = None, *, step: int | None = None
+) -> Origins | None:
+    """Re-run `fn(*args)` under `options` with every equation probed and return the
+    origins down to the equation (None when every value is finite).
+
+    The forward equation is the earliest non-finite equation; the backward one is
+    the equation whose backward rule first made a cotangent non-finite. Each origin's
+    `node` is the stage holding that equation.
+    """
+    from .options import InspectOptions
+
+    if options is None:
+        options = InspectOptions()
+    ins, traced, opts = _run_all(fn, args, options)
+    fine = analyse(ins, traced, opts, args, step)
+    if fine is None:
+        return None
+    g = ins.graph
+    fwd_eq = bwd_eq = None
+    fwd, bwd = fine.forward, fine.backward
+    if fwd is not None and fwd.node is not None and g.node(fwd.node).kind != "input":
+        n = g.node(fwd.node)
+        fwd_eq = Equation(n.id, n.primitive or n.label, n.source or _src(g, n))
+        fwd = replace(fwd, node=_stage_of(g, n.id))
+    if bwd is not None and bwd.reaching is not None:
+        reach = bwd.reaching
+        if g.node(reach).kind != "input":
+            cands = _culprit(ins, traced, reach) or bwd.candidates
+        else:
+            cands = bwd.candidates
+        if cands:
+            n = g.node(cands[0])
+            bwd_eq = Equation(n.id, n.primitive or n.label, n.source or _src(g, n), reach)
+            bwd = replace(bwd, node=_stage_of(g, n.id), reaching=_stage_of(g, reach))
+            bwd = replace(bwd, candidates=tuple(_stage_of(g, c) for c in cands))
+    out = replace(fine, forward=fwd, backward=bwd)
+    return with_equations(out, g, fwd_eq, bwd_eq)
+
+
+def _src(graph: Any, n: Any) -> Any:
+    """An equation inside a library function has no user line: its stage's call site."""
+    while n.source is None and n.parent is not None:
+        n = graph.node(n.parent)
+    return n.source
