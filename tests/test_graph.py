@@ -14,10 +14,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 from jax import lax
 
 from sowviz import _compat, sow
-from sowviz.graph import ProbePoint, build_graph, instrument, instrument_jaxpr
+from sowviz.graph import ProbePoint, build_graph, frameworks, instrument, instrument_jaxpr
 from sowviz.graph.build import _count_eqns
 
 HERE = Path(__file__)
@@ -54,6 +55,11 @@ def by_label(g, label, kind=None):
 def one(g, label, kind=None):
     (node,) = by_label(g, label, kind)
     return node
+
+
+def stage_points(g):
+    """Probe points of stages (not of the program's inputs and outputs)."""
+    return tuple(p for p in g.probe_points if p.kind not in ("input", "output"))
 
 
 def edge_set(g):
@@ -254,7 +260,7 @@ def test_cond_branches():
     assert all(b.kind == "scope" for b in branches)
     sin = one(g, "sin")
     assert sin.parent == branches[1].id and sin.source.line == line_of("@branch_pos")
-    assert [p.node for p in g.probe_points] == [cond.id]
+    assert [p.node for p in stage_points(g)] == [cond.id]
 
 
 def test_while_loop():
@@ -266,7 +272,7 @@ def test_while_loop():
     mul = one(g, "mul")
     assert mul.parent == body.id and mul.source.line == line_of("@while_body")
     # Only the float output of the loop is probed (the counter is int32).
-    (p,) = g.probe_points
+    (p,) = stage_points(g)
     assert p.node == w.id and p.shapes == ("float32[3,4]",) and p.values == ((0, 1),)
 
 
@@ -275,7 +281,7 @@ def test_checkpoint():
     r = one(g, "checkpoint", "remat")
     assert {n.label for n in g.children(r.id)} == {"sin", "cos", "mul"}
     assert one(g, "sin").source.line == line_of("@remat_body")
-    assert [p.node for p in g.probe_points] == [r.id]
+    assert [p.node for p in stage_points(g)] == [r.id]
 
 
 def test_custom_jvp_probed_on_outputs_with_note():
@@ -305,8 +311,10 @@ def test_equinox_mlp():
     assert next(n.label for n in g.nodes if n.kind == "input") == ".layers[0].weight"
     jit = one(g, "loss", "jit")
     (mlp_scope,) = [n for n in g.children(jit.id) if n.label == "eqx.nn.MLP"]
-    linears = [n for n in g.children(mlp_scope.id) if n.label == "eqx.nn.Linear"]
-    assert len(linears) == 3 and all(n.kind == "scope" for n in linears)
+    linears = [n for n in g.children(mlp_scope.id) if n.label.startswith("eqx.nn.Linear")]
+    assert all(n.kind == "scope" for n in linears)
+    # The same label again among siblings gets an index.
+    assert [n.label for n in linears] == ["eqx.nn.Linear", "eqx.nn.Linear#2", "eqx.nn.Linear#3"]
     relus = [n for n in g.children(mlp_scope.id) if n.kind == "custom"]
     assert len(relus) == 2
     # Layer sources point at the user's call, not into equinox.
@@ -424,7 +432,8 @@ def _run_plain(closed):
 
 
 def _assert_same(a, b):
-    for u, v in zip(a, b):
+    assert len(a) == len(b)
+    for u, v in zip(a, b, strict=True):
         np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
         assert np.asarray(u).tobytes() == np.asarray(v).tobytes()
 
@@ -614,3 +623,161 @@ def test_instrumented_probes_reach_save_intermediates():
         assert {"primal", "cotangent"} <= set(inter[p.node]), p
     inner = one(g, "scan(inner)")  # nested scans stack one axis per level
     assert [a.shape for a in inter[inner.id]["primal"]] == [(3, 4), (3, 1, 4)]
+
+
+# ---------------------------------------------------------------------------
+# Framework names, parameters, inputs and outputs
+
+
+class _NnxBlock(nnx.Module):
+    def __init__(self, rngs):
+        self.lin = nnx.Linear(4, 4, rngs=rngs)
+        self.mlp = nnx.List([nnx.Linear(4, 4, rngs=rngs) for _ in range(2)])
+
+    def __call__(self, x):
+        x = self.lin(x)  # @nnx_lin
+        for m in self.mlp:
+            x = jnp.tanh(m(x))
+        return x
+
+
+class _NnxModel(nnx.Module):
+    def __init__(self, rngs):
+        self.layers = nnx.List([_NnxBlock(rngs) for _ in range(2)])
+
+    def __call__(self, x):
+        for layer in self.layers:
+            x = layer(x)  # @nnx_layer
+        return x
+
+
+def _nnx_loss(model, x):
+    return jnp.sum(model(x) ** 2)  # @nnx_root
+
+
+def _named_graph(fn, *args, **kw):
+    leaves, tree = jax.tree_util.tree_flatten(args)
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(args)[0]]
+    flat = lambda *f: frameworks.named(fn)(*jax.tree_util.tree_unflatten(tree, f))  # noqa: E731
+    closed = jax.make_jaxpr(flat)(*leaves)
+    in_args = [int(p[1 : p.index("]")]) for p in paths]
+    names = [("model", "x")[a] + p[p.index("]") + 1 :] for a, p in zip(in_args, paths, strict=True)]
+    g = build_graph(closed, in_names=names, out_names=["loss"], in_args=in_args, **kw)
+    return closed, g
+
+
+def _path_of(g, node):
+    out = []
+    while node.parent is not None:
+        out.append(node.label)
+        node = g.node(node.parent)
+    return ".".join(reversed(out))
+
+
+def test_nnx_module_paths_are_nested_stages_at_their_call_sites():
+    model = _NnxModel(nnx.Rngs(0))
+    original = nnx.Linear.__dict__["__call__"]
+    _, g = _named_graph(_nnx_loss, model, X)
+    scopes = {_path_of(g, n): n for n in g.nodes if n.kind == "scope"}
+    for path in ("_NnxModel.layers.0.lin", "_NnxModel.layers.1.mlp.0", "_NnxModel.layers.1.mlp.1"):
+        assert path in scopes, sorted(scopes)
+    assert scopes["_NnxModel"].source.line == line_of("@nnx_root")
+    assert scopes["_NnxModel.layers.1"].source.line == line_of("@nnx_layer")
+    assert scopes["_NnxModel.layers.0.lin"].source.line == line_of("@nnx_lin")
+    dots = [n for n in g.nodes if n.label == "dot_general"]
+    assert len(dots) == 6 and all(g.node(n.parent).label in ("lin", "mlp.0", "mlp.1") for n in dots)
+    # The wrapper is gone afterwards, and calls outside `named` push no scope.
+    assert nnx.Linear.__dict__["__call__"] is original
+    plain = jax.make_jaxpr(_nnx_loss)(model, X)
+    assert all(not _compat.name_stack_kinds(e) for e in plain.jaxpr.eqns)
+
+
+def test_named_leaves_other_threads_alone():
+    import threading
+
+    model = _NnxModel(nnx.Rngs(0))
+    seen = []
+    inside = threading.Event()
+    done = threading.Event()
+
+    def slow_loss(m, x):
+        inside.set()
+        done.wait(10)  # another thread traces while this one holds the wrappers
+        return _nnx_loss(m, x)
+
+    t = threading.Thread(target=lambda: _named_graph(slow_loss, model, X))
+    t.start()
+    inside.wait(10)
+    try:
+        plain = jax.make_jaxpr(_nnx_loss)(model, X)
+        seen = [_compat.name_stack_kinds(e) for e in plain.jaxpr.eqns]
+    finally:
+        done.set()
+        t.join()
+    assert seen and not any(seen)
+
+
+class _EqxNet(eqx.Module):
+    layers: list
+    out: eqx.nn.Linear
+
+    def __init__(self, key):
+        k = jax.random.split(key, 3)
+        self.layers = [eqx.nn.Linear(4, 4, key=k[0]), eqx.nn.Linear(4, 4, key=k[1])]
+        self.out = eqx.nn.Linear(4, 1, key=k[2])
+
+    def __call__(self, x):
+        for layer in self.layers:
+            x = jnp.tanh(layer(x))  # @eqx_layer
+        return self.out(x)
+
+
+def test_equinox_module_paths_with_class_names():
+    net = _EqxNet(jax.random.PRNGKey(0))
+    _, g = _named_graph(lambda m, x: jnp.sum(jax.vmap(m)(x) ** 2), net, X)
+    scopes = [_path_of(g, n) for n in g.nodes if n.kind == "scope" and n.parent != "n1"]
+    assert "_EqxNet.layers[0]: Linear" in scopes and "_EqxNet.out: Linear" in scopes, scopes
+    # Equinox's own `eqx.nn.Linear` scope is folded into the stage that names it.
+    assert not any("eqx.nn.Linear" in s for s in scopes)
+    (l1,) = [n for n in g.nodes if n.label == "layers[1]: Linear"]
+    assert l1.source.line == line_of("@eqx_layer")
+
+
+def test_parameters_group_nested_by_path_and_probed():
+    params = {"blocks": [{"w": W, "b": X[0]}, {"w": W.T, "b": X[1]}], "scale": X[2, 0]}
+
+    def loss(p, x):
+        for blk in p["blocks"]:
+            x = jnp.tanh(x @ blk["w"] + blk["b"])
+        return jnp.sum(x**2) * p["scale"]
+
+    closed, g = _named_graph(loss, params, X, parameters={0})
+    (group,) = [n for n in g.nodes if n.label == "parameters"]
+    assert group.parent == g.root and group.kind == "scope"
+    leaves = [n for n in g.nodes if n.kind == "input"]
+    assert [_path_of(g, n) for n in leaves] == [
+        "parameters.blocks[0].b",
+        "parameters.blocks[0].w",
+        "parameters.blocks[1].b",
+        "parameters.blocks[1].w",
+        "parameters.scale",
+        "x",
+    ]
+    # Every input and the output is probed; a parameter's cotangent is its gradient.
+    by_node = {p.node: p for p in g.probe_points}
+    out = next(n for n in g.nodes if n.kind == "output")
+    assert {n.id for n in leaves} | {out.id} <= set(by_node)
+    fn = instrument(closed, g.probe_points, tag="intermediates")
+    flat = jax.tree_util.tree_leaves((params, X))
+    grads = jax.grad(lambda *a: fn(*a)[0], argnums=tuple(range(len(flat))))
+    modes = modes_by_name(jax.make_jaxpr(grads)(*flat))
+    for n in leaves:
+        assert ("C",) in modes[n.id]
+    from sowviz import save_intermediates
+
+    _, inter = save_intermediates(grads)(*flat)
+    want = jax.grad(lambda p, x: loss(p, x), argnums=(0, 1))(params, X)
+    for n, g_want, v in zip(leaves, jax.tree_util.tree_leaves(want), flat, strict=True):
+        np.testing.assert_allclose(inter[n.id]["cotangent"], g_want, rtol=1e-6)
+        np.testing.assert_array_equal(inter[n.id]["primal"], v)
+    np.testing.assert_allclose(inter[out.id]["primal"], loss(params, X), rtol=1e-6)

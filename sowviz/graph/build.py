@@ -10,13 +10,16 @@ program. See README.md in this folder for the design and its sharp edges.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+import re
+import sys
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from .. import _compat
+from . import frameworks
 from .model import STAGE_KINDS, Capture, Edge, Node, Note, ProbePoint, StageGraph, Step
 from .tesseract import tesseract_label
 
@@ -51,6 +54,8 @@ def build_graph(
     capture: Capture = "stages",
     title: str = "program",
     tesseract_names: Mapping[Any, str] | Callable[[Any], str | None] | None = None,
+    in_args: Sequence[int] | None = None,
+    parameters: Collection[int] = (),
 ) -> StageGraph:
     """The stage graph of the primal program `closed_jaxpr` (from `jax.make_jaxpr`).
 
@@ -59,6 +64,13 @@ def build_graph(
     floating-point equation, `"sows"` none. `tesseract_names` renames Tesseract
     stages: a mapping from Tesseract objects (or their default names) to labels,
     or a function of the Tesseract returning a label or None.
+
+    Inputs are grouped per argument (`in_args`: the argument position of each flat
+    input; by default runs of `in_names` with the same prefix before the first `[`
+    or `.`) when it has several leaves, nested by pytree path; the arguments at
+    positions `parameters` (the differentiated ones) form the group labelled
+    "parameters". Unless `capture="sows"`, every floating input and
+    output is probed too (an input's cotangent is its gradient).
     """
     if capture not in _CAPTURES:
         raise ValueError(_BAD_CAPTURE.format(capture))
@@ -69,7 +81,14 @@ def build_graph(
     ):
         if len(names) != len(vars_):
             raise ValueError(_BAD_NAMES.format(arg=arg, got=len(names), want=len(vars_), what=what))
-    return _Builder(capture, tesseract_names).build(jaxpr, list(in_names), list(out_names), title)
+    if in_args is not None and len(in_args) != len(in_names):
+        raise ValueError(
+            _BAD_NAMES.format(arg="in_args", got=len(in_args), want=len(in_names), what="inputs")
+        )
+    groups = input_groups(in_names, in_args)
+    return _Builder(capture, tesseract_names).build(
+        jaxpr, groups, list(out_names), title, frozenset(parameters)
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -154,6 +173,7 @@ class _Builder:
         self.custom_skips: dict[tuple[str, str], list[str]] = {}
         self.notes: list[Note] = []
         self.sources: dict[tuple[str, int, str], _compat.SourceLocation] = {}
+        self.top_loc: dict[Any, tuple[int, int]] = {}
 
     # -- nodes -----------------------------------------------------------------
     def new(self, kind, label, parent, source=None, shapes=(), primitive=None) -> _Rec:
@@ -161,22 +181,69 @@ class _Builder:
         self.recs.append(rec)
         return rec
 
-    def build(self, jaxpr, in_names, out_names, title) -> StageGraph:
+    def build(self, jaxpr, groups, out_names, title, parameters) -> StageGraph:
         root = self.new("jit", title, None)
         root.collapsed = False
         root.n_eqns = 0  # the whole program is not an equation
         root.shapes = tuple(shape_str(v.aval) for v in jaxpr.outvars)
+        probe = self.capture != "sows"
         inputs = {}
-        for v, name in zip(jaxpr.invars, in_names):
-            rec = self.new("input", name, root.id, shapes=(shape_str(v.aval),))
-            inputs[v] = (rec.id,)
+        for arg, group in groups:
+            label = "parameters" if arg in parameters else group[0][1]
+            for k, chain in self.input_tree(root, group, label, jaxpr.invars):
+                v = jaxpr.invars[k]
+                inputs[v] = chain
+                if probe:  # sown before the first equation: its cotangent is the gradient
+                    self.point(self.recs[int(chain[-1][1:])], (), [(-1, k)], [v])
         outs = self.walk(jaxpr, root, (), inputs, probe=True)
+        last = len(jaxpr.eqns) - 1
         for v, name in zip(jaxpr.outvars, out_names):
             rec = self.new("output", name, root.id, shapes=(shape_str(v.aval),))
             chain = outs.get(v) if isinstance(v, _compat.Var) else None
             if chain is not None:
                 self.edge(chain, (rec.id,), v)
+                at = self.top_loc.get(v)
+                if probe and at is not None:  # the loss, as the program returns it
+                    self.point(rec, (), [at], [v], at=last)
         return self.finish(root, title)
+
+    def input_tree(self, root, group, label, invars):
+        """Input nodes of one argument (`group`: (flat index, arg name, path tokens)),
+        nested by path under a group node when there are several; yields
+        (flat index, chain)."""
+        if len(group) == 1:
+            k, name, tokens = group[0]
+            rec = self.new("input", name + "".join(tokens), root.id)
+            rec.shapes = (shape_str(invars[k].aval),)
+            yield k, (rec.id,)
+            return
+        top = self.new("scope", label, root.id)
+        top.shapes = tuple(shape_str(invars[k].aval) for k, _, _ in group)
+        yield from self._input_level(top, (top.id,), [(k, t) for k, _, t in group], invars)
+
+    def _input_level(self, parent, chain, items, invars):
+        # Children by first token, in order; a chain of single children is one label.
+        firsts: dict[str, list[tuple[int, list[str]]]] = {}
+        for k, tokens in items:
+            firsts.setdefault(tokens[0] if tokens else "", []).append((k, tokens))
+        for first, sub in firsts.items():
+            prefix = [first]
+            while len(sub) > 1 and all(len(t) > len(prefix) for _, t in sub):
+                nxt = {t[len(prefix)] for _, t in sub}
+                if len(nxt) != 1:
+                    break
+                prefix.append(nxt.pop())
+            label = _path_label(prefix)
+            if len(sub) == 1:
+                k, tokens = sub[0]
+                rec = self.new("input", _path_label(tokens) or label, parent.id)
+                rec.shapes = (shape_str(invars[k].aval),)
+                yield k, (*chain, rec.id)
+                continue
+            rec = self.new("scope", label, parent.id)
+            rec.shapes = tuple(shape_str(invars[k].aval) for k, _ in sub)
+            rest = [(k, t[len(prefix) :]) for k, t in sub]
+            yield from self._input_level(rec, (*chain, rec.id), rest, invars)
 
     # -- one jaxpr level ---------------------------------------------------------
     def walk(
@@ -202,7 +269,7 @@ class _Builder:
         capture_eqns = probe and self.capture == "all"
         capture_stages = probe and self.capture in ("stages", "all")
         for i, eqn in enumerate(jaxpr.eqns):
-            names = tuple(n for k, n in _compat.name_stack_kinds(eqn) if k == "scope")
+            names = _scope_names(eqn)
             # Close the scopes that end here, open the ones that start.
             keep = 0
             while keep < len(scopes) and keep < len(names) and scopes[keep][0] == names[keep]:
@@ -210,9 +277,10 @@ class _Builder:
             if keep < len(scopes):
                 del scopes[keep:]
                 chain_here = chain_here[:keep]
-            for name in names[keep:]:
+            for j in range(keep, len(names)):
+                name = names[j]
                 parent = scopes[-1][1] if scopes else container
-                rec = self.new("scope", name, parent.id, source=self.source(eqn))
+                rec = self.new("scope", name, parent.id, source=self.scope_source(eqn, names, j))
                 rec.out_vars = {}
                 scopes.append((name, rec))
                 level_scopes.append(rec)
@@ -236,6 +304,8 @@ class _Builder:
         for v in jaxpr.outvars:
             if isinstance(v, _compat.Var) and v in loc:
                 self.mark_scope_outputs(prod[v], 0, v, loc[v])
+        if not path:
+            self.top_loc = loc
         if capture_stages:
             for rec in level_scopes:
                 assert rec.out_vars is not None
@@ -317,8 +387,21 @@ class _Builder:
         inner = val.jaxpr if isinstance(val, _compat.ClosedJaxpr) else val
         self.walk(inner, rec, (*path, (i, param, index)), {}, probe=probe, in_custom=in_custom)
 
+    def scope_source(self, eqn, names: tuple[str, ...], j: int) -> _compat.SourceLocation | None:
+        """A module stage's call site (the line that called the module); else the
+        location of the scope's first equation."""
+        if names[j] in frameworks.PUSHED:
+            # The innermost wrapper frame is the innermost module scope's call.
+            r = sum(1 for n in names[j + 1 :] if n in frameworks.PUSHED)
+            sites = _compat.call_sites(eqn, frameworks.CALL_CODE)
+            if r < len(sites):
+                return self.location(sites[r])
+        return self.source(eqn)
+
     def source(self, eqn) -> _compat.SourceLocation | None:
-        loc = _compat.user_location_outside_libraries(eqn)
+        return self.location(_compat.user_location_outside_libraries(eqn))
+
+    def location(self, loc: _compat.SourceLocation | None) -> _compat.SourceLocation | None:
         if loc is None:
             return None
         key = (loc.file, loc.line, loc.function)
@@ -358,7 +441,7 @@ class _Builder:
                 out[v] = at
 
     # -- probes ----------------------------------------------------------------
-    def point(self, rec: _Rec, path, values, vars_) -> None:
+    def point(self, rec: _Rec, path, values, vars_, at: int | None = None) -> None:
         chosen = [(ik, v) for ik, v in zip(values, vars_) if is_floating(v.aval)]
         if not chosen:
             return
@@ -366,7 +449,7 @@ class _Builder:
             ProbePoint(
                 node=rec.id,
                 path=tuple(path),
-                at=max(ik[0] for ik, _ in chosen),
+                at=max(ik[0] for ik, _ in chosen) if at is None else at,
                 values=tuple(ik for ik, _ in chosen),
                 shapes=tuple(shape_str(v.aval) for _, v in chosen),
                 kind=rec.kind,
@@ -380,6 +463,12 @@ class _Builder:
             if rec.out_vars is not None:  # scopes: their outputs in program order
                 items = sorted(rec.out_vars.items(), key=lambda kv: kv[1])
                 rec.shapes = tuple(shape_str(v.aval) for v, _ in items)
+        seen: dict[tuple[str | None, str], int] = {}
+        for rec in recs:  # a scope label used again among its siblings: `mlp#2`
+            if rec.kind == "scope":
+                k = seen[rec.parent, rec.label] = seen.get((rec.parent, rec.label), 0) + 1
+                if k > 1:
+                    rec.label = f"{rec.label}#{k}"
         for rec in reversed(recs):  # children come after parents: sum upwards
             if rec.parent is not None:
                 recs[int(rec.parent[1:])].n_eqns += rec.n_eqns
@@ -415,12 +504,89 @@ class _Builder:
         )
 
 
+_TOKEN = re.compile(r"\['((?:[^'\\]|\\.)*)'\]|\[(-?\d+)\]|\.([A-Za-z_][\w]*)|\[([^\]]*)\]")
+
+
+Group = list[tuple[int, str, list[str]]]
+
+
+def input_groups(in_names: Sequence[str], in_args: Sequence[int] | None = None):
+    """Flat inputs by argument: `(argument position, items)` with items (flat index,
+    prefix, path tokens like `.blocks[0]`, `.w`). Without `in_args`, runs of names
+    with the same prefix (before the first `[` or `.`) are one argument. NNX's
+    `.value` at the end of a Variable's path is dropped."""
+    groups: list[tuple[int, Group]] = []
+    for k, name in enumerate(in_names):
+        cut = min((i for i in (name.find("["), name.find(".")) if i >= 0), default=len(name))
+        arg, rest = name[:cut], name[cut:]
+        tokens = []
+        for m in _TOKEN.finditer(rest):
+            key, idx, attr, _ = m.groups()
+            tokens.append(
+                f".{key}"
+                if key is not None and key.isidentifier()
+                else f"[{idx}]"
+                if idx is not None
+                else f".{attr}"
+                if attr is not None
+                else m.group(0)
+            )
+        if len(tokens) > 1 and tokens[-1] == ".value":
+            tokens.pop()
+        merged: list[str] = []  # an index belongs to the name before it: `.blocks[0]`
+        for t in tokens:
+            if t.startswith("[") and merged:
+                merged[-1] += t
+            else:
+                merged.append(t)
+        tokens = merged
+        if in_args is not None:
+            same = bool(groups) and groups[-1][0] == in_args[k]
+        else:
+            same = bool(groups) and bool(arg) and groups[-1][1][0][1] == arg
+        if same:
+            groups[-1][1].append((k, arg, tokens))
+        else:
+            groups.append((in_args[k] if in_args is not None else len(groups), [(k, arg, tokens)]))
+    return groups
+
+
+def _path_label(tokens: Sequence[str]) -> str:
+    """`blocks[0].w` from tokens `.blocks`, `[0]`, `.w`."""
+    return "".join(tokens).lstrip(".")
+
+
+def _scope_names(eqn) -> tuple[str, ...]:
+    """The equation's `named_scope` names; Equinox's own `eqx.nn.Linear` scope is
+    dropped right inside a module stage `…: Linear` that already says it."""
+    names = tuple(n for k, n in _compat.name_stack_kinds(eqn) if k == "scope")
+    if not any(n.startswith("eqx.nn.") for n in names):
+        return names
+    out: list[str] = []
+    for n in names:
+        if n.startswith("eqx.nn.") and out and out[-1].endswith(": " + n[7:]):
+            continue
+        out.append(n)
+    return tuple(out)
+
+
 _cwd = os.getcwd() + os.sep
 
 
 def _short_path(file: str) -> str:
-    """`file` relative to the working directory when it lies under it."""
-    return file[len(_cwd) :] if file.startswith(_cwd) else file
+    """`file` relative to the working directory when it lies under it; a notebook
+    cell's temporary file as IPython names it (`In [3]`)."""
+    if file.startswith(_cwd):
+        return file[len(_cwd) :]
+    ipython = sys.modules.get("IPython")
+    if ipython is not None and "ipykernel" in file:
+        try:
+            shell = ipython.get_ipython()
+            _, name = shell.compile.format_code_name(file)  # ("Cell", "In [3]")
+            return str(name)
+        except Exception:  # not a cell, or an IPython without the name map
+            pass
+    return file
 
 
 def _count_eqns(jaxpr: Any) -> int:

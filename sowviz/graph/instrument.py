@@ -96,6 +96,8 @@ def _rewrite(jaxpr: _compat.Jaxpr, points: list[ProbePoint], depth: int, tag: st
         return subst.get(v, v) if isinstance(v, _compat.Var) else v
 
     new_eqns = []
+    for p in here.get(-1, ()):  # inputs, sown before the first equation
+        new_eqns.append(_sow_eqn(p, jaxpr, -1, read, subst, tag, None))
     for i, eqn in enumerate(eqns):
         if subst:
             eqn = _compat.replace_eqn(eqn, invars=[read(v) for v in eqn.invars])
@@ -103,7 +105,7 @@ def _rewrite(jaxpr: _compat.Jaxpr, points: list[ProbePoint], depth: int, tag: st
             eqn = _rewrite_eqn(eqn, below[i], depth, tag)
         new_eqns.append(eqn)
         for p in here.get(i, ()):
-            new_eqns.append(_sow_eqn(p, eqns, i, read, subst, tag, eqn.source_info))
+            new_eqns.append(_sow_eqn(p, jaxpr, i, read, subst, tag, eqn.source_info))
     if not here and not below:
         return jaxpr
     return _compat.replace_jaxpr(
@@ -146,15 +148,19 @@ def _rewrite_eqn(eqn, groups, depth: int, tag: str):
     return _compat.replace_eqn(eqn, params=params, effects=eqn.effects | _sow_effects(tag))
 
 
-def _sow_eqn(p: ProbePoint, eqns, at: int, read, subst, tag: str, source_info):
-    ins = []
+def _sow_eqn(p: ProbePoint, jaxpr, at: int, read, subst, tag: str, source_info):
+    # A value (i, k) is output k of eqn i, or input k of the jaxpr for i == -1.
+    eqns = jaxpr.eqns
+    olds = []
     for i, k in p.values:
-        if i > at or i < 0 or k >= len(eqns[i].outvars):
+        outs_i = jaxpr.invars if i == -1 else eqns[i].outvars if 0 <= i < len(eqns) else ()
+        if i > at or k >= len(outs_i):
             raise ValueError(_BAD_VALUE.format(node=p.node, value=(i, k), at=at))
-        ins.append(read(eqns[i].outvars[k]))
+        olds.append(outs_i[k])
+    ins = [read(v) for v in olds]
     outs = [_compat.new_var(v.aval) for v in ins]
-    for (i, k), new in zip(p.values, outs):
-        subst[eqns[i].outvars[k]] = new
+    for old, new in zip(olds, outs):
+        subst[old] = new
     template, effects = _template(tag, len(ins))
     params = dict(template)
     params["name"] = p.node

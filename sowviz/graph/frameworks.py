@@ -1,0 +1,236 @@
+"""Stage names from Flax NNX and Equinox module trees, with no change to user code.
+
+Flax Linen pushes each module's name into `jax.named_scope`; Flax NNX pushes
+nothing, and Equinox's layers name their class (`eqx.nn.Linear`) but not their
+place in the model. `named(fn)` returns `fn` wrapped so that, while it runs
+(the pipeline traces it once with `jax.make_jaxpr`), every call of an NNX or
+Equinox module runs inside `jax.named_scope(<its path>)`:
+
+* the paths come from the module trees of the *actual* arguments the wrapper
+  receives (NNX and Equinox modules are pytrees, so the pipeline's
+  `tree_unflatten` makes new instances: they are only known at call time):
+  `nnx.iter_graph` for NNX (`layers.1.attn`), dataclass fields / sequence
+  indices / dict keys for Equinox (`layers[0]: Linear`);
+* a module called inside another gets the path *relative* to its caller
+  (`layers.1` > `attn` > `q_einsum`: nested stages); a module not reachable
+  from the arguments (e.g. built by `nnx.merge` inside `fn`) becomes a root
+  named by its class when first called, and its submodules are named from it;
+* the hook is a temporary wrapper of `__call__` on every NNX / Equinox module
+  class that defines one. Installing it is reference counted under a lock;
+  the wrapper looks up a `contextvars` context and, outside `named`'s call (in
+  another thread, or after it), calls the original method untouched. The
+  originals are put back when the last user leaves. Nothing happens when
+  neither framework is imported.
+
+`CALL_CODE` is the code object of the wrapper: `build.py` finds a module
+stage's call site as the frame just outside the matching wrapper frame of an
+equation's traceback (`_compat.call_sites`).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import functools
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+
+_ACTIVE: contextvars.ContextVar[_Context | None] = contextvars.ContextVar(
+    "sowviz_framework_names", default=None
+)
+_lock = threading.Lock()
+_users = 0
+_saved: dict[type, Any] = {}  # class -> its original `__call__` attribute
+#: every scope name pushed by a wrapper (build.py uses it to tell module stages
+#: from the user's own `jax.named_scope`s)
+PUSHED: set[str] = set()
+
+Path = tuple[Any, ...]
+
+
+def _nnx() -> Any:
+    mod = sys.modules.get("flax.nnx")
+    return getattr(mod, "Module", None) if mod is not None else None
+
+
+def _eqx() -> Any:
+    mod = sys.modules.get("equinox")
+    return getattr(mod, "Module", None) if mod is not None else None
+
+
+def named(fn: Callable) -> Callable:
+    """`fn` whose NNX / Equinox module calls run inside named scopes of their paths."""
+    if _nnx() is None and _eqx() is None:
+        return fn
+
+    @functools.wraps(fn)
+    def with_names(*args: Any, **kwargs: Any) -> Any:
+        ctx = _Context()
+        ctx.add_roots((args, kwargs))
+        token = _ACTIVE.set(ctx)
+        _install()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _ACTIVE.reset(token)
+            _uninstall()
+
+    return with_names
+
+
+# ---------------------------------------------------------------------------
+# Paths of modules.
+
+
+def _fmt_nnx(path: Path) -> str:
+    return ".".join(str(p) for p in path)
+
+
+def _fmt_eqx(path: Path) -> str:
+    out = ""
+    for p in path:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        elif isinstance(p, tuple):  # dict key
+            out += f"[{p[0]!r}]"
+        else:
+            out += f".{p}" if out else str(p)
+    return out
+
+
+def _eqx_modules(obj: Any, path: Path, seen: set[int]) -> Iterator[tuple[Path, Any]]:
+    eqx_module = _eqx()
+    if id(obj) in seen:
+        return
+    if eqx_module is not None and isinstance(obj, eqx_module):
+        seen.add(id(obj))
+        yield path, obj
+        for f in dataclasses.fields(obj):
+            yield from _eqx_modules(getattr(obj, f.name, None), (*path, f.name), seen)
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from _eqx_modules(v, (*path, i), seen)
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _eqx_modules(v, (*path, (k,)), seen)
+
+
+class _Context:
+    """Paths known for this call, and the stack of module calls in progress."""
+
+    def __init__(self) -> None:
+        self.paths: dict[int, tuple[str, Path]] = {}  # id(module) -> (framework, path)
+        self.keep: list[Any] = []  # keeps the modules alive, so ids stay unique
+        self.stack: list[tuple[Any, Path]] = []
+
+    def add_roots(self, tree: Any) -> None:
+        nnx_module, eqx_module = _nnx(), _eqx()
+        kinds = tuple(t for t in (nnx_module, eqx_module) if t is not None)
+        for leaf in jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, kinds)):
+            if isinstance(leaf, kinds):  # a module anywhere in the arguments: path from it
+                self.add_module(leaf, ())
+
+    def add_module(self, module: Any, prefix: Path) -> None:
+        nnx_module = _nnx()
+        if nnx_module is not None and isinstance(module, nnx_module):
+            from flax import nnx
+
+            for path, value in nnx.iter_graph(module):
+                if isinstance(value, nnx_module) and id(value) not in self.paths:
+                    self.paths[id(value)] = ("nnx", (*prefix, *path))
+                    self.keep.append(value)
+        else:
+            for path, value in _eqx_modules(module, prefix, set()):
+                if id(value) not in self.paths:
+                    self.paths[id(value)] = ("eqx", path)
+                    self.keep.append(value)
+
+    def scope_name(self, module: Any) -> tuple[str, Path] | None:
+        """The scope to push for a call of `module`, and its path; None: push none."""
+        if self.stack and self.stack[-1][0] is module:
+            return None  # super().__call__ of the same module
+        known = self.paths.get(id(module))
+        if known is None:
+            if not self.stack:  # a root made inside fn: name its tree from it
+                self.add_module(module, ())
+                known = self.paths.get(id(module))
+            if known is None:
+                return type(module).__name__, ()
+        framework, path = known
+        parent = self.stack[-1][1] if self.stack else ()
+        rel = path[len(parent) :] if path[: len(parent)] == parent else path
+        cls = type(module).__name__
+        if not rel:
+            return cls, path
+        if framework == "nnx":
+            return _fmt_nnx(rel), path
+        return f"{_fmt_eqx(rel)}: {cls}", path
+
+
+def _wrap(raw: Any) -> Callable:
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        bound = raw.__get__(self, type(self))
+        ctx = _ACTIVE.get()
+        if ctx is None:
+            return bound(*args, **kwargs)
+        scope = ctx.scope_name(self)
+        if scope is None:
+            return bound(*args, **kwargs)
+        name, path = scope
+        PUSHED.add(name)
+        ctx.stack.append((self, path))
+        try:
+            with jax.named_scope(name):
+                return bound(*args, **kwargs)
+        finally:
+            ctx.stack.pop()
+
+    __call__.__sowviz_wrapped__ = raw  # type: ignore[attr-defined]
+    return __call__
+
+
+CALL_CODE = _wrap(None).__code__
+
+
+def _classes() -> Iterator[type]:
+    for base in (_nnx(), _eqx()):
+        if base is None:
+            continue
+        todo, seen = [base], set()
+        while todo:
+            cls = todo.pop()
+            if cls in seen:
+                continue
+            seen.add(cls)
+            todo.extend(cls.__subclasses__())
+            if "__call__" in cls.__dict__:
+                yield cls
+
+
+def _install() -> None:
+    global _users
+    with _lock:
+        _users += 1
+        for cls in _classes():
+            if cls in _saved:
+                continue
+            raw = cls.__dict__["__call__"]
+            if getattr(raw, "__sowviz_wrapped__", None) is not None:
+                continue
+            _saved[cls] = raw
+            type.__setattr__(cls, "__call__", _wrap(raw))
+
+
+def _uninstall() -> None:
+    global _users
+    with _lock:
+        _users -= 1
+        if _users:
+            return
+        for cls, raw in _saved.items():
+            type.__setattr__(cls, "__call__", raw)
+        _saved.clear()
