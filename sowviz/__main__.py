@@ -1,4 +1,5 @@
-"""Command line: `python -m sowviz demo -o report.html`, `python -m sowviz --help`."""
+"""Command line: `python -m sowviz demo -o report.html`,
+`python -m sowviz report LOG_DIR -o report.html`, `python -m sowviz --help`."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import argparse
 import pathlib
 import sys
 
-from .modes import MODES
+# The inspection modes of the public contract (docs/model.md).
+MODES = ("primal", "grad", "jvp", "vjp", "all")
 
 DESCRIPTION = """\
 sowviz: see inside JAX programs.
@@ -15,6 +17,9 @@ commands:
   demo    inspect the built-in example (a small MLP whose gradients vanish
           in early layers and turn NaN at one stage) and write an offline,
           self-contained HTML report you can open in any browser.
+  report  write the offline HTML report of a Monitor's run log (the
+          `log_dir` of `sowviz.Monitor(..., log_dir=...)`): the whole run,
+          thinned to a bounded size, from step 0 on.
 """
 
 
@@ -31,6 +36,37 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    import warnings
+
+    from .runlog import LogWarning, load
+
+    log_dir = pathlib.Path(args.log_dir)
+    if not log_dir.is_dir():
+        print(
+            f"sowviz report: {log_dir} is not a directory (a Monitor's `log_dir`)", file=sys.stderr
+        )
+        return 2
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", LogWarning)
+        view = load(log_dir, history=args.history)
+    for w in caught:
+        print(f"warning: {w.message}", file=sys.stderr)
+    try:
+        path = view.save_html(args.output, title=args.title)
+    except FileNotFoundError as err:
+        print(f"sowviz report: {err}", file=sys.stderr)
+        return 2
+    size = path.stat().st_size
+    kept = len(view.history)
+    state = "finished" if view.finished else "still open (or the writer died)"
+    print(
+        f"wrote {path.resolve()} ({size / 1e6:.2f} MB): {view.steps_read} steps read, "
+        f"{kept} kept; the log is {state}"
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m sowviz",
@@ -44,6 +80,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     demo.add_argument("--mode", default="all", choices=MODES, help="inspection mode (default: all)")
     demo.set_defaults(run=_demo)
+    report = sub.add_parser("report", help="write the HTML report of a Monitor's run log")
+    report.add_argument("log_dir", metavar="LOG_DIR", help="the Monitor's `log_dir`")
+    report.add_argument(
+        "-o", "--output", default="report.html", help="report path (default: report.html)"
+    )
+    report.add_argument(
+        "--history",
+        type=int,
+        default=1000,
+        help="steps kept in the report, thinned over the whole run (default: 1000)",
+    )
+    report.add_argument("--title", default=None, help="report title (default: the model's)")
+    report.set_defaults(run=_report)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()

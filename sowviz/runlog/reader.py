@@ -1,0 +1,146 @@
+"""Reading a run log incrementally: every complete record since the last offset."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import time
+import warnings
+from typing import Any
+
+from . import format as fmt
+from .writer import MODEL_FILE, STEPS_FILE
+
+CHUNK = 64 << 20  # bytes read per pass over a large log (a record is ~10 KB)
+# An incomplete record that stays incomplete this long, with the file not growing,
+# is a dead writer's tail, not one being written now.
+SETTLE_S = 0.1
+
+
+class LogWarning(UserWarning):
+    """Part of a run log could not be read (a corrupt or cut-off record) and was skipped."""
+
+
+_MISSING = (
+    "sowviz.load: `log_dir` {path!r} holds no run log ({what} is missing). Pass the "
+    "`log_dir` given to `sowviz.Monitor(..., log_dir=...)`; the log appears with the "
+    "first recorded step."
+)
+
+
+class LogReader:
+    """Follows `log_dir/steps.log` from byte 0: `read()` returns the steps appended since
+    the last call. Corrupt spans and a dead writer's cut-off tail are skipped with a
+    `LogWarning` naming their byte offset."""
+
+    def __init__(self, log_dir: str | os.PathLike) -> None:
+        self.path = pathlib.Path(log_dir)
+        if not self.path.is_dir():
+            raise FileNotFoundError(_MISSING.format(path=str(self.path), what="the directory"))
+        self.offset = 0  # where the next unread record starts
+        self.finished = False  # the writer closed the log cleanly
+        self._warned: set[int] = set()
+        self._tail = 0  # offset of the last incomplete record seen
+
+    @property
+    def steps_path(self) -> pathlib.Path:
+        return self.path / STEPS_FILE
+
+    def model(self) -> dict[str, Any] | None:
+        """The graph model (`model.json`), or None before the writer wrote it."""
+        try:
+            return json.loads((self.path / MODEL_FILE).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+
+    def read(self, *, settle: bool = True) -> list[dict[str, Any]]:
+        """Every complete step appended since the last call, oldest first.
+
+        With `settle`, an incomplete record at the end is re-read after `SETTLE_S`:
+        if the file has not grown meanwhile, the writer died mid-record, and the tail
+        is reported (once) and skipped.
+        """
+        entries: list[dict[str, Any]] = []
+        try:
+            f = open(self.steps_path, "rb")
+        except FileNotFoundError:
+            return entries
+        with f:
+            size = os.fstat(f.fileno()).st_size
+            while self.offset < size:
+                f.seek(self.offset)
+                left = size - self.offset
+                data = f.read(min(left, CHUNK))
+                whole = len(data) == left
+                before = self.offset
+                status = self._consume(data, entries, final=whole)
+                if whole:
+                    if status == "incomplete" and settle and self._dead_tail(f):
+                        self._warn(
+                            self._tail,
+                            f"an incomplete record at byte offset {self._tail} of "
+                            f"{self.steps_path} (the writer stopped mid-record); skipped",
+                        )
+                    break
+                if self.offset == before or status == "corrupt":
+                    # No good record in a whole chunk: scan the rest at once (rare).
+                    f.seek(self.offset)
+                    self._consume(f.read(), entries, final=True)
+                    break
+        return entries
+
+    def _consume(self, data: bytes, entries: list, *, final: bool) -> str:
+        """Scan `data` (the file from `offset`): decode complete records and advance
+        `offset` past them. Returns "end", "incomplete" (a cut-off record at the end,
+        at `self._tail`) or "corrupt" (unreadable to the end of a partial chunk)."""
+        base = self.offset
+        for item in fmt.scan(data, base):
+            if isinstance(item, fmt.Record):
+                if item.kind == fmt.STEP:
+                    try:
+                        entries.append(fmt.decode(item.payload))
+                    except Exception as err:  # a checksum fine, a payload not: skip it
+                        self._warn(
+                            item.offset,
+                            f"a step record at byte offset {item.offset} that does not "
+                            f"decode ({type(err).__name__}: {err}); skipped",
+                        )
+                else:
+                    self.finished = True
+                self.offset = item.end
+            elif isinstance(item, fmt.Corrupt):
+                if item.resumed is None and not final:
+                    return "corrupt"
+                where = "the end" if item.resumed is None else f"byte offset {item.resumed}"
+                self._warn(
+                    item.offset,
+                    f"corrupt bytes at byte offset {item.offset} of {self.steps_path} "
+                    f"(a bad record header or checksum); skipped to {where}",
+                )
+                self.offset = base + len(data) if item.resumed is None else item.resumed
+                if item.resumed is None:
+                    return "end"
+            else:
+                self._tail = item
+                return "incomplete" if item < base + len(data) else "end"
+        return "end"
+
+    def _dead_tail(self, f) -> bool:
+        size = os.fstat(f.fileno()).st_size
+        time.sleep(SETTLE_S)
+        if os.fstat(f.fileno()).st_size != size:
+            return False
+        f.seek(self.offset)
+        rest = f.read()
+        for item in fmt.scan(rest, self.offset):
+            if not isinstance(item, int):
+                return False  # it completed meanwhile; the next read takes it
+        self.offset = size  # skip it for good: later appends start after it
+        return True
+
+    def _warn(self, offset: int, message: str) -> None:
+        if offset in self._warned:
+            return
+        self._warned.add(offset)
+        warnings.warn(f"sowviz.load: {message}.", LogWarning, stacklevel=4)

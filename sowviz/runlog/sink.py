@@ -1,0 +1,133 @@
+"""Sinks: where a Monitor's recorded steps go besides the widget.
+
+A sink has `open(model)` (the sowviz/1 graph model, once; a later call replaces it),
+`write(entry)` (one recorded step: the dict the Monitor appends to its history) and
+`close()`. The training loop only hands an entry to a queue: the encoding and the
+writing happen on the sink's own thread, off the step's critical path. A failure
+there (a full disk, a closed run) never raises into the training step: the sink
+warns once, on the caller's thread at its next call, and turns itself off.
+"""
+
+from __future__ import annotations
+
+import atexit
+import queue
+import threading
+import warnings
+import weakref
+from typing import Any
+
+# Steps waiting for the writer thread; past this `write` blocks (the log keeps every
+# step, so a writer that falls behind slows the loop rather than drop steps).
+QUEUE_STEPS = 256
+
+_OPEN, _WRITE, _CLOSE = "open", "write", "close"
+_live: weakref.WeakSet[Sink] = weakref.WeakSet()
+
+
+class SinkWarning(RuntimeWarning):
+    """A sink failed (e.g. the disk is full) and stopped; training goes on."""
+
+
+class Sink:
+    """Base class: subclasses implement `_open`, `_write` and `_close`, run on a worker
+    thread in call order."""
+
+    name = "sink"
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=QUEUE_STEPS)
+        self._error: BaseException | None = None
+        self._reported = False
+        self.disabled = False
+        self.closed = False
+        self._thread = threading.Thread(target=self._work, name=f"sowviz-{self.name}", daemon=True)
+        self._thread.start()
+        _live.add(self)
+
+    # -- the caller's side (the training loop) ---------------------------------------
+
+    def open(self, model: dict[str, Any]) -> None:
+        self._put(_OPEN, model)
+
+    def write(self, entry: dict[str, Any]) -> None:
+        self._put(_WRITE, entry)
+
+    def flush(self) -> None:
+        """Wait until everything handed over so far is written."""
+        if not self.disabled and self._thread.is_alive():
+            self._queue.join()
+        self._report()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._thread.is_alive():
+            self._queue.put((_CLOSE, None))
+            self._thread.join()
+        self._report()
+
+    def _put(self, op: str, item: Any) -> None:
+        self._report()
+        if self.disabled or self.closed:
+            return
+        self._queue.put((op, item))
+
+    def _report(self) -> None:
+        if self._error is not None and not self._reported:
+            self._reported = True
+            err = self._error
+            warnings.warn(
+                f"sowviz: the {self.name} stopped and records no more steps "
+                f"({type(err).__name__}: {err}); training goes on.",
+                SinkWarning,
+                stacklevel=4,
+            )
+
+    # -- the worker thread -------------------------------------------------------------
+
+    def _work(self) -> None:
+        while True:
+            op, item = self._queue.get()
+            try:
+                if self._error is None:
+                    if op == _OPEN:
+                        self._open(item)
+                    elif op == _WRITE:
+                        self._write(item)
+                    else:
+                        self._close()
+            except Exception as err:  # reported on the caller's thread
+                self._error = err
+                self.disabled = True
+                try:
+                    self._abort()
+                except Exception:
+                    pass
+            finally:
+                self._queue.task_done()
+            if op == _CLOSE:
+                return
+
+    def _open(self, model: dict[str, Any]) -> None:
+        pass
+
+    def _write(self, entry: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _close(self) -> None:
+        pass
+
+    def _abort(self) -> None:
+        """Release resources after a failure."""
+
+
+@atexit.register
+def _close_all() -> None:
+    # Steps still queued at interpreter exit are written (daemon threads would die).
+    for sink in list(_live):
+        try:
+            sink.close()
+        except Exception:
+            pass

@@ -1,0 +1,217 @@
+"""`sowviz.load(log_dir)`: a live view of a run log.
+
+The view reads every complete step (`refresh()` reads the new ones), keeps the whole
+run bounded in memory (`ThinnedHistory`), gives the sowviz/1 model with its history
+(the shape `Monitor.to_dict()` has), writes reports, and displays in Jupyter as the
+`Inspector` widget. While displayed, a background thread polls the log and sends new
+steps to the front end as the Monitor does (`{"type": "steps"}` messages carrying a
+gzipped JSON buffer), so a training script's steps appear without re-running the cell.
+"""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import os
+import pathlib
+import threading
+from typing import Any
+
+from .history import ThinnedHistory
+from .reader import LogReader
+
+POLL_S = 0.5  # how often a displayed view looks for new steps
+
+
+class RunLogView:
+    """A run log read back: `history`, `model`, `refresh()`, `save_html()`, the widget.
+
+    Example:
+        >>> run = sowviz.load("runs/exp1")      # doctest: +SKIP
+        >>> run                                 # in Jupyter: the widget, following the log
+        >>> run.history[0]["step"]              # doctest: +SKIP
+        0
+        >>> run.save_html("exp1.html")          # doctest: +SKIP
+    """
+
+    def __init__(self, log_dir: str | os.PathLike, *, history: int = 200) -> None:
+        self.reader = LogReader(log_dir)
+        self.log_dir = self.reader.path
+        self.history = ThinnedHistory(history)
+        self.steps_read = 0
+        self.nonfinite: dict[str, Any] | None = None  # the first step with NaN/Inf
+        self._base: dict[str, Any] | None = None
+        self._latest: dict[str, Any] | None = None
+        self._lock = threading.RLock()
+        self._widget = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._outbox: list[dict[str, Any]] = []  # read, not yet sent to the widget
+        self.refresh()
+
+    def __repr__(self) -> str:
+        state = "finished" if self.finished else "open"
+        return (
+            f"<sowviz run log {str(self.log_dir)!r}: {self.steps_read} steps read "
+            f"({len(self.history)} kept), {state}>"
+        )
+
+    @property
+    def finished(self) -> bool:
+        """True once the writer closed the log (no more steps will come)."""
+        return self.reader.finished
+
+    def refresh(self) -> list[dict[str, Any]]:
+        """Read the steps appended since the last read; returns them (oldest first)."""
+        with self._lock:
+            if self._base is None:
+                self._base = self.reader.model()
+            new = self.reader.read()
+            for e in new:
+                self.history.append(e)
+                if self.nonfinite is None and e.get("nonfinite"):
+                    self.nonfinite = {"step": e["step"], **e["nonfinite"]}
+            if new:
+                self._latest = new[-1]
+                if self._widget is not None:
+                    self._outbox.extend(new)
+            self.steps_read += len(new)
+            return new
+
+    @property
+    def model(self) -> dict[str, Any]:
+        """The sowviz/1 model with the history, as `Monitor.to_dict()` gives it."""
+        with self._lock:
+            if self._base is None:
+                self._base = self.reader.model()
+            if self._base is None:
+                return {}
+            d = copy.deepcopy(self._base)
+            if self._latest is not None:
+                for p in d.get("probes", []):
+                    latest = self._latest["probes"].get(p["id"])
+                    if latest:
+                        p["summaries"] = _merge(p.get("summaries", {}), latest)
+            d["history"] = self._history_dict()
+            return d
+
+    def _history_dict(self) -> dict[str, Any]:
+        steps = list(self.history)
+        probes: dict[str, dict[str, list]] = {}
+        for i, e in enumerate(steps):
+            for pid, by_mode in e.get("probes", {}).items():
+                for m, s in by_mode.items():
+                    probes.setdefault(pid, {}).setdefault(m, [None] * len(steps))[i] = s
+        return {
+            "steps": [e["step"] for e in steps],
+            "loss": [e.get("loss") for e in steps],
+            "probes": probes,
+            "nonfinite": self.nonfinite,
+            "limit": self.history.limit,
+        }
+
+    def save_html(self, path: str | os.PathLike, *, title: str | None = None) -> pathlib.Path:
+        """Write the whole run's report (read to the end of the log first); atomic."""
+        from ..report import render_html
+        from .writer import atomic_write
+
+        self.refresh()
+        model = self.model
+        if not model:
+            raise FileNotFoundError(
+                f"sowviz: {self.log_dir}/model.json is missing: the run wrote no model yet "
+                "(it appears at the Monitor's first recorded step)."
+            )
+        out = pathlib.Path(path)
+        atomic_write(out, render_html(model, title=title).encode("utf-8"))
+        return out
+
+    # -- the live widget ------------------------------------------------------------------
+
+    @property
+    def widget(self):
+        """The `Inspector` widget drawing this log; it follows the log while displayed."""
+        if self._widget is None:
+            from ..widget import Inspector
+
+            self._widget = Inspector(model=self.model)
+            self._sent_model = bool(self._widget.model)
+        return self._widget
+
+    def _repr_mimebundle_(self, **kwargs: Any):
+        bundle = self.widget._repr_mimebundle_(**kwargs)
+        self.follow()
+        return bundle
+
+    def follow(self, interval: float = POLL_S) -> None:
+        """Start the background thread that sends new steps to the widget."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._follow, args=(interval,), name="sowviz-follow", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop following the log."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _follow(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            self.poll()
+            if self.finished:
+                return
+
+    def poll(self) -> int:
+        """One follow step: read new steps and push them to the widget. Returns how many."""
+        widget = self.widget
+        self.refresh()
+        with self._lock:
+            new, self._outbox = self._outbox, []
+        if not self._sent_model:
+            # The script had not written its model yet: it travels whole, with the
+            # history so far, once it exists.
+            model = self.model
+            if model:
+                widget.model = model
+                self._sent_model = True
+            return len(new)
+        if new:
+            widget.send(
+                {"type": "steps", "encoding": "gzip-json", "count": len(new)},
+                buffers=[encode_steps(new)],
+            )
+        return len(new)
+
+
+def _merge(full: dict[str, dict], latest: dict[str, dict]) -> dict[str, dict]:
+    """Latest per-step summaries over the model's first full ones: shape and dtype kept,
+    statistics replaced, and fields the step lacks (the log-histogram) dropped rather
+    than shown stale."""
+    out = {}
+    for mode, lite in latest.items():
+        base = full.get(mode, {})
+        keep = {k: base[k] for k in ("shape", "dtype", "size", "complex") if k in base}
+        out[mode] = {**keep, **lite}
+    return out
+
+
+def load(log_dir: str | os.PathLike, *, history: int = 200) -> RunLogView:
+    """A live view of the run log a `Monitor(..., log_dir=...)` writes.
+
+    `history` bounds the steps kept in memory (thinned, never losing step 0); the log
+    on disk keeps every step. Displayed in Jupyter, the view is the widget and follows
+    the log as the script appends to it.
+    """
+    return RunLogView(log_dir, history=history)
+
+
+def encode_steps(steps: list[dict[str, Any]]) -> bytes:
+    """Steps as gzipped JSON (NaN/Inf as null): the payload of one front-end update,
+    as the Monitor sends it."""
+    from ..report import model_json
+
+    return gzip.compress(model_json(steps).encode("utf-8"), mtime=0)
