@@ -112,8 +112,9 @@ capturing = _config.bool_state(
 )
 
 
-def instantiate_zeros(x: Any) -> Any:
-    return ad.instantiate_zeros(x)
+def is_symbolic_zero(x: Any) -> bool:
+    """Whether a tangent or cotangent is JAX's symbolic zero (`ad.Zero`)."""
+    return type(x) is ad.Zero
 
 
 not_mapped = None  # batching's marker for an unbatched operand (0.4.31+: None)

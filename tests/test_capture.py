@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
+from jax.custom_derivatives import SymbolicZero
 
 import sowviz
 from sowviz import save_intermediates, sow
@@ -102,6 +103,130 @@ def test_hessian_jacfwd_jacrev_never_label_cotangent_as_primal():
     # jacrev vmaps the pullback over the output basis: one row per output element.
     _, inter = save_intermediates(jax.jacrev(f))(X)
     close(inter["h"]["cotangent"], jax.grad(g2)(g1(X))[None])
+
+
+# --- symbolic zeros ---------------------------------------------------------------
+# A custom_vjp with symbolic_zeros=True sees whether a tangent or cotangent is a
+# symbolic zero; a sow in between must not turn one into an array of zeros.
+
+
+@jax.custom_vjp
+def _two(x):
+    return {"y": jnp.sin(x), "aux": jnp.cos(x)}
+
+
+def _two_fwd(x):
+    return _two(x.value), x.value
+
+
+def _two_bwd(x, ct):
+    if not isinstance(ct["aux"], SymbolicZero):
+        raise ValueError("the cotangent of the unused `aux` output must stay a symbolic zero")
+    return (ct["y"] * jnp.cos(x),)
+
+
+_two.defvjp(_two_fwd, _two_bwd, symbolic_zeros=True)
+
+
+@jax.custom_vjp
+def _use(d):
+    return d["a"] * d["b"]
+
+
+def _use_fwd(d):
+    if d["b"].perturbed:
+        raise ValueError("`b` must reach the custom_vjp with a symbolic zero tangent")
+    return _use({"a": d["a"].value, "b": d["b"].value}), d["b"].value
+
+
+def _use_bwd(b, ct):
+    return ({"a": ct * b, "b": jnp.zeros_like(b)},)
+
+
+_use.defvjp(_use_fwd, _use_bwd, symbolic_zeros=True)
+
+
+@jax.custom_jvp
+def _use_j(d):
+    return d["a"] * d["b"]
+
+
+def _use_j_rule(primals, tangents):
+    ((d,), (t,)) = primals, tangents
+    if not isinstance(t["b"], SymbolicZero):
+        raise ValueError("`b` must reach the custom_jvp with a symbolic zero tangent")
+    return _use_j(d), t["a"] * d["b"]
+
+
+_use_j.defjvp(_use_j_rule, symbolic_zeros=True)
+
+
+def _loss_use_j(x):
+    return jnp.sum(_use_j(sow({"a": jnp.sin(x), "b": lax.stop_gradient(x)}, "in")) ** 2)
+
+
+def _loss_two(x):
+    return jnp.sum(sow(_two(x), "two")["y"] ** 2)
+
+
+def _loss_use(x):
+    return jnp.sum(_use(sow({"a": jnp.sin(x), "b": lax.stop_gradient(x)}, "in")) ** 2)
+
+
+def _loss_two_plain(x):
+    return jnp.sum(jnp.sin(x) ** 2)
+
+
+def _loss_use_plain(x):
+    return jnp.sum((jnp.sin(x) * lax.stop_gradient(x)) ** 2)
+
+
+def test_symbolic_zero_cotangent_passes_through_sow_under_plain_grad():
+    close(jax.grad(_loss_two)(X), jax.grad(_loss_two_plain)(X))
+    close(jax.jit(jax.grad(_loss_two))(X), jax.grad(_loss_two_plain)(X))
+
+
+def test_symbolic_zero_tangent_passes_through_sow_under_plain_grad_and_jvp():
+    close(jax.grad(_loss_use)(X), jax.grad(_loss_use_plain)(X))
+    close(jax.grad(_loss_use_j)(X), jax.grad(_loss_use_plain)(X))
+    v = jnp.linspace(-1.0, 1.0, 5)
+    close(jax.jvp(_loss_use_j, (X,), (v,))[1], jax.jvp(_loss_use_plain, (X,), (v,))[1])
+
+
+def test_capture_records_zeros_for_symbolic_zeros():
+    grads, inter = save_intermediates(jax.grad(_loss_two))(X)
+    close(grads, jax.grad(_loss_two_plain)(X))
+    close(inter["two"]["primal"]["aux"], jnp.cos(X))
+    close(inter["two"]["cotangent"]["y"], 2 * jnp.sin(X))
+    close(inter["two"]["cotangent"]["aux"], jnp.zeros(5))
+
+    grads, inter = save_intermediates(jax.grad(_loss_use))(X)
+    close(grads, jax.grad(_loss_use_plain)(X))
+    close(inter["in"]["cotangent"]["a"], 2 * jnp.sin(X) * X**2)
+    close(inter["in"]["cotangent"]["b"], jnp.zeros(5))
+
+    v = jnp.linspace(-1.0, 1.0, 5)
+    _, inter = save_intermediates(lambda x: jax.jvp(_loss_use_j, (x,), (v,)))(X)
+    close(inter["in"]["tangent"]["a"], jnp.cos(X) * v)
+    close(inter["in"]["tangent"]["b"], jnp.zeros(5))
+
+
+def test_symbolic_zeros_inside_scan_and_vmap_are_stacked_zeros():
+    def loss(x):
+        def body(c, _):
+            out = sow(_two(c), "two")
+            return out["y"], None
+
+        c, _ = lax.scan(body, x, None, length=3)
+        return jnp.sum(c)
+
+    _, inter = save_intermediates(jax.grad(loss))(X)
+    assert inter["two"]["cotangent"]["aux"].shape == (3, 5)
+    close(inter["two"]["cotangent"]["aux"], jnp.zeros((3, 5)))
+    xs = jnp.stack([X, 2 * X])
+    _, inter = save_intermediates(jax.vmap(jax.grad(_loss_two)))(xs)
+    assert inter["two"]["cotangent"]["aux"].shape == (2, 5)
+    close(inter["two"]["cotangent"]["y"], 2 * jnp.sin(xs))
 
 
 # --- pytrees, caching, composition ---------------------------------------------

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
+
+import jax.numpy as jnp
 
 from .. import _compat
 from .primitive import mode_key, sow_p
@@ -66,6 +69,23 @@ def contains_capture(jaxpr, tags: frozenset[str]) -> bool:
     return False
 
 
+def captured(eqn, invals: list) -> tuple[Site, list]:
+    """The site of a collected sow equation and the values it records.
+
+    Leaves the sow carries as symbolic zeros (its `zeros` param) are recorded as
+    arrays of zeros, materialised here so enclosing constructs stack them like
+    any other value."""
+    site = site_of(eqn)
+    zeros = eqn.params.get("zeros", ()) if eqn.primitive is sow_p else ()
+    if not zeros:
+        return site, invals
+    by_leaf = dict(zip(site.leaves, invals, strict=True))
+    for leaf, shape, dtype in zeros:
+        by_leaf[leaf] = jnp.zeros(shape, dtype)
+    order = tuple(sorted(by_leaf))
+    return replace(site, leaves=order), [by_leaf[i] for i in order]
+
+
 def site_of(eqn) -> Site:
     p = eqn.params
     if eqn.primitive is sow_p:
@@ -108,7 +128,7 @@ def evaluate(jaxpr, consts: Sequence[Any], args: Sequence[Any], rec: Recorder) -
     for eqn in jaxpr.eqns:
         invals = [read(v) for v in eqn.invars]
         if _captured_here(eqn, tags):
-            rec.add(site_of(eqn), invals)
+            rec.add(*captured(eqn, invals))
             outs = invals
         elif any(contains_capture(sub, tags) for _, _, sub in _compat.sub_jaxprs(eqn)):
             rule = RULES.get(eqn.primitive.name)

@@ -8,6 +8,13 @@ one per differentiation level that reached it, innermost first):
 * the transpose rule turns the last ``T`` into ``C``: the cotangent at that point;
 * the batching rule moves the batch axis to the front and keeps the roles.
 
+Symbolic zeros pass through untouched: JVP and transpose bind only the leaves
+whose tangent / cotangent is a real array, return JAX's symbolic `Zero` for the
+others (so a `custom_vjp(..., symbolic_zeros=True)` or a Tesseract downstream
+still sees a symbolic zero), and list those leaves in the `zeros` parameter as
+`(leaf, shape, dtype)`; the capture fills them with zeros for the user. Under
+`vmap` the batching rule adds the batch axis to those shapes.
+
 `mode_key` renders roles as the capture key users see: trailing ``P`` dropped,
 ``()`` is ``"primal"``, ``("C", "T")`` is ``"cotangent.tangent"`` (the tangent of
 a cotangent, as under `jax.hessian`).
@@ -42,39 +49,84 @@ def _abstract_eval(*avals: Any, **_: Any):
     return avals, ({_compat.capture_effect} if _compat.capturing.value else set())
 
 
-def _jvp(primals, tangents, *, mode, leaves, **params):
-    outs = sow_p.bind(*primals, mode=(*mode, "P"), leaves=leaves, **params)
-    tans = [_compat.instantiate_zeros(t) for t in tangents]
-    # Integer and bool leaves have float0 tangents: nothing to observe there.
-    keep = [i for i, t in enumerate(tans) if t.dtype != jax.dtypes.float0]
-    if keep:
-        kept = sow_p.bind(
-            *(tans[i] for i in keep),
-            mode=(*mode, "T"),
-            leaves=tuple(leaves[i] for i in keep),
-            **params,
-        )
-        for i, t in zip(keep, kept):
-            tans[i] = t
+ZeroLeaf = tuple[int, tuple[int, ...], Any]  # (leaf index, shape, dtype) of a symbolic zero
+
+
+def _split_zeros(xs, leaves) -> tuple[list[int], tuple[ZeroLeaf, ...]]:
+    """Positions of the real arrays in `xs`, and the symbolic zeros as ZeroLeafs.
+
+    Integer and bool leaves have float0 tangents: nothing to observe there, so
+    they are neither carried nor recorded as zeros (the capture gives None)."""
+    keep: list[int] = []
+    zeros: list[ZeroLeaf] = []
+    for i, x in enumerate(xs):
+        aval = x.aval if _compat.is_symbolic_zero(x) else None
+        dtype = aval.dtype if aval is not None else x.dtype
+        if dtype == jax.dtypes.float0:
+            continue
+        if aval is None:
+            keep.append(i)
+        else:
+            zeros.append((leaves[i], tuple(aval.shape), dtype))
+    return keep, tuple(zeros)
+
+
+def _bind_part(xs, keep, leaves, zeros, **params) -> list:
+    """Bind `sow` on the real arrays `xs[keep]`; symbolic zeros stay as they are."""
+    out = list(xs)
+    if not keep and not (zeros and _compat.capturing.value):
+        return out
+    # With only zeros, the operand-less sow exists to tell the capture about them.
+    kept = sow_p.bind(
+        *(xs[i] for i in keep), leaves=tuple(leaves[i] for i in keep), zeros=zeros, **params
+    )
+    for i, x in zip(keep, kept, strict=True):
+        out[i] = x
+    return out
+
+
+def _jvp(primals, tangents, *, mode, leaves, zeros, **params):
+    outs = sow_p.bind(*primals, mode=(*mode, "P"), leaves=leaves, zeros=zeros, **params)
+    keep, new_zeros = _split_zeros(tangents, leaves)
+    if not keep:
+        # No leaf is perturbed: JAX itself skips the JVP of such values, so no
+        # tangent is recorded (as for a sow of `lax.stop_gradient(x)`).
+        return outs, list(tangents)
+    tans = _bind_part(tangents, keep, leaves, zeros + new_zeros, mode=(*mode, "T"), **params)
     return outs, tans
 
 
-def _transpose(cts, *operands, name, tag, mode, treedef, leaves, index):
+def _transpose(cts, *operands, name, tag, mode, treedef, leaves, zeros, index):
     del operands
     if "T" not in mode:  # a primal sow is not linear; JAX never asks for this
         raise ValueError(f"sow {name!r}: transpose of a non-tangent value (roles {mode})")
     last = len(mode) - 1 - mode[::-1].index("T")
     ct_mode = (*mode[:last], "C", *mode[last + 1 :])
-    cts = [_compat.instantiate_zeros(c) for c in cts]
-    return sow_p.bind(
-        *cts, name=name, tag=tag, mode=ct_mode, treedef=treedef, leaves=leaves, index=index
+    keep, new_zeros = _split_zeros(cts, leaves)
+    return _bind_part(
+        cts,
+        keep,
+        leaves,
+        zeros + new_zeros,
+        name=name,
+        tag=tag,
+        mode=ct_mode,
+        treedef=treedef,
+        index=index,
     )
 
 
-def _batch(args, dims, **params):
-    moved = [a if d is _compat.not_mapped else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
+def _batch(args, dims, *, zeros, **params):
+    moved = [
+        a if d is _compat.not_mapped else jnp.moveaxis(a, d, 0)
+        for a, d in zip(args, dims, strict=True)
+    ]
     out_dims = [_compat.not_mapped if d is _compat.not_mapped else 0 for d in dims]
-    return sow_p.bind(*moved, **params), out_dims
+    sizes = {a.shape[d] for a, d in zip(args, dims, strict=True) if d is not _compat.not_mapped}
+    if sizes:  # the zeros are batched like the arrays they stand beside
+        (size,) = sizes
+        zeros = tuple((i, (size, *shape), dtype) for i, shape, dtype in zeros)
+    return sow_p.bind(*moved, zeros=zeros, **params), out_dims
 
 
 def _lower(ctx, *xs, **_):
@@ -133,6 +185,7 @@ def sow(value: Any, name: str, *, tag: str = "intermediates") -> Any:
         mode=(),
         treedef=treedef,
         leaves=tuple(range(len(arrays))),
+        zeros=(),
         index=_next_index(),
     )
     return jax.tree_util.tree_unflatten(treedef, outs)
