@@ -368,3 +368,38 @@ def tesseract_client(params: dict[str, Any]) -> Any:
     if "client" in params:  # tesseract-jax <= 0.4
         return params["client"]
     return getattr(params.get("params"), "client", None)  # tesseract-jax >= 0.5
+
+
+# ---------------------------------------------------------------------------
+# tesseract_jax.sow: its primitive carries no tree structure; `tesseract_jax.sow`
+# records each name's PyTreeDef in the ContextVar `_sow_treedefs` while its own
+# save_intermediates traces (tesseract-jax 0.4 and 0.5). We set that store while
+# we trace and keep the last structure seen per name, so a sow inside an inner
+# `jit` whose trace JAX reuses (no Python re-run) keeps its structure too.
+_foreign_treedefs: dict[str, Any] = {}
+
+
+@contextlib.contextmanager
+def recording_foreign_sow_treedefs() -> Iterator[None]:
+    """While tracing: record the tree structure of every `tesseract_jax.sow`."""
+    import sys
+
+    module = sys.modules.get("tesseract_jax.sow")  # never import it ourselves
+    store_var = getattr(module, "_sow_treedefs", None)
+    if store_var is None:
+        yield
+        return
+    store: dict[str, Any] = {}
+    token = store_var.set(store)
+    try:
+        yield
+    finally:
+        store_var.reset(token)
+        _foreign_treedefs.update(store)
+
+
+def foreign_sow_treedef(name: str, num_leaves: int) -> Any | None:
+    """The recorded tree structure of the `tesseract_jax.sow` named `name`, if it
+    has `num_leaves` leaves (else None: the caller falls back to a flat list)."""
+    treedef = _foreign_treedefs.get(name)
+    return treedef if treedef is not None and treedef.num_leaves == num_leaves else None

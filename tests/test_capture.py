@@ -622,6 +622,30 @@ def test_tesseract_jax_sow_is_captured():
     close(inter["ts"]["primal"], jnp.sin(X))
 
 
+def test_tesseract_jax_sow_keeps_pytree_structure():
+    tj = pytest.importorskip("tesseract_jax")
+
+    @jax.jit
+    def inner(x):
+        return tj.sow({"a": jnp.sin(x), "b": [x * 2, x * 3]}, "tree")
+
+    def fn(x):
+        d = inner(x)
+        return jnp.sum(d["a"] * d["b"][0] + d["b"][1])
+
+    like = {"a": X, "b": [X, X]}
+    for _ in range(2):  # a fresh wrapper reuses JAX's trace of `inner`
+        grads, inter = save_intermediates(jax.grad(fn))(X)
+        close(grads, jax.grad(fn)(X))
+        for mode in ("primal", "cotangent"):
+            got = jax.tree_util.tree_structure(inter["tree"][mode])
+            assert got == jax.tree_util.tree_structure(like), mode
+        close(inter["tree"]["primal"]["b"][1], 3 * X)
+        close(inter["tree"]["cotangent"]["a"], 2 * X)
+        close(inter["tree"]["cotangent"]["b"][0], jnp.sin(X))
+        close(inter["tree"]["cotangent"]["b"][1], jnp.ones(5))
+
+
 def test_integer_leaves_have_no_tangent():
     def fn(x):
         tree = sow({"f": x * 2, "i": jnp.arange(5)}, "mixed")

@@ -96,7 +96,7 @@ class SaveIntermediates:
             a, k = jax.tree_util.tree_unflatten(treedef, merged)
             return self.fn(*a, **k)
 
-        with _compat.capturing(True):
+        with _compat.capturing(True), _compat.recording_foreign_sow_treedefs():
             closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*flat)
         rec = Recorder(self._options)
         outs = evaluate_closed(closed, flat, rec)

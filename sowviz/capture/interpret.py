@@ -98,10 +98,12 @@ def site_of(eqn) -> Site:
             call=p["index"],
             location=_compat.user_location(eqn),
         )
-    import jax  # tesseract_jax.sow: one leaf per operand, no treedef recorded
+    import jax  # tesseract_jax.sow: one leaf per operand, its treedef recorded aside
 
     n = len(eqn.invars)
-    treedef = jax.tree_util.tree_structure(list(range(n)) if n != 1 else 0)
+    treedef = _compat.foreign_sow_treedef(p["name"], n)
+    if treedef is None:  # not seen while tracing: a bare array, or a list of leaves
+        treedef = jax.tree_util.tree_structure(list(range(n)) if n != 1 else 0)
     return Site(
         name=p["name"],
         tag=p["tag"],
