@@ -12,8 +12,9 @@ static and key a separate cache entry.
 from __future__ import annotations
 
 import functools
+import itertools
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any, Literal
 
 import jax
@@ -217,8 +218,11 @@ def _summary_options(summarize):
     )
 
 
+# "Duplicate sow name" is tesseract-jax's phrase for this error: code written
+# against its save_intermediates that matches on it keeps working.
 DUPLICATE = (
-    "sowviz: the name {name!r} is sown more than once:\n  first at {a}\n  again at {b}\n"
+    "sowviz: Duplicate sow name {name!r} (sown more than once), so its values would "
+    "overwrite each other:\n  first at {a}\n  again at {b}\n"
     "Give each `sow` a unique name, or pass duplicates='suffix' (name_0, name_1, ...) or "
     "duplicates='stack' (stack like-shaped values along a new leading axis)."
 )
@@ -229,6 +233,7 @@ def assemble(captures: list[Capture], duplicates: str) -> dict[str, dict[str, An
     by_name: dict[str, list[Capture]] = {}
     for c in captures:
         by_name.setdefault(c.site.name, []).append(c)
+    taken = set(by_name)  # suffixed names never take a name the program uses itself
     out: dict[str, dict[str, Any]] = {}
     for name, caps in by_name.items():
         calls = sorted({c.site.call for c in caps})
@@ -250,11 +255,21 @@ def assemble(captures: list[Capture], duplicates: str) -> dict[str, dict[str, An
                 )
             )
         elif duplicates == "suffix":
-            for i, group in enumerate(_by_call(caps)):
-                out[f"{name}_{i}"] = _entry(group)
+            numbers = _free_suffixes(name, taken)
+            for group in _by_call(caps):
+                key = next(numbers)
+                taken.add(key)
+                out[key] = _entry(group)
         else:
             out[name] = _stacked([_entry(g) for g in _by_call(caps)], name)
     return out
+
+
+def _free_suffixes(name: str, taken: set[str]) -> Iterator[str]:
+    """`name_0`, `name_1`, ... in order, skipping names already taken."""
+    for i in itertools.count():
+        if f"{name}_{i}" not in taken:
+            yield f"{name}_{i}"
 
 
 def _by_call(caps: list[Capture]) -> list[list[Capture]]:
