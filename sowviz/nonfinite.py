@@ -59,11 +59,13 @@ class Equation:
     primitive: str
     source: Any  # SourceLocation | None
     reaching: str | None = None  # backward: the equation whose cotangent it made non-finite
+    label: str = ""  # the node's label when it differs (a custom rule's function name)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "node": self.node,
             "primitive": self.primitive,
+            "label": self.label or self.primitive,
             "source": None if self.source is None else self.source.to_dict(),
             "reaching": self.reaching,
         }
@@ -132,15 +134,25 @@ def is_backward_key(key: str) -> bool:
 
 
 def _bad_iterations(s: Mapping[str, Any]) -> list[int]:
+    """Iterations (rows of the outermost stacked axis) holding non-finite values."""
     per = s.get("per_iteration") or {}
     counts = per.get("nonfinite") or []
-    return [i for i, c in enumerate(counts) if c]
+    rows = per.get("index") or range(len(counts))  # rows kept, when strided
+    return [int(r) for r, c in zip(rows, counts) if c]
+
+
+_KINDS = ("nan", "posinf", "neginf")
+
+
+def _kinds(s: Mapping[str, Any]) -> frozenset[str]:
+    return frozenset(k for k in _KINDS if s.get(k))
 
 
 @dataclass
 class _Flags:
     fwd: bool = False
     bwd: bool = False
+    fwd_kinds: frozenset[str] = frozenset()  # which of NaN, +Inf, -Inf the values hold
     fwd_iter: float = _INF  # first iteration with a non-finite forward value
     bwd_iter: float = -_INF  # last iteration with a non-finite cotangent (runs first)
 
@@ -160,6 +172,7 @@ def node_flags(probes: Iterable[Any]) -> dict[str, _Flags]:
                     f.bwd_iter = max(f.bwd_iter, its[-1])
             else:
                 f.fwd = True
+                f.fwd_kinds |= _kinds(s)
                 if its:
                     f.fwd_iter = min(f.fwd_iter, its[0])
     return out
@@ -262,9 +275,16 @@ def find(
         if fwd or bwd:
             f = flags.setdefault(node, _Flags())
             f.fwd, f.bwd = f.fwd or fwd, f.bwd or bwd
+            if fwd and not f.fwd_kinds:
+                f.fwd_kinds = frozenset(_KINDS)
     if not flags:
         return None
     expected = _expected_nodes(ix, expect_nonfinite) if expect_nonfinite else set()
+    # What the expected stages hold (e.g. -Inf) may flow on; a value holding only those
+    # kinds passes them on, one holding another kind (NaN from -Inf - -Inf) is made.
+    kinds = frozenset().union(*(f.fwd_kinds for n, f in flags.items() if n in expected))
+    if expected:
+        expected |= {n for n, f in flags.items() if f.fwd and f.fwd_kinds <= kinds}
     fwd = {n: f for n, f in flags.items() if f.fwd and n not in expected}
     bwd = {n: f for n, f in flags.items() if f.bwd and n not in expected}
     fwd_origin = bwd_origin = None
@@ -340,7 +360,10 @@ def with_equations(
         at = f" at {eq.source.file}:{eq.source.line}" if eq.source is not None else ""
         stage = origin.node
         inside = f" in `{ix.nodes[stage].label}`" if stage and stage != eq.node else ""
-        return f"`{eq.primitive}`{inside}{at}"
+        name = f"`{eq.primitive}`"
+        if eq.label and eq.label != eq.primitive:
+            name = f"`{eq.label}` ({eq.primitive})"
+        return f"{name}{inside}{at}"
 
     fwd, bwd = o.forward, o.backward
     if fwd is not None and forward is not None:

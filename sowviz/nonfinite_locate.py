@@ -72,16 +72,23 @@ def results_finite(result: Any) -> bool:
 
 
 def analyse(
-    inspection: Any, traced: Any, options: Any, args: Sequence[Any] | None = None, step=None
+    inspection: Any,
+    traced: Any,
+    options: Any,
+    args: Sequence[Any] | None = None,
+    step: int | None = None,
+    expect_nonfinite: Sequence[str] | None = None,
 ) -> Origins | None:
     """The origins of one run's non-finite values (None when all are finite)."""
+    if expect_nonfinite is None:
+        expect_nonfinite = getattr(options, "expect_nonfinite", ()) or ()
     return find(
         inspection.probes,
         inspection.graph,
         step=step,
         inputs=input_flags(traced, options, inspection.result, args),
         results_finite=results_finite(inspection.result),
-        expect_nonfinite=getattr(options, "expect_nonfinite", ()) or (),
+        expect_nonfinite=tuple(expect_nonfinite),
     )
 
 
@@ -111,6 +118,7 @@ class _Dataflow:
         self._compat = _compat
         self.closed = traced.closed
         self.points = {p.node: p for p in traced.graph.probe_points}
+        self.inputs = [n.id for n in traced.graph.nodes if n.kind == "input"]
         self.at: dict[tuple, str] = {}
         for p in traced.graph.probe_points:
             if p.kind != "scope" and len({i for i, _ in p.values}) == 1:
@@ -128,16 +136,18 @@ class _Dataflow:
     def consumers(self, node: str) -> list[str]:
         """Node ids of the equations reading `node`'s values (leaving a sub-program: the
         enclosing equation's readers)."""
+        if node in self.inputs:  # an argument: the top-level jaxpr's input
+            j = self._jaxpr(())
+            return self._readers((), j, {id(j.invars[self.inputs.index(node)])}, 0)
         p = self.points.get(node)
         if p is None:
             return []
-        return self._readers(p.path, [(i, k) for i, k in p.values])
+        j = self._jaxpr(p.path)
+        vs = {id(j.eqns[i].outvars[k]) for i, k in p.values}
+        return self._readers(p.path, j, vs, min(i for i, _ in p.values) + 1)
 
-    def _readers(self, path, values) -> list[str]:
-        j = self._jaxpr(path)
-        vs = {id(j.eqns[i].outvars[k]) for i, k in values}
+    def _readers(self, path, j, vs: set[int], start: int) -> list[str]:
         out = []
-        start = min(i for i, _ in values) + 1
         for e in range(start, len(j.eqns)):
             if any(id(v) in vs for v in j.eqns[e].invars):
                 node = self.at.get((path, e))
@@ -146,7 +156,8 @@ class _Dataflow:
         if path and any(id(v) in vs for v in j.outvars):
             up, (i, _, _) = path[:-1], path[-1]
             parent = self._jaxpr(up)
-            out += self._readers(up, [(i, k) for k in range(len(parent.eqns[i].outvars))])
+            outs = {id(v) for v in parent.eqns[i].outvars}
+            out += self._readers(up, parent, outs, i + 1)
         return out
 
 
@@ -161,7 +172,12 @@ def _culprit(ins: Any, traced: Any, reach: str) -> tuple[str, ...]:
 
 
 def locate(
-    fn: Callable, args: Sequence[Any], options: Any = None, *, step: int | None = None
+    fn: Callable,
+    args: Sequence[Any],
+    options: Any = None,
+    *,
+    step: int | None = None,
+    expect_nonfinite: Sequence[str] | None = None,
 ) -> Origins | None:
     """Re-run `fn(*args)` under `options` with every equation probed and return the
     origins down to the equation (None when every value is finite).
@@ -175,7 +191,7 @@ def locate(
     if options is None:
         options = InspectOptions()
     ins, traced, opts = _run_all(fn, args, options)
-    fine = analyse(ins, traced, opts, args, step)
+    fine = analyse(ins, traced, opts, args, step, expect_nonfinite)
     if fine is None:
         return None
     g = ins.graph
@@ -183,17 +199,14 @@ def locate(
     fwd, bwd = fine.forward, fine.backward
     if fwd is not None and fwd.node is not None and g.node(fwd.node).kind != "input":
         n = g.node(fwd.node)
-        fwd_eq = Equation(n.id, n.primitive or n.label, n.source or _src(g, n))
+        fwd_eq = Equation(n.id, n.primitive or n.label, n.source or _src(g, n), None, n.label)
         fwd = replace(fwd, node=_stage_of(g, n.id))
     if bwd is not None and bwd.reaching is not None:
         reach = bwd.reaching
-        if g.node(reach).kind != "input":
-            cands = _culprit(ins, traced, reach) or bwd.candidates
-        else:
-            cands = bwd.candidates
+        cands = _culprit(ins, traced, reach) or bwd.candidates
         if cands:
             n = g.node(cands[0])
-            bwd_eq = Equation(n.id, n.primitive or n.label, n.source or _src(g, n), reach)
+            bwd_eq = Equation(n.id, n.primitive or n.label, n.source or _src(g, n), reach, n.label)
             bwd = replace(bwd, node=_stage_of(g, n.id), reaching=_stage_of(g, reach))
             bwd = replace(bwd, candidates=tuple(_stage_of(g, c) for c in cands))
     out = replace(fine, forward=fwd, backward=bwd)
