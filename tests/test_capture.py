@@ -285,6 +285,86 @@ def test_non_array_leaves_are_static_and_cached():
     assert calls == ["tanh", "sin"]
 
 
+def _mlp_loss(model, x):
+    h = jax.vmap(model)(x)
+    return jnp.sum(sow(h, "out") ** 2)
+
+
+def test_equinox_module_argument_with_filter_grad_and_partition():
+    eqx = pytest.importorskip("equinox")
+    model = eqx.nn.MLP(3, 2, 8, 2, key=jax.random.PRNGKey(0))  # relu / identity leaves
+    x = jax.random.normal(KEY, (4, 3))
+    out = jax.vmap(model)(x)
+    expected = eqx.filter_grad(_mlp_loss)(model, x)
+
+    wrapped = save_intermediates(eqx.filter_grad(_mlp_loss))
+    grads, inter = wrapped(model, x)
+    assert jax.tree_util.tree_structure(grads) == jax.tree_util.tree_structure(expected)
+    for a, b in zip(
+        jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(expected), strict=True
+    ):
+        close(a, b)
+    close(inter["out"]["primal"], out)
+    close(inter["out"]["cotangent"], 2 * out)
+    # Another model of the same structure: same compiled program, right values.
+    other = eqx.nn.MLP(3, 2, 8, 2, key=jax.random.PRNGKey(1))
+    grads, inter = wrapped(other, x)
+    assert wrapped.trace_count == 1
+    close(inter["out"]["primal"], jax.vmap(other)(x))
+    # Another activation (a static leaf): a new trace with the new function.
+    tanh_model = eqx.nn.MLP(3, 2, 8, 2, activation=jnp.tanh, key=jax.random.PRNGKey(0))
+    _, inter = wrapped(tanh_model, x)
+    assert wrapped.trace_count == 2
+    close(inter["out"]["primal"], jax.vmap(tanh_model)(x))
+
+    # What users write without filter_grad: partition, differentiate the arrays.
+    params, static = eqx.partition(model, eqx.is_array)
+
+    def loss(params, static, x):
+        return _mlp_loss(eqx.combine(params, static), x)
+
+    grads, inter = save_intermediates(jax.grad(loss))(params, static, x)
+    for a, b in zip(
+        jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(expected), strict=True
+    ):
+        close(a, b)
+    close(inter["out"]["cotangent"], 2 * out)
+
+
+def test_unhashable_non_array_leaf_names_its_path_and_the_fix():
+    def fn(x, cfg):
+        return jnp.sum(sow(x * len(cfg["opts"]), "h"))
+
+    with pytest.raises(TypeError, match=r"`args\[1\]\['opts'\]` is a set.*eqx\.partition"):
+        save_intermediates(fn)(X, {"opts": {1, 2}})
+    with pytest.raises(TypeError, match=r"`kwargs\['cfg'\]\['opts'\]` is a bytearray"):
+        save_intermediates(fn)(X, cfg={"opts": bytearray(b"ab")})
+
+
+def test_integer_and_bool_leaves_get_float0_tangents():
+    def fn(x, labels, mask):
+        h = sow({"x": x * labels, "labels": labels, "mask": mask}, "h")
+        return jnp.sum(jnp.where(h["mask"], h["x"], 0.0) ** 2)
+
+    labels, mask = jnp.arange(5), jnp.arange(5) % 2 == 0
+    grad = jax.grad(fn, argnums=(0, 1, 2), allow_int=True)
+    got, inter = save_intermediates(grad)(X, labels, mask)
+    want = grad(X, labels, mask)
+    close(got[0], want[0])
+    assert got[1].dtype == jax.dtypes.float0 and got[2].dtype == jax.dtypes.float0
+    assert inter["h"]["cotangent"]["labels"] is None and inter["h"]["cotangent"]["mask"] is None
+    close(inter["h"]["cotangent"]["x"], jnp.where(mask, 2 * X * labels, 0.0))
+
+    v = jnp.ones(5)
+    zeros = (np.zeros(5, jax.dtypes.float0), np.zeros(5, jax.dtypes.float0))
+    (_, t), inter = save_intermediates(lambda x, lab, m: jax.jvp(fn, (x, lab, m), (v, *zeros)))(
+        X, labels, mask
+    )
+    close(t, jax.jvp(fn, (X, labels, mask), (v, *zeros))[1])
+    close(inter["h"]["tangent"]["x"], v * labels)
+    assert inter["h"]["tangent"]["labels"] is None
+
+
 def test_composes_with_outer_jit_and_vmap():
     wrapped = save_intermediates(jax.grad(f))
     _g, inter = jax.jit(wrapped)(X)

@@ -135,31 +135,49 @@ class SaveIntermediates:
     def _call_with_static(self, args, kwargs):
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
         static = tuple((i, leaf) for i, leaf in enumerate(leaves) if not _is_dynamic(leaf))
+        key = (treedef, static)
         try:
-            key = (treedef, static)
             hash(key)
         except TypeError:
-            bad = next(type(v).__name__ for _, v in static if not _hashable(v))
-            raise TypeError(
-                f"sowviz.save_intermediates: an argument leaf of type {bad} is neither an "
-                "array nor hashable, so it can be neither traced nor used as a static cache "
-                "key. Close over it (functools.partial) or make it a registered pytree."
-            ) from None
+            raise TypeError(_unhashable_message(args, kwargs)) from None
         fn = self._static_cache.get(key)
         if fn is None:
-            positions = {i for i, _ in static}
+            fn = self._static_cache[key] = jax.jit(self._with_static(treedef, static, len(leaves)))
+        positions = {i for i, _ in static}
+        return fn(*(leaf for i, leaf in enumerate(leaves) if i not in positions))
 
-            def call(*dyn):
-                it = iter(dyn)
-                merged = [
-                    dict(static)[i] if i in positions else next(it) for i in range(len(leaves))
-                ]
-                a, k = jax.tree_util.tree_unflatten(treedef, merged)
-                return self._traced(*a, **k)
+    def _with_static(self, treedef, static, n: int):
+        """`_traced` on the dynamic leaves only, the static ones closed over."""
+        fixed = dict(static)
 
-            fn = self._static_cache[key] = jax.jit(call)
-        dyn = [leaf for i, leaf in enumerate(leaves) if i not in {j for j, _ in static}]
-        return fn(*dyn)
+        def call(*dyn):
+            it = iter(dyn)
+            merged = [fixed[i] if i in fixed else next(it) for i in range(n)]
+            a, k = jax.tree_util.tree_unflatten(treedef, merged)
+            return self._traced(*a, **k)
+
+        return call
+
+
+UNHASHABLE = (
+    "sowviz.save_intermediates: the argument leaf `{path}` is a {kind}, which is neither "
+    "an array (so it cannot be traced) nor hashable (so it cannot be a static value "
+    "that keys the compile cache). Make it static and hashable (a tuple instead of a "
+    "list-like object, an `eqx.field(static=True)`), close over it with "
+    "functools.partial, or pass only the arrays: `params, static = "
+    "eqx.partition(model, eqx.is_array)`."
+)
+
+
+def _unhashable_message(args, kwargs) -> str:
+    """UNHASHABLE for the first leaf of (args, kwargs) that is neither array nor hashable."""
+    for root, tree in (("args", args), ("kwargs", kwargs)):
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+            if not _is_dynamic(leaf) and not _hashable(leaf):
+                return UNHASHABLE.format(
+                    path=root + jax.tree_util.keystr(path), kind=type(leaf).__name__
+                )
+    return UNHASHABLE.format(path="(unknown)", kind="value")
 
 
 def _summarize_entries(inter: dict, options, depth: int) -> Packed:
