@@ -1,57 +1,101 @@
-"""Apply an inspection mode to an undifferentiated function.
+"""Apply an inspection mode to the traced program's flat array inputs.
 
 `inspect`, `show` and `Monitor` take the user's plain `fn` and differentiate it
 themselves, so automatic stage probes (inserted before this step) see tangents
-and cotangents too. Each mode maps `fn(*args)` to one function of the same
-arguments whose result is documented in `transform`.
+and cotangents too. Only floating-point array leaves are differentiated;
+integer/bool arrays (labels, indices) and static leaves are closed over, so no
+`float0` ever meets a transpose.
+
+Results (`transform`):
+
+* primal: `fn(*args)`
+* grad: `(value, grads)` as `jax.value_and_grad(fn, argnums)`; `grads` has the
+  structure of the selected argument(s) with `None` where a leaf is not a
+  floating-point array (static leaves, integer/bool arrays) — what
+  `equinox.filter_grad` gives, and exactly `jax.grad`'s result wherever
+  `jax.grad` accepts the arguments.
+* jvp: `(value, tangent_out)` along `tangents` (a tuple with one tangent per
+  argument; default: a fixed-seed standard-normal direction for every floating leaf)
+* vjp: `(value, input_cotangents)`: a tuple with one tree per argument (None at
+  non-floating leaves), pulled back from `cotangents` (default: ones)
+* all: `(value, tangent_out, input_cotangents)` from one linearization
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-Mode = Literal["primal", "grad", "jvp", "vjp", "all"]
-MODES: tuple[str, ...] = ("primal", "grad", "jvp", "vjp", "all")
+from ._model import Mode
+
+if TYPE_CHECKING:
+    from ._program import Layout
+
+_NO_FLOAT = (
+    "sowviz: `argnums`={argnums!r} selects argument {i}, which has no floating-point array "
+    "leaves to differentiate (its leaves: {kinds}). Pass the parameters as arrays "
+    "(jnp.asarray(...)), or choose another `argnums`."
+)
+_COTANGENTS = (
+    "sowviz: `cotangents` must have the structure and shapes of the function's output "
+    "({want}); got {got}. Pass e.g. cotangents=jax.tree.map(jnp.ones_like, fn(*args)), "
+    "or leave it out for ones."
+)
 
 
-def check_mode(mode: Any) -> Mode:
-    if mode not in MODES:
-        raise ValueError(
-            f"sowviz: unknown `mode` {mode!r}; use one of {', '.join(map(repr, MODES))} "
-            "('grad' for value and gradient, 'jvp' for tangents, 'all' for both)."
-        )
-    return mode
+def _is_float(x: Any) -> bool:
+    return jnp.issubdtype(jnp.result_type(x), jnp.inexact)
 
 
-def default_tangents(args: Sequence[Any], seed: int = 0) -> tuple[Any, ...]:
-    """A fixed-seed standard-normal direction for every floating input; float0 zeros
-    for integer and boolean inputs (they have no tangent space)."""
+def _seed_like(y: Any) -> Any:
+    """Ones for floating outputs; float0 zeros for integer/bool outputs."""
+    return jax.tree_util.tree_map(
+        lambda v: jnp.ones_like(v) if _is_float(v) else np.zeros(jnp.shape(v), jax.dtypes.float0),
+        y,
+    )
+
+
+def _user_seed(ct: Any, y: Any) -> Any:
+    want = jax.tree_util.tree_structure(y)
+    got = jax.tree_util.tree_structure(ct)
+
+    def shapes(t):
+        return [tuple(jnp.shape(v)) for v in jax.tree_util.tree_leaves(t)]
+
+    if got != want or shapes(ct) != shapes(y):
+        raise ValueError(_COTANGENTS.format(want=f"{want} {shapes(y)}", got=f"{got} {shapes(ct)}"))
+    return jax.tree_util.tree_map(
+        lambda c, v: (
+            jnp.asarray(c, jnp.result_type(v))
+            if _is_float(v)
+            else np.zeros(jnp.shape(v), jax.dtypes.float0)
+        ),
+        ct,
+        y,
+    )
+
+
+def default_tangents(layout: Layout, dyn: list, seed: int = 0) -> tuple[Any, ...]:
+    """A fixed-seed standard-normal direction for every floating leaf, keyed by its
+    pytree path (so it does not depend on the other leaves)."""
     key = jax.random.PRNGKey(seed)
-
-    def one(path, leaf):
-        leaf = jnp.asarray(leaf)
-        if jnp.issubdtype(leaf.dtype, jnp.inexact):
-            k = jax.random.fold_in(key, zlib.crc32(jax.tree_util.keystr(path).encode()) % (2**31))
-            return jax.random.normal(k, leaf.shape, leaf.dtype)
-        return np.zeros(leaf.shape, jax.dtypes.float0)
-
-    return tuple(jax.tree_util.tree_map_with_path(one, tuple(args)))
+    out = []
+    for j in layout.floating:
+        x = dyn[j]
+        k = jax.random.fold_in(key, zlib.crc32(layout.paths[j].encode()) % (2**31))
+        out.append(jax.random.normal(k, jnp.shape(x), jnp.result_type(x)))
+    return tuple(out)
 
 
-def _ones_like_output(y: Any) -> Any:
-    return jax.tree_util.tree_map(jnp.ones_like, y)
-
-
-def _argnums(argnums: int | Sequence[int], n: int) -> tuple[int, ...]:
+def check_argnums(argnums: int | tuple[int, ...], n: int) -> tuple[int, ...]:
     nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
     for a in nums:
-        if not isinstance(a, int) or not -n <= a < n:
+        if not -n <= a < n:
             raise ValueError(
                 f"sowviz: `argnums` {argnums!r} does not fit a function called with {n} "
                 "positional argument(s)."
@@ -60,49 +104,76 @@ def _argnums(argnums: int | Sequence[int], n: int) -> tuple[int, ...]:
 
 
 def transform(
-    fn: Callable,
-    mode: Mode,
-    *,
-    n_args: int,
-    argnums: int | Sequence[int] = 0,
-    tangents: Sequence[Any] | None = None,
-    cotangents: Any = None,
-) -> Callable:
-    """`fn` under `mode`. Results:
+    run: Callable[[list], Any], layout: Layout, mode: Mode, argnums: Any
+) -> Callable[[list, tuple], Any]:
+    """`run` (flat array inputs → output pytree) under `mode`, as a function of
+    `(dyn, extra)`: the flat array inputs and `(tangents, cotangents)` (each None for
+    the default; tangents one per floating leaf, in `layout.floating` order)."""
+    mode = Mode(mode)
+    if mode is Mode.PRIMAL:
+        return lambda dyn, extra: run(dyn)
 
-    * primal: `fn(*args)`
-    * grad: `(value, grads)` as `jax.value_and_grad(fn, argnums)` (scalar `fn`)
-    * jvp: `(value, tangent_out)` along `tangents` (default: `default_tangents`)
-    * vjp: `(value, input_cotangents)` pulled back from `cotangents` (default: ones)
-    * all: `(value, tangent_out, input_cotangents)` from one linearization
-    """
-    check_mode(mode)
-    if mode == "primal":
-        return fn
-    if mode == "grad":
-        nums = _argnums(argnums, n_args)
-        return jax.value_and_grad(fn, argnums=nums if len(nums) > 1 else nums[0])
+    def with_values(dyn: list, pos: tuple[int, ...], vals: tuple) -> list:
+        merged = list(dyn)
+        for j, v in zip(pos, vals, strict=True):
+            merged[j] = v
+        return merged
 
-    def tangents_for(args):
-        return tuple(tangents) if tangents is not None else default_tangents(args)
+    if mode is Mode.GRAD:
+        nums = check_argnums(argnums, layout.n_args)
+        pos = tuple(j for j in layout.floating if layout.arg_of[j] in nums)
+        for i in nums:
+            if not any(layout.arg_of[j] == i for j in pos):
+                raise TypeError(
+                    _NO_FLOAT.format(argnums=argnums, i=i, kinds=layout.describe_arg(i))
+                )
 
-    if mode == "jvp":
-        return lambda *args: jax.jvp(fn, args, tangents_for(args))
-    if mode == "vjp":
+        def grad(dyn: list, extra: tuple) -> Any:
+            def f(vals):
+                return run(with_values(dyn, pos, vals))
 
-        def vjp(*args):
-            y, pull = jax.vjp(fn, *args)
-            return y, pull(cotangents if cotangents is not None else _ones_like_output(y))
+            value, gs = jax.value_and_grad(f)(tuple(dyn[j] for j in pos))
+            trees = layout.input_trees(nums, dict(zip(pos, gs, strict=True)))
+            return value, (trees[0] if isinstance(argnums, int) else trees)
+
+        return grad
+
+    fpos = layout.floating
+
+    def tangents_of(dyn: list, extra: tuple) -> tuple:
+        return extra[0] if extra[0] is not None else default_tangents(layout, dyn)
+
+    def seed_of(y: Any, extra: tuple) -> Any:
+        return _seed_like(y) if extra[1] is None else _user_seed(extra[1], y)
+
+    def g_of(dyn: list) -> Callable:
+        return lambda *vals: run(with_values(dyn, fpos, vals))
+
+    everything = tuple(range(layout.n_args))
+
+    def cotangent_trees(cts: tuple) -> tuple:
+        return layout.input_trees(everything, dict(zip(fpos, cts, strict=True)))
+
+    if mode is Mode.JVP:
+        return lambda dyn, extra: jax.jvp(
+            g_of(dyn), tuple(dyn[j] for j in fpos), tuple(tangents_of(dyn, extra))
+        )
+    if mode is Mode.VJP:
+
+        def vjp(dyn: list, extra: tuple) -> Any:
+            y, pull = jax.vjp(g_of(dyn), *(dyn[j] for j in fpos))
+            return y, cotangent_trees(pull(seed_of(y, extra)))
 
         return vjp
 
-    def both(*args):
+    def both(dyn: list, extra: tuple) -> Any:
         # One linearization: primal sows once, tangent sows from the linear map,
-        # cotangent sows from its transpose; no value is sown twice.
-        y, lin = jax.linearize(fn, *args)
-        t = lin(*tangents_for(args))
-        ct_seed = cotangents if cotangents is not None else _ones_like_output(y)
-        cts = jax.linear_transpose(lin, *args)(ct_seed)
-        return y, t, cts
+        # cotangent sows from its transpose; no value is sown twice. Only floating
+        # leaves are linearised, so the transpose never meets a float0 input.
+        primals = tuple(dyn[j] for j in fpos)
+        y, lin = jax.linearize(g_of(dyn), *primals)
+        t = lin(*tangents_of(dyn, extra))
+        cts = jax.linear_transpose(lin, *primals)(seed_of(y, extra))
+        return y, t, cotangent_trees(cts)
 
     return both

@@ -1,53 +1,86 @@
-"""`Monitor`: live inspection of a training loop.
+"""`Monitor`: a headless recorder of a training loop.
 
 `mon.step(*args)` runs ONE compiled program that returns what
 `jax.value_and_grad(fn, argnums)(*args)` returns and, packed beside it, the
-summaries of every probe. The training step *is* the monitored step.
+summaries of every probe and a small all-finite flag vector. Programs come from
+the same cache as `inspect` (`_program`): a batch of another shape compiles its
+own program (like `jax.jit`), and a shape seen before reuses its program.
 
-The loop never waits for the widget: summaries start their device→host copy
-asynchronously and are read on a later step once ready (or at `flush()`), and
-front-end updates are throttled to a few per second however fast the loop
-runs. Each update carries only new steps; the front end keeps the history.
-Memory is bounded by `history` steps on both sides.
+Nothing waits on the host: summaries start their device→host copy
+asynchronously and are read on a later step once ready (or at `flush()`);
+on unrecorded steps (`every > 1`) the plain program runs, and its finite flag
+is read two steps later (the device is not stalled). With
+`stop_on_nonfinite=True` the flag is read on every step, and `NonFiniteError`
+is raised before `step` returns, so the caller never applies that update.
+
+Recording knows no front end: views (`monitor_view.MonitorView`, created
+lazily when `mon` is displayed) and sinks (`log_dir`, TensorBoard, W&B, from
+`sowviz.runlog`) are listeners with `open(model)`, `write(entry)`, `close()`.
 """
 
 from __future__ import annotations
 
-import collections
-import gzip
-import math
-import time
+import atexit
+import threading
+import warnings
+import weakref
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import jax
+import numpy as np
 
+from . import _model
+from . import nonfinite as _nonfinite
+from ._history import History
+from ._program import Out, Traced, runner_for
 from .capture.api import nest
-from .capture.packing import Packed
-from .inspection import Inspection, InspectOptions, Pipeline
-from .nonfinite import NonFinite
-from .nonfinite import message as _nonfinite_message
-from .nonfinite import origin as _nonfinite_origin
+from .inspection import Inspection, Probe, join_probes
+from .options import InspectOptions, check_bool, check_int, check_number
 from .summary import STAT_KEYS
-from .widget import Inspector
 
 # Fields kept per step in the history: what the charts over steps draw.
 _LITE = (*STAT_KEYS, "hist")
+_KEEP = object()
+_MAX_PENDING = 4  # recorded steps in flight before the loop waits for the oldest
+_MAX_FLAGS = 2  # unrecorded steps whose finite flag may still be in flight
 
 
 class NonFiniteError(FloatingPointError):
-    """Raised by `Monitor.step` with `stop_on_nonfinite=True`: where NaN/Inf first appeared."""
+    """Raised by `Monitor.step` with `stop_on_nonfinite=True`: where NaN/Inf first appeared.
+
+    Raised before `step` returns, so the update of that step is never applied:
+
+        >>> try:                                                  # doctest: +SKIP
+        ...     loss, grads = mon.step(params, batch)
+        ... except sowviz.NonFiniteError as err:
+        ...     print(err); break                 # params are those of the last good step
+        ... updates, opt_state = opt.update(grads, opt_state, params)
+    """
 
 
-class Monitor(Inspector):
+class Monitor:
     """Watch a training loop: per-step summaries of every stage's values and gradients.
 
+    `mon.step(*args)` returns exactly `jax.value_and_grad(fn, argnums)(*args)` (mode
+    "grad") for every call, whatever the shapes. Every `every` steps the summaries join
+    `mon.history` (the whole run, thinned to `history` entries; step 0 is kept).
+    Non-finite values in the loss and gradients are detected on every step: the first
+    is `mon.nonfinite`; with `stop_on_nonfinite=True`, `step` raises `NonFiniteError`.
+
+    Works with no notebook; displaying `mon` in Jupyter shows the live widget, and
+    `mon.save_html(path)` writes a report with the history. `log_dir=`,
+    `tensorboard=True`, `wandb=True` also write every recorded step there
+    (`sowviz.runlog`); `mon.close()` (or the end of the process) closes them.
+
+    Safe to step from several threads (steps are serialised).
+
     Example:
-        >>> mon = sowviz.Monitor(loss, every=1, history=200)    # doctest: +SKIP
-        >>> mon                                                 # displays the widget
-        >>> for batch in data:                                  # doctest: +SKIP
-        ...     loss_value, grads = mon.step(params, batch)
-        ...     params = update(params, grads)
+        >>> mon = sowviz.Monitor(lambda w, x: jnp.sum((x @ w) ** 2))
+        >>> value, grad = mon.step(jnp.ones((2, 1)), jnp.ones((3, 2)))
+        >>> float(value), grad.shape, len(mon.history)
+        (12.0, (2, 1), 1)
     """
 
     def __init__(
@@ -55,175 +88,257 @@ class Monitor(Inspector):
         fn: Callable,
         *,
         mode: str = "grad",
-        argnums: int = 0,
+        argnums: int | tuple[int, ...] = 0,
         every: int = 1,
         history: int = 200,
         stop_on_nonfinite: bool = False,
         capture: str = "stages",
         throttle: float = 0.25,
+        log_dir: Any = None,
+        tensorboard: Any = False,
+        wandb: Any = False,
         **options: Any,
     ) -> None:
         if not callable(fn):
             raise TypeError(f"sowviz.Monitor: `fn` must be callable, got {type(fn).__name__}.")
-        for name, value in (("every", every), ("history", history)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"sowviz.Monitor: `{name}` must be a positive int, got {value!r}.")
+        check_int("Monitor", "every", every)
+        check_int("Monitor", "history", history, lo=2)
+        self.stop_on_nonfinite = check_bool("Monitor", "stop_on_nonfinite", stop_on_nonfinite)
+        self.throttle = check_number("Monitor", "throttle", throttle)
         self._options = InspectOptions.from_kwargs(
             "Monitor", mode, capture, {"argnums": argnums, **options}
         )
+        self._runner = runner_for(fn, self._options)
         self.fn = fn
         self.every = every
-        self.stop_on_nonfinite = stop_on_nonfinite
-        self.throttle = throttle
-        self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=history)
-        self.nonfinite: NonFinite | None = None
+        self.history = History(history)
+        self.nonfinite: _nonfinite.NonFinite | None = None
         self.steps = 0
-        self._pipeline: Pipeline | None = None
-        self._pending: collections.deque[tuple[int, Any, Packed]] = collections.deque()
-        self._outbox: list[dict[str, Any]] = []
-        self._last_send = 0.0
-        self._need_model = False  # the model lacks the probe list: send it whole once
-        self._inspection: Inspection | None = None
-        super().__init__(model={}, mode=mode)
+        self._lock = threading.RLock()
+        self._pending: deque[tuple[int, Out]] = deque()
+        self._flags: deque[tuple[int, Out, tuple]] = deque()
+        self._traced: Traced | None = None
+        self._probes: list[Probe] = []
+        self._listeners: list[Any] = []
+        self._failed: set[int] = set()
+        self._view: Any = None
+        self._closed = False
+        if log_dir is not None or tensorboard is not False or wandb is not False:
+            from .runlog import make_sinks  # only when asked: the recorder needs no sink
+
+            self._listeners += list(
+                make_sinks(log_dir=log_dir, tensorboard=tensorboard, wandb=wandb)
+            )
+            ref = weakref.ref(self)
+            atexit.register(lambda: (m := ref()) is not None and m.close())
 
     # -- the training step -------------------------------------------------------
 
     def step(self, *args: Any) -> Any:
         """One training step: returns `jax.value_and_grad(fn, argnums)(*args)` (for the
         default mode "grad"), with every probe summarised in the same program."""
-        if self._pipeline is None:
-            self._pipeline = Pipeline(self.fn, args, self._options)
-            self.model = self.to_dict()  # the graph, drawn before the first summaries
-        step = self.steps
-        self.steps += 1
-        if step % self.every != 0:
-            # Not a recorded step: the plain compiled program, no probes, no summaries.
-            result = self._pipeline.run_plain(*args)
-            self._drain(block=False)
-            return result
-        result, packed = self._pipeline.run(*args)
-        packed.fetch_async()
-        value = result[0] if isinstance(result, tuple) else result
-        self._pending.append((step, value, packed))
-        # Block only when asked to stop on NaN (the answer is needed now), or when
-        # the queue grows: a bounded number of steps in flight.
-        self._drain(block=self.stop_on_nonfinite or len(self._pending) > 4)
-        return result
+        with self._lock:
+            step = self.steps
+            record = step % self.every == 0
+            out = self._run(args, record)
+            self.steps += 1
+            if out.traced is not self._traced:
+                self._new_graph(out.traced)
+            if record:
+                out.packed.fetch_async()
+                self._pending.append((step, out))
+            else:
+                if hasattr(out.finite, "copy_to_host_async"):
+                    out.finite.copy_to_host_async()
+                self._flags.append((step, out, args))
+            if self.stop_on_nonfinite:
+                if not bool(np.all(out.finite)):
+                    self._stop(step, out, args, record)
+                self._flags.clear()
+            else:
+                self._check_flags(block=len(self._flags) > _MAX_FLAGS)
+            self._drain(block=len(self._pending) > _MAX_PENDING)
+            return out.result
+
+    def _run(self, args: tuple, instrumented: bool) -> Out:
+        o = self._options
+        return self._runner.run(
+            args,
+            where="Monitor.step",
+            instrumented=instrumented,
+            tangents=o.tangents,
+            cotangents=o.cotangents,
+        )
 
     def flush(self) -> None:
-        """Read every pending summary and send all updates now (e.g. after the loop)."""
+        """Read every pending summary and flag and hand them to the views and sinks now."""
+        with self._lock:
+            self._check_flags(block=True)
+            self._drain(block=True)
+            self._each("flush")
+
+    def close(self) -> None:
+        """Flush, then close the sinks (log files, TensorBoard, W&B)."""
+        with self._lock:
+            if self._closed:
+                return
+            self.flush()
+            self._closed = True
+            self._each("close")
+
+    def _stop(self, step: int, out: Out, args: tuple, recorded: bool) -> None:
+        if not recorded:  # the plain program ran: re-run this step instrumented, for the origin
+            out = self._run(args, True)
+            self._pending.append((step, out))
         self._drain(block=True)
-        self._push_updates(force=True)
+        self._each("flush")
+        nf = self.nonfinite
+        where = (
+            nf.origins
+            if nf is not None and nf.origins is not None
+            else ((nf.forward, nf.backward) if nf is not None else (None, None))
+        )
+        raise NonFiniteError(_nonfinite.message(out.traced.graph, step, where))
+
+    def _check_flags(self, *, block: bool) -> None:
+        while self._flags:
+            step, out, args = self._flags[0]
+            if not block and not _ready(out.finite):
+                break
+            self._flags.popleft()
+            block = block and len(self._flags) > _MAX_FLAGS
+            if self.nonfinite is None and not bool(np.all(jax.device_get(out.finite))):
+                # First non-finite step, unrecorded: re-run it with the probes (same args).
+                try:
+                    rerun = self._run(args, True)
+                except Exception as err:  # e.g. donated (deleted) buffers
+                    warnings.warn(
+                        f"sowviz.Monitor: could not re-run step {step}: {err}", stacklevel=3
+                    )
+                    self.nonfinite = _nonfinite.NonFinite(step, None, None)
+                    continue
+                self._pending.append((step, rerun))
 
     def _drain(self, *, block: bool) -> None:
         while self._pending:
-            step, value, packed = self._pending[0]
-            if not block and not all(_ready(b) for b in packed.buffers):
+            step, out = self._pending[0]
+            if not block and not all(_ready(b) for b in out.packed.buffers):
                 break
             self._pending.popleft()
-            self._record(step, value, nest(*packed.unpack()))
-        self._push_updates(force=False)
+            block = block and len(self._pending) > _MAX_PENDING
+            self._record(step, out)
 
-    def _record(self, step: int, value: Any, summaries: dict) -> None:
-        assert self._pipeline is not None
-        probes, _ = self._pipeline.probes(summaries)
+    def _record(self, step: int, out: Out) -> None:
+        probes, _ = join_probes(out.traced, nest(*out.packed.unpack()), self._options)
+        result = out.result
+        value = result[0] if isinstance(result, tuple) else result
         try:
             loss = float(jax.device_get(value))
         except (TypeError, ValueError):
             loss = None
-        entry = {
+        finite = bool(np.all(jax.device_get(out.finite)))
+        entry: dict[str, Any] = {
             "step": step,
             "loss": loss,
+            "finite": finite,
             "probes": {p.id: {m: _lite(s) for m, s in p.summaries.items()} for p in probes},
         }
-        origin = _nonfinite_origin(probes, self._pipeline.graph)
-        if origin is None and loss is not None and not math.isfinite(loss):
-            # No probe saw it (e.g. unscoped top-level code): the output did.
-            outputs = [n.id for n in self._pipeline.graph.nodes if n.kind == "output"]
-            origin = (outputs[0] if outputs else None, None)
-        if origin is not None:
-            entry["nonfinite"] = {"forward": origin[0], "backward": origin[1]}
-            if self.nonfinite is None:
-                self.nonfinite = NonFinite(step, origin[0], origin[1])
-        self._need_model = self._need_model or self._inspection is None
-        self._inspection = Inspection(
-            result=None,
-            graph=self._pipeline.graph,
-            probes=probes,
-            mode=self._options.mode,
-            device="",
-            title=self._pipeline.graph.title,
-        )
-        self.history.append(entry)
-        self._outbox.append(entry)
-        if self.stop_on_nonfinite and origin is not None:
-            self.flush()
-            raise NonFiniteError(_nonfinite_message(self._pipeline.graph, step, origin))
-
-    # -- the view ---------------------------------------------------------------------
-
-    def _push_updates(self, *, force: bool) -> None:
-        now = time.monotonic()
-        if not self._outbox or (not force and now - self._last_send < self.throttle):
-            return
-        self._last_send = now
-        if self._need_model:
-            # First summaries: the probe list (ids → nodes) travels once, with the
-            # history so far; from then on only new steps do.
-            self._need_model = False
-            self.model = self.to_dict()
-        else:
-            # New steps only, as one gzipped JSON binary buffer.
-            self.send(
-                {"type": "steps", "encoding": "gzip-json", "count": len(self._outbox)},
-                buffers=[encode_steps(self._outbox)],
+        graph = out.traced.graph
+        origins = _nonfinite.find(probes, graph, step=step, results_finite=finite)
+        if origins is None and not finite:
+            # No probe saw it (e.g. unscoped top-level code): the results did.
+            outputs = [n.id for n in graph.nodes if n.kind == "output"]
+            node = outputs[0] if outputs else None
+            origins = _nonfinite.Origins(
+                step,
+                _nonfinite.Origin("forward", node, message="the results are non-finite"),
+                None,
+                message="the returned values or gradients are non-finite",
             )
-        self._outbox.clear()
+        if origins is not None and origins.alarm:
+            fwd = origins.forward.node if origins.forward else None
+            bwd = (origins.backward.node or origins.backward.reaching) if origins.backward else None
+            entry["nonfinite"] = {"forward": fwd, "backward": bwd}
+            if self.nonfinite is None or self.nonfinite.step > step:
+                self.nonfinite = _nonfinite.NonFinite(step, fwd, bwd, origins)
+        self._traced, self._probes = out.traced, probes
+        # The first non-finite step stays in the history whatever the thinning.
+        first_bad = self.nonfinite is not None and self.nonfinite.step == step
+        self.history.add(entry, pin=first_bad)
+        self._each("write", entry)
 
-    def to_dict(self, *, with_history: bool = True) -> dict[str, Any]:
+    # -- listeners: views and sinks ------------------------------------------------
+
+    def _new_graph(self, traced: Traced) -> None:
+        first = self._traced is None
+        self._traced, self._probes = traced, []
+        for listener in self._listeners:
+            if first or listener is self._view:
+                self._call(listener, "open", self.to_dict())
+
+    def _each(self, method: str, *args: Any) -> None:
+        for listener in list(self._listeners):
+            self._call(listener, method, *args)
+
+    def _call(self, listener: Any, method: str, *args: Any) -> None:
+        fn = getattr(listener, method, None)
+        if fn is None:
+            return
+        try:
+            fn(*args)
+        except Exception as err:  # a sink must never stop training
+            if id(listener) not in self._failed:
+                self._failed.add(id(listener))
+                warnings.warn(
+                    f"sowviz.Monitor: {type(listener).__name__}.{method} failed ({err!r}); "
+                    "training goes on, this sink may miss steps.",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+
+    def view(self) -> Any:
+        """The live widget of this monitor (created on first use; needs anywidget)."""
+        with self._lock:
+            if self._view is None:
+                from .monitor_view import MonitorView  # the recording path imports no view
+
+                self._view = MonitorView(self, throttle=self.throttle)
+                self._listeners.append(self._view)
+            return self._view
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        return self.view()._repr_mimebundle_(**kwargs)
+
+    # -- the model ---------------------------------------------------------------------
+
+    @property
+    def graph(self) -> Any:
+        """The stage graph of the latest step's program (None before the first step)."""
+        return None if self._traced is None else self._traced.graph
+
+    def to_dict(self, *, with_history: bool = True, created: Any = _KEEP) -> dict[str, Any]:
         """The model: the graph, the latest summaries and (by default) the whole history."""
-        assert self._pipeline is not None, "call mon.step(...) once before asking for the model"
-        ins = self._inspection or Inspection(
+        if self._traced is None:
+            raise RuntimeError(
+                "sowviz.Monitor: nothing recorded yet; call `mon.step(...)` once first."
+            )
+        ins = Inspection(
             result=None,
-            graph=self._pipeline.graph,
-            probes=[],
+            graph=self._traced.graph,
+            probes=self._probes,
             mode=self._options.mode,
-            device="",
-            title=self._pipeline.graph.title,
+            device=_device(),
+            title=self._traced.graph.title,
         )
-        d = ins.to_dict()
-        d["device"] = _device()
-        d["history"] = self._history_dict() if with_history else None
+        d = ins.to_dict() if created is _KEEP else ins.to_dict(created=created)
+        nf = None if self.nonfinite is None else self.nonfinite.to_dict()
+        d["history"] = self.history.to_dict(nf) if with_history else None
         return d
 
-    def _history_dict(self) -> dict[str, Any]:
-        steps = list(self.history)
-        probes: dict[str, dict[str, list]] = {}
-        for i, e in enumerate(steps):
-            for pid, by_mode in e["probes"].items():
-                for m, s in by_mode.items():
-                    probes.setdefault(pid, {}).setdefault(m, [None] * len(steps))[i] = s
-        return {
-            "steps": [e["step"] for e in steps],
-            "loss": [e["loss"] for e in steps],
-            "probes": probes,
-            "nonfinite": None if self.nonfinite is None else self.nonfinite.to_dict(),
-            "limit": self.history.maxlen,
-        }
-
-    def save_html(self, path):
-        """Write a report with the graph, the latest summaries and the history."""
-        from .report import write_html
-
+    def save_html(self, path: Any, *, created: Any = _KEEP) -> Any:
+        """Write a report with the graph, the latest summaries and the history (atomically)."""
         self.flush()
-        return write_html(self.to_dict(), path)
-
-
-def encode_steps(steps: list[dict[str, Any]]) -> bytes:
-    """Steps as gzipped JSON (NaN/Inf as null), the payload of one front-end update."""
-    from .report import model_json
-
-    return gzip.compress(model_json(steps).encode("utf-8"), mtime=0)
+        return _model.write("html", self.to_dict(created=created), path)
 
 
 def _ready(buf: Any) -> bool:

@@ -15,16 +15,19 @@ front end builds its DOM with ``textContent`` only.
 from __future__ import annotations
 
 import base64
+import contextlib
 import gzip
 import html
-import json
-import math
+import os
 import pathlib
 import re
+import tempfile
 from importlib import resources
-from typing import Any
 
-__all__ = ["render_html", "write_html"]
+from . import _model
+from ._model import model_json as model_json
+
+__all__ = ["model_json", "render_html", "write_html"]
 
 _CSP = (
     "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
@@ -48,34 +51,6 @@ def _static(name: str) -> str:
         return resources.files("sowviz").joinpath("static", name).read_text(encoding="utf-8")
     except FileNotFoundError as err:
         raise FileNotFoundError(_MISSING_BUNDLE.format(name=name)) from err
-
-
-def _jsonable(x: Any) -> Any:
-    """Plain JSON values: NaN/Inf become null (JSON has neither), numpy scalars and
-    arrays become Python numbers and lists."""
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if x is None or isinstance(x, (str, bool, int)):
-        return x
-    if hasattr(x, "tolist"):  # numpy scalars and arrays
-        return _jsonable(x.tolist())
-    return str(x)
-
-
-def model_json(model: dict) -> str:
-    """The model as JSON that is safe inside a ``<script>`` element."""
-    text = json.dumps(_jsonable(model), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    return (
-        text.replace("&", "\\u0026")
-        .replace("<", "\\u003c")
-        .replace(">", "\\u003e")
-        .replace("\u2028", "\\u2028")
-        .replace("\u2029", "\\u2029")
-    )
 
 
 def _header(model: dict, title: str) -> str:
@@ -143,7 +118,25 @@ def _model_script(model: dict) -> str:
 
 
 def write_html(model: dict, path: str | pathlib.Path, *, title: str | None = None) -> pathlib.Path:
-    """Writes :func:`render_html` to ``path`` (UTF-8) and returns the path."""
+    """Writes :func:`render_html` to ``path`` (UTF-8) atomically and returns the path.
+
+    The page goes to a temporary file in the same directory, which then replaces
+    ``path`` (:func:`os.replace`): a failed write leaves any previous report intact."""
     out = pathlib.Path(path)
-    out.write_text(render_html(model, title=title), encoding="utf-8")
+    text = render_html(model, title=title)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent or ".")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a report is an ordinary file
+        os.replace(tmp, out)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return out
+
+
+_model.register_writer("html", write_html)

@@ -1,15 +1,14 @@
-"""`Inspector`: the Jupyter widget view of an inspection model.
+"""`Inspector`: the Jupyter widget view of an inspection model, and `show`.
 
-The widget knows nothing of JAX. It holds the sowviz/1 model in a synced trait
-and draws it with the bundled front end (`static/sowviz.js`, the same file the
-HTML report inlines). Everything the user clicks runs in the browser; only a
-change of `mode` comes back, and the kernel re-runs the inspection through the
-`rerun` callback it was given when it is free.
+The widget knows nothing of JAX. It holds the sowviz/1 model and draws it with
+the bundled front end (`static/sowviz.js`, the same file the HTML report
+inlines). Everything the user clicks runs in the browser; only a change of
+`mode` comes back, and the kernel re-runs the inspection through the `rerun`
+callback it was given (cached per mode: switching back costs a lookup).
 """
 
 from __future__ import annotations
 
-import gzip
 import pathlib
 from collections.abc import Callable
 from typing import Any
@@ -17,14 +16,11 @@ from typing import Any
 import anywidget
 import traitlets
 
+from . import _model
+from .inspection import inspect
+from .options import InspectOptions
+
 STATIC = pathlib.Path(__file__).parent / "static"
-
-
-def encode_model(model: dict[str, Any]) -> bytes:
-    """The model as gzipped UTF-8 JSON (NaN/Inf as null, as in reports)."""
-    from .report import model_json
-
-    return gzip.compress(model_json(model).encode("utf-8"), compresslevel=6, mtime=0)
 
 
 class Inspector(anywidget.AnyWidget):
@@ -68,14 +64,14 @@ class Inspector(anywidget.AnyWidget):
         **kwargs: Any,
     ) -> None:
         self._rerun = None  # no re-run while traits are initialised
-        requested = kwargs.pop("mode", "grad")
+        requested = str(kwargs.pop("mode", "grad"))
         init_mode = (model or {}).get("mode", requested)
         super().__init__(model=model or {}, mode=init_mode, **kwargs)
         self._rerun = rerun
 
     @traitlets.observe("model")
     def _model_changed(self, change: dict[str, Any]) -> None:
-        self.model_bytes = encode_model(change["new"]) if change["new"] else b""
+        self.model_bytes = _model.encode_model(change["new"]) if change["new"] else b""
 
     @traitlets.observe("mode")
     def _mode_changed(self, change: dict[str, Any]) -> None:
@@ -90,8 +86,30 @@ class Inspector(anywidget.AnyWidget):
         finally:
             self.busy = False
 
-    def save_html(self, path: str | pathlib.Path) -> pathlib.Path:
-        """Write the current picture as a self-contained offline HTML report."""
-        from .report import write_html
+    def save_html(self, path: str | pathlib.Path, *, created: Any = ...) -> pathlib.Path:
+        """Write the current picture as a self-contained offline HTML report (atomically).
+        `created=None` leaves the timestamp out; a string pins it."""
+        model = self.model if created is ... else {**self.model, "created": created}
+        return _model.write("html", model, path)
 
-        return write_html(self.model, path)
+
+def show(
+    fn: Callable, *args: Any, mode: str = "grad", capture: str = "stages", **options: Any
+) -> Inspector:
+    """`inspect`, drawn: an `Inspector` widget that displays itself in Jupyter.
+
+    Click a stage for histograms of its primal values, tangents and cotangents;
+    switch the mode in the widget to re-run (each mode compiles once; switching
+    back is a cache lookup). `.save_html(path)` exports it.
+
+    Example:
+        >>> w = sowviz.show(lambda w: jnp.sum(jnp.tanh(w) ** 2), jnp.ones(3))
+        >>> w.model["mode"]
+        'grad'
+    """
+    InspectOptions.from_kwargs("show", mode, capture, options)  # fail here, not on a re-run
+
+    def rerun(new_mode: str) -> dict[str, Any]:
+        return inspect(fn, *args, mode=new_mode, capture=capture, **options).to_dict()
+
+    return Inspector(rerun(str(mode)), rerun=rerun)

@@ -102,6 +102,7 @@ def test_model_structure_and_probe_attachment():
     d = json.loads(ins.to_json(allow_nan=False))
     assert d["schema"] == "sowviz/1"
     assert d["mode"] == "grad" and d["modes"] == ["primal", "cotangent"]
+    assert d["versions"]["sowviz"] == sowviz.__version__
     assert d["versions"]["jax"] == jax.__version__
     nodes = {n["id"]: n for n in d["nodes"]}
     assert d["root"] in nodes
@@ -111,8 +112,12 @@ def test_model_structure_and_probe_attachment():
         node = nodes[p["node"]]
         if not p["auto"]:
             assert node["kind"] == "sow" and node["label"] == p["name"]
-    scopes = [n for n in d["nodes"] if n["kind"] == "scope"]
-    assert [s["label"] for s in scopes] == ["layer_0", "layer_1", "layer_2"]
+    scopes = [n for n in d["nodes"] if n["kind"] == "scope" and n["parent"] == d["root"]]
+    assert [s["label"] for s in scopes if s["label"].startswith("layer")] == [
+        "layer_0",
+        "layer_1",
+        "layer_2",
+    ]
     sow1 = next(n for n in d["nodes"] if n["kind"] == "sow" and n["label"] == "act_1")
     assert nodes[sow1["parent"]]["label"] == "layer_1"
     assert sow1["source"]["file"].endswith("test_inspection.py")
@@ -199,3 +204,137 @@ def test_what_a_custom_rule_hides_is_reported():
     np.testing.assert_allclose(out["cotangent"]["mean"], 2 * np.sin(1.0), rtol=1e-5)
     primal = sowviz.inspect(fn, jnp.ones(3), mode="primal")
     assert primal.probe("inside").summaries["primal"]["count"] == 3
+
+
+# --- arbitrary pytrees: array leaves traced, everything else static -------------------
+
+
+def _same_tree(got, want, rtol=1e-6):
+    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=1e-7)
+
+
+def test_equinox_module_argument_matches_filter_grad():
+    eqx = pytest.importorskip("equinox")
+    model = eqx.nn.MLP(3, 2, 8, 2, key=jax.random.PRNGKey(0))  # holds activation functions
+    x = jax.random.normal(jax.random.PRNGKey(1), (5, 3))
+
+    def loss(model, x):
+        return jnp.mean(jax.vmap(model)(x) ** 2)
+
+    value, grads = sowviz.inspect(loss, model, x).result
+    ref_value, ref_grads = eqx.filter_value_and_grad(loss)(model, x)
+    np.testing.assert_allclose(value, ref_value, rtol=1e-6)
+    _same_tree(grads, ref_grads, rtol=1e-5)  # a module, None at every non-array leaf
+
+
+def test_flax_nnx_module_argument_matches_jax_grad():
+    nnx = pytest.importorskip("flax.nnx")
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.l1 = nnx.Linear(3, 4, rngs=rngs)
+            self.l2 = nnx.Linear(4, 1, rngs=rngs)
+
+        def __call__(self, x):
+            return self.l2(jax.nn.relu(self.l1(x)))
+
+    net, x = Net(nnx.Rngs(0)), jnp.ones((5, 3))
+
+    def loss(model, x):
+        return jnp.mean(model(x) ** 2)
+
+    value, grads = sowviz.inspect(loss, net, x).result
+    ref_value, ref_grads = jax.value_and_grad(loss)(net, x)  # an NNX module is a pytree
+    np.testing.assert_allclose(value, ref_value, rtol=1e-6)
+    _same_tree(grads, ref_grads, rtol=1e-5)
+    nnx_grads = nnx.grad(loss)(net, x)  # an nnx.State of the same values
+    np.testing.assert_allclose(grads.l1.kernel[...], nnx_grads["l1"]["kernel"][...], rtol=1e-5)
+
+
+def test_strings_dataclasses_and_python_numbers_are_static():
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class Config:  # not a pytree: one hashable, static leaf
+        power: int
+        name: str
+
+    calls = []
+
+    def loss(params, cfg, label, scale):
+        calls.append(1)
+        assert isinstance(label, str) and isinstance(scale, float)
+        return scale * jnp.sum(params["w"] ** cfg.power) + len(label)
+
+    params = {"w": jnp.arange(3.0), "note": "static text"}
+    ins = sowviz.inspect(loss, params, Config(2, "sq"), "abc", 0.5)
+    value, grads = ins.result
+    ref = jax.value_and_grad(lambda w: loss({"w": w, "note": ""}, Config(2, "sq"), "abc", 0.5))
+    ref_value, ref_gw = ref(params["w"])
+    np.testing.assert_allclose(value, ref_value, rtol=1e-6)
+    np.testing.assert_allclose(grads["w"], ref_gw, rtol=1e-6)
+    assert grads["note"] is None
+    # A static leaf keys the cache: another value traces again, the same one does not.
+    n = len(calls)
+    sowviz.inspect(loss, params, Config(2, "sq"), "abc", 0.5)
+    assert len(calls) == n
+    sowviz.inspect(loss, params, Config(3, "cube"), "abc", 0.5)
+    assert len(calls) == n + 1
+
+
+def test_unhashable_leaf_is_named_with_its_path():
+    with pytest.raises(TypeError, match=r"`args\[1\]\['buf'\]`.*bytearray.*eqx.partition"):
+        sowviz.inspect(lambda w, d: jnp.sum(w), jnp.ones(2), {"buf": bytearray(b"x")})
+
+
+def test_argnums_on_an_integer_argument_is_a_clear_error():
+    with pytest.raises(TypeError, match="no floating-point array leaves"):
+        sowviz.inspect(lambda w, i: jnp.sum(w[i]), jnp.ones(3), jnp.array([0, 1]), argnums=1)
+
+
+def test_inspect_inside_jit_is_a_clear_error():
+    def f(w):
+        return sowviz.inspect(lambda v: jnp.sum(v**2), w).result[0]
+
+    with pytest.raises(TypeError, match=r"tracer.*outside the transformation"):
+        jax.jit(f)(jnp.ones(3))
+
+
+# --- integer and bool arguments in every mode ------------------------------------------
+
+
+def xent(w, x, labels, mask):
+    logp = jax.nn.log_softmax(x @ w)
+    picked = jnp.take_along_axis(logp, labels[:, None], axis=1)[:, 0]
+    return -jnp.sum(jnp.where(mask, picked, 0.0)) / jnp.sum(mask)
+
+
+W3 = jax.random.normal(jax.random.PRNGKey(3), (6, 4))
+LABELS, MASK = jnp.array([0, 3, 1, 2]), jnp.array([True, True, False, True])
+F0 = np.zeros((4,), jax.dtypes.float0)
+
+
+@pytest.mark.parametrize("mode", ["primal", "grad", "jvp", "vjp", "all"])
+def test_integer_and_bool_arguments_in_every_mode(mode):
+    args = (W3, X, LABELS, MASK)
+    tw, tx = jnp.ones_like(W3), jnp.full_like(X, 0.5)
+    ins = sowviz.inspect(xent, *args, mode=mode, tangents=(tw, tx, F0, F0))
+    value, (_, tangent) = xent(*args), jax.jvp(xent, args, (tw, tx, F0, F0))
+    ct_value, pull = jax.vjp(xent, *args)
+    cts = pull(jnp.ones_like(ct_value))
+    r = ins.result
+    if mode == "primal":
+        np.testing.assert_allclose(r, value, rtol=1e-6)
+        return
+    np.testing.assert_allclose(r[0], value, rtol=1e-6)
+    if mode == "grad":
+        np.testing.assert_allclose(r[1], jax.grad(xent)(*args), rtol=1e-5)
+    if mode in ("jvp", "all"):
+        np.testing.assert_allclose(r[1], tangent, rtol=1e-5)
+    if mode in ("vjp", "all"):
+        got = r[-1]
+        np.testing.assert_allclose(got[0], cts[0], rtol=1e-5)
+        np.testing.assert_allclose(got[1], cts[1], rtol=1e-5)
+        assert got[2] is None and got[3] is None  # no cotangent space (jax: float0)

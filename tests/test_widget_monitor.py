@@ -85,19 +85,21 @@ def test_step_returns_value_and_grad_exactly():
     assert jax.tree_util.tree_structure(grads) == jax.tree_util.tree_structure(ref_grads)
 
 
-def test_history_is_bounded_and_every_n():
+def test_history_is_bounded_thinned_and_keeps_step_0():
     mon = sowviz.Monitor(loss, history=4, every=2)
     params = PARAMS
     for _ in range(15):
         _, g = mon.step(params, X)
         params = sgd(params, g)
     mon.flush()
-    assert [e["step"] for e in mon.history] == [8, 10, 12, 14]
+    steps = [e["step"] for e in mon.history]
+    assert len(steps) <= 4 and steps[0] == 0 and steps[-2:] == [12, 14]
+    assert steps == sorted(steps) and all(s % 2 == 0 for s in steps)
     d = mon.to_dict()
-    assert d["history"]["steps"] == [8, 10, 12, 14]
-    assert len(d["history"]["loss"]) == 4
+    assert d["history"]["steps"] == steps
+    assert len(d["history"]["loss"]) == len(steps)
     first = next(iter(d["history"]["probes"].values()))
-    assert all(len(series) == 4 for series in first.values())
+    assert all(len(series) == len(steps) for series in first.values())
     # the recorded loss is the loss of that step
     assert d["history"]["loss"][-1] == pytest.approx(float(loss(params_at(14), X)), rel=1e-5)
 
@@ -111,15 +113,17 @@ def params_at(step):
 
 def test_updates_are_throttled_and_only_new_steps_travel():
     mon = sowviz.Monitor(loss, throttle=3600.0)  # one update per hour at most
+    view = mon.view()
+    assert isinstance(view, sowviz.MonitorView) and mon.view() is view
     sent = []
-    mon.send = lambda msg, buffers=None: sent.append((msg, buffers))
+    view.send = lambda msg, buffers=None: sent.append((msg, buffers))
     for _ in range(20):
         mon.step(PARAMS, X)
     mon.flush()  # forced
     # The first summaries travel inside the model (probe ids → nodes); later steps as
     # gzipped JSON binary buffers, never the whole history again.
-    assert mon.model["history"]["steps"][0] == 0
-    assert len(sent) <= 2
+    assert view.model["history"]["steps"][0] == 0
+    assert len(sent) == 1
     steps = []
     for msg, buffers in sent:
         assert msg["type"] == "steps" and msg["encoding"] == "gzip-json"
@@ -128,11 +132,11 @@ def test_updates_are_throttled_and_only_new_steps_travel():
         steps += [s["step"] for s in decoded]
         assert all(set(s) >= {"step", "loss", "probes"} for s in decoded)
     assert steps == sorted(set(steps))
-    assert set(steps).isdisjoint(mon.model["history"]["steps"])
-    assert sorted(steps + mon.model["history"]["steps"]) == list(range(20))
+    assert set(steps).isdisjoint(view.model["history"]["steps"])
+    assert sorted(steps + view.model["history"]["steps"]) == list(range(20))
 
     fast = sowviz.Monitor(loss, throttle=3600.0)
-    fast.send = lambda msg, buffers=None: sent.append((msg, buffers))
+    fast.view().send = lambda msg, buffers=None: sent.append((msg, buffers))
     before = len(sent)
     for _ in range(20):
         fast.step(PARAMS, X)
@@ -160,7 +164,7 @@ def test_nan_detected_at_the_known_step():
         mon.step(p, x)
     mon.flush()
     assert mon.nonfinite is not None and mon.nonfinite.step == expected
-    logit = next(n.id for n in mon._pipeline.graph.nodes if n.label == "logit")
+    logit = next(n.id for n in mon.graph.nodes if n.label == "logit")
     assert mon.nonfinite.forward == logit
     assert mon.to_dict()["history"]["nonfinite"]["step"] == expected
 
@@ -237,7 +241,7 @@ def test_monitor_origin_agrees_with_the_front_end_rule():
     mon = sowviz.Monitor(f, capture="all")
     mon.step(jnp.ones((3, 4)), jnp.zeros((2, 3)).at[0].set(1.0))
     mon.flush()
-    graph = mon._pipeline.graph
+    graph = mon.graph
     assert graph.node(mon.nonfinite.forward).kind == "eqn"
     assert graph.node(graph.node(mon.nonfinite.forward).parent).label == "feat"
     assert "Inspection(" in repr(sowviz.inspect(f, jnp.ones((3, 4)), jnp.ones((2, 3))))

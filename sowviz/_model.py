@@ -1,0 +1,131 @@
+"""The inspection model: schema, modes, and the one place it is serialised.
+
+The pipeline (`inspection.py`) and the recorder (`monitor.py`) build typed
+objects (`Inspection`, `Probe`, `StageGraph`, `Mode`); the views (`widget.py`,
+`report.py`, `monitor_view.py`) receive the dict `to_dict()` makes of them and
+encode it with the functions here. Nothing in this module imports a view or
+the package root. Field definitions: docs/model.md.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import gzip
+import json
+import math
+from enum import Enum
+from typing import Any
+
+from ._version import __version__
+from .graph.model import STAGE_KINDS, NodeKind
+from .summary import STAT_KEYS
+
+SCHEMA = "sowviz/1"
+VERSION = __version__
+
+__all__ = [
+    "SCHEMA",
+    "STAGE_KINDS",
+    "STAT_KEYS",
+    "VERSION",
+    "Mode",
+    "NodeKind",
+    "encode_model",
+    "model_json",
+    "now",
+]
+
+
+class Mode(str, Enum):
+    """Which derivative flows through the captured points (str-valued: JSON keeps the names)."""
+
+    PRIMAL = "primal"
+    GRAD = "grad"
+    JVP = "jvp"
+    VJP = "vjp"
+    ALL = "all"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The capture keys this mode produces at a probe that depends on the inputs."""
+        return _KEYS[self]
+
+
+_KEYS = {
+    Mode.PRIMAL: ("primal",),
+    Mode.GRAD: ("primal", "cotangent"),
+    Mode.VJP: ("primal", "cotangent"),
+    Mode.JVP: ("primal", "tangent"),
+    Mode.ALL: ("primal", "tangent", "cotangent"),
+}
+
+#: Order in which capture keys are listed (`"modes"` of the model).
+KEY_ORDER = ("primal", "tangent", "cotangent")
+
+
+def now() -> str:
+    """The `created` timestamp: UTC, to the second."""
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _jsonable(x: Any) -> Any:
+    """Plain JSON values: NaN/Inf become null (JSON has neither), Enums their value,
+    NumPy scalars and arrays Python numbers and lists."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, Enum):
+        return _jsonable(x.value)
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if x is None or isinstance(x, (str, bool, int)):
+        return x
+    if hasattr(x, "tolist"):  # numpy scalars and arrays
+        return _jsonable(x.tolist())
+    return str(x)
+
+
+def model_json(model: Any) -> str:
+    """The model as JSON that is also safe inside an HTML ``<script>`` element
+    (``<``, ``>``, ``&`` and the JS line separators escaped)."""
+    text = json.dumps(_jsonable(model), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return (
+        text.replace("&", "\\u0026")
+        .replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("\u2028", "\\u2028")
+        .replace("\u2029", "\\u2029")
+    )
+
+
+def encode_model(model: Any) -> bytes:
+    """The model (or a list of steps) as gzipped UTF-8 JSON; byte-identical for equal input."""
+    return gzip.compress(model_json(model).encode("utf-8"), compresslevel=6, mtime=0)
+
+
+# -- report writers ---------------------------------------------------------------------
+# The HTML report is a view: `report.py` registers its writer here when the package is
+# imported, so the pipeline and the recorder can offer `save_html` without importing it.
+
+_WRITERS: dict[str, Any] = {}
+
+
+def register_writer(name: str, write: Any) -> None:
+    """Register `write(model_dict, path) -> pathlib.Path` under `name` (views call this)."""
+    _WRITERS[name] = write
+
+
+def write(name: str, model: dict[str, Any], path: Any) -> Any:
+    """Write `model` with the writer registered as `name` (e.g. "html")."""
+    try:
+        writer = _WRITERS[name]
+    except KeyError:
+        raise RuntimeError(
+            f"sowviz: no {name!r} writer is registered; `import sowviz` registers the HTML "
+            "report writer (sowviz.report)."
+        ) from None
+    return writer(model, path)

@@ -1,0 +1,474 @@
+"""Compile once, reuse everywhere: the program cache behind `inspect`, `show`, `Monitor`.
+
+Arguments are split as `equinox.filter_jit` splits them: array leaves
+(`jax.Array`, NumPy arrays and scalars) are traced; every other leaf (functions,
+strings, Python numbers, Equinox module fields) is static. The static part and
+the tree structure form an `ArgSpec`, passed to `jax.jit` as a static argument,
+so `jax.jit`'s own cache keys on exactly what it keys on for `jit` (tree
+structure, shapes, dtypes, weak types, shardings) plus the static leaves.
+
+The user's `fn` is traced (`Traced`: jaxpr, stage graph, probe points) once
+per argument spec and shapes, inside the first `jax.jit` trace that needs it;
+the graph is shared by every mode (`Runner`, one per mode and options) and by
+the plain program a Monitor runs on unrecorded steps. Each compiled program
+returns an `Out` whose static aux data carries its `Traced`, so the host
+learns which graph a result belongs to without a lookup.
+
+Bounded: per function, 16 argument specs and 8 option sets (LRU); 32 functions,
+held through weak references where Python allows (a function that is deleted
+drops its programs). For reuse across sessions, enable JAX's persistent
+compilation cache: `jax.config.update("jax_compilation_cache_dir", "/path")`.
+"""
+
+from __future__ import annotations
+
+import collections
+import inspect as _pyinspect
+import threading
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _compat
+from .capture.api import SaveIntermediates
+from .graph import build_graph, instrument
+from .modes import transform
+from .options import InspectOptions
+from .summary import SummaryOptions
+
+PROBE_TAG = "sowviz.stage"
+ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
+_MAX_FAMILIES, _MAX_TRACED, _MAX_RUNNERS = 32, 16, 8
+
+_TRACER = (
+    "sowviz.{where} was called on traced values (argument leaf `{path}` is a JAX tracer): "
+    "it runs inside `jax.jit`, `vmap` or another transformation. sowviz compiles the "
+    "program itself; call it outside the transformation (e.g. call `mon.step(params, "
+    "batch)` in place of your jitted value-and-grad, and jit only the update)."
+)
+_UNHASHABLE = (
+    "sowviz.{where}: the argument leaf `{path}` (a {type}) is neither an array nor "
+    "hashable, so it can be neither traced nor used as a static cache key. Mark it "
+    "static (make it hashable, or an `eqx.field(static=True)`), turn it into an array, "
+    "or split it off with `eqx.partition` and close over it (functools.partial)."
+)
+
+
+def _paths(args: tuple) -> list[str]:
+    return [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(args)[0]]
+
+
+class ArgSpec:
+    """The static part of a call: tree structure, static leaves, array positions."""
+
+    __slots__ = ("_hash", "dynamic", "static", "treedef")
+
+    def __init__(self, treedef: Any, static: tuple, dynamic: tuple[int, ...]):
+        self.treedef, self.static, self.dynamic = treedef, static, dynamic
+        self._hash = hash((treedef, static))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, ArgSpec)
+            and self._hash == other._hash
+            and self.treedef == other.treedef
+            and self.static == other.static
+        )
+
+    def merge(self, dyn: Any) -> tuple:
+        leaves: list[Any] = [None] * self.treedef.num_leaves
+        for i, leaf in self.static:
+            leaves[i] = leaf
+        for i, x in zip(self.dynamic, dyn, strict=True):
+            leaves[i] = x
+        return jax.tree_util.tree_unflatten(self.treedef, leaves)
+
+
+def split(args: tuple, where: str) -> tuple[ArgSpec, list]:
+    """Partition `args` into its static `ArgSpec` and the list of array leaves."""
+    leaves, treedef = jax.tree_util.tree_flatten(args)
+    dyn, static, idx = [], [], []
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, ARRAY_TYPES):
+            if isinstance(leaf, jax.core.Tracer):
+                raise TypeError(_TRACER.format(where=where, path="args" + _paths(args)[i]))
+            dyn.append(leaf)
+            idx.append(i)
+        else:
+            static.append((i, leaf))
+    try:
+        spec = ArgSpec(treedef, tuple(static), tuple(idx))
+    except TypeError:
+        paths = _paths(args)
+        i, leaf = next((i, v) for i, v in static if not _hashable(v))
+        raise TypeError(
+            _UNHASHABLE.format(where=where, path="args" + paths[i], type=type(leaf).__name__)
+        ) from None
+    return spec, dyn
+
+
+def _hashable(v: Any) -> bool:
+    try:
+        hash(v)
+    except TypeError:
+        return False
+    return True
+
+
+def _is_float(x: Any) -> bool:
+    dtype = getattr(x, "dtype", None)
+    if dtype is None:
+        dtype = jnp.result_type(x)
+    return dtype != jax.dtypes.float0 and jnp.issubdtype(dtype, jnp.inexact)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each array input (`dyn[j]`) sits among the arguments."""
+
+    n_args: int
+    arg_of: tuple[int, ...]  # per array input: its positional argument
+    floating: tuple[int, ...]  # array inputs with an inexact dtype (differentiated)
+    paths: tuple[str, ...]  # per array input: pytree path inside the argument tuple
+    leaf_of: tuple[int, ...]  # per array input: index among all leaves
+    kinds: tuple[str, ...]  # per leaf: dtype or type name, for messages
+    arg_trees: tuple[Any, ...]  # per argument: its treedef
+    offsets: tuple[int, ...]  # per argument: index of its first leaf
+
+    def input_trees(self, nums: tuple[int, ...], values: dict[int, Any]) -> tuple:
+        """One tree per argument in `nums`: `values[j]` at array input j, None elsewhere."""
+        by_leaf = {self.leaf_of[j]: v for j, v in values.items()}
+        out = []
+        for i in nums:
+            start, tree = self.offsets[i], self.arg_trees[i]
+            leaves = [by_leaf.get(start + k) for k in range(tree.num_leaves)]
+            out.append(jax.tree_util.tree_unflatten(tree, leaves))
+        return tuple(out)
+
+    def describe_arg(self, i: int) -> str:
+        start, n = self.offsets[i], self.arg_trees[i].num_leaves
+        kinds = self.kinds[start : start + n]
+        return ", ".join(kinds[:6]) + (", ..." if len(kinds) > 6 else "") if kinds else "none"
+
+
+def _layout(spec: ArgSpec, dyn: list, paths: list[str]) -> Layout:
+    arg_trees = tuple(spec.treedef.children())
+    offsets, start = [], 0
+    for t in arg_trees:
+        offsets.append(start)
+        start += t.num_leaves
+    arg_of = tuple(
+        max(k for k, o in enumerate(offsets) if o <= i and arg_trees[k].num_leaves)
+        for i in spec.dynamic
+    )
+    kinds = [type(v).__name__ for _, v in spec.static]
+    by_leaf = dict(zip([i for i, _ in spec.static], kinds, strict=True))
+    for i, x in zip(spec.dynamic, dyn, strict=True):
+        by_leaf[i] = str(jnp.result_type(x))
+    return Layout(
+        n_args=len(arg_trees),
+        arg_of=arg_of,
+        floating=tuple(j for j, x in enumerate(dyn) if _is_float(x)),
+        paths=tuple(paths[i] for i in spec.dynamic),
+        leaf_of=spec.dynamic,
+        kinds=tuple(by_leaf[i] for i in range(spec.treedef.num_leaves)),
+        arg_trees=arg_trees,
+        offsets=tuple(offsets),
+    )
+
+
+def _named(fn: Callable) -> Callable:
+    """`fn` pushing Flax NNX / Equinox module paths into the name stack while traced
+    (graph/frameworks.py, when present)."""
+    try:
+        from .graph.frameworks import named
+    except ImportError:
+        return fn
+    return named(fn)
+
+
+def _arg_names(fn: Callable, args: tuple, paths: list[str]) -> list[str]:
+    """Per leaf: `params['w']` from the function's parameter names."""
+    try:
+        params = list(_pyinspect.signature(fn).parameters.values())
+        names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        names = []
+    out = []
+    for i, arg in enumerate(args):
+        base = names[i] if i < len(names) else f"arg{i}"
+        out += [base + p for p in _paths(arg)] if jax.tree_util.tree_leaves(arg) else []
+    return out or paths
+
+
+class Traced:
+    """`fn` traced once at one argument spec and shapes: jaxpr, stage graph, probes."""
+
+    def __init__(self, fn: Callable, options: InspectOptions, spec: ArgSpec, args: tuple):
+        self.spec = spec
+        _, dyn = split(args, "inspect")
+        paths = _paths(args)
+        self.layout = _layout(spec, dyn, paths)
+        self.trace_count = 0
+
+        named = _named(fn)
+
+        def flat_fn(*flat):
+            self.trace_count += 1
+            return named(*spec.merge(flat))
+
+        avals = [
+            jax.ShapeDtypeStruct(
+                jnp.shape(x), jnp.result_type(x), weak_type=bool(getattr(x, "weak_type", False))
+            )
+            for x in dyn
+        ]
+        with _compat.capturing(True):
+            self.closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*avals)
+        self.out_tree = jax.tree_util.tree_structure(out_shape)
+        names = _arg_names(fn, args, paths)
+        title = options.title or getattr(fn, "__name__", None) or "program"
+        tn = options.tesseract_names
+        self.graph = build_graph(
+            self.closed,
+            in_names=[names[i] for i in spec.dynamic],
+            out_names=[
+                "output" + jax.tree_util.keystr(p)
+                for p, _ in jax.tree_util.tree_flatten_with_path(out_shape)[0]
+            ],
+            capture=options.capture,
+            title=title,
+            tesseract_names=dict(tn) if isinstance(tn, tuple) else tn,
+            in_args=self.layout.arg_of,  # inputs grouped per argument; these are "parameters":
+            parameters={a % len(args) for a in np.atleast_1d(options.argnums).tolist()},
+        )
+        self._probed = instrument(self.closed, self.graph.probe_points, tag=PROBE_TAG)
+
+    def plain(self, dyn: list) -> Any:
+        outs = _compat.eval_jaxpr(self.closed.jaxpr, self.closed.consts, *dyn)
+        return jax.tree_util.tree_unflatten(self.out_tree, outs)
+
+    def probed(self, dyn: list) -> Any:
+        return jax.tree_util.tree_unflatten(self.out_tree, self._probed(*dyn))
+
+
+@jax.tree_util.register_pytree_node_class
+class Out:
+    """A compiled program's output: the mode's result, the packed summaries (None for
+    the plain program), an all-finite flag; its `Traced` rides as static aux data."""
+
+    def __init__(self, result: Any, packed: Any, finite: Any, traced: Traced, notes: tuple):
+        self.result, self.packed, self.finite = result, packed, finite
+        self.traced, self.notes = traced, notes
+
+    def tree_flatten(self):
+        return (self.result, self.packed, self.finite), (self.traced, self.notes)
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children, *aux)
+
+
+def all_finite(tree: Any) -> Any:
+    """Per leaf of `tree` (in `tree_leaves` order): no NaN nor ±Inf in it. One small bool
+    vector, fused into the step (integer leaves are always finite)."""
+    leaves = jax.tree_util.tree_leaves(tree)
+    if not leaves:
+        return jnp.ones((0,), bool)
+    return jnp.stack([jnp.all(jnp.isfinite(x)) if _is_float(x) else True for x in leaves])
+
+
+class Family:
+    """Everything cached for one function: its traces and its runners."""
+
+    def __init__(self, get_fn: Callable[[], Callable | None]):
+        self._get_fn = get_fn
+        self._lock = threading.RLock()
+        self._traced: collections.OrderedDict[Any, Traced] = collections.OrderedDict()
+        self.runners: collections.OrderedDict[Any, Runner] = collections.OrderedDict()
+        self.local = threading.local()
+
+    def traced(self, options: InspectOptions, spec: ArgSpec, dyn: list) -> Traced:
+        key = (options.graph_key(), spec, tuple(_aval_key(x) for x in dyn))
+        with self._lock:
+            t = self._traced.get(key)
+            if t is not None:
+                self._traced.move_to_end(key)
+                return t
+            fn = self._get_fn()
+            args = getattr(self.local, "args", None)
+            if fn is None or args is None:
+                raise RuntimeError("sowviz: the inspected function was garbage-collected.")
+            t = self._traced[key] = Traced(fn, options, spec, args)
+            while len(self._traced) > _MAX_TRACED:
+                self._traced.popitem(last=False)
+            return t
+
+    def runner(self, options: InspectOptions) -> Runner:
+        key = options.program_key()
+        with self._lock:
+            r = self.runners.get(key)
+            if r is None:
+                r = self.runners[key] = Runner(self, options)
+                while len(self.runners) > _MAX_RUNNERS:
+                    self.runners.popitem(last=False)
+            self.runners.move_to_end(key)
+            return r
+
+
+def _aval_key(x: Any) -> tuple:
+    aval = x.aval
+    return (aval.shape, aval.dtype, getattr(aval, "weak_type", False))
+
+
+class Runner:
+    """The compiled programs of one function under one set of options."""
+
+    def __init__(self, family: Family, options: InspectOptions):
+        self.family, self.options = family, options
+        self._instrumented = jax.jit(self._instrumented_program, static_argnums=0)
+        self._plain = jax.jit(self._plain_program, static_argnums=0)
+
+    def _transformed(self, traced: Traced, run: Callable) -> Callable:
+        return transform(run, traced.layout, self.options.mode, self.options.argnums)
+
+    def _instrumented_program(self, spec: ArgSpec, dyn: list, extra: tuple) -> Out:
+        o = self.options
+        traced = self.family.traced(o, spec, dyn)
+        fn = self._transformed(traced, traced.probed)
+        capture = SaveIntermediates(
+            fn,
+            tag=(PROBE_TAG, o.tag),
+            duplicates=o.duplicates,
+            loops=o.loops,
+            summarize=SummaryOptions(bins=o.bins),
+            strict=o.strict,
+            by_tag=True,
+        )
+        result, packed = capture.run(dyn, extra)
+        return Out(result, packed, all_finite(result), traced, tuple(capture.notes))
+
+    def _plain_program(self, spec: ArgSpec, dyn: list, extra: tuple) -> Out:
+        traced = self.family.traced(self.options, spec, dyn)
+        result = self._transformed(traced, traced.plain)(dyn, extra)
+        return Out(result, None, all_finite(result), traced, ())
+
+    def run(
+        self,
+        args: tuple,
+        *,
+        where: str,
+        instrumented: bool = True,
+        tangents: Any = None,
+        cotangents: Any = None,
+    ) -> Out:
+        """One compiled call on `args` (dispatch only, when the program exists).
+        `tangents`/`cotangents` are this call's values (arguments of the program)."""
+        spec, dyn = split(args, where)
+        extra = (_user_tangents(spec, dyn, tangents, where), cotangents)
+        self.family.local.args = args
+        try:
+            program = self._instrumented if instrumented else self._plain
+            return program(spec, dyn, extra)
+        finally:
+            self.family.local.args = None
+
+
+def _user_tangents(spec: ArgSpec, dyn: list, tangents: Any, where: str) -> tuple | None:
+    if tangents is None:
+        return None
+    n_args = len(spec.treedef.children())
+    bad = (
+        f"sowviz.{where}: `tangents` must be a tuple with one tangent per positional argument "
+        f"({n_args}), each shaped like its argument"
+    )
+    if len(tangents) != n_args:
+        raise ValueError(f"{bad}; got {len(tangents)} tangent(s).")
+    try:
+        flat = spec.treedef.flatten_up_to(tuple(tangents))
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{bad}; their structure differs: {err}") from None
+    out = []
+    for i, x in zip(spec.dynamic, dyn, strict=True):
+        if not _is_float(x):
+            continue
+        t = flat[i]
+        if t is None or jnp.shape(t) != jnp.shape(x):
+            raise ValueError(
+                f"{bad}; the tangent of leaf `args{_paths_of(spec)[i]}` has shape "
+                f"{None if t is None else jnp.shape(t)}, its argument {jnp.shape(x)}."
+            )
+        out.append(jnp.asarray(t, jnp.result_type(x)))
+    return tuple(out)
+
+
+def _paths_of(spec: ArgSpec) -> list[str]:
+    skeleton = jax.tree_util.tree_unflatten(spec.treedef, list(range(spec.treedef.num_leaves)))
+    return _paths(skeleton)
+
+
+# -- the global cache, keyed on the function's identity ---------------------------------
+
+_FAMILIES: collections.OrderedDict[Any, Family] = collections.OrderedDict()
+_LOCK = threading.Lock()
+
+
+def _fn_key(fn: Callable) -> tuple[Any, Callable[[], Callable | None]]:
+    """A key for `fn` that does not keep it alive where Python allows, and a getter."""
+    self_ = getattr(fn, "__self__", None)
+    func = getattr(fn, "__func__", None)
+    if self_ is not None and func is not None:  # a bound method: a new object per access
+        try:
+            rf, rs = weakref.ref(func), weakref.ref(self_)
+            hash(rs)
+        except TypeError:
+            return ("strong", func, id(self_), fn), lambda: fn
+        return (
+            "method",
+            rf,
+            rs,
+        ), lambda: None if rf() is None or rs() is None else rf().__get__(rs())
+    try:
+        r = weakref.ref(fn)
+        hash(r)
+    except TypeError:
+        return ("strong", id(fn), fn), lambda: fn
+    return ("ref", r), r
+
+
+def runner_for(fn: Callable, options: InspectOptions) -> Runner:
+    """The cached `Runner` of `fn` under `options` (created on first use)."""
+    if not callable(fn):
+        raise TypeError(
+            f"sowviz: `fn` must be callable, got {type(fn).__name__}; pass the function "
+            "and its arguments: sowviz.inspect(loss, params, batch)."
+        )
+    key, get = _fn_key(fn)
+    with _LOCK:
+        fam = _FAMILIES.get(key)
+        if fam is None:
+            for k in [k for k in _FAMILIES if k[0] != "strong" and _dead(k)]:
+                del _FAMILIES[k]
+            fam = _FAMILIES[key] = Family(get)
+            while len(_FAMILIES) > _MAX_FAMILIES:
+                _FAMILIES.popitem(last=False)
+        _FAMILIES.move_to_end(key)
+    return fam.runner(options)
+
+
+def _dead(key: tuple) -> bool:
+    return any(isinstance(r, weakref.ref) and r() is None for r in key[1:])
+
+
+def clear_cache() -> None:
+    """Forget every cached trace and compiled program."""
+    with _LOCK:
+        _FAMILIES.clear()

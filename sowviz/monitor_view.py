@@ -1,0 +1,66 @@
+"""`MonitorView`: the live widget of a `Monitor` (what displaying `mon` shows).
+
+A listener of the headless recorder: `open(model)` when a graph exists (or
+changes), `write(entry)` per recorded step, `flush()`. Updates are throttled to
+one per `throttle` seconds however fast the loop runs; each carries only new
+steps (one gzipped JSON binary buffer), and the outbox is bounded: if the front
+end falls further behind than that, the next update sends the whole model
+(which holds the thinned history) instead.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+from . import _model
+from .widget import Inspector
+
+_OUTBOX = 256
+
+
+class MonitorView(Inspector):
+    """The widget view of a `Monitor` (`mon.view()`; Jupyter shows it for `mon`)."""
+
+    def __init__(self, monitor: Any, *, throttle: float = 0.25) -> None:
+        self._monitor = monitor
+        self._throttle = throttle
+        self._outbox: deque[dict[str, Any]] = deque()
+        self._last_send: float | None = None
+        self._need_model = True
+        model = monitor.to_dict() if monitor._traced is not None else {}
+        super().__init__(model=model, mode=str(monitor._options.mode))
+
+    def open(self, model: dict[str, Any]) -> None:
+        self.model = model
+        self._need_model = True
+
+    def write(self, entry: dict[str, Any]) -> None:
+        if len(self._outbox) >= _OUTBOX:
+            self._outbox.clear()
+            self._need_model = True  # too far behind: the model carries the history
+        self._outbox.append(entry)
+        self._push(force=False)
+
+    def flush(self) -> None:
+        self._push(force=True)
+
+    def _push(self, *, force: bool) -> None:
+        now = time.monotonic()
+        if not self._outbox and not self._need_model:
+            return
+        if not force and self._last_send is not None and now - self._last_send < self._throttle:
+            return
+        self._last_send = now
+        if self._need_model:
+            # The probe list (ids → nodes) travels with the whole history; from then on
+            # only new steps do.
+            self._need_model = False
+            self.model = self._monitor.to_dict()
+        else:
+            self.send(
+                {"type": "steps", "encoding": "gzip-json", "count": len(self._outbox)},
+                buffers=[_model.encode_model(list(self._outbox))],
+            )
+        self._outbox.clear()

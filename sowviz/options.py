@@ -1,0 +1,195 @@
+"""Options of `inspect`, `show` and `Monitor`: one typed, validated object.
+
+Every option is checked when it is given, with an error that names the option,
+what was wrong and how to fix it; misspelled options are rejected. (Checks are
+`raise`, never `assert`, so `python -O` keeps them.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ._model import Mode
+
+Capture = Literal["sows", "stages", "all"]
+CAPTURES = ("sows", "stages", "all")
+DUPLICATES = ("error", "suffix", "stack")
+#: Upper bound for `bins`: a histogram per probe and mode travels to the host each step.
+MAX_BINS = 4096
+
+OPTION_NAMES = (
+    "argnums",
+    "tangents",
+    "cotangents",
+    "bins",
+    "title",
+    "tag",
+    "duplicates",
+    "loops",
+    "strict",
+    "tesseract_names",
+)
+
+_KWARGS = "(To pass keyword arguments to your function, bind them first with functools.partial.)"
+
+
+def check_bool(where: str, name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(
+            f"sowviz.{where}: `{name}` must be True or False, got {value!r} "
+            f"({type(value).__name__})."
+        )
+    return value
+
+
+def check_int(where: str, name: str, value: Any, *, lo: int = 1, hi: int | None = None) -> int:
+    ok = isinstance(value, int) and not isinstance(value, bool)
+    if not ok or value < lo or (hi is not None and value > hi):
+        span = f"between {lo} and {hi}" if hi is not None else f"≥ {lo}"
+        raise (TypeError if not ok else ValueError)(
+            f"sowviz.{where}: `{name}` must be an int {span}, got {value!r}."
+        )
+    return value
+
+
+def check_number(where: str, name: str, value: Any, *, lo: float = 0.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= lo:
+        raise TypeError(
+            f"sowviz.{where}: `{name}` must be a number ≥ {lo} (seconds), got {value!r}."
+        )
+    return float(value)
+
+
+def check_str(where: str, name: str, value: Any, *, optional: bool = False) -> str | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or not value:
+        what = "a non-empty string" + (" or None" if optional else "")
+        raise TypeError(f"sowviz.{where}: `{name}` must be {what}, got {value!r}.")
+    return value
+
+
+def check_mode(where: str, mode: Any) -> Mode:
+    try:
+        return Mode(mode)
+    except ValueError:
+        names = ", ".join(repr(m.value) for m in Mode)
+        raise ValueError(
+            f"sowviz.{where}: unknown `mode` {mode!r}; use one of {names} "
+            "('grad' for value and gradient, 'jvp' for tangents, 'all' for both)."
+        ) from None
+
+
+def check_argnums(where: str, argnums: Any) -> int | tuple[int, ...]:
+    def is_int(a: Any) -> bool:
+        return isinstance(a, int) and not isinstance(a, bool)
+
+    if is_int(argnums):
+        return argnums
+    if isinstance(argnums, Sequence) and not isinstance(argnums, str) and argnums:
+        if all(is_int(a) for a in argnums):
+            return tuple(argnums)
+    raise TypeError(
+        f"sowviz.{where}: `argnums` must be an int or a non-empty tuple of ints (positions "
+        f"of the arguments to differentiate), got {argnums!r}; e.g. argnums=0 or (0, 1)."
+    )
+
+
+def _tesseract_names(where: str, value: Any) -> Any:
+    """Hashable form: None, a callable, or the mapping's items."""
+    if value is None or callable(value):
+        return value
+    if isinstance(value, Mapping) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        return tuple(sorted(value.items()))
+    raise TypeError(
+        f"sowviz.{where}: `tesseract_names` must be None, a dict of Tesseract name → label "
+        f"(strings), or a function of the Tesseract returning its label; got {value!r}."
+    )
+
+
+@dataclass(frozen=True)
+class InspectOptions:
+    """Options shared by `inspect`, `show` and `Monitor` (all keyword-only there).
+
+    `tangents`/`cotangents` are values, not options of the compiled program: they
+    travel into it as arguments, so new values reuse the compiled program."""
+
+    mode: Mode = Mode.GRAD
+    capture: Capture = "stages"
+    argnums: int | tuple[int, ...] = 0
+    tangents: Any = None
+    cotangents: Any = None
+    bins: int = 64
+    title: str | None = None
+    tag: str = "intermediates"
+    duplicates: str = "suffix"
+    loops: Literal["last"] | int = "last"
+    strict: bool = True
+    tesseract_names: Any = None
+
+    @classmethod
+    def from_kwargs(
+        cls, where: str, mode: Any, capture: Any, options: dict[str, Any]
+    ) -> InspectOptions:
+        unknown = sorted(set(options) - set(OPTION_NAMES))
+        if unknown:
+            raise TypeError(
+                f"sowviz.{where}: unknown option(s) {', '.join(map(repr, unknown))}. "
+                f"Known options: {', '.join(OPTION_NAMES)}. {_KWARGS}"
+            )
+        if capture not in CAPTURES:
+            raise ValueError(
+                f"sowviz.{where}: unknown `capture` {capture!r}; use 'stages' (user sows and "
+                "every stage's outputs), 'sows' (user sows only) or 'all' (every equation)."
+            )
+        o = dict(options)
+        if "argnums" in o:
+            o["argnums"] = check_argnums(where, o["argnums"])
+        if "bins" in o:
+            check_int(where, "bins", o["bins"], lo=1, hi=MAX_BINS)
+        if "title" in o:
+            check_str(where, "title", o["title"], optional=True)
+        if "tag" in o:
+            check_str(where, "tag", o["tag"])
+        if "duplicates" in o and o["duplicates"] not in DUPLICATES:
+            raise ValueError(
+                f"sowviz.{where}: unknown `duplicates` {o['duplicates']!r}; use one of "
+                f"{', '.join(map(repr, DUPLICATES))}."
+            )
+        if "loops" in o and o["loops"] != "last":
+            check_int(where, "loops", o["loops"], lo=1)
+        if "strict" in o:
+            check_bool(where, "strict", o["strict"])
+        if "tesseract_names" in o:
+            o["tesseract_names"] = _tesseract_names(where, o["tesseract_names"])
+        if o.get("tangents") is not None and not isinstance(o["tangents"], (tuple, list)):
+            raise TypeError(
+                f"sowviz.{where}: `tangents` must be a tuple with one tangent per positional "
+                f"argument, shaped like the arguments; got a {type(o['tangents']).__name__}. "
+                "For a single argument write tangents=(t,)."
+            )
+        if o.get("tangents") is not None:
+            o["tangents"] = tuple(o["tangents"])
+        return cls(mode=check_mode(where, mode), capture=capture, **o)
+
+    def graph_key(self) -> tuple:
+        """What the stage graph depends on (beyond the function and its arguments)."""
+        return (self.capture, self.title, self.tesseract_names)
+
+    def program_key(self) -> tuple:
+        """What the compiled program depends on (beyond the graph): not the values of
+        `tangents`/`cotangents`, which are arguments of the program."""
+        return (
+            self.mode,
+            self.argnums,
+            self.bins,
+            self.tag,
+            self.duplicates,
+            self.loops,
+            self.strict,
+            *self.graph_key(),
+        )

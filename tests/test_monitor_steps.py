@@ -1,0 +1,196 @@
+"""Monitor: exact results for every batch shape, non-finite detection on every step,
+threads, sinks, and a whole run held in bounded memory."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import sowviz
+from sowviz._history import History
+from sowviz.monitor import NonFiniteError
+
+W = {"w1": jax.random.normal(jax.random.PRNGKey(0), (5, 8)) / 2, "w2": jnp.ones((8,)) / 3}
+
+
+def batch(n, seed=1):
+    return jax.random.normal(jax.random.PRNGKey(seed), (n, 5))
+
+
+def counted():
+    calls = []
+
+    def loss(p, x):
+        calls.append(x.shape)
+        with jax.named_scope("hidden"):
+            h = jnp.tanh(x @ p["w1"])
+        return jnp.mean((h @ p["w2"]) ** 2)  # the mean divides by the batch size
+
+    return loss, calls
+
+
+@pytest.mark.parametrize("every", [1, 2])
+def test_each_batch_shape_gets_its_own_program(every):
+    loss, calls = counted()
+    mon = sowviz.Monitor(loss, every=every)
+    for i, n in enumerate((32, 7, 32, 7)):
+        x = batch(n, seed=i)
+        value, grads = mon.step(W, x)
+        ref_value, ref_grads = jax.value_and_grad(loss)(W, x)
+        np.testing.assert_allclose(value, ref_value, rtol=1e-6)
+        for k in W:
+            np.testing.assert_allclose(grads[k], ref_grads[k], rtol=1e-5, atol=1e-8)
+    # two shapes, two traces by the Monitor (plus one per reference call)
+    assert len([c for c in calls if c is not None]) == 2 + 4
+    mon.flush()
+    assert [e["step"] for e in mon.history] == list(range(0, 4, every))
+
+
+def test_one_monitor_stepped_from_two_threads():
+    loss, _ = counted()
+    mon = sowviz.Monitor(loss)
+    x = batch(16)
+    ref_value, _ = jax.value_and_grad(loss)(W, x)
+    errors, values = [], []
+
+    def work():
+        try:
+            for _ in range(10):
+                values.append(float(mon.step(W, x)[0]))
+        except Exception as err:  # pragma: no cover - the assertion below shows it
+            errors.append(err)
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    mon.flush()
+    assert errors == []
+    assert values == pytest.approx([float(ref_value)] * 20, rel=1e-6)
+    assert mon.steps == 20 and [e["step"] for e in mon.history] == list(range(20))
+
+
+# --- non-finite values, on every step ---------------------------------------------------
+
+
+def norm_loss(p, x):
+    with jax.named_scope("body"):
+        h = jnp.tanh(x @ p["w1"])
+    # finite value, NaN gradient of `reg` where it is all zeros (d‖w‖/dw at 0)
+    return jnp.mean(h**2) + 1e-3 * jnp.linalg.norm(p["reg"])
+
+
+def params_at(step, bad_step):
+    reg = jnp.zeros(3) if step == bad_step else jnp.ones(3)
+    return {"w1": W["w1"], "reg": reg}
+
+
+@pytest.mark.parametrize("every", [1, 4])
+def test_parameter_gradient_only_nan_is_caught_on_an_unrecorded_step(every):
+    mon = sowviz.Monitor(norm_loss, every=every)
+    for step in range(12):
+        p = params_at(step, bad_step=5)
+        value, grads = mon.step(p, batch(4))
+        assert np.isfinite(value)
+        assert np.isfinite(grads["reg"]).all() == (step != 5)
+    mon.flush()
+    assert mon.nonfinite is not None and mon.nonfinite.step == 5
+    bad = [e for e in mon.history if e.get("finite") is False]
+    assert [e["step"] for e in bad] == [5]  # re-run with the probes when unrecorded
+
+
+@pytest.mark.parametrize("every", [1, 4])
+def test_stop_on_nonfinite_raises_at_the_exact_step(every):
+    mon = sowviz.Monitor(norm_loss, every=every, stop_on_nonfinite=True)
+    applied = []
+    with pytest.raises(NonFiniteError, match="step 5"):
+        for step in range(12):
+            mon.step(params_at(step, bad_step=5), batch(4))
+            applied.append(step)  # the caller's update
+    assert applied == [0, 1, 2, 3, 4]  # step 5's update is never applied
+    assert mon.nonfinite.step == 5
+
+
+def test_sqrt_at_zero_in_a_parameter_gradient():
+    def f(p, x):
+        return jnp.sum(jnp.sqrt(p["s"])) + jnp.mean(x)
+
+    mon = sowviz.Monitor(f, every=3)
+    for step in range(6):
+        mon.step({"s": jnp.zeros(2) if step == 4 else jnp.ones(2)}, batch(2))
+    mon.flush()
+    assert mon.nonfinite is not None and mon.nonfinite.step == 4
+
+
+# --- sinks and memory -------------------------------------------------------------------
+
+
+class FakeSink:
+    def __init__(self, fail=False):
+        self.fail, self.opened, self.entries, self.closed = fail, [], [], False
+
+    def open(self, model):
+        self.opened.append(model["schema"])
+
+    def write(self, entry):
+        if self.fail:
+            raise OSError("disk full")
+        self.entries.append(entry)
+
+    def close(self):
+        self.closed = True
+
+
+def test_sinks_get_the_model_once_every_recorded_step_and_a_failure_never_stops(monkeypatch):
+    import sowviz.runlog
+
+    good, bad = FakeSink(), FakeSink(fail=True)
+    seen = {}
+
+    def make_sinks(log_dir, *, tensorboard=False, wandb=False):
+        seen.update(log_dir=log_dir, tensorboard=tensorboard, wandb=wandb)
+        return [good, bad]
+
+    monkeypatch.setattr(sowviz.runlog, "make_sinks", make_sinks)
+    loss, _ = counted()
+    mon = sowviz.Monitor(loss, every=2, log_dir="runs/x", tensorboard=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(7):
+            mon.step(W, batch(3))
+        mon.close()
+    assert seen == {"log_dir": "runs/x", "tensorboard": True, "wandb": False}
+    assert good.opened == ["sowviz/1"] and good.closed and bad.closed
+    assert [e["step"] for e in good.entries] == [0, 2, 4, 6]
+    assert good.entries == list(mon.history)
+    assert len([w for w in caught if "FakeSink.write failed" in str(w.message)]) == 1
+
+
+def test_history_thinning_keeps_the_start_in_bounded_memory():
+    h = History(64)
+    for step in range(20_000):
+        h.add({"step": step, "loss": 0.0, "probes": {}})
+        assert len(h) <= 64
+    steps = h.steps
+    assert steps[0] == 0 and steps[-32:] == list(range(20_000 - 32, 20_000))
+    gaps = np.diff(steps[:-32])
+    assert (np.diff(gaps) >= 0).all()  # older steps are thinned at least as much
+
+
+def test_a_long_run_keeps_step_0_in_bounded_memory():
+    def tiny(w, x):
+        return jnp.sum((x * w) ** 2)
+
+    mon = sowviz.Monitor(tiny, history=32)
+    w, x = jnp.ones(2), jnp.ones(2)
+    for _ in range(20_000):
+        mon.step(w, x)
+    mon.flush()
+    assert len(mon.history) <= 32 and mon.history[0]["step"] == 0
+    assert mon.history[-1]["step"] == 19_999

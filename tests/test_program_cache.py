@@ -1,0 +1,154 @@
+"""Compile once, reuse everywhere; strict options; reproducible, atomic reports."""
+
+from __future__ import annotations
+
+import gc
+import os
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import sowviz
+from sowviz import _program
+
+
+def make_loss():
+    calls = []
+
+    def loss(w, x):
+        calls.append(x.shape)
+        with jax.named_scope("layer"):
+            h = jnp.tanh(x @ w)
+        return jnp.mean(h**2)
+
+    return loss, calls
+
+
+W = jax.random.normal(jax.random.PRNGKey(0), (4, 3))
+X = jax.random.normal(jax.random.PRNGKey(1), (8, 4))
+
+
+def test_repeat_inspect_reuses_the_compiled_program():
+    loss, calls = make_loss()
+    first = sowviz.inspect(loss, W, X)
+    runner = _program.runner_for(loss, sowviz.inspection.InspectOptions())
+    assert runner._instrumented._cache_size() == 1
+    again = sowviz.inspect(loss, W * 2.0, X + 1.0)  # new values, like shapes
+    assert len(calls) == 1 and runner._instrumented._cache_size() == 1
+    ref_value, ref_grad = jax.value_and_grad(loss)(W * 2.0, X + 1.0)
+    np.testing.assert_allclose(again.result[0], ref_value, rtol=1e-6)
+    np.testing.assert_allclose(again.result[1], ref_grad, rtol=1e-5)
+    assert first.to_dict()["nodes"] == again.to_dict()["nodes"]
+    sowviz.inspect(loss, W, X[:3])  # another shape: one more trace, like jax.jit
+    assert len(calls) == 3 and runner._instrumented._cache_size() == 2
+
+
+def test_mode_switch_traces_the_function_once():
+    loss, calls = make_loss()
+    w = sowviz.show(loss, W, X)
+    for mode in ("jvp", "all", "grad", "jvp"):
+        w.mode = mode
+        assert w.error == "" and w.model["mode"] == mode
+    assert len(calls) == 1  # one trace; each mode compiled once from it
+
+
+def test_cache_is_weak_in_the_function():
+    loss, _ = make_loss()
+    sowviz.inspect(loss, W, X)
+    key, ref = _program._fn_key(loss)
+    assert key in _program._FAMILIES
+    del loss
+    gc.collect()
+    assert ref() is None  # the cache did not keep the function (nor its programs) alive
+    sowviz.inspect(make_loss()[0], W, X)  # a new family purges the dead one
+    assert key not in _program._FAMILIES
+
+
+# --- strict inputs ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"strict": "no"}, TypeError, "`strict` must be True or False"),
+        ({"title": ["l"]}, TypeError, "`title` must be a non-empty string or None"),
+        ({"tesseract_names": 42}, TypeError, "`tesseract_names` must be None, a dict"),
+        ({"bins": 10**8}, ValueError, "`bins` must be an int between 1 and 4096"),
+        ({"bins": 2.5}, TypeError, "`bins` must be an int"),
+        ({"argnums": "0"}, TypeError, "`argnums` must be an int or a non-empty tuple"),
+        ({"tangents": jnp.ones(3)}, TypeError, "`tangents` must be a tuple"),
+        ({"duplicates": "merge"}, ValueError, "unknown `duplicates`"),
+        ({"loops": 0}, ValueError, "`loops` must be an int"),
+    ],
+)
+def test_every_option_is_checked(kwargs, error, match):
+    loss, _ = make_loss()
+    with pytest.raises(error, match=match):
+        sowviz.inspect(loss, W, X, **kwargs)
+
+
+def test_tangent_and_cotangent_structure_errors():
+    loss, _ = make_loss()
+    with pytest.raises(ValueError, match="one tangent per positional argument"):
+        sowviz.inspect(loss, W, X, mode="jvp", tangents=(jnp.ones_like(W),))
+    with pytest.raises(ValueError, match="has shape"):
+        sowviz.inspect(loss, W, X, mode="jvp", tangents=(jnp.ones(3), jnp.ones_like(X)))
+    with pytest.raises(ValueError, match="`cotangents` must have the structure"):
+        sowviz.inspect(loss, W, X, mode="vjp", cotangents=(jnp.ones(()), jnp.ones(())))
+    # the right ones work, and new tangent values reuse the program
+    t = (jnp.ones_like(W), jnp.zeros_like(X))
+    got = sowviz.inspect(loss, W, X, mode="jvp", tangents=t).result[1]
+    np.testing.assert_allclose(got, jax.jvp(loss, (W, X), t)[1], rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"stop_on_nonfinite": "no"}, TypeError, "`stop_on_nonfinite` must be True or False"),
+        ({"throttle": "x"}, TypeError, "`throttle` must be a number"),
+        ({"every": 0}, ValueError, "`every` must be an int"),
+        ({"history": 1}, ValueError, "`history` must be an int"),
+    ],
+)
+def test_monitor_options_are_checked(kwargs, error, match):
+    loss, _ = make_loss()
+    with pytest.raises(error, match=match):
+        sowviz.Monitor(loss, **kwargs)
+
+
+def test_monitor_step_inside_jit_is_a_clear_error():
+    loss, _ = make_loss()
+    mon = sowviz.Monitor(loss)
+    with pytest.raises(TypeError, match=r"Monitor\.step was called on traced values"):
+        jax.jit(lambda w: mon.step(w, X)[0])(W)
+
+
+# --- reports ---------------------------------------------------------------------------
+
+
+def test_reports_are_reproducible_byte_for_byte(tmp_path):
+    loss, _ = make_loss()
+    a = sowviz.inspect(loss, W, X).save_html(tmp_path / "a.html", created=None)
+    b = sowviz.inspect(loss, W, X).save_html(tmp_path / "b.html", created=None)
+    assert a.read_bytes() == b.read_bytes()
+    pinned = sowviz.inspect(loss, W, X).to_dict(created="2026-01-01T00:00:00Z")
+    assert pinned["created"] == "2026-01-01T00:00:00Z"
+
+
+def test_a_failed_write_leaves_the_previous_report(tmp_path, monkeypatch):
+    loss, _ = make_loss()
+    ins = sowviz.inspect(loss, W, X)
+    path = ins.save_html(tmp_path / "r.html")
+    before = path.read_bytes()
+
+    def broken_replace(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(OSError, match="disk full"):
+        sowviz.inspect(loss, W * 3.0, X).save_html(path)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in pathlib.Path(tmp_path).iterdir()) == ["r.html"]
