@@ -584,6 +584,16 @@ def test_tesseract_pipeline_graph(tesseracts):
     assert (t1.id, tanh.id) in edges and (tanh.id, t2.id) in edges
     assert t2.shapes == ("float32[]", "float32[4]") and t1.collapsed
     assert {p.node for p in g.probe_points} >= {t1.id, t2.id}
+    # Outputs by schema field; an output the program never uses is not probed.
+    (p2,) = [p for p in g.probe_points if p.node == t2.id]
+    assert p2.names == ("norm", "z") and len(p2.values) == 2
+    _scale, norm = tesseracts
+    from tesseract_jax import apply_tesseract
+
+    _, g_norm = graph_of(lambda y: apply_tesseract(norm, {"y": y})["norm"], x)
+    (t,) = [n for n in g_norm.nodes if n.kind == "tesseract"]
+    (p,) = [p for p in g_norm.probe_points if p.node == t.id]
+    assert p.names == () and p.shapes == ("float32[]",) and len(p.values) == 1
     # Labels can be overridden by Tesseract object, by default name, or by a function.
     _, g2 = graph_of(
         pipeline, x, a, tesseract_names={tesseracts[0]: "affine", "softplus_norm": "sp"}
@@ -607,8 +617,21 @@ def test_tesseract_pipeline_instrument_and_grad(tesseracts):
             assert ("C",) in modes[t.id]
     got = grad(x, a)
     want = jax.grad(pipeline, argnums=(0, 1))(x, a)
-    for u, v in zip(got, want):
+    for u, v in zip(got, want, strict=True):
         np.testing.assert_allclose(u, v, rtol=1e-6)
+    # A Tesseract's outputs are sown by field name.
+    from tesseract_jax import apply_tesseract
+
+    from sowviz import save_intermediates
+
+    fn = instrument(closed, g.probe_points, tag="intermediates")
+    _, inter = save_intermediates(fn)(x, a)
+    t2 = one(g, "softplus_norm", "tesseract")
+    y = apply_tesseract(tesseracts[0], {"x": x, "a": a, "b": jnp.float32(0.5)})["y"]
+    want_out = apply_tesseract(tesseracts[1], {"y": jnp.tanh(y)})
+    assert set(inter[t2.id]["primal"]) == {"norm", "z"}
+    for k in ("norm", "z"):
+        np.testing.assert_allclose(inter[t2.id]["primal"][k], want_out[k], rtol=1e-6)
 
 
 def test_instrumented_probes_reach_save_intermediates():
@@ -781,3 +804,31 @@ def test_parameters_group_nested_by_path_and_probed():
         np.testing.assert_allclose(inter[n.id]["cotangent"], g_want, rtol=1e-6)
         np.testing.assert_array_equal(inter[n.id]["primal"], v)
     np.testing.assert_allclose(inter[out.id]["primal"], loss(params, X), rtol=1e-6)
+
+
+def _fold_step(x, w):
+    h = jnp.tanh(x @ w)  # @fold_first
+    h = h * 0.5 + jnp.sin(x)
+    return h / (1.0 + jnp.abs(h))
+
+
+def _fold_big(x, w):
+    for _ in range(60):
+        x = _fold_step(x, w)
+    return jnp.sum(jnp.exp(-x) ** 2) + jnp.mean(x)
+
+
+def test_big_unscoped_program_folds_by_line_function_and_chunks():
+    closed, g = graph_of(_fold_big, X, W)
+    top = g.children(g.root)
+    assert len(closed.jaxpr.eqns) > 400 and len(top) <= 40, [n.label for n in top]
+    chunks = [n for n in top if n.label.startswith("_fold_step ×")]
+    assert chunks and sum(len(g.children(c.id)) for c in chunks) == 60
+    call = g.children(chunks[0].id)[0]  # one call of the function: its three lines
+    assert call.label == "_fold_step" and call.source.line == line_of("@fold_first")
+    assert next(n.label for n in g.children(call.id)) == f"_fold_step:{line_of('@fold_first')}"
+    # Every equation is still drawn once, inside the folds.
+    assert sum(n.kind not in ("scope", "input", "output", "jit") for n in g.nodes) >= 420
+    # A small program is not folded.
+    _, small = graph_of(lambda x, w: _fold_step(x, w), X, W)
+    assert not any(n.kind == "scope" for n in small.nodes)

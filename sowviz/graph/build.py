@@ -9,9 +9,6 @@ program. See README.md in this folder for the design and its sharp edges.
 
 from __future__ import annotations
 
-import os
-import re
-import sys
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -21,9 +18,12 @@ import jax.numpy as jnp
 from .. import _compat
 from . import frameworks
 from .model import STAGE_KINDS, Capture, Edge, Node, Note, ProbePoint, StageGraph, Step
-from .tesseract import tesseract_label
+from .names import fold_label, fold_names, input_groups, path_label, scope_names, short_path
+from .tesseract import output_names, tesseract_label
 
 _CAPTURES = ("sows", "stages", "all")
+#: A level with more nodes than this folds its runs of unscoped equations (names.py).
+FOLD_LIMIT = 40
 
 _BAD_CAPTURE = (
     "build_graph: `capture` must be one of 'sows', 'stages' or 'all', got {!r}. "
@@ -233,10 +233,10 @@ class _Builder:
                 if len(nxt) != 1:
                     break
                 prefix.append(nxt.pop())
-            label = _path_label(prefix)
+            label = path_label(prefix)
             if len(sub) == 1:
                 k, tokens = sub[0]
-                rec = self.new("input", _path_label(tokens) or label, parent.id)
+                rec = self.new("input", path_label(tokens) or label, parent.id)
                 rec.shapes = (shape_str(invars[k].aval),)
                 yield k, (*chain, rec.id)
                 continue
@@ -268,8 +268,13 @@ class _Builder:
         level_scopes: list[_Rec] = []
         capture_eqns = probe and self.capture == "all"
         capture_stages = probe and self.capture in ("stages", "all")
+        used = {v for e in jaxpr.eqns for v in e.invars if isinstance(v, _compat.Var)}
+        used.update(v for v in jaxpr.outvars if isinstance(v, _compat.Var))
+        level_names = fold_names(
+            [scope_names(e) for e in jaxpr.eqns], [self.source(e) for e in jaxpr.eqns], FOLD_LIMIT
+        )
         for i, eqn in enumerate(jaxpr.eqns):
-            names = _scope_names(eqn)
+            names = level_names[i]
             # Close the scopes that end here, open the ones that start.
             keep = 0
             while keep < len(scopes) and keep < len(names) and scopes[keep][0] == names[keep]:
@@ -280,7 +285,8 @@ class _Builder:
             for j in range(keep, len(names)):
                 name = names[j]
                 parent = scopes[-1][1] if scopes else container
-                rec = self.new("scope", name, parent.id, source=self.scope_source(eqn, names, j))
+                label = fold_label(name)
+                rec = self.new("scope", label, parent.id, source=self.scope_source(eqn, names, j))
                 rec.out_vars = {}
                 scopes.append((name, rec))
                 level_scopes.append(rec)
@@ -298,7 +304,20 @@ class _Builder:
             for k, v in enumerate(eqn.outvars):
                 prod[v] = chain
                 loc[v] = (i, k)
-            if (rec.kind == "eqn" and capture_eqns) or (rec.kind in STAGE_KINDS and capture_stages):
+            if rec.kind == "tesseract" and capture_stages:
+                # Outputs by schema field; those the program never uses are not probed.
+                fields = output_names(eqn.params, len(eqn.outvars))
+                live = [k for k, v in enumerate(eqn.outvars) if v in used]
+                self.point(
+                    rec,
+                    path,
+                    [(i, k) for k in live],
+                    [eqn.outvars[k] for k in live],
+                    names=tuple(fields[k] for k in live) if fields else (),
+                )
+            elif (rec.kind == "eqn" and capture_eqns) or (
+                rec.kind in STAGE_KINDS and capture_stages
+            ):
                 self.point(rec, path, [(i, k) for k in range(len(eqn.outvars))], eqn.outvars)
         # Values leaving this level leave every scope around their producer.
         for v in jaxpr.outvars:
@@ -373,7 +392,7 @@ class _Builder:
             self.descend(rec, eqn, i, "jaxpr", None, here, probe, in_custom)
             return rec
         if name == _compat.TESSERACT:
-            label = tesseract_label(params.get("client"), self.tesseract_names)
+            label = tesseract_label(_compat.tesseract_client(params), self.tesseract_names)
             return self.new("tesseract", label, parent.id, src, shapes, primitive=name)
         n_inner = sum(_count_eqns(j) for _, _, j in _compat.sub_jaxprs(eqn))
         rec = self.new("eqn", name, parent.id, src, shapes, primitive=name)
@@ -408,7 +427,7 @@ class _Builder:
         cached = self.sources.get(key)
         if cached is None:  # one object per location; files relative to the cwd
             cached = self.sources[key] = _compat.SourceLocation(
-                _short_path(loc.file), loc.line, loc.function
+                short_path(loc.file), loc.line, loc.function
             )
         return cached
 
@@ -441,10 +460,16 @@ class _Builder:
                 out[v] = at
 
     # -- probes ----------------------------------------------------------------
-    def point(self, rec: _Rec, path, values, vars_, at: int | None = None) -> None:
-        chosen = [(ik, v) for ik, v in zip(values, vars_) if is_floating(v.aval)]
+    def point(self, rec: _Rec, path, values, vars_, at: int | None = None, names=()) -> None:
+        floating = [is_floating(v.aval) for v in vars_]
+        chosen = [(ik, v) for ik, v, f in zip(values, vars_, floating, strict=True) if f]
         if not chosen:
             return
+        names = tuple(n for n, f in zip(names, floating, strict=False) if f) if names else ()
+        if len(names) == len(chosen) > 1:  # sown as a dict, whose leaves come sorted by key
+            names, chosen = map(tuple, zip(*sorted(zip(names, chosen, strict=True))))
+        else:
+            names = ()
         self.points.append(
             ProbePoint(
                 node=rec.id,
@@ -453,6 +478,7 @@ class _Builder:
                 values=tuple(ik for ik, _ in chosen),
                 shapes=tuple(shape_str(v.aval) for _, v in chosen),
                 kind=rec.kind,
+                names=names,
             )
         )
 
@@ -502,91 +528,6 @@ class _Builder:
             sow_nodes_all={k: tuple(v) for k, v in self.sows.items()},
             notes=tuple(notes),
         )
-
-
-_TOKEN = re.compile(r"\['((?:[^'\\]|\\.)*)'\]|\[(-?\d+)\]|\.([A-Za-z_][\w]*)|\[([^\]]*)\]")
-
-
-Group = list[tuple[int, str, list[str]]]
-
-
-def input_groups(in_names: Sequence[str], in_args: Sequence[int] | None = None):
-    """Flat inputs by argument: `(argument position, items)` with items (flat index,
-    prefix, path tokens like `.blocks[0]`, `.w`). Without `in_args`, runs of names
-    with the same prefix (before the first `[` or `.`) are one argument. NNX's
-    `.value` at the end of a Variable's path is dropped."""
-    groups: list[tuple[int, Group]] = []
-    for k, name in enumerate(in_names):
-        cut = min((i for i in (name.find("["), name.find(".")) if i >= 0), default=len(name))
-        arg, rest = name[:cut], name[cut:]
-        tokens = []
-        for m in _TOKEN.finditer(rest):
-            key, idx, attr, _ = m.groups()
-            tokens.append(
-                f".{key}"
-                if key is not None and key.isidentifier()
-                else f"[{idx}]"
-                if idx is not None
-                else f".{attr}"
-                if attr is not None
-                else m.group(0)
-            )
-        if len(tokens) > 1 and tokens[-1] == ".value":
-            tokens.pop()
-        merged: list[str] = []  # an index belongs to the name before it: `.blocks[0]`
-        for t in tokens:
-            if t.startswith("[") and merged:
-                merged[-1] += t
-            else:
-                merged.append(t)
-        tokens = merged
-        if in_args is not None:
-            same = bool(groups) and groups[-1][0] == in_args[k]
-        else:
-            same = bool(groups) and bool(arg) and groups[-1][1][0][1] == arg
-        if same:
-            groups[-1][1].append((k, arg, tokens))
-        else:
-            groups.append((in_args[k] if in_args is not None else len(groups), [(k, arg, tokens)]))
-    return groups
-
-
-def _path_label(tokens: Sequence[str]) -> str:
-    """`blocks[0].w` from tokens `.blocks`, `[0]`, `.w`."""
-    return "".join(tokens).lstrip(".")
-
-
-def _scope_names(eqn) -> tuple[str, ...]:
-    """The equation's `named_scope` names; Equinox's own `eqx.nn.Linear` scope is
-    dropped right inside a module stage `…: Linear` that already says it."""
-    names = tuple(n for k, n in _compat.name_stack_kinds(eqn) if k == "scope")
-    if not any(n.startswith("eqx.nn.") for n in names):
-        return names
-    out: list[str] = []
-    for n in names:
-        if n.startswith("eqx.nn.") and out and out[-1].endswith(": " + n[7:]):
-            continue
-        out.append(n)
-    return tuple(out)
-
-
-_cwd = os.getcwd() + os.sep
-
-
-def _short_path(file: str) -> str:
-    """`file` relative to the working directory when it lies under it; a notebook
-    cell's temporary file as IPython names it (`In [3]`)."""
-    if file.startswith(_cwd):
-        return file[len(_cwd) :]
-    ipython = sys.modules.get("IPython")
-    if ipython is not None and "ipykernel" in file:
-        try:
-            shell = ipython.get_ipython()
-            _, name = shell.compile.format_code_name(file)  # ("Cell", "In [3]")
-            return str(name)
-        except Exception:  # not a cell, or an IPython without the name map
-            pass
-    return file
 
 
 def _count_eqns(jaxpr: Any) -> int:

@@ -161,7 +161,7 @@ def _sow_eqn(p: ProbePoint, jaxpr, at: int, read, subst, tag: str, source_info):
     outs = [_compat.new_var(v.aval) for v in ins]
     for old, new in zip(olds, outs):
         subst[old] = new
-    template, effects = _template(tag, len(ins))
+    template, effects = _template(tag, len(ins), p.names)
     params = dict(template)
     params["name"] = p.node
     if "index" in params and hasattr(_sow, "_next_index"):
@@ -176,20 +176,22 @@ def _sow_effects(tag: str) -> Any:
 _templates: dict[Any, tuple[dict[str, Any], Any]] = {}
 
 
-def _template(tag: str, n: int) -> tuple[dict[str, Any], Any]:
-    """Params of a `sow` of `n` float arrays (a bare array for n == 1, else a list).
+def _template(tag: str, n: int, names: tuple[str, ...] = ()) -> tuple[dict[str, Any], Any]:
+    """Params of a `sow` of `n` float arrays (a bare array for n == 1, a dict keyed
+    by `names` when given, else a list).
 
     Traced once (per tracing context) through the public `sow`, so params and
     effects stay whatever the capture engine's primitive gives; only `name` (and
     the serial `index`) change per point.
     """
-    key = (tag, n, _context_key())
+    key = (tag, n, names, _context_key())
     found = _templates.get(key)
     if found is None:
         dummy = jax.ShapeDtypeStruct((), jax.numpy.float32)
 
         def one(*xs):
-            return _sow.sow(xs[0] if n == 1 else list(xs), "template", tag=tag)
+            tree = dict(zip(names, xs, strict=True)) if names else xs[0] if n == 1 else list(xs)
+            return _sow.sow(tree, "template", tag=tag)
 
         closed = jax.make_jaxpr(one)(*[dummy] * n)
         (eqn,) = [e for e in closed.jaxpr.eqns if e.primitive is _sow.sow_p]

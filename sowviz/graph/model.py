@@ -111,9 +111,11 @@ class ProbePoint:
     values: tuple[tuple[int, int], ...]
     shapes: tuple[str, ...]
     kind: str  # kind of `node`
+    #: names of the values (a Tesseract's output fields): sown as a dict of them
+    names: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "node": self.node,
             "path": [list(s) for s in self.path],
             "at": self.at,
@@ -121,6 +123,9 @@ class ProbePoint:
             "shapes": list(self.shapes),
             "kind": self.kind,
         }
+        if self.names:
+            d["names"] = list(self.names)
+        return d
 
 
 @dataclass(frozen=True)

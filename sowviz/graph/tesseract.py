@@ -81,3 +81,31 @@ def tesseract_label(
         if key is tess or key is client or (isinstance(key, str) and key == name):
             return label
     return name
+
+
+def output_names(params: Mapping[str, Any], n_out: int) -> tuple[str, ...] | None:
+    """The schema field of each array output of a `tesseract_dispatch` equation
+    (`normed_result`, `state.energy`), or None when the params do not say.
+
+    tesseract-jax 0.5 keeps the output tree in `params["params"].output_pytreedef`
+    with a `static_output_mask` (non-array outputs are not outputs of the
+    primitive); 0.4 passes `output_pytreedef` as a param of its own.
+    """
+    import jax
+
+    holder = params.get("params")
+    treedef = getattr(holder, "output_pytreedef", None) or params.get("output_pytreedef")
+    if treedef is None:
+        return None
+    mask = tuple(getattr(holder, "static_output_mask", ()) or params.get("static_output_mask", ()))
+    try:
+        tree = jax.tree_util.tree_unflatten(treedef, list(range(treedef.num_leaves)))
+        paths = jax.tree_util.tree_flatten_with_path(tree)[0]
+    except Exception:  # an SDK whose tree we cannot rebuild: fall back to indices
+        return None
+    names = [
+        ".".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+        for i, (path, _) in enumerate(paths)
+        if not (i < len(mask) and mask[i])
+    ]
+    return tuple(names) if len(names) == n_out else None

@@ -1,0 +1,202 @@
+"""Names in the stage graph: input paths, scope names, folds of unscoped runs, files.
+
+Pure functions of names and equations; `build.py` does the walk.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Sequence
+
+from .. import _compat
+
+_TOKEN = re.compile(r"\['((?:[^'\\]|\\.)*)'\]|\[(-?\d+)\]|\.([A-Za-z_][\w]*)|\[([^\]]*)\]")
+
+
+Group = list[tuple[int, str, list[str]]]
+
+
+def input_groups(in_names: Sequence[str], in_args: Sequence[int] | None = None):
+    """Flat inputs by argument: `(argument position, items)` with items (flat index,
+    prefix, path tokens like `.blocks[0]`, `.w`). Without `in_args`, runs of names
+    with the same prefix (before the first `[` or `.`) are one argument. NNX's
+    `.value` at the end of a Variable's path is dropped."""
+    groups: list[tuple[int, Group]] = []
+    for k, name in enumerate(in_names):
+        cut = min((i for i in (name.find("["), name.find(".")) if i >= 0), default=len(name))
+        arg, rest = name[:cut], name[cut:]
+        tokens = []
+        for m in _TOKEN.finditer(rest):
+            key, idx, attr, _ = m.groups()
+            tokens.append(
+                f".{key}"
+                if key is not None and key.isidentifier()
+                else f"[{idx}]"
+                if idx is not None
+                else f".{attr}"
+                if attr is not None
+                else m.group(0)
+            )
+        if len(tokens) > 1 and tokens[-1] == ".value":
+            tokens.pop()
+        merged: list[str] = []  # an index belongs to the name before it: `.blocks[0]`
+        for t in tokens:
+            if t.startswith("[") and merged:
+                merged[-1] += t
+            else:
+                merged.append(t)
+        tokens = merged
+        if in_args is not None:
+            same = bool(groups) and groups[-1][0] == in_args[k]
+        else:
+            same = bool(groups) and bool(arg) and groups[-1][1][0][1] == arg
+        if same:
+            groups[-1][1].append((k, arg, tokens))
+        else:
+            groups.append((in_args[k] if in_args is not None else len(groups), [(k, arg, tokens)]))
+    return groups
+
+
+def path_label(tokens: Sequence[str]) -> str:
+    """`blocks[0].w` from tokens `.blocks`, `[0]`, `.w`."""
+    return "".join(tokens).lstrip(".")
+
+
+def scope_names(eqn) -> tuple[str, ...]:
+    """The equation's `named_scope` names; Equinox's own `eqx.nn.Linear` scope is
+    dropped right inside a module stage `…: Linear` that already says it."""
+    names = tuple(n for k, n in _compat.name_stack_kinds(eqn) if k == "scope")
+    if not any(n.startswith("eqx.nn.") for n in names):
+        return names
+    out: list[str] = []
+    for n in names:
+        if n.startswith("eqx.nn.") and out and out[-1].endswith(": " + n[7:]):
+            continue
+        out.append(n)
+    return tuple(out)
+
+
+_cwd = os.getcwd() + os.sep
+
+
+def short_path(file: str) -> str:
+    """`file` relative to the working directory when it lies under it; a notebook
+    cell's temporary file as IPython names it (`In [3]`)."""
+    if file.startswith(_cwd):
+        return file[len(_cwd) :]
+    ipython = sys.modules.get("IPython")
+    if ipython is not None and "ipykernel" in file:
+        try:
+            shell = ipython.get_ipython()
+            _, name = shell.compile.format_code_name(file)  # ("Cell", "In [3]")
+            return str(name)
+        except Exception:  # not a cell, or an IPython without the name map
+            pass
+    return file
+
+
+#: Prefix of the synthetic scope names that fold runs of unscoped equations
+#: (never a user's: named_scope names are printable).
+FOLD = "\x00fold:"
+
+
+def _top_count(names: Sequence[tuple[str, ...]]) -> int:
+    """Nodes at this level: each unscoped equation, plus each run of one scope."""
+    n, prev = 0, None
+    for t in names:
+        top = t[0] if t else None
+        if top is None or top != prev:
+            n += 1
+        prev = top
+    return n
+
+
+def fold_names(
+    names: list[tuple[str, ...]],
+    locs: Sequence[_compat.SourceLocation | None],
+    limit: int,
+) -> list[tuple[str, ...]]:
+    """Scope names with runs of unscoped equations folded, when a level would show
+    more than `limit` nodes: first runs from one source line (`loss:114`), then runs
+    from one function (`loss`), then chunks of what is left (`ops 1–40`)."""
+    if _top_count(names) <= limit:
+        return names
+    out = list(names)
+
+    def fold_runs(key) -> None:
+        i = 0
+        while i < len(out):
+            k = key(i)
+            j = i
+            while j + 1 < len(out) and k is not None and key(j + 1) == k:
+                j += 1
+            if j > i:
+                for m in range(i, j + 1):
+                    out[m] = (FOLD + k, *out[m])
+            i = j + 1
+
+    def unscoped(i: int) -> bool:
+        return not out[i] or out[i][0].startswith(FOLD)
+
+    def line_key(i: int) -> str | None:
+        loc = locs[i]
+        if out[i] or loc is None:
+            return None
+        return f"{loc.function.rsplit('.', 1)[-1]}:{loc.line}"
+
+    def fn_key(i: int) -> str | None:
+        loc = locs[i]
+        if not unscoped(i) or loc is None:
+            return None
+        return loc.function.rsplit(".", 1)[-1]
+
+    fold_runs(line_key)
+    if _top_count(out) > limit:
+        # One group per call: a run of one function restarts when its line goes back.
+        calls: list[str | None] = []
+        for i in range(len(out)):
+            k = fn_key(i)
+            prev_line = locs[i - 1].line if i and locs[i - 1] is not None else None
+            same = i and k is not None and fn_key(i - 1) == k
+            restart = same and prev_line is not None and locs[i].line < prev_line  # type: ignore[union-attr]
+            calls.append(None if k is None else f"{k}\x01{i}" if not same or restart else calls[-1])
+        fold_runs(lambda i: calls[i])  # names stay apart (`step\x01<i>`): labels drop it
+    total = _top_count(out)
+    if total > limit:
+        size = -(-total // max(limit // 2, 1))
+        chunk: list[int | None] = []
+        items, prev = 0, None
+        for i in range(len(out)):
+            top = out[i][0] if out[i] else None
+            if top is None or top != prev:
+                items += 1
+            prev = top
+            chunk.append((items - 1) // size if unscoped(i) else None)
+        labels: dict[int, list[str]] = {}
+        for i, c in enumerate(chunk):
+            if c is not None:
+                tops = labels.setdefault(c, [])
+                top = out[i][0] if out[i] else f"op{i}"
+                if not tops or tops[-1] != top:
+                    tops.append(top)
+        seen = 0
+        names_of: dict[int, str] = {}
+        for c, raw in labels.items():  # `step ×4 (5–8)`: n items of one function, numbered
+            tops = [fold_label(t) if t.startswith(FOLD) else "op" for t in raw]
+            n, span = len(tops), f"({seen + 1}–{seen + len(tops)})"
+            seen += n
+            if len(set(tops)) == 1:
+                names_of[c] = tops[0] if n == 1 else f"{tops[0]} ×{n} {span}"
+            else:
+                names_of[c] = f"{tops[0]} … {tops[-1]} {span}"
+        for i, c in enumerate(chunk):
+            if c is not None and len(labels[c]) > 1:  # one item needs no chunk
+                out[i] = (f"{FOLD}{names_of[c]}\x01c{c}", *out[i])
+    return out
+
+
+def fold_label(name: str) -> str:
+    """The label of a (possibly synthetic) scope name."""
+    return name[len(FOLD) :].split("\x01", 1)[0] if name.startswith(FOLD) else name
