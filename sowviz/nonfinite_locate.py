@@ -41,7 +41,7 @@ def _argnums(options: Any, n_args: int) -> tuple[tuple[int, ...], bool]:
 def input_flags(traced: Any, options: Any, result: Any, args: Sequence[Any] | None):
     """Per input node: (value non-finite, gradient non-finite). Values need `args`;
     gradients are read from a "grad" result `(value, grads)`."""
-    inputs = [n.id for n in traced.graph.nodes if n.kind == "input"]
+    inputs = _input_nodes(traced.graph)
     layout = traced.layout
     fwd = [False] * len(inputs)
     bwd = [False] * len(inputs)
@@ -63,7 +63,22 @@ def input_flags(traced: Any, options: Any, result: Any, args: Sequence[Any] | No
                 k = layout.leaf_of[j] - layout.offsets[i]
                 if k < len(per_arg[i]):
                     bwd[j] = _bad(per_arg[i][k])
-    return {n: (f, b) for n, f, b in zip(inputs, fwd, bwd)}
+    return {n: (f, b) for n, f, b in zip(inputs, fwd, bwd) if n is not None}
+
+
+def _input_nodes(graph: Any) -> list[str | None]:
+    """Per flat array input of the program: its input node (by the probe point sown on
+    it, `values == ((-1, k),)`; else by order)."""
+    order = [n.id for n in graph.nodes if n.kind == "input"]
+    out: list[str | None] = list(order)
+    by_point = {
+        p.values[0][1]: p.node
+        for p in graph.probe_points
+        if p.kind == "input" and p.path == () and p.values and p.values[0][0] == -1
+    }
+    if by_point:
+        out = [by_point.get(k) for k in range(len(order))]
+    return out
 
 
 def results_finite(result: Any) -> bool:
@@ -118,10 +133,12 @@ class _Dataflow:
         self._compat = _compat
         self.closed = traced.closed
         self.points = {p.node: p for p in traced.graph.probe_points}
-        self.inputs = [n.id for n in traced.graph.nodes if n.kind == "input"]
+        self.inputs = _input_nodes(traced.graph)
         self.at: dict[tuple, str] = {}
         for p in traced.graph.probe_points:
-            if p.kind != "scope" and len({i for i, _ in p.values}) == 1:
+            if p.kind in ("scope", "input", "output"):
+                continue
+            if len({i for i, _ in p.values}) == 1:
                 self.at[(p.path, p.values[0][0])] = p.node
 
     def _jaxpr(self, path) -> Any:
@@ -140,7 +157,7 @@ class _Dataflow:
             j = self._jaxpr(())
             return self._readers((), j, {id(j.invars[self.inputs.index(node)])}, 0)
         p = self.points.get(node)
-        if p is None:
+        if p is None or p.kind in ("input", "output"):
             return []
         j = self._jaxpr(p.path)
         vs = {id(j.eqns[i].outvars[k]) for i, k in p.values}
