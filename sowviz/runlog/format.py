@@ -50,11 +50,13 @@ def _pack_array(values: list, blobs: list[bytes], offset: list[int]) -> dict | N
     n = len(values)
     first = type(values[0])
     if first is float and all(type(v) is float for v in values):
-        data = struct.pack(f"<{n}f", *values)
-        if struct.unpack(f"<{n}f", data) != tuple(values):  # not float32-exact (or NaN)
+        try:
+            data, code = struct.pack(f"<{n}f", *values), "<f4"
+            exact = struct.unpack(f"<{n}f", data) == tuple(values)
+        except OverflowError:  # beyond float32's range
+            exact = False
+        if not exact:  # not float32-exact (or a NaN): float64 keeps every bit
             data, code = struct.pack(f"<{n}d", *values), "<f8"
-        else:
-            code = "<f4"
     elif first is int and all(type(v) is int for v in values):
         try:
             data, code = struct.pack(f"<{n}i", *values), "<i4"

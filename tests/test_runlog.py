@@ -1,0 +1,467 @@
+"""The run log: byte format, writer, reader, thinning, faults, live view, report CLI."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import math
+import os
+import pathlib
+import struct
+import subprocess
+import sys
+import zlib
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import sowviz
+from sowviz.runlog import LogWarning, SinkWarning, ThinnedHistory, load, make_sinks
+from sowviz.runlog import format as fmt
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import runlog_script
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def run():
+    """A real Monitor run: (model without history, the Monitor's entries, the Monitor)."""
+    mon = runlog_script.train(12, [], out=io.StringIO())
+    return mon.to_dict(with_history=False), list(mon.history), mon
+
+
+def write_log(log_dir, model, entries, **kw):
+    (sink,) = make_sinks(log_dir, **kw)
+    sink.open(model)
+    for e in entries:
+        sink.write(e)
+    sink.close()
+    return sink
+
+
+def record_offsets(data: bytes) -> list[int]:
+    """Where each record starts, walking the headers by hand (independent of the reader)."""
+    offsets, pos = [], 0
+    while pos + 12 <= len(data):
+        _, length, _ = struct.unpack_from("<4sII", data, pos)
+        offsets.append(pos)
+        pos += 12 + length
+    return offsets
+
+
+# -- the byte format ---------------------------------------------------------------------
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.floats(width=32)
+    | st.text(max_size=5),
+    lambda children: (
+        st.lists(children, max_size=8) | st.dictionaries(st.text(max_size=5), children, max_size=5)
+    ),
+    max_leaves=40,
+)
+
+
+@given(st.dictionaries(st.text(max_size=5), json_values, max_size=6))
+def test_any_entry_round_trips_exactly(entry):
+    back = fmt.decode(fmt.encode(entry))
+    assert fmt.canonical(back) == fmt.canonical(entry)
+    # Types survive too (an int stays an int, a float a float).
+    assert json.dumps(back, sort_keys=True, default=str).replace("NaN", "n") == json.dumps(
+        entry, sort_keys=True, default=str
+    ).replace("NaN", "n")
+
+
+def test_histograms_are_stored_as_float32_and_int32_when_lossless(run):
+    _, entries, _ = run
+    e = entries[0]
+    payload = fmt.encode(e)
+    raw = zlib.decompress(payload)
+    (n,) = struct.unpack_from("<I", raw)
+    refs = []
+    json.loads(raw[4 : 4 + n], object_hook=lambda d: refs.append(d) or d)
+    dtypes = {r["$a"][0] for r in refs if "$a" in r}
+    assert dtypes <= {"<f4", "<i4"}, dtypes  # sowviz's summaries are float32
+    assert fmt.canonical(fmt.decode(payload)) == fmt.canonical(e)
+
+
+# -- writer and reader -------------------------------------------------------------------
+
+
+def test_log_reads_back_every_step_and_the_model(run, tmp_path):
+    model, entries, mon = run
+    sink = write_log(tmp_path / "log", model, entries)
+    assert sink.steps_written == len(entries)
+    view = load(tmp_path / "log")
+    assert view.finished and view.steps_read == len(entries)
+    assert [fmt.canonical(e) for e in view.history] == [fmt.canonical(e) for e in entries]
+    m = view.model
+    want = mon.to_dict()
+    assert set(m) == set(want)
+    assert m["schema"] == "sowviz/1" and m["nodes"] == json.loads(json.dumps(want["nodes"]))
+    assert [p["id"] for p in m["probes"]] == [p["id"] for p in want["probes"]]
+    assert m["history"]["steps"] == want["history"]["steps"] == list(range(12))
+    assert m["history"]["loss"] == want["history"]["loss"]
+    pid = m["probes"][0]["id"]
+    mode = next(iter(m["history"]["probes"][pid]))
+    assert m["history"]["probes"][pid][mode] == want["history"]["probes"][pid][mode]
+    # The model's probes carry the latest step's statistics.
+    assert m["probes"][0]["summaries"][mode]["l2"] == entries[-1]["probes"][pid][mode]["l2"]
+
+
+def test_bytes_per_step_are_what_the_file_holds(run, tmp_path):
+    model, entries, _ = run
+    sink = write_log(tmp_path / "log", model, entries)
+    size = (tmp_path / "log" / "steps.log").stat().st_size
+    assert sink.bytes_written == size
+    per_step = size / len(entries)
+    n_summaries = sum(len(m) for m in entries[0]["probes"].values())
+    # Each summary's JSON is ~1.5 KB (65 edges, 64 counts as text); the log stores
+    # ~0.4 KB, histograms as float32/int32 and the whole record zlib-compressed.
+    text = len(json.dumps(entries[0]))
+    assert per_step < 0.5 * text, (per_step, text, n_summaries)
+
+
+def test_refresh_reads_only_new_complete_records(run, tmp_path):
+    model, entries, _ = run
+    (sink,) = make_sinks(tmp_path / "log")
+    sink.open(model)
+    for e in entries[:5]:
+        sink.write(e)
+    sink.flush()
+    view = load(tmp_path / "log")
+    assert [e["step"] for e in view.history] == [0, 1, 2, 3, 4] and not view.finished
+    assert view.refresh() == []
+    # Half a record on disk (a writer caught mid-write): not read, not reported.
+    record = fmt.frame(fmt.STEP, fmt.encode(entries[5]))
+    with open(tmp_path / "log" / "steps.log", "ab") as f:
+        f.write(record[:20])
+    assert view.reader.read(settle=False) == []
+    with open(tmp_path / "log" / "steps.log", "ab") as f:
+        f.write(record[20:])
+    assert [e["step"] for e in view.refresh()] == [5]
+    for e in entries[6:]:
+        sink.write(e)
+    sink.close()
+    assert [e["step"] for e in view.refresh()] == list(range(6, 12))
+    assert view.finished
+
+
+def test_a_cut_off_tail_is_skipped_with_its_offset(run, tmp_path):
+    model, entries, _ = run
+    write_log(tmp_path / "log", model, entries)
+    path = tmp_path / "log" / "steps.log"
+    data = path.read_bytes()
+    offsets = record_offsets(data)
+    cut = offsets[8] + 30  # in the middle of step 8's record
+    path.write_bytes(data[:cut])
+    with pytest.warns(LogWarning, match=rf"incomplete record at byte offset {offsets[8]}\b"):
+        view = load(tmp_path / "log")
+    assert [e["step"] for e in view.history] == list(range(8))
+    assert [fmt.canonical(e) for e in view.history] == [fmt.canonical(e) for e in entries[:8]]
+
+
+def test_flipped_bytes_skip_one_record_and_the_rest_reads(run, tmp_path):
+    model, entries, _ = run
+    write_log(tmp_path / "log", model, entries)
+    path = tmp_path / "log" / "steps.log"
+    data = bytearray(path.read_bytes())
+    offsets = record_offsets(bytes(data))
+    data[offsets[3] + 40] ^= 0xFF  # inside step 3's payload
+    data[offsets[3] + 41] ^= 0x5A
+    path.write_bytes(bytes(data))
+    with pytest.warns(
+        LogWarning, match=rf"corrupt bytes at byte offset {offsets[3]}\b.*{offsets[4]}"
+    ):
+        view = load(tmp_path / "log")
+    assert [e["step"] for e in view.history] == [0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11]
+    assert view.finished
+
+
+def test_a_corrupt_last_record_is_skipped_with_its_offset(run, tmp_path):
+    model, entries, _ = run
+    write_log(tmp_path / "log", model, entries)
+    path = tmp_path / "log" / "steps.log"
+    data = bytearray(path.read_bytes())
+    offsets = record_offsets(bytes(data))
+    last_step = offsets[-2]  # the record before the END marker
+    data[last_step + 50] ^= 0xFF
+    path.write_bytes(bytes(data[: offsets[-1]]))  # and no clean end
+    with pytest.warns(LogWarning, match=rf"corrupt bytes at byte offset {last_step}\b"):
+        view = load(tmp_path / "log")
+    assert [e["step"] for e in view.history] == list(range(11)) and not view.finished
+
+
+# -- bad input and faults ------------------------------------------------------------
+
+
+def test_unwritable_log_dir_fails_at_construction(tmp_path):
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    with pytest.raises(ValueError, match=r"`log_dir` .*file/run.* cannot hold a run log"):
+        make_sinks(not_a_dir / "run")
+    with pytest.raises(ValueError, match=r"`log_dir` .* cannot hold a run log"):
+        make_sinks("/proc/sowviz-run")
+    with pytest.raises(ValueError, match="`tensorboard=True` writes beside the run log"):
+        make_sinks(None, tensorboard=True)
+
+
+def test_an_existing_log_is_never_appended_to(run, tmp_path):
+    model, entries, _ = run
+    write_log(tmp_path / "log", model, entries[:2])
+    with pytest.raises(FileExistsError, match="already holds a run log"):
+        make_sinks(tmp_path / "log")
+    write_log(tmp_path / "log", model, entries[:3], overwrite=True)
+    assert load(tmp_path / "log").steps_read == 3
+
+
+def test_a_full_disk_warns_once_and_never_raises(run, tmp_path):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("needs /dev/full")
+    model, entries, _ = run
+    log = tmp_path / "log"
+    log.mkdir()
+    (log / "steps.log").symlink_to("/dev/full")  # every write: ENOSPC
+    (sink,) = make_sinks(log)
+    sink.open(model)
+    sink.write(entries[0])  # hands over; the failure happens on the writer thread
+    with pytest.warns(SinkWarning, match=r"run log stopped .*No space left on device"):
+        sink.flush()
+    assert sink.disabled
+    for e in entries[2:]:  # no second warning, no error
+        sink.write(e)
+    sink.close()
+
+
+# -- thinning ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("limit", [2, 3, 10, 64])
+def test_thinned_history_is_bounded_and_keeps_the_start(limit):
+    h = ThinnedHistory(limit)
+    for i in range(5000):
+        h.append({"step": 3 * i})
+        assert len(h) <= limit
+    steps = [e["step"] for e in h]
+    assert steps[0] == 0 and steps == sorted(steps)
+    recent = limit // 2
+    assert steps[-recent:] == [3 * i for i in range(5000 - recent, 5000)]
+    older = [s // 3 for s in steps[: len(steps) - recent]]
+    assert all(i % h.stride == 0 for i in older)  # evenly thinned by the final stride
+    assert len(h) >= limit // 2
+
+
+# -- the live view -------------------------------------------------------------------------
+
+
+def test_the_displayed_view_sends_new_steps_as_the_monitor_does(run, tmp_path):
+    model, entries, _ = run
+    (sink,) = make_sinks(tmp_path / "log")
+    sink.open(model)
+    for e in entries[:3]:
+        sink.write(e)
+    sink.flush()
+    view = load(tmp_path / "log")
+    widget = view.widget
+    assert widget.model["history"]["steps"] == [0, 1, 2]
+    sent = []
+    widget.send = lambda msg, buffers=None: sent.append((msg, buffers))
+    bundle = view._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle[0]
+    try:
+        for e in entries[3:]:
+            sink.write(e)
+        sink.close()
+        view._thread.join(timeout=20)  # follows until the log's clean end
+        assert not view._thread.is_alive()
+    finally:
+        view.stop()
+    steps = []
+    for msg, buffers in sent:
+        assert msg["type"] == "steps" and msg["encoding"] == "gzip-json"
+        decoded = json.loads(gzip.decompress(buffers[0]))
+        assert len(decoded) == msg["count"]
+        steps += [d["step"] for d in decoded]
+        for d in decoded:
+            want = json.loads(sowviz.report.model_json(entries[d["step"]]))
+            assert d == want
+    assert steps == list(range(3, 12))
+
+
+def test_view_before_the_script_wrote_anything(tmp_path, run):
+    model, entries, _ = run
+    (tmp_path / "log").mkdir()
+    view = load(tmp_path / "log")
+    assert view.model == {} and len(view.history) == 0
+    with pytest.raises(FileNotFoundError, match=r"model\.json is missing"):
+        view.save_html(tmp_path / "r.html")
+    widget = view.widget
+    assert widget.model == {}
+    (sink,) = make_sinks(tmp_path / "log", overwrite=True)
+    sink.open(model)
+    sink.write(entries[0])
+    sink.close()
+    view.poll()  # the model travels whole once it exists
+    assert widget.model["history"]["steps"] == [0]
+    with pytest.raises(FileNotFoundError, match="holds no run log"):
+        load(tmp_path / "missing")
+
+
+# -- a training script killed mid-run --------------------------------------------------
+
+
+def test_sigkill_mid_run_leaves_every_complete_step(tmp_path):
+    log = tmp_path / "log"
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "runlog_script.py"), str(log), "100000"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    printed: dict[int, str] = {}
+    followed: list[dict] = []
+    view = None
+    try:
+        for line in proc.stdout:
+            _, step, digest = line.split()
+            printed[int(step)] = digest
+            if view is None and (log / "model.json").exists():
+                view = load(log)
+                followed += list(view.history)
+            elif view is not None:
+                followed += view.refresh()  # a reader following while the script writes
+            if len(printed) >= 40:
+                break
+    finally:
+        proc.kill()  # SIGKILL
+        proc.wait()
+    assert proc.returncode == -9
+    # The digests the script printed after each kill-free handover.
+    for line in proc.stdout.read().splitlines():
+        if line.startswith("STEP"):
+            _, step, digest = line.split()
+            printed[int(step)] = digest
+    proc.stdout.close()
+    with _maybe_warns():
+        final = load(log)
+    got = list(final.history)
+    assert not final.finished
+    steps = [e["step"] for e in got]
+    assert steps == list(range(len(steps)))  # every complete step, from 0, none skipped
+    assert len(steps) >= 20
+    for e in got:
+        if e["step"] in printed:
+            assert runlog_script.digest(e) == printed[e["step"]]
+    # All but the last few handed-over steps (still queued at the kill) are on disk.
+    assert len(steps) >= max(printed) + 1 - 256
+    # What the follower saw is a prefix of the final read, equal record for record.
+    assert [fmt.canonical(e) for e in followed] == [fmt.canonical(e) for e in got[: len(followed)]]
+    assert followed and followed[0]["step"] == 0
+
+
+class _maybe_warns:
+    """A SIGKILL may land between records (no warning) or inside one (a cut-off tail)."""
+
+    def __enter__(self):
+        import warnings
+
+        self._cm = warnings.catch_warnings(record=True)
+        self.caught = self._cm.__enter__()
+        warnings.simplefilter("always")
+        return self
+
+    def __exit__(self, *exc):
+        self._cm.__exit__(*exc)
+        for w in self.caught:
+            assert issubclass(w.category, LogWarning), w
+            assert "incomplete record at byte offset" in str(w.message)
+
+
+# -- the report --------------------------------------------------------------------------
+
+
+@pytest.mark.browser
+def test_report_cli_writes_the_whole_run_and_it_opens(run, tmp_path, page):
+    model, entries, _ = run
+    write_log(tmp_path / "log", model, entries)
+    out = tmp_path / "report.html"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sowviz",
+            "report",
+            str(tmp_path / "log"),
+            "-o",
+            str(out),
+            "--history",
+            "6",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "12 steps read, 6 kept" in r.stdout
+    pg = page.open_report(out)
+    embedded = pg.evaluate(
+        "() => JSON.parse(document.querySelector('script[data-sowviz-model]').textContent)"
+    )
+    steps = embedded["history"]["steps"]
+    assert steps[0] == 0 and len(steps) <= 6 and steps[-3:] == [9, 10, 11]
+    label = next(p["name"] for p in model["probes"] if p["name"].startswith("layer_"))
+    pg.locator('[data-kind="scope"]', has_text=label).first.click()
+    detail = pg.locator('[data-role="detail"]')
+    detail.wait_for(state="visible")
+    heat = detail.locator('[data-history="heatmap"]').first
+    heat.wait_for(state="attached")
+    xs = heat.evaluate("el => el.data && el.data[0] && Array.from(el.data[0].x || [])")
+    assert xs == steps, xs  # the history chart starts at step 0
+    pg.screenshot(path=str(tmp_path / "report.png"))
+    if os.environ.get("SOWVIZ_KEEP_SCREENSHOTS"):
+        import shutil
+
+        shutil.copy(tmp_path / "report.png", os.environ["SOWVIZ_KEEP_SCREENSHOTS"])
+    assert page.errors == [] and page.requests == []
+
+
+def test_report_cli_on_a_missing_log(tmp_path):
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sowviz",
+            "report",
+            str(tmp_path / "nope"),
+            "-o",
+            str(tmp_path / "r.html"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert r.returncode == 2 and "is not a directory" in r.stderr
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_nan_loss_round_trips(run, tmp_path):
+    model, entries, _ = run
+    bad = {
+        **entries[0],
+        "step": 99,
+        "loss": math.nan,
+        "nonfinite": {"forward": "n1", "backward": None},
+    }
+    write_log(tmp_path / "log", model, [entries[0], bad])
+    view = load(tmp_path / "log")
+    assert math.isnan(view.history[1]["loss"])
+    assert view.model["history"]["nonfinite"] == {"step": 99, "forward": "n1", "backward": None}
