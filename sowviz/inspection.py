@@ -150,6 +150,10 @@ class Inspection:
     notes: list[dict[str, Any]] = field(default_factory=list)
     created: str | None = field(default_factory=_model.now)
     history: dict[str, Any] | None = None
+    #: where non-finite values were born (`sowviz.nonfinite.Origins`), None when all finite
+    nonfinite: Any = None
+    #: (fn, args, options) for `locate_nonfinite`, set by `inspect`
+    _rerun: Any = field(default=None, repr=False, compare=False)
 
     @property
     def modes(self) -> list[str]:
@@ -180,10 +184,19 @@ class Inspection:
             "probes": [p.to_dict() for p in self.probes],
             "notes": [*g["notes"], *self.notes],
             "history": self.history,
+            "nonfinite": None if self.nonfinite is None else self.nonfinite.to_dict(),
         }
 
     def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.to_dict(), **kwargs)
+
+    def locate_nonfinite(self) -> Any:
+        """Re-run this inspection's step with every equation probed and name the equation
+        where NaN/Inf were born (stored in `self.nonfinite` and the model); None when
+        every value is finite. See `sowviz.nonfinite_locate.locate`."""
+        from .nonfinite_locate import locate_inspection
+
+        return locate_inspection(self)
 
     def probe(self, name: str, leaf: str = "") -> Probe:
         """The probe called `name` (a sow name or a stage label)."""
@@ -213,7 +226,10 @@ def inspection_of(out: Out, options: InspectOptions) -> Inspection:
     summaries = nest(*out.packed.unpack())
     probes, notes = join_probes(out.traced, summaries, options)
     notes.extend(out.notes)
+    from .nonfinite_locate import origins_of
+
     return Inspection(
+        nonfinite=origins_of(out, probes, options),
         result=out.result,
         graph=out.traced.graph,
         probes=probes,
@@ -259,7 +275,9 @@ def inspect(
     out = runner_for(fn, opts).run(
         args, where="inspect", tangents=opts.tangents, cotangents=opts.cotangents
     )
-    return inspection_of(out, opts)
+    ins = inspection_of(out, opts)
+    ins._rerun = (fn, args, opts)
+    return ins
 
 
 __all__ = ["Inspection", "Probe", "inspect", "inspection_of", "join_probes"]

@@ -112,7 +112,9 @@ def _run_all(fn: Callable, args: Sequence[Any], options: Any):
     from .inspection import inspection_of
 
     opts = replace(options, capture="all")
-    out = runner_for(fn, opts).run(tuple(args), where="locate")
+    out = runner_for(fn, opts).run(
+        tuple(args), where="locate", tangents=opts.tangents, cotangents=opts.cotangents
+    )
     return inspection_of(out, opts), out.traced, opts
 
 
@@ -235,3 +237,37 @@ def _src(graph: Any, n: Any) -> Any:
     while n.source is None and n.parent is not None:
         n = graph.node(n.parent)
     return n.source
+
+
+def origins_of(out: Any, probes: Sequence[Any], options: Any) -> Origins | None:
+    """The stage-level origins of one compiled run (`_program.Out`), from its probes."""
+    finite = getattr(out, "finite", None)
+    all_finite = None if finite is None else bool(np.all(jax.device_get(finite)))
+    if all_finite and not any(_probe_bad(p) for p in probes):
+        return None  # the common case: no rule to run
+    return find(
+        probes,
+        out.traced.graph,
+        results_finite=all_finite,
+        expect_nonfinite=tuple(getattr(options, "expect_nonfinite", ()) or ()),
+    )
+
+
+def _probe_bad(p: Any) -> bool:
+    from .nonfinite import is_bad
+
+    return any(is_bad(s) for s in p.summaries.values())
+
+
+def locate_inspection(ins: Any) -> Origins | None:
+    """`Inspection.locate_nonfinite`: `locate` on the inspection's own call."""
+    if ins._rerun is None:
+        raise ValueError(
+            "locate_nonfinite: this Inspection does not know the call that made it (it "
+            "was not made by `sowviz.inspect`); call "
+            "`sowviz.nonfinite_locate.locate(fn, args, options)` instead."
+        )
+    fn, args, opts = ins._rerun
+    found = locate(fn, args, opts)
+    ins.nonfinite = found
+    return found
