@@ -7,7 +7,7 @@ import { indexModel, isExpandable, STAGE_KINDS } from "./model.js";
 import { edgesByLevel, visibleRepresentative, pathToReveal } from "./levels.js";
 import { layoutView } from "./layout.js";
 import { computeFaces } from "./faces.js";
-import { nonfiniteOrigins } from "./nonfinite.js";
+import { nonfiniteRoles, originNodes, storedOrigins } from "./nonfinite.js";
 import { searchNodes } from "./search.js";
 import { defaultStat, STATS, fmt, VIRIDIS_STOPS } from "./stats.js";
 import { GraphView } from "./graph.js";
@@ -17,6 +17,8 @@ import { watchTheme, chartColours } from "./theme.js";
 import { HistoryStore, withLatest } from "./history.js";
 
 export const MODES = ["primal", "grad", "jvp", "vjp", "all"];
+/** The first picture fits the whole graph unless labels would get smaller than this. */
+export const FIT_MIN_SCALE = 0.5;
 
 /**
  * @typedef {Object} AppOptions
@@ -54,7 +56,7 @@ export class App {
     let sized = this.graphBox.clientWidth > 0;
     const ro = new ResizeObserver(() => {
       const now = this.graphBox.clientWidth > 0;
-      if (now && !sized) this.graph.fit({ minScale: 0.8 });
+      if (now && !sized) this.graph.fit({ minScale: FIT_MIN_SCALE });
       sized = now;
     });
     ro.observe(this.graphBox);
@@ -87,7 +89,10 @@ export class App {
       timer = setTimeout(() => this.setQuery(this.search.value), 80);
     });
     this.search.addEventListener("keydown", (ev) => {
-      if (ev.key === "Enter" && this.hits?.length) this.reveal(this.hits[0]);
+      if (ev.key === "Enter") {
+        if (this.hits?.length) this.reveal(this.hits[0]);
+        this.results.hidden = true; // the dropdown closes on Enter
+      }
       if (ev.key === "Escape") { this.search.value = ""; this.setQuery(""); }
     });
     this.busy = h("span", { class: "sv-busy", "data-role": "busy", hidden: true }, [h("span", { class: "sv-spinner" }), " recomputing…"]);
@@ -141,6 +146,11 @@ export class App {
     this.title.textContent = this.model.title ?? "";
     this.title.title = this.model.title ?? "";
     if (MODES.includes(this.model.mode)) this.modeSel.value = this.model.mode;
+    if (this.modeSel.disabled) {
+      // A saved report cannot run the program again: say so where the picker is.
+      this.modeSel.title = `Computed in mode "${this.model.mode ?? "?"}". A saved report cannot re-run the program: `
+        + "call sowviz.show(...) or inspect(..., mode=...) for another mode.";
+    }
     this.fillStatOptions();
     this.fillNotes();
     this.setBusy(false);
@@ -151,7 +161,11 @@ export class App {
 
   rebuildIndex() {
     this.index = indexModel(withLatest(this.model, this.store.history));
-    this.origins = nonfiniteOrigins(this.index);
+    // Origins are computed once in Python and stored in the model: displayed, never recomputed.
+    const stored = storedOrigins(this.model, this.store.history);
+    const shown = (o) => originNodes(o).reverse().find((id) => this.index.nodes.has(id)) ?? null;
+    this.origins = { forward: shown(stored?.forward), backward: shown(stored?.backward), stored };
+    this.roles = nonfiniteRoles(stored, this.index);
     this.searchCache = new Map();
   }
 
@@ -188,12 +202,13 @@ export class App {
     const { faces, scale } = computeFaces(this.index, this.faceIds, this.stat);
     this.graph.draw({ index: this.index, layout: this.layout, faces, expandable: (id) => isExpandable(this.index, id) });
     this.drawLegend(scale);
+    this.graph.reserveBottom = (this.legend.offsetHeight || 0) + 20;
     this.markOrigins();
     this.graph.setSelected(this.selected);
     this.applySearch();
     this.showLevelNote();
     this.empty.hidden = this.layout.boxes.size > 0;
-    if (fit) this.graph.fit({ minScale: 0.8 });
+    if (fit) this.graph.fit({ minScale: FIT_MIN_SCALE });
     else if (before) this.graph.anchor(this.layout.boxes.get(anchorId), before);
   }
 
@@ -229,19 +244,28 @@ export class App {
       reps.get(rep).push(pass);
     }
     this.graph.markOrigins(reps);
+    for (const [id, el] of this.graph.els) {
+      const role = this.roles.get(id);
+      if (role && (el.dataset.nonfinite === "true" || role === "producer")) el.dataset.nonfiniteRole = role;
+      else el.removeAttribute("data-nonfinite-role");
+    }
     clear(this.banner);
     const o = this.origins;
-    const hist = this.store.history?.nonfinite;
-    this.banner.hidden = !o.forward && !o.backward && !hist;
-    if (this.banner.hidden) return;
+    const rec = o.stored;
+    this.banner.hidden = !rec;
+    if (!rec) return;
     const label = (id) => this.index.nodes.get(id)?.label ?? id;
-    const parts = [h("strong", { text: "NaN/Inf detected." })];
+    this.banner.classList.toggle("sv-banner-quiet", !rec.alarm);
+    const head = rec.alarm ? "NaN/Inf detected" : "Non-finite values that never reached a result (no alarm)";
+    const parts = [h("strong", { text: rec.step != null ? `${head} at step ${rec.step}.` : `${head}.` })];
     for (const pass of ["forward", "backward"]) {
-      if (!o[pass]) continue;
-      parts.push(` ${pass === "forward" ? "Forward" : "Backward"} pass first at `,
-        h("button", { type: "button", class: "sv-link", "data-origin": pass, text: label(o[pass]), onclick: () => this.reveal(o[pass]) }), ".");
+      const p = rec[pass];
+      if (!p || !o[pass]) continue;
+      const text = p.message ?? `first at ${label(p.node)}`;
+      parts.push(h("span", { "data-pass": pass, text: ` ${pass === "forward" ? "Forward" : "Backward"} pass: ${text} ` }),
+        h("button", { type: "button", class: "sv-link", "data-origin": pass, "data-node": o[pass], text: `show ${label(o[pass])}`, onclick: () => this.reveal(o[pass]) }));
     }
-    if (hist) parts.push(` First seen at step ${hist.step}.`);
+    if (rec.removed) parts.push(h("span", { class: "sv-muted", text: " (masked afterwards)" }));
     this.banner.append(...parts);
   }
 
@@ -280,7 +304,10 @@ export class App {
       const n = this.index.nodes.get(id);
       this.results.append(h("li", {}, [h("button", {
         type: "button", class: "sv-result", "data-node": id, onclick: () => this.reveal(id),
-      }, [h("span", { text: n.label }), h("span", { class: "sv-muted", text: ` ${n.kind}` })])]));
+      }, [
+        h("span", { text: n.label }), h("span", { class: "sv-muted", text: ` ${n.kind}` }),
+        h("span", { class: "sv-muted sv-result-path", "data-role": "result-path", text: parentPath(this.index, id) }),
+      ])]));
     }
     this.results.hidden = document.activeElement !== this.search || !this.hits.length;
     this.search.onfocus = () => { this.results.hidden = !this.hits.length; };
@@ -312,7 +339,11 @@ export class App {
   select(id) {
     this.selected = id;
     this.graph.setSelected(id);
-    if (id == null) this.detail.close(); else this.openDetail(id);
+    if (id == null) { this.detail.close(); return; }
+    this.openDetail(id);
+    // The panel narrows the graph: keep the selected node in view (and off the legend).
+    const box = this.layout?.boxes.get(id);
+    if (box) this.graph.ensureVisible(box);
   }
 
   openDetail(id) {
@@ -390,3 +421,14 @@ export class App {
 }
 
 export { STAGE_KINDS };
+
+/** `TransformerLM › layers.0 › attn`: where a search result sits (its ancestors below the root). */
+export function parentPath(index, id) {
+  const out = [];
+  let p = index.nodes.get(id)?.parent;
+  while (p && p !== index.root) {
+    out.push(index.nodes.get(p)?.label ?? p);
+    p = index.nodes.get(p)?.parent;
+  }
+  return out.length ? ` in ${out.reverse().join(" › ")}` : "";
+}

@@ -9,7 +9,8 @@ export function modeColour(colours, mode) {
   return colours.modes[head] ?? colours.modes.other;
 }
 
-function baseLayout(c, { width, height, xTitle, yTitle, logY }) {
+/** @returns {any} a plotly layout (extended per chart) */
+function baseLayout(c, { width, height, xTitle, yTitle, logY = false }) {
   const axis = (title) => ({
     title: { text: title, font: { size: 10, color: c.muted } },
     color: c.muted, gridcolor: c.grid, zerolinecolor: c.grid, tickfont: { size: 9 }, automargin: true,
@@ -30,7 +31,7 @@ function baseLayout(c, { width, height, xTitle, yTitle, logY }) {
  * @param {HTMLElement} el
  * @param {{edges: number[], counts: number[]} | null} hist
  */
-export function drawHistogram(el, hist, { colours, mode, scale, logY, width, height = 150 }) {
+export function drawHistogram(el, hist, { colours, mode, scale, logY, width, height = 150, title = null }) {
   const edges = hist?.edges ?? [];
   const counts = hist?.counts ?? [];
   const x = [];
@@ -48,9 +49,16 @@ export function drawHistogram(el, hist, { colours, mode, scale, logY, width, hei
   };
   const layout = baseLayout(colours, {
     width, height, logY,
-    xTitle: scale === "log" ? `log₁₀|${mode}|` : mode,
+    xTitle: title ?? (scale === "log" ? `log₁₀|${mode}|` : mode),
     yTitle: "count",
   });
+  if (!logY) {
+    // Counts are whole numbers: integer ticks, one per count when there are few.
+    const max = Math.max(0, ...counts);
+    layout.yaxis.tickformat = ",d";
+    if (max <= 5) layout.yaxis.dtick = 1;
+    layout.yaxis.rangemode = "tozero";
+  }
   if (!counts.length) {
     layout.annotations = [{ text: "no finite values", showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5, font: { color: colours.muted } }];
   }
@@ -74,14 +82,14 @@ export function drawHistoryHeatmap(el, steps, hists, { colours, mode, width, hei
 }
 
 /** Lines over steps: [{name, y, colour, dash}] with a log y axis when every value is positive. */
-export function drawLines(el, steps, series, { colours, width, height = 130, yTitle = "", logY = true }) {
+export function drawLines(el, steps, series, { colours, width, height = 130, yTitle = "", logY = true, xTitle = "step" }) {
   const positive = series.every((s) => s.y.every((v) => v == null || v > 0));
   const traces = series.map((s) => ({
     type: "scatter", mode: steps.length > 60 ? "lines" : "lines+markers", name: s.name,
     x: steps, y: s.y, line: { color: s.colour, width: 1.5, dash: s.dash ?? "solid" }, marker: { size: 3 },
-    connectgaps: false, hovertemplate: `${s.name} %{y:.4g}<br>step %{x}<extra></extra>`,
+    connectgaps: false, hovertemplate: `${s.name} %{y:.4g}<br>${xTitle} %{x}<extra></extra>`,
   }));
-  const layout = baseLayout(colours, { width, height, xTitle: "step", yTitle, logY: logY && positive });
+  const layout = baseLayout(colours, { width, height, xTitle, yTitle, logY: logY && positive });
   layout.showlegend = series.length > 1;
   layout.legend = { orientation: "h", y: 1.15, x: 0, font: { size: 9 } };
   layout.margin.t = series.length > 1 ? 18 : 6;

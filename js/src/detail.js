@@ -7,6 +7,8 @@ import { chartColours } from "./theme.js";
 import { fmt } from "./stats.js";
 import { nonfiniteCount } from "./nonfinite.js";
 import { orderModes } from "./model.js";
+import { paramRows, paramTable } from "./params.js";
+import { iterationBlock } from "./iterations.js";
 
 export const TABLE_ROWS = [
   ["count", "count"], ["nan", "NaN"], ["posinf", "+Inf"], ["neginf", "−Inf"], ["zeros", "zeros"],
@@ -63,8 +65,10 @@ export class DetailPanel {
     this.el.append(this.header(node), this.meta(index, node, probes));
     const alert = this.nonfiniteAlert(index, id, probes, ctx.origins);
     if (alert) this.el.append(alert);
+    const rows = node.kind === "input" ? [] : paramRows(index, id);
+    if (rows.length) this.el.append(paramTable(rows, (c) => this.handlers.onReveal(c)));
     if (!probes.length) {
-      this.el.append(this.noProbes(index, id));
+      if (!rows.length) this.el.append(this.noProbes(index, id));
       return;
     }
     let pid = this.probeByNode.get(id);
@@ -117,8 +121,12 @@ export class DetailPanel {
       }
     }
     const lines = [parts.length ? parts.join(" · ") : "a stage inside holds NaN/Inf values"];
-    if (origins.forward === id) lines.push("The forward pass first produces NaN/Inf here.");
-    if (origins.backward === id) lines.push("The backward pass first produces NaN/Inf here.");
+    const stored = origins.stored;
+    if (origins.forward === id) lines.push(`Forward pass: ${stored?.forward?.message ?? "NaN/Inf first made here"}.`);
+    if (origins.backward === id) lines.push(`Backward pass: ${stored?.backward?.message ?? "NaN/Inf first made here"}.`);
+    if (origins.forward !== id && origins.backward !== id && stored?.propagators.includes(id)) {
+      lines.push("Passes on non-finite values made upstream.");
+    }
     return h("div", { class: "sv-alert", role: "alert" }, lines.map((t) => h("div", { text: t })));
   }
 
@@ -178,8 +186,10 @@ export class DetailPanel {
         mode,
         nonfiniteCount(s) > 0 ? h("span", { class: "sv-bad", text: ` ${nonfiniteCount(s)} non-finite` }) : null,
       ]);
-      this.body.append(h("div", { class: "sv-chart-block" }, [title, target]));
-      return { mode, target, s };
+      const counts = h("div", { class: "sv-special", "data-role": "special-counts", "data-mode": mode });
+      const iter = s?.per_iteration ? iterationBlock(mode, s) : null;
+      this.body.append(h("div", { class: "sv-chart-block" }, [title, target, counts, iter?.el ?? null]));
+      return { mode, target, s, counts, iter };
     });
     this.blocks = blocks;
     this.body.append(this.statsTable(probe, modes));
@@ -192,6 +202,11 @@ export class DetailPanel {
       const hist = this.scale === "log" ? b.s?.loghist : b.s?.hist;
       drawHistogram(b.target, hist ?? null, { colours, mode: b.mode, scale: this.scale, logY: this.logY, width });
       if (!this.charts.includes(b.target)) this.charts.push(b.target);
+      b.counts.replaceChildren(...specialCounts(b.s, this.scale));
+      if (b.iter) {
+        b.iter.draw(colours, width);
+        for (const c of b.iter.charts) if (!this.charts.includes(c)) this.charts.push(c);
+      }
     }
   }
 
@@ -252,4 +267,16 @@ export class DetailPanel {
     const title = this.history.querySelector(".sv-section");
     if (title) title.textContent = `over ${hist.steps.length} steps`;
   }
+}
+
+/** NaN / +Inf / −Inf / zero counts beside a histogram (the histogram holds finite
+ * values only; the log view also leaves out zeros, and says so). */
+export function specialCounts(s, scale) {
+  if (!s) return [];
+  const items = [["nan", "NaN"], ["posinf", "+Inf"], ["neginf", "−Inf"], ["zeros", "zeros"]];
+  const out = items.map(([k, label]) => h("span", {
+    class: `sv-count${k !== "zeros" && s[k] > 0 ? " sv-bad" : ""}`, "data-count": k, text: `${label} ${fmt(s[k] ?? 0)}`,
+  }));
+  if (scale === "log" && s.zeros > 0) out.push(h("span", { class: "sv-muted", "data-role": "zeros-left-out", text: `· ${fmt(s.zeros)} zeros not shown (log₁₀|x| of 0 is −∞)` }));
+  return out;
 }

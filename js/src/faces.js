@@ -43,7 +43,17 @@ export function computeFaces(index, ids, { mode, stat }) {
       const s = p.summaries?.[mode];
       if (s?.hist?.counts?.length) { hist = s.hist.counts; break; }
     }
-    faces.set(id, { value, colour: scale.colour(value), text: value == null ? "" : fmt(value), hist });
+    faces.set(id, { value, colour: scale.colour(value), text: value == null ? "" : `${statSymbol(mode, stat)} = ${fmt(value)}`, hist });
   }
   return { faces, scale };
+}
+
+const MODE_WORDS = { primal: "x", tangent: "tan", cotangent: "grad" };
+
+/** What a face value is, e.g. `‖grad‖₂` for the l2 norm of the cotangent. */
+export function statSymbol(mode, stat) {
+  const m = MODE_WORDS[mode] ?? mode;
+  if (stat === "l2") return `‖${m}‖₂`;
+  if (stat === "absmax") return `max|${m}|`;
+  return `${stat}(${m})`;
 }

@@ -58,6 +58,8 @@ export class GraphView {
       });
     this.sel = select(this.svg).call(this.zoom).on("dblclick.zoom", null);
     this.transform = zoomIdentity;
+    /** @type {number} pixels at the bottom kept free for the legend (App sets it) */
+    this.reserveBottom = 0;
     this.svg.addEventListener("click", (ev) => {
       if (ev.defaultPrevented) return;
       const t = ev.target.closest?.("[data-role=toggle]");
@@ -123,14 +125,22 @@ export class GraphView {
         s("text", { x: 9, y: 13, "text-anchor": "middle", text: "−" }),
         s("title", { text: "collapse" }),
       ]),
-      s("text", { class: "sv-stage-label", x: 38, y: 18, text: ellipsis(node.label, Math.max(8, Math.floor((box.w - 140) / 7))) }, [
+    );
+    // The right side (kind, equations, value) gets the room it needs; the label the rest,
+    // so the two never overlap (about 6.6 px per character at these font sizes).
+    const kindText = `${node.kind} · ${node.n_eqns} eqns`;
+    const rightW = (kindText.length + (face?.text ? face.text.length + 2 : 0)) * 6.6;
+    const labelChars = Math.floor((box.w - 38 - rightW - 14) / 7.6);
+    const showRight = labelChars >= Math.min(8, node.label.length);
+    g.append(...[
+      s("text", { class: "sv-stage-label", x: 38, y: 18, text: ellipsis(node.label, Math.max(4, showRight ? labelChars : Math.floor((box.w - 52) / 7.6))) }, [
         s("title", { text: `${node.label} (${node.kind})` }),
       ]),
-      s("text", { class: "sv-stage-kind", x: box.w - 10, y: 18, "text-anchor": "end" }, [
-        `${node.kind} · ${node.n_eqns} eqns`,
+      showRight ? s("text", { class: "sv-stage-kind", x: box.w - 10, y: 18, "text-anchor": "end" }, [
+        kindText,
         face?.text ? s("tspan", { class: "sv-value", dx: 8, text: face.text }) : null,
-      ]),
-    );
+      ]) : null,
+    ].filter(Boolean));
     return g;
   }
 
@@ -156,9 +166,11 @@ export class GraphView {
       if (spark) g.append(s("path", { class: "sv-spark", d: spark, transform: `translate(${w - 64},8)` }));
       if (face?.text) g.append(s("text", { class: "sv-value", x: w - 8, y: h - 8, "text-anchor": "end", text: face.text }));
       if (canExpand) {
+        const t = `+ ${node.n_eqns} eqn${node.n_eqns === 1 ? "" : "s"}`;
+        const tw = 10 + t.length * 6;
         g.append(s("g", { class: "sv-toggle", "data-role": "toggle", transform: `translate(14,${h - 19})` }, [
-          s("rect", { width: 72, height: 15, rx: 4 }),
-          s("text", { x: 36, y: 11, "text-anchor": "middle", text: `+ ${node.n_eqns} eqn${node.n_eqns === 1 ? "" : "s"}` }),
+          s("rect", { width: tw, height: 15, rx: 4 }),
+          s("text", { x: tw / 2, y: 11, "text-anchor": "middle", text: t }),
           s("title", { text: "expand (or double-click the node)" }),
         ]));
       }
@@ -230,8 +242,9 @@ export class GraphView {
     const H = this.svg.clientHeight || this.container.clientHeight || 500;
     if (!b || !b.w || !b.h) return;
     const pad = 28;
-    let k = Math.min((W - 2 * pad) / b.w, (H - 2 * pad) / b.h, 1.25);
-    let ty = (H - b.h * k) / 2 - b.y * k;
+    const bottom = Math.max(pad, this.reserveBottom ?? 0); // the legend's strip stays free
+    let k = Math.min((W - 2 * pad) / b.w, (H - pad - bottom) / b.h, 1.25);
+    let ty = pad + (H - pad - bottom - b.h * k) / 2 - b.y * k;
     if (k < minScale) { k = minScale; ty = pad - b.y * k; }
     const tx = (W - b.w * k) / 2 - b.x * k;
     const t = zoomIdentity.translate(tx, ty).scale(k);
@@ -257,6 +270,7 @@ export class GraphView {
     const H = this.svg.clientHeight || 500;
     const { k, x, y } = this.transform;
     const pad = 16;
+    const padB = Math.max(pad, this.reserveBottom ?? 0); // never under the legend
     const left = x + box.x * k;
     const top = y + box.y * k;
     const right = left + box.w * k;
@@ -265,7 +279,7 @@ export class GraphView {
     let dy = 0;
     if (right > W - pad) dx = W - pad - right;
     if (left + dx < pad) dx = pad - left;
-    if (bottom > H - pad) dy = H - pad - bottom;
+    if (bottom > H - padB) dy = H - padB - bottom;
     if (top + dy < pad) dy = pad - top;
     if (dx || dy) this.sel.call(this.zoom.transform, zoomIdentity.translate(x + dx, y + dy).scale(k));
   }
@@ -275,7 +289,8 @@ export class GraphView {
     const W = this.svg.clientWidth || 800;
     const H = this.svg.clientHeight || 500;
     const kk = Math.max(this.transform.k, k ?? 0);
-    const t = zoomIdentity.translate(W / 2 - (box.x + box.w / 2) * kk, H / 2 - (box.y + box.h / 2) * kk).scale(kk);
+    const cy = (H - (this.reserveBottom ?? 0)) / 2; // centred in the part the legend leaves free
+    const t = zoomIdentity.translate(W / 2 - (box.x + box.w / 2) * kk, cy - (box.y + box.h / 2) * kk).scale(kk);
     this.sel.call(this.zoom.transform, t);
   }
 

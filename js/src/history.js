@@ -48,7 +48,7 @@ export function appendStep(h, step) {
   }
   const nf = step.nonfinite;
   if (!h.nonfinite && nf && (nf.forward || nf.backward)) {
-    h.nonfinite = { step: h.steps[n], forward: nf.forward ?? null, backward: nf.backward ?? null };
+    h.nonfinite = { ...nf, step: h.steps[n], forward: nf.forward ?? null, backward: nf.backward ?? null };
   }
   const extra = h.steps.length - (h.limit ?? DEFAULT_LIMIT);
   if (extra > 0) {

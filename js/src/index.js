@@ -32,7 +32,7 @@ const stores = new WeakMap();
 function storeFor(model) {
   let store = stores.get(model);
   if (!store) {
-    store = new HistoryStore(model.get("model")?.history ?? null);
+    store = new HistoryStore(null); // filled from the first decoded model (render)
     stores.set(model, store);
   }
   return store;
@@ -47,6 +47,7 @@ function storeFor(model) {
 function initialize({ model }) {
   const store = storeFor(model);
   let chain = Promise.resolve();
+  /** @param {import("./types").CustomMessage} msg @param {Array<DataView|ArrayBuffer>} [buffers] */
   const onMsg = (msg, buffers) => {
     if (msg && msg.type === "step" && msg.step) {
       chain = chain.then(() => store.push(msg.step));
@@ -75,23 +76,31 @@ async function gunzip(bytes) {
 /**
  * The widget's model: Python sends it as gzipped JSON in the binary trait
  * `model_bytes` (a buffer, not a JSON string: a 10,000-equation model is ~20 MB
- * of JSON and ~2 MB gzipped), or, from older or hand-made states, as `model`.
- * @param {any} model the anywidget model
+ * of JSON and ~2 MB gzipped). An empty trait is an empty model.
+ * @param {{get: (name: keyof import("./types").WidgetTraits) => any}} model the anywidget model
+ * @returns {Promise<import("./types").SowvizModel | {nodes: [], edges: [], probes: []}>}
  */
 export async function widgetModel(model) {
   const raw = model.get("model_bytes");
-  if (raw && raw.byteLength) {
-    const bytes = raw instanceof DataView ? new Uint8Array(raw.buffer, raw.byteOffset, raw.byteLength) : new Uint8Array(raw);
-    return JSON.parse(await gunzip(bytes));
-  }
-  return model.get("model") ?? {};
+  if (!raw || !raw.byteLength) return { nodes: [], edges: [], probes: [] };
+  const bytes = raw instanceof DataView ? new Uint8Array(raw.buffer, raw.byteOffset, raw.byteLength) : new Uint8Array(raw);
+  return JSON.parse(await gunzip(bytes));
 }
 
-/** anywidget: one view. */
-function render({ model, el }) {
-  const packed = !!model.get("model_bytes")?.byteLength;
-  const handle = mount(el, packed ? {} : model.get("model"), {
-    store: storeFor(model),
+/** anywidget: one view. It mounts once the model is decoded, so the first picture
+ * is the real one (colours, mode, fit), never an empty graph redrawn a moment later. */
+async function render({ model, el }) {
+  const store = storeFor(model);
+  let first;
+  try {
+    first = await widgetModel(model);
+  } catch (err) {
+    first = { nodes: [], edges: [], probes: [] };
+    console.warn("sowviz: the model could not be decoded", err);
+  }
+  if (first.history && !store.history?.steps?.length) store.reset(first.history);
+  const handle = mount(el, first, {
+    store,
     onModeChange: (mode) => {
       model.set("error", "");
       model.set("mode", mode);
@@ -106,18 +115,15 @@ function render({ model, el }) {
     const mine = ++latest;
     widgetModel(model).then((m) => { if (mine === latest) handle.update(m); }, (err) => handle.setError(String(err)));
   };
-  if (packed) onModel();
   const onBusy = () => handle.setBusy(!!model.get("busy"));
   const onError = () => {
     handle.setError(model.get("error") || "");
     if (model.get("error")) handle.setBusy(false);
   };
-  model.on("change:model", onModel);
   model.on("change:model_bytes", onModel);
   model.on("change:busy", onBusy);
   model.on("change:error", onError);
   return () => {
-    model.off("change:model", onModel);
     model.off("change:model_bytes", onModel);
     model.off("change:busy", onBusy);
     model.off("change:error", onError);
@@ -128,7 +134,7 @@ function render({ model, el }) {
 /** Mounts every embedded report model on the page (once each). */
 export async function autoMount(doc = globalThis.document) {
   if (!doc?.querySelectorAll) return;
-  for (const script of doc.querySelectorAll('script[type="application/json"][data-sowviz-model]')) {
+  for (const script of /** @type {NodeListOf<HTMLScriptElement>} */ (doc.querySelectorAll('script[type="application/json"][data-sowviz-model]'))) {
     if (script.dataset.mounted) continue;
     script.dataset.mounted = "true";
     const target = doc.getElementById(script.dataset.target ?? "") ?? script.parentElement;

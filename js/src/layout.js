@@ -8,7 +8,7 @@
 import dagre from "@dagrejs/dagre";
 import { visibleLevels } from "./levels.js";
 
-export const NODE_W = 184;
+export const NODE_W = 204;
 export const NODE_H = 62;
 export const PAD = 14;
 export const HEADER = 32;
@@ -16,7 +16,7 @@ export const GRID_THRESHOLD = 300;
 
 /**
  * @typedef {{x: number, y: number, w: number, h: number}} Box
- * @typedef {{pos: Map<string, Box>, edges: Array<{source: string, target: string, count: number, points: Array<{x: number, y: number}>}>, w: number, h: number, mode: "dagre"|"grid", hiddenEdges: number}} LocalLayout
+ * @typedef {{pos: Map<string, Box>, edges: Array<{source: string, target: string, count: number, points: Array<{x: number, y: number}>}>, w: number, h: number, mode: string, hiddenEdges: number}} LocalLayout
  */
 
 /** dagre on one level. Boxes are top-left based, relative to the level's origin. */

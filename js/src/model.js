@@ -84,6 +84,7 @@ export function indexModel(model) {
   // Depth and subtree exit by an explicit DFS (no recursion: models can be deep).
   const depth = new Map([[root, 0]]);
   const exit = new Map();
+  /** @type {Array<[string, boolean]>} */
   const stack = [[root, false]];
   while (stack.length) {
     const [id, done] = stack.pop();

@@ -1,5 +1,7 @@
-// Where NaN/Inf show up, and where they first appeared.
-// Pure: works on summaries and the index only.
+// NaN/Inf display helpers. Where non-finite values were born is computed once, in
+// Python (sowviz/nonfinite.py), and stored in the model (`model.nonfinite`, or for a
+// Monitor `history.nonfinite`, with its step); this module only reads it.
+// Pure: works on summaries, the stored record and the index.
 
 /** A capture key is backward when it holds a cotangent anywhere ("cotangent", "cotangent.tangent"). */
 export function isBackwardKey(key) {
@@ -30,28 +32,78 @@ export function nodeNonfinite(probes) {
   return { forward, backward };
 }
 
+function pass(o) {
+  if (o == null) return null;
+  if (typeof o === "string") return { node: o, reaching: null, equation: null, message: null };
+  return {
+    node: o.node ?? null,
+    reaching: o.reaching ?? null,
+    equation: o.equation ?? null,
+    message: o.message ?? null,
+  };
+}
+
 /**
- * The nodes where non-finite values first appear.
- *
- * Forward pass: values are produced in program order, and a stage's output exists only
- * once its last child ran, so nodes compare by `exit` (largest `order` in their
- * subtree); the smallest wins, the deeper node on a tie (it produced the value).
- * Backward pass: runs in reverse, so the largest `exit` wins, the shallower node on a
- * tie (the stage's output cotangent exists before its children's).
- * For leaves `exit == order`, so this is "first / last in program order".
- *
- * @param {import("./model.js").ModelIndex} index
- * @returns {{forward: string|null, backward: string|null}}
+ * The stored origins, normalised: the model's own record wins, else the Monitor history's
+ * (whose older form holds bare node ids). Never recomputed from the summaries.
+ * @returns {{step: number|null, forward: any, backward: any, propagators: string[],
+ *   expected: string[], removed: boolean, alarm: boolean, message: string|null}|null}
  */
-export function nonfiniteOrigins(index) {
-  let forward = null;
-  let backward = null;
-  const key = (id) => [index.exit.get(id) ?? index.nodes.get(id).order, -(index.depth.get(id) ?? 0)];
-  const less = (a, b) => a[0] < b[0] || (a[0] === b[0] && a[1] < b[1]);
-  for (const [id, f] of index.nonfinite) {
-    const k = key(id);
-    if (f.forward && (forward === null || less(k, key(forward)))) forward = id;
-    if (f.backward && (backward === null || less(key(backward), k))) backward = id;
-  }
-  return { forward, backward };
+export function storedOrigins(model, history) {
+  const rec = model?.nonfinite ?? history?.nonfinite ?? null;
+  if (!rec) return null;
+  const forward = pass(rec.forward);
+  const backward = pass(rec.backward);
+  if (!forward && !backward && !(rec.expected ?? []).length) return null;
+  return {
+    step: rec.step ?? null,
+    forward,
+    backward,
+    propagators: [...(rec.propagators ?? [])],
+    expected: [...(rec.expected ?? [])],
+    removed: !!rec.removed,
+    alarm: rec.alarm ?? true,
+    message: rec.message ?? null,
+  };
+}
+
+/** The node ids a pass's origin points at: its stage, and its equation when located. */
+export function originNodes(o) {
+  if (!o) return [];
+  return [o.node, o.equation?.node].filter((id) => id != null);
+}
+
+const RANK = { producer: 3, propagator: 2, expected: 1 };
+
+/**
+ * Role of every node for drawing: "producer" (an origin, or a stage holding one),
+ * "propagator" (passes non-finite values on), "expected" (the user said so).
+ * A stage takes the strongest role inside it, so a collapsed stage shows what it hides.
+ * @param {ReturnType<typeof storedOrigins>} origins
+ * @param {{nodes: Map<string, {parent: string|null}>}} index
+ * @returns {Map<string, "producer"|"propagator"|"expected">}
+ */
+export function nonfiniteRoles(origins, index) {
+  const roles = new Map();
+  if (!origins) return roles;
+  const give = (id, role) => {
+    let cur = id;
+    while (cur != null && index.nodes.has(cur)) {
+      const had = roles.get(cur);
+      if (had && RANK[had] >= RANK[role]) break;
+      roles.set(cur, role);
+      cur = index.nodes.get(cur).parent;
+    }
+  };
+  for (const id of origins.expected) give(id, "expected");
+  for (const id of origins.propagators) give(id, "propagator");
+  for (const o of [origins.forward, origins.backward]) for (const id of originNodes(o)) give(id, "producer");
+  return roles;
+}
+
+/** A short sentence per pass for the banner, from the stored messages. */
+export function originSentence(o, passName) {
+  if (!o) return null;
+  const label = passName === "forward" ? "Forward pass" : "Backward pass";
+  return `${label}: ${o.message ?? `first at ${o.node}`}.`;
 }

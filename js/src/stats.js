@@ -75,3 +75,11 @@ export function fmt(x) {
   if (a !== 0 && (a >= 1e5 || a < 1e-3)) return x.toExponential(3).replace(/\.?0+e/, "e");
   return String(Number(x.toPrecision(4)));
 }
+
+/** The iteration histogram as {edges, counts} over the pooled histogram's edges. */
+export function iterationHist(summary, i) {
+  const rows = summary?.per_iteration?.hist_counts;
+  const edges = summary?.hist?.edges;
+  if (!rows?.[i] || !edges) return null;
+  return { edges, counts: rows[i] };
+}

@@ -5,8 +5,8 @@ export type Mode = "primal" | "grad" | "jvp" | "vjp" | "all";
 
 /** Synced traits of `sowviz.widget.Inspector` / `Monitor` (anywidget model). */
 export interface WidgetTraits {
-  /** The sowviz/1 model to draw (Dict). Replaced wholesale when Python recomputes. */
-  model: SowvizModel;
+  /** The sowviz/1 model as gzipped JSON (a binary buffer); replaced whole after a re-run. */
+  model_bytes: DataView | ArrayBuffer | Uint8Array;
   /** The mode the model was computed under; the front end sets it from its dropdown. */
   mode: Mode;
   /** True while Python recomputes after a mode change. */
@@ -15,10 +15,19 @@ export interface WidgetTraits {
   error: string;
 }
 
-/** Custom message from Python: one Monitor step, appended to the front end's history. */
+/** Custom messages from Python: Monitor steps, appended to the front end's history. */
+export type CustomMessage = StepMessage | StepsMessage;
+
 export interface StepMessage {
   type: "step";
   step: Step;
+}
+
+/** Several steps as one binary buffer: a gzipped JSON list of `Step`. */
+export interface StepsMessage {
+  type: "steps";
+  encoding: "gzip-json";
+  count: number;
 }
 
 export interface Step {
@@ -39,9 +48,20 @@ export interface SummaryLite {
   hist?: Histogram | null;
 }
 
+/** Statistics per iteration of the outermost stacked axis (scan / fori_loop / while). */
+export interface PerIteration {
+  count: number;
+  l2: (number | null)[]; mean: (number | null)[]; std: (number | null)[];
+  absmax: (number | null)[]; min: (number | null)[]; max: (number | null)[];
+  nonfinite: number[];
+  /** one row per iteration, over the pooled `hist.edges` */
+  hist_counts: number[][];
+}
+
 export interface Summary extends SummaryLite {
   shape: number[]; dtype: string;
   loghist?: Histogram | null;
+  per_iteration?: PerIteration | null;
 }
 
 export interface Node {

@@ -1,7 +1,8 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { indexModel } from "../src/model.js";
-import { isBackwardKey, nonfiniteOrigins, nodeNonfinite } from "../src/nonfinite.js";
+import * as nf from "../src/nonfinite.js";
+import { isBackwardKey, nodeNonfinite, nonfiniteRoles, originNodes, storedOrigins } from "../src/nonfinite.js";
 import { smallModel, summary } from "./helpers.js";
 
 function withProbes(probes) {
@@ -27,28 +28,64 @@ test("node non-finite flags split by pass and propagate to ancestors", () => {
   assert.ok(!ix.subtreeNonfinite.has("n6"));
 });
 
-test("forward origin is the first in program order, backward the last", () => {
-  const ix = withProbes([
-    ["a", "n4", { primal: bad, cotangent: bad }],
-    ["b", "n8", { primal: bad, cotangent: bad }],
-    ["c", "n1", { primal: ok, cotangent: ok }],
-  ]);
-  assert.deepEqual(nonfiniteOrigins(ix), { forward: "n4", backward: "n8" });
+test("origins are never recomputed: the front end has no rule of its own", () => {
+  assert.equal(nf.nonfiniteOrigins, undefined);
+  // summaries full of NaN but no stored record: no origin
+  const m = smallModel();
+  m.probes = [{ id: "p0", name: "a", leaf: "", node: "n4", auto: true, summaries: { primal: bad } }];
+  assert.equal(storedOrigins(m, null), null);
 });
 
-test("a child beats its stage forward; the stage beats its child backward", () => {
-  // n2 (order 2, exit 5) contains n5 (order 5, the stage's last value).
-  const ix = withProbes([
-    ["s", "n2", { primal: bad, cotangent: bad }],
-    ["h", "n5", { primal: bad, cotangent: bad }],
-  ]);
-  assert.deepEqual(nonfiniteOrigins(ix), { forward: "n5", backward: "n2" });
-  // a stage whose NaN comes before a later sibling's, forward
-  const ix2 = withProbes([["s", "n2", { primal: bad }], ["t", "n9", { primal: bad }]]);
-  assert.equal(nonfiniteOrigins(ix2).forward, "n2");
+const record = {
+  step: 7,
+  forward: { node: "n2", reaching: null, candidates: [], equation: { node: "n4", primitive: "tanh", label: "tanh", source: null, reaching: null }, message: "first made by `tanh` in `layer_0`" },
+  backward: null,
+  propagators: ["n8", "n9"],
+  expected: [],
+  removed: false,
+  alarm: true,
+  message: "forward pass: first made by `tanh` in `layer_0`",
+};
+
+test("the stored record is read from the model, else from the Monitor history", () => {
+  const m = smallModel();
+  m.nonfinite = record;
+  const o = storedOrigins(m, { nonfinite: { step: 3, forward: "n8", backward: null } });
+  assert.equal(o.step, 7);
+  assert.equal(o.forward.message, record.forward.message);
+  assert.deepEqual(originNodes(o.forward), ["n2", "n4"]);
+  // a history in the older form (bare node ids)
+  const h = storedOrigins(smallModel(), { nonfinite: { step: 3, forward: "n8", backward: null } });
+  assert.equal(h.step, 3);
+  assert.deepEqual(h.forward, { node: "n8", reaching: null, equation: null, message: null });
+  assert.equal(h.backward, null);
+  assert.deepEqual(h.propagators, []);
 });
 
-test("no non-finite values, no origin", () => {
-  const ix = withProbes([["a", "n4", { primal: ok, cotangent: ok }]]);
-  assert.deepEqual(nonfiniteOrigins(ix), { forward: null, backward: null });
+test("roles: the producer and the stages holding it beat propagators; collapsed stages show what they hide", () => {
+  const m = smallModel();
+  const ix = indexModel(m);
+  const roles = nonfiniteRoles(storedOrigins({ nonfinite: record }, null), ix);
+  assert.equal(roles.get("n4"), "producer"); // the equation
+  assert.equal(roles.get("n2"), "producer"); // its stage
+  assert.equal(roles.get("n0"), "producer"); // the root holds it too
+  assert.equal(roles.get("n8"), "propagator");
+  assert.equal(roles.get("n7"), "propagator"); // the scan holding a propagator
+  assert.equal(roles.get("n6"), "propagator");
+  assert.equal(roles.get("n9"), "propagator");
+  assert.equal(roles.get("n3"), undefined);
+  assert.equal(roles.get("n1"), undefined);
+});
+
+test("roles: expected values rank below propagators", () => {
+  const ix = indexModel(smallModel());
+  const rec = { ...record, forward: null, propagators: ["n8"], expected: ["n3", "n7"] };
+  const roles = nonfiniteRoles(storedOrigins({ nonfinite: rec }, null), ix);
+  assert.equal(roles.get("n3"), "expected");
+  assert.equal(roles.get("n2"), "expected");
+  assert.equal(roles.get("n7"), "propagator"); // holds the propagator n8
+});
+
+test("no record, no roles", () => {
+  assert.equal(nonfiniteRoles(null, indexModel(smallModel())).size, 0);
 });

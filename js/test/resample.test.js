@@ -2,7 +2,10 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { binOf, commonGrid, histogramHeatmap, resampleHistogram } from "../src/resample.js";
 
-const close = (a, b) => a.forEach((v, i) => assert.ok(Math.abs(v - b[i]) < 1e-9, `${i}: ${v} vs ${b[i]}`));
+const close = (a, b) => {
+  assert.equal(a.length, b.length, `length ${a.length} vs ${b.length}`);
+  a.forEach((v, i) => assert.ok(Math.abs(v - b[i]) < 1e-9, `${i}: ${v} vs ${b[i]}`));
+};
 
 test("resampling onto the same grid is the identity", () => {
   close(resampleHistogram([0, 1, 2, 3], [5, 0, 7], [0, 1, 2, 3]), [5, 0, 7]);

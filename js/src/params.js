@@ -1,0 +1,77 @@
+// The table of a group of inputs (the "parameters"): one row per leaf with its value and
+// gradient norms, sortable by any column. Pure helpers plus one DOM builder.
+
+import { h } from "./dom.js";
+import { fmt } from "./stats.js";
+
+/**
+ * Rows for the input leaves under `id`: name (path below the group), shape, ‖value‖₂,
+ * ‖grad‖₂ and their ratio (null when a side is missing).
+ * @param {import("./model.js").ModelIndex} index
+ * @param {string} id
+ */
+export function paramRows(index, id) {
+  const rows = [];
+  const walk = (nid, prefix) => {
+    for (const c of index.children.get(nid) ?? []) {
+      const n = index.nodes.get(c);
+      const name = prefix ? `${prefix}${n.label.startsWith("[") ? "" : "."}${n.label}` : n.label;
+      if (n.kind === "input") {
+        const p = (index.probesByNode.get(c) ?? [])[0];
+        const value = p?.summaries?.primal?.l2 ?? null;
+        const grad = p?.summaries?.cotangent?.l2 ?? null;
+        rows.push({ id: c, name, shape: n.shapes?.[0] ?? "", value, grad, ratio: value && grad != null ? grad / value : null });
+      } else {
+        walk(c, name);
+      }
+    }
+  };
+  walk(id, "");
+  return rows;
+}
+
+/** Rows sorted by `key` (numbers: nulls last), `dir` 1 ascending or -1 descending. */
+export function sortRows(rows, key, dir) {
+  return [...rows].sort((a, b) => {
+    const x = a[key];
+    const y = b[key];
+    if (x == null || y == null) return Number(x == null) - Number(y == null);
+    return (typeof x === "number" ? x - y : String(x).localeCompare(String(y))) * dir;
+  });
+}
+
+const COLUMNS = [["name", "name"], ["shape", "shape"], ["value", "‖value‖₂"], ["grad", "‖grad‖₂"], ["ratio", "‖grad‖/‖value‖"]];
+
+/** The sortable table; clicking a row reveals its leaf. */
+export function paramTable(rows, onReveal) {
+  let key = "name";
+  let dir = 1;
+  const body = h("tbody");
+  const head = h("tr", {}, COLUMNS.map(([k, label]) => {
+    const th = h("th", { "data-sort": k, title: "sort", text: label, tabindex: "0" });
+    const click = () => {
+      dir = key === k ? -dir : k === "name" || k === "shape" ? 1 : -1;
+      key = k;
+      fill();
+    };
+    th.addEventListener("click", click);
+    th.addEventListener("keydown", (ev) => { if (ev.key === "Enter") click(); });
+    return th;
+  }));
+  const fill = () => {
+    body.replaceChildren(...sortRows(rows, key, dir).map((r) => {
+      const tr = h("tr", { "data-node": r.id }, [
+        h("td", {}, [h("button", { type: "button", class: "sv-link", text: r.name, title: r.name, onclick: () => onReveal(r.id) })]),
+        h("td", { class: "sv-muted", text: r.shape }),
+        h("td", { text: fmt(r.value) }), h("td", { text: fmt(r.grad) }), h("td", { text: fmt(r.ratio) }),
+      ]);
+      return tr;
+    }));
+    for (const th of head.children) th.setAttribute("aria-sort", th.dataset.sort === key ? (dir > 0 ? "ascending" : "descending") : "none");
+  };
+  fill();
+  return h("div", { class: "sv-params" }, [
+    h("h4", { class: "sv-section", text: `${rows.length} leaves` }),
+    h("table", { class: "sv-stats sv-param-table", "data-role": "param-table" }, [h("thead", {}, [head]), body]),
+  ]);
+}

@@ -1,0 +1,55 @@
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { indexModel } from "../src/model.js";
+import { paramRows, sortRows } from "../src/params.js";
+import { iterationHist } from "../src/stats.js";
+import { statSymbol, computeFaces } from "../src/faces.js";
+import { summary } from "./helpers.js";
+
+function paramsModel() {
+  const node = (id, label, kind, parent, order) => ({ id, label, kind, parent, order, source: null, shapes: ["float32[4]"], primitive: null, n_eqns: 0, collapsed: kind === "scope" });
+  const probe = (id, nodeId, value, grad) => ({ id, name: nodeId, leaf: "", node: nodeId, auto: true, summaries: { primal: summary({ l2: value }), cotangent: summary({ l2: grad }) } });
+  return {
+    schema: "sowviz/1", title: "t", mode: "grad", modes: ["primal", "cotangent"], device: "cpu", versions: {}, created: "", root: "n0",
+    nodes: [
+      node("n0", "prog", "jit", null, 0), node("n1", "parameters", "scope", "n0", 1),
+      node("n2", "blocks[0]", "scope", "n1", 2), node("n3", "w", "input", "n2", 3), node("n4", "b", "input", "n2", 4),
+      node("n5", "scale", "input", "n1", 5), node("n6", "x", "input", "n0", 6),
+    ],
+    edges: [],
+    probes: [probe("p0", "n3", 4, 1e-3), probe("p1", "n4", 2, 1), { ...probe("p2", "n5", 1, 0.5), summaries: { primal: summary({ l2: 1 }) } }],
+    notes: [], history: null,
+  };
+}
+
+test("the parameter table lists every leaf below a group with its path and norms", () => {
+  const ix = indexModel(paramsModel());
+  const rows = paramRows(ix, "n1");
+  assert.deepEqual(rows.map((r) => r.name), ["blocks[0].w", "blocks[0].b", "scale"]);
+  assert.deepEqual(rows.map((r) => [r.value, r.grad]), [[4, 1e-3], [2, 1], [1, null]]);
+  assert.equal(rows[0].ratio, 1e-3 / 4);
+  assert.equal(rows[2].ratio, null); // no gradient: no ratio
+  assert.deepEqual(paramRows(ix, "n2").map((r) => r.name), ["w", "b"]);
+});
+
+test("sorting puts missing values last in both directions", () => {
+  const rows = paramRows(indexModel(paramsModel()), "n1");
+  assert.deepEqual(sortRows(rows, "grad", -1).map((r) => r.name), ["blocks[0].b", "blocks[0].w", "scale"]);
+  assert.deepEqual(sortRows(rows, "grad", 1).map((r) => r.name), ["blocks[0].w", "blocks[0].b", "scale"]);
+  assert.deepEqual(sortRows(rows, "name", 1).map((r) => r.name), ["blocks[0].b", "blocks[0].w", "scale"]);
+});
+
+test("an iteration's histogram uses the pooled edges and its own counts", () => {
+  const s = summary({ per_iteration: { count: 2, hist_counts: [[1, 0, 0, 0], [0, 2, 1, 0]], l2: [1, 2] } });
+  assert.deepEqual(iterationHist(s, 1), { edges: s.hist.edges, counts: [0, 2, 1, 0] });
+  assert.equal(iterationHist(s, 2), null);
+  assert.equal(iterationHist(summary(), 0), null);
+});
+
+test("node values say what they are", () => {
+  assert.equal(statSymbol("cotangent", "l2"), "‖grad‖₂");
+  assert.equal(statSymbol("primal", "absmax"), "max|x|");
+  const ix = indexModel(paramsModel());
+  const { faces } = computeFaces(ix, ["n3"], { mode: "cotangent", stat: "l2" });
+  assert.equal(faces.get("n3").text, "‖grad‖₂ = 0.001");
+});
