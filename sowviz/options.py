@@ -30,6 +30,7 @@ OPTION_NAMES = (
     "loops",
     "strict",
     "tesseract_names",
+    "expect_nonfinite",
 )
 
 _KWARGS = "(To pass keyword arguments to your function, bind them first with functools.partial.)"
@@ -111,6 +112,17 @@ def _tesseract_names(where: str, value: Any) -> Any:
     )
 
 
+def _names(where: str, name: str, value: Any) -> tuple[str, ...]:
+    """One name or a sequence of names, as a tuple of non-empty strings."""
+    items = (value,) if isinstance(value, str) else value
+    if isinstance(items, Sequence) and all(isinstance(v, str) and v for v in items):
+        return tuple(items)
+    raise TypeError(
+        f"sowviz.{where}: `{name}` must be a stage label or sow name, or a tuple of them "
+        f"(e.g. {name}=('mask',)); got {value!r}."
+    )
+
+
 @dataclass(frozen=True)
 class InspectOptions:
     """Options shared by `inspect`, `show` and `Monitor` (all keyword-only there).
@@ -130,6 +142,9 @@ class InspectOptions:
     loops: Literal["last"] | int = "last"
     strict: bool = True
     tesseract_names: Any = None
+    #: stage labels or sow names where NaN/Inf are expected (e.g. an attention mask's
+    #: -inf): no alarm for them nor for the kinds of values they pass on (sowviz.nonfinite)
+    expect_nonfinite: tuple[str, ...] = ()
 
     @classmethod
     def from_kwargs(
@@ -174,6 +189,8 @@ class InspectOptions:
             )
         if o.get("tangents") is not None:
             o["tangents"] = tuple(o["tangents"])
+        if "expect_nonfinite" in o:
+            o["expect_nonfinite"] = _names(where, "expect_nonfinite", o["expect_nonfinite"])
         return cls(mode=check_mode(where, mode), capture=capture, **o)
 
     def graph_key(self) -> tuple:

@@ -412,3 +412,39 @@ def test_tesseract_stage_origin():
 
 def test_no_nonfinite_no_origin():
     assert locate(lambda x: jnp.sum(jnp.sin(x)), (X,), _opts()) is None
+
+
+def test_inspect_option_expect_nonfinite_and_the_model_field():
+    import sowviz
+
+    s = jnp.arange(6.0).reshape(2, 3)
+    mask = jnp.array([[True, False, True], [False, False, False]])
+    plain = sowviz.inspect(f_masked_softmax, s, mask, mode="primal")
+    d = plain.to_dict()["nonfinite"]
+    assert _within(plain.graph, d["forward"]["node"], "mask")
+    ins = sowviz.inspect(f_masked_softmax, s, mask, mode="primal", expect_nonfinite="mask")
+    d = ins.to_dict()["nonfinite"]
+    assert _within(ins.graph, d["forward"]["node"], "softmax")
+    assert d["expected"] and d["alarm"] and d["step"] is None and d["forward"]["equation"] is None
+    found = ins.locate_nonfinite()  # down to the equation, stored in the model
+    eq = ins.to_dict()["nonfinite"]["forward"]["equation"]
+    assert found.forward.equation.primitive == eq["primitive"] == "sub"
+    _, line, _ = oracle(f_masked_softmax, s, mask, skip=("mask",))
+    assert eq["source"]["line"] == line
+    with pytest.raises(TypeError, match="`expect_nonfinite` must be"):
+        sowviz.inspect(f_masked_softmax, s, mask, expect_nonfinite=3)
+
+
+def _within(graph, node, label) -> bool:
+    while node is not None:
+        if graph.node(node).label == label:
+            return True
+        node = graph.node(node).parent
+    return False
+
+
+def test_finite_inspection_has_no_record():
+    import sowviz
+
+    ins = sowviz.inspect(lambda x: jnp.sum(jnp.sin(x)), X)
+    assert ins.to_dict()["nonfinite"] is None and ins.locate_nonfinite() is None
