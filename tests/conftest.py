@@ -1,4 +1,5 @@
-"""Test configuration: several CPU devices for sharding tests, deterministic JAX."""
+"""Test configuration: several CPU devices for sharding tests, deterministic JAX and
+property tests (a derandomized hypothesis profile, loaded for every run)."""
 
 import os
 
@@ -10,6 +11,20 @@ import pathlib
 
 import jax  # noqa: F401
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property tests are deterministic everywhere (CI sets CI=true; a laptop gets the
+# same examples): derandomized, no example database carried between runs, no
+# deadline (a first call compiles with XLA, which no deadline can predict).
+settings.register_profile(
+    "sowviz",
+    derandomize=True,
+    database=None,
+    max_examples=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile("sowviz")
 
 CHROMIUM = "/usr/bin/chromium"
 

@@ -831,3 +831,12 @@ def test_summaries_of_names_that_look_like_keys():
     np.testing.assert_allclose(
         inter["primal"]["cotangent"].to_json()["l2"], np.linalg.norm(3 * X), rtol=1e-5
     )
+
+
+def test_property_tests_are_deterministic():
+    from hypothesis import settings
+
+    # tests/conftest.py loads a derandomized profile: no run fails by chance.
+    assert settings.default.derandomize
+    assert settings.default.database is None
+    assert settings.default.deadline is None
