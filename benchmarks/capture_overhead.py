@@ -2,13 +2,14 @@
 
 Target (DESIGN.md): ≤ 1.05× on both MLPs. For reference, tesseract-jax 0.4.0's
 `save_intermediates` measures 5.3× and 31× on the same two cases.
-Run: `.venv/bin/python benchmarks/capture_overhead.py`.
+Run: `python benchmarks/capture_overhead.py [--quick]`.
 """
 
 from __future__ import annotations
 
 from functools import partial
 
+import _bench
 import jax
 from _mlp import MLP_CASES, interleaved_medians, mlp_loss, mlp_params
 
@@ -17,10 +18,11 @@ import sowviz
 REPEATS = {"8x512": (30, 5), "64x64": (30, 50)}  # (repeats, calls per repeat)
 
 
-def main() -> None:
-    print(f"jax {jax.__version__} on {jax.devices()[0].platform}")
+def main(quick: bool = False) -> list[_bench.Row]:
+    rows: list[_bench.Row] = []
+    print(_bench.platform())
     for label, depth, width, batch in MLP_CASES:
-        repeats, inner = REPEATS[label.split()[0]]
+        repeats, inner = (3, 1) if quick else REPEATS[label.split()[0]]
         params = mlp_params(depth, width)
         x = jax.random.normal(jax.random.PRNGKey(1), (batch, width))
         baseline = jax.jit(jax.grad(mlp_loss))
@@ -30,12 +32,18 @@ def main() -> None:
             repeats,
             inner,
         )
-        ratio = t["captured"] / t["baseline"]
-        print(
-            f"{label}: jit(grad) {t['baseline'] * 1e6:8.1f} µs | save_intermediates(grad) "
-            f"{t['captured'] * 1e6:8.1f} µs | ratio {ratio:.3f}x (target ≤ 1.05x)"
+        _bench.emit(
+            rows,
+            _bench.Row(
+                "capture_overhead",
+                f"save_intermediates(grad) / jit(grad), {label}",
+                t["captured"] / t["baseline"],
+                target="≤ 1.05x",
+                detail=f"({t['captured'] * 1e6:.0f} µs vs {t['baseline'] * 1e6:.0f} µs)",
+            ),
         )
+    return rows
 
 
 if __name__ == "__main__":
-    main()
+    main(_bench.args(__doc__).quick)

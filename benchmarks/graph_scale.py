@@ -5,7 +5,7 @@ and a residual add). Prints, per size: equations, nodes, edges, probe points,
 `build_graph` time (best of 3), `instrument_jaxpr` time, and
 `len(json.dumps(model))` for the full and the compact node encoding.
 
-    .venv/bin/python benchmarks/graph_scale.py
+    python benchmarks/graph_scale.py [--quick]
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 
+import _bench
 import jax
 import jax.numpy as jnp
 
@@ -33,8 +34,9 @@ def deep_mlp(n_layers: int):
     return closed, [f"ws[{i}]" for i in range(n_layers)] + ["x"]
 
 
-def main() -> None:
-    for target in (1_000, 10_000):
+def main(quick: bool = False) -> list[_bench.Row]:
+    rows: list[_bench.Row] = []
+    for target in (1_000,) if quick else (1_000, 10_000):
         closed, in_names = deep_mlp(target // 4)
         n_eqns = _count_eqns(closed.jaxpr)
         for capture in ("stages", "all"):
@@ -46,6 +48,12 @@ def main() -> None:
             t0 = time.perf_counter()
             instrument_jaxpr(closed, graph.probe_points, tag="bench")
             t_inst = time.perf_counter() - t0
+            _bench.emit(
+                rows,
+                _bench.Row(
+                    "graph_scale", f"build_graph, {n_eqns} eqns, capture={capture}", best, "s"
+                ),
+            )
             full = len(json.dumps(graph.to_dict()))
             compact = len(json.dumps(graph.to_dict(compact=True)))
             print(
@@ -56,6 +64,8 @@ def main() -> None:
                 f"compact={compact / 1e3:7.1f} kB"
             )
 
+    return rows
+
 
 if __name__ == "__main__":
-    main()
+    main(_bench.args(__doc__).quick)

@@ -6,7 +6,7 @@ summaries; first call), model JSON size, report size, and — when Debian's
 chromium is installed — the time from opening the report from disk until the
 graph is interactive (target: ≤ 2 s for 10K equations).
 
-    .venv/bin/python benchmarks/inspect_scale.py
+    python benchmarks/inspect_scale.py [--quick]
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import pathlib
 import tempfile
 import time
 
+import _bench
 import jax
 import jax.numpy as jnp
 from frontend_load import ARGS, CHROMIUM, measure
@@ -35,10 +36,11 @@ def deep_mlp(n_layers: int):
     return loss, ws, jax.random.normal(jax.random.PRNGKey(1), (8, 16))
 
 
-def main() -> None:
+def main(quick: bool = False) -> list[_bench.Row]:
+    out: list[_bench.Row] = []
     rows = []
     tmp = pathlib.Path(tempfile.mkdtemp())
-    for target in (1_000, 10_000):
+    for target in (1_000,) if quick else (1_000, 10_000):
         loss, ws, x = deep_mlp(target // 4)
         t0 = time.perf_counter()
         ins = sowviz.inspect(loss, ws, x, mode="grad")
@@ -46,6 +48,7 @@ def main() -> None:
         model = ins.to_dict()
         path = ins.save_html(str(tmp / f"inspect_{target}.html"))
         rows.append((target, t_inspect, len(json.dumps(model)), pathlib.Path(path)))
+        out.append(_bench.Row("inspect_scale", f"first inspect, {target} eqns", t_inspect, "s"))
         print(
             f"{target:>6} eqns: inspect {t_inspect:6.2f} s | nodes {len(model['nodes']):>6} | "
             f"probes {len(model['probes']):>5} | model {len(json.dumps(model)) / 1e6:5.2f} MB | "
@@ -53,7 +56,7 @@ def main() -> None:
         )
     if not pathlib.Path(CHROMIUM).exists():
         print("chromium not installed: skipping the load-time measurement")
-        return
+        return out
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
@@ -63,8 +66,18 @@ def main() -> None:
             print(
                 f"{target:>6} eqns: report interactive after {m['ready_ms']:.0f} ms in headless chromium"
             )
+            out.append(
+                _bench.Row(
+                    "inspect_scale",
+                    f"report interactive, {target} eqns",
+                    m["ready_ms"] / 1e3,
+                    "s",
+                    target="≤ 2 s" if target == 10_000 else "",
+                )
+            )
         browser.close()
+    return out
 
 
 if __name__ == "__main__":
-    main()
+    main(_bench.args(__doc__).quick)

@@ -103,16 +103,20 @@ class SaveIntermediates:
         outs = evaluate_closed(closed, flat, rec)
         self.notes = list(rec.notes)
         result = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), outs)
+        axes: dict = {}  # {(tag?, name): {mode: Site.axes}}, for per-iteration summaries
         if self._by_tag:
             inter = {
-                t: assemble([c for c in rec.captures if c.site.tag == t], self._duplicates)
+                t: assemble(
+                    [c for c in rec.captures if c.site.tag == t], self._duplicates, axes, (t,)
+                )
                 for t in sorted(self._options.tags)
             }
         else:
-            inter = assemble(rec.captures, self._duplicates)
+            inter = assemble(rec.captures, self._duplicates, axes)
         if self._summary is None:
             return result, inter
-        return result, _summarize_entries(inter, self._summary, depth=2 if self._by_tag else 1)
+        depth = 2 if self._by_tag else 1
+        return result, _summarize_entries(inter, self._summary, depth=depth, axes=axes)
 
     def __call__(self, *args, **kwargs):
         """Run `fn`; return `(result, intermediates)` (summaries on the host if summarising)."""
@@ -180,7 +184,7 @@ def _unhashable_message(args, kwargs) -> str:
     return UNHASHABLE.format(path="(unknown)", kind="value")
 
 
-def _summarize_entries(inter: dict, options, depth: int) -> Packed:
+def _summarize_entries(inter: dict, options, depth: int, axes: dict | None = None) -> Packed:
     """Pack summaries of the mode entries of every name, with meta kept raw.
 
     `inter` nests `depth` levels of dicts above the entries (`{name: entry}` is 1,
@@ -197,7 +201,7 @@ def _summarize_entries(inter: dict, options, depth: int) -> Packed:
     walk(inter, ())
     values = {p: {k: v for k, v in e.items() if k not in META_KEYS} for p, e in entries.items()}
     meta = {p: {k: v for k, v in e.items() if k in META_KEYS} for p, e in entries.items()}
-    return summarize_packed(values, meta, options.bins)
+    return summarize_packed(values, meta, options.bins, axes or {})
 
 
 def nest(summaries: dict, meta: dict) -> dict:
@@ -246,8 +250,13 @@ DUPLICATE = (
 )
 
 
-def assemble(captures: list[Capture], duplicates: str) -> dict[str, dict[str, Any]]:
-    """Captures → `{name: {mode: value pytree, "iterations"/"taken": meta}}`."""
+def assemble(
+    captures: list[Capture], duplicates: str, axes: dict | None = None, prefix: tuple = ()
+) -> dict[str, dict[str, Any]]:
+    """Captures → `{name: {mode: value pytree, "iterations"/"taken": meta}}`.
+
+    With `axes`, also records `axes[(*prefix, name)] = {mode: Site.axes}` (the
+    leading axes enclosing constructs added) for names that keep them."""
     by_name: dict[str, list[Capture]] = {}
     for c in captures:
         by_name.setdefault(c.site.name, []).append(c)
@@ -261,6 +270,8 @@ def assemble(captures: list[Capture], duplicates: str) -> dict[str, dict[str, An
         repeated = len(calls) > 1 or any(len(v) > 1 for v in modes.values())
         if not repeated:
             out[name] = _entry(caps)
+            if axes is not None:
+                axes[(*prefix, name)] = {c.site.mode: c.site.axes for c in caps}
         elif duplicates == "error":
             group = next((v for v in modes.values() if len(v) > 1), None)
             if group is None:
@@ -278,6 +289,8 @@ def assemble(captures: list[Capture], duplicates: str) -> dict[str, dict[str, An
                 key = next(numbers)
                 taken.add(key)
                 out[key] = _entry(group)
+                if axes is not None:
+                    axes[(*prefix, key)] = {c.site.mode: c.site.axes for c in group}
         else:
             out[name] = _stacked([_entry(g) for g in _by_call(caps)], name)
     return out

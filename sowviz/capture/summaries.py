@@ -1,11 +1,19 @@
 """Summaries of every captured array, grouped, computed and packed in the program.
 
-Models repeat shapes (an activation per layer): arrays of one shape and dtype
-are stacked and summarised in one batched computation, so the number of XLA
-operations does not grow with the number of probes (a 250-layer model compiles
-in seconds, not a minute). The stacked summaries leave the program as they are,
-packed into one buffer per dtype; the host splits them per array after the one
-transfer (`Regroup.apply`, NumPy indexing).
+Models repeat shapes (an activation per layer): small arrays of one shape and
+dtype are stacked and summarised in one batched computation, so the number of
+XLA operations does not grow with the number of probes (a 250-layer model
+compiles in seconds, not a minute). Arrays of more than `STACK_MAX_ELEMENTS`
+are summarised one by one instead: stacking copies its members into one new
+buffer, which for large activations doubles the memory they hold and costs a
+full pass over it, while the compile-time saving is the same for a few large
+arrays as for many small ones. The summaries leave the program packed into one
+buffer per dtype; the host splits them per array after the one transfer
+(`Regroup.apply`, NumPy indexing).
+
+A capture stacked by an enclosing scan or while loop (outermost of its
+`Site.axes` is ``"scan"`` or ``"while"``) also gets per-iteration statistics
+over that axis (`Summary.per_iteration`).
 """
 
 from __future__ import annotations
@@ -19,37 +27,70 @@ import jax.numpy as jnp
 from .. import summary as _summary
 from .packing import Packed, pack
 
+#: Arrays larger than this are summarised alone, never copied into a stack.
+STACK_MAX_ELEMENTS = 1 << 16
+#: Outermost `Site.axes` entries that are iterations (per-iteration statistics).
+ITERATION_AXES = ("scan", "while")
+
 
 @dataclass(frozen=True)
 class Regroup:
-    """Static: which (group, row) of the stacked summaries each array leaf is."""
+    """Static: which (group, row) of the summaries each array leaf is (row None: alone)."""
 
     treedef: Any  # of the values tree (None leaves kept)
-    where: tuple[tuple[int, int] | None, ...]
+    where: tuple[tuple[int, int | None] | None, ...]
 
     def apply(self, tree: dict) -> Any:
         groups = tree["groups"]
         leaves = [
-            None if w is None else jax.tree_util.tree_map(lambda a, j=w[1]: a[j], groups[w[0]])
+            None
+            if w is None
+            else groups[w[0]]
+            if w[1] is None
+            else jax.tree_util.tree_map(lambda a, j=w[1]: a[j], groups[w[0]])
             for w in self.where
         ]
         values = jax.tree_util.tree_unflatten(self.treedef, leaves)
         return values, tree["meta"]
 
 
-def summarize_packed(values: Any, meta: Any, bins: int) -> Packed:
-    """Summarise every array leaf of `values` (None leaves stay None), pack them
-    with the raw `meta` arrays; `Packed.unpack()` returns `(summaries, meta)`."""
-    leaves, treedef = jax.tree_util.tree_flatten(values, is_leaf=lambda x: x is None)
+def _per_iteration(path: tuple, axes: dict) -> bool:
+    """Whether the leaf at `path` (``(DictKey(entry), DictKey(mode), ...)``) is stacked
+    by an iteration construct, per `axes` (`api.assemble`'s record)."""
+    if len(path) < 2:
+        return False
+    entry, mode = getattr(path[0], "key", None), getattr(path[1], "key", None)
+    site_axes = axes.get(entry, {}).get(mode, ())
+    return bool(site_axes) and site_axes[0] in ITERATION_AXES
+
+
+def summarize_packed(values: Any, meta: Any, bins: int, axes: dict | None = None) -> Packed:
+    """Summarise every array leaf of `values` (`{entry: {mode: tree}}`, None leaves stay
+    None), pack them with the raw `meta` arrays; `Packed.unpack()` returns
+    `(summaries, meta)`. `axes` maps entry → mode → `Site.axes`."""
+    axes = axes or {}
+    flat, treedef = jax.tree_util.tree_flatten_with_path(values, is_leaf=lambda x: x is None)
     groups: dict[tuple, list[int]] = {}
-    for i, leaf in enumerate(leaves):
-        if leaf is not None:
-            groups.setdefault((jnp.shape(leaf), jnp.result_type(leaf)), []).append(i)
-    where: list[tuple[int, int] | None] = [None] * len(leaves)
-    stacked = []
-    for g, idx in enumerate(groups.values()):
-        stacked.append(_summary.summarize_stack(jnp.stack([leaves[i] for i in idx]), bins=bins))
+    rows: dict[int, bool] = {}
+    for i, (path, leaf) in enumerate(flat):
+        if leaf is None:
+            continue
+        rows[i] = _per_iteration(path, axes) and jnp.ndim(leaf) >= 1
+        shape = jnp.shape(leaf)
+        alone = jnp.size(leaf) > STACK_MAX_ELEMENTS
+        key = ("alone", i) if alone else (shape, jnp.result_type(leaf), rows[i])
+        groups.setdefault(key, []).append(i)
+    where: list[tuple[int, int | None] | None] = [None] * len(flat)
+    out = []
+    for g, (key, idx) in enumerate(groups.items()):
+        per_it = rows[idx[0]]
+        if key[0] == "alone":
+            out.append(_summary.summarize(flat[idx[0]][1], bins=bins, per_iteration=per_it))
+            where[idx[0]] = (g, None)
+            continue
+        stack = jnp.stack([flat[i][1] for i in idx])
+        out.append(_summary.summarize_stack(stack, bins=bins, per_iteration=per_it))
         for j, i in enumerate(idx):
             where[i] = (g, j)
-    packed = pack({"groups": stacked, "meta": meta})
+    packed = pack({"groups": out, "meta": meta})
     return Packed(packed.buffers, packed.layout, Regroup(treedef, tuple(where)))

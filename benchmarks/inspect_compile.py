@@ -1,0 +1,178 @@
+"""Compile cost of `sowviz.inspect` vs plain JAX, first call and repeated.
+
+For each model: the first `sowviz.inspect(loss, *args)` (grad mode, stage
+probes) and the plain `jax.jit(jax.value_and_grad(loss))` first call (both
+trace, lower, compile and run), then the identical `inspect` again with new
+values of the same shapes. Seconds by part come from JAX's own monitoring
+events (jaxpr tracing, lowering to MLIR, backend compile); "other" is the rest
+(sowviz's graph building, the run, the host work).
+Targets (issue 15): first inspect ≤ 1.5× plain first call; repeat ≤ 0.3 s.
+
+Models: a small Flax NNX MLP with LayerNorm (split into graphdef/state), an
+Equinox MLP (partitioned into arrays/static), and programs of 1k and (with
+`--big`, slow) 10k equations (named-scope residual layers).
+Run: `python benchmarks/inspect_compile.py [--quick] [--big]`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+
+import _bench
+import jax
+import jax.numpy as jnp
+from jax import monitoring
+
+import sowviz
+
+EVENTS = {
+    "/jax/core/compile/jaxpr_trace_duration": "trace",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
+    "/jax/core/compile/backend_compile_duration": "compile",
+}
+
+
+@contextmanager
+def timed_parts():
+    parts: dict[str, float] = defaultdict(float)
+
+    def listen(event: str, secs: float, **_: object) -> None:
+        if event in EVENTS:
+            parts[EVENTS[event]] += secs
+
+    monitoring.register_event_duration_secs_listener(listen)
+    t0 = time.perf_counter()
+    try:
+        yield parts
+    finally:
+        parts["total"] = time.perf_counter() - t0
+        parts["other"] = parts["total"] - sum(parts[k] for k in EVENTS.values())
+        unregister = getattr(monitoring, "unregister_event_duration_listener", None)
+        if unregister is not None:
+            unregister(listen)
+
+
+def nnx_case(quick: bool):
+    from flax import nnx
+
+    class Block(nnx.Module):
+        def __init__(self, d, rngs):
+            self.norm = nnx.LayerNorm(d, rngs=rngs)
+            self.up = nnx.Linear(d, 4 * d, rngs=rngs)
+            self.down = nnx.Linear(4 * d, d, rngs=rngs)
+
+        def __call__(self, x):
+            return x + self.down(jax.nn.gelu(self.up(self.norm(x))))
+
+    class Model(nnx.Module):
+        def __init__(self, d, n, rngs):
+            self.blocks = (
+                nnx.List([Block(d, rngs) for _ in range(n)])
+                if hasattr(nnx, "List")
+                else [Block(d, rngs) for _ in range(n)]
+            )
+            self.head = nnx.Linear(d, 1, rngs=rngs)
+
+        def __call__(self, x):
+            for b in self.blocks:
+                x = b(x)
+            return self.head(x)
+
+    graphdef, state = nnx.split(Model(64, 2 if quick else 6, nnx.Rngs(0)))
+
+    def loss(state, x):
+        return jnp.mean(nnx.merge(graphdef, state)(x) ** 2)
+
+    x = jax.random.normal(jax.random.PRNGKey(1), (32, 64))
+    return "Flax NNX MLP blocks", loss, (state, x)
+
+
+def eqx_case(quick: bool):
+    import equinox as eqx
+
+    model = eqx.nn.MLP(64, 64, 256, 2 if quick else 6, key=jax.random.PRNGKey(0))
+    params, static = eqx.partition(model, eqx.is_array)
+
+    def loss(params, x):
+        m = eqx.combine(params, static)
+        return jnp.mean(jax.vmap(m)(x) ** 2)
+
+    x = jax.random.normal(jax.random.PRNGKey(1), (32, 64))
+    return "Equinox MLP", loss, (params, x)
+
+
+def deep_case(n_eqns: int):
+    n_layers = n_eqns // 4
+
+    def loss(ws, x):
+        for i, w in enumerate(ws):
+            with jax.named_scope(f"layer_{i}"):
+                x = x + jnp.tanh(x @ w + 1.0)
+        return jnp.sum(x * x) / x.size
+
+    keys = jax.random.split(jax.random.PRNGKey(0), n_layers)
+    ws = [jax.random.normal(k, (16, 16)) / 40 for k in keys]
+    return (
+        f"{n_eqns}-equation program",
+        loss,
+        (ws, jax.random.normal(jax.random.PRNGKey(1), (8, 16))),
+    )
+
+
+def _fmt(p: dict[str, float]) -> str:
+    return ", ".join(f"{k} {p[k]:.2f}" for k in ("trace", "lower", "compile", "other"))
+
+
+def measure(name: str, loss, args) -> list[_bench.Row]:
+    rows: list[_bench.Row] = []
+    with timed_parts() as plain:
+        jax.block_until_ready(jax.jit(jax.value_and_grad(loss))(*args))
+    with timed_parts() as first:
+        sowviz.inspect(loss, *args)
+    again_args = jax.tree_util.tree_map(lambda a: a * 1.01 if hasattr(a, "shape") else a, args)
+    with timed_parts() as again:
+        sowviz.inspect(loss, *again_args)
+    _bench.emit(
+        rows,
+        _bench.Row(
+            "inspect_compile",
+            f"first inspect / plain first call, {name}",
+            first["total"] / plain["total"],
+            target="≤ 1.5x",
+            detail=f"({first['total']:.2f} s [{_fmt(first)}] vs {plain['total']:.2f} s "
+            f"[{_fmt(plain)}])",
+        ),
+    )
+    _bench.emit(
+        rows,
+        _bench.Row(
+            "inspect_compile",
+            f"repeated inspect, {name}",
+            again["total"],
+            "s",
+            target="≤ 0.3 s",
+            detail=f"[{_fmt(again)}]",
+        ),
+    )
+    return rows
+
+
+def main(quick: bool = False, big: bool = False) -> list[_bench.Row]:
+    print(_bench.platform())
+    rows: list[_bench.Row] = []
+    cases = [nnx_case(quick), eqx_case(quick), deep_case(200 if quick else 1000)]
+    if big:
+        cases.append(deep_case(10_000))
+    for name, loss, args in cases:
+        try:
+            rows += measure(name, loss, args)
+        except Exception as err:  # report and go on: one model must not hide the others
+            print(f"inspect_compile | {name}: FAILED {type(err).__name__}: {err}"[:400])
+    return rows
+
+
+if __name__ == "__main__":
+    ns = _bench.args(__doc__, lambda ap: ap.add_argument("--big", action="store_true"))
+    main(ns.quick, ns.big)

@@ -1,0 +1,399 @@
+"""The on-device computation behind `sowviz.summary` (its docstring states the rules).
+
+Arrays arrive as ``v`` of shape ``(B, R, *E)`` in the accumulation dtype: ``B``
+members of a stack of like-shaped arrays, ``R`` rows (iterations of a stacked
+capture, or 1), and ``E`` the elements of one row, never reshaped (flattening a
+sharded dimension would gather it). Statistics are reduced over ``E`` per row,
+then over rows per member, so per-iteration statistics cost no extra pass.
+
+How the work is arranged on XLA:CPU (measured; the results follow the rules
+whichever path computes them):
+
+* Pass A: one multi-output reduction of ``v`` (min, max, sum, sum of squares,
+  smallest non-zero ``|v|``) whose inputs are arithmetic only, which XLA
+  computes while reading ``v`` once.
+* A "plain" array (every value finite, no subnormal, squares neither overflow
+  nor underflow) needs nothing more but the bin indices: one elementwise pass
+  (the linear bin from [min, max], the log bin from the float's bits: integer
+  operations, no ``log10``) and one scatter counting both. Its variance is
+  ``E[v^2] - mean^2``, unless that loses more than four bits to cancellation
+  (``var < E[v^2] / 16``): then one more pass sums squared deviations.
+* Other arrays take the general path (masks everywhere, moments in units of a
+  power of two near absmax), chosen by one `lax.cond` for the whole stack.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+#: Log-magnitude bins per octave: the top LOG_SUB_BITS bits of the mantissa.
+LOG_SUB_BITS = 2
+#: Log bins in the window below the largest magnitude (32 octaves, ~9.6 decades).
+LOG_BINS = 128
+#: Key of the smallest normal number (biased exponent 1).
+MIN_NORMAL_KEY = 1 << LOG_SUB_BITS
+#: Plain-path squares are safe above this magnitude (no underflow to subnormal).
+_SQ_SAFE_LOW = 2.0**-40
+#: Cancellation threshold of the one-pass variance.
+_CANCEL = 16
+
+
+def log_key(v: jax.Array) -> jax.Array:
+    """int32 log-bin key of |v|: ``biased exponent * 4 + top two mantissa bits``."""
+    info = jnp.finfo(v.dtype)
+    ity = jnp.int64 if v.dtype == jnp.float64 else jnp.int32
+    bits = jax.lax.bitcast_convert_type(v, ity)
+    mask = np.asarray(np.iinfo(ity).max, ity)  # all but the sign bit
+    return ((bits & mask) >> (info.nmant - LOG_SUB_BITS)).astype(jnp.int32)
+
+
+def _b(a: jax.Array, ndim: int) -> jax.Array:
+    """`a` with trailing unit axes up to `ndim` (to broadcast against v)."""
+    return a.reshape(a.shape + (1,) * (ndim - a.ndim))
+
+
+def _widen(lo: jax.Array, hi: jax.Array) -> tuple[jax.Array, jax.Array]:
+    big = jnp.finfo(lo.dtype).max
+    pad = jnp.maximum(jnp.asarray(0.5, lo.dtype), jnp.abs(lo) / 1024)
+    same = lo == hi
+    return (
+        jnp.where(same, jnp.maximum(lo - pad, -big), lo),
+        jnp.where(same, jnp.minimum(hi + pad, big), hi),
+    )
+
+
+def pow2_scale(m: jax.Array) -> jax.Array:
+    """Largest power of two <= m (1 for m == 0)."""
+    _, e = jnp.frexp(m)
+    return jnp.where(m > 0, jnp.ldexp(jnp.ones_like(m), e - 1), jnp.ones_like(m))
+
+
+def _div_pow2(v: jax.Array, scale: jax.Array) -> jax.Array:
+    """`v / scale` for a power of two `scale`, bit for bit, by multiplications."""
+    limit = np.asarray(2.0 ** (jnp.finfo(scale.dtype).maxexp - 2), scale.dtype)
+    huge = scale > limit
+    one = jnp.ones((), scale.dtype)
+    return v * jnp.where(huge, one / 2, one) * jnp.where(huge, 2 / scale, 1 / scale)
+
+
+def bin_index(v: jax.Array, lo: jax.Array, hi: jax.Array, bins: int):
+    """Edges ``(B, bins + 1)`` over per-member ``[lo, hi]`` (shape ``(B,)``) and the
+    linear bin of every element of ``v`` (clipped into [0, bins))."""
+    dt = lo.dtype
+    info = jnp.finfo(dt)
+    big = info.max
+    lo = jnp.where(jnp.isfinite(lo), lo, 0)
+    hi = jnp.where(jnp.isfinite(hi), hi, lo)
+    lo, hi = _widen(lo, hi)
+    # Units of a power of two near max(|lo|, |hi|), but never below tiny/eps: then
+    # the narrowest bin (8 eps in these units) is at least 8 * tiny wide, so edges
+    # strictly increase even where a backend flushes subnormal results to zero.
+    floor_scale = np.asarray(float(info.tiny) / float(info.eps), dt)
+    scale = jnp.maximum(pow2_scale(jnp.maximum(jnp.abs(lo), jnp.abs(hi))), floor_scale)
+    lo_s, hi_s = lo / scale, hi / scale
+    min_width = bins * 8 * info.eps
+    narrow = hi_s - lo_s < min_width
+    mid = lo_s / 2 + hi_s / 2
+    lo = jnp.where(narrow, jnp.clip((mid - min_width / 2) * scale, -big, lo), lo)
+    hi = jnp.where(narrow, jnp.clip((mid + min_width / 2) * scale, hi, big), hi)
+    lo_s, hi_s = lo / scale, hi / scale
+    width = hi_s - lo_s
+    t = jnp.arange(bins + 1, dtype=dt) / bins
+    edges = (lo_s[:, None] + width[:, None] * t) * scale[:, None]
+    edges = edges.at[:, 0].set(lo).at[:, -1].set(hi)
+    edges = jnp.clip(edges, lo[:, None], hi[:, None])
+    ratio = bins / width
+    nd = v.ndim
+    pos = jnp.floor((_div_pow2(v, _b(scale, nd)) - _b(lo_s, nd)) * _b(ratio, nd))
+    idx = jnp.clip(jnp.where(jnp.isnan(pos), 0, pos), 0, bins - 1).astype(jnp.int32)
+    return edges, idx
+
+
+def log_window_start(absmax: jax.Array) -> jax.Array:
+    """Key of the first bin of the log window: LOG_BINS bins ending at absmax's bin."""
+    return jnp.maximum(log_key(absmax) - (LOG_BINS - 1), MIN_NORMAL_KEY)
+
+
+def log_slot(v: jax.Array, start: jax.Array, finite: jax.Array | None) -> jax.Array:
+    """Slot per element: 0 zero (or subnormal), 1 below the window, 2.. the window,
+    LOG_BINS + 2 not finite (only when `finite` is given)."""
+    key = log_key(v)
+    s = jnp.clip(key - _b(start, v.ndim) + 2, 1, LOG_BINS + 1)
+    s = jnp.where(key < MIN_NORMAL_KEY, 0, s)
+    return s if finite is None else jnp.where(finite, s, LOG_BINS + 2)
+
+
+# --------------------------------------------------------------------------
+# Counting
+
+
+def replicated(v: jax.Array) -> dict[str, Any]:
+    """`out_sharding=` for a small replicated result when `v` lives on an explicit mesh."""
+    mesh = jax.typeof(v).sharding.mesh
+    if mesh.empty or jax.sharding.AxisType.Explicit not in mesh.axis_types:
+        return {}
+    return {"out_sharding": jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())}
+
+
+def tally_slots(slots: list[jax.Array], length: int, like: jax.Array) -> jax.Array:
+    """int32 counts of the values of the (like-shaped) `slots` in [0, length).
+
+    Each slot s is scattered as the odd number k = 2s + 1 into slot k of twice
+    as many, adding k itself: slot k ends with k * count mod 2**32, and an odd k
+    is invertible mod 2**32, so the count comes back exactly (< 2**31). That
+    spares XLA writing a full-size array of ones next to the indices.
+    """
+    if replicated(like):  # explicit mesh: jnp's scatter knows where the result goes
+        counts = jnp.zeros(length, jnp.int32)
+        for part in slots:
+            counts = counts.at[part].add(1, **replicated(like))
+        return counts
+    dims = jax.lax.ScatterDimensionNumbers(
+        update_window_dims=(), inserted_window_dims=(0,), scatter_dims_to_operand_dims=(0,)
+    )
+    summed = jnp.zeros(2 * length, jnp.int32)
+    for part in slots:
+        k = part * 2 + 1
+        summed = jax.lax.scatter_add(
+            summed, k[..., None], k, dims, mode=jax.lax.GatherScatterMode.PROMISE_IN_BOUNDS
+        )
+    odd = jax.lax.bitcast_convert_type(summed[1::2], jnp.uint32)
+    return jax.lax.bitcast_convert_type(odd * odd_inverses(length), jnp.int32)
+
+
+@functools.lru_cache(maxsize=64)
+def odd_inverses(n: int) -> np.ndarray:
+    """Inverses mod 2**32 of 1, 3, 5, ..., 2n - 1 (Newton: each step doubles the bits)."""
+    k = np.arange(n, dtype=np.uint64) * 2 + 1
+    inv = k.copy()
+    mask = np.uint64(2**32 - 1)
+    for _ in range(4):
+        inv = (inv * ((np.uint64(2) - k * inv) & mask)) & mask
+    return inv.astype(np.uint32)
+
+
+def count(idx, lslot, n_lin: int, n_log: int, rows: np.ndarray | None, like):
+    """Linear counts ``(B, R', n_lin)`` (per kept row, or ``R' = 1``) and log counts
+    ``(B, n_log)`` of the slots of ``v``-shaped `idx` and `lslot`.
+
+    `rows` maps each row to its kept position (or to R', a dump row), or is None
+    (count per member only). Large members without rows scatter the (lin, log)
+    pair into a joint 2-d histogram: one index per element instead of two.
+    """
+    B = idx.shape[0]
+    nd = idx.ndim
+    member = _b(jnp.arange(B, dtype=jnp.int32), nd)
+    if rows is None:
+        per_member = idx.size // B if idx.size else 0
+        if per_member >= 2 * n_lin * n_log:
+            width = n_lin * n_log
+            c = tally_slots([member * width + idx * n_log + lslot], B * width, like)
+            c = c.reshape(B, n_lin, n_log)
+            return jnp.sum(c, 2, dtype=jnp.int32)[:, None, :], jnp.sum(c, 1, dtype=jnp.int32)
+        width = n_lin + n_log
+        c = tally_slots(
+            [member * width + idx, member * width + n_lin + lslot], B * width, like
+        ).reshape(B, width)
+        return c[:, None, :n_lin], c[:, n_lin:]
+    kept = int(rows.max()) + 1 if rows.size else 1  # with the dump row, if rows are dropped
+    row = _b(jnp.asarray(rows, jnp.int32)[None, :], nd)
+    lin = tally_slots([(member * kept + row) * n_lin + idx], B * kept * n_lin, like)
+    log = tally_slots([member * n_log + lslot], B * n_log, like)
+    return lin.reshape(B, kept, n_lin), log.reshape(B, n_log)
+
+
+# --------------------------------------------------------------------------
+# Statistics
+
+
+def row_map(rows: int, keep: np.ndarray | None) -> np.ndarray | None:
+    """Kept position of each row (dropped rows go to a dump row after the kept ones)."""
+    if keep is None:
+        return None
+    out = np.full(rows, len(keep), np.int32)
+    out[keep] = np.arange(len(keep), dtype=np.int32)
+    return out
+
+
+def stats(v: jax.Array, bins: int, keep: np.ndarray | None) -> tuple[dict, dict | None]:
+    """Pooled statistics per member ``(B, ...)`` and, with `keep` (sorted row indices),
+    statistics of those rows ``(B, len(keep), ...)``."""
+    rows = row_map(v.shape[1], keep)
+    if v.size == 0:
+        return _general(v, bins, keep, rows)
+    info = jnp.finfo(v.dtype)
+    axes = tuple(range(2, v.ndim))
+    a = jnp.abs(v)
+    big = np.asarray(info.max, v.dtype)
+    # Pass A: arithmetic-only reductions, computed in one read of v.
+    pa = dict(
+        min=jnp.min(v, axes),
+        max=jnp.max(v, axes),
+        total=jnp.sum(v, axes),
+        sq=jnp.sum(v * v, axes),
+        smallest=jnp.min(a + (1 - jnp.sign(a)) * big, axes),
+    )
+    absmax = jnp.maximum(-jnp.min(pa["min"], 1), jnp.max(pa["max"], 1))
+    plain = (
+        jnp.all(jnp.isfinite(pa["total"]))
+        & jnp.all(jnp.isfinite(pa["sq"]))
+        & jnp.all(pa["smallest"] >= info.tiny)
+        & jnp.all((absmax >= _SQ_SAFE_LOW) | (absmax == 0))
+    )
+    return jax.lax.cond(
+        plain,
+        lambda v, pa: _plain(v, pa, bins, keep, rows),
+        lambda v, pa: _general(v, bins, keep, rows),
+        v,
+        pa,
+    )
+
+
+def _plain(v, pa, bins, keep, rows):
+    nd = v.ndim
+    B, R = v.shape[:2]
+    n = v.size // (B * R)
+    N = R * n
+    axes = tuple(range(2, nd))
+    vmin, vmax = jnp.min(pa["min"], 1), jnp.max(pa["max"], 1)
+    absmax = jnp.maximum(-vmin, vmax)
+    total, sq = jnp.sum(pa["total"], 1), jnp.sum(pa["sq"], 1)
+    mean = total / N
+    ex2 = sq / N
+    var = jnp.maximum(ex2 - mean * mean, 0)
+    cancel = jnp.any(var * _CANCEL < ex2)
+    mean_r = pa["total"] / n
+    ex2_r = pa["sq"] / n
+    var_r = jnp.maximum(ex2_r - mean_r * mean_r, 0)
+    if keep is not None:
+        cancel = cancel | jnp.any(var_r * _CANCEL < ex2_r)
+
+    def two_pass(_):
+        d = v - _b(mean, nd)
+        out = jnp.sum(d * d, tuple(range(1, nd))) / N
+        if keep is None:
+            return out, var_r
+        dr = v - _b(mean_r, nd)
+        return out, jnp.sum(dr * dr, axes) / n
+
+    var, var_r = jax.lax.cond(cancel, two_pass, lambda _: (var, var_r), None)
+    edges, idx = bin_index(v, vmin, vmax, bins)
+    start = log_window_start(absmax)
+    lin, log = count(idx, log_slot(v, start, None), bins, LOG_BINS + 2, rows, v)
+    zero = jnp.zeros(B, jnp.int32)
+    pooled = dict(
+        count=jnp.full(B, N, jnp.int32),
+        nan=zero,
+        posinf=zero,
+        neginf=zero,
+        zeros=log[:, 0],
+        min=vmin,
+        max=vmax,
+        mean=jnp.clip(mean, vmin, vmax),
+        std=jnp.sqrt(var),
+        l2=jnp.sqrt(sq),
+        absmax=absmax,
+        hist_edges=edges,
+        hist_counts=jnp.sum(lin, 1, dtype=jnp.int32),
+        loghist_start=start,
+        loghist_under=log[:, 1],
+        loghist_counts=log[:, 2 : 2 + LOG_BINS],
+    )
+    if keep is None:
+        return pooled, None
+    k = len(keep)
+    rmin, rmax = pa["min"][:, keep], pa["max"][:, keep]
+    per_row = dict(
+        count=jnp.full((B, k), n, jnp.int32),
+        nonfinite=jnp.zeros((B, k), jnp.int32),
+        min=rmin,
+        max=rmax,
+        mean=jnp.clip(mean_r[:, keep], rmin, rmax),
+        std=jnp.sqrt(var_r[:, keep]),
+        l2=jnp.sqrt(pa["sq"][:, keep]),
+        absmax=jnp.maximum(-rmin, rmax),
+        hist_counts=lin[:, :k],
+    )
+    return pooled, per_row
+
+
+def _general(v, bins, keep, rows):
+    acc = v.dtype
+    nd = v.ndim
+    axes = tuple(range(2, nd))
+    zero = jnp.zeros((), acc)
+    # Subnormals are zeros (see the module docstring of sowviz.summary).
+    v = jnp.where(jnp.abs(v) < jnp.finfo(acc).tiny, zero, v)
+    finite = jnp.isfinite(v)
+    min_r = jnp.min(jnp.where(finite, v, jnp.inf), axes, initial=jnp.inf)
+    max_r = jnp.max(jnp.where(finite, v, -jnp.inf), axes, initial=-jnp.inf)
+    vmin = jnp.min(min_r, 1, initial=jnp.inf)
+    vmax = jnp.max(max_r, 1, initial=-jnp.inf)
+    have = vmin <= vmax
+    vmin, vmax = jnp.where(have, vmin, zero), jnp.where(have, vmax, zero)
+    absmax = jnp.maximum(jnp.abs(vmin), jnp.abs(vmax))
+    edges, idx = bin_index(v, vmin, vmax, bins)
+    idx = jnp.where(
+        finite, idx, jnp.where(jnp.isnan(v), bins, jnp.where(v > 0, bins + 1, bins + 2))
+    )
+    start = log_window_start(absmax)
+    lin, log = count(idx, log_slot(v, start, finite), bins + 3, LOG_BINS + 3, rows, v)
+    linp = jnp.sum(lin, 1, dtype=jnp.int32)
+    hist = linp[:, :bins]
+    cnt = jnp.sum(hist, -1, dtype=jnp.int32)
+    # Moments in units of a power of two near absmax (no overflow, exact scaling),
+    # two passes (mean, then squared deviations: no cancellation).
+    scale = pow2_scale(absmax)
+    n = jnp.maximum(cnt, 1).astype(acc)
+    vs = jnp.where(finite, _div_pow2(v, _b(scale, nd)), zero)
+    sum_r = jnp.sum(vs, axes)
+    sq_r = jnp.sum(vs * vs, axes)
+    mean_s = jnp.sum(sum_r, 1) / n
+    c = jnp.where(finite, vs - _b(mean_s, nd), zero)
+    pooled = dict(
+        count=cnt,
+        nan=linp[:, bins],
+        posinf=linp[:, bins + 1],
+        neginf=linp[:, bins + 2],
+        zeros=log[:, 0],
+        min=vmin,
+        max=vmax,
+        mean=jnp.clip(mean_s * scale, vmin, vmax),
+        std=jnp.sqrt(jnp.sum(c * c, tuple(range(1, nd))) / n) * scale,
+        l2=jnp.sqrt(jnp.sum(sq_r, 1)) * scale,
+        absmax=absmax,
+        hist_edges=edges,
+        hist_counts=hist,
+        loghist_start=start,
+        loghist_under=log[:, 1],
+        loghist_counts=log[:, 2 : 2 + LOG_BINS],
+    )
+    if keep is None:
+        return pooled, None
+    k = len(keep)
+    cnt_all = jnp.sum(finite, axes, dtype=jnp.int32)
+    mean_r = sum_r / jnp.maximum(cnt_all, 1).astype(acc)
+    cr = jnp.where(finite, vs - _b(mean_r, nd), zero)
+    ss_r = jnp.sum(cr * cr, axes)[:, keep]
+    rc = jnp.sum(lin[:, :k, :bins], -1, dtype=jnp.int32)
+    have_r = rc > 0
+    rmin = jnp.where(have_r, min_r[:, keep], zero)
+    rmax = jnp.where(have_r, max_r[:, keep], zero)
+    s = scale[:, None]
+    per_row = dict(
+        count=rc,
+        nonfinite=jnp.sum(lin[:, :k, bins:], -1, dtype=jnp.int32),
+        min=rmin,
+        max=rmax,
+        mean=jnp.clip(mean_r[:, keep] * s, rmin, rmax),
+        std=jnp.sqrt(ss_r / jnp.maximum(rc, 1).astype(acc)) * s,
+        l2=jnp.sqrt(sq_r[:, keep]) * s,
+        absmax=jnp.maximum(jnp.abs(rmin), jnp.abs(rmax)),
+        hist_counts=lin[:, :k, :bins],
+    )
+    return pooled, per_row
