@@ -43,13 +43,13 @@ def test_adamw_loop_with_monitor(family):
     if family == "equinox":
         model, x, y = em.make_mlp(batch=N)
         loss = em.mlp_loss
-        plain_grad = eqx.filter_value_and_grad(loss)
+        plain_grad = eqx.filter_jit(eqx.filter_value_and_grad(loss))
         split = lambda t: eqx.filter(t, eqx.is_inexact_array)  # noqa: E731
         apply_updates = eqx.apply_updates
     else:
         model, x, y = ls.make(batch=N)
         loss = ls.loss
-        plain_grad = jax.value_and_grad(loss)
+        plain_grad = jax.jit(jax.value_and_grad(loss))
         split = lambda t: t  # noqa: E731
         apply_updates = optax.apply_updates
 
