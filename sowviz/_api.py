@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .capture.api import SaveIntermediates
+from .capture.primitive import check_user_tag
 from .capture.primitive import sow as _sow
 from .summary import Summary, SummaryOptions
 from .summary import summarize as _summarize
@@ -24,6 +25,7 @@ def sow(value: Any, name: str, *, tag: str = "intermediates") -> Any:
         >>> h.tolist()
         [1.0, 1.0, 1.0]
     """
+    check_user_tag(tag, "sowviz.sow")
     return _sow(value, name, tag=tag)
 
 
@@ -69,6 +71,8 @@ def save_intermediates(
         >>> inter["s"]["cotangent"].tolist()
         [0.0, 0.0]
     """
+    if isinstance(tag, (str, tuple, list)):  # anything else: SaveIntermediates explains
+        check_user_tag(tag, "sowviz.save_intermediates")
     return SaveIntermediates(
         fn, tag=tag, duplicates=duplicates, loops=loops, summarize=summarize, strict=strict
     )

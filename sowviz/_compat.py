@@ -304,7 +304,7 @@ def user_location_outside_libraries(eqn: JaxprEqn) -> SourceLocation | None:
         return None
     try:
         codes, lastis = tb.raw_frames()
-        for code, lasti in zip(codes, lastis):
+        for code, lasti in zip(codes, lastis, strict=True):
             fname = code.co_filename
             if (
                 not _source_info.is_user_filename(fname)
@@ -349,7 +349,7 @@ def call_sites(eqn: JaxprEqn, code: Any) -> list[SourceLocation]:
         for k, c in enumerate(codes):
             if c is not code:
                 continue
-            for c2, lasti in zip(codes[k + 1 :], lastis[k + 1 :]):
+            for c2, lasti in zip(codes[k + 1 :], lastis[k + 1 :], strict=True):
                 if _source_info.is_user_filename(c2.co_filename) and c2 is not code:
                     f = _source_info.raw_frame_to_frame(c2, lasti)
                     out.append(SourceLocation(f.file_name, f.start_line, f.function_name))

@@ -646,7 +646,12 @@ def test_jit_over_sharded_arrays():
     _grads, inter = save_intermediates(jax.grad(lambda x: jnp.sum(sow(jnp.sin(x), "s") ** 2)))(x)
     close(inter["s"]["primal"], jnp.sin(jnp.arange(16.0)))
     close(inter["s"]["cotangent"], 2 * jnp.sin(jnp.arange(16.0)))
-    assert len(inter["s"]["primal"].sharding.device_set) >= 1
+    # The captured values keep the program's sharding: split over all 8 devices.
+    for key in ("primal", "cotangent"):
+        got = inter["s"][key].sharding
+        assert len(got.device_set) == 8, key
+        assert got.is_equivalent_to(sharding, 1), (key, got)
+    assert _grads.sharding.is_equivalent_to(sharding, 1)
 
 
 # --- names, tags, policies ---------------------------------------------------------
@@ -772,6 +777,14 @@ def test_bad_arguments_are_clear():
         save_intermediates(f, tag="")
     with pytest.raises(TypeError, match="is not an array"):
         sow({"a": "text"}, "s")
+
+
+def test_reserved_tags_are_refused():
+    for tag in ("sowviz.stage", ("intermediates", "sowviz.stage"), "sowviz.other"):
+        with pytest.raises(ValueError, match=r"the tag 'sowviz\.\w+' is reserved.*`tag`"):
+            sowviz.save_intermediates(f, tag=tag)
+    with pytest.raises(ValueError, match=r"sowviz.sow: the tag 'sowviz.stage' is reserved"):
+        sowviz.sow(X, "h", tag="sowviz.stage")
 
 
 def test_sow_in_while_cond_is_refused():

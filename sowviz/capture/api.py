@@ -89,11 +89,11 @@ class SaveIntermediates:
         self.trace_count += 1
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
         dynamic = [_is_dynamic(leaf) for leaf in leaves]
-        flat = [leaf for leaf, d in zip(leaves, dynamic) if d]
+        flat = [leaf for leaf, d in zip(leaves, dynamic, strict=True) if d]
 
         def flat_fn(*dyn):
             it = iter(dyn)
-            merged = [next(it) if d else leaf for leaf, d in zip(leaves, dynamic)]
+            merged = [next(it) if d else leaf for leaf, d in zip(leaves, dynamic, strict=True)]
             a, k = jax.tree_util.tree_unflatten(treedef, merged)
             return self.fn(*a, **k)
 
@@ -322,7 +322,7 @@ def _entry(caps: list[Capture]) -> dict[str, Any]:
         site = c.site
         n = site.treedef.num_leaves
         full: list[Any] = [None] * n
-        for i, v in zip(site.leaves, c.values):
+        for i, v in zip(site.leaves, c.values, strict=True):
             full[i] = v
         entry[site.mode] = jax.tree_util.tree_unflatten(site.treedef, full)
         for k, v in c.meta.items():

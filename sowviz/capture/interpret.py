@@ -122,9 +122,9 @@ def evaluate(jaxpr, consts: Sequence[Any], args: Sequence[Any], rec: Recorder) -
     def read(v):
         return v.val if isinstance(v, _compat.Literal) else env[v]
 
-    for v, x in zip(jaxpr.constvars, consts):
+    for v, x in zip(jaxpr.constvars, consts, strict=True):
         env[v] = x
-    for v, x in zip(jaxpr.invars, args):
+    for v, x in zip(jaxpr.invars, args, strict=True):
         env[v] = x
     tags = rec.options.tags
     for eqn in jaxpr.eqns:
@@ -141,7 +141,7 @@ def evaluate(jaxpr, consts: Sequence[Any], args: Sequence[Any], rec: Recorder) -
                     outs = rule(eqn, invals, rec)
         else:
             outs = _compat.bind_eqn(eqn, invals)
-        for v, x in zip(eqn.outvars, outs):
+        for v, x in zip(eqn.outvars, outs, strict=True):
             env[v] = x
     return [read(v) for v in jaxpr.outvars]
 

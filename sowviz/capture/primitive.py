@@ -151,6 +151,24 @@ def mode_key(roles: Roles) -> str:
     return ".".join(_ROLE_NAMES[r] for r in trimmed)
 
 
+# Tags sowviz uses itself (inspect's stage probes are "sowviz.stage"): a user's
+# sow or capture under one of them would mix with the engine's own values.
+RESERVED_TAG_PREFIX = "sowviz."
+
+RESERVED_TAG = (
+    "{where}: the tag {tag!r} is reserved: tags starting with 'sowviz.' are sowviz's "
+    "own (inspect's stage probes use 'sowviz.stage'), and values sown under them would "
+    "mix with the engine's. Pick another `tag`, e.g. 'intermediates' or 'acts'."
+)
+
+
+def check_user_tag(tag: Any, where: str) -> None:
+    """Refuse a user's `tag` (a string or a sequence of them) in sowviz's own namespace."""
+    for t in (tag,) if isinstance(tag, str) else tuple(tag):
+        if isinstance(t, str) and t.startswith(RESERVED_TAG_PREFIX):
+            raise ValueError(RESERVED_TAG.format(where=where, tag=t))
+
+
 def _check_str(value: Any, what: str) -> None:
     if not isinstance(value, str) or not value:
         raise TypeError(

@@ -47,7 +47,7 @@ class Capture:
         n = len(self.values)
         keys = sorted(self.meta)
         site = self.site if axis is None else replace(self.site, axes=(axis, *self.site.axes))
-        return Capture(site, list(flat[:n]), dict(zip(keys, flat[n : n + len(keys)])))
+        return Capture(site, list(flat[:n]), dict(zip(keys, flat[n : n + len(keys)], strict=True)))
 
 
 @dataclass
@@ -87,4 +87,8 @@ class Recorder:
             n = len(c.flat())
             self.captures.append(c.rebuilt(flat[pos : pos + n], axis))
             pos += n
-        assert pos == len(flat), (pos, len(flat))
+        if pos != len(flat):  # an engine bug, never a user error: say so loudly
+            raise RuntimeError(
+                f"sowviz internal error: {len(flat)} captured values for {pos} slots; "
+                "please report this with the program that triggered it."
+            )

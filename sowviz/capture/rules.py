@@ -146,7 +146,7 @@ def _cond(eqn, invals, rec):
             child = rec.child()
             outs = evaluate_closed(br, a, child)
             vals: list = [None] * len(slots)
-            for slot, c in zip(slot_of[b], child.captures):
+            for slot, c in zip(slot_of[b], child.captures, strict=True):
                 vals[slot] = c.flat()
             extra = []
             for i, (_, tmpl) in enumerate(slots):
@@ -205,7 +205,7 @@ def _while(eqn, invals, rec):
             slot = jnp.minimum(i, loops - 1)
             bufs = [
                 jnp.where(keep, lax.dynamic_update_index_in_dim(b, v, slot, 0), b)
-                for b, v in zip(bufs, vals)
+                for b, v in zip(bufs, vals, strict=True)
             ]
         return carry, bufs, i + 1
 
