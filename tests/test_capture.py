@@ -777,6 +777,8 @@ def test_bad_arguments_are_clear():
         save_intermediates(f, tag="")
     with pytest.raises(TypeError, match="is not an array"):
         sow({"a": "text"}, "s")
+    with pytest.raises(TypeError, match="`strict` must be True or False, got 'no'"):
+        save_intermediates(f, strict="no")
 
 
 def test_reserved_tags_are_refused():

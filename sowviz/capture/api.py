@@ -33,7 +33,7 @@ _DUPLICATES = ("error", "suffix", "stack")
 META_KEYS = ("iterations", "taken")
 
 
-def _check_options(fn, tag, duplicates, loops) -> tuple[frozenset[str], Any]:
+def _check_options(fn, tag, duplicates, loops, strict) -> tuple[frozenset[str], Any]:
     if not callable(fn):
         raise TypeError(
             f"sowviz.save_intermediates: `fn` must be callable, got {type(fn).__name__}. "
@@ -57,6 +57,10 @@ def _check_options(fn, tag, duplicates, loops) -> tuple[frozenset[str], Any]:
             f"sowviz.save_intermediates: `loops` must be 'last' or a positive int (the "
             f"number of while-loop iterations to keep), got {loops!r}."
         )
+    if not isinstance(strict, bool):  # `strict="no"` must not read as true
+        raise TypeError(
+            f"sowviz.save_intermediates: `strict` must be True or False, got {strict!r}."
+        )
     return frozenset(tags), loops
 
 
@@ -70,7 +74,7 @@ class SaveIntermediates:
     """The callable returned by `save_intermediates` (see its docstring)."""
 
     def __init__(self, fn, *, tag, duplicates, loops, summarize, strict, by_tag=False):
-        tags, loops = _check_options(fn, tag, duplicates, loops)
+        tags, loops = _check_options(fn, tag, duplicates, loops, strict)
         self.fn = fn
         self._options = Options(tags=tags, loops=loops, strict=strict)
         self._duplicates = duplicates
