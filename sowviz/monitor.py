@@ -261,7 +261,12 @@ class Monitor:
             entry["nonfinite"] = {"forward": fwd, "backward": bwd}
             if self.nonfinite is None or self.nonfinite.step > step:
                 self.nonfinite = _nonfinite.NonFinite(step, fwd, bwd, origins)
+        new_probes = not self._probes and probes  # (runlog) the probe list is known now
         self._traced, self._probes = out.traced, probes
+        if new_probes:  # sinks name tags and read logs back by it: open them again with it
+            for listener in self._listeners:
+                if listener is not self._view:
+                    self._call(listener, "open", self.to_dict(with_history=False))
         # The first non-finite step stays in the history whatever the thinning.
         first_bad = self.nonfinite is not None and self.nonfinite.step == step
         self.history.add(entry, pin=first_bad)

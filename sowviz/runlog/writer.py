@@ -109,7 +109,8 @@ class LogSink(Sink):
         super().__init__()
 
     def _open(self, model: dict[str, Any]) -> None:
-        atomic_write(self.path / MODEL_FILE, model_bytes(model))
+        # The graph and the probe list; the history lives in steps.log.
+        atomic_write(self.path / MODEL_FILE, model_bytes({**model, "history": None}))
 
     def _write(self, entry: dict[str, Any]) -> None:
         self._append(fmt.frame(fmt.STEP, fmt.encode(entry)))
