@@ -401,3 +401,62 @@ def message(graph, step: int, where: Any) -> str:
             at = f" at {n.source}" if n.source else ""
             parts.append(f"{label}: first in stage {n.label!r} ({n.kind}, {node}){at}")
     return f"non-finite values at step {step}; " + "; ".join(parts)
+
+
+# ---------------------------------------------------------------------------
+# A model that travelled as JSON (a saved model, a test fixture).
+
+
+@dataclass(frozen=True)
+class _JsonNode:
+    id: str
+    label: str
+    kind: str
+    parent: str | None
+    order: int
+    source: Any
+
+
+@dataclass(frozen=True)
+class _JsonSource:
+    file: str
+    line: int
+
+
+@dataclass(frozen=True)
+class _JsonEdge:
+    source: str
+    target: str
+
+
+@dataclass(frozen=True)
+class _JsonProbe:
+    node: str
+    summaries: dict
+
+
+class _JsonGraph:
+    def __init__(self, model: Mapping[str, Any]) -> None:
+        def src(d: Any) -> Any:
+            return None if not d else _JsonSource(d.get("file", ""), d.get("line", 0))
+
+        self.nodes = tuple(
+            _JsonNode(n["id"], n["label"], n["kind"], n["parent"], n["order"], src(n.get("source")))
+            for n in model["nodes"]
+        )
+        self.edges = tuple(_JsonEdge(e["source"], e["target"]) for e in model.get("edges", ()))
+        self.root = model.get("root")
+        self.sow_nodes_all: dict[str, tuple[str, ...]] = {}
+        for n in self.nodes:
+            if n.kind == "sow":
+                self.sow_nodes_all[n.label] = (*self.sow_nodes_all.get(n.label, ()), n.id)
+
+
+def model_origins(
+    model: Mapping[str, Any], *, step: int | None = None, expect_nonfinite: Sequence[str] = ()
+) -> dict[str, Any] | None:
+    """The `"nonfinite"` record of a model dict (sowviz/1) from its probes: the same rule
+    for a model that was saved or built by hand."""
+    probes = [_JsonProbe(p["node"], p.get("summaries") or {}) for p in model.get("probes", ())]
+    found = find(probes, _JsonGraph(model), step=step, expect_nonfinite=expect_nonfinite)
+    return None if found is None else found.to_dict()

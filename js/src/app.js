@@ -7,7 +7,7 @@ import { indexModel, isExpandable, STAGE_KINDS } from "./model.js";
 import { edgesByLevel, visibleRepresentative, pathToReveal } from "./levels.js";
 import { layoutView } from "./layout.js";
 import { computeFaces } from "./faces.js";
-import { nonfiniteRoles, originNodes, storedOrigins } from "./nonfinite.js";
+import { messageParts, nonfiniteRoles, originNodes, storedOrigins } from "./nonfinite.js";
 import { searchNodes } from "./search.js";
 import { defaultStat, STATS, fmt, VIRIDIS_STOPS } from "./stats.js";
 import { GraphView } from "./graph.js";
@@ -262,7 +262,8 @@ export class App {
       const p = rec[pass];
       if (!p || !o[pass]) continue;
       const text = p.message ?? `first at ${label(p.node)}`;
-      parts.push(h("span", { "data-pass": pass, text: ` ${pass === "forward" ? "Forward" : "Backward"} pass: ${text} ` }),
+      const said = messageParts(text).map((m) => (m.code ? h("code", { text: m.text }) : m.text));
+      parts.push(h("span", { "data-pass": pass }, [` ${pass === "forward" ? "Forward" : "Backward"} pass: `, ...said, " "]),
         h("button", { type: "button", class: "sv-link", "data-origin": pass, "data-node": o[pass], text: `show ${label(o[pass])}`, onclick: () => this.reveal(o[pass]) }));
     }
     if (rec.removed) parts.push(h("span", { class: "sv-muted", text: " (masked afterwards)" }));

@@ -67,10 +67,13 @@ export function storedOrigins(model, history) {
   };
 }
 
-/** The node ids a pass's origin points at: its stage, and its equation when located. */
+/**
+ * The node ids a pass's origin points at: its stage (or, for a backward origin whose
+ * making stage is unknown, the node it reached first), and its equation when located.
+ */
 export function originNodes(o) {
   if (!o) return [];
-  return [o.node, o.equation?.node].filter((id) => id != null);
+  return [o.node ?? o.reaching, o.equation?.node].filter((id) => id != null);
 }
 
 const RANK = { producer: 3, propagator: 2, expected: 1 };
@@ -106,4 +109,9 @@ export function originSentence(o, passName) {
   if (!o) return null;
   const label = passName === "forward" ? "Forward pass" : "Backward pass";
   return `${label}: ${o.message ?? `first at ${o.node}`}.`;
+}
+
+/** A stored message split at backticks: [{code: false, text}, {code: true, text}, ...]. */
+export function messageParts(text) {
+  return String(text ?? "").split("`").map((t, i) => ({ code: i % 2 === 1, text: t })).filter((p) => p.text);
 }

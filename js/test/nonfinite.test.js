@@ -89,3 +89,18 @@ test("roles: expected values rank below propagators", () => {
 test("no record, no roles", () => {
   assert.equal(nonfiniteRoles(null, indexModel(smallModel())).size, 0);
 });
+
+test("a backward origin with no known making stage points at the node it reached", () => {
+  assert.deepEqual(originNodes({ node: null, reaching: "n6", equation: null }), ["n6"]);
+  assert.deepEqual(originNodes({ node: "n2", reaching: "n1", equation: { node: "n4" } }), ["n2", "n4"]);
+  assert.deepEqual(originNodes(null), []);
+});
+
+test("messages show names in backticks as code", () => {
+  const parts = nf.messageParts("first made by `rsqrt` in `norm` at m.py:3");
+  assert.deepEqual(parts, [
+    { code: false, text: "first made by " }, { code: true, text: "rsqrt" },
+    { code: false, text: " in " }, { code: true, text: "norm" }, { code: false, text: " at m.py:3" },
+  ]);
+  assert.deepEqual(nf.messageParts(null), []);
+});

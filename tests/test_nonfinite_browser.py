@@ -1,0 +1,87 @@
+"""NaN origins as a user meets them: a real inspection, located down to the equation,
+saved as a report and opened in headless chromium."""
+
+from __future__ import annotations
+
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import sowviz
+
+ARTIFACTS = pathlib.Path(__file__).resolve().parents[1] / "artifacts"
+
+
+def blocks(w, x):
+    with jax.named_scope("embed"):
+        h = jnp.tanh(x @ w)
+    with jax.named_scope("norm"):
+        v = jnp.mean(h * h, axis=-1, keepdims=True) - 1.0
+        h = h * jax.lax.rsqrt(v)  # rsqrt of a negative: the NaN is born here
+    with jax.named_scope("head"):
+        h = h * 2.0
+    with jax.named_scope("out"):
+        h = jnp.sum(h, axis=-1)
+    return jnp.mean(h)
+
+
+LINE = 22  # the rsqrt line above
+
+
+@pytest.fixture(scope="module")
+def nan_report(tmp_path_factory):
+    ins = sowviz.inspect(blocks, jnp.ones((3, 4)) * 0.1, jnp.ones((2, 3)))
+    found = ins.locate_nonfinite()
+    assert found.forward.equation.primitive == "rsqrt"
+    return ins, ins.save_html(tmp_path_factory.mktemp("nf") / "nan.html")
+
+
+def node(pg, nid):
+    return pg.locator(f'[data-node-id="{nid}"]')
+
+
+@pytest.mark.browser
+def test_banner_names_the_equation_and_links_to_it(page, nan_report):
+    ins, path = nan_report
+    rec = ins.to_dict()["nonfinite"]
+    eq = rec["forward"]["equation"]
+    pg = page.open_report(path)
+    banner = pg.locator('[data-role="nonfinite-banner"]')
+    text = banner.inner_text()
+    assert "rsqrt in norm" in text and f":{LINE}" in text
+    assert banner.locator("code", has_text="rsqrt").count() >= 1
+    link = banner.locator('[data-origin="forward"]')
+    assert link.get_attribute("data-node") == eq["node"]
+    link.click()  # opens the stage and selects the equation
+    pg.wait_for_selector(f'[data-node-id="{eq["node"]}"]')
+    assert node(pg, eq["node"]).get_attribute("data-nonfinite-role") == "producer"
+    assert "rsqrt" in pg.locator('[data-role="detail"]').inner_text()
+    assert page.errors == []
+
+
+@pytest.mark.browser
+def test_producer_is_drawn_apart_from_propagators(page, nan_report):
+    ins, path = nan_report
+    rec = ins.to_dict()["nonfinite"]
+    label = {n.id: n.label for n in ins.graph.nodes}
+    by_label = {v: k for k, v in label.items()}
+    pg = page.open_report(path)
+    norm, head, out = by_label["norm"], by_label["head"], by_label["out"]
+    assert node(pg, norm).get_attribute("data-nonfinite") == "true"
+    assert node(pg, norm).get_attribute("data-nonfinite-role") == "producer"
+    for later in (head, out):  # they only pass the NaN on
+        assert later in rec["propagators"]
+        assert node(pg, later).get_attribute("data-nonfinite") == "true"
+        assert node(pg, later).get_attribute("data-nonfinite-role") == "propagator"
+    # the backward pass carries the NaN into `embed`'s cotangent: a propagator too
+    assert by_label["embed"] in rec["propagators"]
+    assert node(pg, by_label["x"]).get_attribute("data-nonfinite-role") is None  # finite
+    # drawn differently: the propagator's outline is dashed, the producer's is not
+    dash = "el => getComputedStyle(el.querySelector('.sv-node-bg')).strokeDasharray"
+    assert node(pg, norm).evaluate(dash) in ("none", "")
+    assert node(pg, head).evaluate(dash) not in ("none", "")
+    ARTIFACTS.mkdir(exist_ok=True)
+    pg.screenshot(path=str(ARTIFACTS / "nonfinite_roles.png"))
+    assert page.errors == []
