@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import sowviz
-from sowviz.runlog import LogWarning, SinkWarning, ThinnedHistory, load, make_sinks
+from sowviz.runlog import LogWarning, SinkWarning, load, make_sinks
 from sowviz.runlog import format as fmt
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
@@ -240,22 +240,31 @@ def test_a_full_disk_warns_once_and_never_raises(run, tmp_path):
     sink.close()
 
 
-# -- thinning ------------------------------------------------------------------------------
+# -- the whole run, bounded ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("limit", [2, 3, 10, 64])
-def test_thinned_history_is_bounded_and_keeps_the_start(limit):
-    h = ThinnedHistory(limit)
-    for i in range(5000):
-        h.append({"step": 3 * i})
-        assert len(h) <= limit
-    steps = [e["step"] for e in h]
-    assert steps[0] == 0 and steps == sorted(steps)
-    recent = limit // 2
-    assert steps[-recent:] == [3 * i for i in range(5000 - recent, 5000)]
-    older = [s // 3 for s in steps[: len(steps) - recent]]
-    assert all(i % h.stride == 0 for i in older)  # evenly thinned by the final stride
-    assert len(h) >= limit // 2
+def test_a_20000_step_log_reads_back_bounded_from_step_0(run, tmp_path):
+    model, entries, _ = run
+    pid = next(iter(entries[0]["probes"]))
+    small = {pid: {"primal": entries[0]["probes"][pid]["primal"]}}
+    bad = 7919
+    (sink,) = make_sinks(tmp_path / "log")
+    sink.open(model)
+    for step in range(20_000):
+        e = {"step": step, "loss": 1.0 / (step + 1), "finite": step != bad, "probes": small}
+        if step == bad:
+            e["nonfinite"] = {"forward": "n1", "backward": None}
+        sink.write(e)
+    sink.close()
+    view = load(tmp_path / "log", history=100)
+    assert view.steps_read == 20_000
+    steps = [e["step"] for e in view.history]
+    assert len(steps) <= 101  # the limit, plus the pinned first non-finite step
+    assert steps[0] == 0 and bad in steps and steps == sorted(steps)
+    assert steps[-50:] == list(range(19_950, 20_000))  # the recent half, every step
+    assert view.model["history"]["nonfinite"] == {"step": bad, "forward": "n1", "backward": None}
+    with pytest.raises(ValueError, match="`history` must be an int >= 2"):
+        load(tmp_path / "log", history=1)
 
 
 # -- the live view -------------------------------------------------------------------------

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .history import ThinnedHistory as ThinnedHistory
 from .reader import LogReader as LogReader
 from .reader import LogWarning as LogWarning
 from .sink import Sink as Sink
@@ -26,7 +25,6 @@ __all__ = [
     "RunLogView",
     "Sink",
     "SinkWarning",
-    "ThinnedHistory",
     "load",
     "make_sinks",
 ]

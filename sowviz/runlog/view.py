@@ -1,7 +1,8 @@
 """`sowviz.load(log_dir)`: a live view of a run log.
 
 The view reads every complete step (`refresh()` reads the new ones), keeps the whole
-run bounded in memory (`ThinnedHistory`), gives the sowviz/1 model with its history
+run bounded in memory (the Monitor's own `History`: recent steps all kept, older
+ones thinned, step 0 and the first non-finite step never dropped), gives the sowviz/1 model with its history
 (the shape `Monitor.to_dict()` has), writes reports, and displays in Jupyter as the
 `Inspector` widget. While displayed, a background thread polls the log and sends new
 steps to the front end as the Monitor does (`{"type": "steps"}` messages carrying a
@@ -17,7 +18,7 @@ import pathlib
 import threading
 from typing import Any
 
-from .history import ThinnedHistory
+from .._history import History
 from .reader import LogReader
 
 POLL_S = 0.5  # how often a displayed view looks for new steps
@@ -37,7 +38,9 @@ class RunLogView:
     def __init__(self, log_dir: str | os.PathLike, *, history: int = 200) -> None:
         self.reader = LogReader(log_dir)
         self.log_dir = self.reader.path
-        self.history = ThinnedHistory(history)
+        if not isinstance(history, int) or isinstance(history, bool) or history < 2:
+            raise ValueError(f"sowviz.load: `history` must be an int >= 2, got {history!r}.")
+        self.history = History(history)
         self.steps_read = 0
         self.nonfinite: dict[str, Any] | None = None  # the first step with NaN/Inf
         self._base: dict[str, Any] | None = None
@@ -68,9 +71,10 @@ class RunLogView:
                 self._base = self.reader.model()
             new = self.reader.read()
             for e in new:
-                self.history.append(e)
-                if self.nonfinite is None and e.get("nonfinite"):
+                first_bad = self.nonfinite is None and bool(e.get("nonfinite"))
+                if first_bad:
                     self.nonfinite = {"step": e["step"], **e["nonfinite"]}
+                self.history.add(e, pin=first_bad)  # as the Monitor does
             if new:
                 self._latest = new[-1]
                 if self._widget is not None:
@@ -96,19 +100,7 @@ class RunLogView:
             return d
 
     def _history_dict(self) -> dict[str, Any]:
-        steps = list(self.history)
-        probes: dict[str, dict[str, list]] = {}
-        for i, e in enumerate(steps):
-            for pid, by_mode in e.get("probes", {}).items():
-                for m, s in by_mode.items():
-                    probes.setdefault(pid, {}).setdefault(m, [None] * len(steps))[i] = s
-        return {
-            "steps": [e["step"] for e in steps],
-            "loss": [e.get("loss") for e in steps],
-            "probes": probes,
-            "nonfinite": self.nonfinite,
-            "limit": self.history.limit,
-        }
+        return self.history.to_dict(self.nonfinite)
 
     def save_html(self, path: str | os.PathLike, *, title: str | None = None) -> pathlib.Path:
         """Write the whole run's report (read to the end of the log first); atomic."""
