@@ -296,9 +296,10 @@ def find(
         cands = [c for c in ix.consumers(reach) if not (c in flags and flags[c].bwd)]
         cands.sort(key=lambda c: ix.exit[c], reverse=True)  # the latest runs first backward
         made = cands[0] if cands else None
-        bwd_origin = Origin(
-            "backward", made, reach, tuple(cands), message=_bwd_message(ix, made, reach, cands)
-        )
+        msg = _bwd_message(ix, made, reach, cands)
+        if made is not None and made in flags and flags[made].fwd:
+            msg += " (from its non-finite forward values)"
+        bwd_origin = Origin("backward", made, reach, tuple(cands), message=msg)
     origin_ids = {o.node for o in (fwd_origin, bwd_origin) if o is not None and o.node}
     holders = {a for o in origin_ids for a in ix.ancestors(o)} | origin_ids
     nonfinite = sorted((n for n, f in flags.items() if f.fwd or f.bwd), key=ix.exit.__getitem__)
@@ -372,6 +373,8 @@ def with_equations(
         target = backward.reaching if bwd.reaching == bwd.node else bwd.reaching
         reach = f", reaching {ix.name(target)}" if target else ""
         msg = f"born in the backward of {where(bwd, backward)}{reach}"
+        if bwd.message.endswith(" (from its non-finite forward values)"):
+            msg += " (from its non-finite forward values)"
         bwd = replace(bwd, equation=backward, message=msg)
     return _with_message(replace(o, forward=fwd, backward=bwd))
 
