@@ -111,7 +111,7 @@ def _run_all(fn: Callable, args: Sequence[Any], options: Any):
     from ._program import runner_for
     from .inspection import inspection_of
 
-    opts = replace(options, capture="all")
+    opts = replace(options, capture="all", bins=1)  # counts are all it reads
     out = runner_for(fn, opts).run(
         tuple(args), where="locate", tangents=opts.tangents, cotangents=opts.cotangents
     )
