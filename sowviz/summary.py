@@ -468,11 +468,10 @@ def summarize(x: Any, *, bins: int = 64, per_iteration: bool = False) -> Summary
 
 
 def summarize_stack(xs: Any, *, bins: int = 64, per_iteration: bool = False) -> Summary:
-    """`jax.vmap(summarize)(xs)`: a stacked `Summary` of each ``xs[i]``, faster.
+    """`jax.vmap(summarize)(xs)`: a stacked `Summary` of each ``xs[i]``.
 
-    The same results, but the choice between the fast path (every value finite,
-    no subnormal) and the general one is made once for the whole stack, where
-    under `vmap` each member's `lax.cond` would become a select running both.
+    The same results as one computation over the stack (its reductions keep the
+    leading axis), so a program with many like-shaped arrays compiles one.
 
     Example:
         >>> s = summarize_stack(jnp.array([[1.0, 2.0], [0.0, jnp.nan]]), bins=4)

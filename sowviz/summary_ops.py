@@ -6,20 +6,11 @@ capture, or 1), and ``E`` the elements of one row, never reshaped (flattening a
 sharded dimension would gather it). Statistics are reduced over ``E`` per row,
 then over rows per member, so per-iteration statistics cost no extra pass.
 
-How the work is arranged on XLA:CPU (measured; the results follow the rules
-whichever path computes them):
-
-* Pass A: one multi-output reduction of ``v`` (min, max, sum, sum of squares,
-  smallest non-zero ``|v|``) whose inputs are arithmetic only, which XLA
-  computes while reading ``v`` once.
-* A "plain" array (every value finite, no subnormal, squares neither overflow
-  nor underflow) needs nothing more but the bin indices: one elementwise pass
-  (the linear bin from [min, max], the log bin from the float's bits: integer
-  operations, no ``log10``) and one scatter counting both. Its variance is
-  ``E[v^2] - mean^2``, unless that loses more than four bits to cancellation
-  (``var < E[v^2] / 16``): then one more pass sums squared deviations.
-* Other arrays take the general path (masks everywhere, moments in units of a
-  power of two near absmax), chosen by one `lax.cond` for the whole stack.
+How the work is arranged (measured on XLA:CPU and on an H100): two groups of
+sibling reductions of ``v`` (XLA fuses siblings) and one elementwise pass with
+one scatter counting both histograms; no `lax.cond` (on a GPU it syncs the host
+for its predicate; on a CPU it serialised the summaries and measured slower
+than the masked path it was meant to skip). See `stats`.
 """
 
 from __future__ import annotations
@@ -37,10 +28,6 @@ LOG_SUB_BITS = 2
 LOG_BINS = 128
 #: Key of the smallest normal number (biased exponent 1).
 MIN_NORMAL_KEY = 1 << LOG_SUB_BITS
-#: Plain-path squares are safe above this magnitude (no underflow to subnormal).
-_SQ_SAFE_LOW = 2.0**-40
-#: Cancellation threshold of the one-pass variance.
-_CANCEL = 16
 
 
 def log_key(v: jax.Array) -> jax.Array:
@@ -211,6 +198,17 @@ def count(idx, lslot, n_lin: int, n_log: int, rows: np.ndarray | None, like):
 # Statistics
 
 
+def _reduce(operands, inits, ops, axes):
+    """Reductions of like-shaped `operands` over `axes` (XLA fuses siblings that read
+    the same input). Not one variadic `lax.reduce`: that measured less accurate
+    (one sequential float32 accumulator) and SPMD gathers sharded inputs for it."""
+    red = {jnp.minimum: jnp.min, jnp.maximum: jnp.max, jnp.add: jnp.sum}
+    return tuple(
+        red[op](x, axis=axes, initial=i) if op is not jnp.add else jnp.sum(x, axis=axes)
+        for x, i, op in zip(operands, inits, ops)
+    )
+
+
 def row_map(rows: int, keep: np.ndarray | None) -> np.ndarray | None:
     """Kept position of each row (dropped rows go to a dump row after the kept ones)."""
     if keep is None:
@@ -222,121 +220,62 @@ def row_map(rows: int, keep: np.ndarray | None) -> np.ndarray | None:
 
 def stats(v: jax.Array, bins: int, keep: np.ndarray | None) -> tuple[dict, dict | None]:
     """Pooled statistics per member ``(B, ...)`` and, with `keep` (sorted row indices),
-    statistics of those rows ``(B, len(keep), ...)``."""
+    statistics of those rows ``(B, len(keep), ...)``.
+
+    Two groups of reductions and one scatter, with no branch (a `lax.cond` costs a
+    device→host sync on GPUs and serialises work on CPUs): (1) per row: min, max,
+    sum and count of the finite values; (2) per row, in units of a power of two
+    near absmax, sums of the deviations from the mean of (1) and of their squares
+    (two-pass variance with the first pass' rounding corrected, no overflow), and
+    of the squared values (l2); (3) both bin indices, counted in one scatter.
+    """
     rows = row_map(v.shape[1], keep)
-    if v.size == 0:
-        return _general(v, bins, keep, rows)
-    info = jnp.finfo(v.dtype)
-    axes = tuple(range(2, v.ndim))
-    a = jnp.abs(v)
-    big = np.asarray(info.max, v.dtype)
-    # Pass A: arithmetic-only reductions, computed in one read of v.
-    pa = dict(
-        min=jnp.min(v, axes),
-        max=jnp.max(v, axes),
-        total=jnp.sum(v, axes),
-        sq=jnp.sum(v * v, axes),
-        smallest=jnp.min(a + (1 - jnp.sign(a)) * big, axes),
-    )
-    absmax = jnp.maximum(-jnp.min(pa["min"], 1), jnp.max(pa["max"], 1))
-    plain = (
-        jnp.all(jnp.isfinite(pa["total"]))
-        & jnp.all(jnp.isfinite(pa["sq"]))
-        & jnp.all(pa["smallest"] >= info.tiny)
-        & jnp.all((absmax >= _SQ_SAFE_LOW) | (absmax == 0))
-    )
-    return jax.lax.cond(
-        plain,
-        lambda v, pa: _plain(v, pa, bins, keep, rows),
-        lambda v, pa: _general(v, bins, keep, rows),
-        v,
-        pa,
-    )
-
-
-def _plain(v, pa, bins, keep, rows):
-    nd = v.ndim
-    B, R = v.shape[:2]
-    n = v.size // (B * R)
-    N = R * n
-    axes = tuple(range(2, nd))
-    vmin, vmax = jnp.min(pa["min"], 1), jnp.max(pa["max"], 1)
-    absmax = jnp.maximum(-vmin, vmax)
-    total, sq = jnp.sum(pa["total"], 1), jnp.sum(pa["sq"], 1)
-    mean = total / N
-    ex2 = sq / N
-    var = jnp.maximum(ex2 - mean * mean, 0)
-    cancel = jnp.any(var * _CANCEL < ex2)
-    mean_r = pa["total"] / n
-    ex2_r = pa["sq"] / n
-    var_r = jnp.maximum(ex2_r - mean_r * mean_r, 0)
-    if keep is not None:
-        cancel = cancel | jnp.any(var_r * _CANCEL < ex2_r)
-
-    def two_pass(_):
-        d = v - _b(mean, nd)
-        out = jnp.sum(d * d, tuple(range(1, nd))) / N
-        if keep is None:
-            return out, var_r
-        dr = v - _b(mean_r, nd)
-        return out, jnp.sum(dr * dr, axes) / n
-
-    var, var_r = jax.lax.cond(cancel, two_pass, lambda _: (var, var_r), None)
-    edges, idx = bin_index(v, vmin, vmax, bins)
-    start = log_window_start(absmax)
-    lin, log = count(idx, log_slot(v, start, None), bins, LOG_BINS + 2, rows, v)
-    zero = jnp.zeros(B, jnp.int32)
-    pooled = dict(
-        count=jnp.full(B, N, jnp.int32),
-        nan=zero,
-        posinf=zero,
-        neginf=zero,
-        zeros=log[:, 0],
-        min=vmin,
-        max=vmax,
-        mean=jnp.clip(mean, vmin, vmax),
-        std=jnp.sqrt(var),
-        l2=jnp.sqrt(sq),
-        absmax=absmax,
-        hist_edges=edges,
-        hist_counts=jnp.sum(lin, 1, dtype=jnp.int32),
-        loghist_start=start,
-        loghist_under=log[:, 1],
-        loghist_counts=log[:, 2 : 2 + LOG_BINS],
-    )
-    if keep is None:
-        return pooled, None
-    k = len(keep)
-    rmin, rmax = pa["min"][:, keep], pa["max"][:, keep]
-    per_row = dict(
-        count=jnp.full((B, k), n, jnp.int32),
-        nonfinite=jnp.zeros((B, k), jnp.int32),
-        min=rmin,
-        max=rmax,
-        mean=jnp.clip(mean_r[:, keep], rmin, rmax),
-        std=jnp.sqrt(var_r[:, keep]),
-        l2=jnp.sqrt(pa["sq"][:, keep]),
-        absmax=jnp.maximum(-rmin, rmax),
-        hist_counts=lin[:, :k],
-    )
-    return pooled, per_row
-
-
-def _general(v, bins, keep, rows):
     acc = v.dtype
     nd = v.ndim
     axes = tuple(range(2, nd))
     zero = jnp.zeros((), acc)
+    inf = jnp.asarray(jnp.inf, acc)
     # Subnormals are zeros (see the module docstring of sowviz.summary).
     v = jnp.where(jnp.abs(v) < jnp.finfo(acc).tiny, zero, v)
     finite = jnp.isfinite(v)
-    min_r = jnp.min(jnp.where(finite, v, jnp.inf), axes, initial=jnp.inf)
-    max_r = jnp.max(jnp.where(finite, v, -jnp.inf), axes, initial=-jnp.inf)
+    min_r, max_r, sum_r, cnt_r = _reduce(
+        (
+            jnp.where(finite, v, inf),
+            jnp.where(finite, v, -inf),
+            jnp.where(finite, v, zero),
+            finite.astype(jnp.int32),
+        ),
+        (jnp.inf, -jnp.inf, 0, 0),
+        (jnp.minimum, jnp.maximum, jnp.add, jnp.add),
+        axes,
+    )
     vmin = jnp.min(min_r, 1, initial=jnp.inf)
     vmax = jnp.max(max_r, 1, initial=-jnp.inf)
     have = vmin <= vmax
     vmin, vmax = jnp.where(have, vmin, zero), jnp.where(have, vmax, zero)
     absmax = jnp.maximum(jnp.abs(vmin), jnp.abs(vmax))
+    cnt = jnp.sum(cnt_r, 1, dtype=jnp.int32)
+    n = jnp.maximum(cnt, 1).astype(acc)
+    total = jnp.sum(sum_r, 1)
+    # The shift: the mean from (1), unless its sum overflowed (then 0).
+    shift = jnp.clip(jnp.where(jnp.isfinite(total), total / n, zero), vmin, vmax)
+    scale = pow2_scale(absmax)
+    s_b = _b(scale, nd)
+    vs = jnp.where(finite, _div_pow2(v, s_b), zero)
+    ms = _div_pow2(shift, scale)
+    c = jnp.where(finite, vs - _b(ms, nd), zero)
+    operands = [c, c * c, vs * vs]
+    if keep is not None:
+        n_r = jnp.maximum(cnt_r, 1).astype(acc)
+        row_shift = jnp.where(jnp.isfinite(sum_r), sum_r / n_r, zero)
+        row_shift = jnp.clip(row_shift, jnp.minimum(min_r, max_r), max_r)
+        cr = jnp.where(finite, vs - _b(_div_pow2(row_shift, scale[:, None]), nd), zero)
+        operands += [cr, cr * cr]
+    sums = _reduce(operands, [0] * len(operands), [jnp.add] * len(operands), axes)
+    c1, c2, sq = (jnp.sum(x, 1) for x in sums[:3])
+    d = c1 / n
+    mean = jnp.clip((ms + d) * scale, vmin, vmax)
+    std = jnp.sqrt(jnp.maximum(c2 / n - d * d, 0)) * scale
     edges, idx = bin_index(v, vmin, vmax, bins)
     idx = jnp.where(
         finite, idx, jnp.where(jnp.isnan(v), bins, jnp.where(v > 0, bins + 1, bins + 2))
@@ -344,17 +283,6 @@ def _general(v, bins, keep, rows):
     start = log_window_start(absmax)
     lin, log = count(idx, log_slot(v, start, finite), bins + 3, LOG_BINS + 3, rows, v)
     linp = jnp.sum(lin, 1, dtype=jnp.int32)
-    hist = linp[:, :bins]
-    cnt = jnp.sum(hist, -1, dtype=jnp.int32)
-    # Moments in units of a power of two near absmax (no overflow, exact scaling),
-    # two passes (mean, then squared deviations: no cancellation).
-    scale = pow2_scale(absmax)
-    n = jnp.maximum(cnt, 1).astype(acc)
-    vs = jnp.where(finite, _div_pow2(v, _b(scale, nd)), zero)
-    sum_r = jnp.sum(vs, axes)
-    sq_r = jnp.sum(vs * vs, axes)
-    mean_s = jnp.sum(sum_r, 1) / n
-    c = jnp.where(finite, vs - _b(mean_s, nd), zero)
     pooled = dict(
         count=cnt,
         nan=linp[:, bins],
@@ -363,12 +291,12 @@ def _general(v, bins, keep, rows):
         zeros=log[:, 0],
         min=vmin,
         max=vmax,
-        mean=jnp.clip(mean_s * scale, vmin, vmax),
-        std=jnp.sqrt(jnp.sum(c * c, tuple(range(1, nd))) / n) * scale,
-        l2=jnp.sqrt(jnp.sum(sq_r, 1)) * scale,
+        mean=mean,
+        std=std,
+        l2=jnp.sqrt(sq) * scale,
         absmax=absmax,
         hist_edges=edges,
-        hist_counts=hist,
+        hist_counts=linp[:, :bins],
         loghist_start=start,
         loghist_under=log[:, 1],
         loghist_counts=log[:, 2 : 2 + LOG_BINS],
@@ -376,23 +304,22 @@ def _general(v, bins, keep, rows):
     if keep is None:
         return pooled, None
     k = len(keep)
-    cnt_all = jnp.sum(finite, axes, dtype=jnp.int32)
-    mean_r = sum_r / jnp.maximum(cnt_all, 1).astype(acc)
-    cr = jnp.where(finite, vs - _b(mean_r, nd), zero)
-    ss_r = jnp.sum(cr * cr, axes)[:, keep]
-    rc = jnp.sum(lin[:, :k, :bins], -1, dtype=jnp.int32)
+    rc = cnt_r[:, keep]
+    nr = jnp.maximum(rc, 1).astype(acc)
     have_r = rc > 0
     rmin = jnp.where(have_r, min_r[:, keep], zero)
     rmax = jnp.where(have_r, max_r[:, keep], zero)
     s = scale[:, None]
+    dr = sums[3][:, keep] / nr
+    mr = _div_pow2(row_shift[:, keep], s)
     per_row = dict(
         count=rc,
         nonfinite=jnp.sum(lin[:, :k, bins:], -1, dtype=jnp.int32),
         min=rmin,
         max=rmax,
-        mean=jnp.clip(mean_r[:, keep] * s, rmin, rmax),
-        std=jnp.sqrt(ss_r / jnp.maximum(rc, 1).astype(acc)) * s,
-        l2=jnp.sqrt(sq_r[:, keep]) * s,
+        mean=jnp.clip((mr + dr) * s, rmin, rmax),
+        std=jnp.sqrt(jnp.maximum(sums[4][:, keep] / nr - dr * dr, 0)) * s,
+        l2=jnp.sqrt(sums[2][:, keep]) * s,
         absmax=jnp.maximum(jnp.abs(rmin), jnp.abs(rmax)),
         hist_counts=lin[:, :k, :bins],
     )

@@ -3,11 +3,13 @@
 Models repeat shapes (an activation per layer): small arrays of one shape and
 dtype are stacked and summarised in one batched computation, so the number of
 XLA operations does not grow with the number of probes (a 250-layer model
-compiles in seconds, not a minute). Arrays of more than `STACK_MAX_ELEMENTS`
-are summarised one by one instead: stacking copies its members into one new
-buffer, which for large activations doubles the memory they hold and costs a
-full pass over it, while the compile-time saving is the same for a few large
-arrays as for many small ones. The summaries leave the program packed into one
+compiles in seconds, not a minute). On a CPU, arrays of more than
+`STACK_MAX_ELEMENTS` are summarised one by one instead: stacking copies its
+members into one new buffer, a full pass over them that measured slower than
+one summary each (on a GPU the opposite: one launch per op dominates, and a
+stack of 16 arrays of 128K elements summarised 5x faster than 16 summaries);
+on any backend a stack holds at most `STACK_MAX_BYTES`, which bounds the extra
+memory the copy takes. The summaries leave the program packed into one
 buffer per dtype; the host splits them per array after the one transfer
 (`Regroup.apply`, NumPy indexing).
 
@@ -27,8 +29,10 @@ import jax.numpy as jnp
 from .. import summary as _summary
 from .packing import Packed, pack
 
-#: Arrays larger than this are summarised alone, never copied into a stack.
+#: On a CPU, arrays larger than this are summarised alone, never copied into a stack.
 STACK_MAX_ELEMENTS = 1 << 16
+#: A stack never holds more than this (larger groups are cut into several stacks).
+STACK_MAX_BYTES = 1 << 28
 #: Outermost `Site.axes` entries that are iterations (per-iteration statistics).
 ITERATION_AXES = ("scan", "while")
 
@@ -69,17 +73,26 @@ def summarize_packed(values: Any, meta: Any, bins: int, axes: dict | None = None
     None), pack them with the raw `meta` arrays; `Packed.unpack()` returns
     `(summaries, meta)`. `axes` maps entry → mode → `Site.axes`."""
     axes = axes or {}
+    cpu = jax.default_backend() == "cpu"
     flat, treedef = jax.tree_util.tree_flatten_with_path(values, is_leaf=lambda x: x is None)
     groups: dict[tuple, list[int]] = {}
     rows: dict[int, bool] = {}
+    filled: dict[tuple, int] = {}  # bytes in the open stack of each shape and dtype
+    opened: dict[tuple, int] = {}  # which leaf opened that stack (names it)
     for i, (path, leaf) in enumerate(flat):
         if leaf is None:
             continue
         rows[i] = _per_iteration(path, axes) and jnp.ndim(leaf) >= 1
-        shape = jnp.shape(leaf)
-        alone = jnp.size(leaf) > STACK_MAX_ELEMENTS
-        key = ("alone", i) if alone else (shape, jnp.result_type(leaf), rows[i])
-        groups.setdefault(key, []).append(i)
+        dtype = jnp.result_type(leaf)
+        nbytes = jnp.size(leaf) * dtype.itemsize
+        if (cpu and jnp.size(leaf) > STACK_MAX_ELEMENTS) or nbytes > STACK_MAX_BYTES:
+            groups[("alone", i)] = [i]
+            continue
+        kind = (jnp.shape(leaf), dtype, rows[i])
+        if kind not in filled or filled[kind] + nbytes > STACK_MAX_BYTES:
+            filled[kind], opened[kind] = 0, i
+        filled[kind] += nbytes
+        groups.setdefault((*kind, opened[kind]), []).append(i)
     where: list[tuple[int, int | None] | None] = [None] * len(flat)
     out = []
     for g, (key, idx) in enumerate(groups.items()):
