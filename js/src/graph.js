@@ -78,6 +78,7 @@ export class GraphView {
    * @param {{index: any, layout: any, faces: Map<string, any>, expandable: (id: string) => boolean}} view
    */
   draw({ index, layout, faces, expandable }) {
+    this.index = index;
     clear(this.viewport);
     this.els = new Map();
     this.edgeEls = [];
@@ -166,7 +167,9 @@ export class GraphView {
       if (spark) g.append(s("path", { class: "sv-spark", d: spark, transform: `translate(${w - 64},8)` }));
       if (face?.text) g.append(s("text", { class: "sv-value", x: w - 8, y: h - 8, "text-anchor": "end", text: face.text }));
       if (canExpand) {
-        const t = `+ ${node.n_eqns} eqn${node.n_eqns === 1 ? "" : "s"}`;
+        // a group of inputs holds no equations: say how many things it holds instead
+        const k = node.n_eqns || (this.index?.children.get(node.id)?.length ?? 0);
+        const t = node.n_eqns ? `+ ${k} eqn${k === 1 ? "" : "s"}` : `+ ${k} inside`;
         const tw = 10 + t.length * 6;
         g.append(s("g", { class: "sv-toggle", "data-role": "toggle", transform: `translate(14,${h - 19})` }, [
           s("rect", { width: tw, height: 15, rx: 4 }),

@@ -62,7 +62,7 @@ export function paramTable(rows, onReveal) {
     body.replaceChildren(...sortRows(rows, key, dir).map((r) => {
       const tr = h("tr", { "data-node": r.id }, [
         h("td", {}, [h("button", { type: "button", class: "sv-link", text: r.name, title: r.name, onclick: () => onReveal(r.id) })]),
-        h("td", { class: "sv-muted", text: r.shape }),
+        h("td", { class: "sv-muted", text: shortShape(r.shape), title: r.shape }),
         h("td", { text: fmt(r.value) }), h("td", { text: fmt(r.grad) }), h("td", { text: fmt(r.ratio) }),
       ]);
       return tr;
@@ -74,4 +74,9 @@ export function paramTable(rows, onReveal) {
     h("h4", { class: "sv-section", text: `${rows.length} leaves` }),
     h("table", { class: "sv-stats sv-param-table", "data-role": "param-table" }, [h("thead", {}, [head]), body]),
   ]);
+}
+
+/** `f32[4,8]` for `float32[4,8]`: the table is narrow. */
+function shortShape(shape) {
+  return String(shape).replace(/^float/, "f").replace(/^bfloat/, "bf").replace(/^int/, "i");
 }

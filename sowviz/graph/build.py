@@ -271,7 +271,10 @@ class _Builder:
         used = {v for e in jaxpr.eqns for v in e.invars if isinstance(v, _compat.Var)}
         used.update(v for v in jaxpr.outvars if isinstance(v, _compat.Var))
         level_names = fold_names(
-            [scope_names(e) for e in jaxpr.eqns], [self.source(e) for e in jaxpr.eqns], FOLD_LIMIT
+            [scope_names(e) for e in jaxpr.eqns],
+            [self.source(e) for e in jaxpr.eqns],
+            FOLD_LIMIT,
+            callee=lambda i: _compat.user_callee(jaxpr.eqns[i]),
         )
         for i, eqn in enumerate(jaxpr.eqns):
             names = level_names[i]

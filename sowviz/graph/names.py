@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .. import _compat
 
@@ -117,34 +117,58 @@ def fold_names(
     names: list[tuple[str, ...]],
     locs: Sequence[_compat.SourceLocation | None],
     limit: int,
+    callee: Callable[[int], str | None] | None = None,
+    line_limit: int = 12,
 ) -> list[tuple[str, ...]]:
-    """Scope names with runs of unscoped equations folded, when a level would show
-    more than `limit` nodes: first runs from one source line (`loss:114`), then runs
-    from one function (`loss`), then chunks of what is left (`ops 1–40`)."""
-    if _top_count(names) <= limit:
+    """Scope names with runs of unscoped equations folded. A level with more than
+    `line_limit` nodes folds runs of 3 or more equations from one source line, labelled
+    by the function that line called (`make_causal_mask`, else `loss:114`); one with
+    more than `limit` then folds runs from one function call (`loss`), then chunks of
+    what is left (`step ×4 (5–8)`)."""
+    # Nodes directly inside each scope (by its name tuple), as the walk will draw them.
+    direct: dict[tuple[str, ...], int] = {}
+    prev: tuple[str, ...] | None = None
+    for t in names:
+        for d in range(len(t) + 1):
+            if d == len(t):
+                direct[t] = direct.get(t, 0) + 1
+            elif prev is None or prev[: d + 1] != t[: d + 1]:
+                direct[t[:d]] = direct.get(t[:d], 0) + 1
+                break
+        prev = t
+    if max(direct.values(), default=0) <= line_limit:
         return names
     out = list(names)
+    scoped = [t for t in names]  # the user's scope names of each equation
 
-    def fold_runs(key) -> None:
+    def fold_runs(key, least: int = 2, label=None, inner: bool = False) -> None:
         i = 0
         while i < len(out):
             k = key(i)
             j = i
             while j + 1 < len(out) and k is not None and key(j + 1) == k:
                 j += 1
-            if j > i:
+            if j + 1 - i >= least:
+                name = FOLD + (f"{label(i, j, k)}\x01{k}" if label else k)
                 for m in range(i, j + 1):
-                    out[m] = (FOLD + k, *out[m])
+                    out[m] = (*out[m], name) if inner else (name, *out[m])
             i = j + 1
+
+    def line_label(i: int, j: int, where: str) -> str:
+        # The function the line called when it called one (`make_causal_mask`).
+        whats = {callee(m) for m in range(i, j + 1)} if callee is not None else {None}
+        what = whats.pop() if len(whats) == 1 else None
+        return what or where.split("\x02", 1)[0]
 
     def unscoped(i: int) -> bool:
         return not out[i] or out[i][0].startswith(FOLD)
 
     def line_key(i: int) -> str | None:
+        # Runs inside one scope (or none) whose level is big, from one line.
         loc = locs[i]
-        if out[i] or loc is None:
+        if loc is None or direct.get(scoped[i], 0) <= line_limit:
             return None
-        return f"{loc.function.rsplit('.', 1)[-1]}:{loc.line}"
+        return f"{loc.function.rsplit('.', 1)[-1]}:{loc.line}\x02{'/'.join(scoped[i])}"
 
     def fn_key(i: int) -> str | None:
         loc = locs[i]
@@ -152,7 +176,7 @@ def fold_names(
             return None
         return loc.function.rsplit(".", 1)[-1]
 
-    fold_runs(line_key)
+    fold_runs(line_key, least=3, label=line_label, inner=True)
     if _top_count(out) > limit:
         # One group per call: a run of one function restarts when its line goes back.
         calls: list[str | None] = []
