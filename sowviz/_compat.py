@@ -403,3 +403,41 @@ def foreign_sow_treedef(name: str, num_leaves: int) -> Any | None:
     has `num_leaves` leaves (else None: the caller falls back to a flat list)."""
     treedef = _foreign_treedefs.get(name)
     return treedef if treedef is not None and treedef.num_leaves == num_leaves else None
+
+
+_WRAPPER_NAMES = frozenset(
+    {
+        "reraise_with_filtered_traceback",
+        "cache_miss",
+        "wrapper",
+        "wrapped",
+        "__call__",
+        "call_wrapped",
+    }
+)
+
+
+# --- added by graph (H4): what the user's line called, to label a folded run of
+# equations (`make_causal_mask`). Same traceback internals as `call_sites`.
+def user_callee(eqn: JaxprEqn) -> str | None:
+    """The name of the function the innermost user frame called (the next frame
+    inward whose name is not a decorator's wrapper), or None."""
+    tb = eqn.source_info.traceback
+    if tb is None:
+        return None
+    try:
+        codes, _ = tb.raw_frames()
+        for k, code in enumerate(codes):
+            fname = code.co_filename
+            if (
+                _source_info.is_user_filename(fname)
+                and not fname.startswith(_SOWVIZ_DIR + os.sep)
+                and not any(d in fname for d in _LIBRARY_DIRS)
+            ):
+                for inner in reversed(codes[:k]):
+                    if inner.co_name not in _WRAPPER_NAMES and not inner.co_name.startswith("<"):
+                        return inner.co_name
+                return None
+    except Exception:  # best effort
+        return None
+    return None
