@@ -14,6 +14,8 @@ probe every stage of a program automatically and draw it.
     ['cotangent', 'primal']
 """
 
+from typing import Any
+
 from . import report as _report  # noqa: F401  (registers the HTML writer)
 from ._api import save_intermediates as save_intermediates
 from ._api import sow as sow
@@ -26,11 +28,8 @@ from .inspection import Inspection as Inspection
 from .inspection import inspect as inspect
 from .monitor import Monitor as Monitor
 from .monitor import NonFiniteError as NonFiniteError
-from .monitor_view import MonitorView as MonitorView
 from .summary import Summary as Summary
 from .summary import SummaryOptions as SummaryOptions
-from .widget import Inspector as Inspector
-from .widget import show as show
 
 __all__ = [
     "CaptureError",
@@ -49,3 +48,27 @@ __all__ = [
     "sow",
     "summarize",
 ]
+
+
+# The widget names need anywidget; they load on first use, so scripts (a headless
+# Monitor, inspect, reports) run without the notebook stack.
+_VIEWS = {"Inspector": "widget", "show": "widget", "MonitorView": "monitor_view"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _VIEWS:
+        import importlib
+
+        value = getattr(importlib.import_module(f"{__name__}.{_VIEWS[name]}"), name)
+        globals()[name] = value
+        return value
+    if name == "load":
+        from .runlog import load
+
+        globals()["load"] = load
+        return load
+    raise AttributeError(f"module 'sowviz' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_VIEWS, "load"])

@@ -79,6 +79,7 @@ class Monitor:
     Example:
         >>> mon = sowviz.Monitor(lambda w, x: jnp.sum((x @ w) ** 2))
         >>> value, grad = mon.step(jnp.ones((2, 1)), jnp.ones((3, 2)))
+        >>> mon.flush()  # summaries are read asynchronously; this waits for them
         >>> float(value), grad.shape, len(mon.history)
         (12.0, (2, 1), 1)
     """
@@ -122,6 +123,8 @@ class Monitor:
         self._listeners: list[Any] = []
         self._failed: set[int] = set()
         self._view: Any = None
+        self._view_listener: Any = None
+        self._sinks_open = False
         self._closed = False
         if log_dir is not None or tensorboard is not False or wandb is not False:
             from .runlog import make_sinks  # only when asked: the recorder needs no sink
@@ -152,7 +155,7 @@ class Monitor:
                     out.finite.copy_to_host_async()
                 self._flags.append((step, out, args))
             if self.stop_on_nonfinite:
-                if not bool(np.all(out.finite)):
+                if not np.asarray(out.finite).all():
                     self._stop(step, out, args, record)
                 self._flags.clear()
             else:
@@ -207,7 +210,7 @@ class Monitor:
                 break
             self._flags.popleft()
             block = block and len(self._flags) > _MAX_FLAGS
-            if self.nonfinite is None and not bool(np.all(jax.device_get(out.finite))):
+            if self.nonfinite is None and not np.asarray(out.finite).all():
                 # First non-finite step, unrecorded: re-run it with the probes (same args).
                 try:
                     rerun = self._run(args, True)
@@ -261,11 +264,12 @@ class Monitor:
             entry["nonfinite"] = {"forward": fwd, "backward": bwd}
             if self.nonfinite is None or self.nonfinite.step > step:
                 self.nonfinite = _nonfinite.NonFinite(step, fwd, bwd, origins)
-        new_probes = not self._probes and probes  # (runlog) the probe list is known now
         self._traced, self._probes = out.traced, probes
-        if new_probes:  # sinks name tags and read logs back by it: open them again with it
+        if not self._sinks_open:
+            # Sinks open once, with the probe list (they name tags and read logs by it).
+            self._sinks_open = True
             for listener in self._listeners:
-                if listener is not self._view:
+                if listener is not self._view_listener:
                     self._call(listener, "open", self.to_dict(with_history=False))
         # The first non-finite step stays in the history whatever the thinning.
         first_bad = self.nonfinite is not None and self.nonfinite.step == step
@@ -275,11 +279,10 @@ class Monitor:
     # -- listeners: views and sinks ------------------------------------------------
 
     def _new_graph(self, traced: Traced) -> None:
-        first = self._traced is None
+        # A new program (first step, or a new shape): the view redraws its graph.
         self._traced, self._probes = traced, []
-        for listener in self._listeners:
-            if first or listener is self._view:
-                self._call(listener, "open", self.to_dict())
+        if self._view_listener is not None:
+            self._call(self._view_listener, "open", self.to_dict())
 
     def _each(self, method: str, *args: Any) -> None:
         for listener in list(self._listeners):
@@ -308,7 +311,8 @@ class Monitor:
                 from .monitor_view import MonitorView  # the recording path imports no view
 
                 self._view = MonitorView(self, throttle=self.throttle)
-                self._listeners.append(self._view)
+                self._view_listener = self._view.listener()
+                self._listeners.append(self._view_listener)
             return self._view
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:

@@ -1,7 +1,9 @@
 """`MonitorView`: the live widget of a `Monitor` (what displaying `mon` shows).
 
-A listener of the headless recorder: `open(model)` when a graph exists (or
-changes), `write(entry)` per recorded step, `flush()`. Updates are throttled to
+It listens to the headless recorder through `_Listener` (the sink protocol:
+`open(model)` when a graph exists or changes, `write(entry)` per recorded step,
+`flush()`; a widget's own `open` is its comm, so the view does not implement the
+protocol itself). Updates are throttled to
 one per `throttle` seconds however fast the loop runs; each carries only new
 steps (one gzipped JSON binary buffer), and the outbox is bounded: if the front
 end falls further behind than that, the next update sends the whole model
@@ -32,18 +34,22 @@ class MonitorView(Inspector):
         model = monitor.to_dict() if monitor._traced is not None else {}
         super().__init__(model=model, mode=str(monitor._options.mode))
 
-    def open(self, model: dict[str, Any]) -> None:
+    def listener(self) -> _Listener:
+        """What the Monitor calls: the sink protocol, forwarded to this view."""
+        return _Listener(self)
+
+    def set_model(self, model: dict[str, Any]) -> None:
         self.model = model
         self._need_model = True
 
-    def write(self, entry: dict[str, Any]) -> None:
+    def add(self, entry: dict[str, Any]) -> None:
         if len(self._outbox) >= _OUTBOX:
             self._outbox.clear()
             self._need_model = True  # too far behind: the model carries the history
         self._outbox.append(entry)
         self._push(force=False)
 
-    def flush(self) -> None:
+    def push(self) -> None:
         self._push(force=True)
 
     def _push(self, *, force: bool) -> None:
@@ -64,3 +70,17 @@ class MonitorView(Inspector):
                 buffers=[_model.encode_model(list(self._outbox))],
             )
         self._outbox.clear()
+
+
+class _Listener:
+    def __init__(self, view: MonitorView) -> None:
+        self.view = view
+
+    def open(self, model: dict[str, Any]) -> None:
+        self.view.set_model(model)
+
+    def write(self, entry: dict[str, Any]) -> None:
+        self.view.add(entry)
+
+    def flush(self) -> None:
+        self.view.push()
