@@ -10,7 +10,7 @@ program's output; `locate(fn, args, options)` re-runs the same step with
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import jax
@@ -107,15 +107,21 @@ def analyse(
     )
 
 
-def _run_all(fn: Callable, args: Sequence[Any], options: Any):
-    from ._program import runner_for
-    from .inspection import inspection_of
+@dataclass
+class _Run:
+    """What `analyse` reads of a run: its result, graph and (count-only) probes."""
 
-    opts = replace(options, capture="all", bins=1)  # counts are all it reads
-    out = runner_for(fn, opts).run(
-        tuple(args), where="locate", tangents=opts.tangents, cotangents=opts.cotangents
-    )
-    return inspection_of(out, opts), out.traced, opts
+    result: Any
+    graph: Any
+    probes: list
+
+
+def _run_all(fn: Callable, args: Sequence[Any], options: Any):
+    from .nonfinite_counts import count_run
+
+    opts = replace(options, capture="all")
+    result, probes, traced = count_run(fn, tuple(args), opts)
+    return _Run(result, traced.graph, probes), traced, opts
 
 
 def _stage_of(graph: Any, node: str) -> str:

@@ -275,17 +275,7 @@ def test_scan_origin_by_iteration():
     prim, line, _ = oracle(f_scan, X)
     assert prim == "log"
     o = locate(f_scan, (X,), _opts(mode="primal"))
-    got = (o.forward.equation.primitive, _line(o.forward))
-    if got != (prim, line) and not _has_per_iteration(f_scan, (X,)):
-        pytest.xfail("stacked captures carry no per-iteration non-finite counts yet")
-    assert got == (prim, line)
-
-
-def _has_per_iteration(f, args) -> bool:
-    from sowviz import inspection
-
-    ins = inspection.inspect(f, *args, mode="primal", capture="all")
-    return any("per_iteration" in s for p in ins.probes for s in p.summaries.values())
+    assert (o.forward.equation.primitive, _line(o.forward)) == (prim, line)
 
 
 @pytest.mark.parametrize("case", sorted(BACKWARD))
