@@ -855,3 +855,18 @@ def test_property_tests_are_deterministic():
     assert settings.default.derandomize
     assert settings.default.database is None
     assert settings.default.deadline is None
+
+
+def test_every_construct_with_sub_programs_has_one_capture_rule():
+    from sowviz.capture.interpret import RULES, rule_for
+    from sowviz.primitives import SPECS, Construct, construct_of
+
+    for spec in SPECS:
+        for name in spec.names:
+            assert construct_of(name) is spec.construct
+            # Constructs with sub-programs are rewritten; sow and Tesseract calls are not.
+            assert (rule_for(name) is not None) == bool(spec.bodies), name
+    # Both spellings JAX has used for one primitive reach the same rule.
+    assert rule_for("closed_call") is rule_for("eval_jaxpr") is RULES[Construct.CALL]
+    assert rule_for("jit") is rule_for("pjit")
+    assert rule_for("add") is None and construct_of("add") is None

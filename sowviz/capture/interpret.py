@@ -4,7 +4,8 @@
 `jax.jit`, so the walk is paid once per compilation, never per call). A `sow`
 equation whose tag is being collected becomes an identity plus a capture.
 Equations whose sub-programs contain such sows go to the rule registered for
-their primitive (see `rules.py`); every other equation is re-bound unchanged,
+their construct (`sowviz.primitives`; the rules are in `rules.py`) and receive
+the equation's parameters by name; every other equation is re-bound unchanged,
 so sub-programs without captures are never rewritten. A sow inside a primitive
 with no rule is an error that names the primitive, never a silent drop.
 """
@@ -19,26 +20,36 @@ from typing import Any
 import jax.numpy as jnp
 
 from .. import _compat
+from ..primitives import Construct, construct_of
 from .primitive import mode_key, sow_p
 from .record import Recorder, Site
 
-Rule = Callable[[Any, list, Recorder], list]
-RULES: dict[str, Rule] = {}
+# rule(eqn, invals, recorder, **eqn.params) -> the equation's outputs
+Rule = Callable[..., list]
+RULES: dict[Construct, Rule] = {}
 
 
 class CaptureError(ValueError):
     """A tagged value cannot be captured where it is."""
 
 
-def register(*names: str) -> Callable[[Rule], Rule]:
-    """Register the capture rule for higher-order primitives named `names`."""
+def register(*constructs: Construct) -> Callable[[Rule], Rule]:
+    """Register the capture rule of `constructs` (each with one rule, at most)."""
 
     def deco(rule: Rule) -> Rule:
-        for n in names:
-            RULES[n] = rule
+        for c in constructs:
+            if c in RULES:
+                raise ValueError(f"sowviz: two capture rules registered for {c}")
+            RULES[c] = rule
         return rule
 
     return deco
+
+
+def rule_for(primitive_name: str) -> Rule | None:
+    """The capture rule of the primitive named `primitive_name`, or None."""
+    construct = construct_of(primitive_name)
+    return None if construct is None else RULES.get(construct)
 
 
 def _is_foreign_sow(eqn) -> bool:
@@ -133,12 +144,12 @@ def evaluate(jaxpr, consts: Sequence[Any], args: Sequence[Any], rec: Recorder) -
             rec.add(*captured(eqn, invals))
             outs = invals
         elif any(contains_capture(sub, tags) for _, _, sub in _compat.sub_jaxprs(eqn)):
-            rule = RULES.get(eqn.primitive.name)
+            rule = rule_for(eqn.primitive.name)
             if rule is None:
                 outs = _unsupported(eqn, invals, rec)
             else:
                 with _compat.eqn_context(eqn):
-                    outs = rule(eqn, invals, rec)
+                    outs = rule(eqn, invals, rec, **eqn.params)
         else:
             outs = _compat.bind_eqn(eqn, invals)
         for v, x in zip(eqn.outvars, outs, strict=True):

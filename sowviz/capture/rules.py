@@ -1,4 +1,5 @@
-"""One capture rule per higher-order primitive, registered in `interpret.RULES`.
+"""One capture rule per higher-order construct (`sowviz.primitives.Construct`),
+registered in `interpret.RULES`; a rule takes the equation's parameters by name.
 
 Each rule re-evaluates its sub-program(s) with `evaluate`, returns the captured
 values from the sub-program as extra outputs, and lifts them into the parent
@@ -28,6 +29,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .. import _compat
+from ..primitives import Construct
 from .interpret import CaptureError, contains_capture, evaluate_closed, register
 from .record import Recorder
 
@@ -62,41 +64,39 @@ def _zeros(v):
     return jnp.zeros(v.shape, v.dtype)
 
 
-@register(*_compat.JIT)
-def _jit(eqn, invals, rec):
-    p = eqn.params
-    new, child = _traced_body(eqn, p["jaxpr"], rec)
+@register(Construct.JIT)
+def _jit(eqn, invals, rec, *, jaxpr, out_shardings, out_layouts, **params):
+    new, child = _traced_body(eqn, jaxpr, rec)
     n_out, n_new = len(eqn.outvars), len(new.out_avals)
     extra = n_new - n_out
     params = dict(
-        p,
+        params,
         jaxpr=new,
-        out_shardings=(*p["out_shardings"], *[_compat.UNSPECIFIED_SHARDING] * extra),
-        out_layouts=(*p["out_layouts"], *[None] * extra),
+        out_shardings=(*out_shardings, *[_compat.UNSPECIFIED_SHARDING] * extra),
+        out_layouts=(*out_layouts, *[None] * extra),
     )
     outs = eqn.primitive.bind(*invals, **params)
     rec.lift(child, outs[n_out:])
     return list(outs[:n_out])
 
 
-@register(*_compat.CLOSED_CALL)
-def _closed_call(eqn, invals, rec):
-    return evaluate_closed(eqn.params["call_jaxpr"], invals, rec)
+@register(Construct.CALL)
+def _closed_call(eqn, invals, rec, *, call_jaxpr, **_):
+    return evaluate_closed(call_jaxpr, invals, rec)
 
 
-@register(_compat.CUSTOM_JVP, *_compat.CUSTOM_VJP)
-def _custom(eqn, invals, rec):
+@register(Construct.CUSTOM_JVP, Construct.CUSTOM_VJP)
+def _custom(eqn, invals, rec, *, call_jaxpr, **_):
     # The rewritten program is run, never differentiated (derivatives were taken
     # before we saw it), so the custom rule has no role left: run the body.
-    closed = eqn.params["call_jaxpr"]
-    return evaluate_closed(closed, invals, rec)
+    return evaluate_closed(call_jaxpr, invals, rec)
 
 
-@register("scan")
-def _scan(eqn, invals, rec):
-    p = eqn.params
-    closed = p["jaxpr"]
-    layout = _compat.scan_layout(p)
+@register(Construct.SCAN)
+def _scan(eqn, invals, rec, *, jaxpr, length, reverse, unroll, **layout_params):
+    # The operand layout's params changed in JAX 0.11: `_compat.scan_layout` reads them.
+    closed = jaxpr
+    layout = _compat.scan_layout(layout_params)
     nc, ncar = layout.num_consts, layout.num_carry
     consts, init, xs = invals[:nc], invals[nc : nc + ncar], invals[nc + ncar :]
     child = rec.child()
@@ -107,16 +107,15 @@ def _scan(eqn, invals, rec):
         return outs[:ncar], (outs[ncar:], child.flat())
 
     carry, (ys, stacked) = lax.scan(
-        body, list(init), list(xs), length=p["length"], reverse=p["reverse"], unroll=p["unroll"]
+        body, list(init), list(xs), length=length, reverse=reverse, unroll=unroll
     )
     rec.lift(child, stacked, axis="scan")
     return [*carry, *ys]
 
 
-@register("cond")
-def _cond(eqn, invals, rec):
+@register(Construct.COND)
+def _cond(eqn, invals, rec, *, branches, **_):
     index, ops = invals[0], invals[1:]
-    branches = eqn.params["branches"]
     in_avals = _avals(eqn)[1:]
 
     # Discover what each branch captures, then give every branch the union.
@@ -168,11 +167,10 @@ def _cond(eqn, invals, rec):
     return list(outs)
 
 
-@register("while")
-def _while(eqn, invals, rec):
-    p = eqn.params
-    cond_closed, body_closed = p["cond_jaxpr"], p["body_jaxpr"]
-    cnc, bnc = p["cond_nconsts"], p["body_nconsts"]
+@register(Construct.WHILE)
+def _while(eqn, invals, rec, *, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts, **_):
+    cond_closed, body_closed = cond_jaxpr, body_jaxpr
+    cnc, bnc = cond_nconsts, body_nconsts
     if contains_capture(_compat.jaxpr_and_consts(cond_closed)[0], rec.options.tags):
         raise CaptureError(
             "sowviz cannot capture a value sown inside a while_loop's `cond_fun` (at "
@@ -218,32 +216,29 @@ def _while(eqn, invals, rec):
     return list(carry)
 
 
-@register(*_compat.REMAT)
-def _remat(eqn, invals, rec):
-    p = eqn.params
-    closed = _compat.as_closed(p["jaxpr"])
-    new, child = _traced_body(eqn, closed, rec)
-    jaxpr, consts = _compat.closed_to_open(new)
-    outs = eqn.primitive.bind(*consts, *invals, **dict(p, jaxpr=jaxpr))
+@register(Construct.REMAT)
+def _remat(eqn, invals, rec, *, jaxpr, **params):
+    new, child = _traced_body(eqn, _compat.as_closed(jaxpr), rec)
+    open_jaxpr, consts = _compat.closed_to_open(new)
+    outs = eqn.primitive.bind(*consts, *invals, **dict(params, jaxpr=open_jaxpr))
     n_out = len(eqn.outvars)
     rec.lift(child, outs[n_out:])
     return list(outs[:n_out])
 
 
-@register(_compat.SHARD_MAP)
-def _shard_map(eqn, invals, rec):
-    p = eqn.params
-    mesh = p["mesh"]
-    manual = [a for a in mesh.axis_names if a in p["newly_manual_axes"]]
+@register(Construct.SHARD_MAP)
+def _shard_map(
+    eqn, invals, rec, *, jaxpr, mesh, in_specs, out_specs, newly_manual_axes, check_vma, **_
+):
+    manual = [a for a in mesh.axis_names if a in newly_manual_axes]
     child = rec.child()
-    jaxpr = p["jaxpr"]
 
     def body(*args):
         child.reset()
         outs = evaluate_closed(jaxpr, args, child)
         extra = []
         for v in child.flat():
-            if p["check_vma"]:
+            if check_vma:
                 missing = tuple(a for a in manual if a not in _compat.varying_axes(v))
                 if missing:
                     v = lax.pcast(v, missing, to="varying")
@@ -254,10 +249,10 @@ def _shard_map(eqn, invals, rec):
     outs, extra = jax.shard_map(
         body,
         mesh=mesh,
-        in_specs=tuple(p["in_specs"]),
-        out_specs=(list(p["out_specs"]), spec),
-        axis_names=frozenset(p["newly_manual_axes"]),
-        check_vma=p["check_vma"],
+        in_specs=tuple(in_specs),
+        out_specs=(list(out_specs), spec),
+        axis_names=frozenset(newly_manual_axes),
+        check_vma=check_vma,
     )(*invals)
     before = len(rec.captures)
     rec.lift(child, extra)
