@@ -247,7 +247,13 @@ class Monitor:
             "probes": {p.id: {m: _lite(s) for m, s in p.summaries.items()} for p in probes},
         }
         graph = out.traced.graph
-        origins = _nonfinite.find(probes, graph, step=step, results_finite=finite)
+        origins = _nonfinite.find(
+            probes,
+            graph,
+            step=step,
+            results_finite=finite,
+            expect_nonfinite=self._options.expect_nonfinite,
+        )
         if origins is None and not finite:
             # No probe saw it (e.g. unscoped top-level code): the results did.
             outputs = [n.id for n in graph.nodes if n.kind == "output"]
