@@ -37,6 +37,7 @@ from ._history import History
 from ._program import Out, Traced, runner_for
 from .capture.api import nest
 from .inspection import Inspection, Probe, join_probes
+from .nonfinite_locate import locate_step as _locate_step
 from .options import InspectOptions, check_bool, check_int, check_number
 from .summary import STAT_KEYS
 
@@ -194,8 +195,10 @@ class Monitor:
             out = self._run(args, True)
             self._pending.append((step, out))
         self._drain(block=True)
-        self._each("flush")
         nf = self.nonfinite
+        if nf is not None and nf.step == step:  # down to the equation, on this step's args
+            nf = self.nonfinite = _locate_step(self.fn, args, self._options, nf)
+        self._each("flush")
         where = (
             nf.origins
             if nf is not None and nf.origins is not None

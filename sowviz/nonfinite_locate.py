@@ -277,3 +277,27 @@ def locate_inspection(ins: Any) -> Origins | None:
     found = locate(fn, args, opts)
     ins.nonfinite = found
     return found
+
+
+def locate_step(fn: Callable, args: Sequence[Any], options: Any, nf: Any) -> Any:
+    """The Monitor's first non-finite step (`nonfinite.NonFinite`) located down to the
+    equation on that step's arguments; `nf` unchanged when the re-run fails (e.g. the
+    arguments were donated), with a warning."""
+    import warnings
+
+    from .nonfinite import NonFinite
+
+    try:
+        found = locate(fn, args, options, step=nf.step)
+    except Exception as err:  # never hide the non-finite step behind a second error
+        warnings.warn(
+            f"sowviz: could not locate the non-finite equation of step {nf.step}: {err!r}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return nf
+    if found is None:
+        return nf
+    fwd = found.forward.node if found.forward else None
+    bwd = (found.backward.node or found.backward.reaching) if found.backward else None
+    return NonFinite(nf.step, fwd, bwd, found)

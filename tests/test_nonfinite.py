@@ -438,3 +438,33 @@ def test_finite_inspection_has_no_record():
 
     ins = sowviz.inspect(lambda x: jnp.sum(jnp.sin(x)), X)
     assert ins.to_dict()["nonfinite"] is None and ins.locate_nonfinite() is None
+
+
+def f_norm_block(w, x):
+    with jax.named_scope("embed"):
+        h = jnp.tanh(x @ w)
+    with jax.named_scope("LayerNorm_0"):
+        v = jnp.mean(h * h, axis=-1, keepdims=True) - 0.01
+        h = h * lax.rsqrt(v)  # NaN once a batch's mean square drops below 0.01
+    return jnp.mean(h * h)
+
+
+@pytest.mark.parametrize("every", [1, 4])
+def test_monitor_stops_at_the_step_and_names_the_equation(every):
+    import sowviz
+
+    w = jnp.ones((3, 4)) * 0.5
+    batches = [jnp.ones((2, 3)) * (0.001 if i == 5 else 1.0) for i in range(9)]
+    prim, line, _ = oracle(f_norm_block, w, batches[5])
+    assert prim == "rsqrt" and all(oracle(f_norm_block, w, b) is None for b in batches[:5])
+    mon = sowviz.Monitor(f_norm_block, every=every, stop_on_nonfinite=True)
+    with pytest.raises(
+        sowviz.NonFiniteError, match=rf"step 5.*`rsqrt` in `LayerNorm_0` at .*:{line}"
+    ):
+        for b in batches:
+            mon.step(w, b)
+    assert mon.steps == 6  # raised at step 5, before a later step ran
+    nf = mon.nonfinite
+    assert nf.step == 5 and nf.origins.forward.equation.primitive == "rsqrt"
+    assert mon.graph.node(nf.forward).label == "LayerNorm_0"
+    assert mon.to_dict()["history"]["nonfinite"]["forward"]["equation"]["source"]["line"] == line
