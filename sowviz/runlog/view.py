@@ -29,7 +29,7 @@ class RunLogView:
 
     Example:
         >>> run = sowviz.load("runs/exp1")      # doctest: +SKIP
-        >>> run                                 # in Jupyter: the widget, following the log
+        >>> run                                 # doctest: +SKIP
         >>> run.history[0]["step"]              # doctest: +SKIP
         0
         >>> run.save_html("exp1.html")          # doctest: +SKIP
@@ -196,7 +196,15 @@ def load(log_dir: str | os.PathLike, *, history: int = 200) -> RunLogView:
 
     `history` bounds the steps kept in memory (thinned, never losing step 0); the log
     on disk keeps every step. Displayed in Jupyter, the view is the widget and follows
-    the log as the script appends to it.
+    the log as the script appends to it. The format: docs/log-format.md.
+
+    Example:
+        >>> mon = sowviz.Monitor(loss, log_dir="runs/exp1")   # doctest: +SKIP
+        >>> run = sowviz.load("runs/exp1")     # e.g. in a notebook, while it trains  # doctest: +SKIP
+        >>> run                                # the widget; new steps appear  # doctest: +SKIP
+        >>> [e["step"] for e in run.history][:3]              # doctest: +SKIP
+        [0, 1, 2]
+        >>> run.save_html("exp1.html")         # the whole run's report  # doctest: +SKIP
     """
     return RunLogView(log_dir, history=history)
 
