@@ -6,6 +6,7 @@ Every page runs with all network requests intercepted: report pages must make no
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 import pathlib
@@ -248,28 +249,36 @@ WIDGET_PAGE = """<!DOCTYPE html><html><head><meta charset="utf-8"><style>{css}</
 <body><div id="out"></div></body></html>"""
 
 # A stand-in for anywidget's model: get/set/on/off/save_changes and custom messages.
+# The model arrives as the real Inspector syncs it: `model_bytes`, gzipped JSON.
 FAKE_MODEL = """
-async (model) => {
+async ({bytes, mode}) => {
   const mod = await import("/sowviz.js");
-  const traits = { model, mode: model.mode, busy: false, error: "" };
+  const traits = { model_bytes: new DataView(new Uint8Array(bytes).buffer), mode, busy: false, error: "" };
   const handlers = {};
   const saved = [];
   const m = {
     get: (k) => traits[k],
     set: (k, v) => { traits[k] = v; },
-    save_changes: () => saved.push({ ...traits, model: undefined }),
+    save_changes: () => saved.push({ ...traits, model_bytes: undefined }),
     on: (ev, fn) => { (handlers[ev] ??= []).push(fn); },
     off: (ev, fn) => { handlers[ev] = (handlers[ev] ?? []).filter((f) => f !== fn); },
     send: () => {},
   };
   const fire = (ev, ...args) => (handlers[ev] ?? []).forEach((fn) => fn(...args));
+  const setModel = (b) => { traits.model_bytes = new DataView(new Uint8Array(b).buffer); fire("change:model_bytes"); };
   const cleanupModel = mod.default.initialize({ model: m });
   const el = document.getElementById("out");
-  const cleanupView = mod.default.render({ model: m, el });
-  window.__widget = { m, traits, fire, saved, cleanupView, cleanupModel, handlers };
+  const cleanupView = await mod.default.render({ model: m, el });
+  window.__widget = { m, traits, fire, saved, cleanupView, cleanupModel, handlers, setModel };
   return Object.keys(mod).sort();
 }
 """
+
+
+def gz(obj) -> list[int]:
+    """JSON, gzipped, as a list of byte values (the wire format of `model_bytes` and of
+    the Monitor's "steps" message, docs/model.md)."""
+    return list(gzip.compress(json.dumps(obj).encode("utf-8")))
 
 
 def serve_widget_page(p):
@@ -298,7 +307,7 @@ def test_widget_entry_point_with_a_stand_in_model(browser):
         pg.goto("http://sowviz.test/index.html")
         model = fm.small_model()
         model["mode"] = "grad"
-        exports = pg.evaluate(FAKE_MODEL, model)
+        exports = pg.evaluate(FAKE_MODEL, {"bytes": gz(model), "mode": "grad"})
         assert exports == ["autoMount", "default", "modelText", "mount", "widgetModel"]
         assert pg.locator("[data-node-id]").count() == 4
         # the mode dropdown writes the `mode` trait and shows the busy state
@@ -310,10 +319,8 @@ def test_widget_entry_point_with_a_stand_in_model(browser):
         node(pg, "n2").locator('[data-role="toggle"]').click()
         model2 = fm.small_model()
         model2["mode"] = "jvp"
-        pg.evaluate(
-            "m => { window.__widget.traits.model = m; window.__widget.fire('change:model'); }",
-            model2,
-        )
+        pg.evaluate("b => window.__widget.setModel(b)", gz(model2))
+        pg.wait_for_function("() => document.querySelector('[data-role=busy]').hidden")
         assert pg.locator('[data-role="busy"]').is_hidden()
         assert node(pg, "n3").count() == 1
         # errors from Python
@@ -344,22 +351,13 @@ def test_widget_entry_point_with_a_stand_in_model(browser):
 @pytest.mark.browser
 def test_widget_model_arrives_as_gzipped_bytes(browser):
     """What the real Inspector syncs: `model_bytes` (gzipped JSON, a binary buffer)."""
-    from sowviz.monitor import encode_steps
-    from sowviz.widget import encode_model
-
     p = Page(browser)
     pg = serve_widget_page(p)
     try:
         pg.goto("http://sowviz.test/index.html")
-        pg.evaluate(FAKE_MODEL, {"mode": "grad"})
+        pg.evaluate(FAKE_MODEL, {"bytes": [], "mode": "grad"})
         assert pg.locator("[data-node-id]").count() == 0
-        payload = list(encode_model(fm.small_model()))
-        pg.evaluate(
-            """bytes => { const u8 = new Uint8Array(bytes);
-                 window.__widget.traits.model_bytes = new DataView(u8.buffer);
-                 window.__widget.fire('change:model_bytes'); }""",
-            payload,
-        )
+        pg.evaluate("b => window.__widget.setModel(b)", gz(fm.small_model()))
         pg.wait_for_selector("[data-node-id]")
         assert pg.locator("[data-node-id]").count() == 4
         # Monitor steps: one gzipped JSON buffer per update
@@ -370,7 +368,7 @@ def test_widget_model_arrives_as_gzipped_bytes(browser):
             """bytes => { const u8 = new Uint8Array(bytes);
                  window.__widget.fire('msg:custom', {type: 'steps', encoding: 'gzip-json', count: 3},
                                       [new DataView(u8.buffer)]); }""",
-            list(encode_steps(steps)),
+            gz(steps),
         )
         pg.wait_for_selector('[data-role="loss"] .js-plotly-plot')
         assert p.errors == []
@@ -384,3 +382,303 @@ def test_an_empty_model_draws_an_empty_state(page, tmp_path):
     assert pg.locator("[data-node-id]").count() == 0
     assert pg.locator('[data-role="empty"]').is_visible()
     assert page.errors == [] and page.requests == []
+
+
+# ---------------------------------------------------------------- what a person sees
+
+BOXES = """() => [...document.querySelectorAll('[data-node-id]')].map((g) => {
+  const bg = g.querySelector(':scope > .sv-node-bg, :scope > .sv-stage-bg');
+  const r = bg.getBoundingClientRect();
+  const box = (e) => { if (!e) return null; const b = e.getBoundingClientRect();
+                       return [b.left, b.top, b.right, b.bottom]; };
+  return { id: g.dataset.nodeId, stage: bg.classList.contains('sv-stage-bg'),
+           box: [r.left, r.top, r.right, r.bottom],
+           label: box(g.querySelector(':scope > .sv-stage-label')),
+           head: box(g.querySelector(':scope > .sv-stage-head')),
+           kind: box(g.querySelector(':scope > .sv-stage-kind')) };
+})"""
+
+
+def _overlap(a, b, tol=0.5):
+    return a[0] < b[2] - tol and b[0] < a[2] - tol and a[1] < b[3] - tol and b[1] < a[3] - tol
+
+
+def _ancestors(model):
+    parent = {n["id"]: n["parent"] for n in model["nodes"]}
+
+    def up(i):
+        out = set()
+        while parent.get(i) is not None:
+            i = parent[i]
+            out.add(i)
+        return out
+
+    return up
+
+
+def assert_readable(pg, model):
+    """No two drawn boxes intersect unless one holds the other; a stage's header
+    (its label and its kind/value text) overlaps neither itself nor its children."""
+    boxes = pg.evaluate(BOXES)
+    up = _ancestors(model)
+    assert boxes
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            if a["id"] in up(b["id"]) or b["id"] in up(a["id"]):
+                continue
+            assert not _overlap(a["box"], b["box"]), (a["id"], b["id"])
+    for s in (b for b in boxes if b["stage"]):
+        if s["kind"]:
+            assert not _overlap(s["label"], s["kind"]), s["id"]
+        header = s["head"]
+        for c in boxes:
+            if s["id"] in up(c["id"]):
+                assert not _overlap(header, c["box"]), (s["id"], c["id"])
+                assert not _overlap(s["label"], c["box"]), (s["id"], c["id"])
+
+
+def _by_label(model, label, parent=None):
+    found = [n["id"] for n in model["nodes"] if n["label"] == label]
+    if parent is not None:
+        found = [
+            i for i in found if next(n for n in model["nodes"] if n["id"] == i)["parent"] == parent
+        ]
+    assert found, label
+    return found[0]
+
+
+def _expand(pg, nid):
+    node(pg, nid).locator('[data-role="toggle"]').first.click()
+    pg.wait_for_selector(f'[data-node-id="{nid}"][data-expanded="true"]')
+
+
+@pytest.fixture(scope="module")
+def nnx():
+    return fm.nnx_lm_model()
+
+
+@pytest.fixture(scope="module")
+def nnx_report(tmp_path_factory, nnx):
+    return report.write_html(nnx, tmp_path_factory.mktemp("nnx") / "nnx.html")
+
+
+@pytest.mark.browser
+def test_nnx_model_reads_like_the_model(page, nnx, nnx_report):
+    top = [n for n in nnx["nodes"] if n["parent"] == nnx["root"]]
+    assert len(top) <= 60
+    pg = page.open_report(nnx_report)
+    labels = pg.eval_on_selector_all(
+        "[data-node-id] .sv-label", "els => els.map(e => e.textContent)"
+    )
+    assert "parameters" in labels and "TransformerLM" in labels
+    assert_readable(pg, nnx)
+    lm = _by_label(nnx, "TransformerLM")
+    _expand(pg, lm)
+    layer = _by_label(nnx, "layers.1", lm)
+    _expand(pg, layer)
+    inside = pg.eval_on_selector_all(
+        "[data-node-id] .sv-label", "els => els.map(e => e.textContent)"
+    )
+    assert {"attn", "mlp", "attn_norm", "mlp_norm"} <= set(inside)
+    assert_readable(pg, nnx)
+    # node values say what they are
+    values = pg.eval_on_selector_all(
+        '[data-node-id]:not([data-kind="output"]) .sv-value', "els => els.map(e => e.textContent)"
+    )
+    assert values and all(v.startswith("‖grad‖₂ = ") for v in values)
+    # and the output node shows the loss
+    out = next(n["id"] for n in nnx["nodes"] if n["kind"] == "output")
+    loss = next(p for p in nnx["probes"] if p["node"] == out)["summaries"]["primal"]["mean"]
+    text = node(pg, out).locator(".sv-value").text_content()
+    assert text.startswith("value = ") and float(text.split("= ")[1]) == pytest.approx(
+        loss, rel=1e-3
+    )
+    ARTIFACTS.mkdir(exist_ok=True)
+    pg.locator('[data-role="fit"]').click()
+    assert_readable(pg, nnx)
+    pg.screenshot(path=str(ARTIFACTS / "nnx_light.png"))
+    assert page.errors == [] and page.requests == []
+
+
+@pytest.mark.browser
+def test_first_picture_is_fitted(page, nnx, nnx_report):
+    pg = page.open_report(nnx_report)
+    view = pg.locator(".sv-graph").bounding_box()
+    scale = pg.evaluate(
+        "() => Number(/scale\\(([^,)]+)/.exec(document.querySelector('.sv-viewport').getAttribute('transform'))[1])"
+    )
+    boxes = pg.evaluate(BOXES)
+    inside = all(
+        b["box"][0] >= view["x"] - 1
+        and b["box"][1] >= view["y"] - 1
+        and b["box"][2] <= view["x"] + view["width"] + 1
+        and b["box"][3] <= view["y"] + view["height"] + 1
+        for b in boxes
+    )
+    assert inside or scale == pytest.approx(0.5)  # fitted, or as small as stays readable
+    legend = pg.locator('[data-role="legend"]').bounding_box()
+    lb = [legend["x"], legend["y"], legend["x"] + legend["width"], legend["y"] + legend["height"]]
+    assert not any(_overlap(b["box"], lb) for b in boxes)
+
+
+@pytest.mark.browser
+def test_selected_node_stays_visible_with_the_panel_open(page, nnx, nnx_report):
+    pg = page.open_report(nnx_report)
+    lm = _by_label(nnx, "TransformerLM")
+    _expand(pg, lm)
+    _expand(pg, _by_label(nnx, "layers.1", lm))
+    # the right-most and the lowest drawn leaves: the panel and the legend take those sides
+    v = pg.locator(".sv-graph").bounding_box()
+    boxes = [
+        b
+        for b in pg.evaluate(BOXES)
+        if not b["stage"]
+        and b["box"][0] >= v["x"]
+        and b["box"][2] <= v["x"] + v["width"]
+        and b["box"][1] >= v["y"]
+        and b["box"][3] <= v["y"] + v["height"]
+    ]
+    assert len(boxes) > 5
+    for pick in (max(boxes, key=lambda b: b["box"][2]), max(boxes, key=lambda b: b["box"][3])):
+        node(pg, pick["id"]).locator(".sv-label").click()
+        pg.locator('[data-role="detail"]').wait_for(state="visible")
+        view = pg.locator(".sv-graph").bounding_box()
+        (b,) = [x for x in pg.evaluate(BOXES) if x["id"] == pick["id"]]
+        assert b["box"][0] >= view["x"] and b["box"][2] <= view["x"] + view["width"], pick
+        assert b["box"][1] >= view["y"] and b["box"][3] <= view["y"] + view["height"], pick
+        legend = pg.locator('[data-role="legend"]').bounding_box()
+        lb = [
+            legend["x"],
+            legend["y"],
+            legend["x"] + legend["width"],
+            legend["y"] + legend["height"],
+        ]
+        assert not _overlap(b["box"], lb), pick
+
+
+@pytest.mark.browser
+def test_parameter_table_and_cotangent_charts(page, nnx, nnx_report):
+    pg = page.open_report(nnx_report)
+    params = _by_label(nnx, "parameters", nnx["root"])
+    node(pg, params).locator(".sv-label").click()
+    table = pg.locator('[data-role="param-table"]')
+    table.wait_for()
+    up = _ancestors(nnx)
+    leaves = [n for n in nnx["nodes"] if n["kind"] == "input" and params in up(n["id"])]
+    rows = table.locator("tbody tr")
+    assert rows.count() == len(leaves) > 10
+    # sorted by gradient norm, largest first: the first row is the leaf with the largest
+    probes = {p["node"]: p for p in nnx["probes"]}
+    grads = {n["id"]: probes[n["id"]]["summaries"]["cotangent"]["l2"] for n in leaves}
+    table.locator('th[data-sort="grad"]').click()
+    assert rows.first.get_attribute("data-node") == max(grads, key=grads.get)
+    table.locator('th[data-sort="grad"]').click()
+    assert rows.first.get_attribute("data-node") == min(grads, key=grads.get)
+    # a leaf shows its value and its gradient
+    rows.first.locator("button").click()
+    detail = pg.locator('[data-role="detail"]')
+    detail.locator(".js-plotly-plot").first.wait_for()
+    modes = detail.locator(".sv-chart-block .js-plotly-plot").evaluate_all(
+        "els => els.map(e => e.dataset.mode)"
+    )
+    assert modes == ["primal", "cotangent"]
+    ARTIFACTS.mkdir(exist_ok=True)
+    pg.locator('[data-role="collapse-all"]').click()
+    node(pg, params).locator(".sv-label").click()
+    table.wait_for()
+    pg.screenshot(path=str(ARTIFACTS / "nnx_params_light.png"))
+    assert page.errors == []
+
+
+@pytest.mark.browser
+def test_nnx_report_dark(browser, nnx, nnx_report):
+    p = Page(browser, color_scheme="dark")
+    try:
+        pg = p.open_report(nnx_report)
+        lm = _by_label(nnx, "TransformerLM")
+        _expand(pg, lm)
+        _expand(pg, _by_label(nnx, "layers.1", lm))
+        assert_readable(pg, nnx)
+        node(pg, _by_label(nnx, "attn", _by_label(nnx, "layers.1", lm))).locator(
+            ".sv-label"
+        ).first.click()
+        pg.locator('[data-role="detail"] .js-plotly-plot').first.wait_for()
+        ARTIFACTS.mkdir(exist_ok=True)
+        pg.screenshot(path=str(ARTIFACTS / "nnx_dark.png"))
+        assert p.errors == []
+    finally:
+        p.close()
+
+
+@pytest.mark.browser
+def test_per_iteration_charts_and_slider(page, tmp_path):
+    model = fm.with_per_iteration(fm.small_model())
+    pg = page.open_report(report.write_html(model, tmp_path / "iter.html"))
+    pg.locator('[data-role="search"]').fill("steps")
+    pg.locator('[data-role="search"]').press("Enter")
+    detail = pg.locator('[data-role="detail"]')
+    detail.wait_for(state="visible")
+    if detail.locator('[data-role="probe"]').count():
+        detail.locator('[data-role="probe"]').select_option("p_iter")
+    blocks = detail.locator('[data-role="per-iteration"]')
+    assert blocks.count() == 2
+    want = model["probes"][-1]["summaries"]["primal"]["per_iteration"]
+    lines = blocks.first.locator('[data-iter="lines"]')
+    lines.locator(".main-svg").first.wait_for()
+    l2 = lines.evaluate("e => e.data[0].y")
+    assert l2 == pytest.approx(want["l2"])
+    slider = blocks.first.locator('[data-role="iteration"]')
+    hist = blocks.first.locator('[data-iter="hist"]')
+    assert hist.evaluate("e => e.data[0].y") == want["hist_counts"][-1]
+    slider.evaluate("e => { e.value = '2'; e.dispatchEvent(new Event('input')); }")
+    assert hist.evaluate("e => e.data[0].y") == want["hist_counts"][2]
+    assert "2 of 5" in blocks.first.locator('[data-role="iteration-label"]').inner_text()
+    assert page.errors == []
+
+
+@pytest.mark.browser
+def test_histograms_do_not_mislead(page, tmp_path):
+    model = fm.small_model()
+    s = model["probes"][0]["summaries"]["primal"]
+    s["zeros"] = 5
+    pg = page.open_report(report.write_html(model, tmp_path / "h.html"))
+    node(pg, "n1").click()
+    detail = pg.locator('[data-role="detail"]')
+    counts = detail.locator('[data-role="special-counts"][data-mode="primal"]')
+    assert counts.inner_text().split() == ["NaN", "0", "+Inf", "0", "−Inf", "0", "zeros", "5"]
+    ticks = detail.locator('.sv-chart[data-mode="primal"] .ytick text').evaluate_all(
+        "els => els.map(e => e.textContent)"
+    )
+    assert ticks and all(re.fullmatch(r"[\d,]+", t) for t in ticks), ticks
+    assert detail.locator('[data-role="zeros-left-out"]').count() == 0
+    detail.locator('[data-scale="log"]').click()
+    assert "5 zeros not shown" in detail.locator('[data-role="zeros-left-out"]').first.inner_text()
+    # NaN/Inf counts of a non-finite probe, drawn beside its histogram
+    node(pg, "n6").click()
+    nan = model["probes"][3]["summaries"]["primal"]["nan"]
+    assert (
+        f"NaN {nan}"
+        in detail.locator('[data-role="special-counts"][data-mode="primal"]').inner_text()
+    )
+    assert page.errors == []
+
+
+@pytest.mark.browser
+def test_search_results_show_their_path_and_close_on_enter(page, small_report):
+    pg = page.open_report(small_report)
+    search = pg.locator('[data-role="search"]')
+    search.fill("mul")
+    results = pg.locator('[data-role="search-results"]')
+    results.wait_for(state="visible")
+    assert "in layer_1 › steps" in results.locator('[data-role="result-path"]').first.inner_text()
+    search.press("Enter")
+    assert results.is_hidden()
+    assert node(pg, "n8").count() == 1  # revealed
+
+
+@pytest.mark.browser
+def test_report_mode_picker_says_why_it_is_disabled(page, small_report):
+    pg = page.open_report(small_report)
+    picker = pg.locator('[data-role="mode"]')
+    assert picker.is_disabled()
+    assert "cannot re-run" in picker.get_attribute("title")

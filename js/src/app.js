@@ -90,6 +90,8 @@ export class App {
     });
     this.search.addEventListener("keydown", (ev) => {
       if (ev.key === "Enter") {
+        clearTimeout(timer); // typed then Enter at once: search now, not after the pause
+        if (this.query !== this.search.value) this.setQuery(this.search.value);
         if (this.hits?.length) this.reveal(this.hits[0]);
         this.results.hidden = true; // the dropdown closes on Enter
       }

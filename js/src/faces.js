@@ -43,7 +43,11 @@ export function computeFaces(index, ids, { mode, stat }) {
       const s = p.summaries?.[mode];
       if (s?.hist?.counts?.length) { hist = s.hist.counts; break; }
     }
-    faces.set(id, { value, colour: scale.colour(value), text: value == null ? "" : `${statSymbol(mode, stat)} = ${fmt(value)}`, hist });
+    let text = value == null ? "" : `${statSymbol(mode, stat)} = ${fmt(value)}`;
+    // The program's scalar output (the loss) shows its value, whatever colours the nodes.
+    const out = index.nodes.get(id)?.kind === "output" ? probes?.[0]?.summaries?.primal : null;
+    if (out && out.size === 1 && out.mean != null) text = `value = ${fmt(out.mean)}`;
+    faces.set(id, { value, colour: scale.colour(value), text, hist });
   }
   return { faces, scale };
 }
