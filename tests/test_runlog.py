@@ -13,6 +13,7 @@ import subprocess
 import sys
 import zlib
 
+import jax
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -474,3 +475,53 @@ def test_nan_loss_round_trips(run, tmp_path):
     view = load(tmp_path / "log")
     assert math.isnan(view.history[1]["loss"])
     assert view.model["history"]["nonfinite"] == {"step": 99, "forward": "n1", "backward": None}
+
+
+# -- through the Monitor, as a user meets it ----------------------------------------------
+
+
+def test_monitor_log_dir_reads_back_what_the_monitor_held(tmp_path):
+    params = runlog_script.init()
+    x, y = runlog_script.batch()
+    mon = sowviz.Monitor(runlog_script.loss, log_dir=tmp_path / "log", tensorboard=True)
+    for _ in range(5):
+        _, grads = mon.step(params, x, y)
+        params = [{k: p[k] - 0.05 * g[k] for k in p} for p, g in zip(params, grads)]
+    mon.close()
+    view = load(tmp_path / "log")
+    assert view.finished
+    assert [fmt.canonical(e) for e in view.history] == [fmt.canonical(e) for e in mon.history]
+    want = mon.to_dict()
+    got = view.model
+    assert [p["id"] for p in got["probes"]] == [p["id"] for p in want["probes"]]
+    assert {p["name"] for p in got["probes"]} >= {"layer_0", "layer_3"}
+    assert got["history"]["steps"] == want["history"]["steps"] == [0, 1, 2, 3, 4]
+    assert list((tmp_path / "log" / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_monitor_with_an_unwritable_log_dir_fails_at_construction(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(ValueError, match=r"`log_dir` .* cannot hold a run log"):
+        sowviz.Monitor(runlog_script.loss, log_dir=f / "run")
+
+
+def test_monitor_keeps_training_on_a_full_disk(tmp_path):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("needs /dev/full")
+    log = tmp_path / "log"
+    log.mkdir()
+    (log / "steps.log").symlink_to("/dev/full")
+    params = runlog_script.init()
+    x, y = runlog_script.batch()
+    plain = jax.jit(jax.value_and_grad(runlog_script.loss))
+    mon = sowviz.Monitor(runlog_script.loss, log_dir=log)
+    with pytest.warns(SinkWarning, match="No space left on device") as caught:
+        for _ in range(4):
+            value, _ = mon.step(params, x, y)
+            want, _ = plain(params, x, y)
+            assert float(value) == pytest.approx(float(want), rel=1e-6)
+            mon.flush()
+        mon.close()
+    assert sum(issubclass(w.category, SinkWarning) for w in caught) == 1
+    assert [e["step"] for e in mon.history] == [0, 1, 2, 3]
