@@ -365,6 +365,25 @@ def test_integer_and_bool_leaves_get_float0_tangents():
     assert inter["h"]["tangent"]["labels"] is None
 
 
+def test_static_leaves_skip_the_failing_jit_dispatch_after_the_first_call():
+    # Trying jax.jit on a string argument fails (and filtering that traceback took
+    # ~10 ms a call): after the first such call the static path is taken directly.
+    def fn(x, act):
+        return jnp.sum(sow(jnp.tanh(x) if act == "tanh" else jnp.sin(x), "h"))
+
+    wrapped = save_intermediates(fn)
+    wrapped(X, "tanh")
+
+    def never(*a, **k):
+        raise AssertionError("the plain jit path was tried again")
+
+    wrapped._jitted = never
+    _, inter = wrapped(X, "sin")
+    close(inter["h"]["primal"], jnp.sin(X))
+    _, inter = wrapped(X + 1, "tanh")  # a like call: the cached static-path program
+    close(inter["h"]["primal"], jnp.tanh(X + 1))
+
+
 def test_composes_with_outer_jit_and_vmap():
     wrapped = save_intermediates(jax.grad(f))
     _g, inter = jax.jit(wrapped)(X)

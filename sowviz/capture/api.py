@@ -85,6 +85,7 @@ class SaveIntermediates:
         self.trace_count = 0
         self._jitted = jax.jit(self._traced)
         self._static_cache: dict[Hashable, Callable] = {}
+        self._static_seen = False
         self._local = threading.local()
         functools.update_wrapper(self, fn, updated=())
 
@@ -132,12 +133,19 @@ class SaveIntermediates:
     def run(self, *args, **kwargs):
         """Like calling, but summaries stay packed on the device (`Packed`): start their
         transfer with `.fetch_async()` and read them with `.unpack()` when needed."""
+        if self._static_seen:
+            # Arguments with non-array leaves were seen (an Equinox module, a string):
+            # go straight to the static path, which handles all-array arguments too.
+            # Trying `jax.jit` first would cost a failed dispatch and a filtered
+            # traceback (~10 ms) on every call.
+            return self._call_with_static(args, kwargs)
         self._local.entered = False
         try:
             return self._jitted(*args, **kwargs)
         except TypeError:
             if getattr(self._local, "entered", True):
                 raise
+        self._static_seen = True
         return self._call_with_static(args, kwargs)
 
     def _call_with_static(self, args, kwargs):
