@@ -525,3 +525,20 @@ def test_monitor_keeps_training_on_a_full_disk(tmp_path):
         mon.close()
     assert sum(issubclass(w.category, SinkWarning) for w in caught) == 1
     assert [e["step"] for e in mon.history] == [0, 1, 2, 3]
+
+
+def test_the_view_picks_up_a_rewritten_model(run, tmp_path):
+    model, entries, _ = run
+    (sink,) = make_sinks(tmp_path / "log")
+    sink.open({**model, "probes": []})  # the graph first, before the probe list is known
+    sink.write(entries[0])
+    sink.flush()
+    view = load(tmp_path / "log")
+    widget = view.widget
+    assert view.model["probes"] == [] and widget.model["probes"] == []
+    sink.open(model)  # the Monitor opens its sinks again once the probes are known
+    sink.write(entries[1])
+    sink.close()
+    view.poll()
+    assert [p["id"] for p in widget.model["probes"]] == [p["id"] for p in model["probes"]]
+    assert widget.model["history"]["steps"] == [0, 1]

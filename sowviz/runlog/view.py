@@ -20,6 +20,7 @@ from typing import Any
 
 from .._history import History
 from .reader import LogReader
+from .writer import MODEL_FILE
 
 POLL_S = 0.5  # how often a displayed view looks for new steps
 
@@ -44,9 +45,11 @@ class RunLogView:
         self.steps_read = 0
         self.nonfinite: dict[str, Any] | None = None  # the first step with NaN/Inf
         self._base: dict[str, Any] | None = None
+        self._base_stamp: tuple[int, int] | None = None  # model.json's (mtime_ns, size)
         self._latest: dict[str, Any] | None = None
         self._lock = threading.RLock()
         self._widget = None
+        self._sent_model = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._outbox: list[dict[str, Any]] = []  # read, not yet sent to the widget
@@ -67,8 +70,7 @@ class RunLogView:
     def refresh(self) -> list[dict[str, Any]]:
         """Read the steps appended since the last read; returns them (oldest first)."""
         with self._lock:
-            if self._base is None:
-                self._base = self.reader.model()
+            self._load_model()
             new = self.reader.read()
             for e in new:
                 first_bad = self.nonfinite is None and bool(e.get("nonfinite"))
@@ -82,12 +84,26 @@ class RunLogView:
             self.steps_read += len(new)
             return new
 
+    def _load_model(self) -> None:
+        """(Re)read model.json when it changed: the Monitor writes it when the graph is
+        traced and again once the probe list is known."""
+        try:
+            st = (self.log_dir / MODEL_FILE).stat()
+        except FileNotFoundError:
+            return
+        stamp = (st.st_mtime_ns, st.st_size)
+        if stamp != self._base_stamp:
+            model = self.reader.model()
+            if model is not None:
+                self._base, self._base_stamp = model, stamp
+                self._sent_model = False  # a displayed widget gets the new model whole
+
     @property
     def model(self) -> dict[str, Any]:
         """The sowviz/1 model with the history, as `Monitor.to_dict()` gives it."""
         with self._lock:
             if self._base is None:
-                self._base = self.reader.model()
+                self._load_model()
             if self._base is None:
                 return {}
             d = copy.deepcopy(self._base)
