@@ -6,7 +6,9 @@
 #   .venv         the newest Python found (3.12/3.13, pyenv's included), where pip
 #                 installs the newest JAX (0.12): the whole suite runs here.
 #   .venv-oldest  Python 3.11 with the oldest supported JAX (0.10.2): the engine,
-#                 summary, graph and model-zoo tests run here too.
+#                 summary, graph, inspection and model-zoo tests run here too.
+#   .venv-jax011  the newest Python with JAX 0.11.2 (what CUDA images carry): the
+#                 engine and summary tests.
 
 SHELL := /bin/bash
 PYENV_ROOT ?= $(HOME)/.pyenv
@@ -17,6 +19,7 @@ find_python = $(firstword $(foreach p,$(1),$(shell p=$(p); [ -x "$$p" ] || p=$$(
 PYTHON_NEW ?= $(call find_python,$(wildcard $(PYENV_ROOT)/versions/3.12*/bin/python3.12) $(wildcard $(PYENV_ROOT)/versions/3.13*/bin/python3.13) python3.12 python3.13 python3)
 PYTHON_OLD ?= $(call find_python,$(wildcard $(PYENV_ROOT)/versions/3.11*/bin/python3.11) python3.11 python3)
 OLDEST_JAX := jax==0.10.2 jaxlib==0.10.2
+MIDDLE_JAX := jax==0.11.2 jaxlib==0.11.2
 
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -25,14 +28,18 @@ PY_OLD := $(VENV_OLD)/bin/python
 BASE_STAMP := $(VENV)/.base-stamp
 TEST_STAMP := $(VENV)/.test-stamp
 OLD_STAMP := $(VENV_OLD)/.test-stamp
+VENV_MID := .venv-jax011
+PY_MID := $(VENV_MID)/bin/python
+MID_STAMP := $(VENV_MID)/.test-stamp
 NODE_STAMP := js/node_modules/.installed-stamp
 CHROMIUM := /usr/bin/chromium
 PYTEST := -m pytest -q -p no:cacheprovider
 # Tests that depend on the JAX version (engine, summaries, graph, real models);
 # the views are the same on every JAX and run once, on the newest.
 OLDEST_TESTS := tests/test_capture.py tests/test_summary.py tests/test_graph.py tests/test_inspection.py tests/zoo
+MIDDLE_TESTS := tests/test_capture.py tests/test_summary.py
 
-.PHONY: demo test test-py test-oldest test-js lint js chromium bench clean
+.PHONY: demo test test-py test-oldest test-jax011 test-js lint js chromium bench clean
 
 # What `make demo` needs: the package alone (no test toolchain).
 $(BASE_STAMP): pyproject.toml
@@ -52,6 +59,12 @@ $(OLD_STAMP): pyproject.toml
 	$(PY_OLD) -m pip install -q --upgrade pip
 	$(PY_OLD) -m pip install -q -e ".[test]" $(OLDEST_JAX)
 	touch $(OLD_STAMP)
+
+$(MID_STAMP): pyproject.toml
+	[ -x $(PY_MID) ] || $(PYTHON_NEW) -m venv $(VENV_MID)
+	$(PY_MID) -m pip install -q --upgrade pip
+	$(PY_MID) -m pip install -q -e ".[test]" $(MIDDLE_JAX)
+	touch $(MID_STAMP)
 
 $(NODE_STAMP): js/package.json js/package-lock.json
 	cd js && npm ci --no-audit --no-fund
@@ -86,10 +99,14 @@ test-oldest: $(OLD_STAMP)
 	$(PY_OLD) -c 'import jax, sys; print("oldest:", sys.version.split()[0], "jax", jax.__version__)'
 	$(PY_OLD) $(PYTEST) -m "not browser" $(OLDEST_TESTS)
 
-test: lint js test-js test-py test-oldest
+test-jax011: $(MID_STAMP)
+	$(PY_MID) -c 'import jax, sys; print("jax 0.11:", sys.version.split()[0], "jax", jax.__version__)'
+	$(PY_MID) $(PYTEST) -m "not browser" $(MIDDLE_TESTS)
+
+test: lint js test-js test-py test-oldest test-jax011
 
 bench: $(TEST_STAMP)
 	for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) $(VENV_OLD) js/node_modules
+	rm -rf $(VENV) $(VENV_OLD) $(VENV_MID) js/node_modules
