@@ -421,7 +421,7 @@ def test_empty(shape: tuple[int, ...]) -> None:
 
 
 # --------------------------------------------------------------------------
-# The fast path (every value finite, no subnormal) and the general one agree
+# Finite arrays match NumPy, and a NaN more changes nothing but the NaN count
 
 
 PLAIN = [
@@ -437,11 +437,11 @@ PLAIN = [
 
 
 @pytest.mark.parametrize("values", PLAIN)
-def test_plain_arrays_match_numpy_and_the_general_path(values: np.ndarray) -> None:
+def test_finite_arrays_match_numpy_and_ignore_a_nan(values: np.ndarray) -> None:
     a = values.astype(F32)
     s = summarize(a)
     check_against_reference(s, a, 64)
-    # One NaN more sends the same values down the general (masked) path.
+    # One NaN more: every statistic over finite values stays the same.
     g = to_host(summarize(np.append(a, F32(np.nan))))
     h = to_host(s)
     assert int(g.nan) == 1 and int(h.nan) == 0
@@ -726,3 +726,41 @@ def test_per_iteration_of_a_scan_capture() -> None:
         check_rows(summ["h"][mode], stack, BINS, list(range(5)))
     assert summ["total"]["primal"].per_iteration is None  # not inside the loop
     assert "per_iteration" not in summ["total"]["primal"].to_json()
+
+
+def _concat_sizes(fn, *args) -> list[int]:
+    jaxpr = jax.make_jaxpr(fn)(*args)
+    sizes = []
+
+    def walk(j):
+        for e in j.eqns:
+            if e.primitive.name in ("concatenate", "stack"):  # stack: a primitive since JAX 0.12
+                sizes.append(math.prod(e.outvars[0].aval.shape))
+            for v in e.params.values():
+                for sub in v if isinstance(v, (tuple, list)) else (v,):
+                    inner = getattr(sub, "jaxpr", sub)  # ClosedJaxpr or Jaxpr
+                    if hasattr(inner, "eqns"):
+                        walk(inner)
+
+    walk(jaxpr.jaxpr)
+    return sizes
+
+
+def test_large_captures_are_not_copied_into_a_stack() -> None:
+    # Stacking copies: on a CPU only small like-shaped arrays are stacked (one
+    # computation for many probes); large ones are summarised where they are.
+    from sowviz.capture import summaries
+
+    big = summaries.STACK_MAX_ELEMENTS + 1
+    values = {
+        ("a",): {"primal": jnp.ones((big,)), "cotangent": jnp.ones((big,))},
+        ("b",): {"primal": jnp.ones((8, 8)), "cotangent": jnp.ones((8, 8))},
+    }
+    packed = summaries.summarize_packed(values, {}, 16)
+    sizes = _concat_sizes(lambda v: summaries.summarize_packed(v, {}, 16).buffers, values)
+    assert max(sizes) < big and 2 * 64 in sizes  # the two 8x8 arrays were stacked
+    out, _ = packed.unpack()
+    for key, n in ((("a",), big), (("b",), 64)):
+        for mode in ("primal", "cotangent"):
+            js = out[key][mode].to_json()
+            assert (js["count"], js["min"], js["max"], js["std"]) == (n, 1.0, 1.0, 0.0)
