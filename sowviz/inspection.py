@@ -264,7 +264,8 @@ def inspect(
 
     Options: argnums, tangents (a tuple, one per argument), cotangents (shaped like
     the output), bins (≤ 4096), title, tag, duplicates (default "suffix"), loops,
-    strict, tesseract_names.
+    strict, tesseract_names, expect_nonfinite (stage labels or sow names where NaN/Inf
+    are expected, e.g. ("mask",): see docs/model.md, NonFinite).
 
     Example:
         >>> ins = sowviz.inspect(lambda w: jnp.sum(jnp.tanh(w) ** 2), jnp.ones(3))

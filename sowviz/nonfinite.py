@@ -380,17 +380,7 @@ def with_equations(
 
 
 # ---------------------------------------------------------------------------
-# The Monitor's historic interface (node ids only).
-
-
-def origin(probes, graph) -> tuple[str | None, str | None] | None:
-    """(forward producer, backward origin) node ids, or None when all values are finite."""
-    o = find(probes, graph)
-    if o is None or (o.forward is None and o.backward is None):
-        return None
-    fwd = o.forward.node if o.forward else None
-    bwd = (o.backward.node or o.backward.reaching) if o.backward else None
-    return fwd, bwd
+# The Monitor's error message.
 
 
 def message(graph, step: int, where: Any) -> str:
