@@ -56,12 +56,15 @@ def test_demo_report_in_the_browser(page, demo_report):
     assert nodes.count() > 10
     labels = nodes.evaluate_all("els => els.map(e => e.dataset.kind + ':' + e.textContent)")
     assert any(label.startswith("scope:block_3") for label in labels)
-    # the NaN is flagged where it is born: distance (tangents), embed (cotangents)
+    # the NaN is flagged where it is born: in `distance` (its tangents, and its backward
+    # rule, which turns finite cotangents into NaN reaching `embed`)
     distance = pg.locator('[data-kind="scope"]', has_text="distance").first
     assert distance.get_attribute("data-nonfinite") == "true"
     assert "forward" in (distance.get_attribute("data-nonfinite-origin") or "")
+    assert "backward" in (distance.get_attribute("data-nonfinite-origin") or "")
     embed = pg.locator('[data-kind="scope"]', has_text="embed").first
-    assert "backward" in (embed.get_attribute("data-nonfinite-origin") or "")
+    assert embed.get_attribute("data-nonfinite-role") == "propagator"
+    assert "reaching embed" in pg.locator('[data-role="nonfinite-banner"]').inner_text()
     # click → one chart per captured mode
     pg.locator('[data-kind="scope"]', has_text="block_1").first.click()
     detail = pg.locator('[data-role="detail"]')
