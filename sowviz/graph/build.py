@@ -12,13 +12,21 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-import jax
-import jax.numpy as jnp
-
 from .. import _compat
 from . import frameworks
+from .inputs import InputsMixin
 from .model import STAGE_KINDS, Capture, Edge, Node, Note, ProbePoint, StageGraph, Step
-from .names import fold_label, fold_names, input_groups, path_label, scope_names, short_path
+from .names import (
+    _count_eqns,
+    _jaxpr_name,
+    fold_label,
+    fold_names,
+    input_groups,
+    is_floating,
+    scope_names,
+    shape_str,
+    short_path,
+)
 from .tesseract import output_names, tesseract_label
 
 _CAPTURES = ("sows", "stages", "all")
@@ -91,45 +99,6 @@ def build_graph(
     )
 
 
-# ---------------------------------------------------------------------------
-# Helpers with per-process caches (avals repeat a lot in big programs).
-
-_shape_cache: dict[Any, str] = {}
-_float_cache: dict[Any, bool] = {}
-
-
-def shape_str(aval: Any) -> str:
-    key = (getattr(aval, "dtype", None), getattr(aval, "shape", None))
-    s = _shape_cache.get(key)
-    if s is None:
-        if key[0] is None or key[1] is None:
-            s = str(aval)
-        else:
-            s = f"{key[0]}[{','.join(str(d) for d in key[1])}]"
-        _shape_cache[key] = s
-    return s
-
-
-def is_floating(aval: Any) -> bool:
-    dtype = getattr(aval, "dtype", None)
-    if dtype is None:
-        return False
-    f = _float_cache.get(dtype)
-    if f is None:
-        try:
-            f = bool(jax.dtypes.issubdtype(dtype, jnp.inexact))
-        except TypeError:
-            f = False
-        _float_cache[dtype] = f
-    return f
-
-
-def _jaxpr_name(j: Any) -> str | None:
-    info = getattr(j, "debug_info", None)
-    name = getattr(info, "func_name", None) if info is not None else None
-    return None if not name or name.startswith("<") else name
-
-
 class _Rec:
     """A node under construction (mutable until the walk ends)."""
 
@@ -162,7 +131,7 @@ class _Rec:
         self.out_vars: dict[Any, tuple[int, int]] | None = None  # scopes: output var -> loc
 
 
-class _Builder:
+class _Builder(InputsMixin):
     def __init__(self, capture: str, tesseract_names: Any) -> None:
         self.capture = capture
         self.tesseract_names = tesseract_names
@@ -206,44 +175,6 @@ class _Builder:
                 if probe and at is not None:  # the loss, as the program returns it
                     self.point(rec, (), [at], [v], at=last)
         return self.finish(root, title)
-
-    def input_tree(self, root, group, label, invars):
-        """Input nodes of one argument (`group`: (flat index, arg name, path tokens)),
-        nested by path under a group node when there are several; yields
-        (flat index, chain)."""
-        if len(group) == 1:
-            k, name, tokens = group[0]
-            rec = self.new("input", name + "".join(tokens), root.id)
-            rec.shapes = (shape_str(invars[k].aval),)
-            yield k, (rec.id,)
-            return
-        top = self.new("scope", label, root.id)
-        top.shapes = tuple(shape_str(invars[k].aval) for k, _, _ in group)
-        yield from self._input_level(top, (top.id,), [(k, t) for k, _, t in group], invars)
-
-    def _input_level(self, parent, chain, items, invars):
-        # Children by first token, in order; a chain of single children is one label.
-        firsts: dict[str, list[tuple[int, list[str]]]] = {}
-        for k, tokens in items:
-            firsts.setdefault(tokens[0] if tokens else "", []).append((k, tokens))
-        for first, sub in firsts.items():
-            prefix = [first]
-            while len(sub) > 1 and all(len(t) > len(prefix) for _, t in sub):
-                nxt = {t[len(prefix)] for _, t in sub}
-                if len(nxt) != 1:
-                    break
-                prefix.append(nxt.pop())
-            label = path_label(prefix)
-            if len(sub) == 1:
-                k, tokens = sub[0]
-                rec = self.new("input", path_label(tokens) or label, parent.id)
-                rec.shapes = (shape_str(invars[k].aval),)
-                yield k, (*chain, rec.id)
-                continue
-            rec = self.new("scope", label, parent.id)
-            rec.shapes = tuple(shape_str(invars[k].aval) for k, _ in sub)
-            rest = [(k, t[len(prefix) :]) for k, t in sub]
-            yield from self._input_level(rec, (*chain, rec.id), rest, invars)
 
     # -- one jaxpr level ---------------------------------------------------------
     def walk(
@@ -531,12 +462,3 @@ class _Builder:
             sow_nodes_all={k: tuple(v) for k, v in self.sows.items()},
             notes=tuple(notes),
         )
-
-
-def _count_eqns(jaxpr: Any) -> int:
-    n = 0
-    for eqn in jaxpr.eqns:
-        n += 1
-        for _, _, sub in _compat.sub_jaxprs(eqn):
-            n += _count_eqns(sub)
-    return n

@@ -9,6 +9,10 @@ import os
 import re
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
 
 from .. import _compat
 
@@ -224,3 +228,51 @@ def fold_names(
 def fold_label(name: str) -> str:
     """The label of a (possibly synthetic) scope name."""
     return name[len(FOLD) :].split("\x01", 1)[0] if name.startswith(FOLD) else name
+
+
+# ---------------------------------------------------------------------------
+# Helpers with per-process caches (avals repeat a lot in big programs).
+
+_shape_cache: dict[Any, str] = {}
+_float_cache: dict[Any, bool] = {}
+
+
+def shape_str(aval: Any) -> str:
+    key = (getattr(aval, "dtype", None), getattr(aval, "shape", None))
+    s = _shape_cache.get(key)
+    if s is None:
+        if key[0] is None or key[1] is None:
+            s = str(aval)
+        else:
+            s = f"{key[0]}[{','.join(str(d) for d in key[1])}]"
+        _shape_cache[key] = s
+    return s
+
+
+def is_floating(aval: Any) -> bool:
+    dtype = getattr(aval, "dtype", None)
+    if dtype is None:
+        return False
+    f = _float_cache.get(dtype)
+    if f is None:
+        try:
+            f = bool(jax.dtypes.issubdtype(dtype, jnp.inexact))
+        except TypeError:
+            f = False
+        _float_cache[dtype] = f
+    return f
+
+
+def _jaxpr_name(j: Any) -> str | None:
+    info = getattr(j, "debug_info", None)
+    name = getattr(info, "func_name", None) if info is not None else None
+    return None if not name or name.startswith("<") else name
+
+
+def _count_eqns(jaxpr: Any) -> int:
+    n = 0
+    for eqn in jaxpr.eqns:
+        n += 1
+        for _, _, sub in _compat.sub_jaxprs(eqn):
+            n += _count_eqns(sub)
+    return n
