@@ -27,7 +27,6 @@ import inspect as _pyinspect
 import threading
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -35,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _compat
+from ._args import ArgSpec, _is_float, _layout, _paths, _user_tangents, split
 from .capture.api import SaveIntermediates
 from .graph import build_graph, instrument
 from .modes import transform
@@ -42,147 +42,7 @@ from .options import InspectOptions
 from .summary import SummaryOptions
 
 PROBE_TAG = "sowviz.stage"
-ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
 _MAX_FAMILIES, _MAX_TRACED, _MAX_RUNNERS = 32, 16, 8
-
-_TRACER = (
-    "sowviz.{where} was called on traced values (argument leaf `{path}` is a JAX tracer): "
-    "it runs inside `jax.jit`, `vmap` or another transformation. sowviz compiles the "
-    "program itself; call it outside the transformation (e.g. call `mon.step(params, "
-    "batch)` in place of your jitted value-and-grad, and jit only the update)."
-)
-_UNHASHABLE = (
-    "sowviz.{where}: the argument leaf `{path}` (a {type}) is neither an array nor "
-    "hashable, so it can be neither traced nor used as a static cache key. Mark it "
-    "static (make it hashable, or an `eqx.field(static=True)`), turn it into an array, "
-    "or split it off with `eqx.partition` and close over it (functools.partial)."
-)
-
-
-def _paths(args: tuple) -> list[str]:
-    return [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(args)[0]]
-
-
-class ArgSpec:
-    """The static part of a call: tree structure, static leaves, array positions."""
-
-    __slots__ = ("_hash", "dynamic", "static", "treedef")
-
-    def __init__(self, treedef: Any, static: tuple, dynamic: tuple[int, ...]):
-        self.treedef, self.static, self.dynamic = treedef, static, dynamic
-        self._hash = hash((treedef, static))
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, ArgSpec)
-            and self._hash == other._hash
-            and self.treedef == other.treedef
-            and self.static == other.static
-        )
-
-    def merge(self, dyn: Any) -> tuple:
-        leaves: list[Any] = [None] * self.treedef.num_leaves
-        for i, leaf in self.static:
-            leaves[i] = leaf
-        for i, x in zip(self.dynamic, dyn, strict=True):
-            leaves[i] = x
-        return jax.tree_util.tree_unflatten(self.treedef, leaves)
-
-
-def split(args: tuple, where: str) -> tuple[ArgSpec, list]:
-    """Partition `args` into its static `ArgSpec` and the list of array leaves."""
-    leaves, treedef = jax.tree_util.tree_flatten(args)
-    dyn, static, idx = [], [], []
-    for i, leaf in enumerate(leaves):
-        if isinstance(leaf, ARRAY_TYPES):
-            if isinstance(leaf, jax.core.Tracer):
-                raise TypeError(_TRACER.format(where=where, path="args" + _paths(args)[i]))
-            dyn.append(leaf)
-            idx.append(i)
-        else:
-            static.append((i, leaf))
-    try:
-        spec = ArgSpec(treedef, tuple(static), tuple(idx))
-    except TypeError:
-        paths = _paths(args)
-        i, leaf = next((i, v) for i, v in static if not _hashable(v))
-        raise TypeError(
-            _UNHASHABLE.format(where=where, path="args" + paths[i], type=type(leaf).__name__)
-        ) from None
-    return spec, dyn
-
-
-def _hashable(v: Any) -> bool:
-    try:
-        hash(v)
-    except TypeError:
-        return False
-    return True
-
-
-def _is_float(x: Any) -> bool:
-    dtype = getattr(x, "dtype", None)
-    if dtype is None:
-        dtype = jnp.result_type(x)
-    return dtype != jax.dtypes.float0 and jnp.issubdtype(dtype, jnp.inexact)
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Where each array input (`dyn[j]`) sits among the arguments."""
-
-    n_args: int
-    arg_of: tuple[int, ...]  # per array input: its positional argument
-    floating: tuple[int, ...]  # array inputs with an inexact dtype (differentiated)
-    paths: tuple[str, ...]  # per array input: pytree path inside the argument tuple
-    leaf_of: tuple[int, ...]  # per array input: index among all leaves
-    kinds: tuple[str, ...]  # per leaf: dtype or type name, for messages
-    arg_trees: tuple[Any, ...]  # per argument: its treedef
-    offsets: tuple[int, ...]  # per argument: index of its first leaf
-
-    def input_trees(self, nums: tuple[int, ...], values: dict[int, Any]) -> tuple:
-        """One tree per argument in `nums`: `values[j]` at array input j, None elsewhere."""
-        by_leaf = {self.leaf_of[j]: v for j, v in values.items()}
-        out = []
-        for i in nums:
-            start, tree = self.offsets[i], self.arg_trees[i]
-            leaves = [by_leaf.get(start + k) for k in range(tree.num_leaves)]
-            out.append(jax.tree_util.tree_unflatten(tree, leaves))
-        return tuple(out)
-
-    def describe_arg(self, i: int) -> str:
-        start, n = self.offsets[i], self.arg_trees[i].num_leaves
-        kinds = self.kinds[start : start + n]
-        return ", ".join(kinds[:6]) + (", ..." if len(kinds) > 6 else "") if kinds else "none"
-
-
-def _layout(spec: ArgSpec, dyn: list, paths: list[str]) -> Layout:
-    arg_trees = tuple(spec.treedef.children())
-    offsets, start = [], 0
-    for t in arg_trees:
-        offsets.append(start)
-        start += t.num_leaves
-    arg_of = tuple(
-        max(k for k, o in enumerate(offsets) if o <= i and arg_trees[k].num_leaves)
-        for i in spec.dynamic
-    )
-    kinds = [type(v).__name__ for _, v in spec.static]
-    by_leaf = dict(zip([i for i, _ in spec.static], kinds, strict=True))
-    for i, x in zip(spec.dynamic, dyn, strict=True):
-        by_leaf[i] = str(jnp.result_type(x))
-    return Layout(
-        n_args=len(arg_trees),
-        arg_of=arg_of,
-        floating=tuple(j for j, x in enumerate(dyn) if _is_float(x)),
-        paths=tuple(paths[i] for i in spec.dynamic),
-        leaf_of=spec.dynamic,
-        kinds=tuple(by_leaf[i] for i in range(spec.treedef.num_leaves)),
-        arg_trees=arg_trees,
-        offsets=tuple(offsets),
-    )
 
 
 def _named(fn: Callable) -> Callable:
@@ -380,39 +240,6 @@ class Runner:
             return program(spec, dyn, extra)
         finally:
             self.family.local.args = None
-
-
-def _user_tangents(spec: ArgSpec, dyn: list, tangents: Any, where: str) -> tuple | None:
-    if tangents is None:
-        return None
-    n_args = len(spec.treedef.children())
-    bad = (
-        f"sowviz.{where}: `tangents` must be a tuple with one tangent per positional argument "
-        f"({n_args}), each shaped like its argument"
-    )
-    if len(tangents) != n_args:
-        raise ValueError(f"{bad}; got {len(tangents)} tangent(s).")
-    try:
-        flat = spec.treedef.flatten_up_to(tuple(tangents))
-    except (ValueError, TypeError) as err:
-        raise ValueError(f"{bad}; their structure differs: {err}") from None
-    out = []
-    for i, x in zip(spec.dynamic, dyn, strict=True):
-        if not _is_float(x):
-            continue
-        t = flat[i]
-        if t is None or jnp.shape(t) != jnp.shape(x):
-            raise ValueError(
-                f"{bad}; the tangent of leaf `args{_paths_of(spec)[i]}` has shape "
-                f"{None if t is None else jnp.shape(t)}, its argument {jnp.shape(x)}."
-            )
-        out.append(jnp.asarray(t, jnp.result_type(x)))
-    return tuple(out)
-
-
-def _paths_of(spec: ArgSpec) -> list[str]:
-    skeleton = jax.tree_util.tree_unflatten(spec.treedef, list(range(spec.treedef.num_leaves)))
-    return _paths(skeleton)
 
 
 # -- the global cache, keyed on the function's identity ---------------------------------
