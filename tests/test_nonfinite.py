@@ -468,3 +468,19 @@ def test_monitor_stops_at_the_step_and_names_the_equation(every):
     assert nf.step == 5 and nf.origins.forward.equation.primitive == "rsqrt"
     assert mon.graph.node(nf.forward).label == "LayerNorm_0"
     assert mon.to_dict()["history"]["nonfinite"]["forward"]["equation"]["source"]["line"] == line
+
+
+def test_the_rule_on_a_saved_model_gives_the_stored_record():
+    import json
+
+    import sowviz
+    from sowviz.nonfinite import model_origins
+
+    ins = sowviz.inspect(f_log_negative, X)
+    saved = json.loads(ins.to_json())  # what a report or a log holds
+    rec = saved["nonfinite"]
+    again = model_origins(saved)
+    # the same rule, from the JSON model: same producer, backward origin, propagators
+    # (`removed` needs the results, which a saved model does not hold)
+    for key in ("forward", "backward", "propagators", "expected"):
+        assert again[key] == rec[key], key
