@@ -7,6 +7,9 @@ summaries per step):
 - the sink thread's cost per step (encode + write, measured as the time to drain
   N steps),
 - bytes per step on disk (the run log; TensorBoard's event file),
+- for the two file sinks, the write of one step on its own (median over steps of
+  `sink._write(entry)` called directly: encode, checksum, write; the number the sink
+  thread's cost approaches on an idle machine),
 and the monitored step with each sink vs the same Monitor without (median step
 time, interleaved). Target: within the Monitor's own budget (fixed host cost
 ≤ 100 µs per step), off the step's critical path.
@@ -103,6 +106,21 @@ def sink_costs(kind: str, model, steps, root: str) -> dict[str, float]:
     }
 
 
+def write_one_step(kind: str, model, steps, root: str) -> float:
+    """Median seconds of one step's `_write` (encode + checksum + write), called on this
+    thread while the sink's own thread idles."""
+    log = os.path.join(root, f"{kind}-micro")
+    (sink,) = make_sinks(log) if kind == "log_dir" else make_sinks(None, tensorboard=log)
+    sink._open(model)
+    times = []
+    for e in steps:
+        t0 = time.perf_counter()
+        sink._write(e)
+        times.append(time.perf_counter() - t0)
+    sink.close()
+    return statistics.median(times)
+
+
 def step_times(steps: int, root: str, kinds: list[str]) -> dict[str, float]:
     params, x = init()
     mons = {"none": sowviz.Monitor(loss, history=steps + 10)}
@@ -170,6 +188,15 @@ def main(quick: bool = False) -> list[_bench.Row]:
                 ),
             )
             if kind != "wandb":
+                _bench.emit(
+                    rows,
+                    _bench.Row(
+                        "runlog_overhead",
+                        f"{case}: one step's write on its own (median)",
+                        write_one_step(kind, model, steps, root) * 1e6,
+                        "µs",
+                    ),
+                )
                 _bench.emit(
                     rows,
                     _bench.Row(

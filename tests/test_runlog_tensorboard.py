@@ -1,10 +1,14 @@
-"""TensorBoard event files, read back with TensorBoard's own EventAccumulator."""
+"""TensorBoard event files (written with tensorboardX), read back with TensorBoard's own
+EventAccumulator, and their record checksums checked with TensorBoard's own CRC-32C."""
 
 from __future__ import annotations
 
+import importlib
 import io
 import pathlib
+import struct
 import sys
+import warnings
 
 import pytest
 
@@ -15,7 +19,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import runlog_script
 
 pytest.importorskip("tensorboard")
+pytest.importorskip("tensorboardX")
 from tensorboard.backend.event_processing import event_accumulator as ea
+from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
 
 @pytest.fixture(scope="module")
@@ -91,3 +97,64 @@ def test_unwritable_tensorboard_directory(tmp_path):
     f.write_text("x")
     with pytest.raises(ValueError, match=r"TensorBoard directory .* is not writable"):
         make_sinks(None, tensorboard=f / "tb")
+
+
+def records(path: pathlib.Path) -> list[bytes]:
+    """The records of a TFRecord file, each checksum checked with TensorBoard's own
+    pure-Python masked CRC-32C (the writer uses the compiled `crc32c` package)."""
+    data, out, i = path.read_bytes(), [], 0
+    while i < len(data):
+        header = data[i : i + 8]
+        (length,) = struct.unpack("<Q", header)
+        (header_crc,) = struct.unpack("<I", data[i + 8 : i + 12])
+        body = data[i + 12 : i + 12 + length]
+        (body_crc,) = struct.unpack("<I", data[i + 12 + length : i + 16 + length])
+        assert header_crc == masked_crc32c(header)
+        assert body_crc == masked_crc32c(body)
+        out.append(body)
+        i += 16 + length
+    return out
+
+
+def test_records_checksums_and_live_flush(run, tmp_path):
+    from tensorboard.compat.proto import event_pb2
+
+    model, entries = run
+    (sink,) = make_sinks(None, tensorboard=tmp_path / "tb")
+    sink.open(model)
+    for e in entries[:3]:
+        sink.write(e)
+    # A live TensorBoard sees every step handed over before `flush`, the run still open.
+    sink.flush()
+    assert [x.step for x in read_back(tmp_path / "tb").Scalars("loss")] == [0, 1, 2]
+    for e in entries[3:]:
+        sink.write(e)
+    sink.close()
+    (path,) = (tmp_path / "tb").iterdir()
+    assert path.name.startswith("events.out.tfevents.")
+    events = [event_pb2.Event.FromString(r) for r in records(path)]
+    assert events[0].file_version == "brain.Event:2"
+    assert [ev.step for ev in events[1:]] == [e["step"] for e in entries]
+
+
+def test_two_writers_in_one_directory_keep_separate_files(run, tmp_path):
+    model, entries = run
+    sinks = [make_sinks(None, tensorboard=tmp_path / "tb")[0] for _ in range(2)]
+    for i, s in enumerate(sinks):
+        s.open(model)
+        s.write({**entries[0], "step": 10 * i})
+        s.close()
+    assert len(list((tmp_path / "tb").iterdir())) == 2
+    assert sorted(x.step for x in read_back(tmp_path / "tb").Scalars("loss")) == [0, 10]
+
+
+def test_missing_packages(tmp_path, monkeypatch):
+    tb_sink = importlib.import_module("sowviz.runlog.tb_sink")
+    monkeypatch.setitem(sys.modules, "crc32c", None)  # `import crc32c` fails
+    with pytest.warns(RuntimeWarning, match=r"`crc32c` package is not installed"):
+        tb_sink.TensorBoardSink(tmp_path / "slow").close()
+    monkeypatch.setitem(sys.modules, "tensorboardX.event_file_writer", None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ImportError, match=r"pip install 'sowviz\[tensorboard\]'"):
+            make_sinks(None, tensorboard=tmp_path / "tb")
