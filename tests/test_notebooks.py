@@ -123,6 +123,8 @@ def check_quickstart(nb, text, env):
     assert "modes captured: ['primal', 'cotangent']" in text
     for layer in ("dense_0", "dense_1", "dense_2"):
         assert re.search(rf"^{layer}\s+scope\s+\[64, ", text, re.M), layer
+    # every parameter leaf with its value and gradient norms
+    assert len(re.findall(r"^dense_\d\.[wb]\s+\d+\.\d{4}\s+\d\.\d{3}e[-+]\d+$", text, re.M)) == 6
     assert n_widgets(nb) == 5  # show() in every mode
 
 
@@ -142,7 +144,7 @@ def check_nan_hunting(nb, text, env):
 def check_tesseract_pipeline(nb, text, env):
     assert "('scale', 'tesseract')" in text and "('softplus_norm', 'tesseract')" in text
     assert re.search(r"^scale\s+primal\s+\[8\]\s+-1\.5000\s+2\.5000", text, re.M)
-    assert re.search(r"^softplus_norm\[1\]\s+cotangent\s+\[8\]\s+0\.1000\s+0\.1000", text, re.M)
+    assert re.search(r"^softplus_norm\['z'\]\s+cotangent\s+\[8\]\s+0\.1000\s+0\.1000", text, re.M)
     assert n_widgets(nb) == 1
 
 
