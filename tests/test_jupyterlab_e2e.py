@@ -225,7 +225,9 @@ def test_quickstart_runs_in_jupyterlab(browser, tmp_path):
                 "els => els.map(e => e.dataset.kind)"
             )
             assert "input" in kinds and "scope" in kinds
-            stage = first.locator('[data-has-probe="true"][data-kind="scope"]').first
+            # a layer (the "parameters" group opens its table of leaves, not charts)
+            stage = first.locator('[data-has-probe="true"][data-kind="scope"]', has_text="dense_0")
+            stage = stage.first
             stage.click()
             detail = first.locator('[data-role="detail"]')
             detail.wait_for(state="visible")
