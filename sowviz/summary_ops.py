@@ -324,3 +324,91 @@ def stats(v: jax.Array, bins: int, keep: np.ndarray | None) -> tuple[dict, dict 
         hist_counts=lin[:, :k, :bins],
     )
     return pooled, per_row
+
+
+# --------------------------------------------------------------------------
+# Many arrays of any shapes in one computation
+
+
+def segment_stats(v: jax.Array, seg: np.ndarray, members: int, bins: int) -> dict:
+    """`stats` of `members` arrays laid out as rows of `v` ``(R, W)``: row r holds
+    elements of member ``seg[r]`` (sorted), padded with NaN to whole rows (the
+    caller subtracts its padding from ``nan``). One computation, whatever the
+    arrays' shapes, so the program compiles one summary instead of one per shape.
+
+    The same arithmetic as `stats`, row by row: per-row reductions over W (XLA's
+    reduce), combined per member by small segment reductions over rows; per-member
+    values (shift, scale, histogram range) are gathered back to the rows.
+    """
+    acc = v.dtype
+    seg_j = jnp.asarray(seg, jnp.int32)
+    zero = jnp.zeros((), acc)
+    inf = jnp.asarray(jnp.inf, acc)
+    v = jnp.where(jnp.abs(v) < jnp.finfo(acc).tiny, zero, v)
+    finite = jnp.isfinite(v)
+    min_r, max_r, sum_r, cnt_r = _reduce(
+        (
+            jnp.where(finite, v, inf),
+            jnp.where(finite, v, -inf),
+            jnp.where(finite, v, zero),
+            finite.astype(jnp.int32),
+        ),
+        (jnp.inf, -jnp.inf, 0, 0),
+        (jnp.minimum, jnp.maximum, jnp.add, jnp.add),
+        (1,),
+    )
+
+    def per_member(x, op):
+        out = op(x, seg_j, num_segments=members, indices_are_sorted=True)
+        return out.astype(x.dtype)
+
+    vmin = per_member(min_r, jax.ops.segment_min)
+    vmax = per_member(max_r, jax.ops.segment_max)
+    have = vmin <= vmax
+    vmin, vmax = jnp.where(have, vmin, zero), jnp.where(have, vmax, zero)
+    absmax = jnp.maximum(jnp.abs(vmin), jnp.abs(vmax))
+    cnt = per_member(cnt_r, jax.ops.segment_sum)
+    n = jnp.maximum(cnt, 1).astype(acc)
+    total = per_member(sum_r, jax.ops.segment_sum)
+    shift = jnp.clip(jnp.where(jnp.isfinite(total), total / n, zero), vmin, vmax)
+    scale = pow2_scale(absmax)
+    vs = jnp.where(finite, _div_pow2(v, scale[seg_j][:, None]), zero)
+    ms = _div_pow2(shift, scale)
+    c = jnp.where(finite, vs - ms[seg_j][:, None], zero)
+    sums = _reduce((c, c * c, vs * vs), (0, 0, 0), (jnp.add,) * 3, (1,))
+    c1, c2, sq = (per_member(x, jax.ops.segment_sum) for x in sums)
+    d = c1 / n
+    mean = jnp.clip((ms + d) * scale, vmin, vmax)
+    std = jnp.sqrt(jnp.maximum(c2 / n - d * d, 0)) * scale
+    edges, idx = bin_index(v, vmin[seg_j], vmax[seg_j], bins)
+    first = np.searchsorted(seg, np.arange(members))  # each member's first row
+    edges = edges[first]
+    idx = jnp.where(
+        finite, idx, jnp.where(jnp.isnan(v), bins, jnp.where(v > 0, bins + 1, bins + 2))
+    )
+    start = log_window_start(absmax)
+    lslot = log_slot(v, start[seg_j], finite)
+    n_lin, n_log = bins + 3, LOG_BINS + 3
+    width = n_lin + n_log
+    base = seg_j[:, None] * width
+    cts = tally_slots([base + idx, base + n_lin + lslot], members * width, v)
+    cts = cts.reshape(members, width)
+    lin, log = cts[:, :n_lin], cts[:, n_lin:]
+    return dict(
+        count=cnt,
+        nan=lin[:, bins],
+        posinf=lin[:, bins + 1],
+        neginf=lin[:, bins + 2],
+        zeros=log[:, 0],
+        min=vmin,
+        max=vmax,
+        mean=mean,
+        std=std,
+        l2=jnp.sqrt(sq) * scale,
+        absmax=absmax,
+        hist_edges=edges,
+        hist_counts=lin[:, :bins],
+        loghist_start=start,
+        loghist_under=log[:, 1],
+        loghist_counts=log[:, 2 : 2 + LOG_BINS],
+    )

@@ -20,13 +20,16 @@ over that axis (`Summary.per_iteration`).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .. import summary as _summary
+from .. import summary_ops as _ops
 from .packing import Packed, pack
 
 #: On a CPU, arrays larger than this are summarised alone, never copied into a stack.
@@ -35,6 +38,10 @@ STACK_MAX_ELEMENTS = 1 << 16
 STACK_MAX_BYTES = 1 << 28
 #: Outermost `Site.axes` entries that are iterations (per-iteration statistics).
 ITERATION_AXES = ("scan", "while")
+#: Arrays of at most this many elements are summarised in one segmented layout.
+SEGMENT_MAX_ELEMENTS = STACK_MAX_ELEMENTS
+#: Row width of the segmented layout (`_segmented`): each array pads to whole rows.
+SEGMENT_ROW = 512
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,8 @@ class Regroup:
 
     treedef: Any  # of the values tree (None leaves kept)
     where: tuple[tuple[int, int | None] | None, ...]
+    # Per leaf summarised in a segmented group: its (shape, dtype, is_complex).
+    static: tuple[tuple[tuple[int, ...], str, bool] | None, ...] = ()
 
     def apply(self, tree: dict) -> Any:
         groups = tree["groups"]
@@ -54,6 +63,12 @@ class Regroup:
             else jax.tree_util.tree_map(lambda a, j=w[1]: a[j], groups[w[0]])
             for w in self.where
         ]
+        for i, st in enumerate(self.static):
+            if st is not None:
+                shape, dtype, is_complex = st
+                leaves[i] = dataclasses.replace(
+                    leaves[i], shape=shape, dtype=dtype, is_complex=is_complex
+                )
         values = jax.tree_util.tree_unflatten(self.treedef, leaves)
         return values, tree["meta"]
 
@@ -68,10 +83,42 @@ def _per_iteration(path: tuple, axes: dict) -> bool:
     return bool(site_axes) and site_axes[0] in ITERATION_AXES
 
 
+def _segmented(leaves: list, bins: int) -> Any:
+    """A stacked `Summary` of `leaves` (any shapes, one accumulation dtype), computed by
+    `summary_ops.segment_stats` over their values laid out in rows of `SEGMENT_ROW`
+    (NaN padding, whose count is taken off ``nan``). Static fields are the stack's;
+    `Regroup` gives each member its own shape and dtype."""
+    parts, rows, pads = [], [], []
+    for leaf in leaves:
+        v = jnp.ravel(_summary._values(jnp.asarray(leaf)))
+        pad = (-v.size) % SEGMENT_ROW or (SEGMENT_ROW if v.size == 0 else 0)
+        parts += [v, jnp.full(pad, jnp.nan, v.dtype)] if pad else [v]
+        rows.append((v.size + pad) // SEGMENT_ROW)
+        pads.append(pad)
+    flat = jnp.concatenate(parts) if len(parts) > 1 else parts[0]
+    seg = np.repeat(np.arange(len(leaves), dtype=np.int32), rows)
+    stats = _ops.segment_stats(flat.reshape(-1, SEGMENT_ROW), seg, len(leaves), bins)
+    stats["nan"] = stats["nan"] - jnp.asarray(pads, jnp.int32)
+    return _summary.Summary(
+        **stats,
+        per_iteration=None,
+        shape=(),
+        dtype=str(flat.dtype),
+        is_complex=False,
+        bins=bins,
+    )
+
+
 def summarize_packed(values: Any, meta: Any, bins: int, axes: dict | None = None) -> Packed:
     """Summarise every array leaf of `values` (`{entry: {mode: tree}}`, None leaves stay
     None), pack them with the raw `meta` arrays; `Packed.unpack()` returns
-    `(summaries, meta)`. `axes` maps entry → mode → `Site.axes`."""
+    `(summaries, meta)`. `axes` maps entry → mode → `Site.axes`.
+
+    Every small array (at most `SEGMENT_MAX_ELEMENTS`, not on an explicit mesh, whose
+    layout flattening would change) without per-iteration statistics joins one
+    segmented group per accumulation dtype (`_segmented`): a program compiles one
+    summary for all of them, whatever their shapes (one per shape compiled for
+    seconds each). Others are stacked by shape, or summarised alone."""
     axes = axes or {}
     cpu = jax.default_backend() == "cpu"
     flat, treedef = jax.tree_util.tree_flatten_with_path(values, is_leaf=lambda x: x is None)
@@ -79,6 +126,7 @@ def summarize_packed(values: Any, meta: Any, bins: int, axes: dict | None = None
     rows: dict[int, bool] = {}
     filled: dict[tuple, int] = {}  # bytes in the open stack of each shape and dtype
     opened: dict[tuple, int] = {}  # which leaf opened that stack (names it)
+    static: list[tuple[tuple[int, ...], str, bool] | None] = [None] * len(flat)
     for i, (path, leaf) in enumerate(flat):
         if leaf is None:
             continue
@@ -88,7 +136,13 @@ def summarize_packed(values: Any, meta: Any, bins: int, axes: dict | None = None
         if (cpu and jnp.size(leaf) > STACK_MAX_ELEMENTS) or nbytes > STACK_MAX_BYTES:
             groups[("alone", i)] = [i]
             continue
-        kind = (jnp.shape(leaf), dtype, rows[i])
+        if not rows[i] and jnp.size(leaf) <= SEGMENT_MAX_ELEMENTS and not _ops.replicated(leaf):
+            acc, is_complex = _summary._value_dtype(dtype)
+            static[i] = (tuple(jnp.shape(leaf)), str(dtype), is_complex)
+            kind = ("segments", np.dtype(acc).name)
+            nbytes = (jnp.size(leaf) + SEGMENT_ROW) * np.dtype(acc).itemsize
+        else:
+            kind = (jnp.shape(leaf), dtype, rows[i])
         if kind not in filled or filled[kind] + nbytes > STACK_MAX_BYTES:
             filled[kind], opened[kind] = 0, i
         filled[kind] += nbytes
@@ -101,9 +155,12 @@ def summarize_packed(values: Any, meta: Any, bins: int, axes: dict | None = None
             out.append(_summary.summarize(flat[idx[0]][1], bins=bins, per_iteration=per_it))
             where[idx[0]] = (g, None)
             continue
-        stack = jnp.stack([flat[i][1] for i in idx])
-        out.append(_summary.summarize_stack(stack, bins=bins, per_iteration=per_it))
+        if key[0] == "segments":
+            out.append(_segmented([flat[i][1] for i in idx], bins))
+        else:
+            stack = jnp.stack([flat[i][1] for i in idx])
+            out.append(_summary.summarize_stack(stack, bins=bins, per_iteration=per_it))
         for j, i in enumerate(idx):
             where[i] = (g, j)
     packed = pack({"groups": out, "meta": meta})
-    return Packed(packed.buffers, packed.layout, Regroup(treedef, tuple(where)))
+    return Packed(packed.buffers, packed.layout, Regroup(treedef, tuple(where), tuple(static)))
