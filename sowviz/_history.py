@@ -7,6 +7,10 @@ recent N, every 2nd, 4th, 8th... before that, spread over the whole run. Index 0
 is a multiple of every stride, so the start of the run is never forgotten.
 A pinned entry (the first non-finite step) is never dropped. The run log on disk
 (`log_dir=`) keeps every step.
+
+Entries are dicts or `_entry.LazyEntry`s (a Monitor's recorded steps, converted to
+dicts on first read): reading the history gives dicts; a step thinned away before
+anyone read it is never converted.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ class History:
                 self.stride *= 2
                 self._older = [(i, e) for i, e in self._older if i % self.stride == 0]
 
-    def _entries(self) -> list[dict[str, Any]]:
+    def _raw(self) -> list[Any]:
         out = [e for _, e in self._older] + [e for _, e in self._recent]
         if self._pinned:
             steps = {e["step"] for e in self._pinned}
@@ -51,6 +55,9 @@ class History:
                 [e for e in out if e["step"] not in steps] + self._pinned, key=lambda e: e["step"]
             )
         return out
+
+    def _entries(self) -> list[dict[str, Any]]:
+        return [_as_dict(e) for e in self._raw()]
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self._entries())
@@ -63,7 +70,7 @@ class History:
 
     @property
     def steps(self) -> list[int]:
-        return [e["step"] for e in self._entries()]
+        return [e["step"] for e in self._raw()]
 
     def to_dict(self, nonfinite: Any) -> dict[str, Any]:
         """Column form for the model: steps, loss, finite flags and per-probe series."""
@@ -81,3 +88,9 @@ class History:
             "nonfinite": nonfinite,
             "limit": self.limit,
         }
+
+
+def _as_dict(entry: Any) -> dict[str, Any]:
+    # A `_entry.LazyEntry` converts itself once; a dict is already one.
+    materialize = getattr(entry, "materialize", None)
+    return entry if materialize is None else materialize()

@@ -39,7 +39,7 @@ from .capture.api import SaveIntermediates
 from .graph import build_graph, instrument
 from .modes import transform
 from .options import InspectOptions
-from .summary import SummaryOptions
+from .summary import Summary, SummaryOptions
 
 PROBE_TAG = "sowviz.stage"
 _MAX_FAMILIES, _MAX_TRACED, _MAX_RUNNERS = 32, 16, 8
@@ -123,14 +123,17 @@ class Traced:
 @jax.tree_util.register_pytree_node_class
 class Out:
     """A compiled program's output: the mode's result, the packed summaries (None for
-    the plain program), an all-finite flag; its `Traced` rides as static aux data."""
+    the plain program), an all-finite flag of the results, and `clean` (no probe counts
+    a NaN/Inf; None for the plain program); its `Traced` rides as static aux data."""
 
-    def __init__(self, result: Any, packed: Any, finite: Any, traced: Traced, notes: tuple):
-        self.result, self.packed, self.finite = result, packed, finite
+    def __init__(
+        self, result: Any, packed: Any, finite: Any, clean: Any, traced: Traced, notes: tuple
+    ):
+        self.result, self.packed, self.finite, self.clean = result, packed, finite, clean
         self.traced, self.notes = traced, notes
 
     def tree_flatten(self):
-        return (self.result, self.packed, self.finite), (self.traced, self.notes)
+        return (self.result, self.packed, self.finite, self.clean), (self.traced, self.notes)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
@@ -144,6 +147,25 @@ def all_finite(tree: Any) -> Any:
     if not leaves:
         return jnp.ones((0,), bool)
     return jnp.stack([jnp.all(jnp.isfinite(x)) if _is_float(x) else True for x in leaves])
+
+
+def probes_clean(packed: Any) -> Any:
+    """On the device: no summary in `packed` counts a NaN or ±Inf. One bool, so the
+    host learns whether a recorded step needs the non-finite origin rule without
+    converting its summaries."""
+    sums = [
+        s
+        for s in jax.tree_util.tree_leaves(packed.unpack(), is_leaf=_is_summary)
+        if isinstance(s, Summary)
+    ]
+    if not sums:
+        return jnp.ones((), bool)
+    bad = [jnp.any(s.nan > 0) | jnp.any(s.posinf > 0) | jnp.any(s.neginf > 0) for s in sums]
+    return ~jnp.any(jnp.stack(bad))
+
+
+def _is_summary(x: Any) -> bool:
+    return isinstance(x, Summary)
 
 
 class Family:
@@ -214,12 +236,13 @@ class Runner:
             by_tag=True,
         )
         result, packed = capture.run(dyn, extra)
-        return Out(result, packed, all_finite(result), traced, tuple(capture.notes))
+        notes = tuple(capture.notes)
+        return Out(result, packed, all_finite(result), probes_clean(packed), traced, notes)
 
     def _plain_program(self, spec: ArgSpec, dyn: list, extra: tuple) -> Out:
         traced = self.family.traced(self.options, spec, dyn)
         result = self._transformed(traced, traced.plain)(dyn, extra)
-        return Out(result, None, all_finite(result), traced, ())
+        return Out(result, None, all_finite(result), None, traced, ())
 
     def run(
         self,

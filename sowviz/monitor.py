@@ -33,16 +33,14 @@ import numpy as np
 
 from . import _model
 from . import nonfinite as _nonfinite
+from ._entry import LazyEntry
 from ._history import History
 from ._program import Out, Traced, runner_for
-from .capture.api import nest
-from .inspection import Inspection, Probe, join_probes
+from .capture.packing import Packed
+from .inspection import Inspection, Probe
 from .nonfinite_locate import locate_step as _locate_step
 from .options import InspectOptions, check_bool, check_int, check_number
-from .summary import STAT_KEYS
 
-# Fields kept per step in the history: what the charts over steps draw.
-_LITE = (*STAT_KEYS, "hist")
 _KEEP = object()
 _MAX_PENDING = 4  # recorded steps in flight before the loop waits for the oldest
 _MAX_FLAGS = 2  # unrecorded steps whose finite flag may still be in flight
@@ -120,7 +118,7 @@ class Monitor:
         self._pending: deque[tuple[int, Out]] = deque()
         self._flags: deque[tuple[int, Out, tuple]] = deque()
         self._traced: Traced | None = None
-        self._probes: list[Probe] = []
+        self._latest: LazyEntry | None = None  # the latest recorded step
         self._listeners: list[Any] = []
         self._failed: set[int] = set()
         self._view: Any = None
@@ -150,6 +148,8 @@ class Monitor:
                 self._new_graph(out.traced)
             if record:
                 out.packed.fetch_async()
+                out.clean.copy_to_host_async()
+                out.finite.copy_to_host_async()
                 self._pending.append((step, out))
             else:
                 if hasattr(out.finite, "copy_to_host_async"):
@@ -235,21 +235,40 @@ class Monitor:
             self._record(step, out)
 
     def _record(self, step: int, out: Out) -> None:
-        probes, _ = join_probes(out.traced, nest(*out.packed.unpack()), self._options)
+        # The training thread fetches the (ready) host buffers and three scalars; the
+        # summaries become JSON only when read (`_entry.LazyEntry`), unless this step
+        # holds a non-finite value: then the origin rule needs them now.
         result = out.result
         value = result[0] if isinstance(result, tuple) else result
+        finite, clean, host = jax.device_get((out.finite, out.clean, out.packed.buffers))
         try:
             loss = float(jax.device_get(value))
         except (TypeError, ValueError):
             loss = None
-        finite = bool(np.all(jax.device_get(out.finite)))
-        entry: dict[str, Any] = {
-            "step": step,
-            "loss": loss,
-            "finite": finite,
-            "probes": {p.id: {m: _lite(s) for m, s in p.summaries.items()} for p in probes},
-        }
-        graph = out.traced.graph
+        finite = bool(np.all(finite))
+        packed = Packed(tuple(host), out.packed.layout, out.packed.regroup)
+        entry = LazyEntry(step, loss, finite, (out.traced, packed, self._options))
+        if not (finite and bool(clean)):
+            self._origins(step, entry, out.traced.graph)
+        self._traced, self._latest = out.traced, entry
+        if not self._sinks_open:
+            # Sinks open once, with the probe list (they name tags and read logs by it).
+            self._sinks_open = True
+            for listener in self._listeners:
+                if listener is not self._view_listener:
+                    self._call(listener, "open", self.to_dict(with_history=False))
+        # The first non-finite step stays in the history whatever the thinning.
+        first_bad = self.nonfinite is not None and self.nonfinite.step == step
+        self.history.add(entry, pin=first_bad)
+        for listener in list(self._listeners):
+            # Sinks and the view convert the entry off this thread / when they send; any
+            # other listener gets the dict.
+            lazy = getattr(listener, "lazy_entries", False)
+            self._call(listener, "write", entry if lazy else entry.materialize())
+
+    def _origins(self, step: int, lazy: LazyEntry, graph: Any) -> None:
+        """A step with a non-finite value: where it was born (`sowviz.nonfinite`)."""
+        entry, probes, finite = lazy.materialize(), lazy.probes(), lazy.finite
         origins = _nonfinite.find(
             probes,
             graph,
@@ -273,23 +292,17 @@ class Monitor:
             entry["nonfinite"] = {"forward": fwd, "backward": bwd}
             if self.nonfinite is None or self.nonfinite.step > step:
                 self.nonfinite = _nonfinite.NonFinite(step, fwd, bwd, origins)
-        self._traced, self._probes = out.traced, probes
-        if not self._sinks_open:
-            # Sinks open once, with the probe list (they name tags and read logs by it).
-            self._sinks_open = True
-            for listener in self._listeners:
-                if listener is not self._view_listener:
-                    self._call(listener, "open", self.to_dict(with_history=False))
-        # The first non-finite step stays in the history whatever the thinning.
-        first_bad = self.nonfinite is not None and self.nonfinite.step == step
-        self.history.add(entry, pin=first_bad)
-        self._each("write", entry)
+
+    @property
+    def _probes(self) -> list[Probe]:
+        # The latest recorded step's probes (built from its summaries on first read).
+        return [] if self._latest is None else self._latest.probes()
 
     # -- listeners: views and sinks ------------------------------------------------
 
     def _new_graph(self, traced: Traced) -> None:
         # A new program (first step, or a new shape): the view redraws its graph.
-        self._traced, self._probes = traced, []
+        self._traced, self._latest = traced, None
         if self._view_listener is not None:
             self._call(self._view_listener, "open", self.to_dict())
 
@@ -362,10 +375,6 @@ class Monitor:
 def _ready(buf: Any) -> bool:
     is_ready = getattr(buf, "is_ready", None)
     return True if is_ready is None else bool(is_ready())
-
-
-def _lite(summary: dict[str, Any]) -> dict[str, Any]:
-    return {k: summary[k] for k in _LITE if k in summary}
 
 
 def _device() -> str:

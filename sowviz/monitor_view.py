@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from . import _model
+from ._history import _as_dict
 from .widget import Inspector
 
 _OUTBOX = 256
@@ -25,9 +27,12 @@ _OUTBOX = 256
 class MonitorView(Inspector):
     """The widget view of a `Monitor` (`mon.view()`; Jupyter shows it for `mon`)."""
 
-    def __init__(self, monitor: Any, *, throttle: float = 0.25) -> None:
+    def __init__(
+        self, monitor: Any, *, throttle: float = 0.25, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._monitor = monitor
         self._throttle = throttle
+        self.clock = clock  # seconds; tests pass a fake one to drive the throttle
         self._outbox: deque[dict[str, Any]] = deque()
         self._last_send: float | None = None
         self._need_model = True
@@ -53,7 +58,7 @@ class MonitorView(Inspector):
         self._push(force=True)
 
     def _push(self, *, force: bool) -> None:
-        now = time.monotonic()
+        now = self.clock()
         if not self._outbox and not self._need_model:
             return
         if not force and self._last_send is not None and now - self._last_send < self._throttle:
@@ -67,12 +72,14 @@ class MonitorView(Inspector):
         else:
             self.send(
                 {"type": "steps", "encoding": "gzip-json", "count": len(self._outbox)},
-                buffers=[_model.encode_model(list(self._outbox))],
+                buffers=[_model.encode_model([_as_dict(e) for e in self._outbox])],
             )
         self._outbox.clear()
 
 
 class _Listener:
+    lazy_entries = True  # converts `_entry.LazyEntry`s when it sends (throttled)
+
     def __init__(self, view: MonitorView) -> None:
         self.view = view
 

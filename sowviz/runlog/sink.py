@@ -34,6 +34,7 @@ class Sink:
     thread in call order."""
 
     name = "sink"
+    lazy_entries = True  # a Monitor may hand lazy entries: converted on the worker thread
 
     def __init__(self) -> None:
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=QUEUE_STEPS)
@@ -94,8 +95,8 @@ class Sink:
                 if self._error is None:
                     if op == _OPEN:
                         self._open(item)
-                    elif op == _WRITE:
-                        self._write(item)
+                    elif op == _WRITE:  # a Monitor's lazy entry becomes a dict here
+                        self._write(item.materialize() if hasattr(item, "materialize") else item)
                     else:
                         self._close()
             except Exception as err:  # reported on the caller's thread

@@ -1,0 +1,109 @@
+"""The Monitor's fixed host cost per step, on a model whose step is microseconds of work.
+
+A 3x16 MLP (batch 4): the plain `jax.jit(jax.value_and_grad(loss))` step against
+`Monitor.step` on unrecorded steps (`every` larger than the run) and on recorded
+steps (`every=1`), interleaved in one run; medians over many steps. Each step
+waits for its gradients (as a loop that applies them does), so the difference
+is the host work the Monitor adds. Target (issue 15): ≤ 100 µs per step.
+`--profile` prints a cProfile of the unrecorded Monitor step.
+Run: `python benchmarks/monitor_hotpath.py [--quick] [--profile]`.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import pstats
+import statistics
+import time
+
+import _bench
+import jax
+import jax.numpy as jnp
+
+import sowviz
+
+
+def loss(params, x):
+    h = x
+    for i, p in enumerate(params):
+        with jax.named_scope(f"layer_{i}"):
+            h = jnp.tanh(h @ p["w"] + p["b"])
+    return jnp.mean(h**2)
+
+
+def _params(depth: int = 3, width: int = 16):
+    keys = jax.random.split(jax.random.PRNGKey(0), depth)
+    return [
+        {"w": jax.random.normal(k, (width, width)) / width**0.5, "b": jnp.zeros(width)}
+        for k in keys
+    ]
+
+
+def measure(steps: int) -> dict[str, float]:
+    params, x = _params(), jax.random.normal(jax.random.PRNGKey(1), (4, 16))
+    plain = jax.jit(jax.value_and_grad(loss))
+    unrec = sowviz.Monitor(loss, every=10**9, history=8)
+    rec = sowviz.Monitor(loss, every=1, history=8)
+    fns = {"plain": plain, "unrecorded": unrec.step, "recorded": rec.step}
+    for step in fns.values():  # compile, warm up
+        for _ in range(5):
+            jax.block_until_ready(step(params, x))
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(steps):
+        for name, step in fns.items():
+            t0 = time.perf_counter_ns()
+            _, g = step(params, x)
+            jax.block_until_ready(g)
+            times[name].append(time.perf_counter_ns() - t0)
+    t0 = time.perf_counter_ns()
+    rec.flush()
+    flush_ns = time.perf_counter_ns() - t0
+    out = {k: statistics.median(v) / 1e3 for k, v in times.items()}
+    out["flush"] = flush_ns / 1e3
+    return out
+
+
+def profile(steps: int) -> None:
+    params, x = _params(), jax.random.normal(jax.random.PRNGKey(1), (4, 16))
+    for every in (10**9, 1):
+        mon = sowviz.Monitor(loss, every=every, history=8)
+        for _ in range(5):
+            jax.block_until_ready(mon.step(params, x))
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(steps):
+            jax.block_until_ready(mon.step(params, x))
+        mon.flush()
+        pr.disable()
+        print(f"--- every={every}")
+        pstats.Stats(pr).sort_stats("tottime").print_stats(18)
+
+
+def main(quick: bool = False, prof: bool = False) -> list[_bench.Row]:
+    print(_bench.platform())
+    steps = 50 if quick else 1000
+    if prof:
+        profile(steps)
+    med = measure(steps)
+    rows: list[_bench.Row] = []
+    for name in ("unrecorded", "recorded"):
+        _bench.emit(
+            rows,
+            _bench.Row(
+                "monitor_hotpath",
+                f"host cost per {name} step over plain, 3x16 MLP b4",
+                med[name] - med["plain"],
+                "µs",
+                target="≤ 100 µs" if name == "unrecorded" else "",
+                detail=f"({med[name]:.0f} µs vs plain {med['plain']:.0f} µs)",
+            ),
+        )
+    print(f"flush after {steps} recorded steps: {med['flush'] / 1e3:.1f} ms")
+    return rows
+
+
+if __name__ == "__main__":
+    ns = _bench.args(
+        __doc__, lambda ap: ap.add_argument("--profile", action="store_true", help="cProfile")
+    )
+    main(ns.quick, ns.profile)

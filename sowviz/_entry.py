@@ -1,0 +1,64 @@
+"""One recorded Monitor step, kept as fetched host arrays until someone reads it.
+
+Turning a step's summaries into the JSON-ready entry (`Summary.to_json`, float by
+float) costs milliseconds per step; the training thread only fetches the packed
+host buffers and keeps them here. The entry dict is built on first read, once:
+by a sink on its own thread, by the view when it sends (throttled), or when
+`mon.history` / `to_dict()` is read. Steps the history thins away before anyone
+reads them are never converted.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from .capture.api import nest
+from .inspection import join_probes
+from .summary import STAT_KEYS
+
+# Fields kept per step in the history: what the charts over steps draw.
+_LITE = (*STAT_KEYS, "hist")
+
+
+class LazyEntry:
+    """A recorded step: `step`, `loss`, `finite` now; the probe summaries on `materialize()`."""
+
+    __slots__ = ("_entry", "_lock", "_probes", "_src", "finite", "loss", "step")
+
+    def __init__(self, step: int, loss: float | None, finite: bool, src: tuple) -> None:
+        self.step, self.loss, self.finite = step, loss, finite
+        self._src: tuple | None = src  # (traced, Packed of host buffers, options)
+        self._entry: dict[str, Any] | None = None
+        self._probes: list | None = None
+        self._lock = threading.Lock()
+
+    def __getitem__(self, key: str) -> Any:  # the keys History reads before materializing
+        if key == "step":
+            return self.step
+        return self.materialize()[key]
+
+    def probes(self) -> list:
+        self.materialize()
+        return self._probes  # type: ignore[return-value]
+
+    def materialize(self) -> dict[str, Any]:
+        """The entry dict (`{"step", "loss", "finite", "probes", ...}`), built once."""
+        with self._lock:
+            if self._entry is None:
+                traced, packed, options = self._src  # type: ignore[misc]
+                summaries = nest(*packed.unpack())
+                probes, _ = join_probes(traced, summaries, options)
+                self._probes = probes
+                self._entry = {
+                    "step": self.step,
+                    "loss": self.loss,
+                    "finite": self.finite,
+                    "probes": {p.id: {m: _lite(s) for m, s in p.summaries.items()} for p in probes},
+                }
+                self._src = None  # the host buffers are no longer needed
+            return self._entry
+
+
+def _lite(summary: dict[str, Any]) -> dict[str, Any]:
+    return {k: summary[k] for k in _LITE if k in summary}
