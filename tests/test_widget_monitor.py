@@ -111,36 +111,82 @@ def params_at(step):
     return params
 
 
-def test_updates_are_throttled_and_only_new_steps_travel():
-    mon = sowviz.Monitor(loss, throttle=3600.0)  # one update per hour at most
-    view = mon.view()
-    assert isinstance(view, sowviz.MonitorView) and mon.view() is view
-    sent = []
-    view.send = lambda msg, buffers=None: sent.append((msg, buffers))
-    for _ in range(20):
-        mon.step(PARAMS, X)
-    mon.flush()  # forced
-    # The first summaries travel inside the model (probe ids → nodes); later steps as
-    # gzipped JSON binary buffers, never the whole history again.
-    assert view.model["history"]["steps"][0] == 0
-    assert len(sent) == 1
+class FakeClock:
+    """Seconds that move only when the test says so: the throttle's path does not
+    depend on the machine's uptime or speed."""
+
+    def __init__(self, t: float = 100.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _steps_in(sent):
     steps = []
     for msg, buffers in sent:
         assert msg["type"] == "steps" and msg["encoding"] == "gzip-json"
         decoded = json.loads(gzip.decompress(buffers[0]))
         assert msg["count"] == len(decoded)
-        steps += [s["step"] for s in decoded]
         assert all(set(s) >= {"step", "loss", "probes"} for s in decoded)
-    assert steps == sorted(set(steps))
-    assert set(steps).isdisjoint(view.model["history"]["steps"])
-    assert sorted(steps + view.model["history"]["steps"]) == list(range(20))
+        steps += [s["step"] for s in decoded]
+    return steps
 
-    fast = sowviz.Monitor(loss, throttle=3600.0)
-    fast.view().send = lambda msg, buffers=None: sent.append((msg, buffers))
-    before = len(sent)
+
+def test_updates_are_throttled_and_only_new_steps_travel():
+    mon = sowviz.Monitor(loss, throttle=3600.0)
+    view = mon.view()
+    assert isinstance(view, sowviz.MonitorView) and mon.view() is view
+    view.clock = FakeClock()  # the hour never passes
+    sent = []
+    view.send = lambda msg, buffers=None: sent.append((msg, buffers))
     for _ in range(20):
-        fast.step(PARAMS, X)
-    assert len(sent) - before == 0  # the model was sent once; the hour has not passed
+        mon.step(PARAMS, X)
+    # The first recorded step must reach the front end at once, inside the model (probe
+    # ids → nodes); every later one waits for the throttle.
+    first = view.model["history"]["steps"]
+    assert first and first[0] == 0 and first == list(range(len(first)))
+    assert sent == []
+    mon.flush()  # forced: one message with every step the model does not hold
+    assert len(sent) == 1
+    steps = _steps_in(sent)
+    assert first + steps == list(range(20))
+    mon.flush()  # nothing new: nothing sent
+    assert len(sent) == 1
+
+
+def test_throttle_sends_exactly_when_the_clock_allows():
+    mon = sowviz.Monitor(loss)
+    mon.step(PARAMS, X)
+    mon.flush()
+    clock = FakeClock()
+    view = sowviz.MonitorView(mon, throttle=10.0, clock=clock)
+    sent = []
+    view.send = lambda msg, buffers=None: sent.append((msg, buffers))
+    listener = view.listener()
+    entry = mon.history[0]
+
+    def write(step, at):
+        clock.t = at
+        listener.write({**entry, "step": step})
+
+    write(1, 100.0)  # the first update is the model (the history), not a message
+    assert sent == [] and view.model["history"]["steps"] == [0]
+    write(2, 105.0)
+    write(3, 109.999)
+    assert sent == []  # within the throttle
+    write(4, 110.0)  # 10 s after the last update: steps 2, 3, 4 in one message
+    assert _steps_in(sent) == [2, 3, 4]
+    write(5, 115.0)
+    assert len(sent) == 1
+    listener.flush()  # forced, whatever the clock
+    assert _steps_in(sent) == [2, 3, 4, 5]
+    # Further behind than the outbox holds: the next update is the whole model again.
+    for step in range(6, 6 + 300):
+        write(step, 116.0)
+    assert len(sent) == 2
+    write(400, 126.0)
+    assert len(sent) == 2 and view.model["history"]["steps"] == [0]
 
 
 def blowup_loss(params, x):
