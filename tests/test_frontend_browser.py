@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
+import math
 import pathlib
 import re
 
@@ -225,6 +226,50 @@ def test_monitor_history_charts(page, tmp_path):
     assert "15 steps" in hist.text_content()
     ARTIFACTS.mkdir(exist_ok=True)
     pg.screenshot(path=str(ARTIFACTS / "frontend_history.png"))
+    assert page.errors == [] and page.requests == []
+
+
+@pytest.mark.browser
+def test_monitor_charts_mark_nonfinite_steps(page, tmp_path):
+    model = fm.with_nonfinite_history(fm.small_model(), steps=12, grad_only=(6,), diverge_at=9)
+    h = model["history"]
+    # expected from the fixture's own data: a step is bad when its flag says so
+    bad = [t for t, ok in zip(h["steps"], h["finite"]) if not ok]
+    assert bad == [6, 9, 10, 11] and all(math.isnan(v) for v in h["loss"][9:])
+    pg = page.open_report(report.write_html(model, tmp_path / "nf.html"))
+    loss = pg.locator('[data-role="loss"] .js-plotly-plot')
+    assert loss.get_attribute("data-nonfinite-steps") == ",".join(map(str, bad))
+    title = pg.locator('[data-role="loss-title"]')
+    assert title.text_content() == "loss · 4 non-finite steps (first: 6)"
+    # red bands over runs of bad steps (halfway to the neighbours), red × at each bad step
+    shapes = loss.evaluate("e => e.layout.shapes.map(s => [s.x0, s.x1])")
+    assert shapes == [[5.5, 6.5], [8.5, 11.5]]
+    marks = loss.evaluate("e => e.data.filter(t => t.name === 'non-finite').map(t => t.x)")
+    assert marks == [bad]
+    # the loss line itself: finite values drawn, NaN steps as gaps (null)
+    line = loss.evaluate("e => e.data[0].y")
+    assert line[:9] == pytest.approx(h["loss"][:9]) and line[9:] == [None] * 3
+
+    node(pg, "n1").click()
+    hist = pg.locator('[data-role="detail"] [data-role="history"]')
+    hist.wait_for()
+    probe = next(p for p in model["probes"] if p["node"] == "n1")
+    for mode in probe["summaries"]:
+        series = h["probes"][probe["id"]][mode]
+        want = [t for t, s in zip(h["steps"], series) if s["nan"] + s["posinf"] + s["neginf"]]
+        chart = hist.locator(f'[data-history="norms"][data-mode="{mode}"]')
+        assert chart.get_attribute("data-nonfinite-steps") == ",".join(map(str, want)), mode
+    assert (
+        hist.locator('[data-history="norms"][data-mode="cotangent"]').get_attribute(
+            "data-nonfinite-steps"
+        )
+        == "9,10,11"
+    )
+    ARTIFACTS.mkdir(exist_ok=True)
+    pg.screenshot(path=str(ARTIFACTS / "frontend_nonfinite_steps.png"))
+    cot = hist.locator('[data-history="norms"][data-mode="cotangent"]')
+    cot.scroll_into_view_if_needed()
+    cot.screenshot(path=str(ARTIFACTS / "frontend_nonfinite_norms.png"))
     assert page.errors == [] and page.requests == []
 
 

@@ -14,7 +14,7 @@ import { GraphView } from "./graph.js";
 import { DetailPanel } from "./detail.js";
 import { drawLines, purge } from "./charts.js";
 import { watchTheme, chartColours } from "./theme.js";
-import { HistoryStore, withLatest } from "./history.js";
+import { HistoryStore, nonfiniteSteps, withLatest } from "./history.js";
 
 export const MODES = ["primal", "grad", "jvp", "vjp", "all"];
 /** The first picture fits the whole graph unless labels would get smaller than this. */
@@ -393,15 +393,19 @@ export class App {
 
   drawLoss() {
     const hist = this.store.history;
-    const has = hist?.steps?.length && hist.loss.some((v) => v != null);
+    const has = hist?.steps?.length && (hist.loss.some((v) => v != null) || nonfiniteSteps(hist).length > 0);
     this.lossBox.hidden = !has;
     if (!has) return;
     if (!this.lossChart) {
       this.lossChart = h("div", { class: "sv-chart" });
-      this.lossBox.append(h("div", { class: "sv-legend-title", text: "loss" }), this.lossChart);
+      this.lossTitle = h("div", { class: "sv-legend-title", "data-role": "loss-title", text: "loss" });
+      this.lossBox.append(this.lossTitle, this.lossChart);
     }
     const c = chartColours(this.root);
-    drawLines(this.lossChart, hist.steps, [{ name: "loss", y: hist.loss, colour: c.accent }], { colours: c, width: 300, height: 120, yTitle: "" });
+    const bad = nonfiniteSteps(hist);
+    this.lossTitle.textContent = bad.length ? `loss · ${bad.length} non-finite step${bad.length > 1 ? "s" : ""} (first: ${bad[0]})` : "loss";
+    this.lossTitle.classList.toggle("sv-bad", bad.length > 0);
+    drawLines(this.lossChart, hist.steps, [{ name: "loss", y: hist.loss, colour: c.accent }], { colours: c, width: 300, height: 120, yTitle: "", nonfinite: bad });
   }
 
   onTheme() {

@@ -81,8 +81,12 @@ export function drawHistoryHeatmap(el, steps, hists, { colours, mode, width, hei
   return Plotly.react(el, [trace], layout, CONFIG);
 }
 
-/** Lines over steps: [{name, y, colour, dash}] with a log y axis when every value is positive. */
-export function drawLines(el, steps, series, { colours, width, height = 130, yTitle = "", logY = true, xTitle = "step" }) {
+/**
+ * Lines over steps: [{name, y, colour, dash}] with a log y axis when every value is positive.
+ * `nonfinite` lists the steps whose values held NaN/Inf (JSON brings them as null, so a
+ * line would just stop): each gets a red band and a red × at the top of the chart.
+ */
+export function drawLines(el, steps, series, { colours, width, height = 130, yTitle = "", logY = true, xTitle = "step", nonfinite = [] }) {
   const positive = series.every((s) => s.y.every((v) => v == null || v > 0));
   const traces = series.map((s) => ({
     type: "scatter", mode: steps.length > 60 ? "lines" : "lines+markers", name: s.name,
@@ -93,7 +97,39 @@ export function drawLines(el, steps, series, { colours, width, height = 130, yTi
   layout.showlegend = series.length > 1;
   layout.legend = { orientation: "h", y: 1.15, x: 0, font: { size: 9 } };
   layout.margin.t = series.length > 1 ? 18 : 6;
+  if (nonfinite.length) {
+    layout.shapes = nonfiniteBands(steps, nonfinite, colours);
+    // The markers sit on a hidden [0, 1] axis: a NaN step has no y on the real one.
+    layout.yaxis2 = { overlaying: "y", range: [0, 1], visible: false, fixedrange: true };
+    traces.push({
+      type: "scatter", mode: "markers", name: "non-finite", yaxis: "y2", showlegend: false,
+      x: nonfinite, y: nonfinite.map(() => 0.93),
+      marker: { symbol: "x-thin", size: 7, color: colours.bad, line: { color: colours.bad, width: 1.5 } },
+      hovertemplate: `${xTitle} %{x}: NaN/Inf<extra></extra>`,
+    });
+  }
+  el.dataset.nonfiniteSteps = nonfinite.join(",");
   return Plotly.react(el, traces, layout, CONFIG);
+}
+
+/** Red bands over runs of consecutive non-finite steps, halfway to their neighbours. */
+export function nonfiniteBands(steps, nonfinite, colours) {
+  const bad = new Set(nonfinite);
+  const shapes = [];
+  const n = steps.length;
+  for (let a = 0; a < n; a++) {
+    if (!bad.has(steps[a])) continue;
+    let b = a;
+    while (b + 1 < n && bad.has(steps[b + 1])) b++;
+    const x0 = steps[a] - (a > 0 ? (steps[a] - steps[a - 1]) / 2 : 0.5);
+    const x1 = steps[b] + (b < n - 1 ? (steps[b + 1] - steps[b]) / 2 : 0.5);
+    shapes.push({
+      type: "rect", xref: "x", yref: "paper", x0, x1, y0: 0, y1: 1,
+      fillcolor: colours.badSoft, line: { width: 0 }, layer: "below",
+    });
+    a = b;
+  }
+  return shapes;
 }
 
 export function purge(el) {

@@ -3,6 +3,7 @@
 
 import { h, clear } from "./dom.js";
 import { drawHistogram, drawHistoryHeatmap, drawLines, modeColour, purge } from "./charts.js";
+import { probeNonfiniteSteps } from "./history.js";
 import { chartColours } from "./theme.js";
 import { fmt } from "./stats.js";
 import { nonfiniteCount } from "./nonfinite.js";
@@ -262,7 +263,7 @@ export class DetailPanel {
       drawLines(c.lines, hist.steps, [
         { name: "l2", y: list.map((s) => s?.l2 ?? null), colour: col },
         { name: "absmax", y: list.map((s) => s?.absmax ?? null), colour: colours.muted, dash: "dot" },
-      ], { colours, width, yTitle: "norm" });
+      ], { colours, width, yTitle: "norm", nonfinite: probeNonfiniteSteps(hist.steps, list) });
     }
     const title = this.history.querySelector(".sv-section");
     if (title) title.textContent = `over ${hist.steps.length} steps`;

@@ -6,7 +6,7 @@ export const DEFAULT_LIMIT = 1000;
 
 /** An empty history in the model's shape. */
 export function emptyHistory(limit = DEFAULT_LIMIT) {
-  return { steps: [], loss: [], probes: {}, nonfinite: null, limit };
+  return { steps: [], loss: [], finite: [], probes: {}, nonfinite: null, limit };
 }
 
 /** A deep enough copy of a model's history, so appending never mutates the model. */
@@ -20,6 +20,7 @@ export function copyHistory(h) {
   return {
     steps: [...(h.steps ?? [])],
     loss: [...(h.loss ?? [])],
+    finite: (h.steps ?? []).map((_, i) => h.finite?.[i] ?? null),
     probes,
     nonfinite: h.nonfinite ?? null,
     limit: h.limit ?? DEFAULT_LIMIT,
@@ -31,6 +32,7 @@ export function appendStep(h, step) {
   const n = h.steps.length;
   h.steps.push(step.step ?? (n ? h.steps[n - 1] + 1 : 0));
   h.loss.push(typeof step.loss === "number" ? step.loss : null);
+  h.finite.push(typeof step.finite === "boolean" ? step.finite : null);
   const seen = new Set();
   for (const [pid, byMode] of Object.entries(step.probes ?? {})) {
     h.probes[pid] ??= {};
@@ -54,9 +56,34 @@ export function appendStep(h, step) {
   if (extra > 0) {
     h.steps.splice(0, extra);
     h.loss.splice(0, extra);
+    h.finite.splice(0, extra);
     for (const byMode of Object.values(h.probes)) for (const list of Object.values(byMode)) list.splice(0, extra);
   }
   return h;
+}
+
+/**
+ * Steps whose loss or gradients held NaN/Inf. The Monitor's `finite` flag says so
+ * (it covers the loss, the gradients and the returned values); where a step has no
+ * flag (older models), a null loss in a history whose other losses are numbers is
+ * a non-finite one (JSON has no NaN, so NaN and ±Inf arrive as null).
+ */
+export function nonfiniteSteps(h) {
+  if (!h?.steps?.length) return [];
+  const scalar = (h.loss ?? []).some((v) => typeof v === "number");
+  return h.steps.filter((_, i) => {
+    const flag = h.finite?.[i];
+    if (typeof flag === "boolean") return !flag;
+    return scalar && h.loss?.[i] == null;
+  });
+}
+
+/** Steps at which one probe's summaries (per step, aligned with `steps`) count NaN/Inf. */
+export function probeNonfiniteSteps(steps, summaries) {
+  return steps.filter((_, i) => {
+    const s = summaries?.[i];
+    return Boolean(s && ((s.nan ?? 0) > 0 || (s.posinf ?? 0) > 0 || (s.neginf ?? 0) > 0));
+  });
 }
 
 /** Latest summaries per probe and mode: {pid: {mode: SummaryLite}}. */

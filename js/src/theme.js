@@ -65,6 +65,8 @@ export function chartColours(root) {
     muted: v("--sv-muted", "#777777"),
     grid: v("--sv-grid", "#e5e5e5"),
     accent: v("--sv-accent", "#1f77b4"),
+    bad: v("--sv-bad", "#dc2626"),
+    badSoft: v("--sv-bad-soft", "rgba(220, 38, 38, 0.1)"),
     font: v("--sv-font", "system-ui, sans-serif"),
     modes: {
       primal: v("--sv-primal", "#4c78a8"),

@@ -33,6 +33,8 @@ export interface StepsMessage {
 export interface Step {
   step: number;
   loss: number | null;
+  /** false when the loss, a gradient or a returned value held NaN/Inf */
+  finite?: boolean;
   /** probe id -> capture key -> summary of this step */
   probes: Record<string, Record<string, SummaryLite>>;
   nonfinite?: { forward: string | null; backward: string | null } | null;
@@ -80,6 +82,8 @@ export interface Probe {
 export interface History {
   steps: number[];
   loss: (number | null)[];
+  /** per step: false when the loss or gradients held NaN/Inf (null: not known) */
+  finite?: (boolean | null)[];
   probes: Record<string, Record<string, SummaryLite[]>>;
   nonfinite: { step: number; forward: string | null; backward: string | null } | null;
   /** optional: most steps the front end keeps (Monitor's `history`) */

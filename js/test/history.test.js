@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { appendStep, copyHistory, emptyHistory, HistoryStore, latestSummaries, withLatest } from "../src/history.js";
+import { appendStep, copyHistory, emptyHistory, HistoryStore, latestSummaries, nonfiniteSteps, probeNonfiniteSteps, withLatest } from "../src/history.js";
 import { smallModel } from "./helpers.js";
 
 test("steps append aligned; a probe missing from a step gets null", () => {
@@ -51,4 +51,29 @@ test("withLatest overlays statistics but keeps shape and loghist", () => {
   assert.deepEqual(s.shape, [4]);
   assert.ok(s.loghist);
   assert.equal(m.probes[0].summaries.primal.l2, 2);
+});
+
+test("non-finite steps come from the finite flags, kept aligned past the limit", () => {
+  const h = emptyHistory(4);
+  const losses = [1, 0.5, null, null, 0.25, null];
+  losses.forEach((loss, i) => appendStep(h, { step: i * 10, loss, finite: loss != null, probes: {} }));
+  assert.deepEqual(h.steps, [20, 30, 40, 50]);
+  assert.deepEqual(h.finite, [false, false, true, false]);
+  assert.deepEqual(nonfiniteSteps(h), [20, 30, 50]);
+  // a NaN gradient under a finite loss: only the flag knows
+  appendStep(h, { step: 60, loss: 0.1, finite: false, probes: {} });
+  assert.deepEqual(nonfiniteSteps(h), [30, 50, 60]);
+});
+
+test("without flags (an older model), a null loss among numbers is a non-finite step", () => {
+  const h = copyHistory({ steps: [0, 1, 2], loss: [1, null, 2], probes: {} });
+  assert.deepEqual(h.finite, [null, null, null]);
+  assert.deepEqual(nonfiniteSteps(h), [1]);
+  // a program without a scalar loss: nulls everywhere mean nothing
+  assert.deepEqual(nonfiniteSteps(copyHistory({ steps: [0, 1], loss: [null, null], probes: {} })), []);
+});
+
+test("a probe's non-finite steps count NaN, +Inf and −Inf", () => {
+  const list = [{ nan: 0, posinf: 0, neginf: 0 }, { nan: 2 }, null, { neginf: 1 }, { posinf: 0 }];
+  assert.deepEqual(probeNonfiniteSteps([5, 6, 7, 8, 9], list), [6, 8]);
 });
