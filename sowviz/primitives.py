@@ -10,12 +10,18 @@ primitive names in `_compat` alone (`closed_call` became `eval_jaxpr` in JAX
 A pass registers its behaviour per `Construct` (the capture rules do so with
 `sowviz.capture.interpret.register`), the way JAX's `checkify` keys its
 `error_checks` table by primitive: rules take the equation's parameters by name.
+The graph builder reads its per-construct needs from the rows: the node kind,
+the label (`PrimitiveSpec.label`), and per sub-program param a `Body` saying
+whether it sits in a scope (cond's branches, while's cond and body) and whether
+it is probed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 from . import _compat
 
@@ -36,31 +42,140 @@ class Construct(Enum):
     TESSERACT = "tesseract"
 
 
+def function_name(sub_program: Any) -> str | None:
+    """The Python function a sub-program was traced from (`debug_info`), or None
+    for lambdas and unnamed programs."""
+    jaxpr, _ = _compat.jaxpr_and_consts(sub_program)
+    info = getattr(jaxpr, "debug_info", None)
+    name = getattr(info, "func_name", None) if info is not None else None
+    return None if not name or name.startswith("<") else name
+
+
+@dataclass(frozen=True)
+class Body:
+    """One param of a construct that holds sub-programs, and how the graph shows it.
+
+    `scope`: None when the sub-program's equations sit directly under the
+    construct's node; else the label of a scope node that holds them. With
+    `each`, the param is a tuple of sub-programs (cond's branches), one scope per
+    element, labelled `scope.format(i=index)` plus the element's function name.
+    `outputs`: the sub-program returns the equation's outputs (its scope shows
+    their shapes). `unprobed`: why its values are never probed (None: they are).
+    """
+
+    param: str
+    scope: str | None = None
+    each: bool = False
+    outputs: bool = True
+    unprobed: str | None = None
+
+
+# label(params, primitive_name) -> the label of the construct's graph node.
+Label = Callable[[Mapping[str, Any], str], str]
+
+
+def _fixed(text: str) -> Label:
+    return lambda params, name: text
+
+
+def _called(params: Mapping[str, Any], name: str) -> str:  # jit, closed_call
+    return str(params.get("name") or name)
+
+
+def _sow(params: Mapping[str, Any], name: str) -> str:
+    return str(params.get("name", "sow"))
+
+
+def _scan(params: Mapping[str, Any], name: str) -> str:
+    body = function_name(params["jaxpr"])
+    return f"scan({body})" if body else "scan"
+
+
+def _custom(params: Mapping[str, Any], name: str) -> str:
+    return str(params.get("name") or function_name(params["call_jaxpr"]) or name)
+
+
+_WHILE_COND = (
+    "`while` condition: its equations are shown but not probed (it only decides whether "
+    "to continue and is never differentiated)."
+)
+
+
 @dataclass(frozen=True)
 class PrimitiveSpec:
     """One construct: its primitive names across JAX versions, the graph's node kind
-    for it, and the params that hold its sub-programs (in the order they run)."""
+    and label for it, and the params that hold its sub-programs (in the order they run).
+
+    `custom_rule`: under differentiation a user rule replaces the body, so values
+    inside have no tangents or cotangents (the graph probes only the call's outputs).
+    `shows_primitive`: the graph node records which primitive it is (custom_jvp or
+    custom_vjp; the Tesseract dispatch).
+    """
 
     construct: Construct
     names: frozenset[str]
     node_kind: str
-    bodies: tuple[str, ...]
+    bodies: tuple[Body, ...]
+    label: Label
+    custom_rule: bool = False
+    shows_primitive: bool = False
 
 
+_BODY = (Body("jaxpr"),)
+_CALL_BODY = (Body("call_jaxpr"),)
 SPECS: tuple[PrimitiveSpec, ...] = (
-    PrimitiveSpec(Construct.SOW, _compat.SOW_NAMES, "sow", ()),
-    PrimitiveSpec(Construct.JIT, _compat.JIT, "jit", ("jaxpr",)),
-    PrimitiveSpec(Construct.CALL, _compat.CLOSED_CALL, "jit", ("call_jaxpr",)),
-    PrimitiveSpec(Construct.SCAN, frozenset({_compat.SCAN}), "scan", ("jaxpr",)),
-    PrimitiveSpec(Construct.COND, frozenset({_compat.COND}), "cond", ("branches",)),
+    PrimitiveSpec(Construct.SOW, _compat.SOW_NAMES, "sow", (), _sow),
+    PrimitiveSpec(Construct.JIT, _compat.JIT, "jit", _BODY, _called),
+    PrimitiveSpec(Construct.CALL, _compat.CLOSED_CALL, "jit", _CALL_BODY, _called),
+    PrimitiveSpec(Construct.SCAN, frozenset({_compat.SCAN}), "scan", _BODY, _scan),
     PrimitiveSpec(
-        Construct.WHILE, frozenset({_compat.WHILE}), "while", ("cond_jaxpr", "body_jaxpr")
+        Construct.COND,
+        frozenset({_compat.COND}),
+        "cond",
+        (Body("branches", scope="branch {i}", each=True),),
+        _fixed("cond"),
     ),
-    PrimitiveSpec(Construct.REMAT, _compat.REMAT, "remat", ("jaxpr",)),
-    PrimitiveSpec(Construct.CUSTOM_JVP, frozenset({_compat.CUSTOM_JVP}), "custom", ("call_jaxpr",)),
-    PrimitiveSpec(Construct.CUSTOM_VJP, _compat.CUSTOM_VJP, "custom", ("call_jaxpr",)),
-    PrimitiveSpec(Construct.SHARD_MAP, frozenset({_compat.SHARD_MAP}), "shard_map", ("jaxpr",)),
-    PrimitiveSpec(Construct.TESSERACT, frozenset({_compat.TESSERACT}), "tesseract", ()),
+    PrimitiveSpec(
+        Construct.WHILE,
+        frozenset({_compat.WHILE}),
+        "while",
+        (
+            Body("cond_jaxpr", scope="cond", outputs=False, unprobed=_WHILE_COND),
+            Body("body_jaxpr", scope="body"),
+        ),
+        _fixed("while"),
+    ),
+    PrimitiveSpec(Construct.REMAT, _compat.REMAT, "remat", _BODY, _fixed("checkpoint")),
+    PrimitiveSpec(
+        Construct.CUSTOM_JVP,
+        frozenset({_compat.CUSTOM_JVP}),
+        "custom",
+        _CALL_BODY,
+        _custom,
+        custom_rule=True,
+        shows_primitive=True,
+    ),
+    PrimitiveSpec(
+        Construct.CUSTOM_VJP,
+        _compat.CUSTOM_VJP,
+        "custom",
+        _CALL_BODY,
+        _custom,
+        custom_rule=True,
+        shows_primitive=True,
+    ),
+    PrimitiveSpec(
+        Construct.SHARD_MAP, frozenset({_compat.SHARD_MAP}), "shard_map", _BODY, _fixed("shard_map")
+    ),
+    # The graph renames Tesseract stages (`tesseract_names`); "tesseract" is the fallback.
+    PrimitiveSpec(
+        Construct.TESSERACT,
+        frozenset({_compat.TESSERACT}),
+        "tesseract",
+        (),
+        _fixed("tesseract"),
+        shows_primitive=True,
+    ),
 )
 
 _BY_NAME: dict[str, PrimitiveSpec] = {name: spec for spec in SPECS for name in spec.names}

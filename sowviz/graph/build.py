@@ -13,12 +13,12 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from .. import _compat
+from ..primitives import Body, Construct, function_name, spec_of
 from . import frameworks
 from .inputs import InputsMixin
 from .model import STAGE_KINDS, Capture, Edge, Node, Note, ProbePoint, StageGraph, Step
 from .names import (
     _count_eqns,
-    _jaxpr_name,
     fold_label,
     fold_names,
     input_groups,
@@ -47,10 +47,6 @@ _CUSTOM_NOTE = (
     "{n} call(s) of {prim} `{label}`: its values are probed on the call's outputs only. "
     "Under differentiation the custom rule replaces the body, so values inside it have "
     "no tangents or cotangents."
-)
-_WHILE_COND_NOTE = (
-    "`while` condition: its equations are shown but not probed (it only decides whether "
-    "to continue and is never differentiated)."
 )
 
 
@@ -270,68 +266,50 @@ class _Builder(InputsMixin):
         name = eqn.primitive.name
         shapes = tuple(shape_str(v.aval) for v in eqn.outvars)
         src = self.source(eqn)
-        params = eqn.params
-        here = tuple(path)
-        if name in _compat.SOW_NAMES:
-            label = str(params.get("name", "sow"))
-            rec = self.new("sow", label, parent.id, src, shapes)
+        spec = spec_of(name)
+        if spec is None:  # an ordinary equation (its sub-programs, if any, are counted)
+            rec = self.new("eqn", name, parent.id, src, shapes, primitive=name)
+            rec.n_eqns = 1 + sum(_count_eqns(j) for _, _, j in _compat.sub_jaxprs(eqn))
+            return rec
+        label = spec.label(eqn.params, name)
+        if spec.construct is Construct.TESSERACT:
+            label = tesseract_label(_compat.tesseract_client(eqn.params), self.tesseract_names)
+        primitive = name if spec.shows_primitive else None
+        rec = self.new(spec.node_kind, label, parent.id, src, shapes, primitive=primitive)
+        if spec.construct is Construct.SOW:
             self.sows.setdefault(label, []).append(rec.id)
-            return rec
-        if name in _compat.CALL_NAMES:
-            rec = self.new("jit", str(params.get("name") or name), parent.id, src, shapes)
-            param = "jaxpr" if "jaxpr" in params else "call_jaxpr"
-            self.descend(rec, eqn, i, param, None, here, probe, in_custom)
-            return rec
-        if name == _compat.SCAN:
-            body = _jaxpr_name(params["jaxpr"].jaxpr)
-            rec = self.new("scan", f"scan({body})" if body else "scan", parent.id, src, shapes)
-            self.descend(rec, eqn, i, "jaxpr", None, here, probe, in_custom)
-            return rec
-        if name == _compat.COND:
-            rec = self.new("cond", "cond", parent.id, src, shapes)
-            for b, br in enumerate(params["branches"]):
-                label = f"branch {b}"
-                fn = _jaxpr_name(br.jaxpr)
-                sub = self.new("scope", f"{label}: {fn}" if fn else label, rec.id, src)
-                sub.shapes = shapes
-                self.descend(sub, eqn, i, "branches", b, here, probe, in_custom)
-            return rec
-        if name == _compat.WHILE:
-            rec = self.new("while", "while", parent.id, src, shapes)
-            cond = self.new("scope", "cond", rec.id, src)
-            self.descend(cond, eqn, i, "cond_jaxpr", None, here, False, in_custom)
-            if probe and self.capture == "all" and params["cond_jaxpr"].jaxpr.eqns:
-                self.notes.append(Note("info", cond.id, _WHILE_COND_NOTE))
-            body = self.new("scope", "body", rec.id, src, shapes)
-            self.descend(body, eqn, i, "body_jaxpr", None, here, probe, in_custom)
-            return rec
-        if name in _compat.REMAT:
-            rec = self.new("remat", "checkpoint", parent.id, src, shapes)
-            self.descend(rec, eqn, i, "jaxpr", None, here, probe, in_custom)
-            return rec
-        if name == _compat.CUSTOM_JVP or name in _compat.CUSTOM_VJP:
-            label = str(params.get("name") or _jaxpr_name(params["call_jaxpr"].jaxpr) or name)
-            rec = self.new("custom", label, parent.id, src, shapes, primitive=name)
-            n_before = len(self.points)
-            # Probes inside would see no derivatives: walk with probing on to find
-            # what would be probed, then drop those points and say so.
-            self.descend(rec, eqn, i, "call_jaxpr", None, here, probe, rec)
-            if len(self.points) > n_before:
-                del self.points[n_before:]
-                if in_custom is None:
-                    self.custom_skips.setdefault((name, label), []).append(rec.id)
-            return rec
-        if name == _compat.SHARD_MAP:
-            rec = self.new("shard_map", "shard_map", parent.id, src, shapes)
-            self.descend(rec, eqn, i, "jaxpr", None, here, probe, in_custom)
-            return rec
-        if name == _compat.TESSERACT:
-            label = tesseract_label(_compat.tesseract_client(params), self.tesseract_names)
-            return self.new("tesseract", label, parent.id, src, shapes, primitive=name)
-        n_inner = sum(_count_eqns(j) for _, _, j in _compat.sub_jaxprs(eqn))
-        rec = self.new("eqn", name, parent.id, src, shapes, primitive=name)
-        rec.n_eqns = 1 + n_inner
+        n_before = len(self.points)
+        # Probes inside a custom rule's body would see no derivatives: walk with
+        # probing on to find what would be probed, then drop those points and say so.
+        inner_custom = rec if spec.custom_rule else in_custom
+        for body in spec.bodies:
+            self.children(rec, body, eqn, i, tuple(path), probe, inner_custom, shapes)
+        if spec.custom_rule and len(self.points) > n_before:
+            del self.points[n_before:]
+            if in_custom is None:
+                self.custom_skips.setdefault((name, label), []).append(rec.id)
         return rec
+
+    def children(self, rec, body: Body, eqn, i, path, probe, in_custom, shapes) -> None:
+        """Walk the sub-program(s) in param `body.param` under `rec` (in scopes if `body.scope`)."""
+        val = eqn.params[body.param]
+        probed = probe and body.unprobed is None
+        for index, sub in enumerate(val) if body.each else [(None, val)]:
+            holder = rec
+            if body.scope is not None:
+                label = body.scope.format(i=index)
+                fn = function_name(sub) if body.each else None
+                holder = self.new("scope", f"{label}: {fn}" if fn else label, rec.id, rec.source)
+                if body.outputs:
+                    holder.shapes = shapes
+            self.descend(holder, eqn, i, body.param, index, path, probed, in_custom)
+            if (
+                body.unprobed
+                and probe
+                and self.capture == "all"
+                and _compat.jaxpr_and_consts(sub)[0].eqns
+            ):
+                self.notes.append(Note("info", holder.id, body.unprobed))
 
     def descend(self, rec, eqn, i, param, index, path, probe, in_custom) -> None:
         val = eqn.params[param]

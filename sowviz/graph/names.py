@@ -263,12 +263,6 @@ def is_floating(aval: Any) -> bool:
     return f
 
 
-def _jaxpr_name(j: Any) -> str | None:
-    info = getattr(j, "debug_info", None)
-    name = getattr(info, "func_name", None) if info is not None else None
-    return None if not name or name.startswith("<") else name
-
-
 def _count_eqns(jaxpr: Any) -> int:
     n = 0
     for eqn in jaxpr.eqns:
