@@ -28,6 +28,7 @@ from .inspection import Inspection as Inspection
 from .inspection import inspect as inspect
 from .monitor import Monitor as Monitor
 from .monitor import NonFiniteError as NonFiniteError
+from .runlog import load as load
 from .summary import Summary as Summary
 from .summary import SummaryOptions as SummaryOptions
 
@@ -43,6 +44,7 @@ __all__ = [
     "Summary",
     "SummaryOptions",
     "inspect",
+    "load",
     "save_intermediates",
     "show",
     "sow",
@@ -62,13 +64,8 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(f"{__name__}.{_VIEWS[name]}"), name)
         globals()[name] = value
         return value
-    if name == "load":
-        from .runlog import load
-
-        globals()["load"] = load
-        return load
     raise AttributeError(f"module 'sowviz' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_VIEWS, "load"])
+    return sorted([*globals(), *_VIEWS])
