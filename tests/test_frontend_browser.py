@@ -636,6 +636,44 @@ def test_parameter_table_and_cotangent_charts(page, nnx, nnx_report):
 
 
 @pytest.mark.browser
+def test_parameter_gradient_norms_over_monitor_steps(page, nnx, tmp_path):
+    model = fm.with_history(nnx, steps=10)
+    h = model["history"]
+    params = _by_label(model, "parameters", model["root"])
+    up = _ancestors(model)
+    leaves = {n["id"] for n in model["nodes"] if n["kind"] == "input" and params in up(n["id"])}
+    probe_of = {p["node"]: p["id"] for p in model["probes"] if p["node"] in leaves}
+    # one leaf's gradient is NaN at step 7 (its l2 over the finite part stays)
+    bad_pid = sorted(probe_of.values())[0]
+    cot = h["probes"][bad_pid]["cotangent"]
+    cot[7] = {**cot[7], "nan": 5}
+    path = report.write_html(model, tmp_path / "grads.html")
+    pg = page.open_report(path)
+    node(pg, params).locator(".sv-label").click()
+    chart = pg.locator('[data-role="param-grad-history"].js-plotly-plot')
+    chart.wait_for()
+    # expected: the 8 leaves with the largest gradient norm at the last step, in order
+    last = {nid: h["probes"][pid]["cotangent"][-1]["l2"] for nid, pid in probe_of.items()}
+    top = sorted(last, key=lambda nid: -last[nid])[:8]
+    keys = pg.locator('[data-role="param-grad-key"] span')
+    assert keys.evaluate_all("els => els.map(e => e.dataset.node)") == top
+    traces = chart.evaluate("e => e.data.filter(t => t.name !== 'non-finite').map(t => t.y)")
+    for nid, y in zip(top, traces, strict=True):
+        want = [s["l2"] for s in h["probes"][probe_of[nid]]["cotangent"]]
+        assert y == pytest.approx(want), nid
+    assert chart.get_attribute("data-nonfinite-steps") == "7"
+    title = chart.locator("xpath=..").locator(".sv-section").text_content()
+    assert (
+        title
+        == f"gradient norms over 10 steps: the 8 largest of {len(probe_of)} leaves (at the last step)"
+    )
+    ARTIFACTS.mkdir(exist_ok=True)
+    chart.scroll_into_view_if_needed()
+    pg.screenshot(path=str(ARTIFACTS / "nnx_param_grad_history.png"))
+    assert page.errors == []
+
+
+@pytest.mark.browser
 def test_nnx_report_dark(browser, nnx, nnx_report):
     p = Page(browser, color_scheme="dark")
     try:

@@ -86,7 +86,7 @@ export function drawHistoryHeatmap(el, steps, hists, { colours, mode, width, hei
  * `nonfinite` lists the steps whose values held NaN/Inf (JSON brings them as null, so a
  * line would just stop): each gets a red band and a red × at the top of the chart.
  */
-export function drawLines(el, steps, series, { colours, width, height = 130, yTitle = "", logY = true, xTitle = "step", nonfinite = [] }) {
+export function drawLines(el, steps, series, { colours, width, height = 130, yTitle = "", logY = true, xTitle = "step", nonfinite = [], legend = true }) {
   const positive = series.every((s) => s.y.every((v) => v == null || v > 0));
   const traces = series.map((s) => ({
     type: "scatter", mode: steps.length > 60 ? "lines" : "lines+markers", name: s.name,
@@ -94,9 +94,9 @@ export function drawLines(el, steps, series, { colours, width, height = 130, yTi
     connectgaps: false, hovertemplate: `${s.name} %{y:.4g}<br>${xTitle} %{x}<extra></extra>`,
   }));
   const layout = baseLayout(colours, { width, height, xTitle, yTitle, logY: logY && positive });
-  layout.showlegend = series.length > 1;
+  layout.showlegend = legend && series.length > 1;
   layout.legend = { orientation: "h", y: 1.15, x: 0, font: { size: 9 } };
-  layout.margin.t = series.length > 1 ? 18 : 6;
+  layout.margin.t = layout.showlegend ? 18 : 6;
   if (nonfinite.length) {
     layout.shapes = nonfiniteBands(steps, nonfinite, colours);
     // The markers sit on a hidden [0, 1] axis: a NaN step has no y on the real one.

@@ -8,8 +8,11 @@ import { chartColours } from "./theme.js";
 import { fmt } from "./stats.js";
 import { nonfiniteCount } from "./nonfinite.js";
 import { orderModes } from "./model.js";
-import { paramRows, paramTable } from "./params.js";
+import { gradHistory, paramRows, paramTable } from "./params.js";
 import { iterationBlock } from "./iterations.js";
+
+// Leaf colours of the gradient-norm chart (Tableau 10).
+const PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#9c755f", "#ff9da7"];
 
 export const TABLE_ROWS = [
   ["count", "count"], ["nan", "NaN"], ["posinf", "+Inf"], ["neginf", "−Inf"], ["zeros", "zeros"],
@@ -67,7 +70,10 @@ export class DetailPanel {
     const alert = this.nonfiniteAlert(index, id, probes, ctx.origins);
     if (alert) this.el.append(alert);
     const rows = node.kind === "input" ? [] : paramRows(index, id);
-    if (rows.length) this.el.append(paramTable(rows, (c) => this.handlers.onReveal(c)));
+    if (rows.length) {
+      this.drawGradHistory(rows, ctx.history); // above the table: a run has many leaves
+      this.el.append(paramTable(rows, (c) => this.handlers.onReveal(c)));
+    }
     if (!probes.length) {
       if (!rows.length) this.el.append(this.noProbes(index, id));
       return;
@@ -79,6 +85,26 @@ export class DetailPanel {
     this.body = h("div", { class: "sv-detail-body" });
     this.el.append(this.body);
     this.drawProbe(probe);
+  }
+
+  /** A parameter group in a Monitor: its leaves' gradient norms over the steps. */
+  drawGradHistory(rows, hist) {
+    if (!hist?.steps?.length) return;
+    const g = gradHistory(rows, hist);
+    if (!g.series.length) return;
+    const colours = chartColours(this.root);
+    const width = Math.max(220, (this.el.clientWidth || 380) - 34);
+    const chart = h("div", { class: "sv-chart", "data-role": "param-grad-history" });
+    const key = h("div", { class: "sv-param-key", "data-role": "param-grad-key" }, g.series.map((s, i) => h("span", { "data-node": s.id, title: s.name }, [
+      h("i", { class: "sv-swatch", style: `background:${PALETTE[i % PALETTE.length]}` }), s.name,
+    ])));
+    const shown = g.series.length < g.total ? `the ${g.series.length} largest of ${g.total} leaves (at the last step)` : `${g.total} leaves`;
+    this.el.append(h("section", { class: "sv-history" }, [
+      h("h4", { class: "sv-section", text: `gradient norms over ${hist.steps.length} steps: ${shown}` }), chart, key,
+    ]));
+    this.charts.push(chart);
+    const series = g.series.map((s, i) => ({ name: s.name, y: s.y, colour: PALETTE[i % PALETTE.length] }));
+    drawLines(chart, hist.steps, series, { colours, width, height: 160, yTitle: "‖grad‖₂", nonfinite: g.nonfinite, legend: false });
   }
 
   header(node) {

@@ -20,7 +20,7 @@ export function paramRows(index, id) {
         const p = (index.probesByNode.get(c) ?? [])[0];
         const value = p?.summaries?.primal?.l2 ?? null;
         const grad = p?.summaries?.cotangent?.l2 ?? null;
-        rows.push({ id: c, name, shape: n.shapes?.[0] ?? "", value, grad, ratio: value && grad != null ? grad / value : null });
+        rows.push({ id: c, probe: p?.id ?? null, name, shape: n.shapes?.[0] ?? "", value, grad, ratio: value && grad != null ? grad / value : null });
       } else {
         walk(c, name);
       }
@@ -28,6 +28,33 @@ export function paramRows(index, id) {
   };
   walk(id, "");
   return rows;
+}
+
+/**
+ * Each leaf's gradient norm (the cotangent's `l2`) over the Monitor's steps, for the
+ * `limit` leaves with the largest latest norm (a run has hundreds of leaves; a chart
+ * shows a handful). Non-finite steps: those where some leaf's gradient held NaN/Inf
+ * (over every leaf, shown or not).
+ * @returns {{series: {id: string, name: string, y: (number|null)[]}[], total: number, nonfinite: number[]}}
+ */
+export function gradHistory(rows, hist, limit = 8) {
+  const steps = hist?.steps ?? [];
+  const all = [];
+  const bad = new Set();
+  for (const r of rows) {
+    const list = r.probe ? hist?.probes?.[r.probe]?.cotangent : null;
+    if (!list) continue;
+    const y = steps.map((_, i) => (typeof list[i]?.l2 === "number" ? list[i].l2 : null));
+    list.forEach((s, i) => { if (s && ((s.nan ?? 0) > 0 || (s.posinf ?? 0) > 0 || (s.neginf ?? 0) > 0)) bad.add(i); });
+    const last = [...y].reverse().find((v) => v != null) ?? null;
+    all.push({ id: r.id, name: r.name, y, last });
+  }
+  all.sort((a, b) => (b.last ?? -Infinity) - (a.last ?? -Infinity) || a.name.localeCompare(b.name));
+  return {
+    series: all.slice(0, limit).map(({ id, name, y }) => ({ id, name, y })),
+    total: all.length,
+    nonfinite: steps.filter((_, i) => bad.has(i)),
+  };
 }
 
 /** Rows sorted by `key` (numbers: nulls last), `dir` 1 ascending or -1 descending. */

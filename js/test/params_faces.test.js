@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { indexModel } from "../src/model.js";
-import { paramRows, sortRows } from "../src/params.js";
+import { gradHistory, paramRows, sortRows } from "../src/params.js";
 import { iterationHist } from "../src/stats.js";
 import { statSymbol, computeFaces } from "../src/faces.js";
 import { summary } from "./helpers.js";
@@ -52,4 +52,24 @@ test("node values say what they are", () => {
   const ix = indexModel(paramsModel());
   const { faces } = computeFaces(ix, ["n3"], { mode: "cotangent", stat: "l2" });
   assert.equal(faces.get("n3").text, "‖grad‖₂ = 0.001");
+});
+
+test("gradient norms over steps: one series per leaf, the largest latest first, NaN steps marked", () => {
+  const rows = paramRows(indexModel(paramsModel()), "n1");
+  const hist = {
+    steps: [0, 5, 10],
+    loss: [1, 1, 1],
+    probes: {
+      p0: { cotangent: [{ l2: 3 }, { l2: 2 }, { l2: 1, nan: 0 }] },
+      p1: { cotangent: [{ l2: 1 }, { l2: null, nan: 4 }, { l2: 5 }], primal: [{ l2: 9 }, { l2: 9 }, { l2: 9 }] },
+      // p2 (scale) has no gradient: no series
+    },
+  };
+  const g = gradHistory(rows, hist);
+  assert.deepEqual(g.series.map((s) => [s.name, s.y]), [["blocks[0].b", [1, null, 5]], ["blocks[0].w", [3, 2, 1]]]);
+  assert.equal(g.total, 2);
+  assert.deepEqual(g.nonfinite, [5]);
+  const top = gradHistory(rows, hist, 1);
+  assert.deepEqual([top.series.map((s) => s.name), top.total, top.nonfinite], [["blocks[0].b"], 2, [5]]);
+  assert.deepEqual(gradHistory(rows, { steps: [], probes: {} }).series, []);
 });
