@@ -1,9 +1,11 @@
 """Summaries of every captured array, grouped, computed and packed in the program.
 
-Models repeat shapes (an activation per layer): small arrays of one shape and
-dtype are stacked and summarised in one batched computation, so the number of
-XLA operations does not grow with the number of probes (a 250-layer model
-compiles in seconds, not a minute). On a CPU, arrays of more than
+XLA compile time grows with the number of distinct summary computations (each
+~400 ops), so small arrays of ANY shapes and dtypes (per accumulation dtype) are
+summarised in one segmented computation (`_segmented`: rows of `SEGMENT_ROW`
+values, NaN padding taken off ``nan``): on a Flax NNX MLP with 10 distinct probe
+shapes the summaries compiled in 3.4 s instead of 21 s. Small per-iteration
+captures are stacked by shape and summarised in one batched computation. On a CPU, arrays of more than
 `STACK_MAX_ELEMENTS` are summarised one by one instead: stacking copies its
 members into one new buffer, a full pass over them that measured slower than
 one summary each (on a GPU the opposite: one launch per op dominates, and a
