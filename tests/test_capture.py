@@ -331,6 +331,33 @@ def test_equinox_module_argument_with_filter_grad_and_partition():
     close(inter["out"]["cotangent"], 2 * out)
 
 
+def test_equinox_python_number_fields_stay_static_like_filter_jit():
+    # eqx.nn.MaxPool2d keeps `init` as a Python float (the reduce_window init value)
+    # beside a function leaf. eqx.filter_grad leaves the float static; tracing it
+    # would give it a tangent that reduce_window's JVP rejects.
+    eqx = pytest.importorskip("equinox")
+    pool = eqx.nn.MaxPool2d(kernel_size=2, stride=2)
+    conv = eqx.nn.Conv2d(1, 2, kernel_size=3, key=KEY)
+    model = (conv, pool)
+    x = jax.random.normal(KEY, (1, 6, 6))
+
+    def loss(model, x):
+        conv, pool = model
+        return jnp.sum(sow(pool(conv(x)), "pooled") ** 2)
+
+    expected = eqx.filter_grad(loss)(model, x)
+    wrapped = save_intermediates(eqx.filter_grad(loss))
+    grads, inter = wrapped(model, x)
+    assert jax.tree_util.tree_structure(grads) == jax.tree_util.tree_structure(expected)
+    for a, b in zip(
+        jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(expected), strict=True
+    ):
+        close(a, b)
+    pooled = pool(conv(x))
+    close(inter["pooled"]["primal"], pooled)
+    close(inter["pooled"]["cotangent"], 2 * pooled)
+
+
 def test_unhashable_non_array_leaf_names_its_path_and_the_fix():
     def fn(x, cfg):
         return jnp.sum(sow(x * len(cfg["opts"]), "h"))

@@ -65,7 +65,15 @@ def _check_options(fn, tag, duplicates, loops, strict) -> tuple[frozenset[str], 
 
 
 def _is_dynamic(leaf: Any) -> bool:
-    return isinstance(leaf, (jax.Array, np.ndarray, np.generic, bool, int, float, complex)) or (
+    """Whether a leaf is traced. Arrays and tracers are; Python numbers are not.
+
+    When every leaf is a JAX type the call goes through `jax.jit`, which traces
+    Python numbers itself (`jax.jit` semantics). Arguments with other leaves (an
+    Equinox module, a function, a string) take the static path, split as
+    `equinox.filter_jit` splits them: there Python numbers are static, so a module
+    field such as `eqx.nn.MaxPool2d.init` stays the constant its code expects.
+    """
+    return isinstance(leaf, (jax.Array, np.ndarray, np.generic)) or (
         hasattr(leaf, "__jax_array__") or hasattr(leaf, "aval")
     )
 
