@@ -10,8 +10,15 @@ Nothing waits on the host: summaries start their device→host copy
 asynchronously and are read on a later step once ready (or at `flush()`);
 on unrecorded steps (`every > 1`) the plain program runs, and its finite flag
 is read two steps later (the device is not stalled). With
-`stop_on_nonfinite=True` the flag is read on every step, and `NonFiniteError`
-is raised before `step` returns, so the caller never applies that update.
+`stop_on_nonfinite=True` the flag is read on every step (one small device→host
+sync per step: the price of exactness), and `NonFiniteError` is raised before
+`step` returns, so the caller never applies that update.
+
+A recorded step costs the training thread one fetch of its (ready) packed host
+buffers and three scalars; its summaries become the JSON-ready entry only when
+read (`_entry.LazyEntry`: on a sink's thread, when the view sends, when
+`history`/`to_dict()` is read), or at once when a probe or result holds a NaN/Inf
+(the program's `clean` flag says so), since the origin rule needs them.
 
 Recording knows no front end: views (`monitor_view.MonitorView`, created
 lazily when `mon` is displayed) and sinks (`log_dir`, TensorBoard, W&B, from
@@ -160,8 +167,8 @@ class Monitor:
                     self._stop(step, out, args, record)
                 self._flags.clear()
             else:
-                self._check_flags(block=len(self._flags) > _MAX_FLAGS)
-            self._drain(block=len(self._pending) > _MAX_PENDING)
+                self._check_flags(keep=_MAX_FLAGS)
+            self._drain(keep=_MAX_PENDING)
             return out.result
 
     def _run(self, args: tuple, instrumented: bool) -> Out:
@@ -177,8 +184,8 @@ class Monitor:
     def flush(self) -> None:
         """Read every pending summary and flag and hand them to the views and sinks now."""
         with self._lock:
-            self._check_flags(block=True)
-            self._drain(block=True)
+            self._check_flags(keep=0)
+            self._drain(keep=0)
             self._each("flush")
 
     def close(self) -> None:
@@ -194,7 +201,7 @@ class Monitor:
         if not recorded:  # the plain program ran: re-run this step instrumented, for the origin
             out = self._run(args, True)
             self._pending.append((step, out))
-        self._drain(block=True)
+        self._drain(keep=0)
         nf = self.nonfinite
         if nf is not None and nf.step == step:  # down to the equation, on this step's args
             nf = self.nonfinite = _locate_step(self.fn, args, self._options, nf)
@@ -206,13 +213,14 @@ class Monitor:
         )
         raise NonFiniteError(_nonfinite.message(out.traced.graph, step, where))
 
-    def _check_flags(self, *, block: bool) -> None:
+    # `keep`: how many may stay in flight; older ones are waited for, newer ones are
+    # read only once ready. (flush: keep=0, everything is read.)
+    def _check_flags(self, *, keep: int) -> None:
         while self._flags:
             step, out, args = self._flags[0]
-            if not block and not _ready(out.finite):
+            if len(self._flags) <= keep and not _ready(out.finite):
                 break
             self._flags.popleft()
-            block = block and len(self._flags) > _MAX_FLAGS
             if self.nonfinite is None and not np.asarray(out.finite).all():
                 # First non-finite step, unrecorded: re-run it with the probes (same args).
                 try:
@@ -225,13 +233,12 @@ class Monitor:
                     continue
                 self._pending.append((step, rerun))
 
-    def _drain(self, *, block: bool) -> None:
+    def _drain(self, *, keep: int) -> None:
         while self._pending:
             step, out = self._pending[0]
-            if not block and not all(_ready(b) for b in out.packed.buffers):
+            if len(self._pending) <= keep and not all(_ready(b) for b in out.packed.buffers):
                 break
             self._pending.popleft()
-            block = block and len(self._pending) > _MAX_PENDING
             self._record(step, out)
 
     def _record(self, step: int, out: Out) -> None:

@@ -194,3 +194,26 @@ def test_a_long_run_keeps_step_0_in_bounded_memory():
     mon.flush()
     assert len(mon.history) <= 32 and mon.history[0]["step"] == 0
     assert mon.history[-1]["step"] == 19_999
+
+
+def test_flush_reads_every_step_in_flight_however_slow_the_device(monkeypatch):
+    # A device that never reports "ready" on its own: only a wait reads a step. flush()
+    # must still record every pending step and check every pending finite flag.
+    import sowviz.monitor
+
+    monkeypatch.setattr(sowviz.monitor, "_ready", lambda buf: False)
+    loss, _ = counted()
+    mon = sowviz.Monitor(loss)
+    for _ in range(3):
+        mon.step(W, batch(3))
+    mon.flush()
+    assert [e["step"] for e in mon.history] == [0, 1, 2]
+
+    def f(p, x):
+        return jnp.sum(jnp.sqrt(p["s"])) + jnp.mean(x)
+
+    mon = sowviz.Monitor(f, every=10)
+    for step in range(4):  # step 2 (unrecorded) has an infinite gradient
+        mon.step({"s": jnp.zeros(2) if step == 2 else jnp.ones(2)}, batch(2))
+    mon.flush()
+    assert mon.nonfinite is not None and mon.nonfinite.step == 2
