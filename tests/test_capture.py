@@ -916,3 +916,20 @@ def test_every_construct_with_sub_programs_has_one_capture_rule():
     assert rule_for("closed_call") is rule_for("eval_jaxpr") is RULES[Construct.CALL]
     assert rule_for("jit") is rule_for("pjit")
     assert rule_for("add") is None and construct_of("add") is None
+
+
+def test_vmap_leaves_a_capture_that_does_not_vary_over_the_batch_unbatched():
+    # As JAX's vmap leaves such a value: the cotangent seed of a vmapped grad does not
+    # vary over the batch, so its capture has no batch axis (one row would repeat for
+    # every example); the primal, which varies, has one row per example. The same rule
+    # keeps primals unbatched under jacfwd/hessian's basis vmap.
+    x = jnp.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+
+    def f(x):
+        return jnp.sum(sow(x**2, "sq") * jnp.array([1.0, 3.0]))
+
+    for wrap in (lambda g: g, jax.jit):
+        grads, inter = save_intermediates(wrap(jax.vmap(jax.grad(f))))(x)
+        close(grads, jax.vmap(jax.grad(f))(x))
+        close(inter["sq"]["primal"], x**2)
+        close(inter["sq"]["cotangent"], jnp.array([1.0, 3.0]))

@@ -93,6 +93,15 @@ def test_all_mode_with_integer_labels(args):
     assert_close(ins.result[2], cotangents, what="cotangent")
 
 
+@pytest.mark.xfail(
+    strict=True,
+    raises=ValueError,
+    reason="Known limitation: while a capture traces, a sow carries an effect (so no "
+    "dead-code elimination drops it); Flax Linen's nn.scan checks that broadcast "
+    "variables do not depend on the loop with a DCE that keeps effectful equations, "
+    "and raises 'broadcasted variable has a data dependency on the scan body'. "
+    "inspect()'s stage probes inside nn.scan are unaffected (tested above).",
+)
 def test_sown_blocks_inside_scan_and_remat(args):
     """A sow placed in every block (via `nn.intercept_methods`, no change to the model)
     comes back stacked, one row per layer, with the cotangent of each block's output."""

@@ -40,6 +40,11 @@ def test_grad_equals_value_and_grad(pipeline, grad_ins):
     assert_value_and_grad(grad_ins.result, *want)
 
 
+# tesseract-jax 0.4 (the newest on Python 3.11) fills the tangent of a
+# non-differentiable output with np.full(NaN) cast to int: a RuntimeWarning inside
+# its host callback, which this suite's warnings-as-errors turns into a failure. The
+# values are checked against jax.jvp below all the same.
+@pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
 def test_jvp_mode_equals_jax_jvp(pipeline):
     args = tp.make_args()
     tangents = (jnp.cos(args[0]), jnp.float32(0.7))
@@ -167,7 +172,9 @@ def test_tj_sow_vmap_grad(use_jit):
     )(x)
     np.testing.assert_array_equal(grad, 2 * x)
     np.testing.assert_array_equal(inter["squared"]["primal"], x**2)
-    np.testing.assert_array_equal(inter["squared"]["cotangent"], jnp.ones_like(x))
+    # The cotangent seed does not vary over the vmapped axis, so its capture has no
+    # batch axis (sowviz keeps what vmap gives; see the README's capture keys).
+    np.testing.assert_array_equal(inter["squared"]["cotangent"], jnp.ones_like(x[0]))
 
 
 @jit_parametrize
