@@ -138,7 +138,7 @@ def _bad_iterations(s: Mapping[str, Any]) -> list[int]:
     per = s.get("per_iteration") or {}
     counts = per.get("nonfinite") or []
     rows = per.get("index") or range(len(counts))  # rows kept, when strided
-    return [int(r) for r, c in zip(rows, counts) if c]
+    return [int(r) for r, c in zip(rows, counts, strict=True) if c]
 
 
 _KINDS = ("nan", "posinf", "neginf")

@@ -126,6 +126,8 @@ def count_run(fn: Any, args: tuple, options: Any) -> tuple[Any, list[CountProbe]
                 rows = np.asarray(c["rows"])
                 old = s.setdefault("per_iteration", {"nonfinite": [0] * len(rows)})["nonfinite"]
                 if len(old) == len(rows):
-                    s["per_iteration"]["nonfinite"] = [int(a + b) for a, b in zip(old, rows)]
+                    s["per_iteration"]["nonfinite"] = [
+                        int(a + b) for a, b in zip(old, rows, strict=True)
+                    ]
     probes = [CountProbe(node, sums) for node, sums in per_node.items()]
     return result, probes, traced

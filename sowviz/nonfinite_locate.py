@@ -55,7 +55,7 @@ def input_flags(traced: Any, options: Any, result: Any, args: Sequence[Any] | No
         grads = (result[1],) if single else tuple(result[1])
         per_arg = {
             i: jax.tree_util.tree_leaves(g, is_leaf=lambda x: x is None)
-            for i, g in zip(nums, grads)
+            for i, g in zip(nums, grads, strict=True)
         }
         for j in layout.floating:
             i = layout.arg_of[j]
@@ -63,7 +63,7 @@ def input_flags(traced: Any, options: Any, result: Any, args: Sequence[Any] | No
                 k = layout.leaf_of[j] - layout.offsets[i]
                 if k < len(per_arg[i]):
                     bwd[j] = _bad(per_arg[i][k])
-    return {n: (f, b) for n, f, b in zip(inputs, fwd, bwd) if n is not None}
+    return {n: (f, b) for n, f, b in zip(inputs, fwd, bwd, strict=True) if n is not None}
 
 
 def _input_nodes(graph: Any) -> list[str | None]:

@@ -170,7 +170,9 @@ class IterationStats:
         cnt = np.asarray(h.count)
 
         def col(k: str) -> list[float | None]:
-            return [_finite_float(x) if c > 0 else None for x, c in zip(getattr(h, k), cnt)]
+            return [
+                _finite_float(x) if c > 0 else None for x, c in zip(getattr(h, k), cnt, strict=True)
+            ]
 
         out: dict[str, Any] = {
             "iterations": self.iterations,
@@ -180,7 +182,7 @@ class IterationStats:
         }
         for k in ("min", "max", "mean", "std", "absmax"):
             out[k] = col(k)
-        out["l2"] = [_finite_float(x) if c > 0 else 0.0 for x, c in zip(h.l2, cnt)]
+        out["l2"] = [_finite_float(x) if c > 0 else 0.0 for x, c in zip(h.l2, cnt, strict=True)]
         out["hist_counts"] = np.asarray(h.hist_counts).astype(int).tolist()
         return out
 

@@ -205,7 +205,7 @@ def _reduce(operands, inits, ops, axes):
     red = {jnp.minimum: jnp.min, jnp.maximum: jnp.max, jnp.add: jnp.sum}
     return tuple(
         red[op](x, axis=axes, initial=i) if op is not jnp.add else jnp.sum(x, axis=axes)
-        for x, i, op in zip(operands, inits, ops)
+        for x, i, op in zip(operands, inits, ops, strict=True)
     )
 
 

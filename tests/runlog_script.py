@@ -30,7 +30,7 @@ def init(seed: int = 0) -> list[dict]:
     keys = jax.random.split(jax.random.PRNGKey(seed), len(WIDTHS) - 1)
     return [
         {"w": jax.random.normal(k, (a, b)) / jnp.sqrt(a), "b": jnp.zeros(b)}
-        for k, a, b in zip(keys, WIDTHS[:-1], WIDTHS[1:])
+        for k, a, b in zip(keys, WIDTHS[:-1], WIDTHS[1:], strict=True)
     ]
 
 

@@ -234,7 +234,7 @@ def test_monitor_charts_mark_nonfinite_steps(page, tmp_path):
     model = fm.with_nonfinite_history(fm.small_model(), steps=12, grad_only=(6,), diverge_at=9)
     h = model["history"]
     # expected from the fixture's own data: a step is bad when its flag says so
-    bad = [t for t, ok in zip(h["steps"], h["finite"]) if not ok]
+    bad = [t for t, ok in zip(h["steps"], h["finite"], strict=True) if not ok]
     assert bad == [6, 9, 10, 11] and all(math.isnan(v) for v in h["loss"][9:])
     pg = page.open_report(report.write_html(model, tmp_path / "nf.html"))
     loss = pg.locator('[data-role="loss"] .js-plotly-plot')
@@ -256,7 +256,11 @@ def test_monitor_charts_mark_nonfinite_steps(page, tmp_path):
     probe = next(p for p in model["probes"] if p["node"] == "n1")
     for mode in probe["summaries"]:
         series = h["probes"][probe["id"]][mode]
-        want = [t for t, s in zip(h["steps"], series) if s["nan"] + s["posinf"] + s["neginf"]]
+        want = [
+            t
+            for t, s in zip(h["steps"], series, strict=True)
+            if s["nan"] + s["posinf"] + s["neginf"]
+        ]
         chart = hist.locator(f'[data-history="norms"][data-mode="{mode}"]')
         assert chart.get_attribute("data-nonfinite-steps") == ",".join(map(str, want)), mode
     assert (

@@ -17,6 +17,7 @@ import pytest
 from flax import nnx
 from jax import lax
 
+import sowviz
 from sowviz import _compat, sow
 from sowviz.graph import ProbePoint, build_graph, frameworks, instrument, instrument_jaxpr
 from sowviz.graph.build import _count_eqns
@@ -476,7 +477,7 @@ def test_instrument_grad_sees_cotangents_in_jit_scan_cond():
     # Gradients are those of the original program.
     g_plain = jax.grad(lambda x, w: _run_plain(closed)(x, w)[0], argnums=(0, 1))(X, W)
     g_inst = jax.jit(grad)(X, W)
-    for a, b in zip(g_plain, g_inst):
+    for a, b in zip(g_plain, g_inst, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
@@ -834,3 +835,30 @@ def test_big_unscoped_program_folds_by_line_function_and_chunks():
     # A small program is not folded.
     _, small = graph_of(lambda x, w: _fold_step(x, w), X, W)
     assert not any(n.kind == "scope" for n in small.nodes)
+
+
+def _scan_loss(p, y0, xs):
+    """A scan with a const (`p`), a carry and stacked ys the loss never reads."""
+
+    def body(s, x):
+        s = s * p["a"] + x * p["b"]
+        return s, s  # the ys output is the carry itself
+
+    y, ys = lax.scan(body, y0, xs)
+    del ys  # its cotangent is a symbolic zero
+    return jnp.sum(y**2)
+
+
+def test_inspect_grad_of_scan_with_unread_ys_matches_jax():
+    # JAX 0.10's scan transpose put a stacked symbolic-zero cotangent of `ys` into
+    # the loop body ("Expected cotangent type float32[3] but got float32[5,3]")
+    # once a probe on the scan's outputs kept the ys tangent alive.
+    p = {"a": jnp.float32(0.9), "b": jnp.array([0.5, -1.0, 2.0], jnp.float32)}
+    y0 = jnp.array([1.0, 0.5, -0.25], jnp.float32)
+    xs = jnp.linspace(-1.0, 1.0, 15, dtype=jnp.float32).reshape(5, 3)
+    ins = sowviz.inspect(_scan_loss, p, y0, xs, mode="grad")
+    value, grads = ins.result
+    want_value, want_grads = jax.value_and_grad(_scan_loss)(p, y0, xs)
+    np.testing.assert_allclose(value, want_value, rtol=1e-6)
+    for k in p:
+        np.testing.assert_allclose(grads[k], want_grads[k], rtol=1e-5)

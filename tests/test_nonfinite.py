@@ -53,9 +53,9 @@ def _eval(jaxpr, consts, args, found, skip, outer=((), None)):
     def read(v):
         return v.val if hasattr(v, "val") and not hasattr(v, "count") else env[v]
 
-    for v, c in zip(jaxpr.constvars, consts):
+    for v, c in zip(jaxpr.constvars, consts, strict=True):
         env[v] = c
-    for v, a in zip(jaxpr.invars, args):
+    for v, a in zip(jaxpr.invars, args, strict=True):
         env[v] = a
     for eqn in jaxpr.eqns:
         ins = [read(v) for v in eqn.invars]
@@ -87,7 +87,7 @@ def _eval(jaxpr, consts, args, found, skip, outer=((), None)):
             elif kinds - skip.get("kinds", set()):
                 loc = here[1]
                 found.append((name, None if loc is None else loc.line, loc))
-        for v, o in zip(eqn.outvars, outs):
+        for v, o in zip(eqn.outvars, outs, strict=True):
             env[v] = o
     return [read(v) for v in jaxpr.outvars]
 

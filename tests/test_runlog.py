@@ -486,7 +486,7 @@ def test_monitor_log_dir_reads_back_what_the_monitor_held(tmp_path):
     mon = sowviz.Monitor(runlog_script.loss, log_dir=tmp_path / "log", tensorboard=True)
     for _ in range(5):
         _, grads = mon.step(params, x, y)
-        params = [{k: p[k] - 0.05 * g[k] for k in p} for p, g in zip(params, grads)]
+        params = [{k: p[k] - 0.05 * g[k] for k in p} for p, g in zip(params, grads, strict=True)]
     mon.close()
     view = load(tmp_path / "log")
     assert view.finished

@@ -78,7 +78,7 @@ def test_two_processes_step_in_lockstep_and_only_process_0_writes(tmp_path):
                 p.kill()
                 p.communicate()
     reports = {}
-    for out, p in zip(outputs, procs):
+    for out, p in zip(outputs, procs, strict=True):
         assert p.returncode == 0, out[-3000:]
         line = next(ln for ln in out.splitlines() if ln.startswith("REPORT "))
         r = json.loads(line[len("REPORT ") :])

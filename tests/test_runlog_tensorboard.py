@@ -61,7 +61,7 @@ def test_histograms_and_scalars_equal_sowviz_summaries(run, tmp_path):
             assert tag in tags["histograms"], (tag, tags["histograms"])
             events = acc.Histograms(tag)
             assert [ev.step for ev in events] == [e["step"] for e in entries]
-            for ev, e in zip(events, entries):
+            for ev, e in zip(events, entries, strict=True):
                 s = e["probes"][p["id"]][mode]
                 h = ev.histogram_value
                 # Edges: TensorBoard's min then its bucket limits; counts: its buckets.

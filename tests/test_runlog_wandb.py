@@ -66,7 +66,7 @@ def test_histograms_and_scalars_reach_an_offline_run(run, offline, tmp_path):
     assert [h["step"].get("num", 0) for h in history] == [e["step"] for e in entries]
     names = probe_tags(model)
     checked = 0
-    for h, e in zip(history, entries):
+    for h, e in zip(history, entries, strict=True):
         item = h["item"]
         assert item["loss"] == pytest.approx(e["loss"], rel=1e-12)
         for pid, by_mode in e["probes"].items():

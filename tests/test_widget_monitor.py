@@ -80,7 +80,9 @@ def test_step_returns_value_and_grad_exactly():
     value, grads = mon.step(PARAMS, X)
     ref_value, ref_grads = jax.jit(jax.value_and_grad(loss))(PARAMS, X)
     np.testing.assert_allclose(value, ref_value, rtol=1e-6)
-    for g, r in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(ref_grads)):
+    for g, r in zip(
+        jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(ref_grads), strict=True
+    ):
         np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-7)
     assert jax.tree_util.tree_structure(grads) == jax.tree_util.tree_structure(ref_grads)
 

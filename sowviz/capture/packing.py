@@ -54,7 +54,7 @@ class Packed:
         """The original tree: NumPy leaves after one transfer, or traced slices under a trace."""
         traced = any(isinstance(b, jax.core.Tracer) for b in self.buffers)
         bufs = self.buffers if traced else jax.device_get(self.buffers)
-        by_key = dict(zip(self.layout.keys, bufs))
+        by_key = dict(zip(self.layout.keys, bufs, strict=True))
         leaves = []
         for slot in self.layout.slots:
             if slot is None:

@@ -162,7 +162,7 @@ class _Builder(InputsMixin):
                     self.point(self.recs[int(chain[-1][1:])], (), [(-1, k)], [v])
         outs = self.walk(jaxpr, root, (), inputs, probe=True)
         last = len(jaxpr.eqns) - 1
-        for v, name in zip(jaxpr.outvars, out_names):
+        for v, name in zip(jaxpr.outvars, out_names, strict=True):
             rec = self.new("output", name, root.id, shapes=(shape_str(v.aval),))
             chain = outs.get(v) if isinstance(v, _compat.Var) else None
             if chain is not None:
@@ -379,7 +379,7 @@ class _Builder(InputsMixin):
             return
         names = tuple(n for n, f in zip(names, floating, strict=False) if f) if names else ()
         if len(names) == len(chosen) > 1:  # sown as a dict, whose leaves come sorted by key
-            names, chosen = map(tuple, zip(*sorted(zip(names, chosen, strict=True))))
+            names, chosen = map(tuple, zip(*sorted(zip(names, chosen, strict=True)), strict=True))
         else:
             names = ()
         self.points.append(

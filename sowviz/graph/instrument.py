@@ -159,7 +159,7 @@ def _sow_eqn(p: ProbePoint, jaxpr, at: int, read, subst, tag: str, source_info):
         olds.append(outs_i[k])
     ins = [read(v) for v in olds]
     outs = [_compat.new_var(v.aval) for v in ins]
-    for old, new in zip(olds, outs):
+    for old, new in zip(olds, outs, strict=True):
         subst[old] = new
     template, effects = _template(tag, len(ins), p.names)
     params = dict(template)

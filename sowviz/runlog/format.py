@@ -126,7 +126,7 @@ def decode(payload: bytes) -> dict[str, Any]:
             return np.frombuffer(blob, dtype=np.dtype(dtype), count=count, offset=off).tolist()
         if _FLOATS in d:
             keys, values = d.pop(_FLOATS)
-            d.update(zip(keys, values))
+            d.update(zip(keys, values, strict=True))
         return d
 
     return json.loads(bytes(raw[4 : 4 + n]).decode("utf-8"), object_hook=hook)

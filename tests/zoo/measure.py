@@ -122,9 +122,9 @@ def main(argv: list[str]) -> int:
             "report_kb",
         ]
         widths = [max(len(h), *(len(str(r[h])) for r in rows)) if rows else len(h) for h in head]
-        print("  ".join(h.ljust(w) for h, w in zip(head, widths)))
+        print("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)))
         for r in rows:
-            print("  ".join(str(r[h]).ljust(w) for h, w in zip(head, widths)))
+            print("  ".join(str(r[h]).ljust(w) for h, w in zip(head, widths, strict=True)))
     for name, err in failed:
         print(f"FAILED {name}: {err}")
     return 1 if failed else 0

@@ -26,7 +26,7 @@ def rk4():
 def rk4_tangents(rk4):
     params, y0 = rk4
     k = jax.random.split(jax.random.PRNGKey(11), 4)
-    t_params = {n: jax.random.normal(kk, ()) for n, kk in zip(sorted(params), k)}
+    t_params = {n: jax.random.normal(kk, ()) for n, kk in zip(sorted(params), k, strict=False)}
     return t_params, jax.random.normal(k[3], y0.shape)
 
 
