@@ -12,6 +12,8 @@ with a comment naming the version that changed it:
   carries its consts; `jax.extend.core.ClosedJaxpr` is an alias of `Jaxpr`).
 * `CLOSED_CALL`: JAX 0.12 renamed the staged `closed_call` primitive
   `eval_jaxpr` (same `call_jaxpr` param).
+* `_patch_scan_zero_ys_cotangents`: up to JAX 0.10 scan's transpose mishandles a
+  symbolic-zero cotangent of a stacked output (JAX 0.12 handles it).
 * `varying_axes`: JAX 0.9 moved a shard_map value's varying axes from
   `aval.vma` to `aval.mat.varying`.
 
@@ -31,6 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import jax
 from jax._src import api_util as _api_util
 from jax._src import core as _core
 from jax._src import effects as _effects
@@ -157,6 +160,39 @@ def scan_layout(params: dict[str, Any]) -> ScanLayout:
         return ScanLayout(params["num_consts"], params["num_carry"])
     consts, carry, _xs = params["ft_in"].unpack()  # JAX >= 0.11
     return ScanLayout(len(consts), len(carry))
+
+
+def _patch_scan_zero_ys_cotangents() -> None:
+    """Instantiate symbolic-zero `ys` cotangents before `scan`'s transpose (JAX < 0.12).
+
+    JAX 0.10's scan transpose passes a symbolic-zero cotangent of a stacked output
+    (aval `[length, ...]`) unchanged into the transposed body, where it is added to
+    the body's per-iteration output: "Expected cotangent type float32[3] but got
+    float32[40,3]" when that output is also the carry (`return s, s`). Plain JAX
+    never meets it (an unused `ys` tangent is dead-code eliminated), but a probe on
+    the scan's outputs keeps that tangent alive while its cotangent is zero. JAX
+    0.12's `_scan_transpose_fancy` maps such zeros to per-iteration avals itself.
+    Real zeros are correct under either behaviour, so 0.11 (not tested) is covered.
+    """
+    if jax.__version_info__ >= (0, 12):
+        return
+    from jax._src.interpreters import ad as _ad
+    from jax._src.lax.control_flow import loops as _loops
+
+    rule = getattr(_ad, "fancy_transposes", {}).get(_loops.scan_p)
+    if rule is None or getattr(rule, "_sowviz_zero_ys", False):
+        return
+
+    def transpose(cts, *args, **params):
+        ncar = scan_layout(params).num_carry
+        cts = [*cts[:ncar], *(_ad.instantiate_zeros(ct) for ct in cts[ncar:])]
+        return rule(cts, *args, **params)
+
+    transpose._sowviz_zero_ys = True  # type: ignore[attr-defined]
+    _ad.fancy_transposes[_loops.scan_p] = transpose
+
+
+_patch_scan_zero_ys_cotangents()
 
 
 _HAS_CLOSED_JAXPR = ClosedJaxpr is not Jaxpr  # JAX 0.11 made ClosedJaxpr an alias
