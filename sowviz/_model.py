@@ -71,28 +71,28 @@ def now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _jsonable(x: Any) -> Any:
+def jsonable(x: Any) -> Any:
     """Plain JSON values: NaN/Inf become null (JSON has neither), Enums their value,
     NumPy scalars and arrays Python numbers and lists."""
     if isinstance(x, float):
         return x if math.isfinite(x) else None
     if isinstance(x, Enum):
-        return _jsonable(x.value)
+        return jsonable(x.value)
     if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
+        return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
+        return [jsonable(v) for v in x]
     if x is None or isinstance(x, (str, bool, int)):
         return x
     if hasattr(x, "tolist"):  # numpy scalars and arrays
-        return _jsonable(x.tolist())
+        return jsonable(x.tolist())
     return str(x)
 
 
 def model_json(model: Any) -> str:
     """The model as JSON that is also safe inside an HTML ``<script>`` element
     (``<``, ``>``, ``&`` and the JS line separators escaped)."""
-    text = json.dumps(_jsonable(model), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    text = json.dumps(jsonable(model), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     return (
         text.replace("&", "\\u0026")
         .replace("<", "\\u003c")

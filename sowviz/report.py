@@ -15,16 +15,14 @@ front end builds its DOM with ``textContent`` only.
 from __future__ import annotations
 
 import base64
-import contextlib
 import gzip
 import html
-import os
 import pathlib
 import re
-import tempfile
 from importlib import resources
 
 from . import _model
+from ._files import atomic_write
 from ._model import model_json as model_json
 
 __all__ = ["model_json", "render_html", "write_html"]
@@ -122,21 +120,7 @@ def write_html(model: dict, path: str | pathlib.Path, *, title: str | None = Non
 
     The page goes to a temporary file in the same directory, which then replaces
     ``path`` (:func:`os.replace`): a failed write leaves any previous report intact."""
-    out = pathlib.Path(path)
-    text = render_html(model, title=title)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent or ".")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a report is an ordinary file
-        os.replace(tmp, out)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return out
+    return atomic_write(path, render_html(model, title=title).encode("utf-8"))
 
 
 _model.register_writer("html", write_html)

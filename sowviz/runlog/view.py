@@ -120,8 +120,8 @@ class RunLogView:
 
     def save_html(self, path: str | os.PathLike, *, title: str | None = None) -> pathlib.Path:
         """Write the whole run's report (read to the end of the log first); atomic."""
+        from .._files import atomic_write
         from ..report import render_html
-        from .writer import atomic_write
 
         self.refresh()
         model = self.model

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import pathlib
 from typing import Any
 
+from .._files import atomic_write
+from .._model import jsonable
 from . import format as fmt
 from .sink import Sink
 
@@ -25,38 +26,8 @@ _EXISTS = (
 )
 
 
-def atomic_write(path: pathlib.Path, data: bytes) -> None:
-    """Write `data` to `path` so that a reader sees the old file or the new, never half."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def _jsonable(x: Any) -> Any:
-    """Plain JSON values: NaN/Inf become null (as in every sowviz/1 model), numpy
-    scalars and arrays become Python numbers and lists."""
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if x is None or isinstance(x, (str, bool, int)):
-        return x
-    if hasattr(x, "tolist"):
-        return _jsonable(x.tolist())
-    return str(x)
-
-
 def model_bytes(model: dict[str, Any]) -> bytes:
-    text = json.dumps(_jsonable(model), ensure_ascii=False, separators=(",", ":"))
+    text = json.dumps(jsonable(model), ensure_ascii=False, separators=(",", ":"))
     return text.encode("utf-8")
 
 
