@@ -283,24 +283,7 @@ def stats(v: jax.Array, bins: int, keep: np.ndarray | None) -> tuple[dict, dict 
     start = log_window_start(absmax)
     lin, log = count(idx, log_slot(v, start, finite), bins + 3, LOG_BINS + 3, rows, v)
     linp = jnp.sum(lin, 1, dtype=jnp.int32)
-    pooled = dict(
-        count=cnt,
-        nan=linp[:, bins],
-        posinf=linp[:, bins + 1],
-        neginf=linp[:, bins + 2],
-        zeros=log[:, 0],
-        min=vmin,
-        max=vmax,
-        mean=mean,
-        std=std,
-        l2=jnp.sqrt(sq) * scale,
-        absmax=absmax,
-        hist_edges=edges,
-        hist_counts=linp[:, :bins],
-        loghist_start=start,
-        loghist_under=log[:, 1],
-        loghist_counts=log[:, 2 : 2 + LOG_BINS],
-    )
+    pooled = _fields(cnt, linp, log, bins, vmin, vmax, mean, std, sq, scale, absmax, edges, start)
     if keep is None:
         return pooled, None
     k = len(keep)
@@ -394,6 +377,13 @@ def segment_stats(v: jax.Array, seg: np.ndarray, members: int, bins: int) -> dic
     cts = tally_slots([base + idx, base + n_lin + lslot], members * width, v)
     cts = cts.reshape(members, width)
     lin, log = cts[:, :n_lin], cts[:, n_lin:]
+    return _fields(cnt, lin, log, bins, vmin, vmax, mean, std, sq, scale, absmax, edges, start)
+
+
+def _fields(cnt, lin, log, bins, vmin, vmax, mean, std, sq, scale, absmax, edges, start):
+    """The summary's fields from the moments and the two tallies: the linear tally has
+    `bins` histogram slots then NaN, +Inf, -Inf; the log tally has zeros, underflow,
+    then the LOG_BINS fixed-grid slots."""
     return dict(
         count=cnt,
         nan=lin[:, bins],
