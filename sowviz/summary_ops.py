@@ -234,21 +234,7 @@ def stats(v: jax.Array, bins: int, keep: np.ndarray | None) -> tuple[dict, dict 
     nd = v.ndim
     axes = tuple(range(2, nd))
     zero = jnp.zeros((), acc)
-    inf = jnp.asarray(jnp.inf, acc)
-    # Subnormals are zeros (see the module docstring of sowviz.summary).
-    v = jnp.where(jnp.abs(v) < jnp.finfo(acc).tiny, zero, v)
-    finite = jnp.isfinite(v)
-    min_r, max_r, sum_r, cnt_r = _reduce(
-        (
-            jnp.where(finite, v, inf),
-            jnp.where(finite, v, -inf),
-            jnp.where(finite, v, zero),
-            finite.astype(jnp.int32),
-        ),
-        (jnp.inf, -jnp.inf, 0, 0),
-        (jnp.minimum, jnp.maximum, jnp.add, jnp.add),
-        axes,
-    )
+    v, finite, (min_r, max_r, sum_r, cnt_r) = _first_pass(v, axes)
     vmin = jnp.min(min_r, 1, initial=jnp.inf)
     vmax = jnp.max(max_r, 1, initial=-jnp.inf)
     have = vmin <= vmax
@@ -326,20 +312,7 @@ def segment_stats(v: jax.Array, seg: np.ndarray, members: int, bins: int) -> dic
     acc = v.dtype
     seg_j = jnp.asarray(seg, jnp.int32)
     zero = jnp.zeros((), acc)
-    inf = jnp.asarray(jnp.inf, acc)
-    v = jnp.where(jnp.abs(v) < jnp.finfo(acc).tiny, zero, v)
-    finite = jnp.isfinite(v)
-    min_r, max_r, sum_r, cnt_r = _reduce(
-        (
-            jnp.where(finite, v, inf),
-            jnp.where(finite, v, -inf),
-            jnp.where(finite, v, zero),
-            finite.astype(jnp.int32),
-        ),
-        (jnp.inf, -jnp.inf, 0, 0),
-        (jnp.minimum, jnp.maximum, jnp.add, jnp.add),
-        (1,),
-    )
+    v, finite, (min_r, max_r, sum_r, cnt_r) = _first_pass(v, (1,))
 
     def per_member(x, op):
         out = op(x, seg_j, num_segments=members, indices_are_sorted=True)
@@ -402,3 +375,24 @@ def _fields(cnt, lin, log, bins, vmin, vmax, mean, std, sq, scale, absmax, edges
         loghist_under=log[:, 1],
         loghist_counts=log[:, 2 : 2 + LOG_BINS],
     )
+
+
+def _first_pass(v, axes):
+    """Subnormals to zero (see sowviz.summary's docstring), the finite mask, and one
+    reduction over `axes` of the finite min, max, sum and count."""
+    zero = jnp.zeros((), v.dtype)
+    inf = jnp.asarray(jnp.inf, v.dtype)
+    v = jnp.where(jnp.abs(v) < jnp.finfo(v.dtype).tiny, zero, v)
+    finite = jnp.isfinite(v)
+    reduced = _reduce(
+        (
+            jnp.where(finite, v, inf),
+            jnp.where(finite, v, -inf),
+            jnp.where(finite, v, zero),
+            finite.astype(jnp.int32),
+        ),
+        (jnp.inf, -jnp.inf, 0, 0),
+        (jnp.minimum, jnp.maximum, jnp.add, jnp.add),
+        axes,
+    )
+    return v, finite, reduced
