@@ -107,7 +107,8 @@ class PrimitiveSpec:
     and label for it, and the params that hold its sub-programs (in the order they run).
 
     `custom_rule`: under differentiation a user rule replaces the body, so values
-    inside have no tangents or cotangents (the graph probes only the call's outputs).
+    inside have no tangents or cotangents (the graph probes only the call's outputs,
+    and `graph.instrument` refuses a probe point inside).
     `shows_primitive`: the graph node records which primitive it is (custom_jvp or
     custom_vjp; the Tesseract dispatch).
     """

@@ -19,6 +19,7 @@ import jax
 
 from .. import _compat
 from ..capture import primitive as _sow
+from ..primitives import spec_of
 from .model import ProbePoint
 
 _NO_CUSTOM = (
@@ -31,7 +32,6 @@ _BAD_VALUE = (
     "instrument: probe point {node!r}: value {value} is not an output of an equation at "
     "or before eqn {at} of its jaxpr."
 )
-_CUSTOM_PRIMS = frozenset({_compat.CUSTOM_JVP, *_compat.CUSTOM_VJP})
 
 
 def instrument(
@@ -119,11 +119,12 @@ def _rewrite(jaxpr: _compat.Jaxpr, points: list[ProbePoint], depth: int, tag: st
 
 def _rewrite_eqn(eqn, groups, depth: int, tag: str):
     name = eqn.primitive.name
+    spec = spec_of(name)  # the one primitive table (sowviz/primitives.py)
     params = dict(eqn.params)
     for (param, index), pts in groups.items():
         node = pts[0].node
         step = pts[0].path[depth]
-        if name in _CUSTOM_PRIMS:
+        if spec is not None and spec.custom_rule:
             raise ValueError(_NO_CUSTOM.format(node=node, prim=name))
         if param not in params:
             raise ValueError(
