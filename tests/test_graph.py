@@ -691,9 +691,11 @@ def _named_graph(fn, *args, **kw):
 
 
 def _path_of(g, node):
+    """The labels of `node` and its ancestors, groups of repeated blocks left out."""
     out = []
     while node.parent is not None:
-        out.append(node.label)
+        if not node.repeats:
+            out.append(node.label)
         node = g.node(node.parent)
     return ".".join(reversed(out))
 
@@ -702,7 +704,7 @@ def test_nnx_module_paths_are_nested_stages_at_their_call_sites():
     model = _NnxModel(nnx.Rngs(0))
     original = nnx.Linear.__dict__["__call__"]
     _, g = _named_graph(_nnx_loss, model, X)
-    scopes = {_path_of(g, n): n for n in g.nodes if n.kind == "scope"}
+    scopes = {_path_of(g, n): n for n in g.nodes if n.kind == "scope" and not n.repeats}
     for path in ("_NnxModel.layers.0.lin", "_NnxModel.layers.1.mlp.0", "_NnxModel.layers.1.mlp.1"):
         assert path in scopes, sorted(scopes)
     assert scopes["_NnxModel"].source.line == line_of("@nnx_root")

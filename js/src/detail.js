@@ -10,6 +10,7 @@ import { nonfiniteCount } from "./nonfinite.js";
 import { orderModes } from "./model.js";
 import { gradHistory, paramRows, paramTable } from "./params.js";
 import { iterationBlock } from "./iterations.js";
+import { repeatBlock } from "./repeatview.js";
 
 // Leaf colours of the gradient-norm chart (Tableau 10).
 const PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#9c755f", "#ff9da7"];
@@ -69,6 +70,12 @@ export class DetailPanel {
     this.el.append(this.header(node), this.meta(index, node, probes));
     const alert = this.nonfiniteAlert(index, id, probes, ctx.origins);
     if (alert) this.el.append(alert);
+    if (node.repeats) { // a group of identical blocks: each block's statistics (repeats.js)
+      const rep = repeatBlock(index, id, (c) => this.handlers.onReveal(c));
+      this.el.append(rep.el);
+      rep.draw(chartColours(this.root), Math.max(220, (this.el.clientWidth || 380) - 34));
+      this.charts.push(...rep.charts);
+    }
     const rows = node.kind === "input" ? [] : paramRows(index, id);
     if (rows.length) {
       this.drawGradHistory(rows, ctx.history); // above the table: a run has many leaves

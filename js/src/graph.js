@@ -149,14 +149,22 @@ export class GraphView {
     const { w, h } = box;
     const g = s("g", { class: `sv-node sv-kind-${safeKind(node.kind)}`, transform: `translate(${box.x},${box.y})` });
     const tip = [node.label, `${node.kind}${node.primitive ? ` · ${node.primitive}` : ""}`, ...(node.shapes ?? [])];
+    if (node.repeats) tip.splice(1, 0, `${node.repeats} identical blocks: expand to see each`);
     if (face?.text) tip.push(`statistic: ${face.text}`);
+    if (node.repeats) {
+      // A stack of cards: the blocks behind the first one (inside the layout's gaps).
+      g.dataset.repeats = String(node.repeats);
+      for (const d of [6, 3]) g.append(s("rect", { class: "sv-node-bg sv-stacked", x: d, y: -d, width: w, height: h, rx: 8 }));
+    }
     g.append(
       s("rect", { class: "sv-node-bg", width: w, height: h, rx: 8 }),
       s("rect", { class: "sv-chip", x: 1.5, y: 1.5, width: 6, height: h - 3, rx: 3, fill: face?.colour ?? "none" }),
       s("title", { text: tip.join("\n") }),
     );
     const spark = !compact && face?.hist ? sparklinePath(face.hist, 56, 22) : "";
-    g.append(s("text", { class: "sv-label", x: 16, y: 20, text: ellipsis(node.label, spark ? Math.floor((w - 92) / 7.4) : Math.floor((w - 30) / 7.4)) }));
+    // a group's "(×24)" is said by its stack of cards and its "+ 24 blocks" button
+    const label = node.repeats ? node.label.replace(/ \(×\d+\)$/, "") : node.label;
+    g.append(s("text", { class: "sv-label", x: 16, y: 20, text: ellipsis(label, spark ? Math.floor((w - 92) / 7.4) : Math.floor((w - 30) / 7.4)) }));
     if (compact) {
       g.append(s("text", { class: "sv-shape", x: 16, y: 40, text: `${node.kind} ${ellipsis(shapeText(node), 18)}` }));
     } else {
@@ -169,7 +177,7 @@ export class GraphView {
       if (canExpand) {
         // a group of inputs holds no equations: say how many things it holds instead
         const k = node.n_eqns || (this.index?.children.get(node.id)?.length ?? 0);
-        const t = node.n_eqns ? `+ ${k} eqn${k === 1 ? "" : "s"}` : `+ ${k} inside`;
+        const t = node.repeats ? `+ ${node.repeats} blocks` : node.n_eqns ? `+ ${k} eqn${k === 1 ? "" : "s"}` : `+ ${k} inside`;
         const tw = 10 + t.length * 6;
         g.append(s("g", { class: "sv-toggle", "data-role": "toggle", transform: `translate(14,${h - 19})` }, [
           s("rect", { width: tw, height: 15, rx: 4 }),

@@ -49,6 +49,7 @@ function normaliseNode(n, i) {
     primitive: n.primitive ?? null,
     n_eqns: num(n.n_eqns, 0),
     collapsed: n.collapsed !== false,
+    repeats: num(n.repeats, 0),
   };
 }
 

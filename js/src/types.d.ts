@@ -70,6 +70,8 @@ export interface Node {
   id: string; label: string; kind: string; parent: string | null; order: number;
   source: { file: string; line: number; function?: string } | null;
   shapes: string[]; primitive: string | null; n_eqns: number; collapsed: boolean;
+  /** > 0: a group of this many identical blocks, its children (graph/repeats.py) */
+  repeats?: number;
 }
 
 export interface Edge { source: string; target: string; shape?: number[]; dtype?: string }

@@ -14,10 +14,11 @@ from typing import Any
 
 from .. import _compat
 from ..primitives import Body, Construct, function_name, spec_of
-from . import frameworks
+from . import frameworks, repeats
 from .inputs import InputsMixin
 from .model import STAGE_KINDS, Capture, Edge, Node, Note, ProbePoint, StageGraph, Step
 from .names import (
+    FOLD,
     _count_eqns,
     fold_label,
     fold_names,
@@ -100,6 +101,7 @@ class _Rec:
 
     __slots__ = (
         "collapsed",
+        "fold",
         "id",
         "kind",
         "label",
@@ -108,6 +110,7 @@ class _Rec:
         "out_vars",
         "parent",
         "primitive",
+        "repeats",
         "shapes",
         "source",
     )
@@ -125,6 +128,8 @@ class _Rec:
         self.n_eqns = 0 if kind in ("scope", "input", "output") else 1
         self.collapsed = kind in STAGE_KINDS
         self.out_vars: dict[Any, tuple[int, int]] | None = None  # scopes: output var -> loc
+        self.fold = False  # a scope folding unscoped equations (names.fold_names)
+        self.repeats = 0  # a group of identical blocks: how many (repeats.py)
 
 
 class _Builder(InputsMixin):
@@ -218,6 +223,7 @@ class _Builder(InputsMixin):
                 label = fold_label(name)
                 rec = self.new("scope", label, parent.id, source=self.scope_source(eqn, names, j))
                 rec.out_vars = {}
+                rec.fold = name.startswith(FOLD)
                 scopes.append((name, rec))
                 level_scopes.append(rec)
                 chain_here = (*chain_here, rec.id)
@@ -407,6 +413,8 @@ class _Builder(InputsMixin):
                 k = seen[rec.parent, rec.label] = seen.get((rec.parent, rec.label), 0) + 1
                 if k > 1:
                     rec.label = f"{rec.label}#{k}"
+        repeats.merge(self)  # identical blocks in a row: one stacked node each
+        recs = self.recs
         for rec in reversed(recs):  # children come after parents: sum upwards
             if rec.parent is not None:
                 recs[int(rec.parent[1:])].n_eqns += rec.n_eqns
@@ -422,6 +430,7 @@ class _Builder(InputsMixin):
                 primitive=r.primitive,
                 n_eqns=r.n_eqns,
                 collapsed=r.collapsed,
+                repeats=r.repeats,
             )
             for r in recs
         )

@@ -44,6 +44,8 @@ class Node:
     primitive: str | None = None
     n_eqns: int = 1
     collapsed: bool = False
+    #: > 0: a group of this many identical blocks, its children (graph/repeats.py)
+    repeats: int = 0
 
     def to_dict(self, *, compact: bool = False, parent_source: Any = None) -> dict[str, Any]:
         """The node as in docs/model.md.
@@ -69,6 +71,8 @@ class Node:
         if not leaf:
             d["n_eqns"] = self.n_eqns
             d["collapsed"] = self.collapsed
+        if self.repeats:
+            d["repeats"] = self.repeats
         return d
 
 

@@ -1,0 +1,39 @@
+// A group of identical repeated blocks (node.repeats > 0, sowviz/graph/repeats.py): its
+// children are the blocks. The detail panel charts each block's probe statistics over the
+// blocks (‖·‖₂, mean, max|·| per block, like the per-iteration charts of a scan) and the
+// histogram of one chosen block (a slider), with a button that reveals that block
+// (repeatview.js). Pure: no DOM, no plotly.
+
+import { orderModes } from "./model.js";
+import { nonfiniteCount } from "./nonfinite.js";
+
+const KEYS = ["l2", "mean", "absmax", "min", "max", "std"];
+
+/**
+ * Per block of the group `id`, its probe (the one with `leaf`, else its first stage
+ * probe) and, per capture key, each statistic as one array over the blocks (null where
+ * a block has no such value).
+ * @param {import("./model.js").ModelIndex} index
+ * @param {string} id
+ * @param {string | null} leaf
+ */
+export function repeatStats(index, id, leaf = null) {
+  const blocks = (index.children.get(id) ?? []).map((c) => {
+    const ps = index.probesByNode.get(c) ?? [];
+    const probe = (leaf != null ? ps.find((p) => p.auto && p.leaf === leaf) : null)
+      ?? ps.find((p) => p.auto) ?? ps[0] ?? null;
+    return { id: c, label: index.nodes.get(c)?.label ?? c, probe };
+  });
+  const modes = orderModes([...new Set(blocks.flatMap((b) => Object.keys(b.probe?.summaries ?? {})))]);
+  /** @type {Record<string, Record<string, (number|null)[]>>} */
+  const series = {};
+  for (const mode of modes) {
+    const col = (k) => blocks.map((b) => {
+      const v = b.probe?.summaries?.[mode]?.[k];
+      return typeof v === "number" && Number.isFinite(v) ? v : null;
+    });
+    series[mode] = Object.fromEntries(KEYS.map((k) => [k, col(k)]));
+    series[mode].nonfinite = blocks.map((b) => nonfiniteCount(b.probe?.summaries?.[mode]));
+  }
+  return { blocks, modes, series };
+}

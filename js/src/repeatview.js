@@ -1,0 +1,69 @@
+// The detail panel's section for a group of identical blocks (statistics in repeats.js).
+
+import { h } from "./dom.js";
+import { drawHistogram, drawLines, modeColour } from "./charts.js";
+import { repeatStats } from "./repeats.js";
+
+/**
+ * The detail panel's block for a group; returns {el, charts, draw(colours, width)}.
+ * @param {import("./model.js").ModelIndex} index
+ * @param {string} id
+ * @param {(id: string) => void} onReveal
+ */
+export function repeatBlock(index, id, onReveal) {
+  const own = index.probesByNode.get(id)?.[0];
+  const st = repeatStats(index, id, own?.leaf ?? null);
+  const n = st.blocks.length;
+  const x = st.blocks.map((_, i) => i);
+  const slider = h("input", { type: "range", min: "0", max: String(Math.max(0, n - 1)), value: String(Math.max(0, n - 1)), step: "1", "data-role": "repeat", "aria-label": "block" });
+  const label = h("span", { class: "sv-muted", "data-role": "repeat-label" });
+  const show = h("button", { type: "button", class: "sv-link", "data-role": "repeat-reveal" });
+  show.addEventListener("click", () => onReveal(st.blocks[Number(slider.value)].id));
+  const per = st.modes.map((mode) => ({
+    mode,
+    lines: h("div", { class: "sv-chart", "data-repeat": "lines", "data-mode": mode }),
+    mean: h("div", { class: "sv-chart", "data-repeat": "mean", "data-mode": mode }),
+    hist: h("div", { class: "sv-chart", "data-repeat": "hist", "data-mode": mode }),
+  }));
+  const first = st.blocks[0]?.label ?? "";
+  const last = st.blocks[n - 1]?.label ?? "";
+  const el = h("section", { class: "sv-iter", "data-role": "repeats" }, [
+    h("h4", { class: "sv-section", text: `${n} identical blocks (${first} … ${last}): statistics per block` }),
+    ...per.flatMap((p) => [h("h4", { class: "sv-chart-title", text: `${p.mode}: per block` }), p.lines, p.mean]),
+    h("label", { class: "sv-row" }, [h("span", { class: "sv-muted", text: "block" }), slider, label, show]),
+    ...per.map((p) => p.hist),
+  ]);
+  let last_ = null;
+  const drawHists = () => {
+    const b = st.blocks[Number(slider.value)];
+    if (!b) return;
+    label.textContent = `${Number(slider.value)} of ${n - 1}`;
+    show.textContent = `show ${b.label}`;
+    if (!last_) return;
+    for (const p of per) {
+      const s = b.probe?.summaries?.[p.mode];
+      drawHistogram(p.hist, s?.hist ?? null, { ...last_, mode: p.mode, scale: "linear", logY: false, height: 130, title: `${p.mode} of ${b.label}` });
+    }
+  };
+  slider.addEventListener("input", drawHists);
+  return {
+    el,
+    charts: per.flatMap((p) => [p.lines, p.mean, p.hist]),
+    stats: st,
+    draw(colours, width) {
+      last_ = { colours, width };
+      for (const p of per) {
+        const s = st.series[p.mode];
+        const nonfinite = x.filter((i) => s.nonfinite[i] > 0);
+        // norms on a log axis (they span decades across a deep stack); the mean apart, linear
+        drawLines(p.lines, x, [
+          { name: "‖·‖₂", y: s.l2, colour: modeColour(colours, p.mode) },
+          { name: "max|·|", y: s.absmax, colour: colours.muted, dash: "dot" },
+        ], { colours, width, xTitle: "block", yTitle: "norm", logY: true, nonfinite });
+        drawLines(p.mean, x, [{ name: "mean", y: s.mean, colour: colours.accent, dash: "dash" }],
+          { colours, width, height: 100, xTitle: "block", yTitle: "mean", logY: false, nonfinite });
+      }
+      drawHists();
+    },
+  };
+}

@@ -1,0 +1,52 @@
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { indexModel } from "../src/model.js";
+import { repeatStats } from "../src/repeats.js";
+import { summary } from "./helpers.js";
+
+// root n0 ─ n1 group "layers.0–2 (×3)" ─ n2, n3, n4 blocks (each with a stage probe);
+// n4's block also has a second leaf; n5 output.
+function groupModel() {
+  const node = (id, label, parent, order, extra = {}) => ({ id, label, kind: "scope", parent, order, source: null, shapes: ["float32[4]"], primitive: null, n_eqns: 3, collapsed: true, ...extra });
+  const stats = [[2, 0.5, 1], [3, -0.25, 2], [5, 0.125, 4]]; // l2, mean, absmax per block
+  const probes = stats.map(([l2, mean, absmax], i) => ({
+    id: `p${i}`, name: `layers.${i}`, leaf: "", node: `n${i + 2}`, auto: true,
+    summaries: { primal: summary({ l2, mean, absmax }), cotangent: summary({ l2: l2 / 10, nan: i === 1 ? 2 : 0 }) },
+  }));
+  probes.push({ id: "p9", name: "h", leaf: "", node: "n4", auto: false, summaries: { primal: summary({ l2: 99 }) } });
+  return {
+    root: "n0", nodes: [
+      node("n0", "prog", null, 0, { kind: "jit" }),
+      node("n1", "layers.0–2 (×3)", "n0", 1, { repeats: 3 }),
+      node("n2", "layers.0", "n1", 2), node("n3", "layers.1", "n1", 3), node("n4", "layers.2", "n1", 4),
+      node("n5", "out", "n0", 5, { kind: "output" }),
+    ], edges: [], probes, notes: [],
+  };
+}
+
+test("a group's per-block statistics are its blocks' stage probe summaries, in order", () => {
+  const m = groupModel();
+  const index = indexModel(m);
+  assert.equal(index.nodes.get("n1").repeats, 3);
+  assert.equal(index.nodes.get("n2").repeats, 0);
+  const st = repeatStats(index, "n1");
+  assert.deepEqual(st.blocks.map((b) => b.label), ["layers.0", "layers.1", "layers.2"]);
+  assert.deepEqual(st.modes, ["primal", "cotangent"]);
+  for (const mode of st.modes) {
+    for (const k of ["l2", "mean", "absmax", "min", "max", "std"]) {
+      // each block's stage probe (auto), never the user's sow on the last block
+      const want = [0, 1, 2].map((i) => m.probes[i].summaries[mode][k]);
+      assert.deepEqual(st.series[mode][k], want, `${mode} ${k}`);
+    }
+  }
+  assert.deepEqual(st.series.cotangent.nonfinite, [0, 2, 0]);
+});
+
+test("a block without the statistic gives null, not a made-up number", () => {
+  const m = groupModel();
+  m.probes[1].summaries.primal.l2 = null;
+  m.probes = m.probes.filter((p) => p.id !== "p2" && p.id !== "p9");
+  const st = repeatStats(indexModel(m), "n1");
+  assert.deepEqual(st.series.primal.l2, [2, null, null]);
+  assert.equal(st.blocks[2].probe, null);
+});

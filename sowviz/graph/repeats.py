@@ -1,0 +1,183 @@
+"""Identical repeated blocks: a run of sibling stages with one structure becomes one node.
+
+Twenty-four transformer layers `layers.0` … `layers.23` are one stacked node
+`layers.0–23 (×24)` holding the 24 layer stages, so a level shows the model's
+shape instead of a column of look-alikes; expanding it shows every layer and its
+own probes, and the front end charts each probe statistic per repeat
+(`js/src/repeats.js`).
+
+What counts as a repeat (`merge`):
+
+* consecutive siblings, each a stage (not a fold of unscoped equations, nor a
+  group of inputs), at least `MIN_RUN` of them;
+* named alike: their labels are equal once digits are masked (`layers.0`,
+  `layers.1`; `layers[2]: Linear`) or once the `#k` index of a reused label is
+  dropped (`block`, `block#2`), so parallel look-alikes with their own names
+  (`query`, `key`, `value`) stay apart;
+* with one structure: the same kinds, primitives, output shapes and labels of
+  every node inside, recursively, and the same edges between them
+  (`_Signatures`). Blocks that differ in any shape or operation are not merged.
+
+The group is a `scope` node with `repeats` = the number of blocks, inserted just
+before its first block, which makes it the blocks' parent; ids are renumbered in
+walk order, so they stay `n<order>` and depend only on the program. Edges between
+a block and a node outside the run are lifted to the group. When the blocks form
+a chain (each feeds the next), the group is probed on the last block's values,
+its output, like any stage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from .model import STAGE_KINDS, Edge
+
+#: The fewest consecutive alike blocks that are merged.
+MIN_RUN = 2
+
+_DIGITS = re.compile(r"\d+")
+_INDEX = re.compile(r"#\d+$")
+
+
+def pattern(label: str) -> str:
+    """What alike labels share: digits masked, a reuse index `#k` dropped."""
+    return _DIGITS.sub("#", _INDEX.sub("", label))
+
+
+def repeat_label(labels: Sequence[str]) -> str:
+    """`layers.0–23 (×24)`: the one number that varies as a range; else the shared name."""
+    n = len(labels)
+    bases = {_INDEX.sub("", x) for x in labels}
+    if len(bases) == 1:  # `block`, `block#2`, …
+        return f"{bases.pop()} (×{n})"
+    parts = [_DIGITS.split(x) for x in labels]
+    nums = [_DIGITS.findall(x) for x in labels]
+    varying = [k for k in range(len(nums[0])) if len({ns[k] for ns in nums}) > 1]
+    if len(varying) == 1 and all(len(ns) == len(nums[0]) for ns in nums):
+        k = varying[0]
+        vals = [int(ns[k]) for ns in nums]
+        step = all(b - a == 1 for a, b in itertools.pairwise(vals))
+        span = f"{nums[0][k]}–{nums[-1][k]}" if step else f"{nums[0][k]}…{nums[-1][k]}"
+        out = parts[0][0]
+        for j, num in enumerate(nums[0]):
+            out += (span if j == k else num) + parts[0][j + 1]
+        return f"{out} (×{n})"
+    return f"{labels[0]} … {labels[-1]} (×{n})"
+
+
+class _Signatures:
+    """Structure ids of subtrees: equal ids ⇔ equal structure (interned tuples)."""
+
+    def __init__(self, recs: Sequence[Any], kids: dict[str, list[Any]], edges) -> None:
+        self.table: dict[tuple, int] = {}
+        self.of: dict[str, int] = {}
+        pos = {r.id: i for rs in kids.values() for i, r in enumerate(rs)}
+        inner: dict[str, list[tuple]] = {}  # parent id -> edges among its children
+        parent = {r.id: r.parent for r in recs}
+        for e in edges:
+            p = parent.get(e.source)
+            inner.setdefault(p, []).append((pos[e.source], pos[e.target], e.shape, e.dtype))
+        for r in reversed(recs):  # children come after their parent
+            ch = tuple((c.label, self.of[c.id]) for c in kids.get(r.id, ()))
+            key = (r.kind, r.primitive, r.shapes, r.n_eqns, ch, tuple(inner.get(r.id, ())))
+            self.of[r.id] = self.table.setdefault(key, len(self.table))
+
+
+def merge(builder: Any) -> None:
+    """Group the repeated blocks of every level of `builder` (a `build._Builder` after
+    its walk, labels final): rewrites its `recs`, `edges`, `points`, `sows`,
+    `custom_skips` and `notes` in place."""
+    recs = builder.recs
+    kids: dict[str, list[Any]] = {}
+    for r in recs:
+        if r.parent is not None:
+            kids.setdefault(r.parent, []).append(r)
+    with_inputs = set()
+    for r in reversed(recs):
+        if r.kind == "input" and r.parent is not None:
+            with_inputs.add(r.parent)
+        if r.id in with_inputs and r.parent is not None:
+            with_inputs.add(r.parent)
+    sig = _Signatures(recs, kids, builder.edges.values()).of
+
+    def member(r: Any) -> bool:
+        return r.kind in STAGE_KINDS and not r.fold and r.id not in with_inputs
+
+    runs: list[list[Any]] = []
+    for siblings in kids.values():
+        i = 0
+        while i < len(siblings):
+            j = i + 1
+            if member(siblings[i]):
+                key = (sig[siblings[i].id], pattern(siblings[i].label))
+                while (
+                    j < len(siblings)
+                    and member(siblings[j])
+                    and (sig[siblings[j].id], pattern(siblings[j].label)) == key
+                ):
+                    j += 1
+            if j - i >= MIN_RUN:
+                runs.append(siblings[i:j])
+            i = j
+    if runs:
+        _insert(builder, runs)
+
+
+def _insert(builder: Any, runs: list[list[Any]]) -> None:
+    edges = builder.edges
+    group_of: dict[str, Any] = {}
+    before: dict[str, Any] = {}  # first block's id -> its group
+    chains: list[tuple[Any, list[Any]]] = []
+    for run in runs:
+        first, last = run[0], run[-1]
+        g = builder.new("scope", repeat_label([r.label for r in run]), first.parent)
+        g.repeats, g.source, g.shapes = len(run), first.source, last.shapes
+        before[first.id] = g
+        for r in run:
+            group_of[r.id] = g
+            r.parent = g.id
+        if all((a.id, b.id) in edges for a, b in itertools.pairwise(run)):
+            chains.append((g, run))
+    # Walk order with each group just before its first block; renumber.
+    old = [r for r in builder.recs if r.id not in {g.id for g in before.values()}]
+    order: list[Any] = []
+    for r in old:
+        g = before.get(r.id)
+        if g is not None:
+            order.append(g)
+        order.append(r)
+    rename = {}
+    for k, r in enumerate(order):
+        rename[r.id] = f"n{k}"
+    for k, r in enumerate(order):
+        r.id, r.order = rename[r.id], k
+        if r.parent is not None:
+            r.parent = rename[r.parent]
+    builder.recs = order
+
+    new_edges: dict[tuple[str, str], Edge] = {}
+    for (s, t), e in edges.items():
+        gs, gt = group_of.get(s), group_of.get(t)
+        if gs is not gt:  # a block and a node outside its run: lift the block to its group
+            s = gs.id if gs is not None else rename[s]
+            t = gt.id if gt is not None else rename[t]
+        else:
+            s, t = rename[s], rename[t]
+        if (s, t) not in new_edges:
+            new_edges[s, t] = dataclasses.replace(e, source=s, target=t)
+    builder.edges = new_edges
+
+    points = [dataclasses.replace(p, node=rename[p.node]) for p in builder.points]
+    by_node = {p.node: p for p in points}
+    for g, run in chains:  # the group's output is its last block's
+        p = by_node.get(run[-1].id)
+        if p is not None:
+            points.append(dataclasses.replace(p, node=g.id, kind=g.kind, names=p.names))
+    builder.points = points
+    builder.sows = {k: [rename[i] for i in v] for k, v in builder.sows.items()}
+    builder.custom_skips = {k: [rename[i] for i in v] for k, v in builder.custom_skips.items()}
+    builder.notes = [dataclasses.replace(n, node=rename.get(n.node, n.node)) for n in builder.notes]

@@ -1,0 +1,203 @@
+"""Identical repeated blocks (sowviz/graph/repeats.py): merged into one stacked node
+only when they are alike, every block and probe kept inside it, and the front end's
+per-block statistics equal each block's own values (NumPy, `jax.vjp`)."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import sowviz
+from sowviz.graph import build_graph, frameworks, instrument
+from sowviz.graph.repeats import repeat_label
+
+W16 = jax.random.normal(jax.random.PRNGKey(0), (6, 16, 16)) / 4
+X = jax.random.normal(jax.random.PRNGKey(1), (4, 16))
+
+
+def _blocks(ws, x, acts=("tanh",) * 6):
+    for i, (w, act) in enumerate(zip(ws, acts, strict=True)):
+        with jax.named_scope(f"block_{i}"):
+            x = getattr(jnp, act)(x @ w) + x
+    with jax.named_scope("head"):
+        x = x @ jnp.ones((x.shape[-1], 3))
+    return jnp.sum(x**2)
+
+
+def _graph(fn, *args):
+    closed = jax.make_jaxpr(fn)(*args)
+    n_in = len(closed.jaxpr.invars)
+    return closed, build_graph(closed, in_names=[f"in{i}" for i in range(n_in)], out_names=["y"])
+
+
+def _groups(g):
+    return [n for n in g.nodes if n.repeats]
+
+
+def _kids(g, node):
+    return [n for n in g.nodes if n.parent == node.id]
+
+
+def test_identical_blocks_become_one_stacked_node_holding_them():
+    ws = list(W16)
+    closed, g = _graph(_blocks, ws, X)
+    (grp,) = _groups(g)
+    blocks = _kids(g, grp)
+    assert grp.label == "block_0–5 (×6)" and grp.kind == "scope" and grp.repeats == 6
+    assert [b.label for b in blocks] == [f"block_{i}" for i in range(6)]
+    assert grp.parent == g.root and grp.n_eqns == sum(b.n_eqns for b in blocks) == 18
+    assert grp.shapes == blocks[-1].shapes
+    # ids stay `n<order>` in walk order, parents first
+    assert [n.id for n in g.nodes] == [f"n{k}" for k in range(len(g.nodes))]
+    assert all(g.node(n.parent).order < n.order for n in g.nodes if n.parent)
+    # edges join siblings; outside nodes meet the group, never a block
+    parent = {n.id: n.parent for n in g.nodes}
+    assert all(parent[e.source] == parent[e.target] for e in g.edges)
+    ids = {b.id for b in blocks}
+    assert not [e for e in g.edges if (e.source in ids) != (e.target in ids)]
+    assert {(e.source, e.target) for e in g.edges if e.source in ids} == {
+        (a.id, b.id) for a, b in itertools.pairwise(blocks)
+    }
+    # the group is probed on its output (the last block's values); every block keeps its probe
+    pts = {p.node: p for p in g.probe_points}
+    assert all(b.id in pts for b in blocks)
+    last, own = pts[blocks[-1].id], pts[grp.id]
+    assert (own.path, own.at, own.values, own.shapes) == (
+        last.path,
+        last.at,
+        last.values,
+        last.shapes,
+    )
+    # the program is unchanged
+    fn = instrument(closed, g.probe_points, tag="auto")
+    want = jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *ws, X)
+    np.testing.assert_array_equal(fn(*ws, X)[0], want[0])
+    # deterministic
+    assert _graph(_blocks, ws, X)[1].to_dict() == g.to_dict()
+
+
+def test_blocks_that_differ_in_ops_shapes_or_names_are_not_merged():
+    ws = list(W16)
+    acts = ("tanh", "tanh", "sin", "tanh", "tanh", "tanh")
+    _, g = _graph(lambda ws, x: _blocks(ws, x, acts), ws, X)
+    assert [(n.label, len(_kids(g, n))) for n in _groups(g)] == [
+        ("block_0–1 (×2)", 2),
+        ("block_3–5 (×3)", 3),
+    ]
+    assert g.node(next(n for n in g.nodes if n.label == "block_2").parent).id == g.root
+
+    def widths(x):  # block_3 maps 16 -> 8: its shapes differ from its neighbours'
+        for i, (a, b) in enumerate([(16, 16), (16, 16), (16, 16), (16, 8), (8, 8), (8, 8)]):
+            with jax.named_scope(f"block_{i}"):
+                x = jnp.tanh(x @ jnp.full((a, b), 0.1))
+        return x
+
+    _, g = _graph(widths, X)
+    assert [n.label for n in _groups(g)] == ["block_0–2 (×3)", "block_4–5 (×2)"]
+
+    def qkv(x, w):  # look-alikes with their own names stay apart
+        outs = []
+        for name in ("query", "key", "value"):
+            with jax.named_scope(name):
+                outs.append(x @ w)
+        return sum(outs)
+
+    _, g = _graph(qkv, X, W16[0])
+    assert not _groups(g)
+
+
+def test_repeat_labels():
+    assert repeat_label([f"layers.{i}" for i in range(24)]) == "layers.0–23 (×24)"
+    assert repeat_label(["block", "block#2", "block#3"]) == "block (×3)"
+    assert repeat_label(["layers[1]: Linear", "layers[2]: Linear"]) == "layers[1–2]: Linear (×2)"
+    assert repeat_label(["l0", "l2", "l4"]) == "l0…4 (×3)"
+    assert repeat_label(["a1b1", "a2b2"]) == "a1b1 … a2b2 (×2)"
+
+
+def _named_graph(fn, *args):
+    leaves, tree = jax.tree_util.tree_flatten(args)
+    flat = lambda *f: frameworks.named(fn)(*jax.tree_util.tree_unflatten(tree, f))  # noqa: E731
+    closed = jax.make_jaxpr(flat)(*leaves)
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(args)[0]]
+    in_args = [int(p[1 : p.index("]")]) for p in paths]  # inputs grouped per argument
+    names = [f"arg{a}{p[p.index(']') + 1 :]}" for a, p in zip(in_args, paths, strict=True)]
+    return build_graph(closed, in_names=names, out_names=["y"], in_args=in_args)
+
+
+def test_24_layer_nnx_model_draws_its_layers_as_one_node():
+    from zoo.models import nnx_lm
+
+    small = dict(vocab=16, features=8, heads=2, hidden=16, seq=6, batch=2)
+    g = _named_graph(nnx_lm.loss, *nnx_lm.make(nnx_lm.Config(attention=("einsum",) * 24, **small)))
+    (grp,) = [n for n in _groups(g) if n.label.startswith("layers")]
+    assert grp.label == "layers.0–23 (×24)"
+    assert [b.label for b in _kids(g, grp)] == [f"layers.{i}" for i in range(24)]
+    assert g.node(grp.parent).label == "TransformerLM"
+    sizes: dict[str | None, int] = {}
+    for n in g.nodes:
+        sizes[n.parent] = sizes.get(n.parent, 0) + 1
+    assert sizes[g.root] <= 60 and sizes[grp.parent] <= 60
+    # the zoo's own model mixes two attention flavours: its two blocks differ
+    g = _named_graph(nnx_lm.loss, *nnx_lm.make(nnx_lm.Config(**small)))
+    assert not [n for n in _groups(g) if n.label.startswith("layers")]
+
+
+@pytest.mark.browser
+def test_group_detail_charts_each_blocks_statistics(page, tmp_path):
+    ws = list(W16)
+    ins = sowviz.inspect(_blocks, ws, X, mode="grad", argnums=1)
+    (grp,) = _groups(ins.graph)
+    blocks = _kids(ins.graph, grp)
+    # each block's output and its cotangent, by plain JAX
+    hs, h = [], X
+    for w in ws:
+        h = jnp.tanh(h @ w) + h
+        hs.append(h)
+
+    def tail(k):
+        def f(h):
+            for w in ws[k + 1 :]:
+                h = jnp.tanh(h @ w) + h
+            return jnp.sum((h @ jnp.ones((16, 3))) ** 2)
+
+        return f
+
+    gs = [jax.grad(tail(k))(hs[k]) for k in range(6)]
+    want = {
+        "primal": [np.asarray(v, np.float64) for v in hs],
+        "cotangent": [np.asarray(v, np.float64) for v in gs],
+    }
+    by_node = {p.node: p for p in ins.probes if p.auto}
+    pg = page.open_report(ins.save_html(tmp_path / "r.html"))
+    pg.locator(f'[data-node-id="{grp.id}"]').click()
+    pg.wait_for_selector('[data-role="repeats"] [data-repeat="mean"] .main-svg')
+    for mode, arrays in want.items():
+        lines, mean = (
+            pg.evaluate(
+                "([k, m]) => document.querySelector(`[data-repeat='${k}'][data-mode='${m}']`)"
+                ".data.map((t) => t.y)",
+                [kind, mode],
+            )
+            for kind in ("lines", "mean")
+        )
+        l2, absmax = lines[0], lines[1]
+        # equal to the blocks' own summaries ...
+        s = [by_node[b.id].summaries[mode] for b in blocks]
+        assert l2 == [x["l2"] for x in s] and absmax == [x["absmax"] for x in s]
+        assert mean[0] == [x["mean"] for x in s]
+        # ... which are each block's values
+        np.testing.assert_allclose(l2, [np.linalg.norm(a) for a in arrays], rtol=1e-5)
+        np.testing.assert_allclose(absmax, [np.abs(a).max() for a in arrays], rtol=1e-5)
+        scale = max(np.abs(a).max() for a in arrays)
+        np.testing.assert_allclose(mean[0], [a.mean() for a in arrays], atol=1e-6 * scale)
+    # the slider picks a block; "show" reveals it
+    pg.locator('[data-role="repeat"]').fill("2")
+    assert pg.locator('[data-role="repeat-reveal"]').inner_text() == "show block_2"
+    pg.locator('[data-role="repeat-reveal"]').click()
+    pg.wait_for_selector(f'[data-node-id="{blocks[2].id}"].sv-selected')
+    assert pg.locator(f'[data-node-id="{grp.id}"]').get_attribute("data-expanded") == "true"
+    assert not page.errors and not page.requests
