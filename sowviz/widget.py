@@ -3,12 +3,23 @@
 The widget knows nothing of JAX. It holds the sowviz/1 model and draws it with
 the bundled front end (`static/sowviz.js`, the same file the HTML report
 inlines). Everything the user clicks runs in the browser; only a change of
-`mode` comes back, and the kernel re-runs the inspection through the `rerun`
-callback it was given (cached per mode: switching back costs a lookup).
+`mode` and the banner's "Locate the equation" button come back, and the kernel
+re-runs the inspection (cached per mode: switching back costs a lookup).
+
+The contract with the front end (js/src/types.d.ts mirrors it):
+- `model` is the one synced copy of the model. Its serializer sends it as gzipped
+  JSON in a binary buffer (a 10,000-equation model is ~20 MB of JSON, ~2 MB
+  gzipped), encoded by `_model.encode_model`, the model's one serialiser.
+- `mode` (an Enum of `_model.Mode` values), `phase` (an Enum of `Phase` values) and
+  `status` (the line the front end shows while the kernel works, or the error).
+- Custom messages: `{"type": "locate"}` from the front end; `{"type": "steps"}`
+  (Monitor steps, a gzipped JSON buffer) to it.
 """
 
 from __future__ import annotations
 
+import gzip
+import json
 import pathlib
 from collections.abc import Callable
 from typing import Any
@@ -17,10 +28,69 @@ import anywidget
 import traitlets
 
 from . import _model
-from .inspection import inspect
+from ._model import Mode
+from ._progress import Phase, phases
+from .inspection import Inspection, inspect
 from .options import InspectOptions
 
 STATIC = pathlib.Path(__file__).parent / "static"
+
+#: What the status line says in each phase (`{what}`: the function's name or the task).
+STATUS = {
+    Phase.TRACING: "tracing {what}…",
+    Phase.COMPILING: "compiling {what} with XLA…",
+    Phase.RUNNING: "running {what}…",
+    Phase.LOCATING: "locating the equation: re-running {what} with every equation probed…",
+}
+NO_PROGRAM = (
+    "Locating needs the program, and this widget draws a stored model (a Monitor's or a "
+    "run log's). Call `sowviz.show(fn, *args)` and press the button there, or "
+    "`sowviz.inspect(fn, *args).locate_nonfinite()`."
+)
+
+
+def _model_to_json(model: dict[str, Any], widget: Any) -> bytes:
+    """The `model` trait's serializer: gzipped JSON bytes, which ipywidgets sends as a
+    binary buffer (b'' for the empty model). Cached: `get_state` runs on every display."""
+    if not model:
+        return b""
+    cached = getattr(widget, "_encoded", None)
+    if cached is not None and cached[0] is model:
+        return cached[1]
+    data = _model.encode_model(model)
+    widget._encoded = (model, data)
+    return data
+
+
+def _model_from_json(data: Any, widget: Any) -> dict[str, Any]:
+    """The inverse (the front end never sets `model`; kept so the trait round-trips)."""
+    if isinstance(data, dict):
+        return data
+    raw = bytes(data or b"")
+    return json.loads(gzip.decompress(raw)) if raw else {}
+
+
+def _in_kernel() -> Any:
+    """The running IPython kernel shell, or None (a script, a test, a plain IPython)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    ip = get_ipython()
+    return ip if ip is not None and getattr(ip, "kernel", None) is not None else None
+
+
+def display_now(widget: Inspector) -> None:
+    """Display `widget` in the running kernel's current cell before the work starts,
+    so the status line shows while `show()` traces and compiles (a kernel sends widget
+    updates while a cell runs). Nothing outside a kernel. Tests replace this."""
+    ip = _in_kernel()
+    if ip is None:
+        return
+    from IPython.display import display
+
+    display(widget)
+    widget._shown_in_cell = ip.execution_count  # the cell's own result: not shown twice
 
 
 class Inspector(anywidget.AnyWidget):
@@ -36,55 +106,136 @@ class Inspector(anywidget.AnyWidget):
 
     model = traitlets.Dict(
         help="dict: the sowviz/1 inspection model drawn by the front end (docs/model.md). "
-        "Kept in Python; it travels as `model_bytes`. Default: an empty dict (nothing drawn)."
-    )
-    model_bytes = traitlets.Bytes(
-        b"",
-        help="bytes: `model` as gzipped JSON, synced as a binary buffer (a 10,000-equation "
-        "model is ~20 MB of JSON, ~2 MB gzipped) and saved with the notebook's widget "
-        "state. Set from `model`; do not set it directly. Default b''.",
+        "Synced as gzipped JSON in a binary buffer (and saved so with the notebook's widget "
+        "state). Default: an empty dict (nothing drawn yet)."
+    ).tag(sync=True, to_json=_model_to_json, from_json=_model_from_json)
+    mode = traitlets.Enum(
+        [m.value for m in Mode],
+        default_value=Mode.GRAD.value,
+        help="str: the inspection mode shown, one of `_model.Mode`'s values ('primal', "
+        "'grad', 'jvp', 'vjp', 'all'). Set by the front end's mode picker; the kernel then "
+        "re-runs. Default 'grad'.",
     ).tag(sync=True)
-    mode = traitlets.Unicode(
-        "grad",
-        help="str: the inspection mode shown ('primal', 'grad', 'jvp', 'vjp', 'all'). Set by "
-        "the front end's mode picker; the kernel then re-runs. Default 'grad'.",
+    phase = traitlets.Enum(
+        [p.value for p in Phase],
+        default_value=Phase.READY.value,
+        help="str: what the kernel is doing, one of `_progress.Phase`'s values: 'tracing', "
+        "'compiling', 'running', 'locating' while it works, then 'ready' or 'error'. "
+        "Default 'ready'.",
     ).tag(sync=True)
-    busy = traitlets.Bool(
-        False, help="bool: True while the kernel recomputes the model. Default False."
+    status = traitlets.Unicode(
+        "",
+        help="str: the status line for `phase` ('compiling loss with XLA…'), or the error "
+        "message (what went wrong and how to fix it) when `phase` is 'error'. Shown as "
+        "text. Default ''.",
     ).tag(sync=True)
-    error = traitlets.Unicode(
-        "", help="str: the last error of a re-run, shown by the front end. Default ''."
+    can_locate = traitlets.Bool(
+        False,
+        help="bool: the kernel can re-run this inspection to name the equation where NaN/Inf "
+        "were born (the banner's 'Locate the equation' button). Default False.",
     ).tag(sync=True)
 
     def __init__(
         self,
         model: dict[str, Any] | None = None,
         *,
-        rerun: Callable[[str], dict[str, Any]] | None = None,
+        rerun: Callable[[str], Inspection] | None = None,
+        what: str = "the program",
         **kwargs: Any,
     ) -> None:
         self._rerun = None  # no re-run while traits are initialised
-        requested = str(kwargs.pop("mode", "grad"))
+        self._inspection: Inspection | None = None
+        self._shown_in_cell: int | None = None
+        self._what = what
+        requested = Mode(kwargs.pop("mode", Mode.GRAD)).value
         init_mode = (model or {}).get("mode", requested)
         super().__init__(model=model or {}, mode=init_mode, **kwargs)
         self._rerun = rerun
+        self.can_locate = rerun is not None
+        self.on_msg(self._on_message)
 
-    @traitlets.observe("model")
-    def _model_changed(self, change: dict[str, Any]) -> None:
-        self.model_bytes = _model.encode_model(change["new"]) if change["new"] else b""
+    @property
+    def inspection(self) -> Inspection | None:
+        """The `Inspection` drawn now (None for a model given directly, e.g. a Monitor's)."""
+        return self._inspection
+
+    def __repr__(self) -> str:  # the model is large: never in the repr
+        title = self.model.get("title", "")
+        return f"{type(self).__name__}(title={title!r}, mode={self.mode!r}, phase={self.phase!r})"
+
+    def _ipython_display_(self) -> None:
+        # `show()` displays the widget before it computes; the cell's own result (the same
+        # widget) is then not drawn a second time. Any later display draws it.
+        ip = _in_kernel()
+        if ip is not None and self._shown_in_cell == ip.execution_count:
+            self._shown_in_cell = None
+            return
+        from IPython.display import display
+
+        display(self._repr_mimebundle_(), raw=True)
+
+    # -- work in the kernel, with the status line ---------------------------------------
+
+    def _set_phase(self, phase: Phase, status: str | None = None) -> None:
+        """`phase` and its status line, sent to the front end as one update."""
+        with self.hold_sync():
+            self.status = (
+                STATUS.get(phase, "").format(what=self._what) if status is None else status
+            )
+            self.phase = phase.value
+
+    def _work(self, start: Phase, job: Callable[[], Inspection], *, raise_errors: bool) -> bool:
+        """Run `job` with the status line following its phases; install its inspection.
+        On an error the status says what went wrong; it is raised only if asked."""
+        self._set_phase(start)
+        try:
+            with phases(self._set_phase, start=start):
+                ins = job()
+        except Exception as err:  # shown in the widget; the kernel stays usable
+            self._set_phase(Phase.ERROR, f"{type(err).__name__}: {err}")
+            if raise_errors:
+                raise
+            return False
+        self._inspection = ins
+        self.model = ins.to_dict()
+        self._set_phase(Phase.READY, "")
+        return True
+
+    def _compute(self, mode: str, *, raise_errors: bool) -> bool:
+        assert self._rerun is not None
+        rerun = self._rerun
+        return self._work(Phase.TRACING, lambda: rerun(mode), raise_errors=raise_errors)
 
     @traitlets.observe("mode")
     def _mode_changed(self, change: dict[str, Any]) -> None:
-        if self._rerun is None or change["new"] == self.model.get("mode"):
+        if self._rerun is None:
             return
-        self.busy = True
-        try:
-            self.model = self._rerun(change["new"])
-            self.error = ""
-        except Exception as err:  # shown in the widget; the kernel stays usable
-            self.error = f"{type(err).__name__}: {err}"
-        finally:
-            self.busy = False
+        if change["new"] == self.model.get("mode"):  # back to the mode shown: nothing to run
+            if self.phase == Phase.ERROR.value:
+                self._set_phase(Phase.READY, "")
+            return
+        self._compute(change["new"], raise_errors=False)
+
+    def _on_message(self, _widget: Any, content: Any, _buffers: Any) -> None:
+        if isinstance(content, dict) and content.get("type") == "locate":
+            self.locate()
+
+    def locate(self) -> Any:
+        """What the banner's "Locate the equation" button runs: `Inspection.locate_nonfinite`
+        on the inspection shown (a re-run with every equation probed), then redraws so the
+        banner names the equation and its source line. Returns the origins (None when
+        every value is finite); errors are shown in the status line."""
+        ins = self._inspection
+        if ins is None:
+            self._set_phase(Phase.ERROR, NO_PROGRAM)
+            return None
+
+        def job() -> Inspection:
+            ins.locate_nonfinite()
+            return ins
+
+        self._work(Phase.LOCATING, job, raise_errors=False)
+        return ins.nonfinite
 
     def save_html(self, path: str | pathlib.Path, *, created: Any = ...) -> pathlib.Path:
         """Write the current picture as a self-contained offline HTML report (atomically).
@@ -98,18 +249,26 @@ def show(
 ) -> Inspector:
     """`inspect`, drawn: an `Inspector` widget that displays itself in Jupyter.
 
-    Click a stage for histograms of its primal values, tangents and cotangents;
-    switch the mode in the widget to re-run (each mode compiles once; switching
-    back is a cache lookup). `.save_html(path)` exports it.
+    In a notebook the widget appears at once with a status line (tracing, compiling,
+    running) and fills in when the model is ready; an error is shown there too, and
+    raised. Click a stage for histograms of its primal values, tangents and
+    cotangents; switch the mode in the widget to re-run (each mode compiles once;
+    switching back is a cache lookup). `.save_html(path)` exports it.
 
     Example:
         >>> w = sowviz.show(lambda w: jnp.sum(jnp.tanh(w) ** 2), jnp.ones(3))
-        >>> w.model["mode"]
-        'grad'
+        >>> w.model["mode"], w.phase
+        ('grad', 'ready')
     """
-    InspectOptions.from_kwargs("show", mode, capture, options)  # fail here, not on a re-run
+    opts = InspectOptions.from_kwargs("show", mode, capture, options)  # fail here, not later
 
-    def rerun(new_mode: str) -> dict[str, Any]:
-        return inspect(fn, *args, mode=new_mode, capture=capture, **options).to_dict()
+    def rerun(new_mode: str) -> Inspection:
+        return inspect(fn, *args, mode=new_mode, capture=capture, **options)
 
-    return Inspector(rerun(str(mode)), rerun=rerun)
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    what = f"`{name}`" if name != "<lambda>" else "the function"
+    widget = Inspector(rerun=rerun, mode=opts.mode, what=what)
+    widget._set_phase(Phase.TRACING)  # what the cell shows from the first moment
+    display_now(widget)
+    widget._compute(Mode(opts.mode).value, raise_errors=True)
+    return widget

@@ -298,23 +298,24 @@ WIDGET_PAGE = """<!DOCTYPE html><html><head><meta charset="utf-8"><style>{css}</
 <body><div id="out"></div></body></html>"""
 
 # A stand-in for anywidget's model: get/set/on/off/save_changes and custom messages.
-# The model arrives as the real Inspector syncs it: `model_bytes`, gzipped JSON.
+# The model arrives as the real Inspector's serializer sends it: the `model` trait as
+# gzipped JSON in a binary buffer (tests/test_widget_browser.py drives the real widget).
 FAKE_MODEL = """
 async ({bytes, mode}) => {
   const mod = await import("/sowviz.js");
-  const traits = { model_bytes: new DataView(new Uint8Array(bytes).buffer), mode, busy: false, error: "" };
+  const traits = { model: new DataView(new Uint8Array(bytes).buffer), mode, phase: "ready", status: "", can_locate: false };
   const handlers = {};
   const saved = [];
   const m = {
     get: (k) => traits[k],
     set: (k, v) => { traits[k] = v; },
-    save_changes: () => saved.push({ ...traits, model_bytes: undefined }),
+    save_changes: () => saved.push({ ...traits, model: undefined }),
     on: (ev, fn) => { (handlers[ev] ??= []).push(fn); },
     off: (ev, fn) => { handlers[ev] = (handlers[ev] ?? []).filter((f) => f !== fn); },
     send: () => {},
   };
   const fire = (ev, ...args) => (handlers[ev] ?? []).forEach((fn) => fn(...args));
-  const setModel = (b) => { traits.model_bytes = new DataView(new Uint8Array(b).buffer); fire("change:model_bytes"); };
+  const setModel = (b) => { traits.model = new DataView(new Uint8Array(b).buffer); fire("change:model"); };
   const cleanupModel = mod.default.initialize({ model: m });
   const el = document.getElementById("out");
   const cleanupView = await mod.default.render({ model: m, el });
@@ -325,7 +326,7 @@ async ({bytes, mode}) => {
 
 
 def gz(obj) -> list[int]:
-    """JSON, gzipped, as a list of byte values (the wire format of `model_bytes` and of
+    """JSON, gzipped, as a list of byte values (the wire format of the `model` trait and of
     the Monitor's "steps" message, docs/model.md)."""
     return list(gzip.compress(json.dumps(obj).encode("utf-8")))
 
@@ -349,7 +350,7 @@ def serve_widget_page(p):
 
 @pytest.mark.browser
 def test_widget_entry_point_with_a_stand_in_model(browser):
-    """anywidget's contract: traits model/mode/busy/error and {"type": "step"} messages."""
+    """anywidget's contract: traits model/mode/phase/status and {"type": "step"} messages."""
     p = Page(browser)
     pg = serve_widget_page(p)
     try:
@@ -359,22 +360,24 @@ def test_widget_entry_point_with_a_stand_in_model(browser):
         exports = pg.evaluate(FAKE_MODEL, {"bytes": gz(model), "mode": "grad"})
         assert exports == ["autoMount", "default", "modelText", "mount", "widgetModel"]
         assert pg.locator("[data-node-id]").count() == 4
-        # the mode dropdown writes the `mode` trait and shows the busy state
+        # the mode dropdown writes the `mode` trait and shows a status at once
         pg.select_option('[data-role="mode"]', "jvp")
         assert pg.evaluate("window.__widget.traits.mode") == "jvp"
         assert pg.evaluate("window.__widget.saved.length") == 1
-        assert pg.locator('[data-role="busy"]').is_visible()
+        assert pg.locator('[data-role="status"]').inner_text().strip() == "switching to jvp…"
         # Python answers with a new model; the view keeps the user's expansions
         node(pg, "n2").locator('[data-role="toggle"]').click()
         model2 = fm.small_model()
         model2["mode"] = "jvp"
         pg.evaluate("b => window.__widget.setModel(b)", gz(model2))
-        pg.wait_for_function("() => document.querySelector('[data-role=busy]').hidden")
-        assert pg.locator('[data-role="busy"]').is_hidden()
+        pg.evaluate(
+            "() => { window.__widget.traits.phase = 'ready'; window.__widget.fire('change:phase'); }"
+        )
+        pg.wait_for_function("() => document.querySelector('[data-role=status]').hidden")
         assert node(pg, "n3").count() == 1
         # errors from Python
         pg.evaluate(
-            "() => { window.__widget.traits.error = 'mode jvp failed: <b>x</b>'; window.__widget.fire('change:error'); }"
+            "() => { Object.assign(window.__widget.traits, {phase: 'error', status: 'mode jvp failed: <b>x</b>'}); window.__widget.fire('change:phase'); }"
         )
         assert pg.locator('[data-role="error"]').inner_text() == "mode jvp failed: <b>x</b>"
         # Monitor steps arrive as custom messages and reach the loss chart and history
@@ -399,7 +402,7 @@ def test_widget_entry_point_with_a_stand_in_model(browser):
 
 @pytest.mark.browser
 def test_widget_model_arrives_as_gzipped_bytes(browser):
-    """What the real Inspector syncs: `model_bytes` (gzipped JSON, a binary buffer)."""
+    """What the real Inspector syncs: the `model` trait (gzipped JSON, a binary buffer)."""
     p = Page(browser)
     pg = serve_widget_page(p)
     try:
@@ -769,3 +772,64 @@ def test_report_mode_picker_says_why_it_is_disabled(page, small_report):
     picker = pg.locator('[data-role="mode"]')
     assert picker.is_disabled()
     assert "cannot re-run" in picker.get_attribute("title")
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_signed_log_histogram(browser, tmp_path, scheme):
+    """The signed log view: positive magnitudes above, negative ones mirrored below, with
+    the counts NumPy gives; offered only where the summary has `loghist.neg`."""
+    import numpy as np
+
+    model = fm.with_signed_loghist(fm.small_model())
+    x = fm.signed_values()
+    lh = model["probes"][0]["summaries"]["primal"]["loghist"]
+    edges = np.asarray(lh["edges"])
+    nz = x[x != 0]
+    want_pos, _ = np.histogram(np.log10(nz[nz > 0]), bins=edges)
+    want_neg, _ = np.histogram(np.log10(-nz[nz < 0]), bins=edges)
+    p = Page(browser, color_scheme=scheme)
+    try:
+        pg = p.open_report(report.write_html(model, tmp_path / "signed.html"))
+        node(pg, "n1").click()
+        detail = pg.locator('[data-role="detail"]')
+        seg = detail.locator('[data-scale="signed"]')
+        assert seg.count() == 1
+        seg.click()
+        chart = detail.locator('.sv-chart[data-mode="primal"]')
+        assert chart.get_attribute("data-signed") == "true"
+        traces = chart.evaluate("e => e.data.map(t => ({name: t.name, y: t.y, axis: t.yaxis}))")
+        assert [(t["name"], t["axis"]) for t in traces] == [("positive", "y"), ("negative", "y2")]
+        # the first bin's values are "under": the drawn bins equal NumPy's on the rest
+        assert traces[0]["y"] == want_pos.tolist()
+        assert traces[1]["y"] == want_neg.tolist()
+        assert sum(traces[0]["y"]) + sum(traces[1]["y"]) == sum(lh["counts"])
+        # mirrored: the negative axis runs downwards on the same scale as the positive one
+        rng = chart.evaluate("e => [e.layout.yaxis.range, e.layout.yaxis2.range]")
+        assert rng[0] == rng[1][::-1]
+        counts = detail.locator('[data-role="special-counts"][data-mode="primal"]')
+        assert "7 zeros not shown" in counts.inner_text()
+        under = int(np.sum(np.log10(np.abs(nz)) < edges[0]))
+        under_neg = int(np.sum((np.log10(np.abs(nz)) < edges[0]) & (nz < 0)))
+        assert (
+            f"{under} tiny values below the first bin ({under - under_neg} positive, "
+            f"{under_neg} negative)" in counts.inner_text()
+        )
+        pos_total = int(np.sum(nz > 0))
+        neg_total = int(np.sum(nz < 0))
+        assert f"{pos_total} positive above, {neg_total} negative below" in counts.inner_text()
+        # the cotangent summary has no sign counts: drawn as the plain log view
+        cot = detail.locator('.sv-chart[data-mode="cotangent"]')
+        assert cot.get_attribute("data-signed") == "false"
+        pg.wait_for_timeout(300)
+        ARTIFACTS.mkdir(exist_ok=True)
+        detail.screenshot(path=str(ARTIFACTS / f"signed_loghist_{scheme}.png"))
+        # log counts: both halves on one log scale
+        detail.locator('[data-role="log-count"]').check()
+        assert chart.evaluate("e => [e.layout.yaxis.type, e.layout.yaxis2.type]") == ["log", "log"]
+        # a probe without sign counts offers no signed view
+        node(pg, "n6").click()
+        assert detail.locator('[data-scale="signed"]').count() == 0
+        assert p.errors == []
+    finally:
+        p.close()

@@ -4,12 +4,14 @@ throttling and NaN hunting."""
 from __future__ import annotations
 
 import gzip
+import inspect as pyinspect
 import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import traitlets
 
 import sowviz
 from sowviz import report
@@ -37,35 +39,160 @@ def test_show_returns_a_widget_with_the_model():
     w = sowviz.show(loss, PARAMS, X, mode="grad")
     assert isinstance(w, sowviz.Inspector)
     assert w.model["schema"] == "sowviz/1" and w.mode == "grad"
-    assert w.busy is False and w.error == ""
+    assert w.phase == "ready" and w.status == "" and w.can_locate is True
+    assert w.inspection is not None and w.model == w.inspection.to_dict()
     state = w.get_state()
-    assert {"model_bytes", "mode", "busy", "error"} <= set(state)
-    assert "model" not in state  # kept in Python; it travels gzipped as a binary buffer
-    assert json.loads(gzip.decompress(w.model_bytes)) == json.loads(report.model_json(w.model))
+    # one synced copy of the model: its serializer sends gzipped JSON (a binary buffer)
+    assert {"model", "mode", "phase", "status", "can_locate"} <= set(state)
+    assert "model_bytes" not in state and "busy" not in state
+    assert isinstance(state["model"], bytes)
+    assert json.loads(gzip.decompress(state["model"])) == json.loads(report.model_json(w.model))
     # the widget ships the same bundle the report inlines
     bundle = (sowviz.widget.STATIC / "sowviz.js").read_text(encoding="utf-8")
     assert w._esm == bundle
+    assert len(repr(w)) < 120  # the model never lands in the repr
 
 
-def test_mode_switch_reruns_in_the_kernel():
+class Wire:
+    """The widget's comm, recorded: what ipywidgets would send to the front end."""
+
+    def __init__(self, w):
+        self.sent = []
+        w.comm.send = lambda data=None, metadata=None, buffers=None: self.sent.append(
+            (data, buffers)
+        )
+
+    def updates(self, key):
+        out = []
+        for data, buffers in self.sent:
+            if data["method"] == "update" and (
+                key in data["state"] or [key] in data["buffer_paths"]
+            ):
+                out.append((data, buffers))
+        return out
+
+
+def test_a_new_model_is_synced_as_one_gzipped_buffer():
     w = sowviz.show(loss, PARAMS, X, mode="grad")
-    w.mode = "jvp"
-    assert w.model["mode"] == "jvp"
-    assert w.model["modes"] == ["primal", "tangent"]
-    assert w.busy is False and w.error == ""
+    wire = Wire(w)
+    w.mode = "jvp"  # the kernel re-runs: the new model travels, as one binary buffer
+    assert w.model["mode"] == "jvp" and w.model["modes"] == ["primal", "tangent"]
+    (data, buffers), *_ = wire.updates("model")
+    assert data["buffer_paths"] == [["model"]] and len(buffers) == 1
+    assert json.loads(gzip.decompress(buffers[0])) == json.loads(report.model_json(w.model))
+    # the status went through the phases and ended ready, each phase with its line
+    phases = [d["state"]["phase"] for d, _ in wire.updates("phase")]
+    assert phases == ["tracing", "compiling", "running", "ready"]
+    assert all("status" in d["state"] for d, _ in wire.updates("phase"))
+
+
+def test_mode_is_an_enum_of_the_modes():
+    w = sowviz.show(loss, PARAMS, X, mode="primal")
+    assert sorted(w.traits()["mode"].values) == sorted(m.value for m in sowviz._model.Mode)
+    with pytest.raises(traitlets.TraitError):
+        w.mode = "hessian"
+    assert w.model["mode"] == "primal"
+
+
+def _recording_display(monkeypatch):
+    """Stand in for the kernel's display: what the status line shows, in order, from the
+    moment `show()` displays the widget."""
+    seen = []
+
+    def display_now(w):
+        seen.append(("shown", w.phase, w.status, bool(w.model)))
+        w.observe(lambda c: seen.append((c["new"], w.status)), names=["phase"])
+
+    monkeypatch.setattr(sowviz.widget, "display_now", display_now)
+    return seen
+
+
+def test_show_displays_at_once_then_reports_each_phase(monkeypatch):
+    seen = _recording_display(monkeypatch)
+
+    def fresh_loss(params, x):  # a new function: nothing cached, so it compiles
+        return loss(params, x)
+
+    w = sowviz.show(fresh_loss, PARAMS, X, mode="grad")
+    # displayed before any work, empty, saying what it does
+    assert seen[0] == ("shown", "tracing", "tracing `fresh_loss`…", False)
+    assert [s[0] for s in seen[1:]] == ["compiling", "running", "ready"]
+    assert "compiling `fresh_loss`" in seen[1][1] and "running" in seen[2][1]
+    assert w.phase == "ready" and w.status == "" and w.model["mode"] == "grad"
+
+
+def test_an_error_is_shown_in_the_status_and_raised(monkeypatch):
+    seen = _recording_display(monkeypatch)
+    shown = []
+    monkeypatch.setattr(
+        sowviz.widget, "display_now", lambda w: (shown.append(w), seen.append(w.phase))
+    )
+
+    def broken(x):
+        raise ValueError("<b>bad</b> input: pass `x` as an array")
+
+    with pytest.raises(ValueError, match="bad"):
+        sowviz.show(broken, jnp.ones(3))
+    (w,) = shown
+    assert w.phase == "error"
+    assert w.status == "ValueError: <b>bad</b> input: pass `x` as an array"
 
 
 def test_mode_switch_error_is_shown_not_raised():
     w = sowviz.show(lambda x: x * 2.0, jnp.ones(3), mode="primal")  # not scalar: grad fails
     w.mode = "grad"
-    assert "TypeError" in w.error and "scalar" in w.error
-    assert w.model["mode"] == "primal" and w.busy is False
+    assert w.phase == "error" and "TypeError" in w.status and "scalar" in w.status
+    assert w.model["mode"] == "primal"
+    w.mode = "primal"  # back to the mode shown: the error goes away, nothing re-runs
+    assert w.phase == "ready" and w.status == ""
 
 
 def test_widget_save_html(tmp_path):
     w = sowviz.show(loss, PARAMS, X)
     path = w.save_html(tmp_path / "w.html")
     assert path.exists() and "sowviz/1" in path.read_text(encoding="utf-8")
+
+
+def nan_in_scope(w, x):
+    with jax.named_scope("feat"):
+        h = jnp.tanh(x @ w)
+        h = h * 2.0 + 1.0
+        z = jnp.log(h - 3.5)  # h < 3: every entry negative, the NaN is born here
+        z = z * h
+    with jax.named_scope("head"):
+        return jnp.sum(z)
+
+
+def line_of(fn, text):
+    lines, start = pyinspect.getsourcelines(fn)
+    return start + next(i for i, line in enumerate(lines) if text in line)
+
+
+def test_locate_message_names_the_equation():
+    w = sowviz.show(nan_in_scope, jnp.ones((3, 4)) * 0.1, jnp.ones((2, 3)), mode="primal")
+    rec = w.model["nonfinite"]
+    feat = next(n for n in w.model["nodes"] if n["label"] == "feat")
+    assert rec["forward"]["node"] == feat["id"] and feat["n_eqns"] > 1
+    assert rec["forward"]["equation"] is None  # not located yet: the banner offers the button
+    wire = Wire(w)
+    # what the button sends, as ipywidgets delivers it from the front end
+    w._handle_msg(
+        {"content": {"data": {"method": "custom", "content": {"type": "locate"}}}, "buffers": []}
+    )
+    eq = w.model["nonfinite"]["forward"]["equation"]
+    assert eq["primitive"] == "log"
+    assert eq["source"]["line"] == line_of(nan_in_scope, "jnp.log(")
+    assert f":{eq['source']['line']}" in w.model["nonfinite"]["forward"]["message"]
+    phases = [d["state"]["phase"] for d, _ in wire.updates("phase")]
+    assert phases[0] == "locating" and phases[-1] == "ready"
+    assert wire.updates("model")  # the new model reached the front end
+
+
+def test_locate_without_a_program_says_why():
+    w = sowviz.Inspector(model=sowviz.inspect(loss, PARAMS, X).to_dict())
+    assert w.can_locate is False
+    assert w.locate() is None
+    assert w.phase == "error" and "stored model" in w.status
 
 
 # --- Monitor ----------------------------------------------------------------------

@@ -8,6 +8,7 @@ import { edgesByLevel, visibleRepresentative, pathToReveal } from "./levels.js";
 import { layoutView } from "./layout.js";
 import { computeFaces } from "./faces.js";
 import { messageParts, nonfiniteRoles, originNodes, storedOrigins } from "./nonfinite.js";
+import { bannerParts } from "./banner.js";
 import { searchNodes } from "./search.js";
 import { defaultStat, STATS, fmt, VIRIDIS_STOPS } from "./stats.js";
 import { GraphView } from "./graph.js";
@@ -19,10 +20,14 @@ import { HistoryStore, nonfiniteSteps, withLatest } from "./history.js";
 export const MODES = ["primal", "grad", "jvp", "vjp", "all"];
 /** The first picture fits the whole graph unless labels would get smaller than this. */
 export const FIT_MIN_SCALE = 0.5;
+const EMPTY = "Nothing to show yet: the model has no nodes.";
+/** Phases in which Python is working (`phase` trait of the widget). */
+export const WORKING = new Set(["tracing", "compiling", "running", "locating"]);
 
 /**
  * @typedef {Object} AppOptions
  * @property {(mode: string) => void} [onModeChange] given: the mode dropdown is live (widget)
+ * @property {() => void} [onLocate] given: the banner's "Locate the equation" button is live (widget)
  * @property {HistoryStore} [store] shared Monitor history (widget: one per model)
  * @property {boolean} [standalone] the HTML report: fill the window
  */
@@ -70,8 +75,8 @@ export class App {
     this.modeSel = h("select", { class: "sv-select", "data-role": "mode", "aria-label": "mode", disabled: !o.onModeChange },
       MODES.map((m) => h("option", { value: m, text: m })));
     this.modeSel.addEventListener("change", () => {
-      // Python re-runs (and sends `busy`) only when the mode differs from the model's
-      if (this.modeSel.value !== this.model.mode) this.setBusy(true);
+      // Python re-runs (and sends its `phase`) only when the mode differs from the model's
+      if (this.modeSel.value !== this.model.mode) this.setStatus("tracing", `switching to ${this.modeSel.value}…`);
       o.onModeChange?.(this.modeSel.value);
     });
     this.statSel = h("select", { class: "sv-select", "data-role": "stat", "aria-label": "colour nodes by" });
@@ -97,7 +102,8 @@ export class App {
       }
       if (ev.key === "Escape") { this.search.value = ""; this.setQuery(""); }
     });
-    this.busy = h("span", { class: "sv-busy", "data-role": "busy", hidden: true }, [h("span", { class: "sv-spinner" }), " recomputing…"]);
+    this.statusText = h("span", { class: "sv-status-text" });
+    this.busy = h("span", { class: "sv-busy", "data-role": "status", role: "status", "aria-live": "polite", hidden: true }, [h("span", { class: "sv-spinner" }), this.statusText]);
     this.notesBtn = h("button", { type: "button", class: "sv-btn", "data-role": "notes-toggle", hidden: true });
     this.notesList = h("ul", { class: "sv-notes", "data-role": "notes", hidden: true });
     this.notesBtn.addEventListener("click", () => { this.notesList.hidden = !this.notesList.hidden; });
@@ -125,7 +131,7 @@ export class App {
       onSelect: (id) => this.select(id),
       onToggle: (id) => this.toggle(id),
     });
-    this.empty = h("div", { class: "sv-empty sv-muted", "data-role": "empty", text: "Nothing to show yet: the model has no nodes.", hidden: true });
+    this.empty = h("div", { class: "sv-empty sv-muted", "data-role": "empty", text: EMPTY, hidden: true });
     this.graphBox.append(this.legend, this.lossBox, this.levelNote, this.empty);
     this.root.append(toolbar, this.notesList, this.errorBox, this.banner, h("div", { class: "sv-body" }, [this.graphBox, this.detail.el]));
     this.el.append(this.root);
@@ -155,7 +161,6 @@ export class App {
     }
     this.fillStatOptions();
     this.fillNotes();
-    this.setBusy(false);
     this.relayout({ fit: first });
     if (this.selected) this.openDetail(this.selected); else this.detail.close();
     this.drawLoss();
@@ -210,6 +215,7 @@ export class App {
     this.applySearch();
     this.showLevelNote();
     this.empty.hidden = this.layout.boxes.size > 0;
+    this.legend.hidden = this.layout.boxes.size === 0; // nothing drawn: no colour scale to explain
     if (fit) this.graph.fit({ minScale: FIT_MIN_SCALE });
     else if (before) this.graph.anchor(this.layout.boxes.get(anchorId), before);
   }
@@ -252,24 +258,15 @@ export class App {
       else el.removeAttribute("data-nonfinite-role");
     }
     clear(this.banner);
-    const o = this.origins;
-    const rec = o.stored;
+    const rec = this.origins.stored;
     this.banner.hidden = !rec;
     if (!rec) return;
-    const label = (id) => this.index.nodes.get(id)?.label ?? id;
     this.banner.classList.toggle("sv-banner-quiet", !rec.alarm);
-    const head = rec.alarm ? "NaN/Inf detected" : "Non-finite values that never reached a result (no alarm)";
-    const parts = [h("strong", { text: rec.step != null ? `${head} at step ${rec.step}.` : `${head}.` })];
-    for (const pass of ["forward", "backward"]) {
-      const p = rec[pass];
-      if (!p || !o[pass]) continue;
-      const text = p.message ?? `first at ${label(p.node)}`;
-      const said = messageParts(text).map((m) => (m.code ? h("code", { text: m.text }) : m.text));
-      parts.push(h("span", { "data-pass": pass }, [` ${pass === "forward" ? "Forward" : "Backward"} pass: `, ...said, " "]),
-        h("button", { type: "button", class: "sv-link", "data-origin": pass, "data-node": o[pass], text: `show ${label(o[pass])}`, onclick: () => this.reveal(o[pass]) }));
-    }
-    if (rec.removed) parts.push(h("span", { class: "sv-muted", text: " (masked afterwards)" }));
-    this.banner.append(...parts);
+    this.banner.append(...bannerParts(this.origins, this.index, {
+      onReveal: (id) => this.reveal(id),
+      onLocate: this.options.onLocate,
+      locating: this.phase === "locating",
+    }));
   }
 
   showLevelNote() {
@@ -353,14 +350,28 @@ export class App {
     this.detail.open(this.index, id, { history: this.store.history, origins: this.origins });
   }
 
-  setBusy(b) {
-    this.busy.hidden = !b;
-    this.root.toggleAttribute("data-busy", !!b);
-  }
-
-  setError(msg) {
-    this.errorBox.hidden = !msg;
-    this.errorBox.textContent = msg ?? "";
+  /**
+   * What Python is doing (widget traits `phase` and `status`): a status line with a
+   * spinner while it works, the message as an alert on an error, nothing when ready.
+   * Text only: the message reaches the page through textContent.
+   * @param {string} phase @param {string} text
+   */
+  setStatus(phase, text) {
+    const was = this.phase;
+    this.phase = phase;
+    const working = WORKING.has(phase);
+    this.busy.hidden = !working;
+    this.busy.dataset.phase = phase;
+    this.root.dataset.phase = phase;
+    this.statusText.replaceChildren(...said(working ? text || `${phase}…` : ""));
+    this.root.toggleAttribute("data-busy", working);
+    const err = phase === "error" ? text || "error" : "";
+    this.errorBox.hidden = !err;
+    this.errorBox.replaceChildren(...said(err));
+    const empty = this.layout ? this.layout.boxes.size === 0 : true;
+    this.empty.replaceChildren(h("span", {}, said(working && empty ? text || `${phase}…` : EMPTY)));
+    this.empty.classList.toggle("sv-empty-working", working && empty);
+    if ((was === "locating") !== (phase === "locating")) this.markOrigins();
   }
 
   /** Coalesces Monitor steps into one redraw per animation frame. */
@@ -428,6 +439,11 @@ export class App {
 }
 
 export { STAGE_KINDS };
+
+/** A status or error text with `code` spans (backticks), as text nodes only. */
+function said(text) {
+  return messageParts(text).map((m) => (m.code ? h("code", { text: m.text }) : m.text));
+}
 
 /** `TransformerLM › layers.0 › attn`: where a search result sits (its ancestors below the root). */
 export function parentPath(index, id) {

@@ -1,6 +1,7 @@
 // Plotly charts of the detail panel, drawn from precomputed bin counts only.
 import Plotly from "./plotly.js";
 import { histogramHeatmap } from "./resample.js";
+import { signedLog } from "./loghist.js";
 
 const CONFIG = { displaylogo: false, displayModeBar: false, responsive: false, scrollZoom: false };
 
@@ -43,6 +44,7 @@ export function drawHistogram(el, hist, { colours, mode, scale, logY, width, hei
     w.push(hi > lo ? hi - lo : 1);
   }
   const colour = modeColour(colours, mode);
+  el.dataset.signed = "false";
   const trace = {
     type: "bar", x, y: counts, width: w, marker: { color: colour, line: { width: 0 } },
     hovertemplate: scale === "log" ? "log₁₀|x| ≈ %{x:.3g}<br>%{y} values<extra></extra>" : "x ≈ %{x:.4g}<br>%{y} values<extra></extra>",
@@ -63,6 +65,45 @@ export function drawHistogram(el, hist, { colours, mode, scale, logY, width, hei
     layout.annotations = [{ text: "no finite values", showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5, font: { color: colours.muted } }];
   }
   return Plotly.react(el, [trace], layout, CONFIG);
+}
+
+/**
+ * The signed log view: log10|x| bins of the positive values above the axis and of the
+ * negative values mirrored below it (two stacked y axes sharing x, so "log count"
+ * works for both). Needs `loghist.neg`; draws "no sign counts" otherwise.
+ * @param {HTMLElement} el
+ * @param {import("./types").LogHistogram | null} lh
+ */
+export function drawSignedLog(el, lh, { colours, mode, logY, width, height = 210 }) {
+  const sl = signedLog(lh);
+  const colour = modeColour(colours, mode);
+  const layout = baseLayout(colours, { width, height, logY, xTitle: `log₁₀|${mode}|`, yTitle: "x > 0" });
+  layout.yaxis.domain = [0.53, 1];
+  layout.yaxis2 = { ...layout.yaxis, domain: [0, 0.47], title: { ...layout.yaxis.title, text: "x < 0" } };
+  layout.xaxis.anchor = "y2";
+  layout.bargap = 0;
+  if (!logY) for (const ax of [layout.yaxis, layout.yaxis2]) { ax.tickformat = ",d"; ax.rangemode = "tozero"; }
+  const trace = (y, axis, name, pattern) => ({
+    type: "bar", x: sl?.x ?? [], y, width: sl?.width ?? [], yaxis: axis, name,
+    marker: { color: colour, line: { width: 0 }, pattern },
+    hovertemplate: `${name} · log₁₀|x| ≈ %{x:.3g}<br>%{y} values<extra></extra>`,
+  });
+  const traces = sl ? [trace(sl.pos, "y", "positive", undefined), trace(sl.neg, "y2", "negative", { shape: "/", fillmode: "overlay", fgcolor: colours.bg, size: 6, solidity: 0.3 })] : [];
+  if (sl) {
+    const top = Math.max(1, ...sl.pos, ...sl.neg);
+    // One scale for both halves (mirrored: the lower axis runs downwards), so bar
+    // lengths compare across the sign.
+    const hi = logY ? Math.log10(top) + 0.1 : top * 1.05;
+    const lo = logY ? -0.1 : 0;
+    layout.yaxis.range = [lo, hi];
+    layout.yaxis2.range = [hi, lo];
+    if (!logY && top <= 5) { layout.yaxis.dtick = 1; layout.yaxis2.dtick = 1; }
+  }
+  if (!sl || !sl.x.length) {
+    layout.annotations = [{ text: sl ? "no non-zero finite values" : "no sign counts in this summary", showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5, font: { color: colours.muted } }];
+  }
+  el.dataset.signed = "true";
+  return Plotly.react(el, traces, layout, CONFIG);
 }
 
 /** Heatmap of a probe's histogram over Monitor steps, resampled onto a common grid. */

@@ -2,7 +2,8 @@
 // the statistics table, and for a Monitor the history of the selected probe.
 
 import { h, clear } from "./dom.js";
-import { drawHistogram, drawHistoryHeatmap, drawLines, modeColour, purge } from "./charts.js";
+import { drawHistogram, drawHistoryHeatmap, drawLines, drawSignedLog, modeColour, purge } from "./charts.js";
+import { hasSigned, signedLog } from "./loghist.js";
 import { probeNonfiniteSteps } from "./history.js";
 import { chartColours } from "./theme.js";
 import { fmt } from "./stats.js";
@@ -193,7 +194,8 @@ export class DetailPanel {
     return h("label", { class: "sv-row" }, [h("span", { class: "sv-muted", text: "probe" }), sel]);
   }
 
-  controls() {
+  /** @param {boolean} signed offer the signed log view (the summaries carry `loghist.neg`) */
+  controls(signed) {
     const seg = (value, label) => h("button", {
       type: "button", class: "sv-seg", "data-scale": value, "aria-pressed": String(this.scale === value), text: label,
       onclick: () => { this.scale = value; this.redraw(); },
@@ -201,7 +203,7 @@ export class DetailPanel {
     const logY = h("input", { type: "checkbox", checked: this.logY, "data-role": "log-count" });
     logY.addEventListener("change", () => { this.logY = logY.checked; this.redraw(); });
     return h("div", { class: "sv-row sv-controls", "data-role": "hist-scale" }, [
-      h("div", { class: "sv-segmented" }, [seg("linear", "linear"), seg("log", "log₁₀|x|")]),
+      h("div", { class: "sv-segmented" }, [seg("linear", "linear"), seg("log", "log₁₀|x|"), signed ? seg("signed", "signed log") : null]),
       h("label", { class: "sv-check" }, [logY, " log count"]),
     ]);
   }
@@ -209,7 +211,9 @@ export class DetailPanel {
   drawProbe(probe) {
     this.probe = probe;
     const modes = orderModes(Object.keys(probe.summaries));
-    this.body.append(this.controls());
+    const signed = modes.some((m) => hasSigned(probe.summaries[m]?.loghist));
+    if (this.scale === "signed" && !signed) this.scale = "log"; // this probe's summaries lack sign counts
+    this.body.append(this.controls(signed));
     const colours = chartColours(this.root);
     const width = Math.max(220, (this.el.clientWidth || 380) - 34);
     const blocks = modes.map((mode) => {
@@ -233,8 +237,12 @@ export class DetailPanel {
 
   drawCharts(colours, width) {
     for (const b of this.blocks) {
-      const hist = this.scale === "log" ? b.s?.loghist : b.s?.hist;
-      drawHistogram(b.target, hist ?? null, { colours, mode: b.mode, scale: this.scale, logY: this.logY, width });
+      if (this.scale === "signed" && hasSigned(b.s?.loghist)) {
+        drawSignedLog(b.target, b.s.loghist, { colours, mode: b.mode, logY: this.logY, width });
+      } else {
+        const hist = this.scale === "linear" ? b.s?.hist : b.s?.loghist;
+        drawHistogram(b.target, hist ?? null, { colours, mode: b.mode, scale: this.scale === "linear" ? "linear" : "log", logY: this.logY, width });
+      }
       if (!this.charts.includes(b.target)) this.charts.push(b.target);
       b.counts.replaceChildren(...specialCounts(b.s, this.scale));
       if (b.iter) {
@@ -311,6 +319,22 @@ export function specialCounts(s, scale) {
   const out = items.map(([k, label]) => h("span", {
     class: `sv-count${k !== "zeros" && s[k] > 0 ? " sv-bad" : ""}`, "data-count": k, text: `${label} ${fmt(s[k] ?? 0)}`,
   }));
-  if (scale === "log" && s.zeros > 0) out.push(h("span", { class: "sv-muted", "data-role": "zeros-left-out", text: `· ${fmt(s.zeros)} zeros not shown (log₁₀|x| of 0 is −∞)` }));
+  if (scale === "linear") return out;
+  if (s.zeros > 0) out.push(h("span", { class: "sv-muted", "data-role": "zeros-left-out", text: `· ${fmt(s.zeros)} zeros not shown (log₁₀|x| of 0 is −∞)` }));
+  const lh = s.loghist;
+  const under = lh?.under ?? 0;
+  if (under > 0) {
+    const sl = scale === "signed" ? signedLog(lh) : null;
+    const bySign = sl ? ` (${fmt(sl.underPos)} positive, ${fmt(sl.underNeg)} negative)` : "";
+    out.push(h("span", { class: "sv-muted", "data-role": "under-left-out", text: `· ${fmt(under)} tiny values below the first bin${bySign}` }));
+  }
+  if (sl0(scale, lh)) {
+    const sl = signedLog(lh);
+    const n = sl.neg.reduce((a, b) => a + b, 0) + sl.underNeg;
+    const p = sl.pos.reduce((a, b) => a + b, 0) + sl.underPos;
+    out.push(h("span", { class: "sv-muted", "data-role": "sign-totals", text: `· ${fmt(p)} positive above, ${fmt(n)} negative below` }));
+  }
   return out;
 }
+
+const sl0 = (scale, lh) => scale === "signed" && hasSigned(lh);

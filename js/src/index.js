@@ -13,18 +13,25 @@ import { HistoryStore } from "./history.js";
  * @param {HTMLElement} el
  * @param {any} model the model object (or its JSON text)
  * @param {import("./app.js").AppOptions} [options]
- * @returns {{update: (model: any) => void, pushStep: (step: any) => void, setBusy: (b: boolean) => void, setError: (m: string) => void, destroy: () => void}}
+ * @returns {MountHandle}
  */
 export function mount(el, model, options = {}) {
   const app = new App(el, typeof model === "string" ? JSON.parse(model) : model, options);
   return {
     update: (m) => app.update(typeof m === "string" ? JSON.parse(m) : m),
     pushStep: (step) => app.pushStep(step),
-    setBusy: (b) => app.setBusy(b),
-    setError: (m) => app.setError(m),
+    setStatus: (phase, text) => app.setStatus(phase, text),
     destroy: () => app.destroy(),
   };
 }
+
+/**
+ * @typedef {Object} MountHandle
+ * @property {(model: any) => void} update
+ * @property {(step: any) => void} pushStep
+ * @property {(phase: import("./types").Phase, text: string) => void} setStatus
+ * @property {() => void} destroy
+ */
 
 // One history store per widget model, shared by all of its views.
 const stores = new WeakMap();
@@ -44,6 +51,7 @@ function storeFor(model) {
  * gzipped JSON list of steps, or plainly as {"type": "step", "step": {...}}.
  * Decoding is asynchronous; a chain keeps the steps in order.
  */
+/** @param {{model: import("./types").AnyModel}} ctx */
 function initialize({ model }) {
   const store = storeFor(model);
   let chain = Promise.resolve();
@@ -74,21 +82,23 @@ async function gunzip(bytes) {
 }
 
 /**
- * The widget's model: Python sends it as gzipped JSON in the binary trait
- * `model_bytes` (a buffer, not a JSON string: a 10,000-equation model is ~20 MB
- * of JSON and ~2 MB gzipped). An empty trait is an empty model.
- * @param {{get: (name: keyof import("./types").WidgetTraits) => any}} model the anywidget model
+ * The widget's model: the trait `model`, which Python's serializer sends as gzipped
+ * JSON in a binary buffer (a 10,000-equation model is ~20 MB of JSON and ~2 MB
+ * gzipped). An empty buffer is an empty model (show() has not filled it yet).
+ * @param {import("./types").AnyModel} model the anywidget model
  * @returns {Promise<import("./types").SowvizModel | {nodes: [], edges: [], probes: []}>}
  */
 export async function widgetModel(model) {
-  const raw = model.get("model_bytes");
+  const raw = model.get("model");
   if (!raw || !raw.byteLength) return { nodes: [], edges: [], probes: [] };
   const bytes = raw instanceof DataView ? new Uint8Array(raw.buffer, raw.byteOffset, raw.byteLength) : new Uint8Array(raw);
   return JSON.parse(await gunzip(bytes));
 }
 
 /** anywidget: one view. It mounts once the model is decoded, so the first picture
- * is the real one (colours, mode, fit), never an empty graph redrawn a moment later. */
+ * is the real one (colours, mode, fit), never an empty graph redrawn a moment later.
+ * While Python traces, compiles or runs, the status line says so (traits `phase`, `status`).
+ * @param {{model: import("./types").AnyModel, el: HTMLElement}} ctx */
 async function render({ model, el }) {
   const store = storeFor(model);
   let first;
@@ -102,31 +112,26 @@ async function render({ model, el }) {
   const handle = mount(el, first, {
     store,
     onModeChange: (mode) => {
-      model.set("error", "");
-      model.set("mode", mode);
+      model.set("mode", /** @type {import("./types").Mode} */ (mode));
       model.save_changes();
     },
+    onLocate: model.get("can_locate") ? () => model.send(/** @type {import("./types").LocateMessage} */ ({ type: "locate" })) : undefined,
   });
-  handle.setBusy(!!model.get("busy"));
-  handle.setError(model.get("error") || "");
+  const onStatus = () => handle.setStatus(model.get("phase") ?? "ready", model.get("status") ?? "");
+  onStatus();
   // Decoding is asynchronous: only the newest model is drawn.
   let latest = 0;
   const onModel = () => {
     const mine = ++latest;
-    widgetModel(model).then((m) => { if (mine === latest) handle.update(m); }, (err) => handle.setError(String(err)));
+    widgetModel(model).then((m) => { if (mine === latest) { handle.update(m); onStatus(); } }, (err) => handle.setStatus("error", String(err)));
   };
-  const onBusy = () => handle.setBusy(!!model.get("busy"));
-  const onError = () => {
-    handle.setError(model.get("error") || "");
-    if (model.get("error")) handle.setBusy(false);
-  };
-  model.on("change:model_bytes", onModel);
-  model.on("change:busy", onBusy);
-  model.on("change:error", onError);
+  model.on("change:model", onModel);
+  model.on("change:phase", onStatus);
+  model.on("change:status", onStatus);
   return () => {
-    model.off("change:model_bytes", onModel);
-    model.off("change:busy", onBusy);
-    model.off("change:error", onError);
+    model.off("change:model", onModel);
+    model.off("change:phase", onStatus);
+    model.off("change:status", onStatus);
     handle.destroy();
   };
 }

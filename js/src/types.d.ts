@@ -3,20 +3,43 @@
 
 export type Mode = "primal" | "grad" | "jvp" | "vjp" | "all";
 
-/** Synced traits of `sowviz.widget.Inspector` / `Monitor` (anywidget model). */
+/** What the kernel is doing (`sowviz._progress.Phase`). */
+export type Phase = "ready" | "tracing" | "compiling" | "running" | "locating" | "error";
+
+/** Synced traits of `sowviz.widget.Inspector` / `MonitorView` (anywidget model). */
 export interface WidgetTraits {
-  /** The sowviz/1 model as gzipped JSON (a binary buffer); replaced whole after a re-run. */
-  model_bytes: DataView | ArrayBuffer | Uint8Array;
-  /** The mode the model was computed under; the front end sets it from its dropdown. */
+  /** The sowviz/1 model: the serializer sends gzipped JSON as a binary buffer (empty: no model yet). */
+  model: DataView | ArrayBuffer | Uint8Array;
+  /** The mode the model was computed under (`_model.Mode`); the front end sets it from its dropdown. */
   mode: Mode;
-  /** True while Python recomputes after a mode change. */
-  busy: boolean;
-  /** A message to show (e.g. why a mode change failed); "" for none. */
-  error: string;
+  /** What the kernel is doing; "ready" when the model is current. */
+  phase: Phase;
+  /** The status line while working, or the error message (what went wrong and the fix) in phase "error". */
+  status: string;
+  /** The kernel can re-run the step to locate the NaN/Inf equation (the banner's button). */
+  can_locate: boolean;
+}
+
+/** The part of anywidget's model the front end uses, typed by trait name. */
+export interface AnyModel {
+  get<K extends keyof WidgetTraits>(name: K): WidgetTraits[K];
+  set<K extends keyof WidgetTraits>(name: K, value: WidgetTraits[K]): void;
+  save_changes(): void;
+  send(content: MessageToPython, callbacks?: unknown, buffers?: ArrayBuffer[]): void;
+  on(event: `change:${keyof WidgetTraits}` | "msg:custom", callback: (...args: any[]) => void): void;
+  off(event: `change:${keyof WidgetTraits}` | "msg:custom", callback?: (...args: any[]) => void): void;
 }
 
 /** Custom messages from Python: Monitor steps, appended to the front end's history. */
 export type CustomMessage = StepMessage | StepsMessage;
+
+/** Custom messages to Python. */
+export type MessageToPython = LocateMessage;
+
+/** The banner's button: Python runs `Inspection.locate_nonfinite()` and sends the new model. */
+export interface LocateMessage {
+  type: "locate";
+}
 
 export interface StepMessage {
   type: "step";
@@ -42,6 +65,11 @@ export interface Step {
 
 export interface Histogram { edges: number[]; counts: number[] }
 
+/** `loghist`: bins of log10|x| over the non-zero finite values. `neg` (when present): how
+ * many of each bin's values are negative (positives = counts - neg); `under`/`under_neg`:
+ * non-zero values below the first bin (all / negative ones). */
+export interface LogHistogram extends Histogram { under?: number; neg?: number[]; under_neg?: number }
+
 export interface SummaryLite {
   size: number; complex?: boolean; count: number;
   nan: number; posinf: number; neginf: number; zeros: number;
@@ -62,7 +90,7 @@ export interface PerIteration {
 
 export interface Summary extends SummaryLite {
   shape: number[]; dtype: string;
-  loghist?: Histogram | null;
+  loghist?: LogHistogram | null;
   per_iteration?: PerIteration | null;
 }
 

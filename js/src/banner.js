@@ -1,0 +1,65 @@
+// The NaN/Inf banner [data-role="nonfinite-banner"]: what the stored origins say
+// (computed once in Python, never here), a link to each origin, and the
+// "Locate the equation" button when an origin stage holds several equations and no
+// equation was located yet. Only the widget can locate (Python re-runs the step);
+// a saved report shows the button disabled, with the reason.
+
+import { h } from "./dom.js";
+import { messageParts } from "./nonfinite.js";
+
+export const LOCATE_REPORT_REASON = "A saved report cannot re-run the program. In Python, call "
+  + "Inspection.locate_nonfinite() before save_html(), or use sowviz.show(...) and press this button there.";
+
+/**
+ * Whether a locate would say more: an origin stage with several equations and no equation.
+ * @param {ReturnType<typeof import("./nonfinite.js").storedOrigins>} rec
+ * @param {{nodes: Map<string, {n_eqns: number}>}} index
+ */
+export function needsLocate(rec, index) {
+  if (!rec) return false;
+  return [rec.forward, rec.backward].some((p) => {
+    if (!p || p.equation) return false;
+    const stage = p.node ?? p.reaching;
+    return stage != null && (index.nodes.get(stage)?.n_eqns ?? 0) > 1;
+  });
+}
+
+/**
+ * The banner's children.
+ * @param {{stored: any, forward: string|null, backward: string|null}} origins
+ * @param {any} index the model index (labels, equation counts)
+ * @param {{onReveal: (id: string) => void, onLocate?: () => void, locating?: boolean}} actions
+ * @returns {HTMLElement[]}
+ */
+export function bannerParts(origins, index, actions) {
+  const rec = origins.stored;
+  const label = (id) => index.nodes.get(id)?.label ?? id;
+  const head = rec.alarm ? "NaN/Inf detected" : "Non-finite values that never reached a result (no alarm)";
+  const parts = [h("strong", { text: rec.step != null ? `${head} at step ${rec.step}.` : `${head}.` })];
+  for (const pass of ["forward", "backward"]) {
+    const p = rec[pass];
+    const at = origins[pass];
+    if (!p || !at) continue;
+    const text = p.message ?? `first at ${label(p.node)}`;
+    const said = messageParts(text).map((m) => (m.code ? h("code", { text: m.text }) : m.text));
+    parts.push(h("span", { "data-pass": pass }, [` ${pass === "forward" ? "Forward" : "Backward"} pass: `, ...said, " "]),
+      h("button", { type: "button", class: "sv-link", "data-origin": pass, "data-node": at, text: `show ${label(at)}`, onclick: () => actions.onReveal(at) }));
+  }
+  if (rec.removed) parts.push(h("span", { class: "sv-muted", text: " (masked afterwards)" }));
+  if (needsLocate(rec, index)) parts.push(locateButton(actions));
+  return parts;
+}
+
+/** @param {{onLocate?: () => void, locating?: boolean}} actions */
+function locateButton({ onLocate, locating = false }) {
+  const live = typeof onLocate === "function";
+  const btn = h("button", {
+    type: "button", class: "sv-btn sv-locate", "data-role": "locate",
+    disabled: !live || locating,
+    title: live ? "Re-run this step with every equation of the origin stage probed, and name the equation and its source line" : LOCATE_REPORT_REASON,
+    text: locating ? "Locating…" : "Locate the equation",
+  });
+  if (live) btn.addEventListener("click", () => { btn.disabled = true; btn.textContent = "Locating…"; onLocate(); });
+  else btn.setAttribute("aria-description", LOCATE_REPORT_REASON);
+  return btn;
+}
