@@ -14,6 +14,15 @@ is read two steps later (the device is not stalled). With
 sync per step: the price of exactness), and `NonFiniteError` is raised before
 `step` returns, so the caller never applies that update.
 
+The first non-finite step is located down to the equation, once, whatever the
+recording: a step's arguments stay referenced (on the device, no copy) only while
+its flag is in flight, so the first bad step's are still there when its flag is
+read; an unrecorded one is re-run with the probes, and then `locate` re-runs it
+counting NaN/Inf at every equation (`nonfinite_locate.locate_step`). Steps are
+recorded in step order (an earlier step's flag is read before a later step is
+recorded), so the first non-finite step recorded is the first of the run. After
+that one locate, no arguments are kept.
+
 A recorded step costs the training thread one fetch of its (ready) packed host
 buffers and three scalars; its summaries become the JSON-ready entry only when
 read (`_entry.LazyEntry`: on a sink's thread, when the view sends, when
@@ -122,8 +131,12 @@ class Monitor:
         self.nonfinite: _nonfinite.NonFinite | None = None
         self.steps = 0
         self._lock = threading.RLock()
-        self._pending: deque[tuple[int, Out]] = deque()
-        self._flags: deque[tuple[int, Out, tuple]] = deque()
+        # In flight: (step, out, args); args only until the first non-finite step is
+        # located (None after), to re-run and locate that step on its own arguments.
+        self._pending: deque[tuple[int, Out, tuple | None]] = deque()
+        self._flags: deque[tuple[int, Out, tuple | None]] = deque()
+        self._first_flagged: int | None = None  # first unrecorded step whose flag was bad
+        self._located = False  # the first non-finite step was located (done once)
         self._traced: Traced | None = None
         self._latest: LazyEntry | None = None  # the latest recorded step
         self._listeners: list[Any] = []
@@ -153,15 +166,16 @@ class Monitor:
             self.steps += 1
             if out.traced is not self._traced:
                 self._new_graph(out.traced)
+            kept = None if self._located else args  # references, not copies
             if record:
                 out.packed.fetch_async()
                 out.clean.copy_to_host_async()
                 out.finite.copy_to_host_async()
-                self._pending.append((step, out))
+                self._pending.append((step, out, kept))
             else:
                 if hasattr(out.finite, "copy_to_host_async"):
                     out.finite.copy_to_host_async()
-                self._flags.append((step, out, args))
+                self._flags.append((step, out, kept))
             if self.stop_on_nonfinite:
                 if not np.asarray(out.finite).all():
                     self._stop(step, out, args, record)
@@ -198,13 +212,11 @@ class Monitor:
             self._each("close")
 
     def _stop(self, step: int, out: Out, args: tuple, recorded: bool) -> None:
+        self._flags.clear()  # every earlier step was checked (this mode reads each flag)
         if not recorded:  # the plain program ran: re-run this step instrumented, for the origin
-            out = self._run(args, True)
-            self._pending.append((step, out))
-        self._drain(keep=0)
+            self._enqueue(step, self._run(args, True), args)
+        self._drain(keep=0)  # records this step and locates its equation (`_record`)
         nf = self.nonfinite
-        if nf is not None and nf.step == step:  # down to the equation, on this step's args
-            nf = self.nonfinite = _locate_step(self.fn, args, self._options, nf)
         self._each("flush")
         where = (
             nf.origins
@@ -214,16 +226,25 @@ class Monitor:
         raise NonFiniteError(_nonfinite.message(out.traced.graph, step, where))
 
     # `keep`: how many may stay in flight; older ones are waited for, newer ones are
-    # read only once ready. (flush: keep=0, everything is read.)
-    def _check_flags(self, *, keep: int) -> None:
+    # read only once ready. (flush: keep=0, everything is read.) `before`: read every
+    # flag of an earlier step, ready or not (a later step is about to be recorded).
+    def _check_flags(self, *, keep: int, before: int | None = None) -> None:
         while self._flags:
             step, out, args = self._flags[0]
-            if len(self._flags) <= keep and not _ready(out.finite):
+            if before is not None:
+                if step >= before:
+                    break
+            elif len(self._flags) <= keep and not _ready(out.finite):
                 break
             self._flags.popleft()
-            if self.nonfinite is None and not np.asarray(out.finite).all():
+            if self.nonfinite is not None or self._first_flagged is not None:
+                continue  # an earlier step is already the first non-finite one
+            if not np.asarray(out.finite).all():
                 # First non-finite step, unrecorded: re-run it with the probes (same args).
+                self._first_flagged = step
                 try:
+                    if args is None:
+                        raise RuntimeError("its arguments were not kept")
                     rerun = self._run(args, True)
                 except Exception as err:  # e.g. donated (deleted) buffers
                     warnings.warn(
@@ -231,17 +252,27 @@ class Monitor:
                     )
                     self.nonfinite = _nonfinite.NonFinite(step, None, None)
                     continue
-                self._pending.append((step, rerun))
+                self._enqueue(step, rerun, args)
+
+    def _enqueue(self, step: int, out: Out, args: tuple | None) -> None:
+        # A re-run joins the recorded steps in step order: the first non-finite step
+        # recorded is then the first of the run.
+        at = sum(1 for s, _, _ in self._pending if s < step)
+        self._pending.insert(at, (step, out, args))
 
     def _drain(self, *, keep: int) -> None:
         while self._pending:
-            step, out = self._pending[0]
+            step, out, args = self._pending[0]
             if len(self._pending) <= keep and not all(_ready(b) for b in out.packed.buffers):
                 break
+            # Earlier unrecorded steps first: a bad one is re-run and queued before this.
+            self._check_flags(keep=0, before=step)
+            if self._pending[0][0] != step:
+                continue
             self._pending.popleft()
-            self._record(step, out)
+            self._record(step, out, args)
 
-    def _record(self, step: int, out: Out) -> None:
+    def _record(self, step: int, out: Out, args: tuple | None = None) -> None:
         # The training thread fetches the (ready) host buffers and three scalars; the
         # summaries become JSON only when read (`_entry.LazyEntry`), unless this step
         # holds a non-finite value: then the origin rule needs them now.
@@ -256,7 +287,7 @@ class Monitor:
         packed = Packed(tuple(host), out.packed.layout, out.packed.regroup)
         entry = LazyEntry(step, loss, finite, (out.traced, packed, self._options))
         if not (finite and bool(clean)):
-            self._origins(step, entry, out.traced.graph)
+            self._origins(step, entry, out.traced.graph, args)
         self._traced, self._latest = out.traced, entry
         if not self._sinks_open:
             # Sinks open once, with the probe list (they name tags and read logs by it).
@@ -273,8 +304,9 @@ class Monitor:
             lazy = getattr(listener, "lazy_entries", False)
             self._call(listener, "write", entry if lazy else entry.materialize())
 
-    def _origins(self, step: int, lazy: LazyEntry, graph: Any) -> None:
-        """A step with a non-finite value: where it was born (`sowviz.nonfinite`)."""
+    def _origins(self, step: int, lazy: LazyEntry, graph: Any, args: tuple | None) -> None:
+        """A step with a non-finite value: where it was born (`sowviz.nonfinite`); the
+        first such step is also located down to the equation on its arguments."""
         entry, probes, finite = lazy.materialize(), lazy.probes(), lazy.finite
         origins = _nonfinite.find(
             probes,
@@ -299,6 +331,19 @@ class Monitor:
             entry["nonfinite"] = {"forward": fwd, "backward": bwd}
             if self.nonfinite is None or self.nonfinite.step > step:
                 self.nonfinite = _nonfinite.NonFinite(step, fwd, bwd, origins)
+                if not self._located and args is not None:
+                    # Once per run: the count-only re-run on this step's arguments.
+                    self._located = True
+                    self.nonfinite = _locate_step(self.fn, args, self._options, self.nonfinite)
+                    self._drop_args()
+                # The first non-finite step's entry carries the whole record (the run
+                # log's reader and the front end take it from there).
+                entry["nonfinite"] = self.nonfinite.to_dict()
+
+    def _drop_args(self) -> None:
+        # Located: no step's arguments are needed any more.
+        self._pending = deque((s, o, None) for s, o, _ in self._pending)
+        self._flags = deque((s, o, None) for s, o, _ in self._flags)
 
     @property
     def _probes(self) -> list[Probe]:

@@ -41,8 +41,9 @@ class NonFinite:
     """The Monitor's record of its first non-finite step (`mon.nonfinite`)."""
 
     step: int
-    forward: str | None  # node id of the forward producer
-    backward: str | None  # node id of the stage whose backward rule made the NaN
+    # Node ids at the Monitor's granularity: stages (with capture="all", equations).
+    forward: str | None  # the forward producer
+    backward: str | None  # what made the NaN backward (else the node it reached)
     origins: Origins | None = None
 
     def to_dict(self) -> dict[str, Any]:

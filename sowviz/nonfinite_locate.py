@@ -298,6 +298,16 @@ def locate_step(fn: Callable, args: Sequence[Any], options: Any, nf: Any) -> Any
         return nf
     if found is None:
         return nf
-    fwd = found.forward.node if found.forward else None
-    bwd = (found.backward.node or found.backward.reaching) if found.backward else None
-    return NonFinite(nf.step, fwd, bwd, found)
+    eqns = getattr(options, "capture", None) == "all"
+    return NonFinite(nf.step, _node(found.forward, eqns), _node(found.backward, eqns), found)
+
+
+def _node(o: Any, eqns: bool) -> str | None:
+    """An origin's node at the Monitor's granularity: the equation when it probes every
+    equation (`capture="all"`), else the stage holding it (backward, with no stage
+    known: the node the NaN reached)."""
+    if o is None:
+        return None
+    if eqns and o.equation is not None:
+        return o.equation.node
+    return o.node or o.reaching

@@ -484,3 +484,103 @@ def test_the_rule_on_a_saved_model_gives_the_stored_record():
     # (`removed` needs the results, which a saved model does not hold)
     for key in ("forward", "backward", "propagators", "expected"):
         assert again[key] == rec[key], key
+
+
+# ---------------------------------------------------------------------------
+# A training loop that diverges at a known step; the Monitor locates it by itself.
+
+
+def mlp_loss(params, x, y):
+    with jax.named_scope("features"):
+        h = jnp.log(x)  # NaN once a batch holds a negative feature
+    with jax.named_scope("hidden"):
+        h = jnp.tanh(h @ params["w1"] + params["b1"])
+    with jax.named_scope("head"):
+        pred = h @ params["w2"]
+    return jnp.mean((pred - y) ** 2)
+
+
+def mlp_batches(n, bad_step):
+    keys = jax.random.split(jax.random.PRNGKey(3), n)
+    out = []
+    for i, k in enumerate(keys):
+        x = jax.random.uniform(k, (8, 4), minval=0.5, maxval=2.0)
+        if i == bad_step:
+            x = x.at[3, 1].set(-1.0)  # log(-1): the only bad value of the run's data
+        out.append((x, jnp.sum(x, axis=1, keepdims=True)))
+    return out
+
+
+def mlp_oracle(params, x, y):
+    """The oracle on the flat leaves (it evaluates the jaxpr on its flat inputs)."""
+    leaves, tree = jax.tree_util.tree_flatten((params, x, y))
+    return oracle(lambda *ls: mlp_loss(*jax.tree_util.tree_unflatten(tree, ls)), *leaves)
+
+
+@pytest.mark.parametrize(
+    ("every", "bad_step", "slow"),
+    [(1, 5, None), (4, 5, None), (4, 8, None), (2, 5, "device"), (2, 5, "flags")],
+)
+def test_monitor_locates_the_first_nonfinite_step_without_stopping(
+    every, bad_step, slow, monkeypatch, tmp_path
+):
+    import sowviz
+    import sowviz.monitor
+
+    if slow == "device":  # never reports ready: steps are read late, and out of order
+        monkeypatch.setattr(sowviz.monitor, "_ready", lambda buf: False)
+    if slow == "flags":  # a later recorded step is ready before an earlier step's flag
+        monkeypatch.setattr(sowviz.monitor, "_ready", lambda buf: buf.dtype != bool)
+    calls = []
+    real = sowviz.monitor._locate_step
+    monkeypatch.setattr(
+        sowviz.monitor, "_locate_step", lambda *a: calls.append(a[3].step) or real(*a)
+    )
+    k1, k2 = jax.random.split(jax.random.PRNGKey(0))
+    params = {
+        "w1": jax.random.normal(k1, (4, 16)) / 2,
+        "b1": jnp.zeros(16),
+        "w2": jax.random.normal(k2, (16, 1)) / 4,
+    }
+    batches = mlp_batches(12, bad_step)
+    ref = jax.jit(jax.value_and_grad(mlp_loss))
+    mon = sowviz.Monitor(mlp_loss, every=every, log_dir=tmp_path / "run")
+    at_bad = None
+    for step, (x, y) in enumerate(batches):  # plain SGD; NaN from the bad step onwards
+        value, grads = mon.step(params, x, y)
+        want, _ = ref(params, x, y)
+        np.testing.assert_allclose(value, want, rtol=1e-5, equal_nan=True)
+        assert np.isfinite(value) == (step < bad_step)
+        if step == bad_step:
+            at_bad = (params, x, y)
+        params = jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads)
+    # bounded memory: arguments only of the steps in flight (and a re-run), none once
+    # the first non-finite step was located
+    kept = [s for s, _, a in [*mon._pending, *mon._flags] if a is not None]
+    bound = sowviz.monitor._MAX_PENDING + sowviz.monitor._MAX_FLAGS + 1
+    assert kept == [] if calls else len(kept) <= bound
+    mon.close()
+    assert calls == [bad_step]
+
+    prim, line, _ = mlp_oracle(*at_bad)
+    assert prim == "log"
+    nf = mon.nonfinite
+    assert nf.step == bad_step
+    eq = nf.origins.forward.equation
+    assert (eq.primitive, eq.source.line) == (prim, line)
+    assert mon.graph.node(nf.forward).label == "features"
+    assert mon.graph.node(eq.node).parent == nf.forward  # the equation, in its stage
+    assert f"`log` in `features` at {eq.source.file}:{line}" in nf.origins.forward.message
+    # the model (and so the report's banner) holds the equation with its step
+    rec = mon.to_dict()["history"]["nonfinite"]
+    assert rec["step"] == bad_step
+    assert rec["forward"]["equation"]["primitive"] == "log"
+    assert rec["forward"]["equation"]["source"]["line"] == line
+    # so does the first non-finite step's entry (the run log's reader takes it there)
+    entry = next(e for e in mon.history if e["step"] == bad_step)
+    assert entry["finite"] is False
+    assert entry["nonfinite"]["forward"]["equation"]["source"]["line"] == line
+    # and the run log: its report names the equation too
+    logged = sowviz.load(tmp_path / "run").model["history"]["nonfinite"]
+    assert logged["step"] == bad_step
+    assert logged["forward"]["equation"]["source"]["line"] == line
