@@ -156,7 +156,16 @@ export async function autoMount(doc = globalThis.document) {
  */
 export async function modelText(script) {
   if (script.dataset.encoding !== "gzip-base64") return script.textContent;
-  return gunzip(Uint8Array.from(atob(script.textContent.trim()), (c) => c.charCodeAt(0)));
+  return gunzip(fromBase64(script.textContent.trim()));
+}
+
+/** The bytes of base64 text. A plain loop: `Uint8Array.from(atob(t), mapper)` calls the
+ * mapper per byte and took ~10x longer (0.1-0.4 s for a 2 MB report). */
+function fromBase64(text) {
+  const bin = atob(text);
+  const out = new Uint8Array(bin.length);
+  for (let i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i);
+  return out;
 }
 
 if (globalThis.document?.querySelector?.('script[type="application/json"][data-sowviz-model]')) {
