@@ -172,7 +172,9 @@ class Inspector(anywidget.AnyWidget):
             return
         from IPython.display import display
 
-        display(self._repr_mimebundle_(), raw=True)
+        bundle = self._repr_mimebundle_()  # anywidget gives (data, metadata)
+        data, metadata = bundle if isinstance(bundle, tuple) else (bundle, None)
+        display(data, metadata=metadata, raw=True)
 
     # -- work in the kernel, with the status line ---------------------------------------
 

@@ -225,17 +225,18 @@ def test_quickstart_runs_in_jupyterlab(browser, tmp_path):
                 "els => els.map(e => e.dataset.kind)"
             )
             assert "input" in kinds and "scope" in kinds
-            # a layer (the "parameters" group opens its table of leaves, not charts)
-            stage = first.locator('[data-has-probe="true"][data-kind="scope"]', has_text="dense_0")
+            # a layer (the "parameters" group opens its table of leaves, not charts; the
+            # two identical hidden layers are one merged node, the output layer is not)
+            stage = first.locator('[data-has-probe="true"][data-kind="scope"]', has_text="dense_2")
             stage = stage.first
             stage.click()
             detail = first.locator('[data-role="detail"]')
             detail.wait_for(state="visible")
-            charts = detail.locator(".js-plotly-plot")
+            charts = detail.locator(".sv-chart-block > .sv-chart.js-plotly-plot")  # histograms
             charts.first.wait_for(state="visible")
             modes = charts.evaluate_all("els => els.map(e => e.dataset.mode)")
             assert modes == ["primal", "cotangent"]
-            assert "dense_0" in detail.inner_text()
+            assert "dense_2" in detail.inner_text()
             page.wait_for_timeout(500)  # let plotly finish drawing before the picture
             first.screenshot(path=str(ARTIFACTS / "jupyterlab_e2e.png"))
         except Exception as err:

@@ -1,0 +1,68 @@
+"""`sowviz.show` in a real IPython kernel: the widget is displayed before the work
+starts, its status goes through the phases over the comm while the cell still runs,
+the model arrives last, and the cell's own result does not draw it a second time."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+CELL = """
+import jax.numpy as jnp
+import sowviz
+
+def squares(x):
+    return jnp.sum(jnp.tanh(x) ** 2)
+
+w = sowviz.show(squares, jnp.ones(3))
+w
+"""
+
+
+@pytest.mark.slow
+def test_show_displays_once_and_streams_its_status(tmp_path):
+    manager = pytest.importorskip("jupyter_client.manager")
+    from conftest import install_kernelspec
+
+    install_kernelspec(tmp_path)
+    env = {**os.environ, "JUPYTER_PATH": str(tmp_path / "share" / "jupyter")}
+    env.pop("XLA_FLAGS", None)
+    km, kc = manager.start_new_kernel(kernel_name="python3", cwd=str(ROOT), env=env)
+    events = []
+    try:
+        msg_id = kc.execute(CELL)
+        while True:
+            m = kc.get_iopub_msg(timeout=120)
+            kind, content = m["msg_type"], m["content"]
+            if kind == "comm_msg" and content["data"]["method"] == "update":
+                data = content["data"]
+                if "phase" in data["state"]:
+                    events.append(("phase", data["state"]["phase"]))
+                if ["model"] in data["buffer_paths"]:
+                    events.append(("model", len(m["buffers"][0])))
+            elif kind in ("display_data", "execute_result", "error"):
+                events.append((kind, content.get("ename")))
+            if (
+                kind == "status"
+                and content["execution_state"] == "idle"
+                and m["parent_header"].get("msg_id") == msg_id
+            ):
+                break
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    kinds = [k for k, _ in events]
+    # drawn once, before anything is computed; the result line `w` draws nothing more
+    assert kinds.count("display_data") == 1 and "execute_result" not in kinds
+    assert "error" not in kinds, events
+    shown = kinds.index("display_data")
+    phases = [v for k, v in events[shown:] if k == "phase"]
+    assert phases == ["compiling", "running", "ready"]
+    assert ("phase", "tracing") in events[:shown]  # the state it was displayed in
+    model_at = kinds.index("model")
+    assert shown < model_at < events.index(("phase", "ready"))
+    assert events[model_at][1] > 100  # gzipped JSON, a real model
