@@ -141,6 +141,9 @@ def test_24_layer_nnx_model_draws_its_layers_as_one_node():
     for n in g.nodes:
         sizes[n.parent] = sizes.get(n.parent, 0) + 1
     assert sizes[g.root] <= 60 and sizes[grp.parent] <= 60
+    # the first picture opens the model's module, so it shows the stacked node itself
+    assert not g.node(grp.parent).collapsed and grp.collapsed
+    assert sizes[g.root] - 1 + sizes[grp.parent] <= 60
     # the zoo's own model mixes two attention flavours: its two blocks differ
     g = _named_graph(nnx_lm.loss, *nnx_lm.make(nnx_lm.Config(**small)))
     assert not [n for n in _groups(g) if n.label.startswith("layers")]

@@ -418,6 +418,7 @@ class _Builder(InputsMixin):
         for rec in reversed(recs):  # children come after parents: sum upwards
             if rec.parent is not None:
                 recs[int(rec.parent[1:])].n_eqns += rec.n_eqns
+        repeats.open_model(recs, root)
         nodes = tuple(
             Node(
                 id=r.id,

@@ -34,10 +34,13 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from . import frameworks
 from .model import STAGE_KINDS, Edge
 
 #: The fewest consecutive alike blocks that are merged.
 MIN_RUN = 2
+#: The most nodes the first picture draws when the model's module starts open.
+FIRST_VIEW = 60
 
 _DIGITS = re.compile(r"\d+")
 _INDEX = re.compile(r"#\d+$")
@@ -181,3 +184,17 @@ def _insert(builder: Any, runs: list[list[Any]]) -> None:
     builder.sows = {k: [rename[i] for i in v] for k, v in builder.sows.items()}
     builder.custom_skips = {k: [rename[i] for i in v] for k, v in builder.custom_skips.items()}
     builder.notes = [dataclasses.replace(n, node=rename.get(n.node, n.node)) for n in builder.notes]
+
+
+def open_model(recs: Sequence[Any], root: Any) -> None:
+    """Start the model's module open, so the first picture shows its layers (and their
+    stacked node) rather than one box: the one top-level stage named by the framework
+    wrappers (`TransformerLM`, `MLP`) holding at least half the program's equations,
+    when the top level then draws at most `FIRST_VIEW` nodes. Call with final `n_eqns`."""
+    top = [r for r in recs if r.parent == root.id]
+    mods = [r for r in top if r.kind == "scope" and not r.fold and r.label in frameworks.PUSHED]
+    if len(mods) != 1 or 2 * mods[0].n_eqns < root.n_eqns:
+        return
+    inside = sum(1 for r in recs if r.parent == mods[0].id)
+    if len(top) - 1 + inside <= FIRST_VIEW:
+        mods[0].collapsed = False
