@@ -24,100 +24,47 @@ them) may hold non-finite values without an alarm; values that only they make do
 not count as an origin. A non-finite forward value that never reaches a result
 (masked afterwards: the returned values and the gradients are all finite) is
 *removed*: it is reported, with no alarm.
+
+Modules, imports pointing one way: `nonfinite_record` (the typed record) ←
+`nonfinite_messages` (its sentences) ← this rule (with `nonfinite_json`, a saved
+model seen as live objects) ← `nonfinite_locate` (down to the equation, by the
+count-only re-run of `nonfinite_counts`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 
+from .nonfinite_json import JsonGraph, json_probes
+from .nonfinite_messages import (
+    FROM_FORWARD,
+    backward_message,
+    equation_name,
+    forward_message,
+    message,
+    stage_name,
+    with_message,
+)
+from .nonfinite_record import Equation, NonFinite, Origin, Origins
+
+__all__ = [
+    "Equation",
+    "NonFinite",
+    "Origin",
+    "Origins",
+    "find",
+    "is_backward_key",
+    "is_bad",
+    "message",
+    "model_origins",
+    "node_flags",
+    "with_equations",
+]
+
 _INF = math.inf
-
-
-@dataclass(frozen=True)
-class NonFinite:
-    """The Monitor's record of its first non-finite step (`mon.nonfinite`)."""
-
-    step: int
-    # Node ids at the Monitor's granularity: stages (with capture="all", equations).
-    forward: str | None  # the forward producer
-    backward: str | None  # what made the NaN backward (else the node it reached)
-    origins: Origins | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        if self.origins is not None:
-            return self.origins.to_dict()
-        return {"step": self.step, "forward": self.forward, "backward": self.backward}
-
-
-@dataclass(frozen=True)
-class Equation:
-    """One equation inside an origin stage, found by re-running with every equation probed."""
-
-    node: str  # its node id in the graph (same ids whatever the capture)
-    primitive: str
-    source: Any  # SourceLocation | None
-    reaching: str | None = None  # backward: the equation whose cotangent it made non-finite
-    label: str = ""  # the node's label when it differs (a custom rule's function name)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "node": self.node,
-            "primitive": self.primitive,
-            "label": self.label or self.primitive,
-            "source": None if self.source is None else self.source.to_dict(),
-            "reaching": self.reaching,
-        }
-
-
-@dataclass(frozen=True)
-class Origin:
-    """Where one pass first made a non-finite value."""
-
-    pass_: str  # "forward" | "backward"
-    node: str | None  # forward: the producer; backward: the stage whose backward rule made it
-    reaching: str | None = None  # backward: the node whose cotangent first became non-finite
-    candidates: tuple[str, ...] = ()  # backward: every consumer that may have made it
-    equation: Equation | None = None
-    message: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "node": self.node,
-            "reaching": self.reaching,
-            "candidates": list(self.candidates),
-            "equation": None if self.equation is None else self.equation.to_dict(),
-            "message": self.message,
-        }
-
-
-@dataclass(frozen=True)
-class Origins:
-    """The answer of the rule for one step: the model's `"nonfinite"` field."""
-
-    step: int | None
-    forward: Origin | None
-    backward: Origin | None
-    propagators: tuple[str, ...] = ()
-    expected: tuple[str, ...] = ()
-    removed: bool = False  # forward non-finite values that never reached a result
-    alarm: bool = True  # False when only expected or removed values are non-finite
-    message: str = ""
-    nodes: tuple[str, ...] = field(default=(), repr=False)  # every non-finite node
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "forward": None if self.forward is None else self.forward.to_dict(),
-            "backward": None if self.backward is None else self.backward.to_dict(),
-            "propagators": list(self.propagators),
-            "expected": list(self.expected),
-            "removed": self.removed,
-            "alarm": self.alarm,
-            "message": self.message,
-        }
 
 
 # ---------------------------------------------------------------------------
@@ -231,10 +178,12 @@ class _Index:
             cur = self.nodes[cur].parent
         return []
 
-    def name(self, node: str) -> str:
-        n = self.nodes[node]
-        at = f" ({n.source.file}:{n.source.line})" if n.source is not None else ""
-        return f"`{n.label}`{at}"
+    def path(self, node: str | None) -> tuple[str, ...]:
+        """Labels of the stages from the top level down to `node` (the root left out)."""
+        if node is None:
+            return ()
+        chain = [node, *self.ancestors(node)]
+        return tuple(self.nodes[n].label for n in reversed(chain) if n != self.graph.root)
 
 
 def _expected_nodes(ix: _Index, expect: Sequence[str]) -> set[str]:
@@ -291,16 +240,19 @@ def find(
     fwd_origin = bwd_origin = None
     if fwd:
         node = min(fwd, key=lambda n: ix.key(n, fwd[n].fwd_iter))
-        fwd_origin = Origin("forward", node, message=_fwd_message(ix, node))
+        msg = forward_message(ix.nodes[node])
+        fwd_origin = Origin("forward", node, message=msg, path=ix.path(node))
     if bwd:
         reach = max(bwd, key=lambda n: ix.key(n, bwd[n].bwd_iter))
         cands = [c for c in ix.consumers(reach) if not (c in flags and flags[c].bwd)]
         cands.sort(key=lambda c: ix.exit[c], reverse=True)  # the latest runs first backward
         made = cands[0] if cands else None
-        msg = _bwd_message(ix, made, reach, cands)
+        n = ix.nodes
+        made_node = n[made] if made is not None else None
+        msg = backward_message(made_node, n[reach], [n[c] for c in cands[1:]])
         if made is not None and made in flags and flags[made].fwd:
-            msg += " (from its non-finite forward values)"
-        bwd_origin = Origin("backward", made, reach, tuple(cands), message=msg)
+            msg += FROM_FORWARD
+        bwd_origin = Origin("backward", made, reach, tuple(cands), message=msg, path=ix.path(made))
     origin_ids = {o.node for o in (fwd_origin, bwd_origin) if o is not None and o.node}
     holders = {a for o in origin_ids for a in ix.ancestors(o)} | origin_ids
     nonfinite = sorted((n for n, f in flags.items() if f.fwd or f.bwd), key=ix.exit.__getitem__)
@@ -317,133 +269,37 @@ def find(
         alarm=alarm,
         nodes=tuple(nonfinite),
     )
-    return _with_message(out)
-
-
-def _fwd_message(ix: _Index, node: str) -> str:
-    kind = ix.nodes[node].kind
-    if kind == "input":
-        return f"the input {ix.name(node)} holds non-finite values"
-    return f"first made by {ix.name(node)}"
-
-
-def _bwd_message(ix: _Index, made: str | None, reach: str, cands: Sequence[str]) -> str:
-    if made is None:
-        return f"the cotangent of {ix.name(reach)} is non-finite where the backward pass starts"
-    others = [ix.name(c) for c in cands[1:]]
-    alt = f" (or of {', '.join(others)})" if others else ""
-    return f"born in the backward of {ix.name(made)}{alt}, reaching {ix.name(reach)}"
-
-
-def _with_message(o: Origins) -> Origins:
-    from dataclasses import replace
-
-    parts = []
-    if o.forward is not None:
-        parts.append("forward pass: " + o.forward.message)
-    if o.backward is not None:
-        parts.append("backward pass: " + o.backward.message)
-    text = "; ".join(parts) or "only expected non-finite values"
-    if o.removed:
-        text += " (masked afterwards: no result is non-finite)"
-    return replace(o, message=text)
+    return with_message(out)
 
 
 def with_equations(
     o: Origins, graph: Any, forward: Equation | None, backward: Equation | None
 ) -> Origins:
-    """`o` with the equations `locate` found, named in the messages:
-    "`rsqrt` in `LayerNorm_0` at models.py:112"."""
-    from dataclasses import replace
-
+    """`o` with the equations `locate` found, named in the messages ("`rsqrt` in
+    `LayerNorm_0` at models.py:112"), each origin's stage path, and `located` set."""
     ix = _Index(graph)
 
-    def where(origin: Origin, eq: Equation) -> str:
-        at = f" at {eq.source.file}:{eq.source.line}" if eq.source is not None else ""
-        stage = origin.node
-        inside = f" in `{ix.nodes[stage].label}`" if stage and stage != eq.node else ""
-        name = f"`{eq.primitive}`"
-        if eq.label and eq.label != eq.primitive:
-            name = f"`{eq.label}` ({eq.primitive})"
-        return f"{name}{inside}{at}"
+    def stage(origin: Origin) -> Any:
+        return ix.nodes[origin.node] if origin.node else None
 
     fwd, bwd = o.forward, o.backward
     if fwd is not None and forward is not None:
-        fwd = replace(fwd, equation=forward, message=f"first made by {where(fwd, forward)}")
+        msg = f"first made by {equation_name(stage(fwd), forward)}"
+        fwd = replace(fwd, equation=forward, message=msg)
     if bwd is not None and backward is not None:
         target = backward.reaching if bwd.reaching == bwd.node else bwd.reaching
-        reach = f", reaching {ix.name(target)}" if target else ""
-        msg = f"born in the backward of {where(bwd, backward)}{reach}"
-        if bwd.message.endswith(" (from its non-finite forward values)"):
-            msg += " (from its non-finite forward values)"
+        reach = f", reaching {stage_name(ix.nodes[target])}" if target else ""
+        msg = f"born in the backward of {equation_name(stage(bwd), backward)}{reach}"
+        if bwd.message.endswith(FROM_FORWARD):
+            msg += FROM_FORWARD
         bwd = replace(bwd, equation=backward, message=msg)
-    return _with_message(replace(o, forward=fwd, backward=bwd))
+    fwd = fwd and replace(fwd, path=ix.path(fwd.node))
+    bwd = bwd and replace(bwd, path=ix.path(bwd.node))
+    return with_message(replace(o, forward=fwd, backward=bwd, located=True))
 
 
 # ---------------------------------------------------------------------------
-# The Monitor's error message.
-
-
-def message(graph, step: int, where: Any) -> str:
-    """The sentence `NonFiniteError` carries: where NaN/Inf first appeared."""
-    if isinstance(where, Origins):
-        return f"non-finite values at step {step}; {where.message}"
-    parts = []
-    for label, node in (("forward pass", where[0]), ("backward pass", where[1])):
-        if node is not None:
-            n = graph.node(node)
-            at = f" at {n.source}" if n.source else ""
-            parts.append(f"{label}: first in stage {n.label!r} ({n.kind}, {node}){at}")
-    return f"non-finite values at step {step}; " + "; ".join(parts)
-
-
-# ---------------------------------------------------------------------------
-# A model that travelled as JSON (a saved model, a test fixture).
-
-
-@dataclass(frozen=True)
-class _JsonNode:
-    id: str
-    label: str
-    kind: str
-    parent: str | None
-    order: int
-    source: Any
-
-
-@dataclass(frozen=True)
-class _JsonSource:
-    file: str
-    line: int
-
-
-@dataclass(frozen=True)
-class _JsonEdge:
-    source: str
-    target: str
-
-
-@dataclass(frozen=True)
-class _JsonProbe:
-    node: str
-    summaries: dict
-
-
-class _JsonGraph:
-    def __init__(self, model: Mapping[str, Any]) -> None:
-        def src(d: Any) -> Any:
-            return None if not d else _JsonSource(d.get("file", ""), d.get("line", 0))
-
-        self.nodes = tuple(
-            _JsonNode(n["id"], n["label"], n["kind"], n["parent"], n["order"], src(n.get("source")))
-            for n in model["nodes"]
-        )
-        self.edges = tuple(_JsonEdge(e["source"], e["target"]) for e in model.get("edges", ()))
-        self.root = model.get("root")
-        self.sow_nodes_all: dict[str, tuple[str, ...]] = {}
-        for n in self.nodes:
-            if n.kind == "sow":
-                self.sow_nodes_all[n.label] = (*self.sow_nodes_all.get(n.label, ()), n.id)
+# A model that travelled as JSON (a saved model, a run log, a test fixture).
 
 
 def model_origins(
@@ -451,6 +307,5 @@ def model_origins(
 ) -> dict[str, Any] | None:
     """The `"nonfinite"` record of a model dict (sowviz/1) from its probes: the same rule
     for a model that was saved or built by hand."""
-    probes = [_JsonProbe(p["node"], p.get("summaries") or {}) for p in model.get("probes", ())]
-    found = find(probes, _JsonGraph(model), step=step, expect_nonfinite=expect_nonfinite)
+    found = find(json_probes(model), JsonGraph(model), step=step, expect_nonfinite=expect_nonfinite)
     return None if found is None else found.to_dict()

@@ -16,7 +16,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from .nonfinite import Equation, Origins, find, with_equations
+from .nonfinite import find, is_bad, node_flags, with_equations
+from .nonfinite_record import Equation, NonFinite, Origins
 
 
 def _bad(x: Any) -> bool:
@@ -188,8 +189,6 @@ class _Dataflow:
 
 def _culprit(ins: Any, traced: Any, reach: str) -> tuple[str, ...]:
     """The equations reading `reach` whose own cotangent is finite, latest first."""
-    from .nonfinite import node_flags
-
     flags = node_flags(ins.probes)
     order = {n.id: n.order for n in ins.graph.nodes}
     cands = [c for c in _Dataflow(traced).consumers(reach) if not (c in flags and flags[c].bwd)]
@@ -260,13 +259,19 @@ def origins_of(out: Any, probes: Sequence[Any], options: Any) -> Origins | None:
 
 
 def _probe_bad(p: Any) -> bool:
-    from .nonfinite import is_bad
-
     return any(is_bad(s) for s in p.summaries.values())
 
 
+#: `Inspection._rerun` once located: the answer is `ins.nonfinite`, the arguments are let go.
+LOCATED = "located"
+
+
 def locate_inspection(ins: Any) -> Origins | None:
-    """`Inspection.locate_nonfinite`: `locate` on the inspection's own call."""
+    """`Inspection.locate_nonfinite`: `locate` on the inspection's own call, once. The
+    answer is stored in `ins.nonfinite` (the model's `"nonfinite"`, with `located`
+    true); a second call returns it at no cost."""
+    if ins._rerun is LOCATED:
+        return ins.nonfinite
     if ins._rerun is None:
         raise ValueError(
             "locate_nonfinite: this Inspection does not know the call that made it (it "
@@ -275,7 +280,7 @@ def locate_inspection(ins: Any) -> Origins | None:
         )
     fn, args, opts = ins._rerun
     found = locate(fn, args, opts)
-    ins.nonfinite = found
+    ins.nonfinite, ins._rerun = found, LOCATED
     return found
 
 
@@ -284,8 +289,6 @@ def locate_step(fn: Callable, args: Sequence[Any], options: Any, nf: Any) -> Any
     equation on that step's arguments; `nf` unchanged when the re-run fails (e.g. the
     arguments were donated), with a warning."""
     import warnings
-
-    from .nonfinite import NonFinite
 
     try:
         found = locate(fn, args, options, step=nf.step)

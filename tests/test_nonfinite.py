@@ -11,6 +11,7 @@ made the NaN, which is the line sowviz must name.
 
 from __future__ import annotations
 
+import json
 import pathlib
 
 import jax
@@ -86,7 +87,7 @@ def _eval(jaxpr, consts, args, found, skip, outer=((), None)):
                 skip["kinds"] = skip.get("kinds", set()) | kinds
             elif kinds - skip.get("kinds", set()):
                 loc = here[1]
-                found.append((name, None if loc is None else loc.line, loc))
+                found.append((name, None if loc is None else loc.line, loc, scopes))
         for v, o in zip(eqn.outvars, outs, strict=True):
             env[v] = o
     return [read(v) for v in jaxpr.outvars]
@@ -110,7 +111,7 @@ def _scan(eqn, ins, found, skip, here):
     return [*carry, *stacked]
 
 
-def oracle(f, *args, grad=False, skip=()):
+def oracle(f, *args, grad=False, skip=(), scopes=False):
     """(primitive, line, location) of the first equation, in execution order, with a
     non-finite output. Equations under the scopes `skip` may hold non-finite values;
     after them, an output counts only when it holds a kind of non-finite value (NaN,
@@ -119,7 +120,9 @@ def oracle(f, *args, grad=False, skip=()):
     closed = jax.make_jaxpr(g)(*args)
     found: list = []
     _eval(closed.jaxpr, list(closed.consts), list(args), found, dict.fromkeys(skip))
-    return found[0] if found else None
+    if not found:
+        return None
+    return found[0] if scopes else found[0][:3]  # (..., the named scopes around it)
 
 
 # ---------------------------------------------------------------------------
@@ -431,6 +434,42 @@ def _within(graph, node, label) -> bool:
             return True
         node = graph.node(node).parent
     return False
+
+
+def f_nested_norm(w, x):
+    with jax.named_scope("block_0"):
+        h = jnp.tanh(x @ w)
+        with jax.named_scope("LayerNorm_0"):
+            v = jnp.mean(h * h, axis=-1, keepdims=True) - 0.01
+            h = h * lax.rsqrt(v)  # NaN: the mean square is below 0.01
+    return jnp.mean(h * h)
+
+
+def test_locate_nonfinite_stores_what_the_banner_needs_once(monkeypatch):
+    import sowviz
+    import sowviz.nonfinite_locate
+
+    w, x = jnp.ones((3, 4)) * 0.5, jnp.ones((2, 3)) * 0.001
+    prim, line, loc, scopes = oracle(f_nested_norm, w, x, scopes=True)
+    ins = sowviz.inspect(f_nested_norm, w, x)
+    before = ins.to_dict()["nonfinite"]
+    assert before["located"] is False and before["forward"]["equation"] is None
+    found = ins.locate_nonfinite()
+    rec = json.loads(ins.to_json())["nonfinite"]  # what the widget and the report get
+    assert rec["located"] is True and rec["step"] is None
+    fwd = rec["forward"]
+    assert fwd["path"] == list(scopes) == ["block_0", "LayerNorm_0"]
+    assert ins.graph.node(fwd["node"]).label == "LayerNorm_0"
+    eq = fwd["equation"]
+    assert (eq["primitive"], eq["source"]["line"]) == (prim, line) == ("rsqrt", line)
+    where = eq["source"]["file"]  # shown relative to the working directory
+    assert pathlib.Path(where).resolve() == pathlib.Path(loc.file).resolve()
+    assert ins.graph.node(eq["node"]).parent == fwd["node"]
+    assert f"`rsqrt` in `LayerNorm_0` at {where}:{line}" in fwd["message"]
+    # a second call (the button pressed again) re-runs nothing and gives the same record
+    monkeypatch.setattr(sowviz.nonfinite_locate, "locate", lambda *a, **k: 1 / 0)
+    assert ins.locate_nonfinite() is found
+    assert json.loads(ins.to_json())["nonfinite"] == rec
 
 
 def test_finite_inspection_has_no_record():

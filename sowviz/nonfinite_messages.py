@@ -1,0 +1,76 @@
+"""The sentences of the non-finite record: what the banner, `NonFiniteError` and the
+report say, e.g. "born in the backward of `rsqrt` in `LayerNorm_0` at models.py:112,
+reaching `block_0` (models.py:80)".
+
+Pure text from typed nodes (anything with `label`, `kind`, `source`) and the record
+(`nonfinite_record`); the rule that decides the origins lives in `nonfinite`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from .nonfinite_record import Equation, Origins
+
+#: Appended to a backward origin whose stage also holds non-finite forward values.
+FROM_FORWARD = " (from its non-finite forward values)"
+
+
+def stage_name(n: Any) -> str:
+    """ "`label` (file:line)"."""
+    at = f" ({n.source.file}:{n.source.line})" if n.source is not None else ""
+    return f"`{n.label}`{at}"
+
+
+def forward_message(n: Any) -> str:
+    if n.kind == "input":
+        return f"the input {stage_name(n)} holds non-finite values"
+    return f"first made by {stage_name(n)}"
+
+
+def backward_message(made: Any, reach: Any, others: Sequence[Any]) -> str:
+    """`made`: the consumer whose backward rule made the NaN (None: unknown); `reach`: the
+    node whose cotangent it made non-finite; `others`: the other candidates."""
+    if made is None:
+        return f"the cotangent of {stage_name(reach)} is non-finite where the backward pass starts"
+    alt = f" (or of {', '.join(stage_name(c) for c in others)})" if others else ""
+    return f"born in the backward of {stage_name(made)}{alt}, reaching {stage_name(reach)}"
+
+
+def equation_name(stage: Any, eq: Equation) -> str:
+    """ "`rsqrt` in `LayerNorm_0` at models.py:112" (`stage`: the node holding it, or None)."""
+    at = f" at {eq.source.file}:{eq.source.line}" if eq.source is not None else ""
+    inside = f" in `{stage.label}`" if stage is not None and stage.id != eq.node else ""
+    name = f"`{eq.primitive}`"
+    if eq.label and eq.label != eq.primitive:
+        name = f"`{eq.label}` ({eq.primitive})"
+    return f"{name}{inside}{at}"
+
+
+def with_message(o: Origins) -> Origins:
+    """`o` with its one-line summary of both passes."""
+    parts = []
+    if o.forward is not None:
+        parts.append("forward pass: " + o.forward.message)
+    if o.backward is not None:
+        parts.append("backward pass: " + o.backward.message)
+    text = "; ".join(parts) or "only expected non-finite values"
+    if o.removed:
+        text += " (masked afterwards: no result is non-finite)"
+    return replace(o, message=text)
+
+
+def message(graph: Any, step: int, where: Any) -> str:
+    """The sentence `NonFiniteError` carries: where NaN/Inf first appeared. `where` is
+    an `Origins`, or (forward node id, backward node id) when no rule ran."""
+    if isinstance(where, Origins):
+        return f"non-finite values at step {step}; {where.message}"
+    parts = []
+    for label, node in (("forward pass", where[0]), ("backward pass", where[1])):
+        if node is not None:
+            n = graph.node(node)
+            at = f" at {n.source}" if n.source else ""
+            parts.append(f"{label}: first in stage {n.label!r} ({n.kind}, {node}){at}")
+    return f"non-finite values at step {step}; " + "; ".join(parts)

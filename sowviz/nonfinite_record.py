@@ -1,0 +1,100 @@
+"""The typed record of where non-finite values (NaN/Inf) were born.
+
+`sowviz.nonfinite.find` makes an `Origins` from one step's summaries;
+`sowviz.nonfinite_locate.locate` fills in each pass's `Equation`. They stay typed
+until the model is serialised (`to_dict`: the model's `"nonfinite"` field,
+docs/model.md). `NonFinite` is the Monitor's handle on its first non-finite step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Equation:
+    """One equation inside an origin stage, found by re-running with every equation probed."""
+
+    node: str  # its node id in the graph (same ids whatever the capture)
+    primitive: str
+    source: Any  # SourceLocation | None
+    reaching: str | None = None  # backward: the equation whose cotangent it made non-finite
+    label: str = ""  # the node's label when it differs (a custom rule's function name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "primitive": self.primitive,
+            "label": self.label or self.primitive,
+            "source": None if self.source is None else self.source.to_dict(),
+            "reaching": self.reaching,
+        }
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where one pass first made a non-finite value."""
+
+    pass_: str  # "forward" | "backward"
+    node: str | None  # forward: the producer; backward: the stage whose backward rule made it
+    reaching: str | None = None  # backward: the node whose cotangent first became non-finite
+    candidates: tuple[str, ...] = ()  # backward: every consumer that may have made it
+    equation: Equation | None = None
+    message: str = ""
+    path: tuple[str, ...] = ()  # labels of the stages from the top level down to `node`
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "path": list(self.path),
+            "reaching": self.reaching,
+            "candidates": list(self.candidates),
+            "equation": None if self.equation is None else self.equation.to_dict(),
+            "message": self.message,
+        }
+
+
+@dataclass(frozen=True)
+class Origins:
+    """The answer of the rule for one step: the model's `"nonfinite"` field."""
+
+    step: int | None
+    forward: Origin | None
+    backward: Origin | None
+    propagators: tuple[str, ...] = ()
+    expected: tuple[str, ...] = ()
+    removed: bool = False  # forward non-finite values that never reached a result
+    alarm: bool = True  # False when only expected or removed values are non-finite
+    message: str = ""
+    nodes: tuple[str, ...] = field(default=(), repr=False)  # every non-finite node
+    located: bool = False  # True once `locate` re-ran the step down to the equation
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "forward": None if self.forward is None else self.forward.to_dict(),
+            "backward": None if self.backward is None else self.backward.to_dict(),
+            "propagators": list(self.propagators),
+            "expected": list(self.expected),
+            "removed": self.removed,
+            "alarm": self.alarm,
+            "located": self.located,
+            "message": self.message,
+        }
+
+
+@dataclass(frozen=True)
+class NonFinite:
+    """The Monitor's record of its first non-finite step (`mon.nonfinite`)."""
+
+    step: int
+    # Node ids at the Monitor's granularity: stages (with capture="all", equations).
+    forward: str | None  # the forward producer
+    backward: str | None  # what made the NaN backward (else the node it reached)
+    origins: Origins | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.origins is not None:
+            return self.origins.to_dict()
+        return {"step": self.step, "forward": self.forward, "backward": self.backward}
