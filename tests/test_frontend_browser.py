@@ -833,3 +833,45 @@ def test_signed_log_histogram(browser, tmp_path, scheme):
         assert p.errors == []
     finally:
         p.close()
+
+
+@pytest.mark.browser
+def test_signed_log_view_of_a_real_inspection(page, tmp_path):
+    """As a user meets it: `inspect` computes `loghist.neg` on the device; the signed view
+    draws, per magnitude bin, the positive and negative counts NumPy finds."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import sowviz
+
+    pos = jnp.exp(jax.random.normal(jax.random.PRNGKey(0), (300,)))
+    neg = -jnp.exp(jax.random.normal(jax.random.PRNGKey(1), (100,)) - 3.0)
+    x = jnp.concatenate([pos, neg, jnp.zeros(5)])
+
+    def f(x):
+        with jax.named_scope("signed"):
+            y = x * 1.0
+        return jnp.sum(y**2)
+
+    ins = sowviz.inspect(f, x, mode="primal")
+    probe = ins.probe("signed")
+    lh = probe.summaries["primal"]["loghist"]
+    pg = page.open_report(ins.save_html(tmp_path / "signed_real.html"))
+    node(pg, probe.node).click()
+    detail = pg.locator('[data-role="detail"]')
+    detail.locator('[data-scale="signed"]').click()
+    chart = detail.locator('.sv-chart[data-mode="primal"]')
+    drawn = chart.evaluate("e => e.data.map(t => t.y)")
+    v = np.asarray(x)
+    edges = 10.0 ** np.asarray(lh["edges"])
+    want_pos, _ = np.histogram(v[v > 0], bins=edges)
+    want_neg, _ = np.histogram(-v[v < 0], bins=edges)
+    assert drawn == [want_pos.tolist(), want_neg.tolist()]
+    assert (
+        sum(drawn[0]) == 300 - (lh["under"] - lh["under_neg"])
+        and sum(drawn[1]) == 100 - lh["under_neg"]
+    )
+    text = detail.locator('[data-role="special-counts"][data-mode="primal"]').inner_text()
+    assert "5 zeros not shown" in text and "300 positive above, 100 negative below" in text
+    assert page.errors == []

@@ -9,7 +9,7 @@ import { layoutView } from "./layout.js";
 import { computeFaces } from "./faces.js";
 import { messageParts, nonfiniteRoles, originNodes, storedOrigins } from "./nonfinite.js";
 import { bannerParts } from "./banner.js";
-import { searchNodes } from "./search.js";
+import { parentPath, searchNodes } from "./search.js";
 import { defaultStat, STATS, fmt, VIRIDIS_STOPS } from "./stats.js";
 import { GraphView } from "./graph.js";
 import { DetailPanel } from "./detail.js";
@@ -438,20 +438,9 @@ export class App {
   }
 }
 
-export { STAGE_KINDS };
+export { STAGE_KINDS, parentPath };
 
 /** A status or error text with `code` spans (backticks), as text nodes only. */
 function said(text) {
   return messageParts(text).map((m) => (m.code ? h("code", { text: m.text }) : m.text));
-}
-
-/** `TransformerLM › layers.0 › attn`: where a search result sits (its ancestors below the root). */
-export function parentPath(index, id) {
-  const out = [];
-  let p = index.nodes.get(id)?.parent;
-  while (p && p !== index.root) {
-    out.push(index.nodes.get(p)?.label ?? p);
-    p = index.nodes.get(p)?.parent;
-  }
-  return out.length ? ` in ${out.reverse().join(" › ")}` : "";
 }

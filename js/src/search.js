@@ -57,3 +57,14 @@ export function searchNodes(index, query, cache) {
   }
   return out.sort((a, b) => index.nodes.get(a).order - index.nodes.get(b).order);
 }
+
+/** `TransformerLM › layers.0 › attn`: where a search result sits (its ancestors below the root). */
+export function parentPath(index, id) {
+  const out = [];
+  let p = index.nodes.get(id)?.parent;
+  while (p && p !== index.root) {
+    out.push(index.nodes.get(p)?.label ?? p);
+    p = index.nodes.get(p)?.parent;
+  }
+  return out.length ? ` in ${out.reverse().join(" › ")}` : "";
+}
