@@ -5,6 +5,10 @@ and a residual add). Prints, per size: equations, nodes, edges, probe points,
 `build_graph` time (best of 3), `instrument_jaxpr` time, and
 `len(json.dumps(model))` for the full and the compact node encoding.
 
+Then the zoo's Flax NNX language model with 24 identical layers (traced with the
+framework names, as `inspect` traces it): `build_graph` time with and without the
+merging of repeated blocks (`graph/repeats.py`), measured in the same run.
+
     python benchmarks/graph_scale.py [--quick]
 """
 
@@ -17,7 +21,7 @@ import _bench
 import jax
 import jax.numpy as jnp
 
-from sowviz.graph import build_graph, instrument_jaxpr
+from sowviz.graph import build_graph, frameworks, instrument_jaxpr, repeats
 from sowviz.graph.build import _count_eqns
 
 
@@ -34,8 +38,48 @@ def deep_mlp(n_layers: int):
     return closed, [f"ws[{i}]" for i in range(n_layers)] + ["x"]
 
 
+def nnx_lm(layers: int):
+    import sys
+
+    sys.path.insert(0, str(_bench.ROOT / "tests"))
+    from zoo.models import nnx_lm
+
+    args = nnx_lm.make(nnx_lm.Config(attention=("einsum",) * layers))
+    leaves, tree = jax.tree_util.tree_flatten(args)
+    flat = lambda *f: frameworks.named(nnx_lm.loss)(*jax.tree_util.tree_unflatten(tree, f))  # noqa: E731
+    closed = jax.make_jaxpr(flat)(*leaves)
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(args)[0]]
+    in_args = [int(p[1 : p.index("]")]) for p in paths]
+    return closed, dict(in_names=paths, out_names=["loss"], in_args=in_args, parameters={0})
+
+
+def best_of(n: int, fn) -> tuple[float, object]:
+    best, out = float("inf"), None
+    for _ in range(n):
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
 def main(quick: bool = False) -> list[_bench.Row]:
     rows: list[_bench.Row] = []
+    closed, kw = nnx_lm(24)
+    t_with, graph = best_of(5, lambda: build_graph(closed, **kw))
+    merge = repeats.merge
+    repeats.merge = lambda builder: None  # the same build without merging
+    try:
+        t_without, plain = best_of(5, lambda: build_graph(closed, **kw))
+    finally:
+        repeats.merge = merge
+    top = sum(1 for n in graph.nodes if n.parent == graph.root)
+    print(
+        f"NNX LM 24 layers, {_count_eqns(closed.jaxpr)} eqns: build_graph {t_with * 1e3:.1f} ms "
+        f"({t_without * 1e3:.1f} ms without merging repeated blocks; {len(graph.nodes)} vs "
+        f"{len(plain.nodes)} nodes), {top} top-level nodes, groups: "
+        f"{[n.label for n in graph.nodes if n.repeats]}"
+    )
+    _bench.emit(rows, _bench.Row("graph_scale", "build_graph, NNX LM 24 layers", t_with, "s"))
     for target in (1_000,) if quick else (1_000, 10_000):
         closed, in_names = deep_mlp(target // 4)
         n_eqns = _count_eqns(closed.jaxpr)

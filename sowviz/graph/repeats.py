@@ -170,11 +170,15 @@ def _insert(builder: Any, runs: list[list[Any]]) -> None:
             t = gt.id if gt is not None else rename[t]
         else:
             s, t = rename[s], rename[t]
-        if (s, t) not in new_edges:
-            new_edges[s, t] = dataclasses.replace(e, source=s, target=t)
+        if (s, t) not in new_edges:  # (replace() is slow: only where an id changed)
+            same = s == e.source and t == e.target
+            new_edges[s, t] = e if same else dataclasses.replace(e, source=s, target=t)
     builder.edges = new_edges
 
-    points = [dataclasses.replace(p, node=rename[p.node]) for p in builder.points]
+    points = [
+        p if rename[p.node] == p.node else dataclasses.replace(p, node=rename[p.node])
+        for p in builder.points
+    ]
     by_node = {p.node: p for p in points}
     for g, run in chains:  # the group's output is its last block's
         p = by_node.get(run[-1].id)
