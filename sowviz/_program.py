@@ -12,7 +12,9 @@ per argument spec and shapes, inside the first `jax.jit` trace that needs it;
 the graph is shared by every mode (`Runner`, one per mode and options) and by
 the plain program a Monitor runs on unrecorded steps. Each compiled program
 returns an `Out` whose static aux data carries its `Traced`, so the host
-learns which graph a result belongs to without a lookup.
+learns which graph a result belongs to without a lookup. The summaries of small
+arrays run in a second program shared by every program with like sizes
+(`capture.summaries.finish`): `Runner.run` dispatches both.
 
 Bounded: per function, 16 argument specs and 8 option sets (LRU); 32 functions,
 held through weak references where Python allows (a function that is deleted
@@ -35,6 +37,7 @@ import numpy as np
 
 from . import _compat
 from ._args import ArgSpec, _is_float, _layout, _paths, _user_tangents, split
+from .capture import summaries as _summaries
 from .capture.api import SaveIntermediates
 from .graph import build_graph, instrument
 from .modes import transform
@@ -153,9 +156,9 @@ def probes_clean(packed: Any) -> Any:
     """On the device: no summary in `packed` counts a NaN or ±Inf. One bool, so the
     host learns whether a recorded step needs the non-finite origin rule without
     converting its summaries."""
-    sums = [
+    sums = [  # the summaries computed in this program (deferred ones check themselves)
         s
-        for s in jax.tree_util.tree_leaves(packed.unpack(), is_leaf=_is_summary)
+        for s in jax.tree_util.tree_leaves(packed.unpack(regroup=False), is_leaf=_is_summary)
         if isinstance(s, Summary)
     ]
     if not sums:
@@ -234,6 +237,7 @@ class Runner:
             summarize=SummaryOptions(bins=o.bins),
             strict=o.strict,
             by_tag=True,
+            defer=_summaries.DEFER_SEGMENTS,
         )
         result, packed = capture.run(dyn, extra)
         notes = tuple(capture.notes)
@@ -259,10 +263,15 @@ class Runner:
         extra = (_user_tangents(spec, dyn, tangents, where), cotangents)
         self.family.local.args = args
         try:
-            program = self._instrumented if instrumented else self._plain
-            return program(spec, dyn, extra)
+            if not instrumented:
+                return self._plain(spec, dyn, extra)
+            out = self._instrumented(spec, dyn, extra)
         finally:
             self.family.local.args = None
+        if not out.packed.pending:
+            return out
+        packed, clean = _summaries.finish(out.packed, out.clean)
+        return Out(out.result, packed, out.finite, clean, out.traced, out.notes)
 
 
 # -- the global cache, keyed on the function's identity ---------------------------------

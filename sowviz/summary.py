@@ -49,9 +49,13 @@ Conventions (reproduced by the tests in NumPy):
   (exact: a value's bin equals ``np.histogram`` over those edges). The
   `LOG_BINS` = 128 bins (32 octaves, about 9.6 decades) ending with the bin of
   ``absmax`` are kept (``loghist_start`` is the key of the first); non-zero
-  values below them are counted in ``loghist_under``. In JSON, ``loghist``
+  values below them are counted in ``loghist_under``. Signed: ``loghist_neg``
+  counts, per bin, the values in it that are negative (``loghist_under_neg``
+  likewise for ``loghist_under``); the positives are the difference. Zeros
+  (``-0.0`` and subnormals included) are never negative. In JSON, ``loghist``
   holds the bins from the first to the last non-empty one, with ``edges`` in
-  ``log10`` units (``[]`` when no non-zero finite value), plus ``under``.
+  ``log10`` units (``[]`` when no non-zero finite value), ``counts`` and
+  ``neg`` of equal length, plus ``under`` and ``under_neg``.
 * Per-iteration statistics (``summarize(x, per_iteration=True)``: axis 0 of ``x``
   is the iteration, as for a capture stacked by scan/fori/while): per row of
   axis 0, ``count``, ``nonfinite`` (NaN and infinities), ``min``, ``max``,
@@ -67,8 +71,6 @@ Conventions (reproduced by the tests in NumPy):
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -77,9 +79,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import summary_ops as _ops
-from .summary_ops import LOG_BINS, LOG_SUB_BITS
+from .summary_data import STAT_KEYS as STAT_KEYS  # re-exported: the model's stat keys
+from .summary_data import IterationStats, Summary
+from .summary_data import log10_edge as log10_edge
 
 __all__ = ["Summary", "SummaryOptions", "summarize", "summarize_tree", "to_host"]
+# The results' public home is this module (their reprs, docs and doctests say so).
+Summary.__module__ = IterationStats.__module__ = __name__
 
 #: Largest accepted number of histogram bins.
 MAX_BINS = 4096
@@ -118,231 +124,12 @@ class SummaryOptions:
         _check_bins(self.bins)
 
 
-#: The scalar statistics of a summary, in display order (also its JSON keys).
-STAT_KEYS = (
-    "count",
-    "nan",
-    "posinf",
-    "neginf",
-    "zeros",
-    "min",
-    "max",
-    "mean",
-    "std",
-    "l2",
-    "absmax",
-)
-
-_ROW_KEYS = ("count", "nonfinite", "min", "max", "mean", "std", "l2", "absmax")
-
-
 def kept_rows(rows: int, bins: int) -> np.ndarray:
     """The iterations that get per-iteration statistics (see the module docstring)."""
     cap = max(1, min(MAX_ROWS, MAX_ROW_COUNTS // bins))
     if rows <= cap:
         return np.arange(rows)
     return np.unique(np.round(np.linspace(0, rows - 1, cap)).astype(np.int64))
-
-
-@functools.partial(
-    jax.tree_util.register_dataclass,
-    data_fields=[*_ROW_KEYS, "hist_counts"],
-    meta_fields=["index", "iterations"],
-)
-@dataclasses.dataclass(frozen=True)
-class IterationStats:
-    """Statistics of each kept row of axis 0 (an iteration) of a stacked capture."""
-
-    count: Any  # (rows,) int32: finite elements of the row
-    nonfinite: Any  # (rows,) int32
-    min: Any
-    max: Any
-    mean: Any
-    std: Any
-    l2: Any
-    absmax: Any
-    hist_counts: Any  # (rows, bins) int32 over the pooled hist edges
-    index: tuple[int, ...]  # which iterations the rows are
-    iterations: int  # all iterations (rows of axis 0)
-
-    def to_json(self) -> dict[str, Any]:
-        h = jax.device_get(self)
-        cnt = np.asarray(h.count)
-
-        def col(k: str) -> list[float | None]:
-            return [
-                _finite_float(x) if c > 0 else None for x, c in zip(getattr(h, k), cnt, strict=True)
-            ]
-
-        out: dict[str, Any] = {
-            "iterations": self.iterations,
-            "index": list(self.index),
-            "count": [int(c) for c in cnt],
-            "nonfinite": [int(c) for c in np.asarray(h.nonfinite)],
-        }
-        for k in ("min", "max", "mean", "std", "absmax"):
-            out[k] = col(k)
-        out["l2"] = [_finite_float(x) if c > 0 else 0.0 for x, c in zip(h.l2, cnt, strict=True)]
-        out["hist_counts"] = np.asarray(h.hist_counts).astype(int).tolist()
-        return out
-
-
-_DATA_FIELDS = (
-    *STAT_KEYS,
-    "hist_edges",
-    "hist_counts",
-    "loghist_start",
-    "loghist_under",
-    "loghist_counts",
-    "per_iteration",
-)
-_META_FIELDS = ("shape", "dtype", "is_complex", "bins")
-
-
-@functools.partial(
-    jax.tree_util.register_dataclass, data_fields=_DATA_FIELDS, meta_fields=_META_FIELDS
-)
-@dataclasses.dataclass(frozen=True)
-class Summary:
-    """Statistics of one array, computed on the device by `summarize`.
-
-    A pytree: the array fields are leaves (so a `Summary` can be returned from a
-    jitted function, or stacked by `vmap`/`scan` along a leading axis); ``shape``,
-    ``dtype``, ``is_complex`` and ``bins`` are static metadata describing the
-    summarised array (for a stacked `Summary`, one element of the stack).
-
-    Example:
-        >>> s = summarize(jnp.array([1.0, 2.0, jnp.nan]), bins=4)
-        >>> s.to_json()["count"], s.to_json()["nan"], s.to_json()["max"]
-        (2, 1, 2.0)
-    """
-
-    count: Any  # int32: finite elements
-    nan: Any  # int32
-    posinf: Any  # int32
-    neginf: Any  # int32
-    zeros: Any  # int32 (subnormals included)
-    min: Any  # float: over finite elements (0 when count == 0)
-    max: Any
-    mean: Any
-    std: Any  # population standard deviation
-    l2: Any  # Euclidean norm
-    absmax: Any
-    hist_edges: Any  # (bins + 1,)
-    hist_counts: Any  # (bins,) int32
-    loghist_start: Any  # int32: key of the first log bin (see the module docstring)
-    loghist_under: Any  # int32: non-zero finite values below the log window
-    loghist_counts: Any  # (LOG_BINS,) int32
-    per_iteration: IterationStats | None
-    shape: tuple[int, ...]
-    dtype: str
-    is_complex: bool
-    bins: int
-
-    @property
-    def size(self) -> int:
-        """Number of elements of the summarised array."""
-        return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the array leaves: what one device→host transfer of this summary moves."""
-        return sum(int(leaf.nbytes) for leaf in jax.tree_util.tree_leaves(self))
-
-    @property
-    def loghist_edges(self) -> np.ndarray:
-        """The ``LOG_BINS + 1`` log-bin edges, in ``log10`` units (float64, on the host)."""
-        start = np.asarray(jax.device_get(self.loghist_start))
-        dtype = np.asarray(jax.device_get(self.absmax)).dtype
-        keys = start[..., None] + np.arange(LOG_BINS + 1)
-        return log10_edge(keys, dtype)
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON-ready dict of docs/model.md ("Summary"), with plain Python types.
-
-        Statistics over finite values are ``None`` when there are none (``l2`` is
-        then 0.0); no NaN or infinity ever appears. Fetches the leaves from the
-        device if needed (prefer `to_host` on a whole tree first: one transfer).
-
-        Example:
-            >>> summarize(jnp.zeros((2, 3)), bins=2).to_json()["hist"]["counts"]
-            [0, 6]
-        """
-        host = jax.device_get(self)
-        if np.ndim(host.count) != 0:
-            raise ValueError(
-                f"to_json needs one summary, but this one is stacked with leading axes "
-                f"{np.shape(host.count)} (from vmap/scan); index its leaves first, e.g. "
-                "jax.tree.map(lambda leaf: leaf[i], summary)"
-            )
-        count = int(host.count)
-
-        def stat(v: Any) -> float | None:
-            return _finite_float(v) if count > 0 else None
-
-        out = {
-            "shape": list(self.shape),
-            "dtype": self.dtype,
-            "size": self.size,
-            "complex": self.is_complex,
-            "count": count,
-            "nan": int(host.nan),
-            "posinf": int(host.posinf),
-            "neginf": int(host.neginf),
-            "zeros": int(host.zeros),
-            "min": stat(host.min),
-            "max": stat(host.max),
-            "mean": stat(host.mean),
-            "std": stat(host.std),
-            "l2": _finite_float(host.l2) if count > 0 else 0.0,
-            "absmax": stat(host.absmax),
-            "hist": {
-                "edges": [_finite_float(e) for e in np.asarray(host.hist_edges)],
-                "counts": [int(c) for c in np.asarray(host.hist_counts)],
-            },
-            "loghist": _loghist_json(host),
-        }
-        if host.per_iteration is not None:
-            out["per_iteration"] = host.per_iteration.to_json()
-        return out
-
-
-def log10_edge(keys: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """``log10`` of the lower edge of log-bin `keys` (float64; exact up to rounding)."""
-    info = np.finfo(dtype)
-    keys = np.asarray(keys, np.int64)
-    e = (keys >> LOG_SUB_BITS) - (info.maxexp - 1)
-    m = keys & ((1 << LOG_SUB_BITS) - 1)
-    return e * np.log10(2.0) + np.log10(1 + m / (1 << LOG_SUB_BITS))
-
-
-def _loghist_json(host: Summary) -> dict[str, Any]:
-    counts = np.asarray(host.loghist_counts)
-    nz = np.flatnonzero(counts)
-    under = int(host.loghist_under)
-    if nz.size == 0:
-        return {"edges": [], "counts": [], "under": under}
-    first, last = int(nz[0]), int(nz[-1])
-    keys = int(host.loghist_start) + np.arange(first, last + 2)
-    edges = log10_edge(keys, np.asarray(host.absmax).dtype)
-    return {
-        "edges": [float(e) for e in edges],
-        "counts": [int(c) for c in counts[first : last + 1]],
-        "under": under,
-    }
-
-
-def _finite_float(v: Any) -> float:
-    # The only statistic that can leave the dtype's range is l2 (sqrt(n) * absmax
-    # near the float32 limit). JSON has no infinity, so it saturates at the
-    # largest finite value of its dtype instead.
-    a = np.asarray(v)
-    if np.isfinite(a):
-        return float(a)
-    if np.isnan(a):  # unreachable by construction; never emit NaN regardless
-        return 0.0
-    big = float(np.finfo(a.dtype).max)
-    return big if a > 0 else -big
 
 
 def to_host(tree: Any) -> Any:

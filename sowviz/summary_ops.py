@@ -106,13 +106,19 @@ def log_window_start(absmax: jax.Array) -> jax.Array:
     return jnp.maximum(log_key(absmax) - (LOG_BINS - 1), MIN_NORMAL_KEY)
 
 
+#: Slots of the log tally per sign: zeros, underflow, the LOG_BINS bins, not finite.
+LOG_SLOTS = LOG_BINS + 3
+
+
 def log_slot(v: jax.Array, start: jax.Array, finite: jax.Array | None) -> jax.Array:
     """Slot per element: 0 zero (or subnormal), 1 below the window, 2.. the window,
-    LOG_BINS + 2 not finite (only when `finite` is given)."""
+    LOG_BINS + 2 not finite (only when `finite` is given); plus LOG_SLOTS for a
+    negative value (sign bit set and not a zero), so one tally counts both signs."""
     key = log_key(v)
     s = jnp.clip(key - _b(start, v.ndim) + 2, 1, LOG_BINS + 1)
     s = jnp.where(key < MIN_NORMAL_KEY, 0, s)
-    return s if finite is None else jnp.where(finite, s, LOG_BINS + 2)
+    s = s if finite is None else jnp.where(finite, s, LOG_BINS + 2)
+    return jnp.where(v < 0, s + LOG_SLOTS, s)
 
 
 # --------------------------------------------------------------------------
@@ -267,7 +273,7 @@ def stats(v: jax.Array, bins: int, keep: np.ndarray | None) -> tuple[dict, dict 
         finite, idx, jnp.where(jnp.isnan(v), bins, jnp.where(v > 0, bins + 1, bins + 2))
     )
     start = log_window_start(absmax)
-    lin, log = count(idx, log_slot(v, start, finite), bins + 3, LOG_BINS + 3, rows, v)
+    lin, log = count(idx, log_slot(v, start, finite), bins + 3, 2 * LOG_SLOTS, rows, v)
     linp = jnp.sum(lin, 1, dtype=jnp.int32)
     pooled = _fields(cnt, linp, log, bins, vmin, vmax, mean, std, sq, scale, absmax, edges, start)
     if keep is None:
@@ -299,9 +305,10 @@ def stats(v: jax.Array, bins: int, keep: np.ndarray | None) -> tuple[dict, dict 
 # Many arrays of any shapes in one computation
 
 
-def segment_stats(v: jax.Array, seg: np.ndarray, members: int, bins: int) -> dict:
+def segment_stats(v: jax.Array, seg: Any, members: int, bins: int) -> dict:
     """`stats` of `members` arrays laid out as rows of `v` ``(R, W)``: row r holds
-    elements of member ``seg[r]`` (sorted), padded with NaN to whole rows (the
+    elements of member ``seg[r]`` (sorted, int32; NumPy or traced, so one compiled
+    program serves every layout of its shape), padded with NaN to whole rows (the
     caller subtracts its padding from ``nan``). One computation, whatever the
     arrays' shapes, so the program compiles one summary instead of one per shape.
 
@@ -337,14 +344,14 @@ def segment_stats(v: jax.Array, seg: np.ndarray, members: int, bins: int) -> dic
     mean = jnp.clip((ms + d) * scale, vmin, vmax)
     std = jnp.sqrt(jnp.maximum(c2 / n - d * d, 0)) * scale
     edges, idx = bin_index(v, vmin[seg_j], vmax[seg_j], bins)
-    first = np.searchsorted(seg, np.arange(members))  # each member's first row
+    first = jnp.searchsorted(seg_j, jnp.arange(members, dtype=jnp.int32))  # first rows
     edges = edges[first]
     idx = jnp.where(
         finite, idx, jnp.where(jnp.isnan(v), bins, jnp.where(v > 0, bins + 1, bins + 2))
     )
     start = log_window_start(absmax)
     lslot = log_slot(v, start[seg_j], finite)
-    n_lin, n_log = bins + 3, LOG_BINS + 3
+    n_lin, n_log = bins + 3, 2 * LOG_SLOTS
     width = n_lin + n_log
     base = seg_j[:, None] * width
     cts = tally_slots([base + idx, base + n_lin + lslot], members * width, v)
@@ -355,8 +362,11 @@ def segment_stats(v: jax.Array, seg: np.ndarray, members: int, bins: int) -> dic
 
 def _fields(cnt, lin, log, bins, vmin, vmax, mean, std, sq, scale, absmax, edges, start):
     """The summary's fields from the moments and the two tallies: the linear tally has
-    `bins` histogram slots then NaN, +Inf, -Inf; the log tally has zeros, underflow,
-    then the LOG_BINS fixed-grid slots."""
+    `bins` histogram slots then NaN, +Inf, -Inf; the log tally has LOG_SLOTS slots for
+    values >= 0 (zeros, underflow, the LOG_BINS fixed-grid bins, not finite), then
+    LOG_SLOTS for negative values."""
+    neg = log[:, LOG_SLOTS:]
+    log = log[:, :LOG_SLOTS] + neg
     return dict(
         count=cnt,
         nan=lin[:, bins],
@@ -374,6 +384,8 @@ def _fields(cnt, lin, log, bins, vmin, vmax, mean, std, sq, scale, absmax, edges
         loghist_start=start,
         loghist_under=log[:, 1],
         loghist_counts=log[:, 2 : 2 + LOG_BINS],
+        loghist_under_neg=neg[:, 1],
+        loghist_neg=neg[:, 2 : 2 + LOG_BINS],
     )
 
 

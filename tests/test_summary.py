@@ -88,13 +88,20 @@ def log_grid(keys: np.ndarray) -> np.ndarray:
     return np.ldexp(1 + (keys & 3) / 4, (keys >> 2) - 127)
 
 
-def log_reference(mags: np.ndarray, absmax: float) -> dict[str, Any]:
-    """The fixed log grid by np.histogram over its value-space edges (no bit tricks)."""
+def log_reference(mags: np.ndarray, absmax: float, negs: np.ndarray) -> dict[str, Any]:
+    """The fixed log grid by np.histogram over its value-space edges (no bit tricks);
+    `negs` are the magnitudes of the negative values among `mags`."""
     top = int(np.searchsorted(log_grid(np.arange(1024)), absmax, side="right")) - 1
     start = max(top - (LOG_BINS - 1), 4)
     edges = log_grid(np.arange(start, start + LOG_BINS + 1))
-    counts = np.histogram(mags.astype(np.float64), bins=edges)[0]
-    return {"start": start, "edges": edges, "counts": counts, "under": int((mags < edges[0]).sum())}
+    return {
+        "start": start,
+        "edges": edges,
+        "counts": np.histogram(mags.astype(np.float64), bins=edges)[0],
+        "under": int((mags < edges[0]).sum()),
+        "neg": np.histogram(negs.astype(np.float64), bins=edges)[0],
+        "under_neg": int((negs < edges[0]).sum()),
+    }
 
 
 def reference(a: np.ndarray, bins: int) -> dict[str, Any]:
@@ -113,6 +120,7 @@ def reference(a: np.ndarray, bins: int) -> dict[str, Any]:
         "zeros": int((fin & ~nonzero).sum()),
         "values": v[fin],
         "mags": np.abs(v[nonzero]),
+        "negs": np.abs(v[nonzero & (v < 0)]),
     }
     if f.size:
         ref |= {
@@ -126,7 +134,7 @@ def reference(a: np.ndarray, bins: int) -> dict[str, Any]:
     lo, hi = (ref["min"], ref["max"]) if f.size else (0.0, 0.0)
     ref["hist_edges"], idx = _rule(v[fin], lo, hi, bins)
     ref["hist_counts"] = np.bincount(idx, minlength=bins)
-    ref["log"] = log_reference(ref["mags"], ref.get("absmax", 0.0))
+    ref["log"] = log_reference(ref["mags"], ref.get("absmax", 0.0), ref["negs"])
     return ref
 
 
@@ -201,14 +209,21 @@ def check_against_reference(s: Summary, a: np.ndarray, bins: int) -> None:
         assert int(h.loghist_start) == log["start"]
         np.testing.assert_array_equal(h.loghist_counts, log["counts"])
         assert int(h.loghist_under) == log["under"]
+        # Signed: how many of each bin's values (and of the underflow) are negative.
+        np.testing.assert_array_equal(h.loghist_neg, log["neg"])
+        assert int(h.loghist_under_neg) == log["under_neg"]
     else:
         assert abs(int(h.loghist_start) - log["start"]) <= 1
         assert int(h.loghist_counts.sum() + h.loghist_under) == ref["mags"].size
+        assert int(h.loghist_neg.sum() + h.loghist_under_neg) == 0  # |x| is never negative
     np.testing.assert_allclose(
         s.loghist_edges, np.log10(log_grid(int(h.loghist_start) + np.arange(LOG_BINS + 1)))
     )
     lj = js["loghist"]
     assert sum(lj["counts"]) + lj["under"] == ref["mags"].size
+    assert sum(lj["neg"]) + lj["under_neg"] == ref["negs"].size
+    assert len(lj["neg"]) == len(lj["counts"])
+    assert all(0 <= n <= c for n, c in zip(lj["neg"], lj["counts"], strict=True))
     assert len(lj["edges"]) == (len(lj["counts"]) + 1 if lj["counts"] else 0)
     if lj["counts"]:
         assert lj["counts"][0] > 0 and lj["counts"][-1] > 0  # trimmed to the non-empty span
@@ -449,6 +464,8 @@ def test_finite_arrays_match_numpy_and_ignore_a_nan(values: np.ndarray) -> None:
         assert getattr(h, k) == getattr(g, k), k
     for k in ("hist_edges", "hist_counts", "loghist_start", "loghist_under", "loghist_counts"):
         np.testing.assert_array_equal(getattr(h, k), getattr(g, k), err_msg=k)
+    for k in ("loghist_neg", "loghist_under_neg"):
+        np.testing.assert_array_equal(getattr(h, k), getattr(g, k), err_msg=k)
     for k in ("mean", "std", "l2"):
         np.testing.assert_allclose(getattr(h, k), getattr(g, k), rtol=2e-6, err_msg=k)
 
@@ -480,6 +497,7 @@ def test_summarize_stack_is_vmap_of_summarize(n: int, with_nan: bool) -> None:
     assert stacked.shape == (n,) and stacked.count.shape == (3,)
     for k in ("count", "nan", "zeros", "min", "max", "hist_counts", "loghist_counts"):
         np.testing.assert_array_equal(getattr(stacked, k), getattr(vmapped, k), err_msg=k)
+    np.testing.assert_array_equal(stacked.loghist_neg, vmapped.loghist_neg)
     for i in range(3):
         check_against_reference(jax.tree.map(lambda leaf, i=i: leaf[i], stacked), x[i], 16)
 
@@ -495,7 +513,9 @@ def test_json_shape() -> None:
     assert set(js["hist"]) == {"edges", "counts"} and set(js["loghist"]) == {
         "edges",
         "counts",
+        "neg",
         "under",
+        "under_neg",
     }
     assert len(js["hist"]["edges"]) == 9 and len(js["hist"]["counts"]) == 8
     # 1..11 on the fixed log grid (4 bins per octave, edges 1, 1.25, 1.5, 1.75, 2, 2.5, ...):
@@ -794,3 +814,58 @@ def test_arrays_of_any_shape_summarised_together_match_numpy() -> None:
     assert len({g[0] for g in groups}) == 1  # float32 accumulation: one group for all
     for k, a in arrays.items():
         check_against_reference(out[(k,)]["primal"], np.asarray(a), 16)
+
+
+def test_signed_log_histogram_matches_numpy() -> None:
+    # Negative values in the window, in the underflow, a negative zero and a negative
+    # subnormal (both zeros, never negative), in every layout: alone, stacked, segmented.
+    a = np.array([-1.0, -3.0, 2.0, 5.0, -0.0, -1e-40, -1e-30, 3e-31, -7.5, np.nan], F32)
+    ref = reference(a, 8)["log"]
+    assert ref["neg"].sum() == 3 and ref["under_neg"] == 1  # the case is what it says
+    h = to_host(summarize(a, bins=8))
+    np.testing.assert_array_equal(h.loghist_neg, ref["neg"])
+    assert int(h.loghist_under_neg) == ref["under_neg"]
+    js = summarize(a, bins=8).to_json()["loghist"]
+    first = int(np.flatnonzero(ref["counts"])[0])
+    assert js["neg"] == ref["neg"][first : first + len(js["counts"])].tolist()
+    assert js["under_neg"] == 1
+    stacked = summary_mod.summarize_stack(np.stack([a, -a]), bins=8)
+    for i, member in enumerate((a, -a)):
+        check_against_reference(jax.tree.map(lambda leaf, i=i: leaf[i], stacked), member, 8)
+
+
+def test_deferred_segment_summaries_equal_in_program_ones() -> None:
+    # inspect/Monitor leave small arrays' summaries to a second program keyed by the
+    # layout's size class: same numbers as in the program, one compile for like sizes.
+    from sowviz.capture import summaries
+
+    rng = np.random.default_rng(11)
+
+    def values(sizes):
+        return {
+            (f"a{i}",): {"primal": jnp.asarray(rng.normal(size=n).astype(F32) * 10**i)}
+            for i, n in enumerate(sizes)
+        }
+
+    def both(v):
+        inline = jax.jit(lambda v: summaries.summarize_packed(v, {}, 16))(v).unpack()[0]
+        packed = jax.jit(lambda v: summaries.summarize_packed(v, {}, 16, defer=True))(v)
+        assert packed.pending  # left to the second program
+        done, clean = summaries.finish(packed, jnp.asarray(True))
+        return inline, done.unpack()[0], bool(clean)
+
+    before = summaries._finish._cache_size()
+    for sizes in ([700, 3, 512, 1], [600, 5, 300, 2]):  # 5 rows each: one size class
+        v = values(sizes)
+        inline, deferred, clean = both(v)
+        assert clean
+        for key, entry in inline.items():
+            a, b = to_host(entry["primal"]), to_host(deferred[key]["primal"])
+            assert a.shape == b.shape and a.dtype == b.dtype
+            for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+                np.testing.assert_array_equal(x, y)
+            check_against_reference(deferred[key]["primal"], np.asarray(v[key]["primal"]), 16)
+    assert summaries._finish._cache_size() == before + 1
+    v = values([9])
+    v[("a0",)]["primal"] = v[("a0",)]["primal"].at[2].set(jnp.inf)
+    assert not both(v)[2]  # the second program reports its NaN/Inf counts too

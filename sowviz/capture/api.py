@@ -81,13 +81,16 @@ def _is_dynamic(leaf: Any) -> bool:
 class SaveIntermediates:
     """The callable returned by `save_intermediates` (see its docstring)."""
 
-    def __init__(self, fn, *, tag, duplicates, loops, summarize, strict, by_tag=False):
+    def __init__(self, fn, *, tag, duplicates, loops, summarize, strict, by_tag=False, defer=False):
         tags, loops = _check_options(fn, tag, duplicates, loops, strict)
         self.fn = fn
         self._options = Options(tags=tags, loops=loops, strict=strict)
         self._duplicates = duplicates
         # Internal (inspect): key the result by tag first, so names never mix across tags.
         self._by_tag = by_tag
+        # Internal (inspect): small arrays' summaries left to a second program
+        # (`summaries.finish`), shared by every program with like sizes.
+        self._defer = defer
         self._summary = _summary_options(summarize)
         self.notes: list[str] = []
         self.trace_count = 0
@@ -129,7 +132,9 @@ class SaveIntermediates:
         if self._summary is None:
             return result, inter
         depth = 2 if self._by_tag else 1
-        return result, _summarize_entries(inter, self._summary, depth=depth, axes=axes)
+        return result, _summarize_entries(
+            inter, self._summary, depth=depth, axes=axes, defer=self._defer
+        )
 
     def __call__(self, *args, **kwargs):
         """Run `fn`; return `(result, intermediates)` (summaries on the host if summarising)."""
@@ -204,7 +209,9 @@ def _unhashable_message(args, kwargs) -> str:
     return UNHASHABLE.format(path="(unknown)", kind="value")
 
 
-def _summarize_entries(inter: dict, options, depth: int, axes: dict | None = None) -> Packed:
+def _summarize_entries(
+    inter: dict, options, depth: int, axes: dict | None = None, defer: bool = False
+) -> Packed:
     """Pack summaries of the mode entries of every name, with meta kept raw.
 
     `inter` nests `depth` levels of dicts above the entries (`{name: entry}` is 1,
@@ -221,7 +228,7 @@ def _summarize_entries(inter: dict, options, depth: int, axes: dict | None = Non
     walk(inter, ())
     values = {p: {k: v for k, v in e.items() if k not in META_KEYS} for p, e in entries.items()}
     meta = {p: {k: v for k, v in e.items() if k in META_KEYS} for p, e in entries.items()}
-    return summarize_packed(values, meta, options.bins, axes or {})
+    return summarize_packed(values, meta, options.bins, axes or {}, defer)
 
 
 def nest(summaries: dict, meta: dict) -> dict:

@@ -27,22 +27,41 @@ class Layout:
     keys: tuple[str, ...]  # buffer keys in output order
 
 
+@dataclass(frozen=True)
+class Joined:
+    """The layout of buffers packed by several programs: `parts` are (layout, number of
+    buffers) in order; `Packed.unpack` gives `regroup.apply` one tree per part."""
+
+    parts: tuple[tuple[Layout, int], ...]
+
+
 @jax.tree_util.register_pytree_node_class
 class Packed:
-    """Flat buffers (children) plus their static layout (aux data)."""
+    """Flat buffers (children) plus their static layout (aux data).
 
-    def __init__(self, buffers: tuple[Any, ...], layout: Layout, regroup: Any = None):
+    `pending` (children too) holds inputs of work left to a second program
+    (`summaries.finish`); a `Packed` with pending work cannot be unpacked whole."""
+
+    def __init__(
+        self,
+        buffers: tuple[Any, ...],
+        layout: Layout | Joined,
+        regroup: Any = None,
+        pending: tuple[Any, ...] = (),
+    ):
         self.buffers = buffers
         self.layout = layout
         # Optional static post-processing of the unpacked tree on the host.
         self.regroup = regroup
+        self.pending = pending
 
     def tree_flatten(self):
-        return self.buffers, (self.layout, self.regroup)
+        return (self.buffers, self.pending), (self.layout, self.regroup)
 
     @classmethod
-    def tree_unflatten(cls, aux, buffers):
-        return cls(tuple(buffers), *aux)
+    def tree_unflatten(cls, aux, children):
+        buffers, pending = children
+        return cls(tuple(buffers), *aux, pending=tuple(pending))
 
     def fetch_async(self) -> None:
         """Start the device→host copy without waiting for it."""
@@ -50,21 +69,46 @@ class Packed:
             if hasattr(b, "copy_to_host_async"):
                 b.copy_to_host_async()
 
-    def unpack(self) -> Any:
-        """The original tree: NumPy leaves after one transfer, or traced slices under a trace."""
+    def unpack(self, regroup: bool = True) -> Any:
+        """The original tree: NumPy leaves after one transfer, or traced slices under a
+        trace. With `regroup=False`, the packed tree itself (before `regroup.apply`)."""
         traced = any(isinstance(b, jax.core.Tracer) for b in self.buffers)
         bufs = self.buffers if traced else jax.device_get(self.buffers)
-        by_key = dict(zip(self.layout.keys, bufs, strict=True))
-        leaves = []
-        for slot in self.layout.slots:
-            if slot is None:
-                leaves.append(None)
-                continue
-            key, off, shape, _ = slot
-            flat = by_key[key][off : off + math.prod(shape)]
-            leaves.append(flat.reshape(shape))
-        tree = jax.tree_util.tree_unflatten(self.layout.treedef, leaves)
-        return tree if self.regroup is None else self.regroup.apply(tree)
+        parts = self.layout.parts if isinstance(self.layout, Joined) else ((self.layout, -1),)
+        trees, start = [], 0
+        for layout, n in parts:
+            n = len(bufs) - start if n < 0 else n
+            trees.append(_unflatten(layout, bufs[start : start + n]))
+            start += n
+        if not regroup:
+            return trees[0] if len(trees) == 1 else tuple(trees)
+        return trees[0] if self.regroup is None else self.regroup.apply(*trees)
+
+    def joined(self, other: Packed) -> Packed:
+        """These buffers followed by `other`'s (packed by another program), this regroup."""
+        mine = (
+            self.layout.parts
+            if isinstance(self.layout, Joined)
+            else ((self.layout, len(self.buffers)),)
+        )
+        return Packed(
+            self.buffers + other.buffers,
+            Joined((*mine, (other.layout, len(other.buffers)))),
+            self.regroup,
+        )
+
+
+def _unflatten(layout: Layout, bufs: Any) -> Any:
+    by_key = dict(zip(layout.keys, bufs, strict=True))
+    leaves = []
+    for slot in layout.slots:
+        if slot is None:
+            leaves.append(None)
+            continue
+        key, off, shape, _ = slot
+        flat = by_key[key][off : off + math.prod(shape)]
+        leaves.append(flat.reshape(shape))
+    return jax.tree_util.tree_unflatten(layout.treedef, leaves)
 
 
 def pack(tree: Any) -> Packed:

@@ -15,6 +15,16 @@ memory the copy takes. The summaries leave the program packed into one
 buffer per dtype; the host splits them per array after the one transfer
 (`Regroup.apply`, NumPy indexing).
 
+`inspect`, `show` and `Monitor` compile the segmented summaries as a SECOND
+program (`finish`), fed by the capture program's laid-out rows (`Rows`: the
+small arrays, copied once, as the in-program layout copies them; large arrays
+are still summarised where they are, so no large activation outlives the
+capture program for its summary). Its inputs are rounded
+up to a size class (`bucket`), so one compiled program serves every mode and
+every model with like sizes; it compiles in a thread (`precompile`) while the
+capture program compiles, and a combined program compiled slower than the two
+apart (XLA's passes grow faster than linearly in the program's size).
+
 A capture stacked by an enclosing scan or while loop (outermost of its
 `Site.axes` is ``"scan"`` or ``"while"``) also gets per-iteration statistics
 over that axis (`Summary.per_iteration`).
@@ -23,6 +33,7 @@ over that axis (`Summary.per_iteration`).
 from __future__ import annotations
 
 import dataclasses
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +55,10 @@ ITERATION_AXES = ("scan", "while")
 SEGMENT_MAX_ELEMENTS = STACK_MAX_ELEMENTS
 #: Row width of the segmented layout (`_segmented`): each array pads to whole rows.
 SEGMENT_ROW = 512
+#: `inspect`/`Monitor` summarise the segmented groups in a second program (`finish`).
+DEFER_SEGMENTS = True
+#: ... compiled in a thread while the capture program compiles (`precompile`).
+PRECOMPILE = True
 
 
 @dataclass(frozen=True)
@@ -54,9 +69,14 @@ class Regroup:
     where: tuple[tuple[int, int | None] | None, ...]
     # Per leaf summarised in a segmented group: its (shape, dtype, is_complex).
     static: tuple[tuple[tuple[int, ...], str, bool] | None, ...] = ()
+    # Groups summarised by the second program (`finish`), in its output order.
+    deferred: tuple[int, ...] = ()
+    bins: int = 0  # of the deferred summaries
 
-    def apply(self, tree: dict) -> Any:
-        groups = tree["groups"]
+    def apply(self, tree: dict, finished: Any = None) -> Any:
+        groups = list(tree["groups"])
+        for g, summary in zip(self.deferred, finished or (), strict=True):
+            groups[g] = summary
         leaves = [
             None
             if w is None
@@ -85,11 +105,33 @@ def _per_iteration(path: tuple, axes: dict) -> bool:
     return bool(site_axes) and site_axes[0] in ITERATION_AXES
 
 
-def _segmented(leaves: list, bins: int) -> Any:
-    """A stacked `Summary` of `leaves` (any shapes, one accumulation dtype), computed by
-    `summary_ops.segment_stats` over their values laid out in rows of `SEGMENT_ROW`
-    (NaN padding, whose count is taken off ``nan``). Static fields are the stack's;
-    `Regroup` gives each member its own shape and dtype."""
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class Rows:
+    """Arrays laid out for `summary_ops.segment_stats`: `flat` ``(R, SEGMENT_ROW)``, row r
+    holding values of member ``seg[r]``, NaN-padded to whole rows (``pads[m]`` NaNs of
+    member m, taken off its ``nan``). All three are arrays, so the summary program
+    depends on their shapes only: one compiled program serves every layout of a size."""
+
+    flat: Any
+    seg: Any
+    pads: Any
+
+
+def bucket(n: int) -> int:
+    """The size class of `n` >= 1: the least ``2**k * (4, 5, 6 or 7) / 4`` >= n (at most
+    a quarter wasted), so like-sized layouts share a compiled program."""
+    if n <= 4:
+        return max(n, 1)
+    k = (n - 1).bit_length() - 3
+    step = 1 << k
+    return -(-n // step) * step
+
+
+def _layout(leaves: list, sized: bool) -> Rows:
+    """`leaves` (any shapes, one accumulation dtype) as `Rows`. With `sized`, rows and
+    members are rounded up to their `bucket` (one extra member owns the padding rows,
+    its NaNs all taken off as padding)."""
     parts, rows, pads = [], [], []
     for leaf in leaves:
         v = jnp.ravel(_summary._values(jnp.asarray(leaf)))
@@ -97,21 +139,41 @@ def _segmented(leaves: list, bins: int) -> Any:
         parts += [v, jnp.full(pad, jnp.nan, v.dtype)] if pad else [v]
         rows.append((v.size + pad) // SEGMENT_ROW)
         pads.append(pad)
-    flat = jnp.concatenate(parts) if len(parts) > 1 else parts[0]
     seg = np.repeat(np.arange(len(leaves), dtype=np.int32), rows)
-    stats = _ops.segment_stats(flat.reshape(-1, SEGMENT_ROW), seg, len(leaves), bins)
-    stats["nan"] = stats["nan"] - jnp.asarray(pads, jnp.int32)
+    if sized:
+        members, total = bucket(len(leaves) + 1), bucket(len(seg))
+        extra = total - len(seg)
+        parts.append(jnp.full(extra * SEGMENT_ROW, jnp.nan, parts[0].dtype))
+        seg = np.concatenate([seg, np.full(extra, len(leaves), np.int32)])
+        pads += [extra * SEGMENT_ROW] + [0] * (members - len(leaves) - 1)
+    flat = jnp.concatenate(parts) if len(parts) > 1 else parts[0]
+    return Rows(flat.reshape(-1, SEGMENT_ROW), jnp.asarray(seg), jnp.asarray(pads, jnp.int32))
+
+
+def _segment_summary(rows: Rows, bins: int) -> Any:
+    """A stacked `Summary` of the members of `rows` (`summary_ops.segment_stats`). Static
+    fields are the stack's; `Regroup` gives each member its own shape and dtype."""
+    stats = _ops.segment_stats(rows.flat, rows.seg, rows.pads.shape[0], bins)
+    stats["nan"] = stats["nan"] - rows.pads
     return _summary.Summary(
         **stats,
         per_iteration=None,
         shape=(),
-        dtype=str(flat.dtype),
+        dtype=str(rows.flat.dtype),
         is_complex=False,
         bins=bins,
     )
 
 
-def summarize_packed(values: Any, meta: Any, bins: int, axes: dict | None = None) -> Packed:
+def _segmented(leaves: list, bins: int) -> Any:
+    """A stacked `Summary` of `leaves` (any shapes, one accumulation dtype), computed in
+    this program over their `Rows`."""
+    return _segment_summary(_layout(leaves, sized=False), bins)
+
+
+def summarize_packed(
+    values: Any, meta: Any, bins: int, axes: dict | None = None, defer: bool = False
+) -> Packed:
     """Summarise every array leaf of `values` (`{entry: {mode: tree}}`, None leaves stay
     None), pack them with the raw `meta` arrays; `Packed.unpack()` returns
     `(summaries, meta)`. `axes` maps entry → mode → `Site.axes`.
@@ -120,7 +182,13 @@ def summarize_packed(values: Any, meta: Any, bins: int, axes: dict | None = None
     layout flattening would change) without per-iteration statistics joins one
     segmented group per accumulation dtype (`_segmented`): a program compiles one
     summary for all of them, whatever their shapes (one per shape compiled for
-    seconds each). Others are stacked by shape, or summarised alone."""
+    seconds each). Others are stacked by shape, or summarised alone.
+
+    With `defer`, the segmented groups are only laid out (`Rows`, sized to a
+    `bucket`) and left in `Packed.pending` for `finish`: a second program, keyed by
+    the layout's size class only, so every mode and every model with like sizes
+    shares it, and it compiles (`precompile`, started here while this program is
+    traced) beside the capture program instead of inside it."""
     axes = axes or {}
     cpu = jax.default_backend() == "cpu"
     flat, treedef = jax.tree_util.tree_flatten_with_path(values, is_leaf=lambda x: x is None)
@@ -150,19 +218,84 @@ def summarize_packed(values: Any, meta: Any, bins: int, axes: dict | None = None
         filled[kind] += nbytes
         groups.setdefault((*kind, opened[kind]), []).append(i)
     where: list[tuple[int, int | None] | None] = [None] * len(flat)
-    out = []
+    out: list[Any] = []
+    pending: list[Rows] = []
+    deferred: list[int] = []
     for g, (key, idx) in enumerate(groups.items()):
         per_it = rows[idx[0]]
         if key[0] == "alone":
             out.append(_summary.summarize(flat[idx[0]][1], bins=bins, per_iteration=per_it))
             where[idx[0]] = (g, None)
             continue
-        if key[0] == "segments":
+        if key[0] == "segments" and defer:
+            pending.append(_layout([flat[i][1] for i in idx], sized=True))
+            deferred.append(g)
+            out.append(None)
+        elif key[0] == "segments":
             out.append(_segmented([flat[i][1] for i in idx], bins))
         else:
             stack = jnp.stack([flat[i][1] for i in idx])
             out.append(_summary.summarize_stack(stack, bins=bins, per_iteration=per_it))
         for j, i in enumerate(idx):
             where[i] = (g, j)
+    if pending and PRECOMPILE:
+        precompile(tuple(pending), bins)
     packed = pack({"groups": out, "meta": meta})
-    return Packed(packed.buffers, packed.layout, Regroup(treedef, tuple(where), tuple(static)))
+    regroup = Regroup(treedef, tuple(where), tuple(static), tuple(deferred), bins)
+    return Packed(packed.buffers, packed.layout, regroup, tuple(pending))
+
+
+# -- the second program: deferred segmented summaries ----------------------------------
+
+
+def _finish_program(pending: tuple[Rows, ...], clean: Any, bins: int) -> tuple[Packed, Any]:
+    sums = [_segment_summary(r, bins) for r in pending]
+    bad = [jnp.any(s.nan > 0) | jnp.any(s.posinf > 0) | jnp.any(s.neginf > 0) for s in sums]
+    return pack(sums), clean & ~jnp.any(jnp.stack(bad))
+
+
+_finish = jax.jit(_finish_program, static_argnames="bins")
+_COMPILING: dict[Any, threading.Thread] = {}
+_STARTED: set[Any] = set()
+_LOCK = threading.Lock()
+
+
+def _key(pending: tuple[Rows, ...], bins: int) -> tuple:
+    return (bins, *((r.flat.shape, str(r.flat.dtype), r.pads.shape) for r in pending))
+
+
+def precompile(pending: tuple[Rows, ...], bins: int) -> None:
+    """Start compiling `finish`'s program for `pending`'s shapes in a thread (once per
+    shapes): XLA compiles it beside the capture program, on another core."""
+    key = _key(pending, bins)
+    with _LOCK:
+        if key in _STARTED:
+            return
+        _STARTED.add(key)
+    specs = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), pending)
+
+    def compile_() -> None:
+        try:
+            _finish.lower(specs, jax.ShapeDtypeStruct((), jnp.bool_), bins=bins).compile()
+        except Exception:  # the call in `finish` compiles again and reports the error
+            pass
+
+    thread = threading.Thread(target=compile_, name="sowviz-precompile", daemon=True)
+    with _LOCK:
+        _COMPILING[key] = thread
+    thread.start()
+
+
+def finish(packed: Packed, clean: Any) -> tuple[Packed, Any]:
+    """Run the deferred summaries of `packed` (one dispatch); returns the `Packed` of all
+    summaries and `clean` (no probe counts a NaN/Inf) updated with theirs."""
+    if not packed.pending:
+        return packed, clean
+    bins = packed.regroup.bins
+    key = _key(packed.pending, bins)
+    with _LOCK:
+        thread = _COMPILING.pop(key, None)
+    if thread is not None:
+        thread.join()
+    second, clean = _finish(packed.pending, clean, bins=bins)
+    return packed.joined(second), clean
