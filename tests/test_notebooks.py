@@ -144,7 +144,9 @@ def check_nan_hunting(nb, text, env):
         re.M,
     )
     assert "stage: rms_norm | equation: sqrt" in text
-    assert n_widgets(nb) == 1
+    # the widget's locate (the banner's button) names the same equation
+    assert re.search(r"^born in the backward of `sqrt` in `rms_norm` at \S+:\d+", text, re.M)
+    assert n_widgets(nb) == 2  # capture="all", then the stages with `w.locate()`
 
 
 def check_tesseract_pipeline(nb, text, env):
