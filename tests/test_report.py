@@ -103,7 +103,12 @@ def test_demo_report_in_the_browser(page, demo_report):
     nodes = pg.locator("[data-node-id]")
     assert nodes.count() > 10
     labels = nodes.evaluate_all("els => els.map(e => e.dataset.kind + ':' + e.textContent)")
-    assert any(label.startswith("scope:block_3") for label in labels)
+    # the identical blocks are one stacked node (graph/repeats.py); expanding it shows each
+    assert any(label.startswith("scope:block_0–") for label in labels)
+    stack = pg.locator("[data-repeats]").first
+    assert stack.get_attribute("data-kind") == "scope"
+    stack.locator('[data-role="toggle"]').click()
+    pg.locator('[data-kind="scope"]', has_text="block_3").first.wait_for()
     # the NaN is flagged where it is born: in `distance` (its tangents, and its backward
     # rule, which turns finite cotangents into NaN reaching `embed`)
     distance = pg.locator('[data-kind="scope"]', has_text="distance").first
