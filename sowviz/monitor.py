@@ -345,6 +345,16 @@ class Monitor:
         self._pending = deque((s, o, None) for s, o, _ in self._pending)
         self._flags = deque((s, o, None) for s, o, _ in self._flags)
 
+    def locate_nonfinite(self) -> _nonfinite.Origins | None:
+        """The origins of the first non-finite step, down to the equation: the Monitor
+        locates that step by itself (once, on its arguments), so this only reads the
+        steps in flight and returns the stored record (as `Inspection.locate_nonfinite`
+        does); None while every step was finite."""
+        with self._lock:
+            self._check_flags(keep=0)
+            self._drain(keep=0)
+            return None if self.nonfinite is None else self.nonfinite.origins
+
     @property
     def _probes(self) -> list[Probe]:
         # The latest recorded step's probes (built from its summaries on first read).

@@ -598,8 +598,9 @@ def test_monitor_locates_the_first_nonfinite_step_without_stopping(
     kept = [s for s, _, a in [*mon._pending, *mon._flags] if a is not None]
     bound = sowviz.monitor._MAX_PENDING + sowviz.monitor._MAX_FLAGS + 1
     assert kept == [] if calls else len(kept) <= bound
+    found = mon.locate_nonfinite()  # the widget's button: the stored record, no re-run
     mon.close()
-    assert calls == [bad_step]
+    assert calls == [bad_step] and found is mon.nonfinite.origins and found.located
 
     prim, line, _ = mlp_oracle(*at_bad)
     assert prim == "log"
