@@ -184,11 +184,29 @@ def test_show_draws_from_the_synced_model_trait_after_the_status(monkeypatch, br
     top = {n["id"] for n in w.model["nodes"] if n["parent"] == w.model["root"]}
     assert drawn == top
     assert pg.locator('[data-role="empty"]').is_hidden()
+    # the first real model is a first picture, as in a report: coloured by the gradient
+    # in grad mode, and fitted (every node inside the graph's box)
+    stat = pg.locator('[data-role="stat"]').input_value()
+    assert stat.split("\u0000") == ["cotangent", "l2"]
+    box = pg.locator(".sv-graph").bounding_box()
+    for b in pg.locator("[data-node-id]").evaluate_all(
+        "els => els.map(e => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; })"
+    ):
+        assert box["x"] - 1 <= b[0] and b[2] <= box["x"] + box["width"] + 1, b
+        assert box["y"] - 1 <= b[1] and b[3] <= box["y"] + box["height"] + 1, b
     assert bridge.p.errors == []
 
 
 @pytest.mark.browser
-def test_mode_switch_shows_the_status_then_the_new_model(monkeypatch, bridge):
+def test_mode_switch_shows_the_status_then_the_new_model(monkeypatch, browser):
+    bridge = Bridge(browser, color_scheme="dark")
+    try:
+        _mode_switch(monkeypatch, bridge)
+    finally:
+        bridge.close()
+
+
+def _mode_switch(monkeypatch, bridge):
     shown_by_show(monkeypatch, bridge)
     w = sowviz.show(loss, PARAMS, X, mode="grad")
     bridge.deliver()
@@ -201,6 +219,8 @@ def test_mode_switch_shows_the_status_then_the_new_model(monkeypatch, bridge):
     status = pg.locator('[data-role="status"]')
     assert "compiling" in status.inner_text()
     assert pg.locator(".sowviz").get_attribute("data-busy") is not None  # the old graph dims
+    ARTIFACTS.mkdir(exist_ok=True)
+    pg.locator(".sowviz").screenshot(path=str(ARTIFACTS / "widget_mode_switch_dark.png"))
     bridge.deliver()
     assert status.is_hidden()
     pg.locator('[data-kind="input"]', has_text="x").first.click()

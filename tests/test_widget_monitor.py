@@ -7,6 +7,7 @@ import gzip
 import inspect as pyinspect
 import json
 
+import anywidget
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -420,3 +421,25 @@ def test_monitor_origin_agrees_with_the_front_end_rule():
     assert graph.node(mon.nonfinite.forward).kind == "eqn"
     assert graph.node(graph.node(mon.nonfinite.forward).parent).label == "feat"
     assert "Inspection(" in repr(sowviz.inspect(f, jnp.ones((3, 4)), jnp.ones((2, 3))))
+
+
+def test_typescript_traits_mirror_the_python_traits():
+    """js/src/types.d.ts `WidgetTraits` (checked by tsc against the JS) lists exactly the
+    Inspector's own synced traits, and its Phase / Mode unions their Enum values."""
+    import pathlib
+    import re
+
+    ts = (pathlib.Path(__file__).parents[1] / "js" / "src" / "types.d.ts").read_text()
+    body = re.search(r"export interface WidgetTraits \{(.*?)\n\}", ts, re.S).group(1)
+    ts_keys = set(re.findall(r"^\s+(\w+):", body, re.M))
+    base = set(anywidget.AnyWidget.class_trait_names(sync=True))
+    py_keys = set(sowviz.Inspector.class_trait_names(sync=True)) - base
+    assert ts_keys == py_keys
+
+    def union(name):
+        return set(
+            re.findall(r'"(\w+)"', re.search(rf"export type {name} = ([^;]+);", ts).group(1))
+        )
+
+    assert union("Phase") == set(sowviz.Inspector.class_traits()["phase"].values)
+    assert union("Mode") == set(sowviz.Inspector.class_traits()["mode"].values)

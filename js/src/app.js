@@ -141,9 +141,12 @@ export class App {
   setModel(model, { first = false } = {}) {
     this.model = model ?? { nodes: [], edges: [], probes: [] };
     if (!first && model?.history) this.store.reset(model.history);
+    // show() mounts the widget empty while the kernel works: its first real model is
+    // installed as a first picture (stages opened as stored, fitted).
+    const fresh = first || !this.layout?.boxes.size;
     this.rebuildIndex();
     const ix = this.index;
-    if (first) {
+    if (fresh) {
       for (const n of ix.nodes.values()) if (!n.collapsed && isExpandable(ix, n.id)) this.expanded.add(n.id);
     } else {
       this.expanded = new Set([...this.expanded].filter((id) => ix.nodes.has(id)));
@@ -159,9 +162,9 @@ export class App {
       this.modeSel.title = `Computed in mode "${this.model.mode ?? "?"}". A saved report cannot re-run the program: `
         + "call sowviz.show(...) or inspect(..., mode=...) for another mode.";
     }
-    this.fillStatOptions();
+    this.fillStatOptions(fresh);
     this.fillNotes();
-    this.relayout({ fit: first });
+    this.relayout({ fit: fresh });
     if (this.selected) this.openDetail(this.selected); else this.detail.close();
     this.drawLoss();
   }
@@ -176,9 +179,10 @@ export class App {
     this.searchCache = new Map();
   }
 
-  fillStatOptions() {
+  /** @param {boolean} [fresh] a first picture: the default statistic (by gradient in grad mode) */
+  fillStatOptions(fresh = false) {
     const modes = this.index.modes;
-    const keep = this.stat && modes.includes(this.stat.mode) ? this.stat : defaultStat(modes);
+    const keep = !fresh && this.stat && modes.includes(this.stat.mode) ? this.stat : defaultStat(modes);
     this.stat = keep;
     clear(this.statSel);
     for (const mode of modes) {
