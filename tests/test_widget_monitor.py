@@ -443,3 +443,25 @@ def test_typescript_traits_mirror_the_python_traits():
 
     assert union("Phase") == set(sowviz.Inspector.class_traits()["phase"].values)
     assert union("Mode") == set(sowviz.Inspector.class_traits()["mode"].values)
+
+
+def test_phases_follow_this_threads_compiles_only():
+    import threading
+
+    from sowviz._progress import phases
+
+    seen = []
+
+    def elsewhere():
+        jax.jit(lambda x: x * 3.0)(jnp.ones(7)).block_until_ready()
+
+    with phases(seen.append):
+        other = threading.Thread(target=elsewhere)
+        other.start()
+        other.join()
+        assert seen == []  # another thread's compile is not this call's progress
+        jax.jit(lambda x: jnp.cos(x) + 1.5)(jnp.ones(5)).block_until_ready()
+        jax.jit(lambda x: jnp.sin(x) - 0.5)(jnp.ones(5)).block_until_ready()
+    assert seen == ["compiling", "running"]  # forward only, never back
+    jax.jit(lambda x: x - 2.5)(jnp.ones(3)).block_until_ready()
+    assert seen == ["compiling", "running"]  # the listener is gone
