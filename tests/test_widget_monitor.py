@@ -386,6 +386,7 @@ def test_monitor_report_with_history_in_the_browser(browser, tmp_path):
     p = Page(browser)
     try:
         pg = p.open_report(path)
+        pg.locator("[data-repeats] [data-role=toggle]").first.click()  # the layers' stack
         pg.locator('[data-kind="scope"]', has_text="layer_1").first.click()
         detail = pg.locator('[data-role="detail"]')
         detail.wait_for(state="visible")
