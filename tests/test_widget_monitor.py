@@ -387,7 +387,8 @@ def test_monitor_report_with_history_in_the_browser(browser, tmp_path):
     try:
         pg = p.open_report(path)
         pg.locator("[data-repeats] [data-role=toggle]").first.click()  # the layers' stack
-        pg.locator('[data-kind="scope"]', has_text="layer_1").first.click()
+        # the input `x` (the three identical layers are one repeated-block node now)
+        pg.locator('[data-kind="input"]', has_text="x").first.click()
         detail = pg.locator('[data-role="detail"]')
         detail.wait_for(state="visible")
         assert detail.locator(".js-plotly-plot").count() >= 3  # histograms + over-steps charts
