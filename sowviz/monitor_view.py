@@ -19,6 +19,7 @@ from typing import Any
 
 from . import _model
 from ._history import _as_dict
+from ._progress import Phase
 from .widget import Inspector
 
 _OUTBOX = 256
@@ -37,7 +38,25 @@ class MonitorView(Inspector):
         self._last_send: float | None = None
         self._need_model = True
         model = monitor.to_dict() if monitor._traced is not None else {}
-        super().__init__(model=model, mode=str(monitor._options.mode))
+        super().__init__(
+            model=model, mode=str(monitor._options.mode), what="the first non-finite step"
+        )
+        self.can_locate = True  # `Monitor.locate_nonfinite`
+
+    def locate(self) -> Any:
+        """The banner's button: `Monitor.locate_nonfinite()` (it reads the steps in flight;
+        the Monitor locates its first non-finite step by itself), then the whole model,
+        with the record and the history, goes to the front end."""
+        mon = self._monitor
+
+        def job() -> dict[str, Any]:
+            mon.locate_nonfinite()
+            self._need_model = True
+            self._push(force=True)
+            return self.model
+
+        self._work(Phase.LOCATING, job, raise_errors=False)
+        return None if mon.nonfinite is None else mon.nonfinite.origins
 
     def listener(self) -> _Listener:
         """What the Monitor calls: the sink protocol, forwarded to this view."""

@@ -186,20 +186,25 @@ class Inspector(anywidget.AnyWidget):
             )
             self.phase = phase.value
 
-    def _work(self, start: Phase, job: Callable[[], Inspection], *, raise_errors: bool) -> bool:
-        """Run `job` with the status line following its phases; install its inspection.
-        On an error the status says what went wrong; it is raised only if asked."""
+    def _work(
+        self, start: Phase, job: Callable[[], Inspection | dict], *, raise_errors: bool
+    ) -> bool:
+        """Run `job` with the status line following its phases; install the inspection
+        (or the model) it returns. On an error the status says what went wrong; it is
+        raised only if asked."""
         self._set_phase(start)
         try:
             with phases(self._set_phase, start=start):
-                ins = job()
+                got = job()
         except Exception as err:  # shown in the widget; the kernel stays usable
             self._set_phase(Phase.ERROR, f"{type(err).__name__}: {err}")
             if raise_errors:
                 raise
             return False
-        self._inspection = ins
-        self.model = ins.to_dict()
+        if isinstance(got, Inspection):
+            self._inspection = got
+            got = got.to_dict()
+        self.model = got
         self._set_phase(Phase.READY, "")
         return True
 

@@ -387,8 +387,7 @@ def test_monitor_report_with_history_in_the_browser(browser, tmp_path):
     try:
         pg = p.open_report(path)
         pg.locator("[data-repeats] [data-role=toggle]").first.click()  # the layers' stack
-        # the input `x` (the three identical layers are one repeated-block node now)
-        pg.locator('[data-kind="input"]', has_text="x").first.click()
+        pg.locator('[data-kind="scope"]', has_text="layer_1").first.click()
         detail = pg.locator('[data-role="detail"]')
         detail.wait_for(state="visible")
         assert detail.locator(".js-plotly-plot").count() >= 3  # histograms + over-steps charts
@@ -467,3 +466,20 @@ def test_phases_follow_this_threads_compiles_only():
     assert seen == ["compiling", "running"]  # forward only, never back
     jax.jit(lambda x: x - 2.5)(jnp.ones(3)).block_until_ready()
     assert seen == ["compiling", "running"]  # the listener is gone
+
+
+def test_monitor_view_locate_button():
+    params = {"w": jnp.eye(4) * 0.1, "scale": jnp.asarray(-1.0)}  # log of a negative
+    mon = sowviz.Monitor(blowup_loss)
+    view = mon.view()
+    assert view.can_locate is True
+    mon.step(params, jnp.ones((1, 4)))
+    wire = Wire(view)
+    view._handle_msg(
+        {"content": {"data": {"method": "custom", "content": {"type": "locate"}}}, "buffers": []}
+    )
+    rec = view.model["history"]["nonfinite"]
+    assert rec["step"] == 0 and rec["forward"]["equation"]["primitive"] == "log"
+    assert rec["forward"]["equation"]["source"]["line"] == line_of(blowup_loss, "jnp.log(")
+    phases = [d["state"]["phase"] for d, _ in wire.updates("phase")]
+    assert phases[0] == "locating" and phases[-1] == "ready"
