@@ -123,8 +123,9 @@ def report_opens(page, ins, tmp_path: pathlib.Path) -> pathlib.Path:
     nodes = pg.locator("[data-node-id]")
     assert nodes.count() >= 3, "the report draws no graph"
     assert pg.locator('[data-has-probe="true"]').count() >= 1
-    # open one probed node: its detail shows one chart per captured mode
-    pg.locator('[data-has-probe="true"]').first.click()
+    # open one probed node (a collapsed one: an open stage's middle is its children's and
+    # edges'): its detail shows one chart per captured mode
+    pg.locator('.sv-node[data-has-probe="true"]').first.click()
     detail = pg.locator('[data-role="detail"]')
     detail.wait_for(state="visible")
     assert page.errors == [], page.errors
