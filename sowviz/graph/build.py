@@ -413,8 +413,7 @@ class _Builder(InputsMixin):
                 k = seen[rec.parent, rec.label] = seen.get((rec.parent, rec.label), 0) + 1
                 if k > 1:
                     rec.label = f"{rec.label}#{k}"
-        repeats.merge(self)  # identical blocks in a row: one stacked node each
-        recs = self.recs
+        recs = repeats.merge(self)  # identical blocks in a row: one stacked node each
         for rec in reversed(recs):  # children come after parents: sum upwards
             if rec.parent is not None:
                 recs[int(rec.parent[1:])].n_eqns += rec.n_eqns

@@ -90,10 +90,10 @@ class _Signatures:
             self.of[r.id] = self.table.setdefault(key, len(self.table))
 
 
-def merge(builder: Any) -> None:
+def merge(builder: Any) -> list[Any]:
     """Group the repeated blocks of every level of `builder` (a `build._Builder` after
     its walk, labels final): rewrites its `recs`, `edges`, `points`, `sows`,
-    `custom_skips` and `notes` in place."""
+    `custom_skips` and `notes` in place, and returns the new `recs`."""
     recs = builder.recs
     kids: dict[str, list[Any]] = {}
     for r in recs:
@@ -128,6 +128,7 @@ def merge(builder: Any) -> None:
             i = j
     if runs:
         _insert(builder, runs)
+    return builder.recs
 
 
 def _insert(builder: Any, runs: list[list[Any]]) -> None:
