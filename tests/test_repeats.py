@@ -204,3 +204,15 @@ def test_group_detail_charts_each_blocks_statistics(page, tmp_path):
     pg.wait_for_selector(f'[data-node-id="{blocks[2].id}"].sv-selected')
     assert pg.locator(f'[data-node-id="{grp.id}"]').get_attribute("data-expanded") == "true"
     assert not page.errors and not page.requests
+
+
+@pytest.mark.browser
+def test_group_without_captured_blocks_says_so(page, tmp_path):
+    ins = sowviz.inspect(_blocks, list(W16), X, mode="grad", capture="sows")
+    (grp,) = _groups(ins.graph)
+    pg = page.open_report(ins.save_html(tmp_path / "r.html"))
+    pg.locator(f'[data-node-id="{grp.id}"]').click()
+    assert "No values were captured" in pg.locator('[data-role="repeats-empty"]').inner_text()
+    assert pg.locator('[data-role="repeats"] .js-plotly-plot').count() == 0
+    assert pg.locator('[data-role="repeat-reveal"]').inner_text() == "show block_5"
+    assert not page.errors

@@ -29,6 +29,7 @@ export function repeatBlock(index, id, onReveal) {
   const last = st.blocks[n - 1]?.label ?? "";
   const el = h("section", { class: "sv-iter", "data-role": "repeats" }, [
     h("h4", { class: "sv-section", text: `${n} identical blocks (${first} … ${last}): statistics per block` }),
+    per.length ? null : h("p", { class: "sv-muted", "data-role": "repeats-empty", text: "No values were captured on the blocks (capture=\"sows\" probes only your sows); the slider still finds each block." }),
     ...per.flatMap((p) => [h("h4", { class: "sv-chart-title", text: `${p.mode}: per block` }), p.lines, p.mean]),
     h("label", { class: "sv-row" }, [h("span", { class: "sv-muted", text: "block" }), slider, label, show]),
     ...per.map((p) => p.hist),
