@@ -1,22 +1,30 @@
-"""The re-run behind `locate`: every equation probed, only non-finite counts computed.
+"""The re-run behind `locate`: every equation probed, only which kinds of non-finite
+values each holds computed.
 
-`locate` needs to know, per equation and mode, how many NaN, +Inf and -Inf its
-values hold (per iteration inside a loop): nothing else. Full summaries (histograms,
-moments) of every equation cost far more to compile, so this program captures the
-same probes (the `capture="all"` graph, instrumented by `graph.instrument`) and
-reduces each captured value to its counts inside one compiled program; only the
-counts (a few integers per probe) and the step's result reach the host.
+`locate` needs to know, per equation and mode, whether its values hold NaN, +Inf or
+-Inf (per iteration inside a loop): nothing else, not even how many. Full summaries
+(histograms, moments) of every equation cost far more to compile, so this program
+captures the same probes (the `capture="all"` graph, instrumented by
+`graph.instrument`) and reduces each captured value to ONE bit mask (NaN 1, +Inf 2,
+-Inf 4; one `bitwise_or` reduction per value, per row inside a loop) inside one
+compiled program. Counting the three kinds apart took three reductions per value,
+and XLA compiles each: on the zoo's NNX LM (~490 probed values) the mask cut the
+count program's first call from ~45 s to ~17 s on a 2-core CPU. Only the masks and
+the step's result reach the host; the probes' summaries hold presence (0 or 1) under
+the Summary's keys `nan`, `posinf`, `neginf`, which is what the rule reads.
 """
 
 from __future__ import annotations
 
 import collections
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from .capture.api import META_KEYS, SaveIntermediates
 
@@ -26,25 +34,31 @@ _MAX = 8
 
 @dataclass(frozen=True)
 class CountProbe:
-    """One probed node with, per capture key, a summary holding only the counts."""
+    """One probed node with, per capture key, a summary holding only which kinds of
+    non-finite values it has (`nan`, `posinf`, `neginf`: 0 or 1; `per_iteration`)."""
 
     node: str
     summaries: dict[str, dict[str, Any]]
 
 
-def _counts(x: Any, stacked: bool) -> dict[str, Any]:
+_BITS = (("nan", 1), ("posinf", 2), ("neginf", 4))
+
+
+def _mask(x: Any, stacked: bool) -> Any:
+    """The kinds of non-finite values `x` holds as one int32 bit mask (per row of axis 0,
+    the iteration of the outermost loop, when `stacked`); None for non-float values."""
     if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
-        return {}
+        return None
     x = jnp.abs(x) if jnp.iscomplexobj(x) else x
-    out = {
-        "nan": jnp.sum(jnp.isnan(x), dtype=jnp.int32),
-        "posinf": jnp.sum(x == jnp.inf, dtype=jnp.int32),
-        "neginf": jnp.sum(x == -jnp.inf, dtype=jnp.int32),
-    }
-    if stacked and x.ndim >= 1:  # axis 0 is the iteration of the outermost loop
-        rows = x.reshape(x.shape[0], -1)
-        out["rows"] = jnp.sum(~jnp.isfinite(rows), axis=1, dtype=jnp.int32)
-    return out
+    code = (
+        jnp.isnan(x).astype(jnp.int32)
+        | jnp.where(x == jnp.inf, 2, 0).astype(jnp.int32)
+        | jnp.where(x == -jnp.inf, 4, 0).astype(jnp.int32)
+    )
+    if stacked and x.ndim >= 1:
+        code = code.reshape(x.shape[0], math.prod(x.shape[1:]))
+        return lax.reduce(code, np.int32(0), lax.bitwise_or, (1,))
+    return lax.reduce(code, np.int32(0), lax.bitwise_or, tuple(range(x.ndim)))
 
 
 def _program(traced: Any, options: Any, tag: str) -> Any:
@@ -71,7 +85,8 @@ def _program(traced: Any, options: Any, tag: str) -> Any:
                 for key, tree in entry.items():
                     if key in META_KEYS:
                         continue
-                    leaves = [c for c in map(lambda x: _counts(x, stacked), _leaves(tree)) if c]
+                    masks = (_mask(x, stacked) for x in _leaves(tree))
+                    leaves = [m for m in masks if m is not None]
                     if leaves:
                         counts[(t, name, key)] = leaves
         return result, counts
@@ -119,15 +134,16 @@ def count_run(fn: Any, args: tuple, options: Any) -> tuple[Any, list[CountProbe]
         if node is None:
             continue
         s = per_node.setdefault(node, {}).setdefault(key, {"nan": 0, "posinf": 0, "neginf": 0})
-        for c in leaves:
-            for k in ("nan", "posinf", "neginf"):
-                s[k] += int(c[k])
-            if "rows" in c:
-                rows = np.asarray(c["rows"])
+        for mask in leaves:
+            rows = np.atleast_1d(np.asarray(mask))
+            seen = int(np.bitwise_or.reduce(rows)) if rows.size else 0
+            for k, bit in _BITS:
+                s[k] = s[k] or int(bool(seen & bit))
+            if np.ndim(mask) == 1:  # per iteration: whether that row holds any
                 old = s.setdefault("per_iteration", {"nonfinite": [0] * len(rows)})["nonfinite"]
                 if len(old) == len(rows):
                     s["per_iteration"]["nonfinite"] = [
-                        int(a + b) for a, b in zip(old, rows, strict=True)
+                        int(bool(a or b)) for a, b in zip(old, rows, strict=True)
                     ]
     probes = [CountProbe(node, sums) for node, sums in per_node.items()]
     return result, probes, traced

@@ -2,7 +2,8 @@
 
 Run as a script for the cost (first call: compile + run; again: the cached program):
 
-    .venv/bin/python tests/test_nonfinite_cost.py
+    .venv/bin/python tests/test_nonfinite_cost.py [depth width]   # an MLP
+    .venv/bin/python tests/test_nonfinite_cost.py nnx [blocks]    # the zoo's NNX LM
 
 No timing is asserted here (speed targets live in benchmarks/).
 """
@@ -100,5 +101,60 @@ def main(depth: int = 8, width: int = 512) -> None:
     )
 
 
+def debug_nans_error(fn, *args) -> str:
+    """What `jax_debug_nans` says when the compiled step makes a NaN (its last line). A
+    fresh `jit`: an existing one's dispatch cache skips the check."""
+    step = jax.jit(jax.value_and_grad(fn))
+    jax.config.update("jax_debug_nans", True)
+    try:
+        jax.block_until_ready(step(*args))
+    except FloatingPointError as err:
+        return str(err).strip().splitlines()[-1]
+    finally:
+        jax.config.update("jax_debug_nans", False)
+    return "no NaN"
+
+
+def main_nnx(blocks: int = 2) -> None:
+    """The zoo's NNX LM with `blocks` blocks; one MLP kernel scaled to overflow, so the
+    `up` projection makes +-Inf and the GELU after it NaN."""
+    from flax import nnx
+
+    sys.path.insert(0, str(pathlib.Path(__file__).parent.parent))
+    from tests.zoo.models import nnx_lm
+
+    cfg = nnx_lm.Config(attention=("mha", "einsum") * (blocks // 2) + ("mha",) * (blocks % 2))
+    model, tokens, targets = nnx_lm.make(cfg)
+    kernel = model.layers[blocks - 1].mlp.up.kernel
+    kernel[...] = kernel[...] * 1e38
+    graphdef, state = nnx.split(model)
+
+    def flat(state, tokens, targets):
+        return nnx_lm.loss(nnx.merge(graphdef, state), tokens, targets)
+
+    step = jax.jit(jax.value_and_grad(flat))
+    t_first, _ = _time(lambda: jax.block_until_ready(step(state, tokens, targets)))
+    t_step, _ = _time(lambda: jax.block_until_ready(step(state, tokens, targets)), 20)
+    n_eqns = _count_eqns(jax.make_jaxpr(jax.value_and_grad(flat))(state, tokens, targets).jaxpr)
+    t_nans, said = _time(lambda: debug_nans_error(flat, state, tokens, targets))
+    t_nans2, _ = _time(lambda: debug_nans_error(flat, state, tokens, targets))
+    opts = InspectOptions()
+    t_loc, o = _time(lambda: locate(nnx_lm.loss, (model, tokens, targets), opts))
+    t_loc2, _ = _time(lambda: locate(nnx_lm.loss, (model, tokens, targets), opts), 3)
+    print(f"NNX LM, {blocks} blocks, {n_eqns} equations in value_and_grad, {jax.devices()[0]}")
+    print(f"plain jit value_and_grad: first call {t_first:.2f} s, step {t_step * 1e3:.2f} ms")
+    print(f"jax_debug_nans: {t_nans:.2f} s (again {t_nans2:.2f} s): {said}")
+    print(f"sowviz locate: {t_loc:.2f} s (again {t_loc2:.3f} s): {o.message}")
+
+
+def _count_eqns(jaxpr) -> int:
+    from sowviz import _compat
+
+    return sum(1 + sum(_count_eqns(j) for *_, j in _compat.sub_jaxprs(e)) for e in jaxpr.eqns)
+
+
 if __name__ == "__main__":
-    main(*map(int, sys.argv[1:]))
+    if sys.argv[1:2] == ["nnx"]:
+        main_nnx(*map(int, sys.argv[2:]))
+    else:
+        main(*map(int, sys.argv[1:]))
