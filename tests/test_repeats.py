@@ -109,6 +109,12 @@ def test_blocks_that_differ_in_ops_shapes_or_names_are_not_merged():
     _, g = _graph(qkv, X, W16[0])
     assert not _groups(g)
 
+    def switch(i, x):  # a cond's branches are alternatives, never a stack of blocks
+        return jax.lax.switch(i, [lambda v: jnp.tanh(v @ W16[0])] * 3, x)
+
+    _, g = _graph(switch, 1, X)
+    assert len([n for n in g.nodes if n.label.startswith("branch")]) == 3 and not _groups(g)
+
 
 def test_repeat_labels():
     assert repeat_label([f"layers.{i}" for i in range(24)]) == "layers.0–23 (×24)"

@@ -101,10 +101,10 @@ class _Rec:
 
     __slots__ = (
         "collapsed",
-        "fold",
         "id",
         "kind",
         "label",
+        "made",
         "n_eqns",
         "order",
         "out_vars",
@@ -128,7 +128,7 @@ class _Rec:
         self.n_eqns = 0 if kind in ("scope", "input", "output") else 1
         self.collapsed = kind in STAGE_KINDS
         self.out_vars: dict[Any, tuple[int, int]] | None = None  # scopes: output var -> loc
-        self.fold = False  # a scope folding unscoped equations (names.fold_names)
+        self.made = False  # a scope sowviz made: a fold (names.fold_names), a branch
         self.repeats = 0  # a group of identical blocks: how many (repeats.py)
 
 
@@ -223,7 +223,7 @@ class _Builder(InputsMixin):
                 label = fold_label(name)
                 rec = self.new("scope", label, parent.id, source=self.scope_source(eqn, names, j))
                 rec.out_vars = {}
-                rec.fold = name.startswith(FOLD)
+                rec.made = name.startswith(FOLD)
                 scopes.append((name, rec))
                 level_scopes.append(rec)
                 chain_here = (*chain_here, rec.id)
@@ -306,6 +306,7 @@ class _Builder(InputsMixin):
                 label = body.scope.format(i=index)
                 fn = function_name(sub) if body.each else None
                 holder = self.new("scope", f"{label}: {fn}" if fn else label, rec.id, rec.source)
+                holder.made = True
                 if body.outputs:
                     holder.shapes = shapes
             self.descend(holder, eqn, i, body.param, index, path, probed, in_custom)

@@ -8,8 +8,9 @@ own probes, and the front end charts each probe statistic per repeat
 
 What counts as a repeat (`merge`):
 
-* consecutive siblings, each a stage (not a fold of unscoped equations, nor a
-  group of inputs), at least `MIN_RUN` of them;
+* consecutive siblings, each a stage (not a scope sowviz made: a fold of unscoped
+  equations, a cond branch or a while body; nor a group of inputs), at least
+  `MIN_RUN` of them;
 * named alike: their labels are equal once digits are masked (`layers.0`,
   `layers.1`; `layers[2]: Linear`) or once the `#k` index of a reused label is
   dropped (`block`, `block#2`), so parallel look-alikes with their own names
@@ -108,7 +109,7 @@ def merge(builder: Any) -> list[Any]:
     sig = _Signatures(recs, kids, builder.edges.values()).of
 
     def member(r: Any) -> bool:
-        return r.kind in STAGE_KINDS and not r.fold and r.id not in with_inputs
+        return r.kind in STAGE_KINDS and not r.made and r.id not in with_inputs
 
     runs: list[list[Any]] = []
     for siblings in kids.values():
@@ -197,7 +198,7 @@ def open_model(recs: Sequence[Any], root: Any) -> None:
     wrappers (`TransformerLM`, `MLP`) holding at least half the program's equations,
     when the top level then draws at most `FIRST_VIEW` nodes. Call with final `n_eqns`."""
     top = [r for r in recs if r.parent == root.id]
-    mods = [r for r in top if r.kind == "scope" and not r.fold and r.label in frameworks.PUSHED]
+    mods = [r for r in top if r.kind == "scope" and not r.made and r.label in frameworks.PUSHED]
     if len(mods) != 1 or 2 * mods[0].n_eqns < root.n_eqns:
         return
     inside = sum(1 for r in recs if r.parent == mods[0].id)
