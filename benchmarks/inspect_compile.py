@@ -11,7 +11,9 @@ Targets (issue 15): first inspect ≤ 1.5× plain first call; repeat ≤ 0.3 s.
 Models: a small Flax NNX MLP with LayerNorm (split into graphdef/state), an
 Equinox MLP (partitioned into arrays/static), and programs of 1k and (with
 `--big`, slow) 10k equations (named-scope residual layers).
-Run: `python benchmarks/inspect_compile.py [--quick] [--big]`.
+Run: `python benchmarks/inspect_compile.py [--quick] [--big] [--inline-summaries]`;
+`--inline-summaries` compiles every summary inside the capture program (the layout
+before the second, shared summary program: an A/B switch, best in a fresh process).
 """
 
 from __future__ import annotations
@@ -159,8 +161,11 @@ def measure(name: str, loss, args) -> list[_bench.Row]:
     return rows
 
 
-def main(quick: bool = False, big: bool = False) -> list[_bench.Row]:
-    print(_bench.platform())
+def main(quick: bool = False, big: bool = False, inline: bool = False) -> list[_bench.Row]:
+    from sowviz.capture import summaries
+
+    summaries.DEFER_SEGMENTS = not inline
+    print(_bench.platform(), "(summaries inline)" if inline else "")
     rows: list[_bench.Row] = []
     cases = [nnx_case(quick), eqx_case(quick), deep_case(200 if quick else 1000)]
     if big:
@@ -174,5 +179,10 @@ def main(quick: bool = False, big: bool = False) -> list[_bench.Row]:
 
 
 if __name__ == "__main__":
-    ns = _bench.args(__doc__, lambda ap: ap.add_argument("--big", action="store_true"))
-    main(ns.quick, ns.big)
+
+    def extra(ap):
+        ap.add_argument("--big", action="store_true")
+        ap.add_argument("--inline-summaries", action="store_true")
+
+    ns = _bench.args(__doc__, extra)
+    main(ns.quick, ns.big, ns.inline_summaries)
