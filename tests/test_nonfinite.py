@@ -624,3 +624,30 @@ def test_monitor_locates_the_first_nonfinite_step_without_stopping(
     logged = sowviz.load(tmp_path / "run").model["history"]["nonfinite"]
     assert logged["step"] == bad_step
     assert logged["forward"]["equation"]["source"]["line"] == line
+
+
+@pytest.mark.browser
+def test_monitor_report_banner_names_the_located_equation(page, tmp_path):
+    # every=4, NaN from step 5 (unrecorded) on: the saved report's banner names the step,
+    # the equation and its line, as the oracle does, with no locate asked for.
+    import sowviz
+
+    k1, k2 = jax.random.split(jax.random.PRNGKey(0))
+    params = {
+        "w1": jax.random.normal(k1, (4, 16)) / 2,
+        "b1": jnp.zeros(16),
+        "w2": jax.random.normal(k2, (16, 1)) / 4,
+    }
+    mon = sowviz.Monitor(mlp_loss, every=4)
+    for step, (x, y) in enumerate(mlp_batches(10, 5)):
+        if step == 5:
+            prim, line, _ = mlp_oracle(params, x, y)
+        _, grads = mon.step(params, x, y)
+        params = jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads)
+    pg = page.open_report(mon.save_html(tmp_path / "run.html"))
+    text = pg.locator('[data-role="nonfinite-banner"]').inner_text()
+    assert "step 5" in text and f"{prim} in features" in text and f":{line}" in text
+    assert page.errors == []
+    artifacts = pathlib.Path(__file__).resolve().parents[1] / "artifacts"
+    artifacts.mkdir(exist_ok=True)
+    pg.screenshot(path=str(artifacts / "nonfinite_monitor_banner.png"))
