@@ -82,7 +82,9 @@ class Monitor:
     "grad") for every call, whatever the shapes. Every `every` steps the summaries join
     `mon.history` (the whole run, thinned to `history` entries; step 0 is kept).
     Non-finite values in the loss and gradients are detected on every step: the first
-    is `mon.nonfinite`; with `stop_on_nonfinite=True`, `step` raises `NonFiniteError`.
+    is `mon.nonfinite`, located down to the equation and its source line by one re-run
+    of that step (seconds, once per run, on the training thread; `locate_nonfinite()`
+    returns it); with `stop_on_nonfinite=True`, `step` raises `NonFiniteError`.
 
     Works with no notebook; displaying `mon` in Jupyter shows the live widget, and
     `mon.save_html(path)` writes a report with the history. `log_dir=`,
