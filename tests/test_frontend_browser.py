@@ -608,6 +608,61 @@ def test_selected_node_stays_visible_with_the_panel_open(page, nnx, nnx_report):
         assert not _overlap(b["box"], lb), pick
 
 
+def _visible_boxes_under_legend(pg):
+    """Drawn nodes whose visible part (clipped to the graph's drawing) meets the legend."""
+    svg = pg.locator(".sv-svg").bounding_box()
+    clip = [svg["x"], svg["y"], svg["x"] + svg["width"], svg["y"] + svg["height"]]
+    legend = pg.locator('[data-role="legend"]').bounding_box()
+    lb = [legend["x"], legend["y"], legend["x"] + legend["width"], legend["y"] + legend["height"]]
+    hits = []
+    for b in pg.evaluate(BOXES):
+        if b["stage"]:
+            continue  # an open stage's middle belongs to its children
+        x0, y0, x1, y1 = b["box"]
+        seen = [max(x0, clip[0]), max(y0, clip[1]), min(x1, clip[2]), min(y1, clip[3])]
+        if seen[0] < seen[2] and seen[1] < seen[3] and _overlap(seen, lb):
+            hits.append(b["id"])
+    return hits
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("width", [600, 900])
+def test_the_legend_never_covers_a_node(browser, nnx, width):
+    """The widget in a notebook cell (620 px tall): the NNX model does not fit at a
+    readable scale and runs past the bottom, where the legend is; no node is under it
+    after load, after Fit, or after dragging the lowest nodes up into view."""
+    p = Page(browser)
+    try:
+        p.page.set_viewport_size({"width": width, "height": 800})
+        pg = serve_widget_page(p)
+        pg.goto("http://sowviz.test/index.html")
+        opened = json.loads(json.dumps(nnx))
+        lm = _by_label(nnx, "TransformerLM")
+        for n in opened["nodes"]:  # the model's module starts open, as inspect() stores it now
+            n["collapsed"] = n["collapsed"] and n["id"] != lm
+        pg.evaluate(FAKE_MODEL, {"bytes": gz(opened), "mode": "grad"})
+        pg.wait_for_selector(f'[data-node-id="{lm}"][data-expanded="true"]')
+        assert pg.locator('[data-role="legend"]').is_visible()
+        assert _visible_boxes_under_legend(pg) == [], "load"
+        pg.locator('[data-role="fit"]').click()
+        assert _visible_boxes_under_legend(pg) == [], "fit"
+        _expand(pg, _by_label(nnx, "layers.1", lm))
+        svg = pg.locator(".sv-svg").bounding_box()
+        for _ in range(6):  # drag the drawing up, over where the legend sits
+            pg.mouse.move(svg["x"] + svg["width"] / 2, svg["y"] + svg["height"] - 20)
+            pg.mouse.down()
+            pg.mouse.move(svg["x"] + svg["width"] / 2, svg["y"] + 40, steps=4)
+            pg.mouse.up()
+            assert _visible_boxes_under_legend(pg) == [], "dragged"
+        pg.locator('[data-role="fit"]').click()
+        assert _visible_boxes_under_legend(pg) == [], "fit, expanded"
+        ARTIFACTS.mkdir(exist_ok=True)
+        pg.screenshot(path=str(ARTIFACTS / f"legend_short_widget_{width}.png"))
+        assert p.errors == []
+    finally:
+        p.close()
+
+
 @pytest.mark.browser
 def test_parameter_table_and_cotangent_charts(page, nnx, nnx_report):
     pg = page.open_report(nnx_report)

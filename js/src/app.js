@@ -58,13 +58,13 @@ export class App {
   /** Fits again when the view first gets a size (a widget may render while detached). */
   watchSize() {
     if (typeof ResizeObserver === "undefined") return;
-    let sized = this.graphBox.clientWidth > 0;
+    let sized = this.canvas.clientWidth > 0;
     const ro = new ResizeObserver(() => {
-      const now = this.graphBox.clientWidth > 0;
+      const now = this.canvas.clientWidth > 0;
       if (now && !sized) this.graph.fit({ minScale: FIT_MIN_SCALE });
       sized = now;
     });
-    ro.observe(this.graphBox);
+    ro.observe(this.canvas);
     this.cleanups.push(() => ro.disconnect());
   }
 
@@ -119,7 +119,10 @@ export class App {
     ]);
     this.errorBox = h("div", { class: "sv-error", "data-role": "error", role: "alert", hidden: true });
     this.banner = h("div", { class: "sv-banner", "data-role": "nonfinite-banner", hidden: true });
+    // The drawing and, below it (never over it), the legend's strip: a node can never
+    // hide under the legend, however the graph is fitted, panned or zoomed.
     this.graphBox = h("div", { class: "sv-graph" });
+    this.canvas = h("div", { class: "sv-canvas" });
     this.legend = h("div", { class: "sv-legend", "data-role": "legend" });
     this.lossBox = h("div", { class: "sv-loss", "data-role": "loss", hidden: true });
     this.levelNote = h("div", { class: "sv-level-note sv-muted", hidden: true });
@@ -127,12 +130,13 @@ export class App {
       onClose: () => this.select(null),
       onReveal: (id) => this.reveal(id),
     });
-    this.graph = new GraphView(this.graphBox, {
+    this.graph = new GraphView(this.canvas, {
       onSelect: (id) => this.select(id),
       onToggle: (id) => this.toggle(id),
     });
     this.empty = h("div", { class: "sv-empty sv-muted", "data-role": "empty", text: EMPTY, hidden: true });
-    this.graphBox.append(this.legend, this.lossBox, this.levelNote, this.empty);
+    this.canvas.append(this.lossBox, this.levelNote, this.empty);
+    this.graphBox.append(this.canvas, this.legend);
     this.root.append(toolbar, this.notesList, this.errorBox, this.banner, h("div", { class: "sv-body" }, [this.graphBox, this.detail.el]));
     this.el.append(this.root);
   }
@@ -213,7 +217,6 @@ export class App {
     const { faces, scale } = computeFaces(this.index, this.faceIds, this.stat);
     this.graph.draw({ index: this.index, layout: this.layout, faces, expandable: (id) => isExpandable(this.index, id) });
     this.drawLegend(scale);
-    this.graph.reserveBottom = (this.legend.offsetHeight || 0) + 20;
     this.markOrigins();
     this.graph.setSelected(this.selected);
     this.applySearch();
@@ -235,10 +238,13 @@ export class App {
     const hasData = scale.lo <= scale.hi && [...this.index.probesByNode.keys()].length > 0;
     const grad = `linear-gradient(to right, ${VIRIDIS_STOPS.join(", ")})`;
     this.legend.append(
-      h("div", { class: "sv-legend-title", text: `${mode} ${STATS[stat].label}, log scale` }),
-      hasData ? h("div", { class: "sv-legend-bar", style: `background: ${grad}` }) : null,
-      hasData ? h("div", { class: "sv-legend-ticks" }, [h("span", { text: fmt(10 ** scale.lo) }), h("span", { text: fmt(10 ** scale.hi) })]) : null,
-      h("div", { class: "sv-legend-keys" }, [
+      h("span", { class: "sv-legend-title", text: `${mode} ${STATS[stat].label}, log scale` }),
+      hasData ? h("span", { class: "sv-legend-scale" }, [
+        h("span", { class: "sv-legend-tick", text: fmt(10 ** scale.lo) }),
+        h("span", { class: "sv-legend-bar", style: `background: ${grad}` }),
+        h("span", { class: "sv-legend-tick", text: fmt(10 ** scale.hi) }),
+      ]) : null,
+      h("span", { class: "sv-legend-keys" }, [
         h("span", { class: "sv-key sv-key-nan", text: "NaN/Inf" }),
         h("span", { class: "sv-key sv-key-none", text: "no data" }),
         h("span", { class: "sv-key sv-key-probe", text: "probe" }),
@@ -345,7 +351,7 @@ export class App {
     this.graph.setSelected(id);
     if (id == null) { this.detail.close(); return; }
     this.openDetail(id);
-    // The panel narrows the graph: keep the selected node in view (and off the legend).
+    // The panel narrows the graph: keep the selected node in view.
     const box = this.layout?.boxes.get(id);
     if (box) this.graph.ensureVisible(box);
   }

@@ -58,8 +58,6 @@ export class GraphView {
       });
     this.sel = select(this.svg).call(this.zoom).on("dblclick.zoom", null);
     this.transform = zoomIdentity;
-    /** @type {number} pixels at the bottom kept free for the legend (App sets it) */
-    this.reserveBottom = 0;
     this.svg.addEventListener("click", (ev) => {
       if (ev.defaultPrevented) return;
       const t = ev.target.closest?.("[data-role=toggle]");
@@ -253,9 +251,8 @@ export class GraphView {
     const H = this.svg.clientHeight || this.container.clientHeight || 500;
     if (!b || !b.w || !b.h) return;
     const pad = 28;
-    const bottom = Math.max(pad, this.reserveBottom ?? 0); // the legend's strip stays free
-    let k = Math.min((W - 2 * pad) / b.w, (H - pad - bottom) / b.h, 1.25);
-    let ty = pad + (H - pad - bottom - b.h * k) / 2 - b.y * k;
+    let k = Math.min((W - 2 * pad) / b.w, (H - 2 * pad) / b.h, 1.25);
+    let ty = pad + (H - 2 * pad - b.h * k) / 2 - b.y * k;
     if (k < minScale) { k = minScale; ty = pad - b.y * k; }
     const tx = (W - b.w * k) / 2 - b.x * k;
     const t = zoomIdentity.translate(tx, ty).scale(k);
@@ -281,7 +278,6 @@ export class GraphView {
     const H = this.svg.clientHeight || 500;
     const { k, x, y } = this.transform;
     const pad = 16;
-    const padB = Math.max(pad, this.reserveBottom ?? 0); // never under the legend
     const left = x + box.x * k;
     const top = y + box.y * k;
     const right = left + box.w * k;
@@ -290,7 +286,7 @@ export class GraphView {
     let dy = 0;
     if (right > W - pad) dx = W - pad - right;
     if (left + dx < pad) dx = pad - left;
-    if (bottom > H - padB) dy = H - padB - bottom;
+    if (bottom > H - pad) dy = H - pad - bottom;
     if (top + dy < pad) dy = pad - top;
     if (dx || dy) this.sel.call(this.zoom.transform, zoomIdentity.translate(x + dx, y + dy).scale(k));
   }
@@ -300,8 +296,7 @@ export class GraphView {
     const W = this.svg.clientWidth || 800;
     const H = this.svg.clientHeight || 500;
     const kk = Math.max(this.transform.k, k ?? 0);
-    const cy = (H - (this.reserveBottom ?? 0)) / 2; // centred in the part the legend leaves free
-    const t = zoomIdentity.translate(W / 2 - (box.x + box.w / 2) * kk, cy - (box.y + box.h / 2) * kk).scale(kk);
+    const t = zoomIdentity.translate(W / 2 - (box.x + box.w / 2) * kk, H / 2 - (box.y + box.h / 2) * kk).scale(kk);
     this.sel.call(this.zoom.transform, t);
   }
 
