@@ -155,6 +155,23 @@ def test_24_layer_nnx_model_draws_its_layers_as_one_node():
     assert not [n for n in _groups(g) if n.label.startswith("layers")]
 
 
+_SUP = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹⁻", "0123456789-")
+
+
+def _tick(text: str) -> float:
+    """A tick label as a number: "0.01", "10⁻⁵", "2×10⁻⁵" (Plotly writes U+2212 minus)."""
+    text = text.replace("\u200b", "").replace("\u2212", "-")
+    if "10" in text and text.translate(_SUP) != text:
+        m, _, e = text.rpartition("10")
+        return float(m.rstrip("×") or 1) * 10.0 ** int(e.translate(_SUP))
+    return float(text)
+
+
+def _yticks(pg, kind, mode):
+    sel = f'[data-repeat="{kind}"][data-mode="{mode}"] .ytick text'
+    return pg.eval_on_selector_all(sel, "els => els.map((e) => e.textContent)")
+
+
 @pytest.mark.browser
 def test_group_detail_charts_each_blocks_statistics(page, tmp_path):
     ws = list(W16)
@@ -203,6 +220,14 @@ def test_group_detail_charts_each_blocks_statistics(page, tmp_path):
         np.testing.assert_allclose(absmax, [np.abs(a).max() for a in arrays], rtol=1e-5)
         scale = max(np.abs(a).max() for a in arrays)
         np.testing.assert_allclose(mean[0], [a.mean() for a in arrays], atol=1e-6 * scale)
+        # the norms' log axis reads: a few increasing ticks, powers of ten when the
+        # norms span two decades or more
+        ticks = [_tick(t) for t in _yticks(pg, "lines", mode)]
+        norms = [np.linalg.norm(a) for a in arrays] + [np.abs(a).max() for a in arrays]
+        assert 2 <= len(ticks) <= 4 and ticks == sorted(set(ticks)), ticks
+        assert min(norms) * (1 - 1e-6) <= ticks[0] and ticks[-1] <= max(norms) * (1 + 1e-6)
+        if np.floor(np.log10(max(norms))) - np.ceil(np.log10(min(norms))) >= 1:
+            assert all(float(np.log10(t)).is_integer() for t in ticks), ticks
     # the slider picks a block; "show" reveals it
     pg.locator('[data-role="repeat"]').fill("2")
     assert pg.locator('[data-role="repeat-reveal"]').inner_text() == "show block_2"

@@ -2,12 +2,19 @@
 import Plotly from "./plotly.js";
 import { histogramHeatmap } from "./resample.js";
 import { signedLog } from "./loghist.js";
+import { logTicks } from "./ticks.js";
 
 const CONFIG = { displaylogo: false, displayModeBar: false, responsive: false, scrollZoom: false };
 
 export function modeColour(colours, mode) {
   const head = String(mode).split(".")[0];
   return colours.modes[head] ?? colours.modes.other;
+}
+
+/** Sets `logTicks` on a log axis (leaves Plotly's when there is nothing positive). */
+function setLogTicks(axis, values) {
+  const t = logTicks(values);
+  if (t) Object.assign(axis, { tickmode: "array", ...t });
 }
 
 /** @returns {any} a plotly layout (extended per chart) */
@@ -54,7 +61,8 @@ export function drawHistogram(el, hist, { colours, mode, scale, logY, width, hei
     xTitle: title ?? (scale === "log" ? `log₁₀|${mode}|` : mode),
     yTitle: "count",
   });
-  if (!logY) {
+  if (logY) setLogTicks(layout.yaxis, counts);
+  else {
     // Counts are whole numbers: integer ticks, one per count when there are few.
     const max = Math.max(0, ...counts);
     layout.yaxis.tickformat = ",d";
@@ -135,6 +143,7 @@ export function drawLines(el, steps, series, { colours, width, height = 130, yTi
     connectgaps: false, hovertemplate: `${s.name} %{y:.4g}<br>${xTitle} %{x}<extra></extra>`,
   }));
   const layout = baseLayout(colours, { width, height, xTitle, yTitle, logY: logY && positive });
+  if (layout.yaxis.type === "log") setLogTicks(layout.yaxis, series.flatMap((s) => s.y));
   layout.showlegend = legend && series.length > 1;
   layout.legend = { orientation: "h", y: 1.15, x: 0, font: { size: 9 } };
   layout.margin.t = layout.showlegend ? 18 : 6;
