@@ -280,7 +280,8 @@ def precompile(pending: tuple[Rows, ...], bins: int) -> None:
         except Exception:  # the call in `finish` compiles again and reports the error
             pass
 
-    thread = threading.Thread(target=compile_, name="sowviz-precompile", daemon=True)
+    # Not a daemon: interpreter exit waits for a compile in flight instead of killing it.
+    thread = threading.Thread(target=compile_, name="sowviz-precompile")
     with _LOCK:
         _COMPILING[key] = thread
     thread.start()
