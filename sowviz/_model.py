@@ -16,9 +16,12 @@ import math
 from enum import Enum
 from typing import Any
 
+import numpy as np
+
 from ._version import __version__
 from .graph.model import STAGE_KINDS, NodeKind
 from .summary import STAT_KEYS
+from .summary_data import Float32Json
 
 SCHEMA = "sowviz/1"
 VERSION = __version__
@@ -73,11 +76,22 @@ def now() -> str:
 
 def jsonable(x: Any) -> Any:
     """Plain JSON values: NaN/Inf become null (JSON has neither), Enums their value,
-    NumPy scalars and arrays Python numbers and lists."""
+    NumPy scalars and arrays Python numbers and lists. Floats that were float32 (NumPy
+    float32 values, and the statistics of a float32 summary, `Float32Json`) become the
+    shortest decimal that reads back as the same float32: ``0.1`` rather than
+    ``0.10000000149011612``, a third of a float32 model's size."""
     if isinstance(x, float):
         return x if math.isfinite(x) else None
     if isinstance(x, Enum):
         return jsonable(x.value)
+    if isinstance(x, Float32Json):
+        # the log histogram's edges are log10 values computed on the host in float64
+        return {
+            str(k): jsonable(v) if k == "loghist" else _shortest32(jsonable(v))
+            for k, v in x.items()
+        }
+    if isinstance(x, (np.ndarray, np.generic)) and x.dtype == np.float32:
+        return _shortest32(jsonable(x.tolist()))
     if isinstance(x, dict):
         return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
@@ -87,6 +101,18 @@ def jsonable(x: Any) -> Any:
     if hasattr(x, "tolist"):  # numpy scalars and arrays
         return jsonable(x.tolist())
     return str(x)
+
+
+def _shortest32(x: Any) -> Any:
+    """Every (finite) float in a jsonable value as the float64 nearest its shortest
+    float32 decimal: `json` then writes those few digits. Reads back as the same float32."""
+    if type(x) is float:
+        return float(str(np.float32(x)))
+    if isinstance(x, dict):
+        return {k: _shortest32(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_shortest32(v) for v in x]
+    return x
 
 
 def model_json(model: Any) -> str:

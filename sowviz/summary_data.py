@@ -79,6 +79,14 @@ class IterationStats:
         return out
 
 
+class Float32Json(dict):
+    """`Summary.to_json()` of a summary whose statistics were float32 on the device (a
+    plain dict otherwise). The type is the only record of that once the values are
+    Python floats: the model's serialiser (`_model.jsonable`) writes these floats
+    (not the host-computed ``loghist`` edges) in the shortest decimal that reads back
+    as the same float32, and keeps every digit of float64 ones (``jax_enable_x64``)."""
+
+
 _DATA_FIELDS = (
     *STAT_KEYS,
     "hist_edges",
@@ -200,7 +208,7 @@ class Summary:
         }
         if host.per_iteration is not None:
             out["per_iteration"] = host.per_iteration.to_json()
-        return out
+        return Float32Json(out) if np.asarray(host.absmax).dtype == np.float32 else out
 
 
 def log10_edge(keys: np.ndarray, dtype: np.dtype) -> np.ndarray:

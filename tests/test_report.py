@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import gzip
 import html.parser
+import json
+import os
+import pathlib
 import re
 import subprocess
 import sys
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from conftest import Page
 
@@ -170,3 +175,87 @@ def test_large_models_are_embedded_compressed_and_still_open_offline(page, tmp_p
     pg = page.open_report(path)
     assert pg.locator('[data-kind="scope"]', has_text="layer").count() == 1
     assert page.errors == [] and page.requests == []
+
+
+# ---------------------------------------------------------------- float32 in the model JSON
+
+
+def _pairs(orig, back, path=""):
+    """(path, written value, value read back) for every number of a summary's JSON."""
+    if isinstance(orig, dict):
+        assert set(back) == set(orig), path
+        for k in orig:
+            yield from _pairs(orig[k], back[k], f"{path}.{k}")
+    elif isinstance(orig, list):
+        assert len(back) == len(orig), path
+        for i, (a, b) in enumerate(zip(orig, back, strict=True)):
+            yield from _pairs(a, b, f"{path}[{i}]")
+    else:
+        yield path, orig, back
+
+
+def test_float32_statistics_are_written_short_and_read_back_as_the_same_float32():
+    from sowviz import demo
+    from sowviz._model import model_json
+
+    model = sowviz.inspect(demo.loss, demo.init(), demo.batch(), mode="all").to_dict()
+    new = model_json(model)
+    # the encoding before: the same model as plain dicts, every float64 digit written
+    old = model_json(json.loads(json.dumps(model)))
+    assert len(new) < 0.85 * len(old)
+    assert len(gzip.compress(new.encode())) < 0.85 * len(gzip.compress(old.encode()))
+    back = json.loads(new)
+    plain = json.loads(old)
+    assert {k: v for k, v in back.items() if k != "probes"} == {
+        k: v for k, v in plain.items() if k != "probes"
+    }  # only the probes' statistics change
+    checked = shortened = 0
+    for p, q in zip(model["probes"], back["probes"], strict=True):
+        for mode, s in p["summaries"].items():
+            assert s["dtype"] == "float32"
+            for path, a, b in _pairs(s, q["summaries"][mode], mode):
+                if isinstance(a, float) and ".loghist." not in path:
+                    # a float32 statistic: read back, it is the same float32 ...
+                    assert np.float32(b) == np.float32(a) and float(np.float32(b)) == a, path
+                    # ... in at most 9 significant digits (float32's round-trip bound)
+                    assert len(repr(b).split("e")[0].strip("-0.").replace(".", "")) <= 9, b
+                    checked += 1
+                    shortened += len(repr(b)) < len(repr(a))
+                else:  # integers, null, and the host's float64 log10 edges: unchanged
+                    assert b == a and type(b) is type(a), path
+    assert checked > 1000 and shortened > checked // 2
+
+
+_X64 = r"""
+import json, numpy as np
+from sowviz import summarize
+from sowviz._model import jsonable, model_json
+# min -2**-20 is a float32 value, but a float64 statistic here: every digit stays
+f64 = summarize(np.array([0.1, -(2.0 ** -20), 1 / 3]), bins=4).to_json()
+f32 = summarize(np.array([0.1, -(2.0 ** -20), 1 / 3], np.float32), bins=4).to_json()
+print(json.dumps({"f64": f64, "f64_back": json.loads(model_json(f64)),
+                  "f32": f32, "f32_back": json.loads(model_json(f32)),
+                  "np": jsonable({"a": np.float32(0.1), "b": np.array([0.1, np.nan], np.float32),
+                                  "c": np.float64(np.float32(0.1))})}))
+"""
+
+
+def test_float64_statistics_keep_every_digit_with_x64():
+    # x64 is process-wide: a child process
+    env = dict(os.environ, JAX_ENABLE_X64="1", JAX_PLATFORMS="cpu")
+    env["PYTHONPATH"] = os.pathsep.join([*sys.path, str(pathlib.Path(__file__).parents[1])])
+    out = subprocess.run([sys.executable, "-c", _X64], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["f64"]["dtype"] == "float64" and got["f64_back"] == got["f64"]  # bit for bit
+    assert got["f64"]["min"] == -(2.0**-20) and got["f64_back"]["min"] == -(2.0**-20)
+    assert got["f64"]["max"] == 1 / 3
+    # float32 ones in the same process are written short and read back as the same float32
+    f32, back = got["f32"], got["f32_back"]
+    assert f32["dtype"] == "float32" and back["mean"] != f32["mean"]
+    assert np.float32(back["mean"]) == np.float32(f32["mean"])
+    assert [np.float32(e) for e in back["hist"]["edges"]] == [
+        np.float32(e) for e in f32["hist"]["edges"]
+    ]
+    # NumPy float32 values too; NaN is still null; float64 untouched
+    assert got["np"] == {"a": 0.1, "b": [0.1, None], "c": float(np.float32(0.1))}
