@@ -195,10 +195,19 @@ def _pairs(orig, back, path=""):
 
 
 def test_float32_statistics_are_written_short_and_read_back_as_the_same_float32():
-    from sowviz import demo
     from sowviz._model import model_json
 
-    model = sowviz.inspect(demo.loss, demo.init(), demo.batch(), mode="all").to_dict()
+    def loss(params, x):
+        h = x
+        for i, p in enumerate(params):
+            with jax.named_scope(f"layer_{i}"):
+                h = jnp.tanh(h @ p["w"] + p["b"])
+        return jnp.mean(h**2)
+
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    params = [{"w": jax.random.normal(k, (16, 16)) / 4, "b": jnp.zeros(16)} for k in keys]
+    x = jax.random.normal(jax.random.PRNGKey(1), (32, 16))
+    model = sowviz.inspect(loss, params, x, mode="grad").to_dict()
     new = model_json(model)
     # the encoding before: the same model as plain dicts, every float64 digit written
     old = model_json(json.loads(json.dumps(model)))
