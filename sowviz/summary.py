@@ -2,7 +2,9 @@
 
 `summarize` runs inside the compiled program (it is jittable, vmappable and keeps
 sharded inputs distributed), so only a `Summary` of constant size crosses to the
-host, whatever the size of the array it describes.
+host, whatever the size of the array it describes. On a CPU, large arrays are
+summarised in fixed-size blocks (`sowviz.summary_blocks`), so the temporaries of
+a summary stay bounded whatever the array's size.
 
 Conventions (reproduced by the tests in NumPy):
 
@@ -78,6 +80,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import summary_blocks as _blocks
 from . import summary_ops as _ops
 from .summary_data import STAT_KEYS as STAT_KEYS  # re-exported: the model's stat keys
 from .summary_data import IterationStats, Summary
@@ -166,9 +169,22 @@ def _values(x: jax.Array) -> jax.Array:
     return x.astype(acc)
 
 
-def _summaries(x: jax.Array, bins: int, lead: int, per_iteration: bool, dtype: str) -> Any:
-    """`Summary` of `x` (lead == 0) or of each ``x[i]`` (lead == 1, stacked)."""
+def _summaries(
+    x: jax.Array, bins: int, lead: int, per_iteration: bool, dtype: str, block: int = 0
+) -> Any:
+    """`Summary` of `x` (lead == 0) or of each ``x[i]`` (lead == 1, stacked); a `block`
+    (lead == 0 only) computes it in blocks of that many elements (`summary_blocks`)."""
     v = _values(x)
+    if block:
+        pooled = _blocks.blocked_stats(jnp.ravel(v), bins, block)
+        return Summary(
+            **{k: a[0] for k, a in pooled.items()},
+            per_iteration=None,
+            shape=tuple(x.shape),
+            dtype=dtype,
+            is_complex=_value_dtype(x.dtype)[1],
+            bins=bins,
+        )
     v = v[None] if lead == 0 else v
     if not per_iteration:
         v = v[:, None]
@@ -191,7 +207,7 @@ def _summaries(x: jax.Array, bins: int, lead: int, per_iteration: bool, dtype: s
     )
 
 
-_jitted = jax.jit(_summaries, static_argnames=("bins", "lead", "per_iteration", "dtype"))
+_jitted = jax.jit(_summaries, static_argnames=("bins", "lead", "per_iteration", "dtype", "block"))
 
 
 def _host_input(x: Any) -> tuple[Any, str]:
@@ -253,7 +269,9 @@ def summarize(x: Any, *, bins: int = 64, per_iteration: bool = False) -> Summary
             f"summarize(per_iteration=True) needs an iteration axis (axis 0), got shape "
             f"{np.shape(x)}; pass per_iteration=False"
         )
-    return _jitted(x, bins=bins, lead=0, per_iteration=bool(per_iteration), dtype=dtype)
+    per_iteration = bool(per_iteration)
+    block = _blocks.block_for(x, per_iteration)
+    return _jitted(x, bins=bins, lead=0, per_iteration=per_iteration, dtype=dtype, block=block)
 
 
 def summarize_stack(xs: Any, *, bins: int = 64, per_iteration: bool = False) -> Summary:
