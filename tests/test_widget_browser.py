@@ -11,12 +11,12 @@ shown as text, and the NaN banner's "Locate the equation" button round-trips.
 from __future__ import annotations
 
 import base64
-import inspect as pyinspect
 import pathlib
 
 import jax
 import jax.numpy as jnp
 import pytest
+from _nan_program import line_of, nan_in_scope
 from conftest import Page
 from ipywidgets.widgets.widget import _remove_buffers
 
@@ -255,21 +255,6 @@ def test_an_error_is_shown_as_text(monkeypatch, bridge):
     assert pg.evaluate("window.__pwned") is None
     assert pg.locator('[data-role="status"]').is_hidden()
     assert bridge.p.errors == []
-
-
-def nan_in_scope(w, x):
-    with jax.named_scope("feat"):
-        h = jnp.tanh(x @ w)
-        h = h * 2.0 + 1.0
-        z = jnp.log(h - 3.5)  # h < 3: every entry negative, the NaN is born here
-        z = z * h
-    with jax.named_scope("head"):
-        return jnp.sum(z)
-
-
-def line_of(fn, text):
-    lines, start = pyinspect.getsourcelines(fn)
-    return start + next(i for i, line in enumerate(lines) if text in line)
 
 
 @pytest.mark.browser

@@ -4,7 +4,6 @@ throttling and NaN hunting."""
 from __future__ import annotations
 
 import gzip
-import inspect as pyinspect
 import json
 
 import anywidget
@@ -13,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import traitlets
+from _nan_program import line_of, nan_in_scope
 
 import sowviz
 from sowviz import report
@@ -152,21 +152,6 @@ def test_widget_save_html(tmp_path):
     w = sowviz.show(loss, PARAMS, X)
     path = w.save_html(tmp_path / "w.html")
     assert path.exists() and "sowviz/1" in path.read_text(encoding="utf-8")
-
-
-def nan_in_scope(w, x):
-    with jax.named_scope("feat"):
-        h = jnp.tanh(x @ w)
-        h = h * 2.0 + 1.0
-        z = jnp.log(h - 3.5)  # h < 3: every entry negative, the NaN is born here
-        z = z * h
-    with jax.named_scope("head"):
-        return jnp.sum(z)
-
-
-def line_of(fn, text):
-    lines, start = pyinspect.getsourcelines(fn)
-    return start + next(i for i, line in enumerate(lines) if text in line)
 
 
 def test_locate_message_names_the_equation():
