@@ -188,7 +188,9 @@ class Inspection:
         }
 
     def to_json(self, **kwargs: Any) -> str:
-        return json.dumps(self.to_dict(), **kwargs)
+        """The sowviz/1 model as JSON, the same values the widget and the report embed
+        (NaN/Inf as null, float32 statistics in their shortest float32 form)."""
+        return json.dumps(_model.jsonable(self.to_dict()), **kwargs)
 
     def locate_nonfinite(self) -> Any:
         """Re-run this inspection's step with every equation probed and name the equation
