@@ -68,6 +68,11 @@ def _device_peak() -> int | None:
     return stats.get("peak_bytes_in_use")
 
 
+def device_peak_available() -> bool:
+    """Whether the backend reports a device memory peak (GPU: yes, CPU: no)."""
+    return _device_peak() is not None
+
+
 def _rss_hwm() -> int | None:
     try:
         for line in pathlib.Path("/proc/self/status").read_text().splitlines():
