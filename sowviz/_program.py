@@ -130,17 +130,42 @@ class Out:
     a NaN/Inf; None for the plain program); its `Traced` rides as static aux data."""
 
     def __init__(
-        self, result: Any, packed: Any, finite: Any, clean: Any, traced: Traced, notes: tuple
+        self,
+        result: Any,
+        packed: Any,
+        finite: Any,
+        clean: Any,
+        traced: Traced,
+        notes: tuple,
+        chain: Any = None,
     ):
         self.result, self.packed, self.finite, self.clean = result, packed, finite, clean
         self.traced, self.notes = traced, notes
+        # The plain program's running flag (`chain_flags`), when given one.
+        self.chain = chain
 
     def tree_flatten(self):
-        return (self.result, self.packed, self.finite, self.clean), (self.traced, self.notes)
+        children = (self.result, self.packed, self.finite, self.clean, self.chain)
+        return children, (self.traced, self.notes)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        return cls(*children, *aux)
+        result, packed, finite, clean, chain = children
+        return cls(result, packed, finite, clean, *aux, chain=chain)
+
+
+#: A fresh running flag for `Runner.run(..., chain=)`: (runs so far, first bad run or -1).
+CHAIN_START = (0, -1)
+
+
+def chain_flags(chain: Any, finite: Any) -> Any:
+    """The running flag after one more run: ``[n + 1, first]`` from ``[n, first]``, where
+    `first` becomes n if this run's `finite` vector has a False and no run had before.
+    Chained from step to step on the device, it answers for every step since the last
+    read in one transfer (a read is a round trip: ~200 µs on a GPU)."""
+    n, first = chain[0], chain[1]
+    bad = ~jnp.all(finite)
+    return jnp.stack([n + 1, jnp.where((first < 0) & bad, n, first)])
 
 
 def all_finite(tree: Any) -> Any:
@@ -243,10 +268,12 @@ class Runner:
         notes = tuple(capture.notes)
         return Out(result, packed, all_finite(result), probes_clean(packed), traced, notes)
 
-    def _plain_program(self, spec: ArgSpec, dyn: list, extra: tuple) -> Out:
+    def _plain_program(self, spec: ArgSpec, dyn: list, extra: tuple, chain: Any) -> Out:
         traced = self.family.traced(self.options, spec, dyn)
         result = self._transformed(traced, traced.plain)(dyn, extra)
-        return Out(result, None, all_finite(result), None, traced, ())
+        finite = all_finite(result)
+        chain = None if chain is None else chain_flags(chain, finite)
+        return Out(result, None, finite, None, traced, (), chain)
 
     def run(
         self,
@@ -256,15 +283,17 @@ class Runner:
         instrumented: bool = True,
         tangents: Any = None,
         cotangents: Any = None,
+        chain: Any = None,
     ) -> Out:
         """One compiled call on `args` (dispatch only, when the program exists).
-        `tangents`/`cotangents` are this call's values (arguments of the program)."""
+        `tangents`/`cotangents` are this call's values (arguments of the program). The
+        plain program also advances a running flag `chain` (`chain_flags`) if given."""
         spec, dyn = split(args, where)
         extra = (_user_tangents(spec, dyn, tangents, where), cotangents)
         self.family.local.args = args
         try:
             if not instrumented:
-                return self._plain(spec, dyn, extra)
+                return self._plain(spec, dyn, extra, chain)
             out = self._instrumented(spec, dyn, extra)
         finally:
             self.family.local.args = None

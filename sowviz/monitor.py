@@ -6,25 +6,31 @@ summaries of every probe and a small all-finite flag vector. Programs come from
 the same cache as `inspect` (`_program`): a batch of another shape compiles its
 own program (like `jax.jit`), and a shape seen before reuses its program.
 
-Nothing waits on the host: summaries start their device→host copy
-asynchronously and are read on a later step once ready (or at `flush()`);
-on unrecorded steps (`every > 1`) the plain program runs, and its finite flag
-is read two steps later (the device is not stalled). With
-`stop_on_nonfinite=True` the flag is read on every step (one small device→host
-sync per step: the price of exactness), and `NonFiniteError` is raised before
-`step` returns, so the caller never applies that update.
+Nothing waits on the host, and no step reads from the device on its own: a
+device→host read is a round trip (about 200 µs on a GPU), so reads are batched.
+A recorded step's summaries, flags and loss are gathered into one buffer
+(`_wire`), whose copy starts at once and is read on a later step once ready (or
+at `flush()`). On unrecorded steps (`every > 1`) the plain program runs and
+advances a running flag on the device (`_program.chain_flags`: the first
+non-finite step so far); it is read once per `_FLAG_BATCH` unrecorded steps,
+`_MAX_FLAGS` steps behind the newest (the device is not stalled), and one read
+answers for all of them. With `stop_on_nonfinite=True` the flag is read on every
+step (one small device→host sync per step: the price of exactness), and
+`NonFiniteError` is raised before `step` returns, so the caller never applies
+that update.
 
 The first non-finite step is located down to the equation, once, whatever the
 recording: a step's arguments stay referenced (on the device, no copy) only while
-its flag is in flight, so the first bad step's are still there when its flag is
-read; an unrecorded one is re-run with the probes, and then `locate` re-runs it
-counting NaN/Inf at every equation (`nonfinite_locate.locate_step`). Steps are
-recorded in step order (an earlier step's flag is read before a later step is
-recorded), so the first non-finite step recorded is the first of the run. After
-that one locate, no arguments are kept.
+its flag is unread (at most `_FLAG_BATCH + _MAX_FLAGS` unrecorded steps, or
+`_MAX_PENDING` recorded ones), so the first bad step's are still there when its
+flag is read; an unrecorded one is re-run with the probes, and then `locate`
+re-runs it counting NaN/Inf at every equation (`nonfinite_locate.locate_step`).
+Steps are recorded in step order (an earlier step's flag is read before a later
+step is recorded), so the first non-finite step recorded is the first of the
+run. After that one locate, no arguments are kept.
 
-A recorded step costs the training thread one fetch of its (ready) packed host
-buffers and three scalars; its summaries become the JSON-ready entry only when
+A recorded step costs the training thread one fetch of its (ready) gathered
+buffer; its summaries become the JSON-ready entry only when
 read (`_entry.LazyEntry`: on a sink's thread, when the view sends, when
 `history`/`to_dict()` is read), or at once when a probe or result holds a NaN/Inf
 (the program's `clean` flag says so), since the origin rule needs them.
@@ -47,11 +53,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import _model
+from . import _model, _wire
 from . import nonfinite as _nonfinite
 from ._entry import LazyEntry
 from ._history import History
-from ._program import Out, Traced, runner_for
+from ._program import CHAIN_START, Out, Traced, runner_for
 from .capture.packing import Packed
 from .inspection import Inspection, Probe
 from .nonfinite_locate import locate_step as _locate_step
@@ -60,6 +66,7 @@ from .options import InspectOptions, check_bool, check_int, check_number
 _KEEP = object()
 _MAX_PENDING = 4  # recorded steps in flight before the loop waits for the oldest
 _MAX_FLAGS = 2  # unrecorded steps whose finite flag may still be in flight
+_FLAG_BATCH = 4  # unrecorded steps answered by one read of the running flag
 
 
 class NonFiniteError(FloatingPointError):
@@ -133,10 +140,14 @@ class Monitor:
         self.nonfinite: _nonfinite.NonFinite | None = None
         self.steps = 0
         self._lock = threading.RLock()
-        # In flight: (step, out, args); args only until the first non-finite step is
-        # located (None after), to re-run and locate that step on its own arguments.
-        self._pending: deque[tuple[int, Out, tuple | None]] = deque()
-        self._flags: deque[tuple[int, Out, tuple | None]] = deque()
+        # In flight: (step, out, args, gathered); args only until the first non-finite
+        # step is located (None after), to re-run and locate that step on its own
+        # arguments. Recorded steps carry their one-transfer buffer (`_wire.gather`).
+        self._pending: deque[tuple[int, Out, tuple | None, Any]] = deque()
+        # Unrecorded steps: (step, out, args, index in the running flag's count).
+        self._flags: deque[tuple[int, Out, tuple | None, int]] = deque()
+        self._chain: Any = None  # the running flag (`_program.chain_flags`), on the device
+        self._chain_runs = 0  # unrecorded steps it has counted
         self._first_flagged: int | None = None  # first unrecorded step whose flag was bad
         self._located = False  # the first non-finite step was located (done once)
         self._traced: Traced | None = None
@@ -164,20 +175,20 @@ class Monitor:
         with self._lock:
             step = self.steps
             record = step % self.every == 0
-            out = self._run(args, record)
+            chained = not (record or self.stop_on_nonfinite)
+            if chained and self._chain is None:
+                self._chain = jax.numpy.asarray(CHAIN_START, jax.numpy.int32)
+            out = self._run(args, record, self._chain if chained else None)
             self.steps += 1
             if out.traced is not self._traced:
                 self._new_graph(out.traced)
             kept = None if self._located else args  # references, not copies
             if record:
-                out.packed.fetch_async()
-                out.clean.copy_to_host_async()
-                out.finite.copy_to_host_async()
-                self._pending.append((step, out, kept))
-            else:
-                if hasattr(out.finite, "copy_to_host_async"):
-                    out.finite.copy_to_host_async()
-                self._flags.append((step, out, kept))
+                self._pending.append((step, out, kept, self._gathered(out)))
+            elif chained:
+                self._chain = out.chain
+                self._flags.append((step, out, kept, self._chain_runs))
+                self._chain_runs += 1
             if self.stop_on_nonfinite:
                 if not np.asarray(out.finite).all():
                     self._stop(step, out, args, record)
@@ -187,7 +198,7 @@ class Monitor:
             self._drain(keep=_MAX_PENDING)
             return out.result
 
-    def _run(self, args: tuple, instrumented: bool) -> Out:
+    def _run(self, args: tuple, instrumented: bool, chain: Any = None) -> Out:
         o = self._options
         return self._runner.run(
             args,
@@ -195,7 +206,19 @@ class Monitor:
             instrumented=instrumented,
             tangents=o.tangents,
             cotangents=o.cotangents,
+            chain=chain,
         )
+
+    @staticmethod
+    def _gathered(out: Out) -> tuple[Any, _wire.WireLayout]:
+        """A recorded step's buffers, flags and loss in one device buffer, its copy
+        to the host started (one round trip instead of one per array)."""
+        result = out.result
+        value = result[0] if isinstance(result, tuple) else result
+        loss = value if isinstance(value, jax.Array) and value.size == 1 else None
+        buf, layout = _wire.gather((out.packed.buffers, out.finite, out.clean, loss))
+        buf.copy_to_host_async()
+        return buf, layout
 
     def flush(self) -> None:
         """Read every pending summary and flag and hand them to the views and sinks now."""
@@ -216,7 +239,7 @@ class Monitor:
     def _stop(self, step: int, out: Out, args: tuple, recorded: bool) -> None:
         self._flags.clear()  # every earlier step was checked (this mode reads each flag)
         if not recorded:  # the plain program ran: re-run this step instrumented, for the origin
-            self._enqueue(step, self._run(args, True), args)
+            self._enqueue(step, args)
         self._drain(keep=0)  # records this step and locates its equation (`_record`)
         nf = self.nonfinite
         self._each("flush")
@@ -227,62 +250,71 @@ class Monitor:
         )
         raise NonFiniteError(_nonfinite.message(out.traced.graph, step, where))
 
-    # `keep`: how many may stay in flight; older ones are waited for, newer ones are
-    # read only once ready. (flush: keep=0, everything is read.) `before`: read every
-    # flag of an earlier step, ready or not (a later step is about to be recorded).
+    # One read of the running flag answers for every unrecorded step up to the one
+    # read. `keep`: how many newer steps stay unread (their programs may still run);
+    # a read happens once `_FLAG_BATCH` more than that are waiting (flush: keep=0,
+    # everything is read). `before`: read every flag of an earlier step, ready or
+    # not (a later step is about to be recorded).
     def _check_flags(self, *, keep: int, before: int | None = None) -> None:
-        while self._flags:
-            step, out, args = self._flags[0]
-            if before is not None:
-                if step >= before:
-                    break
-            elif len(self._flags) <= keep and not _ready(out.finite):
-                break
-            self._flags.popleft()
-            if self.nonfinite is not None or self._first_flagged is not None:
-                continue  # an earlier step is already the first non-finite one
-            if not np.asarray(out.finite).all():
-                # First non-finite step, unrecorded: re-run it with the probes (same args).
-                self._first_flagged = step
-                try:
-                    if args is None:
-                        raise RuntimeError("its arguments were not kept")
-                    rerun = self._run(args, True)
-                except Exception as err:  # e.g. donated (deleted) buffers
-                    warnings.warn(
-                        f"sowviz.Monitor: could not re-run step {step}: {err}", stacklevel=3
-                    )
-                    self.nonfinite = _nonfinite.NonFinite(step, None, None)
-                    continue
-                self._enqueue(step, rerun, args)
+        if before is not None:
+            upto = sum(1 for s, *_ in self._flags if s < before)
+        elif keep == 0:
+            upto = len(self._flags)
+        else:
+            upto = len(self._flags) - keep if len(self._flags) >= keep + _FLAG_BATCH else 0
+        if upto <= 0:
+            return
+        read = [self._flags.popleft() for _ in range(upto)]
+        if self.nonfinite is not None or self._first_flagged is not None:
+            return  # an earlier step is already the first non-finite one
+        first = int(np.asarray(read[-1][1].chain)[1])
+        bad = next((r for r in read if r[3] == first), None) if first >= 0 else None
+        if bad is None:
+            return
+        # First non-finite step, unrecorded: re-run it with the probes (same args).
+        step, _, args, _ = bad
+        self._first_flagged = step
+        if args is None:
+            warnings.warn(
+                f"sowviz.Monitor: could not re-run step {step}: its arguments were not kept",
+                stacklevel=3,
+            )
+            self.nonfinite = _nonfinite.NonFinite(step, None, None)
+            return
+        self._enqueue(step, args)
 
-    def _enqueue(self, step: int, out: Out, args: tuple | None) -> None:
+    def _enqueue(self, step: int, args: tuple) -> None:
         # A re-run joins the recorded steps in step order: the first non-finite step
         # recorded is then the first of the run.
-        at = sum(1 for s, _, _ in self._pending if s < step)
-        self._pending.insert(at, (step, out, args))
+        try:
+            rerun = self._run(args, True)
+        except Exception as err:  # e.g. donated (deleted) buffers
+            warnings.warn(f"sowviz.Monitor: could not re-run step {step}: {err}", stacklevel=4)
+            self.nonfinite = _nonfinite.NonFinite(step, None, None)
+            return
+        at = sum(1 for s, *_ in self._pending if s < step)
+        self._pending.insert(at, (step, rerun, args, self._gathered(rerun)))
 
     def _drain(self, *, keep: int) -> None:
         while self._pending:
-            step, out, args = self._pending[0]
-            if len(self._pending) <= keep and not all(_ready(b) for b in out.packed.buffers):
+            step, out, args, gathered = self._pending[0]
+            if len(self._pending) <= keep and not _ready(gathered[0]):
                 break
             # Earlier unrecorded steps first: a bad one is re-run and queued before this.
             self._check_flags(keep=0, before=step)
             if self._pending[0][0] != step:
                 continue
             self._pending.popleft()
-            self._record(step, out, args)
+            self._record(step, out, args, gathered)
 
-    def _record(self, step: int, out: Out, args: tuple | None = None) -> None:
-        # The training thread fetches the (ready) host buffers and three scalars; the
+    def _record(self, step: int, out: Out, args: tuple | None, gathered: Any) -> None:
+        # The training thread reads the (ready) gathered buffer, one transfer; the
         # summaries become JSON only when read (`_entry.LazyEntry`), unless this step
         # holds a non-finite value: then the origin rule needs them now.
-        result = out.result
-        value = result[0] if isinstance(result, tuple) else result
-        finite, clean, host = jax.device_get((out.finite, out.clean, out.packed.buffers))
+        buf, layout = gathered
+        host, finite, clean, value = _wire.split(np.asarray(buf), layout)
         try:
-            loss = float(jax.device_get(value))
+            loss = None if value is None else float(value.reshape(()))
         except (TypeError, ValueError):
             loss = None
         finite = bool(np.all(finite))
@@ -344,8 +376,8 @@ class Monitor:
 
     def _drop_args(self) -> None:
         # Located: no step's arguments are needed any more.
-        self._pending = deque((s, o, None) for s, o, _ in self._pending)
-        self._flags = deque((s, o, None) for s, o, _ in self._flags)
+        self._pending = deque((s, o, None, g) for s, o, _, g in self._pending)
+        self._flags = deque((s, o, None, i) for s, o, _, i in self._flags)
 
     def locate_nonfinite(self) -> _nonfinite.Origins | None:
         """The origins of the first non-finite step, down to the equation: the Monitor

@@ -217,3 +217,72 @@ def test_flush_reads_every_step_in_flight_however_slow_the_device(monkeypatch):
         mon.step({"s": jnp.zeros(2) if step == 2 else jnp.ones(2)}, batch(2))
     mon.flush()
     assert mon.nonfinite is not None and mon.nonfinite.step == 2
+
+
+class _CountingNumpy:
+    """numpy, counting `asarray` (the Monitor's device→host reads of flags)."""
+
+    def __init__(self):
+        self.reads = 0
+
+    def asarray(self, *a, **k):
+        self.reads += 1
+        return np.asarray(*a, **k)
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+
+@pytest.mark.parametrize("bad", [None, 13])
+def test_unrecorded_steps_share_one_read_of_the_running_flag(monkeypatch, bad):
+    # A device read is a round trip (~200 µs on a GPU): unrecorded steps must not read
+    # one each. The running flag still names the exact first non-finite step.
+    import sowviz.monitor as m
+
+    counting = _CountingNumpy()
+    monkeypatch.setattr(m, "np", counting)
+
+    def f(p, x):
+        return jnp.sum(jnp.sqrt(p["s"])) + jnp.mean(x)
+
+    mon = sowviz.Monitor(f, every=1000)  # step 0 recorded, the rest plain
+    steps = 40
+    for step in range(steps):
+        mon.step({"s": jnp.zeros(2) if step == bad else jnp.ones(2)}, batch(2))
+    reads = counting.reads
+    mon.flush()
+    # one read per _FLAG_BATCH unrecorded steps, not one per step (step 0's record is
+    # read at flush)
+    assert reads <= -(-(steps - 1) // m._FLAG_BATCH) and reads * 3 <= steps
+    if bad is None:
+        assert mon.nonfinite is None
+    else:
+        assert mon.nonfinite is not None and mon.nonfinite.step == bad
+        assert mon.nonfinite.origins is not None and mon.nonfinite.origins.located
+
+
+def test_a_recorded_step_is_one_transfer(monkeypatch):
+    # Its summary buffers, flags and loss travel in one gathered buffer.
+    import sowviz.monitor as m
+
+    reads = []
+    real = m._wire.split
+    monkeypatch.setattr(m._wire, "split", lambda h, lay: reads.append(1) or real(h, lay))
+    get, real_get = [], jax.device_get
+
+    def device_get(tree):
+        if any(isinstance(v, jax.Array) for v in jax.tree_util.tree_leaves(tree)):
+            get.append(tree)
+        return real_get(tree)
+
+    monkeypatch.setattr(jax, "device_get", device_get)
+    loss, _ = counted()
+    mon = sowviz.Monitor(loss)
+    x = batch(6)
+    for _ in range(5):
+        mon.step(W, x)
+    mon.flush()
+    assert len(reads) == 5 and get == []
+    ref_value, _ = jax.value_and_grad(loss)(W, x)
+    assert [e["step"] for e in mon.history] == list(range(5))
+    np.testing.assert_allclose(mon.history[-1]["loss"], ref_value, rtol=1e-6)

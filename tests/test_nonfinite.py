@@ -558,7 +558,7 @@ def mlp_oracle(params, x, y):
 
 @pytest.mark.parametrize(
     ("every", "bad_step", "slow"),
-    [(1, 5, None), (4, 5, None), (4, 8, None), (2, 5, "device"), (2, 5, "flags")],
+    [(1, 5, None), (4, 5, None), (4, 8, None), (1000, 7, None), (2, 5, "device"), (2, 5, "ready")],
 )
 def test_monitor_locates_the_first_nonfinite_step_without_stopping(
     every, bad_step, slow, monkeypatch, tmp_path
@@ -568,8 +568,8 @@ def test_monitor_locates_the_first_nonfinite_step_without_stopping(
 
     if slow == "device":  # never reports ready: steps are read late, and out of order
         monkeypatch.setattr(sowviz.monitor, "_ready", lambda buf: False)
-    if slow == "flags":  # a later recorded step is ready before an earlier step's flag
-        monkeypatch.setattr(sowviz.monitor, "_ready", lambda buf: buf.dtype != bool)
+    if slow == "ready":  # recorded steps read as soon as they are in, before later flags
+        monkeypatch.setattr(sowviz.monitor, "_ready", lambda buf: True)
     calls = []
     real = sowviz.monitor._locate_step
     monkeypatch.setattr(
@@ -595,8 +595,9 @@ def test_monitor_locates_the_first_nonfinite_step_without_stopping(
         params = jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads)
     # bounded memory: arguments only of the steps in flight (and a re-run), none once
     # the first non-finite step was located
-    kept = [s for s, _, a in [*mon._pending, *mon._flags] if a is not None]
-    bound = sowviz.monitor._MAX_PENDING + sowviz.monitor._MAX_FLAGS + 1
+    kept = [s for s, _, a, _ in [*mon._pending, *mon._flags] if a is not None]
+    m = sowviz.monitor
+    bound = m._MAX_PENDING + m._MAX_FLAGS + m._FLAG_BATCH + 1
     assert kept == [] if calls else len(kept) <= bound
     found = mon.locate_nonfinite()  # the widget's button: the stored record, no re-run
     mon.close()
