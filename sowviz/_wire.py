@@ -42,7 +42,7 @@ class WireLayout:
 _UINT = {1: jnp.uint8, 2: jnp.uint16}
 
 
-def _words(x: jax.Array) -> jax.Array:
+def words(x: jax.Array) -> jax.Array:
     """`x` as a flat uint32 vector, bit for bit (see the module docstring)."""
     size = np.dtype(x.dtype).itemsize
     if x.dtype == jnp.bool_:
@@ -62,7 +62,7 @@ def _leaves(tree: Any) -> tuple[list[Any], Any]:
 
 @jax.jit
 def _gather(tree: Any) -> jax.Array:
-    parts = [_words(jnp.asarray(v)) for v in _leaves(tree)[0] if v is not None]
+    parts = [words(jnp.asarray(v)) for v in _leaves(tree)[0] if v is not None]
     if not parts:
         return jnp.zeros((0,), jnp.uint32)
     return jnp.concatenate(parts) if len(parts) > 1 else parts[0]
@@ -89,10 +89,39 @@ def _layout(treedef: Any, avals: tuple) -> WireLayout:
             slots.append(None)
             continue
         shape, dtype = aval
-        n = int(np.prod(shape, dtype=np.int64)) * (2 if dtype.itemsize == 8 else 1)
+        n = word_count(shape, dtype)
         slots.append(Slot(offset, n, shape, dtype))
         offset += n
     return WireLayout(treedef, tuple(slots), offset)
+
+
+def word_count(shape: tuple[int, ...], dtype: Any) -> int:
+    """How many uint32 words `_words` makes of an array of `shape` and `dtype`."""
+    n = int(np.prod(shape, dtype=np.int64))
+    return 2 * n if np.dtype(dtype).itemsize == 8 else n
+
+
+def from_words(w: Any, shape: tuple[int, ...], dtype: Any) -> Any:
+    """The array `_words` made `w` of: NumPy views of host words, or (traced words,
+    inside a program) the matching bitcasts."""
+    dtype = np.dtype(dtype)
+    if isinstance(w, np.ndarray):
+        if dtype == np.bool_:
+            v = w.astype(np.bool_)
+        elif dtype.itemsize in (4, 8):
+            v = w.view(dtype)
+        else:
+            v = w.astype(np.dtype(f"u{dtype.itemsize}")).view(dtype)
+        return v.reshape(shape)
+    if dtype == np.bool_:
+        v = w.astype(jnp.bool_)
+    elif dtype.itemsize == 4:
+        v = jax.lax.bitcast_convert_type(w, dtype)
+    elif dtype.itemsize == 8:
+        v = jax.lax.bitcast_convert_type(w.reshape(-1, 2), dtype)
+    else:
+        v = jax.lax.bitcast_convert_type(w.astype(_UINT[dtype.itemsize]), dtype)
+    return v.reshape(shape)
 
 
 def split(host: np.ndarray, layout: WireLayout) -> Any:
@@ -108,12 +137,5 @@ def split(host: np.ndarray, layout: WireLayout) -> Any:
         if s is None:
             leaves.append(None)
             continue
-        w = words[s.offset : s.offset + s.words]
-        if s.dtype == np.bool_:
-            v = w.astype(np.bool_)
-        elif s.dtype.itemsize in (4, 8):
-            v = w.view(s.dtype)
-        else:
-            v = w.astype(np.dtype(f"u{s.dtype.itemsize}")).view(s.dtype)
-        leaves.append(v.reshape(s.shape))
+        leaves.append(from_words(words[s.offset : s.offset + s.words], s.shape, s.dtype))
     return jax.tree_util.tree_unflatten(layout.treedef, leaves)

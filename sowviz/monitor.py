@@ -8,10 +8,10 @@ own program (like `jax.jit`), and a shape seen before reuses its program.
 
 Nothing waits on the host, and no step reads from the device on its own: a
 device→host read is a round trip (about 200 µs on a GPU), so reads are batched.
-A recorded step's summaries, flags and loss are gathered into one buffer
-(`_wire`), whose copy starts at once and is read on a later step once ready (or
-at `flush()`). On unrecorded steps (`every > 1`) the plain program runs and
-advances a running flag on the device (`_program.chain_flags`: the first
+Recorded steps wait on the device until more than `_MAX_PENDING` are in: then
+one small program gathers the summaries, flags and losses of all of them into
+one buffer (`_wire`) and one read brings them to the host (or at `flush()`).
+On unrecorded steps (`every > 1`) the plain program runs and advances a running flag on the device (`_program.chain_flags`: the first
 non-finite step so far); it is read once per `_FLAG_BATCH` unrecorded steps,
 `_MAX_FLAGS` steps behind the newest (the device is not stalled), and one read
 answers for all of them. With `stop_on_nonfinite=True` the flag is read on every
@@ -29,8 +29,8 @@ Steps are recorded in step order (an earlier step's flag is read before a later
 step is recorded), so the first non-finite step recorded is the first of the
 run. After that one locate, no arguments are kept.
 
-A recorded step costs the training thread one fetch of its (ready) gathered
-buffer; its summaries become the JSON-ready entry only when
+A recorded step costs the training thread its share of that read; its
+summaries become the JSON-ready entry only when
 read (`_entry.LazyEntry`: on a sink's thread, when the view sends, when
 `history`/`to_dict()` is read), or at once when a probe or result holds a NaN/Inf
 (the program's `clean` flag says so), since the origin rule needs them.
@@ -64,7 +64,7 @@ from .nonfinite_locate import locate_step as _locate_step
 from .options import InspectOptions, check_bool, check_int, check_number
 
 _KEEP = object()
-_MAX_PENDING = 4  # recorded steps in flight before the loop waits for the oldest
+_MAX_PENDING = 4  # recorded steps left on the device before one read takes them all
 _MAX_FLAGS = 2  # unrecorded steps whose finite flag may still be in flight
 _FLAG_BATCH = 4  # unrecorded steps answered by one read of the running flag
 
@@ -140,9 +140,10 @@ class Monitor:
         self.nonfinite: _nonfinite.NonFinite | None = None
         self.steps = 0
         self._lock = threading.RLock()
-        # In flight: (step, out, args, gathered); args only until the first non-finite
+        # In flight: (step, out, args, parts); args only until the first non-finite
         # step is located (None after), to re-run and locate that step on its own
-        # arguments. Recorded steps carry their one-transfer buffer (`_wire.gather`).
+        # arguments. `parts`: what the host reads of a recorded step (`_parts`); `out`
+        # keeps no result (a step's gradients are not held for the read).
         self._pending: deque[tuple[int, Out, tuple | None, Any]] = deque()
         # Unrecorded steps: (step, out, args, index in the running flag's count).
         self._flags: deque[tuple[int, Out, tuple | None, int]] = deque()
@@ -184,7 +185,7 @@ class Monitor:
                 self._new_graph(out.traced)
             kept = None if self._located else args  # references, not copies
             if record:
-                self._pending.append((step, out, kept, self._gathered(out)))
+                self._pending.append((step, _light(out), kept, _parts(out)))
             elif chained:
                 self._chain = out.chain
                 self._flags.append((step, out, kept, self._chain_runs))
@@ -208,17 +209,6 @@ class Monitor:
             cotangents=o.cotangents,
             chain=chain,
         )
-
-    @staticmethod
-    def _gathered(out: Out) -> tuple[Any, _wire.WireLayout]:
-        """A recorded step's buffers, flags and loss in one device buffer, its copy
-        to the host started (one round trip instead of one per array)."""
-        result = out.result
-        value = result[0] if isinstance(result, tuple) else result
-        loss = value if isinstance(value, jax.Array) and value.size == 1 else None
-        buf, layout = _wire.gather((out.packed.buffers, out.finite, out.clean, loss))
-        buf.copy_to_host_async()
-        return buf, layout
 
     def flush(self) -> None:
         """Read every pending summary and flag and hand them to the views and sinks now."""
@@ -293,26 +283,26 @@ class Monitor:
             self.nonfinite = _nonfinite.NonFinite(step, None, None)
             return
         at = sum(1 for s, *_ in self._pending if s < step)
-        self._pending.insert(at, (step, rerun, args, self._gathered(rerun)))
+        self._pending.insert(at, (step, _light(rerun), args, _parts(rerun)))
 
     def _drain(self, *, keep: int) -> None:
-        while self._pending:
-            step, out, args, gathered = self._pending[0]
-            if len(self._pending) <= keep and not _ready(gathered[0]):
-                break
-            # Earlier unrecorded steps first: a bad one is re-run and queued before this.
-            self._check_flags(keep=0, before=step)
-            if self._pending[0][0] != step:
-                continue
-            self._pending.popleft()
-            self._record(step, out, args, gathered)
+        """Record the pending steps once more than `keep` wait: one gather, one read."""
+        if not self._pending or len(self._pending) <= keep:
+            return
+        # Earlier unrecorded steps first: a bad one is re-run and queued in step order.
+        self._check_flags(keep=0, before=self._pending[-1][0])
+        batch = list(self._pending)
+        self._pending.clear()
+        buf, layout = _wire.gather([parts for *_, parts in batch])
+        host = _wire.split(np.asarray(buf), layout)  # the one device→host round trip
+        for (step, out, args, _), parts in zip(batch, host, strict=True):
+            self._record(step, out, args, parts)
 
-    def _record(self, step: int, out: Out, args: tuple | None, gathered: Any) -> None:
-        # The training thread reads the (ready) gathered buffer, one transfer; the
-        # summaries become JSON only when read (`_entry.LazyEntry`), unless this step
-        # holds a non-finite value: then the origin rule needs them now.
-        buf, layout = gathered
-        host, finite, clean, value = _wire.split(np.asarray(buf), layout)
+    def _record(self, step: int, out: Out, args: tuple | None, parts: Any) -> None:
+        # `parts` are on the host (`_drain`); the summaries become JSON only when read
+        # (`_entry.LazyEntry`), unless this step holds a non-finite value: then the
+        # origin rule needs them now.
+        host, finite, clean, value = parts
         try:
             loss = None if value is None else float(value.reshape(()))
         except (TypeError, ValueError):
@@ -468,9 +458,18 @@ class Monitor:
         return _model.write("html", self.to_dict(created=created), path)
 
 
-def _ready(buf: Any) -> bool:
-    is_ready = getattr(buf, "is_ready", None)
-    return True if is_ready is None else bool(is_ready())
+def _parts(out: Out) -> tuple:
+    """What the host reads of a recorded step: its summary buffers, its finite flags,
+    its clean flag and its loss (when the value is one number)."""
+    result = out.result
+    value = result[0] if isinstance(result, tuple) else result
+    loss = value if isinstance(value, jax.Array) and value.size == 1 else None
+    return (out.packed.buffers, out.finite, out.clean, loss)
+
+
+def _light(out: Out) -> Out:
+    """`out` without its result: a pending step must not hold its gradients."""
+    return Out(None, out.packed, out.finite, out.clean, out.traced, out.notes)
 
 
 def _device() -> str:

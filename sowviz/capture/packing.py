@@ -1,16 +1,17 @@
-"""Pack many small arrays into one buffer per dtype, to leave a program cheaply.
+"""Pack many small arrays into one buffer, to leave a program cheaply.
 
 A compiled program pays about a microsecond per output buffer; a model with a
 few hundred probes, each summarised into 15 arrays, would otherwise return
-thousands. Summaries are packed inside the program into one flat buffer per
-dtype and unpacked on the host with NumPy after ONE transfer. The layout is
-static and rides in the output's pytree structure (`Packed` keeps it as aux
-data), so `jax.jit` caches it with the compiled program.
+thousands. And every buffer read on the host is a round trip (about 200 µs on
+a GPU, serialised). Summaries are packed inside the program into ONE flat
+uint32 buffer, every dtype bitcast to words (`sowviz._wire`), and unpacked on
+the host with NumPy views after one transfer. The layout is static and rides in
+the output's pytree structure (`Packed` keeps it as aux data), so `jax.jit`
+caches it with the compiled program.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,13 +19,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _wire
+
 
 @dataclass(frozen=True)
 class Layout:
     treedef: Any
-    # Per leaf: (buffer key, offset, shape, dtype name); None marks a None leaf.
-    slots: tuple[tuple[str, int, tuple[int, ...], str] | None, ...]
-    keys: tuple[str, ...]  # buffer keys in output order
+    # Per leaf: (offset in words, shape, dtype name); None marks a None leaf.
+    slots: tuple[tuple[int, tuple[int, ...], str] | None, ...]
+    words: int  # the buffer's length (no buffer when 0)
 
 
 @dataclass(frozen=True)
@@ -99,36 +102,33 @@ class Packed:
 
 
 def _unflatten(layout: Layout, bufs: Any) -> Any:
-    by_key = dict(zip(layout.keys, bufs, strict=True))
+    words = bufs[0] if bufs else None
+    if isinstance(words, np.ndarray):
+        words = words.view(np.uint32)
     leaves = []
     for slot in layout.slots:
         if slot is None:
             leaves.append(None)
             continue
-        key, off, shape, _ = slot
-        flat = by_key[key][off : off + math.prod(shape)]
-        leaves.append(flat.reshape(shape))
+        off, shape, dtype = slot
+        n = _wire.word_count(shape, dtype)
+        leaves.append(_wire.from_words(words[off : off + n], shape, dtype))
     return jax.tree_util.tree_unflatten(layout.treedef, leaves)
 
 
 def pack(tree: Any) -> Packed:
-    """Pack the array leaves of `tree` (traced) into one buffer per dtype."""
+    """Pack the array leaves of `tree` (traced) into one uint32 buffer (none if no leaf)."""
     leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=lambda x: x is None)
-    groups: dict[str, list[Any]] = {}
-    sizes: dict[str, int] = {}
-    slots: list[tuple[str, int, tuple[int, ...], str] | None] = []
+    parts: list[Any] = []
+    slots: list[tuple[int, tuple[int, ...], str] | None] = []
+    off = 0
     for leaf in leaves:
         if leaf is None:
             slots.append(None)
             continue
         leaf = jnp.asarray(leaf)
-        key = np.dtype(leaf.dtype).name
-        off = sizes.get(key, 0)
-        slots.append((key, off, tuple(leaf.shape), key))
-        groups.setdefault(key, []).append(jnp.ravel(leaf))
-        sizes[key] = off + leaf.size
-    keys = tuple(sorted(groups))
-    buffers = tuple(
-        jnp.concatenate(groups[k]) if len(groups[k]) > 1 else groups[k][0] for k in keys
-    )
-    return Packed(buffers, Layout(treedef, tuple(slots), keys))
+        slots.append((off, tuple(leaf.shape), np.dtype(leaf.dtype).name))
+        parts.append(_wire.words(leaf))
+        off += parts[-1].size
+    buffers = (jnp.concatenate(parts) if len(parts) > 1 else parts[0],) if parts else ()
+    return Packed(buffers, Layout(treedef, tuple(slots), off))
