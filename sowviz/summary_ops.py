@@ -68,9 +68,9 @@ def _div_pow2(v: jax.Array, scale: jax.Array) -> jax.Array:
     return v * jnp.where(huge, one / 2, one) * jnp.where(huge, 2 / scale, 1 / scale)
 
 
-def bin_index(v: jax.Array, lo: jax.Array, hi: jax.Array, bins: int):
-    """Edges ``(B, bins + 1)`` over per-member ``[lo, hi]`` (shape ``(B,)``) and the
-    linear bin of every element of ``v`` (clipped into [0, bins))."""
+def bin_params(lo: jax.Array, hi: jax.Array, bins: int):
+    """Per member ``(B,)`` of ``[lo, hi]``: the edges ``(B, bins + 1)`` and what
+    `bin_of` needs (scale, lo in units of scale, bins per unit)."""
     dt = lo.dtype
     info = jnp.finfo(dt)
     big = info.max
@@ -94,11 +94,22 @@ def bin_index(v: jax.Array, lo: jax.Array, hi: jax.Array, bins: int):
     edges = (lo_s[:, None] + width[:, None] * t) * scale[:, None]
     edges = edges.at[:, 0].set(lo).at[:, -1].set(hi)
     edges = jnp.clip(edges, lo[:, None], hi[:, None])
-    ratio = bins / width
+    return edges, scale, lo_s, bins / width
+
+
+def bin_of(v: jax.Array, scale: jax.Array, lo_s: jax.Array, ratio: jax.Array, bins: int):
+    """The linear bin of every element of ``v`` (clipped into [0, bins)), from
+    `bin_params` of its member (leading axes of ``v``)."""
     nd = v.ndim
     pos = jnp.floor((_div_pow2(v, _b(scale, nd)) - _b(lo_s, nd)) * _b(ratio, nd))
-    idx = jnp.clip(jnp.where(jnp.isnan(pos), 0, pos), 0, bins - 1).astype(jnp.int32)
-    return edges, idx
+    return jnp.clip(jnp.where(jnp.isnan(pos), 0, pos), 0, bins - 1).astype(jnp.int32)
+
+
+def bin_index(v: jax.Array, lo: jax.Array, hi: jax.Array, bins: int):
+    """Edges ``(B, bins + 1)`` over per-member ``[lo, hi]`` (shape ``(B,)``) and the
+    linear bin of every element of ``v`` (clipped into [0, bins))."""
+    edges, scale, lo_s, ratio = bin_params(lo, hi, bins)
+    return edges, bin_of(v, scale, lo_s, ratio, bins)
 
 
 def log_window_start(absmax: jax.Array) -> jax.Array:
@@ -343,9 +354,10 @@ def segment_stats(v: jax.Array, seg: Any, members: int, bins: int) -> dict:
     d = c1 / n
     mean = jnp.clip((ms + d) * scale, vmin, vmax)
     std = jnp.sqrt(jnp.maximum(c2 / n - d * d, 0)) * scale
-    edges, idx = bin_index(v, vmin[seg_j], vmax[seg_j], bins)
-    first = jnp.searchsorted(seg_j, jnp.arange(members, dtype=jnp.int32))  # first rows
-    edges = edges[first]
+    # Per member, then gathered to the rows (no search for members' first rows: on a
+    # GPU a searchsorted is a while loop, a host round trip per iteration).
+    edges, b_scale, b_lo, b_ratio = bin_params(vmin, vmax, bins)
+    idx = bin_of(v, b_scale[seg_j], b_lo[seg_j], b_ratio[seg_j], bins)
     idx = jnp.where(
         finite, idx, jnp.where(jnp.isnan(v), bins, jnp.where(v > 0, bins + 1, bins + 2))
     )
