@@ -8,9 +8,10 @@ own program (like `jax.jit`), and a shape seen before reuses its program.
 
 Nothing waits on the host, and no step reads from the device on its own: a
 device→host read is a round trip (about 200 µs on a GPU), so reads are batched.
-Recorded steps wait on the device until more than `_MAX_PENDING` are in: then
-one small program gathers the summaries, flags and losses of all of them into
-one buffer (`_wire`) and one read brings them to the host (or at `flush()`).
+Recorded steps wait on the device until more than `_MAX_PENDING` are in, or the
+oldest has waited `throttle` seconds: then one small program gathers the
+summaries, flags and losses of all of them into one buffer (`_wire`) and one
+read brings them to the host (or at `flush()`).
 On unrecorded steps (`every > 1`) the plain program runs and advances a running flag on the device (`_program.chain_flags`: the first
 non-finite step so far); it is read once per `_FLAG_BATCH` unrecorded steps,
 `_MAX_FLAGS` steps behind the newest (the device is not stalled), and one read
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import atexit
 import threading
+import time
 import warnings
 import weakref
 from collections import deque
@@ -149,6 +151,7 @@ class Monitor:
         self._flags: deque[tuple[int, Out, tuple | None, int]] = deque()
         self._chain: Any = None  # the running flag (`_program.chain_flags`), on the device
         self._chain_runs = 0  # unrecorded steps it has counted
+        self._waiting_since = 0.0  # when the oldest pending recorded step was queued
         self._first_flagged: int | None = None  # first unrecorded step whose flag was bad
         self._located = False  # the first non-finite step was located (done once)
         self._traced: Traced | None = None
@@ -185,6 +188,8 @@ class Monitor:
                 self._new_graph(out.traced)
             kept = None if self._located else args  # references, not copies
             if record:
+                if not self._pending:
+                    self._waiting_since = time.monotonic()
                 self._pending.append((step, _light(out), kept, _parts(out)))
             elif chained:
                 self._chain = out.chain
@@ -283,11 +288,17 @@ class Monitor:
             self.nonfinite = _nonfinite.NonFinite(step, None, None)
             return
         at = sum(1 for s, *_ in self._pending if s < step)
+        if not self._pending:
+            self._waiting_since = time.monotonic()
         self._pending.insert(at, (step, _light(rerun), args, _parts(rerun)))
 
     def _drain(self, *, keep: int) -> None:
-        """Record the pending steps once more than `keep` wait: one gather, one read."""
-        if not self._pending or len(self._pending) <= keep:
+        """Record the pending steps once more than `keep` wait, or the oldest has waited
+        `throttle` seconds (slow or rare recorded steps still reach the views): one
+        gather, one read."""
+        if not self._pending:
+            return
+        if len(self._pending) <= keep and time.monotonic() - self._waiting_since < self.throttle:
             return
         # Earlier unrecorded steps first: a bad one is re-run and queued in step order.
         self._check_flags(keep=0, before=self._pending[-1][0])

@@ -172,7 +172,10 @@ class Summary:
             >>> summarize(jnp.zeros((2, 3)), bins=2).to_json()["hist"]["counts"]
             [0, 6]
         """
-        host = jax.device_get(self)
+        # Unpacked summaries are already NumPy: a device_get would still walk and
+        # copy-check every leaf (a third of `inspect`'s time on 1,000 probes).
+        on_host = all(isinstance(v, (np.ndarray, np.generic)) for v in _arrays(self))
+        host = self if on_host else jax.device_get(self)
         if np.ndim(host.count) != 0:
             raise ValueError(
                 f"to_json needs one summary, but this one is stacked with leading axes "
@@ -201,8 +204,8 @@ class Summary:
             "l2": _finite_float(host.l2) if count > 0 else 0.0,
             "absmax": stat(host.absmax),
             "hist": {
-                "edges": [_finite_float(e) for e in np.asarray(host.hist_edges)],
-                "counts": [int(c) for c in np.asarray(host.hist_counts)],
+                "edges": _finite_floats(host.hist_edges),
+                "counts": np.asarray(host.hist_counts).tolist(),
             },
             "loghist": _loghist_json(host),
         }
@@ -230,12 +233,26 @@ def _loghist_json(host: Summary) -> dict[str, Any]:
     keys = int(host.loghist_start) + np.arange(first, last + 2)
     edges = log10_edge(keys, np.asarray(host.absmax).dtype)
     return {
-        "edges": [float(e) for e in edges],
-        "counts": [int(c) for c in counts[first : last + 1]],
-        "neg": [int(c) for c in np.asarray(host.loghist_neg)[first : last + 1]],
+        "edges": edges.tolist(),
+        "counts": counts[first : last + 1].tolist(),
+        "neg": np.asarray(host.loghist_neg)[first : last + 1].tolist(),
         "under": under,
         "under_neg": under_neg,
     }
+
+
+def _arrays(summary: Any) -> list[Any]:
+    """The statistics' leaves of `summary` (not per-iteration ones)."""
+    return [getattr(summary, f) for f in ("count", "min", "hist_edges", "hist_counts", "l2")]
+
+
+def _finite_floats(v: Any) -> list[float]:
+    """`_finite_float` of every element (a flat list of Python floats)."""
+    a = np.asarray(v)
+    if np.isfinite(a).all():
+        return a.tolist()
+    big = float(np.finfo(a.dtype).max)
+    return np.nan_to_num(a, nan=0.0, posinf=big, neginf=-big).tolist()
 
 
 def _finite_float(v: Any) -> float:

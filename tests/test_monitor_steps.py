@@ -285,3 +285,18 @@ def test_recorded_steps_share_one_transfer(monkeypatch):
     for e, x in zip(mon.history, xs, strict=True):
         ref_value, _ = jax.value_and_grad(loss)(W, x)
         np.testing.assert_allclose(e["loss"], ref_value, rtol=1e-6)
+
+
+def test_rare_recorded_steps_reach_the_history_after_throttle_seconds():
+    # Batched reads must not hold a rare recorded step back until more arrive: once the
+    # oldest has waited `throttle` seconds, the next step reads it.
+    loss, _ = counted()
+    slow = sowviz.Monitor(loss, every=1000, throttle=0.0)
+    batched = sowviz.Monitor(loss, every=1, throttle=3600.0)
+    for _ in range(3):
+        slow.step(W, batch(4))
+        batched.step(W, batch(4))
+    assert [e["step"] for e in slow.history] == [0]  # read without a flush
+    assert len(batched.history) == 0  # 3 steps wait for a batch (or a flush)
+    batched.flush()
+    assert [e["step"] for e in batched.history] == [0, 1, 2]
