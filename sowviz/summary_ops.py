@@ -226,6 +226,12 @@ def _reduce(operands, inits, ops, axes):
     )
 
 
+def _over_rows(x: jax.Array, reduce: Any, **kw: Any) -> jax.Array:
+    """`reduce` over axis 1 (the rows); a single row is taken as it is (XLA keeps a
+    reduction over one element as a kernel of its own: a launch each on a GPU)."""
+    return x[:, 0] if x.shape[1] == 1 else reduce(x, 1, **kw)
+
+
 def row_map(rows: int, keep: np.ndarray | None) -> np.ndarray | None:
     """Kept position of each row (dropped rows go to a dump row after the kept ones)."""
     if keep is None:
@@ -252,14 +258,14 @@ def stats(v: jax.Array, bins: int, keep: np.ndarray | None) -> tuple[dict, dict 
     axes = tuple(range(2, nd))
     zero = jnp.zeros((), acc)
     v, finite, (min_r, max_r, sum_r, cnt_r) = _first_pass(v, axes)
-    vmin = jnp.min(min_r, 1, initial=jnp.inf)
-    vmax = jnp.max(max_r, 1, initial=-jnp.inf)
+    vmin = _over_rows(min_r, jnp.min, initial=jnp.inf)
+    vmax = _over_rows(max_r, jnp.max, initial=-jnp.inf)
     have = vmin <= vmax
     vmin, vmax = jnp.where(have, vmin, zero), jnp.where(have, vmax, zero)
     absmax = jnp.maximum(jnp.abs(vmin), jnp.abs(vmax))
-    cnt = jnp.sum(cnt_r, 1, dtype=jnp.int32)
+    cnt = _over_rows(cnt_r, jnp.sum, dtype=jnp.int32)
     n = jnp.maximum(cnt, 1).astype(acc)
-    total = jnp.sum(sum_r, 1)
+    total = _over_rows(sum_r, jnp.sum)
     # The shift: the mean from (1), unless its sum overflowed (then 0).
     shift = jnp.clip(jnp.where(jnp.isfinite(total), total / n, zero), vmin, vmax)
     scale = pow2_scale(absmax)
@@ -275,7 +281,7 @@ def stats(v: jax.Array, bins: int, keep: np.ndarray | None) -> tuple[dict, dict 
         cr = jnp.where(finite, vs - _b(_div_pow2(row_shift, scale[:, None]), nd), zero)
         operands += [cr, cr * cr]
     sums = _reduce(operands, [0] * len(operands), [jnp.add] * len(operands), axes)
-    c1, c2, sq = (jnp.sum(x, 1) for x in sums[:3])
+    c1, c2, sq = (_over_rows(x, jnp.sum) for x in sums[:3])
     d = c1 / n
     mean = jnp.clip((ms + d) * scale, vmin, vmax)
     std = jnp.sqrt(jnp.maximum(c2 / n - d * d, 0)) * scale
@@ -285,7 +291,7 @@ def stats(v: jax.Array, bins: int, keep: np.ndarray | None) -> tuple[dict, dict 
     )
     start = log_window_start(absmax)
     lin, log = count(idx, log_slot(v, start, finite), bins + 3, 2 * LOG_SLOTS, rows, v)
-    linp = jnp.sum(lin, 1, dtype=jnp.int32)
+    linp = _over_rows(lin, jnp.sum, dtype=jnp.int32)
     pooled = _fields(cnt, linp, log, bins, vmin, vmax, mean, std, sq, scale, absmax, edges, start)
     if keep is None:
         return pooled, None
@@ -332,25 +338,28 @@ def segment_stats(v: jax.Array, seg: Any, members: int, bins: int) -> dict:
     zero = jnp.zeros((), acc)
     v, finite, (min_r, max_r, sum_r, cnt_r) = _first_pass(v, (1,))
 
-    def per_member(x, op):
-        out = op(x, seg_j, num_segments=members, indices_are_sorted=True)
-        return out.astype(x.dtype)
+    def per_member(columns, op):
+        # Like columns share one segment reduction (one scatter: a launch on a GPU).
+        out = op(jnp.stack(columns, 1), seg_j, num_segments=members, indices_are_sorted=True)
+        return [out[:, i] for i in range(len(columns))]
 
-    vmin = per_member(min_r, jax.ops.segment_min)
-    vmax = per_member(max_r, jax.ops.segment_max)
+    # min as the max of the negation (exact), beside the max
+    neg_min, vmax = per_member([-min_r, max_r], jax.ops.segment_max)
+    vmin = -neg_min
     have = vmin <= vmax
     vmin, vmax = jnp.where(have, vmin, zero), jnp.where(have, vmax, zero)
     absmax = jnp.maximum(jnp.abs(vmin), jnp.abs(vmax))
-    cnt = per_member(cnt_r, jax.ops.segment_sum)
+    # counts as floats beside the sums: exact, members hold far fewer than 2**24 values
+    total, cnt_f = per_member([sum_r, cnt_r.astype(acc)], jax.ops.segment_sum)
+    cnt = cnt_f.astype(jnp.int32)
     n = jnp.maximum(cnt, 1).astype(acc)
-    total = per_member(sum_r, jax.ops.segment_sum)
     shift = jnp.clip(jnp.where(jnp.isfinite(total), total / n, zero), vmin, vmax)
     scale = pow2_scale(absmax)
     vs = jnp.where(finite, _div_pow2(v, scale[seg_j][:, None]), zero)
     ms = _div_pow2(shift, scale)
     c = jnp.where(finite, vs - ms[seg_j][:, None], zero)
     sums = _reduce((c, c * c, vs * vs), (0, 0, 0), (jnp.add,) * 3, (1,))
-    c1, c2, sq = (per_member(x, jax.ops.segment_sum) for x in sums)
+    c1, c2, sq = per_member(list(sums), jax.ops.segment_sum)
     d = c1 / n
     mean = jnp.clip((ms + d) * scale, vmin, vmax)
     std = jnp.sqrt(jnp.maximum(c2 / n - d * d, 0)) * scale
