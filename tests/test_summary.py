@@ -911,3 +911,22 @@ def test_large_array_summary_temporaries_are_bounded() -> None:
         sharded = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, P("x")))
         hlo = jax.jit(summarize).lower(sharded).compile().as_text()
         assert "all-gather" not in hlo and "all-to-all" not in hlo
+
+
+def test_a_layout_of_many_arrays_is_concatenated_in_chunks_on_cpu() -> None:
+    # More parts than CONCAT_CHUNK: concatenated in chunks (fast to compile on a CPU),
+    # the same rows as one concatenation, and each member still summarised right.
+    from sowviz.capture import summaries
+
+    rng = np.random.default_rng(5)
+    leaves = [rng.normal(size=(int(n),)).astype(np.float32) for n in rng.integers(1, 900, 90)]
+    assert 2 * len(leaves) > summaries.CONCAT_CHUNK
+    rows = jax.jit(lambda ls: summaries._layout(ls, sized=False))(leaves)
+    want = np.concatenate(
+        [np.concatenate([v, np.full(-v.size % summaries.SEGMENT_ROW, np.nan)]) for v in leaves]
+    )
+    np.testing.assert_array_equal(np.asarray(rows.flat).ravel(), want)
+    out = jax.jit(lambda ls: summaries._segmented(ls, 8))(leaves)
+    for i in (0, 45, 89):
+        assert int(out.count[i]) == leaves[i].size
+        np.testing.assert_allclose(float(out.mean[i]), leaves[i].mean(dtype=np.float64), rtol=1e-5)
