@@ -12,8 +12,8 @@ one summary each (on a GPU the opposite: one launch per op dominates, and a
 stack of 16 arrays of 128K elements summarised 5x faster than 16 summaries);
 on any backend a stack holds at most `STACK_MAX_BYTES`, which bounds the extra
 memory the copy takes. The summaries leave the program packed into one
-buffer per dtype; the host splits them per array after the one transfer
-(`Regroup.apply`, NumPy indexing).
+uint32 buffer (`packing`); the host splits them per array after the one
+transfer (`Regroup.apply`, NumPy indexing).
 
 `inspect`, `show` and `Monitor` compile the segmented summaries as a SECOND
 program (`finish`), fed by the capture program's laid-out rows (`Rows`: the
