@@ -244,13 +244,15 @@ class Runner:
 
     def __init__(self, family: Family, options: InspectOptions):
         self.family, self.options = family, options
-        self._instrumented = jax.jit(self._instrumented_program, static_argnums=0)
+        self._instrumented = jax.jit(self._instrumented_program, static_argnums=(0, 3))
         self._plain = jax.jit(self._plain_program, static_argnums=0)
 
     def _transformed(self, traced: Traced, run: Callable) -> Callable:
         return transform(run, traced.layout, self.options.mode, self.options.argnums)
 
-    def _instrumented_program(self, spec: ArgSpec, dyn: list, extra: tuple) -> Out:
+    def _instrumented_program(
+        self, spec: ArgSpec, dyn: list, extra: tuple, inline: bool = False
+    ) -> Out:
         o = self.options
         traced = self.family.traced(o, spec, dyn)
         fn = self._transformed(traced, traced.probed)
@@ -262,7 +264,7 @@ class Runner:
             summarize=SummaryOptions(bins=o.bins),
             strict=o.strict,
             by_tag=True,
-            defer=_summaries.DEFER_SEGMENTS,
+            defer=_summaries.DEFER_SEGMENTS and not inline,
         )
         result, packed = capture.run(dyn, extra)
         notes = tuple(capture.notes)
@@ -284,17 +286,21 @@ class Runner:
         tangents: Any = None,
         cotangents: Any = None,
         chain: Any = None,
+        inline: bool = False,
     ) -> Out:
         """One compiled call on `args` (dispatch only, when the program exists).
         `tangents`/`cotangents` are this call's values (arguments of the program). The
-        plain program also advances a running flag `chain` (`chain_flags`) if given."""
+        plain program also advances a running flag `chain` (`chain_flags`) if given.
+        `inline`: every summary in the one program, none deferred to the shared second
+        program (`capture.summaries.finish`): a program of its own, but one dispatch
+        per call instead of two (see `Monitor`)."""
         spec, dyn = split(args, where)
         extra = (_user_tangents(spec, dyn, tangents, where), cotangents)
         self.family.local.args = args
         try:
             if not instrumented:
                 return self._plain(spec, dyn, extra, chain)
-            out = self._instrumented(spec, dyn, extra)
+            out = self._instrumented(spec, dyn, extra, inline)
         finally:
             self.family.local.args = None
         if not out.packed.pending:

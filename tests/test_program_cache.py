@@ -152,3 +152,35 @@ def test_a_failed_write_leaves_the_previous_report(tmp_path, monkeypatch):
         sowviz.inspect(loss, W * 3.0, X).save_html(path)
     assert path.read_bytes() == before
     assert sorted(p.name for p in pathlib.Path(tmp_path).iterdir()) == ["r.html"]
+
+
+def test_inline_summaries_equal_the_deferred_ones(monkeypatch):
+    # The Monitor on an accelerator runs one program with every summary inline; the
+    # summaries must equal those of the shared second program (`finish`), and the
+    # Monitor must take that path there.
+    import sowviz.monitor
+
+    loss, _ = make_loss()
+    runner = _program.runner_for(loss, sowviz.inspection.InspectOptions())
+    deferred = runner.run((W, X), where="test")
+    inline = runner.run((W, X), where="test", inline=True)
+    assert deferred.packed.regroup.deferred and not inline.packed.regroup.deferred
+    a, _ = deferred.packed.unpack()
+    b, _ = inline.packed.unpack()
+    leaves_a = jax.tree_util.tree_leaves_with_path(a, is_leaf=lambda v: hasattr(v, "to_json"))
+    leaves_b = jax.tree_util.tree_leaves(b, is_leaf=lambda v: hasattr(v, "to_json"))
+    assert len(leaves_a) == len(leaves_b) > 0
+    for (path, sa), sb in zip(leaves_a, leaves_b, strict=True):
+        assert sa.to_json() == sb.to_json(), jax.tree_util.keystr(path)
+    # the Monitor's choice: inline off the CPU
+    seen = []
+    real = _program.Runner.run
+    monkeypatch.setattr(
+        _program.Runner, "run", lambda self, *a, **k: seen.append(k) or real(self, *a, **k)
+    )
+    monkeypatch.setattr(sowviz.monitor.jax, "default_backend", lambda: "gpu")
+    mon = sowviz.Monitor(loss)
+    value, _ = mon.step(W, X)
+    mon.flush()
+    assert seen[-1]["inline"] is True
+    np.testing.assert_allclose(mon.history[-1]["loss"], float(value), rtol=1e-6)
