@@ -66,27 +66,21 @@ def main(quick: bool = False) -> list[_bench.Row]:
             repeats,
             inner,
         )
-        _bench.emit(
-            rows,
-            _bench.Row(
-                "summary_overhead",
-                f"capture+summaries / jit(grad), {label}",
-                t["summaries"] / t["baseline"],
-                target="≤ 1.05x" if gpu else "≤ 1.25x",
-                detail=f"({t['summaries'] * 1e6:.0f} µs vs {t['baseline'] * 1e6:.0f} µs, "
-                f"{2 * depth} arrays)",
-            ),
-        )
-        _bench.emit(
-            rows,
-            _bench.Row(
-                "summary_overhead",
-                f"capture+summaries read 2 calls later (as Monitor) / jit(grad), {label}",
-                t["pipelined"] / t["baseline"],
-                target="≤ 1.05x" if gpu else "≤ 1.25x",
-                detail=f"({t['pipelined'] * 1e6:.0f} µs vs {t['baseline'] * 1e6:.0f} µs)",
-            ),
-        )
+        for key, case in (
+            ("summaries", "capture+summaries"),
+            ("pipelined", "capture+summaries read 2 calls later (as Monitor)"),
+        ):
+            _bench.emit(
+                rows,
+                _bench.Row(
+                    "summary_overhead",
+                    f"{case} / jit(grad), {label}",
+                    t[key] / t["baseline"],
+                    target="≤ 1.05x" if gpu else "≤ 1.25x",
+                    detail=f"({t[key] * 1e6:.0f} µs vs {t['baseline'] * 1e6:.0f} µs, "
+                    f"{2 * depth} arrays)",
+                ),
+            )
 
     def one(x):
         return jnp.sum(sowviz.sow(jnp.sin(x), "s") ** 2)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import gzip
 import html.parser
 import json
-import os
-import pathlib
 import re
 import subprocess
 import sys
@@ -15,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _x64 import run_x64
 from conftest import Page
 
 import sowviz
@@ -250,12 +249,7 @@ print(json.dumps({"f64": f64, "f64_back": json.loads(model_json(f64)),
 
 
 def test_float64_statistics_keep_every_digit_with_x64():
-    # x64 is process-wide: a child process
-    env = dict(os.environ, JAX_ENABLE_X64="1", JAX_PLATFORMS="cpu")
-    env["PYTHONPATH"] = os.pathsep.join([*sys.path, str(pathlib.Path(__file__).parents[1])])
-    out = subprocess.run([sys.executable, "-c", _X64], env=env, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = run_x64(_X64)  # x64 is process-wide: a child process
     assert got["f64"]["dtype"] == "float64" and got["f64_back"] == got["f64"]  # bit for bit
     assert got["f64"]["min"] == -(2.0**-20) and got["f64_back"]["min"] == -(2.0**-20)
     assert got["f64"]["max"] == 1 / 3

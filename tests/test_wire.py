@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import os
-import pathlib
-import subprocess
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _x64 import run_x64
 
 from sowviz import _wire
 
@@ -63,11 +58,7 @@ print(json.dumps({k: [np.asarray(t[k]).tobytes().hex(), b[k].tobytes().hex(), st
 
 
 def test_64_bit_values_under_x64():
-    env = dict(os.environ, JAX_ENABLE_X64="1", JAX_PLATFORMS="cpu")
-    env["PYTHONPATH"] = os.pathsep.join([*sys.path, str(pathlib.Path(__file__).parents[1])])
-    out = subprocess.run([sys.executable, "-c", _X64], env=env, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = run_x64(_X64)  # x64 is process-wide: a child process
     assert {k: v[2] for k, v in got.items()} == {"f64": "float64", "i64": "int64", "f32": "float32"}
     for want, back, _ in got.values():
         assert back == want
