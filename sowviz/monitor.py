@@ -11,14 +11,14 @@ device→host read is a round trip (about 200 µs on a GPU), so reads are batche
 Recorded steps wait on the device until more than `_MAX_PENDING` are in, or the
 oldest has waited `throttle` seconds: then one small program gathers the
 summaries, flags and losses of all of them into one buffer (`_wire`) and one
-read brings them to the host (or at `flush()`).
-On unrecorded steps (`every > 1`) the plain program runs and advances a running flag on the device (`_program.chain_flags`: the first
-non-finite step so far); it is read once per `_FLAG_BATCH` unrecorded steps,
-`_MAX_FLAGS` steps behind the newest (the device is not stalled), and one read
-answers for all of them. With `stop_on_nonfinite=True` the flag is read on every
-step (one small device→host sync per step: the price of exactness), and
-`NonFiniteError` is raised before `step` returns, so the caller never applies
-that update.
+read brings them to the host (or at `flush()`). On unrecorded steps (`every > 1`)
+the plain program runs and advances a running flag on the device
+(`_program.chain_flags`: the first non-finite step so far); it is read once per
+`_FLAG_BATCH` unrecorded steps, `_MAX_FLAGS` steps behind the newest (the device
+is not stalled), and one read answers for all of them. With
+`stop_on_nonfinite=True` the flag is read on every step (one small device→host
+sync per step: the price of exactness), and `NonFiniteError` is raised before
+`step` returns, so the caller never applies that update.
 
 The first non-finite step is located down to the equation, once, whatever the
 recording: a step's arguments stay referenced (on the device, no copy) only while
@@ -30,11 +30,11 @@ Steps are recorded in step order (an earlier step's flag is read before a later
 step is recorded), so the first non-finite step recorded is the first of the
 run. After that one locate, no arguments are kept.
 
-A recorded step costs the training thread its share of that read; its
-summaries become the JSON-ready entry only when
-read (`_entry.LazyEntry`: on a sink's thread, when the view sends, when
-`history`/`to_dict()` is read), or at once when a probe or result holds a NaN/Inf
-(the program's `clean` flag says so), since the origin rule needs them.
+A recorded step costs the training thread its share of that read; its summaries
+become the JSON-ready entry only when read (`_entry.LazyEntry`: on a sink's
+thread, when the view sends, when `history`/`to_dict()` is read), or at once when
+a probe or result holds a NaN/Inf (the program's `clean` flag says so), since the
+origin rule needs them.
 
 Recording knows no front end: views (`monitor_view.MonitorView`, created
 lazily when `mon` is displayed) and sinks (`log_dir`, TensorBoard, W&B, from
@@ -152,8 +152,9 @@ class Monitor:
         # arguments. `parts`: what the host reads of a recorded step (`_parts`); `out`
         # keeps no result (a step's gradients are not held for the read).
         self._pending: deque[tuple[int, Out, tuple | None, Any]] = deque()
-        # Unrecorded steps: (step, out, args, index in the running flag's count).
-        self._flags: deque[tuple[int, Out, tuple | None, int]] = deque()
+        # Unrecorded steps: (step, the running flag after it, args, its index in the
+        # flag's count); not their results (gradients are not held for the read).
+        self._flags: deque[tuple[int, Any, tuple | None, int]] = deque()
         self._chain: Any = None  # the running flag (`_program.chain_flags`), on the device
         self._chain_runs = 0  # unrecorded steps it has counted
         self._waiting_since = 0.0  # when the oldest pending recorded step was queued
@@ -198,7 +199,7 @@ class Monitor:
                 self._pending.append((step, _light(out), kept, _parts(out)))
             elif chained:
                 self._chain = out.chain
-                self._flags.append((step, out, kept, self._chain_runs))
+                self._flags.append((step, out.chain, kept, self._chain_runs))
                 self._chain_runs += 1
             if self.stop_on_nonfinite:
                 if not np.asarray(out.finite).all():
@@ -268,7 +269,7 @@ class Monitor:
         read = [self._flags.popleft() for _ in range(upto)]
         if self.nonfinite is not None or self._first_flagged is not None:
             return  # an earlier step is already the first non-finite one
-        first = int(np.asarray(read[-1][1].chain)[1])
+        first = int(np.asarray(read[-1][1])[1])
         bad = next((r for r in read if r[3] == first), None) if first >= 0 else None
         if bad is None:
             return
