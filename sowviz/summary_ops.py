@@ -338,7 +338,7 @@ def segment_stats(v: jax.Array, seg: Any, members: int, bins: int) -> dict:
     acc = v.dtype
     seg_j = jnp.asarray(seg, jnp.int32)
     zero = jnp.zeros((), acc)
-    v, finite, (min_r, max_r, sum_r, cnt_r) = _first_pass(v, (1,))
+    v, finite, (min_r, max_r, sum_r, cnt_r) = _first_pass(v, (1,), float_count=True)
 
     def per_member(columns, op):
         # Like columns share one segment reduction (one scatter: a launch on a GPU).
@@ -352,28 +352,33 @@ def segment_stats(v: jax.Array, seg: Any, members: int, bins: int) -> dict:
     vmin, vmax = jnp.where(have, vmin, zero), jnp.where(have, vmax, zero)
     absmax = jnp.maximum(jnp.abs(vmin), jnp.abs(vmax))
     # counts as floats beside the sums: exact, members hold far fewer than 2**24 values
-    total, cnt_f = per_member([sum_r, cnt_r.astype(acc)], jax.ops.segment_sum)
+    total, cnt_f = per_member([sum_r, cnt_r], jax.ops.segment_sum)
     cnt = cnt_f.astype(jnp.int32)
     n = jnp.maximum(cnt, 1).astype(acc)
     shift = jnp.clip(jnp.where(jnp.isfinite(total), total / n, zero), vmin, vmax)
     scale = pow2_scale(absmax)
-    vs = jnp.where(finite, _div_pow2(v, scale[seg_j][:, None]), zero)
     ms = _div_pow2(shift, scale)
-    c = jnp.where(finite, vs - ms[seg_j][:, None], zero)
+    edges, b_scale, b_lo, b_ratio = bin_params(vmin, vmax, bins)
+    start = log_window_start(absmax)
+    # Every per-member value the rows need, gathered to them at once (one gather, not
+    # one kernel each; no search for members' first rows: on a GPU a searchsorted is
+    # a while loop, a host round trip per iteration). `start` is a small integer,
+    # exact in any float.
+    at = jnp.stack([scale, ms, b_scale, b_lo, b_ratio, start.astype(acc)], 1)[seg_j]
+    r_scale, r_ms, r_bscale, r_blo, r_bratio = (at[:, i : i + 1] for i in range(5))
+    r_start = at[:, 5].astype(jnp.int32)
+    vs = jnp.where(finite, _div_pow2(v, r_scale), zero)
+    c = jnp.where(finite, vs - r_ms, zero)
     sums = _reduce((c, c * c, vs * vs), (0, 0, 0), (jnp.add,) * 3, (1,))
     c1, c2, sq = per_member(list(sums), jax.ops.segment_sum)
     d = c1 / n
     mean = jnp.clip((ms + d) * scale, vmin, vmax)
     std = jnp.sqrt(jnp.maximum(c2 / n - d * d, 0)) * scale
-    # Per member, then gathered to the rows (no search for members' first rows: on a
-    # GPU a searchsorted is a while loop, a host round trip per iteration).
-    edges, b_scale, b_lo, b_ratio = bin_params(vmin, vmax, bins)
-    idx = bin_of(v, b_scale[seg_j], b_lo[seg_j], b_ratio[seg_j], bins)
+    idx = bin_of(v, r_bscale[:, 0], r_blo[:, 0], r_bratio[:, 0], bins)
     idx = jnp.where(
         finite, idx, jnp.where(jnp.isnan(v), bins, jnp.where(v > 0, bins + 1, bins + 2))
     )
-    start = log_window_start(absmax)
-    lslot = log_slot(v, start[seg_j], finite)
+    lslot = log_slot(v, r_start, finite)
     n_lin, n_log = bins + 3, 2 * LOG_SLOTS
     width = n_lin + n_log
     base = seg_j[:, None] * width
@@ -412,9 +417,11 @@ def _fields(cnt, lin, log, bins, vmin, vmax, mean, std, sq, scale, absmax, edges
     )
 
 
-def _first_pass(v, axes):
+def _first_pass(v, axes, float_count: bool = False):
     """Subnormals to zero (see sowviz.summary's docstring), the finite mask, and one
-    reduction over `axes` of the finite min, max, sum and count."""
+    reduction over `axes` of the finite min, max, sum and count. `float_count` counts
+    in `v`'s dtype (exact below 2**24 values per row): XLA:CPU sums an int32 mask with
+    a reduce-window of its own, a float one in the fused reduction."""
     zero = jnp.zeros((), v.dtype)
     inf = jnp.asarray(jnp.inf, v.dtype)
     v = jnp.where(jnp.abs(v) < jnp.finfo(v.dtype).tiny, zero, v)
@@ -424,7 +431,7 @@ def _first_pass(v, axes):
             jnp.where(finite, v, inf),
             jnp.where(finite, v, -inf),
             jnp.where(finite, v, zero),
-            finite.astype(jnp.int32),
+            finite.astype(v.dtype if float_count else jnp.int32),
         ),
         (jnp.inf, -jnp.inf, 0, 0),
         (jnp.minimum, jnp.maximum, jnp.add, jnp.add),

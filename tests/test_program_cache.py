@@ -184,3 +184,27 @@ def test_inline_summaries_equal_the_deferred_ones(monkeypatch):
     mon.flush()
     assert seen[-1]["inline"] is True
     np.testing.assert_allclose(mon.history[-1]["loss"], float(value), rtol=1e-6)
+
+
+def test_all_finite_flags_each_leaf_as_numpy_does():
+    # The per-leaf flag the Monitor chains and reads (`_program.all_finite`), against
+    # NumPy's isfinite: every kind of non-finite value, in every inexact dtype, and
+    # finite values at the edge of the range (x * 0 must stay 0 there).
+    big = np.finfo(np.float32).max
+    leaves = {
+        "ok": np.array([1.0, big, big, 0.0, -0.0], np.float32),  # a plain sum overflows
+        "nan": np.array([1.0, np.nan], np.float32),
+        "inf": np.array([np.inf, 1.0], np.float32),
+        "ninf": np.array([[2.0], [-np.inf]], np.float32),
+        "bf16_inf": jnp.array([1.0, np.inf], jnp.bfloat16),
+        "f16_ok": np.array([65504.0, -65504.0], np.float16),
+        "c_inf_imag": np.array([1 + 1j, 1 + np.inf * 1j], np.complex64),
+        "c_nan_real": np.array([np.nan + 0j], np.complex64),
+        "c_ok": np.array([3 - 4j], np.complex64),
+        "int": np.array([1, 2], np.int32),
+        "empty": np.zeros((0,), np.float32),
+    }
+    got = np.asarray(jax.jit(_program.all_finite)(leaves))
+    want = [bool(np.isfinite(np.asarray(v, np.complex128)).all()) for v in jax.tree.leaves(leaves)]
+    assert got.tolist() == want
+    assert want.count(False) == 6  # the test covers both outcomes

@@ -117,18 +117,24 @@ def _unflatten(layout: Layout, bufs: Any) -> Any:
 
 
 def pack(tree: Any) -> Packed:
-    """Pack the array leaves of `tree` (traced) into one uint32 buffer (none if no leaf)."""
+    """Pack the array leaves of `tree` (traced) into one uint32 buffer (none if no leaf).
+
+    Leaves of one dtype are concatenated before the one bitcast to words: a bitcast
+    per leaf was a kernel per leaf on XLA:CPU (the summary program: 68 -> 63 kernels)."""
     leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=lambda x: x is None)
+    by_dtype: dict[str, list[tuple[int, Any]]] = {}
+    for i, leaf in enumerate(leaves):
+        if leaf is not None:
+            leaf = jnp.asarray(leaf)
+            by_dtype.setdefault(np.dtype(leaf.dtype).name, []).append((i, leaf))
+    slots: list[tuple[int, tuple[int, ...], str] | None] = [None] * len(leaves)
     parts: list[Any] = []
-    slots: list[tuple[int, tuple[int, ...], str] | None] = []
     off = 0
-    for leaf in leaves:
-        if leaf is None:
-            slots.append(None)
-            continue
-        leaf = jnp.asarray(leaf)
-        slots.append((off, tuple(leaf.shape), np.dtype(leaf.dtype).name))
-        parts.append(_wire.words(leaf))
-        off += parts[-1].size
-    buffers = (jnp.concatenate(parts) if len(parts) > 1 else parts[0],) if parts else ()
+    for dtype, members in by_dtype.items():
+        for i, leaf in members:
+            slots[i] = (off, tuple(leaf.shape), dtype)
+            off += _wire.word_count(leaf.shape, dtype)
+        flat = [jax.lax.reshape(leaf, (leaf.size,)) for _, leaf in members]
+        parts.append(_wire.words(flat[0] if len(flat) == 1 else jax.lax.concatenate(flat, 0)))
+    buffers = (jax.lax.concatenate(parts, 0) if len(parts) > 1 else parts[0],) if parts else ()
     return Packed(buffers, Layout(treedef, tuple(slots), off))

@@ -135,22 +135,35 @@ def _layout(leaves: list, sized: bool) -> Rows:
     """`leaves` (any shapes, one accumulation dtype) as `Rows`. With `sized`, rows and
     members are rounded up to their `bucket` (one extra member owns the padding rows,
     its NaNs all taken off as padding)."""
+    # `lax`, not `jnp` (each jnp call is a jit of its own), and one NaN fill per
+    # length: 2,000 probes laid out in 0.65 s -> 0.2 s of tracing.
     parts, rows, pads = [], [], []
+    fills: dict[int, jax.Array] = {}
     for leaf in leaves:
-        v = jnp.ravel(_summary._values(jnp.asarray(leaf)))
+        v = _flat_values(leaf)
         pad = (-v.size) % SEGMENT_ROW or (SEGMENT_ROW if v.size == 0 else 0)
-        parts += [v, jnp.full(pad, jnp.nan, v.dtype)] if pad else [v]
+        if pad and pad not in fills:
+            fills[pad] = jax.lax.full((pad,), jnp.nan, v.dtype)
+        parts += [v, fills[pad]] if pad else [v]
         rows.append((v.size + pad) // SEGMENT_ROW)
         pads.append(pad)
     seg = np.repeat(np.arange(len(leaves), dtype=np.int32), rows)
     if sized:
         members, total = bucket(len(leaves) + 1), bucket(len(seg))
         extra = total - len(seg)
-        parts.append(jnp.full(extra * SEGMENT_ROW, jnp.nan, parts[0].dtype))
+        parts.append(jax.lax.full((extra * SEGMENT_ROW,), jnp.nan, parts[0].dtype))
         seg = np.concatenate([seg, np.full(extra, len(leaves), np.int32)])
         pads += [extra * SEGMENT_ROW] + [0] * (members - len(leaves) - 1)
     flat = _concatenate(parts)
     return Rows(flat.reshape(-1, SEGMENT_ROW), jnp.asarray(seg), jnp.asarray(pads, jnp.int32))
+
+
+def _flat_values(leaf: Any) -> jax.Array:
+    """`leaf`'s values (`summary._values`) as one axis."""
+    x = jnp.asarray(leaf)
+    acc, is_complex = _summary._value_dtype(x.dtype)
+    v = _summary._values(x) if is_complex or x.dtype != acc else x
+    return jax.lax.reshape(v, (v.size,))
 
 
 #: On a CPU, the layout is concatenated in chunks of this many parts (see `_concatenate`).
@@ -165,12 +178,12 @@ def _concatenate(parts: list) -> Any:
     if len(parts) == 1:
         return parts[0]
     if jax.default_backend() != "cpu" or len(parts) <= CONCAT_CHUNK:
-        return jnp.concatenate(parts)
+        return jax.lax.concatenate(parts, 0)
     chunks = [
-        jax.lax.optimization_barrier(jnp.concatenate(parts[i : i + CONCAT_CHUNK]))
+        jax.lax.optimization_barrier(jax.lax.concatenate(parts[i : i + CONCAT_CHUNK], 0))
         for i in range(0, len(parts), CONCAT_CHUNK)
     ]
-    return jnp.concatenate(chunks)
+    return jax.lax.concatenate(chunks, 0)
 
 
 def _segment_summary(rows: Rows, bins: int) -> Any:
@@ -273,8 +286,7 @@ def summarize_packed(
 
 def _finish_program(pending: tuple[Rows, ...], clean: Any, bins: int) -> tuple[Packed, Any]:
     sums = [_segment_summary(r, bins) for r in pending]
-    bad = [jnp.any(s.nan > 0) | jnp.any(s.posinf > 0) | jnp.any(s.neginf > 0) for s in sums]
-    return pack(sums), clean & ~jnp.any(jnp.stack(bad))
+    return pack(sums), clean & _summary.all_clean(sums)
 
 
 _finish = jax.jit(_finish_program, static_argnames="bins")
