@@ -60,12 +60,46 @@ def _leaves(tree: Any) -> tuple[list[Any], Any]:
     return jax.tree_util.tree_flatten(tree, is_leaf=lambda v: v is None)
 
 
+def _by_dtype(dtypes: list[Any]) -> dict[np.dtype, list[int]]:
+    """Indices of the leaves of each dtype (None: no leaf), dtypes in first-seen order:
+    the order of the words in a buffer (leaves of one dtype are concatenated before
+    one bitcast; a bitcast per leaf was a kernel per leaf on XLA:CPU)."""
+    groups: dict[np.dtype, list[int]] = {}
+    for i, dtype in enumerate(dtypes):
+        if dtype is not None:
+            groups.setdefault(np.dtype(dtype), []).append(i)
+    return groups
+
+
+def offsets(avals: list[tuple[tuple[int, ...], Any] | None]) -> tuple[list[int | None], int]:
+    """Where each ``(shape, dtype)`` (None: no leaf) starts in `concat_words`' buffer,
+    in words, and the buffer's length."""
+    out: list[int | None] = [None] * len(avals)
+    offset = 0
+    for dtype, idx in _by_dtype([None if a is None else a[1] for a in avals]).items():
+        for i in idx:
+            out[i] = offset
+            offset += word_count(avals[i][0], dtype)  # type: ignore[index]
+    return out, offset
+
+
+def concat_words(leaves: list[Any]) -> jax.Array | None:
+    """Traced: the array `leaves` (None: skipped) as one uint32 vector, laid out as
+    `offsets` says; None when there is no leaf."""
+    arrays = [None if v is None else jnp.asarray(v) for v in leaves]
+    parts = []
+    for idx in _by_dtype([None if a is None else a.dtype for a in arrays]).values():
+        flat = [jax.lax.reshape(arrays[i], (arrays[i].size,)) for i in idx]
+        parts.append(words(flat[0] if len(flat) == 1 else jax.lax.concatenate(flat, 0)))
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else jax.lax.concatenate(parts, 0)
+
+
 @jax.jit
 def _gather(tree: Any) -> jax.Array:
-    parts = [words(jnp.asarray(v)) for v in _leaves(tree)[0] if v is not None]
-    if not parts:
-        return jnp.zeros((0,), jnp.uint32)
-    return jnp.concatenate(parts) if len(parts) > 1 else parts[0]
+    buf = concat_words(_leaves(tree)[0])
+    return jnp.zeros((0,), jnp.uint32) if buf is None else buf
 
 
 def gather(tree: Any) -> tuple[jax.Array, WireLayout]:
@@ -82,17 +116,12 @@ def gather(tree: Any) -> tuple[jax.Array, WireLayout]:
 
 @functools.lru_cache(maxsize=256)
 def _layout(treedef: Any, avals: tuple) -> WireLayout:
-    slots: list[Slot | None] = []
-    offset = 0
-    for aval in avals:
-        if aval is None:
-            slots.append(None)
-            continue
-        shape, dtype = aval
-        n = word_count(shape, dtype)
-        slots.append(Slot(offset, n, shape, dtype))
-        offset += n
-    return WireLayout(treedef, tuple(slots), offset)
+    starts, total = offsets(list(avals))
+    slots = tuple(
+        None if a is None else Slot(start, word_count(*a), a[0], a[1])
+        for a, start in zip(avals, starts, strict=True)
+    )
+    return WireLayout(treedef, slots, total)
 
 
 def word_count(shape: tuple[int, ...], dtype: Any) -> int:

@@ -171,7 +171,7 @@ CONCAT_CHUNK = 64
 
 
 def _concatenate(parts: list) -> Any:
-    """`jnp.concatenate(parts)`. On a CPU, XLA compiles one concatenation of thousands
+    """The concatenation of `parts`. On a CPU, XLA compiles one concatenation of thousands
     of operands slowly (1,010 probes' layout: 2.7 s); concatenated in chunks kept apart
     by an optimization barrier it compiled in 1.3 s and ran as fast. On a GPU each
     chunk would be a kernel launch, so there it stays one concatenation."""
