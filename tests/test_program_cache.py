@@ -186,12 +186,20 @@ def test_inline_summaries_equal_the_deferred_ones(monkeypatch):
     np.testing.assert_allclose(mon.history[-1]["loss"], float(value), rtol=1e-6)
 
 
-def test_all_finite_flags_each_leaf_as_numpy_does():
+@pytest.mark.parametrize("stack_max", [_program.STACK_MAX, 0])
+def test_all_finite_flags_each_leaf_as_numpy_does(monkeypatch, stack_max):
     # The per-leaf flag the Monitor chains and reads (`_program.all_finite`), against
     # NumPy's isfinite: every kind of non-finite value, in every inexact dtype, and
-    # finite values at the edge of the range (x * 0 must stay 0 there).
+    # finite values at the edge of the range (x * 0 must stay 0 there); like leaves
+    # stacked into one reduction (interleaved with others: the order must come back)
+    # and, with stack_max=0, every leaf reduced on its own.
+    monkeypatch.setattr(_program, "STACK_MAX", stack_max)
     big = np.finfo(np.float32).max
+    rng = np.random.default_rng(0)
+    like = [rng.normal(size=(3, 2)).astype(np.float32) for _ in range(5)]
+    like[1][2, 1], like[4][0, 0] = np.nan, -np.inf
     leaves = {
+        **{f"like{i}": x for i, x in enumerate(like)},
         "ok": np.array([1.0, big, big, 0.0, -0.0], np.float32),  # a plain sum overflows
         "nan": np.array([1.0, np.nan], np.float32),
         "inf": np.array([np.inf, 1.0], np.float32),
@@ -204,7 +212,7 @@ def test_all_finite_flags_each_leaf_as_numpy_does():
         "int": np.array([1, 2], np.int32),
         "empty": np.zeros((0,), np.float32),
     }
-    got = np.asarray(jax.jit(_program.all_finite)(leaves))
+    got = np.asarray(jax.jit(lambda t: _program.all_finite(t))(leaves))  # traced afresh
     want = [bool(np.isfinite(np.asarray(v, np.complex128)).all()) for v in jax.tree.leaves(leaves)]
     assert got.tolist() == want
-    assert want.count(False) == 6  # the test covers both outcomes
+    assert want.count(False) == 8  # the test covers both outcomes
