@@ -1,6 +1,7 @@
 """The Monitor's fixed host cost per step, on a model whose step is microseconds of work.
 
-A 3x16 MLP (batch 4): the plain `jax.jit(jax.value_and_grad(loss))` step against
+A 3x16 MLP (batch 4), then a 125x4 MLP (250 parameter leaves: host work per leaf
+shows there): the plain `jax.jit(jax.value_and_grad(loss))` step against
 `Monitor.step` on unrecorded steps (`every` larger than the run) and on recorded
 steps (`every=1`), interleaved in one run; medians over many steps. Each step
 waits for its gradients (as a loop that applies them does), so the difference
@@ -39,8 +40,8 @@ def _params(depth: int = 3, width: int = 16):
     ]
 
 
-def measure(steps: int) -> dict[str, float]:
-    params, x = _params(), jax.random.normal(jax.random.PRNGKey(1), (4, 16))
+def measure(steps: int, depth: int = 3, width: int = 16) -> dict[str, float]:
+    params, x = _params(depth, width), jax.random.normal(jax.random.PRNGKey(1), (4, width))
     plain = jax.jit(jax.value_and_grad(loss))
     unrec = sowviz.Monitor(loss, every=10**9, history=8)
     rec = sowviz.Monitor(loss, every=1, history=8)
@@ -84,21 +85,23 @@ def main(quick: bool = False, prof: bool = False) -> list[_bench.Row]:
     steps = 50 if quick else 1000
     if prof:
         profile(steps)
-    med = measure(steps)
     rows: list[_bench.Row] = []
-    for name in ("unrecorded", "recorded"):
-        _bench.emit(
-            rows,
-            _bench.Row(
-                "monitor_hotpath",
-                f"host cost per {name} step over plain, 3x16 MLP b4",
-                med[name] - med["plain"],
-                "µs",
-                target="≤ 100 µs" if name == "unrecorded" else "",
-                detail=f"({med[name]:.0f} µs vs plain {med['plain']:.0f} µs)",
-            ),
-        )
-    print(f"flush after {steps} recorded steps: {med['flush'] / 1e3:.1f} ms")
+    # the small model, then one with 250 parameter leaves (per-leaf host work shows there)
+    for depth, width, label in ((3, 16, "3x16 MLP b4"), (125, 4, "125x4 MLP b4, 250 leaves")):
+        med = measure(steps if depth < 10 else steps // 4, depth, width)
+        for name in ("unrecorded", "recorded"):
+            _bench.emit(
+                rows,
+                _bench.Row(
+                    "monitor_hotpath",
+                    f"host cost per {name} step over plain, {label}",
+                    med[name] - med["plain"],
+                    "µs",
+                    target="≤ 100 µs" if name == "unrecorded" else "",
+                    detail=f"({med[name]:.0f} µs vs plain {med['plain']:.0f} µs)",
+                ),
+            )
+        print(f"flush after the recorded steps ({label}): {med['flush'] / 1e3:.1f} ms")
     return rows
 
 

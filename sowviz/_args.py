@@ -65,20 +65,34 @@ class ArgSpec:
         return jax.tree_util.tree_unflatten(self.treedef, leaves)
 
 
+#: (tree structure, leaf types) -> positions of the array leaves, for `split`. A step
+#: of a model with hundreds of parameter leaves re-derived them leaf by leaf in Python
+#: (250 leaves: ~100 µs a call on this CPU); the same structure and types split alike.
+_DYNAMIC: dict[tuple, tuple[int, ...]] = {}
+_DYNAMIC_MAX = 64
+
+
 def split(args: tuple, where: str) -> tuple[ArgSpec, list]:
     """Partition `args` into its static `ArgSpec` and the list of array leaves."""
     leaves, treedef = jax.tree_util.tree_flatten(args)
-    dyn, static, idx = [], [], []
-    for i, leaf in enumerate(leaves):
-        if isinstance(leaf, ARRAY_TYPES):
-            if isinstance(leaf, jax.core.Tracer):
+    key = (treedef, tuple(map(type, leaves)))
+    idx = _DYNAMIC.get(key)
+    if idx is None:
+        idx = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, ARRAY_TYPES))
+        for i in idx:
+            if isinstance(leaves[i], jax.core.Tracer):
                 raise TypeError(_TRACER.format(where=where, path="args" + _paths(args)[i]))
-            dyn.append(leaf)
-            idx.append(i)
-        else:
-            static.append((i, leaf))
+        if len(_DYNAMIC) >= _DYNAMIC_MAX:
+            _DYNAMIC.clear()
+        _DYNAMIC[key] = idx
+    if len(idx) == len(leaves):  # the usual case: every leaf an array
+        dyn, static = leaves, ()
+    else:
+        dyn = [leaves[i] for i in idx]
+        arrays = set(idx)
+        static = tuple((i, leaf) for i, leaf in enumerate(leaves) if i not in arrays)
     try:
-        spec = ArgSpec(treedef, tuple(static), tuple(idx))
+        spec = ArgSpec(treedef, static, idx)
     except TypeError:
         paths = _paths(args)
         i, leaf = next((i, v) for i, v in static if not _hashable(v))

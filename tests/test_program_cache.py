@@ -216,3 +216,27 @@ def test_all_finite_flags_each_leaf_as_numpy_does(monkeypatch, stack_max):
     want = [bool(np.isfinite(np.asarray(v, np.complex128)).all()) for v in jax.tree.leaves(leaves)]
     assert got.tolist() == want
     assert want.count(False) == 8  # the test covers both outcomes
+
+
+def test_split_reuses_array_positions_but_never_static_values():
+    # `split` caches where the arrays sit per (structure, leaf types); the static
+    # leaves' values must still come from each call, and a tracer must still be refused.
+    from sowviz._args import split
+
+    w = jnp.ones(3)
+    spec2, _ = split(({"w": w, "n": np.float32(1.0)}, 2.0, "a"), "inspect")
+    spec3, dyn3 = split(({"w": w, "n": np.float32(1.0)}, 3.0, "a"), "inspect")
+    assert spec2 != spec3 and spec2.static == ((2, 2.0), (3, "a"))
+    assert spec3.static == ((2, 3.0), (3, "a")) and spec3.dynamic == (0, 1)
+    assert len(dyn3) == 2 and dyn3[1] is w
+    assert split(({"w": w, "n": np.float32(1.0)}, 2.0, "a"), "inspect")[0] == spec2
+    # every leaf an array: the leaves themselves, in order
+    spec, dyn = split((w, np.zeros(2)), "inspect")
+    assert spec.static == () and spec.dynamic == (0, 1) and dyn[0] is w
+
+    def traced(v):
+        split((v, np.zeros(2)), "inspect")
+        return v
+
+    with pytest.raises(TypeError, match="tracer"):
+        jax.jit(traced)(w)
