@@ -24,6 +24,7 @@ BENCHMARKS = [
     "graph_scale",
     "inspect_scale",
     "frontend_load",
+    "gpu_kernels",
 ]
 
 
