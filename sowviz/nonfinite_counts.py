@@ -50,15 +50,16 @@ def _mask(x: Any, stacked: bool) -> Any:
     if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
         return None
     x = jnp.abs(x) if jnp.iscomplexobj(x) else x
-    code = (
-        jnp.isnan(x).astype(jnp.int32)
-        | jnp.where(x == jnp.inf, 2, 0).astype(jnp.int32)
-        | jnp.where(x == -jnp.inf, 4, 0).astype(jnp.int32)
-    )
+    axes: tuple[int, ...] = tuple(range(x.ndim))
     if stacked and x.ndim >= 1:
-        code = code.reshape(x.shape[0], math.prod(x.shape[1:]))
-        return lax.reduce(code, np.int32(0), lax.bitwise_or, (1,))
-    return lax.reduce(code, np.int32(0), lax.bitwise_or, tuple(range(x.ndim)))
+        x = x.reshape(x.shape[0], math.prod(x.shape[1:]))
+        axes = (1,)
+    # One max per kind, not one bitwise-or reduction: over a sharded array XLA turns the
+    # reduction into an all-reduce, and its collectives (XLA:CPU's, NCCL's) have no
+    # bitwise or ("Unsupported reduction computation"); max they all have.
+    kinds = (jnp.isnan(x), x == jnp.inf, x == -jnp.inf)
+    maxes = [lax.reduce(k.astype(jnp.int32), np.int32(0), lax.max, axes) for k in kinds]
+    return maxes[0] | (maxes[1] << 1) | (maxes[2] << 2)
 
 
 def _program(traced: Any, options: Any, tag: str) -> Any:

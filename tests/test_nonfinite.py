@@ -648,3 +648,17 @@ def test_monitor_report_banner_names_the_located_equation(page, tmp_path):
     artifacts = pathlib.Path(__file__).resolve().parents[1] / "artifacts"
     artifacts.mkdir(exist_ok=True)
     pg.screenshot(path=str(artifacts / "nonfinite_monitor_banner.png"))
+
+
+def test_origin_of_a_batch_sharded_program_matches_the_oracle():
+    # Over sharded arrays the per-probe non-finite masks are reduced across devices;
+    # that all-reduce must use an operation every backend's collectives have (a
+    # bitwise-or one failed on XLA:CPU: "Unsupported reduction computation").
+    mesh = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Explicit,))
+    spec = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("d"))
+    x = jax.device_put(jnp.linspace(0.1, 1.6, 16, dtype=jnp.float32), spec)
+    prim, line, _ = oracle(f_log_negative, X)
+    with jax.set_mesh(mesh):
+        o = locate(f_log_negative, (x,), _opts(mode="primal"))
+    assert o is not None and o.forward is not None
+    assert (o.forward.equation.primitive, _line(o.forward)) == (prim, line)
