@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import _compat
 from ._model import Mode
 
 if TYPE_CHECKING:
@@ -50,6 +51,29 @@ _COTANGENTS = (
 
 def _is_float(x: Any) -> bool:
     return jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+
+
+_NOT_SCALAR = (
+    "Gradient only defined for scalar-output functions. Output {what}. sowviz's mode "
+    "'grad' differentiates a real scalar loss (as `jax.grad` does); for a function with "
+    "other outputs use mode='vjp' (ones as cotangents, or your `cotangents=`), 'jvp' or "
+    "'primal'."
+)
+
+
+def _check_scalar(y: Any) -> None:
+    """`jax.grad`'s checks of the value (its first sentence, then what to do instead)."""
+    if not isinstance(y, jax.Array | np.ndarray | np.generic | float | int):
+        raise TypeError(_NOT_SCALAR.format(what=f"was {y}"))
+    if jnp.shape(y) != ():
+        raise TypeError(_NOT_SCALAR.format(what=f"had shape: {jnp.shape(y)}"))
+    dtype = jnp.result_type(y)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise TypeError(
+            "grad requires real-valued outputs (output dtype that is a sub-dtype of "
+            f"np.floating), but got {dtype.name}. Return a real floating-point loss, or "
+            "use mode='vjp' (complex or integer outputs) or 'primal'."
+        )
 
 
 def _seed_like(y: Any) -> Any:
@@ -132,7 +156,8 @@ def transform(
             def f(vals):
                 return run(with_values(dyn, pos, vals))
 
-            value, gs = jax.value_and_grad(f)(tuple(dyn[j] for j in pos))
+            value, pull = _compat.vjp_by_jvp(f, (tuple(dyn[j] for j in pos),), _check_scalar)
+            (gs,) = pull(jax.lax.full_like(value, 1))
             trees = layout.input_trees(nums, dict(zip(pos, gs, strict=True)))
             return value, (trees[0] if isinstance(argnums, int) else trees)
 

@@ -338,3 +338,18 @@ def test_integer_and_bool_arguments_in_every_mode(mode):
         np.testing.assert_allclose(got[0], cts[0], rtol=1e-5)
         np.testing.assert_allclose(got[1], cts[1], rtol=1e-5)
         assert got[2] is None and got[3] is None  # no cotangent space (jax: float0)
+
+
+@pytest.mark.parametrize(
+    ("fn", "message"),
+    [
+        (lambda w: w * 2, r"scalar-output.*had shape: \(3,\).*mode='vjp'"),
+        (lambda w: (jnp.sum(w), w), r"scalar-output.*Output was \(.*mode='vjp'"),
+        (lambda w: jnp.sum(w).astype(jnp.int32), r"real-valued.*got int32.*mode='vjp'"),
+        (lambda w: jnp.sum(w) * 1j, r"real-valued.*got complex64.*mode='vjp'"),
+    ],
+)
+def test_grad_mode_of_a_non_scalar_or_non_real_output_says_which_mode_instead(fn, message):
+    # What `jax.grad` says of such a function, then sowviz's way out (the modes).
+    with pytest.raises(TypeError, match=message):
+        sowviz.inspect(fn, jnp.ones(3))
