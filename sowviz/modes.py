@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _compat
+from ._args import ARRAY_TYPES
 from ._model import Mode
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ _NOT_SCALAR = (
 
 def _check_scalar(y: Any) -> None:
     """`jax.grad`'s checks of the value (its first sentence, then what to do instead)."""
-    if not isinstance(y, jax.Array | np.ndarray | np.generic | float | int):
+    if not isinstance(y, (*ARRAY_TYPES, float, int)):
         raise TypeError(_NOT_SCALAR.format(what=f"was {y}"))
     if jnp.shape(y) != ():
         raise TypeError(_NOT_SCALAR.format(what=f"had shape: {jnp.shape(y)}"))
