@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _compat
+from . import _compat, _concat
 from ._args import ArgSpec, _is_float, _layout, _paths, _user_tangents, split
 from .capture import summaries as _summaries
 from .capture.api import SaveIntermediates
@@ -189,7 +189,7 @@ def all_finite(tree: Any) -> Any:
         kinds.setdefault(key, []).append(i)
     parts, order = [], []
     for idx in kinds.values():
-        x = leaves[idx[0]] if len(idx) == 1 else jnp.stack([leaves[i] for i in idx])
+        x = leaves[idx[0]] if len(idx) == 1 else _concat.stack([leaves[i] for i in idx])
         parts.append(_nan_if_not_finite(x, len(idx) > 1))
         order += idx
     # sum(x * 0) is NaN exactly when x holds a NaN or ±Inf (IEEE: Inf * 0 is NaN), and

@@ -914,13 +914,14 @@ def test_large_array_summary_temporaries_are_bounded() -> None:
 
 
 def test_a_layout_of_many_arrays_is_concatenated_in_chunks_on_cpu() -> None:
-    # More parts than CONCAT_CHUNK: concatenated in chunks (fast to compile on a CPU),
+    # More parts than CPU_CHUNK: concatenated in chunks (fast to compile on a CPU),
     # the same rows as one concatenation, and each member still summarised right.
+    from sowviz import _concat
     from sowviz.capture import summaries
 
     rng = np.random.default_rng(5)
     leaves = [rng.normal(size=(int(n),)).astype(np.float32) for n in rng.integers(1, 900, 90)]
-    assert 2 * len(leaves) > summaries.CONCAT_CHUNK
+    assert 2 * len(leaves) > _concat.CPU_CHUNK
     rows = jax.jit(lambda ls: summaries._layout(ls, sized=False))(leaves)
     want = np.concatenate(
         [np.concatenate([v, np.full(-v.size % summaries.SEGMENT_ROW, np.nan)]) for v in leaves]

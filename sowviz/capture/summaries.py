@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _concat
 from .. import summary as _summary
 from .. import summary_ops as _ops
 from .packing import Packed, pack
@@ -151,10 +152,11 @@ def _layout(leaves: list, sized: bool) -> Rows:
     if sized:
         members, total = bucket(len(leaves) + 1), bucket(len(seg))
         extra = total - len(seg)
-        parts.append(jax.lax.full((extra * SEGMENT_ROW,), jnp.nan, parts[0].dtype))
+        fills[-1] = jax.lax.full((extra * SEGMENT_ROW,), jnp.nan, parts[0].dtype)
+        parts.append(fills[-1])
         seg = np.concatenate([seg, np.full(extra, len(leaves), np.int32)])
         pads += [extra * SEGMENT_ROW] + [0] * (members - len(leaves) - 1)
-    flat = _concatenate(parts)
+    flat = _concat.concatenate(parts, fills=list(fills.values()))
     return Rows(flat.reshape(-1, SEGMENT_ROW), jnp.asarray(seg), jnp.asarray(pads, jnp.int32))
 
 
@@ -164,26 +166,6 @@ def _flat_values(leaf: Any) -> jax.Array:
     acc, is_complex = _summary._value_dtype(x.dtype)
     v = _summary._values(x) if is_complex or x.dtype != acc else x
     return jax.lax.reshape(v, (v.size,))
-
-
-#: On a CPU, the layout is concatenated in chunks of this many parts (see `_concatenate`).
-CONCAT_CHUNK = 64
-
-
-def _concatenate(parts: list) -> Any:
-    """The concatenation of `parts`. On a CPU, XLA compiles one concatenation of thousands
-    of operands slowly (1,010 probes' layout: 2.7 s); concatenated in chunks kept apart
-    by an optimization barrier it compiled in 1.3 s and ran as fast. On a GPU each
-    chunk would be a kernel launch, so there it stays one concatenation."""
-    if len(parts) == 1:
-        return parts[0]
-    if jax.default_backend() != "cpu" or len(parts) <= CONCAT_CHUNK:
-        return jax.lax.concatenate(parts, 0)
-    chunks = [
-        jax.lax.optimization_barrier(jax.lax.concatenate(parts[i : i + CONCAT_CHUNK], 0))
-        for i in range(0, len(parts), CONCAT_CHUNK)
-    ]
-    return jax.lax.concatenate(chunks, 0)
 
 
 def _segment_summary(rows: Rows, bins: int) -> Any:
