@@ -14,6 +14,10 @@ Targets (issue 15): first inspect ≤ 1.5× plain first call; repeat ≤ 0.3 s.
 Models: a small Flax NNX MLP with LayerNorm (split into graphdef/state), an
 Equinox MLP (partitioned into arrays/static), and programs of 1k and (with
 `--big`, slow) 10k equations (named-scope residual layers).
+The same first inspect is also measured in new processes (a notebook kernel
+started afresh), once with sowviz's disk cache empty and once with the shared
+summary program on disk (`sowviz._disk_cache`); the in-process rows run with an
+empty cache of their own.
 Run: `python benchmarks/inspect_compile.py [--quick] [--big] [--inline-summaries]`;
 `--inline-summaries` compiles every summary inside the capture program (the layout
 before the second, shared summary program: an A/B switch, best in a fresh process).
@@ -21,6 +25,12 @@ before the second, shared summary program: an A/B switch, best in a fresh proces
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -192,20 +202,73 @@ def measure(name: str, loss, args) -> list[_bench.Row]:
     return rows
 
 
+def _cases(quick: bool) -> dict:
+    return {
+        "nnx": lambda: nnx_case(quick),
+        "eqx": lambda: eqx_case(quick),
+        "deep": lambda: deep_case(200 if quick else 1000),
+    }
+
+
+def one_process(key: str, quick: bool) -> None:
+    """In this (new) process: plain first call, then first inspect; prints their totals."""
+    name, loss, args = _cases(quick)[key]()
+    jax.block_until_ready(jnp.ones(3) + 1)  # the backend's start, out of both
+    with timed_parts() as plain:
+        jax.block_until_ready(jax.jit(jax.value_and_grad(loss))(*args))
+    with timed_parts() as first:
+        sowviz.inspect(loss, *args)
+    print(json.dumps({"name": name, "plain": plain["total"], "inspect": first["total"]}))
+
+
+def new_process(key: str, quick: bool) -> list[_bench.Row]:
+    """First inspect / plain in new processes: disk cache empty, then filled by the first."""
+    rows: list[_bench.Row] = []
+    with tempfile.TemporaryDirectory(prefix="sowviz-bench-cache-") as cache:
+        runs = []
+        for _ in ("empty", "filled"):
+            cmd = [sys.executable, __file__, "--one", key] + (["--quick"] if quick else [])
+            env = dict(os.environ, SOWVIZ_CACHE_DIR=cache)
+            out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+            runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    (empty, filled) = runs
+    _bench.emit(
+        rows,
+        _bench.Row(
+            "inspect_compile",
+            f"first inspect in a new process / plain, summary program on disk, {empty['name']}",
+            filled["inspect"] / filled["plain"],
+            target="≤ 1.5x",
+            detail=f"({filled['inspect']:.2f} s vs {filled['plain']:.2f} s; disk cache empty: "
+            f"{empty['inspect'] / empty['plain']:.2f}x, {empty['inspect']:.2f} s vs "
+            f"{empty['plain']:.2f} s)",
+        ),
+    )
+    return rows
+
+
 def main(quick: bool = False, big: bool = False, inline: bool = False) -> list[_bench.Row]:
     from sowviz.capture import summaries
 
     summaries.DEFER_SEGMENTS = not inline
     print(_bench.platform(), "(summaries inline)" if inline else "")
     rows: list[_bench.Row] = []
-    cases = [nnx_case(quick), eqx_case(quick), deep_case(200 if quick else 1000)]
-    if big:
-        cases.append(deep_case(10_000))
-    for name, loss, args in cases:
-        try:
-            rows += measure(name, loss, args)
-        except Exception as err:  # report and go on: one model must not hide the others
-            print(f"inspect_compile | {name}: FAILED {type(err).__name__}: {err}"[:400])
+    with tempfile.TemporaryDirectory(prefix="sowviz-bench-cache-") as cache:
+        os.environ["SOWVIZ_CACHE_DIR"] = cache  # every in-process row compiles afresh
+        cases = [make() for make in _cases(quick).values()]
+        if big:
+            cases.append(deep_case(10_000))
+        for name, loss, args in cases:
+            try:
+                rows += measure(name, loss, args)
+            except Exception as err:  # report and go on: one model must not hide the others
+                print(f"inspect_compile | {name}: FAILED {type(err).__name__}: {err}"[:400])
+    if not inline:
+        for key in _cases(quick):
+            try:
+                rows += new_process(key, quick)
+            except subprocess.CalledProcessError as err:
+                print(f"inspect_compile | new process, {key}: FAILED {err.stderr[-400:]}")
     return rows
 
 
@@ -214,6 +277,10 @@ if __name__ == "__main__":
     def extra(ap):
         ap.add_argument("--big", action="store_true")
         ap.add_argument("--inline-summaries", action="store_true")
+        ap.add_argument("--one", choices=("nnx", "eqx", "deep"), help=argparse.SUPPRESS)
 
     ns = _bench.args(__doc__, extra)
-    main(ns.quick, ns.big, ns.inline_summaries)
+    if ns.one:
+        one_process(ns.one, ns.quick)
+    else:
+        main(ns.quick, ns.big, ns.inline_summaries)

@@ -509,3 +509,54 @@ def _known_value(x: Any) -> Any:
             raise AssertionError("sowviz: a primal output of the JVP is not known")
         return known
     return x
+
+
+def serialize_compiled(compiled: Any) -> bytes:
+    """`compiled`'s executable as bytes (`jax.experimental.serialize_executable`; its
+    trees are not kept: `load_compiled` takes them from the lowering)."""
+    from jax.experimental import serialize_executable
+
+    payload, _, _ = serialize_executable.serialize(compiled)
+    return payload
+
+
+def load_compiled(payload: bytes, lowered: Any, device: Any) -> Any:
+    """The `jax.stages.Compiled` that `serialize_compiled` wrote, for `lowered`'s
+    argument and result trees, run on `device` (without it JAX would load the
+    executable for every device of the backend)."""
+    from jax.experimental import serialize_executable
+
+    return serialize_executable.deserialize_and_load(
+        payload, lowered.in_tree, lowered.out_tree, execution_devices=[device]
+    )
+
+
+def default_device() -> Any:
+    """The device a program without placed arguments runs on (in this thread)."""
+    chosen = jax.config.jax_default_device
+    if isinstance(chosen, str):
+        return jax.devices(chosen)[0]
+    return chosen if chosen is not None else jax.devices()[0]
+
+
+def compiled_devices(compiled: Any) -> set:
+    """Every device `compiled`'s arguments and results are placed on."""
+    shardings = jax.tree_util.tree_leaves((compiled.input_shardings, compiled.output_shardings))
+    return {d for s in shardings for d in s.device_set}
+
+
+def backend_identity() -> tuple:
+    """What a compiled executable depends on in this process's JAX and backend:
+    versions, platform and its version (CUDA's includes the driver), and the devices
+    (`Device.client` is not public)."""
+    import jaxlib
+
+    devices = jax.devices()
+    client = devices[0].client
+    return (
+        jax.__version__,
+        jaxlib.__version__,
+        client.platform,
+        client.platform_version,
+        tuple((d.id, d.device_kind) for d in devices),
+    )

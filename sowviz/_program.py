@@ -19,7 +19,8 @@ arrays run in a second program shared by every program with like sizes
 Bounded: per function, 16 argument specs and 8 option sets (LRU); 32 functions,
 held through weak references where Python allows (a function that is deleted
 drops its programs). For reuse across sessions, enable JAX's persistent
-compilation cache: `jax.config.update("jax_compilation_cache_dir", "/path")`.
+compilation cache: `jax.config.update("jax_compilation_cache_dir", "/path")`. The
+shared summary program is kept on disk by sowviz itself (`sowviz._disk_cache`).
 """
 
 from __future__ import annotations

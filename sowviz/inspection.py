@@ -262,7 +262,9 @@ def inspect(
     The compiled program is cached on the function and the arguments' structure,
     shapes, dtypes, shardings and static leaves (as `jax.jit` caches): the same
     `inspect` again with new values costs one run. Across sessions, JAX's persistent
-    cache helps: `jax.config.update("jax_compilation_cache_dir", "/tmp/jax-cache")`.
+    cache helps: `jax.config.update("jax_compilation_cache_dir", "/tmp/jax-cache")`;
+    the summary program sowviz shares between models is kept on disk by sowviz
+    itself (``SOWVIZ_CACHE_DIR``, default ``~/.cache/sowviz``; "" turns it off).
 
     Options: argnums, tangents (a tuple, one per argument), cotangents (shaped like
     the output), bins (≤ 4096), title, tag, duplicates (default "suffix"), loops,

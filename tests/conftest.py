@@ -2,10 +2,14 @@
 property tests (a derandomized hypothesis profile, loaded for every run)."""
 
 import os
+import tempfile
 
 # Must be set before JAX initialises its backends.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# sowviz's compiled summary programs are kept on disk (`sowviz._disk_cache`): the
+# suite, and the processes it starts, keep theirs in a fresh directory, not in ~/.cache.
+os.environ.setdefault("SOWVIZ_CACHE_DIR", tempfile.mkdtemp(prefix="sowviz-test-cache-"))
 
 import pathlib
 

@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _concat
+from .. import _concat, _disk_cache
 from .. import summary as _summary
 from .. import summary_ops as _ops
 from .packing import Packed, pack
@@ -273,6 +273,7 @@ def _finish_program(pending: tuple[Rows, ...], clean: Any, bins: int) -> tuple[P
 
 _finish = jax.jit(_finish_program, static_argnames="bins")
 _COMPILING: dict[Any, threading.Thread] = {}
+_COMPILED: dict[Any, Any] = {}  # `jax.stages.Compiled` of `_finish`, by `_key`
 _STARTED: set[Any] = set()
 _LOCK = threading.Lock()
 
@@ -283,17 +284,17 @@ def _key(pending: tuple[Rows, ...], bins: int) -> tuple:
 
 def precompile(pending: tuple[Rows, ...], bins: int) -> None:
     """Start compiling `finish`'s program for `pending`'s shapes in a thread (once per
-    shapes): XLA compiles it beside the capture program, on another core."""
+    shapes): XLA compiles it beside the capture program, on another core. A process
+    that compiled it before loads it from disk instead (`sowviz._disk_cache`)."""
     key = _key(pending, bins)
     with _LOCK:
         if key in _STARTED:
             return
         _STARTED.add(key)
-    specs = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), pending)
 
     def compile_() -> None:
         try:
-            _finish.lower(specs, jax.ShapeDtypeStruct((), jnp.bool_), bins=bins).compile()
+            _compile(key, pending, bins)
         except Exception:  # the call in `finish` compiles again and reports the error
             pass
 
@@ -315,5 +316,18 @@ def finish(packed: Packed, clean: Any) -> tuple[Packed, Any]:
         thread = _COMPILING.pop(key, None)
     if thread is not None:
         thread.join()
-    second, clean = _finish(packed.pending, clean, bins=bins)
+    compiled = _COMPILED.get(key) or _compile(key, packed.pending, bins)
+    try:
+        second, clean = compiled(packed.pending, clean)
+    except ValueError:  # compiled for the default device; a mesh's arrays take the jit
+        second, clean = _finish(packed.pending, clean, bins=bins)
     return packed.joined(second), clean
+
+
+def _compile(key: tuple, pending: tuple[Rows, ...], bins: int) -> Any:
+    """`_finish` compiled for `pending`'s shapes on the default device (loaded from disk
+    if a process compiled it before), kept under `key`."""
+    specs = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), pending)
+    lowered = _finish.lower(specs, jax.ShapeDtypeStruct((), jnp.bool_), bins=bins)
+    _COMPILED[key] = compiled = _disk_cache.compile_cached(lowered)
+    return compiled

@@ -1,0 +1,177 @@
+"""The shared summary program is kept on disk: a new process loads it, and its
+summaries equal those of a freshly compiled one (`sowviz._disk_cache`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import sowviz
+from sowviz import _disk_cache, _program
+from sowviz.capture import summaries
+
+SCRIPT = """
+import json, sys
+import jax, jax.numpy as jnp
+from jax import monitoring
+import sowviz
+
+compiled = []
+def listen(event, secs, **kw):
+    if event == "/jax/core/compile/backend_compile_duration":
+        compiled.append(str(kw.get("fun_name", "")))
+monitoring.register_event_duration_secs_listener(listen)
+
+def loss(w, x):
+    with jax.named_scope("hidden"):
+        h = jnp.tanh(x @ w[0])
+    with jax.named_scope("out"):
+        y = h @ w[1]
+    return jnp.mean(y ** 2)
+
+k = jax.random.split(jax.random.PRNGKey(0), 3)
+w = [jax.random.normal(k[0], (8, 16)), jax.random.normal(k[1], (16, 4))]
+x = jax.random.normal(k[2], (32, 8))
+probes = sowviz.inspect(loss, w, x).to_dict()["probes"]
+print(json.dumps({"finish_compiles": sum("_finish_program" in n for n in compiled),
+                  "probes": probes}, sort_keys=True))
+"""
+
+
+def _run(cache: str) -> dict:
+    env = dict(os.environ, SOWVIZ_CACHE_DIR=cache)
+    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_new_process_loads_the_summary_program_and_summarises_alike(tmp_path) -> None:
+    # A notebook kernel restarted: the second process compiles its own program but
+    # loads the shared summary program; a process with the cache off compiles both.
+    first = _run(str(tmp_path))
+    assert first["finish_compiles"] == 1
+    files = list(tmp_path.glob("*.xla"))
+    assert len(files) == 1
+    second = _run(str(tmp_path))
+    assert second["finish_compiles"] == 0
+    uncached = _run("")
+    assert uncached["finish_compiles"] == 1
+    assert second["probes"] == uncached["probes"] == first["probes"]
+    assert list(tmp_path.glob("*.xla")) == files
+
+
+@pytest.fixture
+def fresh(tmp_path, monkeypatch):
+    """sowviz and JAX with nothing compiled in memory, the disk cache in `tmp_path`."""
+    monkeypatch.setenv(_disk_cache.ENV, str(tmp_path))
+    monkeypatch.setattr(summaries, "_COMPILED", {})
+    monkeypatch.setattr(summaries, "_STARTED", set())
+    _program.clear_cache()
+    jax.clear_caches()
+    return tmp_path
+
+
+def _summaries_of(x: jax.Array) -> list:
+    def f(x):
+        with jax.named_scope("layer"):
+            y = jnp.cos(x) * 2.0
+        return jnp.sum(y**2)
+
+    return sowviz.inspect(f, x).to_dict()["probes"]
+
+
+def _forget() -> None:
+    summaries._COMPILED.clear()
+    summaries._STARTED.clear()
+    _program.clear_cache()
+    jax.clear_caches()
+
+
+def test_a_corrupt_file_is_compiled_past_and_replaced(fresh) -> None:
+    x = jnp.linspace(-3.0, 3.0, 96).reshape(8, 12)
+    want = _summaries_of(x)
+    (path,) = fresh.glob("*.xla")
+    good = path.read_bytes()
+    path.write_bytes(good[:-100] + b"\0" * 100)  # fails its checksum
+    _forget()
+    assert _summaries_of(x) == want
+    assert path.read_bytes() != good[:-100] + b"\0" * 100
+    assert path.read_bytes()[: len(_disk_cache.FORMAT)] == _disk_cache.FORMAT
+    path.write_bytes(_disk_cache.FORMAT + b"x" * 40)  # too short to hold a payload
+    _forget()
+    assert _summaries_of(x) == want
+    # the values themselves, against NumPy
+    (probe,) = [p for p in want if p["name"] == "layer"]
+    y = np.cos(np.asarray(x, np.float64)) * 2.0
+    np.testing.assert_allclose(probe["summaries"]["primal"]["mean"], y.mean(), rtol=1e-5)
+
+
+def test_the_key_is_the_program_and_the_files_are_bounded(fresh, monkeypatch) -> None:
+    def lowered(n: int):
+        return jax.jit(lambda v: jnp.cumsum(v) * 3).lower(jax.ShapeDtypeStruct((n,), jnp.float32))
+
+    device = jax.devices()[0]
+
+    def key(low):
+        return _disk_cache._key(low, device)
+
+    assert key(lowered(5)) == key(lowered(5))
+    assert key(lowered(5)) != key(lowered(6))
+    monkeypatch.setattr(_disk_cache, "MAX_FILES", 2)
+    for n in (5, 6, 7):
+        compiled = _disk_cache.compile_cached(lowered(n))
+        np.testing.assert_allclose(compiled(jnp.ones(n)), np.cumsum(np.ones(n)) * 3)
+    names = {p.name for p in fresh.glob("*.xla")}
+    assert names == {f"{key(lowered(n))}.xla" for n in (6, 7)}
+    loaded = _disk_cache._load(fresh / f"{key(lowered(7))}.xla", lowered(7), device)
+    np.testing.assert_allclose(loaded(jnp.arange(7.0)), np.cumsum(np.arange(7.0)) * 3)
+
+
+def test_where_the_cache_lives_and_when_it_is_off(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv(_disk_cache.ENV, "")
+    assert _disk_cache.cache_dir() is None
+    monkeypatch.delenv(_disk_cache.ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert _disk_cache.cache_dir() == tmp_path / "sowviz"
+    before = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path / "jax"))
+    try:  # JAX's own persistent cache keeps the program: sowviz's stays off
+        assert _disk_cache.cache_dir() is None
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
+
+
+def test_an_unwritable_cache_warns_once_and_still_compiles(tmp_path, monkeypatch) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv(_disk_cache.ENV, str(blocker / "cache"))
+    monkeypatch.setattr(_disk_cache, "_WARNED", type(_disk_cache._WARNED)())
+    low = jax.jit(lambda v: v * 2).lower(jax.ShapeDtypeStruct((3,), jnp.float32))
+    with pytest.warns(UserWarning, match="SOWVIZ_CACHE_DIR"):
+        compiled = _disk_cache.compile_cached(low)
+    np.testing.assert_allclose(compiled(jnp.ones(3)), 2.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _disk_cache.compile_cached(low)
+
+
+def test_a_directory_others_can_write_is_not_loaded_from(tmp_path, monkeypatch) -> None:
+    # A file there is unpickled: one that another user could have written is not read.
+    monkeypatch.setenv(_disk_cache.ENV, str(tmp_path))
+    low = jax.jit(lambda v: v + 5).lower(jax.ShapeDtypeStruct((2,), jnp.float32))
+    _disk_cache.compile_cached(low)
+    assert len(list(tmp_path.glob("*.xla"))) == 1
+    monkeypatch.setattr(_disk_cache, "_load", lambda *a: pytest.fail("loaded"))
+    tmp_path.chmod(0o777)
+    monkeypatch.setattr(_disk_cache, "_WARNED", type(_disk_cache._WARNED)())
+    with pytest.warns(UserWarning, match="others can write"):
+        compiled = _disk_cache.compile_cached(low)
+    np.testing.assert_allclose(compiled(jnp.ones(2)), 6.0)
