@@ -188,6 +188,29 @@ def measure(name: str, loss, args) -> list[_bench.Row]:
             detail=f"({second['total']:.2f} s vs {plain2['total']:.2f} s)",
         ),
     )
+
+    # Modes jvp and all (the widget's): their default tangents are made outside the
+    # program (made inside, XLA:CPU compiled a kernel per leaf: 64 s at 1,000 equations).
+    def fresh(*a):
+        return loss(*a) * 1.0
+
+    ones = jax.tree_util.tree_map(jnp.ones_like, args)
+    with timed_parts() as plain_jvp:
+        jax.block_until_ready(jax.jit(lambda *a: jax.jvp(fresh, a, ones))(*args))
+    took = {}
+    for mode in ("jvp", "all"):
+        with timed_parts() as part:
+            sowviz.inspect(lambda *a: loss(*a) * 1.0, *args, mode=mode)
+        took[mode] = part["total"]
+    _bench.emit(
+        rows,
+        _bench.Row(
+            "inspect_compile",
+            f"first inspect, mode jvp / plain jit(jvp) first call, {name}",
+            took["jvp"] / plain_jvp["total"],
+            detail=f"({took['jvp']:.2f} s vs {plain_jvp['total']:.2f} s; mode all {took['all']:.2f} s)",
+        ),
+    )
     _bench.emit(
         rows,
         _bench.Row(

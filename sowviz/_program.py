@@ -41,7 +41,7 @@ from ._args import ArgSpec, _is_float, _layout, _paths, _user_tangents, split
 from .capture import summaries as _summaries
 from .capture.api import SaveIntermediates
 from .graph import build_graph, instrument
-from .modes import transform
+from .modes import tangent_inputs, transform
 from .options import InspectOptions
 from .summary import Summary, SummaryOptions, all_clean
 
@@ -327,9 +327,15 @@ class Runner:
         program (`capture.summaries.finish`): a program of its own, but one dispatch
         per call instead of two (see `Monitor`)."""
         spec, dyn = split(args, where)
-        extra = (_user_tangents(spec, dyn, tangents, where), cotangents)
         self.family.local.args = args
         try:
+            tangents = tangent_inputs(
+                self.options.mode,
+                _user_tangents(spec, dyn, tangents, where),
+                lambda: self.family.traced(self.options, spec, dyn).layout,
+                dyn,
+            )
+            extra = (tangents, cotangents)
             if not instrumented:
                 return self._plain(spec, dyn, extra, chain)
             out = self._instrumented(spec, dyn, extra, inline)

@@ -114,6 +114,7 @@ def count_run(fn: Any, args: tuple, options: Any) -> tuple[Any, list[CountProbe]
     reduced to its non-finite counts: (result, probes, traced)."""
     from . import _program as P
     from .inspection import _sow_node
+    from .modes import tangent_inputs
 
     spec, dyn = P.split(args, "locate")
     key = (fn, spec, tuple(P._aval_key(x) for x in dyn), options.program_key())
@@ -127,7 +128,8 @@ def count_run(fn: Any, args: tuple, options: Any) -> tuple[Any, list[CountProbe]
             while len(_CACHE) > _MAX:
                 _CACHE.popitem(last=False)
     traced, program = hit
-    extra = (P._user_tangents(spec, dyn, options.tangents, "locate"), options.cotangents)
+    user = P._user_tangents(spec, dyn, options.tangents, "locate")
+    extra = (tangent_inputs(options.mode, user, lambda: traced.layout, dyn), options.cotangents)
     result, counts = jax.device_get(program(dyn, extra))
     per_node: dict[str, dict[str, dict[str, Any]]] = {}
     for (t, name, key), leaves in counts.items():

@@ -1,0 +1,128 @@
+"""The default tangents of modes jvp and all: a fixed-seed standard-normal direction per
+floating leaf, keyed by its pytree path, made outside the program (`sowviz.modes`)."""
+
+from __future__ import annotations
+
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import sowviz
+from sowviz import modes
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.uint32)
+    x ^= x >> np.uint32(16)
+    x *= np.uint32(0x7FEB352D)
+    x ^= x >> np.uint32(15)
+    x *= np.uint32(0x846CA68B)
+    return x ^ (x >> np.uint32(16))
+
+
+def _numpy_normal(key: int, n: int) -> np.ndarray:
+    """The documented definition, in NumPy (float64 transcendental functions)."""
+    with np.errstate(over="ignore"):
+        c = np.arange(n, dtype=np.uint32) * np.uint32(2)
+        k = _mix(np.array([key], np.uint32))
+
+        def u(i):
+            return ((_mix(_mix(i) ^ k) >> np.uint32(8)).astype(np.float64) + 0.5) * 2.0**-24
+
+        return np.sqrt(-2.0 * np.log(u(c))) * np.cos(2 * np.pi * u(c + np.uint32(1)))
+
+
+def test_normal_draws_follow_the_documented_definition_and_are_standard_normal() -> None:
+    keys = np.array([0, 7, 2**31 + 5], np.uint32)
+    got = np.asarray(modes.normal_draws(keys, (512, 256), jnp.float32))
+    assert got.shape == (3, 512, 256) and got.dtype == np.float32
+    for k, draw in zip(keys, got, strict=True):
+        np.testing.assert_allclose(draw.ravel(), _numpy_normal(int(k), draw.size), atol=2e-5)
+        assert abs(draw.mean()) < 0.01 and abs(draw.std() - 1) < 0.01
+    assert np.corrcoef(got[0].ravel(), got[1].ravel())[0, 1] < 0.01
+    z = np.asarray(modes.normal_draws(keys[:1], (4096,), jnp.complex64))[0]
+    assert z.dtype == np.complex64
+    np.testing.assert_allclose(np.mean(np.abs(z) ** 2), 1.0, rtol=0.05)
+    assert abs(np.corrcoef(z.real, z.imag)[0, 1]) < 0.05
+    half = np.asarray(modes.normal_draws(keys[:1], (8, 3), jnp.bfloat16))
+    assert half.dtype == jnp.bfloat16
+    np.testing.assert_allclose(
+        half.astype(np.float32), got[0].ravel()[:24].reshape(1, 8, 3), rtol=1e-2
+    )
+
+
+def _args():
+    k = jax.random.split(jax.random.PRNGKey(3), 4)
+    params = {
+        "w1": jax.random.normal(k[0], (3, 5)),
+        "b1": jnp.zeros(5),
+        "w2": jax.random.normal(k[1], (5, 5)),
+        "scale": jnp.asarray(1.5),
+    }
+    return params, jax.random.normal(k[2], (4, 3)), jnp.arange(4)  # labels: not floating
+
+
+def _loss(params, x, labels):
+    with jax.named_scope("hidden"):
+        h = jnp.tanh(x @ params["w1"] + params["b1"])
+    with jax.named_scope("mix"):
+        y = h @ params["w2"] * params["scale"]
+    return jnp.mean(y[jnp.arange(4), labels % 5] ** 2)
+
+
+def _expected_tangents(args):
+    """Per floating leaf, the draw of crc32(its pytree path); None elsewhere."""
+    flat, tree = jax.tree_util.tree_flatten_with_path(args)
+    out = []
+    for path, leaf in flat:
+        if not jnp.issubdtype(leaf.dtype, jnp.floating):
+            out.append(np.zeros(leaf.shape, jax.dtypes.float0))
+            continue
+        key = np.array([zlib.crc32(jax.tree_util.keystr(path).encode())], np.uint32)
+        out.append(modes.normal_draws(key, leaf.shape, leaf.dtype)[0])
+    return jax.tree_util.tree_unflatten(tree, out)
+
+
+@pytest.mark.parametrize("mode", ["jvp", "all"])
+def test_modes_without_tangents_push_the_path_keyed_default_direction(mode, monkeypatch) -> None:
+    args = _args()
+    tangents = _expected_tangents(args)
+    want = jax.jvp(_loss, args, tangents)
+    calls = []
+    real = modes.default_tangents
+
+    def spy(layout, dyn, seed=0):
+        calls.append(any(isinstance(x, jax.core.Tracer) for x in dyn))
+        return real(layout, dyn, seed)
+
+    monkeypatch.setattr(modes, "default_tangents", spy)
+    ins = sowviz.inspect(_loss, *args, mode=mode)
+    np.testing.assert_allclose(ins.result[0], want[0], rtol=1e-6)
+    np.testing.assert_allclose(ins.result[1], want[1], rtol=1e-5)
+    # Made outside the program and passed in (inside, each leaf's tangent was a kernel
+    # of its own for XLA to compile), and only the tangent modes make them.
+    assert calls and not any(calls)
+    calls.clear()
+    sowviz.inspect(_loss, *args, mode="grad")
+    assert calls == []
+
+
+def test_a_leafs_default_tangent_does_not_depend_on_the_other_leaves() -> None:
+    params, x, labels = _args()
+
+    def probe_tangent(params, x, labels):
+        ins = sowviz.inspect(
+            lambda p, x, lab: jnp.sum(p["w2"] * 2.0), params, x, labels, mode="jvp"
+        )
+        return ins.result[1]
+
+    alone = probe_tangent(params, x, labels)
+    more = dict(params, extra=jnp.ones((7, 2)), w0=jnp.ones((5, 5)))
+    assert float(probe_tangent(more, x, labels)) == float(alone)
+    key = np.array([zlib.crc32(b"[0]['w2']")], np.uint32)
+    np.testing.assert_allclose(
+        alone, 2.0 * np.sum(modes.normal_draws(key, (5, 5), jnp.float32)), rtol=1e-5
+    )
