@@ -7,13 +7,16 @@ import tempfile
 # Must be set before JAX initialises its backends.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# On a GPU (JAX_PLATFORMS="" or "cuda"): tests that start processes need memory that
+# this process would otherwise have preallocated (75% of the GPU).
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 # sowviz's compiled summary programs are kept on disk (`sowviz._disk_cache`): the
 # suite, and the processes it starts, keep theirs in a fresh directory, not in ~/.cache.
 os.environ.setdefault("SOWVIZ_CACHE_DIR", tempfile.mkdtemp(prefix="sowviz-test-cache-"))
 
 import pathlib
 
-import jax  # noqa: F401
+import jax
 import pytest
 from hypothesis import HealthCheck, settings
 
@@ -29,6 +32,11 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile("sowviz")
+
+# Results are compared with plain JAX's at float32 tolerances; a GPU's default matmul
+# precision (TF32 on an H100) differs from one fusion of a program to another.
+if jax.default_backend() != "cpu":
+    jax.config.update("jax_default_matmul_precision", "highest")
 
 CHROMIUM = "/usr/bin/chromium"
 
