@@ -123,7 +123,12 @@ def default_tangents(layout: Layout, dyn: list, seed: int = 0) -> tuple[Any, ...
         keys = [zlib.crc32(layout.paths[layout.floating[n]].encode()) ^ seed for n in members]
         draws = _draws(np.array(keys, np.uint32), shape, dtype)
         for n, t in zip(members, list(draws), strict=True):
-            out[n] = t
+            x = dyn[layout.floating[n]]
+            # placed like its primal, as a tangent made inside the program would be
+            sharding = getattr(x, "sharding", None)
+            out[n] = (
+                t if sharding is None or sharding == t.sharding else jax.device_put(t, sharding)
+            )
     return tuple(out)
 
 

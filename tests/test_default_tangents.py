@@ -126,3 +126,35 @@ def test_a_leafs_default_tangent_does_not_depend_on_the_other_leaves() -> None:
     np.testing.assert_allclose(
         alone, 2.0 * np.sum(modes.normal_draws(key, (5, 5), jnp.float32)), rtol=1e-5
     )
+
+
+@pytest.mark.parametrize("specs", [((None, None), ("d", None)), ((None, "d"), (None, None))])
+@pytest.mark.parametrize("axis_type", ["Auto", "Explicit"])
+@pytest.mark.parametrize("mode", ["jvp", "all"])
+def test_default_tangents_on_a_mesh_are_placed_like_their_primals(axis_type, mode, specs) -> None:
+    # On an explicit mesh each tangent is placed like its primal, and like-shaped
+    # captures of different shardings are summarised apart (stacked, they failed:
+    # "All operands should have the same sharding").
+    if jax.device_count() < 8 or not hasattr(jax, "set_mesh"):
+        pytest.skip("needs 8 devices and jax.set_mesh")
+    kind = getattr(jax.sharding.AxisType, axis_type)
+    mesh = jax.make_mesh((8,), ("d",), axis_types=(kind,))
+
+    def placed(x, *spec):
+        return jax.device_put(
+            x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
+        )
+
+    w = placed(jnp.linspace(-1.0, 1.0, 8 * 16).reshape(8, 16), *specs[0])
+    x = placed(jnp.linspace(0.0, 2.0, 64).reshape(8, 8), *specs[1])
+
+    def f(w, x):
+        with jax.named_scope("layer"):
+            y = jnp.tanh(x @ w)
+        return jnp.sum(y**2)
+
+    tangents = _expected_tangents((w, x))
+    want = jax.jvp(f, (w, x), (placed(tangents[0], *specs[0]), placed(tangents[1], *specs[1])))
+    with jax.set_mesh(mesh):
+        ins = sowviz.inspect(f, w, x, mode=mode)
+    np.testing.assert_allclose(ins.result[1], want[1], rtol=1e-5)

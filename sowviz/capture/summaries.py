@@ -229,8 +229,9 @@ def summarize_packed(
             static[i] = (tuple(jnp.shape(leaf)), str(dtype), is_complex)
             kind = ("segments", np.dtype(acc).name)
             nbytes = (jnp.size(leaf) + SEGMENT_ROW) * np.dtype(acc).itemsize
-        else:
-            kind = (jnp.shape(leaf), dtype, rows[i])
+        else:  # on an explicit mesh only like-sharded arrays stack
+            placed = jax.typeof(leaf).sharding if _ops.replicated(leaf) else None
+            kind = (jnp.shape(leaf), dtype, rows[i], placed)
         if kind not in filled or filled[kind] + nbytes > STACK_MAX_BYTES:
             filled[kind], opened[kind] = 0, i
         filled[kind] += nbytes
