@@ -57,7 +57,12 @@ def cache_dir() -> pathlib.Path | None:
         return pathlib.Path(env).expanduser() if env.strip() else None
     if jax.config.jax_compilation_cache_dir:  # JAX's persistent cache keeps it already
         return None
-    base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base:
+        try:
+            base = pathlib.Path.home() / ".cache"
+        except (RuntimeError, KeyError):  # no home directory to be found: no cache
+            return None
     return pathlib.Path(base) / "sowviz"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import warnings
@@ -135,12 +136,20 @@ def test_the_key_is_the_program_and_the_files_are_bounded(fresh, monkeypatch) ->
     np.testing.assert_allclose(loaded(jnp.arange(7.0)), np.cumsum(np.arange(7.0)) * 3)
 
 
+def _no_home(cls):
+    raise RuntimeError("Could not determine home directory.")
+
+
 def test_where_the_cache_lives_and_when_it_is_off(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv(_disk_cache.ENV, "")
     assert _disk_cache.cache_dir() is None
     monkeypatch.delenv(_disk_cache.ENV)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert _disk_cache.cache_dir() == tmp_path / "sowviz"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    with monkeypatch.context() as m:
+        m.setattr(pathlib.Path, "home", classmethod(_no_home))
+        assert _disk_cache.cache_dir() is None  # no home directory: off, not an error
     before = jax.config.jax_compilation_cache_dir
     jax.config.update("jax_compilation_cache_dir", str(tmp_path / "jax"))
     try:  # JAX's own persistent cache keeps the program: sowviz's stays off
