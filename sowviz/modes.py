@@ -125,7 +125,7 @@ def default_tangents(layout: Layout, dyn: list, seed: int = 0) -> tuple[Any, ...
         for n, t in zip(members, list(draws), strict=True):
             x = dyn[layout.floating[n]]
             # placed like its primal, as a tangent made inside the program would be
-            sharding = getattr(x, "sharding", None)
+            sharding = None if isinstance(x, jax.core.Tracer) else getattr(x, "sharding", None)
             out[n] = (
                 t if sharding is None or sharding == t.sharding else jax.device_put(t, sharding)
             )
