@@ -127,9 +127,11 @@ def test_the_key_is_the_program_and_the_files_are_bounded(fresh, monkeypatch) ->
     assert key(lowered(5)) == key(lowered(5))
     assert key(lowered(5)) != key(lowered(6))
     monkeypatch.setattr(_disk_cache, "MAX_FILES", 2)
-    for n in (5, 6, 7):
+    for age, n in enumerate((5, 6, 7)):
         compiled = _disk_cache.compile_cached(lowered(n))
         np.testing.assert_allclose(compiled(jnp.ones(n)), np.cumsum(np.ones(n)) * 3)
+        # distinct ages, oldest first (files written within one clock tick tie)
+        os.utime(fresh / f"{key(lowered(n))}.xla", (1e9 + age, 1e9 + age))
     names = {p.name for p in fresh.glob("*.xla")}
     assert names == {f"{key(lowered(n))}.xla" for n in (6, 7)}
     loaded = _disk_cache._load(fresh / f"{key(lowered(7))}.xla", lowered(7), device)
