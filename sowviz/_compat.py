@@ -29,6 +29,7 @@ from __future__ import annotations
 # evaluation), source locations and name stacks of equations.
 import contextlib
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -520,15 +521,24 @@ def serialize_compiled(compiled: Any) -> bytes:
     return payload
 
 
-def load_compiled(payload: bytes, lowered: Any, device: Any) -> Any:
-    """The `jax.stages.Compiled` that `serialize_compiled` wrote, for `lowered`'s
-    argument and result trees, run on `device` (without it JAX would load the
-    executable for every device of the backend)."""
+def load_compiled(payload: bytes, in_tree: Any, out_tree: Any, device: Any) -> Any:
+    """The `jax.stages.Compiled` that `serialize_compiled` wrote, for the argument and
+    result trees of its lowering (``Lowered.in_tree``/``out_tree``), run on `device`
+    (without it JAX would load the executable for every device of the backend)."""
     from jax.experimental import serialize_executable
 
     return serialize_executable.deserialize_and_load(
-        payload, lowered.in_tree, lowered.out_tree, execution_devices=[device]
+        payload, in_tree, out_tree, execution_devices=[device]
     )
+
+
+def trace_settings() -> tuple[str, ...]:
+    """The JAX settings that tracing and lowering read in this thread (x64, matmul
+    precision, dtype and rank promotion, the mesh, ...), as stable strings: what
+    `jax.jit` adds to its cache key (`config.trace_context`). Object addresses are
+    dropped (they differ between processes, and the objects holding them, like the
+    axis environment, print nothing else)."""
+    return tuple(re.sub(r" at 0x[0-9a-fA-F]+", "", repr(v)) for v in _config.trace_context())
 
 
 def default_device() -> Any:

@@ -12,16 +12,21 @@ Where: ``$SOWVIZ_CACHE_DIR``, else ``$XDG_CACHE_HOME/sowviz``, else
 ``~/.cache/sowviz``; ``SOWVIZ_CACHE_DIR=""`` turns the cache off. It is also off
 in a multi-process run (`jax.process_count() > 1`).
 
-The key is a SHA-256 of everything the executable depends on: the lowered
-StableHLO text (the program, its shapes, dtypes and shardings), the JAX and
-jaxlib versions, the backend's platform and version, the devices (ids and
-kinds), ``XLA_FLAGS``, and on a CPU the host processor's model and instruction
-set (XLA:CPU compiles for the host: an executable from another machine sharing the
-directory could crash). A file holds a checksum of its payload, is written
-atomically, and one that fails its checksum or fails to load is compiled again
-and replaced. At most `MAX_FILES` are kept (least recently used go first).
-Loading a file unpickles it, so the directory must be writable by you only
-(sowviz creates it with mode 0700), as for JAX's own cache.
+The key is a SHA-256 of everything the executable depends on, computed without
+tracing the program (tracing and lowering it took 0.13-0.17 s, a fifth of a small
+model's first `inspect`): the program's name and argument shapes, dtypes and
+options (the caller's key), sowviz's own code (every source file of the package)
+and its settings (the UPPER_CASE constants of the modules that build the program,
+which benchmarks and tests switch), JAX's trace settings (`_compat.trace_settings`: x64, precision,
+promotion, mesh), the JAX and jaxlib versions, the backend's platform and
+version, the devices (ids and kinds), ``XLA_FLAGS``, and on a CPU the host
+processor's model and instruction set (XLA:CPU compiles for the host: an
+executable from another machine sharing the directory could crash). A file holds
+a checksum of its payload, is written atomically, and one that fails its
+checksum or fails to load is compiled again and replaced. At most `MAX_FILES` are
+kept (least recently used go first). Loading a file unpickles it, so the
+directory must be writable by you only (sowviz creates it with mode 0700), as for
+JAX's own cache.
 """
 
 from __future__ import annotations
@@ -31,9 +36,12 @@ import functools
 import hashlib
 import os
 import pathlib
+import pickle
 import platform
+import sys
 import threading
 import warnings
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import jax
@@ -46,8 +54,11 @@ ENV = "SOWVIZ_CACHE_DIR"
 #: Files kept at most (each 0.3-3 MB).
 MAX_FILES = 32
 #: Bumped when the file format or the key changes.
-FORMAT = b"sowviz-executable-1\n"
+FORMAT = b"sowviz-executable-2\n"
+#: The modules whose constants shape the programs kept here (by name prefix).
+BUILDERS = ("sowviz.capture", "sowviz.summary", "sowviz._concat", "sowviz._wire")
 _WARNED = threading.Event()
+_PACKAGE = pathlib.Path(__file__).resolve().parent
 
 
 def cache_dir() -> pathlib.Path | None:
@@ -66,24 +77,29 @@ def cache_dir() -> pathlib.Path | None:
     return pathlib.Path(base) / "sowviz"
 
 
-def compile_cached(lowered: Any) -> Any:
-    """``lowered.compile()``, loaded from the cache when an executable of the same key is
-    there, else compiled and saved (see the module docstring). Never fails for the
-    cache's sake: a cache that cannot be read is compiled past, one that cannot be
-    written warns once."""
+def compile_cached(lower: Callable[[], Any], key: Hashable) -> Any:
+    """``lower().compile()``, loaded from the cache when an executable of the same key is
+    there (then `lower` is not called), else compiled and saved (see the module
+    docstring). `key` names the program and everything its lowering depends on
+    beyond sowviz's code and JAX's settings (its argument shapes, dtypes, static
+    options), with a stable ``repr``. Never fails for the cache's sake: a cache
+    that cannot be read is compiled past, one that cannot be written warns once."""
     directory = cache_dir()
     if directory is None or jax.process_count() > 1 or not _private(directory):
-        return lowered.compile()
+        return lower().compile()
     device = _compat.default_device()
-    path = directory / f"{_key(lowered, device)}.xla"
-    loaded = _load(path, lowered, device)
+    path = directory / f"{_key(key, device)}.xla"
+    loaded = _load(path, device)
     if loaded is not None:
         return loaded
+    lowered = lower()
     compiled = lowered.compile()
     if _compat.compiled_devices(compiled) != {device}:
         return compiled  # kept for one device only: that is what a load can place
     try:
-        payload = _compat.serialize_compiled(compiled)
+        payload = pickle.dumps(
+            (lowered.in_tree, lowered.out_tree, _compat.serialize_compiled(compiled))
+        )
     except Exception:  # a backend or program that cannot be serialised: just not cached
         return compiled
     try:
@@ -121,7 +137,7 @@ def _warn_once(what: str) -> None:
         )
 
 
-def _load(path: pathlib.Path, lowered: Any, device: Any) -> Any | None:
+def _load(path: pathlib.Path, device: Any) -> Any | None:
     try:
         data = path.read_bytes()
     except OSError:
@@ -131,7 +147,8 @@ def _load(path: pathlib.Path, lowered: Any, device: Any) -> Any | None:
     if data[:head] != FORMAT or data[head : head + 32] != hashlib.sha256(payload).digest():
         return None
     try:
-        compiled = _compat.load_compiled(payload, lowered, device)
+        in_tree, out_tree, executable = pickle.loads(payload)
+        compiled = _compat.load_compiled(executable, in_tree, out_tree, device)
     except Exception:  # written by another jaxlib build, say: compiled again, replaced
         return None
     with contextlib.suppress(OSError):
@@ -149,12 +166,45 @@ def _prune(directory: pathlib.Path) -> None:
             p.unlink()
 
 
-def _key(lowered: Any, device: Any) -> str:
+def _key(key: Hashable, device: Any) -> str:
     h = hashlib.sha256(FORMAT)
-    for part in (lowered.as_text(), device.id, *_environment()):
+    parts = (repr(key), device.id, _source(), _settings(), _compat.trace_settings())
+    for part in (*parts, *_environment()):
         h.update(str(part).encode())
         h.update(b"\0")
     return h.hexdigest()
+
+
+@functools.cache
+def _source() -> str:
+    """A digest of sowviz's source files (once per process): the programs it keeps
+    are built by this code."""
+    h = hashlib.sha256()
+    for p in sorted(_PACKAGE.rglob("*.py")):
+        h.update(p.relative_to(_PACKAGE).as_posix().encode() + b"\0")
+        with contextlib.suppress(OSError):
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def _settings() -> tuple:
+    """The constants (``SEGMENT_ROW``, ``CPU_CHUNK``...) of the modules that build the
+    programs kept here, as they are now: benchmarks and tests switch them, and the
+    programs they build differ."""
+    return tuple(
+        (name, key, value)
+        for name, module in sorted(sys.modules.items())
+        if name.startswith(BUILDERS)
+        for key, value in sorted(vars(module).items())
+        if key.isupper() and _plain(value)
+    )
+
+
+def _plain(value: Any) -> bool:
+    """Whether `value` is a constant whose ``repr`` is the same in every process."""
+    if isinstance(value, tuple):
+        return all(_plain(v) for v in value)
+    return isinstance(value, (bool, int, float, str, type(None)))
 
 
 @functools.cache

@@ -25,10 +25,12 @@ import jax, jax.numpy as jnp
 from jax import monitoring
 import sowviz
 
-compiled = []
+compiled, traced = [], []
 def listen(event, secs, **kw):
     if event == "/jax/core/compile/backend_compile_duration":
         compiled.append(str(kw.get("fun_name", "")))
+    if event == "/jax/core/compile/jaxpr_trace_duration":
+        traced.append(str(kw.get("fun_name", "")))
 monitoring.register_event_duration_secs_listener(listen)
 
 def loss(w, x):
@@ -43,6 +45,7 @@ w = [jax.random.normal(k[0], (8, 16)), jax.random.normal(k[1], (16, 4))]
 x = jax.random.normal(k[2], (32, 8))
 probes = sowviz.inspect(loss, w, x).to_dict()["probes"]
 print(json.dumps({"finish_compiles": sum("_finish_program" in n for n in compiled),
+                  "finish_traces": sum("_finish_program" in n for n in traced),
                   "probes": probes}, sort_keys=True))
 """
 
@@ -56,13 +59,14 @@ def _run(cache: str) -> dict:
 
 def test_a_new_process_loads_the_summary_program_and_summarises_alike(tmp_path) -> None:
     # A notebook kernel restarted: the second process compiles its own program but
-    # loads the shared summary program; a process with the cache off compiles both.
+    # loads the shared summary program, without even tracing it; a process with the
+    # cache off compiles both.
     first = _run(str(tmp_path))
-    assert first["finish_compiles"] == 1
+    assert first["finish_compiles"] == first["finish_traces"] == 1
     files = list(tmp_path.glob("*.xla"))
     assert len(files) == 1
     second = _run(str(tmp_path))
-    assert second["finish_compiles"] == 0
+    assert second["finish_compiles"] == second["finish_traces"] == 0
     uncached = _run("")
     assert uncached["finish_compiles"] == 1
     assert second["probes"] == uncached["probes"] == first["probes"]
@@ -115,27 +119,41 @@ def test_a_corrupt_file_is_compiled_past_and_replaced(fresh) -> None:
     np.testing.assert_allclose(probe["summaries"]["primal"]["mean"], y.mean(), rtol=1e-5)
 
 
-def test_the_key_is_the_program_and_the_files_are_bounded(fresh, monkeypatch) -> None:
-    def lowered(n: int):
-        return jax.jit(lambda v: jnp.cumsum(v) * 3).lower(jax.ShapeDtypeStruct((n,), jnp.float32))
+def _cumsum(n: int):
+    return jax.jit(lambda v: jnp.cumsum(v) * 3).lower(jax.ShapeDtypeStruct((n,), jnp.float32))
 
+
+def test_a_hit_is_loaded_without_lowering_and_the_files_are_bounded(fresh, monkeypatch) -> None:
     device = jax.devices()[0]
 
-    def key(low):
-        return _disk_cache._key(low, device)
+    def key(n: int) -> str:
+        return _disk_cache._key(("cumsum", n), device)
 
-    assert key(lowered(5)) == key(lowered(5))
-    assert key(lowered(5)) != key(lowered(6))
     monkeypatch.setattr(_disk_cache, "MAX_FILES", 2)
     for age, n in enumerate((5, 6, 7)):
-        compiled = _disk_cache.compile_cached(lowered(n))
+        compiled = _disk_cache.compile_cached(lambda n=n: _cumsum(n), ("cumsum", n))
         np.testing.assert_allclose(compiled(jnp.ones(n)), np.cumsum(np.ones(n)) * 3)
         # distinct ages, oldest first (files written within one clock tick tie)
-        os.utime(fresh / f"{key(lowered(n))}.xla", (1e9 + age, 1e9 + age))
-    names = {p.name for p in fresh.glob("*.xla")}
-    assert names == {f"{key(lowered(n))}.xla" for n in (6, 7)}
-    loaded = _disk_cache._load(fresh / f"{key(lowered(7))}.xla", lowered(7), device)
+        os.utime(fresh / f"{key(n)}.xla", (1e9 + age, 1e9 + age))
+    assert {p.name for p in fresh.glob("*.xla")} == {f"{key(n)}.xla" for n in (6, 7)}
+    loaded = _disk_cache.compile_cached(lambda: pytest.fail("lowered again"), ("cumsum", 7))
     np.testing.assert_allclose(loaded(jnp.arange(7.0)), np.cumsum(np.arange(7.0)) * 3)
+
+
+def test_the_key_follows_the_program_the_code_its_settings_and_jax_settings(monkeypatch) -> None:
+    device = jax.devices()[0]
+    base = _disk_cache._key(("cumsum", 5), device)
+    assert _disk_cache._key(("cumsum", 5), device) == base
+    assert _disk_cache._key(("cumsum", 6), device) != base
+    with jax.numpy_rank_promotion("raise"):  # a JAX setting that tracing reads
+        assert _disk_cache._key(("cumsum", 5), device) != base
+    with monkeypatch.context() as m:  # a constant of the code that builds the program
+        m.setattr(summaries, "SEGMENT_ROW", summaries.SEGMENT_ROW * 2)
+        assert _disk_cache._key(("cumsum", 5), device) != base
+    with monkeypatch.context() as m:  # other sowviz code
+        m.setattr(_disk_cache, "_source", lambda: "edited")
+        assert _disk_cache._key(("cumsum", 5), device) != base
+    assert _disk_cache._key(("cumsum", 5), device) == base
 
 
 def _no_home(cls):
@@ -165,24 +183,30 @@ def test_an_unwritable_cache_warns_once_and_still_compiles(tmp_path, monkeypatch
     blocker.write_text("not a directory")
     monkeypatch.setenv(_disk_cache.ENV, str(blocker / "cache"))
     monkeypatch.setattr(_disk_cache, "_WARNED", type(_disk_cache._WARNED)())
-    low = jax.jit(lambda v: v * 2).lower(jax.ShapeDtypeStruct((3,), jnp.float32))
+
+    def low():
+        return jax.jit(lambda v: v * 2).lower(jax.ShapeDtypeStruct((3,), jnp.float32))
+
     with pytest.warns(UserWarning, match="SOWVIZ_CACHE_DIR"):
-        compiled = _disk_cache.compile_cached(low)
+        compiled = _disk_cache.compile_cached(low, "double")
     np.testing.assert_allclose(compiled(jnp.ones(3)), 2.0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        _disk_cache.compile_cached(low)
+        _disk_cache.compile_cached(low, "double")
 
 
 def test_a_directory_others_can_write_is_not_loaded_from(tmp_path, monkeypatch) -> None:
     # A file there is unpickled: one that another user could have written is not read.
     monkeypatch.setenv(_disk_cache.ENV, str(tmp_path))
-    low = jax.jit(lambda v: v + 5).lower(jax.ShapeDtypeStruct((2,), jnp.float32))
-    _disk_cache.compile_cached(low)
+
+    def low():
+        return jax.jit(lambda v: v + 5).lower(jax.ShapeDtypeStruct((2,), jnp.float32))
+
+    _disk_cache.compile_cached(low, "plus five")
     assert len(list(tmp_path.glob("*.xla"))) == 1
     monkeypatch.setattr(_disk_cache, "_load", lambda *a: pytest.fail("loaded"))
     tmp_path.chmod(0o777)
     monkeypatch.setattr(_disk_cache, "_WARNED", type(_disk_cache._WARNED)())
     with pytest.warns(UserWarning, match="others can write"):
-        compiled = _disk_cache.compile_cached(low)
+        compiled = _disk_cache.compile_cached(low, "plus five")
     np.testing.assert_allclose(compiled(jnp.ones(2)), 6.0)

@@ -329,6 +329,8 @@ def _compile(key: tuple, pending: tuple[Rows, ...], bins: int) -> Any:
     """`_finish` compiled for `pending`'s shapes on the default device (loaded from disk
     if a process compiled it before), kept under `key`."""
     specs = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), pending)
-    lowered = _finish.lower(specs, jax.ShapeDtypeStruct((), jnp.bool_), bins=bins)
-    _COMPILED[key] = compiled = _disk_cache.compile_cached(lowered)
+    _COMPILED[key] = compiled = _disk_cache.compile_cached(
+        lambda: _finish.lower(specs, jax.ShapeDtypeStruct((), jnp.bool_), bins=bins),
+        ("capture.summaries.finish", key),
+    )
     return compiled
