@@ -12,8 +12,9 @@ program's compile in brackets: it runs in a thread beside the capture program's,
 Targets (issue 15): first inspect ≤ 1.5× plain first call; repeat ≤ 0.3 s.
 
 Models: a small Flax NNX MLP with LayerNorm (split into graphdef/state), an
-Equinox MLP (partitioned into arrays/static), and programs of 1k and (with
-`--big`, slow) 10k equations (named-scope residual layers).
+Equinox MLP (partitioned into arrays/static), programs of 1k and (with
+`--big`, slow) 10k equations (named-scope residual layers), and a wide MLP whose
+probes are large (1-2M elements).
 The same first inspect is also measured in new processes (a notebook kernel
 started afresh), once with sowviz's disk cache empty and once with the shared
 summary program on disk (`sowviz._disk_cache`); the in-process rows run with an
@@ -140,6 +141,23 @@ def deep_case(n_eqns: int):
     )
 
 
+def wide_case():
+    """Few stages, large activations: 27 probes of 1-2M elements, each summarised in
+    blocks on a CPU (`summary_blocks`), in groups sharing one loop."""
+    layers, batch, width = 4, 2048, 1024
+
+    def loss(ws, x):
+        for i, w in enumerate(ws):
+            with jax.named_scope(f"layer_{i}"):
+                x = jax.nn.gelu(jax.nn.standardize(x @ w))
+        return jnp.mean(x**2)
+
+    keys = jax.random.split(jax.random.PRNGKey(0), layers + 1)
+    ws = [jax.random.normal(k, (width, width)) / width**0.5 for k in keys[:layers]]
+    x = jax.random.normal(keys[-1], (batch, width))
+    return f"MLP {layers}x{width}, batch {batch} (1-2M-element probes)", loss, (ws, x)
+
+
 def _fmt(p: dict[str, float]) -> str:
     def part(k: str) -> str:
         shared = p.get("summary compile") if k == "compile" else None
@@ -230,6 +248,7 @@ def _cases(quick: bool) -> dict:
         "nnx": lambda: nnx_case(quick),
         "eqx": lambda: eqx_case(quick),
         "deep": lambda: deep_case(200 if quick else 1000),
+        "wide": wide_case,
     }
 
 
@@ -300,7 +319,7 @@ if __name__ == "__main__":
     def extra(ap):
         ap.add_argument("--big", action="store_true")
         ap.add_argument("--inline-summaries", action="store_true")
-        ap.add_argument("--one", choices=("nnx", "eqx", "deep"), help=argparse.SUPPRESS)
+        ap.add_argument("--one", choices=("nnx", "eqx", "deep", "wide"), help=argparse.SUPPRESS)
 
     ns = _bench.args(__doc__, extra)
     if ns.one:

@@ -786,6 +786,54 @@ def test_large_captures_are_not_copied_into_a_stack() -> None:
             assert (js["count"], js["min"], js["max"], js["std"]) == (n, 1.0, 1.0, 0.0)
 
 
+@pytest.mark.parametrize("group_bytes", [1 << 27, 3000])
+def test_large_arrays_of_any_shape_share_one_blocked_loop_and_match_numpy(
+    monkeypatch: pytest.MonkeyPatch, group_bytes: int
+) -> None:
+    # On a CPU, large arrays of one accumulation dtype are summarised in blocks by one
+    # loop per group (a summary per array compiled for seconds: 4.6 s for 27 arrays
+    # of 1-2M elements). Tiny thresholds here: arrays of 1 to 16 blocks, last blocks
+    # that overlap the one before (masked, taken off `nan`), specials, every dtype.
+    from sowviz.capture import summaries
+
+    if jax.default_backend() != "cpu":
+        pytest.skip("blocked summaries are used on a CPU backend")
+    monkeypatch.setattr(summaries, "STACK_MAX_ELEMENTS", 100)
+    monkeypatch.setattr(summaries, "MIN_GROUPED", 100)
+    monkeypatch.setattr(summaries, "GROUP_MAX_BYTES", group_bytes)
+    rng = np.random.default_rng(11)
+
+    def wild(n: int) -> np.ndarray:
+        a = (rng.normal(1.0, 2.0, size=n) * 10.0 ** rng.integers(-20, 20, size=n)).astype(F32)
+        a[[3, n // 2, n - 1]] = [np.nan, np.inf, -np.inf]
+        a[[4, 5]] = [1e-40, -0.0]  # a subnormal (a zero) and a negative zero
+        return a
+
+    arrays = {
+        "exact": wild(512).reshape(2, 256),  # whole blocks
+        "ragged": wild(1000).reshape(10, 100),  # a last block overlapping the one before
+        "one_and_a_bit": wild(101),  # a block of 64, then one overlapping it mostly
+        "half": wild(700).astype(jnp.bfloat16),
+        "cplx": (wild(300) + 1j * rng.normal(size=300)).astype(np.complex64),
+        "ints": rng.integers(-1000, 1000, size=(20, 20)).astype(np.int32),
+        "nan_only": np.full((150,), np.nan, F32),
+    }
+    values = {(k,): {"primal": jnp.asarray(a)} for k, a in arrays.items()}
+    summarise = jax.jit(lambda v: summaries.summarize_packed(v, {}, 16).buffers)
+    hlo = summarise.lower(values).as_text()
+    packed = summaries.summarize_packed(values, {}, 16)
+    out, _ = packed.unpack()
+    for k, a in arrays.items():
+        check_against_reference(out[(k,)]["primal"], np.asarray(a), 16)
+    where = [w for w in packed.regroup.where if w is not None]
+    groups = {g for g, _ in where}
+    if group_bytes > 1 << 20:  # one group, in blocks of 64: two loops in all
+        assert all(row is not None for _, row in where)
+        assert len(groups) == 1 and hlo.count("stablehlo.while") == 2
+    else:  # a group holds at most group_bytes; a larger array is summarised alone
+        assert len(groups) > 2 and any(row is None for _, row in where)
+
+
 def test_arrays_of_any_shape_summarised_together_match_numpy() -> None:
     # One segmented computation for many shapes and dtypes (NaN padding to whole
     # rows, taken off `nan`): each member still follows the NumPy-checked rules.
