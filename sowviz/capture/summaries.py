@@ -59,8 +59,9 @@ ITERATION_AXES = ("scan", "while")
 #: On a CPU, larger arrays (not on a mesh, without per-iteration statistics) of one
 #: accumulation dtype are summarised in blocks by one loop per group
 #: (`summary_blocks.grouped_stats`), a group holding at most this many bytes: the
-#: loop needs every member alive at once, so this bounds the memory it adds.
-GROUP_MAX_BYTES = 1 << 27
+#: loop needs every member alive at once, so this bounds the memory it adds (as
+#: `STACK_MAX_BYTES` bounds a stack's copy).
+GROUP_MAX_BYTES = 1 << 28
 #: ... from this many elements (smaller ones join the segmented layout).
 MIN_GROUPED = STACK_MAX_ELEMENTS
 #: Arrays of at most this many elements are summarised in one segmented layout.
