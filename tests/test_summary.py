@@ -748,6 +748,43 @@ def test_per_iteration_of_a_scan_capture() -> None:
     assert "per_iteration" not in summ["total"]["primal"].to_json()
 
 
+def test_per_iteration_captures_of_any_shape_share_one_stack_and_match_numpy() -> None:
+    # Captures stacked by a loop of one length are summarised as one stack, whatever
+    # their shapes and dtypes: each flattened per iteration and NaN-padded to the
+    # widest (each per-shape computation compiled for 0.7 s). The padding is taken
+    # off `nan` and each row's `nonfinite`; everything else follows NumPy per member.
+    from sowviz.capture import summaries
+
+    rng = np.random.default_rng(21)
+    wide = rng.normal(size=(6, 4, 5)).astype(F32)
+    wide[1, 0, 0], wide[3, 2, 1], wide[5, 3, 4] = np.nan, np.inf, -np.inf
+    narrow = rng.normal(size=(6,)).astype(F32) * F32(1e3)
+    narrow[4] = np.nan
+    arrays = {
+        "wide": wide,
+        "narrow": narrow,
+        "half": rng.normal(size=(6, 7)).astype(jnp.bfloat16),
+        "ints": rng.integers(-5, 5, size=(6, 2, 2)).astype(np.int32),
+        "cplx": (rng.normal(size=(6, 3)) + 1j * rng.normal(size=(6, 3))).astype(np.complex64),
+        "other_length": rng.normal(size=(4, 3)).astype(F32),  # another loop: its own stack
+    }
+    values = {(k,): {"primal": jnp.asarray(a)} for k, a in arrays.items()}
+    axes = {(k,): {"primal": ("scan",)} for k in arrays}
+    packed = jax.jit(lambda v: summaries.summarize_packed(v, {}, BINS, axes))(values)
+    out, _ = packed.unpack()
+    where = dict(zip(sorted(arrays), packed.regroup.where, strict=True))
+    assert len({where[k][0] for k in arrays if k != "other_length"}) == 1
+    assert where["other_length"][0] != where["wide"][0]
+    for k, a in arrays.items():
+        s = out[(k,)]["primal"]
+        assert s.shape == a.shape and s.dtype == str(a.dtype)
+        if np.iscomplexobj(a):  # rows of magnitudes: float32 |x| may differ by an ulp
+            check_against_reference(s, a, BINS)
+            np.testing.assert_array_equal(to_host(s).per_iteration.count, np.full(6, 3))
+        else:
+            check_rows(s, a, BINS, list(range(a.shape[0])))  # pooled and per row
+
+
 def _concat_sizes(fn, *args) -> list[int]:
     jaxpr = jax.make_jaxpr(fn)(*args)
     sizes = []

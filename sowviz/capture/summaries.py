@@ -36,6 +36,7 @@ over that axis (`Summary.per_iteration`).
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +65,9 @@ ITERATION_AXES = ("scan", "while")
 GROUP_MAX_BYTES = 1 << 28
 #: ... from this many elements (smaller ones join the segmented layout).
 MIN_GROUPED = STACK_MAX_ELEMENTS
+#: Per-iteration captures of at most this many elements share a computation whatever
+#: their widths (`_iteration_class`).
+ITERATED_SMALL = 1 << 12
 #: Arrays of at most this many elements are summarised in one segmented layout.
 SEGMENT_MAX_ELEMENTS = STACK_MAX_ELEMENTS
 #: Row width of the segmented layout (`_segmented`): each array pads to whole rows.
@@ -206,6 +210,43 @@ def _blocked(leaves: list, bins: int, block: int) -> Any:
     )
 
 
+def _iteration_class(shape: tuple[int, ...]) -> tuple[int, int]:
+    """Per-iteration captures of one class share a computation (`_iterated`): the same
+    iteration count, and widths (elements per iteration) within 4x of each other,
+    or all small, so padding at most quadruples what is summarised."""
+    iterations, width = shape[0], math.prod(shape[1:])
+    small = iterations * width <= ITERATED_SMALL
+    return iterations, -1 if small else max(width - 1, 1).bit_length() // 2
+
+
+def _iterated(leaves: list, bins: int) -> Any:
+    """A stacked `Summary` with per-iteration statistics of `leaves` (captures stacked by
+    a scan or loop: one iteration count, any shapes and dtypes of one accumulation
+    dtype): each flattened to ``(iterations, width)``, NaN-padded to the widest, and
+    summarised as one stack, its padding taken off ``nan`` and each row's
+    ``nonfinite``. A computation per shape (each with its per-row statistics) compiled
+    for about 0.7 s on XLA:CPU."""
+    vals = [_summary._values(jnp.asarray(x)).reshape(x.shape[0], -1) for x in leaves]
+    width = max(v.shape[1] for v in vals)
+    pads = [width - v.shape[1] for v in vals]
+    stack = _concat.stack(
+        [
+            jnp.pad(v, ((0, 0), (0, p)), constant_values=jnp.nan) if p else v
+            for v, p in zip(vals, pads, strict=True)
+        ]
+    )
+    out = _summary.summarize_stack(stack, bins=bins, per_iteration=True)
+    if not any(pads):
+        return out
+    pad = jnp.asarray(pads, jnp.int32)
+    it = out.per_iteration
+    return dataclasses.replace(
+        out,
+        nan=out.nan - pad * it.iterations,
+        per_iteration=dataclasses.replace(it, nonfinite=it.nonfinite - pad[:, None]),
+    )
+
+
 def _segmented(leaves: list, bins: int) -> Any:
     """A stacked `Summary` of `leaves` (any shapes, one accumulation dtype), computed in
     this program over their `Rows`."""
@@ -260,6 +301,11 @@ def summarize_packed(
             static[i] = (tuple(jnp.shape(leaf)), str(dtype), is_complex)
             kind, budget = ("segments", np.dtype(acc).name), STACK_MAX_BYTES
             nbytes = (jnp.size(leaf) + SEGMENT_ROW) * np.dtype(acc).itemsize
+        elif rows[i] and jnp.size(leaf) and not _ops.replicated(leaf):
+            acc, is_complex = _summary._value_dtype(dtype)
+            static[i] = (tuple(jnp.shape(leaf)), str(dtype), is_complex)
+            kind = ("iterations", np.dtype(acc).name, *_iteration_class(jnp.shape(leaf)))
+            budget = STACK_MAX_BYTES
         else:  # on an explicit mesh only like-sharded arrays stack
             placed = jax.typeof(leaf).sharding if _ops.replicated(leaf) else None
             kind, budget = (jnp.shape(leaf), dtype, rows[i], placed), STACK_MAX_BYTES
@@ -285,6 +331,8 @@ def summarize_packed(
             out.append(_segmented([flat[i][1] for i in idx], bins))
         elif key[0] == "blocks":
             out.append(_blocked([flat[i][1] for i in idx], bins, key[2]))
+        elif key[0] == "iterations":
+            out.append(_iterated([flat[i][1] for i in idx], bins))
         else:
             stack = jnp.stack([flat[i][1] for i in idx])
             out.append(_summary.summarize_stack(stack, bins=bins, per_iteration=per_it))
