@@ -18,7 +18,7 @@ The loops serve a whole group of arrays at once (`grouped_stats`: a
 `lax.switch` reads the block of the member whose turn it is), so a program that
 summarises many large arrays compiles the summary once, not once per array. In
 `inspect`'s capture program, 27 arrays of 1-2M elements compiled in 4.6 s one
-summary each and 1.35-2.2 s grouped (`sowviz.capture.summaries.GROUP_MAX_BYTES`).
+summary each and 0.9-1.5 s grouped (`sowviz.capture.summaries.GROUP_MAX_BYTES`).
 
 Used on a CPU backend for arrays that are not on a mesh (blocks of a flattened
 sharded array would gather it): by `summarize` from `MIN_BLOCKED` elements, by

@@ -12,7 +12,7 @@ GPU the opposite: one launch per op dominates, and a stack of 16 arrays of 128K
 elements summarised 5x faster than 16 summaries). They are summarised in
 blocks, in place, by one loop per group of at most `GROUP_MAX_BYTES`
 (`_blocked`; 27 arrays of 1-2M elements compiled in 4.6 s one summary each,
-1.35-2.2 s in groups);
+0.9-1.5 s in groups of at most 256 MB);
 on any backend a stack holds at most `STACK_MAX_BYTES`, which bounds the extra
 memory the copy takes. The summaries leave the program packed into one
 uint32 buffer (`packing`); the host splits them per array after the one
