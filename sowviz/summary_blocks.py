@@ -104,7 +104,7 @@ def grouped_stats(flats: Sequence[jax.Array], bins: int, block: int) -> dict:
     One loop walks every member's blocks in turn (a `lax.switch` picks the member
     whose block is read), so a program summarising many large arrays compiles the
     summary once per group instead of once per array: XLA:CPU's passes and kernels
-    grow with every copy (20 arrays of 1-2M elements: 4.6 s of compile). A
+    grow with every copy (27 arrays of 1-2M elements: 4.6 s of compile). A
     member's last block starts early enough to fit (``n - block``); the part that
     overlaps its previous block is masked to NaN and taken off ``nan``."""
     acc = flats[0].dtype

@@ -210,13 +210,17 @@ def _blocked(leaves: list, bins: int, block: int) -> Any:
     )
 
 
-def _iteration_class(shape: tuple[int, ...]) -> tuple[int, int]:
+def _iteration_class(shape: tuple[int, ...]) -> tuple[int, int, int]:
     """Per-iteration captures of one class share a computation (`_iterated`): the same
-    iteration count, and widths (elements per iteration) within 4x of each other,
-    or all small, so padding at most quadruples what is summarised."""
+    iteration count, and widths (elements per iteration) within 4x of each other
+    (class c: widths up to ``2**(2c + 1)``), or all small, so padding at most
+    quadruples what is summarised. Returns the iterations, the class and the
+    elements a member of the class takes at most once padded."""
     iterations, width = shape[0], math.prod(shape[1:])
-    small = iterations * width <= ITERATED_SMALL
-    return iterations, -1 if small else max(width - 1, 1).bit_length() // 2
+    if iterations * width <= ITERATED_SMALL:
+        return iterations, -1, ITERATED_SMALL
+    cls = max(width - 1, 1).bit_length() // 2
+    return iterations, cls, iterations << (2 * cls + 1)
 
 
 def _iterated(leaves: list, bins: int) -> Any:
@@ -304,8 +308,9 @@ def summarize_packed(
         elif rows[i] and jnp.size(leaf) and not _ops.replicated(leaf):
             acc, is_complex = _summary._value_dtype(dtype)
             static[i] = (tuple(jnp.shape(leaf)), str(dtype), is_complex)
-            kind = ("iterations", np.dtype(acc).name, *_iteration_class(jnp.shape(leaf)))
-            budget = STACK_MAX_BYTES
+            iterations, cls, padded = _iteration_class(jnp.shape(leaf))
+            kind, budget = ("iterations", np.dtype(acc).name, iterations, cls), STACK_MAX_BYTES
+            nbytes = padded * np.dtype(acc).itemsize  # at most, once padded to the widest
         else:  # on an explicit mesh only like-sharded arrays stack
             placed = jax.typeof(leaf).sharding if _ops.replicated(leaf) else None
             kind, budget = (jnp.shape(leaf), dtype, rows[i], placed), STACK_MAX_BYTES
