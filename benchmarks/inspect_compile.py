@@ -141,10 +141,10 @@ def deep_case(n_eqns: int):
     )
 
 
-def wide_case():
-    """Few stages, large activations: 27 probes of 1-2M elements, each summarised in
-    blocks on a CPU (`summary_blocks`), in groups sharing one loop."""
-    layers, batch, width = 4, 2048, 1024
+def wide_case(quick: bool):
+    """Few stages, large activations: 27 probes of 1-2M elements (`--quick`: 0.5-1M),
+    summarised in blocks on a CPU by one loop per group (`summary_blocks`)."""
+    layers, batch, width = 4, 512 if quick else 2048, 1024
 
     def loss(ws, x):
         for i, w in enumerate(ws):
@@ -155,7 +155,7 @@ def wide_case():
     keys = jax.random.split(jax.random.PRNGKey(0), layers + 1)
     ws = [jax.random.normal(k, (width, width)) / width**0.5 for k in keys[:layers]]
     x = jax.random.normal(keys[-1], (batch, width))
-    return f"MLP {layers}x{width}, batch {batch} (1-2M-element probes)", loss, (ws, x)
+    return f"MLP {layers}x{width}, batch {batch} (large probes)", loss, (ws, x)
 
 
 def _fmt(p: dict[str, float]) -> str:
@@ -248,7 +248,7 @@ def _cases(quick: bool) -> dict:
         "nnx": lambda: nnx_case(quick),
         "eqx": lambda: eqx_case(quick),
         "deep": lambda: deep_case(200 if quick else 1000),
-        "wide": wide_case,
+        "wide": lambda: wide_case(quick),
     }
 
 
