@@ -1,18 +1,18 @@
 """Summaries of every captured array, grouped, computed and packed in the program.
 
-XLA compile time grows with the number of distinct summary computations (each
-~400 ops), so small arrays of ANY shapes and dtypes (per accumulation dtype) are
-summarised in one segmented computation (`_segmented`: rows of `SEGMENT_ROW`
-values, NaN padding taken off ``nan``): on a Flax NNX MLP with 10 distinct probe
-shapes the summaries compiled in 3.4 s instead of 21 s. Small per-iteration
-captures are stacked by shape and summarised in one batched computation. On a CPU, arrays of more than
-`STACK_MAX_ELEMENTS` are not stacked: stacking copies its members into one new
-buffer, a full pass over them that measured slower than one summary each (on a
-GPU the opposite: one launch per op dominates, and a stack of 16 arrays of 128K
-elements summarised 5x faster than 16 summaries). They are summarised in
-blocks, in place, by one loop per group of at most `GROUP_MAX_BYTES`
-(`_blocked`; 27 arrays of 1-2M elements compiled in 4.6 s one summary each,
-0.9-1.5 s in groups of at most 256 MB);
+XLA compile time grows with the number of distinct summary computations (each ~400
+ops), so small arrays of ANY shapes and dtypes (per accumulation dtype) are
+summarised in one segmented computation (`_segmented`: rows of `SEGMENT_ROW` values,
+NaN padding taken off ``nan``): on a Flax NNX MLP with 10 distinct probe shapes the
+summaries compiled in 3.4 s instead of 21 s. Small per-iteration captures are
+stacked by loop length, whatever their shapes (`_iterated`: NaN-padded per iteration
+to the widest), and summarised in one batched computation. On a CPU, arrays of more
+than `STACK_MAX_ELEMENTS` are not stacked: stacking copies its members into one new
+buffer, a full pass over them that measured slower than one summary each (on a GPU
+the opposite: one launch per op dominates, and a stack of 16 arrays of 128K elements
+summarised 5x faster than 16 summaries). They are summarised in blocks, in place, by
+one loop per group of at most `GROUP_MAX_BYTES` (`_blocked`; 27 arrays of 1-2M
+elements compiled in 4.6 s one summary each, 0.9-1.5 s in groups of at most 256 MB);
 on any backend a stack holds at most `STACK_MAX_BYTES`, which bounds the extra
 memory the copy takes. The summaries leave the program packed into one
 uint32 buffer (`packing`); the host splits them per array after the one
