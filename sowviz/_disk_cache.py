@@ -13,20 +13,19 @@ Where: ``$SOWVIZ_CACHE_DIR``, else ``$XDG_CACHE_HOME/sowviz``, else
 in a multi-process run (`jax.process_count() > 1`).
 
 The key is a SHA-256 of everything the executable depends on, computed without
-tracing the program (tracing and lowering it took 0.13-0.17 s, a fifth of a small
-model's first `inspect`): the program's name and argument shapes, dtypes and
-options (the caller's key), sowviz's own code (every source file of the package)
-and its settings (the UPPER_CASE constants of the modules that build the program,
-which benchmarks and tests switch), JAX's trace settings (`_compat.trace_settings`: x64, precision,
-promotion, mesh), the JAX and jaxlib versions, the backend's platform and
+tracing the program (tracing and lowering it took 0.13-0.17 s, a fifth to a third of
+a small model's first `inspect`): the program's name and argument shapes, dtypes and
+options (the caller's key), sowviz's own code (every source file of the package) and
+its settings (the UPPER_CASE constants of the modules that build the program, which
+benchmarks and tests switch), JAX's trace settings (`_compat.trace_settings`: x64,
+precision, promotion, mesh), the JAX and jaxlib versions, the backend's platform and
 version, the devices (ids and kinds), ``XLA_FLAGS``, and on a CPU the host
-processor's model and instruction set (XLA:CPU compiles for the host: an
-executable from another machine sharing the directory could crash). A file holds
-a checksum of its payload, is written atomically, and one that fails its
-checksum or fails to load is compiled again and replaced. At most `MAX_FILES` are
-kept (least recently used go first). Loading a file unpickles it, so the
-directory must be writable by you only (sowviz creates it with mode 0700), as for
-JAX's own cache.
+processor's model and instruction set (XLA:CPU compiles for the host: an executable
+from another machine sharing the directory could crash). A file holds a checksum of
+its payload, is written atomically, and one that fails its checksum or fails to load
+is compiled again and replaced. At most `MAX_FILES` are kept (least recently used go
+first). Loading a file unpickles it, so the directory must be writable by you only
+(sowviz creates it with mode 0700), as for JAX's own cache.
 """
 
 from __future__ import annotations
