@@ -23,6 +23,7 @@ Results (`transform`):
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -114,21 +115,29 @@ def default_tangents(layout: Layout, dyn: list, seed: int = 0) -> tuple[Any, ...
     generated inside, each leaf's tangent is a kernel of its own (its key, or its
     slice of a stacked draw, differs), and XLA:CPU compiles each one (a 250-leaf
     program's JVP: 64 s with `jax.random`, 9 s with slices; 1.6 s as inputs). Here it
-    is one compiled draw per kind of leaf (shape and dtype), keys as an argument."""
+    is drawn in NumPy for small kinds of leaf (`HOST_DRAW_MAX`), else by one compiled
+    draw per kind (shape and dtype), keys as an argument."""
     kinds: dict[tuple, list[int]] = {}
     for n, j in enumerate(layout.floating):
         kinds.setdefault((jnp.shape(dyn[j]), np.dtype(jnp.result_type(dyn[j]))), []).append(n)
     out: list[Any] = [None] * len(layout.floating)
     for (shape, dtype), members in kinds.items():
-        keys = [zlib.crc32(layout.paths[layout.floating[n]].encode()) ^ seed for n in members]
-        draws = _draws(np.array(keys, np.uint32), shape, dtype)
+        keys = np.array(
+            [zlib.crc32(layout.paths[layout.floating[n]].encode()) ^ seed for n in members],
+            np.uint32,
+        )
+        host = len(keys) * math.prod(shape) <= HOST_DRAW_MAX
+        draws = normal_draws(keys, shape, dtype, np) if host else _draws(keys, shape, dtype, jnp)
         for n, t in zip(members, list(draws), strict=True):
             x = dyn[layout.floating[n]]
             # placed like its primal, as a tangent made inside the program would be
             sharding = None if isinstance(x, jax.core.Tracer) else getattr(x, "sharding", None)
-            out[n] = (
-                t if sharding is None or sharding == t.sharding else jax.device_put(t, sharding)
-            )
+            if sharding is None:
+                out[n] = jnp.asarray(t) if host else t
+            else:
+                out[n] = (
+                    t if sharding == getattr(t, "sharding", None) else jax.device_put(t, sharding)
+                )
     return tuple(out)
 
 
@@ -152,30 +161,38 @@ def _mix(x: Any) -> Any:
     return x ^ (x >> 16)
 
 
-def normal_draws(keys: Any, shape: tuple[int, ...], dtype: Any) -> Any:
+def normal_draws(keys: Any, shape: tuple[int, ...], dtype: Any, xp: Any = jnp) -> Any:
     """Standard-normal values of `shape` per uint32 key, stacked (counter-based and
     cheap to compile: a hash and Box-Muller, not threefry, which XLA:CPU takes ~1.8 s
     to compile). Element c of key k uses the uniforms ``u(2c)`` and ``u(2c + 1)``,
     ``u(i) = ((mix(mix(i) ^ mix(k)) >> 8) + 0.5) * 2**-24``:
     ``z = sqrt(-2 log u(2c)) * cos(2 pi u(2c + 1))``. A complex dtype takes two such
-    values per element, ``(a + ib) / sqrt(2)`` (unit variance, as `jax.random.normal`)."""
+    values per element, ``(a + ib) / sqrt(2)`` (unit variance, as `jax.random.normal`).
+    `xp` is `jax.numpy` (jittable) or `numpy` (on the host, no compile): the same
+    arithmetic in float32, equal to a few ulps (their log and cos round differently)."""
     dtype = np.dtype(dtype)
     per = 2 if jnp.issubdtype(dtype, jnp.complexfloating) else 1
     n = int(np.prod(shape, dtype=np.int64)) * per
-    i = jax.lax.broadcasted_iota(jnp.uint32, (len(keys), n), 1) * np.uint32(2)
-    k = _mix(jnp.asarray(keys, jnp.uint32))[:, None]
+    i = xp.broadcast_to(xp.arange(n, dtype=xp.uint32)[None, :] * np.uint32(2), (len(keys), n))
+    k = _mix(xp.asarray(keys, xp.uint32))[:, None]
 
     def uniform(c: Any) -> Any:
-        bits = _mix(_mix(c) ^ k) >> 8
-        return (bits.astype(jnp.float32) + 0.5) * np.float32(2.0**-24)
+        bits = _mix(_mix(c) ^ k) >> np.uint32(8)
+        return (bits.astype(xp.float32) + np.float32(0.5)) * np.float32(2.0**-24)
 
-    z = jnp.sqrt(-2.0 * jnp.log(uniform(i))) * jnp.cos(np.float32(2 * np.pi) * uniform(i + 1))
+    z = xp.sqrt(np.float32(-2.0) * xp.log(uniform(i))) * xp.cos(
+        np.float32(2 * np.pi) * uniform(i + np.uint32(1))
+    )
     if per == 2:
-        z = (z[:, 0::2] + 1j * z[:, 1::2]) * np.float32(np.sqrt(0.5))
+        z = (z[:, 0::2] + np.complex64(1j) * z[:, 1::2]) * np.float32(np.sqrt(0.5))
     return z.astype(dtype).reshape(len(keys), *shape)
 
 
-_draws = jax.jit(normal_draws, static_argnums=(1, 2))
+_draws = jax.jit(normal_draws, static_argnums=(1, 2, 3))
+#: Default tangents of at most this many elements per kind of leaf are drawn on the
+#: host (`normal_draws` in NumPy: no compile, where each compiled draw took 0.05-0.1 s
+#: of a small model's first `inspect` in mode jvp or all); larger ones on the device.
+HOST_DRAW_MAX = 1 << 20
 
 
 def check_argnums(argnums: int | tuple[int, ...], n: int) -> tuple[int, ...]:
