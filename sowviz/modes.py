@@ -23,6 +23,7 @@ Results (`transform`):
 
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 from collections.abc import Callable
@@ -127,7 +128,11 @@ def default_tangents(layout: Layout, dyn: list, seed: int = 0) -> tuple[Any, ...
             np.uint32,
         )
         host = len(keys) * math.prod(shape) <= HOST_DRAW_MAX
-        draws = normal_draws(keys, shape, dtype, np) if host else _draws(keys, shape, dtype, jnp)
+        draws = (
+            _host_draws(tuple(keys.tolist()), shape, dtype)
+            if host
+            else _draws(keys, shape, dtype, jnp)
+        )
         for n, t in zip(members, list(draws), strict=True):
             x = dyn[layout.floating[n]]
             # placed like its primal, as a tangent made inside the program would be
@@ -189,6 +194,18 @@ def normal_draws(keys: Any, shape: tuple[int, ...], dtype: Any, xp: Any = jnp) -
 
 
 _draws = jax.jit(normal_draws, static_argnums=(1, 2, 3))
+
+
+@functools.lru_cache(maxsize=32)
+def _host_draws(keys: tuple[int, ...], shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """`normal_draws` in NumPy, kept: the same direction is asked for at every call of a
+    jvp-mode program (a Monitor step), and computing it is host work (each entry holds
+    at most `HOST_DRAW_MAX` elements)."""
+    out = normal_draws(np.array(keys, np.uint32), shape, dtype, np)
+    out.flags.writeable = False
+    return out
+
+
 #: Default tangents of at most this many elements per kind of leaf are drawn on the
 #: host (`normal_draws` in NumPy: no compile, where each compiled draw took 0.05-0.1 s
 #: of a small model's first `inspect` in mode jvp or all); larger ones on the device.
