@@ -55,3 +55,20 @@ def test_many_operands_reach_the_gpu_concatenation_through_one_barrier() -> None
     assert sum(id(v) in sealed for v in concat.invars) == len(values)
     assert len(concat.invars) == 2 * len(values)
     assert sum(str(e.primitive) == "sin" for e in jaxpr.eqns) == len(values)
+
+
+def test_on_a_cpu_every_part_reaches_the_concatenation_through_a_barrier() -> None:
+    # Fused with its operands, XLA:CPU runs a concatenation as a loop choosing the
+    # operand of every element; sealed (fills too), it copies each part whole.
+    values, _ = _parts(20)
+
+    def laid_out(*vs):
+        fill = jax.lax.full((7,), jnp.nan, jnp.float32)
+        parts = [p for v in vs for p in (jnp.sin(v), fill)]
+        return _concat.concatenate(parts, fills=[fill], backend="cpu")
+
+    jaxpr = jax.make_jaxpr(laid_out)(*values).jaxpr
+    (barrier,) = [e for e in jaxpr.eqns if e.primitive.name == "optimization_barrier"]
+    (concat,) = [e for e in jaxpr.eqns if e.primitive.name == "concatenate"]
+    assert len(barrier.invars) == 2 * len(values)
+    assert [id(v) for v in concat.invars] == [id(v) for v in barrier.outvars]

@@ -7,6 +7,8 @@ and bin rule); it never calls the code under test for expected values.
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import math
 import os
@@ -1005,7 +1007,7 @@ def test_a_layout_of_many_arrays_is_concatenated_in_chunks_on_cpu() -> None:
     from sowviz.capture import summaries
 
     rng = np.random.default_rng(5)
-    leaves = [rng.normal(size=(int(n),)).astype(np.float32) for n in rng.integers(1, 900, 90)]
+    leaves = [rng.normal(size=(int(n),)).astype(np.float32) for n in rng.integers(1, 900, 150)]
     assert 2 * len(leaves) > _concat.CPU_CHUNK
     rows = jax.jit(lambda ls: summaries._layout(ls, sized=False))(leaves)
     want = np.concatenate(
@@ -1013,6 +1015,68 @@ def test_a_layout_of_many_arrays_is_concatenated_in_chunks_on_cpu() -> None:
     )
     np.testing.assert_array_equal(np.asarray(rows.flat).ravel(), want)
     out = jax.jit(lambda ls: summaries._segmented(ls, 8))(leaves)
-    for i in (0, 45, 89):
+    for i in (0, 75, 149):
         assert int(out.count[i]) == leaves[i].size
         np.testing.assert_allclose(float(out.mean[i]), leaves[i].mean(dtype=np.float64), rtol=1e-5)
+
+
+@pytest.mark.parametrize("block_rows", [4, 8])
+def test_large_layouts_are_summarised_in_row_blocks_equal_to_one_piece(
+    monkeypatch: pytest.MonkeyPatch, block_rows: int
+) -> None:
+    # On a CPU a layout of many rows is walked in blocks of rows (two loops, no
+    # full-size temporaries): the same per-row arithmetic, so the same numbers as one
+    # piece (counts exactly; a row's float sums may round differently), and each
+    # member still follows the NumPy-checked rules.
+    # Members span blocks, start mid-block, and hold NaN, Inf, subnormals and zeros.
+    from sowviz import summary_ops
+    from sowviz.capture import summaries
+
+    if jax.default_backend() != "cpu":
+        pytest.skip("row blocks are used on a CPU backend")
+    rng = np.random.default_rng(block_rows)
+    row = summaries.SEGMENT_ROW
+    leaves = [
+        (rng.normal(size=n) * 10.0 ** rng.integers(-20, 20, size=n)).astype(F32)
+        for n in (5 * row + 3, 7, row, 3 * row - 1, 1, 11 * row + 100)
+    ]
+    leaves[0][[0, 700, 2000]] = [np.nan, np.inf, -np.inf]
+    leaves[3][[1, 2, 3]] = [1e-40, -0.0, 0.0]
+    leaves[5][:] = np.where(rng.random(leaves[5].size) < 0.01, np.nan, leaves[5])
+    rows = summaries._layout(leaves, sized=True)
+    assert rows.flat.shape[0] % block_rows == 0 and rows.flat.shape[0] > 2 * block_rows
+
+    def summary(r):
+        return summaries._segment_summary(r, 16)
+
+    whole = jax.jit(summary)(rows)
+    monkeypatch.setattr(summary_ops, "SEGMENT_BLOCK_ROWS", block_rows)
+    monkeypatch.setattr(summary_ops, "SEGMENT_MIN_BLOCK_ROWS", 2)
+    assert summary_ops.segment_block_rows(rows.flat.shape[0]) == block_rows
+    in_blocks = jax.jit(lambda r: summaries._segment_summary(r, 16))  # traced anew
+    assert in_blocks.lower(rows).as_text().count("stablehlo.while") == 2
+    blocked = in_blocks(rows)
+    for x, y in zip(jax.tree.leaves(whole), jax.tree.leaves(blocked), strict=True):
+        x, y = np.asarray(x), np.asarray(y)
+        if np.issubdtype(x.dtype, np.integer):  # counts, both histograms: exact
+            np.testing.assert_array_equal(x, y)
+        else:  # a row's sum may round differently in a block (XLA's reduction order)
+            np.testing.assert_allclose(x, y, rtol=1e-5)
+    for i, leaf in enumerate(leaves):
+        member = jax.tree.map(lambda a, i=i: a[i], blocked)
+        check_against_reference(dataclasses.replace(member, shape=leaf.shape), leaf, 16)
+
+
+def test_segment_blocks_divide_the_rows() -> None:
+    # Blocks never overlap: a power of two dividing the row count, at most
+    # SEGMENT_BLOCK_ROWS; one piece for small layouts, odd row counts, or off a CPU.
+    from sowviz import summary_ops
+
+    top = summary_ops.SEGMENT_BLOCK_ROWS
+    if jax.default_backend() != "cpu":
+        assert summary_ops.segment_block_rows(64 * top) == 0
+        return
+    assert summary_ops.segment_block_rows(top) == 0
+    assert summary_ops.segment_block_rows(7 * top) == top
+    assert summary_ops.segment_block_rows(7 * 32) == 32
+    assert summary_ops.segment_block_rows(7 * top + 1) == 0
