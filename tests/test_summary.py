@@ -8,7 +8,6 @@ and bin rule); it never calls the code under test for expected values.
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import math
 import os
@@ -1029,7 +1028,6 @@ def test_large_layouts_are_summarised_in_row_blocks_equal_to_one_piece(
     # piece (counts exactly; a row's float sums may round differently), and each
     # member still follows the NumPy-checked rules.
     # Members span blocks, start mid-block, and hold NaN, Inf, subnormals and zeros.
-    from sowviz import summary_ops
     from sowviz.capture import summaries
 
     if jax.default_backend() != "cpu":
@@ -1070,8 +1068,6 @@ def test_large_layouts_are_summarised_in_row_blocks_equal_to_one_piece(
 def test_segment_blocks_divide_the_rows() -> None:
     # Blocks never overlap: a power of two dividing the row count, at most
     # SEGMENT_BLOCK_ROWS; one piece for small layouts, odd row counts, or off a CPU.
-    from sowviz import summary_ops
-
     top = summary_ops.SEGMENT_BLOCK_ROWS
     if jax.default_backend() != "cpu":
         assert summary_ops.segment_block_rows(64 * top) == 0
