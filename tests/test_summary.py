@@ -1050,7 +1050,8 @@ def test_large_layouts_are_summarised_in_row_blocks_equal_to_one_piece(
     whole = jax.jit(summary)(rows)
     monkeypatch.setattr(summary_ops, "SEGMENT_BLOCK_ROWS", block_rows)
     monkeypatch.setattr(summary_ops, "SEGMENT_MIN_BLOCK_ROWS", 2)
-    assert summary_ops.segment_block_rows(rows.flat.shape[0]) == block_rows
+    monkeypatch.setattr(summary_ops, "SEGMENT_BLOCKED_OVER", 0)
+    assert summary_ops.segment_block_rows(*rows.flat.shape) == block_rows
     in_blocks = jax.jit(lambda r: summaries._segment_summary(r, 16))  # traced anew
     assert in_blocks.lower(rows).as_text().count("stablehlo.while") == 2
     blocked = in_blocks(rows)
@@ -1068,11 +1069,13 @@ def test_large_layouts_are_summarised_in_row_blocks_equal_to_one_piece(
 def test_segment_blocks_divide_the_rows() -> None:
     # Blocks never overlap: a power of two dividing the row count, at most
     # SEGMENT_BLOCK_ROWS; one piece for small layouts, odd row counts, or off a CPU.
-    top = summary_ops.SEGMENT_BLOCK_ROWS
+    top, w = summary_ops.SEGMENT_BLOCK_ROWS, 512
+    big = summary_ops.SEGMENT_BLOCKED_OVER // w  # rows of the largest one-piece layout
     if jax.default_backend() != "cpu":
-        assert summary_ops.segment_block_rows(64 * top) == 0
+        assert summary_ops.segment_block_rows(64 * big, w) == 0
         return
-    assert summary_ops.segment_block_rows(top) == 0
-    assert summary_ops.segment_block_rows(7 * top) == top
-    assert summary_ops.segment_block_rows(7 * 32) == 32
-    assert summary_ops.segment_block_rows(7 * top + 1) == 0
+    assert summary_ops.segment_block_rows(big, w) == 0
+    assert summary_ops.segment_block_rows(7 * big, w) == top
+    assert summary_ops.segment_block_rows(7 * big, w // 8) == 0  # few values: one piece
+    assert summary_ops.segment_block_rows(65 * 32, w) == 32  # 2080 rows: 65 blocks of 32
+    assert summary_ops.segment_block_rows(7 * big + 1, w) == 0  # odd: no power of two fits
