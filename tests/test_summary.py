@@ -957,6 +957,60 @@ def test_deferred_segment_summaries_equal_in_program_ones() -> None:
     assert not both(v)[2]  # the second program reports its NaN/Inf counts too
 
 
+def test_deferred_large_arrays_equal_in_program_ones_and_compile_apart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # On a CPU, inspect/Monitor leave the large arrays' blocked loop to a second program
+    # of its own (keyed by their shapes, kept on disk), not compiled into every capture
+    # program; the small arrays' layout keeps its shared program. Same numbers.
+    from sowviz.capture import summaries
+
+    if jax.default_backend() != "cpu":
+        pytest.skip("large arrays are summarised in blocks on a CPU backend")
+    rng = np.random.default_rng(12)
+    big = summaries.MIN_GROUPED
+
+    def values(sizes):
+        out = {}
+        for i, n in enumerate(sizes):
+            a = (rng.normal(size=n) * 10.0 ** rng.integers(-5, 5, size=n)).astype(F32)
+            a[[1, n // 2]] = [np.nan, -np.inf]
+            out[(f"a{i}",)] = {"primal": jnp.asarray(a.astype(jnp.bfloat16) if i == 1 else a)}
+        return out
+
+    def capture(v, defer):
+        return jax.jit(lambda v: summaries.summarize_packed(v, {}, 16, defer=defer))
+
+    before = set(summaries._COMPILED)
+    v = values([big + 1000, 2 * big, 700, 5, 3 * big + 7])
+    inline = capture(v, False)(v).unpack()[0]
+    assert "stablehlo.while" in capture(v, False).lower(v).as_text()
+    packed = capture(v, True)(v)
+    assert [type(p).__name__ for p in packed.pending] == ["Rows", "Blocks"]
+    assert "stablehlo.while" not in capture(v, True).lower(v).as_text()  # loop left out
+    done, clean = summaries.finish(packed, jnp.asarray(True))
+    assert not bool(clean)  # the NaN/Inf are counted by the second programs
+    deferred = done.unpack()[0]
+    for key, entry in inline.items():
+        a, b = to_host(entry["primal"]), to_host(deferred[key]["primal"])
+        assert a.shape == b.shape and a.dtype == b.dtype
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+            np.testing.assert_array_equal(x, y)
+        check_against_reference(deferred[key]["primal"], np.asarray(v[key]["primal"]), 16)
+    new = set(summaries._COMPILED) - before
+    assert sorted(k[1][0] == "blocks" for k in new) == [False, True]  # two programs
+    # Other large shapes, like small ones: only the large arrays' program is new.
+    v2 = values([big + 2000, 2 * big, 600, 5, 3 * big + 7])
+    summaries.finish(capture(v2, True)(v2), jnp.asarray(True))
+    newer = set(summaries._COMPILED) - before - new
+    assert len(newer) == 1 and next(iter(newer))[1][0] == "blocks"
+    # Past the byte budget, none is deferred (the loop stays in the capture program).
+    monkeypatch.setattr(summaries, "DEFER_BLOCKS_MAX_BYTES", 4 * big)
+    v3 = values([big + 3000, 2 * big, 700, 5, 3 * big + 7])
+    assert [type(p).__name__ for p in capture(v3, True)(v3).pending] == ["Rows"]
+    assert "stablehlo.while" in capture(v3, True).lower(v3).as_text()
+
+
 @pytest.mark.parametrize(
     "dtype,n", [(F32, 1000), (F32, 1024), (jnp.bfloat16, 777), (np.complex64, 300)]
 )

@@ -20,13 +20,18 @@ transfer (`Regroup.apply`, NumPy indexing).
 
 `inspect`, `show` and `Monitor` compile the segmented summaries as a SECOND
 program (`finish`), fed by the capture program's laid-out rows (`Rows`: the
-small arrays, copied once, as the in-program layout copies them; large arrays
-are still summarised where they are, so no large activation outlives the
-capture program for its summary). Its inputs are rounded
-up to a size class (`bucket`), so one compiled program serves every mode and
-every model with like sizes; it compiles in a thread (`precompile`) while the
-capture program compiles, and a combined program compiled slower than the two
-apart (XLA's passes grow faster than linearly in the program's size).
+small arrays, copied once, as the in-program layout copies them). Its inputs
+are rounded up to a size class (`bucket`), so one compiled program serves every
+mode and every model with like sizes; it compiles in a thread (`precompile`)
+while the capture program compiles, and a combined program compiled slower than
+the two apart (XLA's passes grow faster than linearly in the program's size).
+On a CPU the large arrays' groups go to a third program the same way (`Blocks`:
+the arrays themselves, flattened, not copied; keyed by their shapes, so it is
+kept apart from the shared one), unless they hold more than
+`DEFER_BLOCKS_MAX_BYTES` in all: then they are summarised where they are, and
+no large activation outlives the capture program for its summary. Both are
+kept on disk (`sowviz._disk_cache`): the 4x1024 MLP's first `inspect` in a new
+process went 3.6-3.9x -> 1.8-2.2x of plain.
 
 A capture stacked by an enclosing scan or while loop (outermost of its
 `Site.axes` is ``"scan"`` or ``"while"``) also gets per-iteration statistics
@@ -65,6 +70,12 @@ ITERATION_AXES = ("scan", "while")
 GROUP_MAX_BYTES = 1 << 28
 #: ... from this many elements (smaller ones join the segmented layout).
 MIN_GROUPED = STACK_MAX_ELEMENTS
+#: `inspect`/`Monitor` leave such groups to a second program (`finish`, keyed by their
+#: shapes, compiled beside the capture program and kept on disk: a group's loop
+#: compiled for 0.7-0.8 s inside every capture program) when they hold at most this
+#: many bytes in all: their members then outlive the capture program until it runs
+#: (peak memory of `inspect_memory`'s 50M-element case: 1.17x -> 1.26x of plain).
+DEFER_BLOCKS_MAX_BYTES = GROUP_MAX_BYTES
 #: Per-iteration captures of at most this many elements share a computation whatever
 #: their widths (`_iteration_class`).
 ITERATED_SMALL = 1 << 12
@@ -86,13 +97,14 @@ class Regroup:
     where: tuple[tuple[int, int | None] | None, ...]
     # Per leaf summarised in a segmented group: its (shape, dtype, is_complex).
     static: tuple[tuple[tuple[int, ...], str, bool] | None, ...] = ()
-    # Groups summarised by the second program (`finish`), in its output order.
+    # Groups summarised by the second programs (`finish`), in their output order.
     deferred: tuple[int, ...] = ()
     bins: int = 0  # of the deferred summaries
 
-    def apply(self, tree: dict, finished: Any = None) -> Any:
+    def apply(self, tree: dict, *finished: Any) -> Any:
         groups = list(tree["groups"])
-        for g, summary in zip(self.deferred, finished or (), strict=True):
+        done = [summary for part in finished for summary in part]
+        for g, summary in zip(self.deferred, done, strict=True):
             groups[g] = summary
         # Each stacked group flattened once, its members cut by index (a tree_map per
         # member was a third of a repeated `inspect` on 1,000 probes).
@@ -136,6 +148,17 @@ class Rows:
     flat: Any
     seg: Any
     pads: Any
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class Blocks:
+    """Large arrays of one accumulation dtype left to a second program (`finish`), as
+    they are (flattened, not copied), summarised there by one loop in blocks of
+    `block` elements (`_blocked`)."""
+
+    flats: tuple[Any, ...]
+    block: int = dataclasses.field(metadata={"static": True})
 
 
 def bucket(n: int) -> int:
@@ -274,7 +297,9 @@ def summarize_packed(
     `bucket`) and left in `Packed.pending` for `finish`: a second program, keyed by
     the layout's size class only, so every mode and every model with like sizes
     shares it, and it compiles (`precompile`, started here while this program is
-    traced) beside the capture program instead of inside it."""
+    traced) beside the capture program instead of inside it. The large arrays'
+    groups (CPU) are left likewise (`Blocks`) to a program of their own, up to
+    `DEFER_BLOCKS_MAX_BYTES` in all."""
     axes = axes or {}
     cpu = jax.default_backend() == "cpu"
     flat, treedef = jax.tree_util.tree_flatten_with_path(values, is_leaf=lambda x: x is None)
@@ -320,22 +345,33 @@ def summarize_packed(
         groups.setdefault((*kind, opened[kind]), []).append(i)
     where: list[tuple[int, int | None] | None] = [None] * len(flat)
     out: list[Any] = []
-    pending: list[Rows] = []
-    deferred: list[int] = []
+    # Deferred work, by program (`finish`): the segmented layouts, then the blocks.
+    pending: dict[type, list[tuple[int, Any]]] = {Rows: [], Blocks: []}
+    # Large groups are deferred all or none (some left in the program would compile the
+    # loop there anyway).
+    blocked = [i for key, idx in groups.items() if key[0] == "blocks" for i in idx]
+    defer_blocks = defer and (
+        sum(jnp.size(flat[i][1]) * jnp.result_type(flat[i][1]).itemsize for i in blocked)
+        <= DEFER_BLOCKS_MAX_BYTES
+    )
     for g, (key, idx) in enumerate(groups.items()):
         per_it = rows[idx[0]]
+        members = [flat[i][1] for i in idx]
         if key[0] == "alone":
-            out.append(_summary.summarize(flat[idx[0]][1], bins=bins, per_iteration=per_it))
+            out.append(_summary.summarize(members[0], bins=bins, per_iteration=per_it))
             where[idx[0]] = (g, None)
             continue
         if key[0] == "segments" and defer:
-            pending.append(_layout([flat[i][1] for i in idx], sized=True))
-            deferred.append(g)
+            pending[Rows].append((g, _layout(members, sized=True)))
             out.append(None)
         elif key[0] == "segments":
-            out.append(_segmented([flat[i][1] for i in idx], bins))
+            out.append(_segmented(members, bins))
+        elif key[0] == "blocks" and defer_blocks:
+            flats = tuple(jax.lax.reshape(x, (jnp.size(x),)) for x in members)
+            pending[Blocks].append((g, Blocks(flats, key[2])))
+            out.append(None)
         elif key[0] == "blocks":
-            out.append(_blocked([flat[i][1] for i in idx], bins, key[2]))
+            out.append(_blocked(members, bins, key[2]))
         elif key[0] == "iterations":
             out.append(_iterated([flat[i][1] for i in idx], bins))
         else:
@@ -343,18 +379,33 @@ def summarize_packed(
             out.append(_summary.summarize_stack(stack, bins=bins, per_iteration=per_it))
         for j, i in enumerate(idx):
             where[i] = (g, j)
-    if pending and PRECOMPILE:
-        precompile(tuple(pending), bins)
+    work = [item for kind in (Rows, Blocks) for item in pending[kind]]
+    if PRECOMPILE:
+        for part in _programs(tuple(item for _, item in work)):
+            precompile(part, bins)
     packed = pack({"groups": out, "meta": meta})
-    regroup = Regroup(treedef, tuple(where), tuple(static), tuple(deferred), bins)
-    return Packed(packed.buffers, packed.layout, regroup, tuple(pending))
+    deferred = tuple(g for g, _ in work)
+    regroup = Regroup(treedef, tuple(where), tuple(static), deferred, bins)
+    return Packed(packed.buffers, packed.layout, regroup, tuple(item for _, item in work))
 
 
 # -- the second program: deferred segmented summaries ----------------------------------
 
 
-def _finish_program(pending: tuple[Rows, ...], clean: Any, bins: int) -> tuple[Packed, Any]:
-    sums = [_segment_summary(r, bins) for r in pending]
+def _programs(pending: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    """`pending` cut into the work of each second program, in order: the segmented
+    layouts (their shapes are size classes: one program serves every model of like
+    sizes) and the large arrays (their program is keyed by their shapes, so it is
+    compiled apart, to leave the first one shared)."""
+    parts = [tuple(p for p in pending if isinstance(p, kind)) for kind in (Rows, Blocks)]
+    return [p for p in parts if p]
+
+
+def _finish_program(pending: tuple[Any, ...], clean: Any, bins: int) -> tuple[Packed, Any]:
+    sums = [
+        _segment_summary(p, bins) if isinstance(p, Rows) else _blocked(list(p.flats), bins, p.block)
+        for p in pending
+    ]
     return pack(sums), clean & _summary.all_clean(sums)
 
 
@@ -365,11 +416,19 @@ _STARTED: set[Any] = set()
 _LOCK = threading.Lock()
 
 
-def _key(pending: tuple[Rows, ...], bins: int) -> tuple:
-    return (bins, *((r.flat.shape, str(r.flat.dtype), r.pads.shape) for r in pending))
+def _key(pending: tuple[Any, ...], bins: int) -> tuple:
+    return (
+        bins,
+        *(
+            (r.flat.shape, str(r.flat.dtype), r.pads.shape)
+            if isinstance(r, Rows)
+            else ("blocks", r.block, *((f.shape, str(f.dtype)) for f in r.flats))
+            for r in pending
+        ),
+    )
 
 
-def precompile(pending: tuple[Rows, ...], bins: int) -> None:
+def precompile(pending: tuple[Any, ...], bins: int) -> None:
     """Start compiling `finish`'s program for `pending`'s shapes in a thread (once per
     shapes): XLA compiles it beside the capture program, on another core. A process
     that compiled it before loads it from disk instead (`sowviz._disk_cache`)."""
@@ -393,25 +452,29 @@ def precompile(pending: tuple[Rows, ...], bins: int) -> None:
 
 
 def finish(packed: Packed, clean: Any) -> tuple[Packed, Any]:
-    """Run the deferred summaries of `packed` (one dispatch); returns the `Packed` of all
-    summaries and `clean` (no probe counts a NaN/Inf) updated with theirs."""
+    """Run the deferred summaries of `packed` (a dispatch per second program, `_programs`);
+    returns the `Packed` of all summaries and `clean` (no probe counts a NaN/Inf)
+    updated with theirs."""
     if not packed.pending:
         return packed, clean
     bins = packed.regroup.bins
-    key = _key(packed.pending, bins)
-    with _LOCK:
-        thread = _COMPILING.pop(key, None)
-    if thread is not None:
-        thread.join()
-    compiled = _COMPILED.get(key) or _compile(key, packed.pending, bins)
-    try:
-        second, clean = compiled(packed.pending, clean)
-    except ValueError:  # compiled for the default device; a mesh's arrays take the jit
-        second, clean = _finish(packed.pending, clean, bins=bins)
-    return packed.joined(second), clean
+    done = packed
+    for part in _programs(packed.pending):
+        key = _key(part, bins)
+        with _LOCK:
+            thread = _COMPILING.pop(key, None)
+        if thread is not None:
+            thread.join()
+        compiled = _COMPILED.get(key) or _compile(key, part, bins)
+        try:
+            second, clean = compiled(part, clean)
+        except ValueError:  # compiled for the default device; a mesh's arrays take the jit
+            second, clean = _finish(part, clean, bins=bins)
+        done = done.joined(second)
+    return done, clean
 
 
-def _compile(key: tuple, pending: tuple[Rows, ...], bins: int) -> Any:
+def _compile(key: tuple, pending: tuple[Any, ...], bins: int) -> Any:
     """`_finish` compiled for `pending`'s shapes on the default device (loaded from disk
     if a process compiled it before), kept under `key`."""
     specs = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), pending)
