@@ -43,6 +43,29 @@ def test_primal_is_the_value_and_result_unchanged():
     assert set(inter["h"]) == {"primal"}
 
 
+def test_a_captured_value_is_computed_once_and_read_by_the_program() -> None:
+    # The program reads the recorded buffer itself: XLA does not compute a captured
+    # value a second time (fused into its consumers) to write the recorded copy, a
+    # kernel more per probe to compile.
+    from sowviz.capture import summaries
+
+    def fn(x):
+        t = sow(jnp.maximum(x * 3.0 + 1.0, 0.0), "t")
+        return jnp.sum((sow(jnp.sin(t @ x), "u") + 1.0) * 2.0)
+
+    def laid_out(x):  # as inspect lays out the captures for their summaries
+        res, inter = save_intermediates(jax.grad(fn))(x)
+        values = [inter[k][m] for k in ("t", "u") for m in ("primal", "cotangent")]
+        return res, summaries._layout(values, sized=False).flat
+
+    x = jax.random.normal(KEY, (64, 64))
+    hlo = jax.jit(laid_out).lower(x).compile().as_text()
+    assert len(re.findall(r" maximum\(", hlo)) == 1  # the relu, not again for its copy
+    res, inter = save_intermediates(jax.grad(fn))(x)
+    close(res, jax.grad(fn)(x), tol=1e-4)  # float32 sums of 64 terms, fused differently
+    close(inter["t"]["primal"], jnp.maximum(x * 3.0 + 1.0, 0.0))
+
+
 def test_cotangent_is_grad_of_downstream():
     grad, inter = save_intermediates(jax.grad(f))(X)
     close(grad, jax.grad(f)(X))
