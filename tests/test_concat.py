@@ -36,20 +36,27 @@ def test_concatenate_and_stack_give_jnp_values_on_every_path(backend: str, n: in
     np.testing.assert_array_equal(np.asarray(got), np.stack(blocks))
 
 
+def _barrier_and_concatenation(values: list, backend: str) -> tuple:
+    """The one barrier and the one concatenation of `values` (each through `sin`) laid
+    out with a NaN fill after each, on `backend`; and the jaxpr."""
+
+    def laid_out(*vs):
+        fill = jax.lax.full((7,), jnp.nan, jnp.float32)
+        parts = [p for v in vs for p in (jnp.sin(v), fill)]
+        return _concat.concatenate(parts, fills=[fill], backend=backend)
+
+    jaxpr = jax.make_jaxpr(laid_out)(*values).jaxpr
+    (barrier,) = [e for e in jaxpr.eqns if e.primitive.name == "optimization_barrier"]
+    (concat,) = [e for e in jaxpr.eqns if e.primitive.name == "concatenate"]
+    return barrier, concat, jaxpr
+
+
 def test_many_operands_reach_the_gpu_concatenation_through_one_barrier() -> None:
     # What makes XLA:GPU's fusion linear: every non-fill operand of the concatenation is
     # an output of one optimization_barrier (nothing left to merge one by one), and the
     # constant fill stays outside it (written by the concatenation, not read).
     values, _ = _parts(20)
-
-    def laid_out(*vs):
-        fill = jax.lax.full((7,), jnp.nan, jnp.float32)
-        parts = [p for v in vs for p in (jnp.sin(v), fill)]
-        return _concat.concatenate(parts, fills=[fill], backend="gpu")
-
-    jaxpr = jax.make_jaxpr(laid_out)(*values).jaxpr
-    (barrier,) = [e for e in jaxpr.eqns if e.primitive.name == "optimization_barrier"]
-    (concat,) = [e for e in jaxpr.eqns if e.primitive.name == "concatenate"]
+    barrier, concat, jaxpr = _barrier_and_concatenation(values, "gpu")
     assert len(barrier.invars) == len(values)
     sealed = set(map(id, barrier.outvars))
     assert sum(id(v) in sealed for v in concat.invars) == len(values)
@@ -61,14 +68,6 @@ def test_on_a_cpu_every_part_reaches_the_concatenation_through_a_barrier() -> No
     # Fused with its operands, XLA:CPU runs a concatenation as a loop choosing the
     # operand of every element; sealed (fills too), it copies each part whole.
     values, _ = _parts(20)
-
-    def laid_out(*vs):
-        fill = jax.lax.full((7,), jnp.nan, jnp.float32)
-        parts = [p for v in vs for p in (jnp.sin(v), fill)]
-        return _concat.concatenate(parts, fills=[fill], backend="cpu")
-
-    jaxpr = jax.make_jaxpr(laid_out)(*values).jaxpr
-    (barrier,) = [e for e in jaxpr.eqns if e.primitive.name == "optimization_barrier"]
-    (concat,) = [e for e in jaxpr.eqns if e.primitive.name == "concatenate"]
+    barrier, concat, _ = _barrier_and_concatenation(values, "cpu")
     assert len(barrier.invars) == 2 * len(values)
     assert [id(v) for v in concat.invars] == [id(v) for v in barrier.outvars]

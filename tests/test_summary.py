@@ -920,6 +920,17 @@ def test_signed_log_histogram_matches_numpy() -> None:
         check_against_reference(jax.tree.map(lambda leaf, i=i: leaf[i], stacked), member, 8)
 
 
+def assert_same_summaries(inline: dict, deferred: dict, values: dict, bins: int) -> None:
+    """Summaries computed in the program and by the second programs: equal, bit for bit,
+    with each one's static shape and dtype, and each following the NumPy rules."""
+    for key, entry in inline.items():
+        a, b = to_host(entry["primal"]), to_host(deferred[key]["primal"])
+        assert a.shape == b.shape and a.dtype == b.dtype
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+            np.testing.assert_array_equal(x, y)
+        check_against_reference(deferred[key]["primal"], np.asarray(values[key]["primal"]), bins)
+
+
 def test_deferred_segment_summaries_equal_in_program_ones() -> None:
     # inspect/Monitor leave small arrays' summaries to a second program keyed by the
     # layout's size class: same numbers as in the program, one compile for like sizes.
@@ -945,12 +956,7 @@ def test_deferred_segment_summaries_equal_in_program_ones() -> None:
         v = values(sizes)
         inline, deferred, clean = both(v)
         assert clean
-        for key, entry in inline.items():
-            a, b = to_host(entry["primal"]), to_host(deferred[key]["primal"])
-            assert a.shape == b.shape and a.dtype == b.dtype
-            for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-                np.testing.assert_array_equal(x, y)
-            check_against_reference(deferred[key]["primal"], np.asarray(v[key]["primal"]), 16)
+        assert_same_summaries(inline, deferred, v, 16)
     assert len(summaries._COMPILED) == before + 1
     v = values([9])
     v[("a0",)]["primal"] = v[("a0",)]["primal"].at[2].set(jnp.inf)
@@ -991,12 +997,7 @@ def test_deferred_large_arrays_equal_in_program_ones_and_compile_apart(
     done, clean = summaries.finish(packed, jnp.asarray(True))
     assert not bool(clean)  # the NaN/Inf are counted by the second programs
     deferred = done.unpack()[0]
-    for key, entry in inline.items():
-        a, b = to_host(entry["primal"]), to_host(deferred[key]["primal"])
-        assert a.shape == b.shape and a.dtype == b.dtype
-        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-            np.testing.assert_array_equal(x, y)
-        check_against_reference(deferred[key]["primal"], np.asarray(v[key]["primal"]), 16)
+    assert_same_summaries(inline, deferred, v, 16)
     new = set(summaries._COMPILED) - before
     assert sorted(k[1][0] == "blocks" for k in new) == [False, True]  # two programs
     # Other large shapes, like small ones: only the large arrays' program is new.
