@@ -55,13 +55,18 @@ export class App {
     this.watchSize();
   }
 
-  /** Fits again when the view first gets a size (a widget may render while detached). */
+  /**
+   * Fits again when the view first gets a size (a widget may render while detached),
+   * and when it changes size (the detail panel opens, the window is resized) while
+   * the user has not moved the view since the last fit: the graph stays whole and
+   * clear of the loss chart, which moves with the view's right edge.
+   */
   watchSize() {
     if (typeof ResizeObserver === "undefined") return;
     let sized = this.canvas.clientWidth > 0;
     const ro = new ResizeObserver(() => {
       const now = this.canvas.clientWidth > 0;
-      if (now && !sized) this.graph.fit({ minScale: FIT_MIN_SCALE });
+      if (now && (!sized || !this.graph.moved)) this.graph.fit({ minScale: FIT_MIN_SCALE });
       sized = now;
     });
     ro.observe(this.canvas);
@@ -133,6 +138,8 @@ export class App {
     this.graph = new GraphView(this.canvas, {
       onSelect: (id) => this.select(id),
       onToggle: (id) => this.toggle(id),
+      // the loss chart sits over the graph's bottom right: fits keep the graph left of it
+      reserveRight: () => (this.lossBox.hidden ? 0 : this.lossBox.offsetWidth + 20),
     });
     this.empty = h("div", { class: "sv-empty sv-muted", "data-role": "empty", text: EMPTY, hidden: true });
     this.canvas.append(this.lossBox, this.levelNote, this.empty);
@@ -168,9 +175,9 @@ export class App {
     }
     this.fillStatOptions(fresh);
     this.fillNotes();
+    this.drawLoss(); // first: the fit keeps the graph clear of the loss chart
     this.relayout({ fit: fresh });
     if (this.selected) this.openDetail(this.selected); else this.detail.close();
-    this.drawLoss();
   }
 
   rebuildIndex() {
@@ -415,8 +422,14 @@ export class App {
   drawLoss() {
     const hist = this.store.history;
     const has = hist?.steps?.length && (hist.loss.some((v) => v != null) || nonfiniteSteps(hist).length > 0);
+    const appeared = has && this.lossBox.hidden;
     this.lossBox.hidden = !has;
     if (!has) return;
+    // A live Monitor's chart appears with its first step: fit again, clear of it,
+    // unless the user has moved the view since the last fit.
+    if (appeared && this.layout && !this.graph.moved) {
+      (globalThis.requestAnimationFrame ?? setTimeout)(() => this.graph.fit({ minScale: FIT_MIN_SCALE }));
+    }
     if (!this.lossChart) {
       this.lossChart = h("div", { class: "sv-chart" });
       this.lossTitle = h("div", { class: "sv-legend-title", "data-role": "loss-title", text: "loss" });

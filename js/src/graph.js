@@ -32,7 +32,7 @@ function shapeText(node) {
 export class GraphView {
   /**
    * @param {HTMLElement} container
-   * @param {{onSelect: (id: string|null) => void, onToggle: (id: string) => void}} handlers
+   * @param {{onSelect: (id: string|null) => void, onToggle: (id: string) => void, reserveRight?: () => number}} handlers
    */
   constructor(container, handlers) {
     this.container = container;
@@ -55,9 +55,11 @@ export class GraphView {
       .on("zoom", (ev) => {
         this.transform = ev.transform;
         this.viewport.setAttribute("transform", ev.transform.toString());
+        if (ev.sourceEvent) this.moved = true; // the user panned or zoomed since the last fit
       });
     this.sel = select(this.svg).call(this.zoom).on("dblclick.zoom", null);
     this.transform = zoomIdentity;
+    this.moved = false;
     this.svg.addEventListener("click", (ev) => {
       if (ev.defaultPrevented) return;
       const t = ev.target.closest?.("[data-role=toggle]");
@@ -244,12 +246,17 @@ export class GraphView {
     }
   }
 
-  /** Fits the drawing into the view. With `minScale`, never zooms out below it (top-aligned). */
+  /**
+   * Fits the drawing into the view, left of what the `reserveRight()` handler (px)
+   * keeps for an overlay (the loss chart). With `minScale`, never zooms out below it (top-aligned).
+   */
   fit({ minScale = 0, animate = false } = {}) {
     const b = this.bounds;
-    const W = this.svg.clientWidth || this.container.clientWidth || 800;
+    const full = this.svg.clientWidth || this.container.clientWidth || 800;
+    const W = Math.max(full - (this.handlers.reserveRight?.() ?? 0), full / 2);
     const H = this.svg.clientHeight || this.container.clientHeight || 500;
     if (!b || !b.w || !b.h) return;
+    this.moved = false;
     const pad = 28;
     let k = Math.min((W - 2 * pad) / b.w, (H - 2 * pad) / b.h, 1.25);
     let ty = pad + (H - 2 * pad - b.h * k) / 2 - b.y * k;
