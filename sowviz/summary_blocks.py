@@ -121,7 +121,6 @@ def grouped_stats(flats: Sequence[jax.Array], bins: int, block: int) -> dict:
     branches = [functools.partial(_block_of, f, block) for f in flats]
     pos = jnp.arange(block, dtype=jnp.int32)
     zero = jnp.zeros((), acc)
-    tiny = jnp.finfo(acc).tiny
 
     def piece(t):
         """Member and values ``(1, 1, block)`` of the t-th block of the schedule."""
@@ -175,8 +174,7 @@ def grouped_stats(flats: Sequence[jax.Array], bins: int, block: int) -> dict:
     # (2) centred moments and both tallies, with (1)'s mean, scale and range.
     def second(j, v, carry):
         sums, comp, lin, log = carry
-        v = jnp.where(jnp.abs(v) < tiny, zero, v)
-        finite = jnp.isfinite(v)
+        v, finite = _ops.flushed(v)
         vs = jnp.where(finite, _ops._div_pow2(v, _ops._b(_get(scale, j), 3)), zero)
         c = jnp.where(finite, vs - _ops._b(_get(ms, j), 3), zero)
         add = tuple(jnp.sum(x, (2,)) for x in (c, c * c, vs * vs))

@@ -376,7 +376,9 @@ def segment_stats(v: jax.Array, seg: Any, members: int, bins: int) -> dict:
     zero = jnp.zeros((), acc)
     block = 0 if replicated(v) else segment_block_rows(*v.shape)
     if block:
-        min_r, max_r, sum_r, cnt_r = _over_blocks(v, block, _row_firsts, ())
+        (min_r, max_r, sum_r, cnt_r), _ = _over_blocks(
+            v, block, lambda b, _: (_row_firsts(b), None)
+        )
     else:
         min_r, max_r, sum_r, cnt_r = _row_firsts(v)
 
@@ -439,10 +441,8 @@ def _row_seconds(v, at, base, *, bins: int, n_lin: int):
     """Per row of ``v`` ``(R, W)``, with its member's values `at` ``(R, 6)`` and tally
     offset `base` ``(R,)``: the centred sums ``(c, c**2, vs**2)``, and the linear and
     log tally slots of its elements."""
-    acc = v.dtype
-    zero = jnp.zeros((), acc)
-    v = jnp.where(jnp.abs(v) < jnp.finfo(acc).tiny, zero, v)
-    finite = jnp.isfinite(v)
+    zero = jnp.zeros((), v.dtype)
+    v, finite = flushed(v)
     r_scale, r_ms, r_bscale, r_blo, r_bratio = (at[:, i : i + 1] for i in range(5))
     r_start = at[:, 5].astype(jnp.int32)
     vs = jnp.where(finite, _div_pow2(v, r_scale), zero)
@@ -456,38 +456,32 @@ def _row_seconds(v, at, base, *, bins: int, n_lin: int):
     return sums, [base[:, None] + idx, base[:, None] + n_lin + lslot]
 
 
-def _over_blocks(v: jax.Array, block: int, fn: Any, rowwise: tuple, table: Any = None) -> Any:
-    """`fn` applied to ``v`` ``(R, W)`` in blocks of `block` rows (a `lax.fori_loop`; R a
-    multiple of `block`), with the matching rows of each array of `rowwise`: its
-    per-row results written back in place, and `table` (if given) carried through
-    every block, as one piece would return them."""
+def _over_blocks(v: jax.Array, block: int, fn: Any, rowwise: tuple = (), carry: Any = None):
+    """``fn(v_rows, *rowwise_rows, carry) -> (per_row, carry)`` over ``v`` ``(R, W)`` in
+    blocks of `block` rows (a `lax.fori_loop`; R a multiple of `block`), with the
+    matching rows of each array of `rowwise`: returns the per-row results written back
+    in place, as one piece would return them, and the carry after every block."""
     rows = v.shape[0]
 
-    def rows_of(a: jax.Array, i: jax.Array) -> jax.Array:
-        return jax.lax.dynamic_slice_in_dim(a, i * block, block, 0)
-
-    def call(i, carried):
+    def call(i, c):
         # Sliced through a barrier: a dynamic slice fused into the kernels that read it
         # is recomputed per element and keeps XLA:CPU from vectorising them (the bins
         # of 1.8M values took 3 ms instead of 0.4).
-        args = jax.lax.optimization_barrier((rows_of(v, i), *(rows_of(a, i) for a in rowwise)))
-        return fn(*args) if table is None else fn(*args, carried)
+        sliced = (jax.lax.dynamic_slice_in_dim(a, i * block, block, 0) for a in (v, *rowwise))
+        return fn(*jax.lax.optimization_barrier(tuple(sliced)), c)
 
-    shapes = jax.eval_shape(lambda: call(0, table))
-    per_row = shapes if table is None else shapes[0]
+    per_row = jax.eval_shape(lambda: call(0, carry))[0]
     init = jax.tree_util.tree_map(lambda s: jnp.zeros((rows, *s.shape[1:]), s.dtype), per_row)
 
-    def body(i, carry):
-        out, tab = carry
-        res = call(i, tab)
-        got, tab = (res, tab) if table is None else res
+    def body(i, state):
+        out, c = state
+        got, c = call(i, c)
         out = jax.tree_util.tree_map(
             lambda o, g: jax.lax.dynamic_update_slice_in_dim(o, g, i * block, 0), out, got
         )
-        return out, tab
+        return out, c
 
-    out, tab = jax.lax.fori_loop(0, rows // block, body, (init, table))
-    return out if table is None else (out, tab)
+    return jax.lax.fori_loop(0, rows // block, body, (init, carry))
 
 
 def _fields(cnt, lin, log, bins, vmin, vmax, mean, std, sq, scale, absmax, edges, start):
@@ -519,15 +513,20 @@ def _fields(cnt, lin, log, bins, vmin, vmax, mean, std, sq, scale, absmax, edges
     )
 
 
+def flushed(v: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`v` with subnormals as zeros (see sowviz.summary's docstring) and its finite mask."""
+    v = jnp.where(jnp.abs(v) < jnp.finfo(v.dtype).tiny, jnp.zeros((), v.dtype), v)
+    return v, jnp.isfinite(v)
+
+
 def _first_pass(v, axes, float_count: bool = False):
-    """Subnormals to zero (see sowviz.summary's docstring), the finite mask, and one
-    reduction over `axes` of the finite min, max, sum and count. `float_count` counts
-    in `v`'s dtype (exact below 2**24 values per row): XLA:CPU sums an int32 mask with
-    a reduce-window of its own, a float one in the fused reduction."""
+    """`flushed` and one reduction over `axes` of the finite min, max, sum and count.
+    `float_count` counts in `v`'s dtype (exact below 2**24 values per row): XLA:CPU
+    sums an int32 mask with a reduce-window of its own, a float one in the fused
+    reduction."""
     zero = jnp.zeros((), v.dtype)
     inf = jnp.asarray(jnp.inf, v.dtype)
-    v = jnp.where(jnp.abs(v) < jnp.finfo(v.dtype).tiny, zero, v)
-    finite = jnp.isfinite(v)
+    v, finite = flushed(v)
     reduced = _reduce(
         (
             jnp.where(finite, v, inf),

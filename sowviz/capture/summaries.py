@@ -162,6 +162,10 @@ class Blocks:
     block: int = dataclasses.field(metadata={"static": True})
 
 
+#: The second programs (`finish`), one per kind of deferred work, in their order.
+_PROGRAM_KINDS = (Rows, Blocks)
+
+
 def bucket(n: int) -> int:
     """The size class of `n` >= 1: the least ``2**k * (4, 5, 6 or 7) / 4`` >= n (at most
     a quarter wasted), so like-sized layouts share a compiled program."""
@@ -346,8 +350,8 @@ def summarize_packed(
         groups.setdefault((*kind, opened[kind]), []).append(i)
     where: list[tuple[int, int | None] | None] = [None] * len(flat)
     out: list[Any] = []
-    # Deferred work, by program (`finish`): the segmented layouts, then the blocks.
-    pending: dict[type, list[tuple[int, Any]]] = {Rows: [], Blocks: []}
+    # Deferred work, by second program (`finish`), in `_PROGRAM_KINDS` order.
+    pending: dict[type, list[tuple[int, Any]]] = {kind: [] for kind in _PROGRAM_KINDS}
     # Large groups are deferred all or none (some left in the program would compile the
     # loop there anyway).
     blocked = [i for key, idx in groups.items() if key[0] == "blocks" for i in idx]
@@ -380,7 +384,7 @@ def summarize_packed(
             out.append(_summary.summarize_stack(stack, bins=bins, per_iteration=per_it))
         for j, i in enumerate(idx):
             where[i] = (g, j)
-    work = [item for kind in (Rows, Blocks) for item in pending[kind]]
+    work = [item for kind in _PROGRAM_KINDS for item in pending[kind]]
     if PRECOMPILE:
         for part in _programs(tuple(item for _, item in work)):
             precompile(part, bins)
@@ -398,7 +402,7 @@ def _programs(pending: tuple[Any, ...]) -> list[tuple[Any, ...]]:
     layouts (their shapes are size classes: one program serves every model of like
     sizes) and the large arrays (their program is keyed by their shapes, so it is
     compiled apart, to leave the first one shared)."""
-    parts = [tuple(p for p in pending if isinstance(p, kind)) for kind in (Rows, Blocks)]
+    parts = [tuple(p for p in pending if isinstance(p, kind)) for kind in _PROGRAM_KINDS]
     return [p for p in parts if p]
 
 
