@@ -178,27 +178,41 @@ STACK_MAX = 1 << 18
 
 
 def all_finite(tree: Any) -> Any:
-    """Per leaf of `tree` (in `tree_leaves` order): no NaN nor ±Inf in it. One small bool
-    vector, fused into the step (integer leaves are always finite)."""
+    """No NaN nor ±Inf in each leaf of `tree` (integer leaves are always finite): one small
+    bool vector, fused into the step, in `finite_order(tree)`'s order (like leaves
+    together). Its readers ask whether every entry is true (the Monitor's chain, a
+    recorded step), so it is not put back in leaf order: that was a gather, a kernel of
+    its own in every program."""
     leaves = jax.tree_util.tree_leaves(tree)
     if not leaves:
         return jnp.ones((0,), bool)
-    kinds: dict[Any, list[int]] = {}
-    for i, x in enumerate(leaves):
-        like = _is_float(x) and 0 < x.size <= STACK_MAX
-        key = (x.shape, x.dtype, getattr(jax.typeof(x), "sharding", None)) if like else i
-        kinds.setdefault(key, []).append(i)
-    parts, order = [], []
-    for idx in kinds.values():
-        x = leaves[idx[0]] if len(idx) == 1 else _concat.stack([leaves[i] for i in idx])
-        parts.append(_nan_if_not_finite(x, len(idx) > 1))
-        order += idx
+    parts = [
+        _nan_if_not_finite(leaves[idx[0]])
+        if len(idx) == 1
+        else _nan_if_not_finite(_concat.stack([leaves[i] for i in idx]), True)
+        for idx in _finite_kinds(leaves)
+    ]
     # sum(x * 0) is NaN exactly when x holds a NaN or ±Inf (IEEE: Inf * 0 is NaN), and
     # 0 otherwise: one fused reduction per kind of leaf and one test for all of them,
     # where all(isfinite(x)) was two kernels per leaf on XLA:CPU (a mask, then a
     # reduce-window over it).
-    flags = jnp.isfinite(jnp.concatenate(parts))
-    return flags if order == sorted(order) else flags[np.argsort(order)]
+    return jnp.isfinite(jnp.concatenate(parts))
+
+
+def finite_order(tree: Any) -> list[int]:
+    """Which leaf of `tree` (in `tree_leaves` order) each entry of `all_finite` flags."""
+    return [i for idx in _finite_kinds(jax.tree_util.tree_leaves(tree)) for i in idx]
+
+
+def _finite_kinds(leaves: list) -> list[list[int]]:
+    """`leaves`' indices by kind: like small float leaves (shape, dtype, sharding)
+    together, reduced as one stack; others alone."""
+    kinds: dict[Any, list[int]] = {}
+    for i, x in enumerate(leaves):
+        like = _is_float(x) and 0 < np.size(x) <= STACK_MAX
+        key = (np.shape(x), x.dtype, getattr(jax.typeof(x), "sharding", None)) if like else i
+        kinds.setdefault(key, []).append(i)
+    return list(kinds.values())
 
 
 def _nan_if_not_finite(x: Any, stacked: bool = False) -> Any:

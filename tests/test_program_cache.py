@@ -191,8 +191,8 @@ def test_all_finite_flags_each_leaf_as_numpy_does(monkeypatch, stack_max):
     # The per-leaf flag the Monitor chains and reads (`_program.all_finite`), against
     # NumPy's isfinite: every kind of non-finite value, in every inexact dtype, and
     # finite values at the edge of the range (x * 0 must stay 0 there); like leaves
-    # stacked into one reduction (interleaved with others: the order must come back)
-    # and, with stack_max=0, every leaf reduced on its own.
+    # stacked into one reduction (interleaved with others: `finite_order` says which
+    # leaf each flag is) and, with stack_max=0, every leaf reduced on its own.
     monkeypatch.setattr(_program, "STACK_MAX", stack_max)
     big = np.finfo(np.float32).max
     rng = np.random.default_rng(0)
@@ -212,9 +212,14 @@ def test_all_finite_flags_each_leaf_as_numpy_does(monkeypatch, stack_max):
         "int": np.array([1, 2], np.int32),
         "empty": np.zeros((0,), np.float32),
     }
-    got = np.asarray(jax.jit(lambda t: _program.all_finite(t))(leaves))  # traced afresh
+    flags = np.asarray(jax.jit(lambda t: _program.all_finite(t))(leaves))  # traced afresh
+    order = _program.finite_order(leaves)
+    assert sorted(order) == list(range(len(order)))
+    got = flags[np.argsort(order)]
     want = [bool(np.isfinite(np.asarray(v, np.complex128)).all()) for v in jax.tree.leaves(leaves)]
     assert got.tolist() == want
+    if stack_max:  # like leaves share one reduction: the flags are not in leaf order
+        assert order != sorted(order)
     assert want.count(False) == 8  # the test covers both outcomes
 
 

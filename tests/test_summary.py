@@ -1074,6 +1074,38 @@ def test_a_layout_of_many_arrays_is_concatenated_in_chunks_on_cpu() -> None:
         np.testing.assert_allclose(float(out.mean[i]), leaves[i].mean(dtype=np.float64), rtol=1e-5)
 
 
+def test_a_layouts_nan_padding_is_constants_not_kernels_on_cpu() -> None:
+    # XLA turns a constant of one repeated value into a broadcast, a kernel compiled per
+    # length (10-15 ms each on XLA:CPU): the padding's constants hold one NaN of
+    # another payload, so they stay constants, and every NaN still counts as padding.
+    from sowviz.capture import summaries
+
+    if jax.default_backend() != "cpu":
+        pytest.skip("the fills are constants on a CPU backend")
+    rng = np.random.default_rng(6)
+    leaves = [rng.normal(size=n).astype(np.float32) for n in (700, 3, 512, 1, 300, 1500, 900)]
+    leaves[1][0] = np.nan  # a NaN of the data's own, beside the padding's
+    fn = jax.jit(lambda ls: summaries._layout(ls, sized=True))
+    hlo = fn.lower(leaves).compile().as_text()
+    assert " broadcast(" not in hlo, "a NaN fill compiled as a broadcast kernel"
+    rows = fn(leaves)
+    pads = np.asarray(rows.pads)
+    assert pads[:7].tolist() == [324, 509, 0, 511, 212, 36, 124]
+    assert pads[7] == summaries.SEGMENT_ROW  # the size class's padding row
+    flat = np.asarray(rows.flat)
+    assert np.isnan(flat).sum() == pads.sum() + 1
+    padded = [
+        np.concatenate([v, np.full(p, np.nan)]) for v, p in zip(leaves, pads[:7], strict=True)
+    ]
+    want = np.concatenate(padded)
+    np.testing.assert_array_equal(flat.ravel()[: want.size], want)
+    out = summaries._segment_summary(rows, 8)
+    assert np.asarray(out.nan)[:7].tolist() == [0, 1, 0, 0, 0, 0, 0]
+    for i, v in enumerate(leaves):
+        assert int(out.count[i]) == np.isfinite(v).sum()
+        np.testing.assert_allclose(float(out.max[i]), np.nanmax(v), rtol=1e-6)
+
+
 @pytest.mark.parametrize("block_rows", [4, 8])
 def test_large_layouts_are_summarised_in_row_blocks_equal_to_one_piece(
     monkeypatch: pytest.MonkeyPatch, block_rows: int
