@@ -38,6 +38,7 @@ import numpy as np
 
 from . import _compat, _concat
 from ._args import ArgSpec, _is_float, _layout, _paths, _user_tangents, split
+from ._gc import gc_paused
 from .capture import summaries as _summaries
 from .capture.api import SaveIntermediates
 from .graph import build_graph, instrument
@@ -350,9 +351,10 @@ class Runner:
                 dyn,
             )
             extra = (tangents, cotangents)
-            if not instrumented:
-                return self._plain(spec, dyn, extra, chain)
-            out = self._instrumented(spec, dyn, extra, inline)
+            with gc_paused():  # a first call traces, lowers and compiles
+                if not instrumented:
+                    return self._plain(spec, dyn, extra, chain)
+                out = self._instrumented(spec, dyn, extra, inline)
         finally:
             self.family.local.args = None
         if not out.packed.pending:

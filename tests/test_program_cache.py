@@ -46,6 +46,35 @@ def test_repeat_inspect_reuses_the_compiled_program():
     assert len(calls) == 3 and runner._instrumented._cache_size() == 2
 
 
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_garbage_collector_pauses_while_a_program_is_traced(enabled):
+    # Tracing allocates objects by the hundred thousand; collections during it walked a
+    # heap growing with the program. Off while tracing, then as the user had it, even
+    # when the trace fails; values unchanged.
+    seen = []
+
+    def loss(w, x):
+        seen.append(gc.isenabled())
+        if x.shape[0] == 3:
+            raise ValueError("this batch is refused")
+        return jnp.mean(jnp.tanh(x @ w) ** 2)
+
+    (gc.enable if enabled else gc.disable)()
+    try:
+        out = sowviz.inspect(loss, W, X)
+        assert gc.isenabled() is enabled
+        with pytest.raises(ValueError, match="refused"):
+            sowviz.inspect(loss, W, X[:3])
+        assert gc.isenabled() is enabled
+        grad, _ = sowviz.save_intermediates(jax.grad(loss))(W, X[:5])
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable()
+    assert seen and not any(seen)
+    np.testing.assert_allclose(out.result[1], jax.grad(loss)(W, X), rtol=1e-5)
+    np.testing.assert_allclose(grad, jax.grad(loss)(W, X[:5]), rtol=1e-5)
+
+
 def test_mode_switch_traces_the_function_once():
     loss, calls = make_loss()
     w = sowviz.show(loss, W, X)

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _compat
+from .._gc import gc_paused
 from . import rules as _rules  # noqa: F401  (registers the rules)
 from .interpret import evaluate_closed
 from .packing import Packed
@@ -146,20 +147,21 @@ class SaveIntermediates:
     def run(self, *args, **kwargs):
         """Like calling, but summaries stay packed on the device (`Packed`): start their
         transfer with `.fetch_async()` and read them with `.unpack()` when needed."""
-        if self._static_seen:
-            # Arguments with non-array leaves were seen (an Equinox module, a string):
-            # go straight to the static path, which handles all-array arguments too.
-            # Trying `jax.jit` first would cost a failed dispatch and a filtered
-            # traceback (~10 ms) on every call.
+        with gc_paused():  # a first call traces, lowers and compiles
+            if self._static_seen:
+                # Arguments with non-array leaves were seen (an Equinox module, a string):
+                # go straight to the static path, which handles all-array arguments too.
+                # Trying `jax.jit` first would cost a failed dispatch and a filtered
+                # traceback (~10 ms) on every call.
+                return self._call_with_static(args, kwargs)
+            self._local.entered = False
+            try:
+                return self._jitted(*args, **kwargs)
+            except TypeError:
+                if getattr(self._local, "entered", True):
+                    raise
+            self._static_seen = True
             return self._call_with_static(args, kwargs)
-        self._local.entered = False
-        try:
-            return self._jitted(*args, **kwargs)
-        except TypeError:
-            if getattr(self._local, "entered", True):
-                raise
-        self._static_seen = True
-        return self._call_with_static(args, kwargs)
 
     def _call_with_static(self, args, kwargs):
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
