@@ -142,7 +142,7 @@ def evaluate(jaxpr, consts: Sequence[Any], args: Sequence[Any], rec: Recorder) -
     for eqn in jaxpr.eqns:
         invals = [read(v) for v in eqn.invars]
         if _captured_here(eqn, tags):
-            outs = _sealed(invals)
+            outs = _through_barrier(invals)
             rec.add(*captured(eqn, outs))
         elif any(contains_capture(sub, tags) for _, _, sub in _compat.sub_jaxprs(eqn)):
             rule = rule_for(eqn.primitive.name)
@@ -158,7 +158,7 @@ def evaluate(jaxpr, consts: Sequence[Any], args: Sequence[Any], rec: Recorder) -
     return [read(v) for v in jaxpr.outvars]
 
 
-def _sealed(values: list) -> list:
+def _through_barrier(values: list) -> list:
     """`values` through one `optimization_barrier`: the program reads the recorded
     buffer itself. Otherwise XLA fuses a probed value's producer into each consumer
     and computes it again to write the recorded copy, one more kernel per probe
