@@ -41,6 +41,7 @@ from ._args import ArgSpec, _is_float, _layout, _paths, _user_tangents, split
 from ._gc import gc_paused
 from .capture import summaries as _summaries
 from .capture.api import SaveIntermediates
+from .capture.tallied import Tallied
 from .graph import build_graph, instrument
 from .modes import tangent_inputs, transform
 from .options import InspectOptions
@@ -234,13 +235,13 @@ def probes_clean(packed: Any) -> Any:
     sums = [  # the summaries computed in this program (deferred ones check themselves)
         s
         for s in jax.tree_util.tree_leaves(packed.unpack(regroup=False), is_leaf=_is_summary)
-        if isinstance(s, Summary)
+        if _is_summary(s)
     ]
     return all_clean(sums)
 
 
 def _is_summary(x: Any) -> bool:
-    return isinstance(x, Summary)
+    return isinstance(x, (Summary, Tallied))
 
 
 class Family:

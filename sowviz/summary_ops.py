@@ -361,6 +361,11 @@ def segment_stats(v: jax.Array, seg: Any, members: int, bins: int) -> dict:
     caller subtracts its padding from ``nan``). One computation, whatever the
     arrays' shapes, so the program compiles one summary instead of one per shape.
 
+    The counts stay in their decoded tally, ``table`` ``(members, width)``, for
+    `table_fields` to slice where they are read: on the host, after the transfer,
+    they cost no kernel (XLA:CPU made a kernel of each of the eight slices, and
+    packing them copied every count once more).
+
     The same arithmetic as `stats`, row by row: per-row reductions over W (XLA's
     reduce), combined per member by small segment reductions over rows; per-member
     values (shift, scale, histogram range) are gathered back to the rows.
@@ -427,9 +432,24 @@ def segment_stats(v: jax.Array, seg: Any, members: int, bins: int) -> dict:
     d = c1 / n
     mean = jnp.clip((ms + d) * scale, vmin, vmax)
     std = jnp.sqrt(jnp.maximum(c2 / n - d * d, 0)) * scale
-    cts = cts.reshape(members, width)
-    lin, log = cts[:, :n_lin], cts[:, n_lin:]
-    return _fields(cnt, lin, log, bins, vmin, vmax, mean, std, sq, scale, absmax, edges, start)
+    return dict(
+        count=cnt,
+        min=vmin,
+        max=vmax,
+        mean=mean,
+        std=std,
+        l2=jnp.sqrt(sq) * scale,
+        absmax=absmax,
+        hist_edges=edges,
+        loghist_start=start,
+        table=cts.reshape(members, width),
+    )
+
+
+def table_fields(table: Any, bins: int) -> dict[str, Any]:
+    """`count_fields` of `segment_stats`' decoded tally ``table`` (``(..., width)``:
+    the linear tally's ``bins + 3`` slots, then the log tally's)."""
+    return count_fields(table[..., : bins + 3], table[..., bins + 3 :], bins)
 
 
 def _row_firsts(v: jax.Array) -> tuple:
@@ -485,18 +505,9 @@ def _over_blocks(v: jax.Array, block: int, fn: Any, rowwise: tuple = (), carry: 
 
 
 def _fields(cnt, lin, log, bins, vmin, vmax, mean, std, sq, scale, absmax, edges, start):
-    """The summary's fields from the moments and the two tallies: the linear tally has
-    `bins` histogram slots then NaN, +Inf, -Inf; the log tally has LOG_SLOTS slots for
-    values >= 0 (zeros, underflow, the LOG_BINS fixed-grid bins, not finite), then
-    LOG_SLOTS for negative values."""
-    neg = log[:, LOG_SLOTS:]
-    log = log[:, :LOG_SLOTS] + neg
+    """The summary's fields from the moments and the two tallies (`count_fields`)."""
     return dict(
         count=cnt,
-        nan=lin[:, bins],
-        posinf=lin[:, bins + 1],
-        neginf=lin[:, bins + 2],
-        zeros=log[:, 0],
         min=vmin,
         max=vmax,
         mean=mean,
@@ -504,12 +515,28 @@ def _fields(cnt, lin, log, bins, vmin, vmax, mean, std, sq, scale, absmax, edges
         l2=jnp.sqrt(sq) * scale,
         absmax=absmax,
         hist_edges=edges,
-        hist_counts=lin[:, :bins],
         loghist_start=start,
-        loghist_under=log[:, 1],
-        loghist_counts=log[:, 2 : 2 + LOG_BINS],
-        loghist_under_neg=neg[:, 1],
-        loghist_neg=neg[:, 2 : 2 + LOG_BINS],
+        **count_fields(lin, log, bins),
+    )
+
+
+def count_fields(lin: Any, log: Any, bins: int) -> dict[str, Any]:
+    """The summary's counts from the two tallies (leading axes kept; NumPy or traced):
+    the linear tally has `bins` histogram slots then NaN, +Inf, -Inf; the log tally
+    has LOG_SLOTS slots for values >= 0 (zeros, underflow, the LOG_BINS fixed-grid
+    bins, not finite), then LOG_SLOTS for negative values."""
+    neg = log[..., LOG_SLOTS:]
+    log = log[..., :LOG_SLOTS] + neg
+    return dict(
+        nan=lin[..., bins],
+        posinf=lin[..., bins + 1],
+        neginf=lin[..., bins + 2],
+        zeros=log[..., 0],
+        hist_counts=lin[..., :bins],
+        loghist_under=log[..., 1],
+        loghist_counts=log[..., 2 : 2 + LOG_BINS],
+        loghist_under_neg=neg[..., 1],
+        loghist_neg=neg[..., 2 : 2 + LOG_BINS],
     )
 
 

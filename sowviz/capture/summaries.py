@@ -55,6 +55,7 @@ from .. import summary as _summary
 from .. import summary_blocks as _blocks
 from .. import summary_ops as _ops
 from .packing import Packed, pack
+from .tallied import Tallied
 
 #: On a CPU, arrays larger than this are summarised alone, never copied into a stack.
 STACK_MAX_ELEMENTS = 1 << 16
@@ -107,6 +108,7 @@ class Regroup:
         done = [summary for part in finished for summary in part]
         for g, summary in zip(self.deferred, done, strict=True):
             groups[g] = summary
+        groups = [g.summary() if isinstance(g, Tallied) else g for g in groups]
         # Each stacked group flattened once, its members cut by index (a tree_map per
         # member was a third of a repeated `inspect` on 1,000 probes).
         flat = [jax.tree_util.tree_flatten(g) for g in groups]
@@ -231,19 +233,12 @@ def _flat_values(leaf: Any) -> jax.Array:
     return jax.lax.reshape(v, (v.size,))
 
 
-def _segment_summary(rows: Rows, bins: int) -> Any:
-    """A stacked `Summary` of the members of `rows` (`summary_ops.segment_stats`). Static
-    fields are the stack's; `Regroup` gives each member its own shape and dtype."""
+def _segment_summary(rows: Rows, bins: int) -> Tallied:
+    """The stacked statistics of the members of `rows` (`summary_ops.segment_stats`),
+    their counts left in one table (`Tallied`; `Regroup.apply` makes the `Summary`)."""
     stats = _ops.segment_stats(rows.flat, rows.seg, rows.pads.shape[0], bins)
-    stats["nan"] = stats["nan"] - rows.pads
-    return _summary.Summary(
-        **stats,
-        per_iteration=None,
-        shape=(),
-        dtype=str(rows.flat.dtype),
-        is_complex=False,
-        bins=bins,
-    )
+    nan = stats["table"][:, bins] - rows.pads
+    return Tallied(**stats, nan=nan, dtype=str(rows.flat.dtype), bins=bins)
 
 
 def _blocked(leaves: list, bins: int, block: int) -> Any:
@@ -298,9 +293,9 @@ def _iterated(leaves: list, bins: int) -> Any:
     )
 
 
-def _segmented(leaves: list, bins: int) -> Any:
-    """A stacked `Summary` of `leaves` (any shapes, one accumulation dtype), computed in
-    this program over their `Rows`."""
+def _segmented(leaves: list, bins: int) -> Tallied:
+    """The stacked statistics (`Tallied`) of `leaves` (any shapes, one accumulation
+    dtype), computed in this program over their `Rows`."""
     return _segment_summary(_layout(leaves, sized=False), bins)
 
 
