@@ -786,6 +786,66 @@ def test_per_iteration_captures_of_any_shape_share_one_stack_and_match_numpy() -
             check_rows(s, a, BINS, list(range(a.shape[0])))  # pooled and per row
 
 
+def test_deferred_per_iteration_summaries_equal_in_program_ones_and_share_a_program(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # inspect/Monitor leave per-iteration summaries to a second program (one stack of a
+    # loop's captures compiled in the capture program for 0.5 s on XLA:CPU), its stack
+    # rounded up to a size class of members and width: padding members and columns
+    # count nowhere, and like-sized groups share the compiled program.
+    from sowviz.capture import summaries
+
+    rng = np.random.default_rng(22)
+
+    def values(widths, nan=True):
+        out = {}
+        for i, w in enumerate(widths):
+            a = (rng.normal(size=(6, w)) * 10.0 ** rng.integers(-3, 3, size=(6, w))).astype(F32)
+            if nan:
+                a[1, 0], a[3, -1] = np.nan, -np.inf
+            out[(f"a{i}",)] = {"primal": jnp.asarray(a)}
+        axes = {k: {"primal": ("scan",)} for k in out}
+        return out, axes
+
+    def capture(v, axes, defer):
+        return jax.jit(lambda v: summaries.summarize_packed(v, {}, BINS, axes, defer=defer))
+
+    before = set(summaries._COMPILED)
+    v, axes = values([5, 3, 7])
+    inline = capture(v, axes, False)(v).unpack()[0]
+    packed = capture(v, axes, True)(v)
+    assert [type(p).__name__ for p in packed.pending] == ["Iterated"]
+    assert packed.pending[0].stack.shape == (3, 6, 7)  # sized: 3 members, width 7
+    assert "scatter" not in capture(v, axes, True).lower(v).as_text()  # no summary left in
+    done, clean = summaries.finish(packed, jnp.asarray(True))
+    assert not bool(clean)  # the data's NaN/Inf are counted by the second program
+    deferred = done.unpack()[0]
+    for key, a in v.items():
+        x, y = to_host(inline[key]["primal"]), to_host(deferred[key]["primal"])
+        assert x.shape == y.shape == (6, a["primal"].shape[1])
+        for p, q in zip(jax.tree.leaves(x), jax.tree.leaves(y), strict=True):
+            np.testing.assert_array_equal(p, q)
+        check_rows(deferred[key]["primal"], np.asarray(a["primal"]), BINS, list(range(6)))
+    (first,) = set(summaries._COMPILED) - before
+    # 9 members of widths up to 9 and 10 of widths up to 10 are one size class
+    # (`bucket`: 10 members of width 10): one program, whose padding (whole members,
+    # columns) counts nowhere.
+    v2, axes2 = values([9, 1, 2, 6, 4, 9, 9, 3, 5], nan=False)
+    v3, axes3 = values([10, 6, 6, 1, 2, 3, 4, 5, 7, 8], nan=False)
+    for vi, axi in ((v2, axes2), (v3, axes3)):
+        packed = capture(vi, axi, True)(vi)
+        assert packed.pending[0].stack.shape == (10, 6, 10)
+        done, clean = summaries.finish(packed, jnp.asarray(True))
+        assert bool(clean)  # the padding's NaN are not the data's
+        out = done.unpack()[0]
+        for key, a in vi.items():
+            check_rows(out[key]["primal"], np.asarray(a["primal"]), BINS, list(range(6)))
+    assert len(set(summaries._COMPILED) - before - {first}) == 1  # one for both
+    # A large stack keeps its shape (rounded up, it would grow by up to half).
+    monkeypatch.setattr(summaries, "ITERATED_SIZED_MAX", 10 * 6 * 10 - 1)
+    assert capture(v2, axes2, True)(v2).pending[0].stack.shape == (9, 6, 9)
+
+
 def _concat_sizes(fn, *args) -> list[int]:
     jaxpr = jax.make_jaxpr(fn)(*args)
     sizes = []
