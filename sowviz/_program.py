@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _compat, _concat
+from . import summary_ops as _ops
 from ._args import ArgSpec, _is_float, _layout, _paths, _user_tangents, split
 from ._gc import gc_paused
 from .capture import summaries as _summaries
@@ -179,15 +180,21 @@ def chain_flags(chain: Any, finite: Any) -> Any:
 STACK_MAX = 1 << 18
 
 
-def all_finite(tree: Any) -> Any:
+def all_finite(tree: Any, *, pooled: bool = False) -> Any:
     """No NaN nor ±Inf in each leaf of `tree` (integer leaves are always finite): one small
     bool vector, fused into the step, in `finite_order(tree)`'s order (like leaves
     together). Its readers ask whether every entry is true (the Monitor's chain, a
     recorded step), so it is not put back in leaf order: that was a gather, a kernel of
-    its own in every program."""
+    its own in every program.
+
+    With `pooled`, on a CPU, an entry flags a group of leaves instead (`_pooled_finite`):
+    fewer kernels to compile, for a copy of the small leaves at every run (the capture
+    programs, compiled at every first `inspect`)."""
     leaves = jax.tree_util.tree_leaves(tree)
     if not leaves:
         return jnp.ones((0,), bool)
+    if pooled and jax.default_backend() == "cpu":
+        return _pooled_finite(leaves)
     parts = [
         _nan_if_not_finite(leaves[idx[0]])
         if len(idx) == 1
@@ -199,6 +206,26 @@ def all_finite(tree: Any) -> Any:
     # where all(isfinite(x)) was two kernels per leaf on XLA:CPU (a mask, then a
     # reduce-window over it).
     return jnp.isfinite(jnp.concatenate(parts))
+
+
+def _pooled_finite(leaves: list) -> Any:
+    """One flag per float dtype for the small leaves (up to `STACK_MAX` elements, not on
+    an explicit mesh), copied into one buffer by memcpy (`_concat`) and tested by one
+    reduction, and one flag per other float leaf. XLA:CPU compiles every distinct
+    reduction as a kernel of its own (5-10 ms each): an Equinox MLP's gradients were six
+    of its capture program's 14 kernels, and its first `inspect` 0.154 s against 0.123 s
+    without them (NNX: 0.347 s against 0.274)."""
+    pools: dict[Any, list] = {}
+    parts = []
+    for x in leaves:
+        if not _is_float(x):
+            continue
+        if 0 < np.size(x) <= STACK_MAX and not _ops.replicated(x):
+            pools.setdefault(x.dtype, []).append(jax.lax.reshape(x, (np.size(x),)))
+        else:
+            parts.append(_nan_if_not_finite(x))
+    parts += [_nan_if_not_finite(_concat.concatenate(flats)) for flats in pools.values()]
+    return jnp.isfinite(jnp.concatenate(parts)) if parts else jnp.ones((0,), bool)
 
 
 def finite_order(tree: Any) -> list[int]:
@@ -316,7 +343,8 @@ class Runner:
         )
         result, packed = capture.run(dyn, extra)
         notes = tuple(capture.notes)
-        return Out(result, packed, all_finite(result), probes_clean(packed), traced, notes)
+        finite = all_finite(result, pooled=True)
+        return Out(result, packed, finite, probes_clean(packed), traced, notes)
 
     def _plain_program(self, spec: ArgSpec, dyn: list, extra: tuple, chain: Any) -> Out:
         traced = self.family.traced(self.options, spec, dyn)

@@ -252,6 +252,44 @@ def test_all_finite_flags_each_leaf_as_numpy_does(monkeypatch, stack_max):
     assert want.count(False) == 8  # the test covers both outcomes
 
 
+def test_pooled_finite_flags_say_whether_every_leaf_is_finite(monkeypatch):
+    # The capture programs test their result with `pooled=True`: on a CPU, the small
+    # leaves of a dtype share one copy and one reduction (each distinct reduction is a
+    # kernel XLA:CPU compiles), so an entry covers a group; what the readers ask,
+    # whether every entry is true, must be NumPy's answer for every leaf.
+    if jax.default_backend() != "cpu":
+        pytest.skip("pooled on a CPU backend only")
+    big = np.finfo(np.float32).max
+    rng = np.random.default_rng(1)
+    base = {
+        "a": rng.normal(size=(3, 2)).astype(np.float32),
+        "b": rng.normal(size=(7,)).astype(np.float32),
+        "edge": np.array([big, -big, 0.0], np.float32),  # x * 0 stays 0 at the range's edge
+        "c": rng.normal(size=(2, 2, 2)).astype(np.float32),
+        "bf16": jnp.array([1.0, 2.0], jnp.bfloat16),
+        "cplx": np.array([3 - 4j, 1j], np.complex64),
+        "int": np.array([1, 2], np.int32),
+        "large": rng.normal(size=(9,)).astype(np.float32),  # past STACK_MAX below
+        "empty": np.zeros((0,), np.float32),
+    }
+    monkeypatch.setattr(_program, "STACK_MAX", 8)
+    pooled = jax.jit(lambda t: _program.all_finite(t, pooled=True))
+    hlo = pooled.lower(base).compile().as_text()
+    per_kind = jax.jit(lambda t: _program.all_finite(t)).lower(base).compile().as_text()
+    # one reduction per dtype pool (f32, bf16, c64) and one for the large leaf
+    assert hlo.count(" reduce(") < per_kind.count(" reduce(")
+    assert bool(np.all(pooled(base)))
+    bad_values = {"a": np.nan, "b": np.inf, "c": -np.inf, "large": np.nan, "bf16": np.inf}
+    for name, bad in [*bad_values.items(), ("cplx", complex(0, np.inf))]:
+        tree = dict(base)
+        v = np.array(tree[name]).copy()
+        v.reshape(-1)[-1] = bad
+        tree[name] = v if name != "bf16" else jnp.asarray(v, jnp.bfloat16)
+        want = all(np.isfinite(np.asarray(x, np.complex128)).all() for x in tree.values())
+        assert not want
+        assert bool(np.all(pooled(tree))) is want, name
+
+
 def test_split_reuses_array_positions_but_never_static_values():
     # `split` caches where the arrays sit per (structure, leaf types); the static
     # leaves' values must still come from each call, and a tracer must still be refused.
