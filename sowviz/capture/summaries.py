@@ -307,8 +307,12 @@ def _stacked_iterations(leaves: list, sized: bool) -> Iterated:
         jnp.pad(v, ((0, 0), (0, p)), constant_values=jnp.nan) if p else v
         for v, p in zip(vals, pads, strict=False)
     ]
-    parts += [jax.lax.full((iterations, width), jnp.nan, dtype)] * (members - len(vals))
-    return Iterated(_concat.stack(parts), jnp.asarray(pads, jnp.int32))
+    if members > len(vals):  # a constant on a CPU (`_nan_fill`), not a broadcast kernel
+        parts += [_nan_fill(iterations * width, dtype).reshape(iterations, width)] * (
+            members - len(vals)
+        )
+    # NumPy: in this program, a group without padding skips the correction
+    return Iterated(_concat.stack(parts), np.asarray(pads, np.int32))
 
 
 def _iterated_summary(it: Iterated, bins: int) -> Any:
@@ -316,6 +320,8 @@ def _iterated_summary(it: Iterated, bins: int) -> Any:
     computation for the stack; one per shape compiled for about 0.5-0.7 s on
     XLA:CPU), its padding taken off ``nan`` and each iteration's ``nonfinite``."""
     out = _summary.summarize_stack(it.stack, bins=bins, per_iteration=True)
+    if isinstance(it.pads, np.ndarray) and not it.pads.any():
+        return out
     per_it = out.per_iteration
     return dataclasses.replace(
         out,
