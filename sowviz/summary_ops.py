@@ -432,18 +432,8 @@ def segment_stats(v: jax.Array, seg: Any, members: int, bins: int) -> dict:
     d = c1 / n
     mean = jnp.clip((ms + d) * scale, vmin, vmax)
     std = jnp.sqrt(jnp.maximum(c2 / n - d * d, 0)) * scale
-    return dict(
-        count=cnt,
-        min=vmin,
-        max=vmax,
-        mean=mean,
-        std=std,
-        l2=jnp.sqrt(sq) * scale,
-        absmax=absmax,
-        hist_edges=edges,
-        loghist_start=start,
-        table=cts.reshape(members, width),
-    )
+    moments = _moment_fields(cnt, vmin, vmax, mean, std, sq, scale, absmax, edges, start)
+    return dict(**moments, table=cts.reshape(members, width))
 
 
 def table_fields(table: Any, bins: int) -> dict[str, Any]:
@@ -506,6 +496,12 @@ def _over_blocks(v: jax.Array, block: int, fn: Any, rowwise: tuple = (), carry: 
 
 def _fields(cnt, lin, log, bins, vmin, vmax, mean, std, sq, scale, absmax, edges, start):
     """The summary's fields from the moments and the two tallies (`count_fields`)."""
+    moments = _moment_fields(cnt, vmin, vmax, mean, std, sq, scale, absmax, edges, start)
+    return dict(**moments, **count_fields(lin, log, bins))
+
+
+def _moment_fields(cnt, vmin, vmax, mean, std, sq, scale, absmax, edges, start):
+    """The summary's fields other than the counts of its tallies."""
     return dict(
         count=cnt,
         min=vmin,
@@ -516,7 +512,6 @@ def _fields(cnt, lin, log, bins, vmin, vmax, mean, std, sq, scale, absmax, edges
         absmax=absmax,
         hist_edges=edges,
         loghist_start=start,
-        **count_fields(lin, log, bins),
     )
 
 

@@ -786,6 +786,17 @@ def test_per_iteration_captures_of_any_shape_share_one_stack_and_match_numpy() -
             check_rows(s, a, BINS, list(range(a.shape[0])))  # pooled and per row
 
 
+def join_precompiles() -> None:
+    """Wait for every summary program still compiling in a thread (`precompile`), so a
+    count of compiled programs sees only what the test itself starts."""
+    from sowviz.capture import summaries
+
+    with summaries._LOCK:
+        threads = list(summaries._COMPILING.values())
+    for t in threads:
+        t.join()
+
+
 def test_deferred_per_iteration_summaries_equal_in_program_ones_and_share_a_program(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -810,6 +821,7 @@ def test_deferred_per_iteration_summaries_equal_in_program_ones_and_share_a_prog
     def capture(v, axes, defer):
         return jax.jit(lambda v: summaries.summarize_packed(v, {}, BINS, axes, defer=defer))
 
+    join_precompiles()
     before = set(summaries._COMPILED)
     v, axes = values([5, 3, 7])
     inline = capture(v, axes, False)(v).unpack()[0]
@@ -843,7 +855,9 @@ def test_deferred_per_iteration_summaries_equal_in_program_ones_and_share_a_prog
     assert len(set(summaries._COMPILED) - before - {first}) == 1  # one for both
     # A large stack keeps its shape (rounded up, it would grow by up to half).
     monkeypatch.setattr(summaries, "ITERATED_SIZED_MAX", 10 * 6 * 10 - 1)
-    assert capture(v2, axes2, True)(v2).pending[0].stack.shape == (9, 6, 9)
+    packed = capture(v2, axes2, True)(v2)
+    assert packed.pending[0].stack.shape == (9, 6, 9)
+    summaries.finish(packed, jnp.asarray(True))  # joins its compile (no thread left running)
 
 
 def _concat_sizes(fn, *args) -> list[int]:
@@ -1011,6 +1025,7 @@ def test_deferred_segment_summaries_equal_in_program_ones() -> None:
         done, clean = summaries.finish(packed, jnp.asarray(True))
         return inline, done.unpack()[0], bool(clean)
 
+    join_precompiles()
     before = len(summaries._COMPILED)  # compiled programs, by layout size class
     for sizes in ([700, 3, 512, 1], [600, 5, 300, 2]):  # 5 rows each: one size class
         v = values(sizes)
@@ -1047,6 +1062,7 @@ def test_deferred_large_arrays_equal_in_program_ones_and_compile_apart(
     def capture(v, defer):
         return jax.jit(lambda v: summaries.summarize_packed(v, {}, 16, defer=defer))
 
+    join_precompiles()
     before = set(summaries._COMPILED)
     v = values([big + 1000, 2 * big, 700, 5, 3 * big + 7])
     inline = capture(v, False)(v).unpack()[0]

@@ -18,17 +18,12 @@ from typing import Any
 import jax
 
 from .. import summary_ops as _ops
-from ..summary_data import Summary
+from ..summary_data import STAT_KEYS, Summary
 
+#: The statistics that stay in the table (`nan` is kept apart, its padding taken off).
+_IN_TABLE = ("posinf", "neginf", "zeros")
 _DATA = (
-    "count",
-    "nan",
-    "min",
-    "max",
-    "mean",
-    "std",
-    "l2",
-    "absmax",
+    *(k for k in STAT_KEYS if k not in _IN_TABLE),
     "hist_edges",
     "loghist_start",
     "table",
