@@ -228,9 +228,10 @@ def test_notebook_runs(path, kernel_env, monkeypatch):
     nb, elapsed = run_notebook(path, kernel_env)
     lost = silent_printers(nb)
     if lost:
-        # Seen once in CI (ipykernel 7.4): a cell that prints came back with no output at
-        # all, no error and no IOPub timeout. That is the kernel's I/O lost on the way,
-        # not the notebook failing; its checks run on a second, complete execution.
+        # CI once missed a printing cell's output (ipykernel 7.4; no error, no IOPub
+        # timeout, never seen here). A cell with no output at all is the kernel's I/O
+        # lost on the way, not the notebook failing: its checks run on a second,
+        # complete execution (a partly different output still fails them).
         print(f"{path.name}: no output from cells {lost}; executing it again")
         nb, elapsed = run_notebook(path, kernel_env)
         assert silent_printers(nb) == [], "the kernel lost a cell's output twice"
