@@ -1,8 +1,10 @@
 """Monitored training step vs the same unmonitored `jax.jit(jax.value_and_grad(loss))` step.
 
-Median step time, the two interleaved in one run, on an MLP (named-scope layers,
-so every layer is a probed stage), with `every=1` and with `every=10`; and the
-fixed host cost per step on a tiny model whose step is microseconds of work.
+Median step time over blocks of `BLOCK` steps, the two alternating block by block in
+one run, each block ending with all its work done (`Monitor.flush`), on an MLP
+(named-scope layers, so every layer is a probed stage), with `every=1` and with
+`every=10`; and the fixed host cost per step on a tiny model whose step is
+microseconds of work.
 Targets (issue 15): ≤ 1.2× with every=1 on CPU (≤ 1.05× on a GPU); fixed host
 cost ≤ 100 µs per step.
 Run: `python benchmarks/monitor_overhead.py [--quick]`.
@@ -32,6 +34,10 @@ def sgd(params, grads):
     return jax.tree_util.tree_map(lambda p, g: p - 1e-3 * g, params, grads)
 
 
+#: Steps per timed block: with every=10, each block records one step.
+BLOCK = 10
+
+
 def run(depth: int, width: int, batch: int, steps: int, every: int) -> dict[str, float]:
     keys = jax.random.split(jax.random.PRNGKey(0), depth)
     params = [
@@ -47,15 +53,20 @@ def run(depth: int, width: int, batch: int, steps: int, every: int) -> dict[str,
         for _ in range(3):
             _, g = step(p[name], x)
             jax.block_until_ready(g)
+    # Blocks of BLOCK steps of one kind, alternating, each ending with all its work done:
+    # a recorded step's summaries run on after its gradients are ready, and timed step
+    # by step they landed in the plain step that came next.
+    syncs = {"plain": lambda: None, "monitored": mon.flush}
     times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(steps):
+    for _ in range(max(steps // BLOCK, 1)):
         for name, step in fns.items():
             t0 = time.perf_counter()
-            _, g = step(p[name], x)
-            p[name] = sgd(p[name], g)
-            jax.block_until_ready(p[name])
-            times[name].append(time.perf_counter() - t0)
-    mon.flush()
+            for _ in range(BLOCK):
+                _, g = step(p[name], x)
+                p[name] = sgd(p[name], g)
+                jax.block_until_ready(p[name])
+            syncs[name]()
+            times[name].append((time.perf_counter() - t0) / BLOCK)
     return {k: statistics.median(v) for k, v in times.items()}
 
 
@@ -63,7 +74,7 @@ def main(quick: bool = False) -> list[_bench.Row]:
     print(_bench.platform())
     gpu = jax.devices()[0].platform != "cpu"
     rows: list[_bench.Row] = []
-    steps = 10 if quick else 60
+    steps = 20 if quick else 200
     for every in (1, 10):
         med = run(8, 256, 128, steps, every)
         _bench.emit(
@@ -76,7 +87,7 @@ def main(quick: bool = False) -> list[_bench.Row]:
                 detail=f"({med['monitored'] * 1e3:.2f} ms vs {med['plain'] * 1e3:.2f} ms)",
             ),
         )
-    med = run(3, 16, 4, 20 if quick else 200, 1)
+    med = run(3, 16, 4, 20 if quick else 500, 1)
     _bench.emit(
         rows,
         _bench.Row(
