@@ -38,9 +38,16 @@ def block(tree) -> None:
 
 
 def interleaved_medians(
-    fns: dict[str, Callable[[], object]], repeats: int, inner: int
+    fns: dict[str, Callable[[], object]],
+    repeats: int,
+    inner: int,
+    settle: dict[str, Callable[[], object]] | None = None,
 ) -> dict[str, float]:
-    """Median seconds per call of each thunk, measured in alternation so drift hits all alike."""
+    """Median seconds per call of each thunk, measured in alternation so drift hits all
+    alike: `repeats` blocks of `inner` calls each, a block ending when its last output
+    is ready and, for a name in `settle`, once that call returns too (a Monitor's
+    `flush`: work a call leaves running would otherwise land in the next block)."""
+    settle = settle or {}
     for fn in fns.values():  # compile and warm up
         for _ in range(3):
             block(fn())
@@ -51,5 +58,7 @@ def interleaved_medians(
             for _ in range(inner):
                 out = fn()
             block(out)
+            if name in settle:
+                settle[name]()
             samples[name].append((time.perf_counter() - t0) / inner)
     return {k: statistics.median(v) for k, v in samples.items()}

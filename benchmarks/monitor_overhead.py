@@ -12,12 +12,10 @@ Run: `python benchmarks/monitor_overhead.py [--quick]`.
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import _bench
 import jax
 import jax.numpy as jnp
+from _mlp import interleaved_medians
 
 import sowviz
 
@@ -49,25 +47,22 @@ def run(depth: int, width: int, batch: int, steps: int, every: int) -> dict[str,
     mon = sowviz.Monitor(loss, every=every, history=steps)
     fns = {"plain": plain, "monitored": mon.step}
     p = {k: params for k in fns}
-    for name, step in fns.items():  # compile, warm up
-        for _ in range(3):
+
+    def train(name, step):
+        def one():
             _, g = step(p[name], x)
-            jax.block_until_ready(g)
-    # Blocks of BLOCK steps of one kind, alternating, each ending with all its work done:
-    # a recorded step's summaries run on after its gradients are ready, and timed step
-    # by step they landed in the plain step that came next.
-    syncs = {"plain": lambda: None, "monitored": mon.flush}
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(max(steps // BLOCK, 1)):
-        for name, step in fns.items():
-            t0 = time.perf_counter()
-            for _ in range(BLOCK):
-                _, g = step(p[name], x)
-                p[name] = sgd(p[name], g)
-                jax.block_until_ready(p[name])
-            syncs[name]()
-            times[name].append((time.perf_counter() - t0) / BLOCK)
-    return {k: statistics.median(v) for k, v in times.items()}
+            p[name] = sgd(p[name], g)
+            return jax.block_until_ready(p[name])  # each step waits, as a loop applying it
+
+        return one
+
+    # Blocks of BLOCK steps of one kind, alternating, each ending with all its work
+    # done: a recorded step's summaries run on after its gradients are ready, and timed
+    # step by step they landed in the plain step that came next.
+    thunks = {name: train(name, step) for name, step in fns.items()}
+    return interleaved_medians(
+        thunks, max(steps // BLOCK, 1), BLOCK, settle={"monitored": mon.flush}
+    )
 
 
 def main(quick: bool = False) -> list[_bench.Row]:

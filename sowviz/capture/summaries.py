@@ -297,12 +297,11 @@ def _stacked_iterations(leaves: list, sized: bool) -> Iterated:
     (extra members are all padding), so like-sized groups share a compiled program;
     not past `ITERATED_SIZED_MAX` values (a large stack would grow by up to half)."""
     vals = [_summary._values(jnp.asarray(x)).reshape(x.shape[0], -1) for x in leaves]
-    width = max(v.shape[1] for v in vals)
-    members = len(vals)
-    if sized and bucket(members) * vals[0].shape[0] * bucket(width) <= ITERATED_SIZED_MAX:
+    width, members = max(v.shape[1] for v in vals), len(vals)
+    iterations, dtype = vals[0].shape[0], vals[0].dtype
+    if sized and bucket(members) * iterations * bucket(width) <= ITERATED_SIZED_MAX:
         width, members = bucket(width), bucket(members)
     pads = [width - v.shape[1] for v in vals] + [width] * (members - len(vals))
-    iterations, dtype = vals[0].shape[0], vals[0].dtype
     parts = [
         jnp.pad(v, ((0, 0), (0, p)), constant_values=jnp.nan) if p else v
         for v, p in zip(vals, pads, strict=False)
