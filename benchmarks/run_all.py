@@ -21,6 +21,7 @@ BENCHMARKS = [
     "monitor_overhead",
     "inspect_memory",
     "inspect_compile",
+    "widget_switch",
     "graph_scale",
     "inspect_scale",
     "frontend_load",

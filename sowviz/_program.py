@@ -373,13 +373,7 @@ class Runner:
         spec, dyn = split(args, where)
         self.family.local.args = args
         try:
-            tangents = tangent_inputs(
-                self.options.mode,
-                _user_tangents(spec, dyn, tangents, where),
-                lambda: self.family.traced(self.options, spec, dyn).layout,
-                dyn,
-            )
-            extra = (tangents, cotangents)
+            extra = self._extra(spec, dyn, tangents, cotangents, where)
             with gc_paused():  # a first call traces, lowers and compiles
                 if not instrumented:
                     return self._plain(spec, dyn, extra, chain)
@@ -390,6 +384,35 @@ class Runner:
             return out
         packed, clean = _summaries.finish(out.packed, out.clean)
         return Out(out.result, packed, out.finite, clean, out.traced, out.notes)
+
+    def compile(
+        self, args: tuple, *, where: str, tangents: Any = None, cotangents: Any = None
+    ) -> None:
+        """Compile the instrumented program `run` calls on `args`, without running it
+        and its second programs (which compile in threads of their own, `precompile`;
+        this waits for them): a later `run` on like arguments then only dispatches.
+        jit's caches take the compiled program, so a `run` racing this one compiles it
+        again rather than waiting (the widget waits)."""
+        spec, dyn = split(args, where)
+        self.family.local.args = args
+        try:
+            extra = self._extra(spec, dyn, tangents, cotangents, where)
+            with gc_paused():
+                self._instrumented.lower(spec, dyn, extra, False).compile()
+        finally:
+            self.family.local.args = None
+        _summaries.join_precompiles()
+
+    def _extra(self, spec: ArgSpec, dyn: list, tangents: Any, cotangents: Any, where: str):
+        """The program's inputs besides `dyn`: this call's tangents (the user's, or the
+        mode's defaults, made outside the program) and cotangents."""
+        tangents = tangent_inputs(
+            self.options.mode,
+            _user_tangents(spec, dyn, tangents, where),
+            lambda: self.family.traced(self.options, spec, dyn).layout,
+            dyn,
+        )
+        return (tangents, cotangents)
 
 
 # -- the global cache, keyed on the function's identity ---------------------------------

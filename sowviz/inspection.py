@@ -285,4 +285,16 @@ def inspect(
     return ins
 
 
-__all__ = ["Inspection", "Probe", "inspect", "inspection_of", "join_probes"]
+def prepare(
+    fn: Callable, *args: Any, mode: Mode | str = "grad", capture: Capture = "stages", **options: Any
+) -> None:
+    """Compile the program `inspect(fn, *args, mode=mode, capture=capture, **options)`
+    runs, without running it: that `inspect` then costs one run. (The widget warms the
+    modes it may switch to this way, in the background.)"""
+    opts = InspectOptions.from_kwargs("inspect", mode, capture, options)
+    runner_for(fn, opts).compile(
+        args, where="inspect", tangents=opts.tangents, cotangents=opts.cotangents
+    )
+
+
+__all__ = ["Inspection", "Probe", "inspect", "inspection_of", "join_probes", "prepare"]

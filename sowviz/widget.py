@@ -21,7 +21,8 @@ from __future__ import annotations
 import gzip
 import json
 import pathlib
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anywidget
@@ -30,10 +31,16 @@ import traitlets
 from . import _model
 from ._model import Mode
 from ._progress import Phase, phases
-from .inspection import Inspection, inspect
+from .inspection import Inspection, inspect, prepare
 from .options import InspectOptions
 
 STATIC = pathlib.Path(__file__).parent / "static"
+
+#: Modes `show()` compiles in the background once its picture is drawn (its `warm=`
+#: default), so the widget's first switch to one costs a run, not a compile: "all"
+#: shows every key (the NNX LM of tests/zoo switched to it in 1.9 s, 0.8-1.7 s for
+#: the others; issue 15's target is 1 s).
+WARM_MODES: tuple[str, ...] = ("all",)
 
 #: What the status line says in each phase (`{what}`: the function's name or the task).
 STATUS = {
@@ -151,6 +158,7 @@ class Inspector(anywidget.AnyWidget):
         init_mode = (model or {}).get("mode", requested)
         super().__init__(model=model or {}, mode=init_mode, **kwargs)
         self._rerun = rerun
+        self._warming: dict[str, threading.Event] = {}  # set once compiled (or failed)
         self.can_locate = rerun is not None
         self.on_msg(self._on_message)
 
@@ -213,6 +221,34 @@ class Inspector(anywidget.AnyWidget):
         rerun = self._rerun
         return self._work(Phase.TRACING, lambda: rerun(mode), raise_errors=raise_errors)
 
+    def _warm(self, modes: Sequence[str], compile_mode: Callable[[str], None]) -> None:
+        """Compile `modes` (those not shown nor warmed before) one after another in a
+        background thread, with `compile_mode` (`inspection.prepare`), so that a switch
+        to one costs a run. A switch to a mode still compiling waits for it instead of
+        compiling it twice. A failure is left for the switch to meet and show."""
+        todo = [m for m in modes if m != self.model.get("mode") and m not in self._warming]
+        if not todo:
+            return
+        done = {m: threading.Event() for m in todo}
+        self._warming.update(done)
+
+        def work() -> None:
+            for m in todo:
+                try:
+                    compile_mode(m)
+                except Exception:  # the switch compiles again and shows what went wrong
+                    pass
+                finally:
+                    done[m].set()
+
+        # Not a daemon: interpreter exit waits for a compile in flight instead of killing it.
+        threading.Thread(target=work, name="sowviz-warm-modes").start()
+
+    def _wait_warm(self, mode: str, timeout: float | None = None) -> bool:
+        """Wait until `mode`'s background compile (if any) is over; False on timeout."""
+        event = self._warming.get(mode)
+        return True if event is None else event.wait(timeout)
+
     @traitlets.observe("mode")
     def _mode_changed(self, change: dict[str, Any]) -> None:
         if self._rerun is None:
@@ -221,6 +257,9 @@ class Inspector(anywidget.AnyWidget):
             if self.phase == Phase.ERROR.value:
                 self._set_phase(Phase.READY, "")
             return
+        if not self._wait_warm(change["new"], timeout=0):
+            self._set_phase(Phase.COMPILING)
+            self._wait_warm(change["new"])
         self._compute(change["new"], raise_errors=False)
 
     def _on_message(self, _widget: Any, content: Any, _buffers: Any) -> None:
@@ -252,7 +291,12 @@ class Inspector(anywidget.AnyWidget):
 
 
 def show(
-    fn: Callable, *args: Any, mode: str = "grad", capture: str = "stages", **options: Any
+    fn: Callable,
+    *args: Any,
+    mode: str = "grad",
+    capture: str = "stages",
+    warm: Sequence[str] | None = None,
+    **options: Any,
 ) -> Inspector:
     """`inspect`, drawn: an `Inspector` widget that displays itself in Jupyter.
 
@@ -262,12 +306,17 @@ def show(
     cotangents; switch the mode in the widget to re-run (each mode compiles once;
     switching back is a cache lookup). `.save_html(path)` exports it.
 
+    Once the picture is drawn, the modes in `warm` (default `WARM_MODES`: "all")
+    compile in a background thread, so the first switch to one costs a run; `warm=()`
+    compiles nothing ahead (on a busy machine, or to keep the kernel's CPU).
+
     Example:
         >>> w = sowviz.show(lambda w: jnp.sum(jnp.tanh(w) ** 2), jnp.ones(3))
         >>> w.model["mode"], w.phase
         ('grad', 'ready')
     """
     opts = InspectOptions.from_kwargs("show", mode, capture, options)  # fail here, not later
+    ahead = _warm_modes(WARM_MODES if warm is None else warm)
 
     def rerun(new_mode: str) -> Inspection:
         return inspect(fn, *args, mode=new_mode, capture=capture, **options)
@@ -278,4 +327,17 @@ def show(
     widget._set_phase(Phase.TRACING)  # what the cell shows from the first moment
     display_now(widget)
     widget._compute(Mode(opts.mode).value, raise_errors=True)
+    widget._warm(ahead, lambda m: prepare(fn, *args, mode=m, capture=capture, **options))
     return widget
+
+
+def _warm_modes(warm: Any) -> tuple[str, ...]:
+    """`show`'s `warm=` as mode names, or a ValueError saying what is accepted."""
+    names = [m.value for m in Mode]
+    if not isinstance(warm, (list, tuple)) or not all(m in names for m in warm):
+        raise ValueError(
+            f"sowviz.show: `warm` must be a sequence of mode names from {names} (the modes "
+            f"to compile in the background once the picture is drawn), or () for none; "
+            f"got {warm!r}."
+        )
+    return tuple(warm)

@@ -38,6 +38,19 @@ settings.load_profile("sowviz")
 if jax.default_backend() != "cpu":
     jax.config.update("jax_default_matmul_precision", "highest")
 
+
+@pytest.fixture(autouse=True)
+def _no_modes_warmed_ahead(monkeypatch):
+    """`show()` compiles mode "all" in a background thread once its picture is drawn
+    (`sowviz.widget.WARM_MODES`). Off in this process's tests: on CI's two cores
+    every `show()` would leave a compile running into the tests after it, some of
+    which count compiled programs. The tests of the warm-up turn it back on; notebooks
+    and JupyterLab, run in kernels of their own, keep the default."""
+    import sowviz.widget
+
+    monkeypatch.setattr(sowviz.widget, "WARM_MODES", ())
+
+
 CHROMIUM = "/usr/bin/chromium"
 
 

@@ -312,3 +312,42 @@ def test_split_reuses_array_positions_but_never_static_values():
 
     with pytest.raises(TypeError, match="tracer"):
         jax.jit(traced)(w)
+
+
+def test_garbage_collection_pauses_overlapping_in_threads_end_as_they_began():
+    """`gc_paused` blocks overlap across threads (a widget compiles a mode in the
+    background while the kernel traces): the collector stays off until the last block
+    closes, then is back on."""
+    import gc
+    import threading
+
+    from sowviz._gc import gc_paused
+
+    assert gc.isenabled()
+    a_open, b_open, a_closed = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def a():
+        with gc_paused():
+            a_open.set()
+            b_open.wait(10)
+        a_closed.set()
+
+    t = threading.Thread(target=a)
+    t.start()
+    a_open.wait(10)
+    with gc_paused():
+        b_open.set()
+        a_closed.wait(10)
+        seen["after a closed, b open"] = gc.isenabled()
+    t.join()
+    assert seen == {"after a closed, b open": False}
+    assert gc.isenabled()
+    # a collector the user turned off stays off
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -234,6 +234,29 @@ def test_float32_statistics_are_written_short_and_read_back_as_the_same_float32(
     assert checked > 1000 and shortened > checked // 2
 
 
+def test_float32_floats_are_shortened_to_numpys_shortest_repr_all_at_once():
+    """`shortest32_floats` (the whole model's float32 floats in one NumPy pass) writes
+    what `str(np.float32(v))` (Dragon4, one value at a time) writes, across the range."""
+    from sowviz._model import shortest32_floats
+
+    rng = np.random.default_rng(0)
+    n = 20_000
+    exps = rng.integers(-45, 39, size=n)
+    with np.errstate(over="ignore"):
+        a = (rng.normal(size=n) * 10.0**exps).astype(np.float32)
+    decades = np.float32([10.0**e for e in range(-37, 39)])
+    edge = [np.float32(0.1), np.float32(1 / 3), np.float32(16777217), np.finfo(np.float32).max]
+    edge += [np.finfo(np.float32).tiny, np.float32(1e-45), np.float32(-0.0), np.float32(2.5)]
+    a = np.concatenate(
+        [a, decades, np.nextafter(decades, np.inf), np.nextafter(decades, 0), edge]
+    )
+    a = a[np.isfinite(a)]
+    values = a.astype(np.float64).tolist() + [None]
+    want = [None if v is None else float(str(np.float32(v))) for v in values]
+    got = shortest32_floats(values)
+    assert [repr(v) for v in got] == [repr(v) for v in want]
+
+
 _X64 = r"""
 import json, numpy as np
 from sowviz import summarize

@@ -786,17 +786,6 @@ def test_per_iteration_captures_of_any_shape_share_one_stack_and_match_numpy() -
             check_rows(s, a, BINS, list(range(a.shape[0])))  # pooled and per row
 
 
-def join_precompiles() -> None:
-    """Wait for every summary program still compiling in a thread (`precompile`), so a
-    count of compiled programs sees only what the test itself starts."""
-    from sowviz.capture import summaries
-
-    with summaries._LOCK:
-        threads = list(summaries._COMPILING.values())
-    for t in threads:
-        t.join()
-
-
 def test_deferred_per_iteration_summaries_equal_in_program_ones_and_share_a_program(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -821,7 +810,7 @@ def test_deferred_per_iteration_summaries_equal_in_program_ones_and_share_a_prog
     def capture(v, axes, defer):
         return jax.jit(lambda v: summaries.summarize_packed(v, {}, BINS, axes, defer=defer))
 
-    join_precompiles()
+    summaries.join_precompiles()
     before = set(summaries._COMPILED)
     v, axes = values([5, 3, 7])
     inline = capture(v, axes, False)(v).unpack()[0]
@@ -1025,7 +1014,7 @@ def test_deferred_segment_summaries_equal_in_program_ones() -> None:
         done, clean = summaries.finish(packed, jnp.asarray(True))
         return inline, done.unpack()[0], bool(clean)
 
-    join_precompiles()
+    summaries.join_precompiles()
     before = len(summaries._COMPILED)  # compiled programs, by layout size class
     for sizes in ([700, 3, 512, 1], [600, 5, 300, 2]):  # 5 rows each: one size class
         v = values(sizes)
@@ -1062,7 +1051,7 @@ def test_deferred_large_arrays_equal_in_program_ones_and_compile_apart(
     def capture(v, defer):
         return jax.jit(lambda v: summaries.summarize_packed(v, {}, 16, defer=defer))
 
-    join_precompiles()
+    summaries.join_precompiles()
     before = set(summaries._COMPILED)
     v = values([big + 1000, 2 * big, 700, 5, 3 * big + 7])
     inline = capture(v, False)(v).unpack()[0]

@@ -1,6 +1,7 @@
 """`sowviz.show` in a real IPython kernel: the widget is displayed before the work
 starts, its status goes through the phases over the comm while the cell still runs,
-the model arrives last, and the cell's own result does not draw it a second time."""
+the model arrives last, and the cell's own result does not draw it a second time;
+then mode "all", compiled in the background meanwhile, is switched to without a compile."""
 
 from __future__ import annotations
 
@@ -21,6 +22,36 @@ def squares(x):
 w = sowviz.show(squares, jnp.ones(3))
 w
 """
+
+
+# The widget's switch to mode "all", as the front end's select would ask for it.
+SWITCH = """
+import jax
+compiles = []
+assert w._wait_warm("all", 120)  # (its compiles are over: only the switch's are counted)
+jax.monitoring.register_event_duration_secs_listener(
+    lambda e, s, **kw: compiles.append(kw.get("fun_name")) if e.endswith("backend_compile_duration") else None
+)
+w.mode = "all"
+print("SWITCHED", w.model["mode"], w.phase, f"compiles={len(compiles)}", compiles)
+"""
+
+
+def _run_cell(kc, code: str) -> str:
+    """Run `code` in the kernel; its printed text (errors included) once it is idle."""
+    msg_id = kc.execute(code)
+    text = []
+    while True:
+        m = kc.get_iopub_msg(timeout=180)
+        kind, content = m["msg_type"], m["content"]
+        if m["parent_header"].get("msg_id") != msg_id:
+            continue
+        if kind == "stream":
+            text.append(content["text"])
+        elif kind == "error":
+            text.append("\n".join(content["traceback"]))
+        elif kind == "status" and content["execution_state"] == "idle":
+            return "".join(text)
 
 
 @pytest.mark.slow
@@ -52,9 +83,13 @@ def test_show_displays_once_and_streams_its_status(tmp_path):
                 and m["parent_header"].get("msg_id") == msg_id
             ):
                 break
+        switched = _run_cell(kc, SWITCH)
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+    # mode "all" compiled in the kernel's background once the picture was drawn (the
+    # default `warm`): the switch to it ran the program without compiling anything
+    assert "SWITCHED all ready compiles=0" in switched, switched
     kinds = [k for k, _ in events]
     # drawn once, before anything is computed; the result line `w` draws nothing more
     assert kinds.count("display_data") == 1 and "execute_result" not in kinds

@@ -468,3 +468,87 @@ def test_monitor_view_locate_button():
     assert rec["forward"]["equation"]["source"]["line"] == line_of(blowup_loss, "jnp.log(")
     phases = [d["state"]["phase"] for d, _ in wire.updates("phase")]
     assert phases[0] == "locating" and phases[-1] == "ready"
+
+
+# --- Modes compiled ahead -------------------------------------------------------
+
+
+class Compiles:
+    """XLA compiles in this process while it is open (JAX's own monitoring events)."""
+
+    def __init__(self):
+        self.names: list[str] = []
+        self._on = False
+
+        def listen(event, secs, **kw):
+            if self._on and event == "/jax/core/compile/backend_compile_duration":
+                self.names.append(str(kw.get("fun_name", "")))
+
+        self._listen = listen
+        jax.monitoring.register_event_duration_secs_listener(listen)
+
+    def __enter__(self):
+        self._on = True
+        return self
+
+    def __exit__(self, *exc):
+        self._on = False
+        unregister = getattr(jax.monitoring, "unregister_event_duration_listener", None)
+        if unregister is not None:  # (JAX 0.10 has none: the listener stays, switched off)
+            unregister(self._listen)
+
+
+def test_show_compiles_mode_all_in_the_background_so_the_switch_only_runs(monkeypatch):
+    monkeypatch.setattr(sowviz.widget, "WARM_MODES", ("all",))
+
+    def warmed_loss(params, x):  # a new function: nothing of it is compiled yet
+        return loss(params, x) * 2.0
+
+    w = sowviz.show(warmed_loss, PARAMS, X, mode="grad")
+    assert w.model["mode"] == "grad" and set(w._warming) == {"all"}
+    assert w._wait_warm("all", timeout=120)
+    with Compiles() as during_switch:
+        w.mode = "all"
+    assert w.phase == "ready" and w.model["mode"] == "all", w.status
+    assert during_switch.names == []  # compiled ahead: the switch only ran it
+    # ... and it shows what a direct inspect in that mode shows
+    direct = sowviz.inspect(warmed_loss, PARAMS, X, mode="all").to_dict(created=None)
+    assert w.inspection.to_dict(created=None) == direct
+    # a mode not compiled ahead still compiles on the switch
+    with Compiles() as cold:
+        w.mode = "jvp"
+    assert w.model["mode"] == "jvp" and cold.names
+
+
+def test_a_switch_to_a_mode_still_compiling_waits_for_it(monkeypatch):
+    import threading
+
+    w = sowviz.show(loss, PARAMS, X, mode="grad")
+    assert w._warming == {}  # the suite turns the warm-up off (conftest)
+    release, order = threading.Event(), []
+    w._warm(["grad"], lambda m: order.append(("shown", m)))
+    assert w._warming == {}
+
+    def slow_compile(mode):
+        release.wait(30)
+        order.append(("compiled", mode))
+
+    w._warm(["jvp"], slow_compile)
+    phases = []
+    w.observe(lambda c: phases.append(c["new"]), names=["phase"])
+    orig = w._compute
+    monkeypatch.setattr(w, "_compute", lambda m, **kw: (order.append(("ran", m)), orig(m, **kw))[1])
+    threading.Timer(0.3, release.set).start()
+    w.mode = "jvp"
+    assert order == [("compiled", "jvp"), ("ran", "jvp")]
+    assert phases[0] == "compiling" and phases[-1] == "ready" and w.model["mode"] == "jvp"
+    # neither the mode shown nor one warmed before is compiled again
+    w._warm(["jvp", "grad", "all"], lambda m: order.append(("again", m)))
+    assert w._wait_warm("grad", 30) and w._wait_warm("all", 30)
+    assert order[2:] == [("again", "grad"), ("again", "all")]
+
+
+def test_warm_takes_mode_names():
+    for bad in ("all", ["all", "hessian"], True):
+        with pytest.raises(ValueError, match=r"`warm` must be a sequence of mode names.*\(\) for"):
+            sowviz.show(loss, PARAMS, X, warm=bad)

@@ -516,6 +516,14 @@ def precompile(pending: tuple[Any, ...], bins: int) -> None:
     thread.start()
 
 
+def join_precompiles() -> None:
+    """Wait for every second program still compiling in a thread (`precompile`)."""
+    with _LOCK:
+        threads = list(_COMPILING.values())
+    for t in threads:
+        t.join()
+
+
 def finish(packed: Packed, clean: Any) -> tuple[Packed, Any]:
     """Run the deferred summaries of `packed` (a dispatch per second program, `_programs`);
     returns the `Packed` of all summaries and `clean` (no probe counts a NaN/Inf)
