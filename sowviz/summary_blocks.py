@@ -177,7 +177,7 @@ def grouped_stats(flats: Sequence[jax.Array], bins: int, block: int) -> dict:
         v, finite = _ops.flushed(v)
         vs = jnp.where(finite, _ops._div_pow2(v, _ops._b(_get(scale, j), 3)), zero)
         c = jnp.where(finite, vs - _ops._b(_get(ms, j), 3), zero)
-        add = tuple(jnp.sum(x, (2,)) for x in (c, c * c, vs * vs))
+        add = tuple(jnp.sum(x, (2,)) for x in (c, c * c))
         sums_j, comp_j = _kahan(
             tuple(_get(a, j) for a in sums), tuple(_get(a, j) for a in comp), add
         )
@@ -194,12 +194,13 @@ def grouped_stats(flats: Sequence[jax.Array], bins: int, block: int) -> dict:
             _put(log, j, _get(log, j) + log_b),
         )
 
-    zs = (zk, zk, zk)
+    zs = (zk, zk)
     sums, comp, lin, log = loop(
         second,
         (zs, zs, jnp.zeros((k, 1, n_lin), jnp.int32), jnp.zeros((k, n_log), jnp.int32)),
     )
-    c1, c2, sq = (_total(t, c)[:, 0] for t, c in zip(sums, comp, strict=True))
+    c1, c2 = (_total(t, c)[:, 0] for t, c in zip(sums, comp, strict=True))
+    sq = _ops.squares(c1, c2, ms, nf)
     d = c1 / nf
     mean = jnp.clip((ms + d) * scale, vmin, vmax)
     std = jnp.sqrt(jnp.maximum(c2 / nf - d * d, 0)) * scale

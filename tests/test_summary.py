@@ -1231,3 +1231,32 @@ def test_segment_blocks_divide_the_rows() -> None:
     assert summary_ops.segment_block_rows(7 * big, w // 8) == 0  # few values: one piece
     assert summary_ops.segment_block_rows(65 * 32, w) == 32  # 2080 rows: 65 blocks of 32
     assert summary_ops.segment_block_rows(7 * big + 1, w) == 0  # odd: no power of two fits
+
+
+@pytest.mark.parametrize("offset,spread", [(0.0, 1.0), (1e3, 1e-3), (-1e6, 2.0), (3.0, 0.0)])
+def test_l2_from_the_centred_sums_is_accurate_on_every_path(offset, spread) -> None:
+    """``l2`` follows from the centred sums (`summary_ops.squares`), with no reduction of
+    the squares of its own; far from zero (mean >> spread) that leans on ``n * mean**2``.
+    Every path that computes it is checked against float64: one piece (pooled and per
+    row), the segmented layout and the blocked loop."""
+    from sowviz.capture import summaries
+    from sowviz.summary_blocks import GROUP_BLOCK, grouped_stats
+
+    rng = np.random.default_rng(7)
+
+    def data(*shape):
+        return (offset + spread * rng.normal(size=shape)).astype(F32)
+
+    def norm(a):
+        return np.sqrt(np.sum(a.astype(np.float64) ** 2))
+
+    a = data(6, 50)
+    one = to_host(summarize(a, per_iteration=True))
+    np.testing.assert_allclose(float(one.l2), norm(a), rtol=1e-5)
+    np.testing.assert_allclose(one.per_iteration.l2, [norm(r) for r in a], rtol=1e-5)
+    small = [data(n) for n in (3, 700, 64)]
+    seg = jax.jit(lambda xs: summaries._segmented(xs, 16))(small)
+    np.testing.assert_allclose(seg.l2, [norm(x) for x in small], rtol=1e-5)
+    large = [data(GROUP_BLOCK + 5), data(2 * GROUP_BLOCK)]
+    blocked = jax.jit(lambda xs: grouped_stats(xs, 16, GROUP_BLOCK))(large)
+    np.testing.assert_allclose(blocked["l2"], [norm(x) for x in large], rtol=1e-5)
