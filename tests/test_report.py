@@ -251,7 +251,7 @@ def test_float32_floats_are_shortened_to_numpys_shortest_repr_all_at_once():
         [a, decades, np.nextafter(decades, np.inf), np.nextafter(decades, 0), edge]
     )
     a = a[np.isfinite(a)]
-    values = a.astype(np.float64).tolist() + [None]
+    values = [*a.astype(np.float64).tolist(), None]
     want = [None if v is None else float(str(np.float32(v))) for v in values]
     got = shortest32_floats(values)
     assert [repr(v) for v in got] == [repr(v) for v in want]
