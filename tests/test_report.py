@@ -247,9 +247,7 @@ def test_float32_floats_are_shortened_to_numpys_shortest_repr_all_at_once():
     decades = np.float32([10.0**e for e in range(-37, 39)])
     edge = [np.float32(0.1), np.float32(1 / 3), np.float32(16777217), np.finfo(np.float32).max]
     edge += [np.finfo(np.float32).tiny, np.float32(1e-45), np.float32(-0.0), np.float32(2.5)]
-    a = np.concatenate(
-        [a, decades, np.nextafter(decades, np.inf), np.nextafter(decades, 0), edge]
-    )
+    a = np.concatenate([a, decades, np.nextafter(decades, np.inf), np.nextafter(decades, 0), edge])
     a = a[np.isfinite(a)]
     values = [*a.astype(np.float64).tolist(), None]
     want = [None if v is None else float(str(np.float32(v))) for v in values]
