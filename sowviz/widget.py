@@ -41,6 +41,9 @@ STATIC = pathlib.Path(__file__).parent / "static"
 #: shows every key (the NNX LM of tests/zoo switched to it in 1.9 s, 0.8-1.7 s for
 #: the others; issue 15's target is 1 s).
 WARM_MODES: tuple[str, ...] = ("all",)
+#: One background compile at a time, whatever the number of widgets (a loop of
+#: `show()` calls must not start a compile per widget at once).
+_ONE_WARM_AT_A_TIME = threading.Lock()
 
 #: What the status line says in each phase (`{what}`: the function's name or the task).
 STATUS = {
@@ -235,7 +238,11 @@ class Inspector(anywidget.AnyWidget):
         def work() -> None:
             for m in todo:
                 try:
-                    compile_mode(m)
+                    with _ONE_WARM_AT_A_TIME:
+                        # Not once the interpreter exits (its main thread has ended):
+                        # exit waits for this thread, and a compile would delay it.
+                        if threading.main_thread().is_alive():
+                            compile_mode(m)
                 except Exception:  # the switch compiles again and shows what went wrong
                     pass
                 finally:

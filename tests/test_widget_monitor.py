@@ -548,6 +548,27 @@ def test_a_switch_to_a_mode_still_compiling_waits_for_it(monkeypatch):
     assert order[2:] == [("again", "grad"), ("again", "all")]
 
 
+def test_widgets_compile_ahead_one_at_a_time():
+    import threading
+
+    first = sowviz.show(loss, PARAMS, X, mode="grad")
+    second = sowviz.show(loss, PARAMS, X, mode="grad")
+    started, release, order = threading.Event(), threading.Event(), []
+
+    def slow(mode):
+        order.append("first starts")
+        started.set()
+        release.wait(30)
+        order.append("first ends")
+
+    first._warm(["jvp"], slow)
+    assert started.wait(30)  # the first compile holds the turn
+    second._warm(["jvp"], lambda m: order.append("second"))
+    threading.Timer(0.3, release.set).start()
+    assert first._wait_warm("jvp", 30) and second._wait_warm("jvp", 30)
+    assert order == ["first starts", "first ends", "second"]
+
+
 def test_warm_takes_mode_names():
     for bad in ("all", ["all", "hessian"], True):
         with pytest.raises(ValueError, match=r"`warm` must be a sequence of mode names.*\(\) for"):
