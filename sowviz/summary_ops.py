@@ -328,7 +328,9 @@ def stats(v: jax.Array, bins: int, keep: np.ndarray | None) -> tuple[dict, dict 
     s = scale[:, None]
     cr1, cr2 = sums[2][:, keep], sums[3][:, keep]
     dr = cr1 / nr
-    mr = _div_pow2(row_shift[:, keep], s)
+    # A row with no finite value has a shift of -inf (clipped into its empty range);
+    # 0 instead, so its l2 (`squares`) is 0, not inf * inf.
+    mr = jnp.where(have_r, _div_pow2(row_shift[:, keep], s), zero)
     per_row = dict(
         count=rc,
         nonfinite=jnp.sum(lin[:, :k, bins:], -1, dtype=jnp.int32),

@@ -672,6 +672,7 @@ def check_rows(s: Summary, x: np.ndarray, bins: int, index: list[int]) -> None:
         assert int(it.nonfinite[j]) == ref["nan"] + ref["posinf"] + ref["neginf"]
         if ref["count"] == 0:
             assert js["mean"][j] is None and js["l2"][j] == 0.0
+            assert float(it.l2[j]) == 0.0 and float(it.mean[j]) == 0.0  # the fields too
             assert int(it.hist_counts[j].sum()) == 0
             continue
         assert (float(it.min[j]), float(it.max[j])) == (ref["min"], ref["max"])
