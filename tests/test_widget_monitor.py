@@ -535,10 +535,15 @@ def test_a_switch_to_a_mode_still_compiling_waits_for_it(monkeypatch):
 
     w._warm(["jvp"], slow_compile)
     phases = []
-    w.observe(lambda c: phases.append(c["new"]), names=["phase"])
+
+    def seen(change):
+        phases.append(change["new"])
+        if change["new"] == "compiling":  # the switch is waiting: let the compile end
+            release.set()
+
+    w.observe(seen, names=["phase"])
     orig = w._compute
     monkeypatch.setattr(w, "_compute", lambda m, **kw: (order.append(("ran", m)), orig(m, **kw))[1])
-    threading.Timer(0.3, release.set).start()
     w.mode = "jvp"
     assert order == [("compiled", "jvp"), ("ran", "jvp")]
     assert phases[0] == "compiling" and phases[-1] == "ready" and w.model["mode"] == "jvp"
