@@ -33,25 +33,24 @@ jax.monitoring.register_event_duration_secs_listener(
     lambda e, s, **kw: compiles.append(kw.get("fun_name")) if e.endswith("backend_compile_duration") else None
 )
 w.mode = "all"
-print("SWITCHED", w.model["mode"], w.phase, f"compiles={len(compiles)}", compiles)
+switched = f"SWITCHED {w.model['mode']} {w.phase} compiles={len(compiles)} {compiles}"
 """
 
 
-def _run_cell(kc, code: str) -> str:
-    """Run `code` in the kernel; its printed text (errors included) once it is idle."""
-    msg_id = kc.execute(code)
-    text = []
+def _evaluate(kc, code: str, expression: str) -> str:
+    """Run `code` in the kernel, then the text of `expression`, read from the execute
+    reply (the shell channel: a cell's printed output can be lost on IOPub, see
+    test_notebooks), or the error the cell raised."""
+    msg_id = kc.execute(code, user_expressions={"out": expression})
     while True:
-        m = kc.get_iopub_msg(timeout=180)
-        kind, content = m["msg_type"], m["content"]
-        if m["parent_header"].get("msg_id") != msg_id:
-            continue
-        if kind == "stream":
-            text.append(content["text"])
-        elif kind == "error":
-            text.append("\n".join(content["traceback"]))
-        elif kind == "status" and content["execution_state"] == "idle":
-            return "".join(text)
+        reply = kc.get_shell_msg(timeout=180)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            break
+    content = reply["content"]
+    if content["status"] != "ok":
+        return f"{content.get('ename')}: {content.get('evalue')}"
+    out = content["user_expressions"]["out"]
+    return out.get("data", {}).get("text/plain", str(out))
 
 
 @pytest.mark.slow
@@ -83,7 +82,7 @@ def test_show_displays_once_and_streams_its_status(tmp_path):
                 and m["parent_header"].get("msg_id") == msg_id
             ):
                 break
-        switched = _run_cell(kc, SWITCH)
+        switched = _evaluate(kc, SWITCH, "switched")
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
