@@ -22,6 +22,7 @@ BENCHMARKS = [
     "inspect_memory",
     "inspect_compile",
     "widget_switch",
+    "show_notebook",
     "graph_scale",
     "inspect_scale",
     "frontend_load",

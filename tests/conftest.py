@@ -124,25 +124,3 @@ def page(browser):
     p = Page(browser)
     yield p
     p.close()
-
-
-def install_kernelspec(prefix: pathlib.Path) -> None:
-    """A `python3` Jupyter kernelspec for this interpreter (the venv's) under `prefix`."""
-    import subprocess
-    import sys
-
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ipykernel",
-            "install",
-            "--prefix",
-            str(prefix),
-            "--name",
-            "python3",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )

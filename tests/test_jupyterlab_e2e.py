@@ -9,161 +9,15 @@ are switched off.
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import pathlib
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 
 import pytest
-from conftest import install_kernelspec
+from lab_session import jupyter_lab, run_all_cells
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "01_quickstart.ipynb"
 ARTIFACTS = ROOT / "artifacts"
 N_WIDGETS = 5  # the quickstart shows one widget per mode
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def write_json(path: pathlib.Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data))
-
-
-def lab_environment(base: pathlib.Path) -> dict[str, str]:
-    """Jupyter's directories under `base`, a `python3` kernelspec for this interpreter,
-    settings: no network checks, every notebook cell in the DOM."""
-    prefix = base / "prefix"
-    install_kernelspec(prefix)
-    settings = base / "settings"
-    write_json(
-        settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings",
-        {"fetchNews": "false", "checkForUpdates": False},
-    )
-    write_json(
-        settings / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings",
-        {"windowingMode": "none", "autoStartDefaultKernel": True},
-    )
-    env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)  # the kernel gets JAX's default single CPU device
-    env.update(
-        JUPYTER_PATH=str(prefix / "share" / "jupyter"),
-        JUPYTER_CONFIG_DIR=str(base / "config"),
-        JUPYTER_DATA_DIR=str(base / "data"),
-        JUPYTER_RUNTIME_DIR=str(base / "runtime"),
-        JUPYTER_PLATFORM_DIRS="1",
-        JUPYTERLAB_SETTINGS_DIR=str(settings),
-        JUPYTERLAB_WORKSPACES_DIR=str(base / "workspaces"),
-        IPYTHONDIR=str(base / "ipython"),
-        JAX_PLATFORMS="cpu",
-        PYDEVD_DISABLE_FILE_VALIDATION="1",
-    )
-    return env
-
-
-def wait_until_up(url: str, proc: subprocess.Popen, log: pathlib.Path, timeout: float = 90.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"jupyter lab exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(0.5)
-    pytest.fail(
-        f"jupyter lab did not answer {url} within {timeout:.0f}s:\n{log.read_text()[-3000:]}"
-    )
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """Ends the server's whole process group (the server and its kernels)."""
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-
-
-@contextlib.contextmanager
-def jupyter_lab(base: pathlib.Path):
-    root = base / "root"
-    root.mkdir()
-    shutil.copy(NOTEBOOK, root / NOTEBOOK.name)
-    env = lab_environment(base)
-    port = free_port()
-    log = base / "jupyterlab.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "jupyter",
-                "lab",
-                "--no-browser",
-                "--IdentityProvider.token=",
-                "--ServerApp.password=",
-                "--ServerApp.ip=127.0.0.1",
-                f"--port={port}",
-                "--ServerApp.port_retries=0",
-                f"--ServerApp.root_dir={root}",
-                "--LabApp.extension_manager=readonly",  # no PyPI look-ups
-                *(["--allow-root"] if os.geteuid() == 0 else []),
-            ],
-            cwd=root,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: kernels die with it
-        )
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_until_up(f"{url}/api/status", proc, log)
-        yield url, log
-    finally:
-        stop(proc)
-
-
-PROMPTS = (
-    "() => [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].map(p => p.textContent)"
-)
-
-
-def run_all_cells(page, timeout: float = 120.0) -> None:
-    """Run > Run All Cells, through the menu bar as a user would, once the first cell has
-    run. The menu acts on the current widget, so the notebook is clicked first; should the
-    request still be lost (nothing queued or running), it is asked for again."""
-    deadline = time.monotonic() + timeout
-    clicked_at = -1.0
-    while time.monotonic() < deadline:
-        prompts = "".join(page.evaluate(PROMPTS))
-        if any(ch.isdigit() for ch in prompts):
-            return
-        if "*" not in prompts and time.monotonic() - clicked_at > 15.0:
-            page.locator(".jp-Notebook .jp-Cell").first.click()
-            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-            page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
-            clicked_at = time.monotonic()
-        page.wait_for_timeout(250)
-    raise AssertionError(f"Run All Cells: no cell ran within {timeout:.0f}s")
 
 
 @pytest.mark.browser
@@ -175,7 +29,7 @@ def test_quickstart_runs_in_jupyterlab(browser, tmp_path):
     (ARTIFACTS / "jupyterlab_e2e_failure.png").unlink(missing_ok=True)
     blocked: list[str] = []
     errors: list[str] = []
-    with jupyter_lab(tmp_path) as (url, log):
+    with jupyter_lab(tmp_path, [NOTEBOOK]) as (url, log):
         context = browser.new_context(viewport={"width": 1400, "height": 1000})
         page = context.new_page()
         page.set_default_timeout(30_000)

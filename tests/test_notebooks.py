@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from conftest import install_kernelspec
+from lab_session import install_kernelspec
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 
@@ -15,17 +14,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from lab_session import free_port
 
 from sowviz.runlog import load
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "runlog_distributed_worker.py"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def plain_losses(steps: int) -> list[float]:

@@ -56,7 +56,7 @@ def _evaluate(kc, code: str, expression: str) -> str:
 @pytest.mark.slow
 def test_show_displays_once_and_streams_its_status(tmp_path):
     manager = pytest.importorskip("jupyter_client.manager")
-    from conftest import install_kernelspec
+    from lab_session import install_kernelspec
 
     install_kernelspec(tmp_path)
     env = {**os.environ, "JUPYTER_PATH": str(tmp_path / "share" / "jupyter")}
