@@ -15,7 +15,7 @@ from __future__ import annotations
 import _bench
 import jax
 import jax.numpy as jnp
-from _mlp import interleaved_medians
+from _mlp import interleaved_medians, summary_floor
 
 import sowviz
 
@@ -60,6 +60,9 @@ def run(depth: int, width: int, batch: int, steps: int, every: int) -> dict[str,
     # done: a recorded step's summaries run on after its gradients are ready, and timed
     # step by step they landed in the plain step that came next.
     thunks = {name: train(name, step) for name, step in fns.items()}
+    if every == 1:  # the least work any summary of a step's recorded values does
+        recorded = 2 * depth * batch * width + 2 * depth * (width * width + width)
+        thunks["floor"] = summary_floor(recorded)
     return interleaved_medians(
         thunks, max(steps // BLOCK, 1), BLOCK, settle={"monitored": mon.flush}
     )
@@ -82,6 +85,17 @@ def main(quick: bool = False) -> list[_bench.Row]:
                 detail=f"({med['monitored'] * 1e3:.2f} ms vs {med['plain'] * 1e3:.2f} ms)",
             ),
         )
+        if every == 1:
+            _bench.emit(
+                rows,
+                _bench.Row(
+                    "monitor_overhead",
+                    "floor: any summary's least work on a step's recorded values "
+                    "(min/max/sum, one tally scatter) / plain step, 8x256 MLP b128",
+                    1 + med["floor"] / med["plain"],
+                    detail=f"({med['floor'] * 1e3:.2f} ms per step)",
+                ),
+            )
     med = run(3, 16, 4, 20 if quick else 500, 1)
     _bench.emit(
         rows,

@@ -6,6 +6,8 @@ Prints, measured in one run:
   two MLPs of the capture benchmark (target ≤ 1.25× on CPU, ≤ 1.05× on a GPU),
   once fetched at every call (a synchronous round trip: ~200 µs on a GPU) and
   once read two calls later with the copy started at once (as `Monitor` does);
+* the floor beside them: ``1 + t / jit(grad)`` for ``t`` the least work any summary
+  does on as many values (`_mlp.bare_summary`), the capture not counted;
 * the bytes moved device→host per captured array and key, for arrays of 1K, 1M
   and 16M elements (target: the same small number, ≤ 4 KB at 64 bins).
 Run: `python benchmarks/summary_overhead.py [--quick]`.
@@ -19,7 +21,7 @@ from functools import partial
 import _bench
 import jax
 import jax.numpy as jnp
-from _mlp import MLP_CASES, block, interleaved_medians, mlp_loss, mlp_params
+from _mlp import MLP_CASES, block, interleaved_medians, mlp_loss, mlp_params, summary_floor
 
 import sowviz
 
@@ -62,6 +64,8 @@ def main(quick: bool = False) -> list[_bench.Row]:
                 "baseline": partial(baseline, params, x),
                 "summaries": partial(fetched, summarised, params, x),
                 "pipelined": Pipelined(summarised, params, x),
+                # every sow's primal and cotangent, no capture
+                "floor": summary_floor(2 * depth * batch * width),
             },
             repeats,
             inner,
@@ -81,6 +85,18 @@ def main(quick: bool = False) -> list[_bench.Row]:
                     f"{2 * depth} arrays)",
                 ),
             )
+
+        _bench.emit(
+            rows,
+            _bench.Row(
+                "summary_overhead",
+                f"floor: 1 + (any summary's least work, min/max/sum and one tally "
+                f"scatter, on as many values) / jit(grad), {label}",
+                1 + t["floor"] / t["baseline"],
+                detail=f"({t['floor'] * 1e6:.0f} µs for {2 * depth * batch * width:,} values, "
+                "no capture counted)",
+            ),
+        )
 
     def one(x):
         return jnp.sum(sowviz.sow(jnp.sin(x), "s") ** 2)
