@@ -936,11 +936,17 @@ def test_large_arrays_of_any_shape_share_one_blocked_loop_and_match_numpy(
         assert len(groups) > 2 and any(row is None for _, row in where)
 
 
-def test_arrays_of_any_shape_summarised_together_match_numpy() -> None:
+@pytest.mark.parametrize("width", [None, 128, 512])
+def test_arrays_of_any_shape_summarised_together_match_numpy(
+    monkeypatch: pytest.MonkeyPatch, width: int | None
+) -> None:
     # One segmented computation for many shapes and dtypes (NaN padding to whole
-    # rows, taken off `nan`): each member still follows the NumPy-checked rules.
+    # rows, taken off `nan`): each member still follows the NumPy-checked rules, at
+    # the row width the layout chooses (None) and at each one it can take.
     from sowviz.capture import summaries
 
+    if width is not None:
+        monkeypatch.setattr(summaries, "SEGMENT_ROWS", (width,))
     rng = np.random.default_rng(3)
     row = summaries.SEGMENT_ROW
     mixed = rng.normal(size=2 * row + 7).astype(np.float32) * np.float32(1e3)
@@ -964,6 +970,32 @@ def test_arrays_of_any_shape_summarised_together_match_numpy() -> None:
     assert len({g[0] for g in groups}) == 1  # float32 accumulation: one group for all
     for k, a in arrays.items():
         check_against_reference(out[(k,)]["primal"], np.asarray(a), 16)
+
+
+def test_a_layout_takes_narrow_rows_only_when_they_cost_half_as_much() -> None:
+    # Rows of 512 for most layouts (like sizes share a compiled program), of 128 for
+    # many small arrays (padded to 512 they were four times the values).
+    from sowviz.capture import summaries
+
+    assert summaries.row_width([128] * 1016) == 128
+    assert summaries.row_width([100] * 50 + [3000]) == 128  # costs 14,208 against 32,256
+    assert summaries.row_width([100] * 50 + [3000] * 3) == 512  # 23,424 against 39,168
+    assert summaries.row_width([32 * 1024] * 16 + [65536] * 8 + [256] * 8) == 512
+    assert summaries.row_width([2048] * 128) == 512  # no padding at any width: fewer rows
+    assert summaries.row_width([600, 5, 300, 2]) == 512  # 128 costs 2/3 of 512: kept
+
+    def cost(sizes: list[int], w: int) -> int:
+        return sum(-(-max(n, 1) // w) for n in sizes) * (w + summaries.ROW_COST)
+
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        sizes = rng.integers(0, 3000, rng.integers(1, 40)).tolist()
+        if rng.random() < 0.5:
+            sizes = [n % 200 for n in sizes]
+        w = summaries.row_width(sizes)
+        assert w in summaries.SEGMENT_ROWS
+        wider = [v for v in summaries.SEGMENT_ROWS if v > w]
+        assert all(2 * cost(sizes, w) <= cost(sizes, v) for v in wider)
 
 
 def test_signed_log_histogram_matches_numpy() -> None:
@@ -1130,9 +1162,9 @@ def test_a_layout_of_many_arrays_is_concatenated_in_chunks_on_cpu() -> None:
     leaves = [rng.normal(size=(int(n),)).astype(np.float32) for n in rng.integers(1, 900, 150)]
     assert 2 * len(leaves) > _concat.CPU_CHUNK
     rows = jax.jit(lambda ls: summaries._layout(ls, sized=False))(leaves)
-    want = np.concatenate(
-        [np.concatenate([v, np.full(-v.size % summaries.SEGMENT_ROW, np.nan)]) for v in leaves]
-    )
+    width = rows.flat.shape[1]
+    assert width == summaries.row_width([v.size for v in leaves])
+    want = np.concatenate([np.concatenate([v, np.full(-v.size % width, np.nan)]) for v in leaves])
     np.testing.assert_array_equal(np.asarray(rows.flat).ravel(), want)
     out = jax.jit(lambda ls: summaries._segmented(ls, 8))(leaves)
     for i in (0, 75, 149):

@@ -2,7 +2,7 @@
 
 XLA compile time grows with the number of distinct summary computations (each ~400
 ops), so small arrays of ANY shapes and dtypes (per accumulation dtype) are
-summarised in one segmented computation (`_segmented`: rows of `SEGMENT_ROW` values,
+summarised in one segmented computation (`_segmented`: rows of `row_width` values,
 NaN padding taken off ``nan``): on a Flax NNX MLP with 10 distinct probe shapes the
 summaries compiled in 3.4 s instead of 21 s. Small per-iteration captures are
 stacked by loop length, whatever their shapes (`_iterated`: NaN-padded per iteration
@@ -90,8 +90,19 @@ ITERATED_SMALL = 1 << 12
 ITERATED_SIZED_MAX = 1 << 20
 #: Arrays of at most this many elements are summarised in one segmented layout.
 SEGMENT_MAX_ELEMENTS = STACK_MAX_ELEMENTS
-#: Row width of the segmented layout (`_segmented`): each array pads to whole rows.
+#: Row width of the segmented layout (`_segmented`): each array pads to whole rows. The
+#: widest, which most layouts take; many small arrays take a narrower one (`row_width`).
 SEGMENT_ROW = 512
+#: The row widths a layout can take, narrowest first.
+SEGMENT_ROWS = (128, SEGMENT_ROW)
+#: A narrower row is taken when it costs at most 1/this of the wider (`row_width`): a
+#: layout of another width is a summary program of its own. (Rows of 256 would never
+#: be taken: an array of 129-256 values costs 320 at 256, 576 at 512.)
+NARROW_GAIN = 2
+#: What a row costs the summary beyond its values, in values (`row_width`): on XLA:CPU,
+#: 1.58M values as rows of 128 instead of 512 (9,200 rows more) took 0.5-1.1 ms more, at
+#: 1.7 ns per value.
+ROW_COST = 64
 #: `inspect`/`Monitor` summarise the segmented groups in a second program (`finish`).
 DEFER_SEGMENTS = True
 #: ... compiled in a thread while the capture program compiles (`precompile`).
@@ -150,8 +161,8 @@ def _per_iteration(path: tuple, axes: dict) -> bool:
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
 class Rows:
-    """Arrays laid out for `summary_ops.segment_stats`: `flat` ``(R, SEGMENT_ROW)``, row r
-    holding values of member ``seg[r]``, NaN-padded to whole rows (``pads[m]`` NaNs of
+    """Arrays laid out for `summary_ops.segment_stats`: `flat` ``(R, W)`` (W: `row_width`),
+    row r holding values of member ``seg[r]``, NaN-padded to whole rows (``pads[m]`` NaNs of
     member m, taken off its ``nan``). All three are arrays, so the summary program
     depends on their shapes only: one compiled program serves every layout of a size."""
 
@@ -197,32 +208,52 @@ def bucket(n: int) -> int:
     return -(-n // step) * step
 
 
+def row_width(sizes: list[int]) -> int:
+    """The row width to lay out arrays of `sizes` elements with: the widest of
+    `SEGMENT_ROWS`, unless a narrower one costs at most 1/`NARROW_GAIN` of it (the cost:
+    the values summarised, padding included, plus `ROW_COST` per row). Many small arrays
+    take narrow rows: 1,016 probes of 128 values were four times the values at 512
+    (every one padded with 384 NaNs, a part more of the layout each), and the
+    1,000-equation program's first `inspect` took 1.59-1.64 s -> 1.41-1.45 s. Other
+    layouts keep the one width, so like-sized layouts share their compiled program."""
+
+    def cost(width: int) -> int:
+        return sum(-(-max(n, 1) // width) for n in sizes) * (width + ROW_COST)
+
+    best = SEGMENT_ROWS[-1]
+    for width in reversed(SEGMENT_ROWS[:-1]):
+        if cost(width) * NARROW_GAIN <= cost(best):
+            best = width
+    return best
+
+
 def _layout(leaves: list, sized: bool) -> Rows:
-    """`leaves` (any shapes, one accumulation dtype) as `Rows`. With `sized`, rows and
-    members are rounded up to their `bucket` (one extra member owns the padding rows,
-    its NaNs all taken off as padding)."""
+    """`leaves` (any shapes, one accumulation dtype) as `Rows` of `row_width` values.
+    With `sized`, rows and members are rounded up to their `bucket` (one extra member
+    owns the padding rows, its NaNs all taken off as padding)."""
     # `lax`, not `jnp` (each jnp call is a jit of its own), and one NaN fill per
     # length: 2,000 probes laid out in 0.65 s -> 0.2 s of tracing.
+    values = [_flat_values(leaf) for leaf in leaves]
+    width = row_width([v.size for v in values])
     parts, rows, pads = [], [], []
     fills: dict[int, Any] = {}
-    for leaf in leaves:
-        v = _flat_values(leaf)
-        pad = (-v.size) % SEGMENT_ROW or (SEGMENT_ROW if v.size == 0 else 0)
+    for v in values:
+        pad = (-v.size) % width or (width if v.size == 0 else 0)
         if pad and pad not in fills:
             fills[pad] = _nan_fill(pad, v.dtype)
         parts += [v, fills[pad]] if pad else [v]
-        rows.append((v.size + pad) // SEGMENT_ROW)
+        rows.append((v.size + pad) // width)
         pads.append(pad)
     seg = np.repeat(np.arange(len(leaves), dtype=np.int32), rows)
     if sized:
         members, total = bucket(len(leaves) + 1), bucket(len(seg))
         extra = total - len(seg)
-        fills[-1] = _nan_fill(extra * SEGMENT_ROW, parts[0].dtype)
+        fills[-1] = _nan_fill(extra * width, parts[0].dtype)
         parts.append(fills[-1])
         seg = np.concatenate([seg, np.full(extra, len(leaves), np.int32)])
-        pads += [extra * SEGMENT_ROW] + [0] * (members - len(leaves) - 1)
+        pads += [extra * width] + [0] * (members - len(leaves) - 1)
     flat = _concat.concatenate(parts, fills=list(fills.values()))
-    return Rows(flat.reshape(-1, SEGMENT_ROW), jnp.asarray(seg), jnp.asarray(pads, jnp.int32))
+    return Rows(flat.reshape(-1, width), jnp.asarray(seg), jnp.asarray(pads, jnp.int32))
 
 
 #: On a CPU, NaN fills of at most this many values are constants in the program (larger
