@@ -769,6 +769,26 @@ def test_equinox_module_paths_with_class_names():
     assert l1.source.line == line_of("@eqx_layer")
 
 
+def test_equinox_private_wrappers_are_no_stages():
+    # Equinox's `filter_vmap` returns a `_VmapWrapper` module, and `eqx.nn.MLP` wraps its
+    # activation in one: no stage of their own, their calls show where they are made.
+    params, static = eqx.partition(eqx.nn.MLP(4, 2, 8, 2, key=jax.random.PRNGKey(0)), eqx.is_array)
+    for call in (jax.vmap, eqx.filter_vmap):
+
+        def loss(p, x, call=call):
+            return jnp.sum(call(eqx.combine(p, static))(x) ** 2)
+
+        _, g = _named_graph(loss, params, X)
+        assert not [n.label for n in g.nodes if n.label.startswith("_")]
+        (mlp_scope,) = [n for n in g.nodes if n.label == "eqx.nn.MLP"]
+        kids = g.children(mlp_scope.id)
+        linears = [n for n in kids if n.label.endswith(": Linear")]
+        relus = [n for n in kids if n.kind == "custom"]
+        assert [n.label for n in linears] == [f"layers[{i}]: Linear" for i in range(3)]
+        chain = [linears[0], relus[0], linears[1], relus[1], linears[2]]
+        assert all((a.id, b.id) in edge_set(g) for a, b in itertools.pairwise(chain))
+
+
 def test_parameters_group_nested_by_path_and_probed():
     params = {"blocks": [{"w": W, "b": X[0]}, {"w": W.T, "b": X[1]}], "scale": X[2, 0]}
 

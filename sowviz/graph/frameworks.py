@@ -154,12 +154,17 @@ class _Context:
         if self.stack and self.stack[-1][0] is module:
             return None  # super().__call__ of the same module
         known = self.paths.get(id(module))
+        if _framework_private(module) and (known is None or not known[1]):
+            # A framework's own wrapper made on the fly (Equinox's `filter_vmap` returns
+            # a `_VmapWrapper`; `eqx.nn.MLP` wraps its activation in one): no stage of
+            # its own, and no root of names (the module it wraps is named where it is
+            # called); its calls show inside the module that called it.
+            return None
+        if known is None and not self.stack:  # a root made inside fn: name its tree from it
+            self.add_module(module, ())
+            known = self.paths.get(id(module))
         if known is None:
-            if not self.stack:  # a root made inside fn: name its tree from it
-                self.add_module(module, ())
-                known = self.paths.get(id(module))
-            if known is None:
-                return type(module).__name__, ()
+            return type(module).__name__, ()
         framework, path = known
         parent = self.stack[-1][1] if self.stack else ()
         rel = path[len(parent) :] if path[: len(parent)] == parent else path
@@ -169,6 +174,12 @@ class _Context:
         if framework == "nnx":
             return _fmt_nnx(rel), path
         return f"{_fmt_eqx(rel)}: {cls}", path
+
+
+def _framework_private(module: Any) -> bool:
+    """Whether `module`'s class is a private one (``_Name``) of Flax or Equinox."""
+    cls = type(module)
+    return cls.__name__.startswith("_") and cls.__module__.startswith(("equinox", "flax"))
 
 
 def _wrap(raw: Any) -> Callable:
