@@ -995,7 +995,9 @@ def test_a_layout_takes_narrow_rows_only_when_they_cost_half_as_much() -> None:
         w = summaries.row_width(sizes)
         assert w in summaries.SEGMENT_ROWS
         wider = [v for v in summaries.SEGMENT_ROWS if v > w]
+        narrower = [v for v in summaries.SEGMENT_ROWS if v < w]
         assert all(2 * cost(sizes, w) <= cost(sizes, v) for v in wider)
+        assert all(2 * cost(sizes, v) > cost(sizes, w) for v in narrower)
 
 
 def test_signed_log_histogram_matches_numpy() -> None:
