@@ -35,11 +35,10 @@ import tempfile
 import time
 
 import _bench
+from frontend_load import ARGS, CHROMIUM
 
 sys.path.insert(0, str(_bench.ROOT / "tests"))
-CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = _bench.ROOT / "artifacts"
-LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 
 QUICKSTART = """\
 import jax, jax.numpy as jnp, sowviz
@@ -220,7 +219,7 @@ def main(quick: bool = False, runs: int = 3) -> list[_bench.Row]:
             jupyter_lab(base / "lab", list(names.values()), env) as (url, _log),
             sync_playwright() as p,
         ):
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
             context = browser.new_context(viewport={"width": 1400, "height": 1000})
             with contextlib.closing(browser):
                 for case in CASES:
