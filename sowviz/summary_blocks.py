@@ -102,125 +102,156 @@ def grouped_stats(flats: Sequence[jax.Array], bins: int, block: int) -> dict:
     `block` elements.
 
     One loop walks every member's blocks in turn (a `lax.switch` picks the member
-    whose block is read), so a program summarising many large arrays compiles the
-    summary once per group instead of once per array: XLA:CPU's passes and kernels
-    grow with every copy (27 arrays of 1-2M elements: 4.6 s of compile). A
-    member's last block starts early enough to fit (``n - block``); the part that
-    overlaps its previous block is masked to NaN and taken off ``nan``."""
-    acc = flats[0].dtype
-    k = len(flats)
-    sched = [
-        (j, s, min(s, f.shape[0] - block))
-        for j, f in enumerate(flats)
-        for s in range(0, f.shape[0], block)
-    ]
-    overlap = np.zeros(k, np.int32)
-    for j, s, c in sched:
-        overlap[j] += s - c
-    table = jnp.asarray(np.asarray(sched, np.int32))
-    branches = [functools.partial(_block_of, f, block) for f in flats]
-    pos = jnp.arange(block, dtype=jnp.int32)
-    zero = jnp.zeros((), acc)
+    whose block is read, `_Walk`), so a program summarising many large arrays
+    compiles the summary once per group instead of once per array: XLA:CPU's passes
+    and kernels grow with every copy (27 arrays of 1-2M elements: 4.6 s of compile).
 
-    def piece(t):
-        """Member and values ``(1, 1, block)`` of the t-th block of the schedule."""
-        j, s, c = table[t, 0], table[t, 1], table[t, 2]
-        v = branches[0](c) if k == 1 else jax.lax.switch(j, branches, c)
-        if overlap.any():
-            v = jnp.where(pos >= s - c, v, jnp.nan)
-        return j, v[None, None]
+    The first pass reads the arrays whole, unmasked (`_raw_firsts`): XLA:CPU reduces
+    an array in place, but writes a masked one out first. When every value is finite
+    (every member's sum is), that pass is the finite one and the second needs no
+    masks; otherwise (a `lax.cond`: this runs on a CPU only) both passes are walked
+    in blocks with the masks. On the 16 arrays of 131K values of an 8x512 MLP's
+    capture: 3.4-3.6 ms before, against 1.6-1.7 ms finite and 2.3 ms masked."""
+    walk = _Walk(flats, block)
+    raw = _raw_firsts(flats)
+    return jax.lax.cond(
+        jnp.all(jnp.isfinite(raw[3])),
+        lambda: _second(walk, raw, bins, masked=False),
+        lambda: _second(walk, _masked_firsts(walk), bins, masked=True),
+    )
 
-    def loop(body, init):
-        return jax.lax.fori_loop(0, len(sched), lambda t, carry: body(*piece(t), carry), init)
 
-    # (1) finite min, max, count; sum compensated across blocks.
-    def first(j, v, carry):
+class _Walk:
+    """The blocks of a group, member after member: a member's blocks start every
+    `block` elements, its last at ``n - block`` (so it fits), the part that overlaps
+    the block before left out (``keep``)."""
+
+    def __init__(self, flats: Sequence[jax.Array], block: int) -> None:
+        self.k, self.block, self.dtype = len(flats), block, flats[0].dtype
+        sched = [
+            (j, s, min(s, f.shape[0] - block))
+            for j, f in enumerate(flats)
+            for s in range(0, f.shape[0], block)
+        ]
+        self.steps = len(sched)
+        self.overlap = np.zeros(self.k, np.int32)
+        for j, s, c in sched:
+            self.overlap[j] += s - c
+        self.table = jnp.asarray(np.asarray(sched, np.int32))
+        self.branches = [functools.partial(_block_of, f, block) for f in flats]
+
+    def piece(self, t: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+        """Member, values ``(block,)`` and kept mask (None: all kept) of block `t`."""
+        j, s, c = self.table[t, 0], self.table[t, 1], self.table[t, 2]
+        v = self.branches[0](c) if self.k == 1 else jax.lax.switch(j, self.branches, c)
+        keep = jnp.arange(self.block, dtype=jnp.int32) >= s - c if self.overlap.any() else None
+        return j, v, keep
+
+    def loop(self, body: Any, init: Any) -> Any:
+        """``body(j, v, keep, carry) -> carry`` over every block."""
+        return jax.lax.fori_loop(0, self.steps, lambda t, c: body(*self.piece(t), c), init)
+
+
+def _raw_firsts(flats: Sequence[jax.Array]) -> tuple:
+    """Per member: the min and max (subnormals flushed: the flush is monotone, so it
+    commutes with them), count and sum of every value, reduced straight from the
+    arrays. They are the finite ones when every sum is finite: a NaN or an infinity
+    makes its sum NaN or infinite (XLA:CPU's min and max skip NaN)."""
+    tiny = jnp.finfo(flats[0].dtype).tiny
+    mn, mx, total = (jnp.stack([r(f) for f in flats]) for r in (jnp.min, jnp.max, jnp.sum))
+    cnt = jnp.asarray([f.shape[0] for f in flats], jnp.int32)
+    return _flush(mn, tiny), _flush(mx, tiny), cnt, total
+
+
+def _flush(a: jax.Array, tiny: Any) -> jax.Array:
+    return jnp.where(jnp.abs(a) < tiny, jnp.zeros((), a.dtype), a)
+
+
+def _masked_firsts(walk: _Walk) -> tuple:
+    """`_raw_firsts` of the finite values, in blocks (sums compensated across them)."""
+    acc, k = walk.dtype, walk.k
+
+    def first(j, v, keep, carry):
         mn, mx, cnt, s, sc = carry
-        _, _, (min_r, max_r, sum_r, cnt_r) = _ops._first_pass(v, (2,))
-        (s_j,), (sc_j,) = _kahan((_get(s, j),), (_get(sc, j),), (sum_r,))
+        if keep is not None:
+            v = jnp.where(keep, v, jnp.nan)
+        _, _, (min_b, max_b, sum_b, cnt_b) = _ops._first_pass(v, (0,))
+        (s_j,), (sc_j,) = _kahan((s[j],), (sc[j],), (sum_b,))
         return (
-            _put(mn, j, jnp.minimum(_get(mn, j), min_r)),
-            _put(mx, j, jnp.maximum(_get(mx, j), max_r)),
-            _put(cnt, j, _get(cnt, j) + cnt_r),
-            _put(s, j, s_j),
-            _put(sc, j, sc_j),
+            mn.at[j].min(min_b),
+            mx.at[j].max(max_b),
+            cnt.at[j].add(cnt_b),
+            s.at[j].set(s_j),
+            sc.at[j].set(sc_j),
         )
 
-    zk = jnp.zeros((k, 1), acc)
-    min_r, max_r, cnt_r, s, sc = loop(
-        first,
-        (
-            jnp.full((k, 1), jnp.inf, acc),
-            jnp.full((k, 1), -jnp.inf, acc),
-            jnp.zeros((k, 1), jnp.int32),
-            zk,
-            zk,
-        ),
-    )
-    sum_r = _total(s, sc)
-    vmin, vmax = min_r[:, 0], max_r[:, 0]
+    zk = jnp.zeros(k, acc)
+    init = (jnp.full(k, jnp.inf, acc), jnp.full(k, -jnp.inf, acc), jnp.zeros(k, jnp.int32))
+    mn, mx, cnt, s, sc = walk.loop(first, (*init, zk, zk))
+    return mn, mx, cnt, _total(s, sc)
+
+
+def _second(walk: _Walk, firsts: tuple, bins: int, masked: bool) -> dict:
+    """The summary from the first pass `firsts` and a second walk over the blocks: the
+    centred sums (compensated across blocks) and both tallies, counted in one joint
+    table. Unless `masked`, every value is finite: no masks but the overlaps'."""
+    vmin, vmax, cnt, total = firsts
+    acc, k = walk.dtype, walk.k
+    zero = jnp.zeros((), acc)
     have = vmin <= vmax
     vmin, vmax = jnp.where(have, vmin, zero), jnp.where(have, vmax, zero)
     absmax = jnp.maximum(jnp.abs(vmin), jnp.abs(vmax))
-    cnt = cnt_r[:, 0]
     nf = jnp.maximum(cnt, 1).astype(acc)
-    total = sum_r[:, 0]
     shift = jnp.clip(jnp.where(jnp.isfinite(total), total / nf, zero), vmin, vmax)
     scale = _ops.pow2_scale(absmax)
     ms = _ops._div_pow2(shift, scale)
+    edges, b_scale, b_lo, b_ratio = _ops.bin_params(vmin, vmax, bins)
     start = _ops.log_window_start(absmax)
     n_lin, n_log = bins + 3, 2 * _ops.LOG_SLOTS
+    width = n_lin * n_log
+    dump = k * width  # the unmasked walk's overlapped values
 
-    # (2) centred moments and both tallies, with (1)'s mean, scale and range.
-    def second(j, v, carry):
-        sums, comp, lin, log = carry
-        v, finite = _ops.flushed(v)
-        vs = jnp.where(finite, _ops._div_pow2(v, _ops._b(_get(scale, j), 3)), zero)
-        c = jnp.where(finite, vs - _ops._b(_get(ms, j), 3), zero)
-        add = tuple(jnp.sum(x, (2,)) for x in (c, c * c))
+    def second(j, v, keep, carry):
+        sums, comp, table = carry
+        if masked:
+            if keep is not None:
+                v = jnp.where(keep, v, jnp.nan)
+            v, finite = _ops.flushed(v)
+        else:  # XLA:CPU computes with subnormals as zeros (DAZ): no flush needed
+            finite = keep
+        c = _ops._div_pow2(v, scale[j]) - ms[j]
+        if finite is not None:
+            c = jnp.where(finite, c, zero)
         sums_j, comp_j = _kahan(
-            tuple(_get(a, j) for a in sums), tuple(_get(a, j) for a in comp), add
+            tuple(a[j] for a in sums), tuple(a[j] for a in comp), (jnp.sum(c), jnp.sum(c * c))
         )
-        _, idx = _ops.bin_index(v, _get(vmin, j), _get(vmax, j), bins)
-        idx = jnp.where(
-            finite, idx, jnp.where(jnp.isnan(v), bins, jnp.where(v > 0, bins + 1, bins + 2))
-        )
-        slot = _ops.log_slot(v, _get(start, j), finite)
-        lin_b, log_b = _ops.count(idx, slot, n_lin, n_log, None, v)
+        idx = _ops.bin_of(v, b_scale[j], b_lo[j], b_ratio[j], bins)
+        if masked:
+            special = jnp.where(jnp.isnan(v), bins, jnp.where(v > 0, bins + 1, bins + 2))
+            idx = jnp.where(finite, idx, special)
+        joint = j * width + idx * n_log + _ops.log_slot(v, start[j], finite if masked else None)
+        if not masked and keep is not None:
+            joint = jnp.where(keep, joint, dump)
         return (
-            tuple(_put(a, j, x) for a, x in zip(sums, sums_j, strict=True)),
-            tuple(_put(a, j, x) for a, x in zip(comp, comp_j, strict=True)),
-            _put(lin, j, _get(lin, j) + lin_b),
-            _put(log, j, _get(log, j) + log_b),
+            tuple(a.at[j].set(x) for a, x in zip(sums, sums_j, strict=True)),
+            tuple(a.at[j].set(x) for a, x in zip(comp, comp_j, strict=True)),
+            _ops.tally_add(table, [joint]),
         )
 
-    zs = (zk, zk)
-    sums, comp, lin, log = loop(
-        second,
-        (zs, zs, jnp.zeros((k, 1, n_lin), jnp.int32), jnp.zeros((k, n_log), jnp.int32)),
-    )
-    c1, c2 = (_total(t, c)[:, 0] for t, c in zip(sums, comp, strict=True))
+    zs = (jnp.zeros(k, acc),) * 2
+    sums, comp, table = walk.loop(second, (zs, zs, jnp.zeros(2 * (dump + 1), jnp.int32)))
+    c1, c2 = (_total(t, c) for t, c in zip(sums, comp, strict=True))
     sq = _ops.squares(c1, c2, ms, nf)
     d = c1 / nf
     mean = jnp.clip((ms + d) * scale, vmin, vmax)
     std = jnp.sqrt(jnp.maximum(c2 / nf - d * d, 0)) * scale
-    edges, _ = _ops.bin_index(jnp.zeros((k, 1, 0), acc), vmin, vmax, bins)
-    linp = lin[:, 0]
-    linp = linp.at[:, bins].add(-jnp.asarray(overlap))  # the masked overlaps
-    return _ops._fields(
-        cnt, linp, log, bins, vmin, vmax, mean, std, sq, scale, absmax, edges, start
-    )
+    joint = _ops.untally(table, dump + 1)[:dump].reshape(k, n_lin, n_log)
+    lin = jnp.sum(joint, 2, dtype=jnp.int32)
+    if masked:
+        lin = lin.at[:, bins].add(-jnp.asarray(walk.overlap))  # the overlaps, as NaN
+    log = jnp.sum(joint, 1, dtype=jnp.int32)
+    return _ops._fields(cnt, lin, log, bins, vmin, vmax, mean, std, sq, scale, absmax, edges, start)
 
 
 def _block_of(flat: jax.Array, block: int, start: jax.Array) -> jax.Array:
     return jax.lax.dynamic_slice(flat, (start,), (block,))
-
-
-def _get(a: jax.Array, j: jax.Array) -> jax.Array:
-    """Member `j` of `a` (leading axis kept, size 1)."""
-    return jax.lax.dynamic_index_in_dim(a, j, 0, keepdims=True)
-
-
-def _put(a: jax.Array, j: jax.Array, x: jax.Array) -> jax.Array:
-    """`a` with member `j` set to `x` (leading axis of size 1)."""
-    return jax.lax.dynamic_update_index_in_dim(a, x, j, 0)

@@ -888,14 +888,16 @@ def test_large_captures_are_not_copied_into_a_stack() -> None:
             assert (js["count"], js["min"], js["max"], js["std"]) == (n, 1.0, 1.0, 0.0)
 
 
+@pytest.mark.parametrize("specials", [True, False])
 @pytest.mark.parametrize("group_bytes", [1 << 27, 3000])
 def test_large_arrays_of_any_shape_share_one_blocked_loop_and_match_numpy(
-    monkeypatch: pytest.MonkeyPatch, group_bytes: int
+    monkeypatch: pytest.MonkeyPatch, group_bytes: int, specials: bool
 ) -> None:
     # On a CPU, large arrays of one accumulation dtype are summarised in blocks by one
     # loop per group (a summary per array compiled for seconds: 4.6 s for 27 arrays
     # of 1-2M elements). Tiny thresholds here: arrays of 1 to 16 blocks, last blocks
-    # that overlap the one before (masked, taken off `nan`), specials, every dtype.
+    # that overlap the one before (left out), every dtype; with `specials` (NaN and
+    # infinities) the masked walk, without them the unmasked one.
     from sowviz.capture import summaries
 
     if jax.default_backend() != "cpu":
@@ -907,7 +909,8 @@ def test_large_arrays_of_any_shape_share_one_blocked_loop_and_match_numpy(
 
     def wild(n: int) -> np.ndarray:
         a = (rng.normal(1.0, 2.0, size=n) * 10.0 ** rng.integers(-20, 20, size=n)).astype(F32)
-        a[[3, n // 2, n - 1]] = [np.nan, np.inf, -np.inf]
+        if specials:
+            a[[3, n // 2, n - 1]] = [np.nan, np.inf, -np.inf]
         a[[4, 5]] = [1e-40, -0.0]  # a subnormal (a zero) and a negative zero
         return a
 
@@ -918,7 +921,7 @@ def test_large_arrays_of_any_shape_share_one_blocked_loop_and_match_numpy(
         "half": wild(700).astype(jnp.bfloat16),
         "cplx": (wild(300) + 1j * rng.normal(size=300)).astype(np.complex64),
         "ints": rng.integers(-1000, 1000, size=(20, 20)).astype(np.int32),
-        "nan_only": np.full((150,), np.nan, F32),
+        "nan_only": np.full((150,), np.nan if specials else 0.5, F32),
     }
     values = {(k,): {"primal": jnp.asarray(a)} for k, a in arrays.items()}
     summarise = jax.jit(lambda v: summaries.summarize_packed(v, {}, 16).buffers)
@@ -929,9 +932,10 @@ def test_large_arrays_of_any_shape_share_one_blocked_loop_and_match_numpy(
         check_against_reference(out[(k,)]["primal"], np.asarray(a), 16)
     where = [w for w in packed.regroup.where if w is not None]
     groups = {g for g, _ in where}
-    if group_bytes > 1 << 20:  # one group, in blocks of 64: two loops in all
+    if group_bytes > 1 << 20:  # one group, in blocks of 64: three loops in all (the
+        # unmasked second pass, and the masked walk's two)
         assert all(row is not None for _, row in where)
-        assert len(groups) == 1 and hlo.count("stablehlo.while") == 2
+        assert len(groups) == 1 and hlo.count("stablehlo.while") == 3
     else:  # a group holds at most group_bytes; a larger array is summarised alone
         assert len(groups) > 2 and any(row is None for _, row in where)
 
@@ -1112,10 +1116,13 @@ def test_deferred_large_arrays_equal_in_program_ones_and_compile_apart(
     assert "stablehlo.while" in capture(v3, True).lower(v3).as_text()
 
 
+@pytest.mark.parametrize("specials", [True, False])
 @pytest.mark.parametrize(
     "dtype,n", [(F32, 1000), (F32, 1024), (jnp.bfloat16, 777), (np.complex64, 300)]
 )
-def test_blocked_summaries_match_numpy(monkeypatch: pytest.MonkeyPatch, dtype: Any, n: int) -> None:
+def test_blocked_summaries_match_numpy(
+    monkeypatch: pytest.MonkeyPatch, dtype: Any, n: int, specials: bool
+) -> None:
     # Large arrays on a CPU are summarised in blocks (bounded temporaries); tiny
     # blocks here exercise full blocks, a NaN-padded tail (or none) and the specials.
     from sowviz import summary_blocks
@@ -1124,7 +1131,8 @@ def test_blocked_summaries_match_numpy(monkeypatch: pytest.MonkeyPatch, dtype: A
     monkeypatch.setattr(summary_blocks, "MIN_BLOCKED", 100)
     rng = np.random.default_rng(n)
     a = (rng.normal(3.0, 2.0, size=n) * 10.0 ** rng.integers(-30, 30, size=n)).astype(F32)
-    a[[5, 70, 140]] = [np.nan, np.inf, -np.inf]
+    if specials:  # else every value finite: the unmasked walk
+        a[[5, 70, 140]] = [np.nan, np.inf, -np.inf]
     a[[6, 71, -1]] = [1e-40, 0.0, -3e30]  # a subnormal (a zero), a zero, a big negative
     if dtype == np.complex64:
         a = a + 1j * rng.normal(size=n).astype(F32)
