@@ -1,18 +1,26 @@
 """`summary_ops.stats` of large arrays, computed in fixed-size blocks (CPU).
 
-XLA:CPU writes out the input of every reduction as a full-size array (even a
-``sum(where(isfinite(x), x, 0))`` allocates one), so summarising an array of N
-elements in one piece holds about 5N values of temporaries at once. Here two
-loops walk the flattened arrays in blocks of `BLOCK` elements (a `lax.fori_loop`
-of `lax.dynamic_slice`, no padded copy of the whole array): the first reduces
-the finite min, max, sum and count, the second (which needs the mean, the
-scale and the histogram range) the centred moments and both histogram tallies.
-Temporaries are then bounded by the block, whatever the array's size. The
+XLA:CPU (its YNNPACK reductions, in JAX 0.12) reduces an array in place, but
+writes out the input of a masked reduction as a full-size array first (a
+``sum(where(isfinite(x), x, 0))`` allocates one; four such sums of 2M values
+took 9 ms, against 0.3 ms for the plain min, max and sum). So:
+
+* the first pass reads every array whole, unmasked: its min, max and sum
+  (`_raw_firsts`). When every sum is finite, so is every value, and these are
+  the finite statistics `stats` needs;
+* the second pass (which needs the mean, the scale and the histogram range)
+  walks the flattened arrays in blocks of `BLOCK` elements (a `lax.fori_loop`
+  of `lax.dynamic_slice`, no padded copy of the whole array): the centred
+  moments and both histogram tallies. With every value finite it needs no mask;
+* otherwise (a NaN or an infinity somewhere: a `lax.cond`, cheap on a CPU)
+  both passes walk the blocks with `stats`' masks.
+
+Temporaries are bounded by the block, whatever the array's size. The
 arithmetic per element is `stats`'; only the float sums are combined across
 blocks, by compensated (Kahan) addition, so the cross-block rounding stays
 below an ulp or two. An array's last block starts at ``n - block`` (it fits);
-the part it shares with the block before is masked to NaN, whose count is taken
-off ``nan``.
+the part it shares with the block before is left out (the masked walk counts it
+as NaN and takes it off ``nan``).
 
 The loops serve a whole group of arrays at once (`grouped_stats`: a
 `lax.switch` reads the block of the member whose turn it is), so a program that
