@@ -176,10 +176,27 @@ def tally_add(summed: jax.Array, slots: list[jax.Array]) -> jax.Array:
     return summed
 
 
+#: Tables of at most this many slots are decoded with their inverses as a constant of
+#: the program; larger ones compute them on the device (`untally`).
+CONSTANT_INVERSES_MAX = 1 << 14
+
+
 def untally(summed: jax.Array, length: int) -> jax.Array:
-    """The int32 counts of a `tally_add` table."""
+    """The int32 counts of a `tally_add` table.
+
+    A large table's inverses are computed on the device, not stored: as a constant
+    they made the program as large as 4 bytes per slot (the joint tallies of 16
+    large arrays: 1.1 MB, twice, of a 3.5 MB program read back from disk in every
+    new process), where the few multiplications per slot cost about nothing."""
     odd = jax.lax.bitcast_convert_type(summed[1::2], jnp.uint32)
-    return jax.lax.bitcast_convert_type(odd * odd_inverses(length), jnp.int32)
+    if length <= CONSTANT_INVERSES_MAX:
+        inv = jnp.asarray(odd_inverses(length))
+    else:
+        k = jax.lax.iota(jnp.uint32, length) * 2 + 1
+        inv = k  # right in its lowest 3 bits (k * k = 1 mod 8 for an odd k)
+        for _ in range(4):  # Newton: each step doubles the right bits (3 -> 48)
+            inv = inv * (2 - k * inv)
+    return jax.lax.bitcast_convert_type(odd * inv, jnp.int32)
 
 
 @functools.lru_cache(maxsize=64)

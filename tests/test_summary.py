@@ -12,6 +12,7 @@ import json
 import math
 import os
 import pathlib
+import re
 from typing import Any
 
 import jax
@@ -480,8 +481,27 @@ def test_counts_beyond_int32_products() -> None:
     assert int(h.hist_counts.sum()) == int(h.count) == a.size
     assert int(h.hist_counts[-1]) == 600_000 - 3 and int(h.zeros) == 1
     assert int(h.loghist_counts.max()) == 600_000 - 3
-    counts = summary_ops.tally_slots([jnp.full((300_000,), 4000, jnp.int32)], 4100, a)
-    assert int(counts[4000]) == 300_000 and int(counts.sum()) == 300_000
+    # Decoded with the inverses as a constant, and (a large table) computed on the device.
+    for length in (4100, 4 * summary_ops.CONSTANT_INVERSES_MAX + 3):
+        slots = jnp.asarray(np.arange(300_000) % 7 * 3 + length - 21, jnp.int32)
+        slots = slots.at[:100_000].set(4000)
+        counts = np.asarray(summary_ops.tally_slots([slots], length, a))
+        expected = np.bincount(np.asarray(slots), minlength=length)
+        np.testing.assert_array_equal(counts, expected)
+
+
+def test_large_tallies_keep_no_table_sized_constant_in_the_program() -> None:
+    # The joint tallies of 16 arrays of 131K values decode 280K slots: their inverses
+    # as a constant were 1.1 MB of program, twice, read back from disk in new processes.
+    from sowviz.summary_blocks import GROUP_BLOCK, grouped_stats
+
+    flats = [jax.ShapeDtypeStruct((2 * GROUP_BLOCK,), jnp.float32)] * 16
+    hlo = jax.jit(lambda xs: grouped_stats(xs, 64, GROUP_BLOCK)).lower(flats).compile().as_text()
+    sizes = [
+        math.prod(int(d) for d in dims.split(",") if d)
+        for dims in re.findall(r"\w+\[([\d,]*)\][^ ]* constant\(", hlo)
+    ]
+    assert sizes and max(sizes) <= summary_ops.CONSTANT_INVERSES_MAX + 1
 
 
 @pytest.mark.parametrize("n", [50, 20_000], ids=["stacked-indices", "joint-indices"])
