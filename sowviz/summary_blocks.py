@@ -119,7 +119,8 @@ def grouped_stats(flats: Sequence[jax.Array], bins: int, block: int) -> dict:
     (every member's sum is), that pass is the finite one and the second needs no
     masks; otherwise (a `lax.cond`: this runs on a CPU only) both passes are walked
     in blocks with the masks. On the 16 arrays of 131K values of an 8x512 MLP's
-    capture: 3.4-3.6 ms before, against 1.6-1.7 ms finite and 2.3 ms masked."""
+    capture: 3.0-3.6 ms with masks throughout, against 1.55-1.7 ms now, and 2.8 ms
+    with a NaN in one of them."""
     walk = _Walk(flats, block)
     raw = _raw_firsts(flats)
     return jax.lax.cond(
