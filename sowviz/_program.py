@@ -319,14 +319,14 @@ class Runner:
 
     def __init__(self, family: Family, options: InspectOptions):
         self.family, self.options = family, options
-        self._instrumented = jax.jit(self._instrumented_program, static_argnums=(0, 3))
+        self._instrumented = jax.jit(self._instrumented_program, static_argnums=(0, 3, 4))
         self._plain = jax.jit(self._plain_program, static_argnums=0)
 
     def _transformed(self, traced: Traced, run: Callable) -> Callable:
         return transform(run, traced.layout, self.options.mode, self.options.argnums)
 
     def _instrumented_program(
-        self, spec: ArgSpec, dyn: list, extra: tuple, inline: bool = False
+        self, spec: ArgSpec, dyn: list, extra: tuple, inline: bool = False, steps: bool = False
     ) -> Out:
         o = self.options
         traced = self.family.traced(o, spec, dyn)
@@ -340,6 +340,8 @@ class Runner:
             strict=o.strict,
             by_tag=True,
             defer=_summaries.DEFER_SEGMENTS and not inline,
+            # run at every step: faster summaries for a longer compile
+            min_grouped=None if steps else _summaries.MIN_GROUPED_ONCE,
         )
         result, packed = capture.run(dyn, extra)
         notes = tuple(capture.notes)
@@ -363,13 +365,16 @@ class Runner:
         cotangents: Any = None,
         chain: Any = None,
         inline: bool = False,
+        steps: bool = False,
     ) -> Out:
         """One compiled call on `args` (dispatch only, when the program exists).
         `tangents`/`cotangents` are this call's values (arguments of the program). The
         plain program also advances a running flag `chain` (`chain_flags`) if given.
         `inline`: every summary in the one program, none deferred to the shared second
         program (`capture.summaries.finish`): a program of its own, but one dispatch
-        per call instead of two (see `Monitor`)."""
+        per call instead of two (see `Monitor`). `steps`: a program run at every step
+        (`Monitor`): on a CPU its mid-sized arrays are summarised in blocks, faster to
+        run and longer to compile (`capture.summaries.MIN_GROUPED`)."""
         spec, dyn = split(args, where)
         self.family.local.args = args
         try:
@@ -377,7 +382,7 @@ class Runner:
             with gc_paused():  # a first call traces, lowers and compiles
                 if not instrumented:
                     return self._plain(spec, dyn, extra, chain)
-                out = self._instrumented(spec, dyn, extra, inline)
+                out = self._instrumented(spec, dyn, extra, inline, steps)
         finally:
             self.family.local.args = None
         if not out.packed.pending:
@@ -398,7 +403,7 @@ class Runner:
         try:
             extra = self._extra(spec, dyn, tangents, cotangents, where)
             with gc_paused():
-                self._instrumented.lower(spec, dyn, extra, False).compile()
+                self._instrumented.lower(spec, dyn, extra, False, False).compile()
         finally:
             self.family.local.args = None
         _summaries.join_precompiles()

@@ -220,6 +220,7 @@ class Monitor:
             cotangents=o.cotangents,
             chain=chain,
             inline=_INLINE_SUMMARIES and jax.default_backend() != "cpu",
+            steps=True,
         )
 
     def flush(self) -> None:

@@ -300,3 +300,50 @@ def test_rare_recorded_steps_reach_the_history_after_throttle_seconds():
     assert len(batched.history) == 0  # 3 steps wait for a batch (or a flush)
     batched.flush()
     assert [e["step"] for e in batched.history] == [0, 1, 2]
+
+
+def test_a_monitor_summarises_mid_sized_arrays_in_blocks_and_inspect_in_its_layout(monkeypatch):
+    # On a CPU a Monitor's program runs at every step: its arrays of 32K-64K elements
+    # are summarised in blocks (faster per step). inspect pays every compile at its
+    # first call: they stay in the shared layout. Both summaries are NumPy's.
+    from sowviz.capture import api, summaries
+
+    if jax.default_backend() != "cpu":
+        pytest.skip("blocks are used on a CPU backend")
+    n = (summaries.MIN_GROUPED + summaries.MIN_GROUPED_ONCE) // 2
+    assert summaries.MIN_GROUPED <= n < summaries.MIN_GROUPED_ONCE
+    seen = []
+    real = api.summarize_packed
+
+    def spy(*args, **kwargs):
+        packed = real(*args, **kwargs)
+        seen.append({type(p).__name__ for p in packed.pending})
+        return packed
+
+    monkeypatch.setattr(api, "summarize_packed", spy)
+    x = jax.random.normal(jax.random.PRNGKey(3), (n,))
+
+    def loss(x):
+        return jnp.sum(sowviz.sow(jnp.sin(x), "s") ** 2)
+
+    probe = sowviz.inspect(loss, x).probe("s")
+    assert "Blocks" not in seen[-1]
+    mon = sowviz.Monitor(loss)
+    mon.step(x)
+    mon.flush()
+    assert "Blocks" in seen[-1]
+    s = np.sin(np.asarray(x, np.float64))
+    for where, summary in (
+        ("inspect", probe.summaries),
+        ("Monitor", mon.history[0]["probes"][probe.id]),
+    ):
+        for mode, ref in (("primal", s), ("cotangent", 2 * s)):
+            got = summary[mode]
+            assert got["count"] == n, where
+            np.testing.assert_allclose([got["min"], got["max"]], [ref.min(), ref.max()], rtol=1e-6)
+            np.testing.assert_allclose(
+                [got["mean"], got["std"]], [ref.mean(), ref.std()], atol=1e-6
+            )
+            edges = np.asarray(got["hist"]["edges"], np.float32)
+            counts, _ = np.histogram(ref.astype(np.float32), edges)
+            np.testing.assert_array_equal(got["hist"]["counts"], counts, err_msg=where)

@@ -1116,7 +1116,9 @@ def test_deferred_large_arrays_equal_in_program_ones_and_compile_apart(
     inline = capture(v, False)(v).unpack()[0]
     assert "stablehlo.while" in capture(v, False).lower(v).as_text()
     packed = capture(v, True)(v)
-    assert [type(p).__name__ for p in packed.pending] == ["Rows", "Blocks"]
+    # the large arrays in two groups (blocks of 32K and of 64K), in one second program
+    assert [type(p).__name__ for p in packed.pending] == ["Rows", "Blocks", "Blocks"]
+    assert [p.block for p in packed.pending[1:]] == [big, 2 * big]
     assert "stablehlo.while" not in capture(v, True).lower(v).as_text()  # loop left out
     done, clean = summaries.finish(packed, jnp.asarray(True))
     assert not bool(clean)  # the NaN/Inf are counted by the second programs

@@ -82,7 +82,19 @@ def _is_dynamic(leaf: Any) -> bool:
 class SaveIntermediates:
     """The callable returned by `save_intermediates` (see its docstring)."""
 
-    def __init__(self, fn, *, tag, duplicates, loops, summarize, strict, by_tag=False, defer=False):
+    def __init__(
+        self,
+        fn,
+        *,
+        tag,
+        duplicates,
+        loops,
+        summarize,
+        strict,
+        by_tag=False,
+        defer=False,
+        min_grouped=None,
+    ):
         tags, loops = _check_options(fn, tag, duplicates, loops, strict)
         self.fn = fn
         self._options = Options(tags=tags, loops=loops, strict=strict)
@@ -92,6 +104,9 @@ class SaveIntermediates:
         # Internal (inspect): small arrays' summaries left to a second program
         # (`summaries.finish`), shared by every program with like sizes.
         self._defer = defer
+        # Internal (inspect): the least array summarised in blocks on a CPU
+        # (`summaries.summarize_packed`).
+        self._min_grouped = min_grouped
         self._summary = _summary_options(summarize)
         self.notes: list[str] = []
         self.trace_count = 0
@@ -134,7 +149,12 @@ class SaveIntermediates:
             return result, inter
         depth = 2 if self._by_tag else 1
         return result, _summarize_entries(
-            inter, self._summary, depth=depth, axes=axes, defer=self._defer
+            inter,
+            self._summary,
+            depth=depth,
+            axes=axes,
+            defer=self._defer,
+            min_grouped=self._min_grouped,
         )
 
     def __call__(self, *args, **kwargs):
@@ -212,7 +232,12 @@ def _unhashable_message(args, kwargs) -> str:
 
 
 def _summarize_entries(
-    inter: dict, options, depth: int, axes: dict | None = None, defer: bool = False
+    inter: dict,
+    options,
+    depth: int,
+    axes: dict | None = None,
+    defer: bool = False,
+    min_grouped: int | None = None,
 ) -> Packed:
     """Pack summaries of the mode entries of every name, with meta kept raw.
 
@@ -230,7 +255,7 @@ def _summarize_entries(
     walk(inter, ())
     values = {p: {k: v for k, v in e.items() if k not in META_KEYS} for p, e in entries.items()}
     meta = {p: {k: v for k, v in e.items() if k in META_KEYS} for p, e in entries.items()}
-    return summarize_packed(values, meta, options.bins, axes or {}, defer)
+    return summarize_packed(values, meta, options.bins, axes or {}, defer, min_grouped)
 
 
 def nest(summaries: dict, meta: dict) -> dict:
