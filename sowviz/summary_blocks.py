@@ -166,14 +166,9 @@ def _raw_firsts(flats: Sequence[jax.Array]) -> tuple:
     commutes with them), count and sum of every value, reduced straight from the
     arrays. They are the finite ones when every sum is finite: a NaN or an infinity
     makes its sum NaN or infinite (XLA:CPU's min and max skip NaN)."""
-    tiny = jnp.finfo(flats[0].dtype).tiny
     mn, mx, total = (jnp.stack([r(f) for f in flats]) for r in (jnp.min, jnp.max, jnp.sum))
     cnt = jnp.asarray([f.shape[0] for f in flats], jnp.int32)
-    return _flush(mn, tiny), _flush(mx, tiny), cnt, total
-
-
-def _flush(a: jax.Array, tiny: Any) -> jax.Array:
-    return jnp.where(jnp.abs(a) < tiny, jnp.zeros((), a.dtype), a)
+    return _ops.flushed(mn)[0], _ops.flushed(mx)[0], cnt, total
 
 
 def _masked_firsts(walk: _Walk) -> tuple:
