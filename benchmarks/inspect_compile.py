@@ -270,6 +270,7 @@ def one_process(key: str, quick: bool) -> None:
         jax.block_until_ready(plain_fn(*args))
     with timed_parts() as first:
         sowviz.inspect(loss, *args)
+    print(f"  plain   [{_fmt(plain)}]\n  inspect [{_fmt(first)}]", file=sys.stderr)
     print(json.dumps({"name": name, "plain": plain["total"], "inspect": first["total"]}))
 
 

@@ -158,6 +158,63 @@ class Out:
         return cls(result, packed, finite, clean, *aux, chain=chain)
 
 
+@jax.tree_util.register_pytree_node_class
+class Shared:
+    """A program's output tree without its repeated leaves (`shared`)."""
+
+    def __init__(self, leaves: list, treedef: Any, aliases: tuple):
+        self.leaves, self.treedef, self.aliases = leaves, treedef, aliases
+
+    def tree_flatten(self):
+        return self.leaves, (self.treedef, self.aliases)
+
+    @classmethod
+    def tree_unflatten(cls, aux, leaves):
+        return cls(list(leaves), *aux)
+
+
+def shared(tree: Any, inputs: Any) -> Any:
+    """Under a trace: `tree` without its leaves that are one of `inputs`' leaves or an
+    earlier leaf (the same traced value), as a `Shared` that `restored` completes on
+    the host. XLA gives every output a buffer of its own, copying an input or a value
+    returned twice into it: in a capture program, the parameters (probed as they are)
+    and their gradients (the mode's result and a probe) were 500 copies in the
+    1,000-equation program, each a kernel to compile."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    ins = {id(x): k for k, x in enumerate(jax.tree_util.tree_leaves(inputs))}
+    first: dict[int, int] = {}
+    kept, aliases = [], []
+    for i, x in enumerate(leaves):
+        if not isinstance(x, jax.core.Tracer):
+            kept.append(x)
+        elif id(x) in ins:
+            aliases.append((i, True, ins[id(x)]))
+        elif id(x) in first:
+            aliases.append((i, False, first[id(x)]))
+        else:
+            first[id(x)] = i
+            kept.append(x)
+    return Shared(kept, treedef, tuple(aliases)) if aliases else tree
+
+
+def restored(out: Any, inputs: Any) -> Any:
+    """`out` (a program's output) with the leaves `shared` left out put back: the
+    `inputs` leaf (the call's arguments, as the program saw them) or the earlier leaf."""
+    if not isinstance(out, Shared):
+        return out
+    ins = jax.tree_util.tree_leaves(inputs)
+    alias = {i: (is_input, j) for i, is_input, j in out.aliases}
+    kept = iter(out.leaves)
+    full: list = []
+    for i in range(len(out.leaves) + len(alias)):
+        if i not in alias:
+            full.append(next(kept))
+        else:
+            is_input, j = alias[i]
+            full.append(jnp.asarray(ins[j]) if is_input else full[j])
+    return jax.tree_util.tree_unflatten(out.treedef, full)
+
+
 #: A fresh running flag for `Runner.run(..., chain=)`: (runs so far, first bad run or -1).
 CHAIN_START = (0, -1)
 
@@ -342,11 +399,14 @@ class Runner:
             defer=_summaries.DEFER_SEGMENTS and not inline,
             # run at every step: faster summaries for a longer compile
             min_grouped=None if steps else _summaries.MIN_GROUPED_ONCE,
+            # compiled at every first call: the layout in a program keyed by shapes
+            layout_apart=not steps,
         )
-        result, packed = capture.run(dyn, extra)
+        result, packed = capture.traced(dyn, extra)  # inline: a nested jit hides aliases
         notes = tuple(capture.notes)
         finite = all_finite(result, pooled=True)
-        return Out(result, packed, finite, probes_clean(packed), traced, notes)
+        out = Out(result, packed, finite, probes_clean(packed), traced, notes)
+        return shared(out, (dyn, extra))
 
     def _plain_program(self, spec: ArgSpec, dyn: list, extra: tuple, chain: Any) -> Out:
         traced = self.family.traced(self.options, spec, dyn)
@@ -382,7 +442,7 @@ class Runner:
             with gc_paused():  # a first call traces, lowers and compiles
                 if not instrumented:
                     return self._plain(spec, dyn, extra, chain)
-                out = self._instrumented(spec, dyn, extra, inline, steps)
+                out = restored(self._instrumented(spec, dyn, extra, inline, steps), (dyn, extra))
         finally:
             self.family.local.args = None
         if not out.packed.pending:

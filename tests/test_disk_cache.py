@@ -1,5 +1,6 @@
-"""The shared summary program is kept on disk: a new process loads it, and its
-summaries equal those of a freshly compiled one (`sowviz._disk_cache`)."""
+"""The shared summary program and the probes' layout program are kept on disk: a new
+process loads them, and its summaries equal those of freshly compiled ones
+(`sowviz._disk_cache`)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,8 @@ x = jax.random.normal(k[2], (32, 8))
 probes = sowviz.inspect(loss, w, x).to_dict()["probes"]
 print(json.dumps({"finish_compiles": sum("_finish_program" in n for n in compiled),
                   "finish_traces": sum("_finish_program" in n for n in traced),
+                  "layout_compiles": sum("_lay_out_program" in n for n in compiled),
+                  "layout_traces": sum("_lay_out_program" in n for n in traced),
                   "probes": probes}, sort_keys=True))
 """
 
@@ -58,19 +61,21 @@ def _run(cache: str) -> dict:
 
 
 def test_a_new_process_loads_the_summary_program_and_summarises_alike(tmp_path) -> None:
-    # A notebook kernel restarted: the second process compiles its own program but
-    # loads the shared summary program, without even tracing it; a process with the
-    # cache off compiles both.
+    # A notebook kernel restarted: the second process compiles its own capture program
+    # but loads the shared summary program and the layout program, without even
+    # tracing them; a process with the cache off compiles them all.
     first = _run(str(tmp_path))
     assert first["finish_compiles"] == first["finish_traces"] == 1
-    files = list(tmp_path.glob("*.xla"))
-    assert len(files) == 1
+    assert first["layout_compiles"] == first["layout_traces"] == 1
+    files = sorted(tmp_path.glob("*.xla"))
+    assert len(files) == 2
     second = _run(str(tmp_path))
     assert second["finish_compiles"] == second["finish_traces"] == 0
+    assert second["layout_compiles"] == second["layout_traces"] == 0
     uncached = _run("")
-    assert uncached["finish_compiles"] == 1
+    assert uncached["finish_compiles"] == uncached["layout_compiles"] == 1
     assert second["probes"] == uncached["probes"] == first["probes"]
-    assert list(tmp_path.glob("*.xla")) == files
+    assert sorted(tmp_path.glob("*.xla")) == files
 
 
 @pytest.fixture
@@ -103,16 +108,18 @@ def _forget() -> None:
 def test_a_corrupt_file_is_compiled_past_and_replaced(fresh) -> None:
     x = jnp.linspace(-3.0, 3.0, 96).reshape(8, 12)
     want = _summaries_of(x)
-    (path,) = fresh.glob("*.xla")
-    good = path.read_bytes()
-    path.write_bytes(good[:-100] + b"\0" * 100)  # fails its checksum
-    _forget()
-    assert _summaries_of(x) == want
-    assert path.read_bytes() != good[:-100] + b"\0" * 100
-    assert path.read_bytes()[: len(_disk_cache.FORMAT)] == _disk_cache.FORMAT
-    path.write_bytes(_disk_cache.FORMAT + b"x" * 40)  # too short to hold a payload
-    _forget()
-    assert _summaries_of(x) == want
+    paths = sorted(fresh.glob("*.xla"))  # the layout program and the summary program
+    assert len(paths) == 2
+    for path in paths:
+        good = path.read_bytes()
+        path.write_bytes(good[:-100] + b"\0" * 100)  # fails its checksum
+        _forget()
+        assert _summaries_of(x) == want
+        assert path.read_bytes() != good[:-100] + b"\0" * 100
+        assert path.read_bytes()[: len(_disk_cache.FORMAT)] == _disk_cache.FORMAT
+        path.write_bytes(_disk_cache.FORMAT + b"x" * 40)  # too short to hold a payload
+        _forget()
+        assert _summaries_of(x) == want
     # the values themselves, against NumPy
     (probe,) = [p for p in want if p["name"] == "layer"]
     y = np.cos(np.asarray(x, np.float64)) * 2.0

@@ -215,6 +215,85 @@ def test_inline_summaries_equal_the_deferred_ones(monkeypatch):
     np.testing.assert_allclose(mon.history[-1]["loss"], float(value), rtol=1e-6)
 
 
+def test_an_output_that_is_an_input_or_returned_twice_leaves_the_program():
+    # XLA gives every output a buffer of its own, so an input returned, or one value
+    # returned twice, is a copy (a kernel to compile): `shared` leaves them out of the
+    # program and `restored` puts them back, as jax.jit would have returned them.
+    x = jnp.arange(6.0).reshape(2, 3)
+    y = np.linspace(0.0, 1.0, 4)  # NumPy float64: the program sees a float32 array
+
+    def both(x, y):
+        s = jnp.sin(x)
+        return {"a": s, "b": s, "c": y, "d": s + 1.0}
+
+    def program(x, y):
+        return _program.shared(both(x, y), (x, y))
+
+    assert len(jax.tree_util.tree_leaves(jax.eval_shape(program, x, y))) == 2
+    got = _program.restored(jax.jit(program)(x, y), (x, y))
+    want = jax.jit(both)(x, y)
+    assert got.keys() == want.keys()
+    for k, v in want.items():
+        assert isinstance(got[k], jax.Array) and got[k].dtype == v.dtype
+        np.testing.assert_array_equal(got[k], v)
+
+
+def test_inspect_passes_its_parameters_and_gradients_on_without_copies(monkeypatch):
+    # The probes of a parameter's value and of its gradient are the input and the
+    # gradient the mode returns: the capture program outputs neither twice, and the
+    # summaries still equal NumPy's.
+    seen = []
+    real = _program.shared
+    monkeypatch.setattr(_program, "shared", lambda *a: seen.append(real(*a)) or seen[-1])
+    loss, _ = make_loss()
+    got = sowviz.inspect(loss, W, X)
+    (out,) = seen
+    assert isinstance(out, _program.Shared)
+    assert (True, 0) in {(is_input, j) for _, is_input, j in out.aliases}  # W itself
+    assert any(not is_input for _, is_input, _ in out.aliases)  # its gradient, the result's
+    grad = jax.grad(loss)(W, X)
+    np.testing.assert_allclose(got.result[1], grad, rtol=1e-6)
+    (w,) = [p for p in got.to_dict()["probes"] if p["name"] == "w"]
+    for mode, values in (("primal", W), ("cotangent", grad)):
+        stats = w["summaries"][mode]
+        np.testing.assert_allclose(stats["mean"], np.mean(values), rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(stats["max"], np.max(values), rtol=1e-6)
+        assert stats["count"] == W.size
+
+
+def test_an_edited_function_compiles_its_capture_program_but_not_its_layout(
+    tmp_path, monkeypatch
+):
+    # `inspect` lays its small probes out in a program keyed by their shapes: a cell
+    # run again (an edited function, like shapes) compiles only its capture program.
+    from jax import monitoring
+
+    from sowviz.capture import summaries
+
+    monkeypatch.setenv("SOWVIZ_CACHE_DIR", str(tmp_path))  # nothing compiled before
+    monkeypatch.setattr(summaries, "_COMPILED", {})
+    monkeypatch.setattr(summaries, "_STARTED", set())
+    compiled = []
+
+    def listen(event: str, secs: float, **kw) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiled.append(str(kw.get("fun_name", "")))
+
+    monitoring.register_event_duration_secs_listener(listen)
+    try:
+        for scale in (1.0, 2.0):
+            loss, _ = make_loss()
+            edited = (lambda s, f: lambda w, x: f(w, x) * s)(scale, loss)
+            got = sowviz.inspect(edited, W * 1.5, X)  # shapes seen before, values not
+            np.testing.assert_allclose(got.result[0], scale * loss(W * 1.5, X), rtol=1e-6)
+    finally:
+        unregister = getattr(monitoring, "unregister_event_duration_listener", None)
+        if unregister is not None:
+            unregister(listen)
+    assert sum("_instrumented_program" in n for n in compiled) == 2
+    assert sum("_lay_out_program" in n for n in compiled) == 1
+
+
 @pytest.mark.parametrize("stack_max", [_program.STACK_MAX, 0])
 def test_all_finite_flags_each_leaf_as_numpy_does(monkeypatch, stack_max):
     # The per-leaf flag the Monitor chains and reads (`_program.all_finite`), against

@@ -94,6 +94,7 @@ class SaveIntermediates:
         by_tag=False,
         defer=False,
         min_grouped=None,
+        layout_apart=False,
     ):
         tags, loops = _check_options(fn, tag, duplicates, loops, strict)
         self.fn = fn
@@ -107,6 +108,9 @@ class SaveIntermediates:
         # Internal (inspect): the least array summarised in blocks on a CPU
         # (`summaries.summarize_packed`).
         self._min_grouped = min_grouped
+        # Internal (inspect): with `defer`, the small arrays' layout too is left to a
+        # program of its own (`summaries.Parts`), keyed by their shapes.
+        self._layout_apart = layout_apart
         self._summary = _summary_options(summarize)
         self.notes: list[str] = []
         self.trace_count = 0
@@ -155,7 +159,16 @@ class SaveIntermediates:
             axes=axes,
             defer=self._defer,
             min_grouped=self._min_grouped,
+            layout_apart=self._layout_apart,
         )
+
+    def traced(self, *args, **kwargs):
+        """Under a trace (a program that calls this one): `run`'s result, traced in
+        place instead of as a nested program, and no argument may be static. XLA
+        inlines a nested program anyway, and its outputs would be new values to the
+        caller's trace, which could no longer see a probe that is one of its inputs or
+        one of its other results (`_program.shared`)."""
+        return self._traced(*args, **kwargs)
 
     def __call__(self, *args, **kwargs):
         """Run `fn`; return `(result, intermediates)` (summaries on the host if summarising)."""
@@ -238,6 +251,7 @@ def _summarize_entries(
     axes: dict | None = None,
     defer: bool = False,
     min_grouped: int | None = None,
+    layout_apart: bool = False,
 ) -> Packed:
     """Pack summaries of the mode entries of every name, with meta kept raw.
 
@@ -255,7 +269,9 @@ def _summarize_entries(
     walk(inter, ())
     values = {p: {k: v for k, v in e.items() if k not in META_KEYS} for p, e in entries.items()}
     meta = {p: {k: v for k, v in e.items() if k in META_KEYS} for p, e in entries.items()}
-    return summarize_packed(values, meta, options.bins, axes or {}, defer, min_grouped)
+    return summarize_packed(
+        values, meta, options.bins, axes or {}, defer, min_grouped, layout_apart
+    )
 
 
 def nest(summaries: dict, meta: dict) -> dict:

@@ -139,10 +139,11 @@ def evaluate(jaxpr, consts: Sequence[Any], args: Sequence[Any], rec: Recorder) -
     for v, x in zip(jaxpr.invars, args, strict=True):
         env[v] = x
     tags = rec.options.tags
+    inputs = {id(x) for x in args}
     for eqn in jaxpr.eqns:
         invals = [read(v) for v in eqn.invars]
         if _captured_here(eqn, tags):
-            outs = _through_barrier(invals)
+            outs = _through_barrier(invals, inputs)
             rec.add(*captured(eqn, outs))
         elif any(contains_capture(sub, tags) for _, _, sub in _compat.sub_jaxprs(eqn)):
             rule = rule_for(eqn.primitive.name)
@@ -158,15 +159,19 @@ def evaluate(jaxpr, consts: Sequence[Any], args: Sequence[Any], rec: Recorder) -
     return [read(v) for v in jaxpr.outvars]
 
 
-def _through_barrier(values: list) -> list:
+def _through_barrier(values: list, inputs: set[int]) -> list:
     """`values` through one `optimization_barrier`: the program reads the recorded
     buffer itself. Otherwise XLA fuses a probed value's producer into each consumer
     and computes it again to write the recorded copy, one more kernel per probe
-    (about 8 ms of XLA:CPU compile each)."""
+    (about 8 ms of XLA:CPU compile each). The program's `inputs` (by `id`) are
+    computed nowhere and stay as they are, so a caller can see a recorded input for
+    what it is (`_program.Shared`: not an output of the program, which XLA would copy)."""
     arrays = [
         i
         for i, v in enumerate(values)
-        if isinstance(v, (jax.Array, jax.core.Tracer)) and v.dtype != jax.dtypes.float0
+        if isinstance(v, (jax.Array, jax.core.Tracer))
+        and v.dtype != jax.dtypes.float0
+        and id(v) not in inputs
     ]
     if not arrays:
         return values

@@ -29,11 +29,19 @@ are rounded up to a size class (`bucket`), so one compiled program serves every
 mode and every model with like sizes; it compiles in a thread (`precompile`)
 while the capture program compiles, and a combined program compiled slower than
 the two apart (XLA's passes grow faster than linearly in the program's size).
+`inspect` leaves even the layout to a program of its own (`Parts`, laid out by
+`_lay_out`, keyed by the arrays' shapes): a capture program compiles again at
+every edit of the function, the layout program once per shapes. Its members
+are the capture program's values themselves, so an output that is also a
+result or an input is no copy either (`_program.shared`). On the 1,000-equation
+program the capture program then compiled in 0.37-0.49 s instead of 0.56-0.59 s,
+and the first `inspect` of an edited function took 1.08x of plain instead of
+1.45-1.49x.
 On a CPU the large arrays' groups go to a third program the same way (`Blocks`:
-the arrays themselves, flattened, not copied; keyed by their shapes, so it is
+the arrays themselves, not copied; keyed by their shapes, so it is
 kept apart from the shared one), unless they hold more than
 `DEFER_BLOCKS_MAX_BYTES` in all: then they are summarised where they are, and
-no large activation outlives the capture program for its summary. Both are
+no large activation outlives the capture program for its summary. All are
 kept on disk (`sowviz._disk_cache`): the 4x1024 MLP's first `inspect` in a new
 process went 3.6-3.9x -> 1.8-2.2x of plain. The per-iteration stacks go to a
 program of their own too (`Iterated`, rounded up to a size class of members and
@@ -51,6 +59,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -188,10 +197,10 @@ class Rows:
 @dataclass(frozen=True)
 class Blocks:
     """Large arrays of one accumulation dtype left to a second program (`finish`), as
-    they are (flattened, not copied), summarised there by one loop in blocks of
+    they are (not even flattened: `Parts`), summarised there by one loop in blocks of
     `block` elements (`_blocked`)."""
 
-    flats: tuple[Any, ...]
+    members: tuple[Any, ...]
     block: int = dataclasses.field(metadata={"static": True})
 
 
@@ -205,6 +214,19 @@ class Iterated:
 
     stack: Any
     pads: Any
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class Parts:
+    """Small arrays of one accumulation dtype (a segmented group) left to `finish` as
+    they are, not even flattened (so that a probe of an input or of a result is seen
+    as one: `_program.shared`). A layout program keyed by their shapes (`_lay_out`)
+    copies them into sized `Rows` for the shared summary program. `inspect` leaves
+    its layout so: a capture program compiles again at every edit of the function,
+    a program keyed by shapes once (and it is kept on disk)."""
+
+    members: tuple[Any, ...]
 
 
 #: The second programs (`finish`), one per kind of deferred work, in their order.
@@ -241,6 +263,31 @@ def row_width(sizes: list[int]) -> int:
     return best
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """Where a layout puts each member (`_layout`): its rows and NaN padding (the extra
+    member owning a size class's padding rows included), and the layout's shape."""
+
+    width: int
+    rows: tuple[int, ...]
+    pads: tuple[int, ...]
+    members: int  # pads' length: the members, rounded up with `sized`
+    total: int  # rows, rounded up with `sized`
+
+
+def _plan(sizes: list[int], sized: bool) -> _Plan:
+    """The layout of arrays of `sizes` elements (see `_layout`), from their sizes alone:
+    a program keyed by the layout's shape learns it without tracing the layout."""
+    width = row_width(sizes)
+    pads = [(-n) % width or (width if n == 0 else 0) for n in sizes]
+    rows = [(n + pad) // width for n, pad in zip(sizes, pads, strict=True)]
+    members, total = len(sizes), sum(rows)
+    if sized:
+        members, total = bucket(len(sizes) + 1), bucket(total)
+        pads += [(total - sum(rows)) * width] + [0] * (members - len(sizes) - 1)
+    return _Plan(width, tuple(rows), tuple(pads), members, total)
+
+
 def _layout(leaves: list, sized: bool) -> Rows:
     """`leaves` (any shapes, one accumulation dtype) as `Rows` of `row_width` values.
     With `sized`, rows and members are rounded up to their `bucket` (one extra member
@@ -248,26 +295,32 @@ def _layout(leaves: list, sized: bool) -> Rows:
     # `lax`, not `jnp` (each jnp call is a jit of its own), and one NaN fill per
     # length: 2,000 probes laid out in 0.65 s -> 0.2 s of tracing.
     values = [_flat_values(leaf) for leaf in leaves]
-    width = row_width([v.size for v in values])
-    parts, rows, pads = [], [], []
+    plan = _plan([v.size for v in values], sized)
+    parts = []
     fills: dict[int, Any] = {}
-    for v in values:
-        pad = (-v.size) % width or (width if v.size == 0 else 0)
+    for v, pad in zip(values, plan.pads, strict=False):
         if pad and pad not in fills:
             fills[pad] = _nan_fill(pad, v.dtype)
         parts += [v, fills[pad]] if pad else [v]
-        rows.append((v.size + pad) // width)
-        pads.append(pad)
-    seg = np.repeat(np.arange(len(leaves), dtype=np.int32), rows)
+    seg = np.repeat(np.arange(len(leaves), dtype=np.int32), plan.rows)
+    extra = plan.total - len(seg)
     if sized:
-        members, total = bucket(len(leaves) + 1), bucket(len(seg))
-        extra = total - len(seg)
-        fills[-1] = _nan_fill(extra * width, parts[0].dtype)
+        fills[-1] = _nan_fill(extra * plan.width, parts[0].dtype)
         parts.append(fills[-1])
         seg = np.concatenate([seg, np.full(extra, len(leaves), np.int32)])
-        pads += [extra * width] + [0] * (members - len(leaves) - 1)
     flat = _concat.concatenate(parts, fills=list(fills.values()))
-    return Rows(flat.reshape(-1, width), jnp.asarray(seg), jnp.asarray(pads, jnp.int32))
+    return Rows(flat.reshape(-1, plan.width), jnp.asarray(seg), jnp.asarray(plan.pads, jnp.int32))
+
+
+def _rows_spec(parts: Parts) -> Rows:
+    """The shapes of `_layout(parts.members, sized=True)`, computed from the sizes alone."""
+    plan = _plan([math.prod(x.shape) for x in parts.members], sized=True)
+    acc = _summary._value_dtype(parts.members[0].dtype)[0]
+    return Rows(
+        jax.ShapeDtypeStruct((plan.total, plan.width), acc),
+        jax.ShapeDtypeStruct((plan.total,), np.int32),
+        jax.ShapeDtypeStruct((plan.members,), np.int32),
+    )
 
 
 #: On a CPU, NaN fills of at most this many values are constants in the program (larger
@@ -387,6 +440,7 @@ def summarize_packed(
     axes: dict | None = None,
     defer: bool = False,
     min_grouped: int | None = None,
+    layout_apart: bool = False,
 ) -> Packed:
     """Summarise every array leaf of `values` (`{entry: {mode: tree}}`, None leaves stay
     None), pack them with the raw `meta` arrays; `Packed.unpack()` returns
@@ -406,7 +460,8 @@ def summarize_packed(
     groups (CPU) are left likewise (`Blocks`) to a program of their own, up to
     `DEFER_BLOCKS_MAX_BYTES` in all, and so are the per-iteration stacks
     (`Iterated`). On a CPU, arrays of `min_grouped` elements or more (default
-    `MIN_GROUPED`) are summarised in blocks (`Blocks`)."""
+    `MIN_GROUPED`) are summarised in blocks (`Blocks`). With `layout_apart` (and
+    `defer`), the segmented groups are not even laid out here (`Parts`)."""
     axes = axes or {}
     min_grouped = MIN_GROUPED if min_grouped is None else min_grouped
     cpu = jax.default_backend() == "cpu"
@@ -471,13 +526,13 @@ def summarize_packed(
             where[idx[0]] = (g, None)
             continue
         if key[0] == "segments" and defer:
-            pending[Rows].append((g, _layout(members, sized=True)))
+            laid = Parts(tuple(members)) if layout_apart else _layout(members, sized=True)
+            pending[Rows].append((g, laid))  # `Parts` are `Rows` once `finish` lays them out
             out.append(None)
         elif key[0] == "segments":
             out.append(_segmented(members, bins))
         elif key[0] == "blocks" and defer_blocks:
-            flats = tuple(jax.lax.reshape(x, (jnp.size(x),)) for x in members)
-            pending[Blocks].append((g, Blocks(flats, key[2])))
+            pending[Blocks].append((g, Blocks(tuple(members), key[2])))
             out.append(None)
         elif key[0] == "blocks":
             out.append(_blocked(members, bins, key[2]))
@@ -493,7 +548,10 @@ def summarize_packed(
             where[i] = (g, j)
     work = [item for kind in _PROGRAM_KINDS for item in pending[kind]]
     if PRECOMPILE:
-        for part in _programs(tuple(item for _, item in work)):
+        items = tuple(item for _, item in work)
+        if any(isinstance(p, Parts) for p in items):
+            _precompile_layout(items)
+        for part in _programs(tuple(_rows_spec(p) if isinstance(p, Parts) else p for p in items)):
             precompile(part, bins)
     packed = pack({"groups": out, "meta": meta})
     deferred = tuple(g for g, _ in work)
@@ -519,7 +577,7 @@ def _finish_program(pending: tuple[Any, ...], clean: Any, bins: int) -> tuple[Pa
         if isinstance(p, Rows)
         else _iterated_summary(p, bins)
         if isinstance(p, Iterated)
-        else _blocked(list(p.flats), bins, p.block)
+        else _blocked(list(p.members), bins, p.block)
         for p in pending
     ]
     return pack(sums), clean & _summary.all_clean(sums)
@@ -540,7 +598,7 @@ def _key(pending: tuple[Any, ...], bins: int) -> tuple:
             if isinstance(r, Rows)
             else ("iterated", r.stack.shape, str(r.stack.dtype))
             if isinstance(r, Iterated)
-            else ("blocks", r.block, *((f.shape, str(f.dtype)) for f in r.flats))
+            else ("blocks", r.block, *((f.shape, str(f.dtype)) for f in r.members))
             for r in pending
         ),
     )
@@ -551,22 +609,44 @@ def precompile(pending: tuple[Any, ...], bins: int) -> None:
     shapes): XLA compiles it beside the capture program, on another core. A process
     that compiled it before loads it from disk instead (`sowviz._disk_cache`)."""
     key = _key(pending, bins)
+    _in_thread(key, lambda: _compile(key, pending, bins))
+
+
+def _precompile_layout(pending: tuple[Any, ...]) -> None:
+    """`precompile` for the layout program of `pending`'s `Parts` (`_lay_out`)."""
+    parts = tuple(p for p in pending if isinstance(p, Parts))
+    key = _layout_key(parts)
+    _in_thread(key, lambda: _compile_layout(key, parts))
+
+
+def _in_thread(key: tuple, compile_: Callable[[], Any]) -> None:
+    """Run `compile_` in a thread, once per `key`; `_compiled(key)` waits for it."""
     with _LOCK:
         if key in _STARTED:
             return
         _STARTED.add(key)
 
-    def compile_() -> None:
+    def run() -> None:
         try:
-            _compile(key, pending, bins)
+            compile_()
         except Exception:  # the call in `finish` compiles again and reports the error
             pass
 
     # Not a daemon: interpreter exit waits for a compile in flight instead of killing it.
-    thread = threading.Thread(target=compile_, name="sowviz-precompile")
+    thread = threading.Thread(target=run, name="sowviz-precompile")
     with _LOCK:
         _COMPILING[key] = thread
     thread.start()
+
+
+def _compiled(key: tuple, compile_: Callable[[], Any]) -> Any:
+    """The program compiled under `key`: waited for if a thread compiles it, else
+    compiled now by `compile_`."""
+    with _LOCK:
+        thread = _COMPILING.pop(key, None)
+    if thread is not None:
+        thread.join()
+    return _COMPILED.get(key) or compile_()
 
 
 def join_precompiles() -> None:
@@ -578,20 +658,16 @@ def join_precompiles() -> None:
 
 
 def finish(packed: Packed, clean: Any) -> tuple[Packed, Any]:
-    """Run the deferred summaries of `packed` (a dispatch per second program, `_programs`);
-    returns the `Packed` of all summaries and `clean` (no probe counts a NaN/Inf)
-    updated with theirs."""
+    """Run the deferred summaries of `packed` (a dispatch per second program, `_programs`,
+    after the layout program's if `Parts` wait); returns the `Packed` of all summaries
+    and `clean` (no probe counts a NaN/Inf) updated with theirs."""
     if not packed.pending:
         return packed, clean
     bins = packed.regroup.bins
     done = packed
-    for part in _programs(packed.pending):
+    for part in _programs(_laid_out(packed.pending)):
         key = _key(part, bins)
-        with _LOCK:
-            thread = _COMPILING.pop(key, None)
-        if thread is not None:
-            thread.join()
-        compiled = _COMPILED.get(key) or _compile(key, part, bins)
+        compiled = _compiled(key, lambda: _compile(key, part, bins))  # noqa: B023
         try:
             second, clean = compiled(part, clean)
         except ValueError:  # compiled for the default device; a mesh's arrays take the jit
@@ -603,9 +679,49 @@ def finish(packed: Packed, clean: Any) -> tuple[Packed, Any]:
 def _compile(key: tuple, pending: tuple[Any, ...], bins: int) -> Any:
     """`_finish` compiled for `pending`'s shapes on the default device (loaded from disk
     if a process compiled it before), kept under `key`."""
-    specs = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), pending)
     _COMPILED[key] = compiled = _disk_cache.compile_cached(
-        lambda: _finish.lower(specs, jax.ShapeDtypeStruct((), jnp.bool_), bins=bins),
+        lambda: _finish.lower(_specs(pending), jax.ShapeDtypeStruct((), jnp.bool_), bins=bins),
         ("capture.summaries.finish", key),
     )
     return compiled
+
+
+def _specs(tree: Any) -> Any:
+    return jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), tree)
+
+
+# -- the layout program: `Parts` laid out as `Rows` ------------------------------------
+
+
+def _lay_out_program(parts: tuple[Parts, ...]) -> tuple[Rows, ...]:
+    return tuple(_layout(list(p.members), sized=True) for p in parts)
+
+
+_lay_out = jax.jit(_lay_out_program)
+
+
+def _layout_key(parts: tuple[Parts, ...]) -> tuple:
+    return ("layout", *(tuple((f.shape, str(f.dtype)) for f in p.members) for p in parts))
+
+
+def _compile_layout(key: tuple, parts: tuple[Parts, ...]) -> Any:
+    """`_lay_out` compiled for `parts`' shapes, as `_compile` compiles `_finish`."""
+    _COMPILED[key] = compiled = _disk_cache.compile_cached(
+        lambda: _lay_out.lower(_specs(parts)), ("capture.summaries.layout", key)
+    )
+    return compiled
+
+
+def _laid_out(pending: tuple[Any, ...]) -> tuple[Any, ...]:
+    """`pending` with its `Parts` laid out as `Rows`, by one dispatch of their layout
+    program."""
+    parts = tuple(p for p in pending if isinstance(p, Parts))
+    if not parts:
+        return pending
+    key = _layout_key(parts)
+    compiled = _compiled(key, lambda: _compile_layout(key, parts))
+    try:
+        rows = iter(compiled(parts))
+    except ValueError:  # compiled for the default device; a mesh's arrays take the jit
+        rows = iter(_lay_out(parts))
+    return tuple(next(rows) if isinstance(p, Parts) else p for p in pending)
