@@ -16,8 +16,8 @@ Equinox MLP (partitioned into arrays/static), programs of 1k and (with
 `--big`, slow) 10k equations (named-scope residual layers), and a wide MLP whose
 probes are large (1-2M elements).
 The same first inspect is also measured in new processes (a notebook kernel
-started afresh), once with sowviz's disk cache empty and once with the shared
-summary program on disk (`sowviz._disk_cache`); the in-process rows run with an
+started afresh), once with sowviz's disk cache empty and once with its programs
+on disk (`sowviz._disk_cache`); the in-process rows run with an
 empty cache of their own.
 Run: `python benchmarks/inspect_compile.py [--quick] [--big] [--inline-summaries]`;
 `--inline-summaries` compiles every summary inside the capture program (the layout
@@ -289,7 +289,7 @@ def new_process(key: str, quick: bool) -> list[_bench.Row]:
         rows,
         _bench.Row(
             "inspect_compile",
-            f"first inspect in a new process / plain, summary program on disk, {empty['name']}",
+            f"first inspect in a new process / plain, summary programs on disk, {empty['name']}",
             filled["inspect"] / filled["plain"],
             target="≤ 1.5x",
             detail=f"({filled['inspect']:.2f} s vs {filled['plain']:.2f} s; disk cache empty: "

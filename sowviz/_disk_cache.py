@@ -4,9 +4,10 @@ compiling them again.
 The shared summary program (`capture.summaries.finish`) is the same for every model
 with like layout sizes, and XLA:CPU takes 0.6-1.5 s to compile it: most of a small
 model's first `inspect` in a fresh process (a notebook kernel just started).
-Loading its executable takes about 0.04 s. The user's own programs are not kept
-here: JAX's persistent compilation cache is the tool for those, and when it is
-configured sowviz leaves this program to it too.
+Loading its executable takes about 0.04 s. The programs keyed by one model's probe
+shapes (its large arrays' summaries, its small probes' layout) are kept here as
+well. The user's own programs are not: JAX's persistent compilation cache is the
+tool for those, and when it is configured sowviz leaves its programs to it too.
 
 Where: ``$SOWVIZ_CACHE_DIR``, else ``$XDG_CACHE_HOME/sowviz``, else
 ``~/.cache/sowviz``; ``SOWVIZ_CACHE_DIR=""`` turns the cache off. It is also off

@@ -261,9 +261,7 @@ def test_inspect_passes_its_parameters_and_gradients_on_without_copies(monkeypat
         assert stats["count"] == W.size
 
 
-def test_an_edited_function_compiles_its_capture_program_but_not_its_layout(
-    tmp_path, monkeypatch
-):
+def test_an_edited_function_compiles_its_capture_program_but_not_its_layout(tmp_path, monkeypatch):
     # `inspect` lays its small probes out in a program keyed by their shapes: a cell
     # run again (an edited function, like shapes) compiles only its capture program.
     from jax import monitoring
