@@ -261,6 +261,22 @@ def test_inspect_passes_its_parameters_and_gradients_on_without_copies(monkeypat
         assert stats["count"] == W.size
 
 
+def test_a_sown_literal_is_laid_out_with_the_arrays():
+    # A number sown as it is (a literal of the program, not an array) is a member of
+    # the small probes' layout like any array.
+    def f(w, x):
+        sowviz.sow(1.5, "literal")
+        with jax.named_scope("layer"):
+            h = jnp.tanh(x @ w)
+        return jnp.mean(h**2)
+
+    probes = {p["name"]: p for p in sowviz.inspect(f, W, X).to_dict()["probes"]}
+    literal = probes["literal"]["summaries"]["primal"]
+    assert (literal["count"], literal["min"], literal["max"]) == (1, 1.5, 1.5)
+    layer = probes["layer"]["summaries"]["primal"]
+    np.testing.assert_allclose(layer["mean"], np.mean(np.tanh(X @ W)), rtol=1e-5)
+
+
 def test_an_edited_function_compiles_its_capture_program_but_not_its_layout(tmp_path, monkeypatch):
     # `inspect` lays its small probes out in a program keyed by their shapes: a cell
     # run again (an edited function, like shapes) compiles only its capture program.

@@ -526,7 +526,11 @@ def summarize_packed(
             where[idx[0]] = (g, None)
             continue
         if key[0] == "segments" and defer:
-            laid = Parts(tuple(members)) if layout_apart else _layout(members, sized=True)
+            laid = (
+                Parts(tuple(x if isinstance(x, jax.Array) else jnp.asarray(x) for x in members))
+                if layout_apart  # (a sown literal is a number, not an array)
+                else _layout(members, sized=True)
+            )
             pending[Rows].append((g, laid))  # `Parts` are `Rows` once `finish` lays them out
             out.append(None)
         elif key[0] == "segments":
