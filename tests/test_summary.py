@@ -960,13 +960,15 @@ def test_large_arrays_of_any_shape_share_one_blocked_loop_and_match_numpy(
         assert len(groups) > 2 and any(row is None for _, row in where)
 
 
+@pytest.mark.parametrize("apart", [False, True], ids=["in-program", "layout-program"])
 @pytest.mark.parametrize("width", [None, 128, 512])
 def test_arrays_of_any_shape_summarised_together_match_numpy(
-    monkeypatch: pytest.MonkeyPatch, width: int | None
+    monkeypatch: pytest.MonkeyPatch, width: int | None, apart: bool
 ) -> None:
     # One segmented computation for many shapes and dtypes (NaN padding to whole
     # rows, taken off `nan`): each member still follows the NumPy-checked rules, at
-    # the row width the layout chooses (None) and at each one it can take.
+    # the row width the layout chooses (None) and at each one it can take, laid out
+    # in the program or (as `inspect` does) by the layout program for `finish`.
     from sowviz.capture import summaries
 
     if width is not None:
@@ -988,7 +990,12 @@ def test_arrays_of_any_shape_summarised_together_match_numpy(
         "tiny": np.array([3e-30, -2e-30, 0.0], np.float32),
     }
     values = {(k,): {"primal": jnp.asarray(a)} for k, a in arrays.items()}
-    packed = jax.jit(lambda v: summaries.summarize_packed(v, {}, 16))(values)
+    packed = jax.jit(
+        lambda v: summaries.summarize_packed(v, {}, 16, defer=apart, layout_apart=apart)
+    )(values)
+    if apart:
+        assert [type(p) for p in packed.pending] == [summaries.Parts]
+        packed, _ = summaries.finish(packed, jnp.asarray(True))
     out, _ = packed.unpack()
     groups = [g for g in packed.regroup.where if g is not None]
     assert len({g[0] for g in groups}) == 1  # float32 accumulation: one group for all
