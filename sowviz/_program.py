@@ -211,7 +211,8 @@ def restored(out: Any, inputs: Any) -> Any:
             full.append(next(kept))
         else:
             is_input, j = alias[i]
-            full.append(jnp.asarray(ins[j]) if is_input else full[j])
+            x = ins[j] if is_input else full[j]
+            full.append(x if isinstance(x, jax.Array) else jnp.asarray(x))
     return jax.tree_util.tree_unflatten(out.treedef, full)
 
 

@@ -224,9 +224,12 @@ class Parts:
     as one: `_program.shared`). A layout program keyed by their shapes (`_lay_out`)
     copies them into sized `Rows` for the shared summary program. `inspect` leaves
     its layout so: a capture program compiles again at every edit of the function,
-    a program keyed by shapes once (and it is kept on disk)."""
+    a program keyed by shapes once (and it is kept on disk). `shapes` are the
+    members' shapes and dtypes, taken where they are traced: `finish` keys the layout
+    program on them at every call (for 5,000 members, 50 ms when read from the arrays)."""
 
     members: tuple[Any, ...]
+    shapes: tuple = dataclasses.field(metadata={"static": True})
 
 
 #: The second programs (`finish`), one per kind of deferred work, in their order.
@@ -310,6 +313,12 @@ def _layout(leaves: list, sized: bool) -> Rows:
         seg = np.concatenate([seg, np.full(extra, len(leaves), np.int32)])
     flat = _concat.concatenate(parts, fills=list(fills.values()))
     return Rows(flat.reshape(-1, plan.width), jnp.asarray(seg), jnp.asarray(plan.pads, jnp.int32))
+
+
+def _parts(members: list) -> Parts:
+    # a sown literal is a number, not an array
+    arrays = tuple(x if isinstance(x, jax.Array) else jnp.asarray(x) for x in members)
+    return Parts(arrays, tuple((x.shape, str(x.dtype)) for x in arrays))
 
 
 def _rows_spec(parts: Parts) -> Rows:
@@ -526,11 +535,7 @@ def summarize_packed(
             where[idx[0]] = (g, None)
             continue
         if key[0] == "segments" and defer:
-            laid = (
-                Parts(tuple(x if isinstance(x, jax.Array) else jnp.asarray(x) for x in members))
-                if layout_apart  # (a sown literal is a number, not an array)
-                else _layout(members, sized=True)
-            )
+            laid = _parts(members) if layout_apart else _layout(members, sized=True)
             pending[Rows].append((g, laid))  # `Parts` are `Rows` once `finish` lays them out
             out.append(None)
         elif key[0] == "segments":
@@ -705,7 +710,7 @@ _lay_out = jax.jit(_lay_out_program)
 
 
 def _layout_key(parts: tuple[Parts, ...]) -> tuple:
-    return ("layout", *(tuple((f.shape, str(f.dtype)) for f in p.members) for p in parts))
+    return ("layout", *(p.shapes for p in parts))
 
 
 def _compile_layout(key: tuple, parts: tuple[Parts, ...]) -> Any:
