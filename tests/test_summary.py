@@ -1001,6 +1001,14 @@ def test_arrays_of_any_shape_summarised_together_match_numpy(
     assert len({g[0] for g in groups}) == 1  # float32 accumulation: one group for all
     for k, a in arrays.items():
         check_against_reference(out[(k,)]["primal"], np.asarray(a), 16)
+        # its JSON, converted with the whole stack's (`share_json`), is the one it
+        # makes alone (a copy of it does not share the stack's)
+        s = out[(k,)]["primal"]
+        assert "_stacked" in s.__dict__
+        alone = dataclasses.replace(s)
+        assert "_stacked" not in alone.__dict__
+        assert s.to_json() == alone.to_json(), k
+        assert type(s.to_json()) is type(alone.to_json())
 
 
 def test_a_layout_takes_narrow_rows_only_when_they_cost_half_as_much() -> None:

@@ -71,6 +71,7 @@ from .. import _concat, _disk_cache
 from .. import summary as _summary
 from .. import summary_blocks as _blocks
 from .. import summary_ops as _ops
+from ..summary_data import share_json
 from .packing import Packed, pack
 from .tallied import Tallied
 
@@ -166,6 +167,12 @@ class Regroup:
                 leaves[i] = dataclasses.replace(
                     leaves[i], shape=shape, dtype=dtype, is_complex=is_complex
                 )
+        rows: dict[int, list] = {}  # each stack's members, converted to JSON together
+        for i, w in enumerate(self.where):
+            if w is not None and w[1] is not None and isinstance(leaves[i], _summary.Summary):
+                rows.setdefault(w[0], []).append((w[1], leaves[i]))
+        for g, members in rows.items():
+            share_json(groups[g], members)
         values = jax.tree_util.tree_unflatten(self.treedef, leaves)
         return values, tree["meta"]
 
