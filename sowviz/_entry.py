@@ -47,7 +47,7 @@ class LazyEntry:
         with self._lock:
             if self._entry is None:
                 traced, packed, options = self._src  # type: ignore[misc]
-                summaries = nest(*packed.unpack())
+                summaries = nest(*packed.unpack(rows=True))
                 probes, _ = join_probes(traced, summaries, options)
                 self._probes = probes
                 self._entry = {

@@ -172,9 +172,6 @@ class Summary:
             >>> summarize(jnp.zeros((2, 3)), bins=2).to_json()["hist"]["counts"]
             [0, 6]
         """
-        stacked = self.__dict__.get("_stacked")
-        if stacked is not None:  # a member of a stack (`share_json`): its row
-            return stacked[0].member(stacked[1], self)
         # Unpacked summaries are already NumPy: a device_get would still walk and
         # copy-check every leaf (a third of `inspect`'s time on 1,000 probes).
         on_host = all(isinstance(v, (np.ndarray, np.generic)) for v in _arrays(self))
@@ -217,33 +214,48 @@ class Summary:
         return Float32Json(out) if np.asarray(host.absmax).dtype == np.float32 else out
 
 
-def share_json(stack: Summary, members: list[tuple[int, Summary]]) -> None:
-    """Let `members` (``(j, summary)``: row j of `stack`, a `Summary` stacked on a
-    leading axis with NumPy leaves, each its own object) answer `to_json` from their
-    stack's rows converted together (`_Rows`), on the first request: one NumPy call
-    per field for the whole stack instead of a dozen per member (the 10,000-equation
-    program's 10,000 summaries: 0.39 s one by one). Members of stacks with
-    per-iteration statistics, or with leaves still on a device, convert alone."""
+def stack_rows(stack: Summary) -> StackRows | None:
+    """The JSON rows of `stack` (a `Summary` stacked on a leading axis, NumPy leaves),
+    or None for a stack with per-iteration statistics or leaves still on a device."""
     if stack.per_iteration is not None or not all(
         isinstance(v, np.ndarray) for v in _arrays(stack)
     ):
-        return
-    rows = _Rows(stack)
-    for j, member in members:
-        # `member` is a frozen dataclass made for this stack: the link is not a field
-        # (it takes no part in equality, pytrees or `dataclasses.replace`).
-        object.__setattr__(member, "_stacked", (rows, j))
+        return None
+    return StackRows(stack)
 
 
-class _Rows:
+@dataclasses.dataclass(frozen=True)
+class SummaryRow:
+    """Row `index` of a stacked `Summary`, for its JSON only (`to_json`, what `inspect`
+    and a Monitor's history read): no `Summary` object with a NumPy view per field is
+    made for it. The 10,000-equation program's 10,000 summaries took 0.39 s to convert
+    one by one, and their views as long again to make and drop."""
+
+    rows: StackRows
+    index: int
+    shape: tuple[int, ...]
+    dtype: str
+    is_complex: bool
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def to_json(self) -> dict[str, Any]:
+        """What `Summary.to_json` gives for this row."""
+        return self.rows.member(self.index, self)
+
+
+class StackRows:
     """`Summary.to_json` of every row of a stack, but the static fields, computed
-    field by field over the whole stack when a row is first asked for."""
+    field by field over the whole stack (one NumPy call per field, not a dozen per
+    row) when a row is first asked for."""
 
     def __init__(self, stack: Summary):
         self._stack = stack
         self._columns: dict[str, Any] | None = None
 
-    def member(self, j: int, s: Summary) -> dict[str, Any]:
+    def member(self, j: int, s: Summary | SummaryRow) -> dict[str, Any]:
         """Row j as `s.to_json()` gives it (its shape, dtype and size are `s`'s)."""
         c = self._columns if self._columns is not None else self._convert()
         count = c["count"][j]

@@ -72,9 +72,11 @@ class Packed:
             if hasattr(b, "copy_to_host_async"):
                 b.copy_to_host_async()
 
-    def unpack(self, regroup: bool = True) -> Any:
+    def unpack(self, regroup: bool = True, rows: bool = False) -> Any:
         """The original tree: NumPy leaves after one transfer, or traced slices under a
-        trace. With `regroup=False`, the packed tree itself (before `regroup.apply`)."""
+        trace. With `regroup=False`, the packed tree itself (before `regroup.apply`);
+        with `rows`, the members of stacked summaries as `SummaryRow`s, for their JSON
+        only (`summaries.Regroup.apply`)."""
         traced = any(isinstance(b, jax.core.Tracer) for b in self.buffers)
         bufs = self.buffers if traced else jax.device_get(self.buffers)
         parts = self.layout.parts if isinstance(self.layout, Joined) else ((self.layout, -1),)
@@ -85,7 +87,9 @@ class Packed:
             start += n
         if not regroup:
             return trees[0] if len(trees) == 1 else tuple(trees)
-        return trees[0] if self.regroup is None else self.regroup.apply(*trees)
+        if self.regroup is None:
+            return trees[0]
+        return self.regroup.apply(*trees, rows=True) if rows else self.regroup.apply(*trees)
 
     def joined(self, other: Packed) -> Packed:
         """These buffers followed by `other`'s (packed by another program), this regroup."""
