@@ -336,8 +336,8 @@ def _parts(members: list) -> Parts:
 
 def _rows_spec(parts: Parts) -> Rows:
     """The shapes of `_layout(parts.members, sized=True)`, computed from the sizes alone."""
-    plan = _plan([math.prod(x.shape) for x in parts.members], sized=True)
-    acc = _summary._value_dtype(parts.members[0].dtype)[0]
+    plan = _plan([math.prod(shape) for shape, _ in parts.shapes], sized=True)
+    acc = _summary._value_dtype(np.dtype(parts.shapes[0][1]))[0]
     return Rows(
         jax.ShapeDtypeStruct((plan.total, plan.width), acc),
         jax.ShapeDtypeStruct((plan.total,), np.int32),
