@@ -270,7 +270,7 @@ class StackRows:
             **{k: c[k][j] if count > 0 else None for k in ("min", "max", "mean", "std")},
             "l2": c["l2"][j] if count > 0 else 0.0,
             "absmax": c["absmax"][j] if count > 0 else None,
-            "hist": {"edges": list(c["hist_edges"][j]), "counts": list(c["hist_counts"][j])},
+            "hist": {"edges": c["hist_edges"][j].tolist(), "counts": c["hist_counts"][j].tolist()},
             "loghist": {
                 "edges": c["log_edges"][j, lo : hi + 2].tolist() if hi >= 0 else [],
                 "counts": c["log_counts"][j, lo : hi + 1].tolist() if hi >= 0 else [],
@@ -287,9 +287,12 @@ class StackRows:
         c: dict[str, Any] = {"float32": absmax.dtype == np.float32}
         for k in ("count", "nan", "posinf", "neginf", "zeros"):
             c[k] = np.asarray(getattr(h, k)).astype(int).tolist()
-        for k in ("min", "max", "mean", "std", "l2", "absmax", "hist_edges"):
+        for k in ("min", "max", "mean", "std", "l2", "absmax"):
             c[k] = _saturated(getattr(h, k)).tolist()
-        c["hist_counts"] = np.asarray(h.hist_counts).tolist()
+        # rows of bins stay arrays until a row is asked for (as lists of lists, then
+        # copied per row, they were objects by the million to make and to free)
+        c["hist_edges"] = _saturated(h.hist_edges)
+        c["hist_counts"] = np.asarray(h.hist_counts)
         counts = np.asarray(h.loghist_counts)
         seen = counts != 0
         any_seen = seen.any(axis=1)
