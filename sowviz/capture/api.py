@@ -164,10 +164,10 @@ class SaveIntermediates:
 
     def traced(self, *args, **kwargs):
         """Under a trace (a program that calls this one): `run`'s result, traced in
-        place instead of as a nested program, and no argument may be static. XLA
-        inlines a nested program anyway, and its outputs would be new values to the
-        caller's trace, which could no longer see a probe that is one of its inputs or
-        one of its other results (`_program.shared`)."""
+        place instead of as a nested program (non-array leaves are constants of the
+        trace). XLA inlines a nested program anyway, and its outputs would be new
+        values to the caller's trace, which could no longer see a probe that is one of
+        its inputs or one of its other results (`_program.shared`)."""
         return self._traced(*args, **kwargs)
 
     def __call__(self, *args, **kwargs):
