@@ -949,8 +949,10 @@ def test_large_arrays_of_any_shape_share_one_blocked_loop_and_match_numpy(
     hlo = summarise.lower(values).as_text()
     packed = summaries.summarize_packed(values, {}, 16)
     out, _ = packed.unpack()
+    rows, _ = packed.unpack(rows=True)  # as `inspect` reads them: JSON rows per stack
     for k, a in arrays.items():
         check_against_reference(out[(k,)]["primal"], np.asarray(a), 16)
+        assert rows[(k,)]["primal"].to_json() == out[(k,)]["primal"].to_json(), k
     where = [w for w in packed.regroup.where if w is not None]
     groups = {g for g, _ in where}
     if group_bytes > 1 << 20:  # one group, in blocks of 64: three loops in all (the
