@@ -398,10 +398,9 @@ class Runner:
             strict=o.strict,
             by_tag=True,
             defer=_summaries.DEFER_SEGMENTS and not inline,
-            # run at every step: faster summaries for a longer compile
-            min_grouped=None if steps else _summaries.MIN_GROUPED_ONCE,
-            # compiled at every first call: the layout in a program keyed by shapes
-            layout_apart=not steps,
+            # a Monitor's program runs at every step: faster summaries for a longer
+            # compile; `inspect` pays every compile at its first call
+            once=not steps,
         )
         result, packed = capture.traced(dyn, extra)  # inline: a nested jit hides aliases
         notes = tuple(capture.notes)

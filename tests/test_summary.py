@@ -993,9 +993,9 @@ def test_arrays_of_any_shape_summarised_together_match_numpy(
         "tiny": np.array([3e-30, -2e-30, 0.0], np.float32),
     }
     values = {(k,): {"primal": jnp.asarray(a)} for k, a in arrays.items()}
-    packed = jax.jit(
-        lambda v: summaries.summarize_packed(v, {}, 16, defer=apart, layout_apart=apart)
-    )(values)
+    packed = jax.jit(lambda v: summaries.summarize_packed(v, {}, 16, defer=apart, once=apart))(
+        values
+    )
     if apart:
         assert [type(p) for p in packed.pending] == [summaries.Parts]
         packed, _ = summaries.finish(packed, jnp.asarray(True))

@@ -93,8 +93,7 @@ class SaveIntermediates:
         strict,
         by_tag=False,
         defer=False,
-        min_grouped=None,
-        layout_apart=False,
+        once=False,
     ):
         tags, loops = _check_options(fn, tag, duplicates, loops, strict)
         self.fn = fn
@@ -105,12 +104,10 @@ class SaveIntermediates:
         # Internal (inspect): small arrays' summaries left to a second program
         # (`summaries.finish`), shared by every program with like sizes.
         self._defer = defer
-        # Internal (inspect): the least array summarised in blocks on a CPU
-        # (`summaries.summarize_packed`).
-        self._min_grouped = min_grouped
-        # Internal (inspect): with `defer`, the small arrays' layout too is left to a
-        # program of its own (`summaries.Parts`), keyed by their shapes.
-        self._layout_apart = layout_apart
+        # Internal (inspect): compiled for one call, not run at every step: fewer
+        # arrays summarised in blocks on a CPU, and with `defer` the small arrays'
+        # layout left to a program keyed by their shapes (`summaries.summarize_packed`).
+        self._once = once
         self._summary = _summary_options(summarize)
         self.notes: list[str] = []
         self.trace_count = 0
@@ -158,8 +155,7 @@ class SaveIntermediates:
             depth=depth,
             axes=axes,
             defer=self._defer,
-            min_grouped=self._min_grouped,
-            layout_apart=self._layout_apart,
+            once=self._once,
         )
 
     def traced(self, *args, **kwargs):
@@ -250,8 +246,7 @@ def _summarize_entries(
     depth: int,
     axes: dict | None = None,
     defer: bool = False,
-    min_grouped: int | None = None,
-    layout_apart: bool = False,
+    once: bool = False,
 ) -> Packed:
     """Pack summaries of the mode entries of every name, with meta kept raw.
 
@@ -269,9 +264,7 @@ def _summarize_entries(
     walk(inter, ())
     values = {p: {k: v for k, v in e.items() if k not in META_KEYS} for p, e in entries.items()}
     meta = {p: {k: v for k, v in e.items() if k in META_KEYS} for p, e in entries.items()}
-    return summarize_packed(
-        values, meta, options.bins, axes or {}, defer, min_grouped, layout_apart
-    )
+    return summarize_packed(values, meta, options.bins, axes or {}, defer, once)
 
 
 def nest(summaries: dict, meta: dict) -> dict:

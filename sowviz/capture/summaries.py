@@ -461,8 +461,7 @@ def summarize_packed(
     bins: int,
     axes: dict | None = None,
     defer: bool = False,
-    min_grouped: int | None = None,
-    layout_apart: bool = False,
+    once: bool = False,
 ) -> Packed:
     """Summarise every array leaf of `values` (`{entry: {mode: tree}}`, None leaves stay
     None), pack them with the raw `meta` arrays; `Packed.unpack()` returns
@@ -481,11 +480,15 @@ def summarize_packed(
     traced) beside the capture program instead of inside it. The large arrays'
     groups (CPU) are left likewise (`Blocks`) to a program of their own, up to
     `DEFER_BLOCKS_MAX_BYTES` in all, and so are the per-iteration stacks
-    (`Iterated`). On a CPU, arrays of `min_grouped` elements or more (default
-    `MIN_GROUPED`) are summarised in blocks (`Blocks`). With `layout_apart` (and
-    `defer`), the segmented groups are not even laid out here (`Parts`)."""
+    (`Iterated`). On a CPU, arrays of `MIN_GROUPED` elements or more are summarised
+    in blocks (`Blocks`).
+
+    `once`: a program compiled for its first call (`inspect`), where one run at every
+    step has been the rule: on a CPU only arrays of `MIN_GROUPED_ONCE` elements or
+    more are summarised in blocks (each group is a loop to compile), and with `defer`
+    the segmented groups are not even laid out here (`Parts`)."""
     axes = axes or {}
-    min_grouped = MIN_GROUPED if min_grouped is None else min_grouped
+    min_grouped = MIN_GROUPED_ONCE if once else MIN_GROUPED
     cpu = jax.default_backend() == "cpu"
     flat, treedef = jax.tree_util.tree_flatten_with_path(values, is_leaf=lambda x: x is None)
     groups: dict[tuple, list[int]] = {}
@@ -548,7 +551,7 @@ def summarize_packed(
             where[idx[0]] = (g, None)
             continue
         if key[0] == "segments" and defer:
-            laid = _parts(members) if layout_apart else _layout(members, sized=True)
+            laid = _parts(members) if once else _layout(members, sized=True)
             pending[Rows].append((g, laid))  # `Parts` are `Rows` once `finish` lays them out
             out.append(None)
         elif key[0] == "segments":
