@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import jax
@@ -39,14 +40,25 @@ _KEEP = object()  # `created=_KEEP`: keep the inspection's own timestamp
 
 @dataclass(frozen=True)
 class Probe:
-    """One captured array: where it is drawn and its summary per capture key."""
+    """One captured array: where it is drawn and its summary per capture key.
+
+    `summaries` is the JSON of each summary (`Summary.to_json`), made when first read
+    and kept: a 10,000-equation program has 30,000 summaries, a third of a second of
+    Python objects to build and to collect, that a script reading a few probes (or
+    none: `ins.result`) never needs. `typed_summaries` holds what it is made from."""
 
     id: str
     name: str
     leaf: str
     node: str
     auto: bool
-    summaries: dict[str, dict[str, Any]]
+    #: per capture key: a `Summary`, or a `SummaryRow` (a row of a stacked one)
+    typed_summaries: dict[str, Summary | SummaryRow]
+
+    @cached_property
+    def summaries(self) -> dict[str, dict[str, Any]]:
+        """Per capture key, the summary's JSON (docs/model.md, "summaries")."""
+        return {k: s.to_json() for k, s in self.typed_summaries.items()}
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -64,17 +76,17 @@ def join_probes(
 ) -> tuple[list[Probe], list[str]]:
     """Join host summaries (`{tag: {name: {mode: tree of Summary}}}`) to graph nodes."""
     graph = traced.graph
-    probes: list[Probe] = []
+    found: list[_Found] = []
     notes: list[str] = []
     for name, entry in summaries.get(PROBE_TAG, {}).items():
-        probes += _probes_of(graph.node(name).label, name, entry, True, len(probes))
+        found += _probes_of(graph.node(name).label, name, entry, True)
     for name, entry in summaries.get(options.tag, {}).items():
         node = _sow_node(graph, name)
         if node is None:
             notes.append(f"sow {name!r} has no node in the primal program; it is not drawn.")
             continue
-        probes += _probes_of(name, node, entry, False, len(probes))
-    reached = {p.node for p in probes if not p.auto}
+        found += _probes_of(name, node, entry, False)
+    reached = {f[2] for f in found if not f[3]}
     mode = Mode(options.mode)
     for name, nodes in graph.sow_nodes_all.items():
         for node in nodes:
@@ -87,10 +99,10 @@ def join_probes(
                     "flowed through it. Sow the custom function's output instead."
                 )
     order = {n.id: n.order for n in graph.nodes}
-    probes.sort(key=lambda p: (order.get(p.node, 0), not p.auto, p.name, p.leaf))
-    probes = [replace(p, id=f"p{i}") for i, p in enumerate(probes)]
+    found.sort(key=lambda f: (order.get(f[2], 0), not f[3], f[0], f[1]))
+    probes = [Probe(f"p{i}", *f) for i, f in enumerate(found)]
     for p in probes:
-        missing = [m for m in mode.keys if m not in p.summaries]
+        missing = [m for m in mode.keys if m not in p.typed_summaries]
         if missing and not p.auto:
             notes.append(
                 f"{p.name}{p.leaf}: no {', '.join(missing)} — the value does not depend on "
@@ -110,20 +122,26 @@ def _sow_node(graph: StageGraph, name: str) -> str | None:
     return None
 
 
-def _probes_of(name: str, node: str, entry: dict, auto: bool, start: int) -> list[Probe]:
+#: A probe before its id: name, leaf, node, auto, typed summaries per capture key.
+_Found = tuple[str, str, str, bool, dict[str, Any]]
+
+
+def _is_summary(x: Any) -> bool:
+    return isinstance(x, (Summary, SummaryRow))
+
+
+def _probes_of(name: str, node: str, entry: dict, auto: bool) -> list[_Found]:
     per_leaf: dict[str, dict[str, Any]] = {}
     for key, tree in entry.items():
         if key in META_KEYS:
             continue
-        for path, s in jax.tree_util.tree_flatten_with_path(
-            tree, is_leaf=lambda x: isinstance(x, (Summary, SummaryRow))
-        )[0]:
-            if isinstance(s, (Summary, SummaryRow)):
-                per_leaf.setdefault(jax.tree_util.keystr(path), {})[key] = s.to_json()
-    return [
-        Probe(f"p{start + i}", name, leaf, node, auto, sums)
-        for i, (leaf, sums) in enumerate(per_leaf.items())
-    ]
+        if _is_summary(tree):  # one array (most stages): its leaf path is ""
+            per_leaf.setdefault("", {})[key] = tree
+            continue
+        for path, s in jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_summary)[0]:
+            if _is_summary(s):
+                per_leaf.setdefault(jax.tree_util.keystr(path), {})[key] = s
+    return [(name, leaf, node, auto, sums) for leaf, sums in per_leaf.items()]
 
 
 def device_of(buffers: Any) -> str:
@@ -159,7 +177,7 @@ class Inspection:
 
     @property
     def modes(self) -> list[str]:
-        seen = {m for p in self.probes for m in p.summaries}
+        seen = {m for p in self.probes for m in p.typed_summaries}
         return sorted(seen, key=lambda m: (KEY_ORDER.index(m) if m in KEY_ORDER else 3, m))
 
     def __repr__(self) -> str:
@@ -172,6 +190,8 @@ class Inspection:
         """The sowviz/1 model (docs/model.md). `created=None` omits the timestamp (a
         byte-reproducible model), a string pins it."""
         g = self.graph.to_dict()
+        with gc_paused():  # the probes' JSON, made here at first: objects by the 100,000
+            probes = [p.to_dict() for p in self.probes]
         return {
             "schema": SCHEMA,
             "title": self.title,
@@ -183,7 +203,7 @@ class Inspection:
             "root": g["root"],
             "nodes": g["nodes"],
             "edges": g["edges"],
-            "probes": [p.to_dict() for p in self.probes],
+            "probes": probes,
             "notes": [*g["notes"], *self.notes],
             "history": self.history,
             "nonfinite": None if self.nonfinite is None else self.nonfinite.to_dict(),

@@ -248,7 +248,14 @@ def origins_of(out: Any, probes: Sequence[Any], options: Any) -> Origins | None:
     """The stage-level origins of one compiled run (`_program.Out`), from its probes."""
     finite = getattr(out, "finite", None)
     all_finite = None if finite is None else bool(np.all(jax.device_get(finite)))
-    if all_finite and not any(_probe_bad(p) for p in probes):
+    # The program's own flag (`_program.probes_clean`) answers for every probe without
+    # reading their summaries' JSON, which `Probe.summaries` makes only when read.
+    clean = getattr(out, "clean", None)
+    if clean is not None:
+        probes_bad = not bool(np.all(jax.device_get(clean)))
+    else:
+        probes_bad = any(_probe_bad(p) for p in probes)
+    if all_finite and not probes_bad:
         return None  # the common case: no rule to run
     return find(
         probes,

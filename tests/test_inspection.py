@@ -75,6 +75,30 @@ def test_grad_mode_summaries_match_jax_grad():
         check_stats(stage.summaries["cotangent"], ct)
 
 
+def test_probe_json_is_made_when_first_read(monkeypatch):
+    # `inspect` returns typed summaries; a probe's JSON is made when read (or by
+    # `to_dict`), once. A script reading one probe pays for that one.
+    from sowviz.summary import Summary
+    from sowviz.summary_data import SummaryRow
+
+    made = []
+    for cls in (Summary, SummaryRow):
+        original = cls.to_json
+        monkeypatch.setattr(cls, "to_json", lambda self, _o=original: made.append(self) or _o(self))
+    ins = sowviz.inspect(mlp, PARAMS, X, mode="grad")
+    assert made == [] and ins.nonfinite is None
+    probe = ins.probe("act_1")
+    h = forward_to(PARAMS, X, 1)
+    check_stats(probe.summaries["primal"], h)
+    check_stats(probe.summaries["cotangent"], jax.grad(downstream, argnums=1)(PARAMS, h, 1))
+    assert len(made) == 2
+    model = ins.to_dict()
+    total = sum(len(p.typed_summaries) for p in ins.probes)
+    assert len(made) == total > 2  # every other probe's JSON, and act_1's not again
+    assert model["probes"][ins.probes.index(probe)]["summaries"] is probe.summaries
+    assert json.loads(ins.to_json())["probes"][0]["summaries"].keys() == {"primal", "cotangent"}
+
+
 def test_jvp_mode_tangent_matches_jax_jvp():
     tangents = jax.tree_util.tree_map(jnp.ones_like, (PARAMS, X))
     ins = sowviz.inspect(mlp, PARAMS, X, mode="jvp", tangents=tangents)

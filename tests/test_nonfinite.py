@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from jax import lax
 
+import sowviz
 from sowviz import _compat
 from sowviz.nonfinite import find
 from sowviz.nonfinite_locate import locate
@@ -307,20 +308,36 @@ def test_masked_softmax_row_the_producer_is_the_subtraction_not_the_mask():
     assert (plain.forward.equation.primitive, _line(plain.forward)) == first[:2]
 
 
-def test_masked_inf_that_never_reaches_a_result_is_removed():
-    def f(s, mask):
-        with jax.named_scope("mask"):
-            s = jnp.where(mask, s, -jnp.inf)
-        with jax.named_scope("softmax"):
-            p = jax.nn.softmax(s, axis=-1)
-        return jnp.sum(p * p)
+def f_partly_masked(s, mask):
+    with jax.named_scope("mask"):
+        s = jnp.where(mask, s, -jnp.inf)
+    with jax.named_scope("softmax"):
+        p = jax.nn.softmax(s, axis=-1)
+    return jnp.sum(p * p)
 
-    s = jnp.arange(6.0).reshape(2, 3)
-    mask = jnp.array([[True, False, True], [False, True, True]])
+
+PARTLY_MASKED = (
+    jnp.arange(6.0).reshape(2, 3),
+    jnp.array([[True, False, True], [False, True, True]]),
+)
+
+
+def test_masked_inf_that_never_reaches_a_result_is_removed():
+    f, (s, mask) = f_partly_masked, PARTLY_MASKED
     assert np.isfinite(f(s, mask)) and np.all(np.isfinite(jax.grad(f)(s, mask)))
     o = locate(f, (s, mask), _opts())
     assert o.forward is not None and o.removed and not o.alarm
     assert "masked afterwards" in o.message
+
+
+def test_inspect_finds_a_masked_inf_though_every_result_is_finite():
+    # Value and gradient are finite: only the probes' own flag tells that one counted -inf.
+    ins = sowviz.inspect(f_partly_masked, *PARTLY_MASKED)
+    o = ins.nonfinite
+    assert o is not None and o.removed and not o.alarm
+    born = ins.graph.node(o.forward.node)  # jnp.where's own jit, inside the scope
+    assert (born.label, ins.graph.node(born.parent).label) == ("_where", "mask")
+    assert ins.probe("mask").summaries["primal"]["neginf"] == 2
 
 
 def test_where_trap_forward_removed_and_backward_born_in_log():
