@@ -30,6 +30,23 @@ from sowviz import report
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
+
+
+def no_browser() -> str | None:
+    """Why the browser measurements cannot run here (None when they can). A GPU
+    machine carries neither Chromium nor Playwright; the front end's numbers do not
+    depend on the accelerator, so they are taken on a machine that has them."""
+    missing = [
+        what
+        for what, here in (
+            (CHROMIUM, pathlib.Path(CHROMIUM).exists()),
+            ("playwright", importlib.util.find_spec("playwright") is not None),
+        )
+        if not here
+    ]
+    return f"{' and '.join(missing)} not installed" if missing else None
+
+
 ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -160,8 +177,8 @@ def main(quick: bool = False, argv: list[str] | None = None) -> list:
     if quick or args.quick:
         args.runs, args.sizes, args.nnx = 1, [1000], 0
     rows: list = []
-    if not pathlib.Path(CHROMIUM).exists():
-        print(f"{CHROMIUM} not installed: skipping the front-end load benchmark")
+    if why := no_browser():
+        print(f"{why}: skipping the front-end load benchmark")
         return rows
     from playwright.sync_api import sync_playwright
 

@@ -19,7 +19,7 @@ import time
 import _bench
 import jax
 import jax.numpy as jnp
-from frontend_load import ARGS, CHROMIUM, measure
+from frontend_load import ARGS, CHROMIUM, measure, no_browser
 
 import sowviz
 
@@ -54,8 +54,8 @@ def main(quick: bool = False) -> list[_bench.Row]:
             f"probes {len(model['probes']):>5} | model {len(json.dumps(model)) / 1e6:5.2f} MB | "
             f"report {pathlib.Path(path).stat().st_size / 1e6:5.2f} MB"
         )
-    if not pathlib.Path(CHROMIUM).exists():
-        print("chromium not installed: skipping the load-time measurement")
+    if why := no_browser():
+        print(f"{why}: skipping the load-time measurement")
         return out
     from playwright.sync_api import sync_playwright
 
