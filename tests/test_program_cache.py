@@ -261,6 +261,33 @@ def test_inspect_passes_its_parameters_and_gradients_on_without_copies(monkeypat
         assert stats["count"] == W.size
 
 
+def test_a_scope_whose_output_is_its_last_stages_is_one_output(monkeypatch):
+    # The scope's output is `standardize`'s: both probes record one value (one
+    # barrier), which the capture program outputs once, primal and cotangent alike
+    # (two barriers on one value were two outputs XLA found equal, and copied).
+    seen = []
+    real = _program.shared
+    monkeypatch.setattr(_program, "shared", lambda *a: seen.append(real(*a)) or seen[-1])
+
+    def f(w, x):
+        with jax.named_scope("block"):
+            y = jax.nn.standardize(x @ w)
+        return jnp.mean(jnp.tanh(y) ** 2)
+
+    got = sowviz.inspect(f, W, X)
+    (out,) = seen
+    repeats = [(i, j) for i, is_input, j in out.aliases if not is_input]
+    assert len(repeats) == 4  # W's gradient, the loss, and block's primal and cotangent
+    y = jax.nn.standardize(X @ W)
+    ct = jax.grad(lambda y: jnp.mean(jnp.tanh(y) ** 2))(y)
+    probes = {p["name"]: p["summaries"] for p in got.to_dict()["probes"]}
+    for mode, values in (("primal", y), ("cotangent", ct)):
+        block, stage = probes["block"][mode], probes["standardize"][mode]
+        assert block == stage
+        np.testing.assert_allclose(block["mean"], np.mean(values), rtol=1e-4, atol=1e-7)
+        np.testing.assert_allclose(block["l2"], np.linalg.norm(values), rtol=1e-5)
+
+
 def test_a_sown_literal_is_laid_out_with_the_arrays():
     # A number sown as it is (a literal of the program, not an array) is a member of
     # the small probes' layout like any array.

@@ -139,11 +139,15 @@ def evaluate(jaxpr, consts: Sequence[Any], args: Sequence[Any], rec: Recorder) -
     for v, x in zip(jaxpr.invars, args, strict=True):
         env[v] = x
     tags = rec.options.tags
-    inputs = {id(x) for x in args}
+    sealed = {id(x) for x in args}  # values that need no barrier (`_through_barrier`)
     for eqn in jaxpr.eqns:
         invals = [read(v) for v in eqn.invars]
         if _captured_here(eqn, tags):
-            outs = _through_barrier(invals, inputs)
+            outs = _through_barrier(invals, sealed)
+            # A value recorded again (a scope's output that is its last stage's) is
+            # that barrier's output already: it passes as it is, one value, not two
+            # that XLA would find equal and copy.
+            sealed.update(id(x) for x in outs)
             rec.add(*captured(eqn, outs))
         elif any(contains_capture(sub, tags) for _, _, sub in _compat.sub_jaxprs(eqn)):
             rule = rule_for(eqn.primitive.name)
@@ -159,19 +163,20 @@ def evaluate(jaxpr, consts: Sequence[Any], args: Sequence[Any], rec: Recorder) -
     return [read(v) for v in jaxpr.outvars]
 
 
-def _through_barrier(values: list, inputs: set[int]) -> list:
+def _through_barrier(values: list, sealed: set[int]) -> list:
     """`values` through one `optimization_barrier`: the program reads the recorded
     buffer itself. Otherwise XLA fuses a probed value's producer into each consumer
     and computes it again to write the recorded copy, one more kernel per probe
     (about 8 ms of XLA:CPU compile each). The program's `inputs` (by `id`) are
     computed nowhere and stay as they are, so a caller can see a recorded input for
-    what it is (`_program.Shared`: not an output of the program, which XLA would copy)."""
+    what it is (`_program.Shared`: not an output of the program, which XLA would copy);
+    so do an earlier barrier's outputs. Both are `sealed` (by `id`)."""
     arrays = [
         i
         for i, v in enumerate(values)
         if isinstance(v, (jax.Array, jax.core.Tracer))
         and v.dtype != jax.dtypes.float0
-        and id(v) not in inputs
+        and id(v) not in sealed
     ]
     if not arrays:
         return values
