@@ -261,13 +261,17 @@ def test_inspect_passes_its_parameters_and_gradients_on_without_copies(monkeypat
         assert stats["count"] == W.size
 
 
-def test_a_scope_whose_output_is_its_last_stages_is_one_output(monkeypatch):
-    # The scope's output is `standardize`'s: both probes record one value (one
-    # barrier), which the capture program outputs once, primal and cotangent alike
-    # (two barriers on one value were two outputs XLA found equal, and copied).
-    seen = []
-    real = _program.shared
-    monkeypatch.setattr(_program, "shared", lambda *a: seen.append(real(*a)) or seen[-1])
+def test_a_scope_whose_output_is_its_last_stages_is_summarised_once(monkeypatch):
+    # The scope's output is `standardize`'s: both probes record one traced value (one
+    # barrier; two were two outputs XLA found equal, and copied), summarised once and
+    # read by both, primal and cotangent alike.
+    from sowviz import inspection
+
+    outs = []
+    real = inspection.inspection_of
+    monkeypatch.setattr(
+        inspection, "inspection_of", lambda out, o: outs.append(out) or real(out, o)
+    )
 
     def f(w, x):
         with jax.named_scope("block"):
@@ -275,17 +279,21 @@ def test_a_scope_whose_output_is_its_last_stages_is_one_output(monkeypatch):
         return jnp.mean(jnp.tanh(y) ** 2)
 
     got = sowviz.inspect(f, W, X)
-    (out,) = seen
-    repeats = [(i, j) for i, is_input, j in out.aliases if not is_input]
-    assert len(repeats) == 4  # W's gradient, the loss, and block's primal and cotangent
+    (out,) = outs
+    regroup = out.packed.regroup
+    tree = jax.tree_util.tree_unflatten(regroup.treedef, regroup.where)  # {(tag, name): ...}
+    placed = {name: e for (tag, name), e in tree.items() if tag == _program.PROBE_TAG}
+    block, stage = (got.probe(name).node for name in ("block", "standardize"))
     y = jax.nn.standardize(X @ W)
     ct = jax.grad(lambda y: jnp.mean(jnp.tanh(y) ** 2))(y)
-    probes = {p["name"]: p["summaries"] for p in got.to_dict()["probes"]}
     for mode, values in (("primal", y), ("cotangent", ct)):
-        block, stage = probes["block"][mode], probes["standardize"][mode]
-        assert block == stage
-        np.testing.assert_allclose(block["mean"], np.mean(values), rtol=1e-4, atol=1e-7)
-        np.testing.assert_allclose(block["l2"], np.linalg.norm(values), rtol=1e-5)
+        assert placed[block][mode] == placed[stage][mode] is not None  # one (group, row)
+        summary = got.probe("block").summaries[mode]
+        assert summary == got.probe("standardize").summaries[mode]
+        np.testing.assert_allclose(summary["mean"], np.mean(values), rtol=1e-4, atol=1e-7)
+        np.testing.assert_allclose(summary["l2"], np.linalg.norm(values), rtol=1e-5)
+    others = [w for k, e in placed.items() if k not in (block, stage) for w in e.values()]
+    assert placed[block]["primal"] not in others  # no other probe reads that row
 
 
 def test_a_sown_literal_is_laid_out_with_the_arrays():
