@@ -24,13 +24,14 @@ _LITE = (*STAT_KEYS, "hist")
 class LazyEntry:
     """A recorded step: `step`, `loss`, `finite` now; the probe summaries on `materialize()`."""
 
-    __slots__ = ("_entry", "_lock", "_probes", "_src", "finite", "loss", "step")
+    __slots__ = ("_entry", "_keep_probes", "_lock", "_probes", "_src", "finite", "loss", "step")
 
     def __init__(self, step: int, loss: float | None, finite: bool, src: tuple) -> None:
         self.step, self.loss, self.finite = step, loss, finite
         self._src: tuple | None = src  # (traced, Packed of host buffers, options)
         self._entry: dict[str, Any] | None = None
         self._probes: list | None = None
+        self._keep_probes = True
         self._lock = threading.Lock()
 
     def __getitem__(self, key: str) -> Any:  # the keys History reads before materializing
@@ -38,9 +39,16 @@ class LazyEntry:
             return self.step
         return self.materialize()[key]
 
-    def probes(self) -> list:
+    def probes(self) -> list | None:
+        """The step's `Probe`s (full summaries) while it is the latest step, else None."""
         self.materialize()
-        return self._probes  # type: ignore[return-value]
+        return self._probes
+
+    def forget_probes(self) -> None:
+        """A later step is recorded: keep only the entry (what the history charts read).
+        The probes hold every summary in full (and its rows on the host)."""
+        with self._lock:
+            self._keep_probes, self._probes = False, None
 
     def materialize(self) -> dict[str, Any]:
         """The entry dict (`{"step", "loss", "finite", "probes", ...}`), built once."""
@@ -49,7 +57,7 @@ class LazyEntry:
                 traced, packed, options = self._src  # type: ignore[misc]
                 summaries = nest(*packed.unpack(rows=True))
                 probes, _ = join_probes(traced, summaries, options)
-                self._probes = probes
+                self._probes = probes if self._keep_probes else None
                 self._entry = {
                     "step": self.step,
                     "loss": self.loss,

@@ -331,7 +331,9 @@ class Monitor:
         entry = LazyEntry(step, loss, finite, (out.traced, packed, self._options))
         if not (finite and bool(clean)):
             self._origins(step, entry, out.traced.graph, args)
-        self._traced, self._latest = out.traced, entry
+        previous, self._traced, self._latest = self._latest, out.traced, entry
+        if previous is not None:  # the history keeps its entry; its probes go
+            previous.forget_probes()
         if not self._sinks_open:
             # Sinks open once, with the probe list (they name tags and read logs by it).
             self._sinks_open = True
@@ -350,7 +352,7 @@ class Monitor:
     def _origins(self, step: int, lazy: LazyEntry, graph: Any, args: tuple | None) -> None:
         """A step with a non-finite value: where it was born (`sowviz.nonfinite`); the
         first such step is also located down to the equation on its arguments."""
-        entry, probes, finite = lazy.materialize(), lazy.probes(), lazy.finite
+        entry, probes, finite = lazy.materialize(), lazy.probes() or [], lazy.finite
         origins = _nonfinite.find(
             probes,
             graph,
@@ -400,8 +402,14 @@ class Monitor:
 
     @property
     def _probes(self) -> list[Probe]:
-        # The latest recorded step's probes (built from its summaries on first read).
-        return [] if self._latest is None else self._latest.probes()
+        # The latest recorded step's probes (built from its summaries on first read). A
+        # step recorded meanwhile (another thread) forgets its predecessor's, after it
+        # became the latest: read again.
+        while (latest := self._latest) is not None:
+            probes = latest.probes()
+            if probes is not None:
+                return probes
+        return []
 
     # -- listeners: views and sinks ------------------------------------------------
 

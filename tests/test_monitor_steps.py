@@ -196,6 +196,31 @@ def test_a_long_run_keeps_step_0_in_bounded_memory():
     assert mon.history[-1]["step"] == 19_999
 
 
+def test_only_the_latest_step_keeps_its_full_probes():
+    # The history keeps each step's chart fields; the full summaries (and their rows
+    # on the host) only while the step is the latest, which the model draws.
+    loss, _ = counted()
+    mon = sowviz.Monitor(loss)
+    xs = [batch(16, seed=s) for s in range(3)]
+    for x in xs:
+        mon.step(W, x)
+    mon.flush()
+    model = mon.to_dict()
+    lazy = mon.history._raw()  # the recorded steps, as kept
+    assert [e.step for e in lazy] == [0, 1, 2]
+    assert [e._probes is None for e in lazy] == [True, True, False]
+    entries = list(mon.history)
+    (probe,) = [p for p in model["probes"] if p["name"] == "hidden"]
+    for entry, x in zip(entries, xs, strict=True):
+        h = np.tanh(np.asarray(x @ W["w1"], np.float64))
+        np.testing.assert_allclose(
+            entry["probes"][probe["id"]]["primal"]["mean"], h.mean(), rtol=1e-5
+        )
+    latest = probe["summaries"]["primal"]
+    np.testing.assert_allclose(latest["mean"], h.mean(), rtol=1e-5)
+    assert latest["loghist"]["counts"] and sum(latest["hist"]["counts"]) == h.size
+
+
 def test_flush_reads_every_step_in_flight():
     # Steps wait on the device to be read in batches: flush() must record every
     # pending step and check every pending finite flag.
