@@ -283,3 +283,20 @@ def test_float64_statistics_keep_every_digit_with_x64():
     ]
     # NumPy float32 values too; NaN is still null; float64 untouched
     assert got["np"] == {"a": 0.1, "b": [0.1, None], "c": float(np.float32(0.1))}
+
+
+def test_jsonable_lists_of_floats_nan_to_null_and_the_input_left_as_it_was():
+    from sowviz._model import jsonable
+    from sowviz.summary_data import Float32Json
+
+    edges = [float(np.float32(0.1)), float(np.float32(0.2))]  # float32 values, long in float64
+    model = {
+        "plain": [0.5, float("nan"), float("inf"), -float("inf")],
+        "finite": [0.25, 1e300],
+        "summary": Float32Json({"hist": {"edges": edges, "counts": [3]}}),
+    }
+    got = jsonable(model)
+    assert got["plain"] == [0.5, None, None, None] and got["finite"] == [0.25, 1e300]
+    assert got["summary"]["hist"] == {"edges": [0.1, 0.2], "counts": [3]}  # shortest float32
+    assert edges == [float(np.float32(0.1)), float(np.float32(0.2))]  # not shortened in place
+    assert model["plain"][1] != model["plain"][1]  # NaN, as it was
