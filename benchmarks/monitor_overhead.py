@@ -3,14 +3,18 @@
 Median step time over blocks of `BLOCK` steps, the two alternating block by block in
 one run, each block ending with all its work done (`Monitor.flush`), on an MLP
 (named-scope layers, so every layer is a probed stage), with `every=1` and with
-`every=10`; and the fixed host cost per step on a tiny model whose step is
-microseconds of work.
+`every=10`; the fixed host cost per step on a tiny model whose step is
+microseconds of work; and the host memory a Monitor's history holds (`tracemalloc`:
+Python objects and NumPy arrays).
 Targets (issue 15): ≤ 1.2× with every=1 on CPU (≤ 1.05× on a GPU); fixed host
 cost ≤ 100 µs per step.
 Run: `python benchmarks/monitor_overhead.py [--quick]`.
 """
 
 from __future__ import annotations
+
+import gc
+import tracemalloc
 
 import _bench
 import jax
@@ -36,13 +40,17 @@ def sgd(params, grads):
 BLOCK = 10
 
 
-def run(depth: int, width: int, batch: int, steps: int, every: int) -> dict[str, float]:
+def mlp(depth: int, width: int, batch: int) -> tuple[list, jax.Array]:
     keys = jax.random.split(jax.random.PRNGKey(0), depth)
     params = [
         {"w": jax.random.normal(k, (width, width)) / width**0.5, "b": jnp.zeros(width)}
         for k in keys
     ]
-    x = jax.random.normal(jax.random.PRNGKey(1), (batch, width))
+    return params, jax.random.normal(jax.random.PRNGKey(1), (batch, width))
+
+
+def run(depth: int, width: int, batch: int, steps: int, every: int) -> dict[str, float]:
+    params, x = mlp(depth, width, batch)
     plain = jax.jit(jax.value_and_grad(loss))
     mon = sowviz.Monitor(loss, every=every, history=steps)
     fns = {"plain": plain, "monitored": mon.step}
@@ -66,6 +74,29 @@ def run(depth: int, width: int, batch: int, steps: int, every: int) -> dict[str,
     return interleaved_medians(
         thunks, max(steps // BLOCK, 1), BLOCK, settle={"monitored": mon.flush}
     )
+
+
+def history_bytes(depth: int, width: int, batch: int, steps: int) -> int:
+    """Host bytes held after `steps` recorded steps, every entry read (as a view reads
+    them) and the model drawn now and then."""
+    params, x = mlp(depth, width, batch)
+    mon = sowviz.Monitor(loss, history=steps)
+    mon.step(params, x)
+    mon.flush()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        for i in range(steps):
+            mon.step(params, x)
+            if i % 10 == 0:
+                mon.to_dict(with_history=False)
+        mon.flush()
+        for entry in mon.history:
+            entry["probes"]
+        gc.collect()
+        return tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
 
 
 def main(quick: bool = False) -> list[_bench.Row]:
@@ -106,6 +137,18 @@ def main(quick: bool = False) -> list[_bench.Row]:
             "µs",
             target="≤ 100 µs",
             detail=f"(plain step {med['plain'] * 1e6:.0f} µs)",
+        ),
+    )
+    steps = 20 if quick else 200
+    held = history_bytes(8, 256, 128, steps)
+    _bench.emit(
+        rows,
+        _bench.Row(
+            "monitor_overhead",
+            f"host memory of the history, {steps} recorded steps, 8x256 MLP b128",
+            held / 1e6,
+            "MB",
+            detail=f"({held / steps / 1e3:.0f} KB per recorded step)",
         ),
     )
     return rows
