@@ -34,6 +34,16 @@ def counted():
     return loss, calls
 
 
+def stepped(xs):
+    """A Monitor of `counted()`'s loss after a step on W with each batch, flushed."""
+    loss, _ = counted()
+    mon = sowviz.Monitor(loss)
+    for x in xs:
+        mon.step(W, x)
+    mon.flush()
+    return mon
+
+
 @pytest.mark.parametrize("every", [1, 2])
 def test_each_batch_shape_gets_its_own_program(every):
     loss, calls = counted()
@@ -199,12 +209,8 @@ def test_a_long_run_keeps_step_0_in_bounded_memory():
 def test_only_the_latest_step_keeps_its_full_probes():
     # The history keeps each step's chart fields; the full summaries (and their rows
     # on the host) only while the step is the latest, which the model draws.
-    loss, _ = counted()
-    mon = sowviz.Monitor(loss)
     xs = [batch(16, seed=s) for s in range(3)]
-    for x in xs:
-        mon.step(W, x)
-    mon.flush()
+    mon = stepped(xs)
     model = mon.to_dict()
     lazy = mon.history._raw()  # the recorded steps, as kept
     assert [e.step for e in lazy] == [0, 1, 2]
@@ -299,14 +305,11 @@ def test_recorded_steps_share_one_transfer(monkeypatch):
         return real_get(tree)
 
     monkeypatch.setattr(jax, "device_get", device_get)
-    loss, _ = counted()
-    mon = sowviz.Monitor(loss)
     xs = [batch(6, seed=i) for i in range(12)]
-    for x in xs:
-        mon.step(W, x)
-    mon.flush()
+    mon = stepped(xs)
     assert get == [] and len(reads) <= -(-12 // (m._MAX_PENDING + 1)) + 1 and len(reads) <= 4
     assert [e["step"] for e in mon.history] == list(range(12))
+    loss, _ = counted()
     for e, x in zip(mon.history, xs, strict=True):
         ref_value, _ = jax.value_and_grad(loss)(W, x)
         np.testing.assert_allclose(e["loss"], ref_value, rtol=1e-6)
