@@ -331,9 +331,7 @@ class Monitor:
         entry = LazyEntry(step, loss, finite, (out.traced, packed, self._options))
         if not (finite and bool(clean)):
             self._origins(step, entry, out.traced.graph, args)
-        previous, self._traced, self._latest = self._latest, out.traced, entry
-        if previous is not None:  # the history keeps its entry; its probes go
-            previous.forget_probes()
+        self._set_latest(out.traced, entry)
         if not self._sinks_open:
             # Sinks open once, with the probe list (they name tags and read logs by it).
             self._sinks_open = True
@@ -413,9 +411,16 @@ class Monitor:
 
     # -- listeners: views and sinks ------------------------------------------------
 
+    def _set_latest(self, traced: Traced, entry: LazyEntry | None) -> None:
+        # The step the model draws; the one before keeps its history entry only (its
+        # full probes go), once it is no longer the latest (`_probes` reads again).
+        previous, self._traced, self._latest = self._latest, traced, entry
+        if previous is not None:
+            previous.forget_probes()
+
     def _new_graph(self, traced: Traced) -> None:
         # A new program (first step, or a new shape): the view redraws its graph.
-        self._traced, self._latest = traced, None
+        self._set_latest(traced, None)
         if self._view_listener is not None:
             self._call(self._view_listener, "open", self.to_dict())
 
