@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from .nonfinite import find, is_bad, node_flags, with_equations
+from .nonfinite import find, node_flags, with_equations
 from .nonfinite_record import Equation, NonFinite, Origins
 
 
@@ -245,17 +245,14 @@ def _src(graph: Any, n: Any) -> Any:
 
 
 def origins_of(out: Any, probes: Sequence[Any], options: Any) -> Origins | None:
-    """The stage-level origins of one compiled run (`_program.Out`), from its probes."""
+    """The stage-level origins of one instrumented run (`_program.Out`, its `clean` flag
+    set), from its probes."""
     finite = getattr(out, "finite", None)
     all_finite = None if finite is None else bool(np.all(jax.device_get(finite)))
     # The program's own flag (`_program.probes_clean`) answers for every probe without
     # reading their summaries' JSON, which `Probe.summaries` makes only when read.
-    clean = getattr(out, "clean", None)
-    if clean is not None:
-        probes_bad = not bool(np.all(jax.device_get(clean)))
-    else:
-        probes_bad = any(_probe_bad(p) for p in probes)
-    if all_finite and not probes_bad:
+    probes_clean = bool(np.all(jax.device_get(out.clean)))
+    if all_finite and probes_clean:
         return None  # the common case: no rule to run
     return find(
         probes,
@@ -263,10 +260,6 @@ def origins_of(out: Any, probes: Sequence[Any], options: Any) -> Origins | None:
         results_finite=all_finite,
         expect_nonfinite=tuple(getattr(options, "expect_nonfinite", ()) or ()),
     )
-
-
-def _probe_bad(p: Any) -> bool:
-    return any(is_bad(s) for s in p.summaries.values())
 
 
 #: `Inspection._rerun` once located: the answer is `ins.nonfinite`, the arguments are let go.

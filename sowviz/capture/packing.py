@@ -89,7 +89,7 @@ class Packed:
             return trees[0] if len(trees) == 1 else tuple(trees)
         if self.regroup is None:
             return trees[0]
-        return self.regroup.apply(*trees, rows=True) if rows else self.regroup.apply(*trees)
+        return self.regroup.apply(*trees, rows=rows)
 
     def joined(self, other: Packed) -> Packed:
         """These buffers followed by `other`'s (packed by another program), this regroup."""
