@@ -480,7 +480,7 @@ def user_callee(eqn: JaxprEqn) -> str | None:
     return None
 
 
-def vjp_by_jvp(f: Any, primals: tuple, check: Any = None) -> tuple[Any, Any]:
+def vjp_by_jvp(f: Any, primals: tuple, check: Any = None, has_aux: bool = False) -> tuple:
     """`(f(*primals), pullback)` like `jax.vjp`, built as the transpose of `f`'s JVP
     (`jax.linear_transpose`, which partially evaluates the JVP once for the whole
     program). JAX ≥ 0.7 linearises primitive by primitive instead (its
@@ -489,18 +489,23 @@ def vjp_by_jvp(f: Any, primals: tuple, check: Any = None) -> tuple[Any, Any]:
     1.6-1.8x slower (1,000 to 3,000 equations). The primal output is read from the
     partial evaluation's known values (`JaxprTracer.pval`, a JAX internal); the
     pullback takes one cotangent per output leaf, like `jax.vjp`'s. `check(y)`, if
-    given, sees the output first (to refuse it before JAX's transpose does)."""
+    given, sees the output first (to refuse it before JAX's transpose does). With
+    `has_aux`, `f` returns `(y, aux)` and this `(y, pullback, aux)`, as `jax.vjp`."""
     seen: list = []
 
     def tangent_of(*tangents: Any) -> Any:
-        y, ty = jax.jvp(f, primals, tangents)
+        if has_aux:
+            y, ty, aux = jax.jvp(f, primals, tangents, has_aux=True)
+        else:
+            (y, ty), aux = jax.jvp(f, primals, tangents), None
         if check is not None:
             check(y)
-        seen.append(y)
+        seen.append((y, aux))
         return ty
 
     pull = jax.linear_transpose(tangent_of, *primals)
-    return jax.tree_util.tree_map(_known_value, seen[0]), pull
+    y, aux = jax.tree_util.tree_map(_known_value, seen[0])
+    return (y, pull, aux) if has_aux else (y, pull)
 
 
 def _known_value(x: Any) -> Any:

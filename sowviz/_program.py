@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _compat, _concat
+from . import _compat, _concat, _outputs, _state
 from . import summary_ops as _ops
 from ._args import ArgSpec, _is_float, _layout, _paths, _user_tangents, split
 from ._gc import gc_paused
@@ -44,7 +44,7 @@ from .capture import summaries as _summaries
 from .capture.api import SaveIntermediates
 from .capture.tallied import Tallied
 from .graph import build_graph, instrument
-from .modes import tangent_inputs, transform
+from .modes import forward_error, tangent_inputs, transform, with_output_leaves
 from .options import InspectOptions
 from .summary import Summary, SummaryOptions, all_clean
 
@@ -87,10 +87,19 @@ class Traced:
         self.trace_count = 0
 
         named = _named(fn)
+        #: Leaves of the arguments (`tree_leaves` positions) that `fn` assigns in place
+        #: (`_state`): their new values leave the program beside its result.
+        self.state: tuple[int, ...] = ()
+        #: `fn`'s output leaves that are not JAX values (`_outputs`), put back on the host.
+        self.out_static = _outputs.StaticLeaves()
 
         def flat_fn(*flat):
             self.trace_count += 1
-            return named(*spec.merge(flat))
+            merged = spec.merge(flat)
+            before = jax.tree_util.tree_leaves(merged)
+            out, self.out_static = _outputs.strip(named(*merged))
+            self.state = _state.changed(before, merged)
+            return out, _state.values(merged, self.state)
 
         avals = [
             jax.ShapeDtypeStruct(
@@ -99,8 +108,10 @@ class Traced:
             for x in dyn
         ]
         with _compat.capturing(True):
-            self.closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*avals)
-        self.out_tree = jax.tree_util.tree_structure(out_shape)
+            self.closed, (out_shape, state_shape) = jax.make_jaxpr(flat_fn, return_shape=True)(
+                *avals
+            )
+        self.out_tree = jax.tree_util.tree_structure((out_shape, state_shape))
         names = _arg_names(fn, args, paths)
         title = options.title or getattr(fn, "__name__", None) or "program"
         tn = options.tesseract_names
@@ -110,7 +121,8 @@ class Traced:
             out_names=[
                 "output" + jax.tree_util.keystr(p)
                 for p, _ in jax.tree_util.tree_flatten_with_path(out_shape)[0]
-            ],
+            ]
+            + [f"{names[k]} (updated)" for k in self.state],
             capture=options.capture,
             title=title,
             tesseract_names=dict(tn) if isinstance(tn, tuple) else tn,
@@ -120,18 +132,21 @@ class Traced:
         self._probed = instrument(self.closed, self.graph.probe_points, tag=PROBE_TAG)
 
     def plain(self, dyn: list) -> Any:
+        """`fn`'s output and its arguments' new state (`state`'s values)."""
         outs = _compat.eval_jaxpr(self.closed.jaxpr, self.closed.consts, *dyn)
         return jax.tree_util.tree_unflatten(self.out_tree, outs)
 
     def probed(self, dyn: list) -> Any:
+        """`plain` with every probe point tagged."""
         return jax.tree_util.tree_unflatten(self.out_tree, self._probed(*dyn))
 
 
 @jax.tree_util.register_pytree_node_class
 class Out:
     """A compiled program's output: the mode's result, the packed summaries (None for
-    the plain program), an all-finite flag of the results, and `clean` (no probe counts
-    a NaN/Inf; None for the plain program); its `Traced` rides as static aux data."""
+    the plain program), an all-finite flag of the results, `clean` (no probe counts
+    a NaN/Inf; None for the plain program) and `state`, the new values of the argument
+    leaves `fn` assigns in place (`Traced.state`); its `Traced` rides as static aux."""
 
     def __init__(
         self,
@@ -142,20 +157,22 @@ class Out:
         traced: Traced,
         notes: tuple,
         chain: Any = None,
+        state: tuple = (),
     ):
         self.result, self.packed, self.finite, self.clean = result, packed, finite, clean
         self.traced, self.notes = traced, notes
         # The plain program's running flag (`chain_flags`), when given one.
         self.chain = chain
+        self.state = state
 
     def tree_flatten(self):
-        children = (self.result, self.packed, self.finite, self.clean, self.chain)
+        children = (self.result, self.packed, self.finite, self.clean, self.chain, self.state)
         return children, (self.traced, self.notes)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        result, packed, finite, clean, chain = children
-        return cls(result, packed, finite, clean, *aux, chain=chain)
+        result, packed, finite, clean, chain, state = children
+        return cls(result, packed, finite, clean, *aux, chain=chain, state=state)
 
 
 @jax.tree_util.register_pytree_node_class
@@ -402,18 +419,19 @@ class Runner:
             # compile; `inspect` pays every compile at its first call
             once=not steps,
         )
-        result, packed = capture.traced(dyn, extra)  # inline: a nested jit hides aliases
+        # inline: a nested jit hides aliases
+        (result, state), packed = capture.traced(dyn, extra)
         notes = tuple(capture.notes)
         finite = all_finite(result, pooled=True)
-        out = Out(result, packed, finite, probes_clean(packed), traced, notes)
+        out = Out(result, packed, finite, probes_clean(packed), traced, notes, state=state)
         return shared(out, (dyn, extra))
 
     def _plain_program(self, spec: ArgSpec, dyn: list, extra: tuple, chain: Any) -> Out:
         traced = self.family.traced(self.options, spec, dyn)
-        result = self._transformed(traced, traced.plain)(dyn, extra)
+        result, state = self._transformed(traced, traced.plain)(dyn, extra)
         finite = all_finite(result)
         chain = None if chain is None else chain_flags(chain, finite)
-        return Out(result, None, finite, None, traced, (), chain)
+        return Out(result, None, finite, None, traced, (), chain, state)
 
     def run(
         self,
@@ -441,14 +459,26 @@ class Runner:
             extra = self._extra(spec, dyn, tangents, cotangents, where)
             with gc_paused():  # a first call traces, lowers and compiles
                 if not instrumented:
-                    return self._plain(spec, dyn, extra, chain)
+                    return self._with_statics(self._plain(spec, dyn, extra, chain))
                 out = restored(self._instrumented(spec, dyn, extra, inline, steps), (dyn, extra))
+        except TypeError as err:
+            said = forward_error(self.options.mode, err)
+            if said is None:
+                raise
+            raise said from err
         finally:
             self.family.local.args = None
-        if not out.packed.pending:
-            return out
-        packed, clean = _summaries.finish(out.packed, out.clean)
-        return Out(out.result, packed, out.finite, clean, out.traced, out.notes)
+        if out.packed.pending:
+            packed, clean = _summaries.finish(out.packed, out.clean)
+            out = Out(out.result, packed, out.finite, clean, out.traced, out.notes, state=out.state)
+        return self._with_statics(out)
+
+    def _with_statics(self, out: Out) -> Out:
+        """`out` with the non-JAX leaves of `fn`'s output put back into its result."""
+        static = out.traced.out_static
+        if static.positions:
+            out.result = with_output_leaves(self.options.mode, out.result, static.restore)
+        return out
 
     def compile(
         self, args: tuple, *, where: str, tangents: Any = None, cotangents: Any = None

@@ -222,11 +222,41 @@ class Inspection:
 
         return locate_inspection(self)
 
+    def probe_path(self, probe: Probe) -> str:
+        """Where `probe` sits: the labels of its enclosing stages and its own, joined by
+        "/" (`parameters/conv2/weight`, `CNN/conv2: Conv2d`)."""
+        labels, node = [], self.graph.node(probe.node)
+        while node is not None and node.id != self.graph.root:
+            labels.append(node.label)
+            node = self.graph.node(node.parent) if node.parent is not None else None
+        return "/".join(reversed(labels))
+
     def probe(self, name: str, leaf: str = "") -> Probe:
-        """The probe called `name` (a sow name or a stage label)."""
-        for p in self.probes:
-            if p.name == name and p.leaf == leaf:
-                return p
+        """The probe called `name` (a sow name, a stage label, a parameter's name) with
+        the output leaf `leaf` ("" for a single array, "[1]" for a stage's second
+        output), or whose path (`probe_path`) is `name` or ends with "/" + `name`
+        ("conv2/weight"). A name that several probes share is a KeyError listing their
+        paths, never the first of them."""
+        same = [p for p in self.probes if p.leaf == leaf]
+        found = [p for p in same if p.name == name] or [
+            p for p in same if (path := self.probe_path(p)) == name or path.endswith("/" + name)
+        ]
+        if len(found) == 1:
+            return found[0]
+        if found:
+            paths = [self.probe_path(p) for p in found]
+            raise KeyError(
+                f"{len(found)} probes are called {name!r}{leaf}: "
+                f"{', '.join(repr(p) for p in paths[:8])}{', ...' if len(paths) > 8 else ''}. "
+                "Name one by its path, or by the end of it that only it has (e.g. "
+                f"{_unique_end(paths[0], paths[1:])!r})."
+            )
+        leaves = sorted({p.leaf for p in self.probes if p.name == name and p.leaf})
+        if leaves:
+            raise KeyError(
+                f"probe {name!r} has several output leaves; pick one with `leaf=`: "
+                f"{', '.join(repr(x) for x in leaves[:8])}"
+            )
         known = sorted({p.name for p in self.probes})
         raise KeyError(f"no probe named {name!r}{leaf}; probes: {', '.join(known[:20])}")
 
@@ -243,6 +273,16 @@ class Inspection:
             f"({Mode(self.mode).value}): {len(self.graph.nodes)} nodes, {len(self.probes)} "
             "probes. Use <code>sowviz.show(...)</code> for the interactive view.</p>"
         )
+
+
+def _unique_end(path: str, others: list[str]) -> str:
+    """The shortest "/"-separated end of `path` that none of `others` ends with."""
+    parts = path.split("/")
+    for k in range(1, len(parts) + 1):
+        end = "/".join(parts[-k:])
+        if not any(o == end or o.endswith("/" + end) for o in others):
+            return end
+    return path
 
 
 def inspection_of(out: Out, options: InspectOptions) -> Inspection:

@@ -223,12 +223,43 @@ def check_argnums(argnums: int | tuple[int, ...], n: int) -> tuple[int, ...]:
     return tuple(a % n for a in nums)
 
 
+_FORWARD_THROUGH_CUSTOM_VJP = (
+    "sowviz: mode '{mode}' pushes tangents forward (`jax.jvp`), and `fn` calls a "
+    "`jax.custom_vjp` function, which has a reverse-mode rule only: JAX cannot take it "
+    "forward. Use mode='grad' or 'vjp', or give that function a `jax.custom_jvp` rule."
+)
+
+
+def forward_error(mode: Mode | str, err: Exception) -> TypeError | None:
+    """JAX's refusal to take a `custom_vjp` forward (raised when the program is traced
+    or, in JAX 0.12, lowered), said in sowviz's words; None for any other error."""
+    mode = Mode(mode)
+    forward = mode in (Mode.JVP, Mode.ALL)
+    if not (forward and isinstance(err, TypeError) and "custom_vjp" in str(err)):
+        return None
+    return TypeError(_FORWARD_THROUGH_CUSTOM_VJP.format(mode=mode.value))
+
+
+def with_output_leaves(mode: Mode | str, result: Any, restore: Callable[[Any], Any]) -> Any:
+    """`transform`'s `result` with `restore` applied to `fn`'s output in it (the value:
+    all of a primal result, the first of jvp, vjp and all; grad's is a scalar)."""
+    mode = Mode(mode)
+    if mode is Mode.PRIMAL:
+        return restore(result)
+    if mode is Mode.GRAD:
+        return result
+    return (restore(result[0]), *result[1:])
+
+
 def transform(
     run: Callable[[list], Any], layout: Layout, mode: Mode, argnums: Any
 ) -> Callable[[list, tuple], Any]:
-    """`run` (flat array inputs → output pytree) under `mode`, as a function of
-    `(dyn, extra)`: the flat array inputs and `(tangents, cotangents)` (each None for
-    the default; tangents one per floating leaf, in `layout.floating` order)."""
+    """`run` (flat array inputs → `(output pytree, state)`, `state` the arguments' new
+    values that `fn` assigned in place, `Traced.state`) under `mode`, as a function of
+    `(dyn, extra)` returning `(result, state)`: `extra` is `(tangents, cotangents)`
+    (each None for the default; tangents one per floating leaf, in `layout.floating`
+    order). `state` is carried as JAX's `has_aux` carries auxiliary outputs: never
+    differentiated."""
     mode = Mode(mode)
     if mode is Mode.PRIMAL:
         return lambda dyn, extra: run(dyn)
@@ -252,10 +283,12 @@ def transform(
             def f(vals):
                 return run(with_values(dyn, pos, vals))
 
-            value, pull = _compat.vjp_by_jvp(f, (tuple(dyn[j] for j in pos),), _check_scalar)
+            value, pull, state = _compat.vjp_by_jvp(
+                f, (tuple(dyn[j] for j in pos),), _check_scalar, has_aux=True
+            )
             (gs,) = pull(jax.lax.full_like(value, 1))
             trees = layout.input_trees(nums, dict(zip(pos, gs, strict=True)))
-            return value, (trees[0] if isinstance(argnums, int) else trees)
+            return (value, (trees[0] if isinstance(argnums, int) else trees)), state
 
         return grad
 
@@ -276,14 +309,18 @@ def transform(
         return layout.input_trees(everything, dict(zip(fpos, cts, strict=True)))
 
     if mode is Mode.JVP:
-        return lambda dyn, extra: jax.jvp(
-            g_of(dyn), tuple(dyn[j] for j in fpos), tuple(tangents_of(dyn, extra))
-        )
+
+        def jvp(dyn: list, extra: tuple) -> Any:
+            primals = tuple(dyn[j] for j in fpos)
+            y, t, state = jax.jvp(g_of(dyn), primals, tuple(tangents_of(dyn, extra)), has_aux=True)
+            return (y, t), state
+
+        return jvp
     if mode is Mode.VJP:
 
         def vjp(dyn: list, extra: tuple) -> Any:
-            y, pull = jax.vjp(g_of(dyn), *(dyn[j] for j in fpos))
-            return y, cotangent_trees(pull(seed_of(y, extra)))
+            y, pull, state = jax.vjp(g_of(dyn), *(dyn[j] for j in fpos), has_aux=True)
+            return (y, cotangent_trees(pull(seed_of(y, extra)))), state
 
         return vjp
 
@@ -292,9 +329,9 @@ def transform(
         # cotangent sows from its transpose; no value is sown twice. Only floating
         # leaves are linearised, so the transpose never meets a float0 input.
         primals = tuple(dyn[j] for j in fpos)
-        y, lin = jax.linearize(g_of(dyn), *primals)
+        y, lin, state = jax.linearize(g_of(dyn), *primals, has_aux=True)
         t = lin(*tangents_of(dyn, extra))
         cts = jax.linear_transpose(lin, *primals)(seed_of(y, extra))
-        return y, t, cotangent_trees(cts)
+        return (y, t, cotangent_trees(cts)), state
 
     return both

@@ -55,7 +55,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import _model, _wire
+from . import _model, _state, _wire
 from . import nonfinite as _nonfinite
 from ._entry import LazyEntry
 from ._history import History
@@ -181,7 +181,9 @@ class Monitor:
 
     def step(self, *args: Any) -> Any:
         """One training step: returns `jax.value_and_grad(fn, argnums)(*args)` (for the
-        default mode "grad"), with every probe summarised in the same program."""
+        default mode "grad"), with every probe summarised in the same program. State
+        that `fn` assigns in its arguments (a Flax NNX model's BatchNorm statistics,
+        its dropout RNG counters) is written back, as `nnx.value_and_grad` does."""
         with self._lock:
             step = self.steps
             record = step % self.every == 0
@@ -192,7 +194,8 @@ class Monitor:
             self.steps += 1
             if out.traced is not self._traced:
                 self._new_graph(out.traced)
-            kept = None if self._located else args  # references, not copies
+            # references, not copies (a snapshot if state is written back below)
+            kept = None if self._located else (_state.snapshot(args) if out.state else args)
             if record:
                 if not self._pending:
                     self._waiting_since = time.monotonic()
@@ -208,6 +211,8 @@ class Monitor:
             else:
                 self._check_flags(keep=_MAX_FLAGS)
             self._drain(keep=_MAX_PENDING)
+            if out.state:
+                _state.write_back(args, out.traced.state, out.state)
             return out.result
 
     def _run(self, args: tuple, instrumented: bool, chain: Any = None) -> Out:

@@ -240,7 +240,7 @@ def find(
     fwd_origin = bwd_origin = None
     if fwd:
         node = min(fwd, key=lambda n: ix.key(n, fwd[n].fwd_iter))
-        msg = forward_message(ix.nodes[node])
+        msg = forward_message(ix.nodes[node], ix.path(node))
         fwd_origin = Origin("forward", node, message=msg, path=ix.path(node))
     if bwd:
         reach = max(bwd, key=lambda n: ix.key(n, bwd[n].bwd_iter))

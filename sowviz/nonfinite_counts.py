@@ -78,7 +78,8 @@ def _program(traced: Any, options: Any, tag: str) -> Any:
     looped = _looped(traced.graph)
 
     def run(dyn: list, extra: tuple) -> Any:
-        result, inter = cap.run(dyn, extra)  # inlined: raw values never leave the program
+        # inlined: raw values never leave the program; the arguments' new state is not kept
+        (result, _state), inter = cap.run(dyn, extra)
         counts: dict = {}
         for t, by_name in inter.items():
             for name, entry in by_name.items():

@@ -18,15 +18,18 @@ from .nonfinite_record import Equation, Origins
 FROM_FORWARD = " (from its non-finite forward values)"
 
 
-def stage_name(n: Any) -> str:
+def stage_name(n: Any, label: str | None = None) -> str:
     """ "`label` (file:line)"."""
     at = f" ({n.source.file}:{n.source.line})" if n.source is not None else ""
-    return f"`{n.label}`{at}"
+    return f"`{n.label if label is None else label}`{at}"
 
 
-def forward_message(n: Any) -> str:
+def forward_message(n: Any, path: Sequence[str] = ()) -> str:
+    """Where the forward pass first holds NaN/Inf: node `n`, whose stage labels from the
+    top level down are `path`. An input is named by its path (`parameters/block_1/
+    Dense_1/kernel`): a model has a `kernel` in every layer."""
     if n.kind == "input":
-        return f"the input {stage_name(n)} holds non-finite values"
+        return f"the input {stage_name(n, '/'.join(path) or None)} holds non-finite values"
     return f"first made by {stage_name(n)}"
 
 

@@ -957,3 +957,53 @@ def test_vmap_leaves_a_capture_that_does_not_vary_over_the_batch_unbatched():
         close(grads, jax.vmap(jax.grad(f))(x))
         close(inter["sq"]["primal"], x**2)
         close(inter["sq"]["cotangent"], jnp.array([1.0, 3.0]))
+
+
+def _scaled_tanh_rule(calls_fn: bool):
+    """`2 tanh(x)` as a `custom_vjp` with a sow inside; its forward rule calls the
+    function (the sow is reached) or recomputes it (the sow is replaced)."""
+
+    @jax.custom_vjp
+    def f(x):
+        return 2.0 * sow(jnp.tanh(x), "inside")
+
+    def fwd(x):
+        y = f(x) if calls_fn else 2.0 * jnp.tanh(x)
+        return y, y
+
+    f.defvjp(fwd, lambda y, g: (g * (2.0 - y**2 / 2.0),))
+    return f
+
+
+def test_a_sow_a_custom_rule_replaces_is_named_not_dropped_silently():
+    # Inside a scan, as in an RNN cell: JAX traces the function's body (and so calls
+    # the sow) for the loop's primal, then differentiates with the rule. (Under a bare
+    # `jax.grad`, JAX never traces the body: no sow is called, none can be named.)
+    x = jnp.linspace(-1.0, 1.0, 5)
+    replaced = _scaled_tanh_rule(calls_fn=False)
+
+    def loss(x):
+        _, ys = lax.scan(lambda c, xi: (c, sow(replaced(xi), "outside")), 0.0, x)
+        return jnp.sum(ys**2)
+
+    wrapped = save_intermediates(jax.grad(loss))
+    with pytest.warns(UserWarning, match="sow 'inside' was called while tracing"):
+        grads, inter = wrapped(x)
+    np.testing.assert_allclose(grads, jax.grad(loss)(x), rtol=1e-6)
+    assert set(inter) == {"outside"}  # nothing captured inside: said, in notes too
+    assert len(wrapped.notes) == 1 and "'inside'" in wrapped.notes[0]
+    np.testing.assert_allclose(inter["outside"]["primal"], 2 * np.tanh(x), rtol=1e-6)
+
+
+def test_a_sow_the_custom_rule_calls_is_captured_and_no_warning():
+    x = jnp.linspace(-1.0, 1.0, 5)
+    called = _scaled_tanh_rule(calls_fn=True)
+    def loss(x):
+        _, ys = lax.scan(lambda c, xi: (c, called(xi)), 0.0, x)
+        return jnp.sum(ys**2)
+
+    wrapped = save_intermediates(jax.grad(loss))
+    grads, inter = wrapped(x)  # `filterwarnings = error`: a warning here fails the test
+    np.testing.assert_allclose(grads, jax.grad(loss)(x), rtol=1e-6)
+    np.testing.assert_allclose(inter["inside"]["primal"], np.tanh(x), rtol=1e-6)
+    assert wrapped.notes == []

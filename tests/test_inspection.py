@@ -377,3 +377,29 @@ def test_grad_mode_of_a_non_scalar_or_non_real_output_says_which_mode_instead(fn
     # What `jax.grad` says of such a function, then sowviz's way out (the modes).
     with pytest.raises(TypeError, match=message):
         sowviz.inspect(fn, jnp.ones(3))
+
+
+@jax.custom_vjp
+def _clip_gradient(x):
+    return x
+
+
+_clip_gradient.defvjp(lambda x: (x, None), lambda _, g: (jnp.clip(g, -0.01, 0.01),))
+
+
+def _clipped_loss(w, x):
+    return jnp.sum(_clip_gradient(jnp.tanh(x @ w)) ** 2)
+
+
+@pytest.mark.parametrize("mode", ["jvp", "all"])
+def test_forward_modes_through_a_custom_vjp_say_what_to_use_instead(mode):
+    w, x = jnp.ones((3, 2)) / 3, jnp.ones((4, 3))
+    value, grad = jax.value_and_grad(_clipped_loss)(w, x)
+    got_value, got_grad = sowviz.inspect(_clipped_loss, w, x).result  # reverse mode works
+    np.testing.assert_allclose(got_value, value, rtol=1e-6)
+    np.testing.assert_allclose(got_grad, grad, rtol=1e-6)
+    assert np.abs(np.asarray(grad)).max() <= 4 * 0.01 * 3  # the clipped cotangent
+    with pytest.raises(TypeError, match=f"mode '{mode}' pushes tangents forward") as err:
+        sowviz.inspect(_clipped_loss, w, x, mode=mode)
+    assert "mode='grad' or 'vjp'" in str(err.value)
+    assert "custom_vjp" in str(err.value.__cause__)  # JAX's own words, and its trace

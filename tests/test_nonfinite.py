@@ -679,3 +679,22 @@ def test_origin_of_a_batch_sharded_program_matches_the_oracle():
         o = locate(f_log_negative, (x,), _opts(mode="primal"))
     assert o is not None and o.forward is not None
     assert (o.forward.equation.primitive, _line(o.forward)) == (prim, line)
+
+
+def test_a_bad_parameter_is_named_by_its_path_not_its_leaf_name():
+    def loss(params, x):
+        h = x
+        for name in ("block_0", "block_1"):
+            h = h @ params[name]["dense"]["kernel"]
+        return jnp.mean(h**2)
+
+    params = {b: {"dense": {"kernel": jnp.full((3, 3), 0.1)}} for b in ("block_0", "block_1")}
+    params["block_1"]["dense"]["kernel"] = (
+        params["block_1"]["dense"]["kernel"].at[0, 0].set(jnp.inf)
+    )
+    ins = sowviz.inspect(loss, params, jnp.ones((2, 3)))
+    assert not np.isfinite(float(ins.result[0]))  # plain JAX agrees the loss is bad
+    assert not np.isfinite(float(loss(params, jnp.ones((2, 3)))))
+    msg = ins.nonfinite.forward.message
+    # named as the graph draws it: the parameters group, then the leaf's path
+    assert "the input `parameters/block_1.dense.kernel` holds non-finite values" in msg, msg

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import itertools
 import threading
+import warnings
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any, Literal
 
@@ -21,11 +22,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _compat
+from .. import _compat, _outputs
 from .._gc import gc_paused
 from . import rules as _rules  # noqa: F401  (registers the rules)
 from .interpret import evaluate_closed
 from .packing import Packed
+from .primitive import sows_called
 from .record import Capture, Options, Recorder
 from .summaries import summarize_packed
 
@@ -128,13 +130,21 @@ class SaveIntermediates:
             it = iter(dyn)
             merged = [next(it) if d else leaf for leaf, d in zip(leaves, dynamic, strict=True)]
             a, k = jax.tree_util.tree_unflatten(treedef, merged)
-            return self.fn(*a, **k)
+            out = self.fn(*a, **k)
+            bad = _outputs.first_static_path(out)
+            if bad is not None:
+                raise TypeError(NOT_A_JAX_OUTPUT.format(path=bad[0], kind=bad[1]))
+            return out
 
-        with _compat.capturing(True), _compat.recording_foreign_sow_treedefs():
+        with (
+            _compat.capturing(True),
+            _compat.recording_foreign_sow_treedefs(),
+            sows_called() as called,
+        ):
             closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*flat)
         rec = Recorder(self._options)
         outs = evaluate_closed(closed, flat, rec)
-        self.notes = list(rec.notes)
+        self.notes = list(rec.notes) + self._unreached(called, rec)
         result = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), outs)
         axes: dict = {}  # {(tag?, name): {mode: Site.axes}}, for per-iteration summaries
         if self._by_tag:
@@ -157,6 +167,22 @@ class SaveIntermediates:
             defer=self._defer,
             once=self._once,
         )
+
+    def _unreached(self, called: set, rec: Recorder) -> list[str]:
+        """A note (and a warning) per sow that Python called while tracing `fn` but that
+        never reached the program: a `custom_vjp`/`custom_jvp` rule that does not call
+        the function replaced the code around it, so nothing was captured there."""
+        captured = {(c.site.tag, c.site.name) for c in rec.captures}
+        notes = [
+            NOT_REACHED.format(name=name)
+            for tag, name in sorted(called)
+            if tag in self._options.tags
+            and (tag, name) not in captured
+            and name not in rec.dropped  # already said (`interpret.UNSUPPORTED`)
+        ]
+        for note in notes:
+            warnings.warn(note, stacklevel=4)
+        return notes
 
     def traced(self, *args, **kwargs):
         """Under a trace (a program that calls this one): `run`'s result, traced in
@@ -218,6 +244,20 @@ class SaveIntermediates:
 
         return call
 
+
+NOT_REACHED = (
+    "sowviz.save_intermediates: sow {name!r} was called while tracing `fn` but never "
+    "reached the program: a custom_jvp/custom_vjp rule replaced the code around it (the "
+    "rule does not call the function), so nothing was captured there. Sow the custom "
+    "function's output instead."
+)
+
+NOT_A_JAX_OUTPUT = (
+    "sowviz.save_intermediates: `fn` returned `output{path}`, a {kind}, which is not a "
+    "JAX value; a compiled program returns arrays only. Return the arrays alone (for an "
+    "Equinox model: `eqx.filter(model, eqx.is_array)`), or use `sowviz.inspect`, `show` "
+    "or `Monitor`, which hand such leaves back as `eqx.filter_jit` does."
+)
 
 UNHASHABLE = (
     "sowviz.save_intermediates: the argument leaf `{path}` is a {kind}, which is neither "

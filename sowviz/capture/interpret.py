@@ -222,4 +222,5 @@ def _unsupported(eqn, invals: list, rec: Recorder) -> list:
     if rec.options.strict:
         raise CaptureError(msg)
     rec.notes.append(msg)
+    rec.dropped.update(names)
     return _compat.bind_eqn(eqn, invals)

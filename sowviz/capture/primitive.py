@@ -26,6 +26,9 @@ drop a tagged value that nothing downstream uses.
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -196,6 +199,9 @@ def sow(value: Any, name: str, *, tag: str = "intermediates") -> Any:
     if not leaves:
         return value
     arrays = [_as_array(leaf, name) for leaf in leaves]
+    seen = getattr(_SEEN, "names", None)
+    if seen is not None:
+        seen.add((tag, name))
     outs = sow_p.bind(
         *arrays,
         name=name,
@@ -207,6 +213,24 @@ def sow(value: Any, name: str, *, tag: str = "intermediates") -> Any:
         index=_next_index(),
     )
     return jax.tree_util.tree_unflatten(treedef, outs)
+
+
+#: The (tag, name) of every `sow` called while `sows_called` is open on this thread.
+_SEEN = threading.local()
+
+
+@contextlib.contextmanager
+def sows_called() -> Iterator[set]:
+    """The (tag, name) pairs of the `sow` calls Python makes while tracing. A sow inside
+    a `custom_vjp` function whose rule does not call it is traced by Python but never
+    reaches the program; comparing this set with what was captured finds it. A nested
+    block keeps its calls to itself (sowviz's own template sow, an inner capture)."""
+    outer = getattr(_SEEN, "names", None)
+    _SEEN.names = names = set()
+    try:
+        yield names
+    finally:
+        _SEEN.names = outer
 
 
 # Each `sow` call gets a serial number so two calls with one name stay distinct

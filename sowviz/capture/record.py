@@ -64,9 +64,11 @@ class Recorder:
     options: Options
     captures: list[Capture] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: Sow names a note already reports as not captured (a primitive with no rule).
+    dropped: set[str] = field(default_factory=set)
 
     def child(self) -> Recorder:
-        return Recorder(self.options, notes=self.notes)
+        return Recorder(self.options, notes=self.notes, dropped=self.dropped)
 
     def reset(self) -> None:
         # A body may be traced more than once (e.g. while JAX settles carry types).

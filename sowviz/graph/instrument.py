@@ -194,7 +194,8 @@ def _template(tag: str, n: int, names: tuple[str, ...] = ()) -> tuple[dict[str, 
             tree = dict(zip(names, xs, strict=True)) if names else xs[0] if n == 1 else list(xs)
             return _sow.sow(tree, "template", tag=tag)
 
-        closed = jax.make_jaxpr(one)(*[dummy] * n)
+        with _sow.sows_called():  # not a sow of the user's
+            closed = jax.make_jaxpr(one)(*[dummy] * n)
         (eqn,) = [e for e in closed.jaxpr.eqns if e.primitive is _sow.sow_p]
         found = _templates[key] = (dict(eqn.params), eqn.effects)
     return found

@@ -113,3 +113,70 @@ def test_cnn_sown_copy_under_filter_grad(cnn):
 @pytest.mark.browser
 def test_cnn_report_opens_in_chromium(cnn_ins, report):
     report(cnn_ins)
+
+
+class _BNNet(eqx.Module):
+    """Equinox's stateful-layer pattern: `eqx.nn.BatchNorm` (its `axis_name` a string
+    field, neither an array nor static) with an `eqx.nn.State`."""
+
+    linear: eqx.nn.Linear
+    bn: eqx.nn.BatchNorm
+
+    def __init__(self, key):
+        self.linear = eqx.nn.Linear(4, 8, key=key)
+        self.bn = eqx.nn.BatchNorm(8, axis_name="batch", mode="batch")
+
+    def __call__(self, x, state):
+        h, state = self.bn(self.linear(x), state)
+        return jnp.tanh(h), state
+
+
+def _train_step(model, state, opt_state, x, y):
+    """The Equinox tutorial's step: returns the updated model, state and optimiser state."""
+    import optax
+
+    def loss(m):
+        pred, new_state = jax.vmap(m, axis_name="batch", in_axes=(0, None), out_axes=(0, None))(
+            x, state
+        )
+        return jnp.mean((pred.sum(-1) - y) ** 2), new_state
+
+    (value, new_state), grads = eqx.filter_value_and_grad(loss, has_aux=True)(model)
+    updates, opt_state = optax.sgd(0.1).update(grads, opt_state, model)
+    return eqx.apply_updates(model, updates), new_state, opt_state, value
+
+
+@pytest.mark.parametrize("mode", ["primal", "jvp"])
+def test_a_train_step_returning_its_model_gives_it_back_as_filter_jit(mode):
+    import optax
+
+    model, state = eqx.nn.make_with_state(_BNNet)(jax.random.PRNGKey(0))
+    opt_state = optax.sgd(0.1).init(eqx.filter(model, eqx.is_array))
+    x = jax.random.normal(jax.random.PRNGKey(1), (16, 4)) + 2.0
+    y = jnp.linspace(-1.0, 1.0, 16)
+    args = (model, state, opt_state, x, y)
+    want = eqx.filter_jit(_train_step)(*args)
+    ins = sowviz.inspect(_train_step, *args, mode=mode)
+    got = ins.result if mode == "primal" else ins.result[0]
+    # The non-array fields come back as they were (the string, the activation), and
+    # the arrays equal eqx.filter_jit's.
+    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
+    assert got[0].bn.axis_name == "batch" and got[0].bn.inference is False
+    assert_close(eqx.filter(got, eqx.is_array), eqx.filter(want, eqx.is_array), what="step")
+    # save_intermediates cannot hand such a leaf back from its program: it says so.
+    with pytest.raises(TypeError, match=r"output\[0\]\.bn\.axis_name`, a str"):
+        sowviz.save_intermediates(_train_step)(*args)
+
+
+def test_parameter_probes_are_found_by_their_path_never_by_a_guess(cnn, cnn_ins):
+    model = cnn[0]
+    # Three Linear/Conv weights share the name: a KeyError naming them, not the first.
+    with pytest.raises(KeyError, match=r"3 probes are called 'weight'.*layers\[4\]/weight"):
+        cnn_ins.probe("weight")
+    p = cnn_ins.probe("layers[4]/weight")
+    assert cnn_ins.probe_path(p) == "parameters/layers[4]/weight"
+    assert cnn_ins.probe("parameters/layers[4]/weight") is p
+    w = np.asarray(model.layers[4].weight)
+    np.testing.assert_allclose(p.summaries["primal"]["mean"], w.mean(), rtol=STAT_RTOL)
+    g = np.asarray(eqx.filter_grad(em.cnn_loss)(*cnn).layers[4].weight)
+    np.testing.assert_allclose(p.summaries["cotangent"]["l2"], np.linalg.norm(g), rtol=STAT_RTOL)

@@ -1,0 +1,98 @@
+"""A Flax NNX model whose layers change their own state while they run (BatchNorm's
+running statistics, Dropout's RNG counter), trained the way Flax's docs train it
+(`nnx.Optimizer`, `nnx.value_and_grad` under `nnx.jit`) and by `sowviz.Monitor`: the
+Monitor must carry that state out of its compiled program as `nnx.jit` does, so both
+loops draw the same dropout masks and end with the same statistics and parameters.
+`inspect` only looks: it leaves the model as it was."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+import sowviz
+
+from .checks import assert_close
+
+
+class Net(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs):
+        self.linear = nnx.Linear(6, 16, rngs=rngs)
+        self.bn = nnx.BatchNorm(16, rngs=rngs)
+        self.dropout = nnx.Dropout(0.5, rngs=rngs)
+        self.out = nnx.Linear(16, 3, rngs=rngs)
+
+    def __call__(self, x):
+        return self.out(self.dropout(nnx.relu(self.bn(self.linear(x)))))
+
+
+def loss(model, x, y):
+    logits = model(x)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+
+def data(steps=5, batch=12):
+    key = jax.random.PRNGKey(3)
+    xs = jax.random.normal(key, (steps, batch, 6)) + 1.5  # BatchNorm has a mean to track
+    ys = jax.random.randint(jax.random.fold_in(key, 1), (steps, batch), 0, 3)
+    return list(zip(xs, ys, strict=True))
+
+
+def _state(model, kind):
+    def host(x):
+        key = jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
+        return np.asarray(jax.random.key_data(x) if key else x)
+
+    return jax.tree_util.tree_map(host, nnx.state(model, kind))
+
+
+@nnx.jit
+def reference_step(model, optimizer, x, y):
+    value, grads = nnx.value_and_grad(loss)(model, x, y)
+    optimizer.update(model, grads)
+    return value
+
+
+def test_monitor_carries_batchnorm_statistics_and_dropout_rng_like_nnx_jit():
+    batches = data()
+    ref, watched = Net(nnx.Rngs(0)), Net(nnx.Rngs(0))
+    # SGD, not Adam: the first linear map's bias has a zero gradient in exact arithmetic
+    # (BatchNorm takes the mean out), which Adam would scale up from rounding noise.
+    ref_opt = nnx.Optimizer(ref, optax.sgd(0.1), wrt=nnx.Param)
+    opt = nnx.Optimizer(watched, optax.sgd(0.1), wrt=nnx.Param)
+    mon = sowviz.Monitor(loss, every=2)  # steps 0, 2, 4 instrumented; 1, 3 plain
+    want, got = [], []
+    for x, y in batches:
+        want.append(float(reference_step(ref, ref_opt, x, y)))
+        value, grads = mon.step(watched, x, y)
+        opt.update(watched, grads)
+        got.append(float(value))
+    mon.close()
+    # The same dropout mask at every step would give other losses from step 1 on.
+    np.testing.assert_allclose(got, want, rtol=2e-5)
+    assert len(set(got)) == len(got)
+    assert_close(_state(watched, nnx.BatchStat), _state(ref, nnx.BatchStat), what="BatchNorm")
+    assert int(watched.dropout.rngs.count[...]) == int(ref.dropout.rngs.count[...]) == 5
+    assert_close(_state(watched, nnx.Param), _state(ref, nnx.Param), what="parameters")
+    # The statistics moved towards the data's mean (1.5 before the first linear map).
+    assert np.abs(np.asarray(watched.bn.mean[...])).max() > 1e-3
+
+
+@pytest.mark.parametrize("mode", ["grad", "jvp", "all", "primal"])
+def test_inspect_leaves_the_state_alone_and_draws_it(mode):
+    model = Net(nnx.Rngs(0))
+    x, y = data(1)[0]
+    before = _state(model, nnx.Not(nnx.Param))
+    ins = sowviz.inspect(loss, model, x, y, mode=mode)
+    assert_close(_state(model, nnx.Not(nnx.Param)), before, rtol=0, what="state")
+    # The state the step would write shows as outputs of the program.
+    labels = {n.label for n in ins.graph.nodes}
+    assert {"model.bn.mean.value (updated)", "model.bn.var.value (updated)"} <= labels
+    # ... and the result is what one step of `nnx.jit` gives, dropout mask included.
+    value = nnx.jit(loss)(Net(nnx.Rngs(0)), x, y)
+    result = ins.result if mode == "primal" else ins.result[0]
+    np.testing.assert_allclose(result, value, rtol=2e-5)
