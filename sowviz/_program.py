@@ -44,7 +44,7 @@ from .capture import summaries as _summaries
 from .capture.api import SaveIntermediates
 from .capture.tallied import Tallied
 from .graph import build_graph, instrument
-from .modes import forward_error, tangent_inputs, transform, with_output_leaves
+from .modes import forward_error, tangent_inputs, transform, with_aux, with_output_leaves
 from .options import InspectOptions
 from .summary import Summary, SummaryOptions, all_clean
 
@@ -76,6 +76,23 @@ def _arg_names(fn: Callable, args: tuple, paths: list[str]) -> list[str]:
     return out or paths
 
 
+_AUX_PAIR = (
+    "sowviz: `has_aux=True`, so `fn` must return a pair `(output, aux)`, as for "
+    "`jax.value_and_grad(fn, has_aux=True)`; it returned {what}. Return "
+    "`(loss, aux)`, or leave `has_aux` out."
+)
+
+
+def _aux_pair(out: Any) -> tuple[Any, Any]:
+    """`fn`'s `(output, aux)`, or a TypeError saying what `has_aux` expects."""
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        what = f"a {type(out).__name__}" + (
+            f" of length {len(out)}" if isinstance(out, (tuple, list)) else ""
+        )
+        raise TypeError(_AUX_PAIR.format(what=what))
+    return out[0], out[1]
+
+
 class Traced:
     """`fn` traced once at one argument spec and shapes: jaxpr, stage graph, probes."""
 
@@ -85,21 +102,25 @@ class Traced:
         paths = _paths(args)
         self.layout = _layout(spec, dyn, paths)
         self.trace_count = 0
+        self.has_aux = options.has_aux
 
         named = _named(fn)
         #: Leaves of the arguments (`tree_leaves` positions) that `fn` assigns in place
         #: (`_state`): their new values leave the program beside its result.
         self.state: tuple[int, ...] = ()
-        #: `fn`'s output leaves that are not JAX values (`_outputs`), put back on the host.
-        self.out_static = _outputs.StaticLeaves()
+        #: `fn`'s output leaves that are not JAX values (`_outputs`), put back on the host;
+        #: `aux_static` those of its `aux` (`has_aux`).
+        self.out_static = self.aux_static = _outputs.StaticLeaves()
 
         def flat_fn(*flat):
             self.trace_count += 1
             merged = spec.merge(flat)
             before = jax.tree_util.tree_leaves(merged)
-            out, self.out_static = _outputs.strip(named(*merged))
+            out, aux = _aux_pair(named(*merged)) if options.has_aux else (named(*merged), None)
+            out, self.out_static = _outputs.strip(out)
+            aux, self.aux_static = _outputs.strip(aux)
             self.state = _state.changed(before, merged)
-            return out, _state.values(merged, self.state)
+            return out, (_state.values(merged, self.state), aux)
 
         avals = [
             jax.ShapeDtypeStruct(
@@ -108,10 +129,10 @@ class Traced:
             for x in dyn
         ]
         with _compat.capturing(True):
-            self.closed, (out_shape, state_shape) = jax.make_jaxpr(flat_fn, return_shape=True)(
+            self.closed, (out_shape, extra_shape) = jax.make_jaxpr(flat_fn, return_shape=True)(
                 *avals
             )
-        self.out_tree = jax.tree_util.tree_structure((out_shape, state_shape))
+        self.out_tree = jax.tree_util.tree_structure((out_shape, extra_shape))
         names = _arg_names(fn, args, paths)
         title = options.title or getattr(fn, "__name__", None) or "program"
         tn = options.tesseract_names
@@ -122,7 +143,11 @@ class Traced:
                 "output" + jax.tree_util.keystr(p)
                 for p, _ in jax.tree_util.tree_flatten_with_path(out_shape)[0]
             ]
-            + [f"{names[k]} (updated)" for k in self.state],
+            + [f"{names[k]} (updated)" for k in self.state]
+            + [
+                "aux" + jax.tree_util.keystr(p)
+                for p, _ in jax.tree_util.tree_flatten_with_path(extra_shape[1])[0]
+            ],
             capture=options.capture,
             title=title,
             tesseract_names=dict(tn) if isinstance(tn, tuple) else tn,
@@ -132,7 +157,7 @@ class Traced:
         self._probed = instrument(self.closed, self.graph.probe_points, tag=PROBE_TAG)
 
     def plain(self, dyn: list) -> Any:
-        """`fn`'s output and its arguments' new state (`state`'s values)."""
+        """`fn`'s output and `(its arguments' new state (`state`'s values), its aux)`."""
         outs = _compat.eval_jaxpr(self.closed.jaxpr, self.closed.consts, *dyn)
         return jax.tree_util.tree_unflatten(self.out_tree, outs)
 
@@ -158,21 +183,29 @@ class Out:
         notes: tuple,
         chain: Any = None,
         state: tuple = (),
+        aux: Any = None,
     ):
         self.result, self.packed, self.finite, self.clean = result, packed, finite, clean
         self.traced, self.notes = traced, notes
         # The plain program's running flag (`chain_flags`), when given one.
         self.chain = chain
         self.state = state
+        # `fn`'s aux output (`has_aux`), None without it.
+        self.aux = aux
 
     def tree_flatten(self):
         children = (self.result, self.packed, self.finite, self.clean, self.chain, self.state)
-        return children, (self.traced, self.notes)
+        return (*children, self.aux), (self.traced, self.notes)
 
     @classmethod
-    def tree_unflatten(cls, aux, children):
-        result, packed, finite, clean, chain, state = children
-        return cls(result, packed, finite, clean, *aux, chain=chain, state=state)
+    def tree_unflatten(cls, static, children):
+        result, packed, finite, clean, chain, state, aux = children
+        return cls(result, packed, finite, clean, *static, chain=chain, state=state, aux=aux)
+
+    def user_result(self, mode: Any) -> Any:
+        """The result as the caller gets it: with `has_aux`, `aux` placed as JAX's
+        `has_aux` transforms place it (`modes.with_aux`)."""
+        return self.result if not self.traced.has_aux else with_aux(mode, self.result, self.aux)
 
 
 @jax.tree_util.register_pytree_node_class
@@ -420,18 +453,18 @@ class Runner:
             once=not steps,
         )
         # inline: a nested jit hides aliases
-        (result, state), packed = capture.traced(dyn, extra)
+        (result, (state, aux)), packed = capture.traced(dyn, extra)
         notes = tuple(capture.notes)
         finite = all_finite(result, pooled=True)
-        out = Out(result, packed, finite, probes_clean(packed), traced, notes, state=state)
+        out = Out(result, packed, finite, probes_clean(packed), traced, notes, state=state, aux=aux)
         return shared(out, (dyn, extra))
 
     def _plain_program(self, spec: ArgSpec, dyn: list, extra: tuple, chain: Any) -> Out:
         traced = self.family.traced(self.options, spec, dyn)
-        result, state = self._transformed(traced, traced.plain)(dyn, extra)
+        result, (state, aux) = self._transformed(traced, traced.plain)(dyn, extra)
         finite = all_finite(result)
         chain = None if chain is None else chain_flags(chain, finite)
-        return Out(result, None, finite, None, traced, (), chain, state)
+        return Out(result, None, finite, None, traced, (), chain, state, aux)
 
     def run(
         self,
@@ -470,14 +503,25 @@ class Runner:
             self.family.local.args = None
         if out.packed.pending:
             packed, clean = _summaries.finish(out.packed, out.clean)
-            out = Out(out.result, packed, out.finite, clean, out.traced, out.notes, state=out.state)
+            out = Out(
+                out.result,
+                packed,
+                out.finite,
+                clean,
+                out.traced,
+                out.notes,
+                None,
+                out.state,
+                out.aux,
+            )
         return self._with_statics(out)
 
     def _with_statics(self, out: Out) -> Out:
-        """`out` with the non-JAX leaves of `fn`'s output put back into its result."""
+        """`out` with the non-JAX leaves of `fn`'s output put back into its result and aux."""
         static = out.traced.out_static
         if static.positions:
             out.result = with_output_leaves(self.options.mode, out.result, static.restore)
+        out.aux = out.traced.aux_static.restore(out.aux)
         return out
 
     def compile(

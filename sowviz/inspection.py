@@ -301,7 +301,7 @@ def _inspection_of(out: Out, options: InspectOptions) -> Inspection:
 
     return Inspection(
         nonfinite=origins_of(out, probes, options),
-        result=out.result,
+        result=out.user_result(options.mode),
         graph=out.traced.graph,
         probes=probes,
         mode=Mode(options.mode),

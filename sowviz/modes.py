@@ -251,6 +251,19 @@ def with_output_leaves(mode: Mode | str, result: Any, restore: Callable[[Any], A
     return (restore(result[0]), *result[1:])
 
 
+def with_aux(mode: Mode | str, result: Any, aux: Any) -> Any:
+    """`transform`'s `result` with `fn`'s `aux` where JAX's `has_aux` puts it: grad
+    `((value, aux), grads)` as `jax.value_and_grad`; primal `(output, aux)`, what `fn`
+    returned; jvp, vjp and all the aux last, as `jax.jvp`/`jax.vjp` return it."""
+    mode = Mode(mode)
+    if mode is Mode.PRIMAL:
+        return (result, aux)
+    if mode is Mode.GRAD:
+        value, grads = result
+        return (value, aux), grads
+    return (*result, aux)
+
+
 def transform(
     run: Callable[[list], Any], layout: Layout, mode: Mode, argnums: Any
 ) -> Callable[[list, tuple], Any]:

@@ -213,7 +213,7 @@ class Monitor:
             self._drain(keep=_MAX_PENDING)
             if out.state:
                 _state.write_back(args, out.traced.state, out.state)
-            return out.result
+            return out.user_result(self._options.mode)
 
     def _run(self, args: tuple, instrumented: bool, chain: Any = None) -> Out:
         o = self._options

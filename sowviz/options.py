@@ -31,6 +31,7 @@ OPTION_NAMES = (
     "strict",
     "tesseract_names",
     "expect_nonfinite",
+    "has_aux",
 )
 
 _KWARGS = "(To pass keyword arguments to your function, bind them first with functools.partial.)"
@@ -145,6 +146,9 @@ class InspectOptions:
     #: stage labels or sow names where NaN/Inf are expected (e.g. an attention mask's
     #: -inf): no alarm for them nor for the kinds of values they pass on (sowviz.nonfinite)
     expect_nonfinite: tuple[str, ...] = ()
+    #: `fn` returns `(output, aux)`: `aux` is carried along, never differentiated, and
+    #: returned as `jax.value_and_grad(fn, has_aux=True)` returns it
+    has_aux: bool = False
 
     @classmethod
     def from_kwargs(
@@ -177,8 +181,9 @@ class InspectOptions:
             )
         if "loops" in o and o["loops"] != "last":
             check_int(where, "loops", o["loops"], lo=1)
-        if "strict" in o:
-            check_bool(where, "strict", o["strict"])
+        for name in ("strict", "has_aux"):
+            if name in o:
+                check_bool(where, name, o[name])
         if "tesseract_names" in o:
             o["tesseract_names"] = _tesseract_names(where, o["tesseract_names"])
         if o.get("tangents") is not None and not isinstance(o["tangents"], (tuple, list)):
@@ -195,7 +200,7 @@ class InspectOptions:
 
     def graph_key(self) -> tuple:
         """What the stage graph depends on (beyond the function and its arguments)."""
-        return (self.capture, self.title, self.tesseract_names)
+        return (self.capture, self.title, self.tesseract_names, self.has_aux)
 
     def program_key(self) -> tuple:
         """What the compiled program depends on (beyond the graph): not the values of
