@@ -143,7 +143,7 @@ class Traced:
                 "output" + jax.tree_util.keystr(p)
                 for p, _ in jax.tree_util.tree_flatten_with_path(out_shape)[0]
             ]
-            + [f"{names[k]} (updated)" for k in self.state]
+            + [_state.new_value_label(names[k]) for k in self.state]
             + [
                 "aux" + jax.tree_util.keystr(p)
                 for p, _ in jax.tree_util.tree_flatten_with_path(extra_shape[1])[0]

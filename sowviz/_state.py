@@ -60,6 +60,12 @@ def changed(before: list, args: Any) -> tuple[int, ...]:
     )
 
 
+def new_value_label(name: str) -> str:
+    """The graph's label of the value `fn` writes to the leaf `name` (`model.bn.mean.value`
+    gives `new model.bn.mean`): the news first, since a long label is cut at its end."""
+    return "new " + name.removesuffix(".value")
+
+
 def values(args: Any, positions: tuple[int, ...]) -> tuple:
     """The leaves of `args` at `positions`, as arrays (a program's outputs)."""
     leaves = jax.tree_util.tree_leaves(args)
