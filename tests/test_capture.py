@@ -998,6 +998,7 @@ def test_a_sow_a_custom_rule_replaces_is_named_not_dropped_silently():
 def test_a_sow_the_custom_rule_calls_is_captured_and_no_warning():
     x = jnp.linspace(-1.0, 1.0, 5)
     called = _scaled_tanh_rule(calls_fn=True)
+
     def loss(x):
         _, ys = lax.scan(lambda c, xi: (c, called(xi)), 0.0, x)
         return jnp.sum(ys**2)
