@@ -26,6 +26,7 @@ shared summary program is kept on disk by sowviz itself (`sowviz._disk_cache`).
 from __future__ import annotations
 
 import collections
+import functools
 import inspect as _pyinspect
 import threading
 import weakref
@@ -93,6 +94,17 @@ def _aux_pair(out: Any) -> tuple[Any, Any]:
     return out[0], out[1]
 
 
+def _title(fn: Callable) -> str:
+    """`fn`'s name; a `functools.partial` of a named function (a step with its static
+    arguments bound) by that function's, as `partial(step)`."""
+    name = getattr(fn, "__name__", None)
+    inner = getattr(fn, "func", None)
+    if name is None and isinstance(fn, functools.partial) and inner is not None:
+        base = _title(inner)
+        return f"partial({base})" if base != "program" else base
+    return name or "program"
+
+
 class Traced:
     """`fn` traced once at one argument spec and shapes: jaxpr, stage graph, probes."""
 
@@ -134,7 +146,7 @@ class Traced:
             )
         self.out_tree = jax.tree_util.tree_structure((out_shape, extra_shape))
         names = _arg_names(fn, args, paths)
-        title = options.title or getattr(fn, "__name__", None) or "program"
+        title = options.title or _title(fn)
         tn = options.tesseract_names
         self.graph = build_graph(
             self.closed,

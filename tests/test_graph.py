@@ -884,3 +884,28 @@ def test_inspect_grad_of_scan_with_unread_ys_matches_jax():
     np.testing.assert_allclose(value, want_value, rtol=1e-6)
     for k in p:
         np.testing.assert_allclose(grads[k], want_grads[k], rtol=1e-5)
+
+
+def test_a_train_step_draws_its_own_backward_pass_as_a_stage_of_its_own():
+    """A step that takes `jax.value_and_grad` itself: JAX names the transposed equations
+    `transpose(jvp(MLP))`; they are `MLP (backward)`, not a second `MLP#2`."""
+
+    def mlp(w, x):
+        with jax.named_scope("MLP"):
+            return jnp.sum(jnp.tanh(x @ w) ** 2)
+
+    def step(w, x):
+        value, g = jax.value_and_grad(mlp)(w, x)
+        return w - 0.1 * g, value
+
+    w, x = jnp.ones((3, 2)) / 3, jnp.ones((4, 3))
+    ins = sowviz.inspect(step, w, x, mode="primal")
+    labels = [n.label for n in ins.graph.nodes]
+    assert "MLP" in labels and "MLP (backward)" in labels and "MLP#2" not in labels
+    np.testing.assert_allclose(ins.result[0], step(w, x)[0], rtol=1e-6)
+    # the backward stage holds the transposed matmul; the forward one does not
+    (fwd,) = [n for n in ins.graph.nodes if n.label == "MLP"]
+    (bwd,) = [n for n in ins.graph.nodes if n.label == "MLP (backward)"]
+    inside = {p: [n for n in ins.graph.nodes if n.parent == p.id] for p in (fwd, bwd)}
+    assert any(n.primitive == "transpose" for n in inside[bwd])
+    assert not any(n.primitive == "transpose" for n in inside[fwd])

@@ -403,3 +403,17 @@ def test_forward_modes_through_a_custom_vjp_say_what_to_use_instead(mode):
         sowviz.inspect(_clipped_loss, w, x, mode=mode)
     assert "mode='grad' or 'vjp'" in str(err.value)
     assert "custom_vjp" in str(err.value.__cause__)  # JAX's own words, and its trace
+
+
+def test_a_partial_is_titled_by_the_function_it_binds():
+    import functools
+
+    def step(w, x, lr):
+        return jnp.sum(jnp.tanh(x @ w)) * lr
+
+    w, x = jnp.ones((3, 2)) / 3, jnp.ones((4, 3))
+    ins = sowviz.inspect(functools.partial(step, lr=0.5), w, x)
+    assert ins.title == "partial(step)" == ins.to_dict()["title"]
+    value, grad = jax.value_and_grad(step)(w, x, 0.5)
+    np.testing.assert_allclose(ins.result[0], value, rtol=1e-6)
+    np.testing.assert_allclose(ins.result[1], grad, rtol=1e-6)

@@ -68,10 +68,24 @@ def path_label(tokens: Sequence[str]) -> str:
     return "".join(tokens).lstrip(".")
 
 
+#: Appended to the first scope under a `transpose` transform: the backward pass of a
+#: `jax.grad` that `fn` takes itself (a train step) is its own stage, `MLP (backward)`,
+#: not a second `MLP#2` beside the forward one.
+BACKWARD = " (backward)"
+
+
 def scope_names(eqn) -> tuple[str, ...]:
     """The equation's `named_scope` names; Equinox's own `eqx.nn.Linear` scope is
     dropped right inside a module stage `…: Linear` that already says it."""
-    names = tuple(n for k, n in _compat.name_stack_kinds(eqn) if k == "scope")
+    names_: list[str] = []
+    backward = False
+    for kind, name in _compat.name_stack_kinds(eqn):
+        if kind == "transform":
+            backward = backward or name == "transpose"
+        else:
+            names_.append(name + BACKWARD if backward else name)
+            backward = False
+    names = tuple(names_)
     if not any(n.startswith("eqx.nn.") for n in names):
         return names
     out: list[str] = []
