@@ -338,7 +338,13 @@ def inspect(
     Options: argnums, tangents (a tuple, one per argument), cotangents (shaped like
     the output), bins (≤ 4096), title, tag, duplicates (default "suffix"), loops,
     strict, tesseract_names, expect_nonfinite (stage labels or sow names where NaN/Inf
-    are expected, e.g. ("mask",): see docs/model.md, NonFinite).
+    are expected, e.g. ("mask",): see docs/model.md, NonFinite), has_aux (`fn` returns
+    `(output, aux)`: the aux is never differentiated and `result` holds it where JAX's
+    `has_aux` puts it, e.g. `((value, aux), grads)` in mode grad).
+
+    `inspect` only looks: state that `fn` assigns in its arguments (a Flax NNX model's
+    BatchNorm statistics, its RNG counters) is drawn as outputs (`new model.bn.mean`)
+    and left unwritten; `Monitor.step` writes it back.
 
     Example:
         >>> ins = sowviz.inspect(lambda w: jnp.sum(jnp.tanh(w) ** 2), jnp.ones(3))
