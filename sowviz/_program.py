@@ -157,7 +157,8 @@ class Traced:
             ]
             + [_state.new_value_label(names[k]) for k in self.state]
             + [
-                "aux" + jax.tree_util.keystr(p)
+                # dotted ("aux.BatchNorm_0.mean"): a drawn box cuts a long label at its end
+                ".".join(("aux", jax.tree_util.keystr(p, simple=True, separator=".")))
                 for p, _ in jax.tree_util.tree_flatten_with_path(extra_shape[1])[0]
             ],
             capture=options.capture,

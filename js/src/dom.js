@@ -32,8 +32,18 @@ export function clear(el) {
   while (el.firstChild) el.removeChild(el.firstChild);
 }
 
-/** Truncates to `n` characters with an ellipsis. */
+/**
+ * Truncates to `n` characters with an ellipsis. A path (`aux.BatchNorm_0.mean`,
+ * `new model.bn.var`) keeps its last part when that takes at most half the room:
+ * it is what tells two like names apart (`aux.Batch….mean`, `aux.Batch….var`).
+ * @param {unknown} text
+ * @param {number} n
+ */
 export function ellipsis(text, n) {
   const t = String(text);
-  return t.length > n ? `${t.slice(0, n - 1)}…` : t;
+  if (t.length <= n) return t;
+  const cut = Math.max(t.lastIndexOf("."), t.lastIndexOf("/"));
+  const tail = cut > 0 ? t.slice(cut) : "";
+  if (tail && tail.length <= Math.floor(n / 2)) return `${t.slice(0, n - 1 - tail.length)}…${tail}`;
+  return `${t.slice(0, n - 1)}…`;
 }
