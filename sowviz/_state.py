@@ -49,6 +49,8 @@ def changed(before: list, args: Any) -> tuple[int, ...]:
     """Positions of the leaves of `args` (as `fn` left them) that are not the leaves
     `before` (as `fn` got them) and sit in a writable variable; none if the number of
     leaves changed (a variable added or removed): nothing maps back then."""
+    if _variable_type() is None:  # no NNX loaded: no variable to write
+        return ()
     after = jax.tree_util.tree_leaves(args)
     if len(after) != len(before):
         return ()
