@@ -9,6 +9,9 @@ and path each array input has, and rebuilds per-argument trees of gradients.
 
 from __future__ import annotations
 
+import functools
+import re
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,8 +35,41 @@ _UNHASHABLE = (
 )
 
 
-def _paths(args: tuple) -> list[str]:
-    return [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(args)[0]]
+def _paths(args: Any) -> list[str]:
+    """Per leaf of `args`, its path (`[0]['w']`). The leaves of an Equinox
+    `eqx.nn.State` are named by the layer that owns them (`[1].bn1.ema_state_index[0]`),
+    not by their flat position in it (`[1][<flat index 1>][0]`), which JAX gives."""
+    state = _eqx_state()
+    if state is None:
+        return [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(args)[0]]
+    out = []
+    for p, x in jax.tree_util.tree_flatten_with_path(args, is_leaf=lambda x: isinstance(x, state))[
+        0
+    ]:
+        if not isinstance(x, state):
+            out.append(jax.tree_util.keystr(p))
+            continue
+        values, treedef = jax.tree_util.tree_flatten(x, is_leaf=functools.partial(_is_not, x))
+        markers = treedef.node_data()[1]  # the State's keys: `make_with_state` names them
+        for k, (value, marker) in enumerate(zip(values, markers, strict=True)):
+            at = _OWNER.sub("", marker, count=1) if isinstance(marker, str) else f"[{k}]"
+            at = at if at.startswith((".", "[")) else "." + at
+            out += [jax.tree_util.keystr(p) + at + q for q in _paths(value)]
+    return out
+
+
+#: `make_with_state` names a state `CNN.bn1.ema_state_index`: the model's class, then
+#: the path to the layer's `StateIndex`.
+_OWNER = re.compile(r"^[A-Za-z_]\w*")
+
+
+def _is_not(x: Any, v: Any) -> bool:
+    return v is not x  # the State's own values are its leaves here
+
+
+def _eqx_state() -> type | None:
+    eqx = sys.modules.get("equinox")
+    return getattr(getattr(eqx, "nn", None), "State", None) if eqx is not None else None
 
 
 class ArgSpec:

@@ -442,42 +442,72 @@ def foreign_sow_treedef(name: str, num_leaves: int) -> Any | None:
     return treedef if treedef is not None and treedef.num_leaves == num_leaves else None
 
 
-_WRAPPER_NAMES = frozenset(
-    {
-        "reraise_with_filtered_traceback",
-        "cache_miss",
-        "wrapper",
-        "wrapped",
-        "__call__",
-        "call_wrapped",
-    }
-)
+# --- added by graph: the library calls below the user's line, to name folded runs of
+# equations (`make_causal_mask`, `Optimizer.update` > `scale_by_adam`). Same
+# traceback internals as `call_sites`.
+@dataclass(frozen=True)
+class CallPath:
+    """What `call_path` found: the functions' qualified names, outermost first, and
+    whether they start below a user's line (else the traceback was cut: a body that
+    a library traced)."""
+
+    names: tuple[str, ...] = ()
+    below_user: bool = False
 
 
-# --- added by graph (H4): what the user's line called, to label a folded run of
-# equations (`make_causal_mask`). Same traceback internals as `call_sites`.
-def user_callee(eqn: JaxprEqn) -> str | None:
-    """The name of the function the innermost user frame called (the next frame
-    inward whose name is not a decorator's wrapper), or None."""
+_paths: dict[tuple, CallPath] = {}
+
+
+def _is_tree_util(code: Any) -> bool:
+    # `jax.tree.map` runs a library's function per leaf: the function is the news.
+    return os.path.basename(code.co_filename) in ("tree.py", "tree_util.py")
+
+
+def call_path(eqn: JaxprEqn) -> CallPath:
+    """The qualified names of the functions an equation was made in below the
+    innermost user frame outside libraries (`user_location_outside_libraries`),
+    outermost first: the library calls that line made, down to the one that bound
+    it (`Optimizer.update`, `chain.<locals>.update_fn`, …). JAX's and sowviz's own
+    frames are left out, but for the public JAX function called last (`softmax`,
+    `einsum`): what the line asked JAX for. Without such a user frame (the body of a `lax.cond` that a
+    library traced), the whole traceback's path. Empty when unknown."""
     tb = eqn.source_info.traceback
     if tb is None:
-        return None
+        return CallPath()
     try:
         codes, _ = tb.raw_frames()
-        for k, code in enumerate(codes):
-            fname = code.co_filename
-            if (
-                _source_info.is_user_filename(fname)
-                and not fname.startswith(_SOWVIZ_DIR + os.sep)
-                and not any(d in fname for d in _LIBRARY_DIRS)
-            ):
-                for inner in reversed(codes[:k]):
-                    if inner.co_name not in _WRAPPER_NAMES and not inner.co_name.startswith("<"):
-                        return inner.co_name
-                return None
-    except Exception:  # best effort
-        return None
-    return None
+        key = tuple(codes)
+        path = _paths.get(key)
+        if path is None:
+            user = len(codes)
+            for k, code in enumerate(codes):
+                fname = code.co_filename
+                if (
+                    _source_info.is_user_filename(fname)
+                    and not fname.startswith(_SOWVIZ_DIR + os.sep)
+                    and not any(d in fname for d in _LIBRARY_DIRS)
+                ):
+                    user = k
+                    break
+            if len(_paths) > 100_000:  # a long session of many programs
+                _paths.clear()
+            names: list[str] = []
+            api: str | None = ""  # "": the frame before was not JAX's
+            for c in reversed(codes[:user]):
+                if c.co_filename.startswith(_SOWVIZ_DIR + os.sep):
+                    continue
+                if _source_info.is_user_filename(c.co_filename):
+                    names.append(c.co_qualname)
+                    api = ""
+                elif api == "":  # the JAX function that code called (`softmax`, `norm`)
+                    public = "." not in c.co_qualname and not c.co_name.startswith("_")
+                    api = c.co_qualname if public and not _is_tree_util(c) else None
+            if api:
+                names.append(api)
+            path = _paths[key] = CallPath(tuple(names), user < len(codes))
+        return path
+    except Exception:  # best effort, as user_location
+        return CallPath()
 
 
 def vjp_by_jvp(f: Any, primals: tuple, check: Any = None, has_aux: bool = False) -> tuple:

@@ -151,16 +151,9 @@ class Traced:
         self.graph = build_graph(
             self.closed,
             in_names=[names[i] for i in spec.dynamic],
-            out_names=[
-                "output" + jax.tree_util.keystr(p)
-                for p, _ in jax.tree_util.tree_flatten_with_path(out_shape)[0]
-            ]
+            out_names=["output" + p for p in _paths(out_shape)]
             + [_state.new_value_label(names[k]) for k in self.state]
-            + [
-                # dotted ("aux.BatchNorm_0.mean"): a drawn box cuts a long label at its end
-                ".".join(("aux", jax.tree_util.keystr(p, simple=True, separator=".")))
-                for p, _ in jax.tree_util.tree_flatten_with_path(extra_shape[1])[0]
-            ],
+            + ["aux" + p for p in _paths(extra_shape[1])],
             capture=options.capture,
             title=title,
             tesseract_names=dict(tn) if isinstance(tn, tuple) else tn,
@@ -171,12 +164,21 @@ class Traced:
 
     def plain(self, dyn: list) -> Any:
         """`fn`'s output and `(its arguments' new state (`state`'s values), its aux)`."""
-        outs = _compat.eval_jaxpr(self.closed.jaxpr, self.closed.consts, *dyn)
-        return jax.tree_util.tree_unflatten(self.out_tree, outs)
+        return self._outputs(_compat.eval_jaxpr(self.closed.jaxpr, self.closed.consts, *dyn))
 
     def probed(self, dyn: list) -> Any:
         """`plain` with every probe point tagged."""
-        return jax.tree_util.tree_unflatten(self.out_tree, self._probed(*dyn))
+        return self._outputs(self._probed(*dyn))
+
+    def _outputs(self, outs: list) -> Any:
+        # An output the program makes as a constant (Equinox BatchNorm's
+        # `jnp.array(False)` in its new state) is a jaxpr literal, which evaluates to
+        # a Python scalar: an array again, as `jax.jit` returns it.
+        outs = [
+            o if isinstance(o, jax.Array | jax.core.Tracer) else jnp.asarray(o, aval.dtype)
+            for o, aval in zip(outs, self.closed.out_avals, strict=True)
+        ]
+        return jax.tree_util.tree_unflatten(self.out_tree, outs)
 
 
 @jax.tree_util.register_pytree_node_class

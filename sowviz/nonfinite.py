@@ -150,6 +150,14 @@ class _Index:
         for n in reversed(graph.nodes):
             if n.parent is not None:
                 self.exit[n.parent] = max(self.exit[n.parent], self.exit[n.id])
+        # Outputs, and the groups that hold only outputs (a returned model's leaves).
+        self.outputs = {n.id for n in graph.nodes if n.kind == "output"}
+        held: dict[str, bool] = {}
+        for n in reversed(graph.nodes):  # children come after parents: a group's are done
+            if held.get(n.id) and n.kind == "scope":
+                self.outputs.add(n.id)
+            if n.parent is not None:
+                held[n.parent] = held.get(n.parent, True) and n.id in self.outputs
         self.out: dict[str, list[str]] = {}
         for e in graph.edges:
             self.out.setdefault(e.source, []).append(e.target)
@@ -172,7 +180,7 @@ class _Index:
         """The nodes reading `node`'s values: its level's edges, else its parent's."""
         cur: str | None = node
         while cur is not None:
-            targets = [t for t in self.out.get(cur, ()) if self.nodes[t].kind != "output"]
+            targets = [t for t in self.out.get(cur, ()) if t not in self.outputs]
             if targets or cur in self.out:
                 return targets
             cur = self.nodes[cur].parent

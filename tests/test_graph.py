@@ -909,3 +909,86 @@ def test_a_train_step_draws_its_own_backward_pass_as_a_stage_of_its_own():
     inside = {p: [n for n in ins.graph.nodes if n.parent == p.id] for p in (fwd, bwd)}
     assert any(n.primitive == "transpose" for n in inside[bwd])
     assert not any(n.primitive == "transpose" for n in inside[fwd])
+
+
+@pytest.mark.parametrize(
+    "qualname, label, through",
+    [
+        ("scale_by_adam.<locals>.update_fn", "scale_by_adam", False),  # optax's closures
+        ("tree_update_moment.<locals>.<lambda>", "tree_update_moment", False),
+        ("clip_by_global_norm.<locals>.update_fn.<locals>.clip_fn", "clip_fn", False),
+        ("Optimizer.update", "Optimizer.update", False),
+        ("MultiSteps.__init__.<locals>.<lambda>", "MultiSteps", False),
+        ("_check_grads_arg_passed.<locals>._check_grads_wrapper", "_check_grads_wrapper", True),
+        ("with_extra_args_support.<locals>.update", "with_extra_args_support", True),
+        ("CNN.__call__", "CNN", True),
+        ("<lambda>", "<lambda>", True),
+    ],
+)
+def test_function_labels_name_library_closures_by_what_made_them(qualname, label, through):
+    from sowviz.graph.names import function_label
+
+    assert function_label(qualname) == (label, through)
+
+
+def _optax_step():
+    import optax
+
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))
+    params = {"dense": {"w": jnp.ones((3, 4)) * 0.1, "b": jnp.zeros(4)}, "out": jnp.ones(4)}
+
+    def loss(p, x):
+        return jnp.mean((jnp.tanh(x @ p["dense"]["w"] + p["dense"]["b"]) @ p["out"]) ** 2)
+
+    def train_step(params, opt_state, x):
+        value, grads = jax.value_and_grad(loss)(params, x)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    return train_step, (params, tx.init(params), jnp.ones((5, 3)))
+
+
+def test_an_optimiser_update_is_drawn_as_the_transformations_it_chains():
+    step, args = _optax_step()
+    ins = sowviz.inspect(step, *args, mode="primal")
+    g = ins.graph
+    top = {n.label: n for n in g.children(g.root)}
+    # `tx.update(...)`: one stage per transformation, not 140 equations in a row
+    chain = top["chain"]
+    assert [n.label for n in g.children(chain.id) if n.kind == "scope"] == [
+        "clip_by_global_norm",
+        "scale_by_adam",
+        "add_decayed_weights",
+        "scale",
+    ]
+    adam = by_label(g, "scale_by_adam")[0]
+    inner = {n.label for n in g.children(adam.id)}
+    assert {"tree_update_moment", "tree_update_moment_per_elem_norm"} <= inner, inner
+    assert "apply_updates" in top
+    assert max(len(g.children(n.id)) for n in g.nodes) <= 40  # no level is a wall
+    # Every equation is still drawn, once: the folds only group them.
+    closed = jax.make_jaxpr(step)(*args)
+    leaves = [n for n in g.nodes if n.kind not in ("scope", "input", "output", "jit", "root")]
+    assert sum(n.n_eqns for n in leaves) + sum(
+        1 for n in g.nodes if n.kind == "jit" and n.parent is not None
+    ) == _count_eqns(closed.jaxpr)
+
+
+def test_a_train_step_s_results_are_grouped_like_its_arguments():
+    step, args = _optax_step()
+    ins = sowviz.inspect(step, *args, mode="primal")
+    g = ins.graph
+    outputs = {n.label: n for n in g.children(g.root) if n.label.startswith("output")}
+    # (params, opt_state, loss): two groups nested by path, and the loss
+    assert outputs["output[0]"].kind == "scope" and outputs["output[1]"].kind == "scope"
+    assert outputs["output[2]"].kind == "output"
+    paths = {ins.probe_path(p): p for p in ins.probes}
+    for path, value in (
+        ("output[0]/dense/w", ins.result[0]["dense"]["w"]),
+        ("output[1]/[1][0]/mu/dense/w", ins.result[1][1][0].mu["dense"]["w"]),
+    ):
+        got = paths[path].summaries["primal"]["l2"]
+        np.testing.assert_allclose(got, np.linalg.norm(np.asarray(value)), rtol=1e-5)
+    # the parameters' update reaches each group by one edge from the stage that made it
+    into = {e.source for e in g.edges if e.target == outputs["output[0]"].id}
+    assert into and all(g.node(s).parent == g.root for s in into)

@@ -130,6 +130,16 @@ def oracle(f, *args, grad=False, skip=(), scopes=False):
 # Cases: each (fn, args) has exactly one origin.
 
 
+def f_grouped_results(x):
+    # The NaN leaves in a dict of results, drawn as one group of outputs: the group is
+    # where values go, never a stage that reads them.
+    with jax.named_scope("bad"):
+        h = jnp.log(x - 1.0)  # the origin (x = 0.5)
+    with jax.named_scope("after"):
+        g = jnp.tanh(h)
+    return {"a": h * 2.0, "b": g, "c": x}
+
+
 def f_log_negative(x):
     with jax.named_scope("feat"):
         h = jnp.tanh(x)
@@ -244,6 +254,7 @@ FORWARD = {
     "zero_over_zero": (f_zero_over_zero, (X,)),
     "exp_overflow": (f_exp_overflow, (X * 10.0,)),
     "cond": (f_cond, (X,)),
+    "grouped_results": (f_grouped_results, (X,)),
 }
 BACKWARD = {
     "sqrt_at_zero": (f_sqrt_at_zero, (X,)),
@@ -698,3 +709,23 @@ def test_a_bad_parameter_is_named_by_its_path_not_its_leaf_name():
     msg = ins.nonfinite.forward.message
     # named as the graph draws it: the parameters group, then the leaf's path
     assert "the input `parameters/block_1.dense.kernel` holds non-finite values" in msg, msg
+
+
+def test_a_group_of_results_is_never_named_as_the_backward_origin():
+    # `root`'s values are also returned (an aux dict, drawn as a group of outputs):
+    # the group only receives them, so the backward NaN is born in `root`.
+    def f(x):
+        with jax.named_scope("feat"):
+            h = jnp.tanh(x) - jnp.tanh(x[0])  # h[0] == 0
+        with jax.named_scope("root"):
+            r = jnp.sqrt(h * h)  # the derivative at 0 is inf; times 0: NaN
+        return jnp.sum(r), {"r": r, "h": h}
+
+    assert oracle(lambda x: f(x)[0], X) is None  # the forward pass is finite
+    _, line, _ = oracle(lambda x: f(x)[0], X, grad=True)
+    ins = sowviz.inspect(f, X, mode="grad", has_aux=True)
+    o = find(ins.probes, ins.graph)
+    assert o is not None and o.forward is None and o.backward is not None
+    node = ins.graph.node(o.backward.node)
+    assert node.label == "root" and node.source.line == line, o.backward.message
+    assert "`aux`" not in o.backward.message

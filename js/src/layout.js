@@ -13,6 +13,17 @@ export const NODE_H = 62;
 export const PAD = 14;
 export const HEADER = 32;
 export const GRID_THRESHOLD = 300;
+export const MAX_W = 300;
+
+/**
+ * A collapsed node's width: room for its label beside a sparkline (graph.js draws
+ * 7.4 px a character and keeps 92 px for the sparkline and margins), at least NODE_W
+ * and at most MAX_W, past which the label is cut and its full text is the tooltip.
+ * @param {string | undefined} label
+ */
+export function leafWidth(label) {
+  return Math.min(MAX_W, Math.max(NODE_W, Math.ceil(96 + 7.4 * String(label ?? "").length)));
+}
 
 /**
  * @typedef {{x: number, y: number, w: number, h: number}} Box
@@ -81,7 +92,7 @@ export function layoutView(index, expanded, levelEdges, cache = new Map()) {
         sizes.set(id, { w: Math.max(NODE_W, inner.w + 2 * PAD), h: inner.h + HEADER + PAD });
         sig.push(`${id}:${inner.w}x${inner.h}`);
       } else {
-        sizes.set(id, { w: NODE_W, h: NODE_H });
+        sizes.set(id, { w: leafWidth(index.nodes.get(id)?.label), h: NODE_H });
       }
     }
     const key = `${L}|${sig.join(",")}`;

@@ -3,7 +3,8 @@ import assert from "node:assert/strict";
 import { fmt, logScale, nodeStat, defaultStat, viridis } from "../src/stats.js";
 import { indexModel } from "../src/model.js";
 import { edgesByLevel } from "../src/levels.js";
-import { layoutView, gridLevel, NODE_W, NODE_H, GRID_THRESHOLD } from "../src/layout.js";
+import { layoutView, gridLevel, leafWidth, NODE_W, NODE_H, MAX_W, GRID_THRESHOLD } from "../src/layout.js";
+import { ellipsis } from "../src/dom.js";
 import { smallModel } from "./helpers.js";
 
 test("face statistic combines a node's probes", () => {
@@ -50,6 +51,17 @@ test("layout: collapsed stages are node-sized, expanded ones hold their children
   }
   // the root level comes first: nodes flow top to bottom along edges
   assert.ok(b.boxes.get("n1").y < b.boxes.get("n2").y);
+});
+
+test("layout: a collapsed node is as wide as its label needs, within bounds", () => {
+  assert.equal(leafWidth("mlp"), NODE_W);
+  assert.equal(leafWidth(undefined), NODE_W);
+  assert.equal(leafWidth("x".repeat(400)), MAX_W);
+  // graph.js's label room beside a sparkline ((w - 92) / 7.4 characters) holds these whole
+  for (const label of ["Optimizer.update", "TransformerLM (backward)", "clip_by_global_norm"]) {
+    const room = Math.floor((leafWidth(label) - 92) / 7.4);
+    assert.equal(ellipsis(label, room), label);
+  }
 });
 
 test("layout: big levels use the program-order grid", () => {

@@ -24,6 +24,7 @@ from .names import (
     fold_names,
     input_groups,
     is_floating,
+    output_groups,
     scope_names,
     shape_str,
     short_path,
@@ -160,21 +161,22 @@ class _Builder(InputsMixin):
         inputs = {}
         for arg, group in groups:
             label = "parameters" if arg in parameters else group[0][1]
-            for k, chain in self.input_tree(root, group, label, jaxpr.invars):
+            for k, chain in self.leaf_tree(root, group, label, jaxpr.invars):
                 v = jaxpr.invars[k]
                 inputs[v] = chain
                 if probe:  # sown before the first equation: its cotangent is the gradient
                     self.point(self.recs[int(chain[-1][1:])], (), [(-1, k)], [v])
         outs = self.walk(jaxpr, root, (), inputs, probe=True)
         last = len(jaxpr.eqns) - 1
-        for v, name in zip(jaxpr.outvars, out_names, strict=True):
-            rec = self.new("output", name, root.id, shapes=(shape_str(v.aval),))
-            chain = outs.get(v) if isinstance(v, _compat.Var) else None
-            if chain is not None:
-                self.edge(chain, (rec.id,), v)
-                at = self.top_loc.get(v)
-                if probe and at is not None:  # the loss, as the program returns it
-                    self.point(rec, (), [at], [v], at=last)
+        for group in output_groups(out_names):
+            for k, dst in self.leaf_tree(root, group, group[0][1], jaxpr.outvars, "output"):
+                v, rec = jaxpr.outvars[k], self.recs[int(dst[-1][1:])]
+                chain = outs.get(v) if isinstance(v, _compat.Var) else None
+                if chain is not None:
+                    self.edge(chain, dst, v)
+                    at = self.top_loc.get(v)
+                    if probe and at is not None:  # the loss, as the program returns it
+                        self.point(rec, (), [at], [v], at=last)
         return self.finish(root, title)
 
     # -- one jaxpr level ---------------------------------------------------------
@@ -206,7 +208,7 @@ class _Builder(InputsMixin):
             [scope_names(e) for e in jaxpr.eqns],
             [self.source(e) for e in jaxpr.eqns],
             FOLD_LIMIT,
-            callee=lambda i: _compat.user_callee(jaxpr.eqns[i]),
+            call_path=lambda i: _compat.call_path(jaxpr.eqns[i]),
         )
         for i, eqn in enumerate(jaxpr.eqns):
             names = level_names[i]

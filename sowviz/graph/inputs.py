@@ -1,7 +1,9 @@
-"""The input nodes of the stage graph: one group per argument, nested by pytree path.
+"""The input and output nodes of the stage graph: one group per argument (per
+returned value), nested by pytree path.
 
-A mixin of `build._Builder` (it needs `new`): `input_tree` yields, per flat input,
-its chain of group nodes, which the edge lifting compares like any other chain.
+A mixin of `build._Builder` (it needs `new`): `leaf_tree` yields, per flat input or
+output, its chain of group nodes, which the edge lifting compares like any other
+chain.
 """
 
 from __future__ import annotations
@@ -14,21 +16,21 @@ from .names import path_label, shape_str
 class InputsMixin:
     new: Any
 
-    def input_tree(self, root, group, label, invars):
-        """Input nodes of one argument (`group`: (flat index, arg name, path tokens)),
-        nested by path under a group node when there are several; yields
-        (flat index, chain)."""
+    def leaf_tree(self, root, group, label, vars_, kind="input"):
+        """`kind` nodes (input or output) of one argument or returned value (`group`:
+        (flat index, name, path tokens)), nested by path under a group node when there
+        are several; yields (flat index, chain)."""
         if len(group) == 1:
             k, name, tokens = group[0]
-            rec = self.new("input", name + "".join(tokens), root.id)
-            rec.shapes = (_shape(invars[k].aval),)
+            rec = self.new(kind, name + "".join(tokens), root.id)
+            rec.shapes = (_shape(vars_[k].aval),)
             yield k, (rec.id,)
             return
         top = self.new("scope", label, root.id)
-        top.shapes = tuple(_shape(invars[k].aval) for k, _, _ in group)
-        yield from self._input_level(top, (top.id,), [(k, t) for k, _, t in group], invars)
+        top.shapes = tuple(_shape(vars_[k].aval) for k, _, _ in group)
+        yield from self._level(top, (top.id,), [(k, t) for k, _, t in group], vars_, kind)
 
-    def _input_level(self, parent, chain, items, invars):
+    def _level(self, parent, chain, items, vars_, kind):
         # Children by first token, in order; a chain of single children is one label.
         firsts: dict[str, list[tuple[int, list[str]]]] = {}
         for k, tokens in items:
@@ -41,16 +43,22 @@ class InputsMixin:
                     break
                 prefix.append(nxt.pop())
             label = path_label(prefix)
+            if not first:  # paths that end here (names alike): each its own leaf
+                for k, _ in sub:
+                    rec = self.new(kind, label or "value", parent.id)
+                    rec.shapes = (_shape(vars_[k].aval),)
+                    yield k, (*chain, rec.id)
+                continue
             if len(sub) == 1:
                 k, tokens = sub[0]
-                rec = self.new("input", path_label(tokens) or label, parent.id)
-                rec.shapes = (_shape(invars[k].aval),)
+                rec = self.new(kind, path_label(tokens) or label, parent.id)
+                rec.shapes = (_shape(vars_[k].aval),)
                 yield k, (*chain, rec.id)
                 continue
             rec = self.new("scope", label, parent.id)
-            rec.shapes = tuple(_shape(invars[k].aval) for k, _ in sub)
+            rec.shapes = tuple(_shape(vars_[k].aval) for k, _ in sub)
             rest = [(k, t[len(prefix) :]) for k, t in sub]
-            yield from self._input_level(rec, (*chain, rec.id), rest, invars)
+            yield from self._level(rec, (*chain, rec.id), rest, vars_, kind)
 
 
 def _shape(aval: Any) -> str:

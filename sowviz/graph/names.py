@@ -5,6 +5,7 @@ Pure functions of names and equations; `build.py` does the walk.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import sys
@@ -16,10 +17,11 @@ import jax.numpy as jnp
 
 from .. import _compat
 
-_TOKEN = re.compile(r"\['((?:[^'\\]|\\.)*)'\]|\[(-?\d+)\]|\.([A-Za-z_][\w]*)|\[([^\]]*)\]")
+_TOKEN = re.compile(r"\['((?:[^'\\]|\\.)*)'\]|\[(-?\d+)\]|\.([^.\[\]]+)|\[([^\]]*)\]")
 
 
 Group = list[tuple[int, str, list[str]]]
+_INDEX = re.compile(r"^\[\d+\]")
 
 
 def input_groups(in_names: Sequence[str], in_args: Sequence[int] | None = None):
@@ -29,29 +31,7 @@ def input_groups(in_names: Sequence[str], in_args: Sequence[int] | None = None):
     `.value` at the end of a Variable's path is dropped."""
     groups: list[tuple[int, Group]] = []
     for k, name in enumerate(in_names):
-        cut = min((i for i in (name.find("["), name.find(".")) if i >= 0), default=len(name))
-        arg, rest = name[:cut], name[cut:]
-        tokens = []
-        for m in _TOKEN.finditer(rest):
-            key, idx, attr, _ = m.groups()
-            tokens.append(
-                f".{key}"
-                if key is not None and key.isidentifier()
-                else f"[{idx}]"
-                if idx is not None
-                else f".{attr}"
-                if attr is not None
-                else m.group(0)
-            )
-        if len(tokens) > 1 and tokens[-1] == ".value":
-            tokens.pop()
-        merged: list[str] = []  # an index belongs to the name before it: `.blocks[0]`
-        for t in tokens:
-            if t.startswith("[") and merged:
-                merged[-1] += t
-            else:
-                merged.append(t)
-        tokens = merged
+        arg, tokens = _split(name)
         if in_args is not None:
             same = bool(groups) and groups[-1][0] == in_args[k]
         else:
@@ -61,6 +41,53 @@ def input_groups(in_names: Sequence[str], in_args: Sequence[int] | None = None):
         else:
             groups.append((in_args[k] if in_args is not None else len(groups), [(k, arg, tokens)]))
     return groups
+
+
+def output_groups(out_names: Sequence[str]) -> list[Group]:
+    """Flat outputs as runs of one returned value, items as `input_groups`'. A value
+    is what the name starts with, an index included (`output[0]` of a returned tuple,
+    `new model`, `aux`), so a train step's `(params, opt_state, loss)` is three
+    groups, each nested by path like an argument's inputs."""
+    groups: list[Group] = []
+    for k, name in enumerate(out_names):
+        arg, tokens = _split(name)
+        first = _INDEX.match(tokens[0]) if tokens else None
+        if first:  # `output[0]` (and its `[1][0]`), not `aux[<flat index 0>]`
+            arg += first.group(0)
+            tokens = [t for t in (tokens[0][first.end() :], *tokens[1:]) if t]
+        if groups and groups[-1][0][1] == arg:
+            groups[-1].append((k, arg, tokens))
+        else:
+            groups.append([(k, arg, tokens)])
+    return groups
+
+
+def _split(name: str) -> tuple[str, list[str]]:
+    """`name`'s prefix (before the first `[` or `.`) and its path tokens, an index
+    joined to the name before it (`.blocks[0]`), dict keys spelled as attributes."""
+    cut = min((i for i in (name.find("["), name.find(".")) if i >= 0), default=len(name))
+    arg, rest = name[:cut], name[cut:]
+    tokens = []
+    for m in _TOKEN.finditer(rest):
+        key, idx, attr, _ = m.groups()
+        tokens.append(
+            f".{key}"
+            if key is not None and key.isidentifier()
+            else f"[{idx}]"
+            if idx is not None
+            else f".{attr}"
+            if attr is not None
+            else m.group(0)
+        )
+    if len(tokens) > 1 and tokens[-1] == ".value":
+        tokens.pop()
+    merged: list[str] = []  # an index belongs to the name before it: `.blocks[0]`
+    for t in tokens:
+        if t.startswith("[") and merged:
+            merged[-1] += t
+        else:
+            merged.append(t)
+    return arg, merged
 
 
 def path_label(tokens: Sequence[str]) -> str:
@@ -76,7 +103,8 @@ BACKWARD = " (backward)"
 
 def scope_names(eqn) -> tuple[str, ...]:
     """The equation's `named_scope` names; Equinox's own `eqx.nn.Linear` scope is
-    dropped right inside a module stage `…: Linear` that already says it."""
+    dropped right inside a module stage `…: Linear` (or `…: Conv2d`, whose scope is
+    `eqx.nn.Conv`) that already says it."""
     names_: list[str] = []
     backward = False
     for kind, name in _compat.name_stack_kinds(eqn):
@@ -90,7 +118,8 @@ def scope_names(eqn) -> tuple[str, ...]:
         return names
     out: list[str] = []
     for n in names:
-        if n.startswith("eqx.nn.") and out and out[-1].endswith(": " + n[7:]):
+        # `conv1: Conv2d` holds Equinox's `eqx.nn.Conv` (its base class's scope)
+        if n.startswith("eqx.nn.") and out and ": " in out[-1]:
             continue
         out.append(n)
     return tuple(out)
@@ -115,6 +144,9 @@ def short_path(file: str) -> str:
     return file
 
 
+#: Marks a fold's name as a group of one library call's equations (`split_by_calls`).
+_SPLIT = "\x01s"
+
 #: Prefix of the synthetic scope names that fold runs of unscoped equations
 #: (never a user's: named_scope names are printable).
 FOLD = "\x00fold:"
@@ -131,80 +163,180 @@ def _top_count(names: Sequence[tuple[str, ...]]) -> int:
     return n
 
 
+#: Closures named for what they do in the function that made them (optax's
+#: `scale_by_adam.<locals>.update_fn`): labelled by that function.
+_GENERIC = frozenset(
+    {"update_fn", "init_fn", "update", "init", "fn", "f", "inner", "impl", "_impl"}
+)
+#: Frames that only pass a call on: decorators' wrappers, optax's extra-args adapter.
+_PASS_THROUGH = frozenset(
+    {
+        "reraise_with_filtered_traceback",
+        "cache_miss",
+        "wrapper",
+        "wrapped",
+        "__call__",
+        "call_wrapped",
+        "with_extra_args_support",
+    }
+)
+
+
+def function_label(qualname: str) -> tuple[str, bool]:
+    """A readable name for a function from its `__qualname__`, and whether it only
+    passes the call on (a decorator's wrapper). A lambda or comprehension is named by
+    the function it is written in (`tree_update_moment`), a generic closure by the
+    one that made it (`scale_by_adam`), a method by its class (`Optimizer.update`)."""
+    parts = qualname.split(".")
+    while (
+        len(parts) > 2
+        and parts[-2] == "<locals>"
+        and (parts[-1].startswith("<") or parts[-1] in _GENERIC)
+    ):
+        parts = parts[:-2]
+    name = parts[-1]
+    through = name.startswith("<") or name in _PASS_THROUGH or name.endswith("_wrapper")
+    if len(parts) > 1 and parts[-2] != "<locals>":
+        # a method, by its class; a special one (`__init__`) by its class alone
+        name = parts[-2] if name.startswith("__") else f"{parts[-2]}.{name}"
+    return name, through
+
+
+_labels: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+
+def call_labels(path: tuple[str, ...]) -> tuple[str, ...]:
+    """`_compat.call_path`'s names as labels, pass-through frames left out and a
+    function calling itself (`chain` in `chain`) said once."""
+    out = _labels.get(path)
+    if out is None:
+        labels: list[str] = []
+        for q in path:
+            name, through = function_label(q)
+            if not through and (not labels or labels[-1] != name):
+                labels.append(name)
+        out = _labels[path] = tuple(labels)
+    return out
+
+
 def fold_names(
     names: list[tuple[str, ...]],
     locs: Sequence[_compat.SourceLocation | None],
     limit: int,
-    callee: Callable[[int], str | None] | None = None,
+    call_path: Callable[[int], _compat.CallPath] | None = None,
     line_limit: int = 12,
 ) -> list[tuple[str, ...]]:
     """Scope names with runs of unscoped equations folded. A level with more than
     `line_limit` nodes folds runs of 3 or more equations from one source line, labelled
     by the function that line called (`make_causal_mask`, else `loss:114`); one with
     more than `limit` then folds runs from one function call (`loss`), then chunks of
-    what is left (`step ×4 (5–8)`)."""
-    # Nodes directly inside each scope (by its name tuple), as the walk will draw them.
-    direct: dict[tuple[str, ...], int] = {}
-    prev: tuple[str, ...] | None = None
-    for t in names:
-        for d in range(len(t) + 1):
-            if d == len(t):
-                direct[t] = direct.get(t, 0) + 1
-            elif prev is None or prev[: d + 1] != t[: d + 1]:
-                direct[t[:d]] = direct.get(t[:d], 0) + 1
-                break
-        prev = t
-    if max(direct.values(), default=0) <= line_limit:
+    what is left (`step ×4 (5–8)`). A run of more than `line_limit` equations in one
+    scope or fold is then split by the library calls that made them (`call_path`,
+    below the user's line): `Optimizer.update` holds `chain`, which holds
+    `clip_by_global_norm` and `scale_by_adam`, and so on down."""
+    if max(_direct(names).values(), default=0) <= line_limit:
         return names
     out = list(names)
-    scoped = [t for t in names]  # the user's scope names of each equation
+    paths = [call_path(i) for i in range(len(names))] if call_path is not None else None
+    calls = (lambda i: call_labels(paths[i].names)) if paths is not None else (lambda i: ())
 
-    def fold_runs(key, least: int = 2, label=None, inner: bool = False) -> None:
+    def fold_runs(key, least: int = 2, label=None, inner: bool = False, whole: bool = True):
+        direct = _direct(out)
         i = 0
         while i < len(out):
             k = key(i)
             j = i
             while j + 1 < len(out) and k is not None and key(j + 1) == k:
                 j += 1
-            if j + 1 - i >= least:
+            # `whole=False`: a run that is all its scope holds would only restate it
+            if j + 1 - i >= least and (whole or j + 1 - i < direct.get(out[i], 0)):
                 name = FOLD + (f"{label(i, j, k)}\x01{k}" if label else k)
                 for m in range(i, j + 1):
                     out[m] = (*out[m], name) if inner else (name, *out[m])
             i = j + 1
 
     def line_label(i: int, j: int, where: str) -> str:
-        # The function the line called when it called one (`make_causal_mask`).
-        whats = {callee(m) for m in range(i, j + 1)} if callee is not None else {None}
+        # The function the line called when it called one (`make_causal_mask`); not
+        # the line's own function, first in a path that starts there (a cond branch).
+        whats = {(calls(m) or (None,))[0] for m in range(i, j + 1)}
         what = whats.pop() if len(whats) == 1 else None
-        return what or where.split("\x02", 1)[0]
+        own = where.split("\x02", 1)[0]
+        return what if what and what != own.rsplit(":", 1)[0] else own
 
     def unscoped(i: int) -> bool:
         return not out[i] or out[i][0].startswith(FOLD)
 
-    def line_key(i: int) -> str | None:
-        # Runs inside one scope (or none) whose level is big, from one line.
-        loc = locs[i]
-        if loc is None or direct.get(scoped[i], 0) <= line_limit:
-            return None
-        return f"{loc.function.rsplit('.', 1)[-1]}:{loc.line}\x02{'/'.join(scoped[i])}"
+    def line_key(library: bool) -> Callable[[int], str | None]:
+        # Runs inside one scope (or none) whose level is big, from one line: a user's
+        # line, or (`library`) one a library's body traced without the user's frames.
+        direct = _direct(out)
+
+        def key(i: int) -> str | None:
+            loc = locs[i]
+            if loc is None or direct.get(out[i], 0) <= line_limit:
+                return None
+            lib = paths is not None and bool(paths[i].names) and not paths[i].below_user
+            if lib != library or (library and out[i] and _SPLIT in out[i][-1]):
+                return None  # inside a library call's group, its lines are no news
+            return f"{function_label(loc.function)[0]}:{loc.line}\x02{'/'.join(out[i])}"
+
+        return key
 
     def fn_key(i: int) -> str | None:
         loc = locs[i]
         if not unscoped(i) or loc is None:
             return None
-        return loc.function.rsplit(".", 1)[-1]
+        return function_label(loc.function)[0]
 
-    fold_runs(line_key, least=3, label=line_label, inner=True)
+    def split_by_calls(run: list[int], depth: int) -> None:
+        # Runs of the run with one library call at `depth`; one run is no news: deeper.
+        while len(run) > line_limit:
+            keys = [c[depth] if len(c) > depth else None for c in map(calls, run)]
+            # Equations of the caller's own between two runs of one call (per leaf of
+            # a `tree.map`) join them.
+            known = [k for k in range(len(run)) if keys[k] is not None]
+            for a, b in itertools.pairwise(known):
+                if b > a + 1 and keys[a] == keys[b]:
+                    keys[a + 1 : b] = [keys[a]] * (b - a - 1)
+            starts = [0] + [k for k in range(1, len(run)) if keys[k] != keys[k - 1]]
+            if len(starts) == 1:
+                if keys[0] is None:
+                    return
+                depth += 1
+                continue
+            if len(starts) > line_limit:  # as many boxes as equations: no clearer
+                return
+            for a, b in zip(starts, [*starts[1:], len(run)], strict=True):
+                if keys[a] is not None and b - a >= 2:
+                    name = f"{FOLD}{keys[a]}{_SPLIT}{run[a]}"
+                    for m in run[a:b]:
+                        out[m] = (*out[m], name)
+                    split_by_calls(run[a:b], depth + 1)
+            return
+
+    fold_runs(line_key(False), least=3, label=line_label, inner=True, whole=False)
+    if paths is not None:
+        i = 0
+        while i < len(out):  # runs of equations directly in one scope or fold
+            j = i
+            while j + 1 < len(out) and out[j + 1] == out[i]:
+                j += 1
+            split_by_calls(list(range(i, j + 1)), 0)
+            i = j + 1
+        own = lambda i, j, where: where.split("\x02", 1)[0]  # noqa: E731  (`_do_update:381`)
+        fold_runs(line_key(True), least=3, label=own, inner=True, whole=False)
     if _top_count(out) > limit:
         # One group per call: a run of one function restarts when its line goes back.
-        calls: list[str | None] = []
+        calls_: list[str | None] = []
         for i in range(len(out)):
             k = fn_key(i)
             prev_line = locs[i - 1].line if i and locs[i - 1] is not None else None
             same = i and k is not None and fn_key(i - 1) == k
             restart = same and prev_line is not None and locs[i].line < prev_line  # type: ignore[union-attr]
-            calls.append(None if k is None else f"{k}\x01{i}" if not same or restart else calls[-1])
-        fold_runs(lambda i: calls[i])  # names stay apart (`step\x01<i>`): labels drop it
+            calls_.append(
+                None if k is None else f"{k}\x01{i}" if not same or restart else calls_[-1]
+            )
+        fold_runs(lambda i: calls_[i])  # names stay apart (`step\x01<i>`): labels drop it
     total = _top_count(out)
     if total > limit:
         size = -(-total // max(limit // 2, 1))
@@ -237,6 +369,22 @@ def fold_names(
             if c is not None and len(labels[c]) > 1:  # one item needs no chunk
                 out[i] = (f"{FOLD}{names_of[c]}\x01c{c}", *out[i])
     return out
+
+
+def _direct(names: Sequence[tuple[str, ...]]) -> dict[tuple[str, ...], int]:
+    """Nodes directly inside each scope (by its name tuple), as the walk will draw
+    them: its own equations and one per run of a scope inside it."""
+    direct: dict[tuple[str, ...], int] = {}
+    prev: tuple[str, ...] | None = None
+    for t in names:
+        for d in range(len(t) + 1):
+            if d == len(t):
+                direct[t] = direct.get(t, 0) + 1
+            elif prev is None or prev[: d + 1] != t[: d + 1]:
+                direct[t[:d]] = direct.get(t[:d], 0) + 1
+                break
+        prev = t
+    return direct
 
 
 def fold_label(name: str) -> str:

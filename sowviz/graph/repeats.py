@@ -9,7 +9,7 @@ own probes, and the front end charts each probe statistic per repeat
 What counts as a repeat (`merge`):
 
 * consecutive siblings, each a stage (not a scope sowviz made: a fold of unscoped
-  equations, a cond branch or a while body; nor a group of inputs), at least
+  equations, a cond branch or a while body; nor a group of inputs or outputs), at least
   `MIN_RUN` of them;
 * named alike: their labels are equal once digits are masked (`layers.0`,
   `layers.1`; `layers[2]: Linear`) or once the `#k` index of a reused label is
@@ -102,7 +102,7 @@ def merge(builder: Any) -> list[Any]:
             kids.setdefault(r.parent, []).append(r)
     with_inputs = set()
     for r in reversed(recs):
-        if r.kind == "input" and r.parent is not None:
+        if r.kind in ("input", "output") and r.parent is not None:
             with_inputs.add(r.parent)
         if r.id in with_inputs and r.parent is not None:
             with_inputs.add(r.parent)

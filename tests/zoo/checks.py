@@ -115,6 +115,22 @@ def assert_stage(ins, primal: Any, *, key: str, expected: Any, rtol: float = STA
 # -- reports -----------------------------------------------------------------------
 
 
+def node_paths(graph, kind: str) -> dict[str, Any]:
+    """The `kind` nodes by path: their labels and their groups', root left out,
+    joined by "/" (`new model/bn/mean`)."""
+    nodes = {n.id: n for n in graph.nodes}
+    out = {}
+    for n in graph.nodes:
+        if n.kind != kind:
+            continue
+        labels, cur = [], n
+        while cur.parent is not None:
+            labels.append(cur.label)
+            cur = nodes[cur.parent]
+        out["/".join(reversed(labels))] = n
+    return out
+
+
 def report_opens(page, ins, tmp_path: pathlib.Path) -> pathlib.Path:
     """Write the report, open it from file:// in Chromium with the network blocked, and
     require a drawn graph with probes and no console errors."""

@@ -10,7 +10,7 @@ import pytest
 
 import sowviz
 
-from .checks import STAT_RTOL, assert_close, assert_stage, assert_value_and_grad
+from .checks import STAT_RTOL, assert_close, assert_stage, assert_value_and_grad, node_paths
 from .models import eqx_models as em
 
 
@@ -180,3 +180,50 @@ def test_parameter_probes_are_found_by_their_path_never_by_a_guess(cnn, cnn_ins)
     np.testing.assert_allclose(p.summaries["primal"]["mean"], w.mean(), rtol=STAT_RTOL)
     g = np.asarray(eqx.filter_grad(em.cnn_loss)(*cnn).layers[4].weight)
     np.testing.assert_allclose(p.summaries["cotangent"]["l2"], np.linalg.norm(g), rtol=STAT_RTOL)
+
+
+class _EmaNet(eqx.Module):
+    linear: eqx.nn.Linear
+    bn: eqx.nn.BatchNorm
+
+    def __init__(self, key):
+        self.linear = eqx.nn.Linear(4, 8, key=key)
+        self.bn = eqx.nn.BatchNorm(8, axis_name="batch", mode="ema")
+
+    def __call__(self, x, state):
+        h, state = self.bn(self.linear(x), state)
+        return jnp.tanh(h), state
+
+
+def _ema_loss(model, state, x, y):
+    pred, state = jax.vmap(model, axis_name="batch", in_axes=(0, None), out_axes=(0, None))(
+        x, state
+    )
+    return jnp.mean((pred.sum(-1) - y) ** 2), state
+
+
+def test_the_tutorial_loss_returning_its_batchnorm_state_with_has_aux():
+    # Equinox's BatchNorm tutorial: `filter_value_and_grad(loss, has_aux=True)`, the
+    # new state as aux. Its `ema` state holds a flag the step sets to a constant
+    # (`jnp.array(False)`), which the program returns as a literal.
+    model, state = eqx.nn.make_with_state(_EmaNet)(jax.random.PRNGKey(0))
+    x = jax.random.normal(jax.random.PRNGKey(1), (16, 4)) + 2.0
+    y = jnp.linspace(-1.0, 1.0, 16)
+    (value, new_state), grads = eqx.filter_value_and_grad(_ema_loss, has_aux=True)(
+        model, state, x, y
+    )
+    ins = sowviz.inspect(_ema_loss, model, state, x, y, mode="grad", has_aux=True)
+    (got_value, got_state), got_grads = ins.result
+    np.testing.assert_allclose(got_value, value, rtol=1e-5)
+    assert_close(eqx.filter(got_grads, eqx.is_array), eqx.filter(grads, eqx.is_array), what="grads")
+    assert jax.tree_util.tree_structure(got_state) == jax.tree_util.tree_structure(new_state)
+    for got, want in zip(
+        jax.tree_util.tree_leaves(got_state), jax.tree_util.tree_leaves(new_state), strict=True
+    ):
+        assert isinstance(got, jax.Array)
+        np.testing.assert_allclose(got, want, rtol=1e-5)
+    # The state's leaves are named by the layer that owns them, not by flat index.
+    inputs, outputs = node_paths(ins.graph, "input"), node_paths(ins.graph, "output")
+    assert {"state/bn/ema_first_time_index", "state/bn/ema_state_index[0]"} <= set(inputs)
+    assert {"aux/bn/ema_first_time_index", "aux/bn/ema_state_index[1]"} <= set(outputs)
+    assert not any("flat index" in p for p in [*inputs, *outputs])

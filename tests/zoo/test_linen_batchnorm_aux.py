@@ -14,7 +14,7 @@ import pytest
 
 import sowviz
 
-from .checks import assert_close
+from .checks import assert_close, node_paths
 
 
 class Net(nn.Module):
@@ -86,10 +86,13 @@ def test_inspect_places_the_aux_where_jax_has_aux_does():
     out, a2 = sowviz.inspect(loss, *args, has_aux=True, mode="primal").result
     np.testing.assert_allclose(out, value, rtol=1e-5)
     assert_close(a2, aux, what="primal aux")
-    # the aux is drawn as outputs of the program
+    # the aux is drawn as outputs of the program, grouped by path like the arguments
     ins = sowviz.inspect(loss, *args, has_aux=True)
-    labels = {n.label for n in ins.graph.nodes}
-    assert {"aux.BatchNorm_0.mean", "aux.BatchNorm_0.var"} <= labels
+    drawn = node_paths(ins.graph, "output")
+    assert {"aux/BatchNorm_0/mean", "aux/BatchNorm_0/var"} <= set(drawn), sorted(drawn)
+    probe = next(p for p in ins.probes if p.node == drawn["aux/BatchNorm_0/mean"].id)
+    want = np.asarray(aux["BatchNorm_0"]["mean"])
+    np.testing.assert_allclose(probe.summaries["primal"]["mean"], want.mean(), rtol=1e-5)
 
 
 def test_has_aux_needs_a_pair():

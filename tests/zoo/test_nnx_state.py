@@ -16,7 +16,7 @@ from flax import nnx
 
 import sowviz
 
-from .checks import assert_close
+from .checks import assert_close, node_paths
 
 
 class Net(nnx.Module):
@@ -90,8 +90,8 @@ def test_inspect_leaves_the_state_alone_and_draws_it(mode):
     ins = sowviz.inspect(loss, model, x, y, mode=mode)
     assert_close(_state(model, nnx.Not(nnx.Param)), before, rtol=0, what="state")
     # The state the step would write shows as outputs of the program.
-    labels = {n.label for n in ins.graph.nodes}
-    assert {"new model.bn.mean", "new model.bn.var", "new model.dropout.rngs.count"} <= labels
+    drawn = set(node_paths(ins.graph, "output"))
+    assert {"new model/bn/mean", "new model/bn/var", "new model/dropout.rngs.count"} <= drawn
     # ... and the result is what one step of `nnx.jit` gives, dropout mask included.
     value = nnx.jit(loss)(Net(nnx.Rngs(0)), x, y)
     result = ins.result if mode == "primal" else ins.result[0]
