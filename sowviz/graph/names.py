@@ -237,8 +237,16 @@ def fold_names(
     if max(_direct(names).values(), default=0) <= line_limit:
         return names
     out = list(names)
-    paths = [call_path(i) for i in range(len(names))] if call_path is not None else None
-    calls = (lambda i: call_labels(paths[i].names)) if paths is not None else (lambda i: ())
+    found: dict[int, _compat.CallPath] = {}  # read from tracebacks only where needed
+
+    def path(i: int) -> _compat.CallPath:
+        p = found.get(i)
+        if p is None:
+            p = found[i] = call_path(i) if call_path is not None else _compat.CallPath()
+        return p
+
+    def calls(i: int) -> tuple[str, ...]:
+        return call_labels(path(i).names)
 
     def fold_runs(key, least: int = 2, label=None, inner: bool = False, whole: bool = True):
         direct = _direct(out)
@@ -275,7 +283,7 @@ def fold_names(
             loc = locs[i]
             if loc is None or direct.get(out[i], 0) <= line_limit:
                 return None
-            lib = paths is not None and bool(paths[i].names) and not paths[i].below_user
+            lib = bool(path(i).names) and not path(i).below_user
             if lib != library or (library and out[i] and _SPLIT in out[i][-1]):
                 return None  # inside a library call's group, its lines are no news
             return f"{function_label(loc.function)[0]}:{loc.line}\x02{'/'.join(out[i])}"
@@ -315,7 +323,7 @@ def fold_names(
             return
 
     fold_runs(line_key(False), least=3, label=line_label, inner=True, whole=False)
-    if paths is not None:
+    if call_path is not None:
         i = 0
         while i < len(out):  # runs of equations directly in one scope or fold
             j = i
