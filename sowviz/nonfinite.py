@@ -42,6 +42,7 @@ from .nonfinite_json import JsonGraph, json_probes
 from .nonfinite_messages import (
     FROM_FORWARD,
     backward_message,
+    backward_sentence,
     equation_name,
     forward_message,
     message,
@@ -228,7 +229,9 @@ def find(
     stages or sows where non-finite values are expected.
     """
     ix = _Index(graph)
+    probes = list(probes)
     flags = node_flags(probes)
+    probed = {p.node for p in probes} | set(inputs or ())
     for node, (fwd, bwd) in (inputs or {}).items():
         if fwd or bwd:
             f = flags.setdefault(node, _Flags())
@@ -257,9 +260,12 @@ def find(
         made = cands[0] if cands else None
         n = ix.nodes
         made_node = n[made] if made is not None else None
-        msg = backward_message(made_node, n[reach], [n[c] for c in cands[1:]])
-        if made is not None and made in flags and flags[made].fwd:
-            msg += FROM_FORWARD
+        # Its forward values are non-finite: seen, or (an unprobed equation) read from
+        # `reach`, whose values are.
+        from_forward = made is not None and (
+            flags[made].fwd if made in flags else made not in probed and flags[reach].fwd
+        )
+        msg = backward_message(made_node, n[reach], [n[c] for c in cands[1:]], from_forward)
         bwd_origin = Origin("backward", made, reach, tuple(cands), message=msg, path=ix.path(made))
     origin_ids = {o.node for o in (fwd_origin, bwd_origin) if o is not None and o.node}
     holders = {a for o in origin_ids for a in ix.ancestors(o)} | origin_ids
@@ -297,9 +303,8 @@ def with_equations(
     if bwd is not None and backward is not None:
         target = backward.reaching if bwd.reaching == bwd.node else bwd.reaching
         reach = f", reaching {stage_name(ix.nodes[target])}" if target else ""
-        msg = f"born in the backward of {equation_name(stage(bwd), backward)}{reach}"
-        if bwd.message.endswith(FROM_FORWARD):
-            msg += FROM_FORWARD
+        from_forward = bwd.message.startswith(FROM_FORWARD)
+        msg = backward_sentence(equation_name(stage(bwd), backward), reach, from_forward)
         bwd = replace(bwd, equation=backward, message=msg)
     fwd = fwd and replace(fwd, path=ix.path(fwd.node))
     bwd = bwd and replace(bwd, path=ix.path(bwd.node))

@@ -14,8 +14,10 @@ from typing import Any
 
 from .nonfinite_record import Equation, Origins
 
-#: Appended to a backward origin whose stage also holds non-finite forward values.
-FROM_FORWARD = " (from its non-finite forward values)"
+#: Starts the verdict on a backward origin whose stage already holds non-finite forward
+#: values: the gradient is non-finite because the forward pass was, which a first
+#: reading must learn before the stage's name (a NaN in an input, not the loss).
+FROM_FORWARD = "follows from the forward pass: "
 
 
 def stage_name(n: Any, label: str | None = None) -> str:
@@ -33,13 +35,27 @@ def forward_message(n: Any, path: Sequence[str] = ()) -> str:
     return f"first made by {stage_name(n)}"
 
 
-def backward_message(made: Any, reach: Any, others: Sequence[Any]) -> str:
+def backward_message(
+    made: Any, reach: Any, others: Sequence[Any], from_forward: bool = False
+) -> str:
     """`made`: the consumer whose backward rule made the NaN (None: unknown); `reach`: the
-    node whose cotangent it made non-finite; `others`: the other candidates."""
+    node whose cotangent it made non-finite; `others`: the other candidates;
+    `from_forward`: `made` holds non-finite forward values."""
     if made is None:
         return f"the cotangent of {stage_name(reach)} is non-finite where the backward pass starts"
     alt = f" (or of {', '.join(stage_name(c) for c in others)})" if others else ""
-    return f"born in the backward of {stage_name(made)}{alt}, reaching {stage_name(reach)}"
+    return backward_sentence(
+        f"{stage_name(made)}{alt}", f", reaching {stage_name(reach)}", from_forward
+    )
+
+
+def backward_sentence(name: str, reach: str, from_forward: bool) -> str:
+    """ "born in the backward of `name`, reaching …", or, when that stage's forward values
+    are already non-finite, "follows from the forward pass: `name` holds non-finite
+    values, so its backward does too, reaching …"."""
+    if from_forward:
+        return f"{FROM_FORWARD}{name} holds non-finite values, so its backward does too{reach}"
+    return f"born in the backward of {name}{reach}"
 
 
 def equation_name(stage: Any, eq: Equation) -> str:

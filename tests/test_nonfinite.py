@@ -729,3 +729,20 @@ def test_a_group_of_results_is_never_named_as_the_backward_origin():
     node = ins.graph.node(o.backward.node)
     assert node.label == "root" and node.source.line == line, o.backward.message
     assert "`aux`" not in o.backward.message
+
+
+def test_a_gradient_made_non_finite_by_a_nan_input_says_it_follows_from_the_forward_pass():
+    # One NaN in the data: the forward verdict names the input; the gradient is NaN only
+    # because the forward values are, and the backward verdict must say so first.
+    def mse(w, x):
+        with jax.named_scope("layer"):
+            h = jnp.tanh(x @ w)
+        return jnp.mean(h**2)
+
+    w = jnp.ones((3, 2)) * 0.1
+    x = jnp.ones((4, 3)).at[1, 2].set(jnp.nan)
+    ins = sowviz.inspect(mse, w, x)
+    for o in (ins.nonfinite, ins.locate_nonfinite()):
+        assert o.forward.message == "the input `x` holds non-finite values"
+        assert o.backward.message.startswith("follows from the forward pass: "), o.backward.message
+        assert "holds non-finite values, so its backward does too, reaching" in o.backward.message
