@@ -992,3 +992,33 @@ def test_a_train_step_s_results_are_grouped_like_its_arguments():
     # the parameters' update reaches each group by one edge from the stage that made it
     into = {e.source for e in g.edges if e.target == outputs["output[0]"].id}
     assert into and all(g.node(s).parent == g.root for s in into)
+
+
+def test_a_library_traced_cond_branch_is_split_by_its_calls_too():
+    # optax.MultiSteps updates inside a `lax.cond` whose branch optax traced: its
+    # equations' tracebacks stop at the branch function, with no user frame.
+    import optax
+
+    step, (params, _, x) = _optax_step()
+    tx = optax.MultiSteps(optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3)), 2)
+
+    def train_step(params, opt_state, x):
+        value, grads = jax.value_and_grad(lambda p: jnp.mean((x @ p["dense"]["w"]) ** 2))(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    ins = sowviz.inspect(train_step, params, tx.init(params), x, mode="primal")
+    g = ins.graph
+    (branch,) = [n for n in g.nodes if n.label == "branch 0: _do_update"]
+    below = {n.label for n in g.nodes if branch.id in _ancestors(g, n)}
+    assert {"chain", "clip_by_global_norm", "scale_by_adam", "tree_update_moment"} <= below
+    assert not any("<lambda>" in label for label in below), sorted(below)
+    assert max(len(g.children(n.id)) for n in g.nodes) <= 40
+
+
+def _ancestors(g, n):
+    out = []
+    while n.parent is not None:
+        out.append(n.parent)
+        n = g.node(n.parent)
+    return out
