@@ -999,7 +999,7 @@ def test_a_library_traced_cond_branch_is_split_by_its_calls_too():
     # equations' tracebacks stop at the branch function, with no user frame.
     import optax
 
-    step, (params, _, x) = _optax_step()
+    _, (params, _, x) = _optax_step()
     tx = optax.MultiSteps(optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3)), 2)
 
     def train_step(params, opt_state, x):
