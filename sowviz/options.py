@@ -199,8 +199,9 @@ class InspectOptions:
         return cls(mode=check_mode(where, mode), capture=capture, **o)
 
     def graph_key(self) -> tuple:
-        """What the stage graph depends on (beyond the function and its arguments)."""
-        return (self.capture, self.title, self.tesseract_names, self.has_aux)
+        """What the stage graph depends on (beyond the function and its arguments): the
+        differentiated arguments (`argnums`) are the group drawn as "parameters"."""
+        return (self.capture, self.title, self.tesseract_names, self.has_aux, self.argnums)
 
     def program_key(self) -> tuple:
         """What the compiled program depends on (beyond the graph): not the values of

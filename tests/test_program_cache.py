@@ -479,3 +479,21 @@ def test_garbage_collection_pauses_overlapping_in_threads_end_as_they_began():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_the_parameters_group_follows_argnums_on_a_cached_function():
+    # One function inspected with argnums=0, then 1: the cached graph of the first
+    # call must not label the other argument "parameters".
+    def f(a, b):
+        return jnp.sum(a["x"] * b["y"] + a["z"])
+
+    a = {"x": jnp.ones(3), "z": jnp.full(3, 2.0)}
+    b = {"y": jnp.full(3, 3.0), "w": jnp.ones(3)}
+    for argnums, want in ((0, ["parameters", "b"]), (1, ["a", "parameters"])):
+        ins = sowviz.inspect(f, a, b, argnums=argnums)
+        g = ins.graph
+        assert [n.label for n in g.children(g.root) if n.kind == "scope"] == want
+        grads = jax.grad(f, argnums=argnums)(a, b)
+        np.testing.assert_allclose(
+            ins.result[1]["x" if argnums == 0 else "y"], grads["x" if argnums == 0 else "y"]
+        )
