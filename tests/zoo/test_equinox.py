@@ -122,9 +122,9 @@ class _BNNet(eqx.Module):
     linear: eqx.nn.Linear
     bn: eqx.nn.BatchNorm
 
-    def __init__(self, key):
+    def __init__(self, key, mode="batch"):
         self.linear = eqx.nn.Linear(4, 8, key=key)
-        self.bn = eqx.nn.BatchNorm(8, axis_name="batch", mode="batch")
+        self.bn = eqx.nn.BatchNorm(8, axis_name="batch", mode=mode)
 
     def __call__(self, x, state):
         h, state = self.bn(self.linear(x), state)
@@ -182,19 +182,6 @@ def test_parameter_probes_are_found_by_their_path_never_by_a_guess(cnn, cnn_ins)
     np.testing.assert_allclose(p.summaries["cotangent"]["l2"], np.linalg.norm(g), rtol=STAT_RTOL)
 
 
-class _EmaNet(eqx.Module):
-    linear: eqx.nn.Linear
-    bn: eqx.nn.BatchNorm
-
-    def __init__(self, key):
-        self.linear = eqx.nn.Linear(4, 8, key=key)
-        self.bn = eqx.nn.BatchNorm(8, axis_name="batch", mode="ema")
-
-    def __call__(self, x, state):
-        h, state = self.bn(self.linear(x), state)
-        return jnp.tanh(h), state
-
-
 def _ema_loss(model, state, x, y):
     pred, state = jax.vmap(model, axis_name="batch", in_axes=(0, None), out_axes=(0, None))(
         x, state
@@ -206,7 +193,7 @@ def test_the_tutorial_loss_returning_its_batchnorm_state_with_has_aux():
     # Equinox's BatchNorm tutorial: `filter_value_and_grad(loss, has_aux=True)`, the
     # new state as aux. Its `ema` state holds a flag the step sets to a constant
     # (`jnp.array(False)`), which the program returns as a literal.
-    model, state = eqx.nn.make_with_state(_EmaNet)(jax.random.PRNGKey(0))
+    model, state = eqx.nn.make_with_state(_BNNet)(jax.random.PRNGKey(0), mode="ema")
     x = jax.random.normal(jax.random.PRNGKey(1), (16, 4)) + 2.0
     y = jnp.linspace(-1.0, 1.0, 16)
     (value, new_state), grads = eqx.filter_value_and_grad(_ema_loss, has_aux=True)(
