@@ -79,6 +79,9 @@ def test_histograms_and_scalars_equal_sowviz_summaries(run, tmp_path):
     assert [x.value for x in loss] == pytest.approx([e["loss"] for e in entries], rel=1e-6)
     # Stage labels name the tags: a histogram per stage and mode.
     assert {"layer_0/primal", "layer_0/cotangent"} <= set(tags["histograms"])
+    # A parameter by its path: every layer has a `w`, so its name alone says nothing.
+    assert {"parameters/[0]/w/primal", "parameters/[3]/w/cotangent"} <= set(tags["histograms"])
+    assert not any(t.rsplit("_p", 1)[-1].isdigit() for t in names.values()), names
 
 
 def test_tensorboard_directory_alone(run, tmp_path):

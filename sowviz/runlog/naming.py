@@ -1,7 +1,8 @@
 """What TensorBoard and W&B receive from one step: tags, histograms and scalars.
 
-Tags follow the stage graph: `<probe>/<mode>` for a histogram (the probe's name, its
-pytree leaf path if any, e.g. `block_3/cotangent`), `<probe>/<mode>/l2` and
+Tags follow the stage graph: `<probe>/<mode>` for a histogram (the probe's path in
+the graph, or a sow's name, and its pytree leaf path if any, e.g. `block_3/cotangent`,
+`parameters/block_3/w/cotangent`), `<probe>/<mode>/l2` and
 `<probe>/<mode>/nonfinite` (NaN + ±Inf count) for scalars, and `loss`. The histogram
 is sowviz's own, computed on the device: its bin edges and counts, unchanged.
 """
@@ -28,12 +29,27 @@ class Scalar:
 
 
 def probe_tags(model: dict[str, Any] | None) -> dict[str, str]:
-    """Probe id → a unique tag (name, then leaf path); spaces become underscores."""
+    """Probe id → a unique tag: a stage's path in the graph (`parameters/l0/w`,
+    `TransformerLM/layers.0/attn`; a parameter's leaf name alone says nothing when
+    every layer has a `w`), a sow's name, then the leaf path if any; spaces become
+    underscores."""
+    nodes = {n["id"]: n for n in (model or {}).get("nodes", [])}
+    root = (model or {}).get("root")
+
+    def path(node: Any) -> str | None:
+        labels, cur = [], nodes.get(node)
+        while cur is not None and cur["id"] != root:
+            if not cur.get("repeats"):  # `layers.0–23 (×24)` would change with the depth
+                labels.append(str(cur["label"]))
+            cur = nodes.get(cur.get("parent"))
+        return "/".join(reversed(labels)) or None
+
     tags: dict[str, str] = {}
     used: set[str] = set()
     for p in (model or {}).get("probes", []):
         leaf = p.get("leaf") or ""
-        tag = (str(p.get("name") or p["id"]) + (f"/{leaf}" if leaf else "")).replace(" ", "_")
+        name = (path(p.get("node")) if p.get("auto", True) else None) or p.get("name") or p["id"]
+        tag = (str(name) + (f"/{leaf}" if leaf else "")).replace(" ", "_")
         if tag in used:
             tag = f"{tag}_{p['id']}"
         used.add(tag)
