@@ -584,7 +584,7 @@ def _fn_key(fn: Callable) -> tuple[Any, Callable[[], Callable | None]]:
             rf, rs = weakref.ref(func), weakref.ref(self_)
             hash(rs)
         except TypeError:
-            return ("strong", func, id(self_), fn), lambda: fn
+            return ("strong", func, id(self_)), lambda: fn  # `fn` holds `self_` alive
         return (
             "method",
             rf,
@@ -594,7 +594,9 @@ def _fn_key(fn: Callable) -> tuple[Any, Callable[[], Callable | None]]:
         r = weakref.ref(fn)
         hash(r)
     except TypeError:
-        return ("strong", id(fn), fn), lambda: fn
+        # Unhashable (an Equinox module holding arrays, `eqx.filter_value_and_grad(loss)`):
+        # by identity, the family holding it alive so the id cannot be reused.
+        return ("strong", id(fn)), lambda: fn
     return ("ref", r), r
 
 

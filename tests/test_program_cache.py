@@ -497,3 +497,28 @@ def test_the_parameters_group_follows_argnums_on_a_cached_function():
         np.testing.assert_allclose(
             ins.result[1]["x" if argnums == 0 else "y"], grads["x" if argnums == 0 else "y"]
         )
+
+
+def test_an_equinox_module_or_filter_transform_as_fn_is_inspected():
+    # Callables holding arrays are unhashable (an Equinox model, the module that
+    # `eqx.filter_value_and_grad` returns); `eqx.filter_jit` takes them, and so must
+    # sowviz: the cache keys them by identity.
+    eqx = pytest.importorskip("equinox")
+    model = eqx.nn.MLP(3, 2, 8, depth=1, key=jax.random.PRNGKey(0))
+    x = jnp.linspace(-1.0, 1.0, 3)
+
+    def loss(m, x):
+        return jnp.sum(m(x) ** 2)
+
+    ins = sowviz.inspect(model, x, mode="primal")
+    np.testing.assert_allclose(ins.result, model(x), rtol=1e-6)
+    value_and_grad = eqx.filter_value_and_grad(loss)
+    ins = sowviz.inspect(value_and_grad, model, x, mode="primal")
+    want_value, want_grads = value_and_grad(model, x)
+    np.testing.assert_allclose(ins.result[0], want_value, rtol=1e-6)
+    np.testing.assert_allclose(
+        ins.result[1].layers[0].weight, want_grads.layers[0].weight, rtol=1e-5
+    )
+    # a bound method of such a module too
+    ins = sowviz.inspect(model.__call__, x, mode="primal")
+    np.testing.assert_allclose(ins.result, model(x), rtol=1e-6)
