@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from .. import _compat
+from . import frameworks
 
 _TOKEN = re.compile(r"\['((?:[^'\\]|\\.)*)'\]|\[(-?\d+)\]|\.([^.\[\]]+)|\[([^\]]*)\]")
 
@@ -118,8 +119,9 @@ def scope_names(eqn) -> tuple[str, ...]:
         return names
     out: list[str] = []
     for n in names:
-        # `conv1: Conv2d` holds Equinox's `eqx.nn.Conv` (its base class's scope)
-        if n.startswith("eqx.nn.") and out and ": " in out[-1]:
+        # `conv1: Conv2d` holds Equinox's `eqx.nn.Conv` (its base class's scope), and
+        # the model's own stage (`MLP`, named by its class) holds `eqx.nn.MLP`
+        if n.startswith("eqx.nn.") and out and (": " in out[-1] or out[-1] in frameworks.PUSHED):
             continue
         out.append(n)
     return tuple(out)
