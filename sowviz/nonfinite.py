@@ -21,9 +21,9 @@ passes them as `inputs`.
 
 Expected values. Stages or sows named in `expect_nonfinite` (and everything inside
 them) may hold non-finite values without an alarm; values that only they make do
-not count as an origin. A non-finite forward value that never reaches a result
-(masked afterwards: the returned values and the gradients are all finite) is
-*removed*: it is reported, with no alarm.
+not count as an origin. A non-finite value, forward or backward, that never reaches
+a result (masked afterwards: the returned values and the gradients are all finite)
+is *removed*: it is reported, with no alarm.
 
 Modules, imports pointing one way: `nonfinite_record` (the typed record) ←
 `nonfinite_messages` (its sentences) ← this rule (with `nonfinite_json`, a saved
@@ -271,8 +271,11 @@ def find(
     holders = {a for o in origin_ids for a in ix.ancestors(o)} | origin_ids
     nonfinite = sorted((n for n, f in flags.items() if f.fwd or f.bwd), key=ix.exit.__getitem__)
     propagators = tuple(n for n in nonfinite if n not in holders and n not in expected)
-    removed = fwd_origin is not None and results_finite is True
-    alarm = (fwd_origin is not None and not removed) or bwd_origin is not None
+    # Every result finite (the value and every gradient): whatever was non-finite, in
+    # either pass, was masked before it reached one.
+    found = fwd_origin is not None or bwd_origin is not None
+    removed = found and results_finite is True
+    alarm = found and not removed
     out = Origins(
         step=step,
         forward=fwd_origin,

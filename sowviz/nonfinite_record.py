@@ -64,7 +64,7 @@ class Origins:
     backward: Origin | None
     propagators: tuple[str, ...] = ()
     expected: tuple[str, ...] = ()
-    removed: bool = False  # forward non-finite values that never reached a result
+    removed: bool = False  # non-finite values that never reached a result
     alarm: bool = True  # False when only expected or removed values are non-finite
     message: str = ""
     nodes: tuple[str, ...] = field(default=(), repr=False)  # every non-finite node

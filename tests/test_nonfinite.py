@@ -746,3 +746,19 @@ def test_a_gradient_made_non_finite_by_a_nan_input_says_it_follows_from_the_forw
         assert o.forward.message == "the input `x` holds non-finite values"
         assert o.backward.message.startswith("follows from the forward pass: "), o.backward.message
         assert "holds non-finite values, so its backward does too, reaching" in o.backward.message
+
+
+def test_a_backward_nan_that_no_gradient_receives_is_removed_not_an_alarm():
+    # The backward of log at z == 0 makes 0 * inf = NaN; relu's backward masks it where
+    # z == 0, so the value and every gradient are finite, as plain jax.grad says.
+    def loss(w, x):
+        z = jax.nn.relu(x @ w)
+        return jnp.mean(jnp.where(z > 0, jnp.log(z), 0.0))
+
+    w = jnp.array([[1.0, -1.0], [0.5, 2.0]])
+    x = jnp.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]])
+    assert bool(jnp.all(jnp.isfinite(jax.grad(loss)(w, x))))
+    ins = sowviz.inspect(loss, w, x)
+    for o in (ins.nonfinite, ins.locate_nonfinite()):
+        assert o.backward is not None and o.removed and not o.alarm, o.message
+        assert o.message.endswith("(masked afterwards: no result is non-finite)")
