@@ -120,6 +120,8 @@ class Traced:
         #: Leaves of the arguments (`tree_leaves` positions) that `fn` assigns in place
         #: (`_state`): their new values leave the program beside its result.
         self.state: tuple[int, ...] = ()
+        #: Paths of leaves `fn` added to its arguments (`Module.sow`): never written back.
+        self.state_added: tuple[str, ...] = ()
         #: `fn`'s output leaves that are not JAX values (`_outputs`), put back on the host;
         #: `aux_static` those of its `aux` (`has_aux`).
         self.out_static = self.aux_static = _outputs.StaticLeaves()
@@ -127,12 +129,13 @@ class Traced:
         def flat_fn(*flat):
             self.trace_count += 1
             merged = spec.merge(flat)
-            before = jax.tree_util.tree_leaves(merged)
+            before = _state.leaves(merged)
             out, aux = _aux_pair(named(*merged)) if options.has_aux else (named(*merged), None)
             out, self.out_static = _outputs.strip(out)
             aux, self.aux_static = _outputs.strip(aux)
             self.state = _state.changed(before, merged)
-            return out, (_state.values(merged, self.state), aux)
+            self.state_added = _state.added(before, merged)
+            return out, (_state.values(before, merged, self.state), aux)
 
         avals = [
             jax.ShapeDtypeStruct(

@@ -45,21 +45,45 @@ def holders(args: Any) -> list[Any]:
     return out
 
 
-def changed(before: list, args: Any) -> tuple[int, ...]:
-    """Positions of the leaves of `args` (as `fn` left them) that are not the leaves
-    `before` (as `fn` got them) and sit in a writable variable; none if the number of
-    leaves changed (a variable added or removed): nothing maps back then."""
+def leaves(args: Any) -> list[tuple[str, Any]]:
+    """`args`' leaves with their paths, to compare before and after `fn` (`changed`);
+    none without Flax NNX loaded (no variable to write back)."""
+    if _variable_type() is None:
+        return []
+    return [(jax.tree_util.keystr(p), x) for p, x in jax.tree_util.tree_flatten_with_path(args)[0]]
+
+
+def changed(before: list[tuple[str, Any]], args: Any) -> tuple[int, ...]:
+    """Positions in `before` (`leaves` of the arguments as `fn` got them) of the leaves
+    that `fn` left holding a new value (`args` as it left them, matched by path), where
+    a writable variable holds them. A variable `fn` added (`Module.sow`) or removed
+    changes the other leaves' positions, not their paths: they still map back."""
     if _variable_type() is None:  # no NNX loaded: no variable to write
         return ()
-    after = jax.tree_util.tree_leaves(args)
-    if len(after) != len(before):
-        return ()
+    after = dict(leaves(args))
     held = holders(args)
+    where = {path: k for k, (path, _) in enumerate(leaves(args))}
     return tuple(
         k
-        for k, (old, new) in enumerate(zip(before, after, strict=True))
-        if new is not old and held[k] is not None
+        for k, (path, old) in enumerate(before)
+        if path in after and after[path] is not old and held[where[path]] is not None
     )
+
+
+def added(before: list[tuple[str, Any]], args: Any) -> tuple[str, ...]:
+    """Paths of the leaves `fn` added to its arguments (a variable `Module.sow` made):
+    no caller's variable holds them, so they are not written back."""
+    if not before:
+        return ()
+    old = {path for path, _ in before}
+    return tuple(path for path, _ in leaves(args) if path not in old)
+
+
+ADDED = (
+    "sowviz.Monitor: `fn` added {n} variable(s) to its arguments ({paths}), e.g. with "
+    "`Module.sow`; they are not written back to your model (the state it already had "
+    "is). Return them instead: `nnx.capture`, or `has_aux=True` with the values as aux."
+)
 
 
 def new_value_label(name: str) -> str:
@@ -68,10 +92,11 @@ def new_value_label(name: str) -> str:
     return "new " + name.removesuffix(".value")
 
 
-def values(args: Any, positions: tuple[int, ...]) -> tuple:
-    """The leaves of `args` at `positions`, as arrays (a program's outputs)."""
-    leaves = jax.tree_util.tree_leaves(args)
-    return tuple(jnp.asarray(leaves[k]) for k in positions)
+def values(before: list[tuple[str, Any]], args: Any, positions: tuple[int, ...]) -> tuple:
+    """The leaves of `args` at the paths of `before`'s `positions`, as arrays (a
+    program's outputs)."""
+    after = dict(leaves(args))
+    return tuple(jnp.asarray(after[before[k][0]]) for k in positions)
 
 
 def snapshot(args: Any) -> Any:

@@ -425,6 +425,10 @@ class Monitor:
 
     def _new_graph(self, traced: Traced) -> None:
         # A new program (first step, or a new shape): the view redraws its graph.
+        if traced.state_added:
+            paths = ", ".join(f"`{p}`" for p in traced.state_added[:4])
+            msg = _state.ADDED.format(n=len(traced.state_added), paths=paths)
+            warnings.warn(msg, stacklevel=3)
         self._set_latest(traced, None)
         if self._view_listener is not None:
             self._call(self._view_listener, "open", self.to_dict())

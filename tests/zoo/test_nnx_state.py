@@ -96,3 +96,34 @@ def test_inspect_leaves_the_state_alone_and_draws_it(mode):
     value = nnx.jit(loss)(Net(nnx.Rngs(0)), x, y)
     result = ins.result if mode == "primal" else ins.result[0]
     np.testing.assert_allclose(result, value, rtol=2e-5)
+
+
+class Sowing(Net):
+    """The same net keeping its hidden activation with `Module.sow` (Flax's older
+    intermediates pattern): each call adds a variable to the model."""
+
+    def __call__(self, x):
+        h = nnx.relu(self.bn(self.linear(x)))
+        self.sow(nnx.Intermediate, "hidden", h)
+        return self.out(self.dropout(h))
+
+
+def sowing_loss(model, x, y):
+    return optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
+
+
+@pytest.mark.filterwarnings("ignore:Using 'Module.sow\\(\\)' outside:DeprecationWarning")
+def test_a_model_that_sows_still_gets_its_state_written_back():
+    # `Module.sow` adds a variable, which shifted every leaf's position: the Monitor
+    # wrote nothing back (the same dropout mask at every step), silently.
+    steps = data(3)
+    ref, watched = Sowing(nnx.Rngs(0)), Sowing(nnx.Rngs(0))
+    plain = nnx.jit(nnx.value_and_grad(sowing_loss))
+    want = [float(plain(ref, x, y)[0]) for x, y in steps]
+    mon = sowviz.Monitor(sowing_loss)
+    with pytest.warns(UserWarning, match=r"added 1 variable.*hidden.*not written back"):
+        got = [float(mon.step(watched, x, y)[0]) for x, y in steps]
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert len(set(want)) == len(want)  # a repeated mask would repeat a loss
+    assert int(watched.dropout.rngs.count[...]) == int(ref.dropout.rngs.count[...]) == 3
+    assert_close(_state(watched, nnx.BatchStat), _state(ref, nnx.BatchStat), what="batch stats")
