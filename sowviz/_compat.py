@@ -458,6 +458,21 @@ class CallPath:
 _paths: dict[tuple, CallPath] = {}
 
 
+def explicit_sharding(x: Any) -> Any | None:
+    """The sharding in `x`'s type when its mesh has Explicit axes (the default of
+    `jax.make_mesh` since JAX 0.7), else None. `jax.jit` traces such an argument with
+    it (`float32[4@data,3]`); a trace without it sees another type, and a
+    `shard_map` in_spec or a `custom_jvp` rule's `select` then refuses the
+    mismatch."""
+    try:
+        sharding = getattr(jax.typeof(x), "sharding", None)
+    except Exception:  # not a JAX value, or a JAX without types carrying shardings
+        return None
+    explicit = getattr(getattr(jax.sharding, "AxisType", None), "Explicit", None)
+    types = getattr(getattr(sharding, "mesh", None), "axis_types", None) or ()
+    return sharding if explicit is not None and explicit in types else None
+
+
 def _is_tree_util(code: Any) -> bool:
     # `jax.tree.map` runs a library's function per leaf: the function is the news.
     return os.path.basename(code.co_filename) in ("tree.py", "tree_util.py")

@@ -139,7 +139,10 @@ class Traced:
 
         avals = [
             jax.ShapeDtypeStruct(
-                jnp.shape(x), jnp.result_type(x), weak_type=bool(getattr(x, "weak_type", False))
+                jnp.shape(x),
+                jnp.result_type(x),
+                weak_type=bool(getattr(x, "weak_type", False)),
+                sharding=_compat.explicit_sharding(x),
             )
             for x in dyn
         ]
@@ -437,7 +440,7 @@ class Family:
 
 def _aval_key(x: Any) -> tuple:
     aval = x.aval
-    return (aval.shape, aval.dtype, getattr(aval, "weak_type", False))
+    return (aval.shape, aval.dtype, getattr(aval, "weak_type", False), _compat.explicit_sharding(x))
 
 
 class Runner:

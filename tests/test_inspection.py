@@ -417,3 +417,37 @@ def test_a_partial_is_titled_by_the_function_it_binds():
     value, grad = jax.value_and_grad(step)(w, x, 0.5)
     np.testing.assert_allclose(ins.result[0], value, rtol=1e-6)
     np.testing.assert_allclose(ins.result[1], grad, rtol=1e-6)
+
+
+def test_inputs_keep_an_explicit_mesh_s_sharding_as_under_jax_jit():
+    # `jax.make_mesh`'s axes are Explicit: jax.jit traces an argument with its sharding
+    # in its type (`float32[4@data,3]`). A trace without it made relu's custom_jvp
+    # rule refuse mixed shardings and a shard_map refuse its in_specs.
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((1,), ("data",), axis_types=(AxisType.Explicit,))
+    w = jnp.linspace(-1.0, 1.0, 6).reshape(3, 2)
+    x = jnp.arange(12.0).reshape(4, 3) / 10
+
+    def relu_loss(w, x):
+        return jnp.mean(jax.nn.relu(x @ w) ** 2)
+
+    def mapped_loss(w, x):
+        local = lambda w, x: jax.lax.psum(jnp.sum((x @ w) ** 2), "data")  # noqa: E731
+        return jax.shard_map(local, mesh=mesh, in_specs=(P(), P("data")), out_specs=P())(w, x)
+
+    cases = (
+        (relu_loss, jax.device_put(w, NamedSharding(mesh, P(None, "data"))), x),
+        (mapped_loss, w, jax.device_put(x, NamedSharding(mesh, P("data")))),
+    )
+    with jax.set_mesh(mesh):
+        for loss, w_, x_ in cases:
+            value, grad = jax.jit(jax.value_and_grad(loss))(w_, x_)
+            got_value, got_grad = sowviz.inspect(loss, w_, x_).result
+            np.testing.assert_allclose(got_value, value, rtol=1e-6)
+            np.testing.assert_allclose(got_grad, grad, rtol=1e-6)
+            t = jnp.ones_like(w_)
+            _, ty = jax.jvp(loss, (w_, x_), (t, jnp.zeros_like(x_)))
+            got = sowviz.inspect(loss, w_, x_, mode="jvp", tangents=(t, jnp.zeros_like(x_))).result
+            np.testing.assert_allclose(got[1], ty, rtol=1e-5)

@@ -251,13 +251,15 @@ def test_inspect_passes_its_parameters_and_gradients_on_without_copies(monkeypat
     assert isinstance(out, _program.Shared)
     assert (True, 0) in {(is_input, j) for _, is_input, j in out.aliases}  # W itself
     assert any(not is_input for _, is_input, _ in out.aliases)  # its gradient, the result's
+    # float32 from two programs XLA compiled apart: equal to rounding (JAX 0.10's CPU
+    # dot differs from plain jax.grad's in the 6th digit), not bit for bit
     grad = jax.grad(loss)(W, X)
-    np.testing.assert_allclose(got.result[1], grad, rtol=1e-6)
+    np.testing.assert_allclose(got.result[1], grad, rtol=2e-5, atol=1e-7)
     (w,) = [p for p in got.to_dict()["probes"] if p["name"] == "w"]
     for mode, values in (("primal", W), ("cotangent", grad)):
         stats = w["summaries"][mode]
         np.testing.assert_allclose(stats["mean"], np.mean(values), rtol=1e-5, atol=1e-7)
-        np.testing.assert_allclose(stats["max"], np.max(values), rtol=1e-6)
+        np.testing.assert_allclose(stats["max"], np.max(values), rtol=2e-5)
         assert stats["count"] == W.size
 
 
