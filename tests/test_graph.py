@@ -1025,3 +1025,28 @@ def _ancestors(g, n):
         out.append(n.parent)
         n = g.node(n.parent)
     return out
+
+
+def test_a_jitted_function_s_body_is_the_top_level():
+    # `inspect(jax.jit(loss), ...)`, `eqx.filter_jit`, `nnx.jit`: the program is one
+    # jit equation named like the root; drawn, it would only restate it (`loss` > `loss`).
+    @jax.jit
+    def loss(w, x):
+        with jax.named_scope("layer"):
+            h = jnp.tanh(x @ w)
+        return jnp.sum(h**2)
+
+    ins = sowviz.inspect(loss, W, X)
+    g = ins.graph
+    assert not [n for n in g.children(g.root) if n.kind == "jit"]
+    layer = one(g, "layer")
+    assert layer.parent == g.root
+    (probe,) = [p for p in ins.probes if p.node == layer.id]
+    h = np.tanh(np.asarray(X) @ np.asarray(W))
+    np.testing.assert_allclose(probe.summaries["primal"]["l2"], np.linalg.norm(h), rtol=1e-5)
+    np.testing.assert_allclose(probe.summaries["cotangent"]["l2"], np.linalg.norm(2 * h), rtol=1e-5)
+    value, grad = jax.value_and_grad(loss)(W, X)
+    np.testing.assert_allclose(ins.result[0], value, rtol=1e-6)
+    np.testing.assert_allclose(ins.result[1], grad, rtol=1e-5)
+    (out,) = [p for p in ins.probes if g.node(p.node).kind == "output"]
+    np.testing.assert_allclose(out.summaries["primal"]["mean"], value, rtol=1e-6)

@@ -97,6 +97,20 @@ def build_graph(
     )
 
 
+def _whole_program_jit(jaxpr: Any, title: str) -> Any | None:
+    """The body of the one `jit` equation named `title` that is the whole program, else
+    None."""
+    if len(jaxpr.eqns) != 1:
+        return None
+    eqn = jaxpr.eqns[0]
+    if eqn.primitive.name not in _compat.JIT or str(eqn.params.get("name")) != title:
+        return None
+    made = {*eqn.outvars, *jaxpr.invars}
+    if not all(v in made for v in jaxpr.outvars if isinstance(v, _compat.Var)):
+        return None
+    return eqn.params["jaxpr"]
+
+
 class _Rec:
     """A node under construction (mutable until the walk ends)."""
 
@@ -166,7 +180,23 @@ class _Builder(InputsMixin):
                 inputs[v] = chain
                 if probe:  # sown before the first equation: its cotangent is the gradient
                     self.point(self.recs[int(chain[-1][1:])], (), [(-1, k)], [v])
-        outs = self.walk(jaxpr, root, (), inputs, probe=True)
+        inner = _whole_program_jit(jaxpr, title)
+        if inner is None:
+            outs = self.walk(jaxpr, root, (), inputs, probe=True)
+        else:
+            # `fn` is itself jitted (`eqx.filter_jit`, `nnx.jit`, `jax.jit`): its one
+            # stage would restate the root (`step` > `step`); its body is the top level.
+            eqn = jaxpr.eqns[0]
+            body = inner.jaxpr
+            var = _compat.Var
+            pairs = zip(body.invars, eqn.invars, strict=True)
+            known = {b: inputs[v] for b, v in pairs if isinstance(v, var) and v in inputs}
+            prod = self.walk(body, root, ((0, "jaxpr", None),), known, probe=True)
+            outs = dict(inputs)  # an argument returned as it came
+            for o, b in zip(eqn.outvars, body.outvars, strict=True):
+                if isinstance(b, var) and b in prod:
+                    outs[o] = prod[b]
+            self.top_loc = {o: (0, k) for k, o in enumerate(eqn.outvars)}
         last = len(jaxpr.eqns) - 1
         for group in output_groups(out_names):
             for k, dst in self.leaf_tree(root, group, group[0][1], jaxpr.outvars, "output"):
