@@ -176,10 +176,19 @@ class _Context:
         return f"{_fmt_eqx(rel)}: {cls}", path
 
 
+#: Public wrapper classes of the frameworks, no layers: Equinox's `BoundMethod` (a
+#: module's method taken as a pytree, as `eqx.nn.MultiheadAttention` maps its
+#: projections).
+_WRAPPERS = frozenset({"BoundMethod"})
+
+
 def _framework_private(module: Any) -> bool:
-    """Whether `module`'s class is a private one (``_Name``) of Flax or Equinox."""
+    """Whether `module`'s class is a private one (``_Name``) of Flax or Equinox, or one
+    of their wrappers (`_WRAPPERS`)."""
     cls = type(module)
-    return cls.__name__.startswith("_") and cls.__module__.startswith(("equinox", "flax"))
+    name = cls.__name__
+    own = cls.__module__.startswith(("equinox", "flax"))
+    return own and (name.startswith("_") or name in _WRAPPERS)
 
 
 def _wrap(raw: Any) -> Callable:

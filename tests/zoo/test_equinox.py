@@ -214,3 +214,34 @@ def test_the_tutorial_loss_returning_its_batchnorm_state_with_has_aux():
     assert {"state/bn/ema_first_time_index", "state/bn/ema_state_index[0]"} <= set(inputs)
     assert {"aux/bn/ema_first_time_index", "aux/bn/ema_state_index[1]"} <= set(outputs)
     assert not any("flat index" in p for p in [*inputs, *outputs])
+
+
+class _Attn(eqx.Module):
+    norm: eqx.nn.LayerNorm
+    attn: eqx.nn.MultiheadAttention
+
+    def __init__(self, key):
+        self.norm = eqx.nn.LayerNorm(8)
+        self.attn = eqx.nn.MultiheadAttention(2, 8, key=key)
+
+    def __call__(self, x):
+        n = jax.vmap(self.norm)(x)
+        return x + self.attn(n, n, n, mask=jnp.tril(jnp.ones((x.shape[0],) * 2, bool)))
+
+
+def test_multihead_attention_s_projections_are_its_own_stages():
+    # MultiheadAttention maps its projections through Equinox's `BoundMethod` wrapper:
+    # no stage of its own, and the projections named from the layer that owns them.
+    model = _Attn(jax.random.PRNGKey(0))
+    x = jax.random.normal(jax.random.PRNGKey(1), (5, 8))
+
+    def loss(m, x):
+        return jnp.mean(m(x) ** 2)
+
+    ins = sowviz.inspect(loss, model, x)
+    assert_value_and_grad(ins.result, *eqx.filter_value_and_grad(loss)(model, x))
+    (attn,) = [n for n in ins.graph.nodes if n.label == "attn: MultiheadAttention"]
+    kids = [n.label for n in ins.graph.children(attn.id)]
+    for proj in ("query_proj", "key_proj", "value_proj", "output_proj"):
+        assert f"{proj}: Linear" in kids, kids
+    assert not [n.label for n in ins.graph.nodes if "BoundMethod" in n.label or "attn." in n.label]
