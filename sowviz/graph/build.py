@@ -234,11 +234,23 @@ class _Builder(InputsMixin):
         capture_stages = probe and self.capture in ("stages", "all")
         used = {v for e in jaxpr.eqns for v in e.invars if isinstance(v, _compat.Var)}
         used.update(v for v in jaxpr.outvars if isinstance(v, _compat.Var))
+        scoped = [scope_names(e) for e in jaxpr.eqns]
+        locs = [self.source(e) for e in jaxpr.eqns]
+
+        def at_module_call(i: int) -> bool:
+            # The user's line is the call of the module whose stage holds the equation:
+            # a library module's own code (Equinox's attention reshaping its heads).
+            names = scoped[i]
+            if not names or names[-1] not in frameworks.PUSHED:
+                return False
+            return self.scope_source(jaxpr.eqns[i], names, len(names) - 1) == locs[i]
+
         level_names = fold_names(
-            [scope_names(e) for e in jaxpr.eqns],
-            [self.source(e) for e in jaxpr.eqns],
+            scoped,
+            locs,
             FOLD_LIMIT,
             call_path=lambda i: _compat.call_path(jaxpr.eqns[i]),
+            at_module_call=at_module_call,
         )
         for i, eqn in enumerate(jaxpr.eqns):
             names = level_names[i]

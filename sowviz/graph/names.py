@@ -227,6 +227,7 @@ def fold_names(
     limit: int,
     call_path: Callable[[int], _compat.CallPath] | None = None,
     line_limit: int = 12,
+    at_module_call: Callable[[int], bool] | None = None,
 ) -> list[tuple[str, ...]]:
     """Scope names with runs of unscoped equations folded. A level with more than
     `line_limit` nodes folds runs of 3 or more equations from one source line, labelled
@@ -234,7 +235,8 @@ def fold_names(
     more than `limit` then folds runs from one function call (`loss`), then chunks of
     what is left (`step ×4 (5–8)`). A run of more than `line_limit` equations in one
     scope or fold is then split by the library calls that made them (`call_path`,
-    below the user's line): `Optimizer.update` holds `chain`, which holds
+    below the user's line; a line that is the call of the module whose stage holds
+    the run, `at_module_call`, is not folded first): `Optimizer.update` holds `chain`, which holds
     `clip_by_global_norm` and `scale_by_adam`, and so on down."""
     if max(_direct(names).values(), default=0) <= line_limit:
         return names
@@ -288,6 +290,8 @@ def fold_names(
             lib = bool(path(i).names) and not path(i).below_user
             if lib != library or (library and out[i] and _SPLIT in out[i][-1]):
                 return None  # inside a library call's group, its lines are no news
+            if not library and at_module_call is not None and at_module_call(i):
+                return None  # the module's stage is that line's call: its calls say more
             return f"{function_label(loc.function)[0]}:{loc.line}\x02{'/'.join(out[i])}"
 
         return key
@@ -298,9 +302,15 @@ def fold_names(
             return None
         return function_label(loc.function)[0]
 
-    def split_by_calls(run: list[int], depth: int) -> None:
-        # Runs of the run with one library call at `depth`; one run is no news: deeper.
-        while len(run) > line_limit:
+    def group(run: list[int], key: str) -> None:
+        name = f"{FOLD}{key}{_SPLIT}{run[0]}"
+        for m in run:
+            out[m] = (*out[m], name)
+
+    def split_by_calls(run: list[int], depth: int, whole: bool) -> None:
+        # Runs of the run with one library call at `depth`. A run that is all its scope
+        # holds (`whole`) and one call throughout would restate the scope: deeper.
+        while True:
             keys = [c[depth] if len(c) > depth else None for c in map(calls, run)]
             # Equations of the caller's own between two runs of one call (per leaf of
             # a `tree.map`) join them.
@@ -309,29 +319,32 @@ def fold_names(
                 if b > a + 1 and keys[a] == keys[b]:
                     keys[a + 1 : b] = [keys[a]] * (b - a - 1)
             starts = [0] + [k for k in range(1, len(run)) if keys[k] != keys[k - 1]]
-            if len(starts) == 1:
-                if keys[0] is None:
-                    return
+            # a group named like the scope or fold around it would restate it too
+            around = fold_label(out[run[0]][-1]) if out[run[0]] else None
+            if len(starts) == 1 and keys[0] is not None and (whole or keys[0] == around):
                 depth += 1
                 continue
-            if len(starts) > line_limit:  # as many boxes as equations: no clearer
-                return
+            if len(starts) > line_limit or (len(starts) == 1 and keys[0] is None):
+                return  # as many boxes as equations, or no call: no clearer
             for a, b in zip(starts, [*starts[1:], len(run)], strict=True):
-                if keys[a] is not None and b - a >= 2:
-                    name = f"{FOLD}{keys[a]}{_SPLIT}{run[a]}"
-                    for m in run[a:b]:
-                        out[m] = (*out[m], name)
-                    split_by_calls(run[a:b], depth + 1)
+                if keys[a] is not None and b - a >= 2 and keys[a] != around:
+                    group(run[a:b], keys[a])
+                    if b - a > line_limit:
+                        split_by_calls(run[a:b], depth + 1, True)
             return
 
     fold_runs(line_key(False), least=3, label=line_label, inner=True, whole=False)
     if call_path is not None:
+        direct = _direct(out)
         i = 0
         while i < len(out):  # runs of equations directly in one scope or fold
             j = i
             while j + 1 < len(out) and out[j + 1] == out[i]:
                 j += 1
-            split_by_calls(list(range(i, j + 1)), 0)
+            size, level = j + 1 - i, direct.get(out[i], 0)
+            # at a big level, or a run too long to read
+            if size > line_limit or (level > line_limit and size >= 3):
+                split_by_calls(list(range(i, j + 1)), 0, size == level)
             i = j + 1
         own = lambda i, j, where: where.split("\x02", 1)[0]  # noqa: E731  (`_do_update:381`)
         fold_runs(line_key(True), least=3, label=own, inner=True, whole=False)
