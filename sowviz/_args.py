@@ -43,9 +43,8 @@ def _paths(args: Any) -> list[str]:
     if state is None:
         return [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(args)[0]]
     out = []
-    for p, x in jax.tree_util.tree_flatten_with_path(args, is_leaf=lambda x: isinstance(x, state))[
-        0
-    ]:
+    flat, _ = jax.tree_util.tree_flatten_with_path(args, is_leaf=lambda x: isinstance(x, state))
+    for p, x in flat:
         if not isinstance(x, state):
             out.append(jax.tree_util.keystr(p))
             continue

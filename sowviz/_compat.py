@@ -442,6 +442,22 @@ def foreign_sow_treedef(name: str, num_leaves: int) -> Any | None:
     return treedef if treedef is not None and treedef.num_leaves == num_leaves else None
 
 
+# --- Explicit meshes (JAX >= 0.7): the sharding an input's type carries.
+def explicit_sharding(x: Any) -> Any | None:
+    """The sharding in `x`'s type when its mesh has Explicit axes (the default of
+    `jax.make_mesh` since JAX 0.7), else None. `jax.jit` traces such an argument with
+    it (`float32[4@data,3]`); a trace without it sees another type, and a
+    `shard_map` in_spec or a `custom_jvp` rule's `select` then refuses the
+    mismatch."""
+    try:
+        sharding = getattr(jax.typeof(x), "sharding", None)
+    except Exception:  # not a JAX value, or a JAX without types carrying shardings
+        return None
+    explicit = getattr(getattr(jax.sharding, "AxisType", None), "Explicit", None)
+    types = getattr(getattr(sharding, "mesh", None), "axis_types", None) or ()
+    return sharding if explicit is not None and explicit in types else None
+
+
 # --- added by graph: the library calls below the user's line, to name folded runs of
 # equations (`make_causal_mask`, `Optimizer.update` > `scale_by_adam`). Same
 # traceback internals as `call_sites`.
@@ -458,21 +474,6 @@ class CallPath:
 _paths: dict[tuple, CallPath] = {}
 
 
-def explicit_sharding(x: Any) -> Any | None:
-    """The sharding in `x`'s type when its mesh has Explicit axes (the default of
-    `jax.make_mesh` since JAX 0.7), else None. `jax.jit` traces such an argument with
-    it (`float32[4@data,3]`); a trace without it sees another type, and a
-    `shard_map` in_spec or a `custom_jvp` rule's `select` then refuses the
-    mismatch."""
-    try:
-        sharding = getattr(jax.typeof(x), "sharding", None)
-    except Exception:  # not a JAX value, or a JAX without types carrying shardings
-        return None
-    explicit = getattr(getattr(jax.sharding, "AxisType", None), "Explicit", None)
-    types = getattr(getattr(sharding, "mesh", None), "axis_types", None) or ()
-    return sharding if explicit is not None and explicit in types else None
-
-
 def _is_tree_util(code: Any) -> bool:
     # `jax.tree.map` runs a library's function per leaf: the function is the news.
     return os.path.basename(code.co_filename) in ("tree.py", "tree_util.py")
@@ -484,8 +485,9 @@ def call_path(eqn: JaxprEqn) -> CallPath:
     outermost first: the library calls that line made, down to the one that bound
     it (`Optimizer.update`, `chain.<locals>.update_fn`, …). JAX's and sowviz's own
     frames are left out, but for the public JAX function called last (`softmax`,
-    `einsum`): what the line asked JAX for. Without such a user frame (the body of a `lax.cond` that a
-    library traced), the whole traceback's path. Empty when unknown."""
+    `einsum`): what the line asked JAX for. Without such a user frame (the body of
+    a `lax.cond` that a library traced), the whole traceback's path. Empty when
+    unknown."""
     tb = eqn.source_info.traceback
     if tb is None:
         return CallPath()

@@ -60,13 +60,12 @@ def changed(before: list[tuple[str, Any]], args: Any) -> tuple[int, ...]:
     changes the other leaves' positions, not their paths: they still map back."""
     if _variable_type() is None:  # no NNX loaded: no variable to write
         return ()
-    after = dict(leaves(args))
     held = holders(args)
-    where = {path: k for k, (path, _) in enumerate(leaves(args))}
+    after = {path: (x, held[k]) for k, (path, x) in enumerate(leaves(args))}
     return tuple(
         k
         for k, (path, old) in enumerate(before)
-        if path in after and after[path] is not old and held[where[path]] is not None
+        if path in after and after[path][0] is not old and after[path][1] is not None
     )
 
 

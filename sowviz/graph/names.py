@@ -212,6 +212,8 @@ def call_labels(path: tuple[str, ...]) -> tuple[str, ...]:
     function calling itself (`chain` in `chain`) said once."""
     out = _labels.get(path)
     if out is None:
+        if len(_labels) > 100_000:  # a long session of many programs
+            _labels.clear()
         labels: list[str] = []
         for q in path:
             name, through = function_label(q)
@@ -234,10 +236,11 @@ def fold_names(
     by the function that line called (`make_causal_mask`, else `loss:114`); one with
     more than `limit` then folds runs from one function call (`loss`), then chunks of
     what is left (`step ×4 (5–8)`). A run of more than `line_limit` equations in one
-    scope or fold is then split by the library calls that made them (`call_path`,
-    below the user's line; a line that is the call of the module whose stage holds
-    the run, `at_module_call`, is not folded first): `Optimizer.update` holds `chain`, which holds
-    `clip_by_global_norm` and `scale_by_adam`, and so on down."""
+    scope or fold (3 or more at a big level) is then split by the library calls that
+    made them (`call_path`, below the user's line): `Optimizer.update` holds `chain`,
+    which holds `clip_by_global_norm` and `scale_by_adam`, and so on down. A line that
+    is the call of the module whose stage holds the run (`at_module_call`) is not
+    folded first: the module's own calls say more."""
     if max(_direct(names).values(), default=0) <= line_limit:
         return names
     out = list(names)
