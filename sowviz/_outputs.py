@@ -26,7 +26,7 @@ def _is_none(x: Any) -> bool:
     return x is None
 
 
-def _not_jax(x: Any) -> bool:
+def not_jax(x: Any) -> bool:
     """A leaf a compiled program cannot return (None is no leaf: an empty subtree)."""
     return x is not None and not isinstance(x, _JAX_VALUES)
 
@@ -53,7 +53,7 @@ class StaticLeaves:
 def strip(out: Any) -> tuple[Any, StaticLeaves]:
     """`out` with None at each leaf that is not a JAX value, and those leaves."""
     leaves, treedef = jax.tree_util.tree_flatten(out, is_leaf=_is_none)
-    positions = tuple(i for i, x in enumerate(leaves) if _not_jax(x))
+    positions = tuple(i for i, x in enumerate(leaves) if not_jax(x))
     if not positions:
         return out, StaticLeaves()
     values = tuple(leaves[i] for i in positions)
@@ -65,6 +65,6 @@ def strip(out: Any) -> tuple[Any, StaticLeaves]:
 def first_static_path(out: Any) -> tuple[str, str] | None:
     """The pytree path and type name of `out`'s first leaf that is not a JAX value."""
     for path, x in jax.tree_util.tree_flatten_with_path(out)[0]:
-        if _not_jax(x):
+        if not_jax(x):
             return jax.tree_util.keystr(path), type(x).__name__
     return None

@@ -133,9 +133,8 @@ class Traced:
             out, aux = _aux_pair(named(*merged)) if options.has_aux else (named(*merged), None)
             out, self.out_static = _outputs.strip(out)
             aux, self.aux_static = _outputs.strip(aux)
-            self.state = _state.changed(before, merged)
-            self.state_added = _state.added(before, merged)
-            return out, (_state.values(before, merged, self.state), aux)
+            self.state, self.state_added, new = _state.compare(before, merged)
+            return out, (new, aux)
 
         avals = [
             jax.ShapeDtypeStruct(
@@ -181,7 +180,7 @@ class Traced:
         # `jnp.array(False)` in its new state) is a jaxpr literal, which evaluates to
         # a Python scalar: an array again, as `jax.jit` returns it.
         outs = [
-            o if isinstance(o, jax.Array | jax.core.Tracer) else jnp.asarray(o, aval.dtype)
+            jnp.asarray(o, aval.dtype) if _outputs.not_jax(o) else o
             for o, aval in zip(outs, self.closed.out_avals, strict=True)
         ]
         return jax.tree_util.tree_unflatten(self.out_tree, outs)

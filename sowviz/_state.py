@@ -8,7 +8,7 @@ on that copy and are lost: a training loop driven by `Monitor.step` then drew th
 same dropout mask at every step and never updated BatchNorm's statistics.
 `nnx.jit` and `nnx.value_and_grad` carry them out instead; so does sowviz:
 
-* while tracing, `changed` compares the arguments' leaves before and after `fn`
+* while tracing, `compare` compares the arguments' leaves before and after `fn`
   ran and keeps those that hold a new value and sit in a variable it can write
   (`holders`);
 * the compiled program returns their new values beside its result;
@@ -46,36 +46,35 @@ def holders(args: Any) -> list[Any]:
 
 
 def leaves(args: Any) -> list[tuple[str, Any]]:
-    """`args`' leaves with their paths, to compare before and after `fn` (`changed`);
+    """`args`' leaves with their paths, to compare before and after `fn` (`compare`);
     none without Flax NNX loaded (no variable to write back)."""
     if _variable_type() is None:
         return []
     return [(jax.tree_util.keystr(p), x) for p, x in jax.tree_util.tree_flatten_with_path(args)[0]]
 
 
-def changed(before: list[tuple[str, Any]], args: Any) -> tuple[int, ...]:
-    """Positions in `before` (`leaves` of the arguments as `fn` got them) of the leaves
-    that `fn` left holding a new value (`args` as it left them, matched by path), where
-    a writable variable holds them. A variable `fn` added (`Module.sow`) or removed
-    changes the other leaves' positions, not their paths: they still map back."""
-    if _variable_type() is None:  # no NNX loaded: no variable to write
-        return ()
+def compare(
+    before: list[tuple[str, Any]], args: Any
+) -> tuple[tuple[int, ...], tuple[str, ...], tuple]:
+    """What `fn` did to its arguments: the positions in `before` (`leaves` of the
+    arguments as `fn` got them) of the leaves it left holding a new value where a
+    writable variable holds them (`args` as it left them, matched by path: a variable
+    `fn` added with `Module.sow`, or removed, moves the others' positions, not their
+    paths), the paths of the leaves it added (no caller's variable holds them, so they
+    are not written back), and the new values at those positions, as arrays (a
+    program's outputs)."""
+    if not before:  # no NNX loaded: no variable to write
+        return (), (), ()
     held = holders(args)
     after = {path: (x, held[k]) for k, (path, x) in enumerate(leaves(args))}
-    return tuple(
+    positions = tuple(
         k
         for k, (path, old) in enumerate(before)
         if path in after and after[path][0] is not old and after[path][1] is not None
     )
-
-
-def added(before: list[tuple[str, Any]], args: Any) -> tuple[str, ...]:
-    """Paths of the leaves `fn` added to its arguments (a variable `Module.sow` made):
-    no caller's variable holds them, so they are not written back."""
-    if not before:
-        return ()
     old = {path for path, _ in before}
-    return tuple(path for path, _ in leaves(args) if path not in old)
+    added = tuple(path for path in after if path not in old)
+    return positions, added, tuple(jnp.asarray(after[before[k][0]][0]) for k in positions)
 
 
 ADDED = (
@@ -89,13 +88,6 @@ def new_value_label(name: str) -> str:
     """The graph's label of the value `fn` writes to the leaf `name` (`model.bn.mean.value`
     gives `new model.bn.mean`): the news first, since a long label is cut at its end."""
     return "new " + name.removesuffix(".value")
-
-
-def values(before: list[tuple[str, Any]], args: Any, positions: tuple[int, ...]) -> tuple:
-    """The leaves of `args` at the paths of `before`'s `positions`, as arrays (a
-    program's outputs)."""
-    after = dict(leaves(args))
-    return tuple(jnp.asarray(after[before[k][0]]) for k in positions)
 
 
 def snapshot(args: Any) -> Any:
