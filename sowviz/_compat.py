@@ -368,6 +368,26 @@ def replace_jaxpr(jaxpr: Jaxpr, **changes: Any) -> Jaxpr:
     return jaxpr.replace(**changes)
 
 
+_JAX_DIR = os.path.dirname(os.path.abspath(jax.__file__)) + os.sep
+
+
+def defined_in_jax(sub_program: Any) -> bool:
+    """Whether the function `sub_program` was traced from is JAX's own (its
+    `debug_info.func_src_info`, "name at file:line", points into the jax package)."""
+    jaxpr, _ = jaxpr_and_consts(sub_program)
+    src = getattr(getattr(jaxpr, "debug_info", None), "func_src_info", None) or ""
+    file = src.partition(" at ")[2].rpartition(":")[0]
+    return bool(file) and os.path.abspath(file).startswith(_JAX_DIR)
+
+
+def with_outputs(closed: Any, outvars: list) -> Any:
+    """`closed` (a program `jax.make_jaxpr` made) returning `outvars` instead, with its
+    consts; JAX >= 0.11 keeps them on the one `Jaxpr` class."""
+    jaxpr, consts = jaxpr_and_consts(closed)
+    jaxpr = jaxpr.replace(outvars=outvars)
+    return ClosedJaxpr(jaxpr, consts) if _HAS_CLOSED_JAXPR else jaxpr
+
+
 def check_jaxpr(jaxpr: Jaxpr) -> None:
     _core.check_jaxpr(jaxpr)
 
@@ -472,6 +492,7 @@ class CallPath:
 
 
 _paths: dict[tuple, CallPath] = {}
+_API_BOUNDARY = _traceback_util.__file__
 
 
 def _is_tree_util(code: Any) -> bool:
@@ -511,8 +532,8 @@ def call_path(eqn: JaxprEqn) -> CallPath:
             names: list[str] = []
             api: str | None = ""  # "": the frame before was not JAX's
             for c in reversed(codes[:user]):
-                if c.co_filename.startswith(_SOWVIZ_DIR + os.sep):
-                    continue
+                if c.co_filename.startswith(_SOWVIZ_DIR + os.sep) or c.co_filename == _API_BOUNDARY:
+                    continue  # sowviz, and the wrapper `@api_boundary` puts on `lax.fori_loop`
                 if _source_info.is_user_filename(c.co_filename):
                     names.append(c.co_qualname)
                     api = ""

@@ -40,6 +40,7 @@ import numpy as np
 from . import _compat, _concat, _outputs, _state
 from . import summary_ops as _ops
 from ._args import ArgSpec, _is_float, _layout, _paths, _user_tangents, split
+from ._forwarding import forwarded_inputs
 from ._gc import gc_paused
 from .capture import summaries as _summaries
 from .capture.api import SaveIntermediates
@@ -149,6 +150,8 @@ class Traced:
             self.closed, (out_shape, extra_shape) = jax.make_jaxpr(flat_fn, return_shape=True)(
                 *avals
             )
+        if self.state:
+            extra_shape = self._drop_unchanged(spec, out_shape, extra_shape)
         self.out_tree = jax.tree_util.tree_structure((out_shape, extra_shape))
         names = _arg_names(fn, args, paths)
         title = options.title or _title(fn)
@@ -166,6 +169,25 @@ class Traced:
             parameters={a % len(args) for a in np.atleast_1d(options.argnums).tolist()},
         )
         self._probed = instrument(self.closed, self.graph.probe_points, tag=PROBE_TAG)
+
+    def _drop_unchanged(self, spec: ArgSpec, out_shape: Any, extra_shape: Any) -> Any:
+        """Leave out of `state` (and of the program's outputs) the leaves `fn` returned
+        as they came in: an NNX transform (`nnx.jit`, `nnx.cond`) hands every variable
+        back as a new value, so identity alone said "changed" (`_forwarding`)."""
+        new, aux = extra_shape
+        first = len(jax.tree_util.tree_leaves(out_shape))
+        forwarded = forwarded_inputs(self.closed)
+        dynamic = {leaf: j for j, leaf in enumerate(spec.dynamic)}
+        keep = [forwarded[first + k] != dynamic.get(leaf) for k, leaf in enumerate(self.state)]
+        if all(keep):
+            return extra_shape
+        outvars = list(_compat.jaxpr_and_consts(self.closed)[0].outvars)
+        dropped = {first + k for k, kept in enumerate(keep) if not kept}
+        self.closed = _compat.with_outputs(
+            self.closed, [v for k, v in enumerate(outvars) if k not in dropped]
+        )
+        self.state = tuple(leaf for leaf, kept in zip(self.state, keep, strict=True) if kept)
+        return tuple(x for x, kept in zip(new, keep, strict=True) if kept), aux
 
     def plain(self, dyn: list) -> Any:
         """`fn`'s output and `(its arguments' new state (`state`'s values), its aux)`."""

@@ -79,7 +79,13 @@ def _fixed(text: str) -> Label:
 
 
 def _called(params: Mapping[str, Any], name: str) -> str:  # jit, closed_call
-    return str(params.get("name") or name)
+    label = str(params.get("name") or name)
+    body = params.get("jaxpr", params.get("call_jaxpr"))
+    if label.startswith("_") and body is not None and _compat.defined_in_jax(body):
+        # JAX's private jitted helpers (`jnp.var`'s `_var`, `jnp.where`'s `_where`) are
+        # named by the public function they implement.
+        return label.lstrip("_")
+    return label
 
 
 def _sow(params: Mapping[str, Any], name: str) -> str:

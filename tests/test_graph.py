@@ -1050,3 +1050,40 @@ def test_a_jitted_function_s_body_is_the_top_level():
     np.testing.assert_allclose(ins.result[1], grad, rtol=1e-5)
     (out,) = [p for p in ins.probes if g.node(p.node).kind == "output"]
     np.testing.assert_allclose(out.summaries["primal"]["mean"], value, rtol=1e-6)
+
+
+def test_loops_and_branches_named_by_the_jax_function_that_made_them():
+    # `lax.fori_loop` with static bounds is a scan, `lax.switch` a cond, `lax.map` a
+    # scan: each is drawn by the function the user called.
+    def f(x, i):
+        def body(k, c):
+            return jnp.sin(c) * 1.1
+
+        x = lax.fori_loop(0, 3, body, x)
+        x = lax.fori_loop(0, i, body, x)  # a traced bound: a while loop
+        x = lax.switch(i, [jnp.sin, jnp.cos, jnp.tanh], x)
+        x = lax.map(jnp.exp, x)
+        x = lax.cond(i > 0, jnp.sin, jnp.cos, x)
+        return lax.scan(lambda c, v: (c + v, None), 0.0, x)[0]
+
+    _, g = graph_of(f, X[0], 1)
+    assert [(n.kind, n.label) for n in g.nodes if n.kind in ("scan", "cond", "while")] == [
+        ("scan", "fori_loop(body)"),
+        ("while", "fori_loop"),
+        ("cond", "switch"),
+        ("scan", "map"),
+        ("cond", "cond"),
+        ("scan", "scan"),
+    ]
+
+
+def test_jax_private_helpers_are_named_by_their_public_function():
+    # `jnp.var` and `jnp.where` run jitted private helpers (`_var`, `_where`); a user's
+    # own jitted `_helper` keeps its name.
+    @jax.jit
+    def _helper(x):
+        return x * 2
+
+    _, g = graph_of(lambda x: _helper(jnp.var(jnp.where(x > 0, x, 0.0))), X)
+    jits = {n.label for n in g.nodes if n.kind == "jit" and n.parent is not None}
+    assert {"var", "where", "_helper"} <= jits and not {"_var", "_where"} & jits, jits

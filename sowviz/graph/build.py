@@ -20,6 +20,7 @@ from .model import STAGE_KINDS, Capture, Edge, Node, Note, ProbePoint, StageGrap
 from .names import (
     FOLD,
     _count_eqns,
+    construct_label,
     fold_label,
     fold_names,
     input_groups,
@@ -322,6 +323,8 @@ class _Builder(InputsMixin):
             rec.n_eqns = 1 + sum(_count_eqns(j) for _, _, j in _compat.sub_jaxprs(eqn))
             return rec
         label = spec.label(eqn.params, name)
+        if spec.construct in (Construct.SCAN, Construct.COND, Construct.WHILE):
+            label = construct_label(label, _compat.call_path(eqn))
         if spec.construct is Construct.TESSERACT:
             label = tesseract_label(_compat.tesseract_client(eqn.params), self.tesseract_names)
         primitive = name if spec.shows_primitive else None

@@ -15,6 +15,11 @@ Equinox module runs inside `jax.named_scope(<its path>)`:
   (`layers.1` > `attn` > `q_einsum`: nested stages); a module not reachable
   from the arguments (e.g. built by `nnx.merge` inside `fn`) becomes a root
   named by its class when first called, and its submodules are named from it;
+* a transform that rebuilds a module from its state (`nnx.scan` over stacked
+  layers, `nnx.vmap`, `nnx.remat`, `nnx.cond`; Equinox's `lax.scan` with
+  `eqx.combine` inside) calls a *copy*: it is named by the path of the module it
+  matches by structure and shapes (`_Context.original_path`), else by its class,
+  numbered per object (`Linear`, `Linear#2`);
 * the hook is a temporary wrapper of `__call__` on every NNX / Equinox module
   class that defines one. Installing it is reference counted under a lock;
   the wrapper looks up a `contextvars` context and, outside `named`'s call (in
@@ -119,12 +124,45 @@ def _eqx_modules(obj: Any, path: Path, seen: set[int]) -> Iterator[tuple[Path, A
             yield from _eqx_modules(v, (*path, (k,)), seen)
 
 
+def _nnx_parts(module: Any) -> list[tuple[Path, Any]]:
+    """`module`'s submodules and variables (no plain attributes) with their paths."""
+    from flax import nnx
+
+    return [
+        (path, v) for path, v in nnx.iter_graph(module) if isinstance(v, (nnx.Module, nnx.Variable))
+    ]
+
+
+def _signature(module: Any) -> Any:
+    """What a copy of `module` rebuilt by a transform has in common with it: for NNX
+    the types of its submodules and variables at their paths, for Equinox its pytree
+    structure (fields and static values); never the arrays, which a scan slices."""
+    nnx_module = _nnx()
+    if nnx_module is not None and isinstance(module, nnx_module):
+        return tuple((path, type(v)) for path, v in _nnx_parts(module))
+    return jax.tree_util.tree_structure(module)
+
+
+def _shapes(module: Any) -> list[tuple[int, ...]]:
+    nnx_module = _nnx()
+    if nnx_module is not None and isinstance(module, nnx_module):
+        leaves = [v for _, v in _nnx_parts(module) if not isinstance(v, nnx_module)]
+    else:
+        leaves = jax.tree_util.tree_leaves(module)
+    return [tuple(getattr(x, "shape", ())) for x in leaves]
+
+
 class _Context:
     """Paths known for this call, and the stack of module calls in progress."""
 
     def __init__(self) -> None:
         self.paths: dict[int, tuple[str, Path]] = {}  # id(module) -> (framework, path)
-        self.keep: list[Any] = []  # keeps the modules alive, so ids stay unique
+        self.objects: dict[int, Any] = {}  # id -> module; keeps them alive, so ids stay unique
+        #: copies matching no single module: their labels, and how many per class
+        self.unnamed: dict[int, str] = {}
+        self.unnamed_count: dict[str, int] = {}
+        #: known modules by `_signature`: (path, `_shapes`), made when first needed
+        self.index: dict[Any, list[tuple[Path, list]]] | None = None
         self.stack: list[tuple[Any, Path]] = []
 
     def add_roots(self, tree: Any) -> None:
@@ -142,12 +180,43 @@ class _Context:
             for path, value in nnx.iter_graph(module):
                 if isinstance(value, nnx_module) and id(value) not in self.paths:
                     self.paths[id(value)] = ("nnx", (*prefix, *path))
-                    self.keep.append(value)
+                    self.objects[id(value)] = value
         else:
             for path, value in _eqx_modules(module, prefix, set()):
                 if id(value) not in self.paths:
                     self.paths[id(value)] = ("eqx", path)
-                    self.keep.append(value)
+                    self.objects[id(value)] = value
+
+    def original_path(self, module: Any) -> Path | None:
+        """The path of the module in the arguments that `module` is a copy of, or None.
+
+        `nnx.scan`, `nnx.vmap`, `nnx.cond`, `nnx.remat` and Equinox's scan-over-layers
+        idiom (`lax.scan` over the arrays, `eqx.combine` inside) call a *copy* of a
+        module, rebuilt from its state inside the transformed function: a new object,
+        unknown by identity. It is matched by structure (the types of its submodules and
+        variables at their relative paths), among the known modules under the caller's;
+        several alike (`nnx.cond` choosing between two `Linear`s of one shape) are told
+        apart by their arrays' shapes, whole or without the leading axis a scan or vmap
+        slices off; still several, or none: None (the copy is named by its class)."""
+        if self.index is None:
+            self.index = {}
+            for mid, (_, path) in list(self.paths.items()):  # the modules known so far
+                obj = self.objects[mid]
+                self.index.setdefault(_signature(obj), []).append((path, _shapes(obj)))
+        parent = self.stack[-1][1] if self.stack else ()
+        found = {
+            path: shapes
+            for path, shapes in self.index.get(_signature(module), [])
+            if path[: len(parent)] == parent
+        }
+        if len(found) > 1:
+            shapes = _shapes(module)
+            for cut in (0, 1):
+                alike = [p for p, s in found.items() if [x[cut:] for x in s] == shapes]
+                if alike:
+                    found = dict.fromkeys(alike)
+                    break
+        return next(iter(found)) if len(found) == 1 else None
 
     def scope_name(self, module: Any) -> tuple[str, Path] | None:
         """The scope to push for a call of `module`, and its path; None: push none."""
@@ -160,13 +229,27 @@ class _Context:
             # its own, and no root of names (the module it wraps is named where it is
             # called); its calls show inside the module that called it.
             return None
+        if known is None:  # a copy a transform rebuilt (`nnx.scan`, `lax.scan` + `eqx.combine`)
+            original = self.original_path(module)
+            if original is not None:
+                self.add_module(module, original)
+                known = self.paths.get(id(module))
         if known is None and not self.stack:  # a root made inside fn: name its tree from it
             self.add_module(module, ())
             known = self.paths.get(id(module))
-        if known is None:
-            return type(module).__name__, ()
-        framework, path = known
         parent = self.stack[-1][1] if self.stack else ()
+        if known is None:
+            # A copy like several modules (or none): named by its class, and numbered
+            # per object, so that two such copies called in a row stay two stages
+            # (`Linear`, `Linear#2`); its submodules by their paths in it.
+            cls = type(module).__name__
+            n = self.unnamed_count[cls] = self.unnamed_count.get(cls, 0) + 1
+            self.unnamed[id(module)] = cls if n == 1 else f"{cls}#{n}"
+            self.add_module(module, (*parent, self.unnamed[id(module)]))
+            known = self.paths[id(module)]
+        framework, path = known
+        if id(module) in self.unnamed:
+            return self.unnamed[id(module)], path
         rel = path[len(parent) :] if path[: len(parent)] == parent else path
         cls = type(module).__name__
         if not rel:

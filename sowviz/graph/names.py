@@ -204,6 +204,21 @@ def function_label(qualname: str) -> tuple[str, bool]:
     return name, through
 
 
+#: JAX functions that lower to a `scan`, `cond` or `while` loop, by the name a user
+#: called (`lax.fori_loop` with static bounds is a scan, `lax.switch` a cond).
+_LOWERED = frozenset({"fori_loop", "map", "switch", "associative_scan"})
+
+
+def construct_label(label: str, path: _compat.CallPath) -> str:
+    """A loop's or cond's label (`scan(body)`) by the JAX function that made it, when
+    that is not `lax.scan` / `lax.cond` itself: `fori_loop(body)`, `switch`."""
+    api = path.names[-1] if path.names else ""
+    if api not in _LOWERED:
+        return label
+    _, paren, body = label.partition("(")
+    return f"{api}({body}" if paren else api
+
+
 _labels: dict[tuple[str, ...], tuple[str, ...]] = {}
 
 

@@ -127,3 +127,27 @@ def test_a_model_that_sows_still_gets_its_state_written_back():
     assert len(set(want)) == len(want)  # a repeated mask would repeat a loss
     assert int(watched.dropout.rngs.count[...]) == int(ref.dropout.rngs.count[...]) == 3
     assert_close(_state(watched, nnx.BatchStat), _state(ref, nnx.BatchStat), what="batch stats")
+
+
+def test_an_nnx_jit_loss_returns_only_the_state_it_changes():
+    # `nnx.jit` hands every variable back as a new value, so each parameter looked
+    # assigned: "new model" drew all of them and the Monitor wrote them back every step.
+    jitted = nnx.jit(loss)
+    x, y = data(1)[0]
+    ins = sowviz.inspect(jitted, Net(nnx.Rngs(0)), x, y, mode="grad")
+    drawn = {p for p in node_paths(ins.graph, "output") if p.startswith("new model")}
+    assert drawn == {"new model/bn/mean", "new model/bn/var", "new model/dropout.rngs.count"}
+    np.testing.assert_allclose(ins.result[0], nnx.jit(loss)(Net(nnx.Rngs(0)), x, y), rtol=2e-5)
+
+    steps = data(3)
+    ref, watched = Net(nnx.Rngs(0)), Net(nnx.Rngs(0))
+    plain = nnx.jit(nnx.value_and_grad(loss))
+    want = [float(plain(ref, x, y)[0]) for x, y in steps]
+    mon = sowviz.Monitor(jitted)
+    got = [float(mon.step(watched, x, y)[0]) for x, y in steps]
+    mon.close()
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert len(set(want)) == len(want)  # a repeated dropout mask would repeat a loss
+    assert int(watched.dropout.rngs.count[...]) == int(ref.dropout.rngs.count[...]) == 3
+    assert_close(_state(watched, nnx.BatchStat), _state(ref, nnx.BatchStat), what="batch stats")
+    assert_close(_state(watched, nnx.Param), _state(ref, nnx.Param), what="parameters")

@@ -1,0 +1,192 @@
+"""Module stages inside framework transforms: `nnx.scan` over stacked layers,
+`nnx.vmap` ensembles, `nnx.remat`, and Equinox's scan-over-layers idiom call a *copy*
+of a module rebuilt from its state. Its stage is named by the module's path in the
+model (`layers` > `linear`), matched by structure; the values drawn there are the
+ones a plain Python loop over the layers computes."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+import sowviz
+
+from .checks import assert_value_and_grad, probes_carrying
+
+D, N = 8, 3
+X = jax.random.normal(jax.random.PRNGKey(7), (2, 4))
+
+
+def _paths(graph) -> list[str]:
+    """The stage nodes' paths of labels, root left out ("Model/scan(forward)/layers")."""
+    nodes = {n.id: n for n in graph.nodes}
+    out = []
+    for n in graph.nodes:
+        if n.kind in ("eqn", "input", "output") or n.parent is None:
+            continue
+        labels, cur = [], n
+        while cur.parent is not None:
+            labels.append(cur.label)
+            cur = nodes[cur.parent]
+        out.append("/".join(reversed(labels)))
+    return out
+
+
+def _stage_carrying(ins, value) -> set[str]:
+    """Labels of the stages whose probe carries `value` (shape, l2, mean)."""
+    return {ins.graph.node(p.node).label for p in probes_carrying(ins, value)}
+
+
+class NnxBlock(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs):
+        self.norm = nnx.LayerNorm(D, rngs=rngs)
+        self.linear = nnx.Linear(D, D, rngs=rngs)
+
+    def __call__(self, x):
+        return x + jnp.tanh(self.linear(self.norm(x)))
+
+
+class NnxModel(nnx.Module):
+    """Flax's scan-over-layers idiom: blocks made by `nnx.vmap`, applied by `nnx.scan`."""
+
+    def __init__(self, rngs: nnx.Rngs):
+        self.embed = nnx.Linear(4, D, rngs=rngs)
+
+        @nnx.split_rngs(splits=N)
+        @nnx.vmap(in_axes=(0,), out_axes=0)
+        def make(rngs):
+            return NnxBlock(rngs)
+
+        self.layers = make(rngs)
+        self.head = nnx.Linear(D, 1, rngs=rngs)
+
+    def __call__(self, x):
+        @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+        def forward(x, layer):
+            return layer(x)
+
+        return self.head(forward(self.embed(x), self.layers))
+
+
+def _nnx_loss(model, x):
+    return jnp.mean(model(x) ** 2)
+
+
+def test_nnx_scan_over_layers_names_the_stacked_layers():
+    model = NnxModel(nnx.Rngs(0))
+    ins = sowviz.inspect(_nnx_loss, model, X, mode="grad")
+    assert_value_and_grad(ins.result, *nnx.value_and_grad(_nnx_loss)(model, X))
+    stages = _paths(ins.graph)
+    for path in ("layers", "layers/norm", "layers/linear"):
+        assert f"NnxModel/scan(forward)/{path}" in stages, sorted(stages)
+    assert not [p for p in stages if p.endswith(("NnxBlock", "/Linear", "/LayerNorm"))]
+    # The `layers` stage carries every layer's output, as a loop over the slices gives.
+    graphdef, state = nnx.split(model.layers)
+    h, outs = model.embed(X), []
+    for i in range(N):
+        h = nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], state))(h)
+        outs.append(h)
+    assert "layers" in _stage_carrying(ins, np.stack(outs))
+
+
+class NnxEnsemble(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs):
+        self.pre = nnx.Linear(4, 4, rngs=rngs)
+
+        @nnx.split_rngs(splits=5)
+        @nnx.vmap
+        def make(rngs):
+            return nnx.Linear(4, 1, rngs=rngs)
+
+        self.members = make(rngs)
+
+    def __call__(self, x):
+        return nnx.vmap(lambda m, x: m(x), in_axes=(0, None))(self.members, self.pre(x))
+
+
+def test_nnx_vmap_ensemble_members_are_named():
+    model = NnxEnsemble(nnx.Rngs(1))
+    ins = sowviz.inspect(lambda m, x: jnp.mean(m(x)), model, X, mode="primal")
+    stages = _paths(ins.graph)
+    assert "NnxEnsemble/members" in stages and "NnxEnsemble/pre" in stages, sorted(stages)
+    assert "members" in _stage_carrying(ins, model(X))
+
+
+class NnxTwo(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs, out: int):
+        self.a = nnx.Linear(4, 4, rngs=rngs)
+        self.b = nnx.Linear(4, out, rngs=rngs)
+
+    def __call__(self, x):
+        return nnx.remat(lambda m, x: m.b(m.a(x)))(self, x)
+
+
+def test_a_copy_is_told_apart_by_shapes_or_named_by_its_class():
+    # `nnx.remat` over the whole model: `a` and `b` are both `Linear`s. Shapes that
+    # differ tell the copies apart ...
+    model = NnxTwo(nnx.Rngs(2), out=3)
+    ins = sowviz.inspect(lambda m, x: jnp.sum(m(x)), model, X, mode="primal")
+    stages = _paths(ins.graph)
+    assert {"NnxTwo/checkpoint/a", "NnxTwo/checkpoint/b"} <= set(stages), sorted(stages)
+    assert "a" in _stage_carrying(ins, model.a(X)) and "b" in _stage_carrying(ins, model(X))
+    # ... alike ones are named by their class, never by a path that may be the other's,
+    # one stage each (two alike stages in a row are drawn as a stack of two).
+    model = NnxTwo(nnx.Rngs(2), out=4)
+    ins = sowviz.inspect(lambda m, x: jnp.sum(m(x)), model, X, mode="primal")
+    inside = [p for p in _paths(ins.graph) if p.startswith("NnxTwo/checkpoint/")]
+    stack = "NnxTwo/checkpoint/Linear (×2)"
+    assert inside == [stack, f"{stack}/Linear", f"{stack}/Linear#2"], inside
+    assert _stage_carrying(ins, model.a(X)) == {"Linear"}
+    assert _stage_carrying(ins, model(X)) >= {"Linear#2"}
+
+
+class EqxBlock(eqx.Module):
+    norm: eqx.nn.LayerNorm
+    linear: eqx.nn.Linear
+
+    def __init__(self, key):
+        self.norm = eqx.nn.LayerNorm(D)
+        self.linear = eqx.nn.Linear(D, D, key=key)
+
+    def __call__(self, x):
+        return x + jnp.tanh(self.linear(self.norm(x)))
+
+
+class EqxModel(eqx.Module):
+    """Equinox's scan-over-layers idiom: `filter_vmap` to make, `lax.scan` over the
+    arrays with `eqx.combine` inside to apply."""
+
+    embed: eqx.nn.Linear
+    layers: EqxBlock
+
+    def __init__(self, key):
+        k1, k2 = jax.random.split(key)
+        self.embed = eqx.nn.Linear(4, D, key=k1)
+        self.layers = eqx.filter_vmap(EqxBlock)(jax.random.split(k2, N))
+
+    def __call__(self, x):
+        dynamic, static = eqx.partition(self.layers, eqx.is_array)
+
+        def step(h, layer_arrays):
+            return eqx.combine(layer_arrays, static)(h), None
+
+        return jax.lax.scan(step, self.embed(x), dynamic)[0]
+
+
+def test_equinox_scan_over_layers_names_the_stacked_layers():
+    model = EqxModel(jax.random.PRNGKey(3))
+    x = X[0]
+    ins = sowviz.inspect(lambda m, x: jnp.sum(m(x) ** 2), model, x, mode="grad")
+    stages = _paths(ins.graph)
+    for path in ("layers: EqxBlock", "layers: EqxBlock/norm: LayerNorm"):
+        assert f"EqxModel/scan(step)/{path}" in stages, sorted(stages)
+    assert "EqxModel/scan(step)/layers: EqxBlock/linear: Linear" in stages
+    dynamic, static = eqx.partition(model.layers, eqx.is_array)
+    h, outs = model.embed(x), []
+    for i in range(N):
+        h = eqx.combine(jax.tree.map(lambda a, i=i: a[i], dynamic), static)(h)
+        outs.append(h)
+    assert "layers: EqxBlock" in _stage_carrying(ins, np.stack(outs))
