@@ -13,7 +13,9 @@ left out:
   the inner program returns its input at the same position;
 * `cond`: every branch returns the same operand;
 * `scan` and `while`: the body returns a carry as it got it, so the loop's
-  result is the carry's initial value.
+  result is the carry's initial value; a scan's body returns its slice of a
+  stacked input as its slice of a stacked output (`nnx.scan` over layers hands
+  each layer's parameters back so), so that output is that input.
 
 Anything else (a copy, a convert to the same dtype) counts as computed: a
 leaf reported changed is only written back needlessly, never lost.
@@ -74,10 +76,12 @@ def _operand(eqn: Any, k: int, memo: dict) -> int | None:
         return None if one is None else 1 + one
     if construct is Construct.SCAN:
         layout = _compat.scan_layout(params)
-        carry = layout.num_consts + k
-        if k < layout.num_carry and forwarded_inputs(params["jaxpr"], memo)[k] == carry:
-            return carry
-        return None
+        inner = forwarded_inputs(params["jaxpr"], memo)[k]
+        if k < layout.num_carry:  # a carry the body returns as it got it
+            return inner if inner == layout.num_consts + k else None
+        # a stacked output whose every slice is the body's slice of one stacked input
+        # (in a reversed scan too: slice i in, slice i out)
+        return inner if inner is not None and inner >= layout.num_consts + layout.num_carry else None
     if construct is Construct.WHILE:
         body = params["body_nconsts"] + k
         if forwarded_inputs(params["body_jaxpr"], memo)[k] == body:

@@ -45,6 +45,14 @@ CASES = {
         [0, None],
     ),
     "scan swapping its carries": (_swap_carry, [None, None]),
+    "scan returning its slices as they came": (
+        lambda a, b: jax.lax.scan(lambda c, v: (c + v[0], (v[1], v[0] * 2)), 0.0, (a, b))[1],
+        [1, None],
+    ),
+    "reversed scan returning its slices": (
+        lambda a, b: jax.lax.scan(lambda c, v: (c, v), a, b, reverse=True),
+        [0, 1],
+    ),
     "checkpoint": (jax.checkpoint(lambda a, b: (a, jnp.sin(b))), [0, None]),
     "custom_vjp returning its input": (lambda a, b: (_identity(b), jax.nn.relu(a)), [1, None]),
 }

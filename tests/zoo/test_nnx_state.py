@@ -151,3 +151,57 @@ def test_an_nnx_jit_loss_returns_only_the_state_it_changes():
     assert int(watched.dropout.rngs.count[...]) == int(ref.dropout.rngs.count[...]) == 3
     assert_close(_state(watched, nnx.BatchStat), _state(ref, nnx.BatchStat), what="batch stats")
     assert_close(_state(watched, nnx.Param), _state(ref, nnx.Param), what="parameters")
+
+
+class ScannedBlock(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs):
+        self.linear = nnx.Linear(6, 6, rngs=rngs)
+        self.bn = nnx.BatchNorm(6, rngs=rngs)
+        self.drop = nnx.Dropout(0.3, rngs=rngs)
+
+    def __call__(self, x):
+        return x + self.drop(nnx.relu(self.bn(self.linear(x))))
+
+
+class Scanned(nnx.Module):
+    """Flax's scan-over-layers with `nnx.remat`: the scan hands every layer's
+    variables back, changed or not."""
+
+    def __init__(self, rngs: nnx.Rngs):
+        @nnx.split_rngs(splits=3)
+        @nnx.vmap(in_axes=(0,), out_axes=0)
+        def make(rngs):
+            return ScannedBlock(rngs)
+
+        self.layers = make(rngs)
+        self.out = nnx.Linear(6, 3, rngs=rngs)
+
+    def __call__(self, x):
+        @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+        @nnx.remat
+        def forward(x, layer):
+            return layer(x)
+
+        return self.out(forward(x, self.layers))
+
+
+def test_scan_over_layers_returns_only_the_state_it_changes():
+    x, y = data(1)[0]
+    ins = sowviz.inspect(loss, Scanned(nnx.Rngs(0)), x, y, mode="grad")
+    drawn = {p for p in node_paths(ins.graph, "output") if p.startswith("new model")}
+    want = {"new model/layers/bn/mean", "new model/layers/bn/var"}
+    assert drawn == want | {"new model/layers/drop.rngs.count"}, drawn
+
+    steps = data(3)
+    ref, watched = Scanned(nnx.Rngs(0)), Scanned(nnx.Rngs(0))
+    plain = nnx.jit(nnx.value_and_grad(loss))
+    want_losses = [float(plain(ref, x, y)[0]) for x, y in steps]
+    mon = sowviz.Monitor(loss)
+    got = [float(mon.step(watched, x, y)[0]) for x, y in steps]
+    mon.close()
+    np.testing.assert_allclose(got, want_losses, rtol=1e-5)
+    assert len(set(want_losses)) == len(want_losses)  # the dropout masks differ per step
+    counts = np.asarray(watched.layers.drop.rngs.count[...])
+    np.testing.assert_array_equal(counts, np.asarray(ref.layers.drop.rngs.count[...]))
+    assert counts.tolist() == [3, 3, 3]
+    assert_close(_state(watched, nnx.BatchStat), _state(ref, nnx.BatchStat), what="batch stats")
