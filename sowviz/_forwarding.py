@@ -81,7 +81,9 @@ def _operand(eqn: Any, k: int, memo: dict) -> int | None:
             return inner if inner == layout.num_consts + k else None
         # a stacked output whose every slice is the body's slice of one stacked input
         # (in a reversed scan too: slice i in, slice i out)
-        return inner if inner is not None and inner >= layout.num_consts + layout.num_carry else None
+        return (
+            inner if inner is not None and inner >= layout.num_consts + layout.num_carry else None
+        )
     if construct is Construct.WHILE:
         body = params["body_nconsts"] + k
         if forwarded_inputs(params["body_jaxpr"], memo)[k] == body:
