@@ -140,7 +140,12 @@ def _signature(module: Any) -> Any:
     nnx_module = _nnx()
     if nnx_module is not None and isinstance(module, nnx_module):
         return tuple((path, type(v)) for path, v in _nnx_parts(module))
-    return jax.tree_util.tree_structure(module)
+    treedef = jax.tree_util.tree_structure(module)
+    try:
+        hash(treedef)
+    except TypeError:  # an unhashable static field (a list): no copy is matched to it
+        return None
+    return treedef
 
 
 def _shapes(module: Any) -> list[tuple[int, ...]]:
@@ -202,7 +207,9 @@ class _Context:
             self.index = {}
             for mid, (_, path) in list(self.paths.items()):  # the modules known so far
                 obj = self.objects[mid]
-                self.index.setdefault(_signature(obj), []).append((path, _shapes(obj)))
+                sig = _signature(obj)
+                if sig is not None:
+                    self.index.setdefault(sig, []).append((path, _shapes(obj)))
         parent = self.stack[-1][1] if self.stack else ()
         found = {
             path: shapes
