@@ -605,6 +605,22 @@ def load_compiled(payload: bytes, in_tree: Any, out_tree: Any, device: Any) -> A
     )
 
 
+def trace_context() -> tuple:
+    """The JAX settings tracing reads in this thread, hashable (what `jax.jit` keys its
+    traces on); `trace_settings` is their stable text, for keys kept on disk."""
+    return _config.trace_context()
+
+
+def x64_enabled() -> bool:
+    """Whether 64-bit types are on in this thread (`jax.enable_x64` sets it per thread)."""
+    return bool(_config.enable_x64.value)
+
+
+def x64(enabled: bool) -> Any:
+    """A context setting 64-bit types on or off in this thread, as `jax.enable_x64`."""
+    return _config.enable_x64(enabled)
+
+
 def trace_settings() -> tuple[str, ...]:
     """The JAX settings that tracing and lowering read in this thread (x64, matmul
     precision, dtype and rank promotion, the mesh, ...), as stable strings: what

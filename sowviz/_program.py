@@ -46,7 +46,14 @@ from .capture import summaries as _summaries
 from .capture.api import SaveIntermediates
 from .capture.tallied import Tallied
 from .graph import build_graph, instrument
-from .modes import forward_error, tangent_inputs, transform, with_aux, with_output_leaves
+from .modes import (
+    forward_error,
+    leaked_trace_error,
+    tangent_inputs,
+    transform,
+    with_aux,
+    with_output_leaves,
+)
 from .options import InspectOptions
 from .summary import Summary, SummaryOptions, all_clean
 
@@ -432,7 +439,9 @@ class Family:
         self.local = threading.local()
 
     def traced(self, options: InspectOptions, spec: ArgSpec, dyn: list) -> Traced:
-        key = (options.graph_key(), spec, tuple(_aval_key(x) for x in dyn))
+        # JAX's settings too (`jax.enable_x64`, default matmul precision), as `jax.jit`
+        # keys its traces: a trace made under one is not the program under another.
+        key = (options.graph_key(), spec, tuple(_aval_key(x) for x in dyn), _compat.trace_context())
         with self._lock:
             t = self._traced.get(key)
             if t is not None:
@@ -537,7 +546,7 @@ class Runner:
                     return self._with_statics(self._plain(spec, dyn, extra, chain))
                 out = restored(self._instrumented(spec, dyn, extra, inline, steps), (dyn, extra))
         except TypeError as err:
-            said = forward_error(self.options.mode, err)
+            said = forward_error(self.options.mode, err) or leaked_trace_error(err)
             if said is None:
                 raise
             raise said from err

@@ -240,6 +240,25 @@ def forward_error(mode: Mode | str, err: Exception) -> TypeError | None:
     return TypeError(_FORWARD_THROUGH_CUSTOM_VJP.format(mode=mode.value))
 
 
+_LEAKED_FROM_TRACE = (
+    "sowviz: a value of sowviz's trace of `fn` was used after that trace ended. sowviz "
+    "traces `fn` once and differentiates the trace, as `jax.grad(jax.jit(fn))` does; the "
+    "usual cause is a `jax.custom_vjp` whose rule closes over a traced value of `fn` (a "
+    "function given through `nondiff_argnums` that uses `fn`'s arguments), on which "
+    "`jax.grad(jax.jit(fn))` fails too. Make the closed-over values arguments of the "
+    "custom_vjp function, or convert that function with `jax.closure_convert`. JAX said:"
+    "\n\n{err}"
+)
+
+
+def leaked_trace_error(err: Exception) -> TypeError | None:
+    """JAX's `UnexpectedTracerError` for a value leaked from sowviz's own trace of `fn`
+    (`_program.Traced`), said in sowviz's words with JAX's below; None otherwise."""
+    if not isinstance(err, jax.errors.UnexpectedTracerError) or "sowviz" not in str(err):
+        return None
+    return jax.errors.UnexpectedTracerError(_LEAKED_FROM_TRACE.format(err=err))
+
+
 def with_output_leaves(mode: Mode | str, result: Any, restore: Callable[[Any], Any]) -> Any:
     """`transform`'s `result` with `restore` applied to `fn`'s output in it (the value:
     all of a primal result, the first of jvp, vjp and all; grad's is a scalar)."""

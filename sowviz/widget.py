@@ -28,7 +28,7 @@ from typing import Any
 import anywidget
 import traitlets
 
-from . import _model
+from . import _compat, _model
 from ._model import Mode
 from ._progress import Phase, phases
 from .inspection import Inspection, inspect, prepare
@@ -325,8 +325,17 @@ def show(
     opts = InspectOptions.from_kwargs("show", mode, capture, options)  # fail here, not later
     ahead = _warm_modes(WARM_MODES if warm is None else warm)
 
+    # A mode switch or a background compile runs later, or in another thread, where a
+    # `with jax.enable_x64(True):` around this call no longer holds: they re-enter it.
+    x64 = _compat.x64_enabled()
+
     def rerun(new_mode: str) -> Inspection:
-        return inspect(fn, *args, mode=new_mode, capture=capture, **options)
+        with _compat.x64(x64):
+            return inspect(fn, *args, mode=new_mode, capture=capture, **options)
+
+    def compile_mode(new_mode: str) -> None:
+        with _compat.x64(x64):
+            prepare(fn, *args, mode=new_mode, capture=capture, **options)
 
     name = getattr(fn, "__name__", None) or type(fn).__name__
     what = f"`{name}`" if name != "<lambda>" else "the function"
@@ -334,7 +343,7 @@ def show(
     widget._set_phase(Phase.TRACING)  # what the cell shows from the first moment
     display_now(widget)
     widget._compute(Mode(opts.mode).value, raise_errors=True)
-    widget._warm(ahead, lambda m: prepare(fn, *args, mode=m, capture=capture, **options))
+    widget._warm(ahead, compile_mode)
     return widget
 
 

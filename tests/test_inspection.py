@@ -1,6 +1,11 @@
 """inspect(): the model, probe summaries against independently computed values."""
 
+import functools
 import json
+import os
+import pathlib
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -8,6 +13,8 @@ import numpy as np
 import pytest
 
 import sowviz
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 WIDTH = 6
 
@@ -451,3 +458,87 @@ def test_inputs_keep_an_explicit_mesh_s_sharding_as_under_jax_jit():
             _, ty = jax.jvp(loss, (w_, x_), (t, jnp.zeros_like(x_)))
             got = sowviz.inspect(loss, w_, x_, mode="jvp", tangents=(t, jnp.zeros_like(x_))).result
             np.testing.assert_allclose(got[1], ty, rtol=1e-5)
+
+
+_X64_CONTEXT = """
+import json, jax, jax.numpy as jnp, numpy as np, sowviz
+
+def f(w):
+    with jax.named_scope("waves"):
+        y = jnp.sin(w)
+    return jnp.sum(y**2)
+
+with jax.enable_x64(True):
+    w = jnp.linspace(-1, 1, 6, dtype=jnp.float64)
+    value, grad = jax.jit(jax.value_and_grad(f))(w)
+    ins = sowviz.inspect(f, w, mode="grad")
+(probe,) = [p for p in ins.probes if p.name == "waves"]
+print(json.dumps({
+    "dtype": str(ins.result[1].dtype),
+    "value": [float(ins.result[0]), float(value)],
+    "grad": [np.asarray(ins.result[1]).tolist(), np.asarray(grad).tolist()],
+    "probe": [probe.summaries["primal"]["dtype"], probe.summaries["primal"]["l2"],
+              float(np.linalg.norm(np.sin(np.asarray(w))))],
+}))
+"""
+
+
+def test_inspect_and_show_under_the_enable_x64_context(tmp_path):
+    # `jax.enable_x64` holds in the thread that entered it only, and only while its
+    # block runs: sowviz lowers its summary programs in a thread (a float64 program was
+    # lowered as float32 there, and refused its arguments), and the widget compiles
+    # other modes in one and switches modes after the block has ended. In a process of
+    # one device, as a user's (this one has 8, where another path hid the failure).
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(JAX_PLATFORMS="cpu", SOWVIZ_CACHE_DIR=str(tmp_path))
+    out = subprocess.run(
+        [sys.executable, "-c", _X64_CONTEXT], env=env, capture_output=True, text=True, cwd=ROOT
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["dtype"] == "float64"
+    np.testing.assert_allclose(*got["value"], rtol=1e-13)
+    np.testing.assert_allclose(*got["grad"], rtol=1e-13)
+    assert got["probe"][0] == "float64"
+    np.testing.assert_allclose(got["probe"][1], got["probe"][2], rtol=1e-12)
+
+    def f(w):
+        with jax.named_scope("waves"):
+            y = jnp.sin(w)
+        return jnp.sum(y**2)
+
+    with jax.enable_x64(True):
+        w = jnp.linspace(-1, 1, 6, dtype=jnp.float64)
+        widget = sowviz.show(f, w, warm=("all",))
+    assert widget._wait_warm("all", 120)
+    widget.mode = "all"
+    assert (widget.model["mode"], widget.phase) == ("all", "ready")
+    (probe,) = [p for p in widget.model["probes"] if p["name"] == "waves"]
+    assert probe["summaries"]["cotangent"]["dtype"] == "float64"
+    np.testing.assert_allclose(
+        probe["summaries"]["cotangent"]["l2"], np.linalg.norm(2 * np.sin(w)), rtol=1e-12
+    )
+
+
+def test_a_custom_vjp_closing_over_a_traced_value_is_said_plainly():
+    # A function given through `nondiff_argnums` that closes over `x`: plain
+    # `jax.jit(jax.value_and_grad(loss))` takes it (the rule runs in the same trace),
+    # `jax.grad(jax.jit(loss))` does not, nor can sowviz, which differentiates its
+    # trace of `loss`. A deep UnexpectedTracerError became a sentence with the fix.
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+    def apply(f, a):
+        return f(a)
+
+    apply.defvjp(lambda f, a: (f(a), a), lambda f, a, g: (jax.vjp(f, a)[1](g)[0],))
+
+    def loss(w, x):
+        return jnp.sum(apply(lambda a: jnp.tanh(a * x), w))
+
+    w, x = jnp.ones(3), jnp.arange(3.0)
+    with pytest.raises(TypeError):  # what JAX itself does with the trace differentiated
+        jax.grad(jax.jit(loss))(w, x)
+    with pytest.raises(
+        jax.errors.UnexpectedTracerError, match=r"closes over a traced value.*closure_convert"
+    ):
+        sowviz.inspect(loss, w, x, mode="grad")
+    np.testing.assert_allclose(sowviz.inspect(loss, w, x, mode="primal").result, loss(w, x))

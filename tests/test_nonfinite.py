@@ -347,7 +347,7 @@ def test_inspect_finds_a_masked_inf_though_every_result_is_finite():
     o = ins.nonfinite
     assert o is not None and o.removed and not o.alarm
     born = ins.graph.node(o.forward.node)  # jnp.where's own jit, inside the scope
-    assert (born.label, ins.graph.node(born.parent).label) == ("_where", "mask")
+    assert (born.label, ins.graph.node(born.parent).label) == ("where", "mask")
     assert ins.probe("mask").summaries["primal"]["neginf"] == 2
 
 

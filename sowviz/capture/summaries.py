@@ -67,7 +67,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _concat, _disk_cache
+from .. import _compat, _concat, _disk_cache
 from .. import summary as _summary
 from .. import summary_blocks as _blocks
 from .. import summary_ops as _ops
@@ -630,6 +630,7 @@ _LOCK = threading.Lock()
 def _key(pending: tuple[Any, ...], bins: int) -> tuple:
     return (
         bins,
+        _compat.x64_enabled(),
         *(
             (r.flat.shape, str(r.flat.dtype), r.pads.shape)
             if isinstance(r, Rows)
@@ -657,15 +658,19 @@ def _precompile_layout(pending: tuple[Any, ...]) -> None:
 
 
 def _in_thread(key: tuple, compile_: Callable[[], Any]) -> None:
-    """Run `compile_` in a thread, once per `key`; `_compiled(key)` waits for it."""
+    """Run `compile_` in a thread, once per `key`; `_compiled(key)` waits for it. The
+    thread lowers under the caller's 64-bit setting: `jax.enable_x64` holds in the
+    thread that entered it only (a float64 program was lowered as float32)."""
     with _LOCK:
         if key in _STARTED:
             return
         _STARTED.add(key)
+    x64 = _compat.x64_enabled()
 
     def run() -> None:
         try:
-            compile_()
+            with _compat.x64(x64):
+                compile_()
         except Exception:  # the call in `finish` compiles again and reports the error
             pass
 
@@ -738,7 +743,7 @@ _lay_out = jax.jit(_lay_out_program)
 
 
 def _layout_key(parts: tuple[Parts, ...]) -> tuple:
-    return ("layout", *(p.shapes for p in parts))
+    return ("layout", _compat.x64_enabled(), *(p.shapes for p in parts))
 
 
 def _compile_layout(key: tuple, parts: tuple[Parts, ...]) -> Any:
