@@ -112,19 +112,28 @@ def sowing_loss(model, x, y):
     return optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
 
 
+def _three_steps(make, fn, watched_fn=None):
+    """Three steps of `fn` on fresh models from `make`: one by
+    `nnx.jit(nnx.value_and_grad(fn))`, one by a Monitor of `watched_fn` (default `fn`);
+    the losses of both, equal, and both models, to compare their state."""
+    steps = data(3)
+    ref, watched = make(nnx.Rngs(0)), make(nnx.Rngs(0))
+    plain = nnx.jit(nnx.value_and_grad(fn))
+    want = [float(plain(ref, x, y)[0]) for x, y in steps]
+    mon = sowviz.Monitor(watched_fn or fn)
+    got = [float(mon.step(watched, x, y)[0]) for x, y in steps]
+    mon.close()
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert len(set(want)) == len(want)  # a repeated dropout mask would repeat a loss
+    return ref, watched
+
+
 @pytest.mark.filterwarnings("ignore:Using 'Module.sow\\(\\)' outside:DeprecationWarning")
 def test_a_model_that_sows_still_gets_its_state_written_back():
     # `Module.sow` adds a variable, which shifted every leaf's position: the Monitor
     # wrote nothing back (the same dropout mask at every step), silently.
-    steps = data(3)
-    ref, watched = Sowing(nnx.Rngs(0)), Sowing(nnx.Rngs(0))
-    plain = nnx.jit(nnx.value_and_grad(sowing_loss))
-    want = [float(plain(ref, x, y)[0]) for x, y in steps]
-    mon = sowviz.Monitor(sowing_loss)
     with pytest.warns(UserWarning, match=r"added 1 variable.*hidden.*not written back"):
-        got = [float(mon.step(watched, x, y)[0]) for x, y in steps]
-    np.testing.assert_allclose(got, want, rtol=1e-5)
-    assert len(set(want)) == len(want)  # a repeated mask would repeat a loss
+        ref, watched = _three_steps(Sowing, sowing_loss)
     assert int(watched.dropout.rngs.count[...]) == int(ref.dropout.rngs.count[...]) == 3
     assert_close(_state(watched, nnx.BatchStat), _state(ref, nnx.BatchStat), what="batch stats")
 
@@ -139,15 +148,7 @@ def test_an_nnx_jit_loss_returns_only_the_state_it_changes():
     assert drawn == {"new model/bn/mean", "new model/bn/var", "new model/dropout.rngs.count"}
     np.testing.assert_allclose(ins.result[0], nnx.jit(loss)(Net(nnx.Rngs(0)), x, y), rtol=2e-5)
 
-    steps = data(3)
-    ref, watched = Net(nnx.Rngs(0)), Net(nnx.Rngs(0))
-    plain = nnx.jit(nnx.value_and_grad(loss))
-    want = [float(plain(ref, x, y)[0]) for x, y in steps]
-    mon = sowviz.Monitor(jitted)
-    got = [float(mon.step(watched, x, y)[0]) for x, y in steps]
-    mon.close()
-    np.testing.assert_allclose(got, want, rtol=1e-5)
-    assert len(set(want)) == len(want)  # a repeated dropout mask would repeat a loss
+    ref, watched = _three_steps(Net, loss, jitted)
     assert int(watched.dropout.rngs.count[...]) == int(ref.dropout.rngs.count[...]) == 3
     assert_close(_state(watched, nnx.BatchStat), _state(ref, nnx.BatchStat), what="batch stats")
     assert_close(_state(watched, nnx.Param), _state(ref, nnx.Param), what="parameters")
@@ -192,15 +193,7 @@ def test_scan_over_layers_returns_only_the_state_it_changes():
     want = {"new model/layers/bn/mean", "new model/layers/bn/var"}
     assert drawn == want | {"new model/layers/drop.rngs.count"}, drawn
 
-    steps = data(3)
-    ref, watched = Scanned(nnx.Rngs(0)), Scanned(nnx.Rngs(0))
-    plain = nnx.jit(nnx.value_and_grad(loss))
-    want_losses = [float(plain(ref, x, y)[0]) for x, y in steps]
-    mon = sowviz.Monitor(loss)
-    got = [float(mon.step(watched, x, y)[0]) for x, y in steps]
-    mon.close()
-    np.testing.assert_allclose(got, want_losses, rtol=1e-5)
-    assert len(set(want_losses)) == len(want_losses)  # the dropout masks differ per step
+    ref, watched = _three_steps(Scanned, loss)
     counts = np.asarray(watched.layers.drop.rngs.count[...])
     np.testing.assert_array_equal(counts, np.asarray(ref.layers.drop.rngs.count[...]))
     assert counts.tolist() == [3, 3, 3]
