@@ -460,13 +460,16 @@ def test_inputs_keep_an_explicit_mesh_s_sharding_as_under_jax_jit():
             np.testing.assert_allclose(got[1], ty, rtol=1e-5)
 
 
-_X64_CONTEXT = """
-import json, jax, jax.numpy as jnp, numpy as np, sowviz
-
-def f(w):
+def _waves(w):
     with jax.named_scope("waves"):
         y = jnp.sin(w)
     return jnp.sum(y**2)
+
+
+_X64_CONTEXT = """
+import json, sys, jax, jax.numpy as jnp, numpy as np, sowviz
+sys.path.insert(0, "tests")
+from test_inspection import _waves as f
 
 with jax.enable_x64(True):
     w = jnp.linspace(-1, 1, 6, dtype=jnp.float64)
@@ -502,14 +505,9 @@ def test_inspect_and_show_under_the_enable_x64_context(tmp_path):
     assert got["probe"][0] == "float64"
     np.testing.assert_allclose(got["probe"][1], got["probe"][2], rtol=1e-12)
 
-    def f(w):
-        with jax.named_scope("waves"):
-            y = jnp.sin(w)
-        return jnp.sum(y**2)
-
     with jax.enable_x64(True):
         w = jnp.linspace(-1, 1, 6, dtype=jnp.float64)
-        widget = sowviz.show(f, w, warm=("all",))
+        widget = sowviz.show(_waves, w, warm=("all",))
     assert widget._wait_warm("all", 120)
     widget.mode = "all"
     assert (widget.model["mode"], widget.phase) == ("all", "ready")
