@@ -185,7 +185,10 @@ class Traced:
         first = len(jax.tree_util.tree_leaves(out_shape))
         forwarded = forwarded_inputs(self.closed)
         dynamic = {leaf: j for j, leaf in enumerate(spec.dynamic)}
-        keep = [forwarded[first + k] != dynamic.get(leaf) for k, leaf in enumerate(self.state)]
+        keep = [  # a leaf that came in static (a Python number) cannot be forwarded
+            dynamic.get(leaf) is None or forwarded[first + k] != dynamic[leaf]
+            for k, leaf in enumerate(self.state)
+        ]
         if all(keep):
             return extra_shape
         outvars = list(_compat.jaxpr_and_consts(self.closed)[0].outvars)

@@ -198,3 +198,29 @@ def test_scan_over_layers_returns_only_the_state_it_changes():
     np.testing.assert_array_equal(counts, np.asarray(ref.layers.drop.rngs.count[...]))
     assert counts.tolist() == [3, 3, 3]
     assert_close(_state(watched, nnx.BatchStat), _state(ref, nnx.BatchStat), what="batch stats")
+
+
+class Counting(nnx.Module):
+    """A variable holding a Python int (a step counter), assigned while the model runs."""
+
+    def __init__(self, rngs: nnx.Rngs):
+        self.calls = nnx.Variable(0)
+        self.out = nnx.Linear(6, 3, rngs=rngs)
+
+    def __call__(self, x):
+        self.calls.set_value(self.calls.get_value() + 1)
+        return self.out(x)
+
+
+def test_a_variable_holding_a_python_number_is_written_back():
+    # It enters the program static, so it is never an input returned unchanged.
+    def plain_loss(model, x, y):
+        return optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
+
+    ref, watched = Counting(nnx.Rngs(0)), Counting(nnx.Rngs(0))
+    plain = nnx.jit(nnx.value_and_grad(plain_loss))
+    mon = sowviz.Monitor(plain_loss)
+    for x, y in data(3):
+        np.testing.assert_allclose(mon.step(watched, x, y)[0], plain(ref, x, y)[0], rtol=1e-5)
+    mon.close()
+    assert int(watched.calls.get_value()) == int(ref.calls.get_value()) == 3
