@@ -10,7 +10,9 @@ same dropout mask at every step and never updated BatchNorm's statistics.
 
 * while tracing, `compare` compares the arguments' leaves before and after `fn`
   ran and keeps those that hold a new value and sit in a variable it can write
-  (`holders`);
+  (`holders`); `_program.Traced` then leaves out those the traced program
+  returns as they came in (`_forwarding`: an `nnx.jit` or `nnx.scan` hands every
+  variable back as a new value, changed or not);
 * the compiled program returns their new values beside its result;
 * `write_back` assigns them to the caller's variables (`Monitor.step`).
 
