@@ -15,6 +15,7 @@ from typing import Any
 from .. import _compat
 from ..primitives import Body, Construct, function_name, spec_of
 from . import frameworks, repeats
+from .copies import renames
 from .inputs import InputsMixin
 from .model import STAGE_KINDS, Capture, Edge, Node, Note, ProbePoint, StageGraph, Step
 from .names import (
@@ -63,6 +64,7 @@ def build_graph(
     tesseract_names: Mapping[Any, str] | Callable[[Any], str | None] | None = None,
     in_args: Sequence[int] | None = None,
     parameters: Collection[int] = (),
+    copies: Mapping[str, frameworks.Copy] | None = None,
 ) -> StageGraph:
     """The stage graph of the primal program `closed_jaxpr` (from `jax.make_jaxpr`).
 
@@ -77,7 +79,8 @@ def build_graph(
     or `.`) when it has several leaves, nested by pytree path; the arguments at
     positions `parameters` (the differentiated ones) form the group labelled
     "parameters". Unless `capture="sows"`, every floating input and
-    output is probed too (an input's cotangent is its gradient).
+    output is probed too (an input's cotangent is its gradient). `copies`: the
+    module copies `frameworks.named` could not name (`graph.copies`).
     """
     if capture not in _CAPTURES:
         raise ValueError(_BAD_CAPTURE.format(capture))
@@ -93,7 +96,9 @@ def build_graph(
             _BAD_NAMES.format(arg="in_args", got=len(in_args), want=len(in_names), what="inputs")
         )
     groups = input_groups(in_names, in_args)
-    return _Builder(capture, tesseract_names).build(
+    renamed = renames(jaxpr, in_names, copies or {})
+    frameworks.PUSHED.update(renamed.values())  # module stages, as the labels they replace
+    return _Builder(capture, tesseract_names, renamed).build(
         jaxpr, groups, list(out_names), title, frozenset(parameters)
     )
 
@@ -149,8 +154,9 @@ class _Rec:
 
 
 class _Builder(InputsMixin):
-    def __init__(self, capture: str, tesseract_names: Any) -> None:
+    def __init__(self, capture: str, tesseract_names: Any, renamed: Mapping[Any, str]) -> None:
         self.capture = capture
+        self.renamed = renamed  # scope names given by `copies.renames`, by (path, name)
         self.tesseract_names = tesseract_names
         self.recs: list[_Rec] = []
         self.edges: dict[tuple[str, str], Edge] = {}
@@ -236,6 +242,9 @@ class _Builder(InputsMixin):
         used = {v for e in jaxpr.eqns for v in e.invars if isinstance(v, _compat.Var)}
         used.update(v for v in jaxpr.outvars if isinstance(v, _compat.Var))
         scoped = [scope_names(e) for e in jaxpr.eqns]
+        if self.renamed:
+            at = tuple(path)
+            scoped = [tuple(self.renamed.get((at, n), n) for n in names) for names in scoped]
         locs = [self.source(e) for e in jaxpr.eqns]
 
         def at_module_call(i: int) -> bool:

@@ -18,8 +18,11 @@ Equinox module runs inside `jax.named_scope(<its path>)`:
 * a transform that rebuilds a module from its state (`nnx.scan` over stacked
   layers, `nnx.vmap`, `nnx.remat`, `nnx.cond`; Equinox's `lax.scan` with
   `eqx.combine` inside) calls a *copy*: it is named by the path of the module it
-  matches by structure and shapes (`_Context.original_path`), else by its class,
-  numbered per object (`Linear`, `Linear#2`);
+  matches by structure and shapes (`_Context.original_path`); several alike
+  (identical blocks, each through `eqx.filter_checkpoint`) are told apart after
+  the trace by the parameters the copy's stage reads (`graph.copies`, from the
+  `Copy` records `named`'s wrapper keeps as `.copies`); else it is named by its
+  class, numbered per object (`Linear`, `Linear#2`);
 * the hook is a temporary wrapper of `__call__` on every NNX / Equinox module
   class that defines one. Installing it is reference counted under a lock;
   the wrapper looks up a `contextvars` context and, outside `named`'s call (in
@@ -83,6 +86,7 @@ def named(fn: Callable) -> Callable:
         finally:
             _ACTIVE.reset(token)
             _uninstall()
+            with_names.copies = ctx.copies  # type: ignore[attr-defined]  # of the last call
 
     return with_names
 
@@ -157,12 +161,40 @@ def _shapes(module: Any) -> list[tuple[int, ...]]:
     return [tuple(getattr(x, "shape", ())) for x in leaves]
 
 
+@dataclasses.dataclass(frozen=True)
+class Copy:
+    """A module copy like several modules of the arguments (`_Context.original_path`):
+    its framework, class, the path of the module that called it, and the paths it
+    could be. `graph.copies` picks one by the parameters the copy's stage reads."""
+
+    framework: str
+    cls: str
+    parent: Path
+    candidates: tuple[Path, ...]
+
+    def label(self, path: Path) -> str:
+        """The stage label of this copy as the module at `path`, as `scope_name` gives."""
+        return _stage_label(self.framework, self.cls, path, self.parent)
+
+
+def _stage_label(framework: str, cls: str, path: Path, parent: Path) -> str:
+    """A module's stage label: its path relative to its caller's (`parent`), NNX's
+    dotted (`layers.1`), Equinox's with the class (`layers[1]: Block`); the class
+    alone at the caller's own path."""
+    rel = path[len(parent) :] if path[: len(parent)] == parent else path
+    if not rel:
+        return cls
+    return _fmt_nnx(rel) if framework == "nnx" else f"{_fmt_eqx(rel)}: {cls}"
+
+
 class _Context:
     """Paths known for this call, and the stack of module calls in progress."""
 
     def __init__(self) -> None:
         self.paths: dict[int, tuple[str, Path]] = {}  # id(module) -> (framework, path)
         self.objects: dict[int, Any] = {}  # id -> module; keeps them alive, so ids stay unique
+        #: copies like several modules, by label (what `named`'s wrapper hands on)
+        self.copies: dict[str, Copy] = {}
         #: copies matching no single module: their labels, and how many per class
         self.unnamed: dict[int, str] = {}
         self.unnamed_count: dict[str, int] = {}
@@ -192,8 +224,9 @@ class _Context:
                     self.paths[id(value)] = ("eqx", path)
                     self.objects[id(value)] = value
 
-    def original_path(self, module: Any) -> Path | None:
-        """The path of the module in the arguments that `module` is a copy of, or None.
+    def original_path(self, module: Any) -> tuple[Path | None, tuple[Path, ...]]:
+        """The path of the module in the arguments that `module` is a copy of, or None
+        and the paths it could be (several alike) for `copies` to tell apart later.
 
         `nnx.scan`, `nnx.vmap`, `nnx.cond`, `nnx.remat` and Equinox's scan-over-layers
         idiom (`lax.scan` over the arrays, `eqx.combine` inside) call a *copy* of a
@@ -202,7 +235,8 @@ class _Context:
         variables at their relative paths), among the known modules under the caller's;
         several alike (`nnx.cond` choosing between two `Linear`s of one shape) are told
         apart by their arrays' shapes, whole or without the leading axis a scan or vmap
-        slices off; still several, or none: None (the copy is named by its class)."""
+        slices off; still several, or none: None (the copy is named by its class, and
+        `Copy` keeps the candidates)."""
         if self.index is None:
             self.index = {}
             for mid, (_, path) in list(self.paths.items()):  # the modules known so far
@@ -223,7 +257,9 @@ class _Context:
                 if alike:
                     found = dict.fromkeys(alike)
                     break
-        return next(iter(found)) if len(found) == 1 else None
+        if len(found) == 1:
+            return next(iter(found)), ()
+        return None, tuple(found)
 
     def scope_name(self, module: Any) -> tuple[str, Path] | None:
         """The scope to push for a call of `module`, and its path; None: push none."""
@@ -237,7 +273,7 @@ class _Context:
             # called); its calls show inside the module that called it.
             return None
         if known is None:  # a copy a transform rebuilt (`nnx.scan`, `lax.scan` + `eqx.combine`)
-            original = self.original_path(module)
+            original, alike = self.original_path(module)
             if original is not None:
                 self.add_module(module, original)
                 known = self.paths.get(id(module))
@@ -249,21 +285,19 @@ class _Context:
             # A copy like several modules (or none): named by its class, and numbered
             # per object, so that two such copies called in a row stay two stages
             # (`Linear`, `Linear#2`); its submodules by their paths in it.
+            # `graph.copies` may name it after the trace, by the parameters it reads.
             cls = type(module).__name__
             n = self.unnamed_count[cls] = self.unnamed_count.get(cls, 0) + 1
-            self.unnamed[id(module)] = cls if n == 1 else f"{cls}#{n}"
-            self.add_module(module, (*parent, self.unnamed[id(module)]))
+            label = self.unnamed[id(module)] = cls if n == 1 else f"{cls}#{n}"
+            framework = "nnx" if _nnx() is not None and isinstance(module, _nnx()) else "eqx"
+            if alike:
+                self.copies[label] = Copy(framework, cls, parent, alike)
+            self.add_module(module, (*parent, label))
             known = self.paths[id(module)]
         framework, path = known
         if id(module) in self.unnamed:
             return self.unnamed[id(module)], path
-        rel = path[len(parent) :] if path[: len(parent)] == parent else path
-        cls = type(module).__name__
-        if not rel:
-            return cls, path
-        if framework == "nnx":
-            return _fmt_nnx(rel), path
-        return f"{_fmt_eqx(rel)}: {cls}", path
+        return _stage_label(framework, type(module).__name__, path, parent), path
 
 
 #: Public wrapper classes of the frameworks, no layers: Equinox's `BoundMethod` (a

@@ -15,8 +15,8 @@ What counts as a repeat (`merge`):
   `layers.1`; `layers[2]: Linear`) or once the `#k` index of a reused label is
   dropped (`block`, `block#2`), so parallel look-alikes with their own names
   (`query`, `key`, `value`) stay apart;
-* with one structure: the same kinds, primitives, output shapes and labels of
-  every node inside, recursively, and the same edges between them
+* with one structure: the same kinds, primitives, output shapes and labels (alike,
+  as above) of every node inside, recursively, and the same edges between them
   (`_Signatures`). Blocks that differ in any shape or operation are not merged.
 
 The group is a `scope` node with `repeats` = the number of blocks, inserted just
@@ -86,7 +86,8 @@ class _Signatures:
             p = parent.get(e.source)
             inner.setdefault(p, []).append((pos[e.source], pos[e.target], e.shape, e.dtype))
         for r in reversed(recs):  # children come after their parent
-            ch = tuple((c.label, self.of[c.id]) for c in kids.get(r.id, ()))
+            # named alike inside too: `checkpoint`s holding `blocks.0`, `blocks.1`
+            ch = tuple((pattern(c.label), self.of[c.id]) for c in kids.get(r.id, ()))
             key = (r.kind, r.primitive, r.shapes, r.n_eqns, ch, tuple(inner.get(r.id, ())))
             self.of[r.id] = self.table.setdefault(key, len(self.table))
 

@@ -124,23 +124,49 @@ class NnxTwo(nnx.Module):
         return nnx.remat(lambda m, x: m.b(m.a(x)))(self, x)
 
 
-def test_a_copy_is_told_apart_by_shapes_or_named_by_its_class():
+def test_alike_copies_are_told_apart_by_shapes_or_by_the_parameters_they_read():
     # `nnx.remat` over the whole model: `a` and `b` are both `Linear`s. Shapes that
-    # differ tell the copies apart ...
-    model = NnxTwo(nnx.Rngs(2), out=3)
-    ins = sowviz.inspect(lambda m, x: jnp.sum(m(x)), model, X, mode="primal")
+    # differ tell the copies apart; alike ones, the parameters their stages read.
+    for out in (3, 4):
+        model = NnxTwo(nnx.Rngs(2), out=out)
+        ins = sowviz.inspect(lambda m, x: jnp.sum(m(x)), model, X, mode="primal")
+        inside = [p for p in _paths(ins.graph) if p.startswith("NnxTwo/checkpoint/")]
+        assert inside == ["NnxTwo/checkpoint/a", "NnxTwo/checkpoint/b"], inside
+        assert _stage_carrying(ins, model.a(X)) == {"a"}
+        assert "b" in _stage_carrying(ins, model(X))
+
+
+class NnxRematBlocks(nnx.Module):
+    """Identical blocks, each through `nnx.remat` (one traced body for all three)."""
+
+    def __init__(self, rngs: nnx.Rngs):
+        self.blocks = nnx.List([NnxBlock(rngs) for _ in range(N)])
+
+    def __call__(self, x):
+        @nnx.remat
+        def forward(block, x):
+            return block(x)
+
+        for block in self.blocks:
+            x = forward(block, x)
+        return x
+
+
+def test_nnx_remat_per_layer_names_each_layer():
+    model = NnxRematBlocks(nnx.Rngs(4))
+    h = jax.random.normal(jax.random.PRNGKey(5), (2, D))
+    ins = sowviz.inspect(_nnx_loss, model, h, mode="grad")
+    assert_value_and_grad(ins.result, *nnx.value_and_grad(_nnx_loss)(model, h))
     stages = _paths(ins.graph)
-    assert {"NnxTwo/checkpoint/a", "NnxTwo/checkpoint/b"} <= set(stages), sorted(stages)
-    assert "a" in _stage_carrying(ins, model.a(X)) and "b" in _stage_carrying(ins, model(X))
-    # ... alike ones are named by their class, never by a path that may be the other's,
-    # one stage each (two alike stages in a row are drawn as a stack of two).
-    model = NnxTwo(nnx.Rngs(2), out=4)
-    ins = sowviz.inspect(lambda m, x: jnp.sum(m(x)), model, X, mode="primal")
-    inside = [p for p in _paths(ins.graph) if p.startswith("NnxTwo/checkpoint/")]
-    stack = "NnxTwo/checkpoint/Linear (×2)"
-    assert inside == [stack, f"{stack}/Linear", f"{stack}/Linear#2"], inside
-    assert _stage_carrying(ins, model.a(X)) == {"Linear"}
-    assert _stage_carrying(ins, model(X)) >= {"Linear#2"}
+    outs = []
+    for i, block in enumerate(model.blocks):
+        h = block(h)
+        outs.append(h)
+        # alike blocks in a row are drawn as one stacked node holding each
+        path = f"NnxRematBlocks/checkpoint (×{N})/checkpoint/blocks.{i}"
+        assert path in stages and f"{path}/linear" in stages, sorted(stages)
+    for i, out in enumerate(outs):
+        assert f"blocks.{i}" in _stage_carrying(ins, out)
 
 
 class EqxBlock(eqx.Module):
@@ -190,3 +216,40 @@ def test_equinox_scan_over_layers_names_the_stacked_layers():
         h = eqx.combine(jax.tree.map(lambda a, i=i: a[i], dynamic), static)(h)
         outs.append(h)
     assert "layers: EqxBlock" in _stage_carrying(ins, np.stack(outs))
+
+
+class EqxCheckpointed(eqx.Module):
+    """Equinox's gradient checkpointing per layer, over identical blocks."""
+
+    blocks: list
+    act: eqx.nn.Lambda
+    act2: eqx.nn.Lambda
+
+    def __init__(self, key):
+        self.blocks = [EqxBlock(k) for k in jax.random.split(key, N)]
+        self.act, self.act2 = eqx.nn.Lambda(jnp.tanh), eqx.nn.Lambda(jnp.tanh)
+
+    def __call__(self, x):
+        for block in self.blocks:
+            x = eqx.filter_checkpoint(block)(x)
+        # two modules alike with nothing of their own to read: named by their class
+        return eqx.filter_checkpoint(self.act)(x) + eqx.filter_checkpoint(self.act2)(x)
+
+
+def test_equinox_checkpoint_per_layer_names_each_layer():
+    model = EqxCheckpointed(jax.random.PRNGKey(6))
+    x = X[0] @ jnp.ones((4, D))
+
+    def loss(m, x):
+        return jnp.sum(m(x) ** 2)
+
+    ins = sowviz.inspect(loss, model, x, mode="grad")
+    assert_value_and_grad(ins.result, *eqx.filter_value_and_grad(loss)(model, x))
+    stages = _paths(ins.graph)
+    h = x
+    for i, block in enumerate(model.blocks):
+        h = block(h)
+        assert any(p.endswith(f"/blocks[{i}]: EqxBlock") for p in stages), sorted(stages)
+        assert f"blocks[{i}]: EqxBlock" in _stage_carrying(ins, h)
+    lambdas = sorted(p.rsplit("/", 1)[-1] for p in stages if "Lambda" in p)
+    assert lambdas == ["Lambda", "Lambda#2"], lambdas
