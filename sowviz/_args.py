@@ -181,7 +181,12 @@ class Layout:
         return ", ".join(kinds[:6]) + (", ..." if len(kinds) > 6 else "") if kinds else "none"
 
 
-def _layout(spec: ArgSpec, dyn: list, paths: list[str]) -> Layout:
+def _layout(
+    spec: ArgSpec, dyn: list, paths: list[str], constant: frozenset[int] = frozenset()
+) -> Layout:
+    """Where `dyn` sits among the arguments; the leaves at `constant` (positions among
+    all leaves: a Flax NNX model's non-`Param` state, `_state.constant_leaves`) are
+    not differentiated, whatever their dtype."""
     arg_trees = tuple(spec.treedef.children())
     offsets, start = [], 0
     for t in arg_trees:
@@ -198,7 +203,9 @@ def _layout(spec: ArgSpec, dyn: list, paths: list[str]) -> Layout:
     return Layout(
         n_args=len(arg_trees),
         arg_of=arg_of,
-        floating=tuple(j for j, x in enumerate(dyn) if _is_float(x)),
+        floating=tuple(
+            j for j, x in enumerate(dyn) if _is_float(x) and spec.dynamic[j] not in constant
+        ),
         paths=tuple(paths[i] for i in spec.dynamic),
         leaf_of=spec.dynamic,
         kinds=tuple(by_leaf[i] for i in range(spec.treedef.num_leaves)),

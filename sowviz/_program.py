@@ -120,7 +120,7 @@ class Traced:
         self.spec = spec
         _, dyn = split(args, "inspect")
         paths = _paths(args)
-        self.layout = _layout(spec, dyn, paths)
+        self.layout = _layout(spec, dyn, paths, _state.constant_leaves(args))
         self.trace_count = 0
         self.has_aux = options.has_aux
 

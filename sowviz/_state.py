@@ -47,6 +47,19 @@ def holders(args: Any) -> list[Any]:
     return out
 
 
+def constant_leaves(args: Any) -> frozenset[int]:
+    """Positions (in `tree_leaves` order) of the leaves an `nnx.Variable` other than an
+    `nnx.Param` holds: a model's state (BatchNorm statistics, RNG keys and counts,
+    counters), which `nnx.grad` leaves alone by default and sowviz does too (a power
+    iteration's `lax.while_loop` over such state could not be differentiated)."""
+    variable = _variable_type()
+    if variable is None:
+        return frozenset()
+    param = sys.modules["flax.nnx"].Param
+    held = holders(args)
+    return frozenset(k for k, h in enumerate(held) if h is not None and not isinstance(h, param))
+
+
 def leaves(args: Any) -> list[tuple[str, Any]]:
     """`args`' leaves with their paths, to compare before and after `fn` (`compare`);
     none without Flax NNX loaded (no variable to write back)."""

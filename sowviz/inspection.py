@@ -326,7 +326,8 @@ def inspect(
     are traced, every other leaf is static, as in `equinox.filter_jit`. Only
     floating-point array leaves are differentiated; in the returned gradients (and
     input cotangents) every other leaf is None, as `equinox.filter_grad` gives, which
-    equals `jax.grad`'s result wherever `jax.grad` accepts the arguments.
+    equals `jax.grad`'s result wherever `jax.grad` accepts the arguments. Of a Flax
+    NNX model only the `nnx.Param` leaves are, as `nnx.grad` by default.
 
     The compiled program is cached on the function and the arguments' structure,
     shapes, dtypes, shardings and static leaves (as `jax.jit` caches): the same

@@ -2,9 +2,10 @@
 
 `inspect`, `show` and `Monitor` take the user's plain `fn` and differentiate it
 themselves, so automatic stage probes (inserted before this step) see tangents
-and cotangents too. Only floating-point array leaves are differentiated;
-integer/bool arrays (labels, indices) and static leaves are closed over, so no
-`float0` ever meets a transpose.
+and cotangents too. Only floating-point array leaves are differentiated (of a
+Flax NNX model, its `nnx.Param`s: `Layout.floating`); integer/bool arrays
+(labels, indices), static leaves and NNX state are closed over, so no `float0`
+ever meets a transpose.
 
 Results (`transform`):
 

@@ -630,7 +630,6 @@ _LOCK = threading.Lock()
 def _key(pending: tuple[Any, ...], bins: int) -> tuple:
     return (
         bins,
-        _compat.x64_enabled(),
         *(
             (r.flat.shape, str(r.flat.dtype), r.pads.shape)
             if isinstance(r, Rows)
@@ -639,6 +638,7 @@ def _key(pending: tuple[Any, ...], bins: int) -> tuple:
             else ("blocks", r.block, *((f.shape, str(f.dtype)) for f in r.members))
             for r in pending
         ),
+        ("x64", _compat.x64_enabled()),
     )
 
 
@@ -743,7 +743,7 @@ _lay_out = jax.jit(_lay_out_program)
 
 
 def _layout_key(parts: tuple[Parts, ...]) -> tuple:
-    return ("layout", _compat.x64_enabled(), *(p.shapes for p in parts))
+    return ("layout", *(p.shapes for p in parts), ("x64", _compat.x64_enabled()))
 
 
 def _compile_layout(key: tuple, parts: tuple[Parts, ...]) -> Any:

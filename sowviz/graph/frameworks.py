@@ -233,10 +233,11 @@ class _Context:
         module, rebuilt from its state inside the transformed function: a new object,
         unknown by identity. It is matched by structure (the types of its submodules and
         variables at their relative paths), among the known modules under the caller's;
-        several alike (`nnx.cond` choosing between two `Linear`s of one shape) are told
-        apart by their arrays' shapes, whole or without the leading axis a scan or vmap
-        slices off; still several, or none: None (the copy is named by its class, and
-        `Copy` keeps the candidates)."""
+        several alike are told apart by their arrays' shapes, whole or without the
+        leading axis a scan or vmap slices off; still several (`nnx.cond` choosing
+        between two `Linear`s of one shape, a scanned layer shaped like an unstacked
+        one), or none: None (the copy is named by its class, and `Copy` keeps the
+        candidates for `graph.copies`)."""
         if self.index is None:
             self.index = {}
             for mid, (_, path) in list(self.paths.items()):  # the modules known so far
@@ -251,12 +252,12 @@ class _Context:
             if path[: len(parent)] == parent
         }
         if len(found) > 1:
+            # Shapes that fit, whole or without the leading axis a scan or vmap slices
+            # off. One layer's shapes are also an unstacked module's: then both fit, and
+            # the parameters the copy reads decide (`graph.copies`).
             shapes = _shapes(module)
-            for cut in (0, 1):
-                alike = [p for p, s in found.items() if [x[cut:] for x in s] == shapes]
-                if alike:
-                    found = dict.fromkeys(alike)
-                    break
+            fits = [p for p, s in found.items() if shapes in (s, [x[1:] for x in s])]
+            found = dict.fromkeys(fits) if fits else found
         if len(found) == 1:
             return next(iter(found)), ()
         return None, tuple(found)

@@ -15,8 +15,9 @@ What counts as a repeat (`merge`):
   `layers.1`; `layers[2]: Linear`) or once the `#k` index of a reused label is
   dropped (`block`, `block#2`), so parallel look-alikes with their own names
   (`query`, `key`, `value`) stay apart;
-* with one structure: the same kinds, primitives, output shapes and labels (alike,
-  as above) of every node inside, recursively, and the same edges between them
+* with one structure: the same kinds, primitives, output shapes and labels of
+  every node inside (a module stage's alike, as above: a `checkpoint` per layer
+  holds `blocks.0`, the next `blocks.1`), recursively, and the same edges between them
   (`_Signatures`). Blocks that differ in any shape or operation are not merged.
 
 The group is a `scope` node with `repeats` = the number of blocks, inserted just
@@ -73,6 +74,12 @@ def repeat_label(labels: Sequence[str]) -> str:
     return f"{labels[0]} … {labels[-1]} (×{n})"
 
 
+def _inner_label(label: str) -> str:
+    """A label inside a block as blocks compare it: a module stage's alike (`pattern`),
+    any other exactly (sows and named scopes are the user's own names)."""
+    return pattern(label) if label in frameworks.PUSHED else label
+
+
 class _Signatures:
     """Structure ids of subtrees: equal ids ⇔ equal structure (interned tuples)."""
 
@@ -86,8 +93,8 @@ class _Signatures:
             p = parent.get(e.source)
             inner.setdefault(p, []).append((pos[e.source], pos[e.target], e.shape, e.dtype))
         for r in reversed(recs):  # children come after their parent
-            # named alike inside too: `checkpoint`s holding `blocks.0`, `blocks.1`
-            ch = tuple((pattern(c.label), self.of[c.id]) for c in kids.get(r.id, ()))
+            # module stages inside named alike: `checkpoint`s holding `blocks.0`, `blocks.1`
+            ch = tuple((_inner_label(c.label), self.of[c.id]) for c in kids.get(r.id, ()))
             key = (r.kind, r.primitive, r.shapes, r.n_eqns, ch, tuple(inner.get(r.id, ())))
             self.of[r.id] = self.table.setdefault(key, len(self.table))
 

@@ -253,3 +253,42 @@ def test_equinox_checkpoint_per_layer_names_each_layer():
         assert f"blocks[{i}]: EqxBlock" in _stage_carrying(ins, h)
     lambdas = sorted(p.rsplit("/", 1)[-1] for p in stages if "Lambda" in p)
     assert lambdas == ["Lambda", "Lambda#2"], lambdas
+
+
+class NnxScanBesideOneLike(nnx.Module):
+    """A stack of `Linear(D, D)` scanned, beside one unstacked `Linear(D, D)`: a scanned
+    layer's shapes are also that module's."""
+
+    def __init__(self, rngs: nnx.Rngs):
+        @nnx.split_rngs(splits=N)
+        @nnx.vmap(in_axes=(0,), out_axes=0)
+        def make(rngs):
+            return nnx.Linear(D, D, rngs=rngs)
+
+        self.layers = make(rngs)
+        self.out = nnx.Linear(D, D, rngs=rngs)
+
+    def __call__(self, x):
+        @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=(nnx.Carry, 0))
+        def forward(x, layer):
+            y = jnp.tanh(layer(x))
+            return y, y
+
+        x, _ = forward(x, self.layers)
+        return self.out(x)
+
+
+def test_a_scanned_layer_shaped_like_another_module_is_named_by_what_it_reads():
+    model = NnxScanBesideOneLike(nnx.Rngs(8))
+    h = jax.random.normal(jax.random.PRNGKey(9), (5, D))
+    ins = sowviz.inspect(_nnx_loss, model, h, mode="grad")
+    assert_value_and_grad(ins.result, *nnx.value_and_grad(_nnx_loss)(model, h))
+    graphdef, state = nnx.split(model.layers)
+    outs = []
+    for i in range(N):  # each layer's output, as its stage inside the scan stacks them
+        outs.append(nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], state))(h))
+        h = jnp.tanh(outs[-1])
+    assert _stage_carrying(ins, np.stack(outs)) == {"layers"}
+    assert _stage_carrying(ins, model.out(h)) >= {"out"}
+    stages = _paths(ins.graph)
+    assert "NnxScanBesideOneLike/scan(forward)/layers" in stages, sorted(stages)

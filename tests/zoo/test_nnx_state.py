@@ -224,3 +224,35 @@ def test_a_variable_holding_a_python_number_is_written_back():
         np.testing.assert_allclose(mon.step(watched, x, y)[0], plain(ref, x, y)[0], rtol=1e-5)
     mon.close()
     assert int(watched.calls.get_value()) == int(ref.calls.get_value()) == 3
+
+
+class SpectralNorm(nnx.Module):
+    """A power iteration in `lax.while_loop` over a `BatchStat` (not a `Param`)."""
+
+    def __init__(self, rngs: nnx.Rngs):
+        self.lin = nnx.Linear(6, 3, rngs=rngs)
+        self.u = nnx.BatchStat(jnp.ones(3) / 2.0)
+
+    def __call__(self, x):
+        w = jax.lax.stop_gradient(self.lin.kernel[...])
+
+        def body(carry):
+            i, u = carry
+            u = w.T @ (w @ u)
+            return i + 1, u / jnp.linalg.norm(u)
+
+        _, self.u[...] = jax.lax.while_loop(lambda c: c[0] < 3, body, (0, self.u[...]))
+        return self.lin(x) / jnp.linalg.norm(w @ self.u[...])
+
+
+def test_only_parameters_are_differentiated_as_nnx_grad_does():
+    # Differentiating every float leaf took a tangent into the while loop over `u`,
+    # which reverse mode refuses; `nnx.value_and_grad` differentiates `nnx.Param`s only.
+    x, y = data(1)[0]
+    value, grads = nnx.value_and_grad(loss)(SpectralNorm(nnx.Rngs(0)), x, y)
+    ins = sowviz.inspect(loss, SpectralNorm(nnx.Rngs(0)), x, y, mode="grad")
+    assert_close(ins.result[0], value)
+    assert_close(ins.result[1], grads, what="grad")
+    assert ins.result[1].u.get_value() is None  # state: no gradient, as nnx.grad's
+    ref, watched = _three_steps(SpectralNorm, loss)
+    assert_close(_state(watched, nnx.BatchStat), _state(ref, nnx.BatchStat), what="u")
