@@ -174,7 +174,7 @@ class Traced:
             tesseract_names=dict(tn) if isinstance(tn, tuple) else tn,
             in_args=self.layout.arg_of,  # inputs grouped per argument; these are "parameters":
             parameters={a % len(args) for a in np.atleast_1d(options.argnums).tolist()},
-            copies=getattr(named, "copies", None),
+            copies=getattr(named, "sowviz_copies", None) if named is not fn else None,
         )
         self._probed = instrument(self.closed, self.graph.probe_points, tag=PROBE_TAG)
 

@@ -21,7 +21,7 @@ Equinox module runs inside `jax.named_scope(<its path>)`:
   matches by structure and shapes (`_Context.original_path`); several alike
   (identical blocks, each through `eqx.filter_checkpoint`) are told apart after
   the trace by the parameters the copy's stage reads (`graph.copies`, from the
-  `Copy` records `named`'s wrapper keeps as `.copies`); else it is named by its
+  `Copy` records `named`'s wrapper keeps as `.sowviz_copies`); else it is named by its
   class, numbered per object (`Linear`, `Linear#2`);
 * the hook is a temporary wrapper of `__call__` on every NNX / Equinox module
   class that defines one. Installing it is reference counted under a lock;
@@ -86,7 +86,7 @@ def named(fn: Callable) -> Callable:
         finally:
             _ACTIVE.reset(token)
             _uninstall()
-            with_names.copies = ctx.copies  # type: ignore[attr-defined]  # of the last call
+            with_names.sowviz_copies = ctx.copies  # type: ignore[attr-defined]  # of the last call
 
     return with_names
 
