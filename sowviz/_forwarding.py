@@ -54,7 +54,7 @@ def forwarded_inputs(jaxpr: Any, _memo: dict | None = None) -> list[int | None]:
             if v not in made:  # a constant
                 return None
             eqn, k = made[v]
-            operand = _operand(eqn, k, memo)
+            operand = forwarded_operand(eqn, k, memo)
             if operand is None:
                 return None
             v = eqn.invars[operand]
@@ -64,8 +64,9 @@ def forwarded_inputs(jaxpr: Any, _memo: dict | None = None) -> list[int | None]:
     return out
 
 
-def _operand(eqn: Any, k: int, memo: dict) -> int | None:
-    """The position in `eqn.invars` of the operand that `eqn`'s output `k` is, unchanged."""
+def forwarded_operand(eqn: Any, k: int, memo: dict) -> int | None:
+    """The position in `eqn.invars` of the operand that `eqn`'s output `k` is, unchanged
+    (None: computed). `memo` caches the sub-programs' answers (start with {})."""
     construct = construct_of(eqn.primitive.name)
     params = eqn.params
     if construct in _CALLS and _CALLS[construct] in params:

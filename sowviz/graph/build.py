@@ -13,6 +13,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from .. import _compat
+from .._forwarding import forwarded_operand
 from ..primitives import Body, Construct, function_name, spec_of
 from . import frameworks, repeats
 from .copies import renames
@@ -157,6 +158,7 @@ class _Builder(InputsMixin):
     def __init__(self, capture: str, tesseract_names: Any, renamed: Mapping[Any, str]) -> None:
         self.capture = capture
         self.renamed = renamed  # scope names given by `copies.renames`, by (path, name)
+        self.forwarding: dict = {}  # `_forwarding`'s memo
         self.tesseract_names = tesseract_names
         self.recs: list[_Rec] = []
         self.edges: dict[tuple[str, str], Edge] = {}
@@ -308,7 +310,15 @@ class _Builder(InputsMixin):
             elif (rec.kind == "eqn" and capture_eqns) or (
                 rec.kind in STAGE_KINDS and capture_stages
             ):
-                self.point(rec, path, [(i, k) for k in range(len(eqn.outvars))], eqn.outvars)
+                # Not the operands a stage hands back unchanged (an `nnx.remat` returns
+                # the module's parameters): the same values, probed where they come from.
+                made = [
+                    k
+                    for k in range(len(eqn.outvars))
+                    if forwarded_operand(eqn, k, self.forwarding) is None
+                ]
+                if made:
+                    self.point(rec, path, [(i, k) for k in made], [eqn.outvars[k] for k in made])
         # Values leaving this level leave every scope around their producer.
         for v in jaxpr.outvars:
             if isinstance(v, _compat.Var) and v in loc:

@@ -5,8 +5,8 @@ in a loop over identical blocks, `nnx.remat` per layer) calls a copy that
 `frameworks` cannot tell apart from its siblings by structure and shapes: it
 pushes the class (`Block#2`) and keeps the paths it could be (`frameworks.Copy`).
 The traced program can: the copy's stage reads its own parameters, which arrive
-(through `checkpoint`, `scan`, `cond`, `jit` ... operands) from the arguments'
-leaves, whose names hold the module's path (`m.blocks[1].lin.weight` holds
+(through `checkpoint`, `scan`, `cond`, `jit` ... operands, and outputs that hand
+an operand back unchanged: `_forwarding`) from the arguments' leaves, whose names hold the module's path (`m.blocks[1].lin.weight` holds
 `blocks[1]`). When exactly one candidate's path is in the names of the leaves the
 stage reads, that is the module: `blocks[1]: Block`. Otherwise the class stays.
 """
@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from .. import _compat
+from .._forwarding import forwarded_operand
 from ..primitives import Construct, construct_of
 from .frameworks import Copy, Path
 from .names import _TOKEN
@@ -35,7 +36,7 @@ def renames(
     if not copies:
         return {}
     reads: dict[tuple[Where, str], set[int]] = {}
-    _read(jaxpr, (), {v: k for k, v in enumerate(jaxpr.invars)}, copies, reads)
+    _read(jaxpr, (), {v: k for k, v in enumerate(jaxpr.invars)}, copies, reads, {})
     tokens = [_tokens(n) for n in in_names]
     out = {}
     for (where, label), ins in reads.items():
@@ -52,12 +53,19 @@ def _read(
     origin: dict[Any, int],
     copies: Mapping[str, Copy],
     reads: dict[tuple[Where, str], set[int]],
+    memo: dict,
 ) -> None:
     """Add to `reads[where, label]` the inputs (positions in the program's) that the
     equations inside a copy's scope `label` read, at every depth; `origin`: this
     jaxpr's variables that are program inputs."""
     for i, eqn in enumerate(jaxpr.eqns):
         ins = [origin[v] for v in eqn.invars if isinstance(v, _compat.Var) and v in origin]
+        # A value handed back unchanged is still the input (an `nnx.remat` returns the
+        # module's state: the next call of that module reads it from there).
+        for k, out in enumerate(eqn.outvars):
+            j = forwarded_operand(eqn, k, memo) if ins else None
+            if j is not None and eqn.invars[j] in origin:
+                origin[out] = origin[eqn.invars[j]]
         for kind, name in _compat.name_stack_kinds(eqn):
             if kind == "scope" and name in copies:
                 reads.setdefault((where, name), set()).update(ins)
@@ -69,7 +77,7 @@ def _read(
                 for iv, ov in zip(sub.invars, operands, strict=True)
                 if isinstance(ov, _compat.Var) and ov in origin
             }
-            _read(sub, (*where, (i, param, index)), inner, copies, reads)
+            _read(sub, (*where, (i, param, index)), inner, copies, reads, memo)
 
 
 def _bodies(eqn: Any) -> Iterator[tuple[str, int | None, Any, list]]:

@@ -292,3 +292,39 @@ def test_a_scanned_layer_shaped_like_another_module_is_named_by_what_it_reads():
     assert _stage_carrying(ins, model.out(h)) >= {"out"}
     stages = _paths(ins.graph)
     assert "NnxScanBesideOneLike/scan(forward)/layers" in stages, sorted(stages)
+
+
+class NnxRematReordered(nnx.Module):
+    """Alike blocks through `nnx.remat`, in another order, one of them twice: each
+    call after the first reads the block's parameters as the last `nnx.remat` of it
+    handed them back."""
+
+    def __init__(self, rngs: nnx.Rngs):
+        self.blocks = nnx.List([NnxBlock(rngs) for _ in range(N)])
+
+    def __call__(self, x):
+        for i in (2, 1, 0, 0):
+            x = nnx.remat(lambda block, x: block(x))(self.blocks[i], x)
+        return x
+
+
+def test_nnx_remat_in_any_order_names_each_call_and_probes_its_output_only():
+    model = NnxRematReordered(nnx.Rngs(10))
+    h = jax.random.normal(jax.random.PRNGKey(11), (2, D))
+    ins = sowviz.inspect(_nnx_loss, model, h, mode="grad")
+    assert_value_and_grad(ins.result, *nnx.value_and_grad(_nnx_loss)(model, h))
+    remats = [n for n in ins.graph.nodes if n.kind == "remat"]
+    assert [ins.graph.children(n.id)[0].label for n in remats] == [
+        "blocks.2",
+        "blocks.1",
+        "blocks.0",
+        "blocks.0",
+    ]
+    for node, i in zip(remats, (2, 1, 0, 0), strict=True):
+        h = model.blocks[i](h)
+        # the checkpoint hands the block's parameters back too: those are not its news
+        (probe,) = [p for p in ins.probes if p.node == node.id]
+        assert probe.leaf == "" and probe.summaries["primal"]["shape"] == [2, D]
+        np.testing.assert_allclose(
+            probe.summaries["primal"]["l2"], np.linalg.norm(np.asarray(h)), rtol=1e-4
+        )
