@@ -99,9 +99,10 @@ def _bodies(eqn: Any) -> Iterator[tuple[str, int | None, Any, list]]:
 
 
 def _tokens(name: str) -> list[Any]:
-    """A leaf name's path as keys: `m.blocks[1]['w']` gives `blocks`, 1, `w`."""
-    out: list[Any] = []
-    for m in _TOKEN.finditer(name):
+    """A leaf name's path as keys: `m.blocks[1]['w']` gives `m`, `blocks`, 1, `w`."""
+    cut = min((i for i in (name.find("["), name.find(".")) if i >= 0), default=len(name))
+    out: list[Any] = [name[:cut]] if cut else []
+    for m in _TOKEN.finditer(name[cut:]):
         key, idx, attr, other = m.groups()
         out.append(key if key is not None else int(idx) if idx is not None else attr or other)
     return out

@@ -10,7 +10,8 @@ Equinox module runs inside `jax.named_scope(<its path>)`:
   receives (NNX and Equinox modules are pytrees, so the pipeline's
   `tree_unflatten` makes new instances: they are only known at call time):
   `nnx.iter_graph` for NNX (`layers.1.attn`), dataclass fields / sequence
-  indices / dict keys for Equinox (`layers[0]: Linear`);
+  indices / dict keys for Equinox (`layers[0]: Linear`); with several models in
+  the arguments, each path starts with its argument's name (`teacher: MLP`);
 * a module called inside another gets the path *relative* to its caller
   (`layers.1` > `attn` > `q_einsum`: nested stages); a module not reachable
   from the arguments (e.g. built by `nnx.merge` inside `fn`) becomes a root
@@ -40,6 +41,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import functools
+import inspect
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -75,10 +77,12 @@ def named(fn: Callable) -> Callable:
     if _nnx() is None and _eqx() is None:
         return fn
 
+    names = _positional_names(fn)
+
     @functools.wraps(fn)
     def with_names(*args: Any, **kwargs: Any) -> Any:
         ctx = _Context()
-        ctx.add_roots((args, kwargs))
+        ctx.add_roots(args, kwargs, names)
         token = _ACTIVE.set(ctx)
         _install()
         try:
@@ -93,6 +97,31 @@ def named(fn: Callable) -> Callable:
 
 # ---------------------------------------------------------------------------
 # Paths of modules.
+
+
+class _Root(str):
+    """The first step of a module's path when the arguments hold several models: the
+    name of the argument holding its root (`teacher`, `state.model`)."""
+
+
+def _positional_names(fn: Callable) -> list[str]:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin, or a callable without a signature
+        return []
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def _argument(path: tuple, names: list[str]) -> str:
+    """The argument a leaf of `(args, kwargs)` at `path` sits in, by its parameter's
+    name, then the path inside it (`state.model`)."""
+    where, key, *rest = path
+    if where.idx == 0:  # positional
+        i = key.idx
+        base = names[i] if i < len(names) else f"arg{i}"
+    else:
+        base = str(key.key)
+    return base + jax.tree_util.keystr(tuple(rest))
 
 
 def _fmt_nnx(path: Path) -> str:
@@ -180,10 +209,13 @@ class Copy:
 def _stage_label(framework: str, cls: str, path: Path, parent: Path) -> str:
     """A module's stage label: its path relative to its caller's (`parent`), NNX's
     dotted (`layers.1`), Equinox's with the class (`layers[1]: Block`); the class
-    alone at the caller's own path."""
+    alone at the caller's own path, and beside its argument's name for one of several
+    models (`teacher: MLP`)."""
     rel = path[len(parent) :] if path[: len(parent)] == parent else path
     if not rel:
         return cls
+    if len(rel) == 1 and isinstance(rel[0], _Root):
+        return f"{rel[0]}: {cls}"
     return _fmt_nnx(rel) if framework == "nnx" else f"{_fmt_eqx(rel)}: {cls}"
 
 
@@ -202,12 +234,19 @@ class _Context:
         self.index: dict[Any, list[tuple[Path, list]]] | None = None
         self.stack: list[tuple[Any, Path]] = []
 
-    def add_roots(self, tree: Any) -> None:
+    def add_roots(self, args: tuple, kwargs: dict, names: list[str]) -> None:
+        """Name the modules anywhere in the arguments from their roots: one model's
+        paths start at it (`layers.1`); with several (a student and its teacher) each
+        path starts with its argument's name (`teacher.encoder`), and each root's
+        stage says it (`teacher: MLP`)."""
         nnx_module, eqx_module = _nnx(), _eqx()
         kinds = tuple(t for t in (nnx_module, eqx_module) if t is not None)
-        for leaf in jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, kinds)):
-            if isinstance(leaf, kinds):  # a module anywhere in the arguments: path from it
-                self.add_module(leaf, ())
+        flat = jax.tree_util.tree_flatten_with_path(
+            (args, kwargs), is_leaf=lambda x: isinstance(x, kinds)
+        )[0]
+        roots = {id(x): (p, x) for p, x in reversed(flat) if isinstance(x, kinds)}
+        for p, x in reversed(roots.values()):  # in argument order, each object once
+            self.add_module(x, (_Root(_argument(p, names)),) if len(roots) > 1 else ())
 
     def add_module(self, module: Any, prefix: Path) -> None:
         nnx_module = _nnx()
@@ -273,12 +312,14 @@ class _Context:
             # its own, and no root of names (the module it wraps is named where it is
             # called); its calls show inside the module that called it.
             return None
+        alike: tuple[Path, ...] = ()
         if known is None:  # a copy a transform rebuilt (`nnx.scan`, `lax.scan` + `eqx.combine`)
             original, alike = self.original_path(module)
             if original is not None:
                 self.add_module(module, original)
                 known = self.paths.get(id(module))
-        if known is None and not self.stack:  # a root made inside fn: name its tree from it
+        if known is None and not self.stack and not alike:
+            # a root made inside fn: name its tree from it
             self.add_module(module, ())
             known = self.paths.get(id(module))
         parent = self.stack[-1][1] if self.stack else ()

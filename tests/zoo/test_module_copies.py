@@ -328,3 +328,41 @@ def test_nnx_remat_in_any_order_names_each_call_and_probes_its_output_only():
         np.testing.assert_allclose(
             probe.summaries["primal"]["l2"], np.linalg.norm(np.asarray(h)), rtol=1e-4
         )
+
+
+class Small(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs):
+        self.l1 = nnx.Linear(4, D, rngs=rngs)
+        self.l2 = nnx.Linear(D, 2, rngs=rngs)
+
+    def __call__(self, x):
+        return self.l2(jnp.tanh(self.l1(x)))
+
+
+def _distill(student, teacher, x):
+    t = nnx.vmap(lambda m, x: m(x), in_axes=(None, 0))(teacher, x[None])[0]
+    return jnp.mean((nnx.remat(lambda m, x: m(x))(student, x) - jax.lax.stop_gradient(t)) ** 2)
+
+
+def test_several_models_are_named_by_their_arguments():
+    # A student and its teacher of one class: each model's stage says which it is,
+    # called directly or through a transform (a copy of either).
+    student, teacher = Small(nnx.Rngs(12)), Small(nnx.Rngs(13))
+    ins = sowviz.inspect(_distill, student, teacher, X, mode="grad")
+    assert_value_and_grad(ins.result, *nnx.value_and_grad(_distill)(student, teacher, X))
+    assert _stage_carrying(ins, teacher(X)[None]) >= {"teacher: Small"}
+    assert _stage_carrying(ins, student(X)) >= {"student: Small"}
+    assert _stage_carrying(ins, student.l1(X)) == {"l1"}
+    stages = _paths(ins.graph)
+    assert {"teacher: Small/l1", "checkpoint/student: Small/l2"} <= set(stages), sorted(stages)
+
+    def plain(a, b, x):
+        return jnp.sum(a(x) * b(x))
+
+    ins = sowviz.inspect(plain, student, teacher, X, mode="grad")
+    assert {"a: Small/l1", "b: Small/l1"} <= set(_paths(ins.graph))
+    assert _stage_carrying(ins, teacher.l1(X)) == {"l1"}
+    (b_l1,) = [p for p in ins.probes if ins.probe_path(p) == "b: Small/l1"]
+    np.testing.assert_allclose(
+        b_l1.summaries["primal"]["l2"], np.linalg.norm(np.asarray(teacher.l1(X))), rtol=1e-4
+    )
