@@ -118,6 +118,25 @@ def _whole_program_jit(jaxpr: Any, title: str) -> Any | None:
     return eqn.params["jaxpr"]
 
 
+def _name_checkpoints(recs: Sequence[_Rec]) -> None:
+    """A `jax.checkpoint` whose body is one module's call is labelled by it,
+    `checkpoint(blocks[1]: Block)`: a column of `checkpoint`s per layer
+    (`eqx.filter_checkpoint`, `nnx.remat`) said nothing until each was opened."""
+    kids: dict[str, list[_Rec]] = {}
+    for rec in recs:
+        if rec.parent is not None:
+            kids.setdefault(rec.parent, []).append(rec)
+    for rec in recs:
+        only = kids.get(rec.id, [])
+        if (
+            rec.kind == "remat"
+            and len(only) == 1
+            and only[0].kind == "scope"
+            and only[0].label in frameworks.PUSHED
+        ):
+            rec.label = f"{rec.label}({only[0].label})"
+
+
 class _Rec:
     """A node under construction (mutable until the walk ends)."""
 
@@ -474,6 +493,7 @@ class _Builder(InputsMixin):
             if rec.out_vars is not None:  # scopes: their outputs in program order
                 items = sorted(rec.out_vars.items(), key=lambda kv: kv[1])
                 rec.shapes = tuple(shape_str(v.aval) for v, _ in items)
+        _name_checkpoints(recs)
         seen: dict[tuple[str | None, str], int] = {}
         for rec in recs:  # a scope label used again among its siblings: `mlp#2`
             if rec.kind == "scope":
