@@ -152,11 +152,18 @@ class NnxRematBlocks(nnx.Module):
         return x
 
 
-def test_nnx_remat_per_layer_names_each_layer():
-    model = NnxRematBlocks(nnx.Rngs(4))
-    h = jax.random.normal(jax.random.PRNGKey(5), (2, D))
+def _inspected(model, seed: int):
+    """`model`'s loss inspected in grad mode on a fresh input, checked against
+    `nnx.value_and_grad`; the inspection and the input."""
+    h = jax.random.normal(jax.random.PRNGKey(seed), (2, D))
     ins = sowviz.inspect(_nnx_loss, model, h, mode="grad")
     assert_value_and_grad(ins.result, *nnx.value_and_grad(_nnx_loss)(model, h))
+    return ins, h
+
+
+def test_nnx_remat_per_layer_names_each_layer():
+    model = NnxRematBlocks(nnx.Rngs(4))
+    ins, h = _inspected(model, 5)
     stages = _paths(ins.graph)
     outs = []
     for i, block in enumerate(model.blocks):
@@ -281,9 +288,7 @@ class NnxScanBesideOneLike(nnx.Module):
 
 def test_a_scanned_layer_shaped_like_another_module_is_named_by_what_it_reads():
     model = NnxScanBesideOneLike(nnx.Rngs(8))
-    h = jax.random.normal(jax.random.PRNGKey(9), (5, D))
-    ins = sowviz.inspect(_nnx_loss, model, h, mode="grad")
-    assert_value_and_grad(ins.result, *nnx.value_and_grad(_nnx_loss)(model, h))
+    ins, h = _inspected(model, 9)
     graphdef, state = nnx.split(model.layers)
     outs = []
     for i in range(N):  # each layer's output, as its stage inside the scan stacks them
@@ -311,9 +316,7 @@ class NnxRematReordered(nnx.Module):
 
 def test_nnx_remat_in_any_order_names_each_call_and_probes_its_output_only():
     model = NnxRematReordered(nnx.Rngs(10))
-    h = jax.random.normal(jax.random.PRNGKey(11), (2, D))
-    ins = sowviz.inspect(_nnx_loss, model, h, mode="grad")
-    assert_value_and_grad(ins.result, *nnx.value_and_grad(_nnx_loss)(model, h))
+    ins, h = _inspected(model, 11)
     remats = [n for n in ins.graph.nodes if n.kind == "remat"]
     assert [ins.graph.children(n.id)[0].label for n in remats] == [
         "blocks.2",
