@@ -5,8 +5,9 @@ in a loop over identical blocks, `nnx.remat` per layer) calls a copy that
 `frameworks` cannot tell apart from its siblings by structure and shapes: it
 pushes the class (`Block#2`) and keeps the paths it could be (`frameworks.Copy`).
 The traced program can: the copy's stage reads its own parameters, which arrive
-(through `checkpoint`, `scan`, `cond`, `jit` ... operands, and outputs that hand
-an operand back unchanged: `_forwarding`) from the arguments' leaves, whose names hold the module's path (`m.blocks[1].lin.weight` holds
+from the arguments' leaves (through `checkpoint`, `scan`, `cond`, `jit` ...
+operands, and outputs that hand an operand back unchanged: `_forwarding`), and
+those leaves' names hold the module's path (`m.blocks[1].lin.weight` holds
 `blocks[1]`). When exactly one candidate's path is in the names of the leaves the
 stage reads, that is the module: `blocks[1]: Block`. Otherwise the class stays.
 """
