@@ -10,8 +10,10 @@ and path each array input has, and rebuilds per-argument trees of gradients.
 from __future__ import annotations
 
 import functools
+import inspect
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,6 +145,16 @@ def _hashable(v: Any) -> bool:
     except TypeError:
         return False
     return True
+
+
+def positional_names(fn: Callable) -> list[str]:
+    """The names of `fn`'s positional parameters (none when it has no signature): how
+    arguments are named in the graph (`params['w']`, `teacher: MLP`)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin, or a callable without a signature
+        return []
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
 def _is_float(x: Any) -> bool:

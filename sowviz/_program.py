@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import inspect as _pyinspect
 import threading
 import weakref
 from collections.abc import Callable
@@ -39,7 +38,15 @@ import numpy as np
 
 from . import _compat, _concat, _outputs, _state
 from . import summary_ops as _ops
-from ._args import ArgSpec, _is_float, _layout, _paths, _user_tangents, split
+from ._args import (
+    ArgSpec,
+    _is_float,
+    _layout,
+    _paths,
+    _user_tangents,
+    positional_names,
+    split,
+)
 from ._forwarding import forwarded_inputs
 from ._gc import gc_paused
 from .capture import summaries as _summaries
@@ -73,11 +80,7 @@ def _named(fn: Callable) -> Callable:
 
 def _arg_names(fn: Callable, args: tuple, paths: list[str]) -> list[str]:
     """Per leaf: `params['w']` from the function's parameter names."""
-    try:
-        params = list(_pyinspect.signature(fn).parameters.values())
-        names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    except (TypeError, ValueError):
-        names = []
+    names = positional_names(fn)
     out = []
     for i, arg in enumerate(args):
         base = names[i] if i < len(names) else f"arg{i}"

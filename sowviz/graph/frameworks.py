@@ -41,13 +41,14 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import functools
-import inspect
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
+
+from .._args import positional_names
 
 _ACTIVE: contextvars.ContextVar[_Context | None] = contextvars.ContextVar(
     "sowviz_framework_names", default=None
@@ -77,7 +78,7 @@ def named(fn: Callable) -> Callable:
     if _nnx() is None and _eqx() is None:
         return fn
 
-    names = _positional_names(fn)
+    names = positional_names(fn)
 
     @functools.wraps(fn)
     def with_names(*args: Any, **kwargs: Any) -> Any:
@@ -102,14 +103,6 @@ def named(fn: Callable) -> Callable:
 class _Root(str):
     """The first step of a module's path when the arguments hold several models: the
     name of the argument holding its root (`teacher`, `state.model`)."""
-
-
-def _positional_names(fn: Callable) -> list[str]:
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):  # a builtin, or a callable without a signature
-        return []
-    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
 def _argument(path: tuple, names: list[str]) -> str:
