@@ -6,7 +6,7 @@ import { select } from "d3-selection";
 import { zoom, zoomIdentity } from "d3-zoom";
 import { s, clear, ellipsis } from "./dom.js";
 import { sparklinePath } from "./faces.js";
-import { HEADER } from "./layout.js";
+import { HEADER, stageHead } from "./layout.js";
 
 let instances = 0;
 
@@ -127,19 +127,16 @@ export class GraphView {
         s("title", { text: "collapse" }),
       ]),
     );
-    // The right side (kind, equations, value) gets the room it needs; the label the rest,
-    // so the two never overlap (about 6.6 px per character at these font sizes).
-    const kindText = `${node.kind} · ${node.n_eqns} eqns`;
-    const rightW = (kindText.length + (face?.text ? face.text.length + 2 : 0)) * 6.6;
-    const labelChars = Math.floor((box.w - 38 - rightW - 14) / 7.6);
-    const showRight = labelChars >= Math.min(8, node.label.length);
+    const head = stageHead(node, box.w, face?.text ?? "");
+    const tip = [`${node.label} (${node.kind} · ${node.n_eqns} eqns)`];
+    if (face?.text) tip.push(`statistic: ${face.text}`);
     g.append(...[
-      s("text", { class: "sv-stage-label", x: 38, y: 18, text: ellipsis(node.label, Math.max(4, showRight ? labelChars : Math.floor((box.w - 52) / 7.6))) }, [
-        s("title", { text: `${node.label} (${node.kind})` }),
+      s("text", { class: "sv-stage-label", x: 38, y: 18, text: ellipsis(node.label, head.labelChars) }, [
+        s("title", { text: tip.join("\n") }),
       ]),
-      showRight ? s("text", { class: "sv-stage-kind", x: box.w - 10, y: 18, "text-anchor": "end" }, [
-        kindText,
-        face?.text ? s("tspan", { class: "sv-value", dx: 8, text: face.text }) : null,
+      head.showKind ? s("text", { class: "sv-stage-kind", x: box.w - 10, y: 18, "text-anchor": "end" }, [
+        head.kindText,
+        head.showValue ? s("tspan", { class: "sv-value", dx: 8, text: face?.text ?? "" }) : null,
       ]) : null,
     ].filter(Boolean));
     return g;

@@ -25,6 +25,51 @@ export function leafWidth(label) {
   return Math.min(MAX_W, Math.max(NODE_W, Math.ceil(96 + 7.4 * String(label ?? "").length)));
 }
 
+// An expanded stage's header: the toggle, then its label (7.6 px a character from
+// x = 38), then on the right its kind and equation count, then the face value (6.6 px
+// a character). The label comes first: the kind and the value are dropped before it
+// is cut, and past MAX_HEAD_W the label is cut and its full text is the tooltip.
+const HEAD_LABEL_X = 38;
+const HEAD_CHAR = 7.6;
+const HEAD_RIGHT_CHAR = 6.6;
+const HEAD_GAP = 14;
+export const MAX_HEAD_W = 440;
+
+/** @param {{kind?: string, n_eqns?: number} | undefined} node */
+function headKind(node) {
+  return `${node?.kind ?? ""} · ${node?.n_eqns ?? 0} eqns`;
+}
+
+/**
+ * The width an expanded stage's header needs for its whole label and its kind, at
+ * most MAX_HEAD_W: the stage is at least this wide whatever its contents.
+ * @param {{label?: string, kind?: string, n_eqns?: number} | undefined} node
+ */
+export function stageHeadWidth(node) {
+  const label = String(node?.label ?? "");
+  const need = HEAD_LABEL_X + HEAD_CHAR * label.length + HEAD_GAP + HEAD_RIGHT_CHAR * headKind(node).length + 10;
+  return Math.min(MAX_HEAD_W, Math.ceil(need));
+}
+
+/**
+ * What an expanded stage's header of width `w` shows: the label's characters (all
+ * of them when they fit), and whether the kind and the face value fit beside it.
+ * @param {{label?: string, kind?: string, n_eqns?: number}} node
+ * @param {number} w
+ * @param {string} [value]
+ */
+export function stageHead(node, w, value = "") {
+  const label = String(node.label ?? "");
+  const kindText = headKind(node);
+  const kindW = HEAD_RIGHT_CHAR * kindText.length + 10;
+  const valueW = value ? HEAD_RIGHT_CHAR * (value.length + 2) : 0;
+  const fits = (/** @type {number} */ right) => HEAD_LABEL_X + HEAD_CHAR * label.length + HEAD_GAP + right <= w;
+  if (value && fits(kindW + valueW)) return { labelChars: label.length, kindText, showKind: true, showValue: true };
+  if (fits(kindW)) return { labelChars: label.length, kindText, showKind: true, showValue: false };
+  const alone = Math.max(4, Math.floor((w - HEAD_LABEL_X - HEAD_GAP) / HEAD_CHAR));
+  return { labelChars: alone, kindText, showKind: false, showValue: false };
+}
+
 /**
  * @typedef {{x: number, y: number, w: number, h: number}} Box
  * @typedef {{pos: Map<string, Box>, edges: Array<{source: string, target: string, count: number, points: Array<{x: number, y: number}>}>, w: number, h: number, mode: string, hiddenEdges: number}} LocalLayout
@@ -89,7 +134,8 @@ export function layoutView(index, expanded, levelEdges, cache = new Map()) {
     for (const id of ids) {
       const inner = local.get(id);
       if (inner) {
-        sizes.set(id, { w: Math.max(NODE_W, inner.w + 2 * PAD), h: inner.h + HEADER + PAD });
+        const head = stageHeadWidth(index.nodes.get(id));
+        sizes.set(id, { w: Math.max(NODE_W, head, inner.w + 2 * PAD), h: inner.h + HEADER + PAD });
         sig.push(`${id}:${inner.w}x${inner.h}`);
       } else {
         sizes.set(id, { w: leafWidth(index.nodes.get(id)?.label), h: NODE_H });

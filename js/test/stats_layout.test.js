@@ -3,7 +3,7 @@ import assert from "node:assert/strict";
 import { fmt, logScale, nodeStat, defaultStat, viridis } from "../src/stats.js";
 import { indexModel } from "../src/model.js";
 import { edgesByLevel } from "../src/levels.js";
-import { layoutView, gridLevel, leafWidth, NODE_W, NODE_H, MAX_W, GRID_THRESHOLD } from "../src/layout.js";
+import { layoutView, gridLevel, leafWidth, stageHead, stageHeadWidth, NODE_W, NODE_H, MAX_W, MAX_HEAD_W, GRID_THRESHOLD } from "../src/layout.js";
 import { ellipsis } from "../src/dom.js";
 import { smallModel } from "./helpers.js";
 
@@ -81,4 +81,27 @@ test("layout: an empty model lays out to nothing without throwing", () => {
   const out = layoutView(ix, new Set(), edgesByLevel(ix));
   assert.equal(out.boxes.size, 0);
   assert.deepEqual(out.bounds, { x: 0, y: 0, w: 0, h: 0 });
+});
+
+test("layout: an expanded stage's header holds its whole label, whatever its contents", () => {
+  const ix = indexModel(smallModel());
+  const le = edgesByLevel(ix);
+  const node = ix.nodes.get("n2");
+  node.label = "checkpoint(blocks[1]: Block)";
+  const box = layoutView(ix, new Set(["n2"]), le).boxes.get("n2");
+  assert.ok(box.w >= stageHeadWidth(node) && stageHeadWidth(node) > NODE_W);
+  const head = stageHead(node, box.w);
+  assert.equal(ellipsis(node.label, head.labelChars), node.label);
+  assert.ok(head.showKind);
+  // the value is dropped before the label is cut; past MAX_HEAD_W the label is cut
+  const withValue = stageHead(node, box.w, "1.234e-5");
+  assert.equal(withValue.labelChars, node.label.length);
+  // a longer label keeps all its characters and drops the kind instead
+  node.label = "checkpoint(layers[11]: TransformerBlock)";
+  const long = stageHead(node, layoutView(ix, new Set(["n2"]), le).boxes.get("n2").w);
+  assert.equal(ellipsis(node.label, long.labelChars), node.label);
+  node.label = "x".repeat(200);
+  assert.equal(stageHeadWidth(node), MAX_HEAD_W);
+  const cut = stageHead(node, MAX_HEAD_W, "1.2");
+  assert.ok(cut.labelChars < 200 && !cut.showKind && !cut.showValue);
 });
