@@ -9,7 +9,7 @@ prints the bundle size. Target (DESIGN.md): 10K equations interactive within 2 s
 Then a real model: the zoo's Flax NNX language model with `--nnx` (24) layers,
 inspected in grad mode and written as a report; it must be interactive within
 1.5 s (issue 13). Also timed: expanding the model's module (`TransformerLM`, which
-holds the stacked `layers.0–23 (×24)` node) and opening that node's detail panel
+holds the stacked `layers[0–23] (×24)` node) and opening that node's detail panel
 (its per-block charts).
 
     .venv/bin/python benchmarks/frontend_load.py [--runs 3] [--sizes 1000 10000] [--nnx 24]

@@ -535,7 +535,9 @@ def _by_label(model, label, parent=None):
 
 
 def _expand(pg, nid):
-    node(pg, nid).locator('[data-role="toggle"]').first.click()
+    """Open stage `nid`, unless it is open already (the model's module starts open)."""
+    if node(pg, nid).get_attribute("data-expanded") != "true":
+        node(pg, nid).locator('[data-role="toggle"]').first.click()
     pg.wait_for_selector(f'[data-node-id="{nid}"][data-expanded="true"]')
 
 
@@ -557,11 +559,17 @@ def test_nnx_model_reads_like_the_model(page, nnx, nnx_report):
     labels = pg.eval_on_selector_all(
         "[data-node-id] .sv-label", "els => els.map(e => e.textContent)"
     )
-    assert "parameters" in labels and "TransformerLM" in labels
+    # the model's module starts open, its layers drawn (`repeats.open_model`)
+    stages = pg.eval_on_selector_all(
+        "[data-node-id] .sv-stage-label",
+        "els => els.map(e => [...e.childNodes].filter(c => c.nodeType === 3).map(c => c.nodeValue).join(''))",
+    )
+    assert "parameters" in labels and stages == ["TransformerLM"]
+    assert "layers[0]" in labels and "make_causal_mask" in labels
     assert_readable(pg, nnx)
     lm = _by_label(nnx, "TransformerLM")
     _expand(pg, lm)
-    layer = _by_label(nnx, "layers.1", lm)
+    layer = _by_label(nnx, "layers[1]", lm)
     _expand(pg, layer)
     inside = pg.eval_on_selector_all(
         "[data-node-id] .sv-label", "els => els.map(e => e.textContent)"
@@ -613,7 +621,7 @@ def test_selected_node_stays_visible_with_the_panel_open(page, nnx, nnx_report):
     pg = page.open_report(nnx_report)
     lm = _by_label(nnx, "TransformerLM")
     _expand(pg, lm)
-    _expand(pg, _by_label(nnx, "layers.1", lm))
+    _expand(pg, _by_label(nnx, "layers[1]", lm))
     # the right-most and the lowest drawn leaves: the panel and the legend take those sides
     v = pg.locator(".sv-graph").bounding_box()
     boxes = [
@@ -681,7 +689,7 @@ def test_the_legend_never_covers_a_node(browser, nnx, width):
         assert _visible_boxes_under_legend(pg) == [], "load"
         pg.locator('[data-role="fit"]').click()
         assert _visible_boxes_under_legend(pg) == [], "fit"
-        _expand(pg, _by_label(nnx, "layers.1", lm))
+        _expand(pg, _by_label(nnx, "layers[1]", lm))
         svg = pg.locator(".sv-svg").bounding_box()
         for _ in range(6):  # drag the drawing up, over where the legend sits
             pg.mouse.move(svg["x"] + svg["width"] / 2, svg["y"] + svg["height"] - 20)
@@ -777,9 +785,9 @@ def test_nnx_report_dark(browser, nnx, nnx_report):
         pg = p.open_report(nnx_report)
         lm = _by_label(nnx, "TransformerLM")
         _expand(pg, lm)
-        _expand(pg, _by_label(nnx, "layers.1", lm))
+        _expand(pg, _by_label(nnx, "layers[1]", lm))
         assert_readable(pg, nnx)
-        node(pg, _by_label(nnx, "attn", _by_label(nnx, "layers.1", lm))).locator(
+        node(pg, _by_label(nnx, "attn", _by_label(nnx, "layers[1]", lm))).locator(
             ".sv-label"
         ).first.click()
         pg.locator('[data-role="detail"] .js-plotly-plot').first.wait_for()

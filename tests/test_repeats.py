@@ -117,7 +117,7 @@ def test_blocks_that_differ_in_ops_shapes_or_names_are_not_merged():
 
 
 def test_repeat_labels():
-    assert repeat_label([f"layers.{i}" for i in range(24)]) == "layers.0–23 (×24)"
+    assert repeat_label([f"layers[{i}]" for i in range(24)]) == "layers[0–23] (×24)"
     assert repeat_label(["block", "block#2", "block#3"]) == "block (×3)"
     assert repeat_label(["layers[1]: Linear", "layers[2]: Linear"]) == "layers[1–2]: Linear (×2)"
     assert repeat_label(["l0", "l2", "l4"]) == "l0…4 (×3)"
@@ -140,8 +140,8 @@ def test_24_layer_nnx_model_draws_its_layers_as_one_node():
     small = dict(vocab=16, features=8, heads=2, hidden=16, seq=6, batch=2)
     g = _named_graph(nnx_lm.loss, *nnx_lm.make(nnx_lm.Config(attention=("einsum",) * 24, **small)))
     (grp,) = [n for n in _groups(g) if n.label.startswith("layers")]
-    assert grp.label == "layers.0–23 (×24)"
-    assert [b.label for b in _kids(g, grp)] == [f"layers.{i}" for i in range(24)]
+    assert grp.label == "layers[0–23] (×24)"
+    assert [b.label for b in _kids(g, grp)] == [f"layers[{i}]" for i in range(24)]
     assert g.node(grp.parent).label == "TransformerLM"
     sizes: dict[str | None, int] = {}
     for n in g.nodes:

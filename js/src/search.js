@@ -58,7 +58,7 @@ export function searchNodes(index, query, cache) {
   return out.sort((a, b) => index.nodes.get(a).order - index.nodes.get(b).order);
 }
 
-/** `TransformerLM › layers.0 › attn`: where a search result sits (its ancestors below the root). */
+/** `TransformerLM › layers[0] › attn`: where a search result sits (its ancestors below the root). */
 export function parentPath(index, id) {
   const out = [];
   let p = index.nodes.get(id)?.parent;

@@ -4,7 +4,7 @@ import { indexModel } from "../src/model.js";
 import { repeatStats } from "../src/repeats.js";
 import { summary } from "./helpers.js";
 
-// root n0 ─ n1 group "layers.0–2 (×3)" ─ n2, n3, n4 blocks (each with a stage probe);
+// root n0 ─ n1 group "layers[0–2] (×3)" ─ n2, n3, n4 blocks (each with a stage probe);
 // n4's block also has a second leaf; n5 output.
 function groupModel() {
   const node = (id, label, parent, order, extra = {}) => ({ id, label, kind: "scope", parent, order, source: null, shapes: ["float32[4]"], primitive: null, n_eqns: 3, collapsed: true, ...extra });
@@ -17,8 +17,8 @@ function groupModel() {
   return {
     root: "n0", nodes: [
       node("n0", "prog", null, 0, { kind: "jit" }),
-      node("n1", "layers.0–2 (×3)", "n0", 1, { repeats: 3 }),
-      node("n2", "layers.0", "n1", 2), node("n3", "layers.1", "n1", 3), node("n4", "layers.2", "n1", 4),
+      node("n1", "layers[0–2] (×3)", "n0", 1, { repeats: 3 }),
+      node("n2", "layers[0]", "n1", 2), node("n3", "layers[1]", "n1", 3), node("n4", "layers[2]", "n1", 4),
       node("n5", "out", "n0", 5, { kind: "output" }),
     ], edges: [], probes, notes: [],
   };
@@ -30,7 +30,7 @@ test("a group's per-block statistics are its blocks' stage probe summaries, in o
   assert.equal(index.nodes.get("n1").repeats, 3);
   assert.equal(index.nodes.get("n2").repeats, 0);
   const st = repeatStats(index, "n1");
-  assert.deepEqual(st.blocks.map((b) => b.label), ["layers.0", "layers.1", "layers.2"]);
+  assert.deepEqual(st.blocks.map((b) => b.label), ["layers[0]", "layers[1]", "layers[2]"]);
   assert.deepEqual(st.modes, ["primal", "cotangent"]);
   for (const mode of st.modes) {
     for (const k of ["l2", "mean", "absmax", "min", "max", "std"]) {

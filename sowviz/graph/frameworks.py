@@ -9,11 +9,11 @@ Equinox module runs inside `jax.named_scope(<its path>)`:
 * the paths come from the module trees of the *actual* arguments the wrapper
   receives (NNX and Equinox modules are pytrees, so the pipeline's
   `tree_unflatten` makes new instances: they are only known at call time):
-  `nnx.iter_graph` for NNX (`layers.1.attn`), dataclass fields / sequence
+  `nnx.iter_graph` for NNX (`layers[1].attn`), dataclass fields / sequence
   indices / dict keys for Equinox (`layers[0]: Linear`); with several models in
   the arguments, each path starts with its argument's name (`teacher: MLP`);
 * a module called inside another gets the path *relative* to its caller
-  (`layers.1` > `attn` > `q_einsum`: nested stages); a module not reachable
+  (`layers[1]` > `attn` > `q_einsum`: nested stages); a module not reachable
   from the arguments (e.g. built by `nnx.merge` inside `fn`) becomes a root
   named by its class when first called, and its submodules are named from it;
 * a transform that rebuilds a module from its state (`nnx.scan` over stacked
@@ -118,7 +118,13 @@ def _argument(path: tuple, names: list[str]) -> str:
 
 
 def _fmt_nnx(path: Path) -> str:
-    return ".".join(str(p) for p in path)
+    """`layers[1].attn`: spelled as the Python that reaches it (`model.layers[1].attn`),
+    as the parameters' group and Equinox's paths spell it; an `nnx.Dict` key as an
+    attribute (`heads.out`), as the parameters' group spells dict keys."""
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out
 
 
 def _fmt_eqx(path: Path) -> str:
@@ -201,7 +207,7 @@ class Copy:
 
 def _stage_label(framework: str, cls: str, path: Path, parent: Path) -> str:
     """A module's stage label: its path relative to its caller's (`parent`), NNX's
-    dotted (`layers.1`), Equinox's with the class (`layers[1]: Block`); the class
+    as Python reaches it (`layers[1]`), Equinox's with the class (`layers[1]: Block`); the class
     alone at the caller's own path, and beside its argument's name for one of several
     models (`teacher: MLP`)."""
     rel = path[len(parent) :] if path[: len(parent)] == parent else path
@@ -229,7 +235,7 @@ class _Context:
 
     def add_roots(self, args: tuple, kwargs: dict, names: list[str]) -> None:
         """Name the modules anywhere in the arguments from their roots: one model's
-        paths start at it (`layers.1`); with several (a student and its teacher) each
+        paths start at it (`layers[1]`); with several (a student and its teacher) each
         path starts with its argument's name (`teacher.encoder`), and each root's
         stage says it (`teacher: MLP`)."""
         nnx_module, eqx_module = _nnx(), _eqx()

@@ -1,7 +1,7 @@
 """Identical repeated blocks: a run of sibling stages with one structure becomes one node.
 
-Twenty-four transformer layers `layers.0` … `layers.23` are one stacked node
-`layers.0–23 (×24)` holding the 24 layer stages, so a level shows the model's
+Twenty-four transformer layers `layers[0]` … `layers[23]` are one stacked node
+`layers[0–23] (×24)` holding the 24 layer stages, so a level shows the model's
 shape instead of a column of look-alikes; expanding it shows every layer and its
 own probes, and the front end charts each probe statistic per repeat
 (`js/src/repeats.js`).
@@ -11,13 +11,13 @@ What counts as a repeat (`merge`):
 * consecutive siblings, each a stage (not a scope sowviz made: a fold of unscoped
   equations, a cond branch or a while body; nor a group of inputs or outputs), at least
   `MIN_RUN` of them;
-* named alike: their labels are equal once digits are masked (`layers.0`,
-  `layers.1`; `layers[2]: Linear`) or once the `#k` index of a reused label is
+* named alike: their labels are equal once digits are masked (`layers[0]`,
+  `layers[1]`; `layers[2]: Linear`) or once the `#k` index of a reused label is
   dropped (`block`, `block#2`), so parallel look-alikes with their own names
   (`query`, `key`, `value`) stay apart;
 * with one structure: the same kinds, primitives, output shapes and labels of
   every node inside (a module stage's alike, as above: a `checkpoint` per layer
-  holds `blocks.0`, the next `blocks.1`), recursively, and the same edges between them
+  holds `blocks[0]`, the next `blocks[1]`), recursively, and the same edges between them
   (`_Signatures`). Blocks that differ in any shape or operation are not merged.
 
 The group is a `scope` node with `repeats` = the number of blocks, inserted just
@@ -54,7 +54,7 @@ def pattern(label: str) -> str:
 
 
 def repeat_label(labels: Sequence[str]) -> str:
-    """`layers.0–23 (×24)`: the one number that varies as a range; else the shared name."""
+    """`layers[0–23] (×24)`: the one number that varies as a range; else the shared name."""
     n = len(labels)
     bases = {_INDEX.sub("", x) for x in labels}
     if len(bases) == 1:  # `block`, `block#2`, …
@@ -93,7 +93,7 @@ class _Signatures:
             p = parent.get(e.source)
             inner.setdefault(p, []).append((pos[e.source], pos[e.target], e.shape, e.dtype))
         for r in reversed(recs):  # children come after their parent
-            # module stages inside named alike: `checkpoint`s holding `blocks.0`, `blocks.1`
+            # module stages inside named alike: `checkpoint`s holding `blocks[0]`, `blocks[1]`
             ch = tuple((_inner_label(c.label), self.of[c.id]) for c in kids.get(r.id, ()))
             key = (r.kind, r.primitive, r.shapes, r.n_eqns, ch, tuple(inner.get(r.id, ())))
             self.of[r.id] = self.table.setdefault(key, len(self.table))

@@ -30,7 +30,7 @@ class Scalar:
 
 def probe_tags(model: dict[str, Any] | None) -> dict[str, str]:
     """Probe id → a unique tag: a stage's path in the graph (`parameters/l0/w`,
-    `TransformerLM/layers.0/attn`; a parameter's leaf name alone says nothing when
+    `TransformerLM/layers[0]/attn`; a parameter's leaf name alone says nothing when
     every layer has a `w`), a sow's name, then the leaf path if any; spaces become
     underscores."""
     nodes = {n["id"]: n for n in (model or {}).get("nodes", [])}
@@ -39,7 +39,7 @@ def probe_tags(model: dict[str, Any] | None) -> dict[str, str]:
     def path(node: Any) -> str | None:
         labels, cur = [], nodes.get(node)
         while cur is not None and cur["id"] != root:
-            if not cur.get("repeats"):  # `layers.0–23 (×24)` would change with the depth
+            if not cur.get("repeats"):  # `layers[0–23] (×24)` would change with the depth
                 labels.append(str(cur["label"]))
             cur = nodes.get(cur.get("parent"))
         return "/".join(reversed(labels)) or None

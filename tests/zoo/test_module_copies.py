@@ -171,10 +171,10 @@ def test_nnx_remat_per_layer_names_each_layer():
         outs.append(h)
         # alike blocks in a row are drawn as one stacked node holding each, and a
         # checkpoint of one module's call says which
-        path = f"NnxRematBlocks/checkpoint(blocks.0–2) (×{N})/checkpoint(blocks.{i})/blocks.{i}"
+        path = f"NnxRematBlocks/checkpoint(blocks[0–2]) (×{N})/checkpoint(blocks[{i}])/blocks[{i}]"
         assert path in stages and f"{path}/linear" in stages, sorted(stages)
     for i, out in enumerate(outs):
-        assert f"blocks.{i}" in _stage_carrying(ins, out)
+        assert f"blocks[{i}]" in _stage_carrying(ins, out)
 
 
 class EqxBlock(eqx.Module):
@@ -319,10 +319,10 @@ def test_nnx_remat_in_any_order_names_each_call_and_probes_its_output_only():
     ins, h = _inspected(model, 11)
     remats = [n for n in ins.graph.nodes if n.kind == "remat"]
     assert [ins.graph.children(n.id)[0].label for n in remats] == [
-        "blocks.2",
-        "blocks.1",
-        "blocks.0",
-        "blocks.0",
+        "blocks[2]",
+        "blocks[1]",
+        "blocks[0]",
+        "blocks[0]",
     ]
     for node, i in zip(remats, (2, 1, 0, 0), strict=True):
         h = model.blocks[i](h)
