@@ -705,13 +705,19 @@ def test_nnx_module_paths_are_nested_stages_at_their_call_sites():
     original = nnx.Linear.__dict__["__call__"]
     _, g = _named_graph(_nnx_loss, model, X)
     scopes = {_path_of(g, n): n for n in g.nodes if n.kind == "scope" and not n.repeats}
-    for path in ("_NnxModel.layers[0].lin", "_NnxModel.layers[1].mlp[0]", "_NnxModel.layers[1].mlp[1]"):
+    for path in (
+        "_NnxModel.layers[0].lin",
+        "_NnxModel.layers[1].mlp[0]",
+        "_NnxModel.layers[1].mlp[1]",
+    ):
         assert path in scopes, sorted(scopes)
     assert scopes["_NnxModel"].source.line == line_of("@nnx_root")
     assert scopes["_NnxModel.layers[1]"].source.line == line_of("@nnx_layer")
     assert scopes["_NnxModel.layers[0].lin"].source.line == line_of("@nnx_lin")
     dots = [n for n in g.nodes if n.label == "dot_general"]
-    assert len(dots) == 6 and all(g.node(n.parent).label in ("lin", "mlp[0]", "mlp[1]") for n in dots)
+    assert len(dots) == 6 and all(
+        g.node(n.parent).label in ("lin", "mlp[0]", "mlp[1]") for n in dots
+    )
     # The wrapper is gone afterwards, and calls outside `named` push no scope.
     assert nnx.Linear.__dict__["__call__"] is original
     plain = jax.make_jaxpr(_nnx_loss)(model, X)
