@@ -226,7 +226,13 @@ def _layout(
     )
 
 
-def _user_tangents(spec: ArgSpec, dyn: list, tangents: Any, where: str) -> tuple | None:
+def _user_tangents(
+    spec: ArgSpec, dyn: list, tangents: Any, where: str, layout_of: Callable[[], Layout]
+) -> tuple | None:
+    """The user's `tangents` for the differentiated leaves (`layout_of().floating`).
+    A floating leaf that is not differentiated (a Flax NNX model's state) may have a
+    tangent, as `jax.jvp` wants one for every leaf, but only None or zeros: sowviz
+    pushes none into it, and a non-zero one would silently be dropped."""
     if tangents is None:
         return None
     n_args = len(spec.treedef.children())
@@ -240,11 +246,21 @@ def _user_tangents(spec: ArgSpec, dyn: list, tangents: Any, where: str) -> tuple
         flat = spec.treedef.flatten_up_to(tuple(tangents))
     except (ValueError, TypeError) as err:
         raise ValueError(f"{bad}; their structure differs: {err}") from None
+    floating = frozenset(layout_of().floating)
     out = []
-    for i, x in zip(spec.dynamic, dyn, strict=True):
+    for j, (i, x) in enumerate(zip(spec.dynamic, dyn, strict=True)):
         if not _is_float(x):
             continue
         t = flat[i]
+        if j not in floating:
+            if t is not None and np.any(np.asarray(t) != 0):
+                raise ValueError(
+                    f"sowviz.{where}: the tangent of `args{_paths_of(spec)[i]}` is not zero, "
+                    "but that leaf is a Flax NNX model's state (not an `nnx.Param`), which "
+                    "sowviz does not differentiate, as `nnx.grad` does not by default. Give "
+                    "it zeros or None; to push a tangent through it, make it an `nnx.Param`."
+                )
+            continue
         if t is None or jnp.shape(t) != jnp.shape(x):
             raise ValueError(
                 f"{bad}; the tangent of leaf `args{_paths_of(spec)[i]}` has shape "

@@ -271,6 +271,41 @@ def new_eqn(invars, outvars, primitive, params, effects, source_info=None) -> Ja
     return _core.new_jaxpr_eqn(invars, outvars, primitive, params, effects, source_info)
 
 
+def stop_gradient_eqn(x: Var, source_info=None) -> tuple[JaxprEqn, Var]:
+    """An equation `y = stop_gradient(x)` and its output `y` (the primitive
+    `lax.stop_gradient` binds, found by tracing it: `stop_gradient` in JAX 0.10-0.12)."""
+    global _STOP_GRADIENT
+    if _STOP_GRADIENT is None:
+        closed = jax.make_jaxpr(jax.lax.stop_gradient)(jax.ShapeDtypeStruct((), "float32"))
+        (eqn,) = closed.jaxpr.eqns
+        _STOP_GRADIENT = (eqn.primitive, dict(eqn.params))
+    prim, params = _STOP_GRADIENT
+    y = new_var(x.aval)
+    return new_eqn([x], [y], prim, params, set(), source_info), y
+
+
+_STOP_GRADIENT: tuple[Primitive, dict] | None = None
+
+
+def zero_derivative(primitive: Any) -> bool:
+    """Whether `primitive`'s derivative is zero by definition: `stop_gradient`, and
+    those JAX registers with `ad.defjvp_zero` (floor, round, sign, ...), whose JVP rule
+    is a `functools.partial` of `zero_jvp` in JAX 0.10-0.12."""
+    if primitive.name == "stop_gradient":
+        return True
+    from jax._src.interpreters import ad as _ad
+
+    rule = _ad.primitive_jvps.get(primitive)
+    zero = getattr(_ad, "zero_jvp", None)
+    return zero is not None and getattr(rule, "func", None) is zero
+
+
+def is_ref(aval: Any) -> bool:
+    """Whether `aval` is a mutable array reference's (`jax.new_ref`): a value that
+    equations change in place, beside their outputs."""
+    return type(aval).__name__ == "AbstractRef"
+
+
 def eval_jaxpr(jaxpr: Jaxpr, consts, *args):
     return _core.eval_jaxpr(jaxpr, consts, *args)
 

@@ -49,6 +49,8 @@ from ._args import (
 )
 from ._forwarding import forwarded_inputs
 from ._gc import gc_paused
+from ._liveness import live_values
+from ._model import Mode
 from .capture import summaries as _summaries
 from .capture.api import SaveIntermediates
 from .capture.tallied import Tallied
@@ -180,6 +182,8 @@ class Traced:
             copies=getattr(named, "sowviz_copies", None) if named is not fn else None,
         )
         self._probed = instrument(self.closed, self.graph.probe_points, tag=PROBE_TAG)
+        self._probed_reverse: Callable[..., list] | None = None
+        self.n_out = len(jax.tree_util.tree_leaves(out_shape))
 
     def _drop_unchanged(self, spec: ArgSpec, out_shape: Any, extra_shape: Any) -> Any:
         """Leave out of `state` (and of the program's outputs) the leaves `fn` returned
@@ -210,6 +214,22 @@ class Traced:
     def probed(self, dyn: list) -> Any:
         """`plain` with every probe point tagged."""
         return self._outputs(self._probed(*dyn))
+
+    def probed_for(self, mode: Mode | str) -> Callable[[list], Any]:
+        """`probed` for a program of `mode`. In grad and vjp modes the values that do not
+        reach `fn`'s output are probed beside the data flow, their primal only
+        (`_liveness`): their cotangent is zero, and keeping their tangent alive hands
+        a symbolic-zero cotangent to rules that plain JAX never gives one."""
+        if Mode(mode) not in (Mode.GRAD, Mode.VJP):
+            return self.probed
+        if self._probed_reverse is None:
+            n_outs = len(self.closed.out_avals)
+            live = live_values(self.closed, [k < self.n_out for k in range(n_outs)])
+            self._probed_reverse = instrument(
+                self.closed, self.graph.probe_points, tag=PROBE_TAG, detached=live
+            )
+        probed = self._probed_reverse
+        return lambda dyn: self._outputs(probed(*dyn))
 
     def _outputs(self, outs: list) -> Any:
         # An output the program makes as a constant (Equinox BatchNorm's
@@ -496,7 +516,7 @@ class Runner:
     ) -> Out:
         o = self.options
         traced = self.family.traced(o, spec, dyn)
-        fn = self._transformed(traced, traced.probed)
+        fn = self._transformed(traced, traced.probed_for(o.mode))
         capture = SaveIntermediates(
             fn,
             tag=(PROBE_TAG, o.tag),
@@ -603,12 +623,9 @@ class Runner:
     def _extra(self, spec: ArgSpec, dyn: list, tangents: Any, cotangents: Any, where: str):
         """The program's inputs besides `dyn`: this call's tangents (the user's, or the
         mode's defaults, made outside the program) and cotangents."""
-        tangents = tangent_inputs(
-            self.options.mode,
-            _user_tangents(spec, dyn, tangents, where),
-            lambda: self.family.traced(self.options, spec, dyn).layout,
-            dyn,
-        )
+        layout_of = lambda: self.family.traced(self.options, spec, dyn).layout  # noqa: E731
+        user = _user_tangents(spec, dyn, tangents, where, layout_of)
+        tangents = tangent_inputs(self.options.mode, user, layout_of, dyn)
         return (tangents, cotangents)
 
 

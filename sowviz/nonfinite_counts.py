@@ -65,7 +65,7 @@ def _mask(x: Any, stacked: bool) -> Any:
 def _program(traced: Any, options: Any, tag: str) -> Any:
     from .modes import transform
 
-    fn = transform(traced.probed, traced.layout, options.mode, options.argnums)
+    fn = transform(traced.probed_for(options.mode), traced.layout, options.mode, options.argnums)
     cap = SaveIntermediates(
         fn,
         tag=(tag, options.tag),
@@ -129,7 +129,7 @@ def count_run(fn: Any, args: tuple, options: Any) -> tuple[Any, list[CountProbe]
             while len(_CACHE) > _MAX:
                 _CACHE.popitem(last=False)
     traced, program = hit
-    user = P._user_tangents(spec, dyn, options.tangents, "locate")
+    user = P._user_tangents(spec, dyn, options.tangents, "locate", lambda: traced.layout)
     extra = (tangent_inputs(options.mode, user, lambda: traced.layout, dyn), options.cotangents)
     result, counts = jax.device_get(program(dyn, extra))
     per_node: dict[str, dict[str, dict[str, Any]]] = {}

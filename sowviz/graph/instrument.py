@@ -18,9 +18,14 @@ from typing import Any
 import jax
 
 from .. import _compat
+from .._liveness import Liveness
 from ..capture import primitive as _sow
 from ..primitives import spec_of
 from .model import ProbePoint
+
+#: what reaches the differentiated outputs (`_liveness.live_values`); None: every
+#: value is sown in the data flow
+Detached = Liveness | None
 
 _NO_CUSTOM = (
     "instrument: probe point {node!r} lies inside `{prim}`. Under differentiation the custom "
@@ -35,7 +40,11 @@ _BAD_VALUE = (
 
 
 def instrument(
-    closed_jaxpr: _compat.ClosedJaxpr, probe_points: Sequence[ProbePoint], *, tag: str
+    closed_jaxpr: _compat.ClosedJaxpr,
+    probe_points: Sequence[ProbePoint],
+    *,
+    tag: str,
+    detached: Detached = None,
 ) -> Callable[..., list]:
     """A function of the flat inputs that runs the program with a `sow` at every point.
 
@@ -43,18 +52,24 @@ def instrument(
     function is jittable and differentiable and returns the program's outputs
     as a list, bit for bit. The rewrite happens when the function is traced (and
     is cached): a `sow`'s effects depend on whether a capture is tracing it.
+
+    `detached` (per sub-program path, as `_liveness.live_values` gives: the values
+    that reach the differentiated outputs) sows every *other* value through a
+    `stop_gradient`, beside the program rather than in its data flow: its primal is
+    recorded, and no tangent or cotangent is made for a value that cannot have one.
     """
     points = list(probe_points)
     # Rewrite once now, so bad points fail here rather than at the first call.
     cache: dict[Any, _compat.ClosedJaxpr] = {
-        _context_key(): instrument_jaxpr(closed_jaxpr, points, tag=tag)
+        _context_key(): instrument_jaxpr(closed_jaxpr, points, tag=tag, detached=detached)
     }
 
     def instrumented(*args: Any) -> list:
         key = _context_key()
         closed = cache.get(key)
         if closed is None:
-            closed = cache[key] = instrument_jaxpr(closed_jaxpr, points, tag=tag)
+            closed = instrument_jaxpr(closed_jaxpr, points, tag=tag, detached=detached)
+            cache[key] = closed
         return _compat.eval_jaxpr(closed.jaxpr, closed.consts, *args)
 
     instrumented.probe_points = tuple(points)  # type: ignore[attr-defined]
@@ -62,7 +77,11 @@ def instrument(
 
 
 def instrument_jaxpr(
-    closed_jaxpr: _compat.ClosedJaxpr, probe_points: Sequence[ProbePoint], *, tag: str
+    closed_jaxpr: _compat.ClosedJaxpr,
+    probe_points: Sequence[ProbePoint],
+    *,
+    tag: str,
+    detached: Detached = None,
 ) -> _compat.ClosedJaxpr:
     """The instrumented program as a ClosedJaxpr with the same signature.
 
@@ -70,7 +89,7 @@ def instrument_jaxpr(
     """
     if not probe_points:
         return closed_jaxpr
-    jaxpr = _rewrite(closed_jaxpr.jaxpr, list(probe_points), 0, tag)
+    jaxpr = _rewrite(closed_jaxpr.jaxpr, list(probe_points), 0, tag, detached)
     return closed_jaxpr.replace(jaxpr=jaxpr)
 
 
@@ -79,7 +98,9 @@ def _context_key() -> Any:
     return None if flag is None else bool(flag.value)
 
 
-def _rewrite(jaxpr: _compat.Jaxpr, points: list[ProbePoint], depth: int, tag: str):
+def _rewrite(
+    jaxpr: _compat.Jaxpr, points: list[ProbePoint], depth: int, tag: str, detached: Detached
+):
     here: dict[int, list[ProbePoint]] = {}
     below: dict[int, dict[tuple[str, int | None], list[ProbePoint]]] = {}
     for p in points:
@@ -95,17 +116,23 @@ def _rewrite(jaxpr: _compat.Jaxpr, points: list[ProbePoint], depth: int, tag: st
     def read(v: Any) -> Any:
         return subst.get(v, v) if isinstance(v, _compat.Var) else v
 
-    new_eqns = []
+    new_eqns: list = []
+    path = points[0].path[:depth]
+    live = None if detached is None else detached.values.get(path, set())
     for p in here.get(-1, ()):  # inputs, sown before the first equation
-        new_eqns.append(_sow_eqn(p, jaxpr, -1, read, subst, tag, None))
+        new_eqns += _sow_eqns(p, jaxpr, -1, read, subst, tag, None, live)
     for i, eqn in enumerate(eqns):
         if subst:
             eqn = _compat.replace_eqn(eqn, invars=[read(v) for v in eqn.invars])
         if i in below:
-            eqn = _rewrite_eqn(eqn, below[i], depth, tag)
+            eqn = _rewrite_eqn(eqn, below[i], depth, tag, detached)
+            if detached is not None:  # it holds probes, so their effect: see `_liveness`
+                ops = detached.live_operands(path, i, len(eqn.invars))
+                eqn, stops = _detach_operands(eqn, ops)
+                new_eqns += stops
         new_eqns.append(eqn)
         for p in here.get(i, ()):
-            new_eqns.append(_sow_eqn(p, jaxpr, i, read, subst, tag, eqn.source_info))
+            new_eqns += _sow_eqns(p, jaxpr, i, read, subst, tag, eqn.source_info, live)
     if not here and not below:
         return jaxpr
     return _compat.replace_jaxpr(
@@ -117,7 +144,7 @@ def _rewrite(jaxpr: _compat.Jaxpr, points: list[ProbePoint], depth: int, tag: st
     )
 
 
-def _rewrite_eqn(eqn, groups, depth: int, tag: str):
+def _rewrite_eqn(eqn, groups, depth: int, tag: str, detached: Detached):
     name = eqn.primitive.name
     spec = spec_of(name)  # the one primitive table (sowviz/primitives.py)
     params = dict(eqn.params)
@@ -138,7 +165,7 @@ def _rewrite_eqn(eqn, groups, depth: int, tag: str):
             raise ValueError(
                 _BAD_STEP.format(node=node, step=step, why=f"`{param}` is not a jaxpr")
             )
-        new_inner = _rewrite(inner, pts, depth + 1, tag)
+        new_inner = _rewrite(inner, pts, depth + 1, tag, detached)
         new_item = item.replace(jaxpr=new_inner) if is_closed else new_inner
         if index is None:
             params[param] = new_item
@@ -149,7 +176,9 @@ def _rewrite_eqn(eqn, groups, depth: int, tag: str):
     return _compat.replace_eqn(eqn, params=params, effects=eqn.effects | _sow_effects(tag))
 
 
-def _sow_eqn(p: ProbePoint, jaxpr, at: int, read, subst, tag: str, source_info):
+def _sow_eqns(p: ProbePoint, jaxpr, at: int, read, subst, tag: str, source_info, live):
+    """The `sow` of point `p` (after the `stop_gradient`s of its values outside `live`,
+    when given: those are sown beside the program, which reads on the originals)."""
     # A value (i, k) is output k of eqn i, or input k of the jaxpr for i == -1.
     eqns = jaxpr.eqns
     olds = []
@@ -158,16 +187,38 @@ def _sow_eqn(p: ProbePoint, jaxpr, at: int, read, subst, tag: str, source_info):
         if i > at or k >= len(outs_i):
             raise ValueError(_BAD_VALUE.format(node=p.node, value=(i, k), at=at))
         olds.append(outs_i[k])
-    ins = [read(v) for v in olds]
-    outs = [_compat.new_var(v.aval) for v in ins]
-    for old, new in zip(olds, outs, strict=True):
-        subst[old] = new
+    made, ins, outs = [], [], []
+    for old in olds:
+        new = _compat.new_var(old.aval)
+        if live is not None and old not in live:
+            stop, held = _compat.stop_gradient_eqn(read(old), source_info)
+            made.append(stop)
+            ins.append(held)
+        else:
+            ins.append(read(old))
+            subst[old] = new
+        outs.append(new)
     template, effects = _template(tag, len(ins), p.names)
     params = dict(template)
     params["name"] = p.node
     if "index" in params and hasattr(_sow, "_next_index"):
         params["index"] = _sow._next_index()
-    return _compat.new_eqn(ins, outs, _sow.sow_p, params, effects, source_info)
+    return [*made, _compat.new_eqn(ins, outs, _sow.sow_p, params, effects, source_info)]
+
+
+def _detach_operands(eqn, live_ops: list[bool]) -> tuple[Any, list]:
+    """`eqn` reading its floating operands outside `live_ops` through `stop_gradient`s
+    (returned, to go before it)."""
+    stops, invars = [], list(eqn.invars)
+    for k, (v, on) in enumerate(zip(invars, live_ops, strict=True)):
+        dtype = getattr(v.aval, "dtype", None)
+        if on or isinstance(v, _compat.Literal) or dtype is None:
+            continue
+        if not jax.numpy.issubdtype(dtype, jax.numpy.inexact):
+            continue
+        stop, invars[k] = _compat.stop_gradient_eqn(v, eqn.source_info)
+        stops.append(stop)
+    return (_compat.replace_eqn(eqn, invars=invars) if stops else eqn), stops
 
 
 def _sow_effects(tag: str) -> Any:
