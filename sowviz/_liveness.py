@@ -9,36 +9,26 @@ evaluation drops the unused tangent first. Some rules break on it (Equinox's
 `nondifferentiable_backward`, which diffrax's `BacksolveAdjoint` puts on its
 final state, returns the `Zero` class, which JAX 0.12 cannot iterate). So the
 instrumented program for those modes probes such values through a
-`stop_gradient` (`graph.instrument`'s `detached`): their primal is recorded,
-and no tangent of theirs is kept alive.
-
-An equation holding probes carries their capture effect, and JAX keeps an
-effectful equation whole when it linearises: a tangent going into it stays alive
-even where nothing live comes out. So such an equation also reads its operands
-that reach none of its live outputs through a `stop_gradient`.
+`stop_gradient`, beside the data flow (`graph.instrument`'s `detached`): their
+primal is recorded, and no tangent of theirs is kept alive.
 
 Only tangents are followed: a value reaches an output when a tangent can carry
 it there. An integer or boolean value carries none, nor does the output of
 `stop_gradient` or of a primitive whose derivative is zero (`floor`, `sign`).
 Loops are iterated to a fixed point over their carries (a `while` loop's
-condition carries no tangent: it only decides how often the body runs). Two
-precisions, for two uses:
-
-* a probe beside the data flow only loses its cotangent (zero anyway) if a value
-  is wrongly called dead, so `values` looks into custom rules' primal programs
-  (Equinox's `error_if` is a `custom_jvp` whose rule passes each tangent to its
-  own output, as its primal program passes each value);
-* a `stop_gradient` on an operand would change the gradient if wrongly placed,
-  so `operands` counts a custom rule's every operand live when any output is (a
-  rule may route tangents as it likes), and nothing is detached at all in a
-  program holding mutable references (`jax.new_ref`), which carry values beside
-  the outputs.
+condition carries no tangent: it only decides how often the body runs). A
+custom rule is followed through its primal program: Equinox's `error_if`, which
+diffrax calls on its every output, is a `custom_jvp` passing each value to its
+own output, as its rule passes each tangent. A rule routing a tangent where its
+primal program sends no value would make a live value look dead; its probe then
+loses its cotangent, never the gradient (the program reads on the original value,
+never the `stop_gradient`). A program holding mutable references (`jax.new_ref`),
+which carry values beside the outputs, gets no answer: nothing is detached.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import jax.numpy as jnp
@@ -54,113 +44,81 @@ _CALLS = {  # constructs whose one sub-program takes the equation's operands as 
     Construct.CALL: "call_jaxpr",
     Construct.REMAT: "jaxpr",
     Construct.SHARD_MAP: "jaxpr",
+    Construct.CUSTOM_JVP: "call_jaxpr",
+    Construct.CUSTOM_VJP: "call_jaxpr",
 }
-_CUSTOM = {Construct.CUSTOM_JVP: "call_jaxpr", Construct.CUSTOM_VJP: "call_jaxpr"}
-
-
-@dataclass
-class Liveness:
-    """`values[path]`: the variables of the sub-program at `path` (`()` for the whole
-    program) that reach a live output, custom rules followed through their primal
-    programs; `operands[(path, i)]`: which operands of its equation `i` reach one,
-    custom rules counted as using every operand (an equation with no live output is
-    not listed: none do)."""
-
-    values: dict[Path, set] = field(default_factory=dict)
-    operands: dict[tuple[Path, int], list[bool]] = field(default_factory=dict)
-
-    def live_operands(self, path: Path, i: int, n: int) -> list[bool]:
-        return self.operands.get((path, i), [False] * n)
 
 
 class _Refs(Exception):
     """The program holds a mutable reference: no liveness is claimed."""
 
 
-def live_values(jaxpr: Any, live_outputs: Sequence[bool]) -> Liveness | None:
-    """What reaches `jaxpr`'s outputs marked live; None for a program holding mutable
-    references (nothing may be detached)."""
+def live_values(jaxpr: Any, live_outputs: Sequence[bool]) -> dict[Path, set] | None:
+    """Per sub-program path (`()` for `jaxpr` itself, then the `(eqn index, param,
+    index)` steps of a `ProbePoint.path`), its variables that reach one of `jaxpr`'s
+    outputs marked live; None for a program holding mutable references."""
+    out: dict[Path, set] = {}
     try:
-        precise, conservative = _Pass(through_custom=True), _Pass(through_custom=False)
-        precise.live(jaxpr, list(live_outputs), ())
-        conservative.live(jaxpr, list(live_outputs), ())
+        _live(jaxpr, list(live_outputs), (), out)
     except _Refs:
         return None
-    return Liveness(values=precise.values, operands=conservative.operands)
+    return out
 
 
-class _Pass:
-    def __init__(self, through_custom: bool) -> None:
-        self.through_custom = through_custom
-        self.values: dict[Path, set] = {}
-        self.operands: dict[tuple[Path, int], list[bool]] = {}
-
-    def live(self, jaxpr: Any, live_outs: list[bool], path: Path) -> list[bool]:
-        """Marks `jaxpr`'s live variables; returns which of its inputs are live."""
-        jaxpr, _ = _compat.jaxpr_and_consts(jaxpr)
-        live = {v for v, on in zip(jaxpr.outvars, live_outs, strict=True) if on and _carries(v)}
-        for i in range(len(jaxpr.eqns) - 1, -1, -1):
-            eqn = jaxpr.eqns[i]
-            if any(_compat.is_ref(v.aval) for v in (*eqn.invars, *eqn.outvars)):
-                raise _Refs
-            outs = [_carries(v) and v in live for v in eqn.outvars]
-            if not any(outs):
-                self.operands.pop((path, i), None)  # a loop's earlier pass may have listed it
-                continue
-            ins = self._operands(eqn, i, outs, path)
-            self.operands[(path, i)] = ins
+def _live(jaxpr: Any, live_outs: list[bool], path: Path, out: dict[Path, set]) -> list[bool]:
+    """Marks `jaxpr`'s live variables in `out[path]`; returns which inputs are live."""
+    jaxpr, _ = _compat.jaxpr_and_consts(jaxpr)
+    live = {v for v, on in zip(jaxpr.outvars, live_outs, strict=True) if on and _carries(v)}
+    for i in range(len(jaxpr.eqns) - 1, -1, -1):
+        eqn = jaxpr.eqns[i]
+        if any(_compat.is_ref(v.aval) for v in (*eqn.invars, *eqn.outvars)):
+            raise _Refs
+        outs = [_carries(v) and v in live for v in eqn.outvars]
+        if any(outs):
+            ins = _operands(eqn, i, outs, path, out)
             live.update(v for v, on in zip(eqn.invars, ins, strict=True) if on and _carries(v))
-        self.values[path] = live
-        return [v in live for v in jaxpr.invars]
+    out[path] = live
+    return [v in live for v in jaxpr.invars]
 
-    def _operands(self, eqn: Any, i: int, outs: list[bool], path: Path) -> list[bool]:
-        """Which of `eqn`'s operands reach its live outputs `outs`."""
-        construct = construct_of(eqn.primitive.name)
-        params = eqn.params
-        n = len(eqn.invars)
-        calls = {**_CALLS, **_CUSTOM} if self.through_custom else _CALLS
-        if construct in calls and calls[construct] in params:
-            param = calls[construct]
-            inner = self.live(params[param], outs, (*path, (i, param, None)))
-            return inner if len(inner) == n else [True] * n
-        if construct is Construct.COND:  # operand 0 is the branch index
-            ins = [True] + [False] * (n - 1)
-            for b, branch in enumerate(params["branches"]):
-                got = self.live(branch, outs, (*path, (i, "branches", b)))
-                ins[1:] = [a or g for a, g in zip(ins[1:], got, strict=True)]
-            return ins
-        if construct is Construct.SCAN:
-            return self._scan(eqn, i, outs, path)
-        if construct is Construct.WHILE:
-            return self._while(eqn, i, outs, path)
-        if construct is None and _compat.zero_derivative(eqn.primitive):
-            return [False] * n
-        return [True] * n
 
-    def _scan(self, eqn: Any, i: int, outs: list[bool], path: Path) -> list[bool]:
-        layout = _compat.scan_layout(eqn.params)
+def _operands(eqn: Any, i: int, outs: list[bool], path: Path, out: dict) -> list[bool]:
+    """Which of `eqn`'s operands reach its live outputs `outs`."""
+    construct = construct_of(eqn.primitive.name)
+    params = eqn.params
+    n = len(eqn.invars)
+    if construct in _CALLS and _CALLS[construct] in params:
+        param = _CALLS[construct]
+        inner = _live(params[param], outs, (*path, (i, param, None)), out)
+        return inner if len(inner) == n else [True] * n
+    if construct is Construct.COND:  # operand 0 is the branch index
+        ins = [False] * n
+        for b, branch in enumerate(params["branches"]):
+            got = _live(branch, outs, (*path, (i, "branches", b)), out)
+            ins[1:] = [a or g for a, g in zip(ins[1:], got, strict=True)]
+        return ins
+    if construct is Construct.SCAN:
+        layout = _compat.scan_layout(params)
         c0, nc = layout.num_consts, layout.num_carry
         carry = list(outs[:nc])
         while True:  # carries feed the next iteration's carries: iterate to a fixed point
-            got = self.live(
-                eqn.params["jaxpr"], carry + list(outs[nc:]), (*path, (i, "jaxpr", None))
-            )
+            got = _live(params["jaxpr"], carry + list(outs[nc:]), (*path, (i, "jaxpr", None)), out)
             grown = [a or b for a, b in zip(carry, got[c0 : c0 + nc], strict=True)]
             if grown == carry:
                 return got
             carry = grown
-
-    def _while(self, eqn: Any, i: int, outs: list[bool], path: Path) -> list[bool]:
-        params = eqn.params
+    if construct is Construct.WHILE:
         cn, bn = params["cond_nconsts"], params["body_nconsts"]
-        cond_in = self.live(params["cond_jaxpr"], [True], (*path, (i, "cond_jaxpr", None)))
-        carry = [a or b for a, b in zip(outs, cond_in[cn:], strict=True)]
+        _live(params["cond_jaxpr"], [False], (*path, (i, "cond_jaxpr", None)), out)
+        carry = list(outs)
         while True:
-            got = self.live(params["body_jaxpr"], carry, (*path, (i, "body_jaxpr", None)))
+            got = _live(params["body_jaxpr"], carry, (*path, (i, "body_jaxpr", None)), out)
             grown = [a or b for a, b in zip(carry, got[bn:], strict=True)]
             if grown == carry:
-                return cond_in[:cn] + got[:bn] + carry
+                return [False] * cn + got[:bn] + carry
             carry = grown
+    if construct is None and _compat.zero_derivative(eqn.primitive):
+        return [False] * n
+    return [True] * n
 
 
 def _carries(v: Any) -> bool:

@@ -18,14 +18,13 @@ from typing import Any
 import jax
 
 from .. import _compat
-from .._liveness import Liveness
 from ..capture import primitive as _sow
 from ..primitives import spec_of
 from .model import ProbePoint
 
-#: what reaches the differentiated outputs (`_liveness.live_values`); None: every
-#: value is sown in the data flow
-Detached = Liveness | None
+#: per sub-program path, the values that reach the differentiated outputs
+#: (`_liveness.live_values`); None: every value is sown in the data flow
+Detached = dict[tuple, set] | None
 
 _NO_CUSTOM = (
     "instrument: probe point {node!r} lies inside `{prim}`. Under differentiation the custom "
@@ -118,7 +117,7 @@ def _rewrite(
 
     new_eqns: list = []
     path = points[0].path[:depth]
-    live = None if detached is None else detached.values.get(path, set())
+    live = None if detached is None else detached.get(path, set())
     for p in here.get(-1, ()):  # inputs, sown before the first equation
         new_eqns += _sow_eqns(p, jaxpr, -1, read, subst, tag, None, live)
     for i, eqn in enumerate(eqns):
@@ -126,10 +125,6 @@ def _rewrite(
             eqn = _compat.replace_eqn(eqn, invars=[read(v) for v in eqn.invars])
         if i in below:
             eqn = _rewrite_eqn(eqn, below[i], depth, tag, detached)
-            if detached is not None:  # it holds probes, so their effect: see `_liveness`
-                ops = detached.live_operands(path, i, len(eqn.invars))
-                eqn, stops = _detach_operands(eqn, ops)
-                new_eqns += stops
         new_eqns.append(eqn)
         for p in here.get(i, ()):
             new_eqns += _sow_eqns(p, jaxpr, i, read, subst, tag, eqn.source_info, live)
@@ -204,21 +199,6 @@ def _sow_eqns(p: ProbePoint, jaxpr, at: int, read, subst, tag: str, source_info,
     if "index" in params and hasattr(_sow, "_next_index"):
         params["index"] = _sow._next_index()
     return [*made, _compat.new_eqn(ins, outs, _sow.sow_p, params, effects, source_info)]
-
-
-def _detach_operands(eqn, live_ops: list[bool]) -> tuple[Any, list]:
-    """`eqn` reading its floating operands outside `live_ops` through `stop_gradient`s
-    (returned, to go before it)."""
-    stops, invars = [], list(eqn.invars)
-    for k, (v, on) in enumerate(zip(invars, live_ops, strict=True)):
-        dtype = getattr(v.aval, "dtype", None)
-        if on or isinstance(v, _compat.Literal) or dtype is None:
-            continue
-        if not jax.numpy.issubdtype(dtype, jax.numpy.inexact):
-            continue
-        stop, invars[k] = _compat.stop_gradient_eqn(v, eqn.source_info)
-        stops.append(stop)
-    return (_compat.replace_eqn(eqn, invars=invars) if stops else eqn), stops
 
 
 def _sow_effects(tag: str) -> Any:

@@ -256,3 +256,35 @@ def test_only_parameters_are_differentiated_as_nnx_grad_does():
     assert ins.result[1].u.get_value() is None  # state: no gradient, as nnx.grad's
     ref, watched = _three_steps(SpectralNorm, loss)
     assert_close(_state(watched, nnx.BatchStat), _state(ref, nnx.BatchStat), what="u")
+
+
+@pytest.mark.parametrize("mode", ["jvp", "all"])
+def test_tangents_for_a_model_with_state_as_jax_jvp_takes_them(mode):
+    """`jax.jvp` wants a tangent for every leaf, BatchNorm's statistics included:
+    sowviz takes that tree, zeros (or None) for the state it does not differentiate,
+    and refuses a non-zero one, naming the leaf."""
+
+    class M(nnx.Module):
+        def __init__(self, rngs):
+            self.lin = nnx.Linear(3, 3, rngs=rngs)
+            self.bn = nnx.BatchNorm(3, use_running_average=True, rngs=rngs)
+
+        def __call__(self, x):
+            return self.bn(self.lin(x))
+
+    def f(m, x):
+        return jnp.sum(m(x) ** 2)
+
+    m, x = M(nnx.Rngs(0)), jax.random.normal(jax.random.PRNGKey(1), (2, 3))
+    params = nnx.state(m, nnx.Param)
+    t_model = jax.tree.map(jnp.zeros_like, m)
+    nnx.update(t_model, jax.tree.map(jnp.ones_like, params))  # ones on the parameters only
+    tangents = (t_model, jnp.zeros_like(x))
+    want_out, want_tan = jax.jvp(f, (m, x), tangents)
+    got = sowviz.inspect(f, m, x, mode=mode, tangents=tangents).result
+    np.testing.assert_allclose(got[0], want_out, rtol=1e-6)
+    np.testing.assert_allclose(got[1], want_tan, rtol=1e-5)
+
+    t_state = jax.tree.map(jnp.ones_like, m)  # ones on the BatchNorm statistics too
+    with pytest.raises(ValueError, match=r"bn\.mean.*not zero.*nnx\.Param"):
+        sowviz.inspect(f, m, x, mode=mode, tangents=(t_state, jnp.zeros_like(x)))

@@ -1,0 +1,139 @@
+"""Neural ODEs as diffrax's documentation writes them, and the Equinox marker that
+diffrax's `BacksolveAdjoint` puts on its final solver state.
+
+`BacksolveAdjoint` returns the solver's final state beside the solution through
+`equinox.internal.nondifferentiable_backward`, whose transpose rule cannot take
+the symbolic-zero cotangent an unread value has on JAX 0.12. Plain JAX never
+hands it one; sowviz used to, through the probe on that value (a crash in grad
+mode and in the Monitor). Every result here is checked against Equinox's own
+`filter_value_and_grad` / `filter_jit` training step.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import sowviz
+
+from .checks import assert_close, assert_value_and_grad, probes_carrying
+
+eqx = pytest.importorskip("equinox")
+
+
+def test_a_value_nobody_reads_marked_nondifferentiable():
+    """The smallest form of it: a jit's second output marked so, and a jit of
+    diagnostics on it (a stage of its own, holding probes) whose result the loss
+    does not use."""
+    eqxi = pytest.importorskip("equinox.internal")
+
+    @jax.jit
+    def solve(x):
+        return jnp.sin(x), eqxi.nondifferentiable_backward(x * 2.0, symbolic=False)
+
+    @jax.jit
+    def diagnostics(state):
+        with jax.named_scope("norms"):
+            return jnp.sqrt(jnp.sum(state**2))
+
+    def loss(x):
+        ys, state = solve(x)
+        diagnostics(state)
+        return jnp.sum(ys**2)
+
+    x = jnp.arange(1.0, 4.0)
+    ins = sowviz.inspect(loss, x, mode="grad")
+    assert_value_and_grad(ins.result, *jax.value_and_grad(loss)(x))
+    # the solution's probe carries its cotangent, dloss/dys = 2 sin(x) ...
+    (sol,) = probes_carrying(ins, np.sin(np.asarray(x)))
+    np.testing.assert_allclose(
+        sol.summaries["cotangent"]["l2"], np.linalg.norm(2 * np.sin(np.asarray(x))), rtol=1e-5
+    )
+    # ... the diagnostics' its primal only: no gradient reaches them
+    found = probes_carrying(ins, np.linalg.norm(2 * np.asarray(x)))
+    assert {p.name for p in found} == {"diagnostics", "norms"}
+    assert all("cotangent" not in p.summaries for p in found)
+
+
+diffrax = pytest.importorskip("diffrax")
+
+
+class Func(eqx.Module):
+    mlp: eqx.nn.MLP
+
+    def __init__(self, key):
+        self.mlp = eqx.nn.MLP(2, 2, 8, depth=1, activation=jax.nn.softplus, key=key)
+
+    def __call__(self, t, y, args):
+        return jnp.tanh(self.mlp(y))
+
+
+class NeuralODE(eqx.Module):
+    func: Func
+    adjoint: diffrax.AbstractAdjoint = eqx.field(static=True)
+
+    def __call__(self, ts, y0):
+        solution = diffrax.diffeqsolve(
+            diffrax.ODETerm(self.func),
+            diffrax.Tsit5(),
+            t0=ts[0],
+            t1=ts[-1],
+            dt0=ts[1] - ts[0],
+            y0=y0,
+            stepsize_controller=diffrax.PIDController(rtol=1e-3, atol=1e-6),
+            saveat=diffrax.SaveAt(ts=ts),
+            adjoint=self.adjoint,
+        )
+        return solution.ys
+
+
+def loss(model, ts, ys):
+    pred = jax.vmap(model, in_axes=(None, 0))(ts, ys[:, 0])
+    return jnp.mean((ys - pred) ** 2)
+
+
+def _data():
+    ts = jnp.linspace(0.0, 1.0, 5)
+    y0 = jax.random.normal(jax.random.PRNGKey(1), (4, 2))
+    ys = y0[:, None, :] * jnp.exp(-ts)[None, :, None]  # a decaying target
+    return ts, ys
+
+
+@pytest.mark.parametrize(
+    "adjoint", [diffrax.BacksolveAdjoint(), diffrax.RecursiveCheckpointAdjoint()], ids=type
+)
+def test_neural_ode_gradients(adjoint):
+    model = NeuralODE(Func(jax.random.PRNGKey(0)), adjoint)
+    ts, ys = _data()
+    ins = sowviz.inspect(loss, model, ts, ys, mode="grad")
+    assert_value_and_grad(ins.result, *eqx.filter_value_and_grad(loss)(model, ts, ys))
+    assert ins.nonfinite is None or not ins.nonfinite.alarm
+
+
+def test_backsolve_training_with_a_monitor():
+    optax = pytest.importorskip("optax")
+    model = NeuralODE(Func(jax.random.PRNGKey(0)), diffrax.BacksolveAdjoint())
+    ts, ys = _data()
+    opt = optax.adam(1e-2)
+
+    @eqx.filter_jit
+    def plain_step(model, state):
+        value, grads = eqx.filter_value_and_grad(loss)(model, ts, ys)
+        updates, state = opt.update(grads, state, eqx.filter(model, eqx.is_inexact_array))
+        return value, eqx.apply_updates(model, updates), state
+
+    mon = sowviz.Monitor(loss, every=2)
+    ours, theirs = model, model
+    s_ours = s_theirs = opt.init(eqx.filter(model, eqx.is_inexact_array))
+    for _ in range(3):
+        value, grads = mon.step(ours, ts, ys)
+        updates, s_ours = opt.update(grads, s_ours, eqx.filter(ours, eqx.is_inexact_array))
+        ours = eqx.apply_updates(ours, updates)
+        want, theirs, s_theirs = plain_step(theirs, s_theirs)
+        np.testing.assert_allclose(value, want, rtol=1e-5)
+    assert_close(ours, theirs, what="parameters after 3 steps")
+    mon.flush()
+    assert len(mon.history) == 2  # steps 0 and 2 recorded (every=2)
+    mon.close()
