@@ -160,8 +160,10 @@ class _Index:
             if n.parent is not None:
                 held[n.parent] = held.get(n.parent, True) and n.id in self.outputs
         self.out: dict[str, list[str]] = {}
+        self.into: dict[str, list[str]] = {}
         for e in graph.edges:
             self.out.setdefault(e.source, []).append(e.target)
+            self.into.setdefault(e.target, []).append(e.source)
 
     def key(self, node: str, iteration: float) -> tuple[float, float, int, int]:
         """When a node's value exists (forward time; the backward runs it in reverse)."""
@@ -186,6 +188,20 @@ class _Index:
                 return targets
             cur = self.nodes[cur].parent
         return []
+
+    def unprobed_before(self, node: str, probed: set[str], limit: int = 2) -> list[str]:
+        """The unprobed equations whose values `node` reads, directly or through other
+        unprobed equations (at most `limit`, the nearest first): one of them may have
+        made a value `node` is the first probe to see."""
+        out: list[str] = []
+        todo = list(self.into.get(node, ()))
+        while todo and len(out) < limit:
+            src = todo.pop(0)
+            if src in probed or src in out or self.nodes[src].kind != "eqn":
+                continue
+            out.append(src)
+            todo += self.into.get(src, ())
+        return out
 
     def path(self, node: str | None) -> tuple[str, ...]:
         """Labels of the stages from the top level down to `node` (the root left out)."""
@@ -250,8 +266,10 @@ def find(
     bwd = {n: f for n, f in flags.items() if f.bwd and n not in expected}
     fwd_origin = bwd_origin = None
     if fwd:
-        node = min(fwd, key=lambda n: ix.key(n, fwd[n].fwd_iter))
-        msg = forward_message(ix.nodes[node], ix.path(node))
+        node, earlier = _producer(ix, fwd)
+        before = [ix.nodes[b] for b in ix.unprobed_before(node, probed)]
+        early = None if earlier is None else (ix.nodes[earlier], fwd[earlier].fwd_kinds)
+        msg = forward_message(ix.nodes[node], ix.path(node), before, early)
         fwd_origin = Origin("forward", node, message=msg, path=ix.path(node))
     if bwd:
         reach = max(bwd, key=lambda n: ix.key(n, bwd[n].bwd_iter))
@@ -287,6 +305,22 @@ def find(
         nodes=tuple(nonfinite),
     )
     return with_message(out)
+
+
+def _producer(ix: _Index, fwd: Mapping[str, _Flags]) -> tuple[str, str | None]:
+    """The forward origin: the earliest non-finite node, unless the results hold only
+    kinds it does not (a NaN result after an earlier +Inf, as diffrax fills its output
+    buffer with +Inf before the solve writes it): then the earliest node holding a kind
+    the results hold, with the earlier node it passed over."""
+    order = sorted(fwd, key=lambda n: ix.key(n, fwd[n].fwd_iter))
+    first = order[0]
+    results = frozenset().union(*(f.fwd_kinds for n, f in fwd.items() if n in ix.outputs))
+    if not results or fwd[first].fwd_kinds & results:
+        return first, None
+    for n in order:
+        if fwd[n].fwd_kinds & results and n not in ix.outputs:
+            return n, first
+    return first, None
 
 
 def with_equations(

@@ -26,13 +26,36 @@ def stage_name(n: Any, label: str | None = None) -> str:
     return f"`{n.label if label is None else label}`{at}"
 
 
-def forward_message(n: Any, path: Sequence[str] = ()) -> str:
+_KIND_NAMES = {"nan": "NaN", "posinf": "+Inf", "neginf": "-Inf"}
+
+
+def forward_message(
+    n: Any,
+    path: Sequence[str] = (),
+    before: Sequence[Any] = (),
+    earlier: tuple[Any, frozenset[str]] | None = None,
+) -> str:
     """Where the forward pass first holds NaN/Inf: node `n`, whose stage labels from the
     top level down are `path`. An input is named by its path (`parameters/block_1/
-    Dense_1/kernel`): a model has a `kernel` in every layer."""
+    Dense_1/kernel`): a model has a `kernel` in every layer. `before`: the unprobed
+    equations feeding `n`, which may have made the value `n` is the first probe to
+    see; `earlier`: a node holding other non-finite kinds before `n` (+Inf before a
+    NaN), and those kinds."""
     if n.kind == "input":
         return f"the input {stage_name(n, '/'.join(path) or None)} holds non-finite values"
-    return f"first made by {stage_name(n)}"
+    if before:
+        names = ", ".join(stage_name(b) for b in before)
+        msg = (
+            f"first seen at {stage_name(n)}; made there or by an unprobed equation before "
+            f"it ({names}): `locate_nonfinite()` names the equation"
+        )
+    else:
+        msg = f"first made by {stage_name(n)}"
+    if earlier is not None:
+        node, kinds = earlier
+        held = "/".join(_KIND_NAMES[k] for k in ("nan", "posinf", "neginf") if k in kinds)
+        msg += f"; before it, {stage_name(node)} held {held}, which may have led to it"
+    return msg
 
 
 def backward_message(

@@ -313,10 +313,15 @@ def test_masked_softmax_row_the_producer_is_the_subtraction_not_the_mask():
     assert (o.forward.equation.primitive, _line(o.forward)) == (prim, line)
     # the mask is recognised as expected, not as a propagator or the producer
     assert o.expected and not set(o.expected) & set(o.propagators)
-    # without the option, the mask's -inf is the first non-finite value
+    # without the option, the mask's -inf comes first, but the result holds only NaN,
+    # which the mask does not: the producer is still the subtraction, and the message
+    # names the mask's earlier -Inf
+    first = oracle(f_masked_softmax, s, mask, scopes=True)
+    assert "mask" in first[3]  # the mask's -inf is the first non-finite value
     plain = locate(f_masked_softmax, (s, mask), _opts(mode="primal"))
-    first = oracle(f_masked_softmax, s, mask)
-    assert (plain.forward.equation.primitive, _line(plain.forward)) == first[:2]
+    assert (plain.forward.equation.primitive, _line(plain.forward)) == (prim, line)
+    msg = sowviz.inspect(f_masked_softmax, s, mask, mode="primal").nonfinite.forward.message
+    assert "before it, `where`" in msg and "held -Inf" in msg, msg  # the mask's `jnp.where`
 
 
 def f_partly_masked(s, mask):
@@ -441,8 +446,9 @@ def test_inspect_option_expect_nonfinite_and_the_model_field():
     s = jnp.arange(6.0).reshape(2, 3)
     mask = jnp.array([[True, False, True], [False, False, False]])
     plain = sowviz.inspect(f_masked_softmax, s, mask, mode="primal")
-    d = plain.to_dict()["nonfinite"]
-    assert _within(plain.graph, d["forward"]["node"], "mask")
+    d = plain.to_dict()["nonfinite"]  # NaN results: the mask's -Inf is only mentioned
+    assert _within(plain.graph, d["forward"]["node"], "softmax")
+    assert "`where`" in d["forward"]["message"]
     ins = sowviz.inspect(f_masked_softmax, s, mask, mode="primal", expect_nonfinite="mask")
     d = ins.to_dict()["nonfinite"]
     assert _within(ins.graph, d["forward"]["node"], "softmax")
@@ -762,3 +768,22 @@ def test_a_backward_nan_that_no_gradient_receives_is_removed_not_an_alarm():
     for o in (ins.nonfinite, ins.locate_nonfinite()):
         assert o.backward is not None and o.removed and not o.alarm, o.message
         assert o.message.endswith("(masked afterwards: no result is non-finite)")
+
+
+def test_a_value_made_by_an_unprobed_equation_is_first_seen_by_the_next_stage():
+    """`jnp.log` inside a scope is no stage of its own, so the first probe holding its
+    NaN is `silu`'s: the message says it was seen there and names the unprobed
+    equation before it; `locate_nonfinite` names `log` itself."""
+
+    def f(w, x):
+        with jax.named_scope("block"):
+            h = jnp.log(x @ w)  # the origin, an equation no probe sees
+            h = jax.nn.silu(h)
+        return jnp.sum(h)
+
+    ins = sowviz.inspect(f, jnp.eye(3), jnp.array([[1.0, -1.0, 2.0]]))
+    msg = ins.nonfinite.forward.message
+    assert msg.startswith("first seen at `silu`") and "`log`" in msg, msg
+    located = ins.locate_nonfinite().forward
+    assert located.equation.primitive == "log"
+    assert located.message.startswith("first made by `log`")
