@@ -29,6 +29,7 @@ from . import _model
 from ._gc import gc_paused
 from ._model import KEY_ORDER, SCHEMA, Mode
 from ._program import PROBE_TAG, Out, Traced, runner_for
+from ._runtime_errors import library_errors
 from .capture.api import META_KEYS, nest
 from .graph.model import StageGraph
 from .options import Capture, InspectOptions
@@ -353,10 +354,11 @@ def inspect(
         ('sowviz/1', 'grad')
     """
     opts = InspectOptions.from_kwargs("inspect", mode, capture, options)
-    out = runner_for(fn, opts).run(
-        args, where="inspect", tangents=opts.tangents, cotangents=opts.cotangents
-    )
-    ins = inspection_of(out, opts)
+    with library_errors("inspect"):
+        out = runner_for(fn, opts).run(
+            args, where="inspect", tangents=opts.tangents, cotangents=opts.cotangents
+        )
+        ins = inspection_of(out, opts)
     ins._rerun = (fn, args, opts)
     return ins
 

@@ -60,6 +60,7 @@ from . import nonfinite as _nonfinite
 from ._entry import LazyEntry
 from ._history import History
 from ._program import CHAIN_START, Out, Traced, runner_for
+from ._runtime_errors import library_errors
 from .capture.packing import Packed
 from .inspection import Inspection, Probe
 from .nonfinite_locate import locate_step as _locate_step
@@ -184,7 +185,7 @@ class Monitor:
         default mode "grad"), with every probe summarised in the same program. State
         that `fn` assigns in its arguments (a Flax NNX model's BatchNorm statistics,
         its dropout RNG counters) is written back, as `nnx.value_and_grad` does."""
-        with self._lock:
+        with self._lock, library_errors("Monitor.step"):
             step = self.steps
             record = step % self.every == 0
             chained = not (record or self.stop_on_nonfinite)
@@ -230,7 +231,7 @@ class Monitor:
 
     def flush(self) -> None:
         """Read every pending summary and flag and hand them to the views and sinks now."""
-        with self._lock:
+        with self._lock, library_errors("Monitor.flush"):
             self._check_flags(keep=0)
             self._drain(keep=0)
             self._each("flush")

@@ -137,3 +137,34 @@ def test_backsolve_training_with_a_monitor():
     mon.flush()
     assert len(mon.history) == 2  # steps 0 and 2 recorded (every=2)
     mon.close()
+
+
+def test_a_solve_past_max_steps_says_so_as_equinox_does():
+    """diffrax's `max_steps` check is an Equinox `error_if`: inside a program sowviz
+    compiled it is Equinox's `EquinoxRuntimeError` with diffrax's message, not JAX's
+    several-thousand-character callback traceback."""
+
+    def loss(y0, k):
+        sol = diffrax.diffeqsolve(
+            diffrax.ODETerm(lambda t, y, a: -a * y),
+            diffrax.Tsit5(),
+            0.0,
+            10.0,
+            0.01,
+            y0,
+            args=k,
+            max_steps=4,
+        )
+        return jnp.sum(sol.ys)
+
+    y0, k = jnp.array([1.0, 2.0]), jnp.array(0.5)
+    with pytest.raises(eqx.EquinoxRuntimeError) as plain:
+        eqx.filter_jit(eqx.filter_value_and_grad(loss))(y0, k)
+    with pytest.raises(eqx.EquinoxRuntimeError, match="maximum number of solver steps") as ours:
+        sowviz.inspect(loss, y0, k)
+    assert len(str(ours.value)) < 400, str(ours.value)
+    assert "max_steps" in str(plain.value) and "sowviz.inspect" in str(ours.value)
+    mon = sowviz.Monitor(loss)
+    with pytest.raises(eqx.EquinoxRuntimeError, match="maximum number of solver steps"):
+        mon.step(y0, k)
+        mon.flush()
