@@ -176,6 +176,9 @@ class Layout:
     kinds: tuple[str, ...]  # per leaf: dtype or type name, for messages
     arg_trees: tuple[Any, ...]  # per argument: its treedef
     offsets: tuple[int, ...]  # per argument: index of its first leaf
+    #: the arguments `argnums` selects (None: not given): the others' leaves are not
+    #: in `floating` (a jvp pushes no tangent into them)
+    selected: tuple[int, ...] | None = None
 
     def input_trees(self, nums: tuple[int, ...], values: dict[int, Any]) -> tuple:
         """One tree per argument in `nums`: `values[j]` at array input j, None elsewhere."""
@@ -194,11 +197,16 @@ class Layout:
 
 
 def _layout(
-    spec: ArgSpec, dyn: list, paths: list[str], constant: frozenset[int] = frozenset()
+    spec: ArgSpec,
+    dyn: list,
+    paths: list[str],
+    constant: frozenset[int] = frozenset(),
+    selected: tuple[int, ...] | None = None,
 ) -> Layout:
     """Where `dyn` sits among the arguments; the leaves at `constant` (positions among
-    all leaves: a Flax NNX model's non-`Param` state, `_state.constant_leaves`) are
-    not differentiated, whatever their dtype."""
+    all leaves: a Flax NNX model's non-`Param` state, `_state.constant_leaves`) and
+    those of arguments outside `selected` (when given) are not differentiated,
+    whatever their dtype."""
     arg_trees = tuple(spec.treedef.children())
     offsets, start = [], 0
     for t in arg_trees:
@@ -216,13 +224,18 @@ def _layout(
         n_args=len(arg_trees),
         arg_of=arg_of,
         floating=tuple(
-            j for j, x in enumerate(dyn) if _is_float(x) and spec.dynamic[j] not in constant
+            j
+            for j, x in enumerate(dyn)
+            if _is_float(x)
+            and spec.dynamic[j] not in constant
+            and (selected is None or arg_of[j] in selected)
         ),
         paths=tuple(paths[i] for i in spec.dynamic),
         leaf_of=spec.dynamic,
         kinds=tuple(by_leaf[i] for i in range(spec.treedef.num_leaves)),
         arg_trees=arg_trees,
         offsets=tuple(offsets),
+        selected=selected,
     )
 
 
@@ -242,25 +255,39 @@ def _user_tangents(
     )
     if len(tangents) != n_args:
         raise ValueError(f"{bad}; got {len(tangents)} tangent(s).")
+    # None for a whole argument: no tangent for any of its leaves
+    trees = spec.treedef.children()
+    tangents = tuple(
+        jax.tree_util.tree_unflatten(tree, [None] * tree.num_leaves) if t is None else t
+        for t, tree in zip(tangents, trees, strict=True)
+    )
     try:
         flat = spec.treedef.flatten_up_to(tuple(tangents))
     except (ValueError, TypeError) as err:
         raise ValueError(f"{bad}; their structure differs: {err}") from None
-    floating = frozenset(layout_of().floating)
+    layout = layout_of()
+    floating = frozenset(layout.floating)
     out = []
     for j, (i, x) in enumerate(zip(spec.dynamic, dyn, strict=True)):
         if not _is_float(x):
             continue
         t = flat[i]
         if j not in floating:
-            if t is not None and np.any(np.asarray(t) != 0):
+            if t is None or not np.any(np.asarray(t) != 0):
+                continue
+            if layout.selected is not None and layout.arg_of[j] not in layout.selected:
                 raise ValueError(
                     f"sowviz.{where}: the tangent of `args{_paths_of(spec)[i]}` is not zero, "
-                    "but that leaf is a Flax NNX model's state (not an `nnx.Param`), which "
-                    "sowviz does not differentiate, as `nnx.grad` does not by default. Give "
-                    "it zeros or None; to push a tangent through it, make it an `nnx.Param`."
+                    f"but argument {layout.arg_of[j]} is not in `argnums` "
+                    f"{layout.selected}: no tangent is pushed into it. Give it zeros or "
+                    "None, or add it to `argnums`."
                 )
-            continue
+            raise ValueError(
+                f"sowviz.{where}: the tangent of `args{_paths_of(spec)[i]}` is not zero, "
+                "but that leaf is a Flax NNX model's state (not an `nnx.Param`), which "
+                "sowviz does not differentiate, as `nnx.grad` does not by default. Give "
+                "it zeros or None; to push a tangent through it, make it an `nnx.Param`."
+            )
         if t is None or jnp.shape(t) != jnp.shape(x):
             raise ValueError(
                 f"{bad}; the tangent of leaf `args{_paths_of(spec)[i]}` has shape "

@@ -56,6 +56,7 @@ from .capture.api import SaveIntermediates
 from .capture.tallied import Tallied
 from .graph import build_graph, instrument
 from .modes import (
+    check_argnums,
     forward_error,
     leaked_trace_error,
     tangent_inputs,
@@ -68,6 +69,11 @@ from .summary import Summary, SummaryOptions, all_clean
 
 PROBE_TAG = "sowviz.stage"
 _MAX_FAMILIES, _MAX_TRACED, _MAX_RUNNERS = 32, 16, 8
+
+
+def selected_args(argnums: Any, args: tuple) -> tuple[int, ...] | None:
+    """The positions `argnums` selects (None: not given, every argument)."""
+    return None if argnums is None else check_argnums(argnums, len(args))
 
 
 def _named(fn: Callable) -> Callable:
@@ -125,7 +131,9 @@ class Traced:
         self.spec = spec
         _, dyn = split(args, "inspect")
         paths = _paths(args)
-        self.layout = _layout(spec, dyn, paths, _state.constant_leaves(args))
+        self.layout = _layout(
+            spec, dyn, paths, _state.constant_leaves(args), selected_args(options.argnums, args)
+        )
         self.trace_count = 0
         self.has_aux = options.has_aux
 
@@ -178,7 +186,7 @@ class Traced:
             title=title,
             tesseract_names=dict(tn) if isinstance(tn, tuple) else tn,
             in_args=self.layout.arg_of,  # inputs grouped per argument; these are "parameters":
-            parameters={a % len(args) for a in np.atleast_1d(options.argnums).tolist()},
+            parameters={a % len(args) for a in np.atleast_1d(options.grad_argnums).tolist()},
             copies=getattr(named, "sowviz_copies", None) if named is not fn else None,
         )
         self._probed = instrument(self.closed, self.graph.probe_points, tag=PROBE_TAG)

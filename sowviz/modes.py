@@ -20,6 +20,12 @@ Results (`transform`):
 * vjp: `(value, input_cotangents)`: a tuple with one tree per argument (None at
   non-floating leaves), pulled back from `cotangents` (default: ones)
 * all: `(value, tangent_out, input_cotangents)` from one linearization
+
+`argnums` picks the differentiated arguments: argument 0 by default in grad (as
+`jax.grad`), every argument by default in jvp, vjp and all (as `jax.jvp` and
+`jax.vjp`). Given there, only those arguments get tangents (the others none:
+`None` or zeros in `tangents`), and their cotangents come back as grad's do (one
+tree for an int, a tuple for a tuple).
 """
 
 from __future__ import annotations
@@ -304,6 +310,7 @@ def transform(
         return merged
 
     if mode is Mode.GRAD:
+        argnums = 0 if argnums is None else argnums  # as `jax.grad`
         nums = check_argnums(argnums, layout.n_args)
         pos = tuple(j for j in layout.floating if layout.arg_of[j] in nums)
         for i in nums:
@@ -336,10 +343,17 @@ def transform(
     def g_of(dyn: list) -> Callable:
         return lambda *vals: run(with_values(dyn, fpos, vals))
 
-    everything = tuple(range(layout.n_args))
+    # `argnums` given: only those arguments are differentiated (`layout.floating` holds
+    # their leaves alone), and their cotangents come back as `jax.grad` gives them (one
+    # tree for an int); else every argument's, one tree each, as `jax.vjp`
+    nums = tuple(range(layout.n_args)) if argnums is None else check_argnums(argnums, layout.n_args)
+    for i in nums if argnums is not None else ():
+        if not any(layout.arg_of[j] == i for j in fpos):
+            raise TypeError(_NO_FLOAT.format(argnums=argnums, i=i, kinds=layout.describe_arg(i)))
 
-    def cotangent_trees(cts: tuple) -> tuple:
-        return layout.input_trees(everything, dict(zip(fpos, cts, strict=True)))
+    def cotangent_trees(cts: tuple) -> Any:
+        trees = layout.input_trees(nums, dict(zip(fpos, cts, strict=True)))
+        return trees[0] if isinstance(argnums, int) else trees
 
     if mode is Mode.JVP:
 

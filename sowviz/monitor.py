@@ -121,7 +121,7 @@ class Monitor:
         fn: Callable,
         *,
         mode: str = "grad",
-        argnums: int | tuple[int, ...] = 0,
+        argnums: int | tuple[int, ...] | None = None,
         every: int = 1,
         history: int = 200,
         stop_on_nonfinite: bool = False,

@@ -33,7 +33,7 @@ def _mode(options: Any) -> str:
 
 
 def _argnums(options: Any, n_args: int) -> tuple[tuple[int, ...], bool]:
-    nums = options.argnums
+    nums = options.grad_argnums
     single = isinstance(nums, int)
     seq = (nums,) if single else tuple(nums)
     return tuple(a % n_args for a in seq), single

@@ -133,7 +133,9 @@ class InspectOptions:
 
     mode: Mode = Mode.GRAD
     capture: Capture = "stages"
-    argnums: int | tuple[int, ...] = 0
+    #: the arguments differentiated: None is argument 0 in mode "grad" and every
+    #: argument in modes "jvp", "vjp" and "all" (as `jax.jvp`/`jax.vjp` take them)
+    argnums: int | tuple[int, ...] | None = None
     tangents: Any = None
     cotangents: Any = None
     bins: int = 64
@@ -166,7 +168,7 @@ class InspectOptions:
                 "every stage's outputs), 'sows' (user sows only) or 'all' (every equation)."
             )
         o = dict(options)
-        if "argnums" in o:
+        if o.get("argnums") is not None:
             o["argnums"] = check_argnums(where, o["argnums"])
         if "bins" in o:
             check_int(where, "bins", o["bins"], lo=1, hi=MAX_BINS)
@@ -197,6 +199,12 @@ class InspectOptions:
         if "expect_nonfinite" in o:
             o["expect_nonfinite"] = _names(where, "expect_nonfinite", o["expect_nonfinite"])
         return cls(mode=check_mode(where, mode), capture=capture, **o)
+
+    @property
+    def grad_argnums(self) -> int | tuple[int, ...]:
+        """The arguments mode "grad" differentiates (and the graph draws as
+        "parameters"): `argnums`, argument 0 by default, as `jax.grad`."""
+        return 0 if self.argnums is None else self.argnums
 
     def graph_key(self) -> tuple:
         """What the stage graph depends on (beyond the function and its arguments): the
