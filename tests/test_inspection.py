@@ -556,24 +556,24 @@ def test_argnums_picks_what_jvp_vjp_and_all_differentiate():
     tx = jax.random.normal(jax.random.PRNGKey(3), x.shape)
     ct = jax.random.normal(jax.random.PRNGKey(4), (4, 2))
 
-    want_y, want_t = jax.jvp(f, (w, x), (tw, jnp.zeros_like(x)))
+    _, want_t = jax.jvp(f, (w, x), (tw, jnp.zeros_like(x)))
     for tangents in ((tw, None), (tw, jnp.zeros_like(x))):
-        y, t = sowviz.inspect(f, w, x, mode="jvp", argnums=0, tangents=tangents).result
+        _, t = sowviz.inspect(f, w, x, mode="jvp", argnums=0, tangents=tangents).result
         np.testing.assert_allclose(t, want_t, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match=r"argument 1 is not in `argnums`"):
         sowviz.inspect(f, w, x, mode="jvp", argnums=0, tangents=(tw, tx))
 
     _, pull = jax.vjp(f, w, x)
     gw, gx = pull(ct)
-    y, cw = sowviz.inspect(f, w, x, mode="vjp", argnums=0, cotangents=ct).result
+    _, cw = sowviz.inspect(f, w, x, mode="vjp", argnums=0, cotangents=ct).result
     np.testing.assert_allclose(cw, gw, rtol=1e-5, atol=1e-6)
-    y, t, (cx,) = sowviz.inspect(
+    _, t, (cx,) = sowviz.inspect(
         f, w, x, mode="all", argnums=(1,), tangents=(None, tx), cotangents=ct
     ).result
     np.testing.assert_allclose(cx, gx, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(t, jax.jvp(f, (w, x), (jnp.zeros_like(w), tx))[1], rtol=1e-5)
     # not given: every argument, one cotangent tree each
-    y, (cw, cx) = sowviz.inspect(f, w, x, mode="vjp", cotangents=ct).result
+    _, (cw, cx) = sowviz.inspect(f, w, x, mode="vjp", cotangents=ct).result
     np.testing.assert_allclose(cw, gw, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(cx, gx, rtol=1e-5, atol=1e-6)
     # the probe of `x` carries no tangent when only `w` is perturbed
