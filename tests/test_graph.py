@@ -1093,3 +1093,25 @@ def test_jax_private_helpers_are_named_by_their_public_function():
     _, g = graph_of(lambda x: _helper(jnp.var(jnp.where(x > 0, x, 0.0))), X)
     jits = {n.label for n in g.nodes if n.kind == "jit" and n.parent is not None}
     assert {"var", "where", "_helper"} <= jits and not {"_var", "_where"} & jits, jits
+
+
+def test_dot_product_attention_is_one_stage_around_its_einsums():
+    """`jax.nn.dot_product_attention` computes its logits and its output with
+    `jnp.einsum`, which pushes its subscripts as scopes: those stay inside the one
+    `dot_product_attention` stage, whose probe is the attention's output."""
+    kq, kk, kv = jax.random.split(jax.random.PRNGKey(0), 3)
+    q, k, v = (jax.random.normal(key, (2, 5, 4, 8)) for key in (kq, kk, kv))
+
+    def f(q, k, v):
+        return jnp.sum(jax.nn.dot_product_attention(q, k, v, is_causal=True) ** 2)
+
+    ins = sowviz.inspect(f, q, k, v, mode="primal")
+    g = ins.graph
+    (dpa,) = [n for n in g.nodes if n.label == "dot_product_attention"]
+    einsums = [n for n in g.nodes if "->" in n.label]
+    assert [n.label for n in einsums] == ["BTNH,BSNH->BNTS", "BNTS,BSNH->BTNH"]
+    assert all(n.parent == dpa.id for n in einsums)
+    want = np.asarray(jax.nn.dot_product_attention(q, k, v, is_causal=True), np.float64)
+    got = ins.probe("dot_product_attention").summaries["primal"]
+    assert list(got["shape"]) == list(want.shape)
+    np.testing.assert_allclose(got["l2"], np.linalg.norm(want), rtol=1e-5)

@@ -148,6 +148,8 @@ def short_path(file: str) -> str:
 
 #: Marks a fold's name as a group of one library call's equations (`split_by_calls`).
 _SPLIT = "\x01s"
+#: a scope `jnp.einsum` pushes: its subscripts (`BTNH,BSNH->BNTS`)
+_EINSUM = re.compile(r"^[A-Za-z.\u2026]+(,[A-Za-z.\u2026]+)*->[A-Za-z.\u2026]*$")
 
 #: Prefix of the synthetic scope names that fold runs of unscoped equations
 #: (never a user's: named_scope names are printable).
@@ -270,8 +272,23 @@ def fold_names(
     def calls(i: int) -> tuple[str, ...]:
         return call_labels(path(i).names)
 
+    # An einsum inside a library call (`jax.nn.dot_product_attention`'s two) pushes its
+    # subscripts as a scope of its own (`BTNH,BSNH->BNTS`): its equations stay in the
+    # runs of the call's others, and the groups of those runs go around that scope.
+    inner = {
+        i
+        for i, o in enumerate(out)
+        if o and _EINSUM.match(o[-1]) and calls(i) and calls(i)[0] != "einsum"
+    }
+
+    def scope_of(m: int) -> tuple[str, ...]:
+        return out[m][:-1] if m in inner else out[m]
+
+    def levels() -> dict[tuple[str, ...], int]:
+        return _direct([scope_of(m) for m in range(len(out))])
+
     def fold_runs(key, least: int = 2, label=None, inner: bool = False, whole: bool = True):
-        direct = _direct(out)
+        direct = levels()
         i = 0
         while i < len(out):
             k = key(i)
@@ -279,10 +296,14 @@ def fold_names(
             while j + 1 < len(out) and k is not None and key(j + 1) == k:
                 j += 1
             # `whole=False`: a run that is all its scope holds would only restate it
-            if j + 1 - i >= least and (whole or j + 1 - i < direct.get(out[i], 0)):
+            if j + 1 - i >= least and (whole or j + 1 - i < direct.get(scope_of(i), 0)):
                 name = FOLD + (f"{label(i, j, k)}\x01{k}" if label else k)
                 for m in range(i, j + 1):
-                    out[m] = (*out[m], name) if inner else (name, *out[m])
+                    if inner:
+                        at = len(scope_of(m))
+                        out[m] = (*out[m][:at], name, *out[m][at:])
+                    else:
+                        out[m] = (name, *out[m])
             i = j + 1
 
     def line_label(i: int, j: int, where: str) -> str:
@@ -299,18 +320,18 @@ def fold_names(
     def line_key(library: bool) -> Callable[[int], str | None]:
         # Runs inside one scope (or none) whose level is big, from one line: a user's
         # line, or (`library`) one a library's body traced without the user's frames.
-        direct = _direct(out)
+        direct = levels()
 
         def key(i: int) -> str | None:
-            loc = locs[i]
-            if loc is None or direct.get(out[i], 0) <= line_limit:
+            loc, scope = locs[i], scope_of(i)
+            if loc is None or direct.get(scope, 0) <= line_limit:
                 return None
             lib = bool(path(i).names) and not path(i).below_user
-            if lib != library or (library and out[i] and _SPLIT in out[i][-1]):
+            if lib != library or (library and scope and _SPLIT in scope[-1]):
                 return None  # inside a library call's group, its lines are no news
             if not library and at_module_call is not None and at_module_call(i):
                 return None  # the module's stage is that line's call: its calls say more
-            return f"{function_label(loc.function)[0]}:{loc.line}\x02{'/'.join(out[i])}"
+            return f"{function_label(loc.function)[0]}:{loc.line}\x02{'/'.join(scope)}"
 
         return key
 
@@ -323,7 +344,8 @@ def fold_names(
     def group(run: list[int], key: str) -> None:
         name = f"{FOLD}{key}{_SPLIT}{run[0]}"
         for m in run:
-            out[m] = (*out[m], name)
+            at = len(scope_of(m))
+            out[m] = (*out[m][:at], name, *out[m][at:])
 
     def split_by_calls(run: list[int], depth: int, whole: bool) -> None:
         # Runs of the run with one library call at `depth`. A run that is all its scope
@@ -338,7 +360,7 @@ def fold_names(
                     keys[a + 1 : b] = [keys[a]] * (b - a - 1)
             starts = [0] + [k for k in range(1, len(run)) if keys[k] != keys[k - 1]]
             # a group named like the scope or fold around it would restate it too
-            around = fold_label(out[run[0]][-1]) if out[run[0]] else None
+            around = fold_label(scope_of(run[0])[-1]) if scope_of(run[0]) else None
             if len(starts) == 1 and keys[0] is not None and (whole or keys[0] == around):
                 depth += 1
                 continue
@@ -353,13 +375,14 @@ def fold_names(
 
     fold_runs(line_key(False), least=3, label=line_label, inner=True, whole=False)
     if call_path is not None:
-        direct = _direct(out)
+        runs = [scope_of(i) for i in range(len(out))]  # before any group changes `out`
+        direct = _direct(runs)
         i = 0
         while i < len(out):  # runs of equations directly in one scope or fold
             j = i
-            while j + 1 < len(out) and out[j + 1] == out[i]:
+            while j + 1 < len(out) and runs[j + 1] == runs[i]:
                 j += 1
-            size, level = j + 1 - i, direct.get(out[i], 0)
+            size, level = j + 1 - i, direct.get(runs[i], 0)
             # at a big level, or a run too long to read
             if size > line_limit or (level > line_limit and size >= 3):
                 split_by_calls(list(range(i, j + 1)), 0, size == level)
