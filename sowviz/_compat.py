@@ -287,6 +287,15 @@ def stop_gradient_eqn(x: Var, source_info=None) -> tuple[JaxprEqn, Var]:
 _STOP_GRADIENT: tuple[Primitive, dict] | None = None
 
 
+def closed_call_eqn(closed: ClosedJaxpr, invars: list, source_info=None) -> JaxprEqn:
+    """An equation calling `closed` on `invars` (`core.closed_call_p`: "closed_call" up
+    to JAX 0.11, "eval_jaxpr" in 0.12), with fresh output variables."""
+    outs = [new_var(aval) for aval in closed.out_avals]
+    return new_eqn(
+        invars, outs, _core.closed_call_p, {"call_jaxpr": closed}, closed.effects, source_info
+    )
+
+
 def zero_derivative(primitive: Any) -> bool:
     """Whether `primitive`'s derivative is zero by definition: `stop_gradient`, and
     those JAX registers with `ad.defjvp_zero` (floor, round, sign, ...), whose JVP rule

@@ -19,7 +19,7 @@ from jax import lax
 
 import sowviz
 from sowviz import _compat, sow
-from sowviz.graph import ProbePoint, build_graph, frameworks, instrument, instrument_jaxpr
+from sowviz.graph import build_graph, frameworks, instrument, instrument_jaxpr
 from sowviz.graph.build import _count_eqns
 
 HERE = Path(__file__)
@@ -498,12 +498,52 @@ def test_instrument_jvp_and_vjp_and_while():
     assert ("C",) in modes2[one(g2, "checkpoint").id]
 
 
-def test_instrument_rejects_points_inside_custom_calls():
-    closed, _g = graph_of(with_custom, X)
-    i = next(i for i, e in enumerate(closed.jaxpr.eqns) if e.primitive.name == "custom_jvp_call")
-    bad = ProbePoint("n99", ((i, "call_jaxpr", None),), 0, ((0, 0),), ("float32[3,4]",), "eqn")
-    with pytest.raises(ValueError, match="inside `custom_jvp_call`"):
-        instrument(closed, [bad], tag="auto")
+def test_a_solver_inside_a_custom_vjp_is_probed_beside_the_program():
+    """A custom rule's body (here a 30-step fixed-point solve, as diffrax's and
+    optimistix's adjoints wrap theirs) never runs under differentiation: its stages
+    are evaluated a second time beside the program, primal values only, while the
+    rule still makes the gradient (its clipping shows in it)."""
+
+    @jax.custom_vjp
+    def solve(a):
+        def body(i, y):
+            with jax.named_scope("update"):
+                return 0.5 * (y + a / y)
+
+        return lax.fori_loop(0, 30, body, jnp.ones_like(a))
+
+    def fwd(a):
+        y = solve(a)
+        return y, y
+
+    def bwd(y, g):
+        return (jnp.clip(g / (2 * y), -0.05, 0.05),)  # a rule the body does not follow
+
+    solve.defvjp(fwd, bwd)
+
+    def loss(a):
+        return jnp.sum(solve(a) ** 2)
+
+    a = jnp.array([2.0, 9.0, 16.0])
+    ins = sowviz.inspect(loss, a, mode="grad")
+    value, grad = jax.value_and_grad(loss)(a)
+    np.testing.assert_allclose(ins.result[0], value, rtol=1e-6)
+    np.testing.assert_allclose(ins.result[1], grad, rtol=1e-6)
+    assert np.all(np.abs(np.asarray(grad)) <= 0.05)  # the rule's, not the body's
+    update = ins.probe("update").summaries  # every iterate of Heron's method
+    iterates, y = [], np.ones(3)
+    for _ in range(30):
+        y = 0.5 * (y + np.asarray(a, np.float64) / y)
+        iterates.append(y)
+    assert sorted(update) == ["primal"]
+    assert list(update["primal"]["shape"]) == [30, 3]
+    np.testing.assert_allclose(update["primal"]["l2"], np.linalg.norm(iterates), rtol=1e-5)
+    assert "cotangent" in ins.probe("solve").summaries  # the call's outputs carry it
+    (note,) = [n.message for n in ins.graph.notes if "custom_vjp" in n.message]
+    assert "primal values only" in note
+    # an activation's small rule is not evaluated twice: nothing probed inside relu
+    relu = sowviz.inspect(lambda x: jnp.sum(jax.nn.relu(x) ** 2), a)
+    assert not [p for p in relu.probes if relu.graph.node(p.node).parent != relu.graph.root]
 
 
 def test_instrument_without_points_is_the_program():

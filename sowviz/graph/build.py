@@ -48,10 +48,21 @@ _BAD_NAMES = (
     "Pass one pytree key path per flat value (e.g. from jax.tree_util.tree_flatten_with_path)."
 )
 
-_CUSTOM_NOTE = (
+#: a custom-rule call's body is probed (beside the program) from this many equations,
+#: or when it holds a loop or a named stage: a solver's (diffrax's adjoint, optimistix's
+#: root find), not an activation's (`jax.nn.relu`'s, Equinox's `error_if`), whose
+#: call's outputs say all there is
+CUSTOM_PROBED_MIN = 24
+
+_CUSTOM_OUTPUTS_NOTE = (
     "{n} call(s) of {prim} `{label}`: its values are probed on the call's outputs only. "
     "Under differentiation the custom rule replaces the body, so values inside it have "
     "no tangents or cotangents."
+)
+_CUSTOM_NOTE = (
+    "{n} call(s) of {prim} `{label}`: under differentiation its custom rule replaces its "
+    "body, so the stages inside show primal values only, from a second evaluation of the "
+    "body beside the program; the call's outputs carry tangents and cotangents."
 )
 
 
@@ -183,7 +194,9 @@ class _Builder(InputsMixin):
         self.edges: dict[tuple[str, str], Edge] = {}
         self.points: list[tuple[int, ProbePoint]] = []
         self.sows: dict[str, list[str]] = {}
-        self.custom_skips: dict[tuple[str, str], list[str]] = {}
+        #: custom-rule calls whose bodies hold probes, by (primitive, label, small: the
+        #: body is too small to be probed beside the program)
+        self.custom_skips: dict[tuple[str, str, bool], list[str]] = {}
         self.notes: list[Note] = []
         self.sources: dict[tuple[str, int, str], _compat.SourceLocation] = {}
         self.top_loc: dict[Any, tuple[int, int]] = {}
@@ -370,15 +383,19 @@ class _Builder(InputsMixin):
         if spec.construct is Construct.SOW:
             self.sows.setdefault(label, []).append(rec.id)
         n_before = len(self.points)
-        # Probes inside a custom rule's body would see no derivatives: walk with
-        # probing on to find what would be probed, then drop those points and say so.
+        # A custom rule's body is probed beside the program (`graph.instrument`): its
+        # stages get primal values only, which the note says once per custom call.
         inner_custom = rec if spec.custom_rule else in_custom
         for body in spec.bodies:
             self.children(rec, body, eqn, i, tuple(path), probe, inner_custom, shapes)
         if spec.custom_rule and len(self.points) > n_before:
-            del self.points[n_before:]
+            body_size = sum(_count_eqns(j) for _, _, j in _compat.sub_jaxprs(eqn))
+            kinds = {p.kind for p in self.points[n_before:]}
+            small = body_size < CUSTOM_PROBED_MIN and not kinds & {"scope", "scan", "while"}
+            if small:  # an activation's rule: its outputs say it all
+                del self.points[n_before:]
             if in_custom is None:
-                self.custom_skips.setdefault((name, label), []).append(rec.id)
+                self.custom_skips.setdefault((name, label, small), []).append(rec.id)
         return rec
 
     def children(self, rec, body: Body, eqn, i, path, probe, in_custom, shapes) -> None:
@@ -522,8 +539,9 @@ class _Builder(InputsMixin):
             for r in recs
         )
         notes = list(self.notes)
-        for (prim, label), ids in self.custom_skips.items():
-            msg = _CUSTOM_NOTE.format(n=len(ids), prim=prim, label=label)
+        for (prim, label, small), ids in self.custom_skips.items():
+            note = _CUSTOM_OUTPUTS_NOTE if small else _CUSTOM_NOTE
+            msg = note.format(n=len(ids), prim=prim, label=label)
             notes.append(Note("info", ids[0], msg))
         points = sorted(self.points, key=lambda p: int(p.node[1:]))
         return StageGraph(

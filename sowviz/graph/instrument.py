@@ -26,11 +26,6 @@ from .model import ProbePoint
 #: (`_liveness.live_values`); None: every value is sown in the data flow
 Detached = dict[tuple, set] | None
 
-_NO_CUSTOM = (
-    "instrument: probe point {node!r} lies inside `{prim}`. Under differentiation the custom "
-    "rule replaces that body, so a probe there sees no tangents or cotangents. Probe the "
-    "custom call's outputs instead (build_graph does)."
-)
 _BAD_STEP = "instrument: probe point {node!r}: step {step} does not match the program ({why})."
 _BAD_VALUE = (
     "instrument: probe point {node!r}: value {value} is not an output of an equation at "
@@ -124,7 +119,11 @@ def _rewrite(
         if subst:
             eqn = _compat.replace_eqn(eqn, invars=[read(v) for v in eqn.invars])
         if i in below:
-            eqn = _rewrite_eqn(eqn, below[i], depth, tag, detached)
+            spec = spec_of(eqn.primitive.name)
+            if spec is not None and spec.custom_rule:
+                new_eqns += _beside_custom(eqn, below[i], depth, tag)
+            else:
+                eqn = _rewrite_eqn(eqn, below[i], depth, tag, detached)
         new_eqns.append(eqn)
         for p in here.get(i, ()):
             new_eqns += _sow_eqns(p, jaxpr, i, read, subst, tag, eqn.source_info, live)
@@ -139,15 +138,41 @@ def _rewrite(
     )
 
 
+def _beside_custom(eqn, groups, depth: int, tag: str) -> list:
+    """Equations evaluating the body of custom-rule call `eqn`, probed, beside it: on
+    its operands through `stop_gradient`, its results unread. Under differentiation
+    JAX runs the rule (a `custom_vjp`'s forward function, a `custom_jvp`'s JVP), never
+    this body, so a probe inside it would see nothing; beside the call it records the
+    primal values the body computes (tangents and cotangents it cannot have). The
+    body's own custom calls are evaluated beside it the same way."""
+    ((param, index), pts), *more = groups.items()
+    body = eqn.params.get(param)
+    if more or index is not None or not isinstance(body, _compat.ClosedJaxpr):
+        step = pts[0].path[depth]
+        raise ValueError(
+            _BAD_STEP.format(node=pts[0].node, step=step, why="not a custom call's one body")
+        )
+    probed = body.replace(jaxpr=_rewrite(body.jaxpr, pts, depth + 1, tag, None))
+    made, ins = [], []
+    for v in eqn.invars:
+        dtype = getattr(v.aval, "dtype", None)
+        if isinstance(v, _compat.Literal) or dtype is None:
+            ins.append(v)
+        elif not jax.numpy.issubdtype(dtype, jax.numpy.inexact):
+            ins.append(v)
+        else:
+            stop, held = _compat.stop_gradient_eqn(v, eqn.source_info)
+            made.append(stop)
+            ins.append(held)
+    return [*made, _compat.closed_call_eqn(probed, ins, eqn.source_info)]
+
+
 def _rewrite_eqn(eqn, groups, depth: int, tag: str, detached: Detached):
     name = eqn.primitive.name
-    spec = spec_of(name)  # the one primitive table (sowviz/primitives.py)
     params = dict(eqn.params)
     for (param, index), pts in groups.items():
         node = pts[0].node
         step = pts[0].path[depth]
-        if spec is not None and spec.custom_rule:
-            raise ValueError(_NO_CUSTOM.format(node=node, prim=name))
         if param not in params:
             raise ValueError(
                 _BAD_STEP.format(node=node, step=step, why=f"`{name}` has no `{param}`")
