@@ -168,3 +168,26 @@ def test_a_solve_past_max_steps_says_so_as_equinox_does():
     with pytest.raises(eqx.EquinoxRuntimeError, match="maximum number of solver steps"):
         mon.step(y0, k)
         mon.flush()
+
+
+def test_optimistix_root_and_lineax_solve_gradients():
+    """Implicit differentiation through an optimistix Newton root find and a lineax
+    LU solve: gradients equal plain JAX's."""
+    optx = pytest.importorskip("optimistix")
+    lx = pytest.importorskip("lineax")
+
+    def root_loss(k):
+        sol = optx.root_find(lambda y, a: y**3 - a, optx.Newton(1e-6, 1e-6), jnp.ones(3), args=k)
+        return jnp.sum(sol.value**2)
+
+    def solve_loss(a, b):
+        return jnp.sum(lx.linear_solve(lx.MatrixLinearOperator(a), b, lx.LU()).value ** 2)
+
+    k = jnp.array([2.0, 3.0, 5.0])
+    ins = sowviz.inspect(root_loss, k)
+    assert_value_and_grad(ins.result, *jax.value_and_grad(root_loss)(k))
+    np.testing.assert_allclose(ins.result[1], 2 / 3 * k ** (-1 / 3), rtol=1e-4)  # d(k^(2/3))/dk
+    a = jnp.eye(3) * 3.0 + jax.random.normal(jax.random.PRNGKey(0), (3, 3)) * 0.3
+    b = jnp.arange(1.0, 4.0)
+    ins = sowviz.inspect(solve_loss, a, b, argnums=(0, 1))
+    assert_value_and_grad(ins.result, *jax.value_and_grad(solve_loss, argnums=(0, 1))(a, b))
