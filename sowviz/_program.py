@@ -189,8 +189,9 @@ class Traced:
             parameters={a % len(args) for a in np.atleast_1d(options.grad_argnums).tolist()},
             copies=getattr(named, "sowviz_copies", None) if named is not fn else None,
         )
-        self._probed = instrument(self.closed, self.graph.probe_points, tag=PROBE_TAG)
-        self._probed_reverse: Callable[..., list] | None = None
+        #: the instrumented program, per kind ("forward": every value in the data flow;
+        #: "reverse": dead values beside it, `probed_for`), rewritten when first needed
+        self._instrumented: dict[str, Callable[..., list]] = {}
         self.n_out = len(jax.tree_util.tree_leaves(out_shape))
 
     def _drop_unchanged(self, spec: ArgSpec, out_shape: Any, extra_shape: Any) -> Any:
@@ -221,7 +222,19 @@ class Traced:
 
     def probed(self, dyn: list) -> Any:
         """`plain` with every probe point tagged."""
-        return self._outputs(self._probed(*dyn))
+        return self._outputs(self._rewritten("forward")(*dyn))
+
+    def _rewritten(self, kind: str) -> Callable[..., list]:
+        found = self._instrumented.get(kind)
+        if found is None:  # two threads may both build it: the same program either way
+            live = None
+            if kind == "reverse":
+                n_outs = len(self.closed.out_avals)
+                live = live_values(self.closed, [k < self.n_out for k in range(n_outs)])
+            points = self.graph.probe_points
+            found = instrument(self.closed, points, tag=PROBE_TAG, detached=live)
+            self._instrumented[kind] = found
+        return found
 
     def probed_for(self, mode: Mode | str) -> Callable[[list], Any]:
         """`probed` for a program of `mode`. In grad and vjp modes the values that do not
@@ -230,13 +243,7 @@ class Traced:
         a symbolic-zero cotangent to rules that plain JAX never gives one."""
         if Mode(mode) not in (Mode.GRAD, Mode.VJP):
             return self.probed
-        if self._probed_reverse is None:
-            n_outs = len(self.closed.out_avals)
-            live = live_values(self.closed, [k < self.n_out for k in range(n_outs)])
-            self._probed_reverse = instrument(
-                self.closed, self.graph.probe_points, tag=PROBE_TAG, detached=live
-            )
-        probed = self._probed_reverse
+        probed = self._rewritten("reverse")
         return lambda dyn: self._outputs(probed(*dyn))
 
     def _outputs(self, outs: list) -> Any:
