@@ -85,3 +85,25 @@ def test_producer_is_drawn_apart_from_propagators(page, nan_report):
     ARTIFACTS.mkdir(exist_ok=True)
     pg.screenshot(path=str(ARTIFACTS / "nonfinite_roles.png"))
     assert page.errors == []
+
+
+@pytest.mark.browser
+def test_a_value_masked_before_any_result_is_reported_quietly(page, tmp_path):
+    """A -inf mask that never reaches a result is reported with no alarm: the banner
+    says so, and does not say it in the alarm's colour."""
+
+    def masked(s):
+        with jax.named_scope("mask"):
+            s = jnp.where(s > 0, s, -jnp.inf)
+        return jnp.sum(jax.nn.softmax(s, axis=-1))
+
+    ins = sowviz.inspect(masked, jnp.array([[1.0, -1.0, 2.0]]), mode="primal")
+    rec = ins.to_dict()["nonfinite"]
+    assert rec["removed"] and not rec["alarm"]
+    pg = page.open_report(ins.save_html(tmp_path / "masked.html"))
+    banner = pg.locator('[data-role="nonfinite-banner"]')
+    assert "never reached a result (no alarm)" in banner.inner_text()
+    colour = lambda sel: pg.eval_on_selector(sel, "e => getComputedStyle(e).color")  # noqa: E731
+    heading = colour('[data-role="nonfinite-banner"] strong')
+    assert heading == colour('[data-role="nonfinite-banner"]')  # the text's, not the alarm's
+    assert page.errors == []
