@@ -133,7 +133,11 @@ def test_expand_and_collapse_a_stage(page, small_report):
     assert node(pg, "n7").count() == 0
     node(pg, "n6").locator('[data-role="toggle"]').click()
     assert node(pg, "n6").get_attribute("data-expanded") == "true"
-    assert node(pg, "n7").count() == 1 and node(pg, "n8").count() == 0
+    # layer_1 holds one stage, its scan: one click opens both
+    assert node(pg, "n7").get_attribute("data-expanded") == "true"
+    assert node(pg, "n8").count() == 1 and node(pg, "n10").count() == 1
+    node(pg, "n7").locator('[data-role="toggle"]').first.click()  # closes the scan alone
+    assert node(pg, "n8").count() == 0 and node(pg, "n6").get_attribute("data-expanded") == "true"
     node(pg, "n7").locator('[data-role="toggle"]').first.click()
     assert node(pg, "n8").count() == 1 and node(pg, "n10").count() == 1
     # the stage's source line shows in its detail

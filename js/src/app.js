@@ -3,7 +3,7 @@
 // Used by the widget (index.js render) and the report (index.js mount) alike.
 
 import { h, clear } from "./dom.js";
-import { indexModel, isExpandable, STAGE_KINDS } from "./model.js";
+import { indexModel, isExpandable, soleChain, STAGE_KINDS } from "./model.js";
 import { edgesByLevel, visibleRepresentative, pathToReveal } from "./levels.js";
 import { layoutView } from "./layout.js";
 import { computeFaces } from "./faces.js";
@@ -334,7 +334,8 @@ export class App {
   toggle(id) {
     if (!isExpandable(this.index, id)) return;
     const opening = !this.expanded.has(id);
-    if (opening) this.expanded.add(id); else this.expanded.delete(id);
+    if (opening) for (const s of soleChain(this.index, id)) this.expanded.add(s);
+    else this.expanded.delete(id);
     this.relayout({ anchorId: id });
     if (opening) this.graph.ensureVisible(this.layout.boxes.get(id));
   }

@@ -162,6 +162,21 @@ export function isExpandable(index, id) {
   return (index.children.get(id)?.length ?? 0) > 0;
 }
 
+/**
+ * `id` and the chain of sole children below it that hold more (a wrapper calling one
+ * function calling one loop: Equinox's `fn_wrapped` > `checkpointed-no-vjp` > `while`):
+ * opening `id` opens them all, so one click reaches what the wrappers hold.
+ */
+export function soleChain(index, id) {
+  const out = [id];
+  let kids = index.children.get(id) ?? [];
+  while (kids.length === 1 && isExpandable(index, kids[0])) {
+    out.push(kids[0]);
+    kids = index.children.get(kids[0]) ?? [];
+  }
+  return out;
+}
+
 /** Ancestors of `id`, nearest first, excluding `id` itself. */
 export function ancestors(index, id) {
   const out = [];

@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { indexModel, orderModes, ancestors } from "../src/model.js";
+import { indexModel, orderModes, ancestors, soleChain } from "../src/model.js";
 import { liftEdge, edgesByLevel, visibleLevels, visibleRepresentative, pathToReveal } from "../src/levels.js";
 import { smallModel } from "./helpers.js";
 
@@ -79,4 +79,12 @@ test("representative of a hidden node is its outermost collapsed ancestor", () =
   assert.equal(visibleRepresentative(ix, new Set(["n6"]), "n8"), "n7");
   assert.equal(visibleRepresentative(ix, new Set(["n6", "n7"]), "n8"), "n8");
   assert.deepEqual(pathToReveal(ix, "n8"), ["n7", "n6"]);
+});
+
+test("opening a wrapper opens the chain of sole children below it", () => {
+  const ix = indexModel(smallModel());
+  // n6 holds only n7, which holds n8 (an equation): one click opens both stages
+  assert.deepEqual(soleChain(ix, "n6"), ["n6", "n7"]);
+  // n2 holds three children: only itself
+  assert.deepEqual(soleChain(ix, "n2"), ["n2"]);
 });
