@@ -8,6 +8,13 @@ point). Enclosing equations keep their params except for the rewritten
 sub-jaxpr and gain the capture effect. Names, name stacks and source info of
 every existing equation are untouched; a `sow` carries the source info of the
 equation it follows. A `sow` is an identity, so no aval changes anywhere.
+
+Two exceptions keep a probe out of the data flow, where a tangent through it would
+be wrong or lost: a value that cannot reach the differentiated output (`detached`,
+from `_liveness`) is sown through a `stop_gradient` and the program reads on the
+original; and a custom-rule call's body, which differentiation never runs, is
+evaluated a second time beside the call, probed, on its operands through
+`stop_gradient` (`_beside_custom`). Both record primal values only.
 """
 
 from __future__ import annotations
