@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -244,8 +245,16 @@ def forward_error(mode: Mode | str, err: Exception) -> TypeError | None:
     forward = mode in (Mode.JVP, Mode.ALL)
     if not (forward and isinstance(err, TypeError) and "custom_vjp" in str(err)):
         return None
-    return TypeError(_FORWARD_THROUGH_CUSTOM_VJP.format(mode=mode.value))
+    msg = _FORWARD_THROUGH_CUSTOM_VJP.format(mode=mode.value)
+    if "diffrax" in sys.modules:  # its default adjoint is a custom_vjp; it has another
+        msg += _DIFFRAX_FORWARD
+    return TypeError(msg)
 
+
+_DIFFRAX_FORWARD = (
+    " With diffrax, a `diffeqsolve`'s default adjoint is one: pass "
+    "`adjoint=diffrax.ForwardMode()` to take the solve forward."
+)
 
 _LEAKED_FROM_TRACE = (
     "sowviz: a value of sowviz's trace of `fn` was used after that trace ended. sowviz "

@@ -191,3 +191,19 @@ def test_optimistix_root_and_lineax_solve_gradients():
     b = jnp.arange(1.0, 4.0)
     ins = sowviz.inspect(solve_loss, a, b, argnums=(0, 1))
     assert_value_and_grad(ins.result, *jax.value_and_grad(solve_loss, argnums=(0, 1))(a, b))
+
+
+def test_jvp_through_a_solve_names_diffrax_forward_mode_and_then_matches_jax():
+    """The default adjoint is a `custom_vjp`, which JAX cannot push tangents through:
+    the refusal names diffrax's own way forward, and with it the tangent is `jax.jvp`'s."""
+    ts, ys = _data()
+    model = NeuralODE(Func(jax.random.PRNGKey(0)), diffrax.RecursiveCheckpointAdjoint())
+    with pytest.raises(TypeError, match=r"diffrax\.ForwardMode\(\)"):
+        sowviz.inspect(loss, model, ts, ys, mode="jvp", argnums=0)
+    model = NeuralODE(Func(jax.random.PRNGKey(0)), diffrax.ForwardMode())
+    params, static = eqx.partition(model, eqx.is_inexact_array)
+    tangent = jax.tree.map(lambda p: jnp.full_like(p, 0.1), params)
+    got = sowviz.inspect(loss, model, ts, ys, mode="jvp", argnums=0, tangents=(tangent, None, None))
+    want = jax.jvp(lambda p: loss(eqx.combine(p, static), ts, ys), (params,), (tangent,))
+    np.testing.assert_allclose(got.result[0], want[0], rtol=1e-5)
+    np.testing.assert_allclose(got.result[1], want[1], rtol=1e-4)
