@@ -34,19 +34,23 @@ from typing import Any
 import jax.numpy as jnp
 
 from . import _compat
-from .primitives import Construct, construct_of
+from .primitives import Construct, construct_of, spec
 
 Step = tuple[int, str, Any]
 Path = tuple[Step, ...]
 
-_CALLS = {  # constructs whose one sub-program takes the equation's operands as they are
-    Construct.JIT: "jaxpr",
-    Construct.CALL: "call_jaxpr",
-    Construct.REMAT: "jaxpr",
-    Construct.SHARD_MAP: "jaxpr",
-    Construct.CUSTOM_JVP: "call_jaxpr",
-    Construct.CUSTOM_VJP: "call_jaxpr",
-}
+#: constructs whose one sub-program (its param named in `primitives`' table) takes the
+#: equation's operands as they are
+_CALLS = frozenset(
+    {
+        Construct.JIT,
+        Construct.CALL,
+        Construct.REMAT,
+        Construct.SHARD_MAP,
+        Construct.CUSTOM_JVP,
+        Construct.CUSTOM_VJP,
+    }
+)
 
 
 class _Refs(Exception):
@@ -86,8 +90,8 @@ def _operands(eqn: Any, i: int, outs: list[bool], path: Path, out: dict) -> list
     construct = construct_of(eqn.primitive.name)
     params = eqn.params
     n = len(eqn.invars)
-    if construct in _CALLS and _CALLS[construct] in params:
-        param = _CALLS[construct]
+    param = spec(construct).bodies[0].param if construct in _CALLS else None
+    if param is not None and param in params:
         inner = _live(params[param], outs, (*path, (i, param, None)), out)
         return inner if len(inner) == n else [True] * n
     if construct is Construct.COND:  # operand 0 is the branch index

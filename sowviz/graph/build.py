@@ -196,7 +196,7 @@ class _Builder(InputsMixin):
         self.sows: dict[str, list[str]] = {}
         #: custom-rule calls whose bodies hold probes, by (primitive, label, small: the
         #: body is too small to be probed beside the program)
-        self.custom_skips: dict[tuple[str, str, bool], list[str]] = {}
+        self.custom_calls: dict[tuple[str, str, bool], list[str]] = {}
         self.notes: list[Note] = []
         self.sources: dict[tuple[str, int, str], _compat.SourceLocation] = {}
         self.top_loc: dict[Any, tuple[int, int]] = {}
@@ -395,7 +395,7 @@ class _Builder(InputsMixin):
             if small:  # an activation's rule: its outputs say it all
                 del self.points[n_before:]
             if in_custom is None:
-                self.custom_skips.setdefault((name, label, small), []).append(rec.id)
+                self.custom_calls.setdefault((name, label, small), []).append(rec.id)
         return rec
 
     def children(self, rec, body: Body, eqn, i, path, probe, in_custom, shapes) -> None:
@@ -539,7 +539,7 @@ class _Builder(InputsMixin):
             for r in recs
         )
         notes = list(self.notes)
-        for (prim, label, small), ids in self.custom_skips.items():
+        for (prim, label, small), ids in self.custom_calls.items():
             note = _CUSTOM_OUTPUTS_NOTE if small else _CUSTOM_NOTE
             msg = note.format(n=len(ids), prim=prim, label=label)
             notes.append(Note("info", ids[0], msg))

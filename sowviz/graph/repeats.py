@@ -102,7 +102,7 @@ class _Signatures:
 def merge(builder: Any) -> list[Any]:
     """Group the repeated blocks of every level of `builder` (a `build._Builder` after
     its walk, labels final): rewrites its `recs`, `edges`, `points`, `sows`,
-    `custom_skips` and `notes` in place, and returns the new `recs`."""
+    `custom_calls` and `notes` in place, and returns the new `recs`."""
     recs = builder.recs
     kids: dict[str, list[Any]] = {}
     for r in recs:
@@ -196,7 +196,7 @@ def _insert(builder: Any, runs: list[list[Any]]) -> None:
             points.append(dataclasses.replace(p, node=g.id, kind=g.kind, names=p.names))
     builder.points = points
     builder.sows = {k: [rename[i] for i in v] for k, v in builder.sows.items()}
-    builder.custom_skips = {k: [rename[i] for i in v] for k, v in builder.custom_skips.items()}
+    builder.custom_calls = {k: [rename[i] for i in v] for k, v in builder.custom_calls.items()}
     builder.notes = [dataclasses.replace(n, node=rename.get(n.node, n.node)) for n in builder.notes]
 
 
