@@ -535,7 +535,7 @@ class CallPath:
     below_user: bool = False
 
 
-_paths: dict[tuple, CallPath] = {}
+_paths: dict[tuple, tuple[Any, CallPath]] = {}
 _API_BOUNDARY = _traceback_util.__file__
 
 
@@ -558,8 +558,11 @@ def call_path(eqn: JaxprEqn) -> CallPath:
         return CallPath()
     try:
         codes, _ = tb.raw_frames()
-        key = tuple(codes)
-        path = _paths.get(key)
+        # Keyed by the code objects' ids (hashing a code object hashes its bytecode:
+        # 16 µs an equation); the entry keeps them alive, so no id is reused.
+        key = tuple(map(id, codes))
+        hit = _paths.get(key)
+        path = hit[1] if hit is not None else None
         if path is None:
             user = len(codes)
             for k, code in enumerate(codes):
@@ -586,7 +589,8 @@ def call_path(eqn: JaxprEqn) -> CallPath:
                     api = c.co_qualname if public and not _is_tree_util(c) else None
             if api:
                 names.append(api)
-            path = _paths[key] = CallPath(tuple(names), user < len(codes))
+            path = CallPath(tuple(names), user < len(codes))
+            _paths[key] = (codes, path)
         return path
     except Exception:  # best effort, as user_location
         return CallPath()

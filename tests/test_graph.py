@@ -908,6 +908,29 @@ def test_big_unscoped_program_folds_by_line_function_and_chunks():
     assert not any(n.kind == "scope" for n in small.nodes)
 
 
+def _small_gelu(x):
+    return jnp.sum(jax.nn.gelu(x, approximate=True) * 2.0)  # @gelu_line
+
+
+def _small_conv(x, k):
+    img = x.reshape(1, 1, *x.shape)
+    return jnp.sum(lax.conv_general_dilated(img, k, (1, 1), "SAME").reshape(x.shape) * x)
+
+
+def test_small_level_folds_one_library_call_of_several_equations():
+    # gelu's eight equations are one box named by the call; the `* 2.0` on its line,
+    # and a call named like its one real equation (`conv_general_dilated` with the
+    # reshapes around it), are not folded.
+    x, k = jnp.linspace(-2.0, 2.0, 12).reshape(3, 4), jnp.ones((1, 1, 2, 2))
+    _, g = graph_of(_small_gelu, x)
+    gelu = one(g, "gelu", "scope")
+    inside = [n.label for n in g.children(gelu.id)]
+    assert len(inside) >= 5 and "tanh" in inside and gelu.source.line == line_of("@gelu_line")
+    assert [n.label for n in g.children(g.root)].count("mul") == 1  # `* 2.0` stays outside
+    _, g = graph_of(_small_conv, x, k)
+    assert not any(n.kind == "scope" for n in g.nodes), [n.label for n in g.nodes]
+
+
 def _scan_loss(p, y0, xs):
     """A scan with a const (`p`), a carry and stacked ys the loss never reads."""
 

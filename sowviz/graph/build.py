@@ -295,6 +295,7 @@ class _Builder(InputsMixin):
             FOLD_LIMIT,
             call_path=lambda i: _compat.call_path(jaxpr.eqns[i]),
             at_module_call=at_module_call,
+            primitives=[e.primitive.name for e in jaxpr.eqns],
         )
         for i, eqn in enumerate(jaxpr.eqns):
             names = level_names[i]

@@ -24,12 +24,19 @@ Equinox module runs inside `jax.named_scope(<its path>)`:
   the trace by the parameters the copy's stage reads (`graph.copies`, from the
   `Copy` records `named`'s wrapper keeps as `.sowviz_copies`); else it is named by its
   class, numbered per object (`Linear`, `Linear#2`);
-* the hook is a temporary wrapper of `__call__` on every NNX / Equinox module
-  class that defines one. Installing it is reference counted under a lock;
-  the wrapper looks up a `contextvars` context and, outside `named`'s call (in
-  another thread, or after it), calls the original method untouched. The
-  originals are put back when the last user leaves. Nothing happens when
-  neither framework is imported.
+* a module's other public methods are stages too (`embed.attend`, the tied
+  unembedding of Flax's language models; `encoder.encode: Encoder`): on the
+  module whose call is running, by the method's name alone (a VAE's `encode`
+  inside its `__call__`). Private helpers (`_project`) and Flax's own bookkeeping
+  methods (`initialize_carry`, `set_view`, `train`) are not. NNX methods are
+  hooked like `__call__`; Equinox's reach the hook through `BoundMethod`, the
+  module Equinox makes of `module.encode`;
+* the hook is a temporary wrapper of `__call__` (and of NNX modules' public
+  methods) on every NNX / Equinox module class that defines one. Installing it
+  is reference counted under a lock; the wrapper looks up a `contextvars`
+  context and, outside `named`'s call (in another thread, or after it), calls
+  the original method untouched. The originals are put back when the last user
+  leaves. Nothing happens when neither framework is imported.
 
 `CALL_CODE` is the code object of the wrapper: `build.py` finds a module
 stage's call site as the frame just outside the matching wrapper frame of an
@@ -43,6 +50,7 @@ import dataclasses
 import functools
 import sys
 import threading
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -55,7 +63,7 @@ _ACTIVE: contextvars.ContextVar[_Context | None] = contextvars.ContextVar(
 )
 _lock = threading.Lock()
 _users = 0
-_saved: dict[type, Any] = {}  # class -> its original `__call__` attribute
+_saved: dict[tuple[type, str], Any] = {}  # (class, method name) -> its original attribute
 #: every scope name pushed by a wrapper (build.py uses it to tell module stages
 #: from the user's own `jax.named_scope`s)
 PUSHED: set[str] = set()
@@ -300,6 +308,19 @@ class _Context:
             return next(iter(found)), ()
         return None, tuple(found)
 
+    def method_scope(self, module: Any, method: str) -> tuple[str, Path] | None:
+        """The scope to push for a call of `module`'s public `method` (not `__call__`),
+        and its path: `embed.attend`, `encoder.encode: Encoder`; on the module whose
+        call is running, the method's name alone (a VAE's `encode` in its `__call__`)."""
+        if self.stack and self.stack[-1][0] is module:
+            return method, self.stack[-1][1]
+        scope = self.scope_name(module)
+        if scope is None:
+            return None
+        name, path = scope
+        head, sep, cls = name.partition(": ")
+        return f"{head}.{method}{sep}{cls}", path
+
     def scope_name(self, module: Any) -> tuple[str, Path] | None:
         """The scope to push for a call of `module`, and its path; None: push none."""
         if self.stack and self.stack[-1][0] is module:
@@ -356,20 +377,38 @@ def _framework_private(module: Any) -> bool:
     return own and (name.startswith("_") or name in _WRAPPERS)
 
 
-def _wrap(raw: Any) -> Callable:
+def _bound_method(obj: Any) -> tuple[Any, str] | None:
+    """`(module, method name)` of Equinox's `BoundMethod` (what `module.encode` is when
+    `encode` is a method of an `eqx.Module`), for a public method other than
+    `__call__`; None otherwise (a private helper such as MHA's `_project` is no stage)."""
+    if type(obj).__name__ != "BoundMethod" or not type(obj).__module__.startswith("equinox"):
+        return None
+    name = getattr(getattr(obj, "__func__", None), "__name__", "_")
+    if name.startswith("_"):
+        return None
+    return obj.__self__, name
+
+
+def _wrap(raw: Any, method: str = "__call__") -> Callable:
+    """`raw` (a module class's `method`) run inside the scope of its module's path while
+    `named`'s call is in progress. One code object (`CALL_CODE`) for every method."""
+
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
         bound = raw.__get__(self, type(self))
         ctx = _ACTIVE.get()
         if ctx is None:
             return bound(*args, **kwargs)
-        scope = ctx.scope_name(self)
+        owner, name = self, method
+        if method == "__call__" and (found := _bound_method(self)) is not None:
+            owner, name = found  # `self.encoder.encode(x)` on an Equinox module
+        scope = ctx.scope_name(owner) if name == "__call__" else ctx.method_scope(owner, name)
         if scope is None:
             return bound(*args, **kwargs)
-        name, path = scope
-        PUSHED.add(name)
-        ctx.stack.append((self, path))
+        label, path = scope
+        PUSHED.add(label)
+        ctx.stack.append((owner, path))
         try:
-            with jax.named_scope(name):
+            with jax.named_scope(label):
                 return bound(*args, **kwargs)
         finally:
             ctx.stack.pop()
@@ -380,8 +419,32 @@ def _wrap(raw: Any) -> Callable:
 
 CALL_CODE = _wrap(None).__code__
 
+#: Flax's own NNX layer methods that compute with the layer's parameters (a stage
+#: each: the tied unembedding `embed.attend`). Its other public methods (`train`,
+#: `set_view`, `init_cache`, `initialize_carry`, …) are no stages, and a method of that
+#: name on a user's class neither.
+_FLAX_STAGE_METHODS = frozenset({"attend"})
 
-def _classes() -> Iterator[type]:
+
+def _hooked(cls: type, nnx_infra: frozenset[str]) -> Iterator[str]:
+    """The methods of `cls` to hook: `__call__`, and for an NNX module its public
+    methods (Equinox's reach the hook through `BoundMethod.__call__`)."""
+    if "__call__" in cls.__dict__:
+        yield "__call__"
+    nnx_module = _nnx()
+    if nnx_module is None or cls is nnx_module or not issubclass(cls, nnx_module):
+        return
+    own = cls.__module__.startswith("flax.")
+    for name, value in cls.__dict__.items():
+        if not isinstance(value, types.FunctionType) or name.startswith("_"):
+            continue
+        if name in _FLAX_STAGE_METHODS or not (own or name in nnx_infra):
+            yield name
+
+
+def _classes() -> Iterator[tuple[type, str]]:
+    """(class, method) pairs to hook, every NNX / Equinox module class searched."""
+    found: list[type] = []
     for base in (_nnx(), _eqx()):
         if base is None:
             continue
@@ -392,22 +455,31 @@ def _classes() -> Iterator[type]:
                 continue
             seen.add(cls)
             todo.extend(cls.__subclasses__())
-            if "__call__" in cls.__dict__:
-                yield cls
+            found.append(cls)
+    infra = frozenset(
+        name
+        for cls in found
+        if cls.__module__.startswith("flax.")
+        for name, value in cls.__dict__.items()
+        if isinstance(value, types.FunctionType) and not name.startswith("_")
+    )
+    for cls in found:
+        for name in _hooked(cls, infra):
+            yield cls, name
 
 
 def _install() -> None:
     global _users
     with _lock:
         _users += 1
-        for cls in _classes():
-            if cls in _saved:
+        for cls, name in _classes():
+            if (cls, name) in _saved:
                 continue
-            raw = cls.__dict__["__call__"]
+            raw = cls.__dict__[name]
             if getattr(raw, "__sowviz_wrapped__", None) is not None:
                 continue
-            _saved[cls] = raw
-            type.__setattr__(cls, "__call__", _wrap(raw))
+            _saved[cls, name] = raw
+            type.__setattr__(cls, name, _wrap(raw, name))
 
 
 def _uninstall() -> None:
@@ -416,6 +488,6 @@ def _uninstall() -> None:
         _users -= 1
         if _users:
             return
-        for cls, raw in _saved.items():
-            type.__setattr__(cls, "__call__", raw)
+        for (cls, name), raw in _saved.items():
+            type.__setattr__(cls, name, raw)
         _saved.clear()

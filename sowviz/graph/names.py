@@ -247,6 +247,7 @@ def fold_names(
     call_path: Callable[[int], _compat.CallPath] | None = None,
     line_limit: int = 12,
     at_module_call: Callable[[int], bool] | None = None,
+    primitives: Sequence[str] = (),
 ) -> list[tuple[str, ...]]:
     """Scope names with runs of unscoped equations folded. A level with more than
     `line_limit` nodes folds runs of 3 or more equations from one source line, labelled
@@ -257,8 +258,11 @@ def fold_names(
     made them (`call_path`, below the user's line): `Optimizer.update` holds `chain`,
     which holds `clip_by_global_norm` and `scale_by_adam`, and so on down. A line that
     is the call of the module whose stage holds the run (`at_module_call`) is not
-    folded first: the module's own calls say more."""
-    if max(_direct(names).values(), default=0) <= line_limit:
+    folded first: the module's own calls say more. A level of at most `line_limit`
+    nodes folds only runs of 3 or more equations of one library call on one line
+    (`gelu`, `make_causal_mask`), unless the call is named like one of its
+    equations' `primitives` (`lax.conv_general_dilated` and the reshapes around it)."""
+    if call_path is None and max(_direct(names).values(), default=0) <= line_limit:
         return names
     out = list(names)
     found: dict[int, _compat.CallPath] = {}  # read from tracebacks only where needed
@@ -324,8 +328,16 @@ def fold_names(
 
         def key(i: int) -> str | None:
             loc, scope = locs[i], scope_of(i)
-            if loc is None or direct.get(scope, 0) <= line_limit:
+            if loc is None:
                 return None
+            if direct.get(scope, 0) <= line_limit:
+                # A small level still folds one library call's run (`make_causal_mask`:
+                # seven integer equations beside the model's layers), nothing else.
+                what = calls(i)[:1]
+                if library or not what or (i < len(primitives) and what[0] == primitives[i]):
+                    return None
+                own = function_label(loc.function)[0]
+                return f"{own}:{loc.line}\x02{'/'.join(scope)}\x03{what[0]}"
             lib = bool(path(i).names) and not path(i).below_user
             if lib != library or (library and scope and _SPLIT in scope[-1]):
                 return None  # inside a library call's group, its lines are no news
