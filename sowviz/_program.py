@@ -511,7 +511,9 @@ class Family:
 
 
 def _aval_key(x: Any) -> tuple:
-    aval = x.aval
+    # `jax.typeof`, not `.aval`: the arguments may be NumPy arrays or Python scalars
+    # (a data loader's batch), which `jax.jit` takes as they are.
+    aval = jax.typeof(x)
     return (aval.shape, aval.dtype, getattr(aval, "weak_type", False), _compat.explicit_sharding(x))
 
 

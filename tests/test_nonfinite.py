@@ -506,6 +506,18 @@ def test_locate_nonfinite_stores_what_the_banner_needs_once(monkeypatch):
     assert json.loads(ins.to_json())["nonfinite"] == rec
 
 
+def test_locate_nonfinite_takes_numpy_arguments():
+    # A NumPy batch (as data loaders hand out) is an argument like any other.
+    import sowviz
+
+    w, x = np.ones((3, 4), np.float32) * 0.5, np.ones((2, 3), np.float32) * 0.001
+    prim, line, _, _ = oracle(f_nested_norm, jnp.asarray(w), jnp.asarray(x), scopes=True)
+    found = sowviz.inspect(f_nested_norm, w, x).locate_nonfinite()
+    assert found.located
+    eq = found.forward.equation
+    assert (eq.primitive, eq.source.line) == (prim, line)
+
+
 def test_finite_inspection_has_no_record():
     import sowviz
 
@@ -591,11 +603,12 @@ def mlp_oracle(params, x, y):
 
 
 @pytest.mark.parametrize(
-    ("every", "bad_step"),
-    [(1, 5), (4, 5), (4, 8), (2, 5), (1000, 7)],
+    ("every", "bad_step", "numpy_batches"),
+    # NumPy batches: what a data loader hands out (`jax.jit` takes them as they are)
+    [(1, 5, False), (4, 5, False), (4, 8, False), (2, 5, False), (1000, 7, False), (4, 5, True)],
 )
 def test_monitor_locates_the_first_nonfinite_step_without_stopping(
-    every, bad_step, monkeypatch, tmp_path
+    every, bad_step, numpy_batches, monkeypatch, tmp_path
 ):
     import sowviz
     import sowviz.monitor
@@ -612,6 +625,8 @@ def test_monitor_locates_the_first_nonfinite_step_without_stopping(
         "w2": jax.random.normal(k2, (16, 1)) / 4,
     }
     batches = mlp_batches(12, bad_step)
+    if numpy_batches:
+        batches = [(np.asarray(x), np.asarray(y)) for x, y in batches]
     ref = jax.jit(jax.value_and_grad(mlp_loss))
     mon = sowviz.Monitor(mlp_loss, every=every, log_dir=tmp_path / "run")
     at_bad = None
