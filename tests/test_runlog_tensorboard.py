@@ -52,7 +52,7 @@ def test_histograms_and_scalars_equal_sowviz_summaries(run, tmp_path):
     acc = read_back(tmp_path / "log" / "tensorboard")
     tags = acc.Tags()
     names = probe_tags(model)
-    checked = 0
+    checked = constant = 0
     for p in model["probes"]:
         for mode in p["summaries"]:
             tag = f"{names[p['id']]}/{mode}"
@@ -64,16 +64,24 @@ def test_histograms_and_scalars_equal_sowviz_summaries(run, tmp_path):
             for ev, e in zip(events, entries, strict=True):
                 s = e["probes"][p["id"]][mode]
                 h = ev.histogram_value
+                assert h.num == sum(s["hist"]["counts"])
+                if s["min"] == s["max"]:
+                    # A constant array (zero biases at step 0): one bucket at its value,
+                    # not sowviz's bins widened around it.
+                    assert (h.min, h.max, list(h.bucket_limit)) == (s["min"],) * 2 + ([s["min"]],)
+                    assert list(h.bucket) == [h.num]
+                    constant += 1
+                    continue
                 # Edges: TensorBoard's min then its bucket limits; counts: its buckets.
                 assert [h.min, *h.bucket_limit] == s["hist"]["edges"]
+                assert (h.min, h.max) == (s["min"], s["max"])
                 assert list(h.bucket) == [float(c) for c in s["hist"]["counts"]]
-                assert h.num == sum(s["hist"]["counts"])
                 checked += 1
             l2 = acc.Scalars(f"{tag}/l2")
             assert [x.value for x in l2] == pytest.approx(
                 [e["probes"][p["id"]][mode]["l2"] for e in entries], rel=1e-6
             )
-    assert checked >= 2 * len(entries)
+    assert checked >= 2 * len(entries) and constant >= 1
     loss = acc.Scalars("loss")
     assert [x.step for x in loss] == [e["step"] for e in entries]
     assert [x.value for x in loss] == pytest.approx([e["loss"] for e in entries], rel=1e-6)

@@ -3,7 +3,8 @@
 Histograms go in as `HistogramProto`s built from sowviz's on-device bins: TensorBoard
 reads bucket i as (bucket_limit[i-1], bucket_limit[i]] with `min` the left edge of
 the first, so `bucket_limit = edges[1:]`, `bucket = counts`, `min = edges[0]`,
-`max = edges[-1]` (the convention of TensorBoard's own `histogram_raw`). Nothing is
+`max = edges[-1]` (the convention of TensorBoard's own `histogram_raw`); a constant
+array is one bucket of width zero at its value (`min = max`). Nothing is
 re-binned or sampled on the host, and early steps are all kept (no reservoir).
 
 Why tensorboardX and not the `tensorboard` package's writer: every record carries
@@ -121,12 +122,19 @@ def _histogram(sp, h: Hist):
     n = int(sum(h.counts))
     mean = float(s.get("mean") or 0.0)
     std = float(s.get("std") or 0.0)
+    edges, counts = [float(e) for e in h.edges], [float(c) for c in h.counts]
+    lo, hi = s.get("min"), s.get("max")
+    if n and lo is not None and lo == hi:
+        # A constant array (a zero-initialised bias, a scalar loss): sowviz's bins are
+        # widened around it (`summary`'s docstring), which TensorBoard would read as a
+        # range of values; one bucket of width zero at the value says what it is.
+        edges, counts = [float(lo), float(lo)], [float(n)]
     return sp.HistogramProto(
-        min=float(h.edges[0]),
-        max=float(h.edges[-1]),
+        min=edges[0],
+        max=edges[-1],
         num=float(n),
         sum=mean * n,
         sum_squares=(std * std + mean * mean) * n,
-        bucket_limit=[float(e) for e in h.edges[1:]],
-        bucket=[float(c) for c in h.counts],
+        bucket_limit=edges[1:],
+        bucket=counts,
     )
