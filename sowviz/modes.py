@@ -143,9 +143,12 @@ def default_tangents(layout: Layout, dyn: list, seed: int = 0) -> tuple[Any, ...
         )
         for n, t in zip(members, list(draws), strict=True):
             x = dyn[layout.floating[n]]
-            # placed like its primal, as a tangent made inside the program would be
+            # placed like its primal, as a tangent made inside the program would be; an
+            # uncommitted primal (`jax.random.normal(...)` beside a batch sharded over 8
+            # devices) goes where jit puts it, and so does its tangent: pinned to the
+            # primal's one device, `jit` would refuse the two placements.
             sharding = None if isinstance(x, jax.core.Tracer) else getattr(x, "sharding", None)
-            if sharding is None:
+            if sharding is None or not getattr(x, "committed", True):
                 out[n] = jnp.asarray(t) if host else t
             else:
                 out[n] = (

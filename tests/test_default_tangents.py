@@ -182,3 +182,26 @@ def test_small_default_tangents_are_drawn_on_the_host_and_equal_the_device_draws
     np.testing.assert_allclose(device.result[1], 2.0 * host.result[1], rtol=1e-5)
     want = jax.jvp(_loss, args, _expected_tangents(args))[1]
     np.testing.assert_allclose(host.result[1], want, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["jvp", "all"])
+def test_default_tangents_of_uncommitted_parameters_beside_a_sharded_batch(mode) -> None:
+    # Data parallelism as usually written: parameters made by `jax.random` (uncommitted,
+    # jit places them), a batch put on 8 devices. Pinned to the parameters' one device,
+    # their tangents made jit refuse the placements ("incompatible devices").
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 devices")
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    w = jax.random.normal(jax.random.PRNGKey(0), (8, 8)) / 3
+    x = jax.device_put(
+        jnp.linspace(-1.0, 1.0, 128).reshape(16, 8),
+        jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data")),
+    )
+    assert not w.committed
+
+    def f(w, x):
+        return jnp.mean(jnp.tanh(x @ w) ** 2)
+
+    ins = sowviz.inspect(f, w, x, mode=mode)
+    want = jax.jvp(f, (w, x), _expected_tangents((w, x)))
+    np.testing.assert_allclose(ins.result[1], want[1], rtol=1e-5)
