@@ -627,8 +627,18 @@ def vjp_by_jvp(f: Any, primals: tuple, check: Any = None, has_aux: bool = False)
 def _known_value(x: Any) -> Any:
     if isinstance(x, _pe.JaxprTracer):
         known = x.pval.get_known()
-        if known is None:  # a primal output never depends on the tangents
-            raise AssertionError("sowviz: a primal output of the JVP is not known")
+        if known is None:
+            # A primal output that depends on the tangents: an operation whose JVP is
+            # not linear in them (a `pallas_call` has no transpose). `jax.grad` refuses
+            # it with JAX's words, so these are JAX's words, and the ways out.
+            raise ValueError(
+                "Linearization failed to produce known values for all output primals. "
+                "This is typically caused by attempting to differentiate a function that "
+                "uses an operation that does not support reverse-mode autodiff (plain "
+                "`jax.grad` refuses it too; a `pallas_call` without a `jax.custom_vjp`, "
+                "for one). Give that operation a `jax.custom_vjp` rule, or inspect the "
+                'function with mode="jvp" (forward mode) or mode="primal".'
+            )
         return known
     return x
 

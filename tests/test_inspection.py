@@ -412,6 +412,32 @@ def test_forward_modes_through_a_custom_vjp_say_what_to_use_instead(mode):
     assert "custom_vjp" in str(err.value.__cause__)  # JAX's own words, and its trace
 
 
+def _pallas_loss(w, x):
+    from jax.experimental import pallas as pl
+
+    def kernel(x_ref, w_ref, o_ref):
+        o_ref[...] = x_ref[...] * jnp.tanh(w_ref[...])
+
+    out = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=True)
+    return jnp.sum(out(x, w) ** 2)
+
+
+def test_grad_through_an_operation_without_reverse_mode_says_what_jax_says():
+    # A Pallas kernel has a JVP but no transpose: `jax.grad` refuses it with JAX's words,
+    # and so does grad mode (it said "a primal output of the JVP is not known").
+    w, x = jnp.eye(4) * 0.5, jnp.ones((4, 4)) * 0.1
+    with pytest.raises(ValueError, match="does not support reverse-mode") as plain:
+        jax.grad(_pallas_loss)(w, x)
+    with pytest.raises(ValueError, match="does not support reverse-mode") as err:
+        sowviz.inspect(_pallas_loss, w, x, mode="grad")
+    assert "custom_vjp" in str(err.value) and 'mode="jvp"' in str(err.value)
+    assert "Linearization failed" in str(plain.value)
+    # and the way out it names works: forward mode equals jax.jvp
+    t = (jnp.ones_like(w), jnp.zeros_like(x))
+    got = sowviz.inspect(_pallas_loss, w, x, mode="jvp", tangents=t).result
+    np.testing.assert_allclose(got[1], jax.jvp(_pallas_loss, (w, x), t)[1], rtol=1e-5)
+
+
 def test_a_partial_is_titled_by_the_function_it_binds():
     import functools
 
