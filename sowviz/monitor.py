@@ -295,9 +295,21 @@ class Monitor:
     def _enqueue(self, step: int, args: tuple) -> None:
         # A re-run joins the recorded steps in step order: the first non-finite step
         # recorded is then the first of the run.
+        leaves = jax.tree_util.tree_leaves(args)
+        if any(isinstance(x, jax.Array) and x.is_deleted() for x in leaves):
+            warnings.warn(
+                f"sowviz.Monitor: could not re-run step {step} to find where its NaN/Inf "
+                "was made: its arguments were deleted before the Monitor read the step's "
+                "flag (donated to a jitted update: `donate_argnums`). Don't donate them, "
+                "or pass `stop_on_nonfinite=True` (the Monitor then checks each step "
+                "before it returns, and stops there) or `every=1` (every step recorded).",
+                stacklevel=4,
+            )
+            self.nonfinite = _nonfinite.NonFinite(step, None, None)
+            return
         try:
             rerun = self._run(args, True)
-        except Exception as err:  # e.g. donated (deleted) buffers
+        except Exception as err:
             warnings.warn(f"sowviz.Monitor: could not re-run step {step}: {err}", stacklevel=4)
             self.nonfinite = _nonfinite.NonFinite(step, None, None)
             return

@@ -802,3 +802,27 @@ def test_a_value_made_by_an_unprobed_equation_is_first_seen_by_the_next_stage():
     located = ins.locate_nonfinite().forward
     assert located.equation.primitive == "log"
     assert located.message.startswith("first made by `log`")
+
+
+def test_monitor_says_when_donated_arguments_keep_it_from_locating(tmp_path):
+    # The optimizer update jitted with `donate_argnums` deletes the parameters the
+    # Monitor kept to re-run an unrecorded non-finite step: the warning says so, and
+    # what to do (it said "Array has been deleted with shape=float32[16]").
+    import functools
+
+    import sowviz
+
+    @functools.partial(jax.jit, donate_argnums=0)
+    def update(params, grads):
+        return jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads)
+
+    params = {"w1": jnp.ones((4, 16)) / 8, "b1": jnp.zeros(16), "w2": jnp.ones((16, 1)) / 4}
+    mon = sowviz.Monitor(mlp_loss, every=4)
+    with pytest.warns(UserWarning, match="donate_argnums") as record:
+        for x, y in mlp_batches(8, 5):
+            _, grads = mon.step(params, x, y)
+            params = update(params, grads)
+        mon.flush()
+    assert "stop_on_nonfinite=True" in str(record[0].message)
+    assert mon.nonfinite.step == 5 and mon.nonfinite.origins is None
+    mon.close()
