@@ -55,7 +55,7 @@ def _report(args: argparse.Namespace) -> int:
     try:
         path = view.save_html(args.output, title=args.title)
     except FileNotFoundError as err:
-        print(f"sowviz report: {err}", file=sys.stderr)
+        print(f"sowviz report: {str(err).removeprefix('sowviz: ')}", file=sys.stderr)
         return 2
     size = path.stat().st_size
     kept = len(view.history)
@@ -94,9 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     report.add_argument("--title", default=None, help="report title (default: the model's)")
     report.set_defaults(run=_report)
     args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return 0
+    if args.command is None:  # a usage error, as argparse's own
+        parser.print_help(sys.stderr)
+        return 2
     return args.run(args)
 
 

@@ -542,3 +542,26 @@ def test_the_view_picks_up_a_rewritten_model(run, tmp_path):
     view.poll()
     assert [p["id"] for p in widget.model["probes"]] == [p["id"] for p in model["probes"]]
     assert widget.model["history"]["steps"] == [0, 1]
+
+
+def test_report_cli_on_a_directory_that_is_no_run_log(tmp_path, capsys):
+    from sowviz.__main__ import main
+
+    # the Monitor's `tensorboard/` subdirectory, given instead of its `log_dir`
+    tb = tmp_path / "exp1" / "tensorboard"
+    tb.mkdir(parents=True)
+    (tb / "events.out.tfevents.1.host").write_bytes(b"")
+    assert main(["report", str(tb), "-o", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert "is not a Monitor's run log" in err and "tensorboard --logdir" in err
+    assert str(tmp_path / "exp1") in err and "sowviz report: sowviz:" not in err
+    # a run that has recorded nothing yet: its empty steps.log, no model
+    run = tmp_path / "early"
+    run.mkdir()
+    (run / "steps.log").write_bytes(b"")
+    assert main(["report", str(run), "-o", str(tmp_path / "r.html")]) == 2
+    assert "the run wrote no model yet" in capsys.readouterr().err
+    assert not (tmp_path / "r.html").exists()
+    # no command: the help, and the exit status of a usage error
+    assert main([]) == 2
+    assert "commands:" in capsys.readouterr().err

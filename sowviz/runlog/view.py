@@ -20,7 +20,7 @@ from typing import Any
 
 from .._history import History
 from .reader import LogReader
-from .writer import MODEL_FILE
+from .writer import MODEL_FILE, STEPS_FILE
 
 POLL_S = 0.5  # how often a displayed view looks for new steps
 
@@ -126,10 +126,7 @@ class RunLogView:
         self.refresh()
         model = self.model
         if not model:
-            raise FileNotFoundError(
-                f"sowviz: {self.log_dir}/model.json is missing: the run wrote no model yet "
-                "(it appears at the Monitor's first recorded step)."
-            )
+            raise FileNotFoundError(_no_model(pathlib.Path(self.log_dir)))
         out = pathlib.Path(path)
         atomic_write(out, render_html(model, title=title).encode("utf-8"))
         return out
@@ -205,6 +202,23 @@ def _merge(full: dict[str, dict], latest: dict[str, dict]) -> dict[str, dict]:
         keep = {k: base[k] for k in ("shape", "dtype", "size", "complex") if k in base}
         out[mode] = {**keep, **lite}
     return out
+
+
+def _no_model(log_dir: pathlib.Path) -> str:
+    """Why `log_dir` has no report yet: a run that recorded nothing yet, or a directory
+    that is no run log at all (its `tensorboard/` subdirectory, say)."""
+    if (log_dir / STEPS_FILE).exists():
+        return (
+            f"sowviz: {log_dir}/{MODEL_FILE} is missing: the run wrote no model yet (it "
+            "appears when the Monitor's first recorded step reaches the host)."
+        )
+    what = f"sowviz: {log_dir} is not a Monitor's run log (it holds no {STEPS_FILE})"
+    if any(log_dir.glob("events.out.tfevents.*")):
+        what += (
+            f": it holds TensorBoard event files, which `tensorboard --logdir {log_dir}` "
+            f"shows; the run log is the `log_dir` given to the Monitor ({log_dir.parent}?)"
+        )
+    return what + ". Pass the `log_dir` given to `sowviz.Monitor(..., log_dir=...)`."
 
 
 def load(log_dir: str | os.PathLike, *, history: int = 200) -> RunLogView:
