@@ -525,15 +525,30 @@ class Runner:
         self._instrumented = jax.jit(self._instrumented_program, static_argnums=(0, 3, 4))
         self._plain = jax.jit(self._plain_program, static_argnums=0)
 
-    def _transformed(self, traced: Traced, run: Callable) -> Callable:
-        return transform(run, traced.layout, self.options.mode, self.options.argnums)
+    def _transformed(self, traced: Traced, run: Callable, placed: Any = None) -> Callable:
+        return transform(run, traced.layout, self.options.mode, self.options.argnums, placed)
+
+    def _placements(self) -> list | None:
+        """Per dyn leaf of the arguments being traced, its sharding when it is committed
+        to several devices (else None): where the instrumented program puts gradients."""
+        args = self.family.local.args
+        if args is None or jax.device_count() == 1:
+            return None
+        _, concrete = split(args, "inspect")  # split once already: no error here
+        placed = [
+            x.sharding
+            if isinstance(x, jax.Array) and x.committed and len(x.sharding.device_set) > 1
+            else None
+            for x in concrete
+        ]
+        return placed if any(p is not None for p in placed) else None
 
     def _instrumented_program(
         self, spec: ArgSpec, dyn: list, extra: tuple, inline: bool = False, steps: bool = False
     ) -> Out:
         o = self.options
         traced = self.family.traced(o, spec, dyn)
-        fn = self._transformed(traced, traced.probed_for(o.mode))
+        fn = self._transformed(traced, traced.probed_for(o.mode), self._placements())
         capture = SaveIntermediates(
             fn,
             tag=(PROBE_TAG, o.tag),

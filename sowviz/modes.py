@@ -34,7 +34,7 @@ import functools
 import math
 import sys
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -303,14 +303,21 @@ def with_aux(mode: Mode | str, result: Any, aux: Any) -> Any:
 
 
 def transform(
-    run: Callable[[list], Any], layout: Layout, mode: Mode, argnums: Any
+    run: Callable[[list], Any],
+    layout: Layout,
+    mode: Mode,
+    argnums: Any,
+    placed: Sequence[Any] | None = None,
 ) -> Callable[[list, tuple], Any]:
     """`run` (flat array inputs → `(output pytree, state)`, `state` the arguments' new
     values that `fn` assigned in place, `Traced.state`) under `mode`, as a function of
     `(dyn, extra)` returning `(result, state)`: `extra` is `(tangents, cotangents)`
     (each None for the default; tangents one per floating leaf, in `layout.floating`
     order). `state` is carried as JAX's `has_aux` carries auxiliary outputs: never
-    differentiated."""
+    differentiated. `placed` (per dyn leaf, a sharding or None): grad mode returns each
+    gradient placed like its argument, as `jax.jit` does for a plain program (an
+    instrumented one, with its probes as outputs too, was partitioned otherwise: the
+    gradients of replicated parameters came back split over the batch's axis)."""
     mode = Mode(mode)
     if mode is Mode.PRIMAL:
         return lambda dyn, extra: run(dyn)
@@ -339,6 +346,11 @@ def transform(
                 f, (tuple(dyn[j] for j in pos),), _check_scalar, has_aux=True
             )
             (gs,) = pull(jax.lax.full_like(value, 1))
+            if placed is not None:
+                gs = tuple(
+                    g if placed[j] is None else jax.lax.with_sharding_constraint(g, placed[j])
+                    for j, g in zip(pos, gs, strict=True)
+                )
             trees = layout.input_trees(nums, dict(zip(pos, gs, strict=True)))
             return (value, (trees[0] if isinstance(argnums, int) else trees)), state
 

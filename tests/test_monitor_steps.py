@@ -375,3 +375,40 @@ def test_a_monitor_summarises_mid_sized_arrays_in_blocks_and_inspect_in_its_layo
             edges = np.asarray(got["hist"]["edges"], np.float32)
             counts, _ = np.histogram(ref.astype(np.float32), edges)
             np.testing.assert_array_equal(got["hist"]["counts"], counts, err_msg=where)
+
+
+@pytest.mark.parametrize("every", [1, 3])
+def test_gradients_are_placed_like_their_parameters_as_under_jit(every):
+    # Data parallelism: replicated parameters, a batch split over 8 devices. jit returns
+    # replicated gradients; the instrumented program, partitioned with its probes as
+    # outputs too, returned them split over the batch's axis, so an optimiser's update
+    # moved the parameters there and every later step compiled again.
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 devices")
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    k1, k2 = jax.random.split(jax.random.PRNGKey(0))
+    params = jax.device_put(
+        {"w": jax.random.normal(k1, (4, 16)) / 2, "b": jnp.zeros(16), "v": jnp.ones((16, 1))}, rep
+    )
+    x = jax.device_put(jax.random.normal(k2, (32, 4)), rows)
+    y = jax.device_put(jnp.sum(x, axis=1, keepdims=True), rows)
+
+    def loss(p, x, y):
+        with jax.named_scope("hidden"):
+            h = jnp.tanh(x @ p["w"] + p["b"])
+        return jnp.mean((h @ p["v"] - y) ** 2)
+
+    ref = jax.jit(jax.value_and_grad(loss))
+    mon = sowviz.Monitor(loss, every=every)
+    for _ in range(4):
+        value, grads = mon.step(params, x, y)
+        want, want_grads = ref(params, x, y)
+        np.testing.assert_allclose(value, want, rtol=1e-6)
+        for k, g in grads.items():
+            np.testing.assert_allclose(g, want_grads[k], rtol=1e-5, atol=1e-7)
+            assert g.sharding.is_equivalent_to(want_grads[k].sharding, g.ndim), k
+            assert g.sharding.is_equivalent_to(params[k].sharding, g.ndim), k
+        params = jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads)
+    mon.close()
