@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ._global import host_tree
 from .capture.api import META_KEYS, SaveIntermediates
 
 _CACHE: collections.OrderedDict[Any, Any] = collections.OrderedDict()
@@ -131,7 +132,7 @@ def count_run(fn: Any, args: tuple, options: Any) -> tuple[Any, list[CountProbe]
     traced, program = hit
     user = P._user_tangents(spec, dyn, options.tangents, "locate", lambda: traced.layout)
     extra = (tangent_inputs(options.mode, user, lambda: traced.layout, dyn), options.cotangents)
-    result, counts = jax.device_get(program(dyn, extra))
+    result, counts = host_tree(program(dyn, extra))
     per_node: dict[str, dict[str, dict[str, Any]]] = {}
     for (t, name, key), leaves in counts.items():
         node = name if t == P.PROBE_TAG else _sow_node(traced.graph, name)

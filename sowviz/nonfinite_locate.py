@@ -16,6 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ._global import host_value
 from .nonfinite import find, node_flags, with_equations
 from .nonfinite_record import Equation, NonFinite, Origins
 
@@ -25,7 +26,7 @@ def _bad(x: Any) -> bool:
         return False
     if not np.issubdtype(np.dtype(x.dtype), np.inexact):
         return False
-    return not bool(np.all(np.isfinite(np.asarray(jax.device_get(x)))))
+    return not bool(np.all(np.isfinite(host_value(x))))
 
 
 def _mode(options: Any) -> str:
@@ -248,10 +249,10 @@ def origins_of(out: Any, probes: Sequence[Any], options: Any) -> Origins | None:
     """The stage-level origins of one instrumented run (`_program.Out`, its `clean` flag
     set), from its probes."""
     finite = getattr(out, "finite", None)
-    all_finite = None if finite is None else bool(np.all(jax.device_get(finite)))
+    all_finite = None if finite is None else bool(np.all(host_value(finite)))
     # The program's own flag (`_program.probes_clean`) answers for every probe without
     # reading their summaries' JSON, which `Probe.summaries` makes only when read.
-    probes_clean = bool(np.all(jax.device_get(out.clean)))
+    probes_clean = bool(np.all(host_value(out.clean)))
     if all_finite and probes_clean:
         return None  # the common case: no rule to run
     return find(

@@ -72,6 +72,28 @@ def main(port: str, pid: int, log_dir: str) -> None:
         report["monitor"] = "ok"
     except Exception as err:  # reported to the test, which shows it
         report["monitor"] = f"{type(err).__name__}: {err}"
+
+    def loss_nan(p, x, y, c):  # NaN at the step where c < 0
+        with jax.named_scope("hidden"):
+            h = jnp.tanh(x @ p["w0"]) * jnp.sqrt(c)
+        return jnp.mean((h @ p["w1"] - y) ** 2)
+
+    try:  # a NaN on an unrecorded step: located by a re-run on both processes
+        mon = sowviz.Monitor(loss_nan, every=3)
+        for step in range(4):
+            _, grads = mon.step(params, x, y, jnp.asarray(-1.0 if step == 2 else 1.0))
+            report["grad_specs"] = {k: list(g.sharding.spec) for k, g in grads.items()}
+        mon.flush()
+        nf = mon.nonfinite
+        eq = nf.origins.forward.equation if nf.origins and nf.origins.forward else None
+        report["nan"] = {
+            "step": nf.step,
+            "located": bool(nf.origins and nf.origins.located),
+            "primitive": eq.primitive if eq else None,
+        }
+        mon.close()
+    except Exception as err:
+        report["nan"] = f"{type(err).__name__}: {err}"
     # The process-0 rule itself: another process gets no sinks and creates nothing.
     other = os.path.join(os.path.dirname(log_dir), f"direct-{pid}")
     report["direct_sinks"] = len(make_sinks(other))

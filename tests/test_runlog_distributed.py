@@ -91,5 +91,11 @@ def test_two_processes_step_in_lockstep_and_only_process_0_writes(tmp_path):
     assert [e["step"] for e in view.history] == [0, 1, 2, 3]
     assert [e["loss"] for e in view.history] == pytest.approx(reports[0]["losses"], rel=1e-6)
     assert {p["name"] for p in view.model["probes"]} >= {"hidden", "head"}
+    # A NaN on an unrecorded step is located on every process ("Fetching value for
+    # jax.Array that spans non-addressable devices" stopped it), and gradients of
+    # replicated parameters come back replicated, as under jit.
+    for r in reports.values():
+        assert r["nan"] == {"step": 2, "located": True, "primitive": "sqrt"}, r["nan"]
+        assert r["grad_specs"] == {"w0": [], "w1": []}  # replicated
     assert reports[0]["direct_sinks"] == 1 and reports[0]["direct_created"]
     assert reports[1]["direct_sinks"] == 0 and not reports[1]["direct_created"]
