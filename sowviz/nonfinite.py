@@ -203,6 +203,24 @@ class _Index:
             todo += self.into.get(src, ())
         return out
 
+    def probed_after(self, node: str, probed: set[str], limit: int = 2) -> list[str]:
+        """The probed nodes reading `node`'s values through unprobed equations (at most
+        `limit`, the nearest first): an unprobed `node`'s output cotangent is unseen, so
+        one of their backward rules may have made the NaN that reaches past `node`."""
+        out: list[str] = []
+        seen: set[str] = set()
+        todo = list(self.consumers(node))
+        while todo and len(out) < limit:
+            dst = todo.pop(0)
+            if dst in seen:
+                continue
+            seen.add(dst)
+            if dst in probed:
+                out.append(dst)
+            elif self.nodes[dst].kind == "eqn":
+                todo += self.consumers(dst)
+        return out
+
     def path(self, node: str | None) -> tuple[str, ...]:
         """Labels of the stages from the top level down to `node` (the root left out)."""
         if node is None:
@@ -275,6 +293,14 @@ def find(
         reach = max(bwd, key=lambda n: ix.key(n, bwd[n].bwd_iter))
         cands = [c for c in ix.consumers(reach) if not (c in flags and flags[c].bwd)]
         cands.sort(key=lambda c: ix.exit[c], reverse=True)  # the latest runs first backward
+        if cands and cands[0] not in probed:
+            # An unprobed equation's output cotangent is unseen: the stages reading its
+            # values may have made the NaN (`associative_scan`'s backward, through the
+            # `dot_general` before it), and one holding forward non-finite values
+            # explains it (it comes first).
+            later = [c for c in ix.probed_after(cands[0], probed) if c not in cands]
+            cands += later
+            cands.sort(key=lambda c: not (c in later and c in flags and flags[c].fwd))
         made = cands[0] if cands else None
         n = ix.nodes
         made_node = n[made] if made is not None else None

@@ -66,10 +66,12 @@ def backward_message(
     `from_forward`: `made` holds non-finite forward values."""
     if made is None:
         return f"the cotangent of {stage_name(reach)} is non-finite where the backward pass starts"
-    alt = f" (or of {', '.join(stage_name(c) for c in others)})" if others else ""
-    return backward_sentence(
-        f"{stage_name(made)}{alt}", f", reaching {stage_name(reach)}", from_forward
-    )
+    names = ", ".join(stage_name(c) for c in others)
+    if from_forward:
+        alt = f" (unless the backward of {names} made it)" if others else ""
+        return backward_sentence(stage_name(made), f", reaching {stage_name(reach)}{alt}", True)
+    alt = f" (or of {names})" if others else ""
+    return backward_sentence(f"{stage_name(made)}{alt}", f", reaching {stage_name(reach)}", False)
 
 
 def backward_sentence(name: str, reach: str, from_forward: bool) -> str:

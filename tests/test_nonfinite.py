@@ -826,3 +826,28 @@ def test_monitor_says_when_donated_arguments_keep_it_from_locating(tmp_path):
     assert "stop_on_nonfinite=True" in str(record[0].message)
     assert mon.nonfinite.step == 5 and mon.nonfinite.origins is None
     mon.close()
+
+
+def _unprobed_then_nan(w, x):
+    a = x @ w  # a top-level equation: no probe sees its cotangent
+    with jax.named_scope("tail"):
+        h = a * jnp.log(-jnp.abs(a))  # NaN forward, so its backward makes NaN too
+    return jnp.sum(h)
+
+
+def test_a_nan_cotangent_past_an_unprobed_equation_names_the_stage_that_made_it():
+    # The gradient of `w` is NaN, the cotangent `tail`'s output receives is finite, and
+    # `a`'s (unprobed) is NaN: `tail`'s backward made it, from its forward NaN. The rule
+    # named only the unprobed `dot_general` ("born in the backward of `dot_general`").
+    import sowviz
+
+    w, x = jnp.ones((3, 4)) / 3, jnp.linspace(0.5, 1.5, 6).reshape(2, 3)
+    a = x @ w
+    assert np.isnan(jax.grad(lambda a: jnp.sum(a * jnp.log(-jnp.abs(a))))(a)).all()
+    ins = sowviz.inspect(_unprobed_then_nan, w, x)
+    tail = next(p for p in ins.probes if ins.graph.node(p.node).label == "tail")
+    assert tail.summaries["primal"]["nan"] > 0 and tail.summaries["cotangent"]["nan"] == 0
+    back = ins.nonfinite.backward
+    assert ins.graph.node(back.node).label == "tail"
+    assert back.message.startswith("follows from the forward pass: `tail`")
+    assert "reaching `w`" in back.message and "unless the backward of `dot_general`" in back.message
