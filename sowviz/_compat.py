@@ -415,13 +415,25 @@ def replace_jaxpr(jaxpr: Jaxpr, **changes: Any) -> Jaxpr:
 _JAX_DIR = os.path.dirname(os.path.abspath(jax.__file__)) + os.sep
 
 
-def defined_in_jax(sub_program: Any) -> bool:
-    """Whether the function `sub_program` was traced from is JAX's own (its
-    `debug_info.func_src_info`, "name at file:line", points into the jax package)."""
+def _traced_from(sub_program: Any) -> str:
+    """The file of the function `sub_program` was traced from (its
+    `debug_info.func_src_info`, "name at file:line"), or ""."""
     jaxpr, _ = jaxpr_and_consts(sub_program)
     src = getattr(getattr(jaxpr, "debug_info", None), "func_src_info", None) or ""
     file = src.partition(" at ")[2].rpartition(":")[0]
-    return bool(file) and os.path.abspath(file).startswith(_JAX_DIR)
+    return os.path.abspath(file) if file else ""
+
+
+def defined_in_jax(sub_program: Any) -> bool:
+    """Whether the function `sub_program` was traced from is JAX's own."""
+    return _traced_from(sub_program).startswith(_JAX_DIR)
+
+
+def defined_in_library(sub_program: Any) -> bool:
+    """Whether the function `sub_program` was traced from is JAX's or an installed
+    package's (Equinox's `filter_checkpoint` traces its own `fun_checkpoint`)."""
+    file = _traced_from(sub_program)
+    return file.startswith(_JAX_DIR) or any(d in file for d in _LIBRARY_DIRS)
 
 
 def with_outputs(closed: Any, outvars: list) -> Any:

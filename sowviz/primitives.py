@@ -97,6 +97,19 @@ def _scan(params: Mapping[str, Any], name: str) -> str:
     return f"scan({body})" if body else "scan"
 
 
+def _named(construct: str) -> Label:
+    """`checkpoint(block)`, `shard_map(step)`: the construct and the function it
+    wraps, as `scan(body)`; the construct alone for a lambda, or for a library's own
+    wrapper (Equinox's `filter_checkpoint` traces its `fun_checkpoint`)."""
+
+    def label(params: Mapping[str, Any], name: str) -> str:
+        sub = params["jaxpr"]
+        body = None if _compat.defined_in_library(sub) else function_name(sub)
+        return f"{construct}({body})" if body else construct
+
+    return label
+
+
 def _custom(params: Mapping[str, Any], name: str) -> str:
     return str(params.get("name") or function_name(params["call_jaxpr"]) or name)
 
@@ -152,7 +165,7 @@ SPECS: tuple[PrimitiveSpec, ...] = (
         ),
         _fixed("while"),
     ),
-    PrimitiveSpec(Construct.REMAT, _compat.REMAT, "remat", _BODY, _fixed("checkpoint")),
+    PrimitiveSpec(Construct.REMAT, _compat.REMAT, "remat", _BODY, _named("checkpoint")),
     PrimitiveSpec(
         Construct.CUSTOM_JVP,
         frozenset({_compat.CUSTOM_JVP}),
@@ -172,7 +185,7 @@ SPECS: tuple[PrimitiveSpec, ...] = (
         shows_primitive=True,
     ),
     PrimitiveSpec(
-        Construct.SHARD_MAP, frozenset({_compat.SHARD_MAP}), "shard_map", _BODY, _fixed("shard_map")
+        Construct.SHARD_MAP, frozenset({_compat.SHARD_MAP}), "shard_map", _BODY, _named("shard_map")
     ),
     # The graph renames Tesseract stages (`tesseract_names`); "tesseract" is the fallback.
     PrimitiveSpec(

@@ -278,8 +278,11 @@ def test_while_loop():
 
 
 def test_checkpoint():
+    # named by the function it wraps, as `scan(body)`; a lambda's is `checkpoint`
     _, g = graph_of(with_checkpoint, X)
-    r = one(g, "checkpoint", "remat")
+    r = one(g, "checkpoint(block)", "remat")
+    _, g2 = graph_of(lambda x: jnp.sum(jax.checkpoint(lambda a: jnp.sin(a) * 2.0)(x)), X)
+    one(g2, "checkpoint", "remat")
     assert {n.label for n in g.children(r.id)} == {"sin", "cos", "mul"}
     assert one(g, "sin").source.line == line_of("@remat_body")
     assert [p.node for p in stage_points(g)] == [r.id]
@@ -495,7 +498,7 @@ def test_instrument_jvp_and_vjp_and_while():
     fn2 = instrument(closed2, g2.probe_points, tag="auto")
     _, pullback = jax.vjp(lambda a: fn2(a)[0], X)
     modes2 = modes_by_name(jax.make_jaxpr(pullback)(jnp.float32(1.0)))
-    assert ("C",) in modes2[one(g2, "checkpoint").id]
+    assert ("C",) in modes2[one(g2, "checkpoint(block)").id]
 
 
 def test_a_solver_inside_a_custom_vjp_is_probed_beside_the_program():
@@ -564,7 +567,7 @@ def test_shard_map_stage():
 
     x = jax.device_put(jnp.arange(8.0), jax.NamedSharding(mesh, spec))
     closed, g = graph_of(f, x, capture="all")
-    sm = one(g, "shard_map", "shard_map")
+    sm = one(g, "shard_map(local)", "shard_map")
     assert {n.label for n in g.children(sm.id)} == {"sin", "psum_invariant"}
     fn = instrument(closed, g.probe_points, tag="auto")
     _assert_same(jax.jit(fn)(x), jax.jit(_run_plain(closed))(x))

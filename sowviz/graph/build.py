@@ -145,7 +145,7 @@ def _name_checkpoints(recs: Sequence[_Rec]) -> None:
             and only[0].kind == "scope"
             and only[0].label in frameworks.PUSHED
         ):
-            rec.label = f"{rec.label}({only[0].label})"
+            rec.label = f"{rec.label.partition('(')[0]}({only[0].label})"
 
 
 class _Rec:

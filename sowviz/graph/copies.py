@@ -20,7 +20,7 @@ from typing import Any
 from .. import _compat
 from .._forwarding import forwarded_operand
 from ..primitives import Construct, construct_of
-from .frameworks import Copy, Path
+from .frameworks import Copy, Path, _Root
 from .names import _TOKEN
 
 #: Where a sub-program sits: the steps from the top, (equation index, param, index),
@@ -110,8 +110,12 @@ def _tokens(name: str) -> list[Any]:
 
 
 def _path_tokens(path: Path) -> list[Any]:
-    # Equinox's dict keys are kept as 1-tuples (`frameworks._eqx_modules`).
-    return [p[0] if isinstance(p, tuple) else p for p in path]
+    # Equinox's dict keys are kept as 1-tuples (`frameworks._eqx_modules`); a root of
+    # several models is named by its argument (`bs[0]`, a list of blocks passed in).
+    out: list[Any] = []
+    for p in path:
+        out += _tokens(p) if isinstance(p, _Root) else [p[0] if isinstance(p, tuple) else p]
+    return out
 
 
 def _holds(tokens: list[Any], part: list[Any]) -> bool:

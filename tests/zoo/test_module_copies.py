@@ -263,6 +263,30 @@ def test_equinox_checkpoint_per_layer_names_each_layer():
     assert lambdas == ["Lambda", "Lambda#2", "checkpoint(Lambda#2)", "checkpoint(Lambda)"]
 
 
+def test_equinox_checkpointed_blocks_passed_as_a_list_are_named_by_their_argument():
+    # `loss(blocks, x)` with a plain list of modules: each is a root named by its
+    # argument (`blocks[1]: EqxBlock`); checkpointed, each copy was `EqxBlock#2` and its
+    # checkpoint `checkpoint(fun_checkpoint)(EqxBlock#2)`, Equinox's own wrapper named.
+    blocks = [EqxBlock(k) for k in jax.random.split(jax.random.PRNGKey(9), 3)]
+    x = X[0] @ jnp.ones((4, D))
+
+    def loss(blocks, x):
+        for b in blocks:
+            x = eqx.filter_checkpoint(b)(x)
+        return jnp.sum(x**2)
+
+    ins = sowviz.inspect(loss, blocks, x, mode="grad")
+    assert_value_and_grad(ins.result, *eqx.filter_value_and_grad(loss)(blocks, x))
+    stages = _paths(ins.graph)
+    assert not any("fun_checkpoint" in p or "#" in p for p in stages), stages
+    h = x
+    for i, block in enumerate(blocks):
+        h = block(h)
+        name = f"blocks[{i}]: EqxBlock"
+        assert any(p.endswith(f"checkpoint({name})/{name}") for p in stages), stages
+        assert name in _stage_carrying(ins, h)
+
+
 class NnxScanBesideOneLike(nnx.Module):
     """A stack of `Linear(D, D)` scanned, beside one unstacked `Linear(D, D)`: a scanned
     layer's shapes are also that module's."""
