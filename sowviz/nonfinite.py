@@ -181,13 +181,18 @@ class _Index:
 
     def consumers(self, node: str) -> list[str]:
         """The nodes reading `node`'s values: its level's edges, else its parent's."""
+        return self._readers(node)[0]
+
+    def _readers(self, node: str) -> tuple[list[str], str | None]:
+        """`consumers(node)`, and the node whose edges they are (`node`, or the ancestor
+        whose output `node`'s values are)."""
         cur: str | None = node
         while cur is not None:
             targets = [t for t in self.out.get(cur, ()) if t not in self.outputs]
             if targets or cur in self.out:
-                return targets
+                return targets, cur
             cur = self.nodes[cur].parent
-        return []
+        return [], None
 
     def unprobed_before(self, node: str, probed: set[str], limit: int = 2) -> list[str]:
         """The unprobed equations whose values `node` reads, directly or through other
@@ -209,7 +214,13 @@ class _Index:
         one of their backward rules may have made the NaN that reaches past `node`."""
         out: list[str] = []
         seen: set[str] = set()
-        todo = list(self.consumers(node))
+
+        def readers(n: str) -> list[str]:
+            # values that leave a probed stage as its output: that cotangent is seen
+            targets, holder = self._readers(n)
+            return [] if holder != n and holder in probed else targets
+
+        todo = readers(node)
         while todo and len(out) < limit:
             dst = todo.pop(0)
             if dst in seen:
@@ -218,7 +229,7 @@ class _Index:
             if dst in probed:
                 out.append(dst)
             elif self.nodes[dst].kind == "eqn":
-                todo += self.consumers(dst)
+                todo += readers(dst)
         return out
 
     def path(self, node: str | None) -> tuple[str, ...]:

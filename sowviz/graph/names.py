@@ -240,6 +240,11 @@ def call_labels(path: tuple[str, ...]) -> tuple[str, ...]:
     return out
 
 
+#: A level of at most `line_limit` nodes folds one library call's run of at least this
+#: many equations (`gelu`: 8, `make_causal_mask`: 7; not `jnp.mean`'s 3).
+SMALL_LEVEL_RUN = 5
+
+
 def fold_names(
     names: list[tuple[str, ...]],
     locs: Sequence[_compat.SourceLocation | None],
@@ -259,8 +264,8 @@ def fold_names(
     which holds `clip_by_global_norm` and `scale_by_adam`, and so on down. A line that
     is the call of the module whose stage holds the run (`at_module_call`) is not
     folded first: the module's own calls say more. A level of at most `line_limit`
-    nodes folds only runs of 3 or more equations of one library call on one line
-    (`gelu`, `make_causal_mask`), unless the call is named like one of its
+    nodes folds only runs of `SMALL_LEVEL_RUN` or more equations of one library call
+    on one line (`gelu`, `make_causal_mask`), unless the call is named like one of its
     equations' `primitives` (`lax.conv_general_dilated` and the reshapes around it)."""
     if call_path is None and max(_direct(names).values(), default=0) <= line_limit:
         return names
@@ -321,6 +326,18 @@ def fold_names(
     def unscoped(i: int) -> bool:
         return not out[i] or out[i][0].startswith(FOLD)
 
+    def long_run(i: int, what: str) -> bool:
+        # At least SMALL_LEVEL_RUN equations around `i` from its line and this call.
+        def same(m: int) -> bool:
+            return 0 <= m < len(out) and locs[m] == locs[i] and calls(m)[:1] == (what,)
+
+        lo = hi = i
+        while same(lo - 1) and i - lo < SMALL_LEVEL_RUN:
+            lo -= 1
+        while same(hi + 1) and hi - lo + 1 < SMALL_LEVEL_RUN:
+            hi += 1
+        return hi - lo + 1 >= SMALL_LEVEL_RUN
+
     def line_key(library: bool) -> Callable[[int], str | None]:
         # Runs inside one scope (or none) whose level is big, from one line: a user's
         # line, or (`library`) one a library's body traced without the user's frames.
@@ -335,6 +352,10 @@ def fold_names(
                 # seven integer equations beside the model's layers), nothing else.
                 what = calls(i)[:1]
                 if library or not what or (i < len(primitives) and what[0] == primitives[i]):
+                    return None
+                if what[0].startswith("_") or not long_run(i, what[0]):
+                    # `jnp.mean`'s three equations read well as they are, and a
+                    # library's private helper (Flax's `_normalize`) names nothing
                     return None
                 own = function_label(loc.function)[0]
                 return f"{own}:{loc.line}\x02{'/'.join(scope)}\x03{what[0]}"
