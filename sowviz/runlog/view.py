@@ -205,9 +205,10 @@ def _merge(full: dict[str, dict], latest: dict[str, dict]) -> dict[str, dict]:
 
 
 def _no_model(log_dir: pathlib.Path) -> str:
-    """Why `log_dir` has no report yet: a run that recorded nothing yet, or a directory
-    that is no run log at all (its `tensorboard/` subdirectory, say)."""
-    if (log_dir / STEPS_FILE).exists():
+    """Why `log_dir` has no report yet: a run that recorded nothing yet (or an empty
+    directory a run is about to use), or a directory that is no run log at all (its
+    `tensorboard/` subdirectory, say)."""
+    if (log_dir / STEPS_FILE).exists() or not any(log_dir.iterdir()):
         return (
             f"sowviz: {log_dir}/{MODEL_FILE} is missing: the run wrote no model yet (it "
             "appears when the Monitor's first recorded step reaches the host)."
