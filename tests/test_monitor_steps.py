@@ -412,3 +412,33 @@ def test_gradients_are_placed_like_their_parameters_as_under_jit(every):
             assert g.sharding.is_equivalent_to(params[k].sharding, g.ndim), k
         params = jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads)
     mon.close()
+
+
+def test_unrecorded_steps_are_bit_for_bit_jit_value_and_grad():
+    # The README's promise: a Monitor's unrecorded steps run the plain program, equal to
+    # `jax.jit(jax.value_and_grad(fn))` to the last bit for a pytree of arrays.
+    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(0), 3)
+    params = {
+        "w1": jax.random.normal(k1, (8, 64)) / 3,
+        "b1": jnp.zeros(64),
+        "w2": jax.random.normal(k2, (64, 1)) / 8,
+    }
+
+    def loss(p, x, y):
+        with jax.named_scope("hidden"):
+            h = jax.nn.gelu(x @ p["w1"] + p["b1"])
+        return jnp.mean((h @ p["w2"] - y) ** 2)
+
+    ref = jax.jit(jax.value_and_grad(loss))
+    mon = sowviz.Monitor(loss, every=4)
+    for step in range(6):
+        x = jax.random.normal(jax.random.fold_in(k3, step), (32, 8))
+        y = jnp.sin(x[:, :1])
+        value, grads = mon.step(params, x, y)
+        want, want_grads = ref(params, x, y)
+        if step % 4:  # unrecorded
+            np.testing.assert_array_equal(value, want)
+            for k in grads:
+                np.testing.assert_array_equal(grads[k], want_grads[k], err_msg=k)
+        params = jax.tree_util.tree_map(lambda a, b: a - 0.1 * b, params, grads)
+    mon.close()
