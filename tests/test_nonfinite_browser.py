@@ -82,6 +82,13 @@ def test_producer_is_drawn_apart_from_propagators(page, nan_report):
     dash = "el => getComputedStyle(el.querySelector('.sv-node-bg')).strokeDasharray"
     assert node(pg, norm).evaluate(dash) in ("none", "")
     assert node(pg, head).evaluate(dash) not in ("none", "")
+    # faces say what the NaN nodes hold: the statistics are over finite values (a
+    # NaN gradient's ‖grad‖₂ read 0), and the NaN loss is no finite number
+    w_face = node(pg, by_label["w"]).locator(".sv-value").text_content()
+    n_nan = next(p for p in ins.probes if p.node == by_label["w"]).summaries["cotangent"]["nan"]
+    assert n_nan == 12 and w_face == f"grad: {n_nan} NaN"
+    output = next(n.id for n in ins.graph.nodes if n.kind == "output")
+    assert node(pg, output).locator(".sv-value").text_content() == "value = NaN"
     ARTIFACTS.mkdir(exist_ok=True)
     pg.screenshot(path=str(ARTIFACTS / "nonfinite_roles.png"))
     assert page.errors == []

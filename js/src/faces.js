@@ -28,7 +28,7 @@ export function sparklinePath(counts, w, h) {
 /**
  * Faces for the given node ids. The colour scale spans every node in the model with
  * the statistic, so colours do not shift when stages open and close.
- * @returns {{faces: Map<string, {value: number|null, colour: string|null, text: string, hist: number[]|null}>, scale: ReturnType<typeof logScale>}}
+ * @returns {{faces: Map<string, {value: number|null, colour: string|null, text: string, short: string, hist: number[]|null}>, scale: ReturnType<typeof logScale>}}
  */
 export function computeFaces(index, ids, { mode, stat }) {
   const all = [];
@@ -44,12 +44,45 @@ export function computeFaces(index, ids, { mode, stat }) {
       if (s?.hist?.counts?.length) { hist = s.hist.counts; break; }
     }
     let text = value == null ? "" : `${statSymbol(mode, stat)} = ${fmt(value)}`;
+    // Statistics are over the finite values: a NaN gradient's ‖grad‖₂ is 0 over none
+    // of them, so the face says what else it holds ("grad: 128 NaN", "‖grad‖₂ = 2 · 1 +Inf").
+    const bad = nonfiniteCounts(probes, mode);
+    // `short`: what a narrow face shows instead of `text` (the counts alone)
+    let short = null;
+    if (bad.text) {
+      short = `${MODE_WORDS[mode] ?? mode}: ${bad.text}`;
+      text = bad.finite === 0 ? short : `${text} · ${bad.text}`;
+    }
     // The program's scalar output (the loss) shows its value, whatever colours the nodes.
     const out = index.nodes.get(id)?.kind === "output" ? probes?.[0]?.summaries?.primal : null;
-    if (out && out.size === 1 && out.mean != null) text = `value = ${fmt(out.mean)}`;
-    faces.set(id, { value, colour: scale.colour(value), text, hist });
+    if (out && out.size === 1) {
+      const own = nonfiniteCounts([probes[0]], "primal");
+      if (own.text) text = `value = ${own.kind}`;
+      else if (out.mean != null) text = `value = ${fmt(out.mean)}`;
+    }
+    faces.set(id, { value, colour: scale.colour(value), text, short: short ?? text, hist });
   }
   return { faces, scale };
+}
+
+/**
+ * The non-finite values a node's probes hold in `mode`: `text` ("128 NaN", "3 NaN,
+ * 1 +Inf"; "" when none), how many finite values there are, and the statistic's
+ * word when none is finite (`kind`: "NaN", or the sign of the infinities).
+ */
+export function nonfiniteCounts(probes, mode) {
+  let nan = 0, pos = 0, neg = 0, finite = 0;
+  for (const p of probes ?? []) {
+    const s = p.summaries?.[mode];
+    if (!s) continue;
+    nan += s.nan ?? 0; pos += s.posinf ?? 0; neg += s.neginf ?? 0; finite += s.count ?? 0;
+  }
+  const parts = [];
+  if (nan) parts.push(`${nan} NaN`);
+  if (pos) parts.push(`${pos} +Inf`);
+  if (neg) parts.push(`${neg} −Inf`);
+  const kind = nan || (pos && neg) ? "NaN" : pos ? "+Inf" : "−Inf";
+  return { text: parts.join(", "), finite, kind };
 }
 
 const MODE_WORDS = { primal: "x", tangent: "tan", cotangent: "grad" };

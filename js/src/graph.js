@@ -170,12 +170,18 @@ export class GraphView {
       kind.append(s("rect", { width: kw, height: 15, rx: 7.5 }), s("text", { x: kw / 2, y: 11, "text-anchor": "middle", text: node.kind }));
       g.append(kind, s("text", { class: "sv-shape", x: 20 + kw, y: 39, text: ellipsis(shapeText(node), Math.max(4, Math.floor((w - kw - 34) / 6.3))) }));
       if (spark) g.append(s("path", { class: "sv-spark", d: spark, transform: `translate(${w - 64},8)` }));
-      if (face?.text) g.append(s("text", { class: "sv-value", x: w - 8, y: h - 8, "text-anchor": "end", text: face.text }));
+      // a group of inputs holds no equations: say how many things it holds instead
+      const k = node.n_eqns || (this.index?.children.get(node.id)?.length ?? 0);
+      const t = node.repeats ? `+ ${node.repeats} blocks` : node.n_eqns ? `+ ${k} eqn${k === 1 ? "" : "s"}` : `+ ${k} inside`;
+      const tw = 10 + t.length * 6;
+      if (face?.text) {
+        // right of the expand button: a narrow face says only its non-finite counts
+        // (the full text is in the tooltip); 6.35 px per character of .sv-value
+        const room = Math.floor((w - 8 - (canExpand ? 14 + tw + 6 : 14)) / 6.35);
+        const text = face.text.length <= room ? face.text : face.short ?? face.text;
+        g.append(s("text", { class: "sv-value", x: w - 8, y: h - 8, "text-anchor": "end", text }));
+      }
       if (canExpand) {
-        // a group of inputs holds no equations: say how many things it holds instead
-        const k = node.n_eqns || (this.index?.children.get(node.id)?.length ?? 0);
-        const t = node.repeats ? `+ ${node.repeats} blocks` : node.n_eqns ? `+ ${k} eqn${k === 1 ? "" : "s"}` : `+ ${k} inside`;
-        const tw = 10 + t.length * 6;
         g.append(s("g", { class: "sv-toggle", "data-role": "toggle", transform: `translate(14,${h - 19})` }, [
           s("rect", { width: tw, height: 15, rx: 4 }),
           s("text", { x: tw / 2, y: 11, "text-anchor": "middle", text: t }),

@@ -54,6 +54,23 @@ test("node values say what they are", () => {
   assert.equal(faces.get("n3").text, "‖grad‖₂ = 0.001");
 });
 
+test("a face says what non-finite values a node holds: its statistics are over finite ones", () => {
+  const m = paramsModel();
+  const allNan = summary({ count: 0, nan: 4, l2: 0, mean: null, min: null, max: null });
+  m.probes[0].summaries.cotangent = allNan; // n3: every gradient NaN (its l2 is 0 over none)
+  m.probes[1].summaries.cotangent = summary({ count: 3, posinf: 1, l2: 2 }); // n4: one +Inf
+  m.nodes.push({ ...m.nodes[6], id: "n7", label: "output", kind: "output" });
+  m.probes.push({ id: "p3", name: "output", leaf: "", node: "n7", auto: true,
+    summaries: { primal: { ...allNan, shape: [], size: 1, nan: 1 }, cotangent: summary({ size: 1, l2: 1 }) } });
+  const ix = indexModel(m);
+  const { faces } = computeFaces(ix, ["n3", "n4", "n7"], { mode: "cotangent", stat: "l2" });
+  assert.equal(faces.get("n3").text, "grad: 4 NaN");
+  assert.equal(faces.get("n4").text, "‖grad‖₂ = 2 · 1 +Inf");
+  assert.equal(faces.get("n4").short, "grad: 1 +Inf"); // what a narrow face shows
+  assert.equal(faces.get("n3").short, "grad: 4 NaN");
+  assert.equal(faces.get("n7").text, "value = NaN"); // the NaN loss, not its cotangent's 1
+});
+
 test("gradient norms over steps: one series per leaf, the largest latest first, NaN steps marked", () => {
   const rows = paramRows(indexModel(paramsModel()), "n1");
   const hist = {
