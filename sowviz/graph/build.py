@@ -200,6 +200,8 @@ class _Builder(InputsMixin):
         self.notes: list[Note] = []
         self.sources: dict[tuple[str, int, str], _compat.SourceLocation] = {}
         self.top_loc: dict[Any, tuple[int, int]] = {}
+        #: variables some equation reads (`shown_first`)
+        self.read: set[Any] = set()
 
     # -- nodes -----------------------------------------------------------------
     def new(self, kind, label, parent, source=None, shapes=(), primitive=None) -> _Rec:
@@ -358,10 +360,11 @@ class _Builder(InputsMixin):
                 self.mark_scope_outputs(prod[v], 0, v, loc[v])
         if not path:
             self.top_loc = loc
+        self.read.update(v for e in jaxpr.eqns for v in e.invars if isinstance(v, _compat.Var))
         if capture_stages:
             for rec in level_scopes:
                 assert rec.out_vars is not None
-                items = sorted(rec.out_vars.items(), key=lambda kv: kv[1])
+                items = sorted(rec.out_vars.items(), key=self.shown_first)
                 self.point(rec, path, [at for _, at in items], [v for v, _ in items])
         return prod
 
@@ -504,12 +507,20 @@ class _Builder(InputsMixin):
             )
         )
 
+    def shown_first(self, kv: tuple) -> tuple:
+        """The order of a scope's outputs: what the program reads on first (a
+        BatchNorm's activations, not its new running mean, only handed back as state;
+        a Dropout's output, not its RNG counter), floating values before others, then
+        program order."""
+        v, at = kv
+        return (not is_floating(v.aval), v not in self.read, at)
+
     # -- result ----------------------------------------------------------------
     def finish(self, root: _Rec, title: str) -> StageGraph:
         recs = self.recs
         for rec in recs:
-            if rec.out_vars is not None:  # scopes: their outputs in program order
-                items = sorted(rec.out_vars.items(), key=lambda kv: kv[1])
+            if rec.out_vars is not None:  # scopes: their outputs as `shown_first` orders them
+                items = sorted(rec.out_vars.items(), key=self.shown_first)
                 rec.shapes = tuple(shape_str(v.aval) for v, _ in items)
         _name_checkpoints(recs)
         seen: dict[tuple[str | None, str], int] = {}

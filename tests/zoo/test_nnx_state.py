@@ -288,3 +288,25 @@ def test_tangents_for_a_model_with_state_as_jax_jvp_takes_them(mode):
     t_state = jax.tree.map(jnp.ones_like, m)  # ones on the BatchNorm statistics too
     with pytest.raises(ValueError, match=r"bn\.mean.*not zero.*nnx\.Param"):
         sowviz.inspect(f, m, x, mode=mode, tangents=(t_state, jnp.zeros_like(x)))
+
+
+def test_a_layer_that_updates_state_shows_its_output_first():
+    # BatchNorm returns its activations and updates its running statistics; Dropout
+    # advances its RNG counter. The stage showed (and its panel opened on) the new
+    # running mean, `f32[16] +2`, and Dropout's `uint32[] +1`.
+    model = Net(nnx.Rngs(0))
+    x, y = data()[0]
+    ins = sowviz.inspect(loss, model, x, y)
+    fresh = Net(nnx.Rngs(0))  # the same parameters and state, called directly
+    h = fresh.bn(fresh.linear(x))
+    (net,) = [n for n in ins.graph.nodes if n.label == "Net"]
+    stage = {n.label: n for n in ins.graph.children(net.id)}
+    assert stage["bn"].shapes[0] == "float32[12,16]" and stage["bn"].shapes[1:] == (
+        "float32[16]",
+        "float32[16]",
+    )
+    assert stage["dropout"].shapes == ("float32[12,16]", "uint32[]")
+    (first,) = [p for p in ins.probes if p.node == stage["bn"].id and p.leaf == "[0]"]
+    s = first.summaries["primal"]
+    assert s["shape"] == [12, 16]
+    np.testing.assert_allclose(s["l2"], np.linalg.norm(np.asarray(h)), rtol=1e-5)
