@@ -247,9 +247,10 @@ export class App {
     this.legend.append(
       h("span", { class: "sv-legend-title", text: `${mode} ${STATS[stat].label}, log scale` }),
       hasData ? h("span", { class: "sv-legend-scale" }, [
-        h("span", { class: "sv-legend-tick", text: fmt(10 ** scale.lo) }),
+        // "≤" / "≥": values past the ends (outliers) take the end's colour
+        h("span", { class: "sv-legend-tick", text: `${scale.clippedLo ? "≤ " : ""}${fmt(10 ** scale.lo)}` }),
         h("span", { class: "sv-legend-bar", style: `background: ${grad}` }),
-        h("span", { class: "sv-legend-tick", text: fmt(10 ** scale.hi) }),
+        h("span", { class: "sv-legend-tick", text: `${scale.clippedHi ? "≥ " : ""}${fmt(10 ** scale.hi)}` }),
       ]) : null,
       h("span", { class: "sv-legend-keys" }, [
         h("span", { class: "sv-key sv-key-nan", text: "NaN/Inf" }),

@@ -40,28 +40,45 @@ export function viridis(t) {
 
 export const VIRIDIS_STOPS = VIRIDIS;
 
+/** From this many values on, a colour scale cuts outliers past its `ROBUST_Q` quantiles. */
+export const ROBUST_MIN = 20;
+export const ROBUST_Q = 0.02;
+
 /**
- * A log10 colour scale over the positive values given.
+ * A log10 colour scale over the positive values given. With `ROBUST_MIN` values or more,
+ * an end more than a decade past their 2nd (98th) percentile is cut back to it, so that
+ * one outlier (an attention bias whose gradient is 1e-8) does not paint every other
+ * node one colour; values past an end take its colour, and `clippedLo`/`clippedHi` say
+ * whether an end was cut.
  * @param {Iterable<number|null>} values
- * @returns {{lo: number, hi: number, t: (v: number|null) => number|null, colour: (v: number|null) => string|null}}
+ * @returns {{lo: number, hi: number, clippedLo: boolean, clippedHi: boolean, t: (v: number|null) => number|null, colour: (v: number|null) => string|null}}
  */
 export function logScale(values) {
-  let lo = Infinity;
-  let hi = -Infinity;
+  const logs = [];
   for (const v of values) {
     if (v == null || !(v > 0) || !Number.isFinite(v)) continue;
-    const l = Math.log10(v);
-    lo = Math.min(lo, l);
-    hi = Math.max(hi, l);
+    logs.push(Math.log10(v));
   }
-  if (!(lo <= hi)) { lo = 0; hi = 0; }
+  logs.sort((a, b) => a - b);
+  const n = logs.length;
+  let lo = n ? logs[0] : 0;
+  let hi = n ? logs[n - 1] : 0;
+  if (n >= ROBUST_MIN) {
+    // an end more than a decade past its percentile is an outlier: clipped
+    const qlo = logs[Math.ceil(ROBUST_Q * (n - 1))];
+    const qhi = logs[Math.floor((1 - ROBUST_Q) * (n - 1))];
+    if (lo < qlo - 1) lo = qlo;
+    if (hi > qhi + 1) hi = qhi;
+  }
+  const clippedLo = n > 0 && logs[0] < lo;
+  const clippedHi = n > 0 && logs[n - 1] > hi;
   const span = hi - lo;
   const t = (v) => {
     if (v == null || !Number.isFinite(v)) return null;
     if (v <= 0) return 0;
-    return span > 0 ? (Math.log10(v) - lo) / span : 1;
+    return span > 0 ? Math.min(1, Math.max(0, (Math.log10(v) - lo) / span)) : 1;
   };
-  return { lo, hi, t, colour: (v) => { const x = t(v); return x == null ? null : viridis(x); } };
+  return { lo, hi, clippedLo, clippedHi, t, colour: (v) => { const x = t(v); return x == null ? null : viridis(x); } };
 }
 
 /** Short, stable number formatting for tables and labels. */

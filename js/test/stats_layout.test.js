@@ -24,6 +24,22 @@ test("log colour scale", () => {
   assert.equal(s.t(null), null);
   assert.equal(s.colour(100), viridis(1));
   assert.equal(viridis(0), "#440154");
+  assert.equal(s.clippedLo || s.clippedHi, false);
+});
+
+test("a colour scale over many values cuts an outlier back to their 2nd percentile", () => {
+  // 49 stages between 0.01 and 1, and one parameter whose gradient is 1e-8
+  const vals = [1e-8, ...Array.from({ length: 49 }, (_, i) => 10 ** (-2 + (2 * i) / 48))];
+  const s = logScale(vals);
+  assert.ok(Math.abs(s.lo - -2) < 1e-9 && Math.abs(s.hi) < 1e-9);
+  assert.equal(s.clippedLo, true);
+  assert.equal(s.clippedHi, false); // the largest is within a decade of the 98th percentile
+  assert.equal(s.t(1e-8), 0); // the outlier takes the end's colour
+  assert.equal(s.t(1), 1);
+  assert.ok(s.t(0.1) > 0.4 && s.t(0.1) < 0.6); // the rest spread over the scale
+  // few values: their exact range
+  const few = logScale([1e-8, 1, 10]);
+  assert.deepEqual([few.lo, few.hi, few.clippedLo], [-8, 1, false]);
 });
 
 test("number formatting", () => {
