@@ -136,10 +136,14 @@ export class DetailPanel {
     if (s0?.shape) rows.push(["captured", `[${s0.shape.join(", ")}] · ${s0.size ?? "?"} values`]);
     if (node.n_eqns > 1 || (index.children.get(node.id)?.length ?? 0) > 0) rows.push(["equations", String(node.n_eqns)]);
     if (index.model.device) rows.push(["device", index.model.device]);
-    if (src?.file) rows.push(["source", `${src.file}:${src.line ?? "?"}${src.function ? ` (${src.function})` : ""}`]);
+    if (src?.file) {
+      // the file's name and the line, which a cut-off path hid; the whole path on hover
+      const at = `:${src.line ?? "?"}${src.function ? ` (${src.function})` : ""}`;
+      rows.push(["source", `${src.file.split("/").pop()}${at}`, `${src.file}${at}`]);
+    }
     const notes = (index.model.notes ?? []).filter((n) => probes.some((p) => p.name === n.probe));
     return h("div", {}, [
-      h("dl", { class: "sv-meta" }, rows.flatMap(([k, v]) => [h("dt", { text: k }), h("dd", { text: v, title: v })])),
+      h("dl", { class: "sv-meta" }, rows.flatMap(([k, v, full]) => [h("dt", { text: k }), h("dd", { text: v, title: full ?? v })])),
       ...notes.map((n) => h("p", { class: `sv-note sv-note-${n.level === "error" ? "error" : "warning"}`, text: n.message })),
     ]);
   }

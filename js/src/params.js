@@ -67,7 +67,12 @@ export function sortRows(rows, key, dir) {
   });
 }
 
-const COLUMNS = [["name", "name"], ["shape", "shape"], ["value", "‖value‖₂"], ["grad", "‖grad‖₂"], ["ratio", "‖grad‖/‖value‖"]];
+/** `name` with a zero-width break opportunity after each `.` and before each `[`. */
+export function breakable(name) {
+  return name.replace(/\./g, ".\u200b").replace(/\[/g, "\u200b[").replace(/^\u200b/, "");
+}
+
+const COLUMNS = [["name", "name"], ["shape", "shape"], ["value", "‖value‖₂"], ["grad", "‖grad‖₂"], ["ratio", "grad/value"]];
 
 /** The sortable table; clicking a row reveals its leaf. */
 export function paramTable(rows, onReveal) {
@@ -88,7 +93,9 @@ export function paramTable(rows, onReveal) {
   const fill = () => {
     body.replaceChildren(...sortRows(rows, key, dir).map((r) => {
       const tr = h("tr", { "data-node": r.id }, [
-        h("td", {}, [h("button", { type: "button", class: "sv-link", text: r.name, title: r.name, onclick: () => onReveal(r.id) })]),
+        // whole, breakable after its path's dots (`layers[0].attn.key.bias` and
+        // `layers[0].attn.query.bias` differ in the middle: no cut keeps both apart)
+        h("td", {}, [h("button", { type: "button", class: "sv-link", text: breakable(r.name), title: r.name, onclick: () => onReveal(r.id) })]),
         h("td", { class: "sv-muted", text: shortShape(r.shape), title: r.shape }),
         h("td", { text: fmt(r.value) }), h("td", { text: fmt(r.grad) }), h("td", { text: fmt(r.ratio) }),
       ]);

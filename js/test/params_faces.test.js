@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { indexModel } from "../src/model.js";
-import { gradHistory, paramRows, sortRows } from "../src/params.js";
+import { breakable, gradHistory, paramRows, sortRows } from "../src/params.js";
 import { iterationHist } from "../src/stats.js";
 import { statSymbol, computeFaces } from "../src/faces.js";
 import { summary } from "./helpers.js";
@@ -89,4 +89,11 @@ test("gradient norms over steps: one series per leaf, the largest latest first, 
   const top = gradHistory(rows, hist, 1);
   assert.deepEqual([top.series.map((s) => s.name), top.total, top.nonfinite], [["blocks[0].b"], 2, [5]]);
   assert.deepEqual(gradHistory(rows, { steps: [], probes: {} }).series, []);
+});
+
+test("a parameter's name is shown whole, breakable at its path's dots and keys", () => {
+  const zw = "\u200b";
+  assert.equal(breakable("layers[0].attn.key.bias"), `layers${zw}[0].${zw}attn.${zw}key.${zw}bias`);
+  assert.equal(breakable("[0]['w']"), `[0]${zw}['w']`);
+  assert.equal(breakable("layers[0].attn.key.bias").replaceAll(zw, ""), "layers[0].attn.key.bias");
 });
