@@ -1181,3 +1181,18 @@ def test_dot_product_attention_is_one_stage_around_its_einsums():
     got = ins.probe("dot_product_attention").summaries["primal"]
     assert list(got["shape"]) == list(want.shape)
     np.testing.assert_allclose(got["l2"], np.linalg.norm(want), rtol=1e-5)
+
+
+def test_a_library_file_is_named_from_its_package_and_floats_are_shown_first():
+    from sowviz.graph.names import short_path
+
+    venv = "/home/u/proj/.venv/lib/python3.12/site-packages/diffrax/_integrate.py"
+    assert short_path(venv) == "diffrax/_integrate.py"
+    assert short_path("/usr/lib/python3/dist-packages/numpy/core.py") == "numpy/core.py"
+
+    def loop(x):  # a while loop's int counter comes first among its outputs
+        return lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, jnp.sin(c[1])), (0, x))[1]
+
+    _, g = graph_of(lambda x: jnp.sum(loop(x)), X)
+    w = one(g, "while", "while")
+    assert w.shapes == ("float32[3,4]", "int32[]")

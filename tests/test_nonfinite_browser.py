@@ -113,4 +113,19 @@ def test_a_value_masked_before_any_result_is_reported_quietly(page, tmp_path):
     colour = lambda sel: pg.eval_on_selector(sel, "e => getComputedStyle(e).color")  # noqa: E731
     heading = colour('[data-role="nonfinite-banner"] strong')
     assert heading == colour('[data-role="nonfinite-banner"]')  # the text's, not the alarm's
+    # the node holding the masked -Inf is marked, not in the alarm's red (a finite
+    # diffrax solve's +Inf buffer looked like a NaN alarm)
+    mask = next(n.id for n in ins.graph.nodes if n.label == "mask")
+    bg = f'[data-node-id="{mask}"] > .sv-node-bg'
+    assert pg.get_attribute(f'[data-node-id="{mask}"]', "data-nonfinite") == "true"
+    stroke = pg.eval_on_selector(bg, "e => getComputedStyle(e).stroke")
+    bad = pg.evaluate(
+        "() => getComputedStyle(document.querySelector('.sowviz')).getPropertyValue('--sv-bad')"
+    )
+    assert stroke != _rgb(bad.strip()) and "rgb" in stroke
     assert page.errors == []
+
+
+def _rgb(hex_colour: str) -> str:
+    h = hex_colour.lstrip("#")
+    return "rgb({}, {}, {})".format(*(int(h[i : i + 2], 16) for i in (0, 2, 4)))

@@ -278,8 +278,14 @@ export class App {
     clear(this.banner);
     const rec = this.origins.stored;
     this.banner.hidden = !rec;
-    if (!rec) return;
+    if (!rec) {
+      this.root.removeAttribute("data-nonfinite-quiet");
+      return;
+    }
     this.banner.classList.toggle("sv-banner-quiet", !rec.alarm);
+    // no alarm (every non-finite value masked before a result): the nodes holding them
+    // are drawn in the muted colour, not the alarm's red
+    this.root.toggleAttribute("data-nonfinite-quiet", !rec.alarm);
     this.banner.append(...bannerParts(this.origins, this.index, {
       onReveal: (id) => this.reveal(id),
       onLocate: this.options.onLocate,

@@ -370,7 +370,10 @@ class _Builder(InputsMixin):
 
     def eqn_node(self, eqn, i, parent: _Rec, path, probe, in_custom) -> _Rec:
         name = eqn.primitive.name
-        shapes = tuple(shape_str(v.aval) for v in eqn.outvars)
+        # floating outputs first, as probes take them (`diffeqsolve` showed `i32[] +8`)
+        shapes = tuple(
+            shape_str(v.aval) for v in sorted(eqn.outvars, key=lambda v: not is_floating(v.aval))
+        )
         src = self.source(eqn)
         spec = spec_of(name)
         if spec is None:  # an ordinary equation (its sub-programs, if any, are counted)

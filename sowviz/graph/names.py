@@ -131,8 +131,13 @@ _cwd = os.getcwd() + os.sep
 
 
 def short_path(file: str) -> str:
-    """`file` relative to the working directory when it lies under it; a notebook
-    cell's temporary file as IPython names it (`In [3]`)."""
+    """`file` relative to the working directory when it lies under it; an installed
+    package's file from its package (`diffrax/_integrate.py`, not the virtualenv's
+    `lib/python3.12/site-packages/…`); a notebook cell's temporary file as IPython
+    names it (`In [3]`)."""
+    for packages in ("/site-packages/", "/dist-packages/"):
+        if packages in file:
+            return file.rsplit(packages, 1)[1]
     if file.startswith(_cwd):
         return file[len(_cwd) :]
     ipython = sys.modules.get("IPython")
