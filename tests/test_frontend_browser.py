@@ -977,3 +977,29 @@ def test_signed_log_view_of_a_real_inspection(page, tmp_path):
     text = detail.locator('[data-role="special-counts"][data-mode="primal"]').inner_text()
     assert "5 zeros not shown" in text and "300 positive above, 100 negative below" in text
     assert page.errors == []
+
+
+@pytest.mark.browser
+def test_a_note_names_its_node_by_label_and_shows_it(page, tmp_path):
+    # A custom rule's note said "n28: 1 call(s) of custom_jvp_call `relu` …".
+    import jax
+    import jax.numpy as jnp
+
+    import sowviz
+
+    def f(w, x):
+        with jax.named_scope("layer"):
+            h = jax.nn.relu(x @ w)
+        return jnp.sum(h**2)
+
+    ins = sowviz.inspect(f, jnp.ones((3, 4)), jnp.ones((2, 3)))
+    (note,) = [n for n in ins.to_dict()["notes"] if "relu" in n["message"]]
+    target = ins.graph.node(note["probe"])
+    pg = page.open_report(ins.save_html(tmp_path / "notes.html"))
+    pg.locator('[data-role="notes-toggle"]').click()
+    item = pg.locator('[data-role="notes"] li').first
+    assert item.inner_text().startswith(f"{target.label}: 1 call(s)")
+    assert not re.match(r"n\d+:", item.inner_text())
+    item.locator("button").click()
+    pg.wait_for_selector(f'[data-node-id="{target.id}"].sv-selected')
+    assert page.errors == []

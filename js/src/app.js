@@ -210,8 +210,14 @@ export class App {
     this.notesBtn.hidden = !notes.length;
     this.notesBtn.textContent = `${notes.length} note${notes.length === 1 ? "" : "s"}`;
     for (const n of notes) {
+      // a note about a node says its label (its probe's name is the node's id, `n28`),
+      // and shows it when clicked
+      const node = this.index.nodes.get(n.node ?? n.probe ?? "") ?? null;
+      const head = node
+        ? h("button", { type: "button", class: "sv-link", text: node.label, title: "show it", onclick: () => this.reveal(node.id) })
+        : n.probe ? h("strong", { text: n.probe }) : null;
       this.notesList.append(h("li", { class: `sv-note sv-note-${n.level === "error" ? "error" : "warning"}` }, [
-        n.probe ? h("strong", { text: `${n.probe}: ` }) : null, n.message ?? "",
+        head, head ? ": " : null, n.message ?? "",
       ]));
     }
   }
