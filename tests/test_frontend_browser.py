@@ -1003,3 +1003,32 @@ def test_a_note_names_its_node_by_label_and_shows_it(page, tmp_path):
     item.locator("button").click()
     pg.wait_for_selector(f'[data-node-id="{target.id}"].sv-selected')
     assert page.errors == []
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("steps", [1, 2])
+def test_a_short_run_s_loss_chart_has_whole_steps_and_distinct_ticks(page, tmp_path, steps):
+    # One step was a dot on a -1…1 axis; two close losses had two y ticks both "0.356".
+    import jax
+    import jax.numpy as jnp
+
+    import sowviz
+
+    def loss(p, x):
+        with jax.named_scope("h"):
+            h = jnp.tanh(x @ p["w"])
+        return jnp.mean(h**2)
+
+    p, mon = {"w": jnp.ones((3, 4)) * 0.3}, sowviz.Monitor(loss)
+    for s in range(steps):
+        _, g = mon.step(p, jnp.ones((2, 3)) * (1 + 0.001 * s))
+        p = {"w": p["w"] - 0.01 * g["w"]}
+    pg = page.open_report(mon.save_html(tmp_path / "run.html"))
+    mon.close()
+    box = pg.locator('[data-role="loss"]')
+    pg.wait_for_function("() => document.querySelectorAll('[data-role=\"loss\"] .xtick').length")
+    xs = box.locator(".xtick text").evaluate_all("els => els.map(e => e.textContent)")
+    ys = box.locator(".ytick text").evaluate_all("els => els.map(e => e.textContent)")
+    assert xs == [str(s) for s in range(steps)], xs
+    assert len(set(ys)) == len(ys) and ys, ys
+    assert page.errors == []

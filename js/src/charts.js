@@ -144,6 +144,13 @@ export function drawLines(el, steps, series, { colours, width, height = 130, yTi
   }));
   const layout = baseLayout(colours, { width, height, xTitle, yTitle, logY: logY && positive });
   if (layout.yaxis.type === "log") setLogTicks(layout.yaxis, series.flatMap((s) => s.y));
+  // steps and iterations are whole numbers: no tick at 0.5 on a run of one or two
+  const span = steps.length ? Math.max(...steps) - Math.min(...steps) : 0;
+  layout.xaxis.tickformat = "d";
+  if (span <= 5) {
+    layout.xaxis.dtick = 1;
+    if (span === 0 && steps.length) layout.xaxis.range = [steps[0] - 0.5, steps[0] + 0.5];
+  }
   layout.showlegend = legend && series.length > 1;
   layout.legend = { orientation: "h", y: 1.15, x: 0, font: { size: 9 } };
   layout.margin.t = layout.showlegend ? 18 : 6;

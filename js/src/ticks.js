@@ -43,5 +43,11 @@ export function logTicks(values, max = 4) {
     }
   }
   if (vals.length < 2) vals = lo === hi ? [lo] : [lo, hi];
-  return { tickvals: vals, ticktext: vals.map(tickText) };
+  let text = vals.map(tickText);
+  // two ends closer than 3 digits tell apart ("0.356", "0.356"): as many as they need
+  for (let digits = 4; new Set(text).size < text.length && digits <= 8; digits++) {
+    text = vals.map((v) => String(Number(v.toPrecision(digits))));
+  }
+  if (new Set(text).size < text.length) return { tickvals: [vals[0]], ticktext: [text[0]] };
+  return { tickvals: vals, ticktext: text };
 }

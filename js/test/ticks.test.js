@@ -27,3 +27,10 @@ test("tick labels stay short", () => {
   assert.equal(tickText(1e-5), "10⁻⁵");
   assert.equal(tickText(12345), "1.23×10⁴");
 });
+
+test("two ends that read alike at 3 digits get the digits that tell them apart", () => {
+  const t = logTicks([0.35612, 0.35648]); // a loss over two steps
+  assert.deepEqual(t.ticktext, ["0.3561", "0.3565"]);
+  assert.equal(new Set(logTicks([0.3561201, 0.3561202]).ticktext).size, 2);
+  assert.deepEqual(logTicks([0.5, 0.5]).ticktext, ["0.5"]);
+});
