@@ -7,7 +7,7 @@ import { hasSigned, signedLog } from "./loghist.js";
 import { probeNonfiniteSteps } from "./history.js";
 import { chartColours } from "./theme.js";
 import { fmt } from "./stats.js";
-import { nonfiniteCount } from "./nonfinite.js";
+import { nonfiniteCount, nonfiniteText } from "./nonfinite.js";
 import { orderModes } from "./model.js";
 import { gradHistory, paramRows, paramTable } from "./params.js";
 import { iterationBlock } from "./iterations.js";
@@ -153,10 +153,7 @@ export class DetailPanel {
     const parts = [];
     for (const p of probes) {
       for (const [mode, s] of Object.entries(p.summaries)) {
-        if (nonfiniteCount(s) > 0) {
-          const bits = [["nan", "NaN"], ["posinf", "+Inf"], ["neginf", "−Inf"]].filter(([k]) => s[k] > 0).map(([k, l]) => `${s[k]} ${l}`);
-          parts.push(`${probes.length > 1 ? `${p.name} ` : ""}${mode}: ${bits.join(", ")}`);
-        }
+        if (nonfiniteCount(s) > 0) parts.push(`${probes.length > 1 ? `${p.name} ` : ""}${mode}: ${nonfiniteText(s)}`);
       }
     }
     const lines = [parts.length ? parts.join(" · ") : "a stage inside holds NaN/Inf values"];

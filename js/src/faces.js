@@ -2,6 +2,7 @@
 // Pure: computed from the index and the chosen statistic.
 
 import { nodeStat, logScale, fmt } from "./stats.js";
+import { nonfiniteText } from "./nonfinite.js";
 
 /** Counts of a histogram merged down to at most `n` bins. */
 export function downsample(counts, n) {
@@ -71,18 +72,16 @@ export function computeFaces(index, ids, { mode, stat }) {
  * word when none is finite (`kind`: "NaN", or the sign of the infinities).
  */
 export function nonfiniteCounts(probes, mode) {
-  let nan = 0, pos = 0, neg = 0, finite = 0;
+  const sum = { nan: 0, posinf: 0, neginf: 0 };
+  let finite = 0;
   for (const p of probes ?? []) {
     const s = p.summaries?.[mode];
     if (!s) continue;
-    nan += s.nan ?? 0; pos += s.posinf ?? 0; neg += s.neginf ?? 0; finite += s.count ?? 0;
+    for (const k of Object.keys(sum)) sum[k] += s[k] ?? 0;
+    finite += s.count ?? 0;
   }
-  const parts = [];
-  if (nan) parts.push(`${nan} NaN`);
-  if (pos) parts.push(`${pos} +Inf`);
-  if (neg) parts.push(`${neg} −Inf`);
-  const kind = nan || (pos && neg) ? "NaN" : pos ? "+Inf" : "−Inf";
-  return { text: parts.join(", "), finite, kind };
+  const kind = sum.nan || (sum.posinf && sum.neginf) ? "NaN" : sum.posinf ? "+Inf" : "−Inf";
+  return { text: nonfiniteText(sum), finite, kind };
 }
 
 const MODE_WORDS = { primal: "x", tangent: "tan", cotangent: "grad" };

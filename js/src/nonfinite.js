@@ -14,6 +14,12 @@ export function nonfiniteCount(s) {
   return (s.nan | 0) + (s.posinf | 0) + (s.neginf | 0);
 }
 
+/** A summary's non-finite counts in words: "3 NaN, 1 +Inf" ("" when none). */
+export function nonfiniteText(s) {
+  return [["nan", "NaN"], ["posinf", "+Inf"], ["neginf", "−Inf"]]
+    .filter(([k]) => s?.[k] > 0).map(([k, l]) => `${s[k]} ${l}`).join(", ");
+}
+
 /**
  * Whether a node's own probes hold non-finite values, split by pass.
  * @param {Array<{summaries: Record<string, any>}>} probes
