@@ -608,6 +608,75 @@ def call_path(eqn: JaxprEqn) -> CallPath:
         return CallPath()
 
 
+#: Library calls that call a user's function back inline, with no sub-program of their
+#: own: the user's equations are drawn inside the call (`associative_scan(combine)`),
+#: between the call's own work, labelled here.
+REENTRANT = {"associative_scan": "slice & interleave"}
+
+
+@dataclass(frozen=True)
+class Reentry:
+    """An equation made in a user's function that a `REENTRANT` library call called
+    back: the user's line that made the call, the call, and the function called back
+    (its `__qualname__`)."""
+
+    caller: SourceLocation
+    api: str
+    entered: str
+
+
+_reentries: dict[tuple, tuple[Any, Reentry | None]] = {}
+
+
+def _is_user_code(code: Any) -> bool:
+    fname = code.co_filename
+    return (
+        _source_info.is_user_filename(fname)
+        and not fname.startswith(_SOWVIZ_DIR + os.sep)
+        and not any(d in fname for d in _LIBRARY_DIRS)
+    )
+
+
+def reentry(eqn: JaxprEqn) -> Reentry | None:
+    """The `REENTRANT` call whose callback made `eqn`, or None: its innermost user
+    frames, then library frames, then the user's frame that called one of these."""
+    tb = eqn.source_info.traceback
+    if tb is None:
+        return None
+    try:
+        codes, lastis = tb.raw_frames()  # innermost first
+        key = (*map(id, codes), *lastis)
+        hit = _reentries.get(key)
+        if hit is not None:
+            return hit[1]
+        found: Reentry | None = None
+        n, k = len(codes), 0
+        while k < n and not _is_user_code(codes[k]):
+            k += 1
+        while k < n and _is_user_code(codes[k]):
+            k += 1
+        entered = k - 1
+        while k < n and not _is_user_code(codes[k]):
+            k += 1
+        if 0 <= entered < k - 1 and k < n:
+            j = k - 1  # the function the caller called, past `@api_boundary`'s wrapper
+            while j > entered and codes[j].co_filename == _API_BOUNDARY:
+                j -= 1
+            if j > entered and codes[j].co_qualname in REENTRANT:
+                frame = _source_info.raw_frame_to_frame(codes[k], lastis[k])
+                found = Reentry(
+                    SourceLocation(frame.file_name, frame.start_line, frame.function_name),
+                    codes[j].co_qualname,
+                    codes[entered].co_qualname,
+                )
+        if len(_reentries) > 100_000:  # a long session of many programs
+            _reentries.clear()
+        _reentries[key] = (codes, found)
+        return found
+    except Exception:  # best effort, as call_path
+        return None
+
+
 def vjp_by_jvp(f: Any, primals: tuple, check: Any = None, has_aux: bool = False) -> tuple:
     """`(f(*primals), pullback)` like `jax.vjp`, built as the transpose of `f`'s JVP
     (`jax.linear_transpose`, which partially evaluates the JVP once for the whole

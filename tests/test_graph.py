@@ -934,6 +934,53 @@ def test_small_level_folds_one_library_call_of_several_equations():
     assert not any(n.kind == "scope" for n in g.nodes), [n.label for n in g.nodes]
 
 
+_COMBINE_CALLS: list[int] = []
+
+
+def _combine(a, b):
+    _COMBINE_CALLS.append(1)
+    (a1, a2), (b1, b2) = a, b
+    return a1 * b1, b1 * a2 + b2
+
+
+def _linear_recurrence(w, x):
+    h = jnp.tanh(x @ w)
+    decay = jax.nn.sigmoid(h)
+    _, states = lax.associative_scan(_combine, (decay, h))  # @assoc_line
+    return jnp.mean(states**2)
+
+
+def test_associative_scan_is_one_stage_holding_its_combine_calls():
+    # The user's `combine` re-enters `associative_scan` (no sub-program of its own):
+    # one stage for the call, holding each call of `combine` between its own work,
+    # not 25 siblings `associative_scan#k`, `combine:6#k` beside the rest.
+    w = jax.random.normal(jax.random.key(0), (8, 8)) / 3
+    x = jax.random.normal(jax.random.key(1), (64, 8))
+    _COMBINE_CALLS.clear()
+    ins = sowviz.inspect(_linear_recurrence, w, x)
+    calls = len(_COMBINE_CALLS)
+    _COMBINE_CALLS.clear()
+    _, g = graph_of(_linear_recurrence, w, x)
+    assert len(_COMBINE_CALLS) == calls > 2  # traced once more for the graph
+    group = one(g, "associative_scan(_combine)", "scope")
+    assert group.source.line == line_of("@assoc_line")
+    inside = [n.label for n in g.children(group.id)]
+    assert sum(lbl.startswith("_combine") for lbl in inside) == calls, inside
+    assert all(lbl.startswith(("_combine", "slice & interleave")) for lbl in inside), inside
+    assert not any("associative_scan" in n.label for n in g.nodes if n.id != group.id)
+    # its probe holds the scan's output, with the loss's cotangent
+    states = lax.associative_scan(_combine, (jax.nn.sigmoid(jnp.tanh(x @ w)), jnp.tanh(x @ w)))[1]
+    got = ins.probe("associative_scan(_combine)").summaries
+    np.testing.assert_allclose(got["primal"]["mean"], np.mean(states), rtol=1e-5)
+    np.testing.assert_allclose(got["primal"]["max"], np.max(states), rtol=1e-6)
+    cot = jax.grad(lambda s: jnp.mean(s**2))(states)
+    np.testing.assert_allclose(got["cotangent"]["l2"], np.linalg.norm(cot), rtol=1e-5)
+    # a lambda names no call back
+    _, g = graph_of(lambda w, x: lax.associative_scan(lambda a, b: a * b, x @ w).sum(), w, x)
+    group = one(g, "associative_scan", "scope")
+    assert {n.label.split("#")[0] for n in g.children(group.id)} == {"lambda", "slice & interleave"}
+
+
 def _scan_loss(p, y0, xs):
     """A scan with a const (`p`), a carry and stacked ys the loss never reads."""
 

@@ -298,6 +298,7 @@ class _Builder(InputsMixin):
             call_path=lambda i: _compat.call_path(jaxpr.eqns[i]),
             at_module_call=at_module_call,
             primitives=[e.primitive.name for e in jaxpr.eqns],
+            reentry=lambda i: _compat.reentry(jaxpr.eqns[i]),
         )
         for i, eqn in enumerate(jaxpr.eqns):
             names = level_names[i]

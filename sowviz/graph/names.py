@@ -153,6 +153,8 @@ def short_path(file: str) -> str:
 
 #: Marks a fold's name as a group of one library call's equations (`split_by_calls`).
 _SPLIT = "\x01s"
+#: ... and a `_compat.REENTRANT` call's own work between its calls back
+_OWN = "\x01o"
 #: a scope `jnp.einsum` pushes: its subscripts (`BTNH,BSNH->BNTS`)
 _EINSUM = re.compile(r"^[A-Za-z.\u2026]+(,[A-Za-z.\u2026]+)*->[A-Za-z.\u2026]*$")
 
@@ -258,6 +260,7 @@ def fold_names(
     line_limit: int = 12,
     at_module_call: Callable[[int], bool] | None = None,
     primitives: Sequence[str] = (),
+    reentry: Callable[[int], _compat.Reentry | None] | None = None,
 ) -> list[tuple[str, ...]]:
     """Scope names with runs of unscoped equations folded. A level with more than
     `line_limit` nodes folds runs of 3 or more equations from one source line, labelled
@@ -271,7 +274,10 @@ def fold_names(
     folded first: the module's own calls say more. A level of at most `line_limit`
     nodes folds only runs of `SMALL_LEVEL_RUN` or more equations of one library call
     on one line (`gelu`, `make_causal_mask`), unless the call is named like one of its
-    equations' `primitives` (`lax.conv_general_dilated` and the reshapes around it)."""
+    equations' `primitives` (`lax.conv_general_dilated` and the reshapes around it).
+    First of all, a `_compat.REENTRANT` call (`lax.associative_scan`) is one group with
+    the equations of the user's function it called back (`reentry`):
+    `associative_scan(combine)`."""
     if call_path is None and max(_direct(names).values(), default=0) <= line_limit:
         return names
     out = list(names)
@@ -300,6 +306,54 @@ def fold_names(
 
     def levels() -> dict[tuple[str, ...], int]:
         return _direct([scope_of(m) for m in range(len(out))])
+
+    def fold_callbacks() -> None:
+        # Runs of one REENTRANT call's equations, its callback's among them, by the
+        # caller's line; the group goes in at the scope the run started in.
+        def entry(i: int) -> tuple[str, str | None] | None:
+            r = reentry(i) if reentry is not None else None
+            if r is not None:
+                lam = r.entered.endswith("<lambda>")
+                body = "lambda" if lam else function_label(r.entered)[0]
+                return f"{r.caller.function}:{r.caller.line}\x03{r.api}", body
+            loc, what = locs[i], path(i).names[-1:]
+            if loc is None or not what or what[0] not in _compat.REENTRANT:
+                return None
+            return f"{loc.function}:{loc.line}\x03{what[0]}", None
+
+        keys = [entry(i) for i in range(len(out))]
+        i = 0
+        while i < len(out):
+            if keys[i] is None:
+                i += 1
+                continue
+            j = i
+            while j + 1 < len(out) and keys[j + 1] is not None and keys[j + 1][0] == keys[i][0]:
+                j += 1
+            bodies = {keys[m][1] for m in range(i, j + 1)} - {None, "lambda"}
+            api = keys[i][0].rsplit("\x03", 1)[1]
+            label = f"{api}({bodies.pop()})" if len(bodies) == 1 else api
+            scopes = [scope_of(m) for m in range(i, j + 1)]
+            at = min(map(len, scopes))  # the scopes the whole run is in
+            while any(sc[:at] != scopes[0][:at] for sc in scopes):
+                at -= 1
+            name = f"{FOLD}{label}\x01{keys[i][0]}\x01{i}"
+            # inside, each call back (`combine`) and the library's work between them
+            part = [keys[m][1] for m in range(i, j + 1)]
+            starts = [0] + [k for k in range(1, len(part)) if part[k] != part[k - 1]]
+            for a, b in zip(starts, [*starts[1:], len(part)], strict=True):
+                sub = (
+                    f"{FOLD}{part[a]}\x01{i + a}"
+                    if part[a]
+                    else f"{FOLD}{_compat.REENTRANT[api]}{_OWN}{i + a}"
+                )
+                for m in range(i + a, i + b):
+                    nested = (name, sub) if len(starts) > 1 else (name,)
+                    out[m] = (*out[m][:at], *nested, *out[m][at:])
+            i = j + 1
+
+    if reentry is not None:
+        fold_callbacks()
 
     def fold_runs(key, least: int = 2, label=None, inner: bool = False, whole: bool = True):
         direct = levels()
@@ -350,7 +404,7 @@ def fold_names(
 
         def key(i: int) -> str | None:
             loc, scope = locs[i], scope_of(i)
-            if loc is None:
+            if loc is None or (scope and _OWN in scope[-1]):
                 return None
             if direct.get(scope, 0) <= line_limit:
                 # A small level still folds one library call's run (`make_causal_mask`:
@@ -422,7 +476,9 @@ def fold_names(
                 j += 1
             size, level = j + 1 - i, direct.get(runs[i], 0)
             # at a big level, or a run too long to read
-            if size > line_limit or (level > line_limit and size >= 3):
+            if runs[i] and _OWN in runs[i][-1]:
+                pass  # a REENTRANT call's own work: its calls say nothing more
+            elif size > line_limit or (level > line_limit and size >= 3):
                 split_by_calls(list(range(i, j + 1)), 0, size == level)
             i = j + 1
         own = lambda i, j, where: where.split("\x02", 1)[0]  # noqa: E731  (`_do_update:381`)
