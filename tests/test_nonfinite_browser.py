@@ -129,3 +129,34 @@ def test_a_value_masked_before_any_result_is_reported_quietly(page, tmp_path):
 def _rgb(hex_colour: str) -> str:
     h = hex_colour.lstrip("#")
     return "rgb({}, {}, {})".format(*(int(h[i : i + 2], 16) for i in (0, 2, 4)))
+
+
+def _first_in_group(w, x):
+    with jax.named_scope("model"):
+        with jax.named_scope("block"):
+            h = jnp.sqrt(x @ w)  # a negative entry: NaN, in the group's first stage
+        with jax.named_scope("head"):
+            h = jnp.tanh(h) * 2.0
+    return jnp.mean(h)
+
+
+@pytest.mark.browser
+def test_the_origin_flag_of_a_groups_first_stage_leaves_the_groups_name_readable(page, tmp_path):
+    # The flag above a stage sat on its group's header, over the group's name.
+    w = jnp.array([[1.0, -1.0], [0.5, -2.0]])
+    ins = sowviz.inspect(_first_in_group, w, jnp.ones((3, 2)))
+    by_label = {n.label: n.id for n in ins.graph.nodes}
+    assert ins.nonfinite.forward.node == by_label["block"]
+    pg = page.open_report(ins.save_html(tmp_path / "first.html"))
+    if node(pg, by_label["model"]).get_attribute("data-expanded") != "true":
+        node(pg, by_label["model"]).locator("[data-role=toggle]").first.click()
+    pg.wait_for_selector(f'[data-node-id="{by_label["block"]}"] .sv-origin-flag')
+    flag = node(pg, by_label["block"]).locator(".sv-origin-flag").bounding_box()
+    name = node(pg, by_label["model"]).locator(".sv-stage-label").first.bounding_box()
+    block = node(pg, by_label["block"]).locator(".sv-node-bg").bounding_box()
+    assert flag and name and block
+    below_name = flag["y"] >= name["y"] + name["height"]
+    beside_name = flag["x"] >= name["x"] + name["width"]
+    assert below_name or beside_name, (flag, name)
+    assert abs(flag["y"] - (block["y"] + block["height"])) < 8  # right under its stage
+    assert page.errors == []

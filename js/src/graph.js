@@ -113,6 +113,7 @@ export class GraphView {
       this.edgeEls.push(p);
     }
     this.bounds = layout.bounds;
+    this.boxes = layout.boxes;
   }
 
   stageBox(node, box, face) {
@@ -204,7 +205,12 @@ export class GraphView {
       el.dataset.nonfiniteOrigin = passes.join(" ");
       const label = `NaN/Inf starts here (${passes.join(" + ")})`;
       const w = 12 + label.length * 6;
-      el.append(s("g", { class: "sv-origin-flag", transform: `translate(0,-20)` }, [
+      // above the node, unless that is its group's header (the first stage in a
+      // group): then below it
+      const box = this.boxes?.get(id);
+      const outer = this.boxes?.get(this.index?.nodes.get(id)?.parent);
+      const y = box && outer?.expanded && box.y - outer.y < HEADER + 20 ? box.h + 3 : -20;
+      el.append(s("g", { class: "sv-origin-flag", transform: `translate(0,${y})` }, [
         s("rect", { width: w, height: 17, rx: 8.5 }),
         s("text", { x: w / 2, y: 12.5, "text-anchor": "middle", text: label }),
       ]));
