@@ -93,7 +93,11 @@ def _sow(params: Mapping[str, Any], name: str) -> str:
 
 
 def _scan(params: Mapping[str, Any], name: str) -> str:
-    body = function_name(params["jaxpr"])
+    # a body an installed package wrote (Flax Linen's `body_fn`) is no news: the graph
+    # names such a scan by what it holds (`scan(blocks)`)
+    sub = params["jaxpr"]
+    own = _compat.defined_in_library(sub) and not _compat.defined_in_jax(sub)
+    body = None if own else function_name(sub)
     return f"scan({body})" if body else "scan"
 
 

@@ -283,6 +283,16 @@ def test_checkpoint():
     r = one(g, "checkpoint(block)", "remat")
     _, g2 = graph_of(lambda x: jnp.sum(jax.checkpoint(lambda a: jnp.sin(a) * 2.0)(x)), X)
     one(g2, "checkpoint", "remat")
+    # a lambda holding one named scope is named by it; a named function keeps its name
+
+    def scoped_block(a):
+        with jax.named_scope("attn"):
+            return jnp.sin(a) * 2.0
+
+    _, g3 = graph_of(lambda x: jnp.sum(jax.checkpoint(lambda a: scoped_block(a))(x)), X)
+    one(g3, "checkpoint(attn)", "remat")
+    _, g4 = graph_of(lambda x: jnp.sum(jax.checkpoint(scoped_block)(x)), X)
+    one(g4, "checkpoint(scoped_block)", "remat")
     assert {n.label for n in g.children(r.id)} == {"sin", "cos", "mul"}
     assert one(g, "sin").source.line == line_of("@remat_body")
     assert [p.node for p in stage_points(g)] == [r.id]

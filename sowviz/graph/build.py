@@ -129,23 +129,37 @@ def _whole_program_jit(jaxpr: Any, title: str) -> Any | None:
     return eqn.params["jaxpr"]
 
 
-def _name_checkpoints(recs: Sequence[_Rec]) -> None:
+def _name_wrappers(recs: Sequence[_Rec]) -> None:
     """A `jax.checkpoint` whose body is one module's call is labelled by it,
     `checkpoint(blocks[1]: Block)`: a column of `checkpoint`s per layer
-    (`eqx.filter_checkpoint`, `nnx.remat`) said nothing until each was opened."""
+    (`eqx.filter_checkpoint`, `nnx.remat`) said nothing until each was opened. So is
+    one of a lambda holding one named scope, and a scan whose body a library wrote
+    (Flax Linen's `nn.scan(nn.remat(Block), name="blocks")` traces Flax's `body_fn`):
+    `scan(blocks)` > `checkpoint(blocks)` > `blocks`."""
     kids: dict[str, list[_Rec]] = {}
     for rec in recs:
         if rec.parent is not None:
             kids.setdefault(rec.parent, []).append(rec)
-    for rec in recs:
+    for rec in reversed(recs):  # a scan's checkpoint is named before the scan
         only = kids.get(rec.id, [])
+        if len(only) != 1 or rec.kind not in ("remat", "scan"):
+            continue
+        inner = only[0]
+        if inner.kind == "scope" and not inner.made:
+            name = inner.label
+        elif inner.kind == "remat" and inner.label.endswith(")"):
+            name = inner.label.partition("(")[2][:-1]
+        else:
+            continue
+        construct, paren, _ = rec.label.partition("(")
         if (
             rec.kind == "remat"
-            and len(only) == 1
-            and only[0].kind == "scope"
-            and only[0].label in frameworks.PUSHED
+            and inner.kind == "scope"
+            and (inner.label in frameworks.PUSHED or not paren)
         ):
-            rec.label = f"{rec.label.partition('(')[0]}({only[0].label})"
+            rec.label = f"{construct}({name})"
+        elif rec.kind == "scan" and rec.label == "scan":
+            rec.label = f"scan({name})"
 
 
 class _Rec:
@@ -526,7 +540,7 @@ class _Builder(InputsMixin):
             if rec.out_vars is not None:  # scopes: their outputs as `shown_first` orders them
                 items = sorted(rec.out_vars.items(), key=self.shown_first)
                 rec.shapes = tuple(shape_str(v.aval) for v, _ in items)
-        _name_checkpoints(recs)
+        _name_wrappers(recs)
         seen: dict[tuple[str | None, str], int] = {}
         for rec in recs:  # a scope label used again among its siblings: `mlp#2`
             if rec.kind == "scope":

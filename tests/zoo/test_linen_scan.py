@@ -75,6 +75,26 @@ def test_stage_cotangents_equal_grad_of_the_downstream_model(args, grad_ins):
         )
 
 
+def test_the_lifted_scan_is_named_by_the_module_it_scans(grad_ins):
+    # Flax's `nn.scan(nn.remat(Block), name="blocks")` traces Flax's own `body_fn` and
+    # a lambda: `scan(body_fn)` > `checkpoint` said neither what runs nor where
+    g = grad_ins.graph
+    (scan,) = [n for n in g.nodes if n.kind == "scan"]
+    (remat,) = [n for n in g.nodes if n.parent == scan.id]
+    (blocks,) = [n for n in g.nodes if n.parent == remat.id]
+    assert (scan.label, remat.label, blocks.label) == (
+        "scan(blocks)",
+        "checkpoint(blocks)",
+        "blocks",
+    )
+    inside = {n.label for n in g.nodes if n.parent == blocks.id}
+    assert {"LayerNorm_0", "Dense_0", "Dense_1"} <= inside
+    # its probe is the final carry, as the module computes it
+    carry = grad_ins.probe("scan(blocks)").summaries["primal"]
+    params, x, _ = ls.make()
+    np.testing.assert_allclose(carry["l2"], np.linalg.norm(_states(params, x)[-1]), rtol=1e-5)
+
+
 def test_all_mode_with_integer_labels(args):
     """mode="all" with an int argument (class labels): float0 tangents, no crash."""
     params, x, y = args
