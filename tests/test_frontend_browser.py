@@ -128,6 +128,24 @@ def test_clicking_a_node_opens_charts_and_statistics(page, small_report):
 
 
 @pytest.mark.browser
+def test_the_legend_says_what_the_sparklines_show(page, small_report):
+    # a face's sparkline is the histogram of the colouring's mode: the legend says which
+    pg = page.open_report(small_report)
+    key = pg.locator('[data-role="legend-spark"]')
+    stat = pg.locator('[data-role="stat"]')
+    mode = stat.input_value().split("\x00")[0]
+    assert key.inner_text() == f"{mode} histogram"
+    other = next(
+        v
+        for v in stat.locator("option").evaluate_all("os => os.map(o => o.value)")
+        if v.split("\x00")[0] != mode
+    )
+    stat.select_option(other)
+    assert key.inner_text() == f"{other.split(chr(0))[0]} histogram"
+    assert page.errors == []
+
+
+@pytest.mark.browser
 def test_expand_and_collapse_a_stage(page, small_report):
     pg = page.open_report(small_report)
     assert node(pg, "n7").count() == 0

@@ -262,6 +262,8 @@ export class App {
         h("span", { class: "sv-key sv-key-nan", text: "NaN/Inf" }),
         h("span", { class: "sv-key sv-key-none", text: "no data" }),
         h("span", { class: "sv-key sv-key-probe", text: "probe" }),
+        // the faces' sparklines are histograms of the colouring's mode, whatever its statistic
+        h("span", { class: "sv-key sv-key-spark", "data-role": "legend-spark", text: `${mode} histogram` }),
       ]),
     );
   }
