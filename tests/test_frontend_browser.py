@@ -821,8 +821,11 @@ def test_nnx_report_dark(browser, nnx, nnx_report):
 
 
 @pytest.mark.browser
-def test_per_iteration_charts_and_slider(page, tmp_path):
-    model = fm.with_per_iteration(fm.small_model())
+@pytest.mark.parametrize("keep", [None, [0, 2, 4, 5]], ids=["all", "some"])
+def test_per_iteration_charts_and_slider(page, tmp_path, keep):
+    # a long loop keeps some iterations' rows (`index` names them, of `iterations`)
+    model = fm.with_per_iteration(fm.small_model(), keep=keep)
+    index = keep or list(range(6))
     pg = page.open_report(report.write_html(model, tmp_path / "iter.html"))
     pg.locator('[data-role="search"]').fill("steps")
     pg.locator('[data-role="search"]').press("Enter")
@@ -837,12 +840,18 @@ def test_per_iteration_charts_and_slider(page, tmp_path):
     lines.locator(".main-svg").first.wait_for()
     l2 = lines.evaluate("e => e.data[0].y")
     assert l2 == pytest.approx(want["l2"])
+    assert lines.evaluate("e => Array.from(e.data[0].x)") == index  # by iteration
+    title = blocks.first.locator(".sv-chart-title").inner_text()
+    assert title == (
+        "primal: per iteration (6)" if keep is None else "primal: per iteration (4 of 6 kept)"
+    )
     slider = blocks.first.locator('[data-role="iteration"]')
     hist = blocks.first.locator('[data-iter="hist"]')
     assert hist.evaluate("e => e.data[0].y") == want["hist_counts"][-1]
     slider.evaluate("e => { e.value = '2'; e.dispatchEvent(new Event('input')); }")
     assert hist.evaluate("e => e.data[0].y") == want["hist_counts"][2]
-    assert "2 of 5" in blocks.first.locator('[data-role="iteration-label"]').inner_text()
+    label = blocks.first.locator('[data-role="iteration-label"]').inner_text()
+    assert label == f"{index[2]} of 5"
     assert page.errors == []
 
 

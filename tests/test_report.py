@@ -302,3 +302,41 @@ def test_jsonable_lists_of_floats_nan_to_null_and_the_input_left_as_it_was():
     assert got["summary"]["hist"] == {"edges": [0.1, 0.2], "counts": [3]}  # shortest float32
     assert edges == [float(np.float32(0.1)), float(np.float32(0.2))]  # not shortened in place
     assert model["plain"][1] != model["plain"][1]  # NaN, as it was
+
+
+@pytest.mark.browser
+def test_per_iteration_charts_of_a_real_loop(page, tmp_path):
+    # as a user meets them: a fori_loop's stage, its statistics from the program
+    def heat(u):
+        def step(i, u):
+            with jax.named_scope("update"):
+                return u + 0.1 * jnp.sin(u)
+
+        return jnp.sum(jax.lax.fori_loop(0, 10, step, u) ** 2)
+
+    u0 = jnp.linspace(0.0, 1.0, 8)
+    ins = sowviz.inspect(heat, u0)
+    pg = page.open_report(ins.save_html(tmp_path / "heat.html"))
+    update = next(n.id for n in ins.graph.nodes if n.label == "update")
+    node = lambda nid: pg.locator(f'[data-node-id="{nid}"]')  # noqa: E731
+    if node(update).count() == 0:
+        loop = next(n.id for n in ins.graph.nodes if n.kind == "scan")
+        node(loop).locator('[data-role="toggle"]').first.click()
+    node(update).click()
+    block = pg.locator('[data-role="per-iteration"][data-mode="primal"]')
+    assert block.locator(".sv-chart-title").inner_text() == "primal: per iteration (10)"
+    lines = block.locator('[data-iter="lines"]')
+    lines.locator(".main-svg").first.wait_for()
+    # the update's value in each iteration, by NumPy
+    us, u = [], np.asarray(u0, np.float64)
+    for _ in range(10):
+        u = u + 0.1 * np.sin(u)
+        us.append(u)
+    assert lines.evaluate("e => Array.from(e.data[0].x)") == list(range(10))
+    np.testing.assert_allclose(
+        lines.evaluate("e => e.data[0].y"), [np.linalg.norm(v) for v in us], rtol=1e-5
+    )
+    assert block.locator('[data-role="iteration-label"]').inner_text() == "9 of 9"
+    hist = block.locator('[data-iter="hist"]')
+    assert sum(hist.evaluate("e => e.data[0].y")) == 8  # the last iteration's 8 values
+    assert page.errors == []

@@ -12,13 +12,17 @@ import { iterationHist } from "./stats.js";
  */
 export function iterationBlock(mode, s) {
   const it = s.per_iteration;
-  const n = it.count ?? it.l2?.length ?? 0;
+  // one row per kept iteration: `index` says which (a long loop keeps some), out of
+  // `iterations`; `count` is each row's number of finite values
+  const n = it.l2?.length ?? 0;
+  const index = Array.isArray(it.index) && it.index.length === n ? it.index : Array.from({ length: n }, (_, i) => i);
+  const total = Number.isFinite(it.iterations) ? it.iterations : n;
   const lines = h("div", { class: "sv-chart", "data-iter": "lines", "data-mode": mode });
   const hist = h("div", { class: "sv-chart", "data-iter": "hist", "data-mode": mode });
   const slider = h("input", { type: "range", min: "0", max: String(Math.max(0, n - 1)), value: String(Math.max(0, n - 1)), step: "1", "data-role": "iteration", "aria-label": "iteration" });
   const label = h("span", { class: "sv-muted", "data-role": "iteration-label" });
   const el = h("section", { class: "sv-iter", "data-role": "per-iteration", "data-mode": mode }, [
-    h("h4", { class: "sv-chart-title", text: `${mode}: per iteration (${n})` }),
+    h("h4", { class: "sv-chart-title", text: `${mode}: per iteration (${n < total ? `${n} of ${total} kept` : total})` }),
     lines,
     h("label", { class: "sv-row" }, [h("span", { class: "sv-muted", text: "iteration" }), slider, label]),
     hist,
@@ -26,8 +30,8 @@ export function iterationBlock(mode, s) {
   let last = null;
   const drawHist = () => {
     const i = Number(slider.value);
-    label.textContent = `${i} of ${n - 1}`;
-    if (last) drawHistogram(hist, iterationHist(s, i), { ...last, mode, scale: "linear", logY: false, height: 130, title: `${mode} at iteration ${i}` });
+    label.textContent = `${index[i]} of ${total - 1}`;
+    if (last) drawHistogram(hist, iterationHist(s, i), { ...last, mode, scale: "linear", logY: false, height: 130, title: `${mode} at iteration ${index[i]}` });
   };
   slider.addEventListener("input", drawHist);
   return {
@@ -35,7 +39,7 @@ export function iterationBlock(mode, s) {
     charts: [lines, hist],
     draw(colours, width) {
       last = { colours, width };
-      const x = Array.from({ length: n }, (_, i) => i);
+      const x = index;
       const col = modeColour(colours, mode);
       drawLines(lines, x, [
         { name: "‖·‖₂", y: it.l2 ?? [], colour: col },

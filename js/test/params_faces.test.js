@@ -40,7 +40,7 @@ test("sorting puts missing values last in both directions", () => {
 });
 
 test("an iteration's histogram uses the pooled edges and its own counts", () => {
-  const s = summary({ per_iteration: { count: 2, hist_counts: [[1, 0, 0, 0], [0, 2, 1, 0]], l2: [1, 2] } });
+  const s = summary({ per_iteration: { iterations: 2, index: [0, 1], count: [1, 3], hist_counts: [[1, 0, 0, 0], [0, 2, 1, 0]], l2: [1, 2] } });
   assert.deepEqual(iterationHist(s, 1), { edges: s.hist.edges, counts: [0, 2, 1, 0] });
   assert.equal(iterationHist(s, 2), null);
   assert.equal(iterationHist(summary(), 0), null);
