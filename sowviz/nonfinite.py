@@ -291,8 +291,23 @@ def find(
     kinds = frozenset().union(*(f.fwd_kinds for n, f in flags.items() if n in expected))
     if expected:
         expected |= {n for n, f in flags.items() if f.fwd and f.fwd_kinds <= kinds}
-    fwd = {n: f for n, f in flags.items() if f.fwd and n not in expected}
+    # A constant's non-finite value that no other non-finite value reads (but masked
+    # constants: the fill value broadcast) is a fill value its library masks
+    # (`jnp.var`'s `where(dof > 0, var, nan)`): never an origin.
+    masked = {n for n in getattr(graph, "constant_nodes", ()) if n in flags}
+    while True:
+        read = {
+            n
+            for n in masked
+            if any(c in flags and flags[c].fwd and c not in masked for c in ix.consumers(n))
+        }
+        if not read:
+            break
+        masked -= read
+    fwd = {n: f for n, f in flags.items() if f.fwd and n not in expected and n not in masked}
     bwd = {n: f for n, f in flags.items() if f.bwd and n not in expected}
+    if not fwd and not bwd and not expected & flags.keys():
+        return None  # only masked fill values
     fwd_origin = bwd_origin = None
     if fwd:
         node, earlier = _producer(ix, fwd)
@@ -324,7 +339,10 @@ def find(
         bwd_origin = Origin("backward", made, reach, tuple(cands), message=msg, path=ix.path(made))
     origin_ids = {o.node for o in (fwd_origin, bwd_origin) if o is not None and o.node}
     holders = {a for o in origin_ids for a in ix.ancestors(o)} | origin_ids
-    nonfinite = sorted((n for n, f in flags.items() if f.fwd or f.bwd), key=ix.exit.__getitem__)
+    nonfinite = sorted(
+        (n for n, f in flags.items() if (f.fwd or f.bwd) and n not in masked),
+        key=ix.exit.__getitem__,
+    )
     propagators = tuple(n for n in nonfinite if n not in holders and n not in expected)
     # Every result finite (the value and every gradient): whatever was non-finite, in
     # either pass, was masked before it reached one.

@@ -851,3 +851,42 @@ def test_a_nan_cotangent_past_an_unprobed_equation_names_the_stage_that_made_it(
     assert ins.graph.node(back.node).label == "tail"
     assert back.message.startswith("follows from the forward pass: `tail`")
     assert "reaching `w`" in back.message and "unless the backward of `dot_general`" in back.message
+
+
+def f_sqrt_beside_std(x):
+    s = jnp.std(x)  # `jnp.var` holds `where(dof > 0, var, nan)`: a NaN it always masks
+    return jnp.sqrt(x[0] - 2.0) + s  # the origin
+
+
+def f_standardise_constant_column(x):
+    mu = jnp.mean(x, axis=0)
+    return jnp.sum((x - mu) / jnp.sqrt(jnp.var(x, axis=0)))  # 0/0 in the constant column
+
+
+@pytest.mark.parametrize(
+    "f, x, prim, at",
+    [
+        (f_sqrt_beside_std, jnp.array([1.0, 2.0, 3.0, 4.0]), "sqrt", 2),
+        (f_standardise_constant_column, jnp.array([[1.0, 5.0], [2.0, 5.0]]), "div", 2),
+    ],
+    ids=["sqrt", "div"],
+)
+def test_a_librarys_masked_fill_value_is_never_the_origin(f, x, prim, at):
+    # The fill value is made from literals alone, and what reads it is finite: a NaN
+    # born later is not "first made by `convert_element_type` in `where`".
+    line = f.__code__.co_firstlineno + at
+    o = locate(f, (x,), _opts(mode="grad"))
+    assert (o.forward.equation.primitive, _line(o.forward)) == (prim, line), o.forward.message
+    ins = sowviz.inspect(f, x, mode="primal", capture="all")
+    fwd = ins.graph.node(ins.nonfinite.forward.node)
+    assert (fwd.primitive, fwd.source.line) == (prim, line)
+
+
+def test_a_finite_program_using_jnp_var_reports_nothing():
+    # every equation probed: `jnp.var`'s masked NaN fill value alone is no news
+    x = jnp.array([1.0, 2.0, 3.0, 4.0])
+    ins = sowviz.inspect(lambda x: jnp.var(x) + jnp.std(x), x, mode="grad", capture="all")
+    assert ins.nonfinite is None
+    # a NaN the user put in a constant, which the result reads, is still found
+    ins = sowviz.inspect(lambda x: jnp.sum(x + jnp.full(4, jnp.nan)), x, capture="all")
+    assert ins.nonfinite is not None and ins.nonfinite.alarm

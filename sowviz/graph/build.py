@@ -129,6 +129,10 @@ def _whole_program_jit(jaxpr: Any, title: str) -> Any | None:
     return eqn.params["jaxpr"]
 
 
+#: Constructs that call their sub-program once, with their operands as its parameters.
+_CALLS = (Construct.JIT, Construct.CALL, Construct.REMAT)
+
+
 def _name_wrappers(recs: Sequence[_Rec]) -> None:
     """A `jax.checkpoint` whose body is one module's call is labelled by it,
     `checkpoint(blocks[1]: Block)`: a column of `checkpoint`s per layer
@@ -167,6 +171,7 @@ class _Rec:
 
     __slots__ = (
         "collapsed",
+        "constant",
         "id",
         "kind",
         "label",
@@ -196,6 +201,7 @@ class _Rec:
         self.out_vars: dict[Any, tuple[int, int]] | None = None  # scopes: output var -> loc
         self.made = False  # a scope sowviz made: a fold (names.fold_names), a branch
         self.repeats = 0  # a group of identical blocks: how many (repeats.py)
+        self.constant = False  # an equation reading only constants (see `_Builder.const`)
 
 
 class _Builder(InputsMixin):
@@ -213,6 +219,9 @@ class _Builder(InputsMixin):
         self.custom_calls: dict[tuple[str, str, bool], list[str]] = {}
         self.notes: list[Note] = []
         self.sources: dict[tuple[str, int, str], _compat.SourceLocation] = {}
+        #: ids of the variables that hold constants: computed from literals alone (the
+        #: `nan` that `jnp.var` puts where it would divide by zero, then masks)
+        self.const_vars: set[int] = set()
         self.top_loc: dict[Any, tuple[int, int]] = {}
         #: variables some equation reads (`shown_first`)
         self.read: set[Any] = set()
@@ -394,14 +403,17 @@ class _Builder(InputsMixin):
         if spec is None:  # an ordinary equation (its sub-programs, if any, are counted)
             rec = self.new("eqn", name, parent.id, src, shapes, primitive=name)
             rec.n_eqns = 1 + sum(_count_eqns(j) for _, _, j in _compat.sub_jaxprs(eqn))
+            rec.constant = self.const(eqn)
             return rec
         label = spec.label(eqn.params, name)
+        constant = self.const(eqn)
         if spec.construct in (Construct.SCAN, Construct.COND, Construct.WHILE):
             label = construct_label(label, _compat.call_path(eqn))
         if spec.construct is Construct.TESSERACT:
             label = tesseract_label(_compat.tesseract_client(eqn.params), self.tesseract_names)
         primitive = name if spec.shows_primitive else None
         rec = self.new(spec.node_kind, label, parent.id, src, shapes, primitive=primitive)
+        rec.constant = constant
         if spec.construct is Construct.SOW:
             self.sows.setdefault(label, []).append(rec.id)
         n_before = len(self.points)
@@ -442,11 +454,24 @@ class _Builder(InputsMixin):
             ):
                 self.notes.append(Note("info", holder.id, body.unprobed))
 
+    def const(self, eqn) -> bool:
+        """Whether `eqn` reads only constants (then its outputs are constants too)."""
+        if not all(isinstance(v, _compat.Literal) or id(v) in self.const_vars for v in eqn.invars):
+            return False
+        self.const_vars.update(id(v) for v in eqn.outvars)
+        return True
+
     def descend(self, rec, eqn, i, param, index, path, probe, in_custom) -> None:
         val = eqn.params[param]
         if index is not None:
             val = val[index]
         inner = val.jaxpr if isinstance(val, _compat.ClosedJaxpr) else val
+        spec = spec_of(eqn.primitive.name)
+        if spec is not None and spec.construct in _CALLS and len(inner.invars) == len(eqn.invars):
+            # a call's parameters are its operands (a loop's carry is not)
+            for v, o in zip(inner.invars, eqn.invars, strict=True):
+                if isinstance(o, _compat.Literal) or id(o) in self.const_vars:
+                    self.const_vars.add(id(v))
         self.walk(inner, rec, (*path, (i, param, index)), {}, probe=probe, in_custom=in_custom)
 
     def scope_source(self, eqn, names: tuple[str, ...], j: int) -> _compat.SourceLocation | None:
@@ -583,4 +608,5 @@ class _Builder(InputsMixin):
             sow_nodes={k: v[0] for k, v in self.sows.items()},
             sow_nodes_all={k: tuple(v) for k, v in self.sows.items()},
             notes=tuple(notes),
+            constant_nodes=frozenset(r.id for r in recs if r.constant),
         )

@@ -159,6 +159,9 @@ class StageGraph:
     #: user sow name -> ids of every `sow` node with that name, in program order
     sow_nodes_all: dict[str, tuple[str, ...]] = field(default_factory=dict)
     notes: tuple[Note, ...] = ()
+    #: equations (and calls) computed from literals alone, whatever the inputs: a
+    #: non-finite value there is a library's fill value (`jnp.var`'s `nan`)
+    constant_nodes: frozenset[str] = frozenset()
 
     def node(self, node_id: str) -> Node:
         return self._by_id()[node_id]
