@@ -76,7 +76,7 @@ def _program(traced: Any, options: Any, tag: str) -> Any:
         strict=options.strict,
         by_tag=True,
     )
-    looped = _looped(traced.graph)
+    looped = _looped(traced.graph, options.loops)
 
     def run(dyn: list, extra: tuple) -> Any:
         # inlined: raw values never leave the program; the arguments' new state is not kept
@@ -101,13 +101,23 @@ def _leaves(tree: Any) -> list:
     return [x for x in jax.tree_util.tree_leaves(tree) if hasattr(x, "dtype")]
 
 
-def _looped(graph: Any) -> set[str]:
-    """Nodes inside a scan or while loop: their captures are stacked by iteration."""
+def _looped(graph: Any, loops: Any) -> set[str]:
+    """Nodes whose captures are stacked by the iteration of their outermost loop: in a
+    scan, or in a while loop unless it keeps only its last iteration (`loops="last"`:
+    a [3] vector's rows there are no iterations)."""
+    kinds = ("scan",) if loops == "last" else ("scan", "while")
     inside: set[str] = set()
+    outside: set[str] = set()  # in a while loop that keeps its last iteration
     for n in graph.nodes:  # parents come first
         parent = graph.node(n.parent) if n.parent is not None else None
-        if parent is not None and (parent.kind in ("scan", "while") or parent.id in inside):
+        if parent is None or parent.id in outside:
+            if parent is not None:
+                outside.add(n.id)
+            continue
+        if parent.id in inside or parent.kind in kinds:
             inside.add(n.id)
+        elif parent.kind == "while":
+            outside.add(n.id)
     return inside
 
 

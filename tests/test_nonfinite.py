@@ -890,3 +890,22 @@ def test_a_finite_program_using_jnp_var_reports_nothing():
     # a NaN the user put in a constant, which the result reads, is still found
     ins = sowviz.inspect(lambda x: jnp.sum(x + jnp.full(4, jnp.nan)), x, capture="all")
     assert ins.nonfinite is not None and ins.nonfinite.alarm
+
+
+def f_while_scalar_then_vector(x):
+    def body(c):
+        v, i = c
+        r = 1.0 / jnp.sum(v * 0.0)  # +Inf, a scalar: the origin
+        w = r * jnp.zeros(3)  # Inf * 0: NaN, a [3] vector
+        return jnp.where(jnp.isfinite(w), w, v), i + 1
+
+    v, _ = lax.while_loop(lambda c: c[1] < 2, body, (x, 0))
+    return jnp.sum(v)
+
+
+def test_in_a_while_loop_the_first_equation_in_the_body_is_the_origin():
+    # A while loop keeps its last iteration (loops="last"): a [3] vector's rows there
+    # are no iterations, and they sorted before the scalar that made the +Inf.
+    o = locate(f_while_scalar_then_vector, (jnp.ones(3),), _opts(mode="primal"))
+    line = f_while_scalar_then_vector.__code__.co_firstlineno + 3
+    assert (o.forward.equation.primitive, _line(o.forward)) == ("div", line), o.forward.message
