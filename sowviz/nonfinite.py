@@ -40,6 +40,7 @@ from typing import Any
 
 from .nonfinite_json import JsonGraph, json_probes
 from .nonfinite_messages import (
+    EARLIER,
     FROM_FORWARD,
     backward_message,
     backward_sentence,
@@ -369,11 +370,16 @@ def _producer(ix: _Index, fwd: Mapping[str, _Flags]) -> tuple[str, str | None]:
     the results hold, with the earlier node it passed over."""
     order = sorted(fwd, key=lambda n: ix.key(n, fwd[n].fwd_iter))
     first = order[0]
-    results = frozenset().union(*(f.fwd_kinds for n, f in fwd.items() if n in ix.outputs))
-    if not results or fwd[first].fwd_kinds & results:
+
+    def kinds(n: str) -> frozenset[str]:
+        # +Inf and -Inf alike: a sign flip (`-jnp.sum(jnp.log(p))`) makes no new value
+        return frozenset("inf" if k.endswith("inf") else k for k in fwd[n].fwd_kinds)
+
+    results = frozenset().union(*(kinds(n) for n in fwd if n in ix.outputs))
+    if not results or kinds(first) & results:
         return first, None
     for n in order:
-        if fwd[n].fwd_kinds & results and n not in ix.outputs:
+        if kinds(n) & results and n not in ix.outputs:
             return n, first
     return first, None
 
@@ -391,7 +397,8 @@ def with_equations(
     fwd, bwd = o.forward, o.backward
     if fwd is not None and forward is not None:
         msg = f"first made by {equation_name(stage(fwd), forward)}"
-        fwd = replace(fwd, equation=forward, message=msg)
+        _, before, held = fwd.message.partition(EARLIER)  # what the equation may come from
+        fwd = replace(fwd, equation=forward, message=msg + before + held)
     if bwd is not None and backward is not None:
         target = backward.reaching if bwd.reaching == bwd.node else bwd.reaching
         reach = f", reaching {stage_name(ix.nodes[target])}" if target else ""

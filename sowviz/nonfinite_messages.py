@@ -29,6 +29,10 @@ def stage_name(n: Any, label: str | None = None) -> str:
 _KIND_NAMES = {"nan": "NaN", "posinf": "+Inf", "neginf": "-Inf"}
 
 
+#: How a forward message names a node holding other non-finite kinds before its origin.
+EARLIER = "; before it, "
+
+
 def forward_message(
     n: Any,
     path: Sequence[str] = (),
@@ -54,7 +58,7 @@ def forward_message(
     if earlier is not None:
         node, kinds = earlier
         held = "/".join(_KIND_NAMES[k] for k in ("nan", "posinf", "neginf") if k in kinds)
-        msg += f"; before it, {stage_name(node)} held {held}, which may have led to it"
+        msg += f"{EARLIER}{stage_name(node)} held {held}, which may have led to it"
     return msg
 
 

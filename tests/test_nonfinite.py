@@ -248,8 +248,14 @@ def f_custom_vjp(x):
     return jnp.sum(shaky(h))
 
 
+def f_neg_log(p):
+    lp = jnp.log(p)  # the origin: -Inf at p = 0
+    return -jnp.sum(lp)  # a sign flip makes +Inf of it, no new value
+
+
 X = jnp.array([0.5, 1.0, 1.5], jnp.float32)
 FORWARD = {
+    "neg_log": (f_neg_log, (jnp.array([0.0, 0.5]),)),
     "log_negative": (f_log_negative, (X,)),
     "zero_over_zero": (f_zero_over_zero, (X,)),
     "exp_overflow": (f_exp_overflow, (X * 10.0,)),
@@ -909,3 +915,21 @@ def test_in_a_while_loop_the_first_equation_in_the_body_is_the_origin():
     o = locate(f_while_scalar_then_vector, (jnp.ones(3),), _opts(mode="primal"))
     line = f_while_scalar_then_vector.__code__.co_firstlineno + 3
     assert (o.forward.equation.primitive, _line(o.forward)) == ("div", line), o.forward.message
+
+
+def f_inf_buffer_then_nan(x):
+    with jax.named_scope("buffer"):
+        b = x * jnp.inf  # +Inf, masked below (as diffrax fills its output buffer)
+    with jax.named_scope("solve"):
+        r = jnp.sqrt(x - 2.0)  # NaN: what the result holds
+    return jnp.sum(jnp.where(jnp.isfinite(b), b, 0.0)) + jnp.sum(r)
+
+
+def test_located_origin_keeps_what_came_before_it():
+    # the stage-level message's "before it, `buffer` held +Inf" survived no locate
+    ins = sowviz.inspect(f_inf_buffer_then_nan, X, mode="primal")
+    assert "before it, `buffer` (" in ins.nonfinite.forward.message
+    o = ins.locate_nonfinite()
+    assert o.forward.equation.primitive == "sqrt"
+    assert "; before it, `mul` (" in o.forward.message, o.forward.message
+    assert o.forward.message.endswith("held +Inf, which may have led to it")
