@@ -17,6 +17,7 @@ registers in `_model`.
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -236,21 +237,35 @@ class Inspection:
         """The probe called `name` (a sow name, a stage label, a parameter's name) with
         the output leaf `leaf` ("" for a single array, "[1]" for a stage's second
         output), or whose path (`probe_path`) is `name` or ends with "/" + `name`
-        ("conv2/weight"). A name that several probes share is a KeyError listing their
-        paths, never the first of them."""
+        ("conv2/weight"). A module's stage answers to its name without its class too
+        (`"conv1"` for `conv1: Conv2d`, `"down[1][0]/conv1"`), and a parameter to its
+        name in the parameter table (`"down[1][0].conv1.weight"`). A name that several
+        probes share is a KeyError listing their paths, never the first of them; a
+        stage wins over what it holds of the same name (a scope `cholesky` over the
+        `cholesky` inside it)."""
         same = [p for p in self.probes if p.leaf == leaf]
-        found = [p for p in same if p.name == name] or [
-            p for p in same if (path := self.probe_path(p)) == name or path.endswith("/" + name)
-        ]
+        paths = {p.id: self.probe_path(p) for p in same}
+        found = [p for p in same if p.name == name]
+        if len(found) > 1:  # `cholesky` in a scope `cholesky`: the scope is the one
+            inner = {
+                p.id for p in found for q in found if paths[p.id].startswith(paths[q.id] + "/")
+            }
+            found = [p for p in found if paths[p.id] == name] or [
+                p for p in found if p.id not in inner
+            ]
+        if not found:
+            found = [p for p in same if paths[p.id] == name] or [
+                p for p in same if name in _aliases(paths[p.id])
+            ]
         if len(found) == 1:
             return found[0]
         if found:
-            paths = [self.probe_path(p) for p in found]
+            hits = [paths[p.id] for p in found]
             raise KeyError(
                 f"{len(found)} probes are called {name!r}{leaf}: "
-                f"{', '.join(repr(p) for p in paths[:8])}{', ...' if len(paths) > 8 else ''}. "
+                f"{', '.join(repr(p) for p in hits[:8])}{', ...' if len(hits) > 8 else ''}. "
                 "Name one by its path, or by the end of it that only it has (e.g. "
-                f"{_unique_end(paths[0], paths[1:])!r})."
+                f"{_unique_end(hits[0], hits[1:])!r})."
             )
         leaves = sorted({p.leaf for p in self.probes if p.name == name and p.leaf})
         if leaves:
@@ -259,7 +274,9 @@ class Inspection:
                 f"{', '.join(repr(x) for x in leaves[:8])}"
             )
         known = sorted({p.name for p in self.probes})
-        raise KeyError(f"no probe named {name!r}{leaf}; probes: {', '.join(known[:20])}")
+        close = difflib.get_close_matches(name, sorted({*known, *paths.values()}), n=3)
+        hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+        raise KeyError(f"no probe named {name!r}{leaf}{hint}; probes: {', '.join(known[:20])}")
 
     def save_html(self, path: Any, *, created: Any = _KEEP) -> Any:
         """Write a self-contained, offline HTML report (atomically); returns its path.
@@ -274,6 +291,24 @@ class Inspection:
             f"({Mode(self.mode).value}): {len(self.graph.nodes)} nodes, {len(self.probes)} "
             "probes. Use <code>sowviz.show(...)</code> for the interactive view.</p>"
         )
+
+
+def _aliases(path: str) -> set[str]:
+    """Other names of the probe at `path`: each "/"-end of it, with modules' classes
+    left out (`conv1: Conv2d` is `conv1`), and the parameter table's dotted name of
+    what is below its top-level group (`parameters/down[1][0]/conv1/weight` is
+    `down[1][0].conv1.weight`)."""
+    parts = path.split("/")
+    bare = [p.split(": ", 1)[0] if ": " in p and "(" not in p else p for p in parts]
+    out = set()
+    for labels in (parts, bare):
+        out.update("/".join(labels[-k:]) for k in range(1, len(labels) + 1))
+    dotted = ""
+    for label in bare[1:]:
+        dotted += label if not dotted or label.startswith("[") else "." + label
+    if dotted:
+        out.add(dotted)
+    return out
 
 
 def _unique_end(path: str, others: list[str]) -> str:

@@ -605,3 +605,41 @@ def test_argnums_picks_what_jvp_vjp_and_all_differentiate():
     # the probe of `x` carries no tangent when only `w` is perturbed
     ins = sowviz.inspect(f, w, x, mode="jvp", argnums=0, tangents=(tw, None))
     assert "tangent" not in ins.probe("x").summaries
+
+
+def test_probes_answer_to_the_names_a_user_sees():
+    import equinox as eqx
+
+    class Net(eqx.Module):
+        conv1: eqx.nn.Linear
+        head: eqx.nn.Linear
+
+        def __init__(self, key):
+            k1, k2 = jax.random.split(key)
+            self.conv1, self.head = eqx.nn.Linear(4, 4, key=k1), eqx.nn.Linear(4, 1, key=k2)
+
+        def __call__(self, x):
+            with jax.named_scope("cholesky"):  # a scope named like the call inside it
+                c = jnp.linalg.cholesky(jnp.outer(x, x) + 3.0 * jnp.eye(4))
+            return self.head(jnp.tanh(self.conv1(c @ x)))
+
+    net = Net(jax.random.key(0))
+    x = jnp.linspace(-1.0, 1.0, 4)
+    ins = sowviz.inspect(lambda m, x: jnp.sum(m(x)), net, x)
+    path = ins.probe_path
+    # the whole path wins over another probe's that ends with it
+    assert path(ins.probe("cholesky")).endswith("Net/cholesky")
+    assert path(ins.probe("cholesky/cholesky")).endswith("Net/cholesky/cholesky")
+    # a module by its name alone, as by its label
+    assert ins.probe("conv1") is ins.probe("conv1: Linear")
+    assert ins.probe("Net/conv1") is ins.probe("conv1: Linear")
+    want = net.conv1(jnp.linalg.cholesky(jnp.outer(x, x) + 3.0 * jnp.eye(4)) @ x)
+    got = ins.probe("conv1").summaries["primal"]
+    np.testing.assert_allclose(got["l2"], np.linalg.norm(want), rtol=1e-5)
+    # a parameter by its name in the parameter table
+    w = ins.probe("conv1.weight").summaries["primal"]
+    np.testing.assert_allclose(w["l2"], np.linalg.norm(net.conv1.weight), rtol=1e-6)
+    assert ins.probe("conv1.weight") is ins.probe("parameters/conv1/weight")
+    # a near miss says what is there
+    with pytest.raises(KeyError, match=r"did you mean 'conv1: Linear'"):
+        ins.probe("conv1: Linea")
