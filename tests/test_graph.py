@@ -377,6 +377,9 @@ def test_model_json_shape():
     d = json.loads(json.dumps(g.to_dict()))
     assert d["root"] == "n0"
     node = next(n for n in d["nodes"] if n["label"] == "encoder")
+    # the optional `reads`: the encoder's own equations read the inputs `x` and `w`
+    label = {n["id"]: n["label"] for n in d["nodes"]}
+    assert [label[r] for r in node.pop("reads")] == ["in0", "in1"]
     assert set(node) == {
         "id",
         "label",

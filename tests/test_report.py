@@ -340,3 +340,37 @@ def test_per_iteration_charts_of_a_real_loop(page, tmp_path):
     hist = block.locator('[data-iter="hist"]')
     assert sum(hist.evaluate("e => e.data[0].y")) == 8  # the last iteration's 8 values
     assert page.errors == []
+
+
+@pytest.mark.browser
+def test_a_layers_panel_lists_the_parameters_it_reads(page, tmp_path):
+    import equinox as eqx
+
+    model = eqx.nn.MLP(4, 1, 8, depth=2, key=jax.random.key(0))
+    x = jax.random.normal(jax.random.key(1), (6, 4))
+
+    def mse(model, x):
+        return jnp.mean(jax.vmap(model)(x) ** 2)
+
+    ins = sowviz.inspect(mse, model, x)
+    grads = eqx.filter_grad(mse)(model, x)
+    pg = page.open_report(ins.save_html(tmp_path / "mlp.html"))
+    layer = next(n.id for n in ins.graph.nodes if n.label == "layers[1]: Linear")
+    pg.locator(f'[data-node-id="{layer}"]').click()
+    table = pg.locator('[data-role="stage-params"]')
+    assert table.locator("h4").inner_text().lower() == "arguments read here: 2"
+    rows = table.locator("tbody tr").evaluate_all(
+        "rs => rs.map(r => Array.from(r.cells).map(c => c.textContent.replace(/\\u200b/g, '')))"
+    )
+    names = [r[0] for r in rows]
+    assert names == ["layers[1].bias", "layers[1].weight"]
+    for name, _, value, grad, _ in rows:
+        leaf = name.split(".")[-1]
+        want_v = np.linalg.norm(getattr(model.layers[1], leaf))
+        want_g = np.linalg.norm(getattr(grads.layers[1], leaf))
+        np.testing.assert_allclose(float(value), want_v, rtol=2e-3)
+        np.testing.assert_allclose(float(grad), want_g, rtol=2e-3)
+    # a row reveals its leaf in the parameters group
+    table.locator("tbody tr button").first.click()
+    pg.wait_for_function("() => document.querySelector('.sv-detail-title').textContent === 'bias'")
+    assert page.errors == []

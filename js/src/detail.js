@@ -9,7 +9,7 @@ import { chartColours } from "./theme.js";
 import { fmt } from "./stats.js";
 import { nonfiniteCount, nonfiniteText } from "./nonfinite.js";
 import { orderModes } from "./model.js";
-import { gradHistory, paramRows, paramTable } from "./params.js";
+import { gradHistory, paramRows, paramTable, readRows } from "./params.js";
 import { iterationBlock } from "./iterations.js";
 import { repeatBlock } from "./repeatview.js";
 
@@ -82,8 +82,15 @@ export class DetailPanel {
       this.drawGradHistory(rows, ctx.history); // above the table: a run has many leaves
       this.el.append(paramTable(rows, (c) => this.handlers.onReveal(c)));
     }
+    // a stage's own parameters (what its equations read), below its own statistics
+    const reads = rows.length || node.kind === "input" ? [] : readRows(index, id);
+    const readTable = reads.length
+      ? paramTable(reads, (c) => this.handlers.onReveal(c), `arguments read here: ${reads.length}`)
+      : null;
+    readTable?.setAttribute("data-role", "stage-params");
     if (!probes.length) {
       if (!rows.length) this.el.append(this.noProbes(index, id));
+      if (readTable) this.el.append(readTable);
       return;
     }
     let pid = this.probeByNode.get(id);
@@ -93,6 +100,7 @@ export class DetailPanel {
     this.body = h("div", { class: "sv-detail-body" });
     this.el.append(this.body);
     this.drawProbe(probe);
+    if (readTable) this.el.append(readTable);
   }
 
   /** A parameter group in a Monitor: its leaves' gradient norms over the steps. */

@@ -50,6 +50,7 @@ function normaliseNode(n, i) {
     n_eqns: num(n.n_eqns, 0),
     collapsed: n.collapsed !== false,
     repeats: num(n.repeats, 0),
+    reads: Array.isArray(n.reads) ? n.reads.map(String) : [],
   };
 }
 

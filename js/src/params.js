@@ -15,19 +15,56 @@ export function paramRows(index, id) {
   const walk = (nid, prefix) => {
     for (const c of index.children.get(nid) ?? []) {
       const n = index.nodes.get(c);
-      const name = prefix ? `${prefix}${n.label.startsWith("[") ? "" : "."}${n.label}` : n.label;
-      if (n.kind === "input") {
-        const p = (index.probesByNode.get(c) ?? [])[0];
-        const value = p?.summaries?.primal?.l2 ?? null;
-        const grad = p?.summaries?.cotangent?.l2 ?? null;
-        rows.push({ id: c, probe: p?.id ?? null, name, shape: n.shapes?.[0] ?? "", value, grad, ratio: value && grad != null ? grad / value : null });
-      } else {
-        walk(c, name);
-      }
+      const name = joinPath(prefix, n.label);
+      if (n.kind === "input") rows.push(leafRow(index, c, name));
+      else walk(c, name);
     }
   };
   walk(id, "");
   return rows;
+}
+
+/**
+ * Rows for the inputs a stage reads (its own and its stages', `node.reads`): a layer's
+ * parameters, named as in the parameters' table (`layers[0].weight`).
+ * @param {import("./model.js").ModelIndex} index
+ * @param {string} id
+ */
+export function readRows(index, id) {
+  const ids = [];
+  const seen = new Set();
+  const todo = [id];
+  while (todo.length) {
+    const n = /** @type {string} */ (todo.shift());
+    for (const r of index.nodes.get(n)?.reads ?? []) {
+      if (!seen.has(r) && index.nodes.get(r)?.kind === "input") { seen.add(r); ids.push(r); }
+    }
+    todo.push(...(index.children.get(n) ?? []));
+  }
+  return ids.map((c) => {
+    // its path below its top-level group (`parameters`), or its own label
+    const labels = [];
+    let n = index.nodes.get(c);
+    while (n?.parent != null && index.nodes.get(n.parent)?.parent != null) {
+      labels.unshift(n.label);
+      n = index.nodes.get(n.parent);
+    }
+    const name = labels.length ? labels.reduce(joinPath, "") : index.nodes.get(c)?.label ?? c;
+    return leafRow(index, c, name);
+  });
+}
+
+/** `layers[0]` + `weight` is `layers[0].weight`; + `[1]` is `layers[0][1]`. */
+function joinPath(prefix, label) {
+  return prefix ? `${prefix}${label.startsWith("[") ? "" : "."}${label}` : label;
+}
+
+function leafRow(index, id, name) {
+  const n = index.nodes.get(id);
+  const p = (index.probesByNode.get(id) ?? [])[0];
+  const value = p?.summaries?.primal?.l2 ?? null;
+  const grad = p?.summaries?.cotangent?.l2 ?? null;
+  return { id, probe: p?.id ?? null, name, shape: n?.shapes?.[0] ?? "", value, grad, ratio: value && grad != null ? grad / value : null };
 }
 
 /**
@@ -75,7 +112,7 @@ export function breakable(name) {
 const COLUMNS = [["name", "name"], ["shape", "shape"], ["value", "‖value‖₂"], ["grad", "‖grad‖₂"], ["ratio", "grad/value"]];
 
 /** The sortable table; clicking a row reveals its leaf. */
-export function paramTable(rows, onReveal) {
+export function paramTable(rows, onReveal, title = `${rows.length} leaves`) {
   let key = "name";
   let dir = 1;
   const body = h("tbody");
@@ -105,7 +142,7 @@ export function paramTable(rows, onReveal) {
   };
   fill();
   return h("div", { class: "sv-params" }, [
-    h("h4", { class: "sv-section", text: `${rows.length} leaves` }),
+    h("h4", { class: "sv-section", text: title }),
     h("table", { class: "sv-stats sv-param-table", "data-role": "param-table" }, [h("thead", {}, [head]), body]),
   ]);
 }

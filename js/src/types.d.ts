@@ -100,6 +100,8 @@ export interface Node {
   shapes: string[]; primitive: string | null; n_eqns: number; collapsed: boolean;
   /** > 0: a group of this many identical blocks, its children (graph/repeats.py) */
   repeats?: number;
+  /** the input nodes (parameters) its own equations read */
+  reads?: string[];
 }
 
 export interface Edge { source: string; target: string; shape?: number[]; dtype?: string }

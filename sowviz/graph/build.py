@@ -181,6 +181,7 @@ class _Rec:
         "out_vars",
         "parent",
         "primitive",
+        "reads",
         "repeats",
         "shapes",
         "source",
@@ -202,6 +203,7 @@ class _Rec:
         self.made = False  # a scope sowviz made: a fold (names.fold_names), a branch
         self.repeats = 0  # a group of identical blocks: how many (repeats.py)
         self.constant = False  # an equation reading only constants (see `_Builder.const`)
+        self.reads: list[_Rec] = []  # the inputs its own equations read (parameters)
 
 
 class _Builder(InputsMixin):
@@ -349,6 +351,10 @@ class _Builder(InputsMixin):
                 if isinstance(v, _compat.Var):
                     src = prod.get(v)
                     if src is not None:
+                        made = self.recs[int(src[-1][1:])]
+                        holder = parent if rec.kind == "eqn" else rec
+                        if made.kind == "input" and made not in holder.reads:
+                            holder.reads.append(made)  # the stage's own parameters
                         k = self.edge(src, chain, v)
                         if k < len(src) - 1 and v in loc:
                             self.mark_scope_outputs(src, k, v, loc[v])
@@ -590,6 +596,7 @@ class _Builder(InputsMixin):
                 n_eqns=r.n_eqns,
                 collapsed=r.collapsed,
                 repeats=r.repeats,
+                reads=tuple(i.id for i in r.reads),
             )
             for r in recs
         )

@@ -46,6 +46,8 @@ class Node:
     collapsed: bool = False
     #: > 0: a group of this many identical blocks, its children (graph/repeats.py)
     repeats: int = 0
+    #: the input nodes (parameters) its own equations read, not its stages' inside it
+    reads: tuple[str, ...] = ()
 
     def to_dict(self, *, compact: bool = False, parent_source: Any = None) -> dict[str, Any]:
         """The node as in docs/model.md.
@@ -73,6 +75,8 @@ class Node:
             d["collapsed"] = self.collapsed
         if self.repeats:
             d["repeats"] = self.repeats
+        if self.reads:
+            d["reads"] = list(self.reads)
         return d
 
 
