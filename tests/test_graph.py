@@ -1256,3 +1256,40 @@ def test_a_library_file_is_named_from_its_package_and_floats_are_shown_first():
     _, g = graph_of(lambda x: jnp.sum(loop(x)), X)
     w = one(g, "while", "while")
     assert w.shapes == ("float32[3,4]", "int32[]")
+
+
+class _RematBlock(nnx.Module):
+    def __init__(self, rngs):
+        self.lin = nnx.Linear(8, 8, rngs=rngs)
+
+    def __call__(self, x):
+        return jnp.tanh(self.lin(x))
+
+
+class _RematNet(nnx.Module):
+    def __init__(self, n, rngs):
+        self.h = nnx.List([_RematBlock(rngs) for _ in range(n)])
+
+    def __call__(self, x):
+        x = x * 2.0 + 1.0
+        for block in self.h:
+            x = nnx.remat(lambda b, y: b(y))(block, x)  # one line, n checkpoints
+        return jnp.tanh(x)
+
+
+def test_remat_blocks_in_a_list_read_as_their_blocks():
+    # Each block through `nnx.remat` on one line: no fold named by that line around
+    # the twelve named checkpoints, and each shows its activation first (it hands
+    # back the block's parameters too, which the program drops).
+    net = _RematNet(14, nnx.Rngs(0))
+    x = jnp.ones((2, 8))
+    ins = sowviz.inspect(lambda m, x: jnp.sum(m(x) ** 2), net, x)
+    g = ins.graph
+    model = one(g, "_RematNet", "scope")
+    inside = [n.label for n in g.children(model.id)]
+    assert inside == ["mul", "add", "checkpoint(h[0–13]) (×14)", "tanh"], inside
+    first = one(g, "checkpoint(h[0])", "remat")
+    assert first.shapes[0] == "float32[2,8]", first.shapes
+    want = jnp.tanh(net.h[0].lin(x * 2.0 + 1.0))
+    got = ins.probe("checkpoint(h[0])").summaries["primal"]
+    np.testing.assert_allclose(got["l2"], np.linalg.norm(want), rtol=1e-5)

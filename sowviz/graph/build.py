@@ -227,6 +227,7 @@ class _Builder(InputsMixin):
         self.top_loc: dict[Any, tuple[int, int]] = {}
         #: variables some equation reads (`shown_first`)
         self.read: set[Any] = set()
+        self.used: set[Any] = set()  # the variables the level being walked reads
 
     # -- nodes -----------------------------------------------------------------
     def new(self, kind, label, parent, source=None, shapes=(), primitive=None) -> _Rec:
@@ -302,6 +303,7 @@ class _Builder(InputsMixin):
         capture_stages = probe and self.capture in ("stages", "all")
         used = {v for e in jaxpr.eqns for v in e.invars if isinstance(v, _compat.Var)}
         used.update(v for v in jaxpr.outvars if isinstance(v, _compat.Var))
+        self.used = used  # this level's (`eqn_node` orders a call's outputs by it)
         scoped = [scope_names(e) for e in jaxpr.eqns]
         if self.renamed:
             at = tuple(path)
@@ -324,6 +326,7 @@ class _Builder(InputsMixin):
             at_module_call=at_module_call,
             primitives=[e.primitive.name for e in jaxpr.eqns],
             reentry=lambda i: _compat.reentry(jaxpr.eqns[i]),
+            stages=[spec_of(e.primitive.name) is not None for e in jaxpr.eqns],
         )
         for i, eqn in enumerate(jaxpr.eqns):
             names = level_names[i]
@@ -346,6 +349,7 @@ class _Builder(InputsMixin):
                 chain_here = (*chain_here, rec.id)
             parent = scopes[-1][1] if scopes else container
             rec = self.eqn_node(eqn, i, parent, path, probe, in_custom)
+            self.used = used  # again: the call's body was walked
             chain = (*chain_here, rec.id)
             for v in eqn.invars:
                 if isinstance(v, _compat.Var):
@@ -400,9 +404,13 @@ class _Builder(InputsMixin):
 
     def eqn_node(self, eqn, i, parent: _Rec, path, probe, in_custom) -> _Rec:
         name = eqn.primitive.name
-        # floating outputs first, as probes take them (`diffeqsolve` showed `i32[] +8`)
+        # floating outputs first, as probes take them (`diffeqsolve` showed `i32[] +8`),
+        # and what the program reads before what it drops (`nnx.remat` hands back the
+        # block's parameters before its activation: `f32[192] +12`)
+        used = self.used
         shapes = tuple(
-            shape_str(v.aval) for v in sorted(eqn.outvars, key=lambda v: not is_floating(v.aval))
+            shape_str(v.aval)
+            for v in sorted(eqn.outvars, key=lambda v: (not is_floating(v.aval), v not in used))
         )
         src = self.source(eqn)
         spec = spec_of(name)

@@ -261,6 +261,7 @@ def fold_names(
     at_module_call: Callable[[int], bool] | None = None,
     primitives: Sequence[str] = (),
     reentry: Callable[[int], _compat.Reentry | None] | None = None,
+    stages: Sequence[bool] = (),
 ) -> list[tuple[str, ...]]:
     """Scope names with runs of unscoped equations folded. A level with more than
     `line_limit` nodes folds runs of 3 or more equations from one source line, labelled
@@ -277,7 +278,9 @@ def fold_names(
     equations' `primitives` (`lax.conv_general_dilated` and the reshapes around it).
     First of all, a `_compat.REENTRANT` call (`lax.associative_scan`) is one group with
     the equations of the user's function it called back (`reentry`):
-    `associative_scan(combine)`."""
+    `associative_scan(combine)`. A line's run of calls that are each a stage of their
+    own (`stages`: twelve `checkpoint(h[i])` from one `nnx.remat` line) is not folded
+    by its line: the boxes are named already."""
     if call_path is None and max(_direct(names).values(), default=0) <= line_limit:
         return names
     out = list(names)
@@ -363,8 +366,13 @@ def fold_names(
             j = i
             while j + 1 < len(out) and k is not None and key(j + 1) == k:
                 j += 1
+            named = inner and all(m < len(stages) and stages[m] for m in range(i, j + 1))
             # `whole=False`: a run that is all its scope holds would only restate it
-            if j + 1 - i >= least and (whole or j + 1 - i < direct.get(scope_of(i), 0)):
+            if (
+                not named
+                and j + 1 - i >= least
+                and (whole or j + 1 - i < direct.get(scope_of(i), 0))
+            ):
                 name = FOLD + (f"{label(i, j, k)}\x01{k}" if label else k)
                 for m in range(i, j + 1):
                     if inner:
