@@ -81,6 +81,22 @@ def _eqx() -> Any:
     return getattr(mod, "Module", None) if mod is not None else None
 
 
+def linen_module_names() -> frozenset[str]:
+    """The class names of Flax Linen's modules (the user's subclasses among them): the
+    top-level scope a Linen model pushes (`ResNet`) is one of them."""
+    mod = sys.modules.get("flax.linen")
+    base = getattr(mod, "Module", None) if mod is not None else None
+    names: set[str] = set()
+    todo, seen = ([base] if base is not None else []), set()
+    while todo:
+        cls = todo.pop()
+        if cls not in seen:
+            seen.add(cls)
+            names.add(cls.__name__)
+            todo.extend(cls.__subclasses__())
+    return frozenset(names)
+
+
 def named(fn: Callable) -> Callable:
     """`fn` whose NNX / Equinox module calls run inside named scopes of their paths."""
     if _nnx() is None and _eqx() is None:

@@ -203,10 +203,12 @@ def _insert(builder: Any, runs: list[list[Any]]) -> None:
 def open_model(recs: Sequence[Any], root: Any) -> None:
     """Start the model's module open, so the first picture shows its layers (and their
     stacked node) rather than one box: the one top-level stage named by the framework
-    wrappers (`TransformerLM`, `MLP`) holding at least half the program's equations,
+    wrappers (`TransformerLM`, `MLP`) or a Flax Linen module (`ResNet`) holding at least half the program's equations,
     when the top level then draws at most `FIRST_VIEW` nodes. Call with final `n_eqns`."""
     top = [r for r in recs if r.parent == root.id]
-    mods = [r for r in top if r.kind == "scope" and not r.made and r.label in frameworks.PUSHED]
+    linen = frameworks.linen_module_names()  # Linen pushes its modules' scopes itself
+    names = frameworks.PUSHED | linen
+    mods = [r for r in top if r.kind == "scope" and not r.made and r.label in names]
     if len(mods) != 1 or 2 * mods[0].n_eqns < root.n_eqns:
         return
     inside = sum(1 for r in recs if r.parent == mods[0].id)
