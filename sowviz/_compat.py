@@ -548,6 +548,9 @@ class CallPath:
 
 
 _paths: dict[tuple, tuple[Any, CallPath]] = {}
+#: JAX's own algorithms, named inside like a library's (`minimize` > `minimize_bfgs` >
+#: `line_search` > `_zoom`): one BFGS step is a thousand equations of one user line.
+_JAX_ALGORITHMS = os.path.join(os.path.dirname(jax.__file__), "_src", "scipy", "optimize") + os.sep
 _API_BOUNDARY = _traceback_util.__file__
 
 
@@ -593,7 +596,9 @@ def call_path(eqn: JaxprEqn) -> CallPath:
             for c in reversed(codes[:user]):
                 if c.co_filename.startswith(_SOWVIZ_DIR + os.sep) or c.co_filename == _API_BOUNDARY:
                     continue  # sowviz, and the wrapper `@api_boundary` puts on `lax.fori_loop`
-                if _source_info.is_user_filename(c.co_filename):
+                if _source_info.is_user_filename(c.co_filename) or c.co_filename.startswith(
+                    _JAX_ALGORITHMS
+                ):
                     names.append(c.co_qualname)
                     api = ""
                 elif api == "":  # the JAX function that code called (`softmax`, `norm`)

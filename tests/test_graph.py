@@ -1293,3 +1293,29 @@ def test_remat_blocks_in_a_list_read_as_their_blocks():
     want = jnp.tanh(net.h[0].lin(x * 2.0 + 1.0))
     got = ins.probe("checkpoint(h[0])").summaries["primal"]
     np.testing.assert_allclose(got["l2"], np.linalg.norm(want), rtol=1e-5)
+
+
+def _bfgs_loss(c, x0):
+    def f(x):
+        return jnp.sum((x - c) ** 2) + 0.1 * jnp.sum(x**4)
+
+    from jax.scipy.optimize import minimize
+
+    res = minimize(f, x0, method="BFGS")
+    return jnp.sum(res.x**2) + res.fun
+
+
+def test_jaxs_own_optimiser_is_drawn_by_its_functions():
+    # BFGS's loop body is a thousand equations of the user's one `minimize` line: by
+    # JAX's function names inside (`line_search`, `_zoom`), not chunks `op ×8 (1–8)`
+    c, x0 = jnp.array([1.0, -2.0, 0.5]), jnp.zeros(3)
+    _, g = graph_of(_bfgs_loss, c, x0)
+    labels = {n.label for n in g.nodes}
+    assert {"minimize_bfgs", "line_search", "_zoom"} <= labels
+    assert not [lbl for lbl in labels if lbl.startswith("op ")], sorted(labels)
+    (search,) = by_label(g, "line_search")
+    chain = []
+    while search.parent is not None:
+        search = g.node(search.parent)
+        chain.append(search.label)
+    assert "minimize_bfgs" in chain and "while" in chain
