@@ -682,6 +682,17 @@ def reentry(eqn: JaxprEqn) -> Reentry | None:
         return None
 
 
+def primitive_label(eqn: JaxprEqn) -> str:
+    """An equation's primitive as a user knows it: JAX >= 0.12 binds some functions as
+    a `call_hi_primitive` whose `_prim` says which (`CustomRoot` is `custom_root`)."""
+    name = eqn.primitive.name
+    if name == "call_hi_primitive":
+        cls = type(eqn.params.get("_prim")).__name__
+        if cls and cls not in ("NoneType", "HiPrim"):
+            return re.sub(r"(?<!^)(?=[A-Z])", "_", cls).lower()
+    return name
+
+
 def vjp_by_jvp(f: Any, primals: tuple, check: Any = None, has_aux: bool = False) -> tuple:
     """`(f(*primals), pullback)` like `jax.vjp`, built as the transpose of `f`'s JVP
     (`jax.linear_transpose`, which partially evaluates the JVP once for the whole

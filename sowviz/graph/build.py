@@ -415,7 +415,8 @@ class _Builder(InputsMixin):
         src = self.source(eqn)
         spec = spec_of(name)
         if spec is None:  # an ordinary equation (its sub-programs, if any, are counted)
-            rec = self.new("eqn", name, parent.id, src, shapes, primitive=name)
+            label = _compat.primitive_label(eqn)
+            rec = self.new("eqn", label, parent.id, src, shapes, primitive=label)
             rec.n_eqns = 1 + sum(_count_eqns(j) for _, _, j in _compat.sub_jaxprs(eqn))
             rec.constant = self.const(eqn)
             return rec
