@@ -18,6 +18,7 @@ import numpy as np
 
 from ._global import host_value
 from .nonfinite import find, node_flags, with_equations
+from .nonfinite_messages import masked_branch_hint, with_message
 from .nonfinite_record import Equation, NonFinite, Origins
 
 
@@ -234,8 +235,23 @@ def locate(
             bwd_eq = Equation(n.id, n.primitive or n.label, n.source or _src(g, n), reach, n.label)
             bwd = replace(bwd, node=_stage_of(g, n.id), reaching=_stage_of(g, reach))
             bwd = replace(bwd, candidates=tuple(_stage_of(g, c) for c in cands))
-    out = replace(fine, forward=fwd, backward=bwd)
-    return with_equations(out, g, fwd_eq, bwd_eq)
+    out = with_equations(replace(fine, forward=fwd, backward=bwd), g, fwd_eq, bwd_eq)
+    if (
+        out.backward is not None
+        and fwd_eq is not None
+        and bwd_eq is not None
+        and fwd_eq.node == bwd_eq.node
+        and _mode(opts) == "grad"
+        and isinstance(ins.result, tuple)
+        and results_finite(ins.result[0])
+    ):
+        # The classic trap: `jnp.where(x > 0, jnp.sqrt(x), 0.0)` is finite, its gradient
+        # is not (the masked branch's backward is 0 × NaN).
+        hint = masked_branch_hint(fwd_eq.primitive)
+        out = with_message(
+            replace(out, backward=replace(out.backward, message=out.backward.message + hint))
+        )
+    return out
 
 
 def _src(graph: Any, n: Any) -> Any:

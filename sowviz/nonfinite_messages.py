@@ -97,6 +97,17 @@ def equation_name(stage: Any, eq: Equation) -> str:
     return f"{name}{inside}{at}"
 
 
+def masked_branch_hint(primitive: str) -> str:
+    """What to say when the value is finite but the gradient is not, both born at one
+    equation: its non-finite value was masked (a `jnp.where`), its backward was not."""
+    return (
+        f"; the value is finite: what `{primitive}` made was masked later (a `jnp.where`?), "
+        f"but its backward still multiplies by it (0 × NaN = NaN). Give `{primitive}` an "
+        f"input where it is finite: `jnp.where(ok, x, 1.0)` before it as well as "
+        f"`jnp.where(ok, ..., 0.0)` after it (the double-where trick)"
+    )
+
+
 def with_message(o: Origins) -> Origins:
     """`o` with its one-line summary of both passes."""
     parts = []

@@ -371,6 +371,12 @@ def test_where_trap_forward_removed_and_backward_born_in_log():
     assert o.removed is False  # the gradient is NaN: a result is non-finite
     assert _line(o.backward) == gline == line
     assert o.backward.equation.primitive == "log"
+    # the value is finite, the gradient is not: the message names the trap and its way out
+    assert "the value is finite" in o.backward.message and "double-where" in o.backward.message
+    assert "`log`" in o.message.split("the value is finite")[1]
+    # a NaN that reaches the value is no masked branch
+    o = locate(f_log_negative, (X,), _opts())
+    assert o.backward is not None and "double-where" not in o.message
 
 
 def test_parameter_gradient_only():
