@@ -42,6 +42,7 @@ from .nonfinite_json import JsonGraph, json_probes
 from .nonfinite_messages import (
     EARLIER,
     FROM_FORWARD,
+    IN_TANGENT,
     backward_message,
     backward_sentence,
     equation_name,
@@ -104,6 +105,7 @@ class _Flags:
     bwd: bool = False
     fwd_kinds: frozenset[str] = frozenset()  # which of NaN, +Inf, -Inf the values hold
     fwd_iter: float = _INF  # first iteration with a non-finite forward value
+    fwd_value: bool = False  # the value itself (not only its tangent) is non-finite
     bwd_iter: float = -_INF  # last iteration with a non-finite cotangent (runs first)
 
 
@@ -122,6 +124,7 @@ def node_flags(probes: Iterable[Any]) -> dict[str, _Flags]:
                     f.bwd_iter = max(f.bwd_iter, its[-1])
             else:
                 f.fwd = True
+                f.fwd_value = f.fwd_value or "tangent" not in str(key).split(".")
                 f.fwd_kinds |= _kinds(s)
                 if its:
                     f.fwd_iter = min(f.fwd_iter, its[0])
@@ -282,6 +285,7 @@ def find(
         if fwd or bwd:
             f = flags.setdefault(node, _Flags())
             f.fwd, f.bwd = f.fwd or fwd, f.bwd or bwd
+            f.fwd_value = f.fwd_value or fwd
             if fwd and not f.fwd_kinds:
                 f.fwd_kinds = frozenset(_KINDS)
     if not flags:
@@ -315,6 +319,8 @@ def find(
         before = [ix.nodes[b] for b in ix.unprobed_before(node, probed)]
         early = None if earlier is None else (ix.nodes[earlier], fwd[earlier].fwd_kinds)
         msg = forward_message(ix.nodes[node], ix.path(node), before, early)
+        if not fwd[node].fwd_value:  # jvp: a NaN tangent of a finite value
+            msg += IN_TANGENT
         fwd_origin = Origin("forward", node, message=msg, path=ix.path(node))
     if bwd:
         reach = max(bwd, key=lambda n: ix.key(n, bwd[n].bwd_iter))
@@ -398,7 +404,11 @@ def with_equations(
     if fwd is not None and forward is not None:
         msg = f"first made by {equation_name(stage(fwd), forward)}"
         _, before, held = fwd.message.partition(EARLIER)  # what the equation may come from
-        fwd = replace(fwd, equation=forward, message=msg + before + held)
+        if before:
+            msg += before + held
+        elif fwd.message.endswith(IN_TANGENT):
+            msg += IN_TANGENT
+        fwd = replace(fwd, equation=forward, message=msg)
     if bwd is not None and backward is not None:
         target = backward.reaching if bwd.reaching == bwd.node else bwd.reaching
         reach = f", reaching {stage_name(ix.nodes[target])}" if target else ""

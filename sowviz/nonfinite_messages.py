@@ -31,6 +31,8 @@ _KIND_NAMES = {"nan": "NaN", "posinf": "+Inf", "neginf": "-Inf"}
 
 #: How a forward message names a node holding other non-finite kinds before its origin.
 EARLIER = "; before it, "
+#: ... and says that only the tangent is non-finite there (mode "jvp")
+IN_TANGENT = " (in its tangent: the value is finite)"
 
 
 def forward_message(

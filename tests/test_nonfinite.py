@@ -939,3 +939,19 @@ def test_located_origin_keeps_what_came_before_it():
     assert o.forward.equation.primitive == "sqrt"
     assert "; before it, `mul` (" in o.forward.message, o.forward.message
     assert o.forward.message.endswith("held +Inf, which may have led to it")
+
+
+def test_a_nan_tangent_of_a_finite_value_says_so():
+    # mode "jvp": ‖w‖ at w = 0 is 0, its tangent is NaN; the banner said only "first
+    # made by `norm`", as for a NaN value
+    w, x = jnp.zeros(3), jnp.ones(3)
+    ins = sowviz.inspect(f_norm_at_zero, w, x, mode="jvp")
+    value, tangent = ins.result
+    assert np.isfinite(value) and not np.isfinite(tangent)
+    assert ins.nonfinite.forward.message.endswith("(in its tangent: the value is finite)")
+    o = ins.locate_nonfinite()
+    assert o.forward.equation.primitive == "sqrt"
+    assert o.forward.message.endswith("(in its tangent: the value is finite)"), o.message
+    # a NaN value is no tangent's
+    o = sowviz.inspect(f_log_negative, X, mode="jvp").locate_nonfinite()
+    assert "in its tangent" not in o.message
