@@ -14,7 +14,7 @@ export function repeatBlock(index, id, onReveal) {
   const own = index.probesByNode.get(id)?.[0];
   const st = repeatStats(index, id, own?.leaf ?? null);
   const n = st.blocks.length;
-  const x = st.blocks.map((_, i) => i);
+  const x = blockNumbers(st.blocks.map((b) => b.label));
   const slider = h("input", { type: "range", min: "0", max: String(Math.max(0, n - 1)), value: String(Math.max(0, n - 1)), step: "1", "data-role": "repeat", "aria-label": "block" });
   const label = h("span", { class: "sv-muted", "data-role": "repeat-label" });
   const show = h("button", { type: "button", class: "sv-link", "data-role": "repeat-reveal" });
@@ -38,7 +38,7 @@ export function repeatBlock(index, id, onReveal) {
   const drawHists = () => {
     const b = st.blocks[Number(slider.value)];
     if (!b) return;
-    label.textContent = `${Number(slider.value)} of ${n - 1}`;
+    label.textContent = `${x[Number(slider.value)]} of ${x[0]}–${x[n - 1]}`;
     show.textContent = `show ${b.label}`;
     if (!last_) return;
     for (const p of per) {
@@ -55,7 +55,7 @@ export function repeatBlock(index, id, onReveal) {
       last_ = { colours, width };
       for (const p of per) {
         const s = st.series[p.mode];
-        const nonfinite = x.filter((i) => s.nonfinite[i] > 0);
+        const nonfinite = x.filter((_, i) => s.nonfinite[i] > 0);
         // norms on a log axis (they span decades across a deep stack); the mean apart, linear
         drawLines(p.lines, x, [
           { name: "‖·‖₂", y: s.l2, colour: modeColour(colours, p.mode) },
@@ -67,4 +67,23 @@ export function repeatBlock(index, id, onReveal) {
       drawHists();
     },
   };
+}
+
+/**
+ * The blocks' own numbers, from their labels (`BottleneckResNetBlock_8` … `_12`: 8 … 12;
+ * `layers[0]` … `layers[23]`: 0 … 23): the last number that tells them apart, else
+ * their positions.
+ * @param {string[]} labels
+ * @returns {number[]}
+ */
+export function blockNumbers(labels) {
+  const nums = labels.map((l) => (l.match(/\d+/g) ?? []).map(Number));
+  const k = nums[0]?.length ?? 0;
+  if (k && nums.every((t) => t.length === k)) {
+    for (let at = k - 1; at >= 0; at--) {
+      const col = nums.map((t) => t[at]);
+      if (new Set(col).size === col.length && col.every((v, i) => i === 0 || v > col[i - 1])) return col;
+    }
+  }
+  return labels.map((_, i) => i);
 }

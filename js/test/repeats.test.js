@@ -1,3 +1,4 @@
+import { blockNumbers } from "../src/repeatview.js";
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { indexModel } from "../src/model.js";
@@ -49,4 +50,12 @@ test("a block without the statistic gives null, not a made-up number", () => {
   const st = repeatStats(indexModel(m), "n1");
   assert.deepEqual(st.series.primal.l2, [2, null, null]);
   assert.equal(st.blocks[2].probe, null);
+});
+
+test("blocks are numbered as their labels number them", () => {
+  assert.deepEqual(blockNumbers(["BottleneckResNetBlock_8", "BottleneckResNetBlock_9", "BottleneckResNetBlock_10"]), [8, 9, 10]);
+  assert.deepEqual(blockNumbers(["layers[0]: Block", "layers[1]: Block"]), [0, 1]);
+  assert.deepEqual(blockNumbers(["down[1][0]", "down[1][1]"]), [0, 1]); // the number that differs
+  assert.deepEqual(blockNumbers(["a", "b"]), [0, 1]); // no numbers: positions
+  assert.deepEqual(blockNumbers(["x_3", "x_3"]), [0, 1]); // no number tells them apart
 });
