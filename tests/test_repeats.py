@@ -236,6 +236,12 @@ def test_group_detail_charts_each_blocks_statistics(page, tmp_path):
     # the slider picks a block; "show" reveals it
     pg.locator('[data-role="repeat"]').fill("2")
     assert pg.locator('[data-role="repeat-reveal"]').inner_text() == "show block_2"
+    # by the blocks' own numbers
+    xs = pg.evaluate(
+        "() => Array.from(document.querySelector(\"[data-repeat='lines']\").data[0].x)"
+    )
+    assert xs == [int(b.label.rsplit("_", 1)[1]) for b in blocks]
+    assert pg.locator('[data-role="repeat-label"]').inner_text() == f"2 of 0–{len(blocks) - 1}"
     pg.locator('[data-role="repeat-reveal"]').click()
     pg.wait_for_selector(f'[data-node-id="{blocks[2].id}"].sv-selected')
     assert pg.locator(f'[data-node-id="{grp.id}"]').get_attribute("data-expanded") == "true"
