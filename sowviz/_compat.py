@@ -683,9 +683,13 @@ def reentry(eqn: JaxprEqn) -> Reentry | None:
 
 
 def primitive_label(eqn: JaxprEqn) -> str:
-    """An equation's primitive as a user knows it: JAX >= 0.12 binds some functions as
-    a `call_hi_primitive` whose `_prim` says which (`CustomRoot` is `custom_root`)."""
+    """An equation's primitive as a user knows it: `fft` by its type (`rfft`), and JAX
+    >= 0.12 binds some functions as a `call_hi_primitive` whose `_prim` says which
+    (`CustomRoot` is `custom_root`)."""
     name = eqn.primitive.name
+    if name == "fft":  # one primitive for all four: `rfft`, `irfft`, `fft`, `ifft`
+        kind = getattr(eqn.params.get("fft_type"), "name", None)
+        return kind.lower() if isinstance(kind, str) else name
     if name == "call_hi_primitive":
         cls = type(eqn.params.get("_prim")).__name__
         if cls and cls not in ("NoneType", "HiPrim"):

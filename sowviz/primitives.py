@@ -85,6 +85,11 @@ def _called(params: Mapping[str, Any], name: str) -> str:  # jit, closed_call
         # JAX's private jitted helpers (`jnp.var`'s `_var`, `jnp.where`'s `_where`) are
         # named by the public function they implement.
         return label.lstrip("_")
+    if label == "fft" and body is not None:  # `jnp.fft.rfft` and `irfft` both jit `fft`
+        eqns = _compat.jaxpr_and_consts(body)[0].eqns
+        kinds = {_compat.primitive_label(e) for e in eqns if e.primitive.name == "fft"}
+        if len(kinds) == 1:
+            return kinds.pop()
     return label
 
 

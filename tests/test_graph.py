@@ -1341,3 +1341,11 @@ def test_a_hi_primitive_is_named_by_the_function_bound():
         assert "custom_root" in labels
     _, grad = sowviz.inspect(_sqrt_by_custom_root, a).result
     np.testing.assert_allclose(grad, 0.5 / np.sqrt(np.asarray(a)), rtol=1e-5)
+
+
+def test_ffts_are_named_by_their_kind():
+    # `jnp.fft.rfft` and `irfft` are one primitive `fft` in a jit named `fft`
+    x = jnp.linspace(0.0, 1.0, 8)
+    _, g = graph_of(lambda x: jnp.sum(jnp.fft.irfft(jnp.fft.rfft(x) * 2.0)), x)
+    labels = [n.label for n in g.nodes if n.kind in ("jit", "eqn")]
+    assert "rfft" in labels and "irfft" in labels and "fft" not in labels, labels
