@@ -363,7 +363,7 @@ def test_a_layers_panel_lists_the_parameters_it_reads(page, tmp_path):
         "rs => rs.map(r => Array.from(r.cells).map(c => c.textContent.replace(/\\u200b/g, '')))"
     )
     names = [r[0] for r in rows]
-    assert names == ["layers[1].bias", "layers[1].weight"]
+    assert names == ["layers[1].weight", "layers[1].bias"]  # as the layer reads them
     for name, _, value, grad, _ in rows:
         leaf = name.split(".")[-1]
         want_v = np.linalg.norm(getattr(model.layers[1], leaf))
@@ -372,5 +372,5 @@ def test_a_layers_panel_lists_the_parameters_it_reads(page, tmp_path):
         np.testing.assert_allclose(float(grad), want_g, rtol=2e-3)
     # a row reveals its leaf in the parameters group
     table.locator("tbody tr button").first.click()
-    pg.wait_for_function("() => document.querySelector('.sv-detail-title').textContent === 'bias'")
+    pg.wait_for_function("() => document.querySelector('.sv-detail-title').textContent === 'weight'")
     assert page.errors == []

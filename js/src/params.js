@@ -11,17 +11,40 @@ import { fmt } from "./stats.js";
  * @param {string} id
  */
 export function paramRows(index, id) {
+  const at = firstReads(index);
   const rows = [];
   const walk = (nid, prefix) => {
     for (const c of index.children.get(nid) ?? []) {
       const n = index.nodes.get(c);
       const name = joinPath(prefix, n.label);
-      if (n.kind === "input") rows.push(leafRow(index, c, name));
+      if (n.kind === "input") rows.push({ ...leafRow(index, c, name), at: at.get(c) ?? Infinity });
       else walk(c, name);
     }
   };
   walk(id, "");
-  return rows;
+  // in model order: by the first stage that reads each (a Linen model's parameters
+  // come alphabetically: `Dense_0` before `conv_init`), the unread last
+  return rows.sort((a, b) => a.at - b.at);
+}
+
+const reading = new WeakMap();
+
+/**
+ * Per input node, its rank among the inputs in the order the program first reads them
+ * (by the `order` of the node whose own equations read it, then as that node lists them).
+ * @param {import("./model.js").ModelIndex} index
+ * @returns {Map<string, number>}
+ */
+function firstReads(index) {
+  let at = reading.get(index);
+  if (!at) {
+    at = new Map();
+    for (const n of [...index.nodes.values()].sort((a, b) => a.order - b.order)) {
+      for (const r of n.reads ?? []) if (!at.has(r)) at.set(r, at.size);
+    }
+    reading.set(index, at);
+  }
+  return at;
 }
 
 /**
@@ -113,7 +136,7 @@ const COLUMNS = [["name", "name"], ["shape", "shape"], ["value", "‖value‖₂
 
 /** The sortable table; clicking a row reveals its leaf. */
 export function paramTable(rows, onReveal, title = `${rows.length} leaves`) {
-  let key = "name";
+  let key = ""; // as given (model order) until a column is picked
   let dir = 1;
   const body = h("tbody");
   const head = h("tr", {}, COLUMNS.map(([k, label]) => {
@@ -128,7 +151,7 @@ export function paramTable(rows, onReveal, title = `${rows.length} leaves`) {
     return th;
   }));
   const fill = () => {
-    body.replaceChildren(...sortRows(rows, key, dir).map((r) => {
+    body.replaceChildren(...(key ? sortRows(rows, key, dir) : rows).map((r) => {
       const tr = h("tr", { "data-node": r.id }, [
         // whole, breakable after its path's dots (`layers[0].attn.key.bias` and
         // `layers[0].attn.query.bias` differ in the middle: no cut keeps both apart)

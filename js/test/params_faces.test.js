@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { indexModel } from "../src/model.js";
-import { breakable, gradHistory, paramRows, sortRows } from "../src/params.js";
+import { breakable, gradHistory, paramRows, readRows, sortRows } from "../src/params.js";
 import { iterationHist } from "../src/stats.js";
 import { statSymbol, computeFaces } from "../src/faces.js";
 import { summary } from "./helpers.js";
@@ -96,4 +96,18 @@ test("a parameter's name is shown whole, breakable at its path's dots and keys",
   assert.equal(breakable("layers[0].attn.key.bias"), `layers${zw}[0].${zw}attn.${zw}key.${zw}bias`);
   assert.equal(breakable("[0]['w']"), `[0]${zw}['w']`);
   assert.equal(breakable("layers[0].attn.key.bias").replaceAll(zw, ""), "layers[0].attn.key.bias");
+});
+
+test("parameters come in model order: by the first stage that reads them", () => {
+  const m = paramsModel();
+  // two stages: the first reads `scale`, the second `blocks[0].b` then `blocks[0].w`
+  m.nodes.push(
+    { id: "n7", label: "norm", kind: "scope", parent: "n0", order: 7, source: null, shapes: [], primitive: null, n_eqns: 2, collapsed: true, reads: ["n5", "n6"] },
+    { id: "n8", label: "dense", kind: "scope", parent: "n0", order: 8, source: null, shapes: [], primitive: null, n_eqns: 2, collapsed: true, reads: ["n4", "n3"] },
+  );
+  const ix = indexModel(m);
+  assert.deepEqual(paramRows(ix, "n1").map((r) => r.name), ["scale", "blocks[0].b", "blocks[0].w"]);
+  // a stage's own: what it and its stages read, named as in the parameters' table
+  assert.deepEqual(readRows(ix, "n8").map((r) => r.name), ["blocks[0].b", "blocks[0].w"]);
+  assert.deepEqual(readRows(ix, "n7").map((r) => r.name), ["scale", "x"]);
 });
