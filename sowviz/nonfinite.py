@@ -325,7 +325,10 @@ def find(
     if bwd:
         reach = max(bwd, key=lambda n: ix.key(n, bwd[n].bwd_iter))
         cands = [c for c in ix.consumers(reach) if not (c in flags and flags[c].bwd)]
-        cands.sort(key=lambda c: ix.exit[c], reverse=True)  # the latest runs first backward
+        # the latest runs first backward; an equation whose backward only multiplies
+        # and moves finite values (`mul`, `add`, reshapes) comes after those that can
+        # make a NaN of them (`norm`'s `sqrt` at 0), unless its own values are not finite
+        cands.sort(key=lambda c: (_plain_backward(ix.nodes[c], flags.get(c)), -ix.exit[c]))
         if cands and cands[0] not in probed:
             # An unprobed equation's output cotangent is unseen: the stages reading its
             # values may have made the NaN (`associative_scan`'s backward, through the
@@ -367,6 +370,26 @@ def find(
         nodes=tuple(nonfinite),
     )
     return with_message(out)
+
+
+#: Primitives whose backward rule, on finite values and a finite cotangent, gives a
+#: finite cotangent (short of overflow): sums, products, moves and selections.
+_PLAIN_BACKWARD = frozenset(
+    {
+        "add", "add_any", "sub", "neg", "mul", "dot_general", "reduce_sum", "broadcast_in_dim",
+        "reshape", "transpose", "squeeze", "expand_dims", "convert_element_type", "copy",
+        "concatenate", "slice", "dynamic_slice", "dynamic_update_slice", "pad", "select_n",
+        "gather", "scatter-add", "rev",
+    }
+)  # fmt: skip
+
+
+def _plain_backward(node: Any, flags: _Flags | None) -> bool:
+    return (
+        node.kind == "eqn"
+        and node.primitive in _PLAIN_BACKWARD
+        and not (flags is not None and flags.fwd)
+    )
 
 
 def _producer(ix: _Index, fwd: Mapping[str, _Flags]) -> tuple[str, str | None]:

@@ -25,6 +25,7 @@ class JsonNode:
     parent: str | None
     order: int
     source: JsonSource | None
+    primitive: str | None = None
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,16 @@ class JsonGraph:
             return None if not d else JsonSource(d.get("file", ""), d.get("line", 0))
 
         self.nodes = tuple(
-            JsonNode(n["id"], n["label"], n["kind"], n["parent"], n["order"], src(n.get("source")))
+            JsonNode(
+                n["id"],
+                n["label"],
+                n["kind"],
+                n["parent"],
+                n["order"],
+                src(n.get("source")),
+                # a compact model leaves out an equation's primitive when it is its label
+                n.get("primitive", n["label"] if n["kind"] == "eqn" else None),
+            )
             for n in model["nodes"]
         )
         self.edges = tuple(JsonEdge(e["source"], e["target"]) for e in model.get("edges", ()))

@@ -955,3 +955,18 @@ def test_a_nan_tangent_of_a_finite_value_says_so():
     # a NaN value is no tangent's
     o = sowviz.inspect(f_log_negative, X, mode="jvp").locate_nonfinite()
     assert "in its tangent" not in o.message
+
+
+def f_norm_beside_a_product(w, v):
+    return jnp.linalg.norm(w) + jnp.sum(v * w)  # both read w; only norm's backward is NaN
+
+
+def test_the_backward_guess_names_first_a_stage_that_can_make_a_nan():
+    # Before locating, the candidates reading `w` are `norm` and `mul`. `mul` runs last
+    # but its backward multiplies finite values: `norm` is named first.
+    w, v = jnp.zeros(3), jnp.ones(3)
+    _, grads = jax.value_and_grad(f_norm_beside_a_product)(w, v)
+    assert not np.all(np.isfinite(grads))  # the independent check: the gradient is NaN
+    ins = sowviz.inspect(f_norm_beside_a_product, w, v)
+    msg = ins.nonfinite.backward.message
+    assert msg.startswith("born in the backward of `norm`") and "(or of `mul`" in msg, msg

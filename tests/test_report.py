@@ -372,5 +372,7 @@ def test_a_layers_panel_lists_the_parameters_it_reads(page, tmp_path):
         np.testing.assert_allclose(float(grad), want_g, rtol=2e-3)
     # a row reveals its leaf in the parameters group
     table.locator("tbody tr button").first.click()
-    pg.wait_for_function("() => document.querySelector('.sv-detail-title').textContent === 'weight'")
+    pg.wait_for_function(
+        "() => document.querySelector('.sv-detail-title').textContent === 'weight'"
+    )
     assert page.errors == []
