@@ -605,7 +605,7 @@ class _Builder(InputsMixin):
                 n_eqns=r.n_eqns,
                 collapsed=r.collapsed,
                 repeats=r.repeats,
-                reads=tuple(i.id for i in r.reads),
+                reads=tuple([i.id for i in r.reads]) if r.reads else (),
             )
             for r in recs
         )

@@ -314,7 +314,7 @@ def fold_names(
         # Runs of one REENTRANT call's equations, its callback's among them, by the
         # caller's line; the group goes in at the scope the run started in.
         def entry(i: int) -> tuple[str, str | None] | None:
-            r = reentry(i) if reentry is not None else None
+            r = entered[i]
             if r is not None:
                 lam = r.entered.endswith("<lambda>")
                 body = "lambda" if lam else function_label(r.entered)[0]
@@ -324,6 +324,9 @@ def fold_names(
                 return None
             return f"{loc.function}:{loc.line}\x03{what[0]}", None
 
+        entered = [reentry(i) if reentry is not None else None for i in range(len(out))]
+        if not any(entered):
+            return  # no call back here: the call paths of every equation are not needed
         keys = [entry(i) for i in range(len(out))]
         i = 0
         while i < len(out):
