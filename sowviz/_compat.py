@@ -374,6 +374,16 @@ SOW_NAMES = frozenset({"sow"})  # sowviz's and tesseract_jax's sow primitives
 _LIBRARY_DIRS = ("site-packages", "dist-packages")
 
 
+def _is_user_code(code: Any) -> bool:
+    """A frame of the user's own code: not JAX's, sowviz's or an installed package's."""
+    fname = code.co_filename
+    return (
+        _source_info.is_user_filename(fname)
+        and not fname.startswith(_SOWVIZ_DIR + os.sep)
+        and not any(d in fname for d in _LIBRARY_DIRS)
+    )
+
+
 def user_location_outside_libraries(eqn: JaxprEqn) -> SourceLocation | None:
     """Like `user_location`, also skipping installed packages and sowviz itself.
 
@@ -386,12 +396,7 @@ def user_location_outside_libraries(eqn: JaxprEqn) -> SourceLocation | None:
     try:
         codes, lastis = tb.raw_frames()
         for code, lasti in zip(codes, lastis, strict=True):
-            fname = code.co_filename
-            if (
-                not _source_info.is_user_filename(fname)
-                or fname.startswith(_SOWVIZ_DIR + os.sep)
-                or any(d in fname for d in _LIBRARY_DIRS)
-            ):
+            if not _is_user_code(code):
                 continue
             frame = _source_info.raw_frame_to_frame(code, lasti)
             return SourceLocation(frame.file_name, frame.start_line, frame.function_name)
@@ -581,12 +586,7 @@ def call_path(eqn: JaxprEqn) -> CallPath:
         if path is None:
             user = len(codes)
             for k, code in enumerate(codes):
-                fname = code.co_filename
-                if (
-                    _source_info.is_user_filename(fname)
-                    and not fname.startswith(_SOWVIZ_DIR + os.sep)
-                    and not any(d in fname for d in _LIBRARY_DIRS)
-                ):
+                if _is_user_code(code):
                     user = k
                     break
             if len(_paths) > 100_000:  # a long session of many programs
@@ -631,15 +631,6 @@ class Reentry:
 
 
 _reentries: dict[tuple, tuple[Any, Reentry | None]] = {}
-
-
-def _is_user_code(code: Any) -> bool:
-    fname = code.co_filename
-    return (
-        _source_info.is_user_filename(fname)
-        and not fname.startswith(_SOWVIZ_DIR + os.sep)
-        and not any(d in fname for d in _LIBRARY_DIRS)
-    )
 
 
 def reentry(eqn: JaxprEqn) -> Reentry | None:
