@@ -28,6 +28,7 @@ from __future__ import annotations
 # No public home: effects (to keep tagged values alive through DCE and partial
 # evaluation), source locations and name stacks of equations.
 import contextlib
+import itertools
 import os
 import re
 from collections.abc import Iterator
@@ -669,6 +670,86 @@ def reentry(eqn: JaxprEqn) -> Reentry | None:
             _reentries.clear()
         _reentries[key] = (codes, found)
         return found
+    except Exception:  # best effort, as call_path
+        return None
+
+
+@dataclass(frozen=True, eq=False)
+class UserCall:
+    """One call of a user's own function that an equation was made in (below the
+    outermost user frame): the function's `__qualname__`, the call site as ids (the
+    caller's code object and instruction offset, the callee's code object), where the
+    callee has got to (`lasti`), and whether the callee's code holds a loop (so that
+    its offset can go back within one call). `site()` is the caller's line."""
+
+    function: str
+    key: tuple[int, int, int]
+    lasti: int
+    loops: bool
+    _caller: Any
+    _caller_lasti: int
+
+    def site(self) -> SourceLocation | None:
+        try:
+            frame = _source_info.raw_frame_to_frame(self._caller, self._caller_lasti)
+        except Exception:  # best effort, as user_location
+            return None
+        return SourceLocation(frame.file_name, frame.start_line, frame.function_name)
+
+
+_calls: dict[tuple, tuple[Any, tuple[UserCall, ...]]] = {}
+_loops: dict[int, tuple[Any, bool]] = {}
+#: Bytecodes that jump back: a loop (Python 3.11+; `JUMP_ABSOLUTE` before).
+_BACKWARD_JUMPS = frozenset({"JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP_ABSOLUTE"})
+
+
+def _has_loop(code: Any) -> bool:
+    hit = _loops.get(id(code))
+    if hit is None:
+        import dis
+
+        try:
+            found = any(i.opname in _BACKWARD_JUMPS for i in dis.get_instructions(code))
+        except Exception:  # unreadable bytecode: assume a loop (calls merge, never split)
+            found = True
+        hit = _loops[id(code)] = (code, found)  # the entry keeps the code (and its id) alive
+    return hit[1]
+
+
+def user_calls(eqn: JaxprEqn) -> tuple[UserCall, ...] | None:
+    """The calls of the user's own functions (`_is_user_code`) an equation was made
+    in, outermost first, each from the user frame before it (library frames between
+    them, `jax.vmap` or `jax.tree.map`, skipped). Lambdas, comprehensions and a
+    module's top level are no calls of their own: their frames only pass the call on.
+    Empty for an equation of the outermost user frame; None when unknown (no
+    traceback). Read from the traceback, as `call_path`."""
+    tb = eqn.source_info.traceback
+    if tb is None:
+        return None
+    try:
+        codes, lastis = tb.raw_frames()  # innermost first
+        key = (*map(id, codes), *lastis)
+        hit = _calls.get(key)
+        if hit is not None:
+            return hit[1]
+        frames = [(c, k) for c, k in zip(codes, lastis, strict=True) if _is_user_code(c)]
+        frames.reverse()
+        calls = tuple(
+            UserCall(
+                callee.co_qualname,
+                (id(caller), caller_lasti, id(callee)),
+                lasti,
+                _has_loop(callee),
+                caller,
+                caller_lasti,
+            )
+            for (caller, caller_lasti), (callee, lasti) in itertools.pairwise(frames)
+            if not callee.co_name.startswith("<")
+        )
+        if len(_calls) > 100_000:  # a long session of many programs
+            _calls.clear()
+        _calls[key] = (codes, calls)
+        return calls
     except Exception:  # best effort, as call_path
         return None
 

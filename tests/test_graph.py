@@ -902,26 +902,50 @@ def _fold_step(x, w):
 
 def _fold_big(x, w):
     for _ in range(60):
-        x = _fold_step(x, w)
+        x = _fold_step(x, w)  # @fold_call
+    return jnp.sum(jnp.exp(-x) ** 2) + jnp.mean(x)
+
+
+def test_a_user_function_called_in_a_loop_is_one_stage_per_call_stacked():
+    # 60 calls of `_fold_step`, each a stage of the user's own function sourced at its
+    # call, stacked as identical blocks: one node, however big the program.
+    closed, g = graph_of(_fold_big, X, W)
+    top = g.children(g.root)
+    assert len(closed.jaxpr.eqns) > 400 and len(top) <= 15, [n.label for n in top]
+    stack = one(g, "_fold_step (×60)", "scope")
+    calls = g.children(stack.id)
+    assert [c.label for c in calls[:3]] == ["_fold_step", "_fold_step#2", "_fold_step#3"]
+    assert len(calls) == 60 and {c.source.line for c in calls} == {line_of("@fold_call")}
+    inside = [n.label for n in g.children(calls[0].id)]
+    assert inside == [n.label for n in g.children(calls[-1].id)]
+    assert inside[:2] == ["dot_general", "tanh"] and "norm" in inside, inside
+    # Every equation is still drawn once, inside the calls.
+    assert sum(n.kind not in ("scope", "input", "output", "jit") for n in g.nodes) >= 420
+    # A call that is the whole program restates it: no stage.
+    _, small = graph_of(lambda x, w: _fold_step(x, w), X, W)
+    assert not any(n.kind == "scope" for n in small.nodes)
+
+
+def _fold_flat(x, w):
+    for _ in range(60):  # the same work written out in one function: no calls
+        h = jnp.tanh(x @ w)  # @flat_first
+        h = h * 0.5 + jnp.sin(x)  # @flat_mixed
+        x = jnp.linalg.norm(h, axis=-1, keepdims=True) * h
     return jnp.sum(jnp.exp(-x) ** 2) + jnp.mean(x)
 
 
 def test_big_unscoped_program_folds_by_line_function_and_chunks():
-    closed, g = graph_of(_fold_big, X, W)
+    closed, g = graph_of(_fold_flat, X, W)
     top = g.children(g.root)
     assert len(closed.jaxpr.eqns) > 400 and len(top) <= 40, [n.label for n in top]
-    chunks = [n for n in top if n.label.startswith("_fold_step ×")]
-    assert chunks and sum(len(g.children(c.id)) for c in chunks) == 60
-    call = g.children(chunks[0].id)[0]  # one call of the function: its three lines
-    assert call.label == "_fold_step" and call.source.line == line_of("@fold_first")
-    labels = [n.label for n in g.children(call.id)]
+    chunks = [n for n in top if n.label.startswith("_fold_flat ×")]
+    assert chunks and sum(len(g.children(c.id)) for c in chunks) >= 60
+    run = g.children(chunks[0].id)[0]  # one pass of the loop: its three lines
+    assert run.label == "_fold_flat" and run.source.line == line_of("@flat_first")
+    labels = [n.label for n in g.children(run.id)]
     # a line of several calls is labelled by its place, one of a single call by that call
-    assert f"_fold_step:{line_of('@fold_mixed')}" in labels and "norm" in labels, labels
-    # Every equation is still drawn once, inside the folds.
+    assert f"_fold_flat:{line_of('@flat_mixed')}" in labels and "norm" in labels, labels
     assert sum(n.kind not in ("scope", "input", "output", "jit") for n in g.nodes) >= 420
-    # A small program is not folded.
-    _, small = graph_of(lambda x, w: _fold_step(x, w), X, W)
-    assert not any(n.kind == "scope" for n in small.nodes)
 
 
 def _small_gelu(x):

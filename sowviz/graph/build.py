@@ -16,6 +16,7 @@ from .. import _compat
 from .._forwarding import forwarded_operand
 from ..primitives import Body, Construct, function_name, spec_of
 from . import frameworks, repeats
+from .calls import group_calls
 from .copies import renames
 from .inputs import InputsMixin
 from .model import STAGE_KINDS, Capture, Edge, Node, Note, ProbePoint, StageGraph, Step
@@ -170,6 +171,7 @@ class _Rec:
     """A node under construction (mutable until the walk ends)."""
 
     __slots__ = (
+        "called",
         "collapsed",
         "constant",
         "id",
@@ -201,6 +203,7 @@ class _Rec:
         self.collapsed = kind in STAGE_KINDS
         self.out_vars: dict[Any, tuple[int, int]] | None = None  # scopes: output var -> loc
         self.made = False  # a scope sowviz made: a fold (names.fold_names), a branch
+        self.called = False  # a call of the user's own function (`calls.group_calls`)
         self.repeats = 0  # a group of identical blocks: how many (repeats.py)
         self.constant = False  # an equation reading only constants (see `_Builder.const`)
         self.reads: list[_Rec] = []  # the inputs its own equations read (parameters)
@@ -221,6 +224,8 @@ class _Builder(InputsMixin):
         self.custom_calls: dict[tuple[str, str, bool], list[str]] = {}
         self.notes: list[Note] = []
         self.sources: dict[tuple[str, int, str], _compat.SourceLocation] = {}
+        #: a user call's scope name (`calls.group_calls`) -> the line that made the call
+        self.call_sites: dict[str, _compat.SourceLocation | None] = {}
         #: ids of the variables that hold constants: computed from literals alone (the
         #: `nan` that `jnp.var` puts where it would divide by zero, then masks)
         self.const_vars: set[int] = set()
@@ -309,6 +314,12 @@ class _Builder(InputsMixin):
             at = tuple(path)
             scoped = [tuple(self.renamed.get((at, n), n) for n in names) for names in scoped]
         locs = [self.source(e) for e in jaxpr.eqns]
+        # the user's own functions (`predict` > `layer_norm`), before any fold
+        chains = [_compat.user_calls(e) for e in jaxpr.eqns]
+        backward = [("transform", "transpose") in _compat.name_stack_kinds(e) for e in jaxpr.eqns]
+        scoped, call_sites = group_calls(scoped, chains, backward, tag=len(self.call_sites))
+        self.call_sites.update(call_sites)
+        layer_call = self.layer_calls(jaxpr, scoped, locs)
 
         def at_module_call(i: int) -> bool:
             # The user's line is the call of the module whose stage holds the equation:
@@ -344,6 +355,7 @@ class _Builder(InputsMixin):
                 rec = self.new("scope", label, parent.id, source=self.scope_source(eqn, names, j))
                 rec.out_vars = {}
                 rec.made = name.startswith(FOLD)
+                rec.called = name in self.call_sites
                 scopes.append((name, rec))
                 level_scopes.append(rec)
                 chain_here = (*chain_here, rec.id)
@@ -376,8 +388,12 @@ class _Builder(InputsMixin):
                     [eqn.outvars[k] for k in live],
                     names=tuple(fields[k] for k in live) if fields else (),
                 )
-            elif (rec.kind == "eqn" and capture_eqns) or (
-                rec.kind in STAGE_KINDS and capture_stages
+            elif (
+                (rec.kind == "eqn" and capture_eqns)
+                or (rec.kind in STAGE_KINDS and capture_stages)
+                # a plain function among a module's layers carries data as they do
+                # (not inside a fold that carries it: `gelu`)
+                or (rec.kind == "eqn" and capture_stages and not parent.made and layer_call(i))
             ):
                 # Not the operands a stage hands back unchanged (an `nnx.remat` returns
                 # the module's parameters): the same values, probed where they come from.
@@ -489,9 +505,35 @@ class _Builder(InputsMixin):
                     self.const_vars.add(id(v))
         self.walk(inner, rec, (*path, (i, param, index)), {}, probe=probe, in_custom=in_custom)
 
+    def layer_calls(self, jaxpr, scoped, locs) -> Callable[[int], bool]:
+        """Whether equation `i` is a plain function in a module's layer list
+        (`jax.nn.sigmoid` among an Equinox CNN's layers): directly in a module's stage,
+        made on a line that calls that module's modules (`x = layer(x)`)."""
+        lines: dict[tuple[str, ...], set[Any]] = {}  # module stage -> its modules' call lines
+        for i, names in enumerate(scoped):
+            for p, name in enumerate(names):  # once per run of one module's equations
+                if name in frameworks.PUSHED and (
+                    i == 0 or scoped[i - 1][: p + 1] != names[: p + 1]
+                ):
+                    lines.setdefault(names[:p], set()).add(
+                        self.scope_source(jaxpr.eqns[i], names, p)
+                    )
+
+        def layer_call(i: int) -> bool:
+            names = scoped[i]
+            return (
+                bool(names) and names[-1] in frameworks.PUSHED and locs[i] in lines.get(names, ())
+            )
+
+        return layer_call
+
     def scope_source(self, eqn, names: tuple[str, ...], j: int) -> _compat.SourceLocation | None:
-        """A module stage's call site (the line that called the module); else the
-        location of the scope's first equation."""
+        """A module stage's or user function's call site (the line that called it);
+        else the location of the scope's first equation."""
+        if names[j] in self.call_sites:
+            site = self.call_sites[names[j]]
+            if site is not None:
+                return self.location(site)
         if names[j] in frameworks.PUSHED:
             # The innermost wrapper frame is the innermost module scope's call.
             r = sum(1 for n in names[j + 1 :] if n in frameworks.PUSHED)

@@ -161,13 +161,20 @@ _EINSUM = re.compile(r"^[A-Za-z.\u2026]+(,[A-Za-z.\u2026]+)*->[A-Za-z.\u2026]*$"
 #: Prefix of the synthetic scope names that fold runs of unscoped equations
 #: (never a user's: named_scope names are printable).
 FOLD = "\x00fold:"
+#: Prefix of the scope names of the user's own function calls (`graph.calls`): stages
+#: of the program's own, unlike folds.
+CALL = "\x00call:"
 
 
 def _top_count(names: Sequence[tuple[str, ...]]) -> int:
-    """Nodes at this level: each unscoped equation, plus each run of one scope."""
+    """Nodes at this level: each unscoped equation, plus each run of one scope. A run of
+    calls of one user function (`graph.calls`) counts once: `repeats` stacks them
+    (`_step (×60)`)."""
     n, prev = 0, None
     for t in names:
         top = t[0] if t else None
+        if top is not None and top.startswith(CALL):
+            top = fold_label(top)
         if top is None or top != prev:
             n += 1
         prev = top
@@ -542,7 +549,8 @@ def fold_names(
 
 def _direct(names: Sequence[tuple[str, ...]]) -> dict[tuple[str, ...], int]:
     """Nodes directly inside each scope (by its name tuple), as the walk will draw
-    them: its own equations and one per run of a scope inside it."""
+    them: its own equations and one per run of a scope inside it (one per run of calls
+    of one user function, as `_top_count`)."""
     direct: dict[tuple[str, ...], int] = {}
     prev: tuple[str, ...] | None = None
     for t in names:
@@ -550,7 +558,15 @@ def _direct(names: Sequence[tuple[str, ...]]) -> dict[tuple[str, ...], int]:
             if d == len(t):
                 direct[t] = direct.get(t, 0) + 1
             elif prev is None or prev[: d + 1] != t[: d + 1]:
-                direct[t[:d]] = direct.get(t[:d], 0) + 1
+                again = (
+                    prev is not None
+                    and len(prev) > d
+                    and prev[:d] == t[:d]
+                    and t[d].startswith(CALL)
+                    and fold_label(prev[d]) == fold_label(t[d])
+                )
+                if not again:
+                    direct[t[:d]] = direct.get(t[:d], 0) + 1
                 break
         prev = t
     return direct
@@ -558,7 +574,10 @@ def _direct(names: Sequence[tuple[str, ...]]) -> dict[tuple[str, ...], int]:
 
 def fold_label(name: str) -> str:
     """The label of a (possibly synthetic) scope name."""
-    return name[len(FOLD) :].split("\x01", 1)[0] if name.startswith(FOLD) else name
+    for prefix in (FOLD, CALL):
+        if name.startswith(prefix):
+            return name[len(prefix) :].split("\x01", 1)[0]
+    return name
 
 
 # ---------------------------------------------------------------------------

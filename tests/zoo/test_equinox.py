@@ -76,10 +76,22 @@ def _split(model, x, y, i):
 
 
 def test_cnn_stage_cotangents_equal_grad_of_the_downstream_model(cnn, cnn_ins):
+    # every layer: the modules, and the plain functions between them (`jax.nn.relu`,
+    # `jnp.ravel`, `jax.nn.sigmoid`, `jax.nn.log_softmax`) carry data as they do
     model, x, y = cnn
-    for i in (0, 4, 6):  # Conv2d, first Linear, last Linear
+    for i in range(len(model.layers)):
         h, tail = _split(model, x, y, i)
         assert_stage(cnn_ins, h, key="cotangent", expected=jax.grad(tail)(h))
+
+
+def test_cnn_loss_tail_is_the_stage_of_its_function(cnn_ins):
+    # `cross_entropy(y, pred_y)`, a plain function of the tutorial's: one stage, sourced
+    # at its call, not five primitives at the top level
+    g = cnn_ins.graph
+    top = [n.label for n in g.children(g.root) if n.kind not in ("input", "output")]
+    assert top == ["parameters", "CNN", "cross_entropy"], top
+    (xent,) = [n for n in g.nodes if n.label == "cross_entropy"]
+    assert xent.source.function == "cnn_loss" and xent.kind == "scope"
 
 
 class Tap(eqx.Module):

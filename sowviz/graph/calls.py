@@ -1,0 +1,156 @@
+"""The user's own functions as stages: `predict` > `layer_norm`, `cross_entropy`.
+
+A program written as plain functions (JAX's own tutorials: `predict(params, x)`,
+`loss(params, x, y)`) pushes no named scope, so its equations came out as primitives
+or as folds by source line (`layer_norm:13`). Their tracebacks say more: each
+equation was made inside a chain of calls of the user's functions. Within one scope
+of one jaxpr, the calls that all its equations share (the traced function itself,
+the `with jax.named_scope` around them) say nothing new; the first call below those
+that a run of two or more neighbouring nodes (equations, or whole scopes) shares is
+a stage named by its function (`function_label`: `predict`, `Optimizer.update`),
+sourced at its call site, and the same holds again inside it (`predict` >
+`layer_norm`).
+
+One call is told from the next call of the same function from the same line (a
+loop calling `layer_norm` once per layer) by where the callee has got to: its
+instruction offset goes back only in a new call, unless its own code loops. Lambdas
+and comprehensions are not calls of their own (`_compat.user_calls`), and a library's
+functions (JAX's, Equinox's, site-packages') never are: library calls are named by
+`names.fold_names` (`gelu`, `make_causal_mask`), which runs after this, inside the
+stages made here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .. import _compat
+from .names import BACKWARD, CALL, function_label
+
+#: Nodes a call must hold to be drawn as a stage: one alone would only wrap itself.
+LEAST = 2
+
+
+Chain = tuple[_compat.UserCall, ...] | None
+
+
+def _instances(calls: Sequence[Chain], backward: Sequence[bool]) -> list[tuple[int, ...] | None]:
+    """Per equation, one id per call in its chain (None: not known): equal ids are one
+    call. A call continues from the equation before while its call site (and every
+    call around it) is the same and the callee has not gone back (a loop in the
+    caller calling it again), unless the callee's own code loops. Equations of a
+    backward pass (`backward`) keep the tracebacks of the forward ones they transpose,
+    in reverse order: among them a callee going back is no new call, and no call
+    continues from the forward pass into them (its innermost call is a new one)."""
+    out: list[tuple[int, ...] | None] = []
+    prev: tuple[_compat.UserCall, ...] = ()
+    prev_ids: tuple[int, ...] = ()
+    prev_back = False
+    counter = 0
+    for chain, back in zip(calls, backward, strict=True):
+        if chain is None:
+            prev, prev_ids = (), ()
+            out.append(None)
+            continue
+        ids: list[int] = []
+        same = True
+        for d, c in enumerate(chain):
+            if (
+                same
+                and d < len(prev)
+                and prev[d].key == c.key
+                and (c.lasti >= prev[d].lasti or c.loops or back)
+                and (back == prev_back or d < len(chain) - 1)
+            ):
+                ids.append(prev_ids[d])
+            else:
+                same = False
+                counter += 1
+                ids.append(counter)
+        prev, prev_ids, prev_back = chain, tuple(ids), back
+        out.append(prev_ids)
+    return out
+
+
+def _common(chains: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
+    first = chains[0]
+    n = len(first)
+    for c in chains[1:]:
+        n = min(n, len(c))
+        k = 0
+        while k < n and c[k] == first[k]:
+            k += 1
+        n = k
+        if n == 0:
+            break
+    return first[:n]
+
+
+def group_calls(
+    names: Sequence[tuple[str, ...]],
+    calls: Sequence[Chain],
+    backward: Sequence[bool],
+    tag: object = "",
+) -> tuple[list[tuple[str, ...]], dict[str, _compat.SourceLocation | None]]:
+    """`names` (each equation's scope names, outermost first) with the user calls that
+    runs of nodes share inserted as scopes (`CALL` names, unique per `tag`), and each
+    such scope's call site. `backward`: the equation is of a backward pass the program
+    takes itself (a `jax.grad` inside a train step); a call whose equations all are is
+    labelled `loss (backward)`, as a named scope's are (`names.BACKWARD`)."""
+    out = list(names)
+    if not any(calls):  # no call below the outermost frame (or none known)
+        return out, {}
+    ids = _instances(calls, backward)
+    by_id: dict[int, _compat.UserCall] = {}
+    for chain, idc in zip(calls, ids, strict=True):
+        for c, i in zip(chain or (), idc or (), strict=True):
+            by_id.setdefault(i, c)
+    sites: dict[str, _compat.SourceLocation | None] = {}
+
+    def visit(eqns: list[int], depth: int) -> None:
+        # the nodes directly in this scope: an equation, or a run of one scope inside
+        items: list[tuple[list[int], str | None]] = []
+        for m in eqns:
+            child = out[m][depth] if len(out[m]) > depth else None
+            if items and child is not None and items[-1][1] == child:
+                items[-1][0].append(m)
+            else:
+                items.append(([m], child))
+        # (equations of no known call, a backward pass's, neither share nor break it)
+        known = [c for c in (ids[m] for m in eqns) if c is not None]
+        shared = len(_common(known)) if known else 0
+        keys = []
+        for members, _ in items:
+            chains = [ids[m] for m in members]
+            common = _common(chains) if None not in chains else ()  # type: ignore[arg-type]
+            keys.append(common[shared] if len(common) > shared else None)
+        k = 0
+        while k < len(items):
+            j = k
+            while keys[k] is not None and j + 1 < len(items) and keys[j + 1] == keys[k]:
+                j += 1
+            if keys[k] is not None and j + 1 - k >= LEAST:
+                call = by_id[keys[k]]
+                label = function_label(call.function)[0]
+                if all(backward[m] for members, _ in items[k : j + 1] for m in members):
+                    label += BACKWARD
+                name = f"{CALL}{label}\x01{tag}.{keys[k]}"
+                sites[name] = call.site()
+                for members, _ in items[k : j + 1]:
+                    for m in members:
+                        out[m] = (*out[m][:depth], name, *out[m][depth:])
+            k = j + 1
+        # then inside each scope of this one, those just made included
+        run: list[int] = []
+        for m in eqns:
+            if len(out[m]) > depth and run and out[run[-1]][depth] == out[m][depth]:
+                run.append(m)
+                continue
+            if run:
+                visit(run, depth + 1)
+            run = [m] if len(out[m]) > depth else []
+        if run:
+            visit(run, depth + 1)
+
+    visit(list(range(len(out))), 0)
+    return out, sites

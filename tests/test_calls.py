@@ -1,0 +1,161 @@
+"""The user's own functions as stages (`sowviz.graph.calls`): a program written as
+plain functions, the way JAX's own tutorials write them, reads as its functions."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import sowviz
+from sowviz.graph import build_graph
+
+HERE = Path(__file__)
+
+
+def line_of(marker: str) -> int:
+    """Line number in this file of the line ending with `# <marker>`."""
+    for n, line in enumerate(HERE.read_text().splitlines(), start=1):
+        if line.rstrip().endswith(f"# {marker}"):
+            return n
+    raise AssertionError(marker)
+
+
+def graph_of(fn, *args):
+    closed = jax.make_jaxpr(fn)(*args)
+    n_in, n_out = len(closed.jaxpr.invars), len(closed.jaxpr.outvars)
+    return build_graph(
+        closed,
+        in_names=[f"in{i}" for i in range(n_in)],
+        out_names=[f"out{i}" for i in range(n_out)],
+    )
+
+
+def one(g, label, kind):
+    (node,) = [n for n in g.nodes if n.label == label and n.kind == kind]
+    return node
+
+
+def _init(key, sizes):
+    params = []
+    for a, b in itertools.pairwise(sizes):
+        key, k = jax.random.split(key)
+        params.append((jax.random.normal(k, (a, b)) / jnp.sqrt(a), jnp.full((b,), 0.1)))
+    return params
+
+
+def _layer_norm(x, eps=1e-5):
+    m = x.mean(-1, keepdims=True)
+    v = ((x - m) ** 2).mean(-1, keepdims=True)
+    return (x - m) / jnp.sqrt(v + eps)
+
+
+def _predict(params, x):
+    for w, b in params[:-1]:  # a loop inside the call: still one call
+        x = jax.nn.relu(_layer_norm(x @ w + b))  # @call_layer_norm
+    w, b = params[-1]
+    return x @ w + b
+
+
+def _cross_entropy(logits, labels):
+    logp = jax.nn.log_softmax(logits)
+    return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=1))
+
+
+def _loss(params, x, y):
+    logits = _predict(params, x)  # @call_predict
+    return _cross_entropy(logits, y)  # @call_cross_entropy
+
+
+PARAMS = _init(jax.random.PRNGKey(0), [8, 32, 32, 4])
+XS = jax.random.normal(jax.random.PRNGKey(1), (16, 8))
+YS = jnp.arange(16) % 4
+
+
+def _stages(g, parent):
+    return [n for n in g.children(parent.id) if n.label.startswith("_")]
+
+
+def test_plain_functions_are_stages_named_and_sourced_at_their_calls():
+    ins = sowviz.inspect(_loss, PARAMS, XS, YS)
+    g = ins.graph
+    value, grads = jax.value_and_grad(_loss)(PARAMS, XS, YS)
+    np.testing.assert_allclose(ins.result[0], value, rtol=1e-6)
+    for got, want in zip(jax.tree.leaves(ins.result[1]), jax.tree.leaves(grads), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    predict, xent = _stages(g, g.node(g.root))
+    assert (predict.label, xent.label) == ("_predict", "_cross_entropy")
+    assert predict.source.line == line_of("@call_predict")
+    assert xent.source.line == line_of("@call_cross_entropy")
+    assert not predict.collapsed  # the model's call starts open, as a module's does
+    inner = [n for n in _stages(g, predict) if n.label.startswith("_layer_norm")]
+    assert [n.label for n in inner] == ["_layer_norm", "_layer_norm#2"]
+    assert {n.source.line for n in inner} == {line_of("@call_layer_norm")}
+    assert "log_softmax" in [n.label for n in g.children(xent.id)]
+
+    # Each carries its call's value, and the gradient of the loss with respect to it.
+    logits = _predict(PARAMS, XS)
+    got = ins.probe("_predict").summaries
+    np.testing.assert_allclose(got["primal"]["l2"], np.linalg.norm(logits), rtol=1e-5)
+    np.testing.assert_allclose(got["primal"]["mean"], np.mean(logits), rtol=1e-5, atol=1e-7)
+    cot = jax.grad(lambda z: _cross_entropy(z, YS))(logits)
+    np.testing.assert_allclose(got["cotangent"]["l2"], np.linalg.norm(cot), rtol=1e-5)
+    (w0, b0), (w1, b1) = PARAMS[:2]
+    h = jax.nn.relu(_layer_norm(XS @ w0 + b0))
+    second = _layer_norm(h @ w1 + b1)
+    got = ins.probe("_layer_norm#2").summaries
+
+    def tail(z):
+        w, b = PARAMS[-1]
+        return _cross_entropy(jax.nn.relu(z) @ w + b, YS)
+
+    np.testing.assert_allclose(got["primal"]["l2"], np.linalg.norm(second), rtol=1e-5)
+    np.testing.assert_allclose(
+        got["cotangent"]["l2"], np.linalg.norm(jax.grad(tail)(second)), rtol=1e-5
+    )
+
+
+def _twice(x):
+    return jnp.sin(x) * 2.0 + 1.0
+
+
+def _chain(x, w):
+    x = x @ w
+    for _ in range(3):  # three calls in a row, from one line
+        x = _twice(x)  # @call_twice
+    return jnp.sum(jax.tree.map(lambda a: a * 3.0, x) ** 2)  # a lambda: no call of its own
+
+
+def test_calls_from_one_line_in_a_loop_are_told_apart_and_a_lambda_is_no_stage():
+    w = jnp.eye(3) * 0.5
+    g = graph_of(_chain, XS[:, :3], w)
+    # three calls, stacked as identical blocks, each holding its own equations once
+    (stacked,) = [n for n in g.nodes if n.label == "_twice (×3)"]
+    each = g.children(stacked.id)
+    assert [n.label for n in each] == ["_twice", "_twice#2", "_twice#3"]
+    assert all(n.source.line == line_of("@call_twice") for n in each)
+    assert all([m.label for m in g.children(n.id)] == ["sin", "mul", "add"] for n in each)
+    assert not any("lambda" in n.label for n in g.nodes)
+
+
+def _step(w, x):
+    def mlp(w, x):
+        return jnp.sum(jnp.tanh(x @ w) ** 2)
+
+    value, grad = jax.value_and_grad(mlp)(w, x)
+    return w - 0.1 * grad, value
+
+
+def test_a_backward_pass_the_program_takes_is_a_stage_of_its_own():
+    # The transposed equations keep tracebacks into `mlp`: `mlp (backward)`, as a named
+    # scope's backward is, not a part of `mlp` nor a second call `mlp#2`.
+    g = graph_of(_step, jnp.ones((3, 2)) / 3, jnp.ones((4, 3)))
+    mlp = one(g, "mlp", "scope")
+    inside = [n.primitive for n in g.children(mlp.id)]
+    assert inside[:2] == ["dot_general", "tanh"] and "transpose" not in inside, inside
+    back = one(g, "mlp (backward)", "scope")
+    assert "transpose" in [n.primitive for n in g.children(back.id)]
+    assert not any(n.label.startswith("mlp#") for n in g.nodes)
