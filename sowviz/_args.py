@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import _compat, _state
+
 ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
 
 _TRACER = (
@@ -34,6 +36,27 @@ _UNHASHABLE = (
     "hashable, so it can be neither traced nor used as a static cache key. Mark it "
     "static (make it hashable, or an `eqx.field(static=True)`), turn it into an array, "
     "or split it off with `eqx.partition` and close over it (functools.partial)."
+)
+
+_HI = (
+    "sowviz.{where}: the argument leaf `{path}` is a {type}, a value JAX traces through "
+    "a type of its own (Flax NNX makes one per variable under "
+    "`nnx.var_defaults(hijax=True)`). sowviz splits arguments into arrays and static "
+    "leaves, and would cache this one as static: your in-place updates would go unseen. "
+    "Make the model with plain variables (`with nnx.var_defaults(hijax=False): model = "
+    "...`), or pass the arrays themselves."
+)
+_SHARED = (
+    "sowviz.{where}: `{a}` and `{b}` are one `nnx.Variable`, reached by two paths of a "
+    "Flax NNX model (a shared module or tied weights). sowviz splits its arguments as "
+    "`jax.jit` does, as a pytree, where each path would be a copy of its own: shared "
+    "state would run apart and a tied parameter would get one partial gradient per "
+    "path (`nnx.jit` and `nnx.value_and_grad` keep the sharing). Give sowviz the "
+    "model's split state, which holds each variable once, and a function of it:\n"
+    "    graphdef, state = nnx.split(model)\n"
+    "    def loss_of_state(state, *args):\n"
+    "        return loss(nnx.merge(graphdef, state), *args)\n"
+    "then pass `loss_of_state` and `state` where you passed your function and model."
 )
 
 
@@ -119,9 +142,18 @@ def split(args: tuple, where: str) -> tuple[ArgSpec, list]:
         for i in idx:
             if isinstance(leaves[i], jax.core.Tracer):
                 raise TypeError(_TRACER.format(where=where, path="args" + _paths(args)[i]))
+        for i, leaf in enumerate(leaves):
+            if i not in idx and _compat.is_hi_value(leaf):
+                path = "args" + _paths(args)[i]
+                raise TypeError(_HI.format(where=where, path=path, type=type(leaf).__name__))
         if len(_DYNAMIC) >= _DYNAMIC_MAX:
             _DYNAMIC.clear()
         _DYNAMIC[key] = idx
+    shared = _state.shared_variable(args, leaves)
+    if shared is not None:
+        paths = _paths(args)
+        a, b = (f"args{paths[k]}" for k in shared)
+        raise ValueError(_SHARED.format(where=where, a=a, b=b))
     if len(idx) == len(leaves):  # the usual case: every leaf an array
         dyn, static = leaves, ()
     else:

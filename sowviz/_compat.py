@@ -769,6 +769,36 @@ def primitive_label(eqn: JaxprEqn) -> str:
     return name
 
 
+def is_hi_value(x: Any) -> bool:
+    """Whether `x`, not an array, is still a value JAX traces: a "hijax" type of its own
+    aval (Flax NNX's `HijaxVariable`, made under `nnx.var_defaults(hijax=True)`), not a
+    Python number or any other static leaf."""
+    if isinstance(x, (bool, int, float, complex)):
+        return False
+    try:
+        jax.typeof(x)
+    except Exception:  # functions, strings, dtypes: static leaves
+        return False
+    return True
+
+
+#: Primitives of JAX's mutable arrays (`jax.new_ref`; `mutable_array` before 0.8).
+_REF_PRIMITIVES = frozenset({"new_ref", "mutable_array", "ref_swap", "ref_addupdate", "freeze"})
+
+
+def has_refs(jaxpr: Any) -> bool:
+    """Whether a program (or one it calls) makes or writes a mutable array: JAX cannot
+    transpose the linearization of such a program (`jax.linear_transpose` of its JVP
+    fails, in plain JAX too), while `jax.vjp` differentiates it."""
+    jaxpr, _ = jaxpr_and_consts(jaxpr)
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in _REF_PRIMITIVES:
+            return True
+        if any(has_refs(sub) for _, _, sub in sub_jaxprs(eqn)):
+            return True
+    return False
+
+
 def vjp_by_jvp(f: Any, primals: tuple, check: Any = None, has_aux: bool = False) -> tuple:
     """`(f(*primals), pullback)` like `jax.vjp`, built as the transpose of `f`'s JVP
     (`jax.linear_transpose`, which partially evaluates the JVP once for the whole

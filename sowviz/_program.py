@@ -170,6 +170,8 @@ class Traced:
             self.closed, (out_shape, extra_shape) = jax.make_jaxpr(flat_fn, return_shape=True)(
                 *avals
             )
+        #: `fn` makes or writes a mutable array (`modes.transform` differentiates it so)
+        self.refs = _compat.has_refs(self.closed)
         if self.state:
             extra_shape = self._drop_unchanged(spec, out_shape, extra_shape)
         self.out_tree = jax.tree_util.tree_structure((out_shape, extra_shape))
@@ -526,7 +528,9 @@ class Runner:
         self._plain = jax.jit(self._plain_program, static_argnums=0)
 
     def _transformed(self, traced: Traced, run: Callable, placed: Any = None) -> Callable:
-        return transform(run, traced.layout, self.options.mode, self.options.argnums, placed)
+        return transform(
+            run, traced.layout, self.options.mode, self.options.argnums, placed, traced.refs
+        )
 
     def _placements(self) -> list | None:
         """Per dyn leaf of the arguments being traced, its sharding when it is committed

@@ -47,17 +47,43 @@ def holders(args: Any) -> list[Any]:
     return out
 
 
+def shared_variable(args: Any, leaves: list[Any]) -> tuple[int, int] | None:
+    """Two positions of `leaves` (`args`' leaves) that one `nnx.Variable` holds: a module
+    or parameter reached by two paths of a Flax NNX model (tied weights, a module kept
+    in a list and an attribute). As a pytree, as `jax.jit` sees it, each path would be
+    a copy of its own. None when there is none; cheap when no array repeats."""
+    if _variable_type() is None or len(set(map(id, leaves))) == len(leaves):
+        return None
+    first: dict[int, int] = {}
+    for k, var in enumerate(holders(args)):
+        if var is not None:
+            if id(var) in first:
+                return first[id(var)], k
+            first[id(var)] = k
+    return None
+
+
 def constant_leaves(args: Any) -> frozenset[int]:
     """Positions (in `tree_leaves` order) of the leaves an `nnx.Variable` other than an
-    `nnx.Param` holds: a model's state (BatchNorm statistics, RNG keys and counts,
-    counters), which `nnx.grad` leaves alone by default and sowviz does too (a power
-    iteration's `lax.while_loop` over such state could not be differentiated)."""
+    `nnx.Param` holds, or an NNX module holds in no variable: a model's state
+    (BatchNorm statistics, RNG keys and counts, counters) and fixed tables, which
+    `nnx.grad` leaves alone by default and sowviz does too (a power iteration's
+    `lax.while_loop` over such state could not be differentiated)."""
     variable = _variable_type()
     if variable is None:
         return frozenset()
-    param = sys.modules["flax.nnx"].Param
+    nnx = sys.modules["flax.nnx"]
     held = holders(args)
-    return frozenset(k for k, h in enumerate(held) if h is not None and not isinstance(h, param))
+    out = {k for k, h in enumerate(held) if h is not None and not isinstance(h, nnx.Param)}
+    # An array a module holds outside any variable (`self.table = jnp.ones(...)`) is no
+    # parameter either: `nnx.grad` leaves it alone too.
+    k = 0
+    for obj in jax.tree_util.tree_leaves(args, is_leaf=lambda x: isinstance(x, nnx.Module)):
+        n = len(jax.tree_util.tree_leaves(obj)) if isinstance(obj, nnx.Module) else 1
+        if isinstance(obj, nnx.Module):
+            out.update(k + j for j in range(n) if held[k + j] is None)
+        k += n
+    return frozenset(out)
 
 
 def leaves(args: Any) -> list[tuple[str, Any]]:

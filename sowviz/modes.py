@@ -72,6 +72,14 @@ _NOT_SCALAR = (
 )
 
 
+_REFS_ALL = (
+    "sowviz: mode='all' takes one linearization of `fn` and transposes it, and `fn` makes "
+    "or writes a mutable array (`jax.new_ref`): JAX cannot transpose such a "
+    "linearization (`jax.linear_transpose` of `jax.linearize(fn)` fails the same way). "
+    "Use mode='grad' or 'vjp' (cotangents) and mode='jvp' (tangents) one at a time."
+)
+
+
 def _check_scalar(y: Any) -> None:
     """`jax.grad`'s checks of the value (its first sentence, then what to do instead)."""
     if not isinstance(y, (*ARRAY_TYPES, float, int)):
@@ -308,6 +316,7 @@ def transform(
     mode: Mode,
     argnums: Any,
     placed: Sequence[Any] | None = None,
+    refs: bool = False,
 ) -> Callable[[list, tuple], Any]:
     """`run` (flat array inputs → `(output pytree, state)`, `state` the arguments' new
     values that `fn` assigned in place, `Traced.state`) under `mode`, as a function of
@@ -317,7 +326,9 @@ def transform(
     differentiated. `placed` (per dyn leaf, a sharding or None): grad mode returns each
     gradient placed like its argument, as `jax.jit` does for a plain program (an
     instrumented one, with its probes as outputs too, was partitioned otherwise: the
-    gradients of replicated parameters came back split over the batch's axis)."""
+    gradients of replicated parameters came back split over the batch's axis). `refs`:
+    the program makes or writes a mutable array (`_compat.has_refs`), whose linearization
+    JAX cannot transpose: grad takes `jax.vjp`, and mode all is refused."""
     mode = Mode(mode)
     if mode is Mode.PRIMAL:
         return lambda dyn, extra: run(dyn)
@@ -342,9 +353,12 @@ def transform(
             def f(vals):
                 return run(with_values(dyn, pos, vals))
 
-            value, pull, state = _compat.vjp_by_jvp(
-                f, (tuple(dyn[j] for j in pos),), _check_scalar, has_aux=True
-            )
+            primals = (tuple(dyn[j] for j in pos),)
+            if refs:
+                value, pull, state = jax.vjp(f, *primals, has_aux=True)
+                _check_scalar(value)
+            else:
+                value, pull, state = _compat.vjp_by_jvp(f, primals, _check_scalar, has_aux=True)
             (gs,) = pull(jax.lax.full_like(value, 1))
             if placed is not None:
                 gs = tuple(
@@ -394,6 +408,9 @@ def transform(
             return (y, cotangent_trees(pull(seed_of(y, extra)))), state
 
         return vjp
+
+    if refs:
+        raise TypeError(_REFS_ALL)
 
     def both(dyn: list, extra: tuple) -> Any:
         # One linearization: primal sows once, tangent sows from the linear map,

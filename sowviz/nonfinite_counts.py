@@ -66,7 +66,13 @@ def _mask(x: Any, stacked: bool) -> Any:
 def _program(traced: Any, options: Any, tag: str) -> Any:
     from .modes import transform
 
-    fn = transform(traced.probed_for(options.mode), traced.layout, options.mode, options.argnums)
+    fn = transform(
+        traced.probed_for(options.mode),
+        traced.layout,
+        options.mode,
+        options.argnums,
+        refs=traced.refs,
+    )
     cap = SaveIntermediates(
         fn,
         tag=(tag, options.tag),

@@ -10,6 +10,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 import sowviz
@@ -393,4 +394,39 @@ def test_several_models_are_named_by_their_arguments():
     (b_l1,) = [p for p in ins.probes if ins.probe_path(p) == "b: Small/l1"]
     np.testing.assert_allclose(
         b_l1.summaries["primal"]["l2"], np.linalg.norm(np.asarray(teacher.l1(X))), rtol=1e-4
+    )
+
+
+def test_a_module_shared_by_two_paths_is_refused_with_the_split_state_fix():
+    # `self.b = self.a`: a pytree (as `jax.jit` sees the model) holds a copy per path,
+    # so the gradient would come apart; the error says so and the fix it gives is exact.
+    class Twice(nnx.Module):
+        def __init__(self, rngs):
+            self.a = nnx.Linear(3, 3, rngs=rngs)
+            self.b = self.a  # tied
+
+        def __call__(self, x):
+            return self.b(jnp.tanh(self.a(x)))
+
+    def loss(m, x):
+        return jnp.sum(m(x) ** 2)
+
+    model, x = Twice(nnx.Rngs(0)), jnp.ones((2, 3))
+    with pytest.raises(
+        ValueError,
+        match=r"`args\[0\]\.a\.bias.*` and `args\[0\]\.b\.bias.*` are one `nnx.Variable`",
+    ):
+        sowviz.inspect(loss, model, x)
+    with pytest.raises(ValueError, match=r"nnx\.split"):
+        sowviz.Monitor(loss).step(model, x)
+    graphdef, state = nnx.split(model)
+
+    def loss_of_state(state, x):
+        return loss(nnx.merge(graphdef, state), x)
+
+    ins = sowviz.inspect(loss_of_state, state, x)
+    value, grads = nnx.value_and_grad(loss)(model, x)
+    np.testing.assert_allclose(ins.result[0], value, rtol=1e-6)
+    np.testing.assert_allclose(
+        ins.result[1]["a"]["kernel"][...], grads["a"]["kernel"][...], rtol=1e-5
     )

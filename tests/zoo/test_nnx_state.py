@@ -258,6 +258,30 @@ def test_only_parameters_are_differentiated_as_nnx_grad_does():
     assert_close(_state(watched, nnx.BatchStat), _state(ref, nnx.BatchStat), what="u")
 
 
+class Tabled(nnx.Module):
+    """A fixed table held as a plain array attribute, in no `nnx.Variable`."""
+
+    def __init__(self, rngs: nnx.Rngs):
+        self.table = jnp.linspace(-1.0, 1.0, 18).reshape(3, 6)
+        self.lin = nnx.Linear(6, 3, rngs=rngs)
+
+    def __call__(self, x):
+        return self.lin(x + self.table[0])
+
+
+def test_an_array_held_in_no_variable_is_not_differentiated_as_nnx_grad_does():
+    x, y = data(1)[0]
+    model = Tabled(nnx.Rngs(0))
+    value, grads = nnx.value_and_grad(loss)(model, x, y)
+    ins = sowviz.inspect(loss, model, x, y, mode="grad")
+    assert_close(ins.result[0], value)
+    assert_close(ins.result[1].lin, grads["lin"], what="grad")
+    assert ins.result[1].table is None  # not a parameter: no gradient, as nnx.grad's
+    # drawn among the inputs with its value, as state is, and no gradient
+    table = ins.probe("table").summaries
+    assert table["primal"]["size"] == 18 and table.get("cotangent") is None, sorted(table)
+
+
 @pytest.mark.parametrize("mode", ["jvp", "all"])
 def test_tangents_for_a_model_with_state_as_jax_jvp_takes_them(mode):
     """`jax.jvp` wants a tangent for every leaf, BatchNorm's statistics included:
@@ -310,3 +334,12 @@ def test_a_layer_that_updates_state_shows_its_output_first():
     s = first.summaries["primal"]
     assert s["shape"] == [12, 16]
     np.testing.assert_allclose(s["l2"], np.linalg.norm(np.asarray(h)), rtol=1e-5)
+
+
+@pytest.mark.skipif(not hasattr(nnx, "var_defaults"), reason="no HiJAX variables in this Flax")
+def test_hijax_variables_are_refused_not_cached_as_static_leaves():
+    # As static leaves, an optimizer's in-place update went unseen by the next call.
+    with nnx.var_defaults(hijax=True):
+        model = nnx.Linear(4, 2, rngs=nnx.Rngs(0))
+    with pytest.raises(TypeError, match=r"`args\[0\]\.\w+` is a HijaxVariable.*hijax=False"):
+        sowviz.inspect(lambda m, x: jnp.mean(m(x) ** 2), model, jnp.ones((3, 4)))
