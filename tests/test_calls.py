@@ -3,6 +3,7 @@ plain functions, the way JAX's own tutorials write them, reads as its functions.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from pathlib import Path
 
@@ -159,3 +160,61 @@ def test_a_backward_pass_the_program_takes_is_a_stage_of_its_own():
     back = one(g, "mlp (backward)", "scope")
     assert "transpose" in [n.primitive for n in g.children(back.id)]
     assert not any(n.label.startswith("mlp#") for n in g.nodes)
+
+
+def _named(f):
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        return f(*args, **kwargs)
+
+    return wrapper
+
+
+@_named
+def _dense(w, x):
+    return jnp.tanh(x @ w)
+
+
+def _heads(w, v, x):
+    def f(h):  # a closure named as generically as optax's `update_fn`
+        return jnp.sin(h) * 2.0 + h
+
+    h = f(f(x))
+    mu = _dense(w, h)  # @call_mu
+    logvar = _dense(v, h)  # @call_logvar
+    return jnp.sum(mu**2) + jnp.sum(jnp.exp(logvar))
+
+
+def test_decorated_functions_closures_and_parallel_heads_read_as_written():
+    # A decorator's `wrapper` is no name, a closure is named by itself, and two heads
+    # alike called from two lines are two stages side by side, not a stack of blocks.
+    w = jnp.eye(3) * 0.3
+    g = graph_of(_heads, w, w * 0.5, XS[:, :3])
+    labels = [n.label for n in g.nodes if n.kind == "scope"]
+    assert "wrapper" not in " ".join(labels) and "_heads" not in labels, labels
+    assert [n.label for n in g.children(one(g, "f (×2)", "scope").id)] == ["f", "f#2"]
+    heads = [n for n in g.nodes if n.label.startswith("_dense")]
+    assert [n.label for n in heads] == ["_dense", "_dense#2"], labels
+    assert [n.source.line for n in heads] == [line_of("@call_mu"), line_of("@call_logvar")]
+    assert all(n.parent == g.root for n in heads)
+
+
+def _sgd_step(w, x):
+    def loss(w):
+        return jnp.mean(jnp.tanh(x @ w) ** 2)
+
+    g = jax.grad(loss)(w)
+    return w - 0.1 * g  # in the same call as the gradient
+
+
+def _steps(w, x):
+    w = _sgd_step(w, x)  # @call_sgd
+    return jnp.sum(w), w
+
+
+def test_a_call_taking_a_gradient_stays_one_stage_after_its_backward_pass():
+    g = graph_of(_steps, jnp.eye(3) * 0.5, XS[:, :3])
+    (step,) = [n for n in g.nodes if n.label.startswith("_sgd_step")]
+    assert step.label == "_sgd_step" and step.source.line == line_of("@call_sgd")
+    inside = [n.label for n in g.children(step.id)]
+    assert inside[:2] == ["loss", "loss (backward)"] and inside[-2:] == ["mul", "sub"], inside

@@ -22,6 +22,7 @@ stages made here.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from .. import _compat
@@ -34,14 +35,53 @@ LEAST = 2
 Chain = tuple[_compat.UserCall, ...] | None
 
 
+def _label(qualname: str) -> str:
+    """A user function's label: its name, a method's with its class (`Model.encode`);
+    a closure by its own name, however generic (`f` in `encoder`), unlike a library's
+    (`names.function_label` names optax's `update_fn` by the function that made it)."""
+    parts = qualname.split(".")
+    if len(parts) > 1 and parts[-2] != "<locals>":
+        return parts[-2] if parts[-1].startswith("__") else f"{parts[-2]}.{parts[-1]}"
+    return parts[-1]
+
+
+def _unwrapped(chain: Chain) -> Chain:
+    """`chain` without the calls of decorators' wrappers, which only pass a call on: the
+    function a wrapper wraps is the call, made where the wrapper was called."""
+    if chain is None or not any(_through(c.function) for c in chain):
+        return chain
+    out: list[_compat.UserCall] = []
+    outer: _compat.UserCall | None = None
+    for c in chain:
+        if _through(c.function):
+            outer = outer or c
+            continue
+        if outer is not None:
+            c = dataclasses.replace(
+                c,
+                key=(outer.key[0], outer.key[1], c.key[2]),
+                _caller=outer._caller,
+                _caller_lasti=outer._caller_lasti,
+            )
+            outer = None
+        out.append(c)
+    return tuple(out)
+
+
+def _through(qualname: str) -> bool:
+    # a decorator's wrapper (`wrapper`, `wrapped`, `..._wrapper`): `function_label`'s rule
+    name = qualname.rsplit(".", 1)[-1]
+    return name != "__call__" and function_label(name)[1]
+
+
 def _instances(calls: Sequence[Chain], backward: Sequence[bool]) -> list[tuple[int, ...] | None]:
     """Per equation, one id per call in its chain (None: not known): equal ids are one
     call. A call continues from the equation before while its call site (and every
     call around it) is the same and the callee has not gone back (a loop in the
     caller calling it again), unless the callee's own code loops. Equations of a
     backward pass (`backward`) keep the tracebacks of the forward ones they transpose,
-    in reverse order: among them a callee going back is no new call, and no call
-    continues from the forward pass into them (its innermost call is a new one)."""
+    in reverse order: among them a callee going back is no new call, and a call that
+    is the innermost one on both sides of a change between the passes is a new one."""
     out: list[tuple[int, ...] | None] = []
     prev: tuple[_compat.UserCall, ...] = ()
     prev_ids: tuple[int, ...] = ()
@@ -60,7 +100,9 @@ def _instances(calls: Sequence[Chain], backward: Sequence[bool]) -> list[tuple[i
                 and d < len(prev)
                 and prev[d].key == c.key
                 and (c.lasti >= prev[d].lasti or c.loops or back)
-                and (back == prev_back or d < len(chain) - 1)
+                # between a forward and a backward pass, the innermost call of both
+                # is a new one (`loss`, then `loss (backward)`, then `loss` again)
+                and (back == prev_back or d < len(chain) - 1 or d < len(prev) - 1)
             ):
                 ids.append(prev_ids[d])
             else:
@@ -100,6 +142,8 @@ def group_calls(
     out = list(names)
     if not any(calls):  # no call below the outermost frame (or none known)
         return out, {}
+    seen: dict[int, Chain] = {}  # chains repeat (one tuple per traceback): once each
+    calls = [seen[id(c)] if id(c) in seen else seen.setdefault(id(c), _unwrapped(c)) for c in calls]
     ids = _instances(calls, backward)
     by_id: dict[int, _compat.UserCall] = {}
     for chain, idc in zip(calls, ids, strict=True):
@@ -131,7 +175,7 @@ def group_calls(
                 j += 1
             if keys[k] is not None and j + 1 - k >= LEAST:
                 call = by_id[keys[k]]
-                label = function_label(call.function)[0]
+                label = _label(call.function)
                 if all(backward[m] for members, _ in items[k : j + 1] for m in members):
                     label += BACKWARD
                 name = f"{CALL}{label}\x01{tag}.{keys[k]}"

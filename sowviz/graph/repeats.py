@@ -125,12 +125,8 @@ def merge(builder: Any) -> list[Any]:
         while i < len(siblings):
             j = i + 1
             if member(siblings[i]):
-                key = (sig[siblings[i].id], pattern(siblings[i].label))
-                while (
-                    j < len(siblings)
-                    and member(siblings[j])
-                    and (sig[siblings[j].id], pattern(siblings[j].label)) == key
-                ):
+                key = _key(siblings[i], sig)
+                while j < len(siblings) and member(siblings[j]) and _key(siblings[j], sig) == key:
                     j += 1
             if j - i >= MIN_RUN:
                 runs.append(siblings[i:j])
@@ -138,6 +134,14 @@ def merge(builder: Any) -> list[Any]:
     if runs:
         _insert(builder, runs)
     return builder.recs
+
+
+def _key(r: Any, sig: dict) -> tuple:
+    """What blocks of one run share: the signature and the label's pattern, and for
+    calls of the user's own function the line that made them (a loop's one line, not
+    two heads `mu = dense(h)`, `logvar = dense(h)` that only look alike)."""
+    site = r.source if r.called else None
+    return (sig[r.id], pattern(r.label), site)
 
 
 def _insert(builder: Any, runs: list[list[Any]]) -> None:
