@@ -116,6 +116,39 @@ export function gridLevel(ids, sizes, edges) {
   return { pos, edges: [], w, h: y + rowH, mode: "grid", hiddenEdges: edges.length };
 }
 
+/** Room between an open group's corner and where an edge may meet its border. */
+const END_INSET = 14;
+
+/**
+ * An edge's points with its ends on the top border of an open target group and the
+ * bottom border of an open source group. dagre aims an edge at a node's centre, so at
+ * a tall open group it met the side halfway down, beside an unrelated child (the
+ * batch seemed to enter the third layer); a closed node keeps dagre's ends.
+ * @param {Array<{x: number, y: number}>} points absolute
+ * @param {(Box & {expanded: boolean}) | undefined} src
+ * @param {(Box & {expanded: boolean}) | undefined} dst
+ */
+export function openEnds(points, src, dst) {
+  if (points.length < 2) return points;
+  let out = points;
+  const clampX = (/** @type {number} */ x, /** @type {Box} */ b) =>
+    Math.min(Math.max(x, b.x + END_INSET), b.x + b.w - END_INSET);
+  if (dst?.expanded) {
+    const top = dst.y;
+    const kept = out.slice(0, -1).filter((p, i) => i === 0 || p.y < top - 4);
+    const from = kept[kept.length - 1];
+    kept.push({ x: clampX(from.y < top ? from.x : dst.x + dst.w / 2, dst), y: top });
+    out = kept;
+  }
+  if (src?.expanded) {
+    const bottom = src.y + src.h;
+    const rest = out.slice(1).filter((p, i, a) => i === a.length - 1 || p.y > bottom + 4);
+    const to = rest[0];
+    out = [{ x: clampX(to.y > bottom ? to.x : src.x + src.w / 2, src), y: bottom }, ...rest];
+  }
+  return out;
+}
+
 /**
  * Lays out every visible level and returns absolute boxes.
  * @param {import("./model.js").ModelIndex} index
@@ -171,7 +204,8 @@ export function layoutView(index, expanded, levelEdges, cache = new Map()) {
       }
     }
     for (const e of lay.edges) {
-      edges.push({ ...e, level: L, points: e.points.map((p) => ({ x: p.x + o.x, y: p.y + o.y })) });
+      const points = e.points.map((p) => ({ x: p.x + o.x, y: p.y + o.y }));
+      edges.push({ ...e, level: L, points: openEnds(points, boxes.get(e.source), boxes.get(e.target)) });
     }
   }
   const root = local.get(index.root);

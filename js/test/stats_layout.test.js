@@ -3,7 +3,7 @@ import assert from "node:assert/strict";
 import { fmt, logScale, nodeStat, defaultStat, viridis } from "../src/stats.js";
 import { indexModel } from "../src/model.js";
 import { edgesByLevel } from "../src/levels.js";
-import { layoutView, gridLevel, leafWidth, stageHead, stageHeadWidth, NODE_W, NODE_H, MAX_W, MAX_HEAD_W, GRID_THRESHOLD } from "../src/layout.js";
+import { layoutView, openEnds, gridLevel, leafWidth, stageHead, stageHeadWidth, NODE_W, NODE_H, MAX_W, MAX_HEAD_W, GRID_THRESHOLD } from "../src/layout.js";
 import { ellipsis } from "../src/dom.js";
 import { smallModel } from "./helpers.js";
 
@@ -120,4 +120,24 @@ test("layout: an expanded stage's header holds its whole label, whatever its con
   assert.equal(stageHeadWidth(node), MAX_HEAD_W);
   const cut = stageHead(node, MAX_HEAD_W, "1.2");
   assert.ok(cut.labelChars < 200 && !cut.showKind && !cut.showValue);
+});
+
+test("openEnds: an edge meets an open group on its top or bottom border, a closed node where dagre put it", () => {
+  const group = { x: 100, y: 100, w: 200, h: 400, expanded: true };
+  // dagre aimed at the centre: down the right side, into the side halfway down
+  const into = [{ x: 400, y: 20 }, { x: 330, y: 150 }, { x: 300, y: 300 }];
+  const e = openEnds(into, undefined, group);
+  const end = e[e.length - 1];
+  assert.equal(end.y, group.y);
+  assert.ok(end.x >= group.x && end.x <= group.x + group.w, `end x ${end.x}`);
+  assert.ok(e.slice(0, -1).every((p) => p.y < group.y), "no point inside the group");
+  assert.deepEqual(e[0], into[0]);
+  // out of the open group: from its bottom border
+  const out = openEnds([{ x: 100, y: 300 }, { x: 60, y: 520 }, { x: 40, y: 600 }], group, undefined);
+  assert.equal(out[0].y, group.y + group.h);
+  assert.ok(out[0].x >= group.x + 14 && out[0].x <= group.x + group.w - 14, `start x ${out[0].x}`);
+  assert.deepEqual(out[out.length - 1], { x: 40, y: 600 });
+  // closed boxes: unchanged
+  const closed = { ...group, expanded: false };
+  assert.deepEqual(openEnds(into, closed, closed), into);
 });
