@@ -93,10 +93,24 @@ def check_argnums(where: str, argnums: Any) -> int | tuple[int, ...]:
     if isinstance(argnums, Sequence) and not isinstance(argnums, str) and argnums:
         if all(is_int(a) for a in argnums):
             return tuple(argnums)
+    if type(argnums).__name__ == "DiffState":  # Flax NNX's: one argument, a filter
+        raise TypeError(_DIFF_STATE.format(where=where, argnum=getattr(argnums, "argnum", 0)))
     raise TypeError(
         f"sowviz.{where}: `argnums` must be an int or a non-empty tuple of ints (positions "
         f"of the arguments to differentiate), got {argnums!r}; e.g. argnums=0 or (0, 1)."
     )
+
+
+_DIFF_STATE = (
+    "sowviz.{where}: `argnums` takes argument positions, not an `nnx.DiffState` "
+    "(differentiating only some of a model's variables, e.g. LoRA's). Split the model "
+    "so that those variables are an argument of their own, and differentiate it:\n"
+    "    graphdef, trained, frozen = nnx.split(model, nnx.LoRAParam, ...)\n"
+    "    def loss_of(trained, frozen, *args):\n"
+    "        return loss(nnx.merge(graphdef, trained, frozen), *args)\n"
+    "then pass `loss_of`, `trained, frozen, ...` and argnums={argnum} (the gradient is "
+    "that of `nnx.value_and_grad` with the DiffState)."
+)
 
 
 def _tesseract_names(where: str, value: Any) -> Any:

@@ -343,3 +343,31 @@ def test_hijax_variables_are_refused_not_cached_as_static_leaves():
         model = nnx.Linear(4, 2, rngs=nnx.Rngs(0))
     with pytest.raises(TypeError, match=r"`args\[0\]\.\w+` is a HijaxVariable.*hijax=False"):
         sowviz.inspect(lambda m, x: jnp.mean(m(x) ** 2), model, jnp.ones((3, 4)))
+
+
+class Adapted(nnx.Module):
+    """A frozen kernel with a trainable low-rank update (LoRA)."""
+
+    def __init__(self, rngs: nnx.Rngs):
+        self.w = nnx.Param(jax.random.normal(rngs.params(), (6, 3)) * 0.3)
+        self.a = nnx.LoRAParam(jax.random.normal(rngs.params(), (6, 2)) * 0.3)
+        self.b = nnx.LoRAParam(jnp.full((2, 3), 0.1))
+
+    def __call__(self, x):
+        return x @ (self.w[...] + self.a[...] @ self.b[...])
+
+
+def test_a_diff_state_argnums_is_refused_with_a_split_that_equals_it():
+    x, y = data(1)[0]
+    model = Adapted(nnx.Rngs(0))
+    with pytest.raises(TypeError, match=r"(?s)nnx\.DiffState.*nnx\.split\(model, nnx\.LoRAParam"):
+        sowviz.inspect(loss, model, x, y, argnums=nnx.DiffState(0, nnx.LoRAParam))
+    graphdef, trained, frozen = nnx.split(model, nnx.LoRAParam, ...)
+
+    def loss_of(trained, frozen, x, y):
+        return loss(nnx.merge(graphdef, trained, frozen), x, y)
+
+    ins = sowviz.inspect(loss_of, trained, frozen, x, y, argnums=0)
+    value, grads = nnx.value_and_grad(loss, argnums=nnx.DiffState(0, nnx.LoRAParam))(model, x, y)
+    assert_close(ins.result[0], value)
+    assert_close(ins.result[1], grads, what="LoRA grad")
