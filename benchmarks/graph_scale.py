@@ -5,6 +5,10 @@ and a residual add). Prints, per size: equations, nodes, edges, probe points,
 `build_graph` time (best of 3), `instrument_jaxpr` time, and
 `len(json.dumps(model))` for the full and the compact node encoding.
 
+A plain-function program of as many equations (a residual layer written as a
+function called in a loop): `build_graph` time with and without the user-function
+stages (`graph/calls.py`), measured in the same run.
+
 Then the zoo's Flax NNX language model with 24 identical layers (traced with the
 framework names, as `inspect` traces it): `build_graph` time with and without the
 merging of repeated blocks (`graph/repeats.py`), measured in the same run.
@@ -21,7 +25,7 @@ import _bench
 import jax
 import jax.numpy as jnp
 
-from sowviz.graph import build_graph, frameworks, instrument_jaxpr, repeats
+from sowviz.graph import build, build_graph, frameworks, instrument_jaxpr, repeats
 from sowviz.graph.build import _count_eqns
 
 
@@ -53,6 +57,24 @@ def nnx_lm(layers: int):
     return closed, dict(in_names=paths, out_names=["loss"], in_args=in_args, parameters={0})
 
 
+def _block(x, w):
+    return x + jnp.tanh(x @ w + 1.0)
+
+
+def plain_functions(n_calls: int):
+    """The same residual layers written as a plain function called in a loop: each call
+    is a stage of the user's own (`graph/calls.py`), no named scope."""
+
+    def f(ws, x):
+        for w in ws:
+            x = _block(x, w)
+        return jnp.sum(x * x)
+
+    ws = [jax.ShapeDtypeStruct((16, 16), jnp.float32)] * n_calls
+    closed = jax.make_jaxpr(f)(ws, jax.ShapeDtypeStruct((8, 16), jnp.float32))
+    return closed, [f"ws[{i}]" for i in range(n_calls)] + ["x"]
+
+
 def best_of(n: int, fn) -> tuple[float, object]:
     best, out = float("inf"), None
     for _ in range(n):
@@ -80,6 +102,22 @@ def main(quick: bool = False) -> list[_bench.Row]:
         f"{[n.label for n in graph.nodes if n.repeats]}"
     )
     _bench.emit(rows, _bench.Row("graph_scale", "build_graph, NNX LM 24 layers", t_with, "s"))
+    # user-function stages: the same build with and without them, in one run
+    closed, in_names = plain_functions(250 if quick else 2_500)
+    kw = dict(in_names=in_names, out_names=["loss"])
+    t_calls, graph = best_of(3, lambda: build_graph(closed, **kw))
+    group = build.group_calls
+    build.group_calls = lambda names, *a, **k: (list(names), {})
+    try:
+        t_none, _ = best_of(3, lambda: build_graph(closed, **kw))
+    finally:
+        build.group_calls = group
+    print(
+        f"plain functions, {_count_eqns(closed.jaxpr)} eqns: build_graph {t_calls * 1e3:.1f} ms "
+        f"({t_none * 1e3:.1f} ms without user-function stages), top level: "
+        f"{[n.label for n in graph.nodes if n.parent == graph.root and n.kind != 'input']}"
+    )
+    _bench.emit(rows, _bench.Row("graph_scale", "build_graph, plain functions", t_calls, "s"))
     for target in (1_000,) if quick else (1_000, 10_000):
         closed, in_names = deep_mlp(target // 4)
         n_eqns = _count_eqns(closed.jaxpr)
