@@ -38,9 +38,9 @@ Equinox module runs inside `jax.named_scope(<its path>)`:
   the original method untouched. The originals are put back when the last user
   leaves. Nothing happens when neither framework is imported.
 
-`CALL_CODE` is the code object of the wrapper: `build.py` finds a module
-stage's call site as the frame just outside the matching wrapper frame of an
-equation's traceback (`_compat.call_sites`).
+`CALL_CODE` is the code object of the function that pushes a module's scope:
+`build.py` finds a module stage's call site as the frame just outside the matching
+such frame of an equation's traceback (`_compat.call_sites`).
 """
 
 from __future__ import annotations
@@ -407,7 +407,7 @@ def _bound_method(obj: Any) -> tuple[Any, str] | None:
 
 def _wrap(raw: Any, method: str = "__call__") -> Callable:
     """`raw` (a module class's `method`) run inside the scope of its module's path while
-    `named`'s call is in progress. One code object (`CALL_CODE`) for every method."""
+    `named`'s call is in progress; `_in_scope` pushes it (`CALL_CODE`)."""
 
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
         bound = raw.__get__(self, type(self))
@@ -420,20 +420,28 @@ def _wrap(raw: Any, method: str = "__call__") -> Callable:
         scope = ctx.scope_name(owner) if name == "__call__" else ctx.method_scope(owner, name)
         if scope is None:
             return bound(*args, **kwargs)
-        label, path = scope
-        PUSHED.add(label)
-        ctx.stack.append((owner, path))
-        try:
-            with jax.named_scope(label):
-                return bound(*args, **kwargs)
-        finally:
-            ctx.stack.pop()
+        return _in_scope(ctx, owner, scope, bound, args, kwargs)
 
     __call__.__sowviz_wrapped__ = raw  # type: ignore[attr-defined]
     return __call__
 
 
-CALL_CODE = _wrap(None).__code__
+def _in_scope(ctx: _Context, owner: Any, scope: tuple[str, Path], bound, args, kwargs) -> Any:
+    """A module's call inside the scope of its path. A function of its own, so that a
+    traceback tells the wrapper frames that pushed a scope (`CALL_CODE`) from those
+    that did not (`super().__call__` of the same module: `MaxPool2d.__call__` calling
+    `Pool.__call__`, whose stage was then sourced inside Equinox)."""
+    label, path = scope
+    PUSHED.add(label)
+    ctx.stack.append((owner, path))
+    try:
+        with jax.named_scope(label):
+            return bound(*args, **kwargs)
+    finally:
+        ctx.stack.pop()
+
+
+CALL_CODE = _in_scope.__code__
 
 #: Flax's own NNX layer methods that compute with the layer's parameters (a stage
 #: each: the tied unembedding `embed.attend`). Its other public methods (`train`,

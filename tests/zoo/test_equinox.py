@@ -92,6 +92,12 @@ def test_cnn_loss_tail_is_the_stage_of_its_function(cnn_ins):
     assert top == ["parameters", "CNN", "cross_entropy"], top
     (xent,) = [n for n in g.nodes if n.label == "cross_entropy"]
     assert xent.source.function == "cnn_loss" and xent.kind == "scope"
+    # each layer's source is the model's line that called it, MaxPool2d's too (its
+    # `__call__` calls `Pool.__call__`: a second wrapper frame that pushes no scope)
+    layers = [n for n in g.nodes if n.label.startswith("layers[") and ": " in n.label]
+    assert len(layers) == 4 and {n.source.function for n in layers} == {"CNN.__call__"}, [
+        (n.label, str(n.source)) for n in layers
+    ]
 
 
 class Tap(eqx.Module):
