@@ -634,44 +634,55 @@ class Reentry:
 _reentries: dict[tuple, tuple[Any, Reentry | None]] = {}
 
 
-def reentry(eqn: JaxprEqn) -> Reentry | None:
-    """The `REENTRANT` call whose callback made `eqn`, or None: its innermost user
-    frames, then library frames, then the user's frame that called one of these."""
+def _by_traceback(cache: dict, eqn: JaxprEqn, compute: Any) -> Any:
+    """`compute(codes, lastis)` of the equation's traceback (innermost frame first),
+    cached by its frames (the entry keeps the code objects alive, so no id is reused);
+    None without a traceback or when reading it fails (best effort, as `call_path`)."""
     tb = eqn.source_info.traceback
     if tb is None:
         return None
     try:
-        codes, lastis = tb.raw_frames()  # innermost first
+        codes, lastis = tb.raw_frames()
         key = (*map(id, codes), *lastis)
-        hit = _reentries.get(key)
+        hit = cache.get(key)
         if hit is not None:
             return hit[1]
-        found: Reentry | None = None
-        n, k = len(codes), 0
-        while k < n and not _is_user_code(codes[k]):
-            k += 1
-        while k < n and _is_user_code(codes[k]):
-            k += 1
-        entered = k - 1
-        while k < n and not _is_user_code(codes[k]):
-            k += 1
-        if 0 <= entered < k - 1 and k < n:
-            j = k - 1  # the function the caller called, past `@api_boundary`'s wrapper
-            while j > entered and codes[j].co_filename == _API_BOUNDARY:
-                j -= 1
-            if j > entered and codes[j].co_qualname in REENTRANT:
-                frame = _source_info.raw_frame_to_frame(codes[k], lastis[k])
-                found = Reentry(
-                    SourceLocation(frame.file_name, frame.start_line, frame.function_name),
-                    codes[j].co_qualname,
-                    codes[entered].co_qualname,
-                )
-        if len(_reentries) > 100_000:  # a long session of many programs
-            _reentries.clear()
-        _reentries[key] = (codes, found)
-        return found
-    except Exception:  # best effort, as call_path
+        value = compute(codes, lastis)
+        if len(cache) > 100_000:  # a long session of many programs
+            cache.clear()
+        cache[key] = (codes, value)
+        return value
+    except Exception:
         return None
+
+
+def reentry(eqn: JaxprEqn) -> Reentry | None:
+    """The `REENTRANT` call whose callback made `eqn`, or None: its innermost user
+    frames, then library frames, then the user's frame that called one of these."""
+    return _by_traceback(_reentries, eqn, _reentry)
+
+
+def _reentry(codes: Any, lastis: Any) -> Reentry | None:
+    n, k = len(codes), 0
+    while k < n and not _is_user_code(codes[k]):
+        k += 1
+    while k < n and _is_user_code(codes[k]):
+        k += 1
+    entered = k - 1
+    while k < n and not _is_user_code(codes[k]):
+        k += 1
+    if 0 <= entered < k - 1 and k < n:
+        j = k - 1  # the function the caller called, past `@api_boundary`'s wrapper
+        while j > entered and codes[j].co_filename == _API_BOUNDARY:
+            j -= 1
+        if j > entered and codes[j].co_qualname in REENTRANT:
+            frame = _source_info.raw_frame_to_frame(codes[k], lastis[k])
+            return Reentry(
+                SourceLocation(frame.file_name, frame.start_line, frame.function_name),
+                codes[j].co_qualname,
+                codes[entered].co_qualname,
+            )
+    return None
 
 
 @dataclass(frozen=True, eq=False)
@@ -723,35 +734,24 @@ def user_calls(eqn: JaxprEqn) -> tuple[UserCall, ...] | None:
     module's top level are no calls of their own: their frames only pass the call on.
     Empty for an equation of the outermost user frame; None when unknown (no
     traceback). Read from the traceback, as `call_path`."""
-    tb = eqn.source_info.traceback
-    if tb is None:
-        return None
-    try:
-        codes, lastis = tb.raw_frames()  # innermost first
-        key = (*map(id, codes), *lastis)
-        hit = _calls.get(key)
-        if hit is not None:
-            return hit[1]
-        frames = [(c, k) for c, k in zip(codes, lastis, strict=True) if _is_user_code(c)]
-        frames.reverse()
-        calls = tuple(
-            UserCall(
-                callee.co_qualname,
-                (id(caller), caller_lasti, id(callee)),
-                lasti,
-                _has_loop(callee),
-                caller,
-                caller_lasti,
-            )
-            for (caller, caller_lasti), (callee, lasti) in itertools.pairwise(frames)
-            if not callee.co_name.startswith("<")
+    return _by_traceback(_calls, eqn, _user_calls)
+
+
+def _user_calls(codes: Any, lastis: Any) -> tuple[UserCall, ...]:
+    frames = [(c, k) for c, k in zip(codes, lastis, strict=True) if _is_user_code(c)]
+    frames.reverse()
+    return tuple(
+        UserCall(
+            callee.co_qualname,
+            (id(caller), caller_lasti, id(callee)),
+            lasti,
+            _has_loop(callee),
+            caller,
+            caller_lasti,
         )
-        if len(_calls) > 100_000:  # a long session of many programs
-            _calls.clear()
-        _calls[key] = (codes, calls)
-        return calls
-    except Exception:  # best effort, as call_path
-        return None
+        for (caller, caller_lasti), (callee, lasti) in itertools.pairwise(frames)
+        if not callee.co_name.startswith("<")
+    )
 
 
 def primitive_label(eqn: JaxprEqn) -> str:
