@@ -7,17 +7,21 @@ equation was made inside a chain of calls of the user's functions. Within one sc
 of one jaxpr, the calls that all its equations share (the traced function itself,
 the `with jax.named_scope` around them) say nothing new; the first call below those
 that a run of two or more neighbouring nodes (equations, or whole scopes) shares is
-a stage named by its function (`function_label`: `predict`, `Optimizer.update`),
+a stage named by its function (`predict`, a method `Model.encode`, a closure `f`),
 sourced at its call site, and the same holds again inside it (`predict` >
 `layer_norm`).
 
 One call is told from the next call of the same function from the same line (a
 loop calling `layer_norm` once per layer) by where the callee has got to: its
-instruction offset goes back only in a new call, unless its own code loops. Lambdas
-and comprehensions are not calls of their own (`_compat.user_calls`), and a library's
-functions (JAX's, Equinox's, site-packages') never are: library calls are named by
-`names.fold_names` (`gelu`, `make_causal_mask`), which runs after this, inside the
-stages made here.
+instruction offset goes back only in a new call, unless its own code loops.
+Tracebacks hold no frame identities, so nothing else tells two such calls in a row
+apart. Lambdas and comprehensions are not calls of their own (`_compat.user_calls`),
+a decorator's wrapper passes its call on to the function it wraps, and a library's
+functions (JAX's, Equinox's, site-packages') are never calls here: library calls are
+named by `names.fold_names` (`gelu`, `make_causal_mask`), which runs after this,
+inside the stages made here. The backward pass of a `jax.grad` that the program
+takes itself (a train step) keeps the tracebacks of the forward equations it
+transposes: a call whose equations all are backward ones is `loss (backward)`.
 """
 
 from __future__ import annotations
