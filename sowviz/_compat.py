@@ -737,6 +737,24 @@ def user_calls(eqn: JaxprEqn) -> tuple[UserCall, ...] | None:
     return _by_traceback(_calls, eqn, _user_calls)
 
 
+_roots: dict[tuple, tuple[Any, tuple[int, int] | None]] = {}
+
+
+def user_root(eqn: JaxprEqn) -> tuple[int, int] | None:
+    """Where the outermost user frame of an equation's traceback has got to, as (its
+    code object's id, its instruction offset): the frame that `user_calls` leaves out
+    (the function sowviz traced, when it traces in a thread of its own). None when
+    unknown."""
+    return _by_traceback(_roots, eqn, _user_root)
+
+
+def _user_root(codes: Any, lastis: Any) -> tuple[int, int] | None:
+    for c, k in zip(reversed(codes), reversed(lastis), strict=True):
+        if _is_user_code(c):
+            return id(c), k
+    return None
+
+
 def _user_calls(codes: Any, lastis: Any) -> tuple[UserCall, ...]:
     frames = [(c, k) for c, k in zip(codes, lastis, strict=True) if _is_user_code(c)]
     frames.reverse()

@@ -218,3 +218,50 @@ def test_a_call_taking_a_gradient_stays_one_stage_after_its_backward_pass():
     assert step.label == "_sgd_step" and step.source.line == line_of("@call_sgd")
     inside = [n.label for n in g.children(step.id)]
     assert inside[:2] == ["loss", "loss (backward)"] and inside[-2:] == ["mul", "sub"], inside
+
+
+def _cell(p, h, x):
+    return jnp.tanh(h @ p["wh"] + x @ p["wx"])
+
+
+def _readout(p, h):
+    return h @ p["wo"]
+
+
+def _rnn(p, xs):
+    h = jnp.ones(4)
+    preds = []
+    for x in xs:  # a pass: two calls, `_cell` and `_readout`
+        h = _cell(p, h, x)  # @call_cell
+        preds.append(_readout(p, h))
+    return jnp.mean(jnp.stack(preds) ** 2)
+
+
+def test_alike_passes_of_a_loop_body_of_several_calls_are_stacked():
+    # 8 passes of `h = cell(...); readout(h)`: not 16 sibling stages in a cascade,
+    # but the passes stacked; each pass holds its two calls. The last pass's `h` is
+    # read by nothing, so it is drawn apart from the stack.
+    k = jax.random.split(jax.random.PRNGKey(0), 3)
+    p = {
+        "wh": jax.random.normal(k[0], (4, 4)) * 0.3,
+        "wx": jax.random.normal(k[1], (3, 4)) * 0.3,
+        "wo": jax.random.normal(k[2], (4, 2)) * 0.3,
+    }
+    xs = jax.random.normal(jax.random.PRNGKey(1), (8, 3))
+    ins = sowviz.inspect(_rnn, p, xs)
+    value = jax.value_and_grad(_rnn)(p, xs)[0]
+    np.testing.assert_allclose(ins.result[0], value, rtol=1e-6)
+    g = ins.graph
+    top = [n.label for n in g.children(g.root)]
+    assert "_cell · _readout (×7)" in top and "_cell · _readout#8" in top, top
+    (stack,) = [n for n in g.nodes if n.label == "_cell · _readout (×7)"]
+    passes = g.children(stack.id)
+    assert len(passes) == 7 and all(n.source.line == line_of("@call_cell") for n in passes)
+    for n in passes:
+        assert [c.label for c in g.children(n.id)] == ["_cell", "_readout"]
+    # the pass's `_readout`, one equation, is a stage too: its value has a probe
+    h = jnp.ones(4)
+    for x in xs[:3]:
+        h = _cell(p, h, x)
+    got = ins.probe("_cell · _readout#3/_readout").summaries["primal"]
+    np.testing.assert_allclose(got["l2"], np.linalg.norm(_readout(p, h)), rtol=1e-5)

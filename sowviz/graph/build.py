@@ -315,9 +315,19 @@ class _Builder(InputsMixin):
             scoped = [tuple(self.renamed.get((at, n), n) for n in names) for names in scoped]
         locs = [self.source(e) for e in jaxpr.eqns]
         # the user's own functions (`predict` > `layer_norm`), before any fold
+        prims = [e.primitive.name for e in jaxpr.eqns]
+        is_stage = [spec_of(name) is not None for name in prims]
         chains = [_compat.user_calls(e) for e in jaxpr.eqns]
         backward = [("transform", "transpose") in _compat.name_stack_kinds(e) for e in jaxpr.eqns]
-        scoped, call_sites = group_calls(scoped, chains, backward, tag=len(self.call_sites))
+        scoped, call_sites = group_calls(
+            scoped,
+            chains,
+            backward,
+            tag=len(self.call_sites),
+            primitives=prims,
+            roots=[_compat.user_root(e) for e in jaxpr.eqns],
+            stages=is_stage,
+        )
         self.call_sites.update(call_sites)
         layer_call = self.layer_calls(jaxpr, scoped, locs)
 
@@ -335,9 +345,9 @@ class _Builder(InputsMixin):
             FOLD_LIMIT,
             call_path=lambda i: _compat.call_path(jaxpr.eqns[i]),
             at_module_call=at_module_call,
-            primitives=[e.primitive.name for e in jaxpr.eqns],
+            primitives=prims,
             reentry=lambda i: _compat.reentry(jaxpr.eqns[i]),
-            stages=[spec_of(e.primitive.name) is not None for e in jaxpr.eqns],
+            stages=is_stage,
         )
         for i, eqn in enumerate(jaxpr.eqns):
             names = level_names[i]

@@ -6,8 +6,8 @@ or as folds by source line (`layer_norm:13`). Their tracebacks say more: each
 equation was made inside a chain of calls of the user's functions. Within one scope
 of one jaxpr, the calls that all its equations share (the traced function itself,
 the `with jax.named_scope` around them) say nothing new; the first call below those
-that a run of two or more neighbouring nodes (equations, or whole scopes) shares is
-a stage named by its function (`predict`, a method `Model.encode`, a closure `f`),
+that a run of neighbouring nodes shares (two or more, or one equation: a scope alone
+would only be wrapped again) is a stage named by its function (`predict`, a method `Model.encode`, a closure `f`),
 sourced at its call site, and the same holds again inside it (`predict` >
 `layer_norm`).
 
@@ -27,14 +27,11 @@ transposes: a call whose equations all are backward ones is `loss (backward)`.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
 
 from .. import _compat
-from .names import BACKWARD, CALL, function_label
-
-#: Nodes a call must hold to be drawn as a stage: one alone would only wrap itself.
-LEAST = 2
-
+from .names import BACKWARD, CALL, fold_label, function_label
 
 Chain = tuple[_compat.UserCall, ...] | None
 
@@ -137,15 +134,25 @@ def group_calls(
     calls: Sequence[Chain],
     backward: Sequence[bool],
     tag: object = "",
+    primitives: Sequence[str] = (),
+    roots: Sequence[tuple[int, int] | None] = (),
+    stages: Sequence[bool] = (),
 ) -> tuple[list[tuple[str, ...]], dict[str, _compat.SourceLocation | None]]:
     """`names` (each equation's scope names, outermost first) with the user calls that
     runs of nodes share inserted as scopes (`CALL` names, unique per `tag`), and each
     such scope's call site. `backward`: the equation is of a backward pass the program
     takes itself (a `jax.grad` inside a train step); a call whose equations all are is
-    labelled `loss (backward)`, as a named scope's are (`names.BACKWARD`)."""
+    labelled `loss (backward)`, as a named scope's are (`names.BACKWARD`). Passes of a
+    loop whose body makes several nodes, calls among them, are a stage each when two or
+    more passes in a row are alike (`primitives`, each equation's, tell equations
+    apart): `cell · readout`, which `repeats` stacks as `cell · readout (×12)`; `roots`
+    (`_compat.user_root`) says where the outermost function has got to; `stages`: the
+    equation is a stage of its own (a `scan`, a `jit`), which a call of it alone
+    would only wrap."""
     out = list(names)
     if not any(calls):  # no call below the outermost frame (or none known)
         return out, {}
+    stages = stages or [False] * len(out)
     seen: dict[int, Chain] = {}  # chains repeat (one tuple per traceback): once each
     calls = [seen[id(c)] if id(c) in seen else seen.setdefault(id(c), _unwrapped(c)) for c in calls]
     ids = _instances(calls, backward)
@@ -155,7 +162,7 @@ def group_calls(
             by_id.setdefault(i, c)
     sites: dict[str, _compat.SourceLocation | None] = {}
 
-    def visit(eqns: list[int], depth: int) -> None:
+    def items_of(eqns: list[int], depth: int) -> list[tuple[list[int], str | None]]:
         # the nodes directly in this scope: an equation, or a run of one scope inside
         items: list[tuple[list[int], str | None]] = []
         for m in eqns:
@@ -164,6 +171,59 @@ def group_calls(
                 items[-1][0].append(m)
             else:
                 items.append(([m], child))
+        return items
+
+    def passes(eqns: list[int], depth: int, shared: int) -> None:
+        # A loop in this scope's own function: where that function has got to goes back
+        # at each new pass. Alike passes of several nodes, calls among them, are stages.
+        def pos(m: int) -> tuple[int, int] | None:
+            chain = calls[m]
+            if chain is None or backward[m] or len(chain) < shared:
+                return None
+            if shared:
+                return chain[shared - 1].key[2], chain[shared - 1].lasti
+            return roots[m] if m < len(roots) else None  # the traced function itself
+
+        items = items_of(eqns, depth)
+        runs = [[items[0]]]
+        for before, item in itertools.pairwise(items):
+            a, b = pos(before[0][-1]), pos(item[0][0])
+            if a is not None and b is not None and a[0] == b[0] and b[1] < a[1]:
+                runs.append([item])
+            else:
+                runs[-1].append(item)
+
+        def shape(run: list[tuple[list[int], str | None]]) -> tuple:
+            return tuple(
+                fold_label(child) if child is not None else primitives[ms[0]] for ms, child in run
+            )
+
+        k = 0
+        while k < len(runs):
+            j = k
+            while j + 1 < len(runs) and shape(runs[j + 1]) == shape(runs[k]):
+                j += 1
+            called = [c for _, c in runs[k] if c is not None and c in sites]
+            if j > k and len(runs[k]) >= 2 and called:
+                label = " · ".join(dict.fromkeys(fold_label(c) for c in called))
+                # the first pass begins, and the last ends, with the work around the loop
+                n, alike = len(runs[k]), shape(runs[k])
+                each = runs[k : j + 1]
+                if k > 0 and shape(runs[k - 1][-n:]) == alike:
+                    each.insert(0, runs[k - 1][-n:])
+                if j + 1 < len(runs) and shape(runs[j + 1][:n]) == alike:
+                    each.append(runs[j + 1][:n])
+                for run in each:
+                    first = next(c for _, c in run if c is not None and c in sites)
+                    name = f"{CALL}{label}\x01{tag}.p{run[0][0][0]}"
+                    sites[name] = sites[first]
+                    for members, _ in run:
+                        for m in members:
+                            out[m] = (*out[m][:depth], name, *out[m][depth:])
+            k = j + 1
+
+    def visit(eqns: list[int], depth: int) -> None:
+        items = items_of(eqns, depth)
         # (equations of no known call, a backward pass's, neither share nor break it)
         known = [c for c in (ids[m] for m in eqns) if c is not None]
         shared = len(_common(known)) if known else 0
@@ -177,7 +237,11 @@ def group_calls(
             j = k
             while keys[k] is not None and j + 1 < len(items) and keys[j + 1] == keys[k]:
                 j += 1
-            if keys[k] is not None and j + 1 - k >= LEAST:
+            # one equation is a stage of its call too (`relu` holding its `max`, with a
+            # probe), unless it is a stage already (a `scan`, a `jit`); one scope alone
+            # would only be wrapped again
+            one = j == k and items[k][1] is None and not stages[items[k][0][0]]
+            if keys[k] is not None and (j > k or one):
                 call = by_id[keys[k]]
                 label = _label(call.function)
                 if all(backward[m] for members, _ in items[k : j + 1] for m in members):
@@ -188,6 +252,8 @@ def group_calls(
                     for m in members:
                         out[m] = (*out[m][:depth], name, *out[m][depth:])
             k = j + 1
+        if primitives and (shared or roots):
+            passes(eqns, depth, shared)
         # then inside each scope of this one, those just made included
         run: list[int] = []
         for m in eqns:
