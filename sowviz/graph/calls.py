@@ -143,7 +143,7 @@ def group_calls(
     such scope's call site. `backward`: the equation is of a backward pass the program
     takes itself (a `jax.grad` inside a train step); a call whose equations all are is
     labelled `loss (backward)`, as a named scope's are (`names.BACKWARD`). Passes of a
-    loop whose body makes several nodes, calls among them, are a stage each when two or
+    loop whose body makes two calls or more are a stage each when two or
     more passes in a row are alike (`primitives`, each equation's, tell equations
     apart): `cell · readout`, which `repeats` stacks as `cell · readout (×12)`; `roots`
     (`_compat.user_root`) says where the outermost function has got to; `stages`: the
@@ -175,7 +175,7 @@ def group_calls(
 
     def passes(eqns: list[int], depth: int, shared: int) -> None:
         # A loop in this scope's own function: where that function has got to goes back
-        # at each new pass. Alike passes of several nodes, calls among them, are stages.
+        # at each new pass. Alike passes of two calls or more are stages.
         def pos(m: int) -> tuple[int, int] | None:
             chain = calls[m]
             if chain is None or backward[m] or len(chain) < shared:
@@ -204,7 +204,7 @@ def group_calls(
             while j + 1 < len(runs) and shape(runs[j + 1]) == shape(runs[k]):
                 j += 1
             called = [c for _, c in runs[k] if c is not None and c in sites]
-            if j > k and len(runs[k]) >= 2 and called:
+            if j > k and len(called) >= 2:  # one call alone would name a pass like itself
                 label = " · ".join(dict.fromkeys(fold_label(c) for c in called))
                 # the first pass begins, and the last ends, with the work around the loop
                 n, alike = len(runs[k]), shape(runs[k])
