@@ -257,8 +257,9 @@ def test_alike_passes_of_a_loop_body_of_several_calls_are_stacked():
     (stack,) = [n for n in g.nodes if n.label == "_cell · _readout (×7)"]
     passes = g.children(stack.id)
     assert len(passes) == 7 and all(n.source.line == line_of("@call_cell") for n in passes)
-    for n in passes:
-        assert [c.label for c in g.children(n.id)] == ["_cell", "_readout"]
+    for n in passes:  # (JAX 0.10 slices each `x` inside the pass; 0.12 unstacks before)
+        calls = [c.label for c in g.children(n.id) if c.kind == "scope"]
+        assert calls == ["_cell", "_readout"], [c.label for c in g.children(n.id)]
     # the pass's `_readout`, one equation, is a stage too: its value has a probe
     h = jnp.ones(4)
     for x in xs[:3]:
