@@ -708,7 +708,7 @@ class UserCall:
         return SourceLocation(frame.file_name, frame.start_line, frame.function_name)
 
 
-_calls: dict[tuple, tuple[Any, tuple[UserCall, ...]]] = {}
+_calls: dict[tuple, tuple[Any, UserFrames]] = {}
 _loops: dict[int, tuple[Any, bool]] = {}
 #: Bytecodes that jump back: a loop (Python 3.11+; `JUMP_ABSOLUTE` before).
 _BACKWARD_JUMPS = frozenset({"JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP_ABSOLUTE"})
@@ -727,37 +727,35 @@ def _has_loop(code: Any) -> bool:
     return hit[1]
 
 
-def user_calls(eqn: JaxprEqn) -> tuple[UserCall, ...] | None:
-    """The calls of the user's own functions (`_is_user_code`) an equation was made
-    in, outermost first, each from the user frame before it (library frames between
-    them, `jax.vmap` or `jax.tree.map`, skipped). Lambdas, comprehensions and a
-    module's top level are no calls of their own: their frames only pass the call on.
-    Empty for an equation of the outermost user frame; None when unknown (no
-    traceback). Read from the traceback, as `call_path`."""
-    return _by_traceback(_calls, eqn, _user_calls)
+@dataclass(frozen=True, eq=False)
+class UserFrames:
+    """The user's own frames of an equation's traceback: `calls`, the calls of the
+    user's functions it was made in, outermost first, each from the user frame before
+    it (library frames between them, `jax.vmap` or `jax.tree.map`, skipped; lambdas,
+    comprehensions and a module's top level are no calls of their own: their frames
+    only pass the call on), empty for an equation of the outermost user frame; and
+    `root`, where that outermost frame has got to, as (its code object's id, its
+    instruction offset): the function sowviz traced, when it traces in a thread of
+    its own."""
+
+    calls: tuple[UserCall, ...]
+    root: tuple[int, int] | None
 
 
-_roots: dict[tuple, tuple[Any, tuple[int, int] | None]] = {}
+def user_frames(eqn: JaxprEqn) -> UserFrames | None:
+    """`UserFrames` of an equation, read from its traceback as `call_path` reads it;
+    None when unknown (no traceback)."""
+    return _by_traceback(_calls, eqn, _user_frames)
 
 
-def user_root(eqn: JaxprEqn) -> tuple[int, int] | None:
-    """Where the outermost user frame of an equation's traceback has got to, as (its
-    code object's id, its instruction offset): the frame that `user_calls` leaves out
-    (the function sowviz traced, when it traces in a thread of its own). None when
-    unknown."""
-    return _by_traceback(_roots, eqn, _user_root)
-
-
-def _user_root(codes: Any, lastis: Any) -> tuple[int, int] | None:
-    for c, k in zip(reversed(codes), reversed(lastis), strict=True):
-        if _is_user_code(c):
-            return id(c), k
-    return None
-
-
-def _user_calls(codes: Any, lastis: Any) -> tuple[UserCall, ...]:
+def _user_frames(codes: Any, lastis: Any) -> UserFrames:
     frames = [(c, k) for c, k in zip(codes, lastis, strict=True) if _is_user_code(c)]
     frames.reverse()
+    root = (id(frames[0][0]), frames[0][1]) if frames else None
+    return UserFrames(_user_calls(frames), root)
+
+
+def _user_calls(frames: list[tuple[Any, int]]) -> tuple[UserCall, ...]:
     return tuple(
         UserCall(
             callee.co_qualname,

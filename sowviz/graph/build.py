@@ -317,15 +317,15 @@ class _Builder(InputsMixin):
         # the user's own functions (`predict` > `layer_norm`), before any fold
         prims = [e.primitive.name for e in jaxpr.eqns]
         is_stage = [spec_of(name) is not None for name in prims]
-        chains = [_compat.user_calls(e) for e in jaxpr.eqns]
+        frames = [_compat.user_frames(e) for e in jaxpr.eqns]
         backward = [("transform", "transpose") in _compat.name_stack_kinds(e) for e in jaxpr.eqns]
         scoped, call_sites = group_calls(
             scoped,
-            chains,
+            [f.calls if f is not None else None for f in frames],
             backward,
             tag=len(self.call_sites),
             primitives=prims,
-            roots=[_compat.user_root(e) for e in jaxpr.eqns],
+            roots=[f.root if f is not None else None for f in frames],
             stages=is_stage,
         )
         self.call_sites.update(call_sites)

@@ -15,7 +15,7 @@ One call is told from the next call of the same function from the same line (a
 loop calling `layer_norm` once per layer) by where the callee has got to: its
 instruction offset goes back only in a new call, unless its own code loops.
 Tracebacks hold no frame identities, so nothing else tells two such calls in a row
-apart. Lambdas and comprehensions are not calls of their own (`_compat.user_calls`),
+apart. Lambdas and comprehensions are not calls of their own (`_compat.user_frames`),
 a decorator's wrapper passes its call on to the function it wraps, and a library's
 functions (JAX's, Equinox's, site-packages') are never calls here: library calls are
 named by `names.fold_names` (`gelu`, `make_causal_mask`), which runs after this,
@@ -146,7 +146,7 @@ def group_calls(
     loop whose body makes two calls or more are a stage each when two or
     more passes in a row are alike (`primitives`, each equation's, tell equations
     apart): `cell · readout`, which `repeats` stacks as `cell · readout (×12)`; `roots`
-    (`_compat.user_root`) says where the outermost function has got to; `stages`: the
+    (`_compat.user_frames`) says where the outermost function has got to; `stages`: the
     equation is a stage of its own (a `scan`, a `jit`), which a call of it alone
     would only wrap."""
     out = list(names)
@@ -161,6 +161,12 @@ def group_calls(
         for c, i in zip(chain or (), idc or (), strict=True):
             by_id.setdefault(i, c)
     sites: dict[str, _compat.SourceLocation | None] = {}
+
+    def wrap(members: list[list[int]], name: str, depth: int) -> None:
+        # the scope `name` goes in at `depth`, around what these equations were in there
+        for ms in members:
+            for m in ms:
+                out[m] = (*out[m][:depth], name, *out[m][depth:])
 
     def items_of(eqns: list[int], depth: int) -> list[tuple[list[int], str | None]]:
         # the nodes directly in this scope: an equation, or a run of one scope inside
@@ -198,28 +204,31 @@ def group_calls(
                 fold_label(child) if child is not None else primitives[ms[0]] for ms, child in run
             )
 
+        shapes = [shape(run) for run in runs]
+        taken: set[int] = set()  # equations already in a pass (a neighbour's end)
         k = 0
         while k < len(runs):
             j = k
-            while j + 1 < len(runs) and shape(runs[j + 1]) == shape(runs[k]):
+            while j + 1 < len(runs) and shapes[j + 1] == shapes[k]:
                 j += 1
             called = [c for _, c in runs[k] if c is not None and c in sites]
             if j > k and len(called) >= 2:  # one call alone would name a pass like itself
                 label = " · ".join(dict.fromkeys(fold_label(c) for c in called))
                 # the first pass begins, and the last ends, with the work around the loop
-                n, alike = len(runs[k]), shape(runs[k])
+                n = len(runs[k])
                 each = runs[k : j + 1]
-                if k > 0 and shape(runs[k - 1][-n:]) == alike:
+                if k > 0 and shape(runs[k - 1][-n:]) == shapes[k]:
                     each.insert(0, runs[k - 1][-n:])
-                if j + 1 < len(runs) and shape(runs[j + 1][:n]) == alike:
+                if j + 1 < len(runs) and shape(runs[j + 1][:n]) == shapes[k]:
                     each.append(runs[j + 1][:n])
                 for run in each:
+                    if any(m in taken for ms, _ in run for m in ms):
+                        continue
                     first = next(c for _, c in run if c is not None and c in sites)
                     name = f"{CALL}{label}\x01{tag}.p{run[0][0][0]}"
                     sites[name] = sites[first]
-                    for members, _ in run:
-                        for m in members:
-                            out[m] = (*out[m][:depth], name, *out[m][depth:])
+                    wrap([ms for ms, _ in run], name, depth)
+                    taken.update(m for ms, _ in run for m in ms)
             k = j + 1
 
     def visit(eqns: list[int], depth: int) -> None:
@@ -248,9 +257,7 @@ def group_calls(
                     label += BACKWARD
                 name = f"{CALL}{label}\x01{tag}.{keys[k]}"
                 sites[name] = call.site()
-                for members, _ in items[k : j + 1]:
-                    for m in members:
-                        out[m] = (*out[m][:depth], name, *out[m][depth:])
+                wrap([ms for ms, _ in items[k : j + 1]], name, depth)
             k = j + 1
         if primitives and (shared or roots):
             passes(eqns, depth, shared)
