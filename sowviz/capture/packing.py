@@ -78,7 +78,7 @@ class Packed:
         with `rows`, the members of stacked summaries as `SummaryRow`s, for their JSON
         only (`summaries.Regroup.apply`)."""
         traced = any(isinstance(b, jax.core.Tracer) for b in self.buffers)
-        bufs = self.buffers if traced else jax.device_get(self.buffers)
+        bufs = self.buffers if traced else tuple(_host(b) for b in self.buffers)
         parts = self.layout.parts if isinstance(self.layout, Joined) else ((self.layout, -1),)
         trees, start = [], 0
         for layout, n in parts:
@@ -103,6 +103,13 @@ class Packed:
             Joined((*mine, (other.layout, len(other.buffers)))),
             self.regroup,
         )
+
+
+def _host(buf: Any) -> Any:
+    """`buf` on the host. A device array is read with `np.asarray`: `jax.device_get`
+    costs about 70 µs more per call (its explicit-transfer scope), a tenth of a
+    summarised 64x64 MLP step's summaries on a CPU."""
+    return np.asarray(buf) if isinstance(buf, jax.Array) else jax.device_get(buf)
 
 
 def _unflatten(layout: Layout, bufs: Any) -> Any:

@@ -156,6 +156,7 @@ class Regroup:
         # member was a third of a repeated `inspect` on 1,000 probes).
         flat = [jax.tree_util.tree_flatten(g) for g in groups]
         json_rows: dict[int, StackRows | None] = {}
+        columns: dict[int, dict[str, list] | None] = {}
 
         def member(i: int, g: int, j: int) -> Any:
             st = self.static[i] if i < len(self.static) else None
@@ -166,6 +167,10 @@ class Regroup:
                     stack = groups[g]
                     shape, dtype, is_complex = st or (stack.shape, stack.dtype, stack.is_complex)
                     return SummaryRow(json_rows[g], j, shape, dtype, is_complex)
+            if g not in columns:
+                columns[g] = _columns(groups[g])
+            if columns[g] is not None:
+                return _member(groups[g], columns[g], j, st)
             leaves, treedef = flat[g]
             out = jax.tree_util.tree_unflatten(treedef, [a[j] for a in leaves])
             if st is not None:
@@ -181,6 +186,44 @@ class Regroup:
         ]
         values = jax.tree_util.tree_unflatten(self.treedef, leaves)
         return values, tree["meta"]
+
+
+def _columns(stack: Any) -> dict[str, list] | None:
+    """A host-side stacked `Summary`'s fields as lists of its members' values, or None
+    (traced, or with per-iteration statistics: cut by `tree_unflatten`). Made once per
+    stack, so a member costs list lookups: the 128 summaries of a 64x64 MLP's step
+    were cut in 0.9 ms by `tree_unflatten`, more than their computation."""
+    if not isinstance(stack, _summary.Summary) or stack.per_iteration is not None:
+        return None
+    fields = {f: getattr(stack, f) for f in _SUMMARY_DATA}
+    if not all(isinstance(v, np.ndarray) for v in fields.values()):
+        return None
+    return {f: list(v) for f, v in fields.items()}
+
+
+def _member(stack: Any, columns: dict[str, list], j: int, static: Any) -> Any:
+    """Member `j` of the host-side `stack` from its `_columns`, its static fields
+    `static` ``(shape, dtype, is_complex)`` or the stack's: what `tree_unflatten` of
+    its leaves' rows makes, without a pass through the tree machinery."""
+    out = object.__new__(_summary.Summary)
+    shape, dtype, is_complex = static or (stack.shape, stack.dtype, stack.is_complex)
+    vars(out).update(
+        {f: col[j] for f, col in columns.items()},
+        per_iteration=None,
+        shape=shape,
+        dtype=dtype,
+        is_complex=is_complex,
+        bins=stack.bins,
+    )
+    return out
+
+
+#: A `Summary`'s array fields but `per_iteration`.
+_SUMMARY_DATA = tuple(
+    f.name
+    for f in dataclasses.fields(_summary.Summary)
+    if f.name not in ("per_iteration", "shape", "dtype", "is_complex", "bins")
+)
 
 
 def _per_iteration(path: tuple, axes: dict) -> bool:
