@@ -435,6 +435,40 @@ def defined_in_jax(sub_program: Any) -> bool:
     return _traced_from(sub_program).startswith(_JAX_DIR)
 
 
+_PMAP_FILE = os.path.join(_JAX_DIR, "_src", "pmap.py")
+
+
+def pmapped_function(sub_program: Any) -> str | None:
+    """For the body of the `jit` that `jax.pmap` binds (JAX >= 0.8: a `shard_map` in
+    a jit of its own `_fun`), the user's function it maps (the last call all the
+    body's equations were made in; "" if none is known); None for any other body."""
+    if _traced_from(sub_program) != _PMAP_FILE:
+        return None
+    common: tuple[str, ...] | None = None
+
+    def visit(jaxpr: Any) -> None:
+        nonlocal common
+        for eqn in jaxpr.eqns:
+            tb = eqn.source_info.traceback
+            codes = tb.raw_frames()[0] if tb is not None else ()
+            # the user's frames, outermost first (JAX may trace the body on its own
+            # stack: then the mapped function is the outermost)
+            names = tuple(c.co_qualname for c in reversed(codes) if _is_user_code(c))
+            if names:
+                if common is None:
+                    common = names
+                else:
+                    k = 0
+                    while k < min(len(common), len(names)) and common[k] == names[k]:
+                        k += 1
+                    common = common[:k]
+            for _, _, sub in sub_jaxprs(eqn):
+                visit(sub)
+
+    visit(jaxpr_and_consts(sub_program)[0])
+    return common[-1].rpartition(".")[2] if common else ""
+
+
 def defined_in_library(sub_program: Any) -> bool:
     """Whether the function `sub_program` was traced from is JAX's or an installed
     package's (Equinox's `filter_checkpoint` traces its own `fun_checkpoint`)."""
@@ -555,8 +589,12 @@ class CallPath:
 
 _paths: dict[tuple, tuple[Any, CallPath]] = {}
 #: JAX's own algorithms, named inside like a library's (`minimize` > `minimize_bfgs` >
-#: `line_search` > `_zoom`): one BFGS step is a thousand equations of one user line.
-_JAX_ALGORITHMS = os.path.join(os.path.dirname(jax.__file__), "_src", "scipy", "optimize") + os.sep
+#: `line_search` > `_zoom`): one BFGS step is a thousand equations of one user line;
+#: `odeint`'s solver (`initial_step_size`, `runge_kutta_step`) was 18 chunks of "op".
+_JAX_ALGORITHMS = (
+    os.path.join(os.path.dirname(jax.__file__), "_src", "scipy", "optimize") + os.sep,
+    os.path.join(os.path.dirname(jax.__file__), "experimental", "ode.py"),
+)
 _API_BOUNDARY = _traceback_util.__file__
 
 

@@ -72,6 +72,12 @@ _NOT_SCALAR = (
 )
 
 
+_PAIR = (
+    " It returned a pair: if that is `(loss, aux)`, pass `has_aux=True`, as to "
+    "`jax.value_and_grad`."
+)
+
+
 _REFS_ALL = (
     "sowviz: mode='all' takes one linearization of `fn` and transposes it, and `fn` makes "
     "or writes a mutable array (`jax.new_ref`): JAX cannot transpose such a "
@@ -83,7 +89,10 @@ _REFS_ALL = (
 def _check_scalar(y: Any) -> None:
     """`jax.grad`'s checks of the value (its first sentence, then what to do instead)."""
     if not isinstance(y, (*ARRAY_TYPES, float, int)):
-        raise TypeError(_NOT_SCALAR.format(what=f"was {y}"))
+        msg = _NOT_SCALAR.format(what=f"was {y}")
+        if isinstance(y, (tuple, list)) and len(y) == 2:
+            msg += _PAIR
+        raise TypeError(msg)
     if jnp.shape(y) != ():
         raise TypeError(_NOT_SCALAR.format(what=f"had shape: {jnp.shape(y)}"))
     dtype = jnp.result_type(y)

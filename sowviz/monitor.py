@@ -180,11 +180,21 @@ class Monitor:
 
     # -- the training step -------------------------------------------------------
 
-    def step(self, *args: Any) -> Any:
+    def step(self, *args: Any, **kwargs: Any) -> Any:
         """One training step: returns `jax.value_and_grad(fn, argnums)(*args)` (for the
         default mode "grad"), with every probe summarised in the same program. State
         that `fn` assigns in its arguments (a Flax NNX model's BatchNorm statistics,
-        its dropout RNG counters) is written back, as `nnx.value_and_grad` does."""
+        its dropout RNG counters) is written back, as `nnx.value_and_grad` does.
+        Arguments are positional: bind keyword arguments into `fn` with
+        `functools.partial` when making the Monitor."""
+        if kwargs:
+            names = ", ".join(f"`{k}`" for k in kwargs)
+            raise TypeError(
+                f"sowviz.Monitor.step: got keyword argument(s) {names}; a step's arguments "
+                "are positional (they are the program's inputs, traced once per shape). "
+                f"Pass them positionally, or make the Monitor of "
+                f"`functools.partial(fn, {next(iter(kwargs))}=...)` for a fixed value."
+            )
         with self._lock, library_errors("Monitor.step"):
             step = self.steps
             record = step % self.every == 0

@@ -310,7 +310,7 @@ def find(
             break
         masked -= read
     fwd = {n: f for n, f in flags.items() if f.fwd and n not in expected and n not in masked}
-    bwd = {n: f for n, f in flags.items() if f.bwd and n not in expected}
+    bwd = _without_outputs(ix, {n: f for n, f in flags.items() if f.bwd and n not in expected})
     if not fwd and not bwd and not expected & flags.keys():
         return None  # only masked fill values
     fwd_origin = bwd_origin = None
@@ -370,6 +370,16 @@ def find(
         nodes=tuple(nonfinite),
     )
     return with_message(out)
+
+
+def _without_outputs(ix: _Index, bwd: dict[str, _Flags]) -> dict[str, _Flags]:
+    """`bwd` without the outputs, unless only outputs are in it. An output is probed
+    where its value is made, so its cotangent is dloss/dvalue and exists when its
+    producer's does, not last; that producer's probe, or the gradients the cotangent
+    flows back to, see it too. Left in, an aux output the loss also read was taken for
+    where a NaN reached, with no consumer to blame."""
+    inner = {n: f for n, f in bwd.items() if n not in ix.outputs}
+    return inner or bwd
 
 
 #: Primitives whose backward rule, on finite values and a finite cotangent, gives a

@@ -94,6 +94,18 @@ class NonFinite:
     backward: str | None  # what made the NaN backward (else the node it reached)
     origins: Origins | None = None
 
+    @property
+    def message(self) -> str:
+        """Where the non-finite values were born, in words (as `Inspection.nonfinite`'s)."""
+        if self.origins is not None and self.origins.message:
+            return self.origins.message
+        parts = [
+            f"{p} pass: node {n}"
+            for p, n in (("forward", self.forward), ("backward", self.backward))
+            if n is not None
+        ]
+        return f"step {self.step}: " + ("; ".join(parts) or "non-finite values")
+
     def to_dict(self) -> dict[str, Any]:
         if self.origins is not None:
             return self.origins.to_dict()

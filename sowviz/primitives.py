@@ -81,6 +81,9 @@ def _fixed(text: str) -> Label:
 def _called(params: Mapping[str, Any], name: str) -> str:  # jit, closed_call
     label = str(params.get("name") or name)
     body = params.get("jaxpr", params.get("call_jaxpr"))
+    mapped = _compat.pmapped_function(body) if label == "_fun" and body is not None else None
+    if mapped is not None:  # `jax.pmap(shard)`, not the `fun` JAX jits for it
+        return f"pmap({mapped})" if mapped else "pmap"
     if label.startswith("_") and body is not None and _compat.defined_in_jax(body):
         # JAX's private jitted helpers (`jnp.var`'s `_var`, `jnp.where`'s `_where`) are
         # named by the public function they implement.

@@ -162,6 +162,44 @@ def test_a_backward_pass_the_program_takes_is_a_stage_of_its_own():
     assert not any(n.label.startswith("mlp#") for n in g.nodes)
 
 
+def _critic(p, x):
+    h = jnp.tanh(x @ p["w1"])
+    return jnp.sum(h @ p["w2"])
+
+
+def test_what_a_differentiated_function_keeps_for_its_backward_pass_is_said():
+    # A gradient penalty differentiates `critic` inside the loss: `grad` drops its output,
+    # and what leaves the stage is what its backward pass reads (1 - tanh(h)**2). The
+    # stage says so, and in a train step its output comes first, named, beside the
+    # values marked as kept for the backward pass.
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    p = {"w1": jax.random.normal(keys[0], (3, 8)), "w2": jax.random.normal(keys[1], (8,))}
+    x = jax.random.normal(keys[2], (5, 3))
+
+    def penalty(p, x):
+        return jnp.mean(jax.grad(_critic, argnums=1)(p, x) ** 2)
+
+    ins = sowviz.inspect(penalty, p, x)
+    critic = ins.probe("_critic")
+    h = np.tanh(np.asarray(x) @ np.asarray(p["w1"]))
+    np.testing.assert_allclose(critic.summaries["primal"]["mean"], (1 - h**2).mean(), rtol=1e-5)
+    (note,) = [n for n in ins.to_dict()["notes"] if n["probe"] == critic.node]
+    assert "its own output is not used" in note["message"], note
+
+    def step(p, x):
+        return jax.value_and_grad(_critic)(p, x)
+
+    ins = sowviz.inspect(step, p, x, mode="primal")
+    node = one(ins.graph, "_critic", "scope").id
+    leaves = {pr.leaf: pr.summaries["primal"] for pr in ins.probes if pr.node == node}
+    assert list(leaves)[0] == "['output']", list(leaves)
+    assert leaves["['output']"]["mean"] == np.float32(_critic(p, x))
+    saved = sorted(s["mean"] for k, s in leaves.items() if k.startswith("['saved for backward"))
+    np.testing.assert_allclose(saved, sorted([h.mean(), (1 - h**2).mean()]), rtol=1e-5)
+    (note,) = [n for n in ins.to_dict()["notes"] if n["probe"] == node]
+    assert "2 of its 3 values" in note["message"], note
+
+
 def _named(f):
     @functools.wraps(f)
     def wrapper(*args, **kwargs):

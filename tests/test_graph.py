@@ -657,7 +657,8 @@ def test_tesseract_pipeline_graph(tesseracts):
     )
     assert [n.label for n in g2.nodes if n.kind == "tesseract"] == ["affine", "sp"]
     _, g3 = graph_of(pipeline, x, a, tesseract_names=lambda t: "T")
-    assert [n.label for n in g3.nodes if n.kind == "tesseract"] == ["T", "T"]
+    # one name for both: numbered among siblings, as any stage called again
+    assert [n.label for n in g3.nodes if n.kind == "tesseract"] == ["T", "T#2"]
 
 
 @needs_tesseract
@@ -1373,3 +1374,79 @@ def test_ffts_are_named_by_their_kind():
     _, g = graph_of(lambda x: jnp.sum(jnp.fft.irfft(jnp.fft.rfft(x) * 2.0)), x)
     labels = [n.label for n in g.nodes if n.kind in ("jit", "eqn")]
     assert "rfft" in labels and "irfft" in labels and "fft" not in labels, labels
+
+
+def _shard(w, x):
+    return jnp.tanh(x @ w)
+
+
+def _pmapped_loss(w, x):
+    return jnp.sum(jax.pmap(_shard, in_axes=(None, 0))(w, x) ** 2)
+
+
+def test_a_pmap_is_named_by_the_function_it_maps():
+    # `jax.pmap` jits a `shard_map` in a function of its own, `_fun`: the box reads
+    # `pmap(_shard)`, not `fun`, and the mapped function's values and gradients are right
+    w, x = jnp.full((3, 3), 0.1), jnp.ones((1, 2, 3))
+    _, g = graph_of(_pmapped_loss, w, x)
+    labels = [n.label for n in g.nodes]
+    assert "pmap(_shard)" in labels and "fun" not in labels, labels
+    (value, grad), (want, want_grad) = (
+        sowviz.inspect(_pmapped_loss, w, x).result,
+        jax.value_and_grad(_pmapped_loss)(w, x),
+    )
+    np.testing.assert_allclose(value, want, rtol=1e-6)
+    np.testing.assert_allclose(grad, want_grad, rtol=1e-5)
+
+
+def _block(p, h):
+    return h + jnp.tanh(h @ p)
+
+
+@pytest.mark.parametrize("wrap", [jax.checkpoint, jax.jit], ids=["checkpoint", "jit"])
+def test_a_wrapped_function_called_again_is_numbered_and_each_call_can_be_named(wrap):
+    # Three calls of one `jax.checkpoint(block)`: `…#2`, `…#3` as named scopes are, so
+    # `probe` finds each (three alike labels could not be told apart, even by path).
+    blk = wrap(_block)
+
+    def loss(ps, x):
+        h = x
+        for p in ps:
+            h = blk(p, h)
+        return jnp.mean(h**2)
+
+    ps = [jax.random.normal(jax.random.PRNGKey(i), (4, 4)) * 0.3 for i in range(3)]
+    x = jnp.ones((2, 4))
+    ins = sowviz.inspect(loss, ps, x)
+    first = "checkpoint(_block)" if wrap is jax.checkpoint else "_block"
+    h = x
+    for k, p in enumerate(ps):
+        h = _block(p, h)
+        name = first if k == 0 else f"{first}#{k + 1}"
+        got = ins.probe(name).summaries["primal"]
+        np.testing.assert_allclose(got["mean"], h.mean(), rtol=1e-5, err_msg=name)
+
+
+def _decay(y, t, k):
+    return -k * y
+
+
+def _ode_loss(k, y0):
+    from jax.experimental.ode import odeint
+
+    return jnp.mean(odeint(_decay, y0, jnp.linspace(0.0, 1.0, 4), k) ** 2)
+
+
+def test_odeint_is_drawn_by_its_solver_s_functions():
+    # `odeint`'s solver is JAX's own code calling the user's `_decay` back: by its
+    # functions (`initial_step_size`, `runge_kutta_step`), not chunks `op ×3 (1–3)`,
+    # and its body not cut at every call of `_decay` into `_odeint`, `_odeint#2`, …
+    k, y0 = jnp.array(0.5), jnp.ones(3)
+    _, g = graph_of(_ode_loss, k, y0)
+    labels = {n.label for n in g.nodes}
+    assert {"initial_step_size", "runge_kutta_step", "optimal_step_size"} <= labels, labels
+    assert not [lbl for lbl in labels if lbl.startswith("op ")], sorted(labels)
+    (rule,) = [n for n in g.nodes if n.kind == "custom"]
+    assert rule.label not in [c.label.partition("#")[0] for c in g.children(rule.id)]
+    (_, grad), want = sowviz.inspect(_ode_loss, k, y0).result, jax.grad(_ode_loss)(k, y0)
+    np.testing.assert_allclose(grad, want, rtol=1e-5)

@@ -111,6 +111,7 @@ def test_parameter_gradient_only_nan_is_caught_on_an_unrecorded_step(every):
         assert np.isfinite(grads["reg"]).all() == (step != 5)
     mon.flush()
     assert mon.nonfinite is not None and mon.nonfinite.step == 5
+    assert "backward" in mon.nonfinite.message, mon.nonfinite.message  # as inspect says it
     bad = [e for e in mon.history if e.get("finite") is False]
     assert [e["step"] for e in bad] == [5]  # re-run with the probes when unrecorded
 

@@ -389,6 +389,10 @@ def test_bad_monitor_arguments():
         sowviz.Monitor(3)
     with pytest.raises(TypeError, match="unknown option"):
         sowviz.Monitor(loss, histroy=3)
+    mon = sowviz.Monitor(loss)
+    with pytest.raises(TypeError, match=r"keyword argument\(s\) `scale`.*functools.partial"):
+        mon.step(jnp.ones((3, 4)), jnp.ones((2, 3)), scale=2.0)
+    assert mon.steps == 0
 
 
 def test_monitor_origin_agrees_with_the_front_end_rule():

@@ -149,7 +149,8 @@ export class DetailPanel {
       const at = `:${src.line ?? "?"}${src.function ? ` (${src.function})` : ""}`;
       rows.push(["source", `${src.file.split("/").pop()}${at}`, `${src.file}${at}`]);
     }
-    const notes = (index.model.notes ?? []).filter((n) => probes.some((p) => p.name === n.probe));
+    // a note names the probe it is about (a sow's name) or the node (its id: a stage's)
+    const notes = (index.model.notes ?? []).filter((n) => n.probe === node.id || probes.some((p) => p.name === n.probe));
     return h("div", {}, [
       h("dl", { class: "sv-meta" }, rows.flatMap(([k, v, full]) => [h("dt", { text: k }), h("dd", { text: v, title: full ?? v })])),
       ...notes.map((n) => h("p", { class: `sv-note sv-note-${n.level === "error" ? "error" : "warning"}`, text: n.message })),

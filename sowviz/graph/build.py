@@ -9,6 +9,7 @@ program. See README.md in this folder for the design and its sharp edges.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -60,6 +61,102 @@ _CUSTOM_OUTPUTS_NOTE = (
     "Under differentiation the custom rule replaces the body, so values inside it have "
     "no tangents or cotangents."
 )
+#: A stage's values that only a backward pass reads: what its forward pass keeps for it.
+SAVED = "saved for backward"
+_SAVED_NOTE = (
+    "`{label}` is differentiated inside the program{unused}: {what} what its forward pass "
+    "keeps for its backward pass (`{function} (backward)`). Such values are marked "
+    "'{saved}', here and in its stages."
+)
+
+
+def _saved_for_backward(
+    jaxpr: _compat.Jaxpr,
+    backward: Sequence[bool],
+    chains: Sequence[tuple[str, ...]],
+    loc: Mapping[Any, tuple[int, int]],
+) -> dict[str, frozenset]:
+    """Per scope (its id) of `jaxpr`'s level, its outputs that, outside it, only
+    equations of a backward pass read (`backward`: per equation; `chains`: the scopes
+    around each; `loc`: where each value is made). A function the program
+    differentiates itself (a gradient penalty's `jax.grad(critic)`) hands its backward
+    pass what that needs (`1 - tanh(h)**2`), and often no output at all (`grad` drops
+    the value): shown as the stage's output, such a value read as the function's result.
+    One pass over the level's reads (a scope's is its own loop: 100 scopes of a
+    10,000-equation level, a million steps)."""
+    only: dict[tuple[str, Any], bool] = {}  # (scope, value) -> read outside by backward only
+    for i, eqn in enumerate(jaxpr.eqns):
+        for v in eqn.invars:
+            at = loc.get(v) if isinstance(v, _compat.Var) else None
+            if at is None:
+                continue
+            for scope in chains[at[0]]:
+                if scope not in chains[i]:
+                    key = (scope, v)
+                    only[key] = only.get(key, True) and backward[i]
+    returned = {v for v in jaxpr.outvars if isinstance(v, _compat.Var)}
+    out: dict[str, set] = {}
+    for (scope, v), ok in only.items():
+        if ok and v not in returned:
+            out.setdefault(scope, set()).add(v)
+    return {scope: frozenset(vs) for scope, vs in out.items()}
+
+
+#: A construct's label naming the function it wraps: `scan(step)`, `checkpoint(block)`.
+_WRAPS = re.compile(r"^\w+\((\w+)\)$")
+
+
+def _inside(container: _Rec, path: _compat.CallPath) -> _compat.CallPath:
+    """`path` without the calls that restate `container`, the stage whose body holds the
+    equation: `odeint`'s custom rule `_odeint` traced from the function `_odeint`, whose
+    body read `_odeint`, `dyn`, `_odeint#2`, ... around each call of the user's `dyn`."""
+    names = path.names
+    wraps = _WRAPS.match(container.label)  # `fori_loop(body_fun)`: its body, `body_fun`
+    same = {container.label, wraps.group(1)} if wraps else {container.label}
+    k = 0
+    while k < len(names) and names[k].rpartition(".")[2] in same:
+        k += 1
+    return path if k == 0 else _compat.CallPath(names[k:], path.below_user)
+
+
+def _saved_names(vars_: Sequence[Any], saved: frozenset) -> tuple[str, ...]:
+    """Probe leaf names for a scope's outputs `vars_` (outputs first) when some are
+    `saved`: ``output``/``output[k]`` and ``saved for backward``/``saved for backward[k]``
+    (sorted by name, outputs still come first)."""
+    kinds = ["output" if v not in saved else SAVED for v in vars_]
+    seen: dict[str, int] = {}
+    names = []
+    for kind in kinds:
+        k = seen[kind] = seen.get(kind, -1) + 1
+        names.append(kind if kinds.count(kind) == 1 else f"{kind}[{k}]")
+    return tuple(names)
+
+
+def _ancestors(recs: Sequence[_Rec], rec: _Rec) -> list[_Rec]:
+    out = []
+    while rec.parent is not None:
+        rec = recs[int(rec.parent[1:])]
+        out.append(rec)
+    return out
+
+
+#: The index of a label used again among its siblings (`critic#2`).
+_REUSED = re.compile(r"#\d+$")
+
+
+def _saved_note(rec: _Rec) -> str:
+    assert rec.out_vars is not None
+    n, total = len(rec.saved), len(rec.out_vars)
+    every = n == total
+    return _SAVED_NOTE.format(
+        label=rec.label,
+        function=rec.label.rpartition("#")[0] if _REUSED.search(rec.label) else rec.label,
+        unused=", and its own output is not used" if every else "",
+        what="the values shown for it are" if every else f"{n} of its {total} values are",
+        saved=SAVED,
+    )
+
+
 _CUSTOM_NOTE = (
     "{n} call(s) of {prim} `{label}`: under differentiation its custom rule replaces its "
     "body, so the stages inside show primal values only, from a second evaluation of the "
@@ -174,6 +271,7 @@ class _Rec:
         "called",
         "collapsed",
         "constant",
+        "forward",
         "id",
         "kind",
         "label",
@@ -185,6 +283,7 @@ class _Rec:
         "primitive",
         "reads",
         "repeats",
+        "saved",
         "shapes",
         "source",
     )
@@ -207,6 +306,9 @@ class _Rec:
         self.repeats = 0  # a group of identical blocks: how many (repeats.py)
         self.constant = False  # an equation reading only constants (see `_Builder.const`)
         self.reads: list[_Rec] = []  # the inputs its own equations read (parameters)
+        self.forward = False  # a scope holding an equation of no backward pass
+        #: a scope's outputs that only a backward pass reads (`_saved_for_backward`)
+        self.saved: frozenset = frozenset()
 
 
 class _Builder(InputsMixin):
@@ -271,7 +373,6 @@ class _Builder(InputsMixin):
                 if isinstance(b, var) and b in prod:
                     outs[o] = prod[b]
             self.top_loc = {o: (0, k) for k, o in enumerate(eqn.outvars)}
-        last = len(jaxpr.eqns) - 1
         for group in output_groups(out_names):
             for k, dst in self.leaf_tree(root, group, group[0][1], jaxpr.outvars, "output"):
                 v, rec = jaxpr.outvars[k], self.recs[int(dst[-1][1:])]
@@ -279,8 +380,11 @@ class _Builder(InputsMixin):
                 if chain is not None:
                     self.edge(chain, dst, v)
                     at = self.top_loc.get(v)
-                    if probe and at is not None:  # the loss, as the program returns it
-                        self.point(rec, (), [at], [v], at=last)
+                    # Sown where the value is made, so its cotangent is dloss/dvalue
+                    # whatever else reads it: sown at the end, an aux output the loss
+                    # also read (`has_aux`'s predictions) showed the aux's zero cotangent.
+                    if probe and at is not None:
+                        self.point(rec, (), [at], [v])
         return self.finish(root, title)
 
     # -- one jaxpr level ---------------------------------------------------------
@@ -304,6 +408,7 @@ class _Builder(InputsMixin):
         scopes: list[tuple[str, _Rec]] = []  # open named scopes, outermost first
         chain_here: tuple[str, ...] = ()  # their ids
         level_scopes: list[_Rec] = []
+        chains: list[tuple[str, ...]] = []  # the scopes around each equation
         capture_eqns = probe and self.capture == "all"
         capture_stages = probe and self.capture in ("stages", "all")
         used = {v for e in jaxpr.eqns for v in e.invars if isinstance(v, _compat.Var)}
@@ -343,7 +448,7 @@ class _Builder(InputsMixin):
             scoped,
             locs,
             FOLD_LIMIT,
-            call_path=lambda i: _compat.call_path(jaxpr.eqns[i]),
+            call_path=lambda i: _inside(container, _compat.call_path(jaxpr.eqns[i])),
             at_module_call=at_module_call,
             primitives=prims,
             reentry=lambda i: _compat.reentry(jaxpr.eqns[i]),
@@ -369,6 +474,10 @@ class _Builder(InputsMixin):
                 scopes.append((name, rec))
                 level_scopes.append(rec)
                 chain_here = (*chain_here, rec.id)
+            chains.append(chain_here)
+            if not backward[i]:
+                for _, open_rec in scopes:
+                    open_rec.forward = True
             parent = scopes[-1][1] if scopes else container
             rec = self.eqn_node(eqn, i, parent, path, probe, in_custom)
             self.used = used  # again: the call's body was walked
@@ -421,11 +530,16 @@ class _Builder(InputsMixin):
         if not path:
             self.top_loc = loc
         self.read.update(v for e in jaxpr.eqns for v in e.invars if isinstance(v, _compat.Var))
-        if capture_stages:
-            for rec in level_scopes:
-                assert rec.out_vars is not None
-                items = sorted(rec.out_vars.items(), key=self.shown_first)
-                self.point(rec, path, [at for _, at in items], [v for v, _ in items])
+        saved = _saved_for_backward(jaxpr, backward, chains, loc) if any(backward) else {}
+        for rec in level_scopes:
+            assert rec.out_vars is not None
+            if rec.forward:
+                rec.saved = saved.get(rec.id, frozenset())
+            if capture_stages:
+                items = sorted(rec.out_vars.items(), key=lambda kv: self.shown_first(kv, rec))
+                vars_ = [v for v, _ in items]
+                names = _saved_names(vars_, rec.saved) if rec.saved else ()
+                self.point(rec, path, [at for _, at in items], vars_, names=names)
         return prod
 
     def eqn_node(self, eqn, i, parent: _Rec, path, probe, in_custom) -> _Rec:
@@ -617,25 +731,28 @@ class _Builder(InputsMixin):
             )
         )
 
-    def shown_first(self, kv: tuple) -> tuple:
-        """The order of a scope's outputs: what the program reads on first (a
+    def shown_first(self, kv: tuple, rec: _Rec) -> tuple:
+        """The order of a scope's outputs: its outputs before what it keeps for a
+        backward pass (`_saved_for_backward`), what the program reads on first (a
         BatchNorm's activations, not its new running mean, only handed back as state;
         a Dropout's output, not its RNG counter), floating values before others, then
         program order."""
         v, at = kv
-        return (not is_floating(v.aval), v not in self.read, at)
+        return (v in rec.saved, not is_floating(v.aval), v not in self.read, at)
 
     # -- result ----------------------------------------------------------------
     def finish(self, root: _Rec, title: str) -> StageGraph:
         recs = self.recs
         for rec in recs:
             if rec.out_vars is not None:  # scopes: their outputs as `shown_first` orders them
-                items = sorted(rec.out_vars.items(), key=self.shown_first)
+                items = sorted(rec.out_vars.items(), key=lambda kv: self.shown_first(kv, rec))
                 rec.shapes = tuple(shape_str(v.aval) for v, _ in items)
         _name_wrappers(recs)
         seen: dict[tuple[str | None, str], int] = {}
-        for rec in recs:  # a scope label used again among its siblings: `mlp#2`
-            if rec.kind == "scope":
+        # A stage's label used again among its siblings: `mlp#2`, and `block#2` for a
+        # `jax.jit` or `jax.checkpoint` called again (so each can be named, `probe`).
+        for rec in recs:
+            if rec.kind in STAGE_KINDS:
                 k = seen[rec.parent, rec.label] = seen.get((rec.parent, rec.label), 0) + 1
                 if k > 1:
                     rec.label = f"{rec.label}#{k}"
@@ -662,6 +779,12 @@ class _Builder(InputsMixin):
             for r in recs
         )
         notes = list(self.notes)
+        # Said once, on the outermost such stage (a train step's `loss`, not its layers).
+        notes += [
+            Note("info", r.id, _saved_note(r))
+            for r in recs
+            if r.saved and not any(a.saved for a in _ancestors(recs, r))
+        ]
         for (prim, label, small), ids in self.custom_calls.items():
             note = _CUSTOM_OUTPUTS_NOTE if small else _CUSTOM_NOTE
             msg = note.format(n=len(ids), prim=prim, label=label)

@@ -95,6 +95,28 @@ def test_inspect_places_the_aux_where_jax_has_aux_does():
     np.testing.assert_allclose(probe.summaries["primal"]["mean"], want.mean(), rtol=1e-5)
 
 
+def test_an_aux_output_the_loss_also_reads_carries_dloss_dvalue():
+    """A `has_aux` output the loss is computed from (the predictions, returned for
+    metrics) shows the gradient of the loss with respect to it, not the zero cotangent
+    JAX seeds the aux with; one that is the loss itself shows 1."""
+
+    def mse(params, x, y):
+        pred = jnp.tanh(x @ params["w"]) @ params["v"]
+        value = jnp.mean((pred - y) ** 2)
+        return value, {"mse": value, "pred": pred}
+
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    params = {"w": jax.random.normal(keys[0], (4, 8)), "v": jax.random.normal(keys[1], (8, 2))}
+    x, y = jax.random.normal(keys[2], (5, 4)), jax.random.normal(keys[3], (5, 2))
+    ins = sowviz.inspect(mse, params, x, y, has_aux=True)
+    pred = jnp.tanh(x @ params["w"]) @ params["v"]
+    want = jax.grad(lambda p: jnp.mean((p - y) ** 2))(pred)  # dloss/dpred
+    got = ins.probe("aux/pred").summaries["cotangent"]
+    for stat, value in (("min", want.min()), ("max", want.max()), ("mean", want.mean())):
+        np.testing.assert_allclose(got[stat], value, rtol=1e-5, atol=1e-7, err_msg=stat)
+    assert ins.probe("aux/mse").summaries["cotangent"]["mean"] == 1.0
+
+
 def test_has_aux_needs_a_pair():
     params, stats, [(x, y), *_] = setup(1)
     with pytest.raises(TypeError, match=r"`has_aux=True`, so `fn` must return a pair"):
