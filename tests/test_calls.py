@@ -192,7 +192,7 @@ def test_what_a_differentiated_function_keeps_for_its_backward_pass_is_said():
     ins = sowviz.inspect(step, p, x, mode="primal")
     node = one(ins.graph, "_critic", "scope").id
     leaves = {pr.leaf: pr.summaries["primal"] for pr in ins.probes if pr.node == node}
-    assert list(leaves)[0] == "['output']", list(leaves)
+    assert next(iter(leaves)) == "['output']", list(leaves)
     assert leaves["['output']"]["mean"] == np.float32(_critic(p, x))
     saved = sorted(s["mean"] for k, s in leaves.items() if k.startswith("['saved for backward"))
     np.testing.assert_allclose(saved, sorted([h.mean(), (1 - h**2).mean()]), rtol=1e-5)
