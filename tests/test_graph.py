@@ -1075,6 +1075,11 @@ def test_a_train_step_draws_its_own_backward_pass_as_a_stage_of_its_own():
     "qualname, label, through",
     [
         ("scale_by_adam.<locals>.update_fn", "scale_by_adam", False),  # optax's closures
+        (
+            "inject_hyperparams.<locals>.wrapped_transform.<locals>.update_fn",
+            "inject_hyperparams",
+            False,
+        ),
         ("tree_update_moment.<locals>.<lambda>", "tree_update_moment", False),
         ("clip_by_global_norm.<locals>.update_fn.<locals>.clip_fn", "clip_fn", False),
         ("Optimizer.update", "Optimizer.update", False),

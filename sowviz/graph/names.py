@@ -184,7 +184,19 @@ def _top_count(names: Sequence[tuple[str, ...]]) -> int:
 #: Closures named for what they do in the function that made them (optax's
 #: `scale_by_adam.<locals>.update_fn`): labelled by that function.
 _GENERIC = frozenset(
-    {"update_fn", "init_fn", "update", "init", "fn", "f", "inner", "impl", "_impl"}
+    {
+        "update_fn",
+        "init_fn",
+        "update",
+        "init",
+        "fn",
+        "f",
+        "inner",
+        "impl",
+        "_impl",
+        # the transformation `optax.inject_hyperparams(adamw)` returns makes the closures
+        "wrapped_transform",
+    }
 )
 #: Frames that only pass a call on: decorators' wrappers, optax's extra-args adapter.
 _PASS_THROUGH = frozenset(
