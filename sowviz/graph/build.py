@@ -107,10 +107,13 @@ _WRAPS = re.compile(r"^\w+\((\w+)\)$")
 
 
 def _inside(container: _Rec, path: _compat.CallPath) -> _compat.CallPath:
-    """`path` without the calls that restate `container`, the stage whose body holds the
-    equation: `odeint`'s custom rule `_odeint` traced from the function `_odeint`, whose
-    body read `_odeint`, `dyn`, `_odeint#2`, ... around each call of the user's `dyn`."""
+    """`path` without the calls that restate `container`, the construct (a custom rule,
+    a jit, a loop) whose body holds the equation: `odeint`'s custom rule `_odeint`
+    traced from the function `_odeint`, whose body read `_odeint`, `dyn`, `_odeint#2`,
+    ... around each call of the user's `dyn`."""
     names = path.names
+    if container.kind == "scope":  # a loop's `body` is no function's name
+        return path
     wraps = _WRAPS.match(container.label)  # `fori_loop(body_fun)`: its body, `body_fun`
     same = {container.label, wraps.group(1)} if wraps else {container.label}
     k = 0

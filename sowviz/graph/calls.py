@@ -274,4 +274,34 @@ def group_calls(
             visit(run, depth + 1)
 
     visit(list(range(len(out))), 0)
-    return out, sites
+    return _without_restating_scopes(out), sites
+
+
+def _without_restating_scopes(out: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
+    """`out` without the named scopes that hold nothing but calls of the function they
+    are named after: `jax.named_call(block)` pushes the scope `block` around each call,
+    and consecutive calls share it, so three calls read `block` > `block (×3)` > `block`,
+    `block#2`, `block#3` (one level too many) instead of `block (×3)` > ..."""
+    depth = 0
+    while any(len(names) > depth + 1 for names in out):
+        m = 0
+        while m < len(out):
+            names = out[m]
+            if len(names) <= depth or names[depth].startswith(CALL):
+                m += 1
+                continue
+            end = m  # the run of equations in this scope
+            while end < len(out) and out[end][: depth + 1] == names[: depth + 1]:
+                end += 1
+            scope = names[depth]
+            if all(
+                len(out[i]) > depth + 1
+                and out[i][depth + 1].startswith(CALL)
+                and fold_label(out[i][depth + 1]) == scope
+                for i in range(m, end)
+            ):
+                for i in range(m, end):
+                    out[i] = out[i][:depth] + out[i][depth + 1 :]
+            m = end
+        depth += 1
+    return out
