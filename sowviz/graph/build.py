@@ -106,18 +106,23 @@ def _saved_for_backward(
 _WRAPS = re.compile(r"^\w+\((\w+)\)$")
 
 
-def _inside(container: _Rec, path: _compat.CallPath) -> _compat.CallPath:
-    """`path` without the calls that restate `container`, the construct (a custom rule,
-    a jit, a loop) whose body holds the equation: `odeint`'s custom rule `_odeint`
-    traced from the function `_odeint`, whose body read `_odeint`, `dyn`, `_odeint#2`,
+def _restated(container: _Rec) -> frozenset[str]:
+    """The function names that restate `container`, the construct (a custom rule, a jit,
+    a loop) whose body a level is: its label, and the function a `fori_loop(body_fun)`
+    wraps; none for a scope (a loop's `body` is no function's name)."""
+    if container.kind == "scope":
+        return frozenset()
+    wraps = _WRAPS.match(container.label)
+    return frozenset({container.label, wraps.group(1)} if wraps else {container.label})
+
+
+def _inside(restated: frozenset[str], path: _compat.CallPath) -> _compat.CallPath:
+    """`path` without its leading calls `restated` (`_restated`): `odeint`'s custom rule
+    `_odeint`, traced from the function `_odeint`, read `_odeint`, `dyn`, `_odeint#2`,
     ... around each call of the user's `dyn`."""
     names = path.names
-    if container.kind == "scope":  # a loop's `body` is no function's name
-        return path
-    wraps = _WRAPS.match(container.label)  # `fori_loop(body_fun)`: its body, `body_fun`
-    same = {container.label, wraps.group(1)} if wraps else {container.label}
     k = 0
-    while k < len(names) and names[k].rpartition(".")[2] in same:
+    while k < len(names) and names[k].rpartition(".")[2] in restated:
         k += 1
     return path if k == 0 else _compat.CallPath(names[k:], path.below_user)
 
@@ -447,11 +452,12 @@ class _Builder(InputsMixin):
                 return False
             return self.scope_source(jaxpr.eqns[i], names, len(names) - 1) == locs[i]
 
+        restated = _restated(container)
         level_names = fold_names(
             scoped,
             locs,
             FOLD_LIMIT,
-            call_path=lambda i: _inside(container, _compat.call_path(jaxpr.eqns[i])),
+            call_path=lambda i: _inside(restated, _compat.call_path(jaxpr.eqns[i])),
             at_module_call=at_module_call,
             primitives=prims,
             reentry=lambda i: _compat.reentry(jaxpr.eqns[i]),
