@@ -304,27 +304,3 @@ def test_alike_passes_of_a_loop_body_of_several_calls_are_stacked():
         h = _cell(p, h, x)
     got = ins.probe("_cell · _readout#3/_readout").summaries["primal"]
     np.testing.assert_allclose(got["l2"], np.linalg.norm(_readout(p, h)), rtol=1e-5)
-
-
-def test_a_named_call_in_a_loop_adds_no_level_above_its_calls():
-    # `jax.named_call(block)` pushes the scope `block` around each call, and calls in a
-    # row share it: no `block` box around `block (×3)`, each call a stage of its own.
-    blk = jax.named_call(_block)
-
-    def loss(ps, x):
-        h = x
-        for p in ps:
-            h = blk(p, h)
-        return jnp.mean(h**2)
-
-    ps = [jax.random.normal(jax.random.PRNGKey(i), (4, 4)) * 0.3 for i in range(3)]
-    x = jnp.ones((2, 4))
-    g = graph_of(loss, ps, x)
-    top = [n.label for n in g.children(g.root)]
-    assert "_block (×3)" in top and "_block" not in top, top
-    stack = one(g, "_block (×3)", "scope")
-    assert [n.label for n in g.children(stack.id)] == ["_block", "_block#2", "_block#3"]
-
-
-def _block(p, h):
-    return h + jnp.tanh(h @ p)

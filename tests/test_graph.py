@@ -1408,10 +1408,14 @@ def _block(p, h):
     return h + jnp.tanh(h @ p)
 
 
-@pytest.mark.parametrize("wrap", [jax.checkpoint, jax.jit], ids=["checkpoint", "jit"])
+@pytest.mark.parametrize(
+    "wrap", [jax.checkpoint, jax.jit, jax.named_call], ids=["checkpoint", "jit", "named_call"]
+)
 def test_a_wrapped_function_called_again_is_numbered_and_each_call_can_be_named(wrap):
     # Three calls of one `jax.checkpoint(block)`: `…#2`, `…#3` as named scopes are, so
     # `probe` finds each (three alike labels could not be told apart, even by path).
+    # `jax.named_call(block)` pushes the scope `_block` around each call, and calls in a
+    # row share it: no `_block` box around `_block (×3)`.
     blk = wrap(_block)
 
     def loss(ps, x):
@@ -1424,6 +1428,8 @@ def test_a_wrapped_function_called_again_is_numbered_and_each_call_can_be_named(
     x = jnp.ones((2, 4))
     ins = sowviz.inspect(loss, ps, x)
     first = "checkpoint(_block)" if wrap is jax.checkpoint else "_block"
+    top = [n.label for n in ins.graph.children(ins.graph.root)]
+    assert f"{first} (×3)" in top and first not in top, top
     h = x
     for k, p in enumerate(ps):
         h = _block(p, h)
