@@ -25,6 +25,7 @@ from functools import cached_property
 from typing import Any
 
 import jax
+import numpy as np
 
 from . import _model
 from ._gc import gc_paused
@@ -32,7 +33,7 @@ from ._model import KEY_ORDER, SCHEMA, Mode
 from ._program import PROBE_TAG, Out, Traced, runner_for
 from ._runtime_errors import library_errors
 from .capture.api import META_KEYS, nest
-from .graph.model import StageGraph
+from .graph.model import StageGraph, part_of
 from .options import Capture, InspectOptions
 from .summary import Summary
 from .summary_data import SummaryRow
@@ -79,9 +80,17 @@ def join_probes(
     """Join host summaries (`{tag: {name: {mode: tree of Summary}}}`) to graph nodes."""
     graph = traced.graph
     found: list[_Found] = []
-    notes: list[str] = []
-    for name, entry in summaries.get(PROBE_TAG, {}).items():
-        found += _probes_of(graph.node(name).label, name, entry, True)
+    notes: list[Any] = []
+    untaken: set[str] = set()
+    for node, entry in _whole_points(graph, summaries.get(PROBE_TAG, {})).items():
+        taken = entry.get("taken")
+        if taken is not None and not np.any(np.asarray(taken)):
+            untaken.add(node)  # its zeros are no values: it did not run
+            continue
+        found += _probes_of(graph.node(node).label, node, entry, True)
+    for node in sorted(untaken, key=lambda n: graph.node(n).order):
+        if graph.node(node).parent not in untaken:  # said once, of the outermost
+            notes.append((node, _UNTAKEN.format(label=graph.node(node).label)))
     for name, entry in summaries.get(options.tag, {}).items():
         node = _sow_node(graph, name)
         if node is None:
@@ -112,6 +121,36 @@ def join_probes(
                 "that computes it."
             )
     return probes, notes
+
+
+_UNTAKEN = (
+    "`{label}` is in a branch of a `cond` that did not run in this call: it has no values "
+    "(the stages inside neither)."
+)
+
+
+def _whole_points(graph: StageGraph, entries: dict[str, dict]) -> dict[str, dict]:
+    """The stage probes' entries by node: the values of a point sown `apart` (one sow
+    each, `part_name`) put back together, keyed as one sow of them all would be (by
+    position, or by the point's `names`)."""
+    out: dict[str, dict] = {}
+    points = None
+    for name, entry in entries.items():
+        node, k = part_of(name)
+        if k is None:
+            out[name] = entry
+            continue
+        if points is None:
+            points = {p.node: p for p in graph.probe_points}
+        names = points[node].names if node in points else ()
+        key = names[k] if names else k
+        whole = out.setdefault(node, {})
+        for mode, tree in entry.items():
+            if mode in META_KEYS:
+                whole.setdefault(mode, tree)
+            else:
+                whole.setdefault(mode, {})[key] = tree
+    return out
 
 
 def _sow_node(graph: StageGraph, name: str) -> str | None:
@@ -343,8 +382,16 @@ def _inspection_of(out: Out, options: InspectOptions) -> Inspection:
         mode=Mode(options.mode),
         device=device_of(out.packed.buffers),
         title=out.traced.graph.title,
-        notes=[{"level": "warning", "probe": None, "message": m} for m in notes],
+        notes=[_note(m) for m in notes],
     )
+
+
+def _note(note: Any) -> dict[str, Any]:
+    """A model note: a string is a warning about the program; a pair `(node, message)`
+    says something about that node."""
+    if isinstance(note, tuple):
+        return {"level": "info", "probe": note[0], "message": note[1]}
+    return {"level": "warning", "probe": None, "message": note}
 
 
 def inspect(

@@ -28,6 +28,7 @@ from jax import lax
 
 from ._global import host_tree
 from .capture.api import META_KEYS, SaveIntermediates
+from .graph.model import part_of
 
 _CACHE: collections.OrderedDict[Any, Any] = collections.OrderedDict()
 _MAX = 8
@@ -151,7 +152,7 @@ def count_run(fn: Any, args: tuple, options: Any) -> tuple[Any, list[CountProbe]
     result, counts = host_tree(program(dyn, extra))
     per_node: dict[str, dict[str, dict[str, Any]]] = {}
     for (t, name, key), leaves in counts.items():
-        node = name if t == P.PROBE_TAG else _sow_node(traced.graph, name)
+        node = part_of(name)[0] if t == P.PROBE_TAG else _sow_node(traced.graph, name)
         if node is None:
             continue
         s = per_node.setdefault(node, {}).setdefault(key, {"nan": 0, "posinf": 0, "neginf": 0})

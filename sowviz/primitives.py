@@ -109,6 +109,14 @@ def _scan(params: Mapping[str, Any], name: str) -> str:
     return f"scan({body})" if body else "scan"
 
 
+def _while(params: Mapping[str, Any], name: str) -> str:
+    # as `scan(step)`: the loop by the body function it runs (`while(step)`)
+    sub = params["body_jaxpr"]
+    own = _compat.defined_in_library(sub) and not _compat.defined_in_jax(sub)
+    body = None if own else function_name(sub)
+    return f"while({body})" if body else "while"
+
+
 def _named(construct: str) -> Label:
     """`checkpoint(block)`, `shard_map(step)`: the construct and the function it
     wraps, as `scan(body)`; the construct alone for a lambda, or for a library's own
@@ -172,10 +180,11 @@ SPECS: tuple[PrimitiveSpec, ...] = (
         frozenset({_compat.WHILE}),
         "while",
         (
-            Body("cond_jaxpr", scope="cond", outputs=False, unprobed=_WHILE_COND),
+            # not `cond`: a `lax.cond` beside the loop is one
+            Body("cond_jaxpr", scope="condition", outputs=False, unprobed=_WHILE_COND),
             Body("body_jaxpr", scope="body"),
         ),
-        _fixed("while"),
+        _while,
     ),
     PrimitiveSpec(Construct.REMAT, _compat.REMAT, "remat", _BODY, _named("checkpoint")),
     PrimitiveSpec(

@@ -304,3 +304,33 @@ def test_alike_passes_of_a_loop_body_of_several_calls_are_stacked():
         h = _cell(p, h, x)
     got = ins.probe("_cell · _readout#3/_readout").summaries["primal"]
     np.testing.assert_allclose(got["l2"], np.linalg.norm(_readout(p, h)), rtol=1e-5)
+
+
+def _made_then_read(w, x):
+    a = jnp.sin(x * w)  # returned, and read again below
+    b = 2.0 * a
+    return b, a
+
+
+def test_an_output_the_stage_reads_again_carries_its_whole_gradient():
+    # `a` leaves `_made_then_read` and is read inside it after it is made: its probe sees the
+    # cotangent of both reads (dloss/da = 2 + 1), not only of the read outside.
+    def loss(w, x):
+        b, a = _made_then_read(w, x)
+        return jnp.sum(b) + jnp.sum(a**2)
+
+    w, x = jnp.float32(0.5), jnp.arange(4.0)
+    ins = sowviz.inspect(loss, w, x)
+    a = jnp.sin(x * w)
+    want = {  # by each output's primal mean
+        float(a.mean()): jax.grad(lambda a: jnp.sum(2.0 * a) + jnp.sum(a**2))(a),
+        float((2.0 * a).mean()): jnp.ones_like(a),
+    }
+    leaves = [p for p in ins.probes if p.name == "_made_then_read"]
+    assert sorted(p.leaf for p in leaves) == ["[0]", "[1]"], [p.leaf for p in leaves]
+    for p in leaves:
+        (ct,) = [c for m, c in want.items() if np.isclose(m, p.summaries["primal"]["mean"])]
+        got = p.summaries["cotangent"]
+        np.testing.assert_allclose(
+            [got["mean"], got["l2"]], [ct.mean(), np.linalg.norm(ct)], rtol=1e-5
+        )

@@ -643,3 +643,32 @@ def test_probes_answer_to_the_names_a_user_sees():
     # a near miss says what is there
     with pytest.raises(KeyError, match=r"did you mean 'conv1: Linear'"):
         ins.probe("conv1: Linea")
+
+
+def _branchy(x):
+    def expensive(x):
+        with jax.named_scope("exp_branch"):
+            y = jnp.exp(x) * 2.0
+        return jnp.sum(y)
+
+    def cheap(x):
+        with jax.named_scope("cheap_branch"):
+            y = x + 5.0
+        return jnp.sum(y)
+
+    return jax.lax.cond(jnp.sum(x) > 100.0, expensive, cheap, x)
+
+
+def test_a_cond_branch_that_did_not_run_shows_no_values_and_says_so():
+    # The capture's zeros for a branch that did not run are no values: `exp(x) * 2`
+    # cannot be 0, and its panel showed min = max = 0 and a zero gradient.
+    x = jnp.arange(3.0)
+    ins = sowviz.inspect(_branchy, x)
+    names = [p.name for p in ins.probes]
+    assert "exp_branch" not in names and "cheap_branch" in names, names
+    got = ins.probe("cheap_branch").summaries["primal"]
+    np.testing.assert_allclose([got["min"], got["max"]], [5.0, 7.0])
+    node = next(n for n in ins.graph.nodes if n.label == "exp_branch")
+    (note,) = [n for n in ins.to_dict()["notes"] if n["probe"] == node.id]
+    assert "did not run" in note["message"]
+    np.testing.assert_allclose(ins.result[1], jax.grad(_branchy)(x))

@@ -194,7 +194,7 @@ export class DetailPanel {
 
   probePicker(probes, current) {
     const sel = h("select", { class: "sv-select", "data-role": "probe", "aria-label": "probe" },
-      probes.map((p) => h("option", { value: p.id, text: `${p.name}${p.leaf ? ` ${p.leaf}` : ""}${p.auto ? " (stage)" : ""}`, selected: p.id === current.id })));
+      probes.map((p) => h("option", { value: p.id, text: probeOption(p), selected: p.id === current.id })));
     sel.addEventListener("change", () => {
       this.probeByNode.set(this.nodeId, sel.value);
       this.purgeCharts();
@@ -348,3 +348,15 @@ export function specialCounts(s, scale) {
 }
 
 const sl0 = (scale, lh) => scale === "signed" && hasSigned(lh);
+
+/**
+ * A probe as the picker lists it: name, leaf and, for one of several outputs, its shape
+ * (a stage's outputs are numbered in the order the program makes them, which need not
+ * be the order the function returns them: the shape tells `h` from `messages`).
+ * @param {import("./types").Probe} p
+ */
+function probeOption(p) {
+  const s = Object.values(p.summaries ?? {})[0];
+  const shape = p.leaf && s?.shape ? ` ${s.dtype ?? ""}[${s.shape.join(",")}]` : "";
+  return `${p.name}${p.leaf ? ` ${p.leaf}` : ""}${shape}${p.auto ? " (stage)" : ""}`;
+}

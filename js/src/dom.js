@@ -42,7 +42,9 @@ export function clear(el) {
 export function ellipsis(text, n) {
   const t = String(text);
   if (t.length <= n) return t;
-  const cut = Math.max(t.lastIndexOf("."), t.lastIndexOf("/"));
+  // what tells like labels apart is at their end: a path's last part, a line number
+  // (`neg_log_likelihood:31`), a reuse index (`critic#2`), a stack's count (` (×24)`)
+  const cut = Math.max(...[".", "/", ":", "#", " (×"].map((c) => t.lastIndexOf(c)));
   const tail = cut > 0 ? t.slice(cut) : "";
   if (tail && tail.length <= Math.floor(n / 2)) return `${t.slice(0, n - 1 - tail.length)}…${tail}`;
   return `${t.slice(0, n - 1)}…`;

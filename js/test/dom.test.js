@@ -19,3 +19,10 @@ test("a label without a short last part is cut at its end", () => {
   assert.equal(ellipsis("layers[0]: Conv2d with a long name", 12), "layers[0]: …");
   assert.equal(ellipsis("x.averyveryverylongleafname", 10), "x.averyve…");
 });
+
+test("a function's line, a reuse index or a stack's count survives the cut", () => {
+  assert.equal(ellipsis("neg_log_marginal_likelihood:31", 16), "neg_log_marg…:31");
+  assert.equal(ellipsis("neg_log_marginal_likelihood:33", 16), "neg_log_marg…:33");
+  assert.equal(ellipsis("scale_by_adam_critic#2", 12), "scale_by_…#2");
+  assert.equal(ellipsis("tree_bias_correction (×2)", 16), "tree_bias_… (×2)");
+});

@@ -127,6 +127,27 @@ def _inside(restated: frozenset[str], path: _compat.CallPath) -> _compat.CallPat
     return path if k == 0 else _compat.CallPath(names[k:], path.below_user)
 
 
+def _reads(jaxpr: _compat.Jaxpr) -> dict[Any, list[int]]:
+    """The equations of `jaxpr` reading each value, in order."""
+    out: dict[Any, list[int]] = {}
+    for i, eqn in enumerate(jaxpr.eqns):
+        for v in eqn.invars:
+            if isinstance(v, _compat.Var):
+                out.setdefault(v, []).append(i)
+    return out
+
+
+def _read_before_last(items: Sequence[tuple[Any, tuple[int, int]]], reads: Mapping) -> bool:
+    """Whether one of a scope's outputs (`items`: value, where it is made) is read
+    before its last output is made: one sow after the last would see only the
+    cotangent of later reads (an LSTM cell's `c`, read again for `h`; a router's
+    `probs`, read by its own top-k), so the values are sown `apart`."""
+    if not items:
+        return False
+    last = max(at[0] for _, at in items)
+    return any(at[0] < j <= last for v, at in items if at[0] < last for j in reads.get(v, ()))
+
+
 def _saved_names(vars_: Sequence[Any], saved: frozenset) -> tuple[str, ...]:
     """Probe leaf names for a scope's outputs `vars_` (outputs first) when some are
     `saved`: ``output``/``output[k]`` and ``saved for backward``/``saved for backward[k]``
@@ -540,6 +561,7 @@ class _Builder(InputsMixin):
             self.top_loc = loc
         self.read.update(v for e in jaxpr.eqns for v in e.invars if isinstance(v, _compat.Var))
         saved = _saved_for_backward(jaxpr, backward, chains, loc) if any(backward) else {}
+        reads: dict[Any, list[int]] | None = None  # made when a scope's point needs it
         for rec in level_scopes:
             assert rec.out_vars is not None
             if rec.forward:
@@ -548,7 +570,10 @@ class _Builder(InputsMixin):
                 items = sorted(rec.out_vars.items(), key=lambda kv: self.shown_first(kv, rec))
                 vars_ = [v for v, _ in items]
                 names = _saved_names(vars_, rec.saved) if rec.saved else ()
-                self.point(rec, path, [at for _, at in items], vars_, names=names)
+                if reads is None:
+                    reads = _reads(jaxpr)
+                apart = _read_before_last(items, reads)
+                self.point(rec, path, [at for _, at in items], vars_, names=names, apart=apart)
         return prod
 
     def eqn_node(self, eqn, i, parent: _Rec, path, probe, in_custom) -> _Rec:
@@ -718,11 +743,15 @@ class _Builder(InputsMixin):
                 out[v] = at
 
     # -- probes ----------------------------------------------------------------
-    def point(self, rec: _Rec, path, values, vars_, at: int | None = None, names=()) -> None:
+    def point(
+        self, rec: _Rec, path, values, vars_, at: int | None = None, names=(), apart=False
+    ) -> None:
         floating = [is_floating(v.aval) for v in vars_]
         chosen = [(ik, v) for ik, v, f in zip(values, vars_, floating, strict=True) if f]
         if not chosen:
             return
+        # (apart: only floating values are sown, so it is decided on them)
+        apart = apart and len({ik[0] for ik, _ in chosen}) > 1
         names = tuple(n for n, f in zip(names, floating, strict=False) if f) if names else ()
         if len(names) == len(chosen) > 1:  # sown as a dict, whose leaves come sorted by key
             names, chosen = map(tuple, zip(*sorted(zip(names, chosen, strict=True)), strict=True))
@@ -737,6 +766,7 @@ class _Builder(InputsMixin):
                 shapes=tuple(shape_str(v.aval) for _, v in chosen),
                 kind=rec.kind,
                 names=names,
+                apart=apart,
             )
         )
 

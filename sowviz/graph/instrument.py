@@ -59,7 +59,7 @@ def instrument(
     `stop_gradient`, beside the program rather than in its data flow: its primal is
     recorded, and no tangent or cotangent is made for a value that cannot have one.
     """
-    points = list(probe_points)
+    points = [part for p in probe_points for part in p.parts()]
     # Rewrite once now, so bad points fail here rather than at the first call.
     cache: dict[Any, _compat.ClosedJaxpr] = {
         _context_key(): instrument_jaxpr(closed_jaxpr, points, tag=tag, detached=detached)
@@ -90,7 +90,8 @@ def instrument_jaxpr(
     """
     if not probe_points:
         return closed_jaxpr
-    jaxpr = _rewrite(closed_jaxpr.jaxpr, list(probe_points), 0, tag, detached)
+    points = [part for p in probe_points for part in p.parts()]
+    jaxpr = _rewrite(closed_jaxpr.jaxpr, points, 0, tag, detached)
     return closed_jaxpr.replace(jaxpr=jaxpr)
 
 

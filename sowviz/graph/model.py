@@ -121,6 +121,10 @@ class ProbePoint:
     kind: str  # kind of `node`
     #: names of the values (a Tesseract's output fields): sown as a dict of them
     names: tuple[str, ...] = ()
+    #: each value sown right after the equation that makes it, a sow of its own
+    #: (`part_name`): the stage reads one of them after making it, and a sow at `at`
+    #: would see only the cotangent of the reads after `at`
+    apart: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         d = {
@@ -133,7 +137,35 @@ class ProbePoint:
         }
         if self.names:
             d["names"] = list(self.names)
+        if self.apart:
+            d["apart"] = True
         return d
+
+    def parts(self) -> tuple[ProbePoint, ...]:
+        """The points `instrument` sows: this one, or with `apart` one per value, each
+        after its own equation and named `part_name(node, k)`."""
+        if not self.apart:
+            return (self,)
+        return tuple(
+            ProbePoint(part_name(self.node, k), self.path, i, ((i, j),), (shape,), self.kind)
+            for k, ((i, j), shape) in enumerate(zip(self.values, self.shapes, strict=True))
+        )
+
+
+#: Between a node id and a value's position in the sow name of a point sown `apart`.
+_PART = "\x00"
+
+
+def part_name(node: str, k: int) -> str:
+    """The sow name of value `k` of a point of `node` sown `apart`."""
+    return f"{node}{_PART}{k}"
+
+
+def part_of(name: str) -> tuple[str, int | None]:
+    """The node and value position a stage probe's sow name says (`part_name`), the
+    position None for a point sown whole."""
+    node, sep, k = name.partition(_PART)
+    return (node, int(k)) if sep else (node, None)
 
 
 @dataclass(frozen=True)
