@@ -34,6 +34,7 @@ from .names import (
     shape_str,
     short_path,
 )
+from .saved import leaf_names, saved_for_backward, saved_note
 from .tesseract import output_names, tesseract_label
 
 _CAPTURES = ("sows", "stages", "all")
@@ -61,47 +62,6 @@ _CUSTOM_OUTPUTS_NOTE = (
     "Under differentiation the custom rule replaces the body, so values inside it have "
     "no tangents or cotangents."
 )
-#: A stage's values that only a backward pass reads: what its forward pass keeps for it.
-SAVED = "saved for backward"
-_SAVED_NOTE = (
-    "`{label}` is differentiated inside the program{unused}: {what} what its forward pass "
-    "keeps for its backward pass (`{function} (backward)`). Such values are marked "
-    "'{saved}', here and in its stages."
-)
-
-
-def _saved_for_backward(
-    jaxpr: _compat.Jaxpr,
-    backward: Sequence[bool],
-    chains: Sequence[tuple[str, ...]],
-    loc: Mapping[Any, tuple[int, int]],
-) -> dict[str, frozenset]:
-    """Per scope (its id) of `jaxpr`'s level, its outputs that, outside it, only
-    equations of a backward pass read (`backward`: per equation; `chains`: the scopes
-    around each; `loc`: where each value is made). A function the program
-    differentiates itself (a gradient penalty's `jax.grad(critic)`) hands its backward
-    pass what that needs (`1 - tanh(h)**2`), and often no output at all (`grad` drops
-    the value): shown as the stage's output, such a value read as the function's result.
-    One pass over the level's reads (a scope's is its own loop: 100 scopes of a
-    10,000-equation level, a million steps)."""
-    only: dict[tuple[str, Any], bool] = {}  # (scope, value) -> read outside by backward only
-    for i, eqn in enumerate(jaxpr.eqns):
-        for v in eqn.invars:
-            at = loc.get(v) if isinstance(v, _compat.Var) else None
-            if at is None:
-                continue
-            for scope in chains[at[0]]:
-                if scope not in chains[i]:
-                    key = (scope, v)
-                    only[key] = only.get(key, True) and backward[i]
-    returned = {v for v in jaxpr.outvars if isinstance(v, _compat.Var)}
-    out: dict[str, set] = {}
-    for (scope, v), ok in only.items():
-        if ok and v not in returned:
-            out.setdefault(scope, set()).add(v)
-    return {scope: frozenset(vs) for scope, vs in out.items()}
-
-
 #: A construct's label naming the function it wraps: `scan(step)`, `checkpoint(block)`.
 _WRAPS = re.compile(r"^\w+\((\w+)\)$")
 
@@ -148,42 +108,12 @@ def _read_before_last(items: Sequence[tuple[Any, tuple[int, int]]], reads: Mappi
     return any(at[0] < j <= last for v, at in items if at[0] < last for j in reads.get(v, ()))
 
 
-def _saved_names(vars_: Sequence[Any], saved: frozenset) -> tuple[str, ...]:
-    """Probe leaf names for a scope's outputs `vars_` (outputs first) when some are
-    `saved`: ``output``/``output[k]`` and ``saved for backward``/``saved for backward[k]``
-    (sorted by name, outputs still come first)."""
-    kinds = ["output" if v not in saved else SAVED for v in vars_]
-    seen: dict[str, int] = {}
-    names = []
-    for kind in kinds:
-        k = seen[kind] = seen.get(kind, -1) + 1
-        names.append(kind if kinds.count(kind) == 1 else f"{kind}[{k}]")
-    return tuple(names)
-
-
 def _ancestors(recs: Sequence[_Rec], rec: _Rec) -> list[_Rec]:
     out = []
     while rec.parent is not None:
         rec = recs[int(rec.parent[1:])]
         out.append(rec)
     return out
-
-
-#: The index of a label used again among its siblings (`critic#2`).
-_REUSED = re.compile(r"#\d+$")
-
-
-def _saved_note(rec: _Rec) -> str:
-    assert rec.out_vars is not None
-    n, total = len(rec.saved), len(rec.out_vars)
-    every = n == total
-    return _SAVED_NOTE.format(
-        label=rec.label,
-        function=rec.label.rpartition("#")[0] if _REUSED.search(rec.label) else rec.label,
-        unused=", and its own output is not used" if every else "",
-        what="the values shown for it are" if every else f"{n} of its {total} values are",
-        saved=SAVED,
-    )
 
 
 _CUSTOM_NOTE = (
@@ -336,7 +266,7 @@ class _Rec:
         self.constant = False  # an equation reading only constants (see `_Builder.const`)
         self.reads: list[_Rec] = []  # the inputs its own equations read (parameters)
         self.forward = False  # a scope holding an equation of no backward pass
-        #: a scope's outputs that only a backward pass reads (`_saved_for_backward`)
+        #: a scope's outputs that only a backward pass reads (`saved.saved_for_backward`)
         self.saved: frozenset = frozenset()
 
 
@@ -560,7 +490,7 @@ class _Builder(InputsMixin):
         if not path:
             self.top_loc = loc
         self.read.update(v for e in jaxpr.eqns for v in e.invars if isinstance(v, _compat.Var))
-        saved = _saved_for_backward(jaxpr, backward, chains, loc) if any(backward) else {}
+        saved = saved_for_backward(jaxpr, backward, chains, loc) if any(backward) else {}
         reads: dict[Any, list[int]] | None = None  # made when a scope's point needs it
         for rec in level_scopes:
             assert rec.out_vars is not None
@@ -569,7 +499,7 @@ class _Builder(InputsMixin):
             if capture_stages:
                 items = sorted(rec.out_vars.items(), key=lambda kv: self.shown_first(kv, rec))
                 vars_ = [v for v, _ in items]
-                names = _saved_names(vars_, rec.saved) if rec.saved else ()
+                names = leaf_names(vars_, rec.saved) if rec.saved else ()
                 if reads is None:
                     reads = _reads(jaxpr)
                 apart = _read_before_last(items, reads)
@@ -772,7 +702,7 @@ class _Builder(InputsMixin):
 
     def shown_first(self, kv: tuple, rec: _Rec) -> tuple:
         """The order of a scope's outputs: its outputs before what it keeps for a
-        backward pass (`_saved_for_backward`), what the program reads on first (a
+        backward pass (`saved.saved_for_backward`), what the program reads on first (a
         BatchNorm's activations, not its new running mean, only handed back as state;
         a Dropout's output, not its RNG counter), floating values before others, then
         program order."""
@@ -820,7 +750,7 @@ class _Builder(InputsMixin):
         notes = list(self.notes)
         # Said once, on the outermost such stage (a train step's `loss`, not its layers).
         notes += [
-            Note("info", r.id, _saved_note(r))
+            Note("info", r.id, saved_note(r.label, len(r.saved), len(r.out_vars or ())))
             for r in recs
             if r.saved and not any(a.saved for a in _ancestors(recs, r))
         ]
