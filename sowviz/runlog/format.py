@@ -38,6 +38,15 @@ LEVEL = 1  # zlib level: 1 is ~2x faster than 6 and only ~5% larger on summaries
 
 _ARRAY = "$a"
 _FLOATS = "$f"  # {"$f": [[key, ...], {"$a": ...}]}: a dict's float values, packed
+#: A key of the entry's own that starts with this gets one more: the markers above are
+#: never a key a step wrote (a sow named "$f" read back as a packed dict).
+_ESCAPE = "$"
+
+
+def _key(k: Any) -> Any:
+    return _ESCAPE + k if type(k) is str and k.startswith(_ESCAPE) else k
+
+
 _PACK_FLOATS = 4  # pack a dict's floats when it has at least this many
 
 
@@ -82,18 +91,20 @@ def _flatten(x: Any, blobs: list[bytes], offset: list[int]) -> Any:
     t = type(x)
     if t is dict:
         floats = [k for k, v in x.items() if type(v) is float]
-        if len(floats) >= _PACK_FLOATS and _FLOATS not in x:
+        if len(floats) >= _PACK_FLOATS:
             # A summary's statistics (min, max, mean, std, l2, absmax): one typed array
             # rather than ~20 characters of JSON each.
             ref = _pack_array([x[k] for k in floats], blobs, offset)
             out = {
-                k: v if type(v) in _SCALARS else _flatten(v, blobs, offset)
+                _key(k): v if type(v) in _SCALARS else _flatten(v, blobs, offset)
                 for k, v in x.items()
                 if type(v) is not float
             }
-            out[_FLOATS] = [floats, ref]
+            out[_FLOATS] = [floats, ref]  # the keys as written: list items, never markers
             return out
-        return {k: v if type(v) in _SCALARS else _flatten(v, blobs, offset) for k, v in x.items()}
+        return {
+            _key(k): v if type(v) in _SCALARS else _flatten(v, blobs, offset) for k, v in x.items()
+        }
     if t is list or t is tuple:
         if len(x) >= 2:
             ref = _pack_array(x, blobs, offset)
@@ -124,8 +135,11 @@ def decode(payload: bytes) -> dict[str, Any]:
         if len(d) == 1 and _ARRAY in d:
             dtype, off, count = d[_ARRAY]
             return np.frombuffer(blob, dtype=np.dtype(dtype), count=count, offset=off).tolist()
-        if _FLOATS in d:
-            keys, values = d.pop(_FLOATS)
+        floats = d.pop(_FLOATS, None)
+        if any(k.startswith(_ESCAPE) for k in d):
+            d = {k[1:] if k.startswith(_ESCAPE) else k: v for k, v in d.items()}
+        if floats is not None:
+            keys, values = floats
             d.update(zip(keys, values, strict=True))
         return d
 
