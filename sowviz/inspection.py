@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -110,7 +111,7 @@ def join_probes(
                     "flowed through it. Sow the custom function's output instead."
                 )
     order = {n.id: n.order for n in graph.nodes}
-    found.sort(key=lambda f: (order.get(f[2], 0), not f[3], f[0], f[1]))
+    found.sort(key=lambda f: (order.get(f[2], 0), not f[3], f[0], _natural(f[1])))
     probes = [Probe(f"p{i}", *f) for i, f in enumerate(found)]
     for p in probes:
         missing = [m for m in mode.keys if m not in p.typed_summaries]
@@ -121,6 +122,12 @@ def join_probes(
                 "that computes it."
             )
     return probes, notes
+
+
+def _natural(leaf: str) -> tuple:
+    """A leaf path's sort key with its numbers as numbers: `[2]` before `[10]` (a while
+    loop's carry of 17 leaves was listed `[0]`, `[10]`, `[11]`, …, `[1]`)."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", leaf))
 
 
 _UNTAKEN = (

@@ -672,3 +672,16 @@ def test_a_cond_branch_that_did_not_run_shows_no_values_and_says_so():
     (note,) = [n for n in ins.to_dict()["notes"] if n["probe"] == node.id]
     assert "did not run" in note["message"]
     np.testing.assert_allclose(ins.result[1], jax.grad(_branchy)(x))
+
+
+def test_a_stage_s_many_outputs_are_listed_in_numeric_order():
+    # a loop carrying 12 arrays: `[2]` before `[10]`, as the probe picker lists them
+    def f(x):
+        carry = tuple(x * (i + 1.0) for i in range(12))
+        out = jax.lax.fori_loop(0, 3, lambda i, c: tuple(jnp.sin(v) for v in c), carry)
+        return sum(jnp.sum(v) for v in out)
+
+    ins = sowviz.inspect(f, jnp.linspace(0.1, 1.0, 4))
+    node = next(n for n in ins.graph.nodes if n.kind == "scan")
+    leaves = [p.leaf for p in ins.probes if p.node == node.id]
+    assert leaves == [f"[{k}]" for k in range(len(leaves))] and len(leaves) >= 11, leaves
