@@ -438,6 +438,13 @@ def defined_in_jax(sub_program: Any) -> bool:
 _PMAP_FILE = os.path.join(_JAX_DIR, "_src", "pmap.py")
 
 
+_user_names: dict[tuple, tuple[Any, tuple[str, ...]]] = {}
+
+
+def _outermost_first(codes: Any, lastis: Any) -> tuple[str, ...]:
+    return tuple(c.co_qualname for c in reversed(codes) if _is_user_code(c))
+
+
 def pmapped_function(sub_program: Any) -> str | None:
     """For the body of the `jit` that `jax.pmap` binds (JAX >= 0.8: a `shard_map` in
     a jit of its own `_fun`), the user's function it maps (the last call all the
@@ -449,11 +456,9 @@ def pmapped_function(sub_program: Any) -> str | None:
     def visit(jaxpr: Any) -> None:
         nonlocal common
         for eqn in jaxpr.eqns:
-            tb = eqn.source_info.traceback
-            codes = tb.raw_frames()[0] if tb is not None else ()
             # the user's frames, outermost first (JAX may trace the body on its own
             # stack: then the mapped function is the outermost)
-            names = tuple(c.co_qualname for c in reversed(codes) if _is_user_code(c))
+            names = _by_traceback(_user_names, eqn, _outermost_first)
             if names:
                 if common is None:
                     common = names

@@ -59,7 +59,7 @@ def instrument(
     `stop_gradient`, beside the program rather than in its data flow: its primal is
     recorded, and no tangent or cotangent is made for a value that cannot have one.
     """
-    points = [part for p in probe_points for part in p.parts()]
+    points = list(probe_points)
     # Rewrite once now, so bad points fail here rather than at the first call.
     cache: dict[Any, _compat.ClosedJaxpr] = {
         _context_key(): instrument_jaxpr(closed_jaxpr, points, tag=tag, detached=detached)
