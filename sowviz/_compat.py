@@ -42,6 +42,8 @@ from jax._src import effects as _effects
 from jax._src import linear_util as _lu
 from jax._src import source_info_util as _source_info
 from jax._src import traceback_util as _traceback_util
+from jax._src.interpreters import ad as _ad
+from jax._src.interpreters import batching as _batching
 from jax._src.interpreters import partial_eval as _pe
 from jax._src.sharding_impls import UNSPECIFIED as _UNSPECIFIED
 from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Primitive, Var
@@ -408,6 +410,23 @@ def user_location_outside_libraries(eqn: JaxprEqn) -> SourceLocation | None:
 
 def new_var(aval: Any) -> Var:
     return _core.Var(aval)
+
+
+def traced_var(x: Any) -> Var | None:
+    """The jaxpr variable a value traced by `jax.make_jaxpr` stands for, through the
+    tracers of `vmap` and `jvp` around it (an Equinox module called under `jax.vmap`),
+    or None (a constant, a tracer of another kind). The variable is the one the
+    traced jaxpr holds: JAX 0.10-0.12 keep a tracer's variable as its `val`."""
+    for _ in range(16):  # tracers nest one per transformation level
+        if isinstance(x, Var):
+            return x
+        if isinstance(x, _pe.DynamicJaxprTracer | _batching.BatchTracer):
+            x = x.val
+        elif isinstance(x, _ad.JVPTracer):
+            x = x.primal
+        else:
+            return None
+    return None
 
 
 def replace_eqn(eqn: JaxprEqn, **changes: Any) -> JaxprEqn:

@@ -189,7 +189,7 @@ class Traced:
             tesseract_names=dict(tn) if isinstance(tn, tuple) else tn,
             in_args=self.layout.arg_of,  # inputs grouped per argument; these are "parameters":
             parameters={a % len(args) for a in np.atleast_1d(options.grad_argnums).tolist()},
-            copies=getattr(named, "sowviz_copies", None) if named is not fn else None,
+            calls=getattr(named, "sowviz_calls", None) if named is not fn else None,
         )
         #: the instrumented program, per kind ("forward": every value in the data flow;
         #: "reverse": dead values beside it, `probed_for`), rewritten when first needed

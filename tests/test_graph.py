@@ -298,6 +298,28 @@ def test_checkpoint():
     assert [p.node for p in stage_points(g)] == [r.id]
 
 
+class _AttnHolder(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs):
+        self.attn = nnx.Linear(3, 3, rngs=rngs)
+
+    def __call__(self, x):
+        return self.attn(x)
+
+
+def test_module_scopes_of_one_program_are_not_module_scopes_of_the_next():
+    # An NNX module named `attn`, inspected first, made every later `named_scope("attn")`
+    # a module stage (a process-wide set): the checkpoint of a function holding one was
+    # named by the scope, as a module's call is, not by the function.
+    sowviz.inspect(lambda m, x: jnp.sum(m(x)), _AttnHolder(nnx.Rngs(0)), jnp.ones((2, 3)))
+
+    def scoped_block(a):
+        with jax.named_scope("attn"):
+            return jnp.sin(a) * 2.0
+
+    _, g = graph_of(lambda x: jnp.sum(jax.checkpoint(scoped_block)(x)), X)
+    one(g, "checkpoint(scoped_block)", "remat")
+
+
 def test_custom_jvp_probed_on_outputs_with_note():
     _, g = graph_of(with_custom, X, capture="all")
     c = one(g, "softclip", "custom")
@@ -739,11 +761,14 @@ def _nnx_loss(model, x):
 def _named_graph(fn, *args, **kw):
     leaves, tree = jax.tree_util.tree_flatten(args)
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(args)[0]]
-    flat = lambda *f: frameworks.named(fn)(*jax.tree_util.tree_unflatten(tree, f))  # noqa: E731
+    named = frameworks.named(fn)
+    flat = lambda *f: named(*jax.tree_util.tree_unflatten(tree, f))  # noqa: E731
     closed = jax.make_jaxpr(flat)(*leaves)
     in_args = [int(p[1 : p.index("]")]) for p in paths]
     names = [("model", "x")[a] + p[p.index("]") + 1 :] for a, p in zip(in_args, paths, strict=True)]
-    g = build_graph(closed, in_names=names, out_names=["loss"], in_args=in_args, **kw)
+    g = build_graph(
+        closed, in_names=names, out_names=["loss"], in_args=in_args, calls=named.sowviz_calls, **kw
+    )
     return closed, g
 
 

@@ -126,12 +126,15 @@ def test_repeat_labels():
 
 def _named_graph(fn, *args):
     leaves, tree = jax.tree_util.tree_flatten(args)
-    flat = lambda *f: frameworks.named(fn)(*jax.tree_util.tree_unflatten(tree, f))  # noqa: E731
+    named = frameworks.named(fn)
+    flat = lambda *f: named(*jax.tree_util.tree_unflatten(tree, f))  # noqa: E731
     closed = jax.make_jaxpr(flat)(*leaves)
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(args)[0]]
     in_args = [int(p[1 : p.index("]")]) for p in paths]  # inputs grouped per argument
     names = [f"arg{a}{p[p.index(']') + 1 :]}" for a, p in zip(in_args, paths, strict=True)]
-    return build_graph(closed, in_names=names, out_names=["y"], in_args=in_args)
+    return build_graph(
+        closed, in_names=names, out_names=["y"], in_args=in_args, calls=named.sowviz_calls
+    )
 
 
 def test_24_layer_nnx_model_draws_its_layers_as_one_node():

@@ -9,6 +9,7 @@ program. See README.md in this folder for the design and its sharp edges.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
@@ -133,7 +134,7 @@ def build_graph(
     tesseract_names: Mapping[Any, str] | Callable[[Any], str | None] | None = None,
     in_args: Sequence[int] | None = None,
     parameters: Collection[int] = (),
-    copies: Mapping[str, frameworks.Copy] | None = None,
+    calls: frameworks.ModuleCalls | None = None,
 ) -> StageGraph:
     """The stage graph of the primal program `closed_jaxpr` (from `jax.make_jaxpr`).
 
@@ -148,8 +149,10 @@ def build_graph(
     or `.`) when it has several leaves, nested by pytree path; the arguments at
     positions `parameters` (the differentiated ones) form the group labelled
     "parameters". Unless `capture="sows"`, every floating input and
-    output is probed too (an input's cotangent is its gradient). `copies`: the
-    module copies `frameworks.named` could not name (`graph.copies`).
+    output is probed too (an input's cotangent is its gradient). `calls`: what
+    `frameworks.named` recorded of the program's NNX / Equinox module calls (the scopes
+    they pushed, the copies it could not name, `graph.copies`, and the order of each
+    call's results); without it, no scope is a module's.
     """
     if capture not in _CAPTURES:
         raise ValueError(_BAD_CAPTURE.format(capture))
@@ -165,11 +168,13 @@ def build_graph(
             _BAD_NAMES.format(arg="in_args", got=len(in_args), want=len(in_names), what="inputs")
         )
     groups = input_groups(in_names, in_args)
-    renamed = renames(jaxpr, in_names, copies or {})
-    frameworks.PUSHED.update(renamed.values())  # module stages, as the labels they replace
-    return _Builder(capture, tesseract_names, renamed).build(
-        jaxpr, groups, list(out_names), title, frozenset(parameters)
-    )
+    renamed = renames(jaxpr, in_names, calls.copies if calls else {})
+    # module stages, the copies' new labels as the labels they replace
+    scopes = (calls.scopes if calls else frozenset()) | set(renamed.values())
+    with frameworks.drawing(scopes):
+        return _Builder(capture, tesseract_names, renamed, calls.returns if calls else None).build(
+            jaxpr, groups, list(out_names), title, frozenset(parameters)
+        )
 
 
 def _whole_program_jit(jaxpr: Any, title: str) -> Any | None:
@@ -216,7 +221,7 @@ def _name_wrappers(recs: Sequence[_Rec]) -> None:
         if (
             rec.kind == "remat"
             and inner.kind == "scope"
-            and (inner.label in frameworks.PUSHED or not paren)
+            and (inner.label in frameworks.pushed() or not paren)
         ):
             rec.label = f"{construct}({name})"
         elif rec.kind == "scan" and rec.label == "scan":
@@ -243,6 +248,7 @@ class _Rec:
         "reads",
         "repeats",
         "saved",
+        "scope",
         "shapes",
         "source",
     )
@@ -254,6 +260,7 @@ class _Rec:
         self.label = label
         self.parent = parent
         self.source = source
+        self.scope: str | None = None  # a scope's name in the program (`shown_first`)
         self.shapes = shapes
         self.primitive = primitive
         # An equation counts itself; stages then add what they hold (see `finish`).
@@ -271,9 +278,20 @@ class _Rec:
 
 
 class _Builder(InputsMixin):
-    def __init__(self, capture: str, tesseract_names: Any, renamed: Mapping[Any, str]) -> None:
+    def __init__(
+        self,
+        capture: str,
+        tesseract_names: Any,
+        renamed: Mapping[Any, str],
+        returns: Mapping[tuple[str, Any], int] | None = None,
+    ) -> None:
         self.capture = capture
         self.renamed = renamed  # scope names given by `copies.renames`, by (path, name)
+        self.unrenamed = {new: old for (_, old), new in renamed.items()}
+        #: a variable -> {scope name: its place in the result of that module call}
+        self.returns: dict[Any, dict[str, int]] = {}
+        for (name, var), k in (returns or {}).items():
+            self.returns.setdefault(var, {})[name] = k
         self.forwarding: dict = {}  # `_forwarding`'s memo
         self.tesseract_names = tesseract_names
         self.recs: list[_Rec] = []
@@ -399,7 +417,7 @@ class _Builder(InputsMixin):
             # The user's line is the call of the module whose stage holds the equation:
             # a library module's own code (Equinox's attention reshaping its heads).
             names = scoped[i]
-            if not names or names[-1] not in frameworks.PUSHED:
+            if not names or names[-1] not in frameworks.pushed():
                 return False
             return self.scope_source(jaxpr.eqns[i], names, len(names) - 1) == locs[i]
 
@@ -429,6 +447,7 @@ class _Builder(InputsMixin):
                 label = fold_label(name)
                 rec = self.new("scope", label, parent.id, source=self.scope_source(eqn, names, j))
                 rec.out_vars = {}
+                rec.scope = name
                 rec.made = name.startswith(FOLD)
                 rec.called = name in self.call_sites
                 scopes.append((name, rec))
@@ -600,7 +619,7 @@ class _Builder(InputsMixin):
         lines: dict[tuple[str, ...], set[Any]] = {}  # module stage -> its modules' call lines
         for i, names in enumerate(scoped):
             for p, name in enumerate(names):  # once per run of one module's equations
-                if name in frameworks.PUSHED and (
+                if name in frameworks.pushed() and (
                     i == 0 or scoped[i - 1][: p + 1] != names[: p + 1]
                 ):
                     lines.setdefault(names[:p], set()).add(
@@ -610,7 +629,7 @@ class _Builder(InputsMixin):
         def layer_call(i: int) -> bool:
             names = scoped[i]
             return (
-                bool(names) and names[-1] in frameworks.PUSHED and locs[i] in lines.get(names, ())
+                bool(names) and names[-1] in frameworks.pushed() and locs[i] in lines.get(names, ())
             )
 
         return layer_call
@@ -622,9 +641,9 @@ class _Builder(InputsMixin):
             site = self.call_sites[names[j]]
             if site is not None:
                 return self.location(site)
-        if names[j] in frameworks.PUSHED:
+        if names[j] in frameworks.pushed():
             # The innermost wrapper frame is the innermost module scope's call.
-            r = sum(1 for n in names[j + 1 :] if n in frameworks.PUSHED)
+            r = sum(1 for n in names[j + 1 :] if n in frameworks.pushed())
             sites = _compat.call_sites(eqn, frameworks.CALL_CODE)
             if r < len(sites):
                 return self.location(sites[r])
@@ -707,7 +726,25 @@ class _Builder(InputsMixin):
         a Dropout's output, not its RNG counter), floating values before others, then
         program order."""
         v, at = kv
-        return (v in rec.saved, not is_floating(v.aval), v not in self.read, at)
+        return (
+            v in rec.saved,
+            not is_floating(v.aval),
+            self.returned_at(rec, v),
+            v not in self.read,
+            at,
+        )
+
+    def returned_at(self, rec: _Rec, v: Any) -> float:
+        """Where `v` sits in the result of the module call that `rec` is the stage of
+        (`frameworks.named` records it), or after every such place: a stage numbers its
+        outputs in the order its call returns them, not in the order the program makes
+        them."""
+        places = self.returns.get(v)
+        if places:
+            for name in (rec.scope, self.unrenamed.get(rec.scope)):
+                if name in places:
+                    return places[name]
+        return math.inf
 
     # -- result ----------------------------------------------------------------
     def finish(self, root: _Rec, title: str) -> StageGraph:

@@ -22,7 +22,7 @@ Equinox module runs inside `jax.named_scope(<its path>)`:
   matches by structure and shapes (`_Context.original_path`); several alike
   (identical blocks, each through `eqx.filter_checkpoint`) are told apart after
   the trace by the parameters the copy's stage reads (`graph.copies`, from the
-  `Copy` records `named`'s wrapper keeps as `.sowviz_copies`); else it is named by its
+  `Copy` records `named`'s wrapper keeps in `.sowviz_calls`); else it is named by its
   class, numbered per object (`Linear`, `Linear#2`);
 * a module's other public methods are stages too (`embed.attend`, the tied
   unembedding of Flax's language models; `encoder.encode: Encoder`): on the
@@ -31,6 +31,10 @@ Equinox module runs inside `jax.named_scope(<its path>)`:
   methods (`initialize_carry`, `set_view`, `train`) are not. NNX methods are
   hooked like `__call__`; Equinox's reach the hook through `BoundMethod`, the
   module Equinox makes of `module.encode`;
+* a call's stage numbers its outputs in the order the call returns them
+  (`_Context.note_returns`: the jaxpr variable of each traced leaf of its result,
+  which `build` orders the stage's outputs by), not in the order the program makes
+  them (an Equinox `LSTMCell` returns `(h, c)` and computes `c` first);
 * the hook is a temporary wrapper of `__call__` (and of NNX modules' public
   methods) on every NNX / Equinox module class that defines one. Installing it
   is reference counted under a lock; the wrapper looks up a `contextvars`
@@ -45,17 +49,19 @@ such frame of an equation's traceback (`_compat.call_sites`).
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import functools
 import sys
 import threading
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import jax
 
+from .. import _compat
 from .._args import positional_names
 
 _ACTIVE: contextvars.ContextVar[_Context | None] = contextvars.ContextVar(
@@ -64,9 +70,41 @@ _ACTIVE: contextvars.ContextVar[_Context | None] = contextvars.ContextVar(
 _lock = threading.Lock()
 _users = 0
 _saved: dict[tuple[type, str], Any] = {}  # (class, method name) -> its original attribute
-#: every scope name pushed by a wrapper (build.py uses it to tell module stages
-#: from the user's own `jax.named_scope`s)
-PUSHED: set[str] = set()
+#: The scope labels that module calls pushed in the program `build_graph` is drawing
+#: (`drawing`): what tells module stages from the user's own `jax.named_scope`s. Per
+#: drawing, not per process: an NNX model's `attn` module once inspected made a plain
+#: program's `jax.named_scope("attn")` a module stage ever after.
+_DRAWN: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
+    "sowviz_module_scopes", default=frozenset()
+)
+
+
+def pushed() -> frozenset[str]:
+    """The scope labels module calls pushed in the program being drawn (`drawing`)."""
+    return _DRAWN.get()
+
+
+@contextlib.contextmanager
+def drawing(scopes: Iterable[str]) -> Iterator[None]:
+    """`pushed()` is `scopes` while a graph of the program is built."""
+    token = _DRAWN.set(frozenset(scopes))
+    try:
+        yield
+    finally:
+        _DRAWN.reset(token)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModuleCalls:
+    """What `named`'s wrapper learned of the module calls of its last call, for
+    `build_graph`: the copies it could not name (`Copy`, by label), where each variable
+    a call returned sits in its result (by scope label and variable), and every scope
+    label it pushed."""
+
+    copies: Mapping[str, Copy]
+    returns: Mapping[tuple[str, Any], int]
+    scopes: frozenset[str]
+
 
 Path = tuple[Any, ...]
 
@@ -115,7 +153,10 @@ def named(fn: Callable) -> Callable:
         finally:
             _ACTIVE.reset(token)
             _uninstall()
-            with_names.sowviz_copies = ctx.copies  # type: ignore[attr-defined]  # of the last call
+            # what `build_graph` needs of this (the last) call
+            with_names.sowviz_calls = ModuleCalls(  # type: ignore[attr-defined]
+                ctx.copies, ctx.returns, frozenset(ctx.pushed)
+            )
 
     return with_names
 
@@ -256,6 +297,20 @@ class _Context:
         #: known modules by `_signature`: (path, `_shapes`), made when first needed
         self.index: dict[Any, list[tuple[Path, list]]] | None = None
         self.stack: list[tuple[Any, Path]] = []
+        #: (scope label, jaxpr variable) -> the variable's place among the leaves a call
+        #: under that label returned (`note_returns`)
+        self.returns: dict[tuple[str, Any], int] = {}
+        self.pushed: set[str] = set()  # every scope label a module call pushed
+
+    def note_returns(self, label: str, out: Any) -> None:
+        """Remember where each traced leaf of a module call's result `out` sits in it,
+        so the stage numbers its outputs in the order the call returns them (an
+        `LSTMCell` returns `(h, c)` and computes `c` first: the program's order alone
+        numbered `c` first)."""
+        for k, leaf in enumerate(jax.tree_util.tree_leaves(out)):
+            var = _compat.traced_var(leaf)
+            if var is not None:
+                self.returns.setdefault((label, var), k)
 
     def add_roots(self, args: tuple, kwargs: dict, names: list[str]) -> None:
         """Name the modules anywhere in the arguments from their roots: one model's
@@ -432,13 +487,15 @@ def _in_scope(ctx: _Context, owner: Any, scope: tuple[str, Path], bound, args, k
     that did not (`super().__call__` of the same module: `MaxPool2d.__call__` calling
     `Pool.__call__`, whose stage was then sourced inside Equinox)."""
     label, path = scope
-    PUSHED.add(label)
+    ctx.pushed.add(label)
     ctx.stack.append((owner, path))
     try:
         with jax.named_scope(label):
-            return bound(*args, **kwargs)
+            out = bound(*args, **kwargs)
     finally:
         ctx.stack.pop()
+    ctx.note_returns(label, out)
+    return out
 
 
 CALL_CODE = _in_scope.__code__

@@ -121,7 +121,7 @@ def scope_names(eqn) -> tuple[str, ...]:
     for n in names:
         # `conv1: Conv2d` holds Equinox's `eqx.nn.Conv` (its base class's scope), and
         # the model's own stage (`MLP`, named by its class) holds `eqx.nn.MLP`
-        if n.startswith("eqx.nn.") and out and (": " in out[-1] or out[-1] in frameworks.PUSHED):
+        if n.startswith("eqx.nn.") and out and (": " in out[-1] or out[-1] in frameworks.pushed()):
             continue
         out.append(n)
     return tuple(out)

@@ -77,7 +77,7 @@ def repeat_label(labels: Sequence[str]) -> str:
 def _inner_label(label: str) -> str:
     """A label inside a block as blocks compare it: a module stage's alike (`pattern`),
     any other exactly (sows and named scopes are the user's own names)."""
-    return pattern(label) if label in frameworks.PUSHED else label
+    return pattern(label) if label in frameworks.pushed() else label
 
 
 class _Signatures:
@@ -212,7 +212,7 @@ def open_model(recs: Sequence[Any], root: Any) -> None:
     function holding as much (`predict`, `graph.calls`). Call with final `n_eqns`."""
     top = [r for r in recs if r.parent == root.id]
     linen = frameworks.linen_module_names()  # Linen pushes its modules' scopes itself
-    names = frameworks.PUSHED | linen
+    names = frameworks.pushed() | linen
     mods = [r for r in top if r.kind == "scope" and not r.made and r.label in names]
     if not mods:  # a plain-function program: its one call holding half of it, if any
         mods = [r for r in top if r.called and 2 * r.n_eqns >= root.n_eqns]
