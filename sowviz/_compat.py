@@ -772,21 +772,59 @@ class UserCall:
 
 _calls: dict[tuple, tuple[Any, UserFrames]] = {}
 _loops: dict[int, tuple[Any, bool]] = {}
-#: Bytecodes that jump back: a loop (Python 3.11+; `JUMP_ABSOLUTE` before).
-_BACKWARD_JUMPS = frozenset({"JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP_ABSOLUTE"})
+#: Bytecodes after which the next instruction does not run (no fall-through).
+_NO_FALL_THROUGH = frozenset(
+    {
+        "RETURN_VALUE",
+        "RETURN_CONST",
+        "RERAISE",
+        "RAISE_VARARGS",
+        "JUMP_FORWARD",
+        "JUMP_BACKWARD",
+        "JUMP_BACKWARD_NO_INTERRUPT",
+        "JUMP",
+        "JUMP_NO_INTERRUPT",
+    }
+)
 
 
 def _has_loop(code: Any) -> bool:
     hit = _loops.get(id(code))
     if hit is None:
-        import dis
-
         try:
-            found = any(i.opname in _BACKWARD_JUMPS for i in dis.get_instructions(code))
+            found = _loop_reached(code)
         except Exception:  # unreadable bytecode: assume a loop (calls merge, never split)
             found = True
         hit = _loops[id(code)] = (code, found)  # the entry keeps the code (and its id) alive
     return hit[1]
+
+
+def _loop_reached(code: Any) -> bool:
+    """Whether `code` can jump back in its normal flow: a loop. Exception handlers are
+    not followed: on Python 3.12 a `with` block's cleanup jumps back to the code after
+    it, and a layer function holding `with jax.named_scope(...)` counted as a loop (its
+    calls in a Python loop were drawn as one stage). Conditional backward jumps count
+    (Python 3.11's `while` loops end with `POP_JUMP_BACKWARD_IF_TRUE`)."""
+    import dis
+
+    ins = list(dis.get_instructions(code))
+    index = {i.offset: k for k, i in enumerate(ins)}
+    jumps = {*dis.hasjrel, *dis.hasjabs}
+    seen: set[int] = set()
+    todo = [0]
+    while todo:
+        k = todo.pop()
+        if k in seen or k >= len(ins):
+            continue
+        seen.add(k)
+        i = ins[k]
+        if i.opcode in jumps and i.argval in index:
+            if i.argval <= i.offset:
+                return True
+            todo.append(index[i.argval])
+        if i.opname not in _NO_FALL_THROUGH:
+            todo.append(k + 1)
+    return False
 
 
 @dataclass(frozen=True, eq=False)

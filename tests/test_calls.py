@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import sowviz
+from sowviz import _compat
 from sowviz.graph import build_graph
 
 HERE = Path(__file__)
@@ -140,6 +141,44 @@ def test_calls_from_one_line_in_a_loop_are_told_apart_and_a_lambda_is_no_stage()
     assert all(n.source.line == line_of("@call_twice") for n in each)
     assert all([m.label for m in g.children(n.id)] == ["sin", "mul", "add"] for n in each)
     assert not any("lambda" in n.label for n in g.nodes)
+
+
+def _scoped_twice(x):
+    with jax.named_scope("norm"):  # a `with`: on Python 3.12 its cleanup code jumps back
+        x = x / jnp.sqrt(jnp.mean(x**2) + 1e-5)
+    return jnp.sin(x) * 2.0
+
+
+def _scoped_chain(x, w):
+    x = x @ w
+    for _ in range(3):
+        x = _scoped_twice(x)  # @call_scoped_twice
+    return jnp.sum(x**2)
+
+
+def test_calls_of_a_function_holding_a_with_block_are_told_apart():
+    # A `with` block is no loop: its calls from one line in a loop are three stages.
+    g = graph_of(_scoped_chain, XS[:, :3], jnp.eye(3) * 0.5)
+    (stacked,) = [n for n in g.nodes if n.label == "_scoped_twice (×3)"]
+    each = g.children(stacked.id)
+    assert [n.label for n in each] == ["_scoped_twice", "_scoped_twice#2", "_scoped_twice#3"]
+    assert all(n.source.line == line_of("@call_scoped_twice") for n in each)
+    assert all("norm" in [m.label for m in g.children(n.id)] for n in each)
+
+
+def _while_inside(x):
+    i = 0
+    while i < 2:  # a loop in the callee: its calls in a row cannot be told apart by line
+        x = jnp.sin(x)
+        i += 1
+    return x
+
+
+def test_a_function_with_a_while_loop_is_known_to_loop():
+    assert _compat._has_loop(_while_inside.__code__)
+    assert _compat._has_loop(_chain.__code__)
+    assert not _compat._has_loop(_scoped_twice.__code__)
+    assert not _compat._has_loop(_layer_norm.__code__)
 
 
 def _step(w, x):
