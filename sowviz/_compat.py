@@ -915,6 +915,18 @@ def has_refs(jaxpr: Any) -> bool:
     return False
 
 
+def calls_custom_vjp(jaxpr: Any) -> bool:
+    """Whether a program (or one it calls) calls a `jax.custom_vjp` function, which JAX
+    cannot take forward."""
+    jaxpr, _ = jaxpr_and_consts(jaxpr)
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in CUSTOM_VJP:
+            return True
+        if any(calls_custom_vjp(sub) for _, _, sub in sub_jaxprs(eqn)):
+            return True
+    return False
+
+
 def vjp_by_jvp(f: Any, primals: tuple, check: Any = None, has_aux: bool = False) -> tuple:
     """`(f(*primals), pullback)` like `jax.vjp`, built as the transpose of `f`'s JVP
     (`jax.linear_transpose`, which partially evaluates the JVP once for the whole

@@ -19,10 +19,13 @@ Loops are iterated to a fixed point over their carries (a `while` loop's
 condition carries no tangent: it only decides how often the body runs). A
 custom rule is followed through its primal program: Equinox's `error_if`, which
 diffrax calls on its every output, is a `custom_jvp` passing each value to its
-own output, as its rule passes each tangent. A rule routing a tangent where its
-primal program sends no value would make a live value look dead; its probe then
-loses its cotangent, never the gradient (the program reads on the original value,
-never the `stop_gradient`). A program holding mutable references (`jax.new_ref`),
+own output, as its rule passes each tangent. Inside it, a primitive whose
+derivative is zero does not cut the path: a straight-through estimator's
+`round` is such a program, and its rule passes the cotangent on (the weight it
+rounds lost its gradient's statistics). A rule routing a tangent where its
+primal program sends no value at all would make a live value look dead; its
+probe then loses its cotangent, never the gradient (the program reads on the
+original value, never the `stop_gradient`). A program holding mutable references (`jax.new_ref`),
 which carry values beside the outputs, gets no answer: nothing is detached.
 """
 
@@ -69,8 +72,11 @@ def live_values(jaxpr: Any, live_outputs: Sequence[bool]) -> dict[Path, set] | N
     return out
 
 
-def _live(jaxpr: Any, live_outs: list[bool], path: Path, out: dict[Path, set]) -> list[bool]:
-    """Marks `jaxpr`'s live variables in `out[path]`; returns which inputs are live."""
+def _live(
+    jaxpr: Any, live_outs: list[bool], path: Path, out: dict[Path, set], custom: bool = False
+) -> list[bool]:
+    """Marks `jaxpr`'s live variables in `out[path]`; returns which inputs are live.
+    `custom`: `jaxpr` is (inside) a custom rule's primal program (`_operands`)."""
     jaxpr, _ = _compat.jaxpr_and_consts(jaxpr)
     live = {v for v, on in zip(jaxpr.outvars, live_outs, strict=True) if on and _carries(v)}
     for i in range(len(jaxpr.eqns) - 1, -1, -1):
@@ -79,25 +85,29 @@ def _live(jaxpr: Any, live_outs: list[bool], path: Path, out: dict[Path, set]) -
             raise _Refs
         outs = [_carries(v) and v in live for v in eqn.outvars]
         if any(outs):
-            ins = _operands(eqn, i, outs, path, out)
+            ins = _operands(eqn, i, outs, path, out, custom)
             live.update(v for v, on in zip(eqn.invars, ins, strict=True) if on and _carries(v))
     out[path] = live
     return [v in live for v in jaxpr.invars]
 
 
-def _operands(eqn: Any, i: int, outs: list[bool], path: Path, out: dict) -> list[bool]:
-    """Which of `eqn`'s operands reach its live outputs `outs`."""
+def _operands(
+    eqn: Any, i: int, outs: list[bool], path: Path, out: dict, custom: bool = False
+) -> list[bool]:
+    """Which of `eqn`'s operands reach its live outputs `outs` (`custom`: the equation
+    is inside a custom rule's primal program)."""
     construct = construct_of(eqn.primitive.name)
     params = eqn.params
     n = len(eqn.invars)
     param = spec(construct).bodies[0].param if construct in _CALLS else None
     if param is not None and param in params:
-        inner = _live(params[param], outs, (*path, (i, param, None)), out)
+        inside = custom or construct in (Construct.CUSTOM_JVP, Construct.CUSTOM_VJP)
+        inner = _live(params[param], outs, (*path, (i, param, None)), out, inside)
         return inner if len(inner) == n else [True] * n
     if construct is Construct.COND:  # operand 0 is the branch index
         ins = [False] * n
         for b, branch in enumerate(params["branches"]):
-            got = _live(branch, outs, (*path, (i, "branches", b)), out)
+            got = _live(branch, outs, (*path, (i, "branches", b)), out, custom)
             ins[1:] = [a or g for a, g in zip(ins[1:], got, strict=True)]
         return ins
     if construct is Construct.SCAN:
@@ -105,7 +115,9 @@ def _operands(eqn: Any, i: int, outs: list[bool], path: Path, out: dict) -> list
         c0, nc = layout.num_consts, layout.num_carry
         carry = list(outs[:nc])
         while True:  # carries feed the next iteration's carries: iterate to a fixed point
-            got = _live(params["jaxpr"], carry + list(outs[nc:]), (*path, (i, "jaxpr", None)), out)
+            got = _live(
+                params["jaxpr"], carry + list(outs[nc:]), (*path, (i, "jaxpr", None)), out, custom
+            )
             grown = [a or b for a, b in zip(carry, got[c0 : c0 + nc], strict=True)]
             if grown == carry:
                 return got
@@ -115,12 +127,14 @@ def _operands(eqn: Any, i: int, outs: list[bool], path: Path, out: dict) -> list
         _live(params["cond_jaxpr"], [False], (*path, (i, "cond_jaxpr", None)), out)
         carry = list(outs)
         while True:
-            got = _live(params["body_jaxpr"], carry, (*path, (i, "body_jaxpr", None)), out)
+            got = _live(params["body_jaxpr"], carry, (*path, (i, "body_jaxpr", None)), out, custom)
             grown = [a or b for a, b in zip(carry, got[bn:], strict=True)]
             if grown == carry:
                 return [False] * cn + got[:bn] + carry
             carry = grown
-    if construct is None and _compat.zero_derivative(eqn.primitive):
+    # Not inside a custom rule's primal program: its rule may send a tangent where the
+    # primal's derivative is zero (a straight-through `round`, the rule passing `g` on).
+    if construct is None and not custom and _compat.zero_derivative(eqn.primitive):
         return [False] * n
     return [True] * n
 

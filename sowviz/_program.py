@@ -608,8 +608,9 @@ class Runner:
                 if not instrumented:
                     return self._with_statics(self._plain(spec, dyn, extra, chain))
                 out = restored(self._instrumented(spec, dyn, extra, inline, steps), (dyn, extra))
-        except TypeError as err:
-            said = forward_error(self.options.mode, err) or leaked_trace_error(err)
+        except (TypeError, RuntimeError) as err:
+            calls_vjp = lambda: self._calls_custom_vjp(spec, dyn)  # noqa: E731
+            said = forward_error(self.options.mode, err, calls_vjp) or leaked_trace_error(err)
             if said is None:
                 raise
             raise said from err
@@ -629,6 +630,14 @@ class Runner:
                 out.aux,
             )
         return self._with_statics(out)
+
+    def _calls_custom_vjp(self, spec: ArgSpec, dyn: list) -> bool:
+        """Whether `fn`'s program calls a `jax.custom_vjp` function (for an error's
+        words: False if it cannot even be traced)."""
+        try:
+            return _compat.calls_custom_vjp(self.family.traced(self.options, spec, dyn).closed)
+        except Exception:
+            return False
 
     def _with_statics(self, out: Out) -> Out:
         """`out` with the non-JAX leaves of `fn`'s output put back into its result and aux."""

@@ -284,8 +284,10 @@ class Inspection:
         the output leaf `leaf` ("" for a single array, "[1]" for a stage's second
         output), or whose path (`probe_path`) is `name` or ends with "/" + `name`
         ("conv2/weight"). A module's stage answers to its name without its class too
-        (`"conv1"` for `conv1: Conv2d`, `"down[1][0]/conv1"`), and a parameter to its
-        name in the parameter table (`"down[1][0].conv1.weight"`). A name that several
+        (`"conv1"` for `conv1: Conv2d`, `"down[1][0]/conv1"`) and to its path as Python
+        reaches it (`"blocks[1].attn"`), and a parameter to its name in the parameter
+        table (`"down[1][0].conv1.weight"`). A stage of several outputs named without
+        `leaf` is a KeyError listing its leaves. A name that several
         probes share is a KeyError listing their paths, never the first of them; a
         stage wins over what it holds of the same name (a scope `cholesky` over the
         `cholesky` inside it)."""
@@ -313,8 +315,16 @@ class Inspection:
                 "Name one by its path, or by the end of it that only it has (e.g. "
                 f"{_unique_end(hits[0], hits[1:])!r})."
             )
-        leaves = sorted({p.leaf for p in self.probes if p.name == name and p.leaf})
-        if leaves:
+        # the name is right but the leaf is not: a stage of several outputs
+        others = [
+            p
+            for p in self.probes
+            if p.leaf != leaf
+            and (p.name == name or name == (path := self.probe_path(p)) or name in _aliases(path))
+        ]
+        stages = sorted({self.probe_path(p) for p in others})
+        if len(stages) == 1:
+            leaves = sorted({p.leaf for p in others}, key=_natural)
             raise KeyError(
                 f"probe {name!r} has several output leaves; pick one with `leaf=`: "
                 f"{', '.join(repr(x) for x in leaves[:8])}"
@@ -349,10 +359,11 @@ def _aliases(path: str) -> set[str]:
     out = set()
     for labels in (parts, bare):
         out.update("/".join(labels[-k:]) for k in range(1, len(labels) + 1))
-    dotted = ""
-    for label in bare[1:]:
-        dotted += label if not dotted or label.startswith("[") else "." + label
-    if dotted:
+    # dotted as Python reaches a module (`blocks[0].attn`), every end of the path
+    for k in range(1, len(bare) + 1):
+        dotted = ""
+        for label in bare[-k:]:
+            dotted += label if not dotted or label.startswith("[") else "." + label
         out.add(dotted)
     return out
 

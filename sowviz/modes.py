@@ -258,18 +258,30 @@ _FORWARD_THROUGH_CUSTOM_VJP = (
 )
 
 
-def forward_error(mode: Mode | str, err: Exception) -> TypeError | None:
+def forward_error(
+    mode: Mode | str, err: Exception, calls_custom_vjp: Callable[[], bool] = lambda: False
+) -> TypeError | None:
     """JAX's refusal to take a `custom_vjp` forward (raised when the program is traced
-    or, in JAX 0.12, lowered), said in sowviz's words; None for any other error."""
+    or, in JAX 0.12, lowered), said in sowviz's words; None for any other error. A
+    forward mode's other `TypeError` or `RuntimeError` on a program that
+    `calls_custom_vjp` is said so too, the error below: mode "all" reaches a custom
+    rule's backward first, and there a library's rule may fail otherwise (Equinox's
+    under diffrax's `BacksolveAdjoint`: "'type' object is not iterable", "Unexpected
+    tangent")."""
     mode = Mode(mode)
     forward = mode in (Mode.JVP, Mode.ALL)
-    if not (forward and isinstance(err, TypeError) and "custom_vjp" in str(err)):
+    if not (forward and isinstance(err, TypeError | RuntimeError)):
+        return None
+    direct = isinstance(err, TypeError) and "custom_vjp" in str(err)
+    if not (direct or calls_custom_vjp()):
         return None
     msg = _FORWARD_THROUGH_CUSTOM_VJP.format(mode=mode.value)
     if "diffrax" in sys.modules:  # its default adjoint is a custom_vjp; it has another
         msg += _DIFFRAX_FORWARD
-    return TypeError(msg)
+    return TypeError(msg if direct else msg + _JAX_SAID.format(err=err))
 
+
+_JAX_SAID = " (The error raised on the way:\n{err})"
 
 _DIFFRAX_FORWARD = (
     " With diffrax, a `diffeqsolve`'s default adjoint is one: pass "

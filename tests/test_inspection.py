@@ -645,6 +645,48 @@ def test_probes_answer_to_the_names_a_user_sees():
         ins.probe("conv1: Linea")
 
 
+def test_probes_answer_to_dotted_module_paths_and_say_which_leaves_a_stage_has():
+    from flax import nnx
+
+    class Block(nnx.Module):
+        def __init__(self, rngs):
+            self.attn = nnx.Linear(3, 3, rngs=rngs)
+
+        def __call__(self, x):
+            return jnp.tanh(self.attn(x))
+
+    class Split(nnx.Module):
+        def __call__(self, x):
+            return x * 2.0, x - 1.0
+
+    class Model(nnx.Module):
+        def __init__(self, rngs):
+            self.blocks = nnx.List([Block(rngs), Block(rngs)])
+            self.split = Split()
+
+        def __call__(self, x):
+            for b in self.blocks:
+                x = b(x)
+            a, c = self.split(x)
+            return jnp.sum(a * c)
+
+    model = Model(nnx.Rngs(0))
+    x = jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)
+    ins = sowviz.inspect(lambda m, x: m(x), model, x)
+    # as Python reaches the module: `blocks[1].attn`, the stage `blocks[1]/attn`
+    got = ins.probe("blocks[1].attn")
+    assert got is ins.probe("blocks[1]/attn")
+    h = model.blocks[0](x)
+    np.testing.assert_allclose(
+        got.summaries["primal"]["l2"], np.linalg.norm(model.blocks[1].attn(h)), rtol=1e-5
+    )
+    # a stage of two outputs named without its leaf: which leaves there are
+    with pytest.raises(KeyError, match=r"several output leaves.*'\[0\]', '\[1\]'"):
+        ins.probe("split")
+    with pytest.raises(KeyError, match=r"several output leaves"):
+        ins.probe("Model.split")
+
+
 def _branchy(x):
     def expensive(x):
         with jax.named_scope("exp_branch"):

@@ -123,6 +123,14 @@ def test_a_value_masked_before_any_result_is_reported_quietly(page, tmp_path):
         "() => getComputedStyle(document.querySelector('.sowviz')).getPropertyValue('--sv-bad')"
     )
     assert stroke != _rgb(bad.strip()) and "rgb" in stroke
+    # its panel says the values were masked, in the muted colour, not as an alarm
+    pg.click(f'[data-node-id="{mask}"]')
+    alert = pg.locator('[data-role="detail"] .sv-alert')
+    assert "Masked before any result" in alert.inner_text()
+    assert alert.get_attribute("role") == "note"
+    assert pg.eval_on_selector(
+        '[data-role="detail"] .sv-alert', "e => getComputedStyle(e).color"
+    ) != _rgb(bad.strip())
     assert page.errors == []
 
 

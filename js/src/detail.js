@@ -172,7 +172,11 @@ export class DetailPanel {
     if (origins.forward !== id && origins.backward !== id && stored?.propagators.includes(id)) {
       lines.push("Passes on non-finite values made upstream.");
     }
-    return h("div", { class: "sv-alert", role: "alert" }, lines.map((t) => h("div", { text: t })));
+    // Masked before any result (a solver's buffer pre-filled with Inf): said, not alarmed.
+    const quiet = stored != null && !stored.alarm;
+    if (quiet) lines.push("Masked before any result: the value and every gradient are finite (no alarm).");
+    return h("div", { class: quiet ? "sv-alert sv-alert-quiet" : "sv-alert", role: quiet ? "note" : "alert" },
+      lines.map((t) => h("div", { text: t })));
   }
 
   noProbes(index, id) {

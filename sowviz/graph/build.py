@@ -16,7 +16,7 @@ from typing import Any
 
 from .. import _compat
 from .._forwarding import forwarded_operand
-from ..primitives import Body, Construct, function_name, spec_of
+from ..primitives import Body, Construct, construct_of, function_name, spec_of
 from . import frameworks, repeats
 from .calls import group_calls
 from .copies import renames
@@ -495,10 +495,13 @@ class _Builder(InputsMixin):
             ):
                 # Not the operands a stage hands back unchanged (an `nnx.remat` returns
                 # the module's parameters): the same values, probed where they come from.
+                # A `custom_vjp`'s are its own: its rule may change their gradient (a
+                # gradient clip's forward is the identity).
+                vjp = construct_of(eqn.primitive.name) is Construct.CUSTOM_VJP
                 made = [
                     k
                     for k in range(len(eqn.outvars))
-                    if forwarded_operand(eqn, k, self.forwarding) is None
+                    if vjp or forwarded_operand(eqn, k, self.forwarding) is None
                 ]
                 if made:
                     self.point(rec, path, [(i, k) for k in made], [eqn.outvars[k] for k in made])

@@ -200,6 +200,11 @@ def test_jvp_through_a_solve_names_diffrax_forward_mode_and_then_matches_jax():
     model = NeuralODE(Func(jax.random.PRNGKey(0)), diffrax.RecursiveCheckpointAdjoint())
     with pytest.raises(TypeError, match=r"diffrax\.ForwardMode\(\)"):
         sowviz.inspect(loss, model, ts, ys, mode="jvp", argnums=0)
+    # mode "all" reaches the backward adjoint's own rule first, which fails otherwise
+    # ("'type' object is not iterable" inside Equinox): the same words
+    backsolve = NeuralODE(Func(jax.random.PRNGKey(0)), diffrax.BacksolveAdjoint())
+    with pytest.raises(TypeError, match=r"mode 'all' pushes tangents.*ForwardMode\(\)"):
+        sowviz.inspect(loss, backsolve, ts, ys, mode="all", argnums=0)
     model = NeuralODE(Func(jax.random.PRNGKey(0)), diffrax.ForwardMode())
     params, static = eqx.partition(model, eqx.is_inexact_array)
     tangent = jax.tree.map(lambda p: jnp.full_like(p, 0.1), params)
