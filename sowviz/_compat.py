@@ -609,6 +609,18 @@ class CallPath:
 
     names: tuple[str, ...] = ()
     below_user: bool = False
+    #: the installed package the first of them comes from (`flax` for `nn.avg_pool`,
+    #: `jax` for `jnp.mean`), or None when unknown
+    package: str | None = None
+
+
+def _package(filename: str) -> str | None:
+    """The installed top-level package a source file belongs to, or None."""
+    parts = filename.split(os.sep)
+    for k in range(len(parts) - 2, -1, -1):
+        if parts[k] in ("site-packages", "dist-packages"):
+            return parts[k + 1]
+    return None
 
 
 _paths: dict[tuple, tuple[Any, CallPath]] = {}
@@ -625,6 +637,26 @@ _API_BOUNDARY = _traceback_util.__file__
 def _is_tree_util(code: Any) -> bool:
     # `jax.tree.map` runs a library's function per leaf: the function is the news.
     return os.path.basename(code.co_filename) in ("tree.py", "tree_util.py")
+
+
+_BATCHING_FILE = os.path.join("interpreters", "batching.py")
+
+
+def moves_batch_axis(eqn: JaxprEqn) -> bool:
+    """Whether `eqn` is the `transpose` that `jax.vmap` binds to move a value's batch
+    axis where it is returned (`batching.matchaxis`): a value made under `vmap` with
+    its batch axis elsewhere (a bias-free `eqx.nn.Linear`'s `dot_general` puts it
+    last) becomes the array the user sees there."""
+    if eqn.primitive.name != "transpose":
+        return False
+    tb = eqn.source_info.traceback
+    if tb is None:
+        return False
+    try:
+        codes, _ = tb.raw_frames()
+    except Exception:  # best effort: no traceback, no move
+        return False
+    return any(c.co_name == "matchaxis" and c.co_filename.endswith(_BATCHING_FILE) for c in codes)
 
 
 def call_path(eqn: JaxprEqn) -> CallPath:
@@ -655,6 +687,7 @@ def call_path(eqn: JaxprEqn) -> CallPath:
             if len(_paths) > 100_000:  # a long session of many programs
                 _paths.clear()
             names: list[str] = []
+            package: str | None = None
             api: str | None = ""  # "": the frame before was not JAX's
             for c in reversed(codes[:user]):
                 if c.co_filename.startswith(_SOWVIZ_DIR + os.sep) or c.co_filename == _API_BOUNDARY:
@@ -662,14 +695,18 @@ def call_path(eqn: JaxprEqn) -> CallPath:
                 if _source_info.is_user_filename(c.co_filename) or c.co_filename.startswith(
                     _JAX_ALGORITHMS
                 ):
+                    if not names:
+                        package = _package(c.co_filename)
                     names.append(c.co_qualname)
                     api = ""
                 elif api == "":  # the JAX function that code called (`softmax`, `norm`)
                     public = "." not in c.co_qualname and not c.co_name.startswith("_")
                     api = c.co_qualname if public and not _is_tree_util(c) else None
             if api:
+                if not names:
+                    package = "jax"
                 names.append(api)
-            path = CallPath(tuple(names), user < len(codes))
+            path = CallPath(tuple(names), user < len(codes), package)
             _paths[key] = (codes, path)
         return path
     except Exception:  # best effort, as user_location

@@ -62,7 +62,7 @@ from ._history import History
 from ._program import CHAIN_START, Out, Traced, runner_for
 from ._runtime_errors import library_errors
 from .capture.packing import Packed
-from .inspection import Inspection, Probe
+from .inspection import Inspection, Probe, device_of
 from .nonfinite_locate import locate_step as _locate_step
 from .options import InspectOptions, check_bool, check_int, check_number
 
@@ -163,6 +163,7 @@ class Monitor:
         self._located = False  # the first non-finite step was located (done once)
         self._traced: Traced | None = None
         self._latest: LazyEntry | None = None  # the latest recorded step
+        self._device: str | None = None  # where the latest recorded step ran (`_record`)
         self._listeners: list[Any] = []
         self._failed: set[int] = set()
         self._view: Any = None
@@ -356,6 +357,8 @@ class Monitor:
             loss = None
         finite = bool(np.all(finite))
         packed = Packed(tuple(host), out.packed.layout, out.packed.regroup)
+        # where the step ran, as `inspect` says it (a sharded step: `cpu:0 +7 more`)
+        self._device = device_of(out.packed.buffers)
         entry = LazyEntry(step, loss, finite, (out.traced, packed, self._options))
         if not (finite and bool(clean)):
             self._origins(step, entry, out.traced.graph, args)
@@ -508,7 +511,7 @@ class Monitor:
             graph=self._traced.graph,
             probes=self._probes,
             mode=self._options.mode,
-            device=_device(),
+            device=self._device or _device(),
             title=self._traced.graph.title,
         )
         d = ins.to_dict() if created is _KEEP else ins.to_dict(created=created)

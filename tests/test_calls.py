@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import re
 from pathlib import Path
 
 import jax
@@ -181,6 +182,32 @@ def test_a_function_with_a_while_loop_is_known_to_loop():
     assert not _compat._has_loop(_layer_norm.__code__)
 
 
+def _smooth(w, h):
+    def body(i, h):
+        return 0.5 * h + 0.5 * jnp.tanh(h @ w)
+
+    return jax.lax.fori_loop(0, 3, body, h)
+
+
+def _refine(w, h):
+    def body(i, h):
+        return h + 0.1 * jnp.sin(h @ w)
+
+    return jax.lax.fori_loop(0, 5, body, h)
+
+
+def _two_loops(w, x):
+    return jnp.sum(_refine(w, _smooth(w, x)) ** 2)
+
+
+def test_a_call_making_one_loop_is_a_stage_around_it():
+    # Both loops' bodies are `body`: the calls say which is which.
+    g = graph_of(_two_loops, jnp.eye(3) * 0.5, XS[:, :3])
+    for name in ("_smooth", "_refine"):
+        call = one(g, name, "scope")
+        assert [(n.label, n.kind) for n in g.children(call.id)] == [("fori_loop(body)", "scan")]
+
+
 def _step(w, x):
     def mlp(w, x):
         return jnp.sum(jnp.tanh(x @ w) ** 2)
@@ -240,6 +267,23 @@ def test_what_a_differentiated_function_keeps_for_its_backward_pass_is_said():
     assert saved and all(s["shape"] == [5, 8] for s in saved), saved
     (note,) = [n for n in ins.to_dict()["notes"] if n["probe"] == node]
     assert f"{len(saved)} of its {len(leaves)} values" in note["message"], note
+    # the backward pass's stage it names is there
+    labels = {n.label for n in ins.graph.nodes}
+    assert "(`_critic (backward)`)" in note["message"] and "_critic (backward)" in labels
+    # a function's own lines, folded (`loss:9`), have no backward stage: none is named
+    ins = sowviz.inspect(jax.jit(jax.value_and_grad(_folded_loss)), p, x, mode="primal")
+    for n in ins.to_dict()["notes"]:
+        for named in re.findall(r"\(`([^`]*\(backward\))`\)", n["message"]):
+            assert named in {m.label for m in ins.graph.nodes}, n["message"]
+
+
+def _folded_loss(p, x):
+    logits = _predict2(p, x)
+    return -jnp.mean(jnp.sum(jax.nn.log_softmax(logits) * jnp.ones_like(logits), -1))
+
+
+def _predict2(p, x):
+    return jnp.tanh(x @ p["w1"]) * p["w2"]
 
 
 def _named(f):

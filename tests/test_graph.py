@@ -320,6 +320,19 @@ def test_module_scopes_of_one_program_are_not_module_scopes_of_the_next():
     one(g, "checkpoint(scoped_block)", "remat")
 
 
+def test_a_jit_that_only_repeats_its_custom_rule_is_no_box_of_its_own():
+    # `jax.nn.relu` is a custom_jvp of a jit `relu`: one `relu` box holding `max`,
+    # not a `relu` inside a `relu`
+    _, g = graph_of(lambda x: jnp.sum(jax.nn.relu(jax.nn.relu(x) - 1.0) ** 2), X)
+    for label in ("relu", "relu#2"):  # the second numbered, its body's jit not
+        relu = one(g, label, "custom")
+        assert [(n.label, n.kind) for n in g.children(relu.id)] == [("max", "eqn")]
+    assert all(g.node(e.source) and g.node(e.target) for e in g.edges)
+    # a jit named otherwise, or beside other equations, stays
+    _, g2 = graph_of(lambda x: jnp.sum(jax.nn.softplus(x) * jax.nn.relu(x)), X)
+    assert one(g2, "relu", "custom").kind == "custom"
+
+
 def test_custom_jvp_probed_on_outputs_with_note():
     _, g = graph_of(with_custom, X, capture="all")
     c = one(g, "softclip", "custom")

@@ -687,6 +687,39 @@ def test_probes_answer_to_dotted_module_paths_and_say_which_leaves_a_stage_has()
         ins.probe("Model.split")
 
 
+def test_a_framework_s_functional_layers_are_boxes_with_their_data():
+    # Flax Linen's MNIST-style CNN: `nn.avg_pool` (two equations) and `nn.max_pool`
+    # (one) were unprobed primitives in the model's stage, their values unseen
+    import flax.linen as nn
+
+    class CNN(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = nn.relu(nn.Conv(4, (3, 3))(x))
+            x = nn.avg_pool(x, (2, 2), strides=(2, 2))
+            x = nn.max_pool(x, (2, 2), strides=(2, 2))
+            return nn.Dense(2)(x.reshape((x.shape[0], -1)))
+
+    model = CNN()
+    x = jax.random.normal(jax.random.PRNGKey(0), (2, 8, 8, 1))
+    params = model.init(jax.random.PRNGKey(1), x)["params"]
+
+    def loss(p, x):
+        return jnp.sum(model.apply({"params": p}, x) ** 2)
+
+    ins = sowviz.inspect(loss, params, x)
+    (cnn,) = [n for n in ins.graph.nodes if n.label == "CNN"]
+    kids = [n.label for n in ins.graph.children(cnn.id)]
+    assert kids[:5] == ["Conv_0", "relu", "avg_pool", "max_pool", "reshape"], kids
+    h = nn.relu(nn.Conv(4, (3, 3)).apply({"params": params["Conv_0"]}, x))
+    pooled = nn.avg_pool(h, (2, 2), strides=(2, 2))
+    for name, want in (("avg_pool", pooled), ("max_pool", nn.max_pool(pooled, (2, 2), (2, 2)))):
+        got = ins.probe(name).summaries
+        assert list(got["primal"]["shape"]) == list(want.shape)
+        np.testing.assert_allclose(got["primal"]["l2"], np.linalg.norm(want), rtol=1e-5)
+        assert "cotangent" in got
+
+
 def _branchy(x):
     def expensive(x):
         with jax.named_scope("exp_branch"):

@@ -412,6 +412,10 @@ def test_gradients_are_placed_like_their_parameters_as_under_jit(every):
             assert g.sharding.is_equivalent_to(want_grads[k].sharding, g.ndim), k
             assert g.sharding.is_equivalent_to(params[k].sharding, g.ndim), k
         params = jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads)
+    mon.flush()
+    # the report says where the steps ran, as `inspect` says it: all 8 devices
+    assert mon.to_dict()["device"] == sowviz.inspect(loss, params, x, y).to_dict()["device"]
+    assert "+7 more" in mon.to_dict()["device"]
     mon.close()
 
 

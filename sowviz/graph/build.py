@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from .. import _compat
@@ -35,7 +36,7 @@ from .names import (
     shape_str,
     short_path,
 )
-from .saved import leaf_names, saved_for_backward, saved_note
+from .saved import REUSED, leaf_names, saved_for_backward, saved_note
 from .tesseract import output_names, tesseract_label
 
 _CAPTURES = ("sows", "stages", "all")
@@ -107,6 +108,31 @@ def _read_before_last(items: Sequence[tuple[Any, tuple[int, int]]], reads: Mappi
         return False
     last = max(at[0] for _, at in items)
     return any(at[0] < j <= last for v, at in items if at[0] < last for j in reads.get(v, ()))
+
+
+def _echoes(recs: Sequence[_Rec], points: Sequence[ProbePoint]) -> dict[str, str]:
+    """Nodes that only repeat their parent, each to that parent: a `jit` that is all of
+    a custom rule's body and bears its name (`jax.nn.relu` is a `custom_jvp` of a `jit`
+    `relu`: every ReLU of a model opened onto a second `relu` box), with no probe of
+    its own. Its children become the custom call's."""
+    by_id = {r.id: r for r in recs}
+    children: dict[str | None, int] = {}
+    for r in recs:
+        children[r.parent] = children.get(r.parent, 0) + 1
+    probed = {p.node for p in points}
+    out = {}
+    for r in recs:
+        parent = by_id.get(r.parent) if r.parent is not None else None
+        if (
+            parent is not None
+            and r.kind == "jit"
+            and parent.kind == "custom"
+            and REUSED.sub("", parent.label) == r.label  # `relu#2` holding `relu`
+            and children[parent.id] == 1
+            and r.id not in probed
+        ):
+            out[r.id] = parent.id
+    return out
 
 
 def _ancestors(recs: Sequence[_Rec], rec: _Rec) -> list[_Rec]:
@@ -190,6 +216,9 @@ def _whole_program_jit(jaxpr: Any, title: str) -> Any | None:
         return None
     return eqn.params["jaxpr"]
 
+
+#: Constructs labelled by the function they run (`scan(step)`), not by their caller.
+_NAMED_BY_BODY = frozenset({Construct.SCAN, Construct.WHILE, Construct.COND})
 
 #: Constructs that call their sub-program once, with their operands as its parameters.
 _CALLS = (Construct.JIT, Construct.CALL, Construct.REMAT)
@@ -290,6 +319,8 @@ class _Builder(InputsMixin):
         self.unrenamed = {new: old for (_, old), new in renamed.items()}
         #: a variable -> {scope name: its place in the result of that module call}
         self.returns: dict[Any, dict[str, int]] = {}
+        #: a scope's output as `vmap` returns it -> the value it moved (`batch_first`)
+        self.moved: dict[Any, Any] = {}
         for (name, var), k in (returns or {}).items():
             self.returns.setdefault(var, {})[name] = k
         self.forwarding: dict = {}  # `_forwarding`'s memo
@@ -399,6 +430,12 @@ class _Builder(InputsMixin):
         # the user's own functions (`predict` > `layer_norm`), before any fold
         prims = [e.primitive.name for e in jaxpr.eqns]
         is_stage = [spec_of(name) is not None for name in prims]
+        # A call making one loop (or `cond`) is a stage around it: the loop is named by
+        # its body (`fori_loop(body)`), the call says whose it is (`smooth`).
+        named_stage = [
+            st and spec_of(name).construct not in _NAMED_BY_BODY  # type: ignore[union-attr]
+            for st, name in zip(is_stage, prims, strict=True)
+        ]
         frames = [_compat.user_frames(e) for e in jaxpr.eqns]
         backward = [("transform", "transpose") in _compat.name_stack_kinds(e) for e in jaxpr.eqns]
         scoped, call_sites = group_calls(
@@ -408,7 +445,7 @@ class _Builder(InputsMixin):
             tag=len(self.call_sites),
             primitives=prims,
             roots=[f.root if f is not None else None for f in frames],
-            stages=is_stage,
+            stages=named_stage,
         )
         self.call_sites.update(call_sites)
         layer_call = self.layer_calls(jaxpr, scoped, locs)
@@ -516,6 +553,10 @@ class _Builder(InputsMixin):
         reads: dict[Any, list[int]] | None = None  # made when a scope's point needs it
         for rec in level_scopes:
             assert rec.out_vars is not None
+            if capture_stages and rec.out_vars:
+                if reads is None:
+                    reads = _reads(jaxpr)
+                rec.out_vars = self.batch_first(jaxpr, reads, rec.out_vars)
             if rec.forward:
                 rec.saved = saved.get(rec.id, frozenset())
             if capture_stages:
@@ -737,12 +778,26 @@ class _Builder(InputsMixin):
             at,
         )
 
+    def batch_first(self, jaxpr: Any, reads: Mapping, out_vars: dict) -> dict:
+        """A scope's outputs (value -> where made), each made under `jax.vmap` with its
+        batch axis elsewhere replaced by the value `vmap` moves it to (read only by that
+        `transpose`, `_compat.moves_batch_axis`): the shape the user sees there, the
+        statistics the same."""
+        out = {}
+        for v, at in out_vars.items():
+            readers = reads.get(v, ())
+            if len(readers) == 1 and _compat.moves_batch_axis(move := jaxpr.eqns[readers[0]]):
+                self.moved[move.outvars[0]] = v
+                v, at = move.outvars[0], (readers[0], 0)
+            out[v] = at
+        return out
+
     def returned_at(self, rec: _Rec, v: Any) -> float:
         """Where `v` sits in the result of the module call that `rec` is the stage of
         (`frameworks.named` records it), or after every such place: a stage numbers its
         outputs in the order its call returns them, not in the order the program makes
         them."""
-        places = self.returns.get(v)
+        places = self.returns.get(self.moved.get(v, v))
         if places:
             for name in (rec.scope, self.unrenamed.get(rec.scope)):
                 if name in places:
@@ -770,12 +825,13 @@ class _Builder(InputsMixin):
             if rec.parent is not None:
                 recs[int(rec.parent[1:])].n_eqns += rec.n_eqns
         repeats.open_model(recs, root)
+        echoes = _echoes(recs, self.points)
         nodes = tuple(
             Node(
                 id=r.id,
                 label=r.label,
                 kind=r.kind,
-                parent=r.parent,
+                parent=echoes.get(r.parent, r.parent),
                 order=r.order,
                 source=r.source,
                 shapes=r.shapes,
@@ -786,11 +842,13 @@ class _Builder(InputsMixin):
                 reads=tuple([i.id for i in r.reads]) if r.reads else (),
             )
             for r in recs
+            if r.id not in echoes
         )
         notes = list(self.notes)
         # Said once, on the outermost such stage (a train step's `loss`, not its layers).
+        labels = {r.label for r in recs}
         notes += [
-            Note("info", r.id, saved_note(r.label, len(r.saved), len(r.out_vars or ())))
+            Note("info", r.id, saved_note(r.label, len(r.saved), len(r.out_vars or ()), labels))
             for r in recs
             if r.saved and not any(a.saved for a in _ancestors(recs, r))
         ]
@@ -803,7 +861,14 @@ class _Builder(InputsMixin):
             title=title,
             root=root.id,
             nodes=nodes,
-            edges=tuple(self.edges.values()),
+            edges=tuple(
+                replace(
+                    e, source=echoes.get(e.source, e.source), target=echoes.get(e.target, e.target)
+                )
+                if e.source in echoes or e.target in echoes
+                else e
+                for e in self.edges.values()
+            ),
             probe_points=tuple(points),
             sow_nodes={k: v[0] for k, v in self.sows.items()},
             sow_nodes_all={k: tuple(v) for k, v in self.sows.items()},

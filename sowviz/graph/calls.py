@@ -147,8 +147,8 @@ def group_calls(
     more passes in a row are alike (`primitives`, each equation's, tell equations
     apart): `cell · readout`, which `repeats` stacks as `cell · readout (×12)`; `roots`
     (`_compat.user_frames`) says where the outermost function has got to; `stages`: the
-    equation is a stage of its own (a `scan`, a `jit`), which a call of it alone
-    would only wrap."""
+    equation is a stage of its own named by that call already (a `jit`), which a call
+    of it alone would only wrap (not a loop: `fori_loop(body)` is named by its body)."""
     out = list(names)
     if not any(calls):  # no call below the outermost frame (or none known)
         return out, {}
@@ -247,7 +247,7 @@ def group_calls(
             while keys[k] is not None and j + 1 < len(items) and keys[j + 1] == keys[k]:
                 j += 1
             # one equation is a stage of its call too (`relu` holding its `max`, with a
-            # probe), unless it is a stage already (a `scan`, a `jit`); one scope alone
+            # probe), unless it is a stage named so already (a `jit`); one scope alone
             # would only be wrapped again
             one = j == k and items[k][1] is None and not stages[items[k][0][0]]
             if keys[k] is not None and (j > k or one):

@@ -266,6 +266,10 @@ def call_labels(path: tuple[str, ...]) -> tuple[str, ...]:
     return out
 
 
+#: Packages whose functions called from a user's line are each a box of their own
+#: (`fold_names`' `layer_key`): the frameworks' functional layers, such as pooling.
+LAYER_PACKAGES = frozenset({"flax", "equinox", "haiku"})
+
 #: A level of at most `line_limit` nodes folds one library call's run of at least this
 #: many equations (`gelu`: 8, `make_causal_mask`: 7; not `jnp.mean`'s 3).
 SMALL_LEVEL_RUN = 5
@@ -391,7 +395,8 @@ def fold_names(
             named = inner and all(m < len(stages) and stages[m] for m in range(i, j + 1))
             # `whole=False`: a run that is all its scope holds would only restate it
             if (
-                not named
+                k is not None
+                and not named
                 and j + 1 - i >= least
                 and (whole or j + 1 - i < direct.get(scope_of(i), 0))
             ):
@@ -495,6 +500,26 @@ def fold_names(
                         split_by_calls(run[a:b], depth + 1, True)
             return
 
+    def layer_key(i: int) -> str | None:
+        # A framework's functional layer (`nn.avg_pool`: `reduce_window_sum` and `div`;
+        # `nn.max_pool`: one `reduce_window_max`) is a box of its name, with its data,
+        # however few equations it makes.
+        loc, scope, what = locs[i], scope_of(i), calls(i)[:1]
+        if loc is None or not what or path(i).package not in LAYER_PACKAGES:
+            return None
+        if "." in path(i).names[0]:  # a module's method: its module's stage says it
+            return None
+        if what[0].startswith("_") or (i < len(primitives) and what[0] == primitives[i]):
+            return None
+        if (i < len(stages) and stages[i]) or (
+            scope and (_OWN in scope[-1] or _SPLIT in scope[-1])
+        ):
+            return None
+        own = function_label(loc.function)[0]
+        return f"{own}:{loc.line}\x02{'/'.join(scope)}\x03{what[0]}"
+
+    if call_path is not None:
+        fold_runs(layer_key, least=1, label=line_label, inner=True, whole=False)
     fold_runs(line_key(False), least=3, label=line_label, inner=True, whole=False)
     if call_path is not None:
         runs = [scope_of(i) for i in range(len(out))]  # before any group changes `out`

@@ -12,7 +12,7 @@ the real outputs, and a note on the outermost such stage says so.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from .. import _compat
@@ -22,11 +22,11 @@ SAVED = "saved for backward"
 
 _NOTE = (
     "`{label}` is differentiated inside the program{unused}: {what} what its forward pass "
-    "keeps for its backward pass (`{function} (backward)`). Such values are marked "
+    "keeps for its backward pass{backward}. Such values are marked "
     "'{saved}', here and in its stages."
 )
 #: The index of a label used again among its siblings (`critic#2`).
-_REUSED = re.compile(r"#\d+$")
+REUSED = re.compile(r"#\d+$")
 
 
 def saved_for_backward(
@@ -70,13 +70,16 @@ def leaf_names(values: Sequence[Any], saved: frozenset) -> tuple[str, ...]:
     return tuple(names)
 
 
-def saved_note(label: str, n_saved: int, n_values: int) -> str:
+def saved_note(label: str, n_saved: int, n_values: int, labels: Collection[str] = ()) -> str:
     """The note on the outermost stage `label` whose `n_saved` of `n_values` values are
-    kept for a backward pass."""
+    kept for a backward pass; it names the backward pass's stage when one of `labels`
+    (the graph's) is that stage (a line's fold, `loss:9`, has none)."""
     every = n_saved == n_values
+    function = label.rpartition("#")[0] if REUSED.search(label) else label
+    backward = f"{function} (backward)"
     return _NOTE.format(
         label=label,
-        function=label.rpartition("#")[0] if _REUSED.search(label) else label,
+        backward=f" (`{backward}`)" if backward in labels else "",
         unused=", and its own output is not used" if every else "",
         what="the values shown for it are" if every else f"{n_saved} of its {n_values} values are",
         saved=SAVED,

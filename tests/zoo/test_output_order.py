@@ -1,8 +1,10 @@
-"""A module stage numbers its outputs in the order its call returns them.
+"""A module stage's outputs as its call returns them: in that order, in that shape.
 
 An Equinox `LSTMCell` returns `(h, c)` but computes `c` first (`h = o * tanh(c)`);
 the program's order alone numbered `c` as `[0]`. `frameworks.named` records where
 each traced leaf sits in a module call's result, and the stage takes that order.
+Under `jax.vmap` a bias-free `eqx.nn.Linear` makes its output with the batch axis
+last, which `vmap` moves to the front after the call: the stage shows it moved.
 Each probe's values are computed here by calling the module itself."""
 
 from __future__ import annotations
@@ -102,3 +104,29 @@ def test_nnx_module_outputs_in_return_order_with_their_cotangents():
     _assert_carries(cot["[0]"], jax.grad(lambda s: jnp.sum(s**2))(squashed))
     loss_of_raw = lambda u: jnp.sum((2 * jnp.tanh(u)) ** 2) + 0.1 * jnp.sum(u)  # noqa: E731
     _assert_carries(cot["[1]"], jax.grad(loss_of_raw)(raw))
+
+
+class Projection(eqx.Module):
+    proj: eqx.nn.Linear
+
+    def __init__(self, key):
+        self.proj = eqx.nn.Linear(16, 3, use_bias=False, key=key)
+
+    def __call__(self, h):
+        return self.proj(h)
+
+
+def _projection_loss(model, h):
+    return jnp.mean(jax.vmap(model)(h) ** 2)
+
+
+def test_a_vmapped_bias_free_linear_has_the_shape_vmap_returns():
+    model = Projection(jax.random.PRNGKey(0))
+    h = jax.random.normal(jax.random.PRNGKey(1), (8, 16))
+    ins = sowviz.inspect(_projection_loss, model, h, mode="grad")
+    assert_value_and_grad(ins.result, *eqx.filter_value_and_grad(_projection_loss)(model, h))
+    out = jax.vmap(model)(h)  # (8, 3): the batch first
+    for name in ("proj: Linear", "Projection"):
+        s = ins.probe(name).summaries
+        _assert_carries(s["primal"], out)
+        _assert_carries(s["cotangent"], jax.grad(lambda y: jnp.mean(y**2))(out))
