@@ -271,6 +271,34 @@ def _layout(
     )
 
 
+def module_tangents(args: tuple, tangents: Any) -> Any:
+    """`tangents` with an `nnx.State` given for a Flax NNX model argument (what
+    `nnx.state(model, nnx.Param)` and `nnx.value_and_grad` hand an NNX user) made the
+    module copy the program takes, the model's other state given zero tangents (its
+    integer state, an RNG stream's key and count, kept: it carries none)."""
+    nnx = sys.modules.get("flax.nnx")
+    if nnx is None or not isinstance(tangents, tuple) or len(tangents) != len(args):
+        return tangents
+    return tuple(
+        _module_tangent(nnx, a, t) if isinstance(a, nnx.Module) and isinstance(t, nnx.State) else t
+        for a, t in zip(args, tangents, strict=True)
+    )
+
+
+def _module_tangent(nnx: Any, model: Any, tangent: Any) -> Any:
+    graphdef, state = nnx.split(model)
+    given = dict(nnx.to_flat_state(tangent))
+
+    def leaf(path: tuple, var: Any) -> Any:
+        if path in given:
+            return given[path]
+        value = var[...]
+        return var.replace(jnp.zeros_like(value)) if _is_float(value) else var
+
+    flat = [(path, leaf(path, var)) for path, var in nnx.to_flat_state(state)]
+    return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
 def _user_tangents(
     spec: ArgSpec, dyn: list, tangents: Any, where: str, layout_of: Callable[[], Layout]
 ) -> tuple | None:
@@ -296,7 +324,9 @@ def _user_tangents(
     try:
         flat = spec.treedef.flatten_up_to(tuple(tangents))
     except (ValueError, TypeError) as err:
-        raise ValueError(f"{bad}; their structure differs: {err}") from None
+        said = str(err)  # JAX prints the whole value: a model's state is kilobytes
+        said = said if len(said) <= 400 else said[:400] + " ..."
+        raise ValueError(f"{bad}; their structure differs: {said}") from None
     layout = layout_of()
     floating = frozenset(layout.floating)
     out = []

@@ -44,6 +44,7 @@ from ._args import (
     _layout,
     _paths,
     _user_tangents,
+    module_tangents,
     positional_names,
     split,
 )
@@ -669,6 +670,9 @@ class Runner:
         """The program's inputs besides `dyn`: this call's tangents (the user's, or the
         mode's defaults, made outside the program) and cotangents."""
         layout_of = lambda: self.family.traced(self.options, spec, dyn).layout  # noqa: E731
+        args = getattr(self.family.local, "args", None)
+        if args is not None:
+            tangents = module_tangents(args, tangents)
         user = _user_tangents(spec, dyn, tangents, where, layout_of)
         tangents = tangent_inputs(self.options.mode, user, layout_of, dyn)
         return (tangents, cotangents)

@@ -720,6 +720,33 @@ def test_a_framework_s_functional_layers_are_boxes_with_their_data():
         assert "cotangent" in got
 
 
+def test_an_nnx_model_s_tangent_may_be_the_state_of_its_parameters():
+    from flax import nnx
+
+    model = nnx.Sequential(
+        nnx.Linear(8, 8, rngs=nnx.Rngs(0)),
+        nnx.BatchNorm(8, rngs=nnx.Rngs(0)),
+        nnx.Linear(8, 1, rngs=nnx.Rngs(1)),
+    )
+    model.layers[1].mean[...] = jnp.ones(8)  # state that is not zero: no tangent for it
+    model.eval()
+    x = jax.random.normal(jax.random.PRNGKey(0), (4, 8))
+
+    def f(m, x):
+        return m(x).sum()
+
+    tangent = jax.tree.map(lambda a: jnp.full_like(a, 0.1), nnx.state(model, nnx.Param))
+    ins = sowviz.inspect(f, model, x, mode="jvp", tangents=(tangent, jnp.zeros_like(x)))
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    want = jax.jvp(lambda p: f(nnx.merge(graphdef, p, rest), x), (params,), (tangent,))
+    np.testing.assert_allclose(ins.result[0], want[0], rtol=1e-6)
+    np.testing.assert_allclose(ins.result[1], want[1], rtol=1e-5)
+    # a tangent of another structure: a short message, not the whole value printed
+    with pytest.raises(ValueError, match="structure differs") as err:
+        sowviz.inspect(f, model, x, mode="jvp", tangents=({"w": tangent}, None))
+    assert len(str(err.value)) < 800
+
+
 def _branchy(x):
     def expensive(x):
         with jax.named_scope("exp_branch"):
