@@ -939,29 +939,28 @@ def is_hi_value(x: Any) -> bool:
 _REF_PRIMITIVES = frozenset({"new_ref", "mutable_array", "ref_swap", "ref_addupdate", "freeze"})
 
 
+def _binds_any(jaxpr: Any, primitives: frozenset[str]) -> bool:
+    """Whether a program (or one it calls) binds one of `primitives`."""
+    jaxpr, _ = jaxpr_and_consts(jaxpr)
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in primitives:
+            return True
+        if any(_binds_any(sub, primitives) for _, _, sub in sub_jaxprs(eqn)):
+            return True
+    return False
+
+
 def has_refs(jaxpr: Any) -> bool:
     """Whether a program (or one it calls) makes or writes a mutable array: JAX cannot
     transpose the linearization of such a program (`jax.linear_transpose` of its JVP
     fails, in plain JAX too), while `jax.vjp` differentiates it."""
-    jaxpr, _ = jaxpr_and_consts(jaxpr)
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name in _REF_PRIMITIVES:
-            return True
-        if any(has_refs(sub) for _, _, sub in sub_jaxprs(eqn)):
-            return True
-    return False
+    return _binds_any(jaxpr, _REF_PRIMITIVES)
 
 
 def calls_custom_vjp(jaxpr: Any) -> bool:
     """Whether a program (or one it calls) calls a `jax.custom_vjp` function, which JAX
     cannot take forward."""
-    jaxpr, _ = jaxpr_and_consts(jaxpr)
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name in CUSTOM_VJP:
-            return True
-        if any(calls_custom_vjp(sub) for _, _, sub in sub_jaxprs(eqn)):
-            return True
-    return False
+    return _binds_any(jaxpr, CUSTOM_VJP)
 
 
 def vjp_by_jvp(f: Any, primals: tuple, check: Any = None, has_aux: bool = False) -> tuple:
