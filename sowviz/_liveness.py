@@ -25,8 +25,9 @@ derivative is zero does not cut the path: a straight-through estimator's
 rounds lost its gradient's statistics). A rule routing a tangent where its
 primal program sends no value at all would make a live value look dead; its
 probe then loses its cotangent, never the gradient (the program reads on the
-original value, never the `stop_gradient`). A program holding mutable references (`jax.new_ref`),
-which carry values beside the outputs, gets no answer: nothing is detached.
+original value, never the `stop_gradient`). A program holding mutable references
+(`jax.new_ref`), which carry values beside the outputs, gets no answer: nothing
+is detached.
 """
 
 from __future__ import annotations

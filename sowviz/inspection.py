@@ -319,7 +319,8 @@ class Inspection:
         others = [
             p
             for p in self.probes
-            if p.leaf != leaf
+            if p.leaf
+            and p.leaf != leaf
             and (p.name == name or name == (path := self.probe_path(p)) or name in _aliases(path))
         ]
         stages = sorted({self.probe_path(p) for p in others})
