@@ -31,6 +31,8 @@ import contextlib
 import itertools
 import os
 import re
+import sys
+import types
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -380,6 +382,26 @@ _LIBRARY_DIRS = ("site-packages", "dist-packages")
 def _is_user_code(code: Any) -> bool:
     """A frame of the user's own code: not JAX's, sowviz's or an installed package's."""
     fname = code.co_filename
+    return (
+        _source_info.is_user_filename(fname)
+        and not fname.startswith(_SOWVIZ_DIR + os.sep)
+        and not any(d in fname for d in _LIBRARY_DIRS)
+    )
+
+
+def is_user_function(fn: Any) -> bool:
+    """Whether `fn` is a plain Python function of the user's own code (not a library's,
+    JAX's or sowviz's)."""
+    code = getattr(fn, "__code__", None)
+    return code is not None and isinstance(fn, types.FunctionType) and _is_user_code(code)
+
+
+def is_user_class(cls: type) -> bool:
+    """Whether `cls` is defined in the user's own code (a notebook's classes are)."""
+    module = sys.modules.get(cls.__module__)
+    fname = getattr(module, "__file__", None)
+    if fname is None:  # `__main__` of a notebook or a REPL
+        return True
     return (
         _source_info.is_user_filename(fname)
         and not fname.startswith(_SOWVIZ_DIR + os.sep)

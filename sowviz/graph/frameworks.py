@@ -419,7 +419,7 @@ class _Context:
             # per object, so that two such copies called in a row stay two stages
             # (`Linear`, `Linear#2`); its submodules by their paths in it.
             # `graph.copies` may name it after the trace, by the parameters it reads.
-            cls = type(module).__name__
+            cls = _class_label(module)
             n = self.unnamed_count[cls] = self.unnamed_count.get(cls, 0) + 1
             label = self.unnamed[id(module)] = cls if n == 1 else f"{cls}#{n}"
             framework = "nnx" if _nnx() is not None and isinstance(module, _nnx()) else "eqx"
@@ -430,7 +430,20 @@ class _Context:
         framework, path = known
         if id(module) in self.unnamed:
             return self.unnamed[id(module)], path
-        return _stage_label(framework, type(module).__name__, path, parent), path
+        return _stage_label(framework, _class_label(module), path, parent), path
+
+
+def _class_label(module: Any) -> str:
+    """What a module's stage says after its path: its class, or for a library's module
+    that wraps one function of the user's (optimistix's `NoneAux(residuals)`, an
+    `eqx.nn.Lambda(my_fn)`, a diffrax `ODETerm(vector_field)`) that function's name,
+    which the user knows and searches for (`fn: residuals`, not `fn: NoneAux`)."""
+    cls = type(module)
+    if _compat.is_user_class(cls):
+        return cls.__name__
+    fields = getattr(module, "__dataclass_fields__", None) or {}
+    wrapped = [f for name in fields if _compat.is_user_function(f := getattr(module, name, None))]
+    return wrapped[0].__name__ if len(wrapped) == 1 else cls.__name__
 
 
 #: Public wrapper classes of the frameworks, no layers: Equinox's `BoundMethod` (a
