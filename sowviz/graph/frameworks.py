@@ -443,7 +443,9 @@ def _class_label(module: Any) -> str:
         return cls.__name__
     fields = getattr(module, "__dataclass_fields__", None) or {}
     wrapped = [f for name in fields if _compat.is_user_function(f := getattr(module, name, None))]
-    return wrapped[0].__name__ if len(wrapped) == 1 else cls.__name__
+    # (a lambda names nothing: `fn: <lambda>` says less than the class)
+    named = len(wrapped) == 1 and wrapped[0].__name__ != "<lambda>"
+    return wrapped[0].__name__ if named else cls.__name__
 
 
 #: Public wrapper classes of the frameworks, no layers: Equinox's `BoundMethod` (a
