@@ -1,7 +1,10 @@
 """Per zoo model: equations, `inspect` time, plain first-call time, report size.
 
 Run from the repository root: `python -m tests.zoo.measure` (add `--json` for a
-machine-readable line per model). Times are wall-clock seconds of a first call in
+machine-readable line per model, `--only NAME` for one model, `--new-processes` to
+measure each model in a process of its own, after one warm-up `inspect`, as a kernel
+started afresh would: in one process, a model's plain first call and its `inspect`
+find XLA, JAX and sowviz warm from the models before it). Times are wall-clock seconds of a first call in
 this process (tracing + compiling + running), so they include compilation, which is
 what a user waits for. "plain" is the same mode without sowviz:
 `jit(value_and_grad)` for grad (Equinox's `filter_jit(filter_value_and_grad)`, the
@@ -15,6 +18,7 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -95,16 +99,40 @@ def measure(case: ZooCase, tmp: Path) -> dict:
     }
 
 
+def _in_new_processes(names: list[str]) -> tuple[list[dict], list[tuple[str, str]]]:
+    """`measure` of each model in a process of its own (`--only NAME --json`)."""
+    rows, failed = [], []
+    root = Path(__file__).resolve().parents[2]
+    for name in names:
+        cmd = [sys.executable, "-m", "tests.zoo.measure", "--only", name, "--json"]
+        done = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
+        got = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+        if done.returncode or not got:
+            failed.append((name, (done.stdout + done.stderr).strip().splitlines()[-1:]))
+        rows += got
+    return rows, failed
+
+
 def main(argv: list[str]) -> int:
+    only = argv[argv.index("--only") + 1] if "--only" in argv else None
+    if "--new-processes" in argv:
+        rows, failed = _in_new_processes([c.name for c in cases()])
+        return _report(rows, failed, argv)
     # Warm sowviz and JAX up once so the first model does not pay for imports.
     sowviz.inspect(lambda w: jnp.sum(jnp.tanh(w) ** 2), jnp.ones(3))
     rows, failed = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for case in cases():
+            if only is not None and case.name != only:
+                continue
             try:
                 rows.append(measure(case, Path(tmp)))
             except Exception as e:  # a failing model is reported, the others still measured
                 failed.append((case.name, f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"))
+    return _report(rows, failed, argv)
+
+
+def _report(rows: list[dict], failed: list, argv: list[str]) -> int:
     if "--json" in argv:
         for r in rows:
             print(json.dumps(r))
