@@ -78,15 +78,37 @@ def run_notebook(path: pathlib.Path, env: dict[str, str]):
 
 
 def text_of(nb) -> str:
-    """All stream and text/plain output of the code cells, in order."""
-    parts = []
+    """All stream and text/plain output of the code cells, in order. Streams join as
+    they were written: the kernel sends a line in two messages when its flush timer
+    falls between a `print`'s writes (CI once read "keys under grad:" and
+    " ['cotangent', 'primal']" as two outputs), so only rich outputs get lines of
+    their own."""
+    text = ""
     for cell in nb.cells:
         for out in cell.get("outputs", []):
             if out.output_type == "stream":
-                parts.append(out.text)
+                text += out.text
             elif out.output_type in ("execute_result", "display_data"):
-                parts.append(out.data.get("text/plain", ""))
-    return "\n".join(parts)
+                sep = "" if not text or text.endswith("\n") else "\n"
+                text += sep + out.data.get("text/plain", "") + "\n"
+        if text and not text.endswith("\n"):
+            text += "\n"
+    return text
+
+
+def test_text_of_joins_a_line_split_across_stream_messages():
+    import nbformat.v4 as v4
+
+    nb = v4.new_notebook()
+    cell = v4.new_code_cell("print('keys under grad:', ['a'])")
+    cell.outputs = [
+        v4.new_output("stream", name="stdout", text="keys under grad:"),
+        v4.new_output("stream", name="stdout", text=" ['a']\n"),
+        v4.new_output("execute_result", data={"text/plain": "42"}, execution_count=1),
+    ]
+    nb.cells = [cell, v4.new_code_cell("print('next')")]
+    nb.cells[1].outputs = [v4.new_output("stream", name="stdout", text="next\n")]
+    assert text_of(nb) == "keys under grad: ['a']\n42\nnext\n"
 
 
 def silent_printers(nb) -> list[int]:
