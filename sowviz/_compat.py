@@ -381,7 +381,10 @@ _LIBRARY_DIRS = ("site-packages", "dist-packages")
 
 def _is_user_code(code: Any) -> bool:
     """A frame of the user's own code: not JAX's, sowviz's or an installed package's."""
-    fname = code.co_filename
+    return _is_user_file(code.co_filename)
+
+
+def _is_user_file(fname: str) -> bool:
     return (
         _source_info.is_user_filename(fname)
         and not fname.startswith(_SOWVIZ_DIR + os.sep)
@@ -400,13 +403,7 @@ def is_user_class(cls: type) -> bool:
     """Whether `cls` is defined in the user's own code (a notebook's classes are)."""
     module = sys.modules.get(cls.__module__)
     fname = getattr(module, "__file__", None)
-    if fname is None:  # `__main__` of a notebook or a REPL
-        return True
-    return (
-        _source_info.is_user_filename(fname)
-        and not fname.startswith(_SOWVIZ_DIR + os.sep)
-        and not any(d in fname for d in _LIBRARY_DIRS)
-    )
+    return fname is None or _is_user_file(fname)  # None: `__main__` of a notebook, a REPL
 
 
 def user_location_outside_libraries(eqn: JaxprEqn) -> SourceLocation | None:
