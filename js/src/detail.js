@@ -174,7 +174,7 @@ export class DetailPanel {
     }
     // Masked before any result (a solver's buffer pre-filled with Inf): said, not alarmed.
     const quiet = stored != null && !stored.alarm;
-    if (quiet) lines.push("Masked before any result: the value and every gradient are finite (no alarm).");
+    if (quiet) lines.push("Masked before any result: no result is non-finite (no alarm).");
     return h("div", { class: quiet ? "sv-alert sv-alert-quiet" : "sv-alert", role: quiet ? "note" : "alert" },
       lines.map((t) => h("div", { text: t })));
   }
