@@ -132,9 +132,8 @@ class Traced:
         self.spec = spec
         _, dyn = split(args, "inspect")
         paths = _paths(args)
-        self.layout = _layout(
-            spec, dyn, paths, _state.constant_leaves(args), selected_args(options.argnums, args)
-        )
+        constant = _state.constant_leaves(args)
+        self.layout = _layout(spec, dyn, paths, constant, selected_args(options.argnums, args))
         self.trace_count = 0
         self.has_aux = options.has_aux
 
@@ -190,6 +189,7 @@ class Traced:
             tesseract_names=dict(tn) if isinstance(tn, tuple) else tn,
             in_args=self.layout.arg_of,  # inputs grouped per argument; these are "parameters":
             parameters={a % len(args) for a in np.atleast_1d(options.grad_argnums).tolist()},
+            state_inputs=[j for j, leaf in enumerate(spec.dynamic) if leaf in constant],
             calls=getattr(named, "sowviz_calls", None) if named is not fn else None,
         )
         #: the instrumented program, per kind ("forward": every value in the data flow;

@@ -160,6 +160,7 @@ def build_graph(
     tesseract_names: Mapping[Any, str] | Callable[[Any], str | None] | None = None,
     in_args: Sequence[int] | None = None,
     parameters: Collection[int] = (),
+    state_inputs: Collection[int] = (),
     calls: frameworks.ModuleCalls | None = None,
 ) -> StageGraph:
     """The stage graph of the primal program `closed_jaxpr` (from `jax.make_jaxpr`).
@@ -174,7 +175,10 @@ def build_graph(
     input; by default runs of `in_names` with the same prefix before the first `[`
     or `.`) when it has several leaves, nested by pytree path; the arguments at
     positions `parameters` (the differentiated ones) form the group labelled
-    "parameters". Unless `capture="sows"`, every floating input and
+    "parameters", less the flat inputs `state_inputs` (a Flax NNX model's variables
+    other than `nnx.Param`: BatchNorm statistics, RNG streams, caches, counters),
+    which form a group of their own, `<argument> state` (`model state`), as
+    `nnx.split(model, nnx.Param, ...)` parts them. Unless `capture="sows"`, every floating input and
     output is probed too (an input's cotangent is its gradient). `calls`: what
     `frameworks.named` recorded of the program's NNX / Equinox module calls (the scopes
     they pushed, the copies it could not name, `graph.copies`, and the order of each
@@ -199,8 +203,30 @@ def build_graph(
     scopes = (calls.scopes if calls else frozenset()) | set(renamed.values())
     with frameworks.drawing(scopes):
         return _Builder(capture, tesseract_names, renamed, calls.returns if calls else None).build(
-            jaxpr, groups, list(out_names), title, frozenset(parameters)
+            jaxpr,
+            _parted(groups, frozenset(parameters), frozenset(state_inputs)),
+            list(out_names),
+            title,
         )
+
+
+def _parted(groups: list, parameters: frozenset[int], state: frozenset[int]) -> list:
+    """`groups` labelled: `(label, items, nest)`, a differentiated argument "parameters" and
+    its `state` items apart as `<argument> state` (a BatchNorm's running mean is no
+    parameter, and has no gradient)."""
+    out = []
+    for arg, group in groups:
+        name = group[0][1]
+        rest = [item for item in group if item[0] in state]
+        if arg not in parameters or not rest:
+            out.append(("parameters" if arg in parameters else name, group, False))
+            continue
+        params = [item for item in group if item[0] not in state]
+        # parted, each is a group even of one leaf (`model state` > `table`)
+        out += [
+            (label, g, True) for label, g in (("parameters", params), (f"{name} state", rest)) if g
+        ]
+    return out
 
 
 def _whole_program_jit(jaxpr: Any, title: str) -> Any | None:
@@ -350,16 +376,15 @@ class _Builder(InputsMixin):
         self.recs.append(rec)
         return rec
 
-    def build(self, jaxpr, groups, out_names, title, parameters) -> StageGraph:
+    def build(self, jaxpr, groups, out_names, title) -> StageGraph:
         root = self.new("jit", title, None)
         root.collapsed = False
         root.n_eqns = 0  # the whole program is not an equation
         root.shapes = tuple(shape_str(v.aval) for v in jaxpr.outvars)
         probe = self.capture != "sows"
         inputs = {}
-        for arg, group in groups:
-            label = "parameters" if arg in parameters else group[0][1]
-            for k, chain in self.leaf_tree(root, group, label, jaxpr.invars):
+        for label, group, nest in groups:
+            for k, chain in self.leaf_tree(root, group, label, jaxpr.invars, nest=nest):
                 v = jaxpr.invars[k]
                 inputs[v] = chain
                 if probe:  # sown before the first equation: its cotangent is the gradient

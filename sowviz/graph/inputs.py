@@ -16,11 +16,11 @@ from .names import path_label, shape_str
 class InputsMixin:
     new: Any
 
-    def leaf_tree(self, root, group, label, vars_, kind="input"):
+    def leaf_tree(self, root, group, label, vars_, kind="input", nest=False):
         """`kind` nodes (input or output) of one argument or returned value (`group`:
         (flat index, name, path tokens)), nested by path under a group node when there
-        are several; yields (flat index, chain)."""
-        if len(group) == 1:
+        are several or `nest`; yields (flat index, chain)."""
+        if len(group) == 1 and not nest:
             k, name, tokens = group[0]
             rec = self.new(kind, name + "".join(tokens), root.id)
             rec.shapes = (_shape(vars_[k].aval),)

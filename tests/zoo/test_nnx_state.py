@@ -42,6 +42,11 @@ def data(steps=5, batch=12):
     return list(zip(xs, ys, strict=True))
 
 
+def _path(path: tuple) -> str:
+    """An `nnx.State` path as the graph nests it (`('linear', 'kernel')`: `linear/kernel`)."""
+    return "/".join(str(p) for p in path)
+
+
 def _state(model, kind):
     def host(x):
         key = jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
@@ -92,6 +97,19 @@ def test_inspect_leaves_the_state_alone_and_draws_it(mode):
     # The state the step would write shows as outputs of the program.
     drawn = set(node_paths(ins.graph, "output"))
     assert {"new model/bn/mean", "new model/bn/var", "new model/dropout.rngs.count"} <= drawn
+    # The inputs part as `nnx.split(model, nnx.Param, ...)` does: the parameters, and
+    # the model's state (BatchNorm statistics, the dropout stream) in a group apart.
+    inputs = set(node_paths(ins.graph, "input"))
+    params = {"parameters/" + _path(p) for p, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    others = nnx.to_flat_state(nnx.state(model, nnx.Not(nnx.Param)))
+    assert params == {p for p in inputs if p.startswith("parameters/")}
+    assert {p for p in inputs if p.startswith("model state/")} == {
+        "model state/bn/mean",
+        "model state/bn/var",
+        "model state/dropout.rngs/count",
+        "model state/dropout.rngs/key",
+    }
+    assert len(others) == 4
     # ... and the result is what one step of `nnx.jit` gives, dropout mask included.
     value = nnx.jit(loss)(Net(nnx.Rngs(0)), x, y)
     result = ins.result if mode == "primal" else ins.result[0]
