@@ -127,9 +127,14 @@ class SummaryOptions:
         _check_bins(self.bins)
 
 
+def row_cap(bins: int) -> int:
+    """The most iterations that all get statistics of their own (`kept_rows`)."""
+    return max(1, min(MAX_ROWS, MAX_ROW_COUNTS // bins))
+
+
 def kept_rows(rows: int, bins: int) -> np.ndarray:
     """The iterations that get per-iteration statistics (see the module docstring)."""
-    cap = max(1, min(MAX_ROWS, MAX_ROW_COUNTS // bins))
+    cap = row_cap(bins)
     if rows <= cap:
         return np.arange(rows)
     return np.unique(np.round(np.linspace(0, rows - 1, cap)).astype(np.int64))

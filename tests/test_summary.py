@@ -871,6 +871,53 @@ def test_deferred_per_iteration_summaries_equal_in_program_ones_and_share_a_prog
     summaries.finish(packed, jnp.asarray(True))  # joins its compile (no thread left running)
 
 
+def test_inspects_per_iteration_stacks_take_coarse_classes_of_iterations_too() -> None:
+    # `inspect` (once) pads a loop's stack to coarse classes of members, width and
+    # iterations (up to the row cap), so loops of other lengths share the program: the
+    # padded iterations count nowhere and their statistics are cut off, so every
+    # summary is NumPy's. A loop past the cap keeps its length.
+    from sowviz import summary as summary_mod
+    from sowviz.capture import summaries
+
+    rng = np.random.default_rng(23)
+
+    def values(length, widths):
+        out = {}
+        for i, w in enumerate(widths):
+            a = rng.normal(size=(length, w)).astype(F32) * F32(10.0 ** (i - 1))
+            a[length // 2, 0], a[-1, -1] = np.nan, np.inf
+            out[(f"a{i}",)] = {"primal": jnp.asarray(a)}
+        return out, {k: {"primal": ("scan",)} for k in out}
+
+    def capture(v, axes):
+        return jax.jit(
+            lambda v: summaries.summarize_packed(v, {}, BINS, axes, defer=True, once=True)
+        )(v)
+
+    summaries.join_precompiles()
+    keys = []
+    for length, widths in ((6, [5, 3, 7]), (11, [2, 9]), (16, [16])):
+        v, axes = values(length, widths)
+        packed = capture(v, axes)
+        (stack,) = packed.pending
+        assert stack.stack.shape == (8, 16, 16), (length, widths)
+        keys.append(summaries._key(packed.pending, BINS))
+        done, clean = summaries.finish(packed, jnp.asarray(True))
+        assert not bool(clean)  # the data's NaN/Inf, not the padding's
+        out = done.unpack()[0]
+        for key, a in v.items():
+            x = np.asarray(a["primal"])
+            check_rows(out[key]["primal"], x, BINS, list(range(length)))
+            js = out[key]["primal"].to_json()
+            assert (
+                js["nan"] == 1 and js["posinf"] == 1 and js["per_iteration"]["iterations"] == length
+            )
+    assert len(set(keys)) == 1  # one program for the three loops
+    cap = summary_mod.row_cap(BINS)
+    v, axes = values(cap + 1, [3])
+    assert capture(v, axes).pending[0].stack.shape[1] == cap + 1  # past the cap: as it is
+
+
 def _concat_sizes(fn, *args) -> list[int]:
     jaxpr = jax.make_jaxpr(fn)(*args)
     sizes = []

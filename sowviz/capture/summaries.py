@@ -38,7 +38,9 @@ rows and `ONCE_MIN_MEMBERS` members), and on a CPU its arrays of up to
 is keyed by its members' shapes), so the shared program compiled for one model
 serves the next: an Equinox MLP of another width took 4.0-5.9x of its plain first
 call at its first `inspect`, compiling the summary program again, and takes
-1.3-1.7x. Its members
+1.3-1.7x. Its per-iteration stacks likewise (`_stacked_iterations`: iterations,
+width and members, the padded iterations' statistics cut off by `Regroup`): an RK4
+`lax.scan` of another length took 6.1-6.5x, and takes 1.7x. Its members
 are the capture program's values themselves, so an output that is also a
 result or an input is no copy either (`_program.shared`). On the 1,000-equation
 program the capture program then compiled in 0.37-0.49 s instead of 0.56-0.59 s,
@@ -143,6 +145,11 @@ ROW_COST = 64
 #: A Monitor's layouts, summarised at every recorded step, keep the quarter classes.
 ONCE_MIN_ROWS = 1024
 ONCE_MIN_MEMBERS = 256
+#: `inspect`'s per-iteration stacks take coarse classes too (`_stacked_iterations`):
+#: iterations (up to `summary.row_cap`), width and members, at least these.
+ONCE_MIN_ITERATIONS = 16
+ONCE_MIN_ITERATED_WIDTH = 16
+ONCE_MIN_ITERATED_MEMBERS = 8
 #: `inspect` lays out arrays of up to this many elements with the small ones, where a
 #: program run at every step groups them (`Blocks`) ...
 ONCE_SEGMENT_MAX_ELEMENTS = 1 << 20
@@ -168,14 +175,18 @@ class Regroup:
     # Groups summarised by the second programs (`finish`), in their output order.
     deferred: tuple[int, ...] = ()
     bins: int = 0  # of the deferred summaries
+    # Per deferred group: its iterations when padded to a size class (`Iterated.fill`),
+    # else None: the per-iteration statistics are cut back to them (`_trimmed`).
+    iterations: tuple[int | None, ...] = ()
 
     def apply(self, tree: dict, *finished: Any, rows: bool = False) -> Any:
         """`(values, meta)`: each value leaf's `Summary`. With `rows`, a member of a
         stack (with NumPy leaves) is a `SummaryRow` instead, for its JSON only."""
         groups = list(tree["groups"])
         done = [summary for part in finished for summary in part]
-        for g, summary in zip(self.deferred, done, strict=True):
-            groups[g] = summary
+        trims = self.iterations or (None,) * len(self.deferred)
+        for g, summary, real in zip(self.deferred, done, trims, strict=True):
+            groups[g] = summary if real is None else _trimmed(summary, real)
         groups = [g.summary() if isinstance(g, Tallied) else g for g in groups]
         # Each stacked group cut once: into rows of its members' values (`_columns`), or
         # else flattened and its members cut by index (a tree_map per member was a
@@ -214,6 +225,20 @@ class Regroup:
         ]
         values = jax.tree_util.tree_unflatten(self.treedef, leaves)
         return values, tree["meta"]
+
+
+def _trimmed(stack: Any, iterations: int) -> Any:
+    """A stacked `Summary` with per-iteration statistics of padded iterations (an
+    `Iterated` laid out to a size class) cut back to its real `iterations` (all kept:
+    a stack is padded only up to `summary.row_cap`)."""
+    per = stack.per_iteration
+    cut = {
+        f.name: getattr(per, f.name)[:, :iterations]
+        for f in dataclasses.fields(per)
+        if f.name not in ("index", "iterations")
+    }
+    per = dataclasses.replace(per, **cut, index=tuple(range(iterations)), iterations=iterations)
+    return dataclasses.replace(stack, per_iteration=per)
 
 
 def _columns(stack: Any) -> list[tuple] | None:
@@ -292,10 +317,13 @@ class Iterated:
     """Per-iteration captures of one iteration count (`_iteration_class`) left to a
     second program: `stack` ``(members, iterations, width)``, each member NaN-padded
     per iteration by ``pads[m]`` values (taken off its ``nan`` and each iteration's
-    ``nonfinite``)."""
+    ``nonfinite``), and with `fill` (``(members,)``, or None) as many NaNs more, in
+    whole iterations of padding (taken off its ``nan``; `Regroup` cuts their
+    statistics off)."""
 
     stack: Any
     pads: Any
+    fill: Any = None
 
 
 @jax.tree_util.register_dataclass
@@ -492,27 +520,42 @@ def _iterated(leaves: list, bins: int) -> Any:
     return _iterated_summary(_stacked_iterations(leaves, sized=False), bins)
 
 
-def _stacked_iterations(leaves: list, sized: bool) -> Iterated:
+def _stacked_iterations(leaves: list, sized: bool, coarse_bins: int = 0) -> Iterated:
     """`leaves` flattened to ``(iterations, width)``, NaN-padded to the widest and
     stacked. With `sized`, the width and the members are rounded up to their `bucket`
     (extra members are all padding), so like-sized groups share a compiled program;
-    not past `ITERATED_SIZED_MAX` values (a large stack would grow by up to half)."""
+    not past `ITERATED_SIZED_MAX` values (a large stack would grow by up to half).
+    With `coarse_bins` too (`inspect`, at that many bins), they take `coarse_bucket`'s
+    classes, and so do the iterations, up to `summary.row_cap` (every padded
+    iteration then has statistics of its own, which `Regroup` cuts off): a loop of
+    another length or width is served by the program compiled for the first."""
     vals = [_summary._values(jnp.asarray(x)).reshape(x.shape[0], -1) for x in leaves]
     width, members = max(v.shape[1] for v in vals), len(vals)
     iterations, dtype = vals[0].shape[0], vals[0].dtype
+    steps, coarse = iterations, False
+    if sized and coarse_bins and iterations <= _summary.row_cap(coarse_bins):
+        cap = _summary.row_cap(coarse_bins)
+        c_steps = max(iterations, min(cap, coarse_bucket(iterations, ONCE_MIN_ITERATIONS)))
+        c_width = coarse_bucket(width, ONCE_MIN_ITERATED_WIDTH)
+        c_members = coarse_bucket(members, ONCE_MIN_ITERATED_MEMBERS)
+        if c_members * c_steps * c_width <= ITERATED_SIZED_MAX:
+            width, members, steps = c_width, c_members, c_steps
+            sized, coarse = False, True
     if sized and bucket(members) * iterations * bucket(width) <= ITERATED_SIZED_MAX:
         width, members = bucket(width), bucket(members)
     pads = [width - v.shape[1] for v in vals] + [width] * (members - len(vals))
+    more = steps - iterations
     parts = [
-        jnp.pad(v, ((0, 0), (0, p)), constant_values=jnp.nan) if p else v
+        jnp.pad(v, ((0, more), (0, p)), constant_values=jnp.nan) if p or more else v
         for v, p in zip(vals, pads, strict=False)
     ]
     if members > len(vals):  # a constant on a CPU (`_nan_fill`), not a broadcast kernel
-        parts += [_nan_fill(iterations * width, dtype).reshape(iterations, width)] * (
-            members - len(vals)
-        )
+        parts += [_nan_fill(steps * width, dtype).reshape(steps, width)] * (members - len(vals))
+    fill = None
+    if coarse:  # NumPy, so the program takes it as an input (zeros: one program for all)
+        fill = np.asarray([more * (width - p) for p in pads], np.int32)
     # NumPy: in this program, a group without padding skips the correction
-    return Iterated(_concat.stack(parts), np.asarray(pads, np.int32))
+    return Iterated(_concat.stack(parts), np.asarray(pads, np.int32), fill)
 
 
 def _iterated_summary(it: Iterated, bins: int) -> Any:
@@ -520,12 +563,13 @@ def _iterated_summary(it: Iterated, bins: int) -> Any:
     computation for the stack; one per shape compiled for about 0.5-0.7 s on
     XLA:CPU), its padding taken off ``nan`` and each iteration's ``nonfinite``."""
     out = _summary.summarize_stack(it.stack, bins=bins, per_iteration=True)
-    if isinstance(it.pads, np.ndarray) and not it.pads.any():
+    if it.fill is None and isinstance(it.pads, np.ndarray) and not it.pads.any():
         return out
     per_it = out.per_iteration
+    fill = 0 if it.fill is None else it.fill
     return dataclasses.replace(
         out,
-        nan=out.nan - it.pads * per_it.iterations,
+        nan=out.nan - it.pads * per_it.iterations - fill,
         per_iteration=dataclasses.replace(per_it, nonfinite=per_it.nonfinite - it.pads[:, None]),
     )
 
@@ -584,6 +628,7 @@ def summarize_packed(
     first: dict[int, int] = {}
     repeats: dict[int, int] = {}
     laid_large = 0  # bytes of large arrays laid out with the small ones (`once`)
+    trims: dict[int, int | None] = {}  # deferred group: its iterations, if padded
     for i, (path, leaf) in enumerate(flat):
         if leaf is None:
             continue
@@ -669,7 +714,10 @@ def summarize_packed(
         elif key[0] == "blocks":
             out.append(_blocked(members, bins, key[2]))
         elif key[0] == "iterations" and defer:
-            pending[Iterated].append((g, _stacked_iterations(members, sized=True)))
+            stacked = _stacked_iterations(members, sized=True, coarse_bins=bins if once else 0)
+            pending[Iterated].append((g, stacked))
+            padded = stacked.stack.shape[1] > jnp.shape(members[0])[0]
+            trims[g] = jnp.shape(members[0])[0] if padded else None
             out.append(None)
         elif key[0] == "iterations":
             out.append(_iterated(members, bins))
@@ -689,7 +737,8 @@ def summarize_packed(
             precompile(part, bins)
     packed = pack({"groups": out, "meta": meta})
     deferred = tuple(g for g, _ in work)
-    regroup = Regroup(treedef, tuple(where), tuple(static), deferred, bins)
+    iterations = tuple(trims.get(g) for g in deferred)
+    regroup = Regroup(treedef, tuple(where), tuple(static), deferred, bins, iterations)
     return Packed(packed.buffers, packed.layout, regroup, tuple(item for _, item in work))
 
 
