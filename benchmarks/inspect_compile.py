@@ -17,7 +17,9 @@ Equinox MLP (partitioned into arrays/static), programs of 1k and (with
 probes are large (1-2M elements).
 The same first inspect is also measured in new processes (a notebook kernel
 started afresh), once with sowviz's disk cache empty and once with its programs
-on disk (`sowviz._disk_cache`); the in-process rows run with an
+on disk (`sowviz._disk_cache`), and then for the same model with other widths,
+as a user's next model meets it: sowviz's shared programs on disk, the ones keyed by
+its own shapes not; the in-process rows run with an
 empty cache of their own.
 Run: `python benchmarks/inspect_compile.py [--quick] [--big] [--inline-summaries]`;
 `--inline-summaries` compiles every summary inside the capture program (the layout
@@ -74,7 +76,7 @@ def timed_parts():
             unregister(listen)
 
 
-def nnx_case(quick: bool):
+def nnx_case(quick: bool, other: bool = False):
     from flax import nnx
 
     class Block(nnx.Module):
@@ -100,19 +102,20 @@ def nnx_case(quick: bool):
                 x = b(x)
             return self.head(x)
 
-    graphdef, state = nnx.split(Model(64, 2 if quick else 6, nnx.Rngs(0)))
+    d = 80 if other else 64
+    graphdef, state = nnx.split(Model(d, 2 if quick else 6, nnx.Rngs(0)))
 
     def loss(state, x):
         return jnp.mean(nnx.merge(graphdef, state)(x) ** 2)
 
-    x = jax.random.normal(jax.random.PRNGKey(1), (32, 64))
+    x = jax.random.normal(jax.random.PRNGKey(1), (32, d))
     return "Flax NNX MLP blocks", loss, (state, x)
 
 
-def eqx_case(quick: bool):
+def eqx_case(quick: bool, other: bool = False):
     import equinox as eqx
 
-    model = eqx.nn.MLP(64, 64, 256, 2 if quick else 6, key=jax.random.PRNGKey(0))
+    model = eqx.nn.MLP(64, 64, 200 if other else 256, 2 if quick else 6, key=jax.random.PRNGKey(0))
     params, static = eqx.partition(model, eqx.is_array)
 
     def loss(params, x):
@@ -123,7 +126,7 @@ def eqx_case(quick: bool):
     return "Equinox MLP", loss, (params, x)
 
 
-def deep_case(n_eqns: int):
+def deep_case(n_eqns: int, other: bool = False):
     n_layers = n_eqns // 4
 
     def loss(ws, x):
@@ -133,18 +136,19 @@ def deep_case(n_eqns: int):
         return jnp.sum(x * x) / x.size
 
     keys = jax.random.split(jax.random.PRNGKey(0), n_layers)
-    ws = [jax.random.normal(k, (16, 16)) / 40 for k in keys]
+    d = 20 if other else 16
+    ws = [jax.random.normal(k, (d, d)) / 40 for k in keys]
     return (
         f"{n_eqns}-equation program",
         loss,
-        (ws, jax.random.normal(jax.random.PRNGKey(1), (8, 16))),
+        (ws, jax.random.normal(jax.random.PRNGKey(1), (8, d))),
     )
 
 
-def wide_case(quick: bool):
+def wide_case(quick: bool, other: bool = False):
     """Few stages, large activations: 27 probes of 1-2M elements (`--quick`: 0.5-1M),
     summarised in blocks on a CPU by one loop per group (`summary_blocks`)."""
-    layers, batch, width = 4, 512 if quick else 2048, 1024
+    layers, batch, width = 4, 512 if quick else 2048, 960 if other else 1024
 
     def loss(ws, x):
         for i, w in enumerate(ws):
@@ -256,18 +260,19 @@ def measure(name: str, loss, args) -> list[_bench.Row]:
     return rows
 
 
-def _cases(quick: bool) -> dict:
+def _cases(quick: bool, other: bool = False) -> dict:
+    """The models; `other`: the same with other widths (a user's next model)."""
     return {
-        "nnx": lambda: nnx_case(quick),
-        "eqx": lambda: eqx_case(quick),
-        "deep": lambda: deep_case(200 if quick else 1000),
-        "wide": lambda: wide_case(quick),
+        "nnx": lambda: nnx_case(quick, other),
+        "eqx": lambda: eqx_case(quick, other),
+        "deep": lambda: deep_case(200 if quick else 1000, other),
+        "wide": lambda: wide_case(quick, other),
     }
 
 
-def one_process(key: str, quick: bool) -> None:
+def one_process(key: str, quick: bool, other: bool = False) -> None:
     """In this (new) process: plain first call, then first inspect; prints their totals."""
-    name, loss, args = _cases(quick)[key]()
+    name, loss, args = _cases(quick, other)[key]()
     jax.block_until_ready(jnp.ones(3) + 1)  # the backend's start, out of both
     plain_fn = jax.jit(jax.value_and_grad(loss))
     with timed_parts() as plain:
@@ -279,16 +284,30 @@ def one_process(key: str, quick: bool) -> None:
 
 
 def new_process(key: str, quick: bool) -> list[_bench.Row]:
-    """First inspect / plain in new processes: disk cache empty, then filled by the first."""
+    """First inspect / plain in new processes: disk cache empty, then filled by the first,
+    then the same model with other widths (a user's next model: sowviz's shared
+    programs on disk, its own not)."""
     rows: list[_bench.Row] = []
     with tempfile.TemporaryDirectory(prefix="sowviz-bench-cache-") as cache:
         runs = []
-        for _ in ("empty", "filled"):
+        for run in ("empty", "filled", "other"):
             cmd = [sys.executable, __file__, "--one", key] + (["--quick"] if quick else [])
+            cmd += ["--other"] if run == "other" else []
             env = dict(os.environ, SOWVIZ_CACHE_DIR=cache)
             out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
             runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    (empty, filled) = runs
+    (empty, filled, other) = runs
+    _bench.emit(
+        rows,
+        _bench.Row(
+            "inspect_compile",
+            f"first inspect of the next model (other widths) in a new process / plain, "
+            f"{empty['name']}",
+            other["inspect"] / other["plain"],
+            target="≤ 1.5x",
+            detail=f"({other['inspect']:.2f} s vs {other['plain']:.2f} s)",
+        ),
+    )
     _bench.emit(
         rows,
         _bench.Row(
@@ -335,9 +354,10 @@ if __name__ == "__main__":
         ap.add_argument("--big", action="store_true")
         ap.add_argument("--inline-summaries", action="store_true")
         ap.add_argument("--one", choices=("nnx", "eqx", "deep", "wide"), help=argparse.SUPPRESS)
+        ap.add_argument("--other", action="store_true", help=argparse.SUPPRESS)
 
     ns = _bench.args(__doc__, extra)
     if ns.one:
-        one_process(ns.one, ns.quick)
+        one_process(ns.one, ns.quick, ns.other)
     else:
         main(ns.quick, ns.big, ns.inline_summaries)
