@@ -151,9 +151,10 @@ ONCE_MIN_ITERATIONS = 16
 ONCE_MIN_ITERATED_WIDTH = 16
 ONCE_MIN_ITERATED_MEMBERS = 8
 #: `inspect` lays out arrays of up to this many elements with the small ones, where a
-#: program run at every step groups them (`Blocks`) ...
+#: program run at every step groups them (`Blocks`), when all such arrays have at most
+#: this many (`_lays_out_large`) ...
 ONCE_SEGMENT_MAX_ELEMENTS = 1 << 20
-#: ... up to this many bytes of them in all (the layout copies them; past it they are
+#: ... and hold at most this many bytes in all (the layout copies them; else they are
 #: grouped). A group's program is keyed by its members' shapes: an Equinox MLP of
 #: width 300 (four arrays of 90K values) compiled one for 0.75 s at its first
 #: `inspect`, against a plain first call of 0.15 s.
@@ -580,6 +581,26 @@ def _segmented(leaves: list, bins: int) -> Tallied:
     return _segment_summary(_layout(leaves, sized=False), bins)
 
 
+def _lays_out_large(flat: list, axes: dict, min_grouped: int) -> bool:
+    """Whether `inspect` lays out the arrays of `flat` (path, leaf) that would be groups'
+    members (`Blocks`) with the small ones: all of them, or none (with one group left,
+    its program is compiled anyway, and the layout only grows), when each has at most
+    `ONCE_SEGMENT_MAX_ELEMENTS` and all of them at most `ONCE_SEGMENT_MAX_BYTES`."""
+    seen: set[int] = set()
+    total = 0
+    for path, leaf in flat:
+        if leaf is None or id(leaf) in seen:
+            continue
+        seen.add(id(leaf))
+        per_it = _per_iteration(path, axes) and jnp.ndim(leaf) >= 1
+        if not _blocks.block_for(leaf, per_it, min_grouped):
+            continue
+        if jnp.size(leaf) > ONCE_SEGMENT_MAX_ELEMENTS:
+            return False
+        total += jnp.size(leaf) * jnp.result_type(leaf).itemsize
+    return total <= ONCE_SEGMENT_MAX_BYTES
+
+
 def summarize_packed(
     values: Any,
     meta: Any,
@@ -627,7 +648,7 @@ def summarize_packed(
     # large ones 25).
     first: dict[int, int] = {}
     repeats: dict[int, int] = {}
-    laid_large = 0  # bytes of large arrays laid out with the small ones (`once`)
+    lay_large = once and defer and cpu and _lays_out_large(flat, axes, min_grouped)
     trims: dict[int, int | None] = {}  # deferred group: its iterations, if padded
     for i, (path, leaf) in enumerate(flat):
         if leaf is None:
@@ -641,16 +662,9 @@ def summarize_packed(
         nbytes = jnp.size(leaf) * dtype.itemsize
         grouped = cpu and _blocks.block_for(leaf, rows[i], min_grouped)
         # `inspect`: a large array that would be a group's member joins the small ones'
-        # layout instead, up to a budget (the shared program serves it; a group's
-        # program is keyed by its members' shapes, so a new model compiled one).
-        laid = bool(
-            grouped
-            and once
-            and defer
-            and jnp.size(leaf) <= ONCE_SEGMENT_MAX_ELEMENTS
-            and laid_large + nbytes <= ONCE_SEGMENT_MAX_BYTES
-        )
-        laid_large += nbytes if laid else 0
+        # layout instead (the shared program serves it; a group's program is keyed by
+        # its members' shapes, so a new model compiled one), if they all do.
+        laid = bool(grouped and lay_large)
         if grouped and not laid and nbytes <= GROUP_MAX_BYTES:
             acc, is_complex = _summary._value_dtype(dtype)
             static[i] = (tuple(jnp.shape(leaf)), str(dtype), is_complex)
