@@ -80,6 +80,53 @@ def test_identical_blocks_become_one_stacked_node_holding_them():
     assert _graph(_blocks, ws, X)[1].to_dict() == g.to_dict()
 
 
+def test_a_python_loop_slicing_before_each_call_is_one_stacked_node():
+    # `for t in range(T): h = cell(x[:, t], h)`: the slice between the calls kept them
+    # apart (T boxes and T slices). The calls are the blocks; the slices go in with them,
+    # so the level shows one node, and the program and every probe are unchanged.
+    def loop(ws, x):
+        h = jnp.zeros((x.shape[0], 16))
+        for t in range(5):
+            xt = x[:, t]
+            with jax.named_scope("cell"):
+                h = jnp.tanh(xt @ ws[0] + h @ ws[1])
+        return jnp.sum(h**2)
+
+    xs = jax.random.normal(jax.random.PRNGKey(2), (4, 5, 16))
+    ws = [W16[0], W16[1]]
+    closed, g = _graph(loop, ws, xs)
+    (grp,) = _groups(g)
+    assert grp.label == "cell (×5)" and grp.repeats == 5 and grp.parent == g.root
+    kids = _kids(g, grp)
+    # slice, squeeze, cell, slice, squeeze, cell#2, ...: the first slice went in too
+    assert [k.primitive or k.kind for k in kids] == ["slice", "squeeze", "scope"] * 5
+    cells = [k for k in kids if k.kind == "scope"]
+    assert [c.label for c in cells] == ["cell"] + [f"cell#{i}" for i in range(2, 6)]
+    top = [n for n in g.nodes if n.parent == g.root]
+    assert not [n for n in top if n.kind == "eqn" and n.primitive in ("slice", "squeeze")]
+    parent = {n.id: n.parent for n in g.nodes}
+    assert all(parent[e.source] == parent[e.target] for e in g.edges)
+    pts = {p.node for p in g.probe_points}
+    assert all(c.id in pts for c in cells)
+    fn = instrument(closed, g.probe_points, tag="auto")
+    want = jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *ws, xs)
+    np.testing.assert_array_equal(fn(*ws, xs)[0], want[0])
+
+    def mixed(ws, x):  # a different equation between two of the calls: no run across it
+        h = jnp.zeros((x.shape[0], 16))
+        for t in range(4):
+            xt = x[:, t] if t != 2 else jnp.cos(x[:, t])
+            with jax.named_scope("cell"):
+                h = jnp.tanh(xt @ ws[0] + h @ ws[1])
+        return jnp.sum(h**2)
+
+    _, g = _graph(mixed, ws, xs)
+    assert [n.repeats for n in _groups(g)] == [2, 2]
+    cos = next(n for n in g.nodes if n.primitive == "cos")
+    fold = g.node(cos.parent)  # its line's fold, between the runs, in neither
+    assert fold.parent == g.root and not fold.repeats
+
+
 def test_blocks_that_differ_in_ops_shapes_or_names_are_not_merged():
     ws = list(W16)
     acts = ("tanh", "tanh", "sin", "tanh", "tanh", "tanh")

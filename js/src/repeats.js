@@ -1,5 +1,5 @@
 // A group of identical repeated blocks (node.repeats > 0, sowviz/graph/repeats.py): its
-// children are the blocks. The detail panel charts each block's probe statistics over the
+// children are the blocks, and any equations between them. The detail panel charts each block's probe statistics over the
 // blocks (‖·‖₂, mean, max|·| per block, like the per-iteration charts of a scan) and the
 // histogram of one chosen block (a slider), with a button that reveals that block
 // (repeatview.js). Pure: no DOM, no plotly.
@@ -18,7 +18,9 @@ const KEYS = ["l2", "mean", "absmax", "min", "max", "std"];
  * @param {string | null} leaf
  */
 export function repeatStats(index, id, leaf = null) {
-  const blocks = (index.children.get(id) ?? []).map((c) => {
+  // Equations between the blocks (a loop's slice before each call) are no blocks.
+  const kids = (index.children.get(id) ?? []).filter((c) => index.nodes.get(c)?.kind !== "eqn");
+  const blocks = kids.map((c) => {
     const ps = index.probesByNode.get(c) ?? [];
     const probe = (leaf != null ? ps.find((p) => p.auto && p.leaf === leaf) : null)
       ?? ps.find((p) => p.auto) ?? ps[0] ?? null;

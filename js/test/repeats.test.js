@@ -43,6 +43,16 @@ test("a group's per-block statistics are its blocks' stage probe summaries, in o
   assert.deepEqual(st.series.cotangent.nonfinite, [0, 2, 0]);
 });
 
+test("equations between the blocks (a loop's slice before each call) are no blocks", () => {
+  const m = groupModel();
+  const eqn = (id, order) => ({ id, label: "slice", kind: "eqn", parent: "n1", order, source: null, shapes: ["float32[4]"], primitive: "slice", n_eqns: 1, collapsed: true });
+  m.nodes.splice(2, 0, eqn("e1", 2));
+  m.nodes.splice(4, 0, eqn("e2", 3));
+  const st = repeatStats(indexModel(m), "n1");
+  assert.deepEqual(st.blocks.map((b) => b.id), ["n2", "n3", "n4"]);
+  assert.deepEqual(st.series.primal.l2, [2, 3, 5]);
+});
+
 test("a block without the statistic gives null, not a made-up number", () => {
   const m = groupModel();
   m.probes[1].summaries.primal.l2 = null;

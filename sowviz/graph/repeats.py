@@ -10,7 +10,9 @@ What counts as a repeat (`merge`):
 
 * consecutive siblings, each a stage (not a scope sowviz made: a fold of unscoped
   equations, a cond branch or a while body; nor a group of inputs or outputs), at least
-  `MIN_RUN` of them;
+  `MIN_RUN` of them, or siblings with the same few equations between each two (a
+  Python loop slicing its input before each call, `attn(x[:, t:t + 1])`: `_separated`),
+  those equations then going into the group with the blocks;
 * named alike: their labels are equal once digits are masked (`layers[0]`,
   `layers[1]`; `layers[2]: Linear`) or once the `#k` index of a reused label is
   dropped (`block`, `block#2`), so parallel look-alikes with their own names
@@ -41,6 +43,8 @@ from .model import STAGE_KINDS, Edge
 
 #: The fewest consecutive alike blocks that are merged.
 MIN_RUN = 2
+#: The most equations between two blocks of a run (`_separated`).
+MAX_SEPARATORS = 3
 #: The most nodes the first picture draws when the model's module starts open.
 FIRST_VIEW = 60
 
@@ -120,6 +124,7 @@ def merge(builder: Any) -> list[Any]:
         return r.kind in STAGE_KINDS and not r.made and r.id not in with_inputs
 
     runs: list[list[Any]] = []
+    extras: list[list[Any]] = []  # per run, the equations between its blocks
     for siblings in kids.values():
         i = 0
         while i < len(siblings):
@@ -128,12 +133,48 @@ def merge(builder: Any) -> list[Any]:
                 key = _key(siblings[i], sig)
                 while j < len(siblings) and member(siblings[j]) and _key(siblings[j], sig) == key:
                     j += 1
+                if j - i < MIN_RUN:
+                    blocks, between, end = _separated(siblings, i, key, sig, member)
+                    if len(blocks) >= MIN_RUN:
+                        runs.append(blocks)
+                        extras.append(between)
+                        i = end
+                        continue
             if j - i >= MIN_RUN:
                 runs.append(siblings[i:j])
+                extras.append([])
             i = j
     if runs:
-        _insert(builder, runs)
+        _insert(builder, runs, extras)
     return builder.recs
+
+
+def _separated(siblings: list, i: int, key: tuple, sig: dict, member: Any) -> tuple:
+    """A run of alike blocks from ``siblings[i]`` with the same few equations between
+    each two (a Python loop's `x[:, t]` before each call of a layer): its blocks, those
+    equations (with a like run of them just before the first block) and the index
+    past the run. Fewer than two blocks when there is no such run."""
+
+    def eqn(r: Any) -> tuple | None:
+        return (sig[r.id], r.label) if r.kind == "eqn" and not r.made else None
+
+    for period in range(2, MAX_SEPARATORS + 2):
+        gap = [eqn(r) for r in siblings[i + 1 : i + period]]
+        if len(gap) != period - 1 or None in gap:
+            continue
+        blocks, between, k, last = [siblings[i]], [], i + period, i
+        while k < len(siblings) and member(siblings[k]) and _key(siblings[k], sig) == key:
+            if [eqn(r) for r in siblings[k - period + 1 : k]] != gap:
+                break
+            between += siblings[k - period + 1 : k]
+            blocks.append(siblings[k])
+            last, k = k, k + period
+        if len(blocks) >= MIN_RUN:
+            lead = siblings[i - period + 1 : i] if i >= period - 1 else []
+            if [eqn(r) for r in lead] == gap:
+                between = lead + between
+            return blocks, between, last + 1
+    return [siblings[i]], [], i + 1
 
 
 def _key(r: Any, sig: dict) -> tuple:
@@ -144,17 +185,18 @@ def _key(r: Any, sig: dict) -> tuple:
     return (sig[r.id], pattern(r.label), site)
 
 
-def _insert(builder: Any, runs: list[list[Any]]) -> None:
+def _insert(builder: Any, runs: list[list[Any]], extras: list[list[Any]]) -> None:
     edges = builder.edges
     group_of: dict[str, Any] = {}
     before: dict[str, Any] = {}  # first block's id -> its group
     chains: list[tuple[Any, list[Any]]] = []
-    for run in runs:
+    pos = {r.id: k for k, r in enumerate(builder.recs)}
+    for run, between in zip(runs, extras, strict=True):
         first, last = run[0], run[-1]
         g = builder.new("scope", repeat_label([r.label for r in run]), first.parent)
         g.repeats, g.source, g.shapes = len(run), first.source, last.shapes
-        before[first.id] = g
-        for r in run:
+        before[min((first, *between), key=lambda r: pos[r.id]).id] = g
+        for r in (*run, *between):  # the equations between blocks go in with them
             group_of[r.id] = g
             r.parent = g.id
         if all((a.id, b.id) in edges for a, b in itertools.pairwise(run)):
