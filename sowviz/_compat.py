@@ -249,6 +249,11 @@ class SourceLocation:
         return {"file": self.file, "line": self.line, "function": self.function}
 
 
+#: Primitives that change a value's type only (its varying manual mesh axes), never its
+#: numbers: the stage graph draws them as edges.
+TYPE_CASTS = frozenset({"pvary", "pcast"})
+
+
 def user_location(eqn: JaxprEqn) -> SourceLocation | None:
     """The user's frame that created `eqn` (library frames skipped), or None."""
     try:

@@ -623,6 +623,37 @@ def test_shard_map_stage():
     assert ("C",) in modes[one(g, "sin").id]
 
 
+def test_a_shard_maps_type_casts_are_no_boxes():
+    # A shard_map marks each replicated value it reads device-varying (`pvary`) before
+    # use: a type, no number changes. It drew a `pvary` box beside every parameter; the
+    # cast is now the edge it is, and the program and the gradient are unchanged.
+    mesh = jax.make_mesh((4,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+    P = jax.sharding.PartitionSpec
+
+    def loss(w, x):
+        def local(w, x):
+            with jax.named_scope("hidden"):
+                h = jnp.tanh(x @ w)
+            return lax.pmean(jnp.mean(h**2), "d")
+
+        return jax.shard_map(local, mesh=mesh, in_specs=(P(), P("d")), out_specs=P())(w, x)
+
+    w = jnp.linspace(-1.0, 1.0, 12).reshape(3, 4)
+    x = jax.device_put(jnp.arange(24.0).reshape(8, 3) / 10, jax.NamedSharding(mesh, P("d")))
+    closed, g = graph_of(loss, w, x, capture="all")
+    prims = {e.primitive.name for e in closed.jaxpr.eqns[0].params["jaxpr"].eqns}
+    assert "pvary" in prims  # the case is what it says
+    assert not [n for n in g.nodes if n.label == "pvary"]
+    hidden = one(g, "hidden")
+    assert [n.label for n in g.children(hidden.id)] == ["dot_general", "tanh"]
+    fn = instrument(closed, g.probe_points, tag="auto")
+    _assert_same(jax.jit(fn)(w, x), jax.jit(_run_plain(closed))(w, x))
+    value, grad = jax.value_and_grad(loss)(w, x)
+    got_value, got_grad = sowviz.inspect(loss, w, x).result
+    np.testing.assert_allclose(got_value, value, rtol=1e-6)
+    np.testing.assert_allclose(got_grad, grad, rtol=1e-5)
+
+
 # ---------------------------------------------------------------------------
 # Tesseracts
 

@@ -229,6 +229,15 @@ def _parted(groups: list, parameters: frozenset[int], state: frozenset[int]) -> 
     return out
 
 
+def _is_type_cast(eqn: Any) -> bool:
+    """Whether `eqn` changes its operands' types only (`pvary`: a `shard_map` marks
+    replicated values device-varying before their use; no number changes). Such a cast
+    is no box of its own: a shard_map's body showed one beside every parameter it read;
+    an operand made outside the level (a body's parameter) then meets its reader as a
+    body's parameters do, at the stage."""
+    return eqn.primitive.name in _compat.TYPE_CASTS and len(eqn.invars) == len(eqn.outvars)
+
+
 def _whole_program_jit(jaxpr: Any, title: str) -> Any | None:
     """The body of the one `jit` equation named `title` that is the whole program, else
     None."""
@@ -520,6 +529,12 @@ class _Builder(InputsMixin):
                 for _, open_rec in scopes:
                     open_rec.forward = True
             parent = scopes[-1][1] if scopes else container
+            if _is_type_cast(eqn):  # drawn as the edges it is, from its operands' producers
+                for k, (o, v) in enumerate(zip(eqn.invars, eqn.outvars, strict=True)):
+                    if isinstance(o, _compat.Var) and o in prod:
+                        prod[v] = prod[o]
+                    loc[v] = (i, k)
+                continue
             rec = self.eqn_node(eqn, i, parent, path, probe, in_custom)
             self.used = used  # again: the call's body was walked
             chain = (*chain_here, rec.id)
