@@ -59,8 +59,9 @@ def one(g, label, kind=None):
 
 
 def stage_points(g):
-    """Probe points of stages (not of the program's inputs and outputs)."""
-    return tuple(p for p in g.probe_points if p.kind not in ("input", "output"))
+    """Probe points of stages (not of the program's inputs and outputs, nor of a small
+    program's top-level equations)."""
+    return tuple(p for p in g.probe_points if p.kind not in ("input", "output", "eqn"))
 
 
 def edge_set(g):
@@ -621,6 +622,60 @@ def test_shard_map_stage():
     _assert_same(jax.jit(fn)(x), jax.jit(_run_plain(closed))(x))
     modes = modes_by_name(jax.make_jaxpr(jax.grad(lambda a: fn(a)[0]))(x))
     assert ("C",) in modes[one(g, "sin").id]
+
+
+def test_a_small_programs_own_equations_carry_data():
+    # A loss's tail (`mean((h - 1) ** 2)`) at the top level drew boxes with no data:
+    # in a small program each of its equations is probed as a stage is, its value and
+    # gradient those of plain JAX. A top level past `SMALL_TOP_LEVEL` nodes keeps them
+    # unprobed (its runs are folded into probed stages instead).
+    from sowviz.graph import build
+
+    w = jnp.linspace(-1.0, 1.0, 12).reshape(3, 4)
+    x = jnp.linspace(0.0, 2.0, 6).reshape(2, 3)
+
+    def loss(w, x):
+        with jax.named_scope("layer"):
+            h = jnp.tanh(x @ w)
+        return jnp.mean((h - 1.0) ** 2)
+
+    ins = sowviz.inspect(loss, w, x)
+    nodes = {n.id: n for n in ins.graph.nodes}
+    top = [n.primitive for n in ins.graph.nodes if n.parent == ins.graph.root and n.kind == "eqn"]
+    assert top == ["sub", "integer_pow", "reduce_sum", "div"]
+    got = {nodes[p.node].primitive: p.summaries for p in ins.probes if nodes[p.node].kind == "eqn"}
+    assert set(got) == set(top)
+    h = jnp.tanh(x @ w)
+    d = h - 1.0
+    np.testing.assert_allclose(got["sub"]["primal"]["mean"], float(jnp.mean(d)), rtol=1e-5)
+    # dloss/d(d**2) = 1/n, dloss/d(d) = 2 d / n
+    np.testing.assert_allclose(got["integer_pow"]["cotangent"]["max"], 1 / d.size, rtol=1e-6)
+    want = jax.grad(lambda d: jnp.mean(d**2))(d)
+    np.testing.assert_allclose(
+        got["sub"]["cotangent"]["l2"], float(jnp.linalg.norm(want)), rtol=1e-5
+    )
+    np.testing.assert_allclose(got["div"]["cotangent"]["max"], 1.0)
+
+    def big(w, x):  # 14 top-level equations, one a line (no fold): no probes on them
+        y = x @ w
+        y = jnp.sin(y)
+        y = y * 1.5
+        y = jnp.cos(y)
+        y = y + 0.5
+        y = jnp.tanh(y)
+        y = y - 0.25
+        y = jnp.exp(y)
+        y = y / 3.0
+        y = jnp.sin(y)
+        y = y * 0.5
+        y = jnp.cos(y)
+        y = y + 1.0
+        return jnp.sum(y)
+
+    _, g = graph_of(big, w, x)
+    eqns = [n for n in g.nodes if n.parent == g.root and n.kind == "eqn"]
+    assert len(eqns) == 14 > build.SMALL_TOP_LEVEL
+    assert not [p for p in g.probe_points if p.kind == "eqn"]
 
 
 def test_a_shard_maps_type_casts_are_no_boxes():

@@ -42,6 +42,8 @@ from .tesseract import output_names, tesseract_label
 _CAPTURES = ("sows", "stages", "all")
 #: A level with more nodes than this folds its runs of unscoped equations (names.py).
 FOLD_LIMIT = 40
+#: A top level of at most this many nodes probes its unscoped equations in "stages".
+SMALL_TOP_LEVEL = 12
 
 _BAD_CAPTURE = (
     "build_graph: `capture` must be one of 'sows', 'stages' or 'all', got {!r}. "
@@ -236,6 +238,11 @@ def _is_type_cast(eqn: Any) -> bool:
     an operand made outside the level (a body's parameter) then meets its reader as a
     body's parameters do, at the stage."""
     return eqn.primitive.name in _compat.TYPE_CASTS and len(eqn.invars) == len(eqn.outvars)
+
+
+def _level_size(level_names: Sequence[tuple[str, ...]]) -> int:
+    """The nodes a level draws: its top scopes and its unscoped equations."""
+    return len({n[0] for n in level_names if n}) + sum(1 for n in level_names if not n)
 
 
 def _whole_program_jit(jaxpr: Any, title: str) -> Any | None:
@@ -503,6 +510,9 @@ class _Builder(InputsMixin):
             reentry=lambda i: _compat.reentry(jaxpr.eqns[i]),
             stages=is_stage,
         )
+        # The top level of a small program: its own equations (a loss's `(y - t) ** 2`,
+        # `mean`) carry data as stages do, instead of boxes with none.
+        own_lines = not path and _level_size(level_names) <= SMALL_TOP_LEVEL
         for i, eqn in enumerate(jaxpr.eqns):
             names = level_names[i]
             # Close the scopes that end here, open the ones that start.
@@ -569,6 +579,7 @@ class _Builder(InputsMixin):
                 # a plain function among a module's layers carries data as they do
                 # (not inside a fold that carries it: `gelu`)
                 or (rec.kind == "eqn" and capture_stages and not parent.made and layer_call(i))
+                or (rec.kind == "eqn" and capture_stages and own_lines and not names)
             ):
                 # Not the operands a stage hands back unchanged (an `nnx.remat` returns
                 # the module's parameters): the same values, probed where they come from.
