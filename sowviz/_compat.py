@@ -325,6 +325,13 @@ def is_ref(aval: Any) -> bool:
     return type(aval).__name__ == "AbstractRef"
 
 
+def touches_ref(eqn: Any) -> bool:
+    """Whether `eqn` makes, reads, writes or freezes a mutable array reference: its
+    values are the reference's, which a probe beside it cannot take (JAX's `vjp`
+    refused the program)."""
+    return any(is_ref(getattr(v, "aval", None)) for v in (*eqn.invars, *eqn.outvars))
+
+
 def eval_jaxpr(jaxpr: Jaxpr, consts, *args):
     return _core.eval_jaxpr(jaxpr, consts, *args)
 

@@ -573,13 +573,16 @@ class _Builder(InputsMixin):
                     [eqn.outvars[k] for k in live],
                     names=tuple(fields[k] for k in live) if fields else (),
                 )
-            elif (
-                (rec.kind == "eqn" and capture_eqns)
-                or (rec.kind in STAGE_KINDS and capture_stages)
-                # a plain function among a module's layers carries data as they do
-                # (not inside a fold that carries it: `gelu`)
-                or (rec.kind == "eqn" and capture_stages and not parent.made and layer_call(i))
-                or (rec.kind == "eqn" and capture_stages and own_lines and not names)
+            elif (rec.kind in STAGE_KINDS and capture_stages) or (
+                rec.kind == "eqn"
+                and not _compat.touches_ref(eqn)
+                and (
+                    capture_eqns
+                    # a plain function among a module's layers carries data as they
+                    # do (not inside a fold that carries it: `gelu`)
+                    or (capture_stages and not parent.made and layer_call(i))
+                    or (capture_stages and own_lines and not names)
+                )
             ):
                 # Not the operands a stage hands back unchanged (an `nnx.remat` returns
                 # the module's parameters): the same values, probed where they come from.
