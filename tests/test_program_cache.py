@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import pathlib
@@ -323,17 +324,18 @@ def test_a_sown_literal_is_laid_out_with_the_arrays():
     np.testing.assert_allclose(layer["mean"], np.mean(np.tanh(X @ W)), rtol=1e-5)
 
 
-def test_an_edited_function_compiles_its_capture_program_but_not_its_layout(tmp_path, monkeypatch):
-    # `inspect` lays its small probes out in a program keyed by their shapes: a cell
-    # run again (an edited function, like shapes) compiles only its capture program.
+@contextlib.contextmanager
+def compiles_afresh(tmp_path, monkeypatch):
+    """The names of the programs XLA compiles meanwhile, nothing compiled before (an empty
+    disk cache, sowviz's in-process programs forgotten)."""
     from jax import monitoring
 
     from sowviz.capture import summaries
 
-    monkeypatch.setenv("SOWVIZ_CACHE_DIR", str(tmp_path))  # nothing compiled before
+    monkeypatch.setenv("SOWVIZ_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(summaries, "_COMPILED", {})
     monkeypatch.setattr(summaries, "_STARTED", set())
-    compiled = []
+    compiled: list[str] = []
 
     def listen(event: str, secs: float, **kw) -> None:
         if event == "/jax/core/compile/backend_compile_duration":
@@ -341,15 +343,22 @@ def test_an_edited_function_compiles_its_capture_program_but_not_its_layout(tmp_
 
     monitoring.register_event_duration_secs_listener(listen)
     try:
+        yield compiled
+    finally:
+        unregister = getattr(monitoring, "unregister_event_duration_listener", None)
+        if unregister is not None:
+            unregister(listen)
+
+
+def test_an_edited_function_compiles_its_capture_program_but_not_its_layout(tmp_path, monkeypatch):
+    # `inspect` lays its small probes out in a program keyed by their shapes: a cell
+    # run again (an edited function, like shapes) compiles only its capture program.
+    with compiles_afresh(tmp_path, monkeypatch) as compiled:
         for scale in (1.0, 2.0):
             loss, _ = make_loss()
             edited = (lambda s, f: lambda w, x: f(w, x) * s)(scale, loss)
             got = sowviz.inspect(edited, W * 1.5, X)  # shapes seen before, values not
             np.testing.assert_allclose(got.result[0], scale * loss(W * 1.5, X), rtol=1e-6)
-    finally:
-        unregister = getattr(monitoring, "unregister_event_duration_listener", None)
-        if unregister is not None:
-            unregister(listen)
     assert sum("_instrumented_program" in n for n in compiled) == 2
     assert sum("_lay_out_program" in n for n in compiled) == 1
 
@@ -359,27 +368,13 @@ def test_models_of_other_widths_share_one_summary_program(tmp_path, monkeypatch)
     # size a Monitor's program groups in blocks) is summarised by the program compiled
     # for the first: `inspect`'s layouts take coarse size classes. Its layout program
     # (keyed by the probes' shapes) is the only summary program it compiles.
-    from jax import monitoring
-
-    from sowviz.capture import summaries
-
-    monkeypatch.setenv("SOWVIZ_CACHE_DIR", str(tmp_path))  # nothing compiled before
-    monkeypatch.setattr(summaries, "_COMPILED", {})
-    monkeypatch.setattr(summaries, "_STARTED", set())
-    compiled = []
-
-    def listen(event: str, secs: float, **kw) -> None:
-        if event == "/jax/core/compile/backend_compile_duration":
-            compiled.append(str(kw.get("fun_name", "")))
-
     def mlp(ws, x):
         for i, w in enumerate(ws):
             with jax.named_scope(f"layer{i}"):
                 x = jnp.tanh(x @ w)
         return jnp.mean(x**2)
 
-    monitoring.register_event_duration_secs_listener(listen)
-    try:
+    with compiles_afresh(tmp_path, monkeypatch) as compiled:
         for width in (24, 40, 72, 260):  # 260 x 260 = 67,600 values: a large array
             keys = jax.random.split(jax.random.PRNGKey(width), 4)
             ws = [jax.random.normal(keys[0], (8, width)) / 3]
@@ -395,10 +390,6 @@ def test_models_of_other_widths_share_one_summary_program(tmp_path, monkeypatch)
             grad = jax.grad(mlp)(ws, x)[1]
             np.testing.assert_allclose(w1["cotangent"]["l2"], np.linalg.norm(grad), rtol=1e-4)
             assert sum(w1["cotangent"]["hist"]["counts"]) == width * width
-    finally:
-        unregister = getattr(monitoring, "unregister_event_duration_listener", None)
-        if unregister is not None:
-            unregister(listen)
     assert sum("_finish_program" in n for n in compiled) == 1
     assert sum("_lay_out_program" in n for n in compiled) == 4
 
