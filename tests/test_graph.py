@@ -655,6 +655,11 @@ def test_a_small_programs_own_equations_carry_data():
         got["sub"]["cotangent"]["l2"], float(jnp.linalg.norm(want)), rtol=1e-5
     )
     np.testing.assert_allclose(got["div"]["cotangent"]["max"], 1.0)
+    # a jitted loss (`@jax.jit`, `eqx.filter_jit`) draws its body as the top level: alike
+    jitted = sowviz.inspect(jax.jit(loss), w, x)
+    nodes = {n.id: n for n in jitted.graph.nodes}
+    again = {nodes[p.node].primitive for p in jitted.probes if nodes[p.node].kind == "eqn"}
+    assert again == set(top)
 
     def big(w, x):  # 14 top-level equations, one a line (no fold): no probes on them
         y = x @ w

@@ -512,7 +512,7 @@ class _Builder(InputsMixin):
         )
         # The top level of a small program: its own equations (a loss's `(y - t) ** 2`,
         # `mean`) carry data as stages do, instead of boxes with none.
-        own_lines = not path and _level_size(level_names) <= SMALL_TOP_LEVEL
+        own_lines = container.parent is None and _level_size(level_names) <= SMALL_TOP_LEVEL
         for i, eqn in enumerate(jaxpr.eqns):
             names = level_names[i]
             # Close the scopes that end here, open the ones that start.
