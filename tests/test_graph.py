@@ -661,6 +661,15 @@ def test_a_small_programs_own_equations_carry_data():
     again = {nodes[p.node].primitive for p in jitted.probes if nodes[p.node].kind == "eqn"}
     assert again == set(top)
 
+    def wide(w, x):  # a large value's square (90,000 values) is no probe; its mean is
+        big = jnp.tile(x @ w, (150, 75))
+        return jnp.mean(big**2)
+
+    ins = sowviz.inspect(wide, w, x)
+    nodes = {n.id: n for n in ins.graph.nodes}
+    got = {nodes[p.node].primitive for p in ins.probes if nodes[p.node].kind == "eqn"}
+    assert "integer_pow" not in got and {"reduce_sum", "div"} <= got
+
     def big(w, x):  # 14 top-level equations, one a line (no fold): no probes on them
         y = x @ w
         y = jnp.sin(y)

@@ -42,8 +42,12 @@ from .tesseract import output_names, tesseract_label
 _CAPTURES = ("sows", "stages", "all")
 #: A level with more nodes than this folds its runs of unscoped equations (names.py).
 FOLD_LIMIT = 40
-#: A top level of at most this many nodes probes its unscoped equations in "stages".
+#: A top level of at most this many nodes probes its unscoped equations in "stages" ...
 SMALL_TOP_LEVEL = 12
+#: ... those of at most this many values (a loss's tail, not a squared activation of
+#: 2M values: each probe is an output of the capture program and a summary, and the
+#: 4x1024 MLP's first `inspect` took 1.53 -> 1.69-1.72x of plain with it).
+SMALL_TOP_LEVEL_VALUES = 1 << 16
 
 _BAD_CAPTURE = (
     "build_graph: `capture` must be one of 'sows', 'stages' or 'all', got {!r}. "
@@ -238,6 +242,13 @@ def _is_type_cast(eqn: Any) -> bool:
     an operand made outside the level (a body's parameter) then meets its reader as a
     body's parameters do, at the stage."""
     return eqn.primitive.name in _compat.TYPE_CASTS and len(eqn.invars) == len(eqn.outvars)
+
+
+def _small(eqn: Any) -> bool:
+    """Whether `eqn`'s outputs hold at most `SMALL_TOP_LEVEL_VALUES` values each."""
+    return all(
+        math.prod(getattr(v.aval, "shape", ())) <= SMALL_TOP_LEVEL_VALUES for v in eqn.outvars
+    )
 
 
 def _level_size(level_names: Sequence[tuple[str, ...]]) -> int:
@@ -581,7 +592,7 @@ class _Builder(InputsMixin):
                     # a plain function among a module's layers carries data as they
                     # do (not inside a fold that carries it: `gelu`)
                     or (capture_stages and not parent.made and layer_call(i))
-                    or (capture_stages and own_lines and not names)
+                    or (capture_stages and own_lines and not names and _small(eqn))
                 )
             ):
                 # Not the operands a stage hands back unchanged (an `nnx.remat` returns
