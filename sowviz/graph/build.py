@@ -44,9 +44,9 @@ _CAPTURES = ("sows", "stages", "all")
 FOLD_LIMIT = 40
 #: A top level of at most this many nodes probes its unscoped equations in "stages" ...
 SMALL_TOP_LEVEL = 12
-#: ... those of at most this many values (a loss's tail, not a squared activation of
-#: 2M values: each probe is an output of the capture program and a summary, and the
-#: 4x1024 MLP's first `inspect` took 1.53 -> 1.69-1.72x of plain with it).
+#: ... those of at most this many values: a loss's tail, not the square of a 2M-value
+#: activation, which would be a large probe of its own (an output of the capture
+#: program and a member of a block group, whose program is keyed by its shapes).
 SMALL_TOP_LEVEL_VALUES = 1 << 16
 
 _BAD_CAPTURE = (
