@@ -533,16 +533,15 @@ def _stacked_iterations(leaves: list, sized: bool, coarse_bins: int = 0) -> Iter
     vals = [_summary._values(jnp.asarray(x)).reshape(x.shape[0], -1) for x in leaves]
     width, members = max(v.shape[1] for v in vals), len(vals)
     iterations, dtype = vals[0].shape[0], vals[0].dtype
-    steps, coarse = iterations, False
-    if sized and coarse_bins and iterations <= _summary.row_cap(coarse_bins):
-        cap = _summary.row_cap(coarse_bins)
-        c_steps = max(iterations, min(cap, coarse_bucket(iterations, ONCE_MIN_ITERATIONS)))
-        c_width = coarse_bucket(width, ONCE_MIN_ITERATED_WIDTH)
-        c_members = coarse_bucket(members, ONCE_MIN_ITERATED_MEMBERS)
-        if c_members * c_steps * c_width <= ITERATED_SIZED_MAX:
-            width, members, steps = c_width, c_members, c_steps
-            sized, coarse = False, True
-    if sized and bucket(members) * iterations * bucket(width) <= ITERATED_SIZED_MAX:
+    cap = _summary.row_cap(coarse_bins) if coarse_bins else 0
+    c_steps = max(iterations, min(cap, coarse_bucket(iterations, ONCE_MIN_ITERATIONS)))
+    c_width = coarse_bucket(width, ONCE_MIN_ITERATED_WIDTH)
+    c_members = coarse_bucket(members, ONCE_MIN_ITERATED_MEMBERS)
+    coarse = sized and iterations <= cap and c_members * c_steps * c_width <= ITERATED_SIZED_MAX
+    steps = c_steps if coarse else iterations
+    if coarse:
+        width, members = c_width, c_members
+    elif sized and bucket(members) * iterations * bucket(width) <= ITERATED_SIZED_MAX:
         width, members = bucket(width), bucket(members)
     pads = [width - v.shape[1] for v in vals] + [width] * (members - len(vals))
     more = steps - iterations
