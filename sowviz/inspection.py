@@ -89,9 +89,7 @@ def join_probes(
             untaken.add(node)  # its zeros are no values: it did not run
             continue
         found += _probes_of(graph.node(node).label, node, entry, True)
-    for node in sorted(untaken, key=lambda n: graph.node(n).order):
-        if graph.node(node).parent not in untaken:  # said once, of the outermost
-            notes.append((node, _UNTAKEN.format(label=graph.node(node).label)))
+    notes += _untaken_notes(graph, untaken)
     for name, entry in summaries.get(options.tag, {}).items():
         node = _sow_node(graph, name)
         if node is None:
@@ -134,6 +132,63 @@ _UNTAKEN = (
     "`{label}` is in a branch of a `cond` that did not run in this call: it has no values "
     "(the stages inside neither)."
 )
+_UNTAKEN_BRANCH = "`{label}` of `{cond}` did not run in this call: its {stages} have no values."
+#: How many of an untaken branch's stages its note names before "and N more".
+_UNTAKEN_NAMED = 3
+
+
+def _untaken_notes(graph: StageGraph, untaken: set[str]) -> list[tuple[str, str]]:
+    """One note per `cond` branch that did not run, on the branch, naming its stages
+    (optax's line search: 14 notes, one per stage of two branches, became 2). A stage
+    outside any branch (none is known) keeps a note of its own."""
+    innermost = {n: _branch_of(graph, n) for n in untaken}
+    down = set(innermost.values()) - {None}
+    by_branch: dict[str | None, list[str]] = {}
+    for node in sorted(untaken, key=lambda n: graph.node(n).order):
+        branch = innermost[node]
+        # a branch inside a branch that did not run is said with the outer one
+        at = branch
+        while at is not None:
+            if at in down:
+                branch = at
+            at = _branch_of(graph, at)
+        by_branch.setdefault(branch, []).append(node)
+    notes = []
+    for branch, nodes in by_branch.items():
+        outer = [n for n in nodes if not _inside(graph, n, untaken)]
+        if branch is None:
+            notes += [(n, _UNTAKEN.format(label=graph.node(n).label)) for n in outer]
+            continue
+        labels = [f"`{graph.node(n).label}`" for n in outer]
+        named = ", ".join(labels[:_UNTAKEN_NAMED])
+        if len(labels) > _UNTAKEN_NAMED:
+            named += f" and {len(labels) - _UNTAKEN_NAMED} more"
+        stages = f"stage {named}" if len(labels) == 1 else f"{len(labels)} stages ({named})"
+        node = graph.node(branch)
+        cond = graph.node(node.parent).label if node.parent else "cond"
+        notes.append((branch, _UNTAKEN_BRANCH.format(label=node.label, cond=cond, stages=stages)))
+    return notes
+
+
+def _branch_of(graph: StageGraph, node: str) -> str | None:
+    """The `cond` branch scope `node` is in, the innermost (None: none)."""
+    at = graph.node(node).parent
+    while at is not None:
+        parent = graph.node(at).parent
+        if parent is not None and graph.node(parent).kind == "cond":
+            return at
+        at = parent
+    return None
+
+
+def _inside(graph: StageGraph, node: str, among: set[str]) -> bool:
+    """Whether a node around `node` is one of `among` (then its note says it)."""
+    at = graph.node(node).parent
+    while at is not None:
+        if at in among:
+            return True
+        at = graph.node(at).parent
+    return False
 
 
 def _whole_points(graph: StageGraph, entries: dict[str, dict]) -> dict[str, dict]:
@@ -252,7 +307,7 @@ class Inspection:
             "nodes": g["nodes"],
             "edges": g["edges"],
             "probes": probes,
-            "notes": [*g["notes"], *self.notes],
+            "notes": merged_notes([*g["notes"], *self.notes]),
             "history": self.history,
             "nonfinite": None if self.nonfinite is None else self.nonfinite.to_dict(),
         }
@@ -403,6 +458,27 @@ def _inspection_of(out: Out, options: InspectOptions) -> Inspection:
         title=out.traced.graph.title,
         notes=[_note(m) for m in notes],
     )
+
+
+def merged_notes(notes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The model's notes with one note per message: a note said alike of several nodes
+    (optax's line search differentiates its `sum` in three places) lists them all in
+    `nodes`, its `probe` the first."""
+    out: list[dict[str, Any]] = []
+    seen: dict[tuple[str, str], dict[str, Any]] = {}
+    for note in notes:
+        key = (note["level"], note["message"])
+        same = seen.get(key) if note.get("probe") is not None else None
+        if same is None:
+            note = dict(note)
+            out.append(note)
+            if note.get("probe") is not None:
+                seen[key] = note
+            continue
+        same.setdefault("nodes", [same["probe"]])
+        if note["probe"] not in same["nodes"]:
+            same["nodes"].append(note["probe"])
+    return out
 
 
 def _note(note: Any) -> dict[str, Any]:

@@ -1033,6 +1033,41 @@ def test_a_note_names_its_node_by_label_and_shows_it(page, tmp_path):
 
 
 @pytest.mark.browser
+def test_a_note_said_of_several_stages_links_each(page, tmp_path):
+    # optax's line search said the same note of three `sum` stages, three identical lines
+    import jax
+    import jax.numpy as jnp
+
+    import sowviz
+
+    def energy(w):
+        return jnp.sum(jnp.tanh(w) ** 2)
+
+    def f(w):
+        with jax.named_scope("first"):
+            v1, g1 = jax.value_and_grad(energy)(w)
+        with jax.named_scope("second"):
+            v2, g2 = jax.value_and_grad(energy)(w * 2)
+        return v1 + v2 + jnp.sum(g1 * g2)
+
+    ins = sowviz.inspect(f, jnp.linspace(0.1, 1.0, 4))
+    (note,) = [n for n in ins.to_dict()["notes"] if "differentiated inside" in n["message"]]
+    pg = page.open_report(ins.save_html(tmp_path / "notes.html"))
+    pg.locator('[data-role="notes-toggle"]').click()
+    item = pg.locator('[data-role="notes"] li', has_text="differentiated inside")
+    assert item.count() == 1
+    assert item.inner_text().startswith("energy (2 places: 1 2): energy is differentiated")
+    assert item.locator("code").first.inner_text() == "energy"  # backticks: code, not text
+    places = item.locator('[data-role="note-places"] button')
+    assert places.nth(1).get_attribute("title") == "show it in second"
+    places.nth(1).click()
+    pg.wait_for_selector(f'[data-node-id="{note["nodes"][1]}"].sv-selected')
+    detail = pg.locator('[data-role="detail"]').inner_text()
+    assert "differentiated inside" in detail
+    assert page.errors == []
+
+
+@pytest.mark.browser
 @pytest.mark.parametrize("steps", [1, 2])
 def test_a_short_run_s_loss_chart_has_whole_steps_and_distinct_ticks(page, tmp_path, steps):
     # One step was a dot on a -1…1 axis; two close losses had two y ticks both "0.356".

@@ -771,9 +771,61 @@ def test_a_cond_branch_that_did_not_run_shows_no_values_and_says_so():
     got = ins.probe("cheap_branch").summaries["primal"]
     np.testing.assert_allclose([got["min"], got["max"]], [5.0, 7.0])
     node = next(n for n in ins.graph.nodes if n.label == "exp_branch")
-    (note,) = [n for n in ins.to_dict()["notes"] if n["probe"] == node.id]
-    assert "did not run" in note["message"]
+    # said of the branch around it, which is what did not run
+    (note,) = [n for n in ins.to_dict()["notes"] if n["probe"] == node.parent]
+    assert "did not run" in note["message"] and "`exp_branch`" in note["message"]
+    assert ins.graph.node(ins.graph.node(node.parent).parent).kind == "cond"
     np.testing.assert_allclose(ins.result[1], jax.grad(_branchy)(x))
+
+
+def test_a_branch_that_did_not_run_is_one_note_naming_its_stages():
+    # optax's line search: a branch of 14 stages (some in a branch inside it) that did
+    # not run was 14 notes, one per stage
+    def f(x, k):
+        def taken(x):
+            with jax.named_scope("b1"):
+                return jnp.sum(x + 5.0)
+
+        def untaken(x):
+            y = x
+            for i, op in enumerate([jnp.sin, jnp.exp, jnp.tanh, jnp.cos, jnp.log1p]):
+                with jax.named_scope(f"stage{i}"):  # unlike stages: no stacked group
+                    y = op(y)
+            y = jax.lax.cond(jnp.sum(y) > 0, lambda y: y * 2, lambda y: y - 1, y)
+            return jnp.sum(y)
+
+        return jax.lax.cond(k > 0, untaken, taken, x)
+
+    x = jnp.arange(3.0)
+    ins = sowviz.inspect(f, x, 0)
+    notes = [n for n in ins.to_dict()["notes"] if "did not run" in n["message"]]
+    assert len(notes) == 1, notes
+    branch = ins.graph.node(notes[0]["probe"])
+    assert branch.label.startswith("branch 1") and ins.graph.node(branch.parent).kind == "cond"
+    msg = notes[0]["message"]
+    assert "6 stages (`stage0`, `stage1`, `stage2` and 3 more)" in msg, msg
+    assert not any(p.name.startswith("stage") for p in ins.probes)
+    np.testing.assert_allclose(ins.result[0], f(x, 0))
+
+
+def test_a_note_said_alike_of_several_stages_is_one_note_listing_them():
+    def energy(w):
+        return jnp.sum(jnp.tanh(w) ** 2)
+
+    def f(w):
+        with jax.named_scope("first"):
+            v1, g1 = jax.value_and_grad(energy)(w)
+        with jax.named_scope("second"):
+            v2, g2 = jax.value_and_grad(energy)(w * 2)
+        return v1 + v2 + jnp.sum(g1 * g2)
+
+    ins = sowviz.inspect(f, jnp.linspace(0.1, 1.0, 4))
+    notes = [n for n in ins.to_dict()["notes"] if "differentiated inside" in n["message"]]
+    assert len(notes) == 1, notes
+    nodes = [ins.graph.node(i) for i in notes[0]["nodes"]]
+    assert notes[0]["probe"] == nodes[0].id and len(nodes) == 2
+    assert [ins.graph.node(n.parent).label for n in nodes] == ["first", "second"]
+    assert all(n.label == "energy" for n in nodes)
 
 
 def test_a_stage_s_many_outputs_are_listed_in_numeric_order():

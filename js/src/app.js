@@ -2,12 +2,12 @@
 // curve, wired to the view state (expanded stages, selection, search, statistic).
 // Used by the widget (index.js render) and the report (index.js mount) alike.
 
-import { h, clear } from "./dom.js";
+import { h, clear, said } from "./dom.js";
 import { indexModel, isExpandable, soleChain, STAGE_KINDS } from "./model.js";
 import { edgesByLevel, visibleRepresentative, pathToReveal } from "./levels.js";
 import { layoutView } from "./layout.js";
 import { computeFaces } from "./faces.js";
-import { messageParts, nonfiniteRoles, originNodes, storedOrigins } from "./nonfinite.js";
+import { nonfiniteRoles, originNodes, storedOrigins } from "./nonfinite.js";
 import { bannerParts } from "./banner.js";
 import { parentPath, searchNodes } from "./search.js";
 import { defaultStat, STATS, fmt, VIRIDIS_STOPS } from "./stats.js";
@@ -214,10 +214,19 @@ export class App {
       // and shows it when clicked
       const node = this.index.nodes.get(n.node ?? n.probe ?? "") ?? null;
       const head = node
-        ? h("button", { type: "button", class: "sv-link", text: node.label, title: "show it", onclick: () => this.reveal(node.id) })
+        ? h("button", { type: "button", class: "sv-link", text: node.label, title: `show it${parentPath(this.index, node.id)}`, onclick: () => this.reveal(node.id) })
         : n.probe ? h("strong", { text: n.probe }) : null;
+      // a note said alike of several stages: each is a link, numbered, its place on hover
+      const others = node ? (n.nodes ?? []).filter((id) => id !== node.id && this.index.nodes.has(id)) : [];
+      const more = others.length ? h("span", { class: "sv-muted", "data-role": "note-places" }, [
+        ` (${others.length + 1} places: `,
+        ...[node.id, ...others].flatMap((id, i) => [i ? " " : null, h("button", {
+          type: "button", class: "sv-link", text: String(i + 1), title: `show it${parentPath(this.index, id)}`, onclick: () => this.reveal(id),
+        })]),
+        ")",
+      ]) : null;
       this.notesList.append(h("li", { class: `sv-note sv-note-${n.level === "error" ? "error" : "warning"}` }, [
-        head, head ? ": " : null, n.message ?? "",
+        head, more, head ? ": " : null, ...said(n.message ?? ""),
       ]));
     }
   }
@@ -479,7 +488,3 @@ export class App {
 
 export { STAGE_KINDS, parentPath };
 
-/** A status or error text with `code` spans (backticks), as text nodes only. */
-function said(text) {
-  return messageParts(text).map((m) => (m.code ? h("code", { text: m.text }) : m.text));
-}

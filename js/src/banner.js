@@ -4,8 +4,7 @@
 // equation was located yet. Only the widget can locate (Python re-runs the step);
 // a saved report shows the button disabled, with the reason.
 
-import { h } from "./dom.js";
-import { messageParts } from "./nonfinite.js";
+import { h, said } from "./dom.js";
 
 export const LOCATE_REPORT_REASON = "A saved report cannot re-run the program. In Python, call "
   + "Inspection.locate_nonfinite() before save_html(), or use sowviz.show(...) and press this button there.";
@@ -41,8 +40,7 @@ export function bannerParts(origins, index, actions) {
     const at = origins[pass];
     if (!p || !at) continue;
     const text = p.message ?? `first at ${label(p.node)}`;
-    const said = messageParts(text).map((m) => (m.code ? h("code", { text: m.text }) : m.text));
-    parts.push(h("span", { "data-pass": pass }, [` ${pass === "forward" ? "Forward" : "Backward"} pass: `, ...said, " "]),
+    parts.push(h("span", { "data-pass": pass }, [` ${pass === "forward" ? "Forward" : "Backward"} pass: `, ...said(text), " "]),
       h("button", { type: "button", class: "sv-link", "data-origin": pass, "data-node": at, text: `show ${label(at)}`, onclick: () => actions.onReveal(at) }));
   }
   if (rec.removed) parts.push(h("span", { class: "sv-muted", text: " (masked afterwards)" }));

@@ -1,7 +1,7 @@
 // The detail panel [data-role="detail"]: metadata, one histogram per captured mode,
 // the statistics table, and for a Monitor the history of the selected probe.
 
-import { h, clear } from "./dom.js";
+import { h, clear, said } from "./dom.js";
 import { drawHistogram, drawHistoryHeatmap, drawLines, drawSignedLog, modeColour, purge } from "./charts.js";
 import { hasSigned, signedLog } from "./loghist.js";
 import { probeNonfiniteSteps } from "./history.js";
@@ -150,10 +150,10 @@ export class DetailPanel {
       rows.push(["source", `${src.file.split("/").pop()}${at}`, `${src.file}${at}`]);
     }
     // a note names the probe it is about (a sow's name) or the node (its id: a stage's)
-    const notes = (index.model.notes ?? []).filter((n) => n.probe === node.id || probes.some((p) => p.name === n.probe));
+    const notes = (index.model.notes ?? []).filter((n) => n.probe === node.id || n.nodes?.includes(node.id) || probes.some((p) => p.name === n.probe));
     return h("div", {}, [
       h("dl", { class: "sv-meta" }, rows.flatMap(([k, v, full]) => [h("dt", { text: k }), h("dd", { text: v, title: full ?? v })])),
-      ...notes.map((n) => h("p", { class: `sv-note sv-note-${n.level === "error" ? "error" : "warning"}`, text: n.message })),
+      ...notes.map((n) => h("p", { class: `sv-note sv-note-${n.level === "error" ? "error" : "warning"}` }, said(n.message))),
     ]);
   }
 

@@ -49,3 +49,13 @@ export function ellipsis(text, n) {
   if (tail && tail.length <= Math.floor(n / 2)) return `${t.slice(0, n - 1 - tail.length)}…${tail}`;
   return `${t.slice(0, n - 1)}…`;
 }
+
+/** A stored message split at backticks: [{code: false, text}, {code: true, text}, ...]. */
+export function messageParts(text) {
+  return String(text ?? "").split("`").map((t, i) => ({ code: i % 2 === 1, text: t })).filter((p) => p.text);
+}
+
+/** A message with `code` spans (between backticks) as nodes: text and <code>, never HTML. */
+export function said(text) {
+  return messageParts(text).map((m) => (m.code ? h("code", { text: m.text }) : m.text));
+}

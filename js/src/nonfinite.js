@@ -117,7 +117,5 @@ export function originSentence(o, passName) {
   return `${label}: ${o.message ?? `first at ${o.node}`}.`;
 }
 
-/** A stored message split at backticks: [{code: false, text}, {code: true, text}, ...]. */
-export function messageParts(text) {
-  return String(text ?? "").split("`").map((t, i) => ({ code: i % 2 === 1, text: t })).filter((p) => p.text);
-}
+// a stored message split at backticks (its home is dom.js, beside `said`)
+export { messageParts } from "./dom.js";

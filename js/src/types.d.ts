@@ -127,6 +127,6 @@ export interface SowvizModel {
   title: string; mode: Mode; modes: string[]; device: string;
   versions: Record<string, string>; created: string; root: string;
   nodes: Node[]; edges: Edge[]; probes: Probe[];
-  notes: { level: string; probe?: string; node?: string; message: string }[];
+  notes: { level: string; probe?: string; node?: string; nodes?: string[]; message: string }[];
   history: History | null;
 }
