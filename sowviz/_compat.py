@@ -418,11 +418,16 @@ def is_user_class(cls: type) -> bool:
     return fname is None or _is_user_file(fname)  # None: `__main__` of a notebook, a REPL
 
 
-def user_location_outside_libraries(eqn: JaxprEqn) -> SourceLocation | None:
+def user_location_outside_libraries(
+    eqn: JaxprEqn, *, fallback: bool = True
+) -> SourceLocation | None:
     """Like `user_location`, also skipping installed packages and sowviz itself.
 
     The innermost frame outside JAX, sowviz and site-packages (so an Equinox layer
-    points at the line that called it); falls back to `user_location`.
+    points at the line that called it); with none, `user_location` (a library's line),
+    or None without `fallback`. An equation of a loop body or a `remat` made by a
+    library has no frame of the user's: its traceback starts where the body was traced
+    (Flax's `nn.scan(nn.remat(Block))`: in `flax/core/axes_scan.py`).
     """
     tb = eqn.source_info.traceback
     if tb is None:
@@ -436,7 +441,7 @@ def user_location_outside_libraries(eqn: JaxprEqn) -> SourceLocation | None:
             return SourceLocation(frame.file_name, frame.start_line, frame.function_name)
     except Exception:  # best effort, as user_location
         return None
-    return user_location(eqn)
+    return user_location(eqn) if fallback else None
 
 
 def new_var(aval: Any) -> Var:

@@ -537,7 +537,8 @@ class _Builder(InputsMixin):
                 name = names[j]
                 parent = scopes[-1][1] if scopes else container
                 label = fold_label(name)
-                rec = self.new("scope", label, parent.id, source=self.scope_source(eqn, names, j))
+                source = self.scope_source(eqn, names, j, parent)
+                rec = self.new("scope", label, parent.id, source=source)
                 rec.out_vars = {}
                 rec.scope = name
                 rec.made = name.startswith(FOLD)
@@ -644,7 +645,7 @@ class _Builder(InputsMixin):
             shape_str(v.aval)
             for v in sorted(eqn.outvars, key=lambda v: (not is_floating(v.aval), v not in used))
         )
-        src = self.source(eqn)
+        src = self.source(eqn, parent)
         spec = spec_of(name)
         if spec is None:  # an ordinary equation (its sub-programs, if any, are counted)
             label = _compat.primitive_label(eqn)
@@ -743,9 +744,11 @@ class _Builder(InputsMixin):
 
         return layer_call
 
-    def scope_source(self, eqn, names: tuple[str, ...], j: int) -> _compat.SourceLocation | None:
+    def scope_source(
+        self, eqn, names: tuple[str, ...], j: int, around: _Rec | None = None
+    ) -> _compat.SourceLocation | None:
         """A module stage's or user function's call site (the line that called it);
-        else the location of the scope's first equation."""
+        else the location of the scope's first equation (`source`)."""
         if names[j] in self.call_sites:
             site = self.call_sites[names[j]]
             if site is not None:
@@ -756,9 +759,14 @@ class _Builder(InputsMixin):
             sites = _compat.call_sites(eqn, frameworks.CALL_CODE)
             if r < len(sites):
                 return self.location(sites[r])
-        return self.source(eqn)
+        return self.source(eqn, around)
 
-    def source(self, eqn) -> _compat.SourceLocation | None:
+    def source(self, eqn, around: _Rec | None = None) -> _compat.SourceLocation | None:
+        """Where the user's code made `eqn`; with no line of the user's in its traceback,
+        the location of the node `around` it (a library's line when there is none)."""
+        if around is not None and around.source is not None:
+            loc = _compat.user_location_outside_libraries(eqn, fallback=False)
+            return around.source if loc is None else self.location(loc)
         return self.location(_compat.user_location_outside_libraries(eqn))
 
     def location(self, loc: _compat.SourceLocation | None) -> _compat.SourceLocation | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -93,6 +95,12 @@ def test_the_lifted_scan_is_named_by_the_module_it_scans(grad_ins):
     )
     inside = {n.label for n in g.nodes if n.parent == blocks.id}
     assert {"LayerNorm_0", "Dense_0", "Dense_1"} <= inside
+    # the `remat` Flax traces in its own `body_fn` has no line of the user's: it says
+    # the scan's (the line calling `Blocks`), not `flax/core/axes_scan.py`
+    assert remat.source == scan.source
+    assert Path(scan.source.file).name == "linen_scan.py" and scan.source.function.endswith(
+        "ScanModel.__call__"
+    )
     # its probe is the final carry, as the module computes it
     carry = grad_ins.probe("scan(blocks)").summaries["primal"]
     params, x, _ = ls.make()
