@@ -194,6 +194,8 @@ def test_nonfinite_nodes_and_origins(page, small_report):
     assert node(pg, "n6").get_attribute("data-nonfinite-origin") == "forward backward"
     banner = pg.locator('[data-role="nonfinite-banner"]')
     assert banner.is_visible()
+    # the backward pass's sentence is set off from the forward pass's "show" link
+    assert re.search(r"show \S+ · Backward pass: ", banner.inner_text()), banner.inner_text()
     banner.locator('[data-origin="forward"]').click()  # reveals `log`
     pg.wait_for_selector('[data-node-id="n9"]')
     assert node(pg, "n9").get_attribute("data-nonfinite") == "true"

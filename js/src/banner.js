@@ -40,7 +40,9 @@ export function bannerParts(origins, index, actions) {
     const at = origins[pass];
     if (!p || !at) continue;
     const text = p.message ?? `first at ${label(p.node)}`;
-    parts.push(h("span", { "data-pass": pass }, [` ${pass === "forward" ? "Forward" : "Backward"} pass: `, ...said(text), " "]),
+    // the second pass's sentence is set off from the first's "show" link
+    const lead = parts.length > 1 ? " · " : " ";
+    parts.push(h("span", { "data-pass": pass }, [`${lead}${pass === "forward" ? "Forward" : "Backward"} pass: `, ...said(text), " "]),
       h("button", { type: "button", class: "sv-link", "data-origin": pass, "data-node": at, text: `show ${label(at)}`, onclick: () => actions.onReveal(at) }));
   }
   if (rec.removed) parts.push(h("span", { class: "sv-muted", text: " (masked afterwards)" }));
