@@ -1037,22 +1037,12 @@ def test_a_note_names_its_node_by_label_and_shows_it(page, tmp_path):
 @pytest.mark.browser
 def test_a_note_said_of_several_stages_links_each(page, tmp_path):
     # optax's line search said the same note of three `sum` stages, three identical lines
-    import jax
     import jax.numpy as jnp
+    from _notes_program import energy_twice
 
     import sowviz
 
-    def energy(w):
-        return jnp.sum(jnp.tanh(w) ** 2)
-
-    def f(w):
-        with jax.named_scope("first"):
-            v1, g1 = jax.value_and_grad(energy)(w)
-        with jax.named_scope("second"):
-            v2, g2 = jax.value_and_grad(energy)(w * 2)
-        return v1 + v2 + jnp.sum(g1 * g2)
-
-    ins = sowviz.inspect(f, jnp.linspace(0.1, 1.0, 4))
+    ins = sowviz.inspect(energy_twice, jnp.linspace(0.1, 1.0, 4))
     (note,) = [n for n in ins.to_dict()["notes"] if "differentiated inside" in n["message"]]
     pg = page.open_report(ins.save_html(tmp_path / "notes.html"))
     pg.locator('[data-role="notes-toggle"]').click()

@@ -809,17 +809,9 @@ def test_a_branch_that_did_not_run_is_one_note_naming_its_stages():
 
 
 def test_a_note_said_alike_of_several_stages_is_one_note_listing_them():
-    def energy(w):
-        return jnp.sum(jnp.tanh(w) ** 2)
+    from _notes_program import energy_twice
 
-    def f(w):
-        with jax.named_scope("first"):
-            v1, g1 = jax.value_and_grad(energy)(w)
-        with jax.named_scope("second"):
-            v2, g2 = jax.value_and_grad(energy)(w * 2)
-        return v1 + v2 + jnp.sum(g1 * g2)
-
-    ins = sowviz.inspect(f, jnp.linspace(0.1, 1.0, 4))
+    ins = sowviz.inspect(energy_twice, jnp.linspace(0.1, 1.0, 4))
     notes = [n for n in ins.to_dict()["notes"] if "differentiated inside" in n["message"]]
     assert len(notes) == 1, notes
     nodes = [ins.graph.node(i) for i in notes[0]["nodes"]]
