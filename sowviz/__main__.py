@@ -61,10 +61,14 @@ def _report(args: argparse.Namespace) -> int:
     kept = len(view.history)
     state = "finished" if view.finished else "still open (or the writer died)"
     print(
-        f"wrote {path.resolve()} ({size / 1e6:.2f} MB): {view.steps_read} steps read, "
+        f"wrote {path.resolve()} ({size / 1e6:.2f} MB): {_steps(view.steps_read)} read, "
         f"{kept} kept; the log is {state}"
     )
     return 0
+
+
+def _steps(n: int) -> str:
+    return f"{n} step" if n == 1 else f"{n} steps"
 
 
 def main(argv: list[str] | None = None) -> int:
