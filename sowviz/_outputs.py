@@ -50,6 +50,16 @@ class StaticLeaves:
         return jax.tree_util.tree_unflatten(self.treedef, leaves)
 
 
+def number_as_array(out: Any) -> Any:
+    """A function's whole output that is a Python number (a constant loss, `return 0.0`)
+    as an array, as `jax.grad` and `jax.jit` take it: it is the value differentiated, so
+    it cannot be a static leaf (stripped, the loss was None and `grad` said "Output was
+    None"). A number inside a tree (an Equinox `Dropout.p`) stays static."""
+    if isinstance(out, (int, float, complex)) and not isinstance(out, bool):
+        return jax.numpy.asarray(out)
+    return out
+
+
 def strip(out: Any) -> tuple[Any, StaticLeaves]:
     """`out` with None at each leaf that is not a JAX value, and those leaves."""
     leaves, treedef = jax.tree_util.tree_flatten(out, is_leaf=_is_none)

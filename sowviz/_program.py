@@ -152,7 +152,7 @@ class Traced:
             merged = spec.merge(flat)
             before = _state.leaves(merged)
             out, aux = _aux_pair(named(*merged)) if options.has_aux else (named(*merged), None)
-            out, self.out_static = _outputs.strip(out)
+            out, self.out_static = _outputs.strip(_outputs.number_as_array(out))
             aux, self.aux_static = _outputs.strip(aux)
             self.state, self.state_added, new = _state.compare(before, merged)
             return out, (new, aux)

@@ -386,6 +386,21 @@ def test_grad_mode_of_a_non_scalar_or_non_real_output_says_which_mode_instead(fn
         sowviz.inspect(fn, jnp.ones(3))
 
 
+def test_a_constant_loss_has_its_value_and_zero_gradients():
+    # `return 0.0` (a placeholder loss, or every term masked off) was a static output:
+    # grad mode said "Output was None"
+    w = jnp.ones((3, 2))
+    value, grads = sowviz.inspect(lambda w: 0.5, w).result
+    want_value, want_grads = jax.value_and_grad(lambda w: 0.5)(w)
+    assert float(value) == want_value and jnp.shape(value) == ()
+    np.testing.assert_array_equal(grads, want_grads)
+    primal, tangent = sowviz.inspect(lambda w: 0.5, w, mode="jvp").result
+    assert float(primal) == 0.5 and float(tangent) == 0.0
+    # a number inside the output stays what it was (an Equinox field, `Dropout.p`)
+    value, aux = sowviz.inspect(lambda w: (jnp.sum(w), 0.25), w, mode="primal").result
+    assert aux == 0.25 and type(aux) is float
+
+
 @jax.custom_vjp
 def _clip_gradient(x):
     return x
