@@ -1035,6 +1035,37 @@ def test_a_note_names_its_node_by_label_and_shows_it(page, tmp_path):
 
 
 @pytest.mark.browser
+def test_a_revealed_node_stays_in_view_when_the_detail_panel_opens(page, tmp_path):
+    # Searching diffrax's `vector_field` (13 levels deep) selected it, and the detail
+    # panel opening with it resized the view: its fit put the node 800 px below it.
+    import jax
+    import jax.numpy as jnp
+
+    import sowviz
+
+    def f(x):
+        for i in range(24):  # a tall graph: at its least scale the bottom is out of view
+            with jax.named_scope(f"stage{i}"):
+                x = jnp.sin(x) * (1.0 + i) if i % 2 else jnp.tanh(x) + i
+        with jax.named_scope("outer"), jax.named_scope("middle"), jax.named_scope("deep_target"):
+            x = jnp.cos(x)
+        return jnp.sum(x)
+
+    pg = page.open_report(sowviz.inspect(f, jnp.ones(3)).save_html(tmp_path / "tall.html"))
+    pg.locator('[data-role="search"]').fill("deep_target")
+    pg.keyboard.press("Enter")
+    target = pg.locator(".sv-selected")
+    target.wait_for()
+    pg.wait_for_timeout(500)  # the panel's resize, and any fit after it
+    view = pg.locator(".sv-canvas svg").first.bounding_box()
+    box = target.bounding_box()
+    assert "deep_target" in target.text_content()
+    assert view["x"] <= box["x"] and box["x"] + box["width"] <= view["x"] + view["width"], box
+    assert view["y"] <= box["y"] and box["y"] + box["height"] <= view["y"] + view["height"], box
+    assert page.errors == []
+
+
+@pytest.mark.browser
 def test_a_note_said_of_several_stages_links_each(page, tmp_path):
     # optax's line search said the same note of three `sum` stages, three identical lines
     import jax.numpy as jnp

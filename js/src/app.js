@@ -66,7 +66,11 @@ export class App {
     let sized = this.canvas.clientWidth > 0;
     const ro = new ResizeObserver(() => {
       const now = this.canvas.clientWidth > 0;
-      if (now && (!sized || !this.graph.moved)) this.graph.fit({ minScale: FIT_MIN_SCALE });
+      if (now && (!sized || !this.graph.moved)) {
+        this.graph.fit({ minScale: FIT_MIN_SCALE });
+        // the whole graph at its least scale may leave the selected node out of view
+        if (this.selected != null) this.graph.ensureVisible(this.layout?.boxes.get(this.selected));
+      }
       sized = now;
     });
     ro.observe(this.canvas);

@@ -314,6 +314,9 @@ export class GraphView {
     const kk = Math.max(this.transform.k, k ?? 0);
     const t = zoomIdentity.translate(W / 2 - (box.x + box.w / 2) * kk, H / 2 - (box.y + box.h / 2) * kk).scale(kk);
     this.sel.call(this.zoom.transform, t);
+    // a place chosen (a search result, a note's link): no fit on a resize moves off it
+    // (the detail panel opening with it resized the view, and its fit hid the node)
+    this.moved = true;
   }
 
   destroy() {
