@@ -835,6 +835,35 @@ def test_a_note_said_alike_of_several_stages_is_one_note_listing_them():
     assert all(n.label == "energy" for n in nodes)
 
 
+def test_a_sow_in_a_branch_that_ran_in_some_iterations_says_its_zeros_are_counted():
+    # Its summary is taken over the whole stack, the other iterations' zeros included:
+    # a note says so, with the counts, rather than leaving the statistics silent.
+    w = jnp.eye(3) * 0.5
+    xs = jax.random.normal(jax.random.PRNGKey(7), (8, 3))
+
+    def f(w, xs):
+        def body(c, x):
+            def hot(c):
+                return sowviz.sow(jnp.tanh(c @ w) + 1.0, "hot")
+
+            c = jax.lax.cond(jnp.sum(x) > 0, hot, lambda c: c * 0.5, c)
+            return c, jnp.sum(c)
+
+        return jnp.sum(jax.lax.scan(body, jnp.ones(3), xs)[1])
+
+    ran = int(np.sum(np.asarray(jnp.sum(xs, 1)) > 0))
+    assert 0 < ran < 8  # the seed makes the branch run in some iterations only
+    ins = sowviz.inspect(f, w, xs)
+    (note,) = [n for n in ins.to_dict()["notes"] if n["probe"] == "hot"]
+    assert note["level"] == "warning"
+    assert f"ran in {ran} of the loop's 8 iterations" in note["message"]
+    assert f"zeros recorded for the other {8 - ran}" in note["message"]
+    summary = ins.probe("hot").summaries["primal"]
+    assert summary["zeros"] == 3 * (8 - ran) and summary["count"] == 24  # what it says
+    _, inter = sowviz.save_intermediates(f)(w, xs)
+    np.testing.assert_array_equal(inter["hot"]["taken"], np.asarray(jnp.sum(xs, 1)) > 0)
+
+
 def test_a_stage_s_many_outputs_are_listed_in_numeric_order():
     # a loop carrying 12 arrays: `[2]` before `[10]`, as the probe picker lists them
     def f(x):
