@@ -823,6 +823,40 @@ def test_nnx_report_dark(browser, nnx, nnx_report):
 
 
 @pytest.mark.browser
+def test_iterations_whose_branch_did_not_run_are_gaps_in_the_per_iteration_lines(page, tmp_path):
+    # A sow in a `cond` branch in a scan: the iterations where the branch did not run
+    # have no values; their l2 (0 by definition) drew a dip to zero.
+    import jax
+    import jax.numpy as jnp
+
+    import sowviz
+
+    xs = jax.random.normal(jax.random.PRNGKey(7), (8, 3))
+
+    def f(xs):
+        def body(c, x):
+            def hot(c):
+                return sowviz.sow(jnp.tanh(c) + 1.0, "hot")
+
+            c = jax.lax.cond(jnp.sum(x) > 0, hot, lambda c: c * 0.5, c)
+            return c, jnp.sum(c)
+
+        return jnp.sum(jax.lax.scan(body, jnp.ones(3), xs)[1])
+
+    ran = [bool(r) for r in jnp.sum(xs, 1) > 0]
+    assert not all(ran) and any(ran)
+    ins = sowviz.inspect(f, xs, mode="primal")
+    pg = page.open_report(ins.save_html(tmp_path / "taken.html"))
+    pg.locator('[data-role="search"]').fill("kind:sow")
+    pg.locator('[data-role="search"]').press("Enter")
+    lines = pg.locator('[data-role="detail"] [data-role="per-iteration"] [data-iter="lines"]')
+    lines.locator(".main-svg").first.wait_for()
+    l2, mean = lines.evaluate("e => [e.data[0].y, e.data[1].y]")
+    assert [v is not None for v in l2] == ran and [v is not None for v in mean] == ran
+    assert page.errors == []
+
+
+@pytest.mark.browser
 @pytest.mark.parametrize("keep", [None, [0, 2, 4, 5]], ids=["all", "some"])
 def test_per_iteration_charts_and_slider(page, tmp_path, keep):
     # a long loop keeps some iterations' rows (`index` names them, of `iterations`)
