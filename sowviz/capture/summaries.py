@@ -623,12 +623,6 @@ def _values_mask(path: tuple, meta: Any, leaf: Any, axes: dict) -> Any:
         if jnp.ndim(iterations) == k < len(shape) and shape[:k] == tuple(jnp.shape(iterations)):
             ran = jnp.arange(shape[k]) < jnp.asarray(iterations)[..., None]
             mask = ran if mask is None else _both(mask, ran)
-    elif iterations is not None and "while" not in site:
-        # `loops="last"`: the last iteration's value, zeros when the loop never ran
-        k = jnp.ndim(iterations)
-        if k <= len(shape) and shape[:k] == tuple(jnp.shape(iterations)):
-            ran = jnp.asarray(iterations) > 0
-            mask = ran if mask is None else _both(mask, ran)
     return mask
 
 
@@ -640,14 +634,12 @@ def _both(a: Any, b: Any) -> Any:
 
 
 def _masked_summary(leaf: Any, taken: Any, bins: int, per_iteration: bool) -> Any:
-    """The `Summary` of `leaf` over the leading indices `taken` marks (`_values_mask`;
-    a 0-d flag marks the whole capture): the others (the zeros the capture records
-    where nothing ran) become NaN, then come off ``nan`` and their iteration's
-    ``nonfinite`` (that iteration's ``count`` is 0: no statistics). A few of the
-    device's ops, on a rare capture."""
+    """The `Summary` of `leaf` over the leading indices `taken` marks (`_values_mask`):
+    the others (the zeros the capture records where nothing ran) become NaN, then
+    come off ``nan`` and their iteration's ``nonfinite`` (that iteration's ``count``
+    is 0: no statistics). A few of the device's ops, on a rare capture."""
     t = jnp.asarray(taken, bool)
-    shape = tuple(jnp.shape(leaf))
-    keep = t.reshape(t.shape + (1,) * (len(shape) - t.ndim))
+    keep = t.reshape(t.shape + (1,) * (jnp.ndim(leaf) - t.ndim))
     dtype = jnp.result_type(leaf)
     # integers and booleans are summarised by value as float32 anyway: NaN needs a float
     x = leaf if jnp.issubdtype(dtype, jnp.inexact) else jnp.asarray(leaf, jnp.float32)
@@ -655,17 +647,12 @@ def _masked_summary(leaf: Any, taken: Any, bins: int, per_iteration: bool) -> An
     out = _summary.summarize(x, bins=bins, per_iteration=per_iteration)
     if x.dtype != dtype:
         out = dataclasses.replace(out, dtype=np.dtype(dtype).name)
-    # masked values per element of `t`, then per row of axis 0 (the iterations)
-    gone = (~t).astype(jnp.int32) * math.prod(shape[t.ndim :])
-    out = dataclasses.replace(out, nan=out.nan - jnp.sum(gone))
+    rest = math.prod(jnp.shape(leaf)[t.ndim :])
+    per_row = jnp.sum(~t.reshape(t.shape[0], -1), axis=1, dtype=jnp.int32) * rest
+    out = dataclasses.replace(out, nan=out.nan - jnp.sum(per_row))
     per_it = out.per_iteration
     if per_it is None:
         return out
-    per_row = (
-        jnp.broadcast_to(gone // max(shape[0], 1), shape[:1])
-        if t.ndim == 0
-        else jnp.sum(gone.reshape(shape[0], -1), axis=1)
-    )
     kept = per_row[np.asarray(per_it.index, np.int32)]
     return dataclasses.replace(
         out, per_iteration=dataclasses.replace(per_it, nonfinite=per_it.nonfinite - kept)
