@@ -883,43 +883,6 @@ def test_a_sow_in_a_branch_that_ran_in_some_iterations_is_summarised_over_those(
     assert int(sums["hot"]["primal"].nan) == 0
 
 
-def test_a_while_loop_s_rows_past_its_count_are_no_values():
-    # `loops=N` stacks N rows, zeros past the loop's count (`iterations` says how many
-    # ran); they were counted: count 24 (of 12 values), min 0, 12 zeros. Inside a scan
-    # each outer iteration has a count of its own.
-    def inner(x, n):
-        def body(s):
-            i, v = s
-            return i + 1, sowviz.sow(jnp.tanh(v) + 2.0, "v")
-
-        return jax.lax.while_loop(lambda s: s[0] < n, body, (0, x))[1]
-
-    def one(x):
-        return jnp.sum(inner(x, 3))
-
-    def nested(xs):
-        def outer(c, x):
-            return c + jnp.sum(inner(x, jnp.where(x[0] > 0, 2, 4))), None
-
-        return jax.lax.scan(outer, 0.0, xs)[0]
-
-    x = jnp.linspace(0.1, 1.0, 4)
-    xs = jax.random.normal(jax.random.PRNGKey(3), (5, 3))
-    for fn, arg in ((one, x), (nested, xs)):
-        _, raw = sowviz.save_intermediates(fn, loops=6)(arg)
-        ran = np.atleast_1d(np.asarray(raw["v"]["iterations"]))
-        rows = np.asarray(raw["v"]["primal"]).reshape(len(ran), 6, -1)
-        want = np.concatenate([rows[o, : ran[o]].ravel() for o in range(len(ran))])
-        got = sowviz.inspect(fn, arg, loops=6, mode="primal").probe("v").summaries["primal"]
-        assert (got["count"], got["nan"], got["zeros"]) == (want.size, 0, 0)
-        np.testing.assert_allclose(
-            [got["min"], got["max"], got["mean"]], [want.min(), want.max(), want.mean()], rtol=1e-5
-        )
-        per_row = [int(n) * rows.shape[2] for n in ran] if fn is nested else [4, 4, 4, 0, 0, 0]
-        assert got["per_iteration"]["count"] == per_row
-        assert got["per_iteration"]["nonfinite"] == [0] * len(per_row)
-
-
 def test_a_stage_s_many_outputs_are_listed_in_numeric_order():
     # a loop carrying 12 arrays: `[2]` before `[10]`, as the probe picker lists them
     def f(x):

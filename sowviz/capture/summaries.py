@@ -600,42 +600,23 @@ def _lays_out_large(flat: list, axes: dict, min_grouped: int) -> bool:
     return total <= ONCE_SEGMENT_MAX_BYTES
 
 
-def _values_mask(path: tuple, meta: Any, leaf: Any, axes: dict) -> Any:
-    """Which leading indices of the leaf at `path` hold values (None: all of them).
-    A capture records zeros where nothing ran: in a `cond` branch that did not run
-    (its `taken` flags, one per iteration of an enclosing loop), and in a `while`
-    loop's rows past its count (`loops=N`: the `iterations` meta, the loop's axis
-    found in the site's `axes`). A flag for the whole capture is not a mask: `inspect`
-    drops a branch that did not run."""
+def _taken_of(path: tuple, meta: Any, leaf: Any) -> Any:
+    """The `taken` flags of the entry of the leaf at `path` (a capture in a `cond`
+    branch that is stacked by a loop, or batched: one flag per leading index), or None
+    (no such flags, or one for the whole capture: `inspect` drops a branch that did
+    not run)."""
     entry = getattr(path[0], "key", None) if path else None
-    mode = getattr(path[1], "key", None) if len(path) > 1 else None
-    got = meta.get(entry, {}) if isinstance(meta, dict) else {}
-    shape = tuple(jnp.shape(leaf))
-    mask = None
-    taken = got.get("taken")
-    if taken is not None and 0 < jnp.ndim(taken) <= len(shape):
-        if shape[: jnp.ndim(taken)] == tuple(jnp.shape(taken)):
-            mask = jnp.asarray(taken, bool)
-    iterations = got.get("iterations")
-    site = axes.get(entry, {}).get(mode, ())
-    if iterations is not None and site.count("while") == 1:
-        k = site.index("while")  # the loop's rows: axis k, after the loops around it
-        if jnp.ndim(iterations) == k < len(shape) and shape[:k] == tuple(jnp.shape(iterations)):
-            ran = jnp.arange(shape[k]) < jnp.asarray(iterations)[..., None]
-            mask = ran if mask is None else _both(mask, ran)
-    return mask
-
-
-def _both(a: Any, b: Any) -> Any:
-    """`a & b` of two masks over the same leading axes, the shorter broadcast."""
-    if a.ndim < b.ndim:
-        a, b = b, a
-    return a & b.reshape(b.shape + (1,) * (a.ndim - b.ndim))
+    taken = meta.get(entry, {}).get("taken") if isinstance(meta, dict) else None
+    if taken is None or jnp.ndim(taken) == 0:
+        return None
+    if tuple(jnp.shape(leaf)[: jnp.ndim(taken)]) != tuple(jnp.shape(taken)):
+        return None
+    return taken
 
 
 def _masked_summary(leaf: Any, taken: Any, bins: int, per_iteration: bool) -> Any:
-    """The `Summary` of `leaf` over the leading indices `taken` marks (`_values_mask`):
-    the others (the zeros the capture records where nothing ran) become NaN, then
+    """The `Summary` of `leaf` over the indices whose `taken` flag is set: the others
+    (the zeros the capture records where the branch did not run) become NaN, then
     come off ``nan`` and their iteration's ``nonfinite`` (that iteration's ``count``
     is 0: no statistics). A few of the device's ops, on a rare capture."""
     t = jnp.asarray(taken, bool)
@@ -708,20 +689,20 @@ def summarize_packed(
     repeats: dict[int, int] = {}
     lay_large = once and defer and cpu and _lays_out_large(flat, axes, min_grouped)
     trims: dict[int, int | None] = {}  # deferred group: its iterations, if padded
-    masked: dict[int, Any] = {}  # leaf -> which of its leading indices hold values
+    masked: dict[int, Any] = {}  # leaf -> the `taken` flags of the loop's iterations
     for i, (path, leaf) in enumerate(flat):
         if leaf is None:
             continue
         rows[i] = _per_iteration(path, axes) and jnp.ndim(leaf) >= 1
-        taken = _values_mask(path, meta, leaf, axes)
+        taken = _taken_of(path, meta, leaf)
         seen = first.setdefault((id(leaf), id(taken)), i)
         if seen != i and rows[seen] == rows[i]:
             repeats[i] = seen
             continue
         dtype = jnp.result_type(leaf)
         if taken is not None:
-            # Zeros where nothing ran (a `cond` branch in a loop, a `while` loop's rows
-            # past its count) are no values: summarised alone, without them.
+            # Sown in a `cond` branch inside a loop: the other iterations' zeros are no
+            # values. Summarised alone, with them masked out (`_masked_summary`).
             masked[i] = taken
             groups[("alone", i)] = [i]
             continue
