@@ -600,46 +600,6 @@ def _lays_out_large(flat: list, axes: dict, min_grouped: int) -> bool:
     return total <= ONCE_SEGMENT_MAX_BYTES
 
 
-def _taken_of(path: tuple, meta: Any, leaf: Any) -> Any:
-    """The `taken` flags of the entry of the leaf at `path` (a capture in a `cond`
-    branch that is stacked by a loop, or batched: one flag per leading index), or None
-    (no such flags, or one for the whole capture: `inspect` drops a branch that did
-    not run)."""
-    entry = getattr(path[0], "key", None) if path else None
-    taken = meta.get(entry, {}).get("taken") if isinstance(meta, dict) else None
-    if taken is None or jnp.ndim(taken) == 0:
-        return None
-    if tuple(jnp.shape(leaf)[: jnp.ndim(taken)]) != tuple(jnp.shape(taken)):
-        return None
-    return taken
-
-
-def _masked_summary(leaf: Any, taken: Any, bins: int, per_iteration: bool) -> Any:
-    """The `Summary` of `leaf` over the indices whose `taken` flag is set: the others
-    (the zeros the capture records where the branch did not run) become NaN, then
-    come off ``nan`` and their iteration's ``nonfinite`` (that iteration's ``count``
-    is 0: no statistics). A few of the device's ops, on a rare capture."""
-    t = jnp.asarray(taken, bool)
-    keep = t.reshape(t.shape + (1,) * (jnp.ndim(leaf) - t.ndim))
-    dtype = jnp.result_type(leaf)
-    # integers and booleans are summarised by value as float32 anyway: NaN needs a float
-    x = leaf if jnp.issubdtype(dtype, jnp.inexact) else jnp.asarray(leaf, jnp.float32)
-    x = jnp.where(keep, x, jnp.asarray(jnp.nan, x.dtype))
-    out = _summary.summarize(x, bins=bins, per_iteration=per_iteration)
-    if x.dtype != dtype:
-        out = dataclasses.replace(out, dtype=np.dtype(dtype).name)
-    rest = math.prod(jnp.shape(leaf)[t.ndim :])
-    per_row = jnp.sum(~t.reshape(t.shape[0], -1), axis=1, dtype=jnp.int32) * rest
-    out = dataclasses.replace(out, nan=out.nan - jnp.sum(per_row))
-    per_it = out.per_iteration
-    if per_it is None:
-        return out
-    kept = per_row[np.asarray(per_it.index, np.int32)]
-    return dataclasses.replace(
-        out, per_iteration=dataclasses.replace(per_it, nonfinite=per_it.nonfinite - kept)
-    )
-
-
 def summarize_packed(
     values: Any,
     meta: Any,
@@ -689,23 +649,15 @@ def summarize_packed(
     repeats: dict[int, int] = {}
     lay_large = once and defer and cpu and _lays_out_large(flat, axes, min_grouped)
     trims: dict[int, int | None] = {}  # deferred group: its iterations, if padded
-    masked: dict[int, Any] = {}  # leaf -> the `taken` flags of the loop's iterations
     for i, (path, leaf) in enumerate(flat):
         if leaf is None:
             continue
         rows[i] = _per_iteration(path, axes) and jnp.ndim(leaf) >= 1
-        taken = _taken_of(path, meta, leaf)
-        seen = first.setdefault((id(leaf), id(taken)), i)
+        seen = first.setdefault(id(leaf), i)
         if seen != i and rows[seen] == rows[i]:
             repeats[i] = seen
             continue
         dtype = jnp.result_type(leaf)
-        if taken is not None:
-            # Sown in a `cond` branch inside a loop: the other iterations' zeros are no
-            # values. Summarised alone, with them masked out (`_masked_summary`).
-            masked[i] = taken
-            groups[("alone", i)] = [i]
-            continue
         nbytes = jnp.size(leaf) * dtype.itemsize
         grouped = cpu and _blocks.block_for(leaf, rows[i], min_grouped)
         # `inspect`: a large array that would be a group's member joins the small ones'
@@ -760,10 +712,7 @@ def summarize_packed(
         per_it = rows[idx[0]]
         members = [flat[i][1] for i in idx]
         if key[0] == "alone":
-            if idx[0] in masked:
-                out.append(_masked_summary(members[0], masked[idx[0]], bins, per_it))
-            else:
-                out.append(_summary.summarize(members[0], bins=bins, per_iteration=per_it))
+            out.append(_summary.summarize(members[0], bins=bins, per_iteration=per_it))
             where[idx[0]] = (g, None)
             continue
         if key[0] == "segments" and defer:
