@@ -42,8 +42,8 @@ export function iterationBlock(mode, s) {
       const x = index;
       const col = modeColour(colours, mode);
       drawLines(lines, x, [
-        // a row without values (its `cond` branch did not run, or all NaN) is a gap:
-        // its l2 is 0 by definition, which the line would draw as a value
+        // a row without values (all NaN or infinite) is a gap: its l2 is 0 by
+        // definition, which the line would draw as a value
         { name: "‖·‖₂", y: (it.l2 ?? []).map((v, i) => ((it.count?.[i] ?? 1) > 0 ? v : null)), colour: col },
         { name: "mean", y: it.mean ?? [], colour: colours.accent, dash: "dash" },
         { name: "max|·|", y: it.absmax ?? [], colour: colours.muted, dash: "dot" },
