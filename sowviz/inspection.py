@@ -89,7 +89,6 @@ def join_probes(
             untaken.add(node)  # its zeros are no values: it did not run
             continue
         found += _probes_of(graph.node(node).label, node, entry, True)
-        notes += _partly_taken(graph.node(node).label, node, taken)
     notes += _untaken_notes(graph, untaken)
     for name, entry in summaries.get(options.tag, {}).items():
         node = _sow_node(graph, name)
@@ -97,7 +96,6 @@ def join_probes(
             notes.append(f"sow {name!r} has no node in the primal program; it is not drawn.")
             continue
         found += _probes_of(name, node, entry, False)
-        notes += _partly_taken(name, name, entry.get("taken"))
     reached = {f[2] for f in found if not f[3]}
     mode = Mode(options.mode)
     for name, nodes in graph.sow_nodes_all.items():
@@ -137,28 +135,6 @@ _UNTAKEN = (
 _UNTAKEN_BRANCH = "`{label}` of `{cond}` did not run in this call: its {stages} have no values."
 #: How many of an untaken branch's stages its note names before "and N more".
 _UNTAKEN_NAMED = 3
-
-
-_PARTLY_TAKEN = (
-    "`{label}` is in a branch of a `cond` that ran in {ran} of the loop's {n} iterations: "
-    "its statistics also count the zeros recorded for the other {other} (and its "
-    "per-iteration chart shows them as zeros). Its `taken` flags, from "
-    "`save_intermediates`, say which iterations ran."
-)
-
-
-def _partly_taken(label: str, about: str, taken: Any) -> list[tuple[str, str, str]]:
-    """A note on a capture stacked by a loop whose branch ran in only some iterations:
-    the summary is computed on the device over the whole stack, the other iterations'
-    zeros included (a per-iteration mask through every summary path is not built)."""
-    if taken is None or np.ndim(taken) == 0:
-        return []
-    flags = np.asarray(taken, bool).ravel()
-    ran = int(flags.sum())
-    if ran in (0, flags.size):
-        return []
-    msg = _PARTLY_TAKEN.format(label=label, ran=ran, n=flags.size, other=flags.size - ran)
-    return [(about, msg, "warning")]
 
 
 def _untaken_notes(graph: StageGraph, untaken: set[str]) -> list[tuple[str, str]]:
@@ -507,10 +483,9 @@ def merged_notes(notes: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _note(note: Any) -> dict[str, Any]:
     """A model note: a string is a warning about the program; a pair `(node, message)`
-    says something about that node, a triple `(node, message, level)` at that level."""
+    says something about that node."""
     if isinstance(note, tuple):
-        level = note[2] if len(note) > 2 else "info"
-        return {"level": level, "probe": note[0], "message": note[1]}
+        return {"level": "info", "probe": note[0], "message": note[1]}
     return {"level": "warning", "probe": None, "message": note}
 
 

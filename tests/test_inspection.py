@@ -835,15 +835,16 @@ def test_a_note_said_alike_of_several_stages_is_one_note_listing_them():
     assert all(n.label == "energy" for n in nodes)
 
 
-def test_a_sow_in_a_branch_that_ran_in_some_iterations_says_its_zeros_are_counted():
-    # Its summary is taken over the whole stack, the other iterations' zeros included:
-    # a note says so, with the counts, rather than leaving the statistics silent.
+def test_a_sow_in_a_branch_that_ran_in_some_iterations_is_summarised_over_those():
+    # The capture records zeros where the branch did not run (`taken` says which);
+    # they were counted: count 24 (of 15 values), min 0, 9 zeros, mean 0.93 (of 1.49).
     w = jnp.eye(3) * 0.5
     xs = jax.random.normal(jax.random.PRNGKey(7), (8, 3))
 
     def f(w, xs):
         def body(c, x):
             def hot(c):
+                sowviz.sow(jnp.arange(3) + 7, "ints")  # an integer capture, by value
                 return sowviz.sow(jnp.tanh(c @ w) + 1.0, "hot")
 
             c = jax.lax.cond(jnp.sum(x) > 0, hot, lambda c: c * 0.5, c)
@@ -851,17 +852,85 @@ def test_a_sow_in_a_branch_that_ran_in_some_iterations_says_its_zeros_are_counte
 
         return jnp.sum(jax.lax.scan(body, jnp.ones(3), xs)[1])
 
-    ran = int(np.sum(np.asarray(jnp.sum(xs, 1)) > 0))
-    assert 0 < ran < 8  # the seed makes the branch run in some iterations only
+    ran = np.asarray(jnp.sum(xs, 1)) > 0
+    assert 0 < ran.sum() < 8  # the seed makes the branch run in some iterations only
+    (_, _), raw = sowviz.save_intermediates(jax.value_and_grad(f))(w, xs)
+    np.testing.assert_array_equal(raw["hot"]["taken"], ran)
     ins = sowviz.inspect(f, w, xs)
-    (note,) = [n for n in ins.to_dict()["notes"] if n["probe"] == "hot"]
-    assert note["level"] == "warning"
-    assert f"ran in {ran} of the loop's 8 iterations" in note["message"]
-    assert f"zeros recorded for the other {8 - ran}" in note["message"]
-    summary = ins.probe("hot").summaries["primal"]
-    assert summary["zeros"] == 3 * (8 - ran) and summary["count"] == 24  # what it says
-    _, inter = sowviz.save_intermediates(f)(w, xs)
-    np.testing.assert_array_equal(inter["hot"]["taken"], np.asarray(jnp.sum(xs, 1)) > 0)
+    for mode in ("primal", "cotangent"):
+        want = np.asarray(raw["hot"][mode])[ran]  # the iterations that ran, NumPy
+        got = ins.probe("hot").summaries[mode]
+        assert got["count"] == want.size and got["nan"] == 0 and got["zeros"] == 0
+        np.testing.assert_allclose(
+            [got["min"], got["max"], got["mean"], got["std"]],
+            [want.min(), want.max(), want.mean(), want.std()],
+            rtol=1e-5,
+        )
+        per = got["per_iteration"]
+        assert per["count"] == [3 if r else 0 for r in ran] and per["nonfinite"] == [0] * 8
+        assert [m is None for m in per["mean"]] == [not r for r in ran]  # empty: no value
+    # an integer capture has no NaN to mark them: it keeps the zeros (README)
+    ints = ins.probe("ints").summaries["primal"]
+    assert (ints["count"], ints["zeros"], ints["dtype"]) == (24, 3 * (8 - ran.sum()), "int32")
+    assert ins.nonfinite is None  # the masked iterations are no NaN
+    # the Monitor and `summarize=True` take the same path
+    _, sums = sowviz.save_intermediates(f, summarize=True)(w, xs)
+    assert int(sums["hot"]["primal"].count) == 3 * ran.sum()
+    assert int(sums["hot"]["primal"].nan) == 0
+
+
+def test_a_while_loop_s_rows_past_its_count_are_no_values():
+    # `loops=N` stacks N rows, zeros past the loop's count (`iterations` says how many
+    # ran); they were counted: count 24 (of 12 values), min 0, 12 zeros. Inside a scan
+    # each outer iteration has a count of its own. With `loops="last"`, a loop that
+    # never ran recorded zeros that were counted as 4 values.
+    def inner(x, n):
+        def body(s):
+            i, v = s
+            return i + 1, sowviz.sow(jnp.tanh(v) + 2.0, "v")
+
+        return jax.lax.while_loop(lambda s: s[0] < n, body, (0, x))[1]
+
+    def one(x):
+        return jnp.sum(inner(x, 3))
+
+    def nested(xs):
+        def outer(c, x):
+            return c + jnp.sum(inner(x, jnp.where(x[0] > 0, 2, 4))), None
+
+        return jax.lax.scan(outer, 0.0, xs)[0]
+
+    x = jnp.linspace(0.1, 1.0, 4)
+    xs = jax.random.normal(jax.random.PRNGKey(3), (5, 3))
+    for fn, arg in ((one, x), (nested, xs)):
+        _, raw = sowviz.save_intermediates(fn, loops=6)(arg)
+        ran = np.atleast_1d(np.asarray(raw["v"]["iterations"]))
+        rows = np.asarray(raw["v"]["primal"]).reshape(len(ran), 6, -1)
+        want = np.concatenate([rows[o, : ran[o]].ravel() for o in range(len(ran))])
+        got = sowviz.inspect(fn, arg, loops=6, mode="primal").probe("v").summaries["primal"]
+        assert (got["count"], got["nan"], got["zeros"]) == (want.size, 0, 0)
+        np.testing.assert_allclose(
+            [got["min"], got["max"], got["mean"]], [want.min(), want.max(), want.mean()], rtol=1e-5
+        )
+        per_row = [int(n) * rows.shape[2] for n in ran] if fn is nested else [4, 4, 4, 0, 0, 0]
+        assert got["per_iteration"]["count"] == per_row
+        assert got["per_iteration"]["nonfinite"] == [0] * len(per_row)
+    # `loops="last"`: zeros when the loop never ran, at the top level or per outer row
+    never = sowviz.inspect(lambda x: jnp.sum(inner(x, 0)), x, mode="primal")
+    got = never.probe("v").summaries["primal"]
+    assert (got["count"], got["nan"], got["zeros"], got["min"]) == (0, 0, 0, None)
+
+    def some(xs):
+        def outer(c, x):
+            return c + jnp.sum(inner(x, jnp.where(x[0] > 0, 0, 2))), None
+
+        return jax.lax.scan(outer, 0.0, xs)[0]
+
+    ran = np.asarray(xs[:, 0] <= 0)
+    assert ran.any() and not ran.all()
+    got = sowviz.inspect(some, xs, mode="primal").probe("v").summaries["primal"]
+    assert (got["count"], got["nan"]) == (3 * ran.sum(), 0)
+    assert got["per_iteration"]["count"] == [3 if r else 0 for r in ran]
 
 
 def test_a_stage_s_many_outputs_are_listed_in_numeric_order():
