@@ -335,6 +335,9 @@ def compiles_afresh(tmp_path, monkeypatch):
     monkeypatch.setenv("SOWVIZ_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(summaries, "_COMPILED", {})
     monkeypatch.setattr(summaries, "_STARTED", set())
+    # JAX keeps what it compiled by the lowered program too: a `_finish` lowered
+    # for the same shapes by an earlier test would be found there and not compiled.
+    jax.clear_caches()
     compiled: list[str] = []
 
     def listen(event: str, secs: float, **kw) -> None:
