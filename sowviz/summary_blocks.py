@@ -209,7 +209,7 @@ def _second(walk: _Walk, firsts: tuple, bins: int, finite: jax.Array) -> dict:
     shift = jnp.clip(jnp.where(jnp.isfinite(total), total / nf, zero), vmin, vmax)
     scale = _ops.pow2_scale(absmax)
     ms = _ops._div_pow2(shift, scale)
-    edges, b_scale, b_lo, b_ratio = _ops.bin_params(vmin, vmax, bins)
+    b_scale, b_lo, b_ratio = _ops.bin_params(vmin, vmax, bins)
     start = _ops.log_window_start(absmax)
     n_lin, n_log = bins + 3, 2 * _ops.LOG_SLOTS
     width = n_lin * n_log
@@ -250,16 +250,12 @@ def _second(walk: _Walk, firsts: tuple, bins: int, finite: jax.Array) -> dict:
         lambda: walk.loop(functools.partial(second, True), init),
     )
     c1, c2 = (_total(t, c) for t, c in zip(sums, comp, strict=True))
-    sq = _ops.squares(c1, c2, ms, nf)
-    d = c1 / nf
-    mean = jnp.clip((ms + d) * scale, vmin, vmax)
-    std = jnp.sqrt(jnp.maximum(c2 / nf - d * d, 0)) * scale
     joint = _ops.untally(table, dump + 1)[:dump].reshape(k, n_lin, n_log)
     lin = jnp.sum(joint, 2, dtype=jnp.int32)
     # The masked walk counted the overlaps as NaN.
     lin = lin.at[:, bins].add(jnp.where(finite, 0, -jnp.asarray(walk.overlap)))
     log = jnp.sum(joint, 1, dtype=jnp.int32)
-    return _ops._fields(cnt, lin, log, bins, vmin, vmax, mean, std, sq, scale, absmax, edges, start)
+    return _ops._fields(cnt, lin, log, bins, vmin, vmax, c1, c2, ms)
 
 
 def _block_of(flat: jax.Array, block: int, start: jax.Array) -> jax.Array:

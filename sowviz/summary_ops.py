@@ -30,13 +30,17 @@ LOG_BINS = 128
 MIN_NORMAL_KEY = 1 << LOG_SUB_BITS
 
 
-def log_key(v: jax.Array) -> jax.Array:
-    """int32 log-bin key of |v|: ``biased exponent * 4 + top two mantissa bits``."""
-    info = jnp.finfo(v.dtype)
-    ity = jnp.int64 if v.dtype == jnp.float64 else jnp.int32
-    bits = jax.lax.bitcast_convert_type(v, ity)
+def log_key(v: Any, xp: Any = jnp) -> Any:
+    """int32 log-bin key of |v|: ``biased exponent * 4 + top two mantissa bits``.
+
+    Here and below, `xp` is `jax.numpy` (in a program) or `numpy` (on the host, for
+    the statistics finished there: `moment_fields`); both compute alike, bit for bit
+    (IEEE arithmetic in the values' dtype)."""
+    info = np.finfo(v.dtype)
+    ity = np.int64 if v.dtype == np.float64 else np.int32
+    bits = jax.lax.bitcast_convert_type(v, ity) if xp is jnp else np.asarray(v).view(ity)
     mask = np.asarray(np.iinfo(ity).max, ity)  # all but the sign bit
-    return ((bits & mask) >> (info.nmant - LOG_SUB_BITS)).astype(jnp.int32)
+    return ((bits & mask) >> (info.nmant - LOG_SUB_BITS)).astype(np.int32)
 
 
 def _b(a: jax.Array, ndim: int) -> jax.Array:
@@ -44,20 +48,20 @@ def _b(a: jax.Array, ndim: int) -> jax.Array:
     return a.reshape(a.shape + (1,) * (ndim - a.ndim))
 
 
-def _widen(lo: jax.Array, hi: jax.Array) -> tuple[jax.Array, jax.Array]:
-    big = jnp.finfo(lo.dtype).max
-    pad = jnp.maximum(jnp.asarray(0.5, lo.dtype), jnp.abs(lo) / 1024)
+def _widen(lo: Any, hi: Any, xp: Any) -> tuple[Any, Any]:
+    big = np.finfo(lo.dtype).max
+    pad = xp.maximum(np.asarray(0.5, lo.dtype), xp.abs(lo) / 1024)
     same = lo == hi
     return (
-        jnp.where(same, jnp.maximum(lo - pad, -big), lo),
-        jnp.where(same, jnp.minimum(hi + pad, big), hi),
+        xp.where(same, xp.maximum(lo - pad, -big), lo),
+        xp.where(same, xp.minimum(hi + pad, big), hi),
     )
 
 
-def pow2_scale(m: jax.Array) -> jax.Array:
+def pow2_scale(m: Any, xp: Any = jnp) -> Any:
     """Largest power of two <= m (1 for m == 0)."""
-    _, e = jnp.frexp(m)
-    return jnp.where(m > 0, jnp.ldexp(jnp.ones_like(m), e - 1), jnp.ones_like(m))
+    _, e = xp.frexp(m)
+    return xp.where(m > 0, xp.ldexp(xp.ones_like(m), e - 1), xp.ones_like(m))
 
 
 def _div_pow2(v: jax.Array, scale: jax.Array) -> jax.Array:
@@ -68,35 +72,47 @@ def _div_pow2(v: jax.Array, scale: jax.Array) -> jax.Array:
     return v * jnp.where(huge, one / 2, one) * jnp.where(huge, 2 / scale, 1 / scale)
 
 
-def bin_params(lo: jax.Array, hi: jax.Array, bins: int):
-    """Per member ``(B,)`` of ``[lo, hi]``: the edges ``(B, bins + 1)`` and what
-    `bin_of` needs (scale, lo in units of scale, bins per unit)."""
+def _bin_range(lo: Any, hi: Any, bins: int, xp: Any) -> tuple[Any, ...]:
+    """Per member of ``[lo, hi]``: the histogram's range (widened when empty or too
+    narrow to hold `bins` distinct bins), its scale, and its start and width in
+    units of the scale."""
     dt = lo.dtype
-    info = jnp.finfo(dt)
+    info = np.finfo(dt)
     big = info.max
-    lo = jnp.where(jnp.isfinite(lo), lo, 0)
-    hi = jnp.where(jnp.isfinite(hi), hi, lo)
-    lo, hi = _widen(lo, hi)
+    lo = xp.where(xp.isfinite(lo), lo, np.zeros((), dt))
+    hi = xp.where(xp.isfinite(hi), hi, lo)
+    lo, hi = _widen(lo, hi, xp)
     # Units of a power of two near max(|lo|, |hi|), but never below tiny/eps: then
     # the narrowest bin (8 eps in these units) is at least 8 * tiny wide, so edges
     # strictly increase even where a backend flushes subnormal results to zero.
     floor_scale = np.asarray(float(info.tiny) / float(info.eps), dt)
-    scale = jnp.maximum(pow2_scale(jnp.maximum(jnp.abs(lo), jnp.abs(hi))), floor_scale)
+    scale = xp.maximum(pow2_scale(xp.maximum(xp.abs(lo), xp.abs(hi)), xp), floor_scale)
     lo_s, hi_s = lo / scale, hi / scale
     min_width = bins * 8 * info.eps
     narrow = hi_s - lo_s < min_width
     mid = lo_s / 2 + hi_s / 2
-    lo = jnp.where(narrow, jnp.clip((mid - min_width / 2) * scale, -big, lo), lo)
-    hi = jnp.where(narrow, jnp.clip((mid + min_width / 2) * scale, hi, big), hi)
+    lo = xp.where(narrow, xp.clip((mid - min_width / 2) * scale, -big, lo), lo)
+    hi = xp.where(narrow, xp.clip((mid + min_width / 2) * scale, hi, big), hi)
     lo_s, hi_s = lo / scale, hi / scale
-    width = hi_s - lo_s
-    t = jnp.arange(bins + 1, dtype=dt) / bins
-    edges = (lo_s[:, None] + width[:, None] * t) * scale[:, None]
+    return lo, hi, scale, lo_s, hi_s - lo_s
+
+
+def bin_params(lo: jax.Array, hi: jax.Array, bins: int):
+    """Per member ``(B,)`` of ``[lo, hi]``: what `bin_of` needs (scale, lo in units
+    of scale, bins per unit)."""
+    _, _, scale, lo_s, width = _bin_range(lo, hi, bins, jnp)
+    return scale, lo_s, bins / width
+
+
+def bin_edges(lo: Any, hi: Any, bins: int, xp: Any = jnp) -> Any:
+    """The edges ``(..., bins + 1)`` of `bin_of`'s bins over ``[lo, hi]`` ``(...)``."""
+    lo, hi, scale, lo_s, width = _bin_range(lo, hi, bins, xp)
+    t = xp.arange(bins + 1, dtype=lo.dtype) / bins
+    edges = (lo_s[..., None] + width[..., None] * t) * scale[..., None]
     # The end edges exactly lo and hi (a concatenation, not two scatters: XLA:CPU
     # compiled the summary program 5-10% faster).
-    edges = jnp.concatenate([lo[:, None], edges[:, 1:-1], hi[:, None]], axis=1)
-    edges = jnp.clip(edges, lo[:, None], hi[:, None])
-    return edges, scale, lo_s, bins / width
+    edges = xp.concatenate([lo[..., None], edges[..., 1:-1], hi[..., None]], axis=-1)
+    return xp.clip(edges, lo[..., None], hi[..., None])
 
 
 def bin_of(v: jax.Array, scale: jax.Array, lo_s: jax.Array, ratio: jax.Array, bins: int):
@@ -108,15 +124,14 @@ def bin_of(v: jax.Array, scale: jax.Array, lo_s: jax.Array, ratio: jax.Array, bi
 
 
 def bin_index(v: jax.Array, lo: jax.Array, hi: jax.Array, bins: int):
-    """Edges ``(B, bins + 1)`` over per-member ``[lo, hi]`` (shape ``(B,)``) and the
-    linear bin of every element of ``v`` (clipped into [0, bins))."""
-    edges, scale, lo_s, ratio = bin_params(lo, hi, bins)
-    return edges, bin_of(v, scale, lo_s, ratio, bins)
+    """The linear bin of every element of ``v`` (clipped into [0, bins)) over
+    per-member ``[lo, hi]`` (shape ``(B,)``)."""
+    return bin_of(v, *bin_params(lo, hi, bins), bins)
 
 
-def log_window_start(absmax: jax.Array) -> jax.Array:
+def log_window_start(absmax: Any, xp: Any = jnp) -> Any:
     """Key of the first bin of the log window: LOG_BINS bins ending at absmax's bin."""
-    return jnp.maximum(log_key(absmax) - (LOG_BINS - 1), MIN_NORMAL_KEY)
+    return xp.maximum(log_key(absmax, xp) - (LOG_BINS - 1), MIN_NORMAL_KEY)
 
 
 #: Slots of the log tally per sign: zeros, underflow, the LOG_BINS bins, not finite.
@@ -261,7 +276,7 @@ def _over_rows(x: jax.Array, reduce: Any, **kw: Any) -> jax.Array:
     return x[:, 0] if x.shape[1] == 1 else reduce(x, 1, **kw)
 
 
-def squares(c1: jax.Array, c2: jax.Array, ms: jax.Array, n: jax.Array) -> jax.Array:
+def squares(c1: Any, c2: Any, ms: Any, n: Any, xp: Any = jnp) -> Any:
     """The sum of the squared values (in units of the scale, ``vs``; ``l2``'s square)
     from the centred sums ``c1 = sum(c)``, ``c2 = sum(c**2)`` of ``c = vs - ms`` over
     ``n`` values: ``sum((c + ms)**2) = c2 + ms * (2 * c1 + n * ms)``. No reduction of
@@ -269,7 +284,7 @@ def squares(c1: jax.Array, c2: jax.Array, ms: jax.Array, n: jax.Array) -> jax.Ar
     XLA:CPU). As accurate: ``c1`` is about 0 (``ms`` is the mean up to the first
     pass's rounding), and its rounding, at most ``eps * sqrt(n * c2)``, moves the
     result by at most ``eps * (c2 + n * ms**2)``; the other terms are >= 0."""
-    return jnp.maximum(c2 + ms * (2 * c1 + n * ms), 0)
+    return xp.maximum(c2 + ms * (2 * c1 + n * ms), 0)
 
 
 def row_map(rows: int, keep: np.ndarray | None) -> np.ndarray | None:
@@ -322,18 +337,14 @@ def stats(v: jax.Array, bins: int, keep: np.ndarray | None) -> tuple[dict, dict 
         operands += [cr, cr * cr]
     sums = _reduce(operands, [0] * len(operands), [jnp.add] * len(operands), axes)
     c1, c2 = (_over_rows(x, jnp.sum) for x in sums[:2])
-    sq = squares(c1, c2, ms, n)
-    d = c1 / n
-    mean = jnp.clip((ms + d) * scale, vmin, vmax)
-    std = jnp.sqrt(jnp.maximum(c2 / n - d * d, 0)) * scale
-    edges, idx = bin_index(v, vmin, vmax, bins)
+    idx = bin_index(v, vmin, vmax, bins)
     idx = jnp.where(
         finite, idx, jnp.where(jnp.isnan(v), bins, jnp.where(v > 0, bins + 1, bins + 2))
     )
     start = log_window_start(absmax)
     lin, log = count(idx, log_slot(v, start, finite), bins + 3, 2 * LOG_SLOTS, rows, v)
     linp = _over_rows(lin, jnp.sum, dtype=jnp.int32)
-    pooled = _fields(cnt, linp, log, bins, vmin, vmax, mean, std, sq, scale, absmax, edges, start)
+    pooled = _fields(cnt, linp, log, bins, vmin, vmax, c1, c2, ms)
     if keep is None:
         return pooled, None
     k = len(keep)
@@ -437,7 +448,7 @@ def segment_stats(v: jax.Array, seg: Any, members: int, bins: int) -> dict:
     shift = jnp.clip(jnp.where(jnp.isfinite(total), total / n, zero), vmin, vmax)
     scale = pow2_scale(absmax)
     ms = _div_pow2(shift, scale)
-    edges, b_scale, b_lo, b_ratio = bin_params(vmin, vmax, bins)
+    b_scale, b_lo, b_ratio = bin_params(vmin, vmax, bins)
     start = log_window_start(absmax)
     # Every per-member value the rows need, gathered to them at once (one gather, not
     # one kernel each; no search for members' first rows: on a GPU a searchsorted is
@@ -461,12 +472,9 @@ def segment_stats(v: jax.Array, seg: Any, members: int, bins: int) -> dict:
         (c1_r, c2_r), parts = second(v, at, base)
         cts = tally_slots(parts, members * width, v)
     c1, c2 = per_member([c1_r, c2_r], jax.ops.segment_sum)
-    sq = squares(c1, c2, ms, n)
-    d = c1 / n
-    mean = jnp.clip((ms + d) * scale, vmin, vmax)
-    std = jnp.sqrt(jnp.maximum(c2 / n - d * d, 0)) * scale
-    moments = _moment_fields(cnt, vmin, vmax, mean, std, sq, scale, absmax, edges, start)
-    return dict(**moments, table=cts.reshape(members, width))
+    return dict(
+        count=cnt, min=vmin, max=vmax, c1=c1, c2=c2, shift=ms, table=cts.reshape(members, width)
+    )
 
 
 def table_fields(table: Any, bins: int) -> dict[str, Any]:
@@ -527,24 +535,32 @@ def _over_blocks(v: jax.Array, block: int, fn: Any, rowwise: tuple = (), carry: 
     return jax.lax.fori_loop(0, rows // block, body, (init, carry))
 
 
-def _fields(cnt, lin, log, bins, vmin, vmax, mean, std, sq, scale, absmax, edges, start):
-    """The summary's fields from the moments and the two tallies (`count_fields`)."""
-    moments = _moment_fields(cnt, vmin, vmax, mean, std, sq, scale, absmax, edges, start)
-    return dict(**moments, **count_fields(lin, log, bins))
+def _fields(cnt, lin, log, bins, vmin, vmax, c1, c2, ms):
+    """The summary's fields from the moments (`moment_fields`) and the two tallies
+    (`count_fields`)."""
+    return dict(**moment_fields(cnt, vmin, vmax, c1, c2, ms, bins), **count_fields(lin, log, bins))
 
 
-def _moment_fields(cnt, vmin, vmax, mean, std, sq, scale, absmax, edges, start):
-    """The summary's fields other than the counts of its tallies."""
+def moment_fields(cnt: Any, vmin: Any, vmax: Any, c1: Any, c2: Any, ms: Any, bins: int, xp=jnp):
+    """The summary's fields other than the counts of its tallies, from each member's
+    finite count, range (0 where empty) and centred sums ``c1``, ``c2`` around ``ms``
+    (in units of ``pow2_scale(absmax)``: `stats`). A few operations per member, in a
+    program (`xp` `jax.numpy`) or on the host (`numpy`: `segment_stats` leaves them
+    there, where they cost XLA:CPU no kernels to compile)."""
+    absmax = xp.maximum(xp.abs(vmin), xp.abs(vmax))
+    scale = pow2_scale(absmax, xp)
+    n = xp.maximum(cnt, 1).astype(vmin.dtype)
+    d = c1 / n
     return dict(
         count=cnt,
         min=vmin,
         max=vmax,
-        mean=mean,
-        std=std,
-        l2=jnp.sqrt(sq) * scale,
+        mean=xp.clip((ms + d) * scale, vmin, vmax),
+        std=xp.sqrt(xp.maximum(c2 / n - d * d, 0)) * scale,
+        l2=xp.sqrt(squares(c1, c2, ms, n, xp)) * scale,
         absmax=absmax,
-        hist_edges=edges,
-        loghist_start=start,
+        hist_edges=bin_edges(vmin, vmax, bins, xp),
+        loghist_start=log_window_start(absmax, xp),
     )
 
 

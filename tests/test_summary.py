@@ -1261,7 +1261,7 @@ def test_a_layout_of_many_arrays_is_concatenated_in_chunks_on_cpu() -> None:
     assert width == summaries.row_width([v.size for v in leaves])
     want = np.concatenate([np.concatenate([v, np.full(-v.size % width, np.nan)]) for v in leaves])
     np.testing.assert_array_equal(np.asarray(rows.flat).ravel(), want)
-    out = jax.jit(lambda ls: summaries._segmented(ls, 8))(leaves)
+    out = jax.jit(lambda ls: summaries._segmented(ls, 8))(leaves).summary()
     for i in (0, 75, 149):
         assert int(out.count[i]) == leaves[i].size
         np.testing.assert_allclose(float(out.mean[i]), leaves[i].mean(dtype=np.float64), rtol=1e-5)
@@ -1335,7 +1335,8 @@ def test_large_layouts_are_summarised_in_row_blocks_equal_to_one_piece(
     in_blocks = jax.jit(lambda r: summaries._segment_summary(r, 16))  # traced anew
     assert in_blocks.lower(rows).as_text().count("stablehlo.while") == 2
     blocked = in_blocks(rows)
-    for x, y in zip(jax.tree.leaves(whole), jax.tree.leaves(blocked), strict=True):
+    pairs = zip(jax.tree.leaves(whole.summary()), jax.tree.leaves(blocked.summary()), strict=True)
+    for x, y in pairs:
         x, y = np.asarray(x), np.asarray(y)
         if np.issubdtype(x.dtype, np.integer):  # counts, both histograms: exact
             np.testing.assert_array_equal(x, y)
@@ -1383,7 +1384,7 @@ def test_l2_from_the_centred_sums_is_accurate_on_every_path(offset, spread) -> N
     np.testing.assert_allclose(float(one.l2), norm(a), rtol=1e-5)
     np.testing.assert_allclose(one.per_iteration.l2, [norm(r) for r in a], rtol=1e-5)
     small = [data(n) for n in (3, 700, 64)]
-    seg = jax.jit(lambda xs: summaries._segmented(xs, 16))(small)
+    seg = jax.jit(lambda xs: summaries._segmented(xs, 16))(small).summary()
     np.testing.assert_allclose(seg.l2, [norm(x) for x in small], rtol=1e-5)
     large = [data(GROUP_BLOCK + 5), data(2 * GROUP_BLOCK)]
     blocked = jax.jit(lambda xs: grouped_stats(xs, 16, GROUP_BLOCK))(large)
