@@ -54,7 +54,7 @@ from ._liveness import live_values
 from ._model import Mode
 from .capture import summaries as _summaries
 from .capture.api import SaveIntermediates
-from .capture.tallied import Tallied
+from .capture.tallied import Tallied, TalliedRows
 from .graph import build_graph, instrument
 from .modes import (
     check_argnums,
@@ -470,7 +470,7 @@ def probes_clean(packed: Any) -> Any:
 
 
 def _is_summary(x: Any) -> bool:
-    return isinstance(x, (Summary, Tallied))
+    return isinstance(x, (Summary, Tallied, TalliedRows))
 
 
 class Family:

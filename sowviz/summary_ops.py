@@ -64,12 +64,12 @@ def pow2_scale(m: Any, xp: Any = jnp) -> Any:
     return xp.where(m > 0, xp.ldexp(xp.ones_like(m), e - 1), xp.ones_like(m))
 
 
-def _div_pow2(v: jax.Array, scale: jax.Array) -> jax.Array:
+def _div_pow2(v: Any, scale: Any, xp: Any = jnp) -> Any:
     """`v / scale` for a power of two `scale`, bit for bit, by multiplications."""
-    limit = np.asarray(2.0 ** (jnp.finfo(scale.dtype).maxexp - 2), scale.dtype)
+    limit = np.asarray(2.0 ** (np.finfo(scale.dtype).maxexp - 2), scale.dtype)
     huge = scale > limit
-    one = jnp.ones((), scale.dtype)
-    return v * jnp.where(huge, one / 2, one) * jnp.where(huge, 2 / scale, 1 / scale)
+    one = np.ones((), scale.dtype)
+    return v * xp.where(huge, one / 2, one) * xp.where(huge, 2 / scale, 1 / scale)
 
 
 def _bin_range(lo: Any, hi: Any, bins: int, xp: Any) -> tuple[Any, ...]:
@@ -298,7 +298,20 @@ def row_map(rows: int, keep: np.ndarray | None) -> np.ndarray | None:
 
 def stats(v: jax.Array, bins: int, keep: np.ndarray | None) -> tuple[dict, dict | None]:
     """Pooled statistics per member ``(B, ...)`` and, with `keep` (sorted row indices),
-    statistics of those rows ``(B, len(keep), ...)``.
+    statistics of those rows ``(B, len(keep), ...)``: `raw_stats`, finished in the
+    program (`pooled_fields`, `row_fields`)."""
+    pooled, rows = raw_stats(v, bins, keep)
+    done = pooled_fields(pooled, bins)
+    return done, None if rows is None else row_fields(rows, pooled, bins)
+
+
+def raw_stats(v: jax.Array, bins: int, keep: np.ndarray | None) -> tuple[dict, dict | None]:
+    """What `stats` computes over every value, per member ``(B, ...)`` and, with `keep`
+    (sorted row indices), per kept row ``(B, len(keep), ...)``: finite count and range,
+    centred sums ``c1``, ``c2`` around ``shift``, the linear (``lin``) and log
+    (``log``, pooled only) tallies. The rest is a few operations per member or row
+    (`pooled_fields`, `row_fields`), in the program or on the host (`Iterated`'s
+    summaries leave them there: `capture.tallied.TalliedRows`).
 
     Two groups of reductions and one scatter, with no branch (a `lax.cond` costs a
     device→host sync on GPUs and serialises work on CPUs): (1) per row: min, max,
@@ -344,33 +357,64 @@ def stats(v: jax.Array, bins: int, keep: np.ndarray | None) -> tuple[dict, dict 
     start = log_window_start(absmax)
     lin, log = count(idx, log_slot(v, start, finite), bins + 3, 2 * LOG_SLOTS, rows, v)
     linp = _over_rows(lin, jnp.sum, dtype=jnp.int32)
-    pooled = _fields(cnt, linp, log, bins, vmin, vmax, c1, c2, ms)
+    pooled = dict(count=cnt, min=vmin, max=vmax, c1=c1, c2=c2, shift=ms, lin=linp, log=log)
     if keep is None:
         return pooled, None
     k = len(keep)
-    rc = cnt_r[:, keep]
-    nr = jnp.maximum(rc, 1).astype(acc)
+
+    def kept(a: jax.Array) -> jax.Array:
+        # every row kept (a loop of at most `summary.row_cap` iterations): no gather
+        return a if k == a.shape[1] else a[:, keep]
+
+    rows = dict(
+        count=kept(cnt_r),
+        min=kept(min_r),
+        max=kept(max_r),
+        c1=kept(sums[2]),
+        c2=kept(sums[3]),
+        shift=kept(row_shift),
+        lin=lin[:, :k],
+    )
+    return pooled, rows
+
+
+def pooled_fields(raw: dict, bins: int, xp: Any = jnp) -> dict:
+    """The summary's fields from `raw_stats`' pooled statistics."""
+    moments = moment_fields(*(raw[k] for k in _MOMENTS), bins, xp)
+    return dict(**moments, **count_fields(raw["lin"], raw["log"], bins))
+
+
+_MOMENTS = ("count", "min", "max", "c1", "c2", "shift")
+
+
+def row_fields(rows: dict, pooled: dict, bins: int, xp: Any = jnp) -> dict:
+    """The per-iteration statistics (`summary.IterationStats`' fields) from
+    `raw_stats`' rows, centred on each row's own shift, in units of its member's
+    scale (from `pooled`)."""
+    rc, lin = rows["count"], rows["lin"]
+    vmin, vmax = pooled["min"], pooled["max"]
+    s = pow2_scale(xp.maximum(xp.abs(vmin), xp.abs(vmax)), xp)[..., None]
+    zero = np.zeros((), vmin.dtype)
+    nr = xp.maximum(rc, 1).astype(vmin.dtype)
     have_r = rc > 0
-    rmin = jnp.where(have_r, min_r[:, keep], zero)
-    rmax = jnp.where(have_r, max_r[:, keep], zero)
-    s = scale[:, None]
-    cr1, cr2 = sums[2][:, keep], sums[3][:, keep]
+    rmin = xp.where(have_r, rows["min"], zero)
+    rmax = xp.where(have_r, rows["max"], zero)
+    cr1, cr2 = rows["c1"], rows["c2"]
     dr = cr1 / nr
     # A row with no finite value has a shift of -inf (clipped into its empty range);
     # 0 instead, so its l2 (`squares`) is 0, not inf * inf.
-    mr = jnp.where(have_r, _div_pow2(row_shift[:, keep], s), zero)
-    per_row = dict(
+    mr = xp.where(have_r, _div_pow2(rows["shift"], s, xp), zero)
+    return dict(
         count=rc,
-        nonfinite=jnp.sum(lin[:, :k, bins:], -1, dtype=jnp.int32),
+        nonfinite=xp.sum(lin[..., bins:], -1, dtype=np.int32),
         min=rmin,
         max=rmax,
-        mean=jnp.clip((mr + dr) * s, rmin, rmax),
-        std=jnp.sqrt(jnp.maximum(cr2 / nr - dr * dr, 0)) * s,
-        l2=jnp.sqrt(squares(cr1, cr2, mr, nr)) * s,
-        absmax=jnp.maximum(jnp.abs(rmin), jnp.abs(rmax)),
-        hist_counts=lin[:, :k, :bins],
+        mean=xp.clip((mr + dr) * s, rmin, rmax),
+        std=xp.sqrt(xp.maximum(cr2 / nr - dr * dr, 0)) * s,
+        l2=xp.sqrt(squares(cr1, cr2, mr, nr, xp)) * s,
+        absmax=xp.maximum(xp.abs(rmin), xp.abs(rmax)),
+        hist_counts=lin[..., :bins],
     )
-    return pooled, per_row
 
 
 # --------------------------------------------------------------------------

@@ -82,7 +82,7 @@ from .. import summary_blocks as _blocks
 from .. import summary_ops as _ops
 from ..summary_data import StackRows, SummaryRow, stack_rows
 from .packing import Packed, pack
-from .tallied import Tallied
+from .tallied import Tallied, TalliedRows
 
 #: On a CPU, arrays larger than this are summarised alone, never copied into a stack.
 STACK_MAX_ELEMENTS = 1 << 16
@@ -190,8 +190,8 @@ class Regroup:
         done = [summary for part in finished for summary in part]
         trims = self.iterations or (None,) * len(self.deferred)
         for g, summary, real in zip(self.deferred, done, trims, strict=True):
-            groups[g] = summary if real is None else _trimmed(summary, real)
-        groups = [g.summary() if isinstance(g, Tallied) else g for g in groups]
+            groups[g] = summary if real is None else _trimmed(_finished(summary), real)
+        groups = [_finished(g) for g in groups]
         fixes: dict[int, list[tuple]] = {}  # group -> its members' masked counts
         for i, counts in zip(self.masked, tree.get("masked", ()), strict=True):
             g, j = self.where[i]  # type: ignore[misc]
@@ -235,6 +235,11 @@ class Regroup:
         ]
         values = jax.tree_util.tree_unflatten(self.treedef, leaves)
         return values, tree["meta"]
+
+
+def _finished(group: Any) -> Any:
+    """A group's `Summary`, finished from what its program left (`tallied`)."""
+    return group.summary() if isinstance(group, (Tallied, TalliedRows)) else group
 
 
 def _trimmed(stack: Any, iterations: int) -> Any:
@@ -599,19 +604,28 @@ def _stacked_iterations(leaves: list, sized: bool, coarse_bins: int = 0) -> Iter
     return Iterated(_concat.stack(parts), np.asarray(pads, np.int32), fill)
 
 
-def _iterated_summary(it: Iterated, bins: int) -> Any:
-    """The stacked `Summary` of `it`, per-iteration statistics included (one
+def _iterated_summary(it: Iterated, bins: int) -> TalliedRows:
+    """The stacked statistics of `it`, per-iteration statistics included (one
     computation for the stack; one per shape compiled for about 0.5-0.7 s on
-    XLA:CPU), its padding taken off ``nan`` and each iteration's ``nonfinite``."""
-    out = _summary.summarize_stack(it.stack, bins=bins, per_iteration=True)
-    if it.fill is None and isinstance(it.pads, np.ndarray) and not it.pads.any():
-        return out
-    per_it = out.per_iteration
+    XLA:CPU), left as sums and tallies (`TalliedRows`; `Regroup.apply` makes the
+    `Summary`), its padding taken off ``nan`` (and, there, each iteration's
+    ``nonfinite``)."""
+    stack = it.stack
+    iterations = stack.shape[1]
+    keep = _summary.kept_rows(iterations, bins)
+    pooled, rows = _ops.raw_stats(stack, bins, keep)
     fill = 0 if it.fill is None else it.fill
-    return dataclasses.replace(
-        out,
-        nan=out.nan - it.pads * per_it.iterations - fill,
-        per_iteration=dataclasses.replace(per_it, nonfinite=per_it.nonfinite - it.pads[:, None]),
+    nan = pooled["lin"][:, bins] - it.pads * iterations - fill
+    return TalliedRows(
+        pooled,
+        rows,
+        nan,
+        jnp.asarray(it.pads),
+        str(stack.dtype),
+        bins,
+        tuple(stack.shape[1:]),
+        tuple(int(i) for i in keep),
+        iterations,
     )
 
 
