@@ -5,6 +5,12 @@ sharded inputs distributed), so only a `Summary` of constant size crosses to the
 host, whatever the size of the array it describes. On a CPU, large arrays are
 summarised in fixed-size blocks (`sowviz.summary_blocks`), so the temporaries of
 a summary stay bounded whatever the array's size.
+Every pass over the values runs there. `inspect`, `Monitor` and
+`save_intermediates` leave what follows from a few sums per array (mean, std, l2,
+the histogram's edges, the log window) to the host after the one transfer
+(`sowviz.capture.tallied`): the same arithmetic (`summary_ops.moment_fields`),
+with NumPy instead of XLA kernels, which the first call of their programs would
+compile.
 
 Conventions (reproduced by the tests in NumPy):
 
