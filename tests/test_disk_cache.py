@@ -22,9 +22,12 @@ from sowviz.capture import summaries
 
 SCRIPT = """
 import json, sys
+import os
 import jax, jax.numpy as jnp
 from jax import monitoring
 import sowviz
+from sowviz.capture import summaries
+summaries.HOST_LAYOUT = os.environ.get("HOST_LAYOUT") == "1"
 
 compiled, traced = [], []
 def listen(event, secs, **kw):
@@ -53,8 +56,8 @@ print(json.dumps({"finish_compiles": sum("_finish_program" in n for n in compile
 """
 
 
-def _run(cache: str) -> dict:
-    env = dict(os.environ, SOWVIZ_CACHE_DIR=cache)
+def _run(cache: str, host_layout: bool = False) -> dict:
+    env = dict(os.environ, SOWVIZ_CACHE_DIR=cache, HOST_LAYOUT=str(int(host_layout)))
     out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -78,10 +81,22 @@ def test_a_new_process_loads_the_summary_program_and_summarises_alike(tmp_path) 
     assert sorted(tmp_path.glob("*.xla")) == files
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="NumPy lays out on a CPU only")
+def test_on_a_cpu_the_layout_is_no_program_and_summarises_alike(tmp_path) -> None:
+    # On a CPU, NumPy lays the small probes out: no layout program is traced,
+    # compiled or kept, and every summary is what the layout program's rows give.
+    host = _run(str(tmp_path), host_layout=True)
+    assert host["layout_compiles"] == host["layout_traces"] == 0
+    assert host["finish_compiles"] == 1
+    assert len(list(tmp_path.glob("*.xla"))) == 1
+    assert host["probes"] == _run("")["probes"]
+
+
 @pytest.fixture
 def fresh(tmp_path, monkeypatch):
     """sowviz and JAX with nothing compiled in memory, the disk cache in `tmp_path`."""
     monkeypatch.setenv(_disk_cache.ENV, str(tmp_path))
+    monkeypatch.setattr(summaries, "HOST_LAYOUT", False)  # both programs on disk
     monkeypatch.setattr(summaries, "_COMPILED", {})
     monkeypatch.setattr(summaries, "_STARTED", set())
     _program.clear_cache()

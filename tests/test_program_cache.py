@@ -353,9 +353,17 @@ def compiles_afresh(tmp_path, monkeypatch):
             unregister(listen)
 
 
-def test_an_edited_function_compiles_its_capture_program_but_not_its_layout(tmp_path, monkeypatch):
-    # `inspect` lays its small probes out in a program keyed by their shapes: a cell
-    # run again (an edited function, like shapes) compiles only its capture program.
+@pytest.mark.parametrize("host_layout", [True, False])
+def test_an_edited_function_compiles_its_capture_program_but_not_its_layout(
+    tmp_path, monkeypatch, host_layout
+):
+    # `inspect` lays its small probes out in a program keyed by their shapes (on a CPU,
+    # with NumPy: no program at all): a cell run again (an edited function, like
+    # shapes) compiles only its capture program.
+    from sowviz.capture import summaries
+
+    monkeypatch.setattr(summaries, "HOST_LAYOUT", host_layout)
+    on_host = host_layout and jax.default_backend() == "cpu"
     with compiles_afresh(tmp_path, monkeypatch) as compiled:
         for scale in (1.0, 2.0):
             loss, _ = make_loss()
@@ -363,14 +371,21 @@ def test_an_edited_function_compiles_its_capture_program_but_not_its_layout(tmp_
             got = sowviz.inspect(edited, W * 1.5, X)  # shapes seen before, values not
             np.testing.assert_allclose(got.result[0], scale * loss(W * 1.5, X), rtol=1e-6)
     assert sum("_instrumented_program" in n for n in compiled) == 2
-    assert sum("_lay_out_program" in n for n in compiled) == 1
+    assert sum("_lay_out_program" in n for n in compiled) == (0 if on_host else 1)
 
 
-def test_models_of_other_widths_share_one_summary_program(tmp_path, monkeypatch):
+@pytest.mark.parametrize("host_layout", [True, False])
+def test_models_of_other_widths_share_one_summary_program(tmp_path, monkeypatch, host_layout):
     # A user's next model (other widths, arrays of other sizes, one of them past the
     # size a Monitor's program groups in blocks) is summarised by the program compiled
     # for the first: `inspect`'s layouts take coarse size classes. Its layout program
-    # (keyed by the probes' shapes) is the only summary program it compiles.
+    # (keyed by the probes' shapes) is the only summary program it compiles; on a CPU
+    # NumPy lays the probes out, and it compiles none.
+    from sowviz.capture import summaries
+
+    monkeypatch.setattr(summaries, "HOST_LAYOUT", host_layout)
+    on_host = host_layout and jax.default_backend() == "cpu"
+
     def mlp(ws, x):
         for i, w in enumerate(ws):
             with jax.named_scope(f"layer{i}"):
@@ -394,7 +409,7 @@ def test_models_of_other_widths_share_one_summary_program(tmp_path, monkeypatch)
             np.testing.assert_allclose(w1["cotangent"]["l2"], np.linalg.norm(grad), rtol=1e-4)
             assert sum(w1["cotangent"]["hist"]["counts"]) == width * width
     assert sum("_finish_program" in n for n in compiled) == 1
-    assert sum("_lay_out_program" in n for n in compiled) == 4
+    assert sum("_lay_out_program" in n for n in compiled) == (0 if on_host else 4)
 
 
 @pytest.mark.parametrize("stack_max", [_program.STACK_MAX, 0])

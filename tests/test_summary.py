@@ -1247,6 +1247,27 @@ def test_large_array_summary_temporaries_are_bounded() -> None:
         assert "all-gather" not in hlo and "all-to-all" not in hlo
 
 
+def test_numpy_lays_out_float_arrays_as_the_layout_program_does() -> None:
+    # On a CPU, `inspect`'s small float arrays are laid out by NumPy (no layout
+    # program to compile for a new model's shapes): the same rows, members and
+    # padding as the layout program's, a bfloat16 member widened exactly, an empty
+    # member one row of NaN; an integer member keeps the program (`summary._values`).
+    from sowviz.capture import summaries
+
+    rng = np.random.default_rng(11)
+    members = [jnp.asarray(rng.normal(size=s).astype(F32)) for s in [(3, 5), (700,), (0,), (2, 2)]]
+    members.append(jnp.asarray(rng.normal(size=(9,)) * 1e30, jnp.bfloat16))
+    members[1] = members[1].at[3].set(jnp.inf).at[4].set(jnp.nan)
+    parts = summaries._parts(members)
+    program = jax.jit(summaries._lay_out_program)((parts,))[0]
+    host = summaries._host_layout(parts)
+    for got, want in zip(host.__dict__.values(), program.__dict__.values(), strict=True):
+        assert isinstance(got, np.ndarray) and got.dtype == np.asarray(want).dtype
+        np.testing.assert_array_equal(got, np.asarray(want))  # NaN where NaN
+    assert summaries._host_laid((parts,)) == (jax.default_backend() == "cpu")
+    assert not summaries._host_laid((summaries._parts([jnp.arange(4)]),))
+
+
 def test_a_layout_of_many_arrays_is_concatenated_in_chunks_on_cpu() -> None:
     # More parts than CPU_CHUNK: concatenated in chunks (fast to compile on a CPU),
     # the same rows as one concatenation, and each member still summarised right.
