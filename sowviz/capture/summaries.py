@@ -1069,12 +1069,22 @@ def _host_layout(parts: Parts) -> Rows | None:
     flat = np.full(plan.total * plan.width, np.nan, acc)
     at = 0
     for x, rows in zip(parts.members, plan.rows, strict=False):
-        v = np.asarray(x).reshape(-1)
+        v = _host_view(x).reshape(-1)
         flat[at : at + v.size] = v  # a float widens exactly to `acc`
         at += rows * plan.width
     n = len(parts.members)
     seg = np.repeat(np.arange(n + 1, dtype=np.int32), [*plan.rows, plan.total - sum(plan.rows)])
     return Rows(flat.reshape(plan.total, plan.width), seg, np.asarray(plan.pads, np.int32))
+
+
+def _host_view(x: jax.Array) -> np.ndarray:
+    """A CPU array's values as NumPy, without a copy: by DLPack (7 us an array, against
+    30 us for `np.asarray`'s first view: 60 ms of 2,000 probes), else (a dtype DLPack
+    has no code for: bfloat16) `np.asarray`."""
+    try:
+        return np.from_dlpack(x)
+    except (BufferError, TypeError, ValueError, RuntimeError):
+        return np.asarray(x)
 
 
 def _laid_out(pending: tuple[Any, ...]) -> tuple[Any, ...]:
