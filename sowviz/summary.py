@@ -196,7 +196,7 @@ def _summaries(
     (lead == 0 only) computes it in blocks of that many elements (`summary_blocks`)."""
     v = _values(x)
     if block:
-        pooled = _blocks.blocked_stats(jnp.ravel(v), bins, block)
+        pooled = _ops.pooled_fields(_blocks.blocked_stats(jnp.ravel(v), bins, block), bins)
         return Summary(
             **{k: a[0] for k, a in pooled.items()},
             per_iteration=None,

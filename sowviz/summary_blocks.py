@@ -97,17 +97,18 @@ def group_block(least: int) -> int:
 
 
 def blocked_stats(flat: jax.Array, bins: int, block: int) -> dict:
-    """`stats(flat[None, None], bins, None)[0]` (pooled, one member ``(1, ...)``) in
-    blocks of `block` elements of the 1-d `flat` (accumulation dtype)."""
+    """`raw_stats(flat[None, None], bins, None)[0]` (pooled, one member ``(1, ...)``)
+    in blocks of `block` elements of the 1-d `flat` (accumulation dtype)."""
     if flat.shape[0] < block:  # one piece: a block would not fit
-        return _ops.stats(flat[None, None], bins, None)[0]
+        return _ops.raw_stats(flat[None, None], bins, None)[0]
     return grouped_stats([flat], bins, block)
 
 
 def grouped_stats(flats: Sequence[jax.Array], bins: int, block: int) -> dict:
-    """`stats` pooled per member (leading axis ``K = len(flats)``) of the 1-d arrays
-    `flats` (one accumulation dtype, each at least `block` long), in blocks of
-    `block` elements.
+    """`raw_stats` pooled per member (leading axis ``K = len(flats)``) of the 1-d
+    arrays `flats` (one accumulation dtype, each at least `block` long), in blocks of
+    `block` elements: sums and tallies (`summary_ops.pooled_fields` finishes them, in
+    the program or on the host).
 
     One loop walks every member's blocks in turn (a `lax.switch` picks the member
     whose block is read, `_Walk`), so a program summarising many large arrays
@@ -255,7 +256,7 @@ def _second(walk: _Walk, firsts: tuple, bins: int, finite: jax.Array) -> dict:
     # The masked walk counted the overlaps as NaN.
     lin = lin.at[:, bins].add(jnp.where(finite, 0, -jnp.asarray(walk.overlap)))
     log = jnp.sum(joint, 1, dtype=jnp.int32)
-    return _ops._fields(cnt, lin, log, bins, vmin, vmax, c1, c2, ms)
+    return dict(count=cnt, min=vmin, max=vmax, c1=c1, c2=c2, shift=ms, lin=lin, log=log)
 
 
 def _block_of(flat: jax.Array, block: int, start: jax.Array) -> jax.Array:

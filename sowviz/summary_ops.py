@@ -579,12 +579,6 @@ def _over_blocks(v: jax.Array, block: int, fn: Any, rowwise: tuple = (), carry: 
     return jax.lax.fori_loop(0, rows // block, body, (init, carry))
 
 
-def _fields(cnt, lin, log, bins, vmin, vmax, c1, c2, ms):
-    """The summary's fields from the moments (`moment_fields`) and the two tallies
-    (`count_fields`)."""
-    return dict(**moment_fields(cnt, vmin, vmax, c1, c2, ms, bins), **count_fields(lin, log, bins))
-
-
 def moment_fields(cnt: Any, vmin: Any, vmax: Any, c1: Any, c2: Any, ms: Any, bins: int, xp=jnp):
     """The summary's fields other than the counts of its tallies, from each member's
     finite count, range (0 where empty) and centred sums ``c1``, ``c2`` around ``ms``

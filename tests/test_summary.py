@@ -1408,5 +1408,7 @@ def test_l2_from_the_centred_sums_is_accurate_on_every_path(offset, spread) -> N
     seg = jax.jit(lambda xs: summaries._segmented(xs, 16))(small).summary()
     np.testing.assert_allclose(seg.l2, [norm(x) for x in small], rtol=1e-5)
     large = [data(GROUP_BLOCK + 5), data(2 * GROUP_BLOCK)]
-    blocked = jax.jit(lambda xs: grouped_stats(xs, 16, GROUP_BLOCK))(large)
-    np.testing.assert_allclose(blocked["l2"], [norm(x) for x in large], rtol=1e-5)
+    raw = jax.jit(lambda xs: grouped_stats(xs, 16, GROUP_BLOCK))(large)
+    for xp in (jnp, np):  # finished in a program or on the host
+        blocked = summary_ops.pooled_fields(jax.tree.map(xp.asarray, raw), 16, xp)
+        np.testing.assert_allclose(blocked["l2"], [norm(x) for x in large], rtol=1e-5)

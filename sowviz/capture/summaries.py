@@ -543,15 +543,15 @@ def _segment_summary(rows: Rows, bins: int) -> Tallied:
     return Tallied(**stats, nan=nan, dtype=str(rows.flat.dtype), bins=bins)
 
 
-def _blocked(leaves: list, bins: int, block: int) -> Any:
-    """A stacked `Summary` of large `leaves` (any shapes, one accumulation dtype), in
-    blocks of `block` elements, one loop for all of them (`summary_blocks.grouped_stats`).
+def _blocked(leaves: list, bins: int, block: int) -> TalliedRows:
+    """The stacked statistics of large `leaves` (any shapes, one accumulation dtype), in
+    blocks of `block` elements, one loop for all of them (`summary_blocks.grouped_stats`),
+    left as sums and tallies (`TalliedRows`; `Regroup.apply` makes the `Summary`).
     Static fields are the stack's; `Regroup` gives each member its own shape and dtype."""
     stats = _blocks.grouped_stats([_flat_values(x) for x in leaves], bins, block)
     acc = _summary._value_dtype(jnp.result_type(leaves[0]))[0]
-    return _summary.Summary(
-        **stats, per_iteration=None, shape=(), dtype=np.dtype(acc).name, is_complex=False, bins=bins
-    )
+    nan = stats["lin"][:, bins]
+    return TalliedRows(stats, None, nan, None, np.dtype(acc).name, bins, ())
 
 
 def _iteration_class(shape: tuple[int, ...]) -> tuple[int, int, int]:
