@@ -308,8 +308,9 @@ def stats(v: jax.Array, bins: int, keep: np.ndarray | None) -> tuple[dict, dict 
 def raw_stats(v: jax.Array, bins: int, keep: np.ndarray | None) -> tuple[dict, dict | None]:
     """What `stats` computes over every value, per member ``(B, ...)`` and, with `keep`
     (sorted row indices), per kept row ``(B, len(keep), ...)``: finite count and range,
-    centred sums ``c1``, ``c2`` around ``shift``, the linear (``lin``) and log
-    (``log``, pooled only) tallies. The rest is a few operations per member or row
+    centred sums ``c1``, ``c2`` (in units of the member's scale, `pow2_scale` of its
+    absmax) around ``shift`` (pooled: in those units; a row's: its own mean, in the
+    values' units), the linear (``lin``) and log (``log``, pooled only) tallies. The rest is a few operations per member or row
     (`pooled_fields`, `row_fields`), in the program or on the host (`Iterated`'s
     summaries leave them there: `capture.tallied.TalliedRows`).
 
