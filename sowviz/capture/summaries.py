@@ -1062,7 +1062,11 @@ def _host_layout(parts: Parts) -> Rows | None:
     multi-process array). No program to compile: on XLA:CPU the layout program of a
     model's shapes compiled for 0.05-0.25 s beside its capture program (a new
     model's first `inspect`), for a copy that NumPy makes in well under 1 ms."""
-    if not all(isinstance(x, jax.Array) and x.is_fully_addressable for x in parts.members):
+    concrete = (
+        isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and x.is_fully_addressable
+        for x in parts.members
+    )
+    if not all(concrete):  # traced, or a multi-process array: the layout program
         return None
     plan = _plan([math.prod(shape) for shape, _ in parts.shapes], sized=True, coarse=True)
     acc = _summary._value_dtype(np.dtype(parts.shapes[0][1]))[0]
