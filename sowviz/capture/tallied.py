@@ -31,6 +31,15 @@ from ..summary_data import IterationStats, Summary
 _DATA = ("count", "nan", "min", "max", "c1", "c2", "shift", "table")
 
 
+def _on_host(tree: Any) -> tuple[Any, Any]:
+    """`tree` and the array module to finish it with: NumPy leaves and `numpy` after
+    the transfer, or `tree` as it is and `jax.numpy` under a trace (the summaries of
+    a program that calls `save_intermediates`)."""
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree)):
+        return tree, jnp
+    return jax.tree_util.tree_map(np.asarray, tree), np
+
+
 @functools.partial(
     jax.tree_util.register_dataclass, data_fields=_DATA, meta_fields=("dtype", "bins")
 )
@@ -66,12 +75,9 @@ class Tallied:
         member its own shape and dtype)."""
         fields = _ops.table_fields(self.table, self.bins)
         fields["nan"] = self.nan
-        data = (self.count, self.min, self.max, self.c1, self.c2, self.shift)
-        if isinstance(self.min, jax.core.Tracer):
-            moments = _ops.moment_fields(*data, self.bins, jnp)
-        else:
-            with np.errstate(all="ignore"):
-                moments = _ops.moment_fields(*map(np.asarray, data), self.bins, np)
+        data, xp = _on_host((self.count, self.min, self.max, self.c1, self.c2, self.shift))
+        with np.errstate(all="ignore"):  # an empty member's 0 / 0, discarded by `where`
+            moments = _ops.moment_fields(*data, self.bins, xp)
         return Summary(
             **moments,
             **fields,
@@ -125,13 +131,8 @@ class TalliedRows:
 
     def summary(self) -> Summary:
         """The stacked `Summary`, per-iteration statistics included."""
-        pooled, rows, pads = self.pooled, self.rows, self.pads
-        if isinstance(self.nan, jax.core.Tracer):
-            xp = jnp
-        else:
-            xp = np
-            pooled, rows, pads = jax.tree_util.tree_map(np.asarray, (pooled, rows, pads))
-        with np.errstate(all="ignore"):
+        (pooled, rows, pads), xp = _on_host((self.pooled, self.rows, self.pads))
+        with np.errstate(all="ignore"):  # an empty member's 0 / 0, discarded by `where`
             fields = _ops.pooled_fields(pooled, self.bins, xp)
             per_row = None if rows is None else _ops.row_fields(rows, pooled, self.bins, xp)
         fields["nan"] = self.nan
