@@ -571,3 +571,41 @@ def test_report_cli_on_a_directory_that_is_no_run_log(tmp_path, capsys):
     # no command: the help, and the exit status of a usage error
     assert main([]) == 2
     assert "commands:" in capsys.readouterr().err
+
+
+def test_two_writers_of_one_log_dir_are_refused_at_construction(run, tmp_path):
+    # A second Monitor given the same `log_dir` (before either recorded a step) would
+    # interleave its steps with the first's: refused, naming the fix.
+    model, entries, _ = run
+    (first,) = make_sinks(tmp_path / "log")
+    with pytest.raises(FileExistsError, match="being written by another Monitor"):
+        make_sinks(tmp_path / "log")
+    first.open(model)
+    for e in entries[:2]:
+        first.write(e)
+    first.close()
+    assert [e["step"] for e in load(tmp_path / "log").history] == [e["step"] for e in entries[:2]]
+    with pytest.raises(FileExistsError, match="already holds a run log"):
+        make_sinks(tmp_path / "log")
+
+
+def test_a_log_that_recorded_no_step_is_taken_by_the_next_run(run, tmp_path):
+    # A script that stopped before its first recorded step (a typo, a step that fails
+    # to trace) left an end record and nothing else: running it again, fixed, works.
+    model, entries, _ = run
+    write_log(tmp_path / "log", model, [])
+    assert (tmp_path / "log" / "steps.log").stat().st_size > 0
+    write_log(tmp_path / "log", model, entries[:3])
+    view = load(tmp_path / "log")
+    assert view.steps_read == 3 and view.finished
+
+
+def test_a_log_cut_off_inside_its_first_step_is_kept(run, tmp_path):
+    # An incomplete record is a step being written (or cut by a kill): never replaced.
+    model, entries, _ = run
+    write_log(tmp_path / "log", model, entries[:1])
+    steps = tmp_path / "log" / "steps.log"
+    first = record_offsets(steps.read_bytes())[1]
+    steps.write_bytes(steps.read_bytes()[: first - 5])
+    with pytest.raises(FileExistsError, match="already holds a run log"):
+        make_sinks(tmp_path / "log")

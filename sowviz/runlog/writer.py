@@ -7,6 +7,11 @@ import os
 import pathlib
 from typing import Any
 
+try:  # advisory locks: POSIX only (elsewhere two writers of one log are not detected)
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
 from .._files import atomic_write
 from .._model import jsonable
 from . import format as fmt
@@ -24,6 +29,15 @@ _EXISTS = (
     "`log_dir` for a new run, or delete the old log first; sowviz never appends one run "
     "to another's log."
 )
+_BUSY = (
+    "sowviz: `log_dir` {path!r} is being written by another Monitor (in this process or "
+    "another one): close that one first (`mon.close()`), or give each Monitor its own "
+    "`log_dir` (e.g. 'runs/exp1/train' and 'runs/exp1/eval'). Two writers would "
+    "interleave their steps in one log."
+)
+# A log longer than this holds steps (a step's record is ~1-100 KB; a run that
+# recorded nothing wrote one 26-byte end record): not read to find out.
+_READ_AT_MOST = 1 << 20
 
 
 def model_bytes(model: dict[str, Any]) -> bytes:
@@ -31,7 +45,7 @@ def model_bytes(model: dict[str, Any]) -> bytes:
     return text.encode("utf-8")
 
 
-def prepare_dir(log_dir: str | os.PathLike, *, overwrite: bool = False) -> pathlib.Path:
+def prepare_dir(log_dir: str | os.PathLike) -> pathlib.Path:
     """Create `log_dir` and check it is writable now, at construction, with a clear error."""
     path = pathlib.Path(log_dir)
     try:
@@ -40,11 +54,6 @@ def prepare_dir(log_dir: str | os.PathLike, *, overwrite: bool = False) -> pathl
         raise ValueError(_NOT_WRITABLE.format(path=str(path), why=err)) from err
     if not path.is_dir():
         raise ValueError(_NOT_WRITABLE.format(path=str(path), why="it is not a directory"))
-    steps = path / STEPS_FILE
-    if steps.exists() and steps.stat().st_size > 0 and not overwrite:
-        raise FileExistsError(
-            _EXISTS.format(path=str(path), file=STEPS_FILE, size=steps.stat().st_size)
-        )
     probe = path / f".sowviz-write-test-{os.getpid()}"
     try:
         probe.write_bytes(b"")
@@ -52,6 +61,36 @@ def prepare_dir(log_dir: str | os.PathLike, *, overwrite: bool = False) -> pathl
     except OSError as err:
         raise ValueError(_NOT_WRITABLE.format(path=str(path), why=err)) from err
     return path
+
+
+def holds_steps(steps: pathlib.Path) -> bool:
+    """Whether `steps.log` holds a run: a step, or bytes that are not a record. A log
+    with no step (a script that stopped before its first recorded step left an end
+    record only) holds nothing to keep, so the run that follows may take its place."""
+    size = steps.stat().st_size if steps.exists() else 0
+    if size == 0:
+        return False
+    if size > _READ_AT_MOST:
+        return True
+    for rec in fmt.scan(steps.read_bytes(), 0):
+        if isinstance(rec, int):
+            return rec != size  # an incomplete record at the end: a writer's step
+        if not isinstance(rec, fmt.Record) or rec.kind != fmt.END:
+            return True
+    return False
+
+
+def _lock(fd: int, path: pathlib.Path) -> None:
+    """Hold an exclusive advisory lock on the open log (released when it is closed, or
+    when the process dies): a second writer of the same log fails at construction."""
+    if fcntl is None:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as err:
+        raise FileExistsError(_BUSY.format(path=str(path))) from err
+    except OSError:  # a file system without locks (some network mounts): write unlocked
+        pass
 
 
 class LogSink(Sink):
@@ -67,14 +106,25 @@ class LogSink(Sink):
     name = "run log"
 
     def __init__(self, log_dir: str | os.PathLike, *, overwrite: bool = False) -> None:
-        self.path = prepare_dir(log_dir, overwrite=overwrite)
-        if overwrite:
-            (self.path / MODEL_FILE).unlink(missing_ok=True)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+        self.path = prepare_dir(log_dir)
+        steps = self.path / STEPS_FILE
         try:
-            self._fd: int | None = os.open(self.path / STEPS_FILE, flags, 0o644)
+            # Not truncated yet: another writer may hold it (checked under the lock).
+            self._fd: int | None = os.open(steps, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         except OSError as err:
             raise ValueError(_NOT_WRITABLE.format(path=str(self.path), why=err)) from err
+        try:
+            _lock(self._fd, self.path)
+            if not overwrite and holds_steps(steps):
+                size = steps.stat().st_size
+                raise FileExistsError(
+                    _EXISTS.format(path=str(self.path), file=STEPS_FILE, size=size)
+                )
+            os.ftruncate(self._fd, 0)
+            (self.path / MODEL_FILE).unlink(missing_ok=True)
+        except BaseException:
+            os.close(self._fd)
+            raise
         self.bytes_written = 0
         self.steps_written = 0
         super().__init__()
