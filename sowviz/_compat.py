@@ -1120,3 +1120,32 @@ def backend_identity() -> tuple:
         client.platform_version,
         tuple((d.id, d.device_kind) for d in devices),
     )
+
+
+# -- tracing errors said of the user's function ---------------------------------------
+
+_FLAT_ARG = re.compile(r"\bflat\[(\d+)\]")
+
+
+@contextlib.contextmanager
+def traced_as(wrapper: Any, fn: Any, arg_names: Any) -> Iterator[None]:
+    """JAX's tracing errors (a Python `if` on a traced value, `float()` of a tracer)
+    name the function traced and the arguments a value depends on. sowviz traces
+    `wrapper(*flat)`, over the leaves of `fn`'s arguments: such a message would say
+    `flat_fn at sowviz/_program.py` and `flat[0]`. Said of `fn` and its arguments'
+    paths instead (`arg_names()`: one per leaf of `flat`), as `jax.jit(fn)` says it."""
+    try:
+        yield
+    except Exception as err:
+        text = err.args[0] if err.args and isinstance(err.args[0], str) else None
+        ours = _api_util.fun_sourceinfo(wrapper)
+        if text is None or ours not in text:
+            raise
+        theirs = _api_util.fun_sourceinfo(fn)
+        if theirs == "<unknown>" and callable(fn):
+            theirs = _api_util.fun_sourceinfo(type(fn).__call__)  # a module: its __call__
+        names = arg_names()
+        text = text.replace(ours, theirs)
+        text = _FLAT_ARG.sub(lambda m: names[int(m[1])] if int(m[1]) < len(names) else m[0], text)
+        err.args = (text, *err.args[1:])
+        raise

@@ -166,7 +166,11 @@ class Traced:
             )
             for x in dyn
         ]
-        with _compat.capturing(True):
+        def dyn_names() -> list[str]:
+            names = _arg_names(fn, args, paths)
+            return [names[i] for i in spec.dynamic]
+
+        with _compat.capturing(True), _compat.traced_as(flat_fn, fn, dyn_names):
             self.closed, (out_shape, extra_shape) = jax.make_jaxpr(flat_fn, return_shape=True)(
                 *avals
             )

@@ -944,3 +944,26 @@ def test_a_stage_s_many_outputs_are_listed_in_numeric_order():
     node = next(n for n in ins.graph.nodes if n.kind == "scan")
     leaves = [p.leaf for p in ins.probes if p.node == node.id]
     assert leaves == [f"[{k}]" for k in range(len(leaves))] and len(leaves) >= 11, leaves
+
+
+def _tracing_line(call) -> str:
+    with pytest.raises(jax.errors.ConcretizationTypeError) as info:
+        call()
+    return next(line for line in str(info.value).splitlines() if "while tracing" in line)
+
+
+def test_a_tracing_error_names_the_user_s_function_and_arguments_as_jit_does():
+    # The most common JAX mistake (a Python `if` on a traced value): sowviz traces its
+    # own function over the arguments' leaves, and JAX's message named that one
+    # (`flat_fn at sowviz/_program.py`, arguments `flat[0]`, `flat[1]`).
+    def unjittable(params, x):
+        loss = jnp.mean(jnp.tanh(x @ params["w"]) ** 2)
+        if loss > 0.1:
+            loss = loss * 2
+        return loss
+
+    params, x = {"w": jnp.ones((4, 2))}, jnp.ones((8, 4))
+    want = _tracing_line(lambda: jax.jit(jax.value_and_grad(unjittable))(params, x))
+    assert "unjittable at" in want and "params['w'] and x" in want
+    assert _tracing_line(lambda: sowviz.inspect(unjittable, params, x)) == want
+    assert _tracing_line(lambda: sowviz.Monitor(unjittable).step(params, x)) == want
