@@ -28,6 +28,7 @@ from .inspection import Inspection as Inspection
 from .inspection import inspect as inspect
 from .monitor import Monitor as Monitor
 from .monitor import NonFiniteError as NonFiniteError
+from .monitor import NonFiniteWarning as NonFiniteWarning
 from .runlog import load as load
 from .summary import Summary as Summary
 from .summary import SummaryOptions as SummaryOptions
@@ -40,6 +41,7 @@ __all__ = [
     "Monitor",
     "MonitorView",
     "NonFiniteError",
+    "NonFiniteWarning",
     "SaveIntermediates",
     "Summary",
     "SummaryOptions",

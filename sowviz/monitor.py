@@ -44,6 +44,7 @@ lazily when `mon` is displayed) and sinks (`log_dir`, TensorBoard, W&B, from
 from __future__ import annotations
 
 import atexit
+import sys
 import threading
 import time
 import warnings
@@ -88,6 +89,12 @@ class NonFiniteError(FloatingPointError):
         ...     print(err); break                 # params are those of the last good step
         ... updates, opt_state = opt.update(grads, opt_state, params)
     """
+
+
+class NonFiniteWarning(RuntimeWarning):
+    """Warned once by a `Monitor` at the first step whose values or gradients hold
+    NaN/Inf (unless `stop_on_nonfinite=True`, which raises `NonFiniteError`): where it
+    first appeared. `mon.nonfinite` holds the record."""
 
 
 class Monitor:
@@ -142,6 +149,7 @@ class Monitor:
             "Monitor", mode, capture, {"argnums": argnums, **options}
         )
         self._runner = runner_for(fn, self._options)
+        self._primal = self._options.mode is _model.Mode.PRIMAL
         self.fn = fn
         self.every = every
         self.history = History(history)
@@ -168,7 +176,8 @@ class Monitor:
         self._failed: set[int] = set()
         self._view: Any = None
         self._view_listener: Any = None
-        self._sinks_open = False
+        self._sinks_traced: Traced | None = None  # the program whose model the sinks hold
+        self._warned_nonfinite = False
         self._closed = False
         if log_dir is not None or tensorboard is not False or wandb is not False:
             from .runlog import make_sinks  # only when asked: the recorder needs no sink
@@ -197,6 +206,13 @@ class Monitor:
                 f"`functools.partial(fn, {next(iter(kwargs))}=...)` for a fixed value."
             )
         with self._lock, library_errors("Monitor.step"):
+            if self._closed:
+                raise RuntimeError(
+                    "sowviz.Monitor.step: this Monitor is closed (`close()`, or the end of "
+                    "the process), and its run log and loggers take no more steps. Make a "
+                    "new Monitor (with a new `log_dir`) to go on recording, or step this "
+                    "one only before closing it."
+                )
             step = self.steps
             record = step % self.every == 0
             chained = not (record or self.stop_on_nonfinite)
@@ -211,7 +227,7 @@ class Monitor:
             if record:
                 if not self._pending:
                     self._waiting_since = time.monotonic()
-                self._pending.append((step, _light(out), kept, _parts(out)))
+                self._pending.append((step, _light(out), kept, _parts(out, self._primal)))
             elif chained:
                 self._chain = out.chain
                 self._flags.append((step, out.chain, kept, self._chain_runs))
@@ -327,7 +343,7 @@ class Monitor:
         at = sum(1 for s, *_ in self._pending if s < step)
         if not self._pending:
             self._waiting_since = time.monotonic()
-        self._pending.insert(at, (step, _light(rerun), args, _parts(rerun)))
+        self._pending.insert(at, (step, _light(rerun), args, _parts(rerun, self._primal)))
 
     def _drain(self, *, keep: int) -> None:
         """Record the pending steps once more than `keep` wait, or the oldest has waited
@@ -363,9 +379,11 @@ class Monitor:
         if not (finite and bool(clean)):
             self._origins(step, entry, out.traced.graph, args)
         self._set_latest(out.traced, entry)
-        if not self._sinks_open:
-            # Sinks open once, with the probe list (they name tags and read logs by it).
-            self._sinks_open = True
+        if self._sinks_traced is not out.traced:
+            # Sinks open with the probe list (they name tags and read logs by it), and
+            # again when a step runs another program (a batch of another shape): the
+            # model then says the shapes of the step just written, as `to_dict()` does.
+            self._sinks_traced = out.traced
             for listener in self._listeners:
                 if listener is not self._view_listener:
                     self._call(listener, "open", self.to_dict(with_history=False))
@@ -413,6 +431,23 @@ class Monitor:
                 # The first non-finite step's entry carries the whole record (the run
                 # log's reader and the front end take it from there).
                 entry["nonfinite"] = self.nonfinite.to_dict()
+                self._warn_nonfinite(graph)
+
+    def _warn_nonfinite(self, graph: Any) -> None:
+        # Said once, where a script's user sees it (a notebook's view shows a banner
+        # too); with `stop_on_nonfinite=True` the step raises `NonFiniteError` instead.
+        nf = self.nonfinite
+        if self.stop_on_nonfinite or self._warned_nonfinite or nf is None:
+            return
+        self._warned_nonfinite = True
+        where = nf.origins if nf.origins is not None else (nf.forward, nf.backward)
+        warnings.warn(
+            f"sowviz.Monitor: {_nonfinite.message(graph, nf.step, where)}. Training goes "
+            "on; `Monitor(..., stop_on_nonfinite=True)` stops at the first such step, "
+            "before its update is applied.",
+            NonFiniteWarning,
+            stacklevel=_caller_level(),
+        )
 
     def _drop_args(self) -> None:
         # Located: no step's arguments are needed any more.
@@ -525,13 +560,42 @@ class Monitor:
         return _model.write("html", self.to_dict(created=created), path)
 
 
-def _parts(out: Out) -> tuple:
+def _caller_level() -> int:
+    """`warnings.warn`'s stacklevel of the first frame outside sowviz (the user's
+    `mon.step`, `mon.flush()`, ... call), seen from the function that warns."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("sowviz."):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _parts(out: Out, primal: bool) -> tuple:
     """What the host reads of a recorded step: its summary buffers, its finite flags,
     its clean flag and its loss (when the value is one number)."""
-    result = out.result
+    return (out.packed.buffers, out.finite, out.clean, _loss(out.result, primal))
+
+
+def _loss(result: Any, primal: bool) -> jax.Array | None:
+    """The step's loss, charted and logged: the value (`result[0]` of the value and
+    gradients, or the output itself) when it is one number; in mode "primal", else the
+    one element of the returned tuple that is one floating-point number (a whole train
+    step that returns `(params, opt_state, loss)`)."""
     value = result[0] if isinstance(result, tuple) else result
-    loss = value if isinstance(value, jax.Array) and value.size == 1 else None
-    return (out.packed.buffers, out.finite, out.clean, loss)
+    if isinstance(value, jax.Array) and value.size == 1:
+        return value
+    if primal and isinstance(result, (tuple, list)):
+        ones = [v for v in result if _one_float(v)]
+        if len(ones) == 1:
+            return ones[0]
+    return None
+
+
+def _one_float(x: Any) -> bool:
+    return (
+        isinstance(x, jax.Array)
+        and x.size == 1
+        and jax.numpy.issubdtype(x.dtype, jax.numpy.floating)
+    )
 
 
 def _light(out: Out) -> Out:

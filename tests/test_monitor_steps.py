@@ -117,6 +117,40 @@ def test_parameter_gradient_only_nan_is_caught_on_an_unrecorded_step(every):
 
 
 @pytest.mark.parametrize("every", [1, 4])
+def test_the_first_nonfinite_step_is_warned_once_where_the_user_steps(every):
+    # A script's user sees nothing else (no widget): said once, naming the step and
+    # where it was born, at the user's own line.
+    mon = sowviz.Monitor(norm_loss, every=every)
+    with pytest.warns(sowviz.NonFiniteWarning) as caught:
+        for step in range(12):
+            mon.step(params_at(step, bad_step=5 if step < 8 else 9), batch(4))
+        mon.flush()
+    assert len(caught) == 1
+    text = str(caught[0].message)
+    assert "step 5" in text and "`sqrt`" in text and "stop_on_nonfinite=True" in text
+    assert caught[0].filename == __file__
+
+
+def test_stop_on_nonfinite_raises_and_does_not_warn():
+    mon = sowviz.Monitor(norm_loss, stop_on_nonfinite=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sowviz.NonFiniteWarning)
+        with pytest.raises(NonFiniteError, match="step 5"):
+            for step in range(8):
+                mon.step(params_at(step, bad_step=5), batch(4))
+
+
+def test_a_closed_monitor_refuses_steps_that_its_logs_would_miss(tmp_path):
+    loss, _ = counted()
+    mon = sowviz.Monitor(loss, log_dir=tmp_path / "log")
+    mon.step(W, batch(3))
+    mon.close()
+    with pytest.raises(RuntimeError, match="this Monitor is closed"):
+        mon.step(W, batch(3))
+    assert [e["step"] for e in sowviz.load(tmp_path / "log").history] == [0]
+
+
+@pytest.mark.parametrize("every", [1, 4])
 def test_stop_on_nonfinite_raises_at_the_exact_step(every):
     mon = sowviz.Monitor(norm_loss, every=every, stop_on_nonfinite=True)
     applied = []
@@ -181,6 +215,36 @@ def test_sinks_get_the_model_once_every_recorded_step_and_a_failure_never_stops(
     assert [e["step"] for e in good.entries] == [0, 2, 4, 6]
     assert good.entries == list(mon.history)
     assert len([w for w in caught if "FakeSink.write failed" in str(w.message)]) == 1
+
+
+def test_a_batch_of_another_shape_gives_the_sinks_its_model(tmp_path):
+    # The run log's model says the shapes of the steps it holds last, as `to_dict()`
+    # does (a smaller last batch said "[32, 5]" beside a summary of 4 rows).
+    loss, _ = counted()
+    mon = sowviz.Monitor(loss, log_dir=tmp_path / "log")
+    mon.step(W, batch(32))
+    mon.step(W, batch(4))
+    mon.close()
+    model = sowviz.load(tmp_path / "log").model
+    (node,) = [n for n in model["nodes"] if n["label"] == "hidden"]
+    assert node["shapes"] == ["float32[4,8]"]
+    want = mon.to_dict()
+    assert [n["shapes"] for n in model["nodes"]] == [n["shapes"] for n in want["nodes"]]
+
+
+def test_a_train_step_in_mode_primal_charts_the_one_number_it_returns():
+    def train_step(w, x):
+        loss, g = jax.value_and_grad(lambda w: jnp.mean((x @ w) ** 2))(w)
+        return w - 0.1 * g, jnp.int32(7), loss  # (params, a step count, the loss)
+
+    mon = sowviz.Monitor(train_step, mode="primal")
+    w, x = jnp.ones((5, 1)), batch(8)
+    want = []
+    for _ in range(3):
+        want.append(float(jnp.mean((x @ w) ** 2)))
+        w, _, _ = mon.step(w, x)
+    mon.flush()
+    np.testing.assert_allclose([e["loss"] for e in mon.history], want, rtol=1e-6)
 
 
 def test_history_thinning_keeps_the_start_in_bounded_memory():

@@ -120,7 +120,8 @@ class LogSink(Sink):
                 raise FileExistsError(
                     _EXISTS.format(path=str(self.path), file=STEPS_FILE, size=size)
                 )
-            os.ftruncate(self._fd, 0)
+            if os.fstat(self._fd).st_size:  # a log of no step, left by a run that stopped
+                os.ftruncate(self._fd, 0)
             (self.path / MODEL_FILE).unlink(missing_ok=True)
         except BaseException:
             os.close(self._fd)
