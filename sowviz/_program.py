@@ -166,6 +166,7 @@ class Traced:
             )
             for x in dyn
         ]
+
         def dyn_names() -> list[str]:
             names = _arg_names(fn, args, paths)
             return [names[i] for i in spec.dynamic]
