@@ -63,15 +63,15 @@ def test_histograms_and_scalars_reach_an_offline_run(run, offline, tmp_path):
     sink.close()
     wandb.finish()
     history = read_history(tmp_path)
-    assert [h["step"].get("num", 0) for h in history] == [e["step"] for e in entries]
+    assert [h["item"]["sowviz/step"] for h in history] == [e["step"] for e in entries]
     names = probe_tags(model)
     checked = 0
     for h, e in zip(history, entries, strict=True):
         item = h["item"]
-        assert item["loss"] == pytest.approx(e["loss"], rel=1e-12)
+        assert item["sowviz/loss"] == pytest.approx(e["loss"], rel=1e-12)
         for pid, by_mode in e["probes"].items():
             for mode, s in by_mode.items():
-                tag = f"{names[pid]}/{mode}"
+                tag = f"sowviz/{names[pid]}/{mode}"
                 assert item[f"{tag}/l2"] == pytest.approx(s["l2"], rel=1e-12)
                 if sum(s["hist"]["counts"]):
                     assert item[f"{tag}._type"] == "histogram"
@@ -101,3 +101,23 @@ def test_a_finished_run_stops_the_sink_with_one_warning(run, offline):
         sink.flush()
     sink.write(entries[1])  # no error, no second warning
     sink.close()
+
+
+def test_a_monitor_logging_late_loses_no_row_beside_the_user_s_own(run, offline, tmp_path):
+    # Summaries reach the host a few steps late (read in batches): with `step=` W&B
+    # dropped sowviz's rows behind the user's own `wandb.log` of later steps.
+    model, entries = run
+    (sink,) = make_sinks(None, wandb=True)
+    sink.open(model)
+    for i in range(len(entries) + 3):
+        wandb.log({"mine/lr": 0.1 * i})  # the user's metric, every step
+        if i >= 3:  # sowviz's row of step i - 3 arrives now
+            sink.write(entries[i - 3])
+            sink.flush()
+    sink.close()
+    wandb.finish()
+    history = read_history(tmp_path)
+    ours = [h["item"]["sowviz/step"] for h in history if "sowviz/step" in h["item"]]
+    mine = [h["item"]["mine/lr"] for h in history if "mine/lr" in h["item"]]
+    assert ours == [e["step"] for e in entries]
+    assert mine == pytest.approx([0.1 * i for i in range(len(entries) + 3)])

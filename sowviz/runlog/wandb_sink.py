@@ -1,10 +1,17 @@
 """Weights & Biases: the same histograms and scalars, logged to an active run.
 
-Each recorded step becomes one `run.log({...}, step=step)` with a
+Each recorded step becomes one `run.log({...})` with a
 `wandb.Histogram(np_histogram=(counts, edges))` per probe and mode (sowviz's own
 on-device bins, not re-binned on the host) and the `loss`, `…/l2` and
-`…/nonfinite` scalars, under the tags TensorBoard gets (see `naming.py`). sowviz logs
-at the Monitor's step numbers: log your own metrics with `step=` the same numbers.
+`…/nonfinite` scalars, under the tags TensorBoard gets (see `naming.py`), each
+prefixed `sowviz/`.
+
+The Monitor's step numbers are the metric `sowviz/step`, every `sowviz/*` metric's
+x-axis (`run.define_metric`), not W&B's own `step`: a recorded step reaches the host
+a few steps after it ran (summaries are read in batches), and W&B drops, with a
+warning, any row logged at a `step=` below one already logged, so `step=` would
+lose sowviz's rows behind the user's and the user's behind sowviz's. Log your own
+metrics without `step=` as well (or with an x-axis of your own, the same way).
 """
 
 from __future__ import annotations
@@ -14,6 +21,11 @@ from typing import Any
 from .naming import Hist, probe_tags
 from .naming import items as step_items
 from .sink import Sink
+
+#: Every key sowviz logs starts with this (its own section in the W&B workspace).
+PREFIX = "sowviz/"
+#: The Monitor's step number: the x-axis of every `sowviz/*` metric.
+STEP = PREFIX + "step"
 
 _MISSING = (
     "sowviz: `wandb=True` needs the `wandb` package: `pip install 'sowviz[wandb]'` "
@@ -46,16 +58,19 @@ class WandbSink(Sink):
                 f"got {type(run).__name__}."
             )
         self._tags: dict[str, str] = {}
+        self.run.define_metric(STEP)  # the x-axis of every `sowviz/*` metric
+        self.run.define_metric(PREFIX + "*", step_metric=STEP)
         super().__init__()
 
     def _open(self, model: dict[str, Any]) -> None:
         self._tags = probe_tags(model)
 
     def _write(self, entry: dict[str, Any]) -> None:
-        data: dict[str, Any] = {}
+        data: dict[str, Any] = {STEP: int(entry["step"])}
         for item in step_items(entry, self._tags):
             if isinstance(item, Hist):
-                data[item.tag] = self._wandb.Histogram(np_histogram=(item.counts, item.edges))
+                hist = self._wandb.Histogram(np_histogram=(item.counts, item.edges))
+                data[PREFIX + item.tag] = hist
             else:
-                data[item.tag] = item.value
-        self.run.log(data, step=int(entry["step"]))
+                data[PREFIX + item.tag] = item.value
+        self.run.log(data)
