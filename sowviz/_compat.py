@@ -223,13 +223,35 @@ def as_closed(jaxpr: Jaxpr) -> Any:
 
 
 def sub_jaxprs(eqn: JaxprEqn) -> Iterator[tuple[str, int | None, Jaxpr]]:
-    """(param name, index in a tuple param or None, jaxpr) for every jaxpr in `eqn.params`."""
-    for key, val in eqn.params.items():
+    """(param name, index in a tuple param or None, jaxpr) for every jaxpr in `eqn.params`,
+    and in a JAX >= 0.12 "hijax" primitive's own params (`custom_root`'s solver: a `sow`
+    in there must be found, captured or refused, never lost)."""
+    params = dict(eqn.params)
+    if eqn.primitive.name == "call_hi_primitive":
+        params.update(getattr(eqn.params.get("_prim"), "params", None) or {})
+    for key, val in params.items():
         items = val if isinstance(val, (tuple, list)) else (val,)
         for i, item in enumerate(items):
             if isinstance(item, (Jaxpr, ClosedJaxpr)):
                 j, _ = jaxpr_and_consts(item)
                 yield key, (i if isinstance(val, (tuple, list)) else None), j
+
+
+def hi_expansion(eqn: JaxprEqn) -> tuple[Jaxpr, int] | None:
+    """What a JAX >= 0.12 `custom_root` call computes, undifferentiated: its solver's
+    program and how many of the call's operands it takes (the first ones), as
+    `CustomRoot.expand` runs it; None for any other equation. (JAX <= 0.11 binds
+    `custom_root` as a `custom_jvp` call, whose body sowviz runs the same way.)"""
+    if eqn.primitive.name != "call_hi_primitive":
+        return None
+    prim = eqn.params.get("_prim")
+    if type(prim).__name__ != "CustomRoot":
+        return None
+    solve = (getattr(prim, "params", None) or {}).get("solve_jaxpr")
+    if not isinstance(solve, (Jaxpr, ClosedJaxpr)):
+        return None
+    jaxpr, _ = jaxpr_and_consts(solve)
+    return jaxpr, len(jaxpr.invars)
 
 
 # ---------------------------------------------------------------------------
@@ -725,12 +747,15 @@ def call_path(eqn: JaxprEqn) -> CallPath:
             names: list[str] = []
             package: str | None = None
             api: str | None = ""  # "": the frame before was not JAX's
+            # A body JAX traced itself (`jax.image.resize` jits `_resize`, whose traceback
+            # starts there): its own file's functions name its parts (`_scale_and_translate`
+            # > `compute_weight_mat`), as a library's do, not chunks of bare equations.
+            body = codes[-1].co_filename if user == len(codes) and codes else ""
+            own = (*_JAX_ALGORITHMS, body) if body.startswith(_JAX_DIR) else _JAX_ALGORITHMS
             for c in reversed(codes[:user]):
                 if c.co_filename.startswith(_SOWVIZ_DIR + os.sep) or c.co_filename == _API_BOUNDARY:
                     continue  # sowviz, and the wrapper `@api_boundary` puts on `lax.fori_loop`
-                if _source_info.is_user_filename(c.co_filename) or c.co_filename.startswith(
-                    _JAX_ALGORITHMS
-                ):
+                if _source_info.is_user_filename(c.co_filename) or c.co_filename.startswith(own):
                     if not names:
                         package = _package(c.co_filename)
                     names.append(c.co_qualname)

@@ -685,6 +685,34 @@ def test_custom_jvp_and_vjp():
     close(inter["inside"]["primal"], y)  # the custom rule calls soft() for its primal
 
 
+def test_a_sow_in_custom_root_s_solver_is_captured_in_every_jax():
+    # JAX 0.12 binds `lax.custom_root` as a "hijax" primitive holding its solver's
+    # program (JAX <= 0.11: a custom_jvp call); the sow in a Newton solver there was
+    # dropped with a warning blaming a custom rule.
+    def newton(f, z0):
+        def body(state):
+            i, z = state
+            dz = sow(f(z) / (3 * z**2), "newton_step")
+            return i + 1, z - dz
+
+        return lax.while_loop(lambda s: s[0] < 6, body, (0, z0))[1]
+
+    def loss(a):
+        root = lax.custom_root(lambda z: z**3 - a, jnp.ones_like(a), newton, lambda g, r: r / 3)
+        return jnp.sum(root**2)
+
+    a = jnp.array([2.0, 8.0, 27.0])
+    z, steps = jnp.ones_like(a), []
+    for _ in range(6):  # the same iteration in Python
+        steps.append((z**3 - a) / (3 * z**2))
+        z = z - steps[-1]
+    for wrapped in (loss, jax.grad(loss)):
+        out, inter = save_intermediates(wrapped, loops=6, strict=True)(a)
+        close(out, wrapped(a))
+        close(inter["newton_step"]["primal"], jnp.stack(steps))
+        assert int(inter["newton_step"]["iterations"]) == 6
+
+
 def test_shard_map_stacks_per_mesh_axis():
     mesh = jax.make_mesh((2, 4), ("x", "y"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
     P = jax.sharding.PartitionSpec

@@ -151,7 +151,13 @@ def evaluate(jaxpr, consts: Sequence[Any], args: Sequence[Any], rec: Recorder) -
             rec.add(*captured(eqn, outs))
         elif any(contains_capture(sub, tags) for _, _, sub in _compat.sub_jaxprs(eqn)):
             rule = rule_for(eqn.primitive.name)
-            if rule is None:
+            expansion = _compat.hi_expansion(eqn)
+            if rule is None and expansion is not None:
+                # As a custom rule's body (`rules._custom`): the program is never
+                # differentiated any more, so the solver itself computes the call.
+                body, n = expansion
+                outs = evaluate(body, [], invals[:n], rec)
+            elif rule is None:
                 outs = _unsupported(eqn, invals, rec)
             else:
                 with _compat.eqn_context(eqn):
@@ -216,7 +222,7 @@ def _unsupported(eqn, invals: list, rec: Recorder) -> list:
     )
     msg = UNSUPPORTED.format(
         names=", ".join(repr(n) for n in names),
-        prim=eqn.primitive.name,
+        prim=_compat.primitive_label(eqn),
         loc=_compat.user_location(eqn) or "unknown location",
     )
     if rec.options.strict:
