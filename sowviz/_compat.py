@@ -507,6 +507,13 @@ def _traced_from(sub_program: Any) -> str:
     return os.path.abspath(file) if file else ""
 
 
+def jax_jitted_file(sub_program: Any) -> str:
+    """The file of the function `sub_program` was traced from when it is JAX's own
+    (`jax.image.resize`'s `_resize`, in `jax/_src/image/scale.py`), else ""."""
+    file = _traced_from(sub_program)
+    return file if file.startswith(_JAX_DIR) else ""
+
+
 def defined_in_jax(sub_program: Any) -> bool:
     """Whether the function `sub_program` was traced from is JAX's own."""
     return _traced_from(sub_program).startswith(_JAX_DIR)
@@ -717,15 +724,16 @@ def moves_batch_axis(eqn: JaxprEqn) -> bool:
     return any(c.co_name == "matchaxis" and c.co_filename.endswith(_BATCHING_FILE) for c in codes)
 
 
-def call_path(eqn: JaxprEqn) -> CallPath:
+def call_path(eqn: JaxprEqn, body: str = "") -> CallPath:
     """The qualified names of the functions an equation was made in below the
     innermost user frame outside libraries (`user_location_outside_libraries`),
     outermost first: the library calls that line made, down to the one that bound
     it (`Optimizer.update`, `chain.<locals>.update_fn`, …). JAX's and sowviz's own
     frames are left out, but for the public JAX function called last (`softmax`,
     `einsum`): what the line asked JAX for. Without such a user frame (the body of
-    a `lax.cond` that a library traced), the whole traceback's path. Empty when
-    unknown."""
+    a `lax.cond` that a library traced), the whole traceback's path; then `body`,
+    the file of a JAX function whose jit the equation is in (`jax_jitted_file`),
+    names that file's functions as a library's are named. Empty when unknown."""
     tb = eqn.source_info.traceback
     if tb is None:
         return CallPath()
@@ -733,7 +741,7 @@ def call_path(eqn: JaxprEqn) -> CallPath:
         codes, _ = tb.raw_frames()
         # Keyed by the code objects' ids (hashing a code object hashes its bytecode:
         # 16 µs an equation); the entry keeps them alive, so no id is reused.
-        key = tuple(map(id, codes))
+        key = (*map(id, codes), body)
         hit = _paths.get(key)
         path = hit[1] if hit is not None else None
         if path is None:
@@ -747,11 +755,10 @@ def call_path(eqn: JaxprEqn) -> CallPath:
             names: list[str] = []
             package: str | None = None
             api: str | None = ""  # "": the frame before was not JAX's
-            # A body JAX traced itself (`jax.image.resize` jits `_resize`, whose traceback
+            # A body JAX traced itself (`jax.image.resize` jits `_resize`; its traceback
             # starts there): its own file's functions name its parts (`_scale_and_translate`
             # > `compute_weight_mat`), as a library's do, not chunks of bare equations.
-            body = codes[-1].co_filename if user == len(codes) and codes else ""
-            own = (*_JAX_ALGORITHMS, body) if body.startswith(_JAX_DIR) else _JAX_ALGORITHMS
+            own = (*_JAX_ALGORITHMS, body) if body and user == len(codes) else _JAX_ALGORITHMS
             for c in reversed(codes[:user]):
                 if c.co_filename.startswith(_SOWVIZ_DIR + os.sep) or c.co_filename == _API_BOUNDARY:
                     continue  # sowviz, and the wrapper `@api_boundary` puts on `lax.fori_loop`

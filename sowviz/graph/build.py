@@ -511,11 +511,13 @@ class _Builder(InputsMixin):
             return self.scope_source(jaxpr.eqns[i], names, len(names) - 1) == locs[i]
 
         restated = _restated(container)
+        # a jit of JAX's own (`jax.image.resize`'s `_resize`): its file's functions
+        body = _compat.jax_jitted_file(jaxpr) if container.kind == "jit" else ""
         level_names = fold_names(
             scoped,
             locs,
             FOLD_LIMIT,
-            call_path=lambda i: _inside(restated, _compat.call_path(jaxpr.eqns[i])),
+            call_path=lambda i: _inside(restated, _compat.call_path(jaxpr.eqns[i], body)),
             at_module_call=at_module_call,
             primitives=prims,
             reentry=lambda i: _compat.reentry(jaxpr.eqns[i]),

@@ -1,0 +1,37 @@
+"""Stage names a user reads on small real programs (`sowviz.graph.names`, `calls`):
+the functions that made the values, never sowviz's or JAX's plumbing."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from sowviz.graph import build_graph
+
+
+def graph_of(fn, *args):
+    closed = jax.make_jaxpr(fn)(*args)
+    n_in, n_out = len(closed.jaxpr.invars), len(closed.jaxpr.outvars)
+    return build_graph(
+        closed,
+        in_names=[f"in{i}" for i in range(n_in)],
+        out_names=[f"out{i}" for i in range(n_out)],
+    )
+
+
+def children(g, label):
+    (node,) = [n for n in g.nodes if n.label == label]
+    return [n.label for n in g.children(node.id)]
+
+
+def _upsample(x):
+    return jnp.sum(jax.image.resize(x, (1, 16, 16, 1), method="bilinear") ** 2)
+
+
+def test_a_body_jax_traced_itself_is_named_by_its_functions():
+    # `jax.image.resize` jits `_resize`, 61 equations with no frame of the user's: by
+    # the functions of JAX's that made them, not 15 chunks `op ×4 (1–4)` … `(57–60)`
+    g = graph_of(_upsample, jnp.ones((1, 8, 8, 1)))
+    inside = children(g, "resize")
+    assert inside == ["compute_weight_mat", "einsum"], inside
+    assert not [n.label for n in g.nodes if n.label.startswith("op ")]
