@@ -346,6 +346,9 @@ class Inspection:
         probes share is a KeyError listing their paths, never the first of them; a
         stage wins over what it holds of the same name (a scope `cholesky` over the
         `cholesky` inside it)."""
+        if leaf and not leaf.startswith(("[", ".")):  # `leaf="output"` for "['output']"
+            given = {p.leaf for p in self.probes}
+            leaf = next((f for f in (f"['{leaf}']", f".{leaf}") if f in given), leaf)
         same = [p for p in self.probes if p.leaf == leaf]
         paths = {p.id: self.probe_path(p) for p in same}
         found = [p for p in same if p.name == name]
@@ -360,6 +363,24 @@ class Inspection:
             found = [p for p in same if paths[p.id] == name] or [
                 p for p in same if name in _aliases(paths[p.id])
             ]
+        if found and not leaf:
+            # A stage of several outputs with that name too: the name is not one probe's
+            # (it was the single-output one, silently).
+            several = {
+                self.probe_path(p)
+                for p in self.probes
+                if p.leaf and (p.name == name or self.probe_path(p) == name)
+            }
+            several -= {paths[p.id] for p in found}
+            if several:
+                hits = sorted({paths[p.id] for p in found} | several)
+                raise KeyError(
+                    f"{len(hits)} stages are called {name!r}: "
+                    f"{', '.join(repr(h) for h in hits[:8])}{', ...' if len(hits) > 8 else ''} "
+                    f"({', '.join(repr(h) for h in sorted(several)[:8])} with several outputs: "
+                    "pick one with `leaf=`). Name one by its path, or by the end of it that "
+                    f"only it has (e.g. {_unique_end(hits[0], hits[1:])!r})."
+                )
         if len(found) == 1:
             return found[0]
         if found:

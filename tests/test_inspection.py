@@ -702,6 +702,34 @@ def test_probes_answer_to_dotted_module_paths_and_say_which_leaves_a_stage_has()
         ins.probe("Model.split")
 
 
+def test_a_name_two_stages_share_is_refused_when_one_has_several_outputs():
+    # `task/enc` also keeps what its backward pass needs (two leaves); `task#2/enc`
+    # has one. `probe("enc")` returned `task#2/enc`'s, silently.
+    def enc(w, x):
+        return jnp.tanh(x @ w)
+
+    def task(w, x):
+        return jnp.mean(enc(w, x) ** 2)
+
+    def meta(w, x):
+        return task(w - 0.1 * jax.grad(task)(w, x), x)
+
+    w = jax.random.normal(jax.random.PRNGKey(0), (4, 4))
+    x = jnp.linspace(-1.0, 1.0, 12).reshape(3, 4)
+    ins = sowviz.inspect(meta, w, x)
+    with pytest.raises(KeyError, match=r"2 stages are called 'enc'.*'task/enc' with several"):
+        ins.probe("enc")
+    w2 = w - 0.1 * jax.grad(task)(w, x)
+    l2 = ins.probe("task#2/enc").summaries["primal"]["l2"]
+    np.testing.assert_allclose(l2, np.linalg.norm(np.tanh(x @ w2)), rtol=1e-5)
+    # a leaf by its key alone: `leaf="output"` is `leaf="['output']"`
+    first = ins.probe("task/enc", "output")
+    assert first is ins.probe("task/enc", "['output']")
+    np.testing.assert_allclose(
+        first.summaries["primal"]["l2"], np.linalg.norm(np.tanh(x @ w)), rtol=1e-5
+    )
+
+
 def test_a_framework_s_functional_layers_are_boxes_with_their_data():
     # Flax Linen's MNIST-style CNN: `nn.avg_pool` (two equations) and `nn.max_pool`
     # (one) were unprobed primitives in the model's stage, their values unseen
