@@ -74,7 +74,12 @@ _NOT_SCALAR = (
 
 _PAIR = (
     " It returned a pair: if that is `(loss, aux)`, pass `has_aux=True`, as to "
-    "`jax.value_and_grad`."
+    "`jax.value_and_grad`; if `fn` is already `jax.value_and_grad(loss)`, pass `loss` "
+    "itself (mode 'grad' takes its value and gradients)."
+)
+_NONE = (
+    "was None: `fn` returned None, or a value that is not a JAX array (a string, a "
+    "Python object), which sowviz, as `jax.jit`, passes through as a constant"
 )
 
 
@@ -89,7 +94,7 @@ _REFS_ALL = (
 def _check_scalar(y: Any) -> None:
     """`jax.grad`'s checks of the value (its first sentence, then what to do instead)."""
     if not isinstance(y, (*ARRAY_TYPES, float, int)):
-        msg = _NOT_SCALAR.format(what=f"was {y}")
+        msg = _NOT_SCALAR.format(what=_NONE if y is None else f"was {y}")
         if isinstance(y, (tuple, list)) and len(y) == 2:
             msg += _PAIR
         raise TypeError(msg)

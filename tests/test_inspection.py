@@ -378,6 +378,12 @@ def test_integer_and_bool_arguments_in_every_mode(mode):
         (lambda w: (jnp.sum(w), w), r"scalar-output.*Output was \(.*mode='vjp'.*has_aux=True"),
         (lambda w: jnp.sum(w).astype(jnp.int32), r"real-valued.*got int32.*mode='vjp'"),
         (lambda w: jnp.sum(w) * 1j, r"real-valued.*got complex64.*mode='vjp'"),
+        # a Monitor user passing `jax.value_and_grad(loss)`; a loss returning a string
+        (
+            jax.value_and_grad(lambda w: jnp.sum(w**2)),
+            r"has_aux=True.*already `jax.value_and_grad\(loss\)`, pass `loss` itself",
+        ),
+        (lambda w: "loss", r"Output was None: `fn` returned None, or a value that is not"),
     ],
 )
 def test_grad_mode_of_a_non_scalar_or_non_real_output_says_which_mode_instead(fn, message):
