@@ -163,6 +163,68 @@ def test_blocks_that_differ_in_ops_shapes_or_names_are_not_merged():
     assert len([n for n in g.nodes if n.label.startswith("branch")]) == 3 and not _groups(g)
 
 
+def _norm(x):
+    return x / jnp.sqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6)
+
+
+def _attn(w, x):
+    return jnp.tanh(x @ w)
+
+
+def _mlp(w, x):
+    return jnp.tanh(x @ w.T)
+
+
+def _pre_norm(ws, x):  # a transformer's pre-norm residual loop over its layers
+    for w in ws:
+        x = x + _attn(w, _norm(x))
+        x = x + _mlp(w, _norm(x))
+    return jnp.mean(x**2)
+
+
+def _written_out(ws, x):  # the same calls for two layers, with no loop
+    x = x + _attn(ws[0], _norm(x))
+    x = x + _mlp(ws[0], _norm(x))
+    x = x + _attn(ws[1], _norm(x))
+    x = x + _mlp(ws[1], _norm(x))
+    return jnp.mean(x**2)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_loop_of_several_calls_is_stacked_from_two_passes(n):
+    # Two passes of a loop body making several calls are as much a stack as three:
+    # `_norm · _attn · _mlp (×2)`, not eight sibling stages `_norm`, `_attn`, …
+    # `_norm#4`, `_mlp#2`.
+    ws = list(W16[:n])
+    ins = sowviz.inspect(_pre_norm, ws, X)
+    g = ins.graph
+    top = [m.label for m in g.children(g.root) if m.kind == "scope" and m.label != "parameters"]
+    assert top == [f"_norm · _attn · _mlp (×{n})"], top
+    (stack,) = _groups(g)
+    passes = g.children(stack.id)
+    assert [m.label for m in g.children(passes[-1].id) if m.kind == "scope"] == [
+        "_norm",
+        "_attn",
+        "_norm#2",
+        "_mlp",
+    ]
+    h = X
+    for w in ws:  # the stack's value is its last pass's
+        h = h + _attn(w, _norm(h))
+        h = h + _mlp(w, _norm(h))
+    got = ins.probe(stack.label).summaries["primal"]
+    np.testing.assert_allclose(got["l2"], np.linalg.norm(h), rtol=1e-5)
+
+
+def test_calls_written_out_without_a_loop_are_no_passes():
+    # the same eight calls, one after the other in the code: no pass goes back to the
+    # start of a loop, so nothing says they repeat
+    _, g = _graph(_written_out, list(W16[:2]), X)
+    assert not _groups(g)
+    top = [m.label for m in g.children(g.root) if m.kind == "scope"]
+    assert top[:4] == ["_norm", "_attn", "_norm#2", "_mlp"], top
+
+
 def test_repeat_labels():
     assert repeat_label([f"layers[{i}]" for i in range(24)]) == "layers[0–23] (×24)"
     assert repeat_label(["block", "block#2", "block#3"]) == "block (×3)"

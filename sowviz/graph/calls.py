@@ -204,6 +204,18 @@ def group_calls(
                 fold_label(child) if child is not None else primitives[ms[0]] for ms, child in run
             )
 
+        def two_passes(k: int) -> list[list[tuple[list[int], str | None]]]:
+            # Two passes only: the first ends `runs[k]`, after the work before the loop,
+            # from the item made where the second pass (`runs[k + 1]`) starts; the
+            # second is as long, then the work after the loop. Not alike: none.
+            start = pos(runs[k + 1][0][0][0])
+            at = [s for s, (ms, _) in enumerate(runs[k]) if pos(ms[0]) == start]
+            if start is None or not at:
+                return []
+            first = runs[k][at[0] :]
+            second = runs[k + 1][: len(first)]
+            return [first, second] if shape(first) == shape(second) else []
+
         shapes = [shape(run) for run in runs]
         taken: set[int] = set()  # equations already in a pass (a neighbour's end)
         k = 0
@@ -212,14 +224,17 @@ def group_calls(
             while j + 1 < len(runs) and shapes[j + 1] == shapes[k]:
                 j += 1
             called = [c for _, c in runs[k] if c is not None and c in sites]
-            if j > k and len(called) >= 2:  # one call alone would name a pass like itself
+            each = runs[k : j + 1]
+            if j == k and k + 1 < len(runs):  # no whole pass between the first and last
+                each = two_passes(k)
+                called = [c for _, c in each[0] if c is not None and c in sites] if each else []
+            if len(each) > 1 and len(called) >= 2:  # one call alone would name a pass like itself
                 label = " · ".join(dict.fromkeys(fold_label(c) for c in called))
                 # the first pass begins, and the last ends, with the work around the loop
-                n = len(runs[k])
-                each = runs[k : j + 1]
-                if k > 0 and shape(runs[k - 1][-n:]) == shapes[k]:
+                n = len(each[0])
+                if j > k and k > 0 and shape(runs[k - 1][-n:]) == shapes[k]:
                     each.insert(0, runs[k - 1][-n:])
-                if j + 1 < len(runs) and shape(runs[j + 1][:n]) == shapes[k]:
+                if j > k and j + 1 < len(runs) and shape(runs[j + 1][:n]) == shapes[k]:
                     each.append(runs[j + 1][:n])
                 for run in each:
                     if any(m in taken for ms, _ in run for m in ms):
