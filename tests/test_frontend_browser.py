@@ -301,7 +301,9 @@ def test_monitor_charts_mark_nonfinite_steps(page, tmp_path):
     title = pg.locator('[data-role="loss-title"]')
     assert title.text_content() == "loss · 4 non-finite steps (first: 6)"
     # red bands over runs of bad steps (halfway to the neighbours), red × at each bad step
-    shapes = loss.evaluate("e => e.layout.shapes.map(s => [s.x0, s.x1])")
+    shapes = loss.evaluate(
+        "e => e.layout.shapes.filter(s => s.type === 'rect').map(s => [s.x0, s.x1])"
+    )
     assert shapes == [[5.5, 6.5], [8.5, 11.5]]
     marks = loss.evaluate("e => e.data.filter(t => t.name === 'non-finite').map(t => t.x)")
     assert marks == [bad]
@@ -333,6 +335,68 @@ def test_monitor_charts_mark_nonfinite_steps(page, tmp_path):
     cot = hist.locator('[data-history="norms"][data-mode="cotangent"]')
     cot.scroll_into_view_if_needed()
     cot.screenshot(path=str(ARTIFACTS / "frontend_nonfinite_norms.png"))
+    assert page.errors == [] and page.requests == []
+
+
+@pytest.mark.browser
+def test_a_monitor_report_draws_the_step_its_banner_names(page, tmp_path):
+    # The graph draws the latest recorded step; the NaN banner's step (7, unrecorded,
+    # re-run by the Monitor) was out of reach, and nothing said which step was drawn.
+    import jax
+    import jax.numpy as jnp
+
+    import sowviz
+
+    def loss(w, x):
+        with jax.named_scope("layer"):
+            h = jnp.log(x @ w)
+        return jnp.mean(h**2)
+
+    mon = sowviz.Monitor(loss, every=5)
+    w = jnp.full((3, 2), 0.5)
+    for step in range(12):
+        x = jnp.full((4, 3), -1.0 if step == 7 else 1.0 + step)
+        mon.step(w, x)
+    mon.flush()
+    history = mon.to_dict()["history"]
+    assert history["steps"] == [0, 5, 7, 10] and mon.nonfinite.step == 7
+    pid = next(p["id"] for p in mon.to_dict()["probes"] if p["name"] == "layer")
+    pg = page.open_report(mon.save_html(tmp_path / "steps.html"))
+    step = pg.locator('[data-role="step"]')
+    chart = pg.locator('[data-role="loss"] .js-plotly-plot')
+    layer = pg.locator(".sv-node", has_text="layer").first
+    assert step.inner_text().split() == ["step", "10", "(latest)"]
+    assert chart.get_attribute("data-marker") == "10"
+    assert layer.get_attribute("data-nonfinite") is None  # step 10 is finite
+
+    pg.locator('[data-role="show-step"]').click()
+    assert step.locator('[data-role="step-shown"]').inner_text() == "step 7"
+    assert chart.get_attribute("data-marker") == "7"
+    assert layer.get_attribute("data-nonfinite") == "true"
+    layer.click()
+    table = pg.locator('[data-role="detail"] [data-role="stats"]')
+    nan = table.locator('tr[data-stat="nan"] td').all_inner_texts()
+    want = history["probes"][pid]
+    i = history["steps"].index(7)
+    assert nan == [str(want[m][i]["nan"]) for m in ("primal", "cotangent")]
+    assert nan == ["8", "8"]
+    # with no finite value, l2 says so as the other statistics do
+    assert table.locator('tr[data-stat="l2"] td').all_inner_texts() == ["—", "—"]
+    assert table.locator('tr[data-stat="count"] th').inner_text() == "finite"
+    ARTIFACTS.mkdir(exist_ok=True)
+    pg.screenshot(path=str(ARTIFACTS / "frontend_monitor_past_step.png"))
+
+    # a click on the loss chart draws the step clicked
+    chart.evaluate("gd => gd.emit('plotly_click', {points: [{x: 5}]})")
+    assert step.locator('[data-role="step-shown"]').inner_text() == "step 5"
+    l2 = table.locator('tr[data-stat="l2"] td').all_inner_texts()
+    j = history["steps"].index(5)
+    assert [float(v) for v in l2] == pytest.approx(
+        [want[m][j]["l2"] for m in ("primal", "cotangent")], rel=1e-3
+    )
+    pg.locator('[data-role="step-latest"]').click()
+    assert step.inner_text().split() == ["step", "10", "(latest)"]
+    assert layer.get_attribute("data-nonfinite") is None
     assert page.errors == [] and page.requests == []
 
 

@@ -15,7 +15,7 @@ import { GraphView } from "./graph.js";
 import { DetailPanel } from "./detail.js";
 import { drawLines, purge } from "./charts.js";
 import { watchTheme, chartColours } from "./theme.js";
-import { HistoryStore, nonfiniteSteps, withLatest } from "./history.js";
+import { HistoryStore, nonfiniteSteps, shownStep, withStep } from "./history.js";
 
 export const MODES = ["primal", "grad", "jvp", "vjp", "all"];
 /** The first picture fits the whole graph unless labels would get smaller than this. */
@@ -45,6 +45,8 @@ export class App {
     this.ownStore = !options.store;
     this.expanded = new Set();
     this.selected = null;
+    /** the recorded step whose values are drawn (null: the latest) */
+    this.viewStep = null;
     this.query = "";
     this.layoutCache = new Map();
     this.cleanups = [];
@@ -81,6 +83,8 @@ export class App {
     const o = this.options;
     this.root = h("div", { class: `sowviz${o.standalone ? " sv-standalone" : ""}` });
     this.title = h("span", { class: "sv-title" });
+    // A Monitor's model: which recorded step the graph's values are, and the way back
+    this.stepNote = h("span", { class: "sv-step", "data-role": "step", hidden: true });
     this.modeSel = h("select", { class: "sv-select", "data-role": "mode", "aria-label": "mode", disabled: !o.onModeChange },
       MODES.map((m) => h("option", { value: m, text: m })));
     this.modeSel.addEventListener("change", () => {
@@ -118,6 +122,7 @@ export class App {
     this.notesBtn.addEventListener("click", () => { this.notesList.hidden = !this.notesList.hidden; });
     const toolbar = h("div", { class: "sv-toolbar" }, [
       this.title,
+      this.stepNote,
       h("label", { class: "sv-field" }, [h("span", { class: "sv-muted", text: "mode" }), this.modeSel]),
       h("label", { class: "sv-field" }, [h("span", { class: "sv-muted", text: "colour" }), this.statSel]),
       h("div", { class: "sv-search-box" }, [this.search, this.searchCount, this.results]),
@@ -185,7 +190,8 @@ export class App {
   }
 
   rebuildIndex() {
-    this.index = indexModel(withLatest(this.model, this.store.history));
+    this.viewStep = shownStep(this.store.history, this.viewStep);
+    this.index = indexModel(withStep(this.model, this.store.history, this.viewStep));
     // Origins are computed once in Python and stored in the model: displayed, never recomputed.
     const stored = storedOrigins(this.model, this.store.history);
     const shown = (o) => originNodes(o).reverse().find((id) => this.index.nodes.has(id)) ?? null;
@@ -309,6 +315,7 @@ export class App {
     this.root.toggleAttribute("data-nonfinite-quiet", !rec.alarm);
     this.banner.append(...bannerParts(this.origins, this.index, {
       onReveal: (id) => this.reveal(id),
+      onShowStep: this.canShow(rec.step) ? (step) => this.showStep(step) : undefined,
       onLocate: this.options.onLocate,
       locating: this.phase === "locating",
     }));
@@ -448,7 +455,43 @@ export class App {
     (globalThis.requestAnimationFrame ?? setTimeout)(run);
   }
 
+  /** Whether `step` is a recorded step of the history other than the one drawn. */
+  canShow(step) {
+    const steps = this.store.history?.steps ?? [];
+    return step != null && steps.includes(step) && step !== (this.viewStep ?? steps[steps.length - 1]);
+  }
+
+  /**
+   * Draws the values of recorded step `step` (the loss chart's points, the banner's
+   * link; null or the latest step: the latest), keeping what is open and selected.
+   * @param {number|null} step
+   */
+  showStep(step) {
+    this.viewStep = shownStep(this.store.history, step);
+    this.rebuildIndex();
+    this.relayout({ anchorId: this.selected ?? this.faceIds?.[0] ?? null });
+    this.drawLoss();
+    if (this.detail.isOpen && this.selected) this.openDetail(this.selected);
+  }
+
+  drawStepNote() {
+    const steps = this.store.history?.steps ?? [];
+    this.stepNote.hidden = !steps.length;
+    if (!steps.length) return;
+    const latest = steps[steps.length - 1];
+    const past = this.viewStep != null;
+    this.stepNote.classList.toggle("sv-step-past", past);
+    this.stepNote.replaceChildren(
+      h("span", { class: past ? null : "sv-muted", "data-role": "step-shown", text: `step ${this.viewStep ?? latest}` }),
+      past
+        ? h("button", { type: "button", class: "sv-link", "data-role": "step-latest", text: `back to the latest (${latest})`, onclick: () => this.showStep(null) })
+        : h("span", { class: "sv-muted", text: " (latest)" }),
+    );
+    this.stepNote.title = "The values drawn are those of this recorded step. Click a point of the loss chart to see another step.";
+  }
+
   drawLoss() {
+    this.drawStepNote();
     const hist = this.store.history;
     const has = hist?.steps?.length && (hist.loss.some((v) => v != null) || nonfiniteSteps(hist).length > 0);
     const appeared = has && this.lossBox.hidden;
@@ -468,7 +511,16 @@ export class App {
     const bad = nonfiniteSteps(hist);
     this.lossTitle.textContent = bad.length ? `loss · ${bad.length} non-finite step${bad.length > 1 ? "s" : ""} (first: ${bad[0]})` : "loss";
     this.lossTitle.classList.toggle("sv-bad", bad.length > 0);
-    drawLines(this.lossChart, hist.steps, [{ name: "loss", y: hist.loss, colour: c.accent }], { colours: c, width: 300, height: 120, yTitle: "", nonfinite: bad });
+    const shown = this.viewStep ?? hist.steps[hist.steps.length - 1];
+    const plot = drawLines(this.lossChart, hist.steps, [{ name: "loss", y: hist.loss, colour: c.accent }], { colours: c, width: 300, height: 120, yTitle: "", nonfinite: bad, marker: shown });
+    if (!this.lossClicks) {
+      // a click on the chart draws the values of the step clicked (the nearest recorded one)
+      this.lossClicks = true;
+      Promise.resolve(plot).then((gd) => gd?.on?.("plotly_click", (ev) => {
+        const x = ev?.points?.[0]?.x;
+        if (typeof x === "number") this.showStep(x);
+      }));
+    }
   }
 
   onTheme() {

@@ -27,7 +27,7 @@ export function needsLocate(rec, index) {
  * The banner's children.
  * @param {{stored: any, forward: string|null, backward: string|null}} origins
  * @param {any} index the model index (labels, equation counts)
- * @param {{onReveal: (id: string) => void, onLocate?: () => void, locating?: boolean}} actions
+ * @param {{onReveal: (id: string) => void, onLocate?: () => void, locating?: boolean, onShowStep?: (step: number) => void}} actions
  * @returns {HTMLElement[]}
  */
 export function bannerParts(origins, index, actions) {
@@ -35,6 +35,10 @@ export function bannerParts(origins, index, actions) {
   const label = (id) => index.nodes.get(id)?.label ?? id;
   const head = rec.alarm ? "NaN/Inf detected" : "Non-finite values that never reached a result (no alarm)";
   const parts = [h("strong", { text: rec.step != null ? `${head} at step ${rec.step}.` : `${head}.` })];
+  // a Monitor's graph draws its latest step: the way to the step that went wrong
+  if (rec.step != null && actions.onShowStep) {
+    parts.push(" ", h("button", { type: "button", class: "sv-link", "data-role": "show-step", text: `show step ${rec.step}`, onclick: () => actions.onShowStep?.(rec.step) }));
+  }
   for (const pass of ["forward", "backward"]) {
     const p = rec[pass];
     const at = origins[pass];

@@ -135,7 +135,7 @@ export function drawHistoryHeatmap(el, steps, hists, { colours, mode, width, hei
  * `nonfinite` lists the steps whose values held NaN/Inf (JSON brings them as null, so a
  * line would just stop): each gets a red band and a red × at the top of the chart.
  */
-export function drawLines(el, steps, series, { colours, width, height = 130, yTitle = "", logY = true, xTitle = "step", nonfinite = [], legend = true }) {
+export function drawLines(el, steps, series, { colours, width, height = 130, yTitle = "", logY = true, xTitle = "step", nonfinite = [], legend = true, marker = null }) {
   const positive = series.every((s) => s.y.every((v) => v == null || v > 0));
   const traces = series.map((s) => ({
     type: "scatter", mode: steps.length > 60 ? "lines" : "lines+markers", name: s.name,
@@ -164,6 +164,14 @@ export function drawLines(el, steps, series, { colours, width, height = 130, yTi
       marker: { symbol: "x-thin", size: 7, color: colours.bad, line: { color: colours.bad, width: 1.5 } },
       hovertemplate: `${xTitle} %{x}: NaN/Inf<extra></extra>`,
     });
+  }
+  if (marker != null) {
+    // the step whose values the graph draws
+    layout.shapes = [...(layout.shapes ?? []), {
+      type: "line", xref: "x", yref: "paper", x0: marker, x1: marker, y0: 0, y1: 1,
+      line: { color: colours.muted ?? colours.text, width: 1, dash: "dot" },
+    }];
+    el.dataset.marker = String(marker);
   }
   el.dataset.nonfiniteSteps = nonfinite.join(",");
   return Plotly.react(el, traces, layout, CONFIG);

@@ -16,8 +16,9 @@ import { repeatBlock } from "./repeatview.js";
 // Leaf colours of the gradient-norm chart (Tableau 10).
 const PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#9c755f", "#ff9da7"];
 
+// `count` is the number of finite values, over which min … absmax are taken.
 export const TABLE_ROWS = [
-  ["count", "count"], ["nan", "NaN"], ["posinf", "+Inf"], ["neginf", "−Inf"], ["zeros", "zeros"],
+  ["count", "finite"], ["nan", "NaN"], ["posinf", "+Inf"], ["neginf", "−Inf"], ["zeros", "zeros"],
   ["min", "min"], ["max", "max"], ["mean", "mean"], ["std", "std"], ["l2", "l2"], ["absmax", "absmax"],
 ];
 
@@ -208,8 +209,11 @@ export class DetailPanel {
     return h("label", { class: "sv-row" }, [h("span", { class: "sv-muted", text: "probe" }), sel]);
   }
 
-  /** @param {boolean} signed offer the signed log view (the summaries carry `loghist.neg`) */
-  controls(signed) {
+  /**
+   * @param {boolean} signed offer the signed log view (the summaries carry `loghist.neg`)
+   * @param {boolean} [logged] offer the log views (the summaries carry a `loghist`)
+   */
+  controls(signed, logged = true) {
     const seg = (value, label) => h("button", {
       type: "button", class: "sv-seg", "data-scale": value, "aria-pressed": String(this.scale === value), text: label,
       onclick: () => { this.scale = value; this.redraw(); },
@@ -217,7 +221,7 @@ export class DetailPanel {
     const logY = h("input", { type: "checkbox", checked: this.logY, "data-role": "log-count" });
     logY.addEventListener("change", () => { this.logY = logY.checked; this.redraw(); });
     return h("div", { class: "sv-row sv-controls", "data-role": "hist-scale" }, [
-      h("div", { class: "sv-segmented" }, [seg("linear", "linear"), seg("log", "log₁₀|x|"), signed ? seg("signed", "signed log") : null]),
+      h("div", { class: "sv-segmented" }, [seg("linear", "linear"), logged ? seg("log", "log₁₀|x|") : null, signed ? seg("signed", "signed log") : null]),
       h("label", { class: "sv-check" }, [logY, " log count"]),
     ]);
   }
@@ -227,7 +231,10 @@ export class DetailPanel {
     const modes = orderModes(Object.keys(probe.summaries));
     const signed = modes.some((m) => hasSigned(probe.summaries[m]?.loghist));
     if (this.scale === "signed" && !signed) this.scale = "log"; // this probe's summaries lack sign counts
-    this.body.append(this.controls(signed));
+    // a Monitor's past step keeps its linear histogram only (`history.withStep`)
+    const logged = modes.some((m) => probe.summaries[m]?.loghist);
+    if (!logged) this.scale = "linear";
+    this.body.append(this.controls(signed, logged));
     const colours = chartColours(this.root);
     const width = Math.max(220, (this.el.clientWidth || 380) - 34);
     const blocks = modes.map((mode) => {
@@ -280,7 +287,10 @@ export class DetailPanel {
     const rows = TABLE_ROWS.map(([key, label]) => h("tr", { "data-stat": key }, [
       h("th", { text: label }),
       ...modes.map((m) => {
-        const v = probe.summaries[m]?.[key];
+        const s = probe.summaries[m];
+        // with no finite value, l2 (over the finite values) is 0: shown as "—", as the
+        // other statistics over them, not as if the values were zeros
+        const v = key === "l2" && s?.count === 0 && (s?.size ?? 1) > 0 ? null : s?.[key];
         const bad = ["nan", "posinf", "neginf"].includes(key) && v > 0;
         return h("td", { class: bad ? "sv-bad" : null, text: fmt(v) });
       }),

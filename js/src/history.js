@@ -113,6 +113,35 @@ export function withLatest(model, h) {
   return { ...model, probes };
 }
 
+/**
+ * Model with each probe's summaries overlaid by recorded step `step` (a step number in
+ * `h.steps`; null or the latest step: `withLatest`). A past step's history keeps the
+ * per-step statistics and histogram only: the latest step's log histogram and
+ * per-iteration rows are dropped, not shown under another step's name, and a probe
+ * the step has no summary of shows no data.
+ * @param {any} model @param {any} h @param {number|null} step
+ */
+export function withStep(model, h, step) {
+  const i = step == null ? -1 : (h?.steps ?? []).indexOf(step);
+  if (i < 0 || i === h.steps.length - 1) return withLatest(model, h);
+  const probes = (model.probes ?? []).map((p) => {
+    const summaries = {};
+    for (const [mode, base] of Object.entries(p.summaries ?? {})) {
+      const s = h.probes[p.id]?.[mode]?.[i];
+      if (s) summaries[mode] = { ...base, ...s, loghist: null, per_iteration: null };
+    }
+    return { ...p, summaries };
+  });
+  return { ...model, probes };
+}
+
+/** The step a view shows: `wanted` when the history still holds it, else the latest (null). */
+export function shownStep(h, wanted) {
+  if (wanted == null || !h?.steps?.length) return null;
+  const i = h.steps.indexOf(wanted);
+  return i < 0 || i === h.steps.length - 1 ? null : wanted;
+}
+
 /** A store with listeners; one per widget model (shared by all its views). */
 export class HistoryStore {
   constructor(history) {

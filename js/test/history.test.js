@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { appendStep, copyHistory, emptyHistory, HistoryStore, latestSummaries, nonfiniteSteps, probeNonfiniteSteps, withLatest } from "../src/history.js";
+import { appendStep, copyHistory, emptyHistory, HistoryStore, latestSummaries, nonfiniteSteps, probeNonfiniteSteps, shownStep, withLatest, withStep } from "../src/history.js";
 import { smallModel } from "./helpers.js";
 
 test("steps append aligned; a probe missing from a step gets null", () => {
@@ -76,4 +76,26 @@ test("without flags (an older model), a null loss among numbers is a non-finite 
 test("a probe's non-finite steps count NaN, +Inf and −Inf", () => {
   const list = [{ nan: 0, posinf: 0, neginf: 0 }, { nan: 2 }, null, { neginf: 1 }, { posinf: 0 }];
   assert.deepEqual(probeNonfiniteSteps([5, 6, 7, 8, 9], list), [6, 8]);
+});
+
+test("withStep draws a past step's statistics, without the latest's log histogram", () => {
+  const m = smallModel();
+  const h = emptyHistory();
+  appendStep(h, { step: 0, loss: 1, probes: { p0: { primal: { l2: 5, nan: 0 } } } });
+  appendStep(h, { step: 10, loss: null, finite: false, probes: { p0: { primal: { l2: 7, nan: 3 } } } });
+  appendStep(h, { step: 20, loss: 2, probes: {} });
+  const past = withStep(m, h, 10).probes[0].summaries.primal;
+  assert.equal(past.l2, 7);
+  assert.equal(past.nan, 3);
+  assert.deepEqual(past.shape, [4]);
+  assert.equal(past.loghist, null);
+  // step 20 holds no summary of p0: no data, not step 10's or the model's
+  assert.deepEqual(withStep(m, h, 20).probes[0].summaries, m.probes[0].summaries);
+  assert.deepEqual(withStep(m, h, 0).probes[0].summaries.primal.l2, 5);
+  // a step the history no longer holds (thinned), or none: the latest
+  assert.equal(shownStep(h, 10), 10);
+  assert.equal(shownStep(h, 20), null);
+  assert.equal(shownStep(h, 15), null);
+  assert.equal(shownStep(h, null), null);
+  assert.equal(m.probes[0].summaries.primal.l2, 2);
 });
