@@ -112,6 +112,9 @@ class Monitor:
     `mon.save_html(path)` writes a report with the history. `log_dir=`,
     `tensorboard=True`, `wandb=True` also write every recorded step there
     (`sowviz.runlog`); `mon.close()` (or the end of the process) closes them.
+    `start_step` numbers the first step (a run resumed at step 5000 from a checkpoint
+    passes `start_step=5000`): the history and the loggers count on from it, and
+    `every=N` records the steps whose number is a multiple of N.
 
     Safe to step from several threads (steps are serialised).
 
@@ -137,12 +140,14 @@ class Monitor:
         log_dir: Any = None,
         tensorboard: Any = False,
         wandb: Any = False,
+        start_step: int = 0,
         **options: Any,
     ) -> None:
         if not callable(fn):
             raise TypeError(f"sowviz.Monitor: `fn` must be callable, got {type(fn).__name__}.")
         check_int("Monitor", "every", every)
         check_int("Monitor", "history", history, lo=2)
+        check_int("Monitor", "start_step", start_step, lo=0)
         self.stop_on_nonfinite = check_bool("Monitor", "stop_on_nonfinite", stop_on_nonfinite)
         self.throttle = check_number("Monitor", "throttle", throttle)
         self._options = InspectOptions.from_kwargs(
@@ -154,7 +159,7 @@ class Monitor:
         self.every = every
         self.history = History(history)
         self.nonfinite: _nonfinite.NonFinite | None = None
-        self.steps = 0
+        self.steps = start_step  # the next step's number
         self._lock = threading.RLock()
         # In flight: (step, out, args, parts); args only until the first non-finite
         # step is located (None after), to re-run and locate that step on its own

@@ -511,3 +511,17 @@ def test_unrecorded_steps_are_bit_for_bit_jit_value_and_grad():
                 np.testing.assert_array_equal(grads[k], want_grads[k], err_msg=k)
         params = jax.tree_util.tree_map(lambda a, b: a - 0.1 * b, params, grads)
     mon.close()
+
+
+def test_a_resumed_run_numbers_its_steps_from_start_step(tmp_path):
+    # A run resumed from a checkpoint at step 5000 logs steps 5000, 5005, ... (they
+    # restarted at 0, writing over the first run's numbers in a shared TensorBoard)
+    mon = sowviz.Monitor(norm_loss, every=5, start_step=5000, log_dir=tmp_path / "log")
+    for k in range(12):
+        mon.step(params_at(k, bad_step=7), batch(4))
+    mon.close()
+    assert [e["step"] for e in mon.history] == [5000, 5005, 5007, 5010]
+    assert mon.nonfinite.step == 5007 and mon.steps == 5012
+    assert [e["step"] for e in sowviz.load(tmp_path / "log").history] == [5000, 5005, 5007, 5010]
+    with pytest.raises(ValueError, match="`start_step` must be an int ≥ 0"):
+        sowviz.Monitor(norm_loss, start_step=-1)
