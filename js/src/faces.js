@@ -33,14 +33,14 @@ export function sparklinePath(counts, w, h) {
  */
 export function computeFaces(index, ids, { mode, stat }) {
   const all = [];
-  for (const probes of index.probesByNode.values()) all.push(nodeStat(probes, mode, stat));
+  for (const probes of index.probesByNode.values()) all.push(nodeStat(ownOutputs(probes), mode, stat));
   const scale = logScale(all);
   const faces = new Map();
   for (const id of ids) {
     const probes = index.probesByNode.get(id);
-    const value = probes ? nodeStat(probes, mode, stat) : null;
+    const value = probes ? nodeStat(ownOutputs(probes), mode, stat) : null;
     let hist = null;
-    for (const p of probes ?? []) {
+    for (const p of ownOutputs(probes)) {
       const s = p.summaries?.[mode];
       if (s?.hist?.counts?.length) { hist = s.hist.counts; break; }
     }
@@ -64,6 +64,19 @@ export function computeFaces(index, ids, { mode, stat }) {
     faces.set(id, { value, colour: scale.colour(value), text, short: short ?? text, hist });
   }
   return { faces, scale };
+}
+
+/**
+ * The probes of a stage's own outputs: a function differentiated inside the program
+ * also keeps values for its backward pass (`saved for backward`, graph/saved.py), which
+ * are no result of it; its face's statistic and sparkline describe its outputs (a train
+ * step's `loss_fn` showed the norm of 20 leaves, 16 of them saved for backward). A stage
+ * with saved values only keeps them. Non-finite counts still cover every probe.
+ * @param {any[]|undefined} probes
+ */
+export function ownOutputs(probes) {
+  const own = (probes ?? []).filter((p) => !String(p.leaf ?? "").includes("saved for backward"));
+  return own.length ? own : probes ?? [];
 }
 
 /**

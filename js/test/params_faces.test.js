@@ -111,3 +111,17 @@ test("parameters come in model order: by the first stage that reads them", () =>
   assert.deepEqual(readRows(ix, "n8").map((r) => r.name), ["blocks[0].b", "blocks[0].w"]);
   assert.deepEqual(readRows(ix, "n7").map((r) => r.name), ["scale", "x"]);
 });
+
+test("a face describes a stage's outputs, not what it saved for its backward pass", () => {
+  const m = paramsModel();
+  const base = m.probes[0];
+  m.probes = m.probes.filter((p) => p.node !== base.node);
+  m.probes.push(
+    { ...base, id: "q0", leaf: "['output']", summaries: { cotangent: summary({ l2: 3 }) } },
+    { ...base, id: "q1", leaf: "['saved for backward'][0]", summaries: { cotangent: summary({ l2: 4, nan: 2 }) } },
+  );
+  const { faces } = computeFaces(indexModel(m), [base.node], { mode: "cotangent", stat: "l2" });
+  // ‖grad‖₂ of the output alone (3, not √(3² + 4²) = 5); the NaN it saved still said
+  assert.equal(faces.get(base.node).text, "‖grad‖₂ = 3 · 2 NaN");
+  assert.equal(faces.get(base.node).value, 3);
+});
