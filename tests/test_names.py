@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+import sowviz
 from sowviz.graph import build_graph
 
 
@@ -35,3 +37,31 @@ def test_a_body_jax_traced_itself_is_named_by_its_functions():
     inside = children(g, "resize")
     assert inside == ["compute_weight_mat", "einsum"], inside
     assert not [n.label for n in g.nodes if n.label.startswith("op ")]
+
+
+def _embed(table, ids):
+    return jnp.take(table, ids, axis=0)
+
+
+def relu(x):
+    return jax.nn.relu(x)
+
+
+def _embed_loss(table, ids):
+    return jnp.sum(jnp.tanh(relu(_embed(table, ids))))
+
+
+def test_a_function_of_one_jitted_call_keeps_its_name():
+    # `jnp.take` is a jit of JAX's, `take`: the user's `_embed` making only it is a stage
+    # around it, found by `probe`; a `relu` making only `jax.nn.relu` (a stage `relu`)
+    # would restate it: no `relu` > `relu`
+    table, ids = jnp.arange(40.0).reshape(10, 4) / 40, jnp.array([1, 2, 3])
+    ins = sowviz.inspect(_embed_loss, table, ids)
+    g = ins.graph
+    top = [n.label for n in g.children(g.root) if n.kind != "input"]
+    assert top[:2] == ["_embed", "relu"], top
+    assert children(g, "_embed") == ["take"]
+    got = ins.probe("_embed").summaries
+    np.testing.assert_allclose(got["primal"]["l2"], np.linalg.norm(table[1:4]), rtol=1e-6)
+    cot = jax.grad(lambda e: jnp.sum(jnp.tanh(jax.nn.relu(e))))(table[1:4])
+    np.testing.assert_allclose(got["cotangent"]["l2"], np.linalg.norm(cot), rtol=1e-5)

@@ -482,11 +482,15 @@ class _Builder(InputsMixin):
         # the user's own functions (`predict` > `layer_norm`), before any fold
         prims = [e.primitive.name for e in jaxpr.eqns]
         is_stage = [spec_of(name) is not None for name in prims]
+        # The labels of the stages named by themselves (a `jit`): a call making one alone
+        # is a stage around it unless named alike (`embed` > `take`; not `relu` > `relu`).
         # A call making one loop (or `cond`) is a stage around it: the loop is named by
         # its body (`fori_loop(body)`), the call says whose it is (`smooth`).
         named_stage = [
-            st and spec_of(name).construct not in _NAMED_BY_BODY  # type: ignore[union-attr]
-            for st, name in zip(is_stage, prims, strict=True)
+            spec.label(e.params, name)
+            if (spec := spec_of(name)) is not None and spec.construct not in _NAMED_BY_BODY
+            else None
+            for e, name in zip(jaxpr.eqns, prims, strict=True)
         ]
         frames = [_compat.user_frames(e) for e in jaxpr.eqns]
         backward = [("transform", "transpose") in _compat.name_stack_kinds(e) for e in jaxpr.eqns]

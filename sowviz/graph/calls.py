@@ -136,7 +136,7 @@ def group_calls(
     tag: object = "",
     primitives: Sequence[str] = (),
     roots: Sequence[tuple[int, int] | None] = (),
-    stages: Sequence[bool] = (),
+    stages: Sequence[str | None] = (),
 ) -> tuple[list[tuple[str, ...]], dict[str, _compat.SourceLocation | None]]:
     """`names` (each equation's scope names, outermost first) with the user calls that
     runs of nodes share inserted as scopes (`CALL` names, unique per `tag`), and each
@@ -147,12 +147,13 @@ def group_calls(
     more passes in a row are alike (`primitives`, each equation's, tell equations
     apart): `cell · readout`, which `repeats` stacks as `cell · readout (×12)`; `roots`
     (`_compat.user_frames`) says where the outermost function has got to; `stages`: the
-    equation is a stage of its own named by that call already (a `jit`), which a call
-    of it alone would only wrap (not a loop: `fori_loop(body)` is named by its body)."""
+    label of each equation that is a stage of its own (a `jit`; not a loop:
+    `fori_loop(body)` is named by its body), which a call of it alone named alike would
+    only wrap."""
     out = list(names)
     if not any(calls):  # no call below the outermost frame (or none known)
         return out, {}
-    stages = stages or [False] * len(out)
+    stages = stages or [None] * len(out)
     seen: dict[int, Chain] = {}  # chains repeat (one tuple per traceback): once each
     calls = [seen[id(c)] if id(c) in seen else seen.setdefault(id(c), _unwrapped(c)) for c in calls]
     ids = _instances(calls, backward)
@@ -262,12 +263,15 @@ def group_calls(
             while keys[k] is not None and j + 1 < len(items) and keys[j + 1] == keys[k]:
                 j += 1
             # one equation is a stage of its call too (`relu` holding its `max`, with a
-            # probe), unless it is a stage named so already (a `jit`); one scope alone
-            # would only be wrapped again
-            one = j == k and items[k][1] is None and not stages[items[k][0][0]]
-            if keys[k] is not None and (j > k or one):
-                call = by_id[keys[k]]
-                label = _label(call.function)
+            # probe; `embed` holding the `jit` of its `jnp.take`), unless it is a stage
+            # named like the call already (`jax.nn.relu` in a `relu` of the user's); one
+            # scope alone would only be wrapped again
+            one = j == k and items[k][1] is None
+            call = by_id[keys[k]] if keys[k] is not None else None
+            label = _label(call.function) if call is not None else ""
+            if one and stages[items[k][0][0]] == label:
+                one = False
+            if call is not None and (j > k or one):
                 if all(backward[m] for members, _ in items[k : j + 1] for m in members):
                     label += BACKWARD
                 name = f"{CALL}{label}\x01{tag}.{keys[k]}"
