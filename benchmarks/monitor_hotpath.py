@@ -1,7 +1,8 @@
 """The Monitor's fixed host cost per step, on a model whose step is microseconds of work.
 
-A 3x16 MLP (batch 4), then a 125x4 MLP (250 parameter leaves: host work per leaf
-shows there): the plain `jax.jit(jax.value_and_grad(loss))` step against
+A 3x16 MLP (batch 4), a 125x4 MLP (250 parameter leaves: host work per leaf
+shows there), then a 3x128 MLP (batch 64; 16K-element weights: on a CPU the per-step
+finite test's own device work shows there): the plain `jax.jit(jax.value_and_grad(loss))` step against
 `Monitor.step` on unrecorded steps (`every` larger than the run) and on recorded
 steps (`every=1`): blocks of `BLOCK` steps of one kind, alternating, each ending
 with all its work done (`Monitor.flush` reads every pending summary); medians
@@ -48,8 +49,8 @@ def _params(depth: int = 3, width: int = 16):
 BLOCK = 10
 
 
-def measure(steps: int, depth: int = 3, width: int = 16) -> dict[str, float]:
-    params, x = _params(depth, width), jax.random.normal(jax.random.PRNGKey(1), (4, width))
+def measure(steps: int, depth: int = 3, width: int = 16, batch: int = 4) -> dict[str, float]:
+    params, x = _params(depth, width), jax.random.normal(jax.random.PRNGKey(1), (batch, width))
     plain = jax.jit(jax.value_and_grad(loss))
     unrec = sowviz.Monitor(loss, every=10**9, history=8)
     rec = sowviz.Monitor(loss, every=1, history=8)
@@ -102,8 +103,13 @@ def main(quick: bool = False, prof: bool = False) -> list[_bench.Row]:
         profile(steps)
     rows: list[_bench.Row] = []
     # the small model, then one with 250 parameter leaves (per-leaf host work shows there)
-    for depth, width, label in ((3, 16, "3x16 MLP b4"), (125, 4, "125x4 MLP b4, 250 leaves")):
-        med = measure(steps if depth < 10 else steps // 4, depth, width)
+    models = (
+        (3, 16, 4, "3x16 MLP b4"),
+        (125, 4, 4, "125x4 MLP b4, 250 leaves"),
+        (3, 128, 64, "3x128 MLP b64"),
+    )
+    for depth, width, batch, label in models:
+        med = measure(steps if depth < 10 else steps // 4, depth, width, batch)
         for name in ("unrecorded", "recorded"):
             _bench.emit(
                 rows,
