@@ -65,3 +65,28 @@ def test_a_function_of_one_jitted_call_keeps_its_name():
     np.testing.assert_allclose(got["primal"]["l2"], np.linalg.norm(table[1:4]), rtol=1e-6)
     cot = jax.grad(lambda e: jnp.sum(jnp.tanh(jax.nn.relu(e))))(table[1:4])
     np.testing.assert_allclose(got["cotangent"]["l2"], np.linalg.norm(cot), rtol=1e-5)
+
+
+def _experts():
+    return [
+        lambda w, h: jnp.tanh(h @ w),
+        lambda w, h: jax.nn.relu(h @ w),
+        lambda w, h: jnp.sin(h @ w),
+    ]
+
+
+def _route(w, gate, h):
+    # one expert for the whole batch, picked by the mean gate logit
+    logits = jnp.mean(h @ gate, 0)
+    idx = jnp.argmax(logits)
+    return jax.lax.switch(idx, _experts(), w, h) * jax.nn.softmax(logits)[idx]
+
+
+def test_a_group_named_like_the_stage_it_holds_is_not_made():
+    # `lax.switch` makes a clamp of its index and a `cond` labelled `switch`: grouped by
+    # the call they came from, a `switch` box held the `switch` cond, one level too many
+    w, gate, h = jnp.eye(4) * 0.5, jnp.ones((4, 3)), jnp.ones((2, 4))
+    g = graph_of(lambda w, gate, h: jnp.sum(_route(w, gate, h)), w, gate, h)
+    (switch,) = [n for n in g.nodes if n.label == "switch"]
+    assert switch.kind == "cond"
+    assert "softmax" in [n.label for n in g.children(switch.parent)]

@@ -481,16 +481,14 @@ class _Builder(InputsMixin):
         locs = [self.source(e) for e in jaxpr.eqns]
         # the user's own functions (`predict` > `layer_norm`), before any fold
         prims = [e.primitive.name for e in jaxpr.eqns]
-        is_stage = [spec_of(name) is not None for name in prims]
+        is_stage = [self.stage_label(e) for e in jaxpr.eqns]  # (None: an equation)
         # The labels of the stages named by themselves (a `jit`): a call making one alone
         # is a stage around it unless named alike (`embed` > `take`; not `relu` > `relu`).
         # A call making one loop (or `cond`) is a stage around it: the loop is named by
         # its body (`fori_loop(body)`), the call says whose it is (`smooth`).
         named_stage = [
-            spec.label(e.params, name)
-            if (spec := spec_of(name)) is not None and spec.construct not in _NAMED_BY_BODY
-            else None
-            for e, name in zip(jaxpr.eqns, prims, strict=True)
+            label if label and spec_of(name).construct not in _NAMED_BY_BODY else None  # type: ignore[union-attr]
+            for label, name in zip(is_stage, prims, strict=True)
         ]
         frames = [_compat.user_frames(e) for e in jaxpr.eqns]
         backward = [("transform", "transpose") in _compat.name_stack_kinds(e) for e in jaxpr.eqns]
@@ -641,6 +639,19 @@ class _Builder(InputsMixin):
                 self.point(rec, path, [at for _, at in items], vars_, names=names, apart=apart)
         return prod
 
+    def stage_label(self, eqn) -> str | None:
+        """The label of the stage `eqn` is (`eqn_node` gives it), or None for a plain
+        equation."""
+        spec = spec_of(eqn.primitive.name)
+        if spec is None:
+            return None
+        label = spec.label(eqn.params, eqn.primitive.name)
+        if spec.construct in (Construct.SCAN, Construct.COND, Construct.WHILE):
+            label = construct_label(label, _compat.call_path(eqn))
+        if spec.construct is Construct.TESSERACT:
+            label = tesseract_label(_compat.tesseract_client(eqn.params), self.tesseract_names)
+        return label
+
     def eqn_node(self, eqn, i, parent: _Rec, path, probe, in_custom) -> _Rec:
         name = eqn.primitive.name
         # floating outputs first, as probes take them (`diffeqsolve` showed `i32[] +8`),
@@ -659,12 +670,8 @@ class _Builder(InputsMixin):
             rec.n_eqns = 1 + sum(_count_eqns(j) for _, _, j in _compat.sub_jaxprs(eqn))
             rec.constant = self.const(eqn)
             return rec
-        label = spec.label(eqn.params, name)
+        label = self.stage_label(eqn)
         constant = self.const(eqn)
-        if spec.construct in (Construct.SCAN, Construct.COND, Construct.WHILE):
-            label = construct_label(label, _compat.call_path(eqn))
-        if spec.construct is Construct.TESSERACT:
-            label = tesseract_label(_compat.tesseract_client(eqn.params), self.tesseract_names)
         primitive = name if spec.shows_primitive else None
         rec = self.new(spec.node_kind, label, parent.id, src, shapes, primitive=primitive)
         rec.constant = constant

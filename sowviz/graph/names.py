@@ -9,7 +9,7 @@ import itertools
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jax
@@ -284,7 +284,7 @@ def fold_names(
     at_module_call: Callable[[int], bool] | None = None,
     primitives: Sequence[str] = (),
     reentry: Callable[[int], _compat.Reentry | None] | None = None,
-    stages: Sequence[bool] = (),
+    stages: Sequence[str | None] = (),
 ) -> list[tuple[str, ...]]:
     """Scope names with runs of unscoped equations folded. A level with more than
     `line_limit` nodes folds runs of 3 or more equations from one source line, labelled
@@ -302,8 +302,10 @@ def fold_names(
     First of all, a `_compat.REENTRANT` call (`lax.associative_scan`) is one group with
     the equations of the user's function it called back (`reentry`):
     `associative_scan(combine)`. A line's run of calls that are each a stage of their
-    own (`stages`: twelve `checkpoint(h[i])` from one `nnx.remat` line) is not folded
-    by its line: the boxes are named already."""
+    own (`stages`, each equation's label when it is one: twelve `checkpoint(h[i])` from
+    one `nnx.remat` line) is not folded by its line: the boxes are named already. Nor
+    is a group made that a stage inside would restate (`switch` around the `switch`
+    that `lax.switch` makes)."""
     if call_path is None and max(_direct(names).values(), default=0) <= line_limit:
         return names
     out = list(names)
@@ -384,6 +386,15 @@ def fold_names(
     if reentry is not None:
         fold_callbacks()
 
+    def restated(run: Iterable[int], label: str) -> bool:
+        # a group named like a stage it holds (`switch` around `lax.switch`'s clamp of
+        # its index and its `cond`, labelled `switch`; `fori_loop(body)`) says it twice
+        for m in run:
+            own = stages[m] if m < len(stages) else None
+            if own and (own == label or own.startswith(label + "(")):
+                return True
+        return False
+
     def fold_runs(key, least: int = 2, label=None, inner: bool = False, whole: bool = True):
         direct = levels()
         i = 0
@@ -401,6 +412,9 @@ def fold_names(
                 and (whole or j + 1 - i < direct.get(scope_of(i), 0))
             ):
                 name = FOLD + (f"{label(i, j, k)}\x01{k}" if label else k)
+                if restated(range(i, j + 1), fold_label(name)):
+                    i = j + 1
+                    continue
                 for m in range(i, j + 1):
                     if inner:
                         at = len(scope_of(m))
@@ -494,7 +508,9 @@ def fold_names(
             if len(starts) > line_limit or (len(starts) == 1 and keys[0] is None):
                 return  # as many boxes as equations, or no call: no clearer
             for a, b in zip(starts, [*starts[1:], len(run)], strict=True):
-                if keys[a] is not None and b - a >= 2 and keys[a] != around:
+                if keys[a] is None or b - a < 2 or keys[a] == around:
+                    continue
+                if not restated(run[a:b], keys[a]):
                     group(run[a:b], keys[a])
                     if b - a > line_limit:
                         split_by_calls(run[a:b], depth + 1, True)
