@@ -954,8 +954,18 @@ def user_frames(eqn: JaxprEqn) -> UserFrames | None:
 
 
 def _user_frames(codes: Any, lastis: Any) -> UserFrames:
-    frames = [(c, k) for c, k in zip(codes, lastis, strict=True) if _is_user_code(c)]
-    frames.reverse()
+    frames: list[tuple[Any, int]] = []  # outermost first
+    through = False  # library frames since the last user frame
+    for c, k in zip(reversed(codes), reversed(lastis), strict=True):
+        if not _is_user_code(c):
+            through = True
+            continue
+        # A function JAX runs again from inside itself is one call: a `custom_jvp` rule
+        # calling its own function, differentiated twice (`jax.hessian`), ran
+        # `softplus_jvp` inside `softplus_jvp`. (Direct recursion is the user's own.)
+        if not (through and frames and frames[-1][0] is c):
+            frames.append((c, k))
+        through = False
     root = (id(frames[0][0]), frames[0][1]) if frames else None
     return UserFrames(_user_calls(frames), root)
 

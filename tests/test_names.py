@@ -90,3 +90,36 @@ def test_a_group_named_like_the_stage_it_holds_is_not_made():
     (switch,) = [n for n in g.nodes if n.label == "switch"]
     assert switch.kind == "cond"
     assert "softmax" in [n.label for n in g.children(switch.parent)]
+
+
+@jax.custom_jvp
+def _softplus(x):
+    return jnp.logaddexp(x, 0.0)
+
+
+@_softplus.defjvp
+def _softplus_jvp(primals, tangents):
+    (x,), (t,) = primals, tangents
+    return _softplus(x), t * jax.nn.sigmoid(x)
+
+
+def _field(w, xy):
+    return jnp.sum(_softplus(xy @ w))
+
+
+def _laplacian(w, xy):
+    return jnp.trace(jax.hessian(_field, argnums=1)(w, xy))
+
+
+def test_a_custom_rule_jax_runs_again_inside_itself_is_one_call():
+    # Differentiated twice, the rule's own call of `_softplus` runs `_softplus_jvp`
+    # again inside it: one call of the user's, not `_softplus_jvp` > `_softplus_jvp`
+    w, xy = jnp.full((2, 3), 0.5), jnp.array([0.3, -0.2])
+    g = graph_of(_laplacian, w, xy)
+    rules = [n for n in g.nodes if n.label.startswith("_softplus_jvp")]
+    assert rules, [n.label for n in g.nodes]
+    for rule in rules:
+        inside = [n.label for n in g.children(rule.id)]
+        assert not [c for c in inside if c.startswith("_softplus_jvp")], inside
+    (forward,) = [n for n in rules if n.label == "_softplus_jvp"]
+    assert "_softplus" in [n.label for n in g.children(forward.id)]
