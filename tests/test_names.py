@@ -123,3 +123,30 @@ def test_a_custom_rule_jax_runs_again_inside_itself_is_one_call():
         assert not [c for c in inside if c.startswith("_softplus_jvp")], inside
     (forward,) = [n for n in rules if n.label == "_softplus_jvp"]
     assert "_softplus" in [n.label for n in g.children(forward.id)]
+
+
+def _cell(w, h, x):
+    h = jnp.tanh(h @ w + x)
+    return h, h
+
+
+def _step(carry):
+    i, h = carry
+    return i + 1, jnp.tanh(h) * 0.5
+
+
+def _loops(w, xs):
+    _, hs = jax.lax.scan(lambda h, x: _cell(w, h, x), jnp.zeros(4), xs)
+    twice = lambda h, x: _cell(w, _cell(w, h, x)[0], x)  # noqa: E731  (two calls)
+    _, gs = jax.lax.scan(twice, jnp.zeros(4), xs)
+    _, h = jax.lax.while_loop(lambda c: c[0] < 3, lambda c: _step(c), (0, hs[-1]))
+    return jnp.sum(hs) + jnp.sum(gs) + jnp.sum(h)
+
+
+def test_a_loop_over_a_lambda_calling_one_function_is_named_by_it():
+    # `lax.scan(lambda h, x: cell(w, h, x), ...)` reads `scan(_cell)`, not `scan`
+    # holding `_cell:3`, `_cell:4`; a lambda making two calls names no one of them
+    w, xs = jnp.eye(4) * 0.5, jnp.ones((5, 4))
+    g = graph_of(_loops, w, xs)
+    loops = [n.label for n in g.nodes if n.kind in ("scan", "while")]
+    assert loops == ["scan(_cell)", "scan", "while(_step)"], loops

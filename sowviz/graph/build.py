@@ -19,7 +19,7 @@ from .. import _compat
 from .._forwarding import forwarded_operand
 from ..primitives import Body, Construct, construct_of, function_name, spec_of
 from . import frameworks, repeats
-from .calls import group_calls
+from .calls import body_call, group_calls
 from .copies import renames
 from .inputs import InputsMixin
 from .model import STAGE_KINDS, Capture, Edge, Node, Note, ProbePoint, StageGraph, Step
@@ -272,6 +272,9 @@ def _whole_program_jit(jaxpr: Any, title: str) -> Any | None:
 
 #: Constructs labelled by the function they run (`scan(step)`), not by their caller.
 _NAMED_BY_BODY = frozenset({Construct.SCAN, Construct.WHILE, Construct.COND})
+
+#: Loops, by the param of the body they run.
+_LOOPS = {Construct.SCAN: "jaxpr", Construct.WHILE: "body_jaxpr"}
 
 #: Constructs that call their sub-program once, with their operands as its parameters.
 _CALLS = (Construct.JIT, Construct.CALL, Construct.REMAT)
@@ -646,6 +649,13 @@ class _Builder(InputsMixin):
         if spec is None:
             return None
         label = spec.label(eqn.params, eqn.primitive.name)
+        if spec.construct in _LOOPS and label == spec.construct.value:
+            # a lambda body that only calls a function of the user's: `scan(cell)`
+            sub = eqn.params[_LOOPS[spec.construct]]
+            if not _compat.defined_in_library(sub):
+                eqns = _compat.jaxpr_and_consts(sub)[0].eqns
+                body = body_call(_compat.user_frames(eqn), [_compat.user_frames(e) for e in eqns])
+                label = f"{label}({body})" if body else label
         if spec.construct in (Construct.SCAN, Construct.COND, Construct.WHILE):
             label = construct_label(label, _compat.call_path(eqn))
         if spec.construct is Construct.TESSERACT:

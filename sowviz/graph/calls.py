@@ -296,6 +296,33 @@ def group_calls(
     return _without_restating_scopes(out), sites
 
 
+def body_call(
+    own: _compat.UserFrames | None, body: Sequence[_compat.UserFrames | None]
+) -> str | None:
+    """The user's function that a loop's body (a lambda: `lax.scan(lambda h, x: cell(p, h,
+    x), ...)`) does nothing but call: every equation of the body (`body`, each one's
+    frames) made in one call of it, straight from the body's function; else None.
+    `own`: the frames of the loop's equation. JAX traces a body with a traceback of its
+    own, starting at the body's function; one that is not cut holds `own`'s calls
+    first."""
+    found: _compat.UserCall | None = None
+    outer = _unwrapped(own.calls) if own is not None else None
+    for frames in body:
+        if frames is None:
+            continue
+        chain = _unwrapped(frames.calls) or ()
+        if own is not None and frames.root == own.root and outer is not None:
+            if tuple(c.key for c in chain[: len(outer)]) != tuple(c.key for c in outer):
+                return None
+            chain = chain[len(outer) :]
+        elif chain and frames.root is not None and chain[0].key[0] != frames.root[0]:
+            return None  # not called by the body's function itself
+        if not chain or (found is not None and chain[0].key != found.key):
+            return None
+        found = chain[0]
+    return _label(found.function) if found is not None else None
+
+
 def _without_restating_scopes(out: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
     """`out` without the named scopes that hold nothing but calls of the function they
     are named after: `jax.named_call(block)` pushes the scope `block` around each call,
