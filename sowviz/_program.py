@@ -171,7 +171,11 @@ class Traced:
             names = _arg_names(fn, args, paths)
             return [names[i] for i in spec.dynamic]
 
-        with _compat.capturing(True), _compat.traced_as(flat_fn, fn, dyn_names):
+        with (
+            _compat.capturing(True),
+            _compat.recording_foreign_sow_treedefs(),  # `tesseract_jax.sow`'s tree
+            _compat.traced_as(flat_fn, fn, dyn_names),
+        ):
             self.closed, (out_shape, extra_shape) = jax.make_jaxpr(flat_fn, return_shape=True)(
                 *avals
             )

@@ -848,6 +848,31 @@ def test_tesseract_jax_sow_keeps_pytree_structure():
         close(inter["tree"]["cotangent"]["b"][1], jnp.ones(5))
 
 
+def test_tesseract_jax_sow_keeps_its_structure_after_inspect_traced_it():
+    # `inspect` traced the scan body first (tesseract_jax.sow's structure unrecorded):
+    # its probes were `[0]`, `[1]`, and a later save_intermediates, reusing JAX's trace
+    # of the body, returned a list.
+    tj = pytest.importorskip("tesseract_jax")
+
+    def body(c, x):
+        d = tj.sow({"a": c * x, "b": {"v": c + x}}, "tj_scan")
+        return d["a"], d["b"]["v"]
+
+    def f(c0, xs):
+        c, ys = jax.lax.scan(body, c0, xs)
+        return c + ys.sum()
+
+    c0, xs = jnp.array(1.0), jnp.arange(1.0, 4.0)
+    ins = sowviz.inspect(f, c0, xs)
+    assert sorted(p.leaf for p in ins.probes if p.name == "tj_scan") == ["['a']", "['b']['v']"]
+    _, inter = save_intermediates(jax.grad(f))(c0, xs)
+    got = inter["tj_scan"]["primal"]
+    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(
+        {"a": 0, "b": {"v": 0}}
+    )
+    close(got["a"], jnp.array([1.0, 2.0, 6.0]))  # the carry c * x: 1, then 1*2, then 2*3
+
+
 def test_integer_leaves_have_no_tangent():
     def fn(x):
         tree = sow({"f": x * 2, "i": jnp.arange(5)}, "mixed")
