@@ -265,7 +265,7 @@ _FORWARD_THROUGH_CUSTOM_VJP = (
 
 def forward_error(
     mode: Mode | str, err: Exception, calls_custom_vjp: Callable[[], bool] = lambda: False
-) -> TypeError | None:
+) -> Exception | None:
     """JAX's refusal to take a `custom_vjp` forward (raised when the program is traced
     or, in JAX 0.12, lowered), said in sowviz's words; None for any other error. A
     forward mode's other `TypeError` or `RuntimeError` on a program that
@@ -277,6 +277,8 @@ def forward_error(
     forward = mode in (Mode.JVP, Mode.ALL)
     if not (forward and isinstance(err, TypeError | RuntimeError)):
         return None
+    if isinstance(err, NotImplementedError) and "'jacobian_vector_product'" in str(err):
+        return NotImplementedError(_TESSERACT_NO_JVP.format(mode=mode.value, err=err))
     direct = isinstance(err, TypeError) and "custom_vjp" in str(err)
     if not (direct or calls_custom_vjp()):
         return None
@@ -287,6 +289,14 @@ def forward_error(
 
 
 _JAX_SAID = " (The error raised on the way:\n{err})"
+
+_TESSERACT_NO_JVP = (
+    "sowviz: mode '{mode}' takes `fn` forward (a JVP: mode 'all' linearizes it once), and "
+    "a Tesseract it calls has no `jacobian_vector_product` endpoint, which tesseract-jax "
+    "needs for `jax.jvp` too. Use mode='grad' or 'vjp' (they take its "
+    "`vector_jacobian_product`), or implement `jacobian_vector_product` in its "
+    "tesseract_api.py. The Tesseract said: {err}"
+)
 
 _DIFFRAX_FORWARD = (
     " With diffrax, a `diffeqsolve`'s default adjoint is one: pass "

@@ -218,3 +218,30 @@ def test_tj_duplicate_name_error_keeps_the_phrase():
 @pytest.mark.browser
 def test_report_opens_in_chromium(grad_ins, report):
     report(grad_ins)
+
+
+def test_a_tesseract_without_a_jvp_endpoint_says_which_modes_work():
+    # tesseract-jax's fem-shapeopt design Tesseract has a VJP and no JVP: modes grad
+    # and vjp work; jvp and all failed with the bare NotImplementedError (all too,
+    # though grad's picture needs no JVP), and show()'s warm-up of "all" silently.
+    from tesseract_core import Tesseract
+    from tesseract_jax import apply_tesseract
+
+    tess = Tesseract.from_tesseract_api(tp.TESSERACTS / "scale_vjp_only" / "tesseract_api.py")
+
+    def loss(x, a):
+        y = apply_tesseract(tess, {"x": x, "a": a, "b": jnp.float32(0.5)})["y"]
+        return jnp.sum(jnp.tanh(y) ** 2)
+
+    x, a = tp.make_args()
+    want = jax.value_and_grad(loss, argnums=(0, 1))(x, a)
+    got = sowviz.inspect(loss, x, a, mode="grad", argnums=(0, 1)).result
+    assert_close(got, want)
+    with pytest.raises(NotImplementedError, match="jacobian_vector_product"):
+        jax.jvp(loss, (x, a), (x, a))  # plain JAX cannot either
+    for mode in ("jvp", "all"):
+        with pytest.raises(
+            NotImplementedError,
+            match=rf"mode '{mode}' takes `fn` forward.*Use mode='grad' or 'vjp'",
+        ):
+            sowviz.inspect(loss, x, a, mode=mode)
