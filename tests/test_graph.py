@@ -1599,3 +1599,36 @@ def test_odeint_is_drawn_by_its_solver_s_functions():
     assert rule.label not in [c.label.partition("#")[0] for c in g.children(rule.id)]
     (_, grad), want = sowviz.inspect(_ode_loss, k, y0).result, jax.grad(_ode_loss)(k, y0)
     np.testing.assert_allclose(grad, want, rtol=1e-5)
+
+
+def test_several_differentiated_arguments_are_one_parameters_group_by_name():
+    # `argnums=(0, 1)` (tesseract-jax's demo): `a`'s one leaf was a loose input `a.v`, and
+    # two arguments of several leaves were groups "parameters" and "parameters#2" of
+    # leaves `s`, `v` with no argument's name.
+    a = {"v": X[0], "s": X[1, 0]}
+    b = {"v": X[2], "s": X[3, 0]}
+    c = {"v": X[4]}
+
+    def loss(a, x, b, c):
+        return jnp.sum(jnp.tanh(a["v"] * a["s"] * b["s"] + b["v"] + c["v"] + x) ** 2)
+
+    args = (a, X[0], b, c)
+    leaves, tree = jax.tree_util.tree_flatten(args)
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(args)[0]]
+    in_args = [int(p[1 : p.index("]")]) for p in paths]
+    names = ["axbc"[k] + p[p.index("]") + 1 :] for k, p in zip(in_args, paths, strict=True)]
+    closed = jax.make_jaxpr(lambda *f: loss(*jax.tree_util.tree_unflatten(tree, f)))(*leaves)
+    g = build_graph(
+        closed, in_names=names, out_names=["loss"], in_args=in_args, parameters={0, 2, 3}
+    )
+    (group,) = [n for n in g.nodes if n.label.startswith("parameters")]
+    assert group.parent == g.root
+    leaves = [n for n in g.nodes if n.kind == "input"]
+    assert [_path_of(g, n) for n in leaves] == [
+        "parameters.a.s",
+        "parameters.a.v",
+        "parameters.b.s",
+        "parameters.b.v",
+        "parameters.c.v",
+        "x",
+    ]

@@ -220,6 +220,17 @@ def _parted(groups: list, parameters: frozenset[int], state: frozenset[int]) -> 
     """`groups` labelled: `(label, items, nest)`, a differentiated argument "parameters" and
     its `state` items apart as `<argument> state` (a BatchNorm's running mean is no
     parameter, and has no gradient)."""
+    differentiated = [g for arg, g in groups if arg in parameters]
+    if len(differentiated) > 1 and not any(k in state for g in differentiated for k, _, _ in g):
+        # Several differentiated arguments (`argnums=(0, 1)`): one "parameters" group
+        # holding each by its name (`parameters > a > v`, `parameters > b > s, v`); they
+        # were "parameters" and "parameters#2" of unnamed leaves, or a loose `a.v`.
+        first = next(i for i, (arg, _) in enumerate(groups) if arg in parameters)
+        merged = [(k, name, [f".{name}", *tokens]) for g in differentiated for k, name, tokens in g]
+        rest_groups = [(arg, g) for arg, g in groups if arg not in parameters]
+        out = [(g[0][1], g, False) for _, g in rest_groups]
+        out.insert(first, ("parameters", merged, True))
+        return out
     out = []
     for arg, group in groups:
         name = group[0][1]
@@ -558,6 +569,8 @@ class _Builder(InputsMixin):
                 for _, open_rec in scopes:
                     open_rec.forward = True
             parent = scopes[-1][1] if scopes else container
+            if eqn.primitive.name in _compat.PLATFORM_INDEX:
+                continue  # the branch `platform_dependent` lowers: its cond shows only it
             if _is_type_cast(eqn):  # drawn as the edges it is, from its operands' producers
                 for k, (o, v) in enumerate(zip(eqn.invars, eqn.outvars, strict=True)):
                     if isinstance(o, _compat.Var) and o in prod:
@@ -707,9 +720,13 @@ class _Builder(InputsMixin):
         """Walk the sub-program(s) in param `body.param` under `rec` (in scopes if `body.scope`)."""
         val = eqn.params[body.param]
         probed = probe and body.unprobed is None
-        for index, sub in enumerate(val) if body.each else [(None, val)]:
+        subs = list(enumerate(val)) if body.each else [(None, val)]
+        only = _compat.platform_branch(eqn.params) if body.each else None
+        if only is not None:  # `lax.platform_dependent`: the branch that runs, no scope
+            subs = [(only, val[only])]
+        for index, sub in subs:
             holder = rec
-            if body.scope is not None:
+            if body.scope is not None and only is None:
                 label = body.scope.format(i=index)
                 fn = function_name(sub) if body.each else None
                 holder = self.new("scope", f"{label}: {fn}" if fn else label, rec.id, rec.source)
