@@ -514,6 +514,34 @@ def jax_jitted_file(sub_program: Any) -> str:
     return file if file.startswith(_JAX_DIR) else ""
 
 
+#: The primitive that picks `lax.platform_dependent`'s branch when lowered.
+PLATFORM_INDEX = frozenset({"platform_index"})
+
+
+def platform_branch(params: Any) -> int | None:
+    """For a `cond` that `lax.platform_dependent` binds (`jnp.diagonal`: `_mosaic_diag`
+    when lowered inside a Pallas kernel, else `_default_diag`), the branch that runs on
+    this backend; None for any other cond. Its index is the `platform_index` primitive's,
+    which lowering fixes: no branch is chosen at run time."""
+    platforms = params.get("branches_platforms")  # absent: a plain cond
+    if platforms is None:
+        return None
+    here = {jax.default_backend()}
+    try:  # "gpu" is lowered as "cuda" or "rocm"
+        from jax._src import xla_bridge
+
+        here.add(xla_bridge.canonicalize_platform(jax.default_backend()))
+    except Exception:  # best effort: the default branch
+        pass
+    default = None
+    for k, names in enumerate(platforms):
+        if names is None:
+            default = k
+        elif here & set(names):
+            return k
+    return default
+
+
 def defined_in_jax(sub_program: Any) -> bool:
     """Whether the function `sub_program` was traced from is JAX's own."""
     return _traced_from(sub_program).startswith(_JAX_DIR)

@@ -96,6 +96,17 @@ def _called(params: Mapping[str, Any], name: str) -> str:  # jit, closed_call
     return label
 
 
+def _cond(params: Mapping[str, Any], name: str) -> str:
+    # `lax.platform_dependent`'s cond is the branch that runs here (`default_diag` in
+    # `jnp.diagonal`), which its lowering picks: no choice the program makes
+    k = _compat.platform_branch(params)
+    if k is None:
+        return "cond"
+    branch = params["branches"][k]
+    label = function_name(branch) or "cond"
+    return label.lstrip("_") if _compat.defined_in_jax(branch) else label
+
+
 def _sow(params: Mapping[str, Any], name: str) -> str:
     return str(params.get("name", "sow"))
 
@@ -173,7 +184,7 @@ SPECS: tuple[PrimitiveSpec, ...] = (
         frozenset({_compat.COND}),
         "cond",
         (Body("branches", scope="branch {i}", each=True),),
-        _fixed("cond"),
+        _cond,
     ),
     PrimitiveSpec(
         Construct.WHILE,

@@ -150,3 +150,27 @@ def test_a_loop_over_a_lambda_calling_one_function_is_named_by_it():
     g = graph_of(_loops, w, xs)
     loops = [n.label for n in g.nodes if n.kind in ("scan", "while")]
     assert loops == ["scan(_cell)", "scan", "while(_step)"], loops
+
+
+def _logdet(a):
+    return 2 * jnp.sum(jnp.log(jnp.diag(jnp.linalg.cholesky(a))))
+
+
+def test_a_platform_dependent_choice_shows_the_branch_that_runs():
+    # `jnp.diagonal` binds `lax.platform_dependent`: a `cond` between `_mosaic_diag` (in a
+    # Pallas kernel) and `_default_diag`, which lowering picks. No `cond` with two
+    # branches of which one never runs: the branch that does, by its function
+    a = jnp.eye(4) * 2.0 + 0.1
+    ins = sowviz.inspect(_logdet, a)
+    g = ins.graph
+    inside = children(g, "diagonal")  # (its mask: iota, iota, add, eq, convert)
+    assert inside[-1] == "default_diag" and "cond" not in inside, inside
+    (branch,) = [n for n in g.nodes if n.label == "default_diag"]
+    assert {n.kind for n in g.children(branch.id)} == {"eqn"}  # its own, in no branch scope
+    labels = [n.label for n in g.nodes]
+    assert not [x for x in labels if "mosaic" in x or x.startswith("branch") or x == "cond"]
+    assert "platform_index" not in labels
+    got = ins.probe("default_diag").summaries["primal"]
+    want = jnp.diag(jnp.linalg.cholesky(a))
+    np.testing.assert_allclose(got["l2"], np.linalg.norm(want), rtol=1e-5)
+    np.testing.assert_allclose(ins.result[1], jax.grad(_logdet)(a), rtol=1e-5)
