@@ -400,6 +400,8 @@ class Inspection:
             and (p.name == name or name == (path := self.probe_path(p)) or name in _aliases(path))
         ]
         stages = sorted({self.probe_path(p) for p in others})
+        if len(stages) == 1 and len(others) == 1 and not leaf:
+            return others[0]  # a stage of one named output (a Tesseract's field)
         if len(stages) == 1:
             leaves = sorted({p.leaf for p in others}, key=_natural)
             raise KeyError(

@@ -142,6 +142,8 @@ export class DetailPanel {
     if (node.shapes?.length) rows.push(["shape", node.shapes.join(", ")]);
     const s0 = probes[0] ? Object.values(probes[0].summaries)[0] : null;
     if (s0?.dtype) rows.push(["dtype", `${s0.dtype}${s0.complex ? " (statistics of |x|)" : ""}`]);
+    // one probe of a named output (a Tesseract's field read alone): which output it is
+    if (probes.length === 1 && probes[0].leaf) rows.push(["output", leafLabel(probes[0].leaf)]);
     if (s0?.shape) rows.push(["captured", `[${s0.shape.join(", ")}] · ${s0.size ?? "?"} values`]);
     if (node.n_eqns > 1 || (index.children.get(node.id)?.length ?? 0) > 0) rows.push(["equations", String(node.n_eqns)]);
     if (index.model.device) rows.push(["device", index.model.device]);
@@ -373,4 +375,9 @@ function probeOption(p) {
   const s = Object.values(p.summaries ?? {})[0];
   const shape = p.leaf && s?.shape ? ` ${s.dtype ?? ""}[${s.shape.join(",")}]` : "";
   return `${p.name}${p.leaf ? ` ${p.leaf}` : ""}${shape}${p.auto ? " (stage)" : ""}`;
+}
+
+/** A probe's leaf as a user reads it: `vector_add.normed_result` for `['vector_add.normed_result']`. */
+export function leafLabel(leaf) {
+  return String(leaf).replace(/\['([^']*)'\]/g, ".$1").replace(/^\./, "");
 }

@@ -861,7 +861,9 @@ class _Builder(InputsMixin):
         names = tuple(n for n, f in zip(names, floating, strict=False) if f) if names else ()
         if len(names) == len(chosen) > 1:  # sown as a dict, whose leaves come sorted by key
             names, chosen = map(tuple, zip(*sorted(zip(names, chosen, strict=True)), strict=True))
-        else:
+        elif not (rec.kind == "tesseract" and len(names) == len(chosen)):
+            # a Tesseract's one output read keeps its field's name (the panel said
+            # "captured [3]", never which of its outputs that was)
             names = ()
         self.points.append(
             ProbePoint(

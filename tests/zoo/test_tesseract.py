@@ -245,3 +245,18 @@ def test_a_tesseract_without_a_jvp_endpoint_says_which_modes_work():
             match=rf"mode '{mode}' takes `fn` forward.*Use mode='grad' or 'vjp'",
         ):
             sowviz.inspect(loss, x, a, mode=mode)
+
+
+def test_a_tesseract_stage_says_which_output_it_shows(tesseracts, grad_ins):
+    # The pipeline reads one output of each Tesseract: the probe had leaf "" and the
+    # model named no field, so the panel never said which output it showed.
+    from tesseract_jax import apply_tesseract
+
+    scale, _ = tesseracts
+    x, a = tp.make_args()
+    y = apply_tesseract(scale, {"x": x, "a": a, "b": jnp.float32(0.5)})["y"]
+    leaves = {p.leaf for p in grad_ins.probes if p.node == grad_ins.probe("scale").node}
+    assert leaves == {"['y']"}
+    got = grad_ins.probe("scale")  # one output: named without `leaf=`, as before
+    assert got is grad_ins.probe("scale", "y")
+    np.testing.assert_allclose(got.summaries["primal"]["l2"], np.linalg.norm(y), rtol=1e-5)
