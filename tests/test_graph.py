@@ -785,7 +785,8 @@ def test_tesseract_pipeline_graph(tesseracts):
     _, g_norm = graph_of(lambda y: apply_tesseract(norm, {"y": y})["norm"], x)
     (t,) = [n for n in g_norm.nodes if n.kind == "tesseract"]
     (p,) = [p for p in g_norm.probe_points if p.node == t.id]
-    assert p.names == () and p.shapes == ("float32[]",) and len(p.values) == 1
+    # one output read: still named (the panel says which output it shows)
+    assert p.names == ("norm",) and p.shapes == ("float32[]",) and len(p.values) == 1
     # Labels can be overridden by Tesseract object, by default name, or by a function.
     _, g2 = graph_of(
         pipeline, x, a, tesseract_names={tesseracts[0]: "affine", "softplus_norm": "sp"}

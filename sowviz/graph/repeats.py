@@ -87,7 +87,9 @@ def _inner_label(label: str) -> str:
 class _Signatures:
     """Structure ids of subtrees: equal ids ⇔ equal structure (interned tuples)."""
 
-    def __init__(self, recs: Sequence[Any], kids: dict[str, list[Any]], edges) -> None:
+    def __init__(
+        self, recs: Sequence[Any], kids: dict[str, list[Any]], edges, names: dict[str, tuple]
+    ) -> None:
         self.table: dict[tuple, int] = {}
         self.of: dict[str, int] = {}
         pos = {r.id: i for rs in kids.values() for i, r in enumerate(rs)}
@@ -99,7 +101,10 @@ class _Signatures:
         for r in reversed(recs):  # children come after their parent
             # module stages inside named alike: `checkpoint`s holding `blocks[0]`, `blocks[1]`
             ch = tuple((_inner_label(c.label), self.of[c.id]) for c in kids.get(r.id, ()))
+            # and the names of the values it shows: two calls of one Tesseract reading
+            # different outputs (`result`, then `normed_result`) are no repeats
             key = (r.kind, r.primitive, r.shapes, r.n_eqns, ch, tuple(inner.get(r.id, ())))
+            key += (names.get(r.id, ()),)
             self.of[r.id] = self.table.setdefault(key, len(self.table))
 
 
@@ -118,7 +123,8 @@ def merge(builder: Any) -> list[Any]:
             with_inputs.add(r.parent)
         if r.id in with_inputs and r.parent is not None:
             with_inputs.add(r.parent)
-    sig = _Signatures(recs, kids, builder.edges.values()).of
+    shown = {p.node: p.names for p in builder.points if p.names}
+    sig = _Signatures(recs, kids, builder.edges.values(), shown).of
 
     def member(r: Any) -> bool:
         return r.kind in STAGE_KINDS and not r.made and r.id not in with_inputs

@@ -260,3 +260,28 @@ def test_a_tesseract_stage_says_which_output_it_shows(tesseracts, grad_ins):
     got = grad_ins.probe("scale")  # one output: named without `leaf=`, as before
     assert got is grad_ins.probe("scale", "y")
     np.testing.assert_allclose(got.summaries["primal"]["l2"], np.linalg.norm(y), rtol=1e-5)
+
+
+def test_calls_of_one_tesseract_reading_other_outputs_are_no_repeats():
+    # tesseract-jax's simple demo: two calls of one Tesseract, the first read for
+    # `result`, the second for `normed_result`, were stacked as "(×2) identical
+    # blocks", their per-block chart plotting one output against the other.
+    from tesseract_core import Tesseract
+    from tesseract_jax import apply_tesseract
+
+    tess = Tesseract.from_tesseract_api(tp.TESSERACTS / "two_outputs" / "tesseract_api.py")
+    x, a = tp.make_args()
+
+    def other(x, a):
+        y = apply_tesseract(tess, {"x": x, "a": a})["y"]
+        return jnp.sum(apply_tesseract(tess, {"x": y, "a": a})["y_normed"] ** 3)
+
+    def same(x, a):
+        y = apply_tesseract(tess, {"x": x, "a": a})["y"]
+        return jnp.sum(apply_tesseract(tess, {"x": y, "a": a})["y"] ** 3)
+
+    nodes = sowviz.inspect(other, x, a).to_dict()["nodes"]
+    assert [n["kind"] for n in nodes if n["label"].startswith("two_outputs")] == ["tesseract"] * 2
+    assert not any(n.get("repeats") for n in nodes)
+    nodes = sowviz.inspect(same, x, a).to_dict()["nodes"]  # alike: still one group
+    assert [n["repeats"] for n in nodes if n.get("repeats")] == [2]
