@@ -117,13 +117,18 @@ def _tesseract_names(where: str, value: Any) -> Any:
     """Hashable form: None, a callable, or the mapping's items."""
     if value is None or callable(value):
         return value
-    if isinstance(value, Mapping) and all(
-        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-    ):
-        return tuple(sorted(value.items()))
+    if isinstance(value, Mapping) and all(isinstance(v, str) for v in value.values()):
+        # keys: a Tesseract's name, or the Tesseract object itself (by identity)
+        items = sorted(value.items(), key=lambda kv: (not isinstance(kv[0], str), str(kv[0])))
+        try:
+            hash(tuple(items))
+            return tuple(items)
+        except TypeError:
+            pass
     raise TypeError(
-        f"sowviz.{where}: `tesseract_names` must be None, a dict of Tesseract name → label "
-        f"(strings), or a function of the Tesseract returning its label; got {value!r}."
+        f"sowviz.{where}: `tesseract_names` must be None, a dict of Tesseract (or its "
+        "name) → label (a string), or a function of the Tesseract returning its label; "
+        f"got {value!r}."
     )
 
 

@@ -285,3 +285,17 @@ def test_calls_of_one_tesseract_reading_other_outputs_are_no_repeats():
     assert not any(n.get("repeats") for n in nodes)
     nodes = sowviz.inspect(same, x, a).to_dict()["nodes"]  # alike: still one group
     assert [n["repeats"] for n in nodes if n.get("repeats")] == [2]
+
+
+def test_tesseract_names_takes_a_tesseract_or_its_name(tesseracts):
+    # `tesseract_names={tess: "label"}` was refused: only name strings were keys
+    pipeline = tp.make_pipeline(*tesseracts)
+    scale, energy_mask = tesseracts
+    for names in (
+        {scale: "affine", energy_mask: "energy"},
+        {"scale": "affine", energy_mask: "energy"},
+    ):
+        nodes = sowviz.inspect(pipeline, *tp.make_args(), tesseract_names=names).to_dict()["nodes"]
+        assert [n["label"] for n in nodes if n["kind"] == "tesseract"] == ["affine", "energy"]
+    with pytest.raises(TypeError, match="`tesseract_names` must be None, a dict of Tesseract"):
+        sowviz.inspect(pipeline, *tp.make_args(), tesseract_names={scale: 3})
