@@ -132,7 +132,7 @@ _UNTAKEN = (
     "`{label}` is in a branch of a `cond` that did not run in this call: it has no values "
     "(the stages inside neither)."
 )
-_UNTAKEN_BRANCH = "`{label}` of `{cond}` did not run in this call: its {stages} have no values."
+_UNTAKEN_BRANCH = "`{label}` of `{cond}` did not run in this call: its {stages} {have} no values."
 #: How many of an untaken branch's stages its note names before "and N more".
 _UNTAKEN_NAMED = 3
 
@@ -166,7 +166,10 @@ def _untaken_notes(graph: StageGraph, untaken: set[str]) -> list[tuple[str, str]
         stages = f"stage {named}" if len(labels) == 1 else f"{len(labels)} stages ({named})"
         node = graph.node(branch)
         cond = graph.node(node.parent).label if node.parent else "cond"
-        notes.append((branch, _UNTAKEN_BRANCH.format(label=node.label, cond=cond, stages=stages)))
+        have = "has" if len(labels) == 1 else "have"
+        notes.append(
+            (branch, _UNTAKEN_BRANCH.format(label=node.label, cond=cond, stages=stages, have=have))
+        )
     return notes
 
 

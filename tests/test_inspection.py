@@ -823,6 +823,7 @@ def test_a_cond_branch_that_did_not_run_shows_no_values_and_says_so():
     # said of the branch around it, which is what did not run
     (note,) = [n for n in ins.to_dict()["notes"] if n["probe"] == node.parent]
     assert "did not run" in note["message"] and "`exp_branch`" in note["message"]
+    assert note["message"].endswith("its stage `exp_branch` has no values.")
     assert ins.graph.node(ins.graph.node(node.parent).parent).kind == "cond"
     np.testing.assert_allclose(ins.result[1], jax.grad(_branchy)(x))
 
@@ -852,7 +853,7 @@ def test_a_branch_that_did_not_run_is_one_note_naming_its_stages():
     branch = ins.graph.node(notes[0]["probe"])
     assert branch.label.startswith("branch 1") and ins.graph.node(branch.parent).kind == "cond"
     msg = notes[0]["message"]
-    assert "6 stages (`stage0`, `stage1`, `stage2` and 3 more)" in msg, msg
+    assert "6 stages (`stage0`, `stage1`, `stage2` and 3 more) have no values" in msg, msg
     assert not any(p.name.startswith("stage") for p in ins.probes)
     np.testing.assert_allclose(ins.result[0], f(x, 0))
 
