@@ -6,19 +6,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from test_calls import graph_of
 
 import sowviz
-from sowviz.graph import build_graph
-
-
-def graph_of(fn, *args):
-    closed = jax.make_jaxpr(fn)(*args)
-    n_in, n_out = len(closed.jaxpr.invars), len(closed.jaxpr.outvars)
-    return build_graph(
-        closed,
-        in_names=[f"in{i}" for i in range(n_in)],
-        out_names=[f"out{i}" for i in range(n_out)],
-    )
 
 
 def children(g, label):
