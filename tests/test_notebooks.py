@@ -186,7 +186,8 @@ def check_nan_hunting(nb, text, env):
 
 def check_tesseract_pipeline(nb, text, env):
     assert "('scale', 'tesseract')" in text and "('softplus_norm', 'tesseract')" in text
-    assert re.search(r"^scale\s+primal\s+\[8\]\s+-1\.5000\s+2\.5000", text, re.M)
+    # the stage's one output read, by its field: `scale['y']`
+    assert re.search(r"^scale\['y'\]\s+primal\s+\[8\]\s+-1\.5000\s+2\.5000", text, re.M)
     assert re.search(r"^softplus_norm\['z'\]\s+cotangent\s+\[8\]\s+0\.1000\s+0\.1000", text, re.M)
     assert n_widgets(nb) == 1
 
