@@ -43,6 +43,7 @@ from .nonfinite_messages import (
     EARLIER,
     FROM_FORWARD,
     IN_TANGENT,
+    NONFINITE_GRADS,
     backward_message,
     backward_sentence,
     equation_name,
@@ -260,6 +261,10 @@ def _expected_nodes(ix: _Index, expect: Sequence[str]) -> set[str]:
 # The rule.
 
 
+#: How many non-finite parameter gradients a backward origin's message names.
+_GRADS_NAMED = 3
+
+
 def find(
     probes: Iterable[Any],
     graph: Any,
@@ -346,6 +351,7 @@ def find(
             flags[made].fwd if made in flags else made not in probed and flags[reach].fwd
         )
         msg = backward_message(made_node, n[reach], [n[c] for c in cands[1:]], from_forward)
+        msg += _grads_said(ix, bwd)
         bwd_origin = Origin("backward", made, reach, tuple(cands), message=msg, path=ix.path(made))
     origin_ids = {o.node for o in (fwd_origin, bwd_origin) if o is not None and o.node}
     holders = {a for o in origin_ids for a in ix.ancestors(o)} | origin_ids
@@ -370,6 +376,21 @@ def find(
         nodes=tuple(nonfinite),
     )
     return with_message(out)
+
+
+def _grads_said(ix: _Index, bwd: Mapping[str, Any]) -> str:
+    """Which arguments' gradients hold NaN/Inf (an optimizer's update would apply them),
+    by path (`parameters/reg`), or "" when none does."""
+    grads = [
+        "/".join(ix.path(k))
+        for k in sorted(bwd, key=ix.exit.__getitem__)
+        if ix.nodes[k].kind == "input"
+    ]
+    if not grads:
+        return ""
+    said = ", ".join(f"`{g}`" for g in grads[:_GRADS_NAMED])
+    more = f" and {len(grads) - _GRADS_NAMED} more" if len(grads) > _GRADS_NAMED else ""
+    return f"{NONFINITE_GRADS}{said}{more}"
 
 
 def _without_outputs(ix: _Index, bwd: dict[str, _Flags]) -> dict[str, _Flags]:
@@ -447,6 +468,8 @@ def with_equations(
         reach = f", reaching {stage_name(ix.nodes[target])}" if target else ""
         from_forward = bwd.message.startswith(FROM_FORWARD)
         msg = backward_sentence(equation_name(stage(bwd), backward), reach, from_forward)
+        _, grads, said = bwd.message.partition(NONFINITE_GRADS)  # kept, as `EARLIER` is
+        msg += grads + said
         bwd = replace(bwd, equation=backward, message=msg)
     fwd = fwd and replace(fwd, path=ix.path(fwd.node))
     bwd = bwd and replace(bwd, path=ix.path(bwd.node))

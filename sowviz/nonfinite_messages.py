@@ -33,6 +33,8 @@ _KIND_NAMES = {"nan": "NaN", "posinf": "+Inf", "neginf": "-Inf"}
 EARLIER = "; before it, "
 #: ... and says that only the tangent is non-finite there (mode "jvp")
 IN_TANGENT = " (in its tangent: the value is finite)"
+#: Ends a backward origin's message: the arguments whose gradients hold NaN/Inf.
+NONFINITE_GRADS = "; non-finite gradient of "
 
 
 def forward_message(

@@ -128,6 +128,8 @@ def test_the_first_nonfinite_step_is_warned_once_where_the_user_steps(every):
     assert len(caught) == 1
     text = str(caught[0].message)
     assert "step 5" in text and "`sqrt`" in text and "stop_on_nonfinite=True" in text
+    # which gradient an update would have applied: `reg`'s, not `w1`'s
+    assert text.count("non-finite gradient of `parameters/reg`.") == 1 and "w1" not in text
     assert caught[0].filename == __file__
 
 

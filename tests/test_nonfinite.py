@@ -390,6 +390,8 @@ def test_parameter_gradient_only():
     assert o is not None and o.forward is None and o.alarm
     assert _line(o.backward) == line
     assert "norm" in o.backward.message
+    # the one gradient an update would apply NaN from, by the name the graph shows
+    assert o.backward.message.endswith("; non-finite gradient of `w`"), o.backward.message
 
 
 def test_custom_vjp_rule_is_named_as_the_stage():
