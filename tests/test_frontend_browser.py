@@ -514,6 +514,29 @@ def test_widget_entry_point_with_a_stand_in_model(browser):
         node(pg, "n1").click()
         pg.wait_for_selector('[data-role="history"]')
         assert "3 steps" in pg.locator('[data-role="history"]').text_content()
+        # the live view says which step it draws; another step stays drawn while the
+        # run goes on, until "back to the latest"
+        step = pg.locator('[data-role="step"]')
+        assert step.inner_text().split() == ["step", "2", "(latest)"]
+        l2 = pg.locator('[data-role="stats"] tr[data-stat="l2"] td').first  # primal's
+        assert l2.inner_text() == "4"
+        chart = pg.locator('[data-role="loss"] .js-plotly-plot')
+        chart.evaluate("gd => gd.emit('plotly_click', {points: [{x: 0}]})")
+        assert step.locator('[data-role="step-shown"]').inner_text() == "step 0"
+        assert l2.inner_text() == "2"
+        pg.evaluate(
+            """() => window.__widget.fire('msg:custom', {type: 'step', step: {step: 3, loss: 0.2,
+                 probes: {p0: {primal: {count: 4, nan: 0, posinf: 0, neginf: 0, zeros: 0, min: -1,
+                 max: 1, mean: 0, std: 1, l2: 5, absmax: 1, size: 4,
+                 hist: {edges: [-1, 0, 1], counts: [2, 2]}}}}}})"""
+        )
+        pg.wait_for_function(
+            "() => document.querySelector('[data-role=step-latest]')?.textContent.includes('(3)')"
+        )
+        assert step.locator('[data-role="step-shown"]').inner_text() == "step 0"
+        pg.locator('[data-role="step-latest"]').click()
+        assert step.inner_text().split() == ["step", "3", "(latest)"]
+        assert l2.inner_text() == "5"
         # cleanup removes the view and the listeners
         pg.evaluate("() => { window.__widget.cleanupView(); window.__widget.cleanupModel(); }")
         assert pg.locator(".sowviz").count() == 0
