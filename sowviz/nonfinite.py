@@ -44,6 +44,7 @@ from .nonfinite_messages import (
     FROM_FORWARD,
     IN_TANGENT,
     NONFINITE_GRADS,
+    TESSERACT_TANGENT,
     backward_message,
     backward_sentence,
     equation_name,
@@ -326,6 +327,8 @@ def find(
         msg = forward_message(ix.nodes[node], ix.path(node), before, early)
         if not fwd[node].fwd_value:  # jvp: a NaN tangent of a finite value
             msg += IN_TANGENT
+            if ix.nodes[node].kind == "tesseract":
+                msg += TESSERACT_TANGENT
         fwd_origin = Origin("forward", node, message=msg, path=ix.path(node))
     if bwd:
         reach = max(bwd, key=lambda n: ix.key(n, bwd[n].bwd_iter))
@@ -460,8 +463,8 @@ def with_equations(
         _, before, held = fwd.message.partition(EARLIER)  # what the equation may come from
         if before:
             msg += before + held
-        elif fwd.message.endswith(IN_TANGENT):
-            msg += IN_TANGENT
+        elif IN_TANGENT in fwd.message:  # and what follows it (`TESSERACT_TANGENT`)
+            msg += "".join(fwd.message.partition(IN_TANGENT)[1:])
         fwd = replace(fwd, equation=forward, message=msg)
     if bwd is not None and backward is not None:
         target = backward.reaching if bwd.reaching == bwd.node else bwd.reaching

@@ -299,3 +299,25 @@ def test_tesseract_names_takes_a_tesseract_or_its_name(tesseracts):
         assert [n["label"] for n in nodes if n["kind"] == "tesseract"] == ["affine", "energy"]
     with pytest.raises(TypeError, match="`tesseract_names` must be None, a dict of Tesseract"):
         sowviz.inspect(pipeline, *tp.make_args(), tesseract_names={scale: 3})
+
+
+def test_a_nan_tangent_of_a_tesseract_output_that_is_not_differentiable_says_why():
+    # tesseract-jax gives such an output a NaN tangent (plain jax.jvp too); the banner
+    # named the Tesseract with no word of why, and the user went hunting
+    from tesseract_core import Tesseract
+    from tesseract_jax import apply_tesseract
+
+    tess = Tesseract.from_tesseract_api(tp.TESSERACTS / "two_outputs" / "tesseract_api.py")
+    x, a = tp.make_args()
+
+    def f(x, a):
+        out = sowviz.sow(apply_tesseract(tess, {"x": x, "a": a}), "out")  # every output probed
+        return jnp.sum(out["y"] ** 2)
+
+    _, plain = jax.jvp(lambda x: apply_tesseract(tess, {"x": x, "a": a}), (x,), (jnp.ones_like(x),))
+    assert np.isnan(plain["y_norm"])
+    ins = sowviz.inspect(f, x, a, mode="jvp")
+    assert np.isfinite(ins.result[1])
+    msg = ins.nonfinite.forward.message
+    assert "in its tangent: the value is finite); tesseract-jax gives a Tesseract's outputs" in msg
+    assert not ins.nonfinite.alarm  # it never reaches a result
