@@ -36,8 +36,7 @@ IN_TANGENT = " (in its tangent: the value is finite)"
 #: After `IN_TANGENT` at a Tesseract: where such tangents come from (tesseract-jax's
 #: rule, not the program).
 TESSERACT_TANGENT = (
-    "; tesseract-jax gives a Tesseract's outputs that are not `Differentiable` NaN "
-    "tangents"
+    "; tesseract-jax gives a Tesseract's outputs that are not `Differentiable` NaN tangents"
 )
 #: Ends a backward origin's message: the arguments whose gradients hold NaN/Inf.
 NONFINITE_GRADS = "; non-finite gradient of "
