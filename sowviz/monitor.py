@@ -94,7 +94,20 @@ class NonFiniteError(FloatingPointError):
 class NonFiniteWarning(RuntimeWarning):
     """Warned once by a `Monitor` at the first step whose values or gradients hold
     NaN/Inf (unless `stop_on_nonfinite=True`, which raises `NonFiniteError`): where it
-    first appeared. `mon.nonfinite` holds the record."""
+    first appeared. `mon.nonfinite` holds the record.
+
+    Silence it, or make it an error, with Python's own filters:
+
+        >>> import warnings
+        >>> with warnings.catch_warnings():
+        ...     warnings.simplefilter("error", sowviz.NonFiniteWarning)  # NaN stops here
+        ...     mon = sowviz.Monitor(lambda w: jnp.sum(jnp.log(w)))
+        ...     _ = mon.step(-jnp.ones(2))
+        ...     mon.flush()
+        Traceback (most recent call last):
+        ...
+        sowviz.monitor.NonFiniteWarning: sowviz.Monitor: non-finite values at step 0; ...
+    """
 
 
 class Monitor:
