@@ -172,12 +172,15 @@ def check_nan_hunting(nb, text, env):
     assert "forward origin:  log_energy (scope)" in text
     # the Monitor's rule agrees with the zoom above: sqrt's backward rule makes the NaN
     # (inside rms_norm), and the first non-finite cotangent is that of the mean's `div`
+    # and names the gradients it reached: dense_0's two, as the notebook's count says
     assert re.search(
         r"^NonFiniteError: non-finite values at step 0; backward pass: born in the backward"
-        r" of `sqrt` in `rms_norm` at \S+:\d+, reaching `div` \(\S+:\d+\)$",
+        r" of `sqrt` in `rms_norm` at \S+:\d+, reaching `div` \(\S+:\d+\); non-finite"
+        r" gradient of `parameters/dense_0/b`, `parameters/dense_0/w`$",
         text,
         re.M,
     )
+    assert re.search(r"grad\['dense_1'\]\['w'\]\s+NaNs: 0 / 8", text)
     assert "stage: rms_norm | equation: sqrt" in text
     # the widget's locate (the banner's button) names the same equation
     assert re.search(r"^born in the backward of `sqrt` in `rms_norm` at \S+:\d+", text, re.M)
