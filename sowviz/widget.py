@@ -22,6 +22,7 @@ import gzip
 import json
 import pathlib
 import threading
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -144,6 +145,15 @@ class Inspector(anywidget.AnyWidget):
         help="bool: the kernel can re-run this inspection to name the equation where NaN/Inf "
         "were born (the banner's 'Locate the equation' button). Default False.",
     ).tag(sync=True)
+    key = traitlets.Unicode(
+        help="str: this widget's own id (random). The front end keeps one Monitor history "
+        "per widget, shared by its views, under it: anywidget hands `initialize` and each "
+        "`render` a model object of their own, so the object is no key.",
+    ).tag(sync=True)
+
+    @traitlets.default("key")
+    def _key(self) -> str:
+        return uuid.uuid4().hex
 
     def __init__(
         self,

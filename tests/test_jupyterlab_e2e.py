@@ -104,3 +104,84 @@ def test_quickstart_runs_in_jupyterlab(browser, tmp_path):
             context.close()
     assert blocked == []
     assert errors == [], errors
+
+
+MONITOR_CELL = """import time
+import jax, jax.numpy as jnp, sowviz
+from IPython.display import display
+
+def loss(w, x):
+    with jax.named_scope("layer"):
+        h = jnp.tanh(x @ w)
+    return jnp.mean(h ** 2)
+
+w, x = jnp.full((3, 2), 0.5), jnp.linspace(-1.0, 1.0, 12).reshape(4, 3)
+mon = sowviz.Monitor(loss, throttle=0.0)
+_, g = mon.step(w, x)
+mon.flush()
+display(mon)
+time.sleep(2)  # the view is drawn; the run goes on
+for _ in range(8):
+    w = w - 0.5 * g
+    _, g = mon.step(w, x)
+mon.flush()
+print("LOSSES", [round(e["loss"], 6) for e in mon.history])"""
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_a_displayed_monitor_follows_the_run_in_jupyterlab(browser, tmp_path):
+    # The live view stayed at its first step in JupyterLab: anywidget hands `initialize`
+    # and `render` model objects of their own, and the steps were kept per object.
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(MONITOR_CELL)])
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    path = tmp_path / "monitor_live.ipynb"
+    nbformat.write(nb, path)
+    errors: list[str] = []
+    with jupyter_lab(tmp_path / "lab", [path]) as (url, log):
+        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        page = context.new_page()
+        page.set_default_timeout(30_000)
+        try:
+            page.route(
+                "**/*",
+                lambda r: r.continue_() if r.request.url.startswith(url + "/") else r.abort(),
+            )
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(f"{url}/lab/tree/{path.name}", timeout=60_000)
+            page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
+            page.wait_for_function(
+                """() => [...document.querySelectorAll('.jp-Notebook-ExecutionIndicator')]
+                       .some(e => e.getAttribute('data-status') === 'idle')""",
+                timeout=90_000,
+            )
+            run_all_cells(page)
+            page.locator(".jp-OutputArea-output", has_text="LOSSES").wait_for(timeout=180_000)
+            text = page.locator(".jp-OutputArea-output", has_text="LOSSES").inner_text()
+            want = [float(v) for v in text.split("[", 1)[1].split("]", 1)[0].split(",")]
+            assert len(want) == 9
+            view = page.locator(".jp-OutputArea-output .sowviz").first
+            page.wait_for_function(
+                """() => document.querySelector('.jp-OutputArea-output .sowviz [data-role=step]')
+                       ?.textContent.startsWith('step 8')""",
+                timeout=60_000,
+            )
+            chart = view.locator('[data-role="loss"] .js-plotly-plot')
+            got = chart.evaluate("gd => gd.data[0].y")
+            assert got == pytest.approx(want, abs=1e-6)
+            view.screenshot(path=str(ARTIFACTS / "jupyterlab_monitor_live.png"))
+        except Exception as err:
+            with contextlib.suppress(Exception):
+                page.screenshot(path=str(ARTIFACTS / "jupyterlab_monitor_failure.png"))
+            raise AssertionError(
+                f"{err}\n--- jupyter lab's log ends:\n{log.read_text()[-3000:]}"
+            ) from err
+        finally:
+            context.close()
+    assert errors == [], errors

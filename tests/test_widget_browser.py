@@ -25,7 +25,7 @@ import sowviz.widget as widget_mod
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "artifacts"
-TRAITS = ("model", "mode", "phase", "status", "can_locate")
+TRAITS = ("model", "mode", "phase", "status", "can_locate", "key")
 
 PAGE = """<!DOCTYPE html><html><head><meta charset="utf-8"><style>{css}</style></head>
 <body><div id="out" style="height: 640px"></div></body></html>"""
@@ -56,8 +56,10 @@ async (first) => {
     off: (ev, fn) => { handlers[ev] = (handlers[ev] ?? []).filter((f) => f !== fn); },
   };
   apply(first);
-  mod.default.initialize({ model: m });
-  await mod.default.render({ model: m, el: document.getElementById("out") });
+  // as anywidget 0.11 does: `initialize` and each `render` get a proxy of their own
+  const proxy = () => ({ ...m });
+  mod.default.initialize({ model: proxy() });
+  await mod.default.render({ model: proxy(), el: document.getElementById("out") });
   window.__bridge = { apply, custom, toPython, traits };
 }
 """
@@ -311,3 +313,36 @@ def test_report_locate_button_is_disabled_with_the_reason(page, tmp_path):
     assert pg.locator('[data-role="locate"]').count() == 0
     assert "log in feat" in pg.locator('[data-role="nonfinite-banner"]').inner_text()
     assert page.errors == []
+
+
+@pytest.mark.browser
+def test_a_displayed_monitor_follows_the_run(bridge):
+    # In JupyterLab the view never moved past its first step: anywidget hands
+    # `initialize` (which stores the steps) and `render` (which draws them) objects of
+    # their own, and the history was kept per object. The bridge does the same now.
+    mon = sowviz.Monitor(loss, throttle=0.0)
+    params = PARAMS
+    _, grads = mon.step(params, X)
+    mon.flush()
+    view = mon.view()
+    bridge.attach(view)  # displayed after the first step
+    pg = bridge.page
+    step = pg.locator('[data-role="step"]')
+    step.wait_for()
+    assert step.inner_text().split() == ["step", "0", "(latest)"]
+    for _ in range(5):
+        params = [{k: p[k] - 0.5 * g[k] for k in p} for p, g in zip(params, grads, strict=True)]
+        _, grads = mon.step(params, X)
+    mon.flush()
+    # the new steps travel as "steps" messages, not as a whole new model
+    sent = [d.get("content", {}).get("type") for d, _ in bridge.sent if d["method"] == "custom"]
+    assert "steps" in sent and not [d for d, _ in bridge.sent if "model" in d.get("state", {})]
+    bridge.deliver()
+    pg.wait_for_function(
+        "() => document.querySelector('[data-role=step]')?.textContent.startsWith('step 5')"
+    )
+    chart = pg.locator('[data-role="loss"] .js-plotly-plot')
+    got = chart.evaluate("gd => gd.data[0].y")
+    want = [e["loss"] for e in mon.history]
+    assert len(want) == 6 and got == pytest.approx(want, rel=1e-6)
+    assert bridge.p.errors == []

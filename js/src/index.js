@@ -33,14 +33,24 @@ export function mount(el, model, options = {}) {
  * @property {() => void} destroy
  */
 
-// One history store per widget model, shared by all of its views.
-const stores = new WeakMap();
+// One history store per widget, shared by all of its views. Keyed by the widget's
+// `key` trait: anywidget (0.11) hands `initialize` and each `render` a proxy object of
+// its own, so steps stored under the object `initialize` got reached no view (a live
+// Monitor's widget never moved past its first step).
+const stores = new Map();
 
+/** @param {import("./types").AnyModel} model */
+function storeKey(model) {
+  return model.get("key") || model;
+}
+
+/** @param {import("./types").AnyModel} model */
 function storeFor(model) {
-  let store = stores.get(model);
+  const key = storeKey(model);
+  let store = stores.get(key);
   if (!store) {
     store = new HistoryStore(null); // filled from the first decoded model (render)
-    stores.set(model, store);
+    stores.set(key, store);
   }
   return store;
 }
@@ -71,7 +81,7 @@ function initialize({ model }) {
   model.on("msg:custom", onMsg);
   return () => {
     model.off("msg:custom", onMsg);
-    stores.delete(model);
+    stores.delete(storeKey(model));
   };
 }
 

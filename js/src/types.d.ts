@@ -18,6 +18,8 @@ export interface WidgetTraits {
   status: string;
   /** The kernel can re-run the step to locate the NaN/Inf equation (the banner's button). */
   can_locate: boolean;
+  /** The widget's own id: its views share one Monitor history under it. */
+  key: string;
 }
 
 /** The part of anywidget's model the front end uses, typed by trait name. */
