@@ -53,6 +53,12 @@ STATUS = {
     Phase.RUNNING: "running {what}…",
     Phase.LOCATING: "locating the equation: re-running {what} with every equation probed…",
 }
+FIXED_MODE = (
+    "This view cannot run its program again in mode '{mode}': a Monitor records in the "
+    "mode it was made with (`sowviz.Monitor(fn, mode=...)`), and a model drawn as given has "
+    "no program. Choose '{shown}' again, or call `sowviz.show(fn, ...)` to inspect a step "
+    "in another mode."
+)
 NO_PROGRAM = (
     "Locating needs the program, and this widget draws a stored model (a Monitor's or a "
     "run log's). Call `sowviz.show(fn, *args)` and press the button there, or "
@@ -268,11 +274,13 @@ class Inspector(anywidget.AnyWidget):
 
     @traitlets.observe("mode")
     def _mode_changed(self, change: dict[str, Any]) -> None:
-        if self._rerun is None:
-            return
         if change["new"] == self.model.get("mode"):  # back to the mode shown: nothing to run
             if self.phase == Phase.ERROR.value:
                 self._set_phase(Phase.READY, "")
+            return
+        if self._rerun is None:  # a Monitor's view, a model given: said, not left "switching"
+            shown = self.model.get("mode", "?")
+            self._set_phase(Phase.ERROR, FIXED_MODE.format(mode=change["new"], shown=shown))
             return
         if not self._wait_warm(change["new"], timeout=0):
             self._set_phase(Phase.COMPILING)

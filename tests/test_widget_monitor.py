@@ -200,6 +200,19 @@ def test_step_returns_value_and_grad_exactly():
     assert jax.tree_util.tree_structure(grads) == jax.tree_util.tree_structure(ref_grads)
 
 
+def test_a_monitor_view_s_mode_picker_says_the_mode_is_fixed():
+    # Choosing "jvp" in a Monitor's view left it "switching to jvp…" forever.
+    mon = sowviz.Monitor(loss)
+    mon.step(PARAMS, X)
+    mon.flush()
+    view = mon.view()
+    view.mode = "jvp"
+    assert view.phase == "error"
+    assert "mode it was made with" in view.status and "Choose 'grad' again" in view.status
+    view.mode = "grad"
+    assert (view.phase, view.status) == ("ready", "")
+
+
 def test_history_is_bounded_thinned_and_keeps_step_0():
     mon = sowviz.Monitor(loss, history=4, every=2)
     params = PARAMS
