@@ -386,9 +386,14 @@ def test_a_monitor_report_draws_the_step_its_banner_names(page, tmp_path):
     ARTIFACTS.mkdir(exist_ok=True)
     pg.screenshot(path=str(ARTIFACTS / "frontend_monitor_past_step.png"))
 
+    flags = pg.locator(".sv-origin-flag")
+    assert flags.count() >= 1  # "NaN/Inf starts here" at step 7
     # a click on the loss chart draws the step clicked
     chart.evaluate("gd => gd.emit('plotly_click', {points: [{x: 5}]})")
     assert step.locator('[data-role="step-shown"]').inner_text() == "step 5"
+    # step 5 came before the first NaN: nothing starts there (the banner still links it)
+    assert flags.count() == 0
+    assert pg.locator('[data-role="show-step"]').inner_text() == "show step 7"
     l2 = table.locator('tr[data-stat="l2"] td').all_inner_texts()
     j = history["steps"].index(5)
     assert [float(v) for v in l2] == pytest.approx(

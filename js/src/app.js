@@ -194,9 +194,12 @@ export class App {
     this.index = indexModel(withStep(this.model, this.store.history, this.viewStep));
     // Origins are computed once in Python and stored in the model: displayed, never recomputed.
     const stored = storedOrigins(this.model, this.store.history);
-    const shown = (o) => originNodes(o).reverse().find((id) => this.index.nodes.has(id)) ?? null;
+    // A Monitor's step drawn from before the first non-finite one holds none of it: no
+    // "starts here" flags there (the banner still names the step and links to it).
+    const before = this.viewStep != null && stored?.step != null && this.viewStep < stored.step;
+    const shown = (o) => (before ? null : originNodes(o).reverse().find((id) => this.index.nodes.has(id)) ?? null);
     this.origins = { forward: shown(stored?.forward), backward: shown(stored?.backward), stored };
-    this.roles = nonfiniteRoles(stored, this.index);
+    this.roles = before ? new Map() : nonfiniteRoles(stored, this.index);
     this.searchCache = new Map();
   }
 
@@ -484,7 +487,8 @@ export class App {
     this.stepNote.replaceChildren(
       h("span", { class: past ? null : "sv-muted", "data-role": "step-shown", text: `step ${this.viewStep ?? latest}` }),
       past
-        ? h("button", { type: "button", class: "sv-link", "data-role": "step-latest", text: `back to the latest (${latest})`, onclick: () => this.showStep(null) })
+        // short: the toolbar must not wrap (a narrow notebook cell)
+        ? h("button", { type: "button", class: "sv-link", "data-role": "step-latest", text: `latest (${latest})`, title: "back to the latest recorded step", onclick: () => this.showStep(null) })
         : h("span", { class: "sv-muted", text: " (latest)" }),
     );
     this.stepNote.title = "The values drawn are those of this recorded step. Click a point of the loss chart to see another step.";

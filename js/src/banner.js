@@ -42,12 +42,13 @@ export function bannerParts(origins, index, actions) {
   for (const pass of ["forward", "backward"]) {
     const p = rec[pass];
     const at = origins[pass];
-    if (!p || !at) continue;
+    if (!p) continue;
     const text = p.message ?? `first at ${label(p.node)}`;
     // the second pass's sentence is set off from the first's "show" link
     const lead = parts.length > 1 ? " · " : " ";
-    parts.push(h("span", { "data-pass": pass }, [`${lead}${pass === "forward" ? "Forward" : "Backward"} pass: `, ...said(text), " "]),
-      h("button", { type: "button", class: "sv-link", "data-origin": pass, "data-node": at, text: `show ${label(at)}`, onclick: () => actions.onReveal(at) }));
+    parts.push(h("span", { "data-pass": pass }, [`${lead}${pass === "forward" ? "Forward" : "Backward"} pass: `, ...said(text), " "]));
+    // the link, when the origin is drawn (a Monitor's earlier step holds none of it)
+    if (at) parts.push(h("button", { type: "button", class: "sv-link", "data-origin": pass, "data-node": at, text: `show ${label(at)}`, onclick: () => actions.onReveal(at) }));
   }
   if (rec.removed) parts.push(h("span", { class: "sv-muted", text: " (masked afterwards)" }));
   if (needsLocate(rec, index)) parts.push(locateButton(actions));
