@@ -179,3 +179,26 @@ def run_all_cells(page, timeout: float = 120.0) -> None:
             clicked_at = time.monotonic()
         page.wait_for_timeout(250)
     raise AssertionError(f"Run All Cells: no cell ran within {timeout:.0f}s")
+
+
+def open_notebook(page, url: str, name: str, errors: list[str], blocked: list[str]) -> None:
+    """Open notebook `name` of the server at `url` in `page`, as a user would: every
+    request not to that server is aborted (its URL added to `blocked`) and page errors
+    are added to `errors`; returns once the kernel is idle (the toolbar says so)."""
+
+    def route(r):
+        if r.request.url.startswith(url + "/"):
+            r.continue_()
+        else:
+            blocked.append(r.request.url)
+            r.abort()
+
+    page.route("**/*", route)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{url}/lab/tree/{name}", timeout=60_000)
+    page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
+    page.wait_for_function(
+        """() => [...document.querySelectorAll('.jp-Notebook-ExecutionIndicator')]
+               .some(e => e.getAttribute('data-status') === 'idle')""",
+        timeout=90_000,
+    )

@@ -12,7 +12,7 @@ import contextlib
 import pathlib
 
 import pytest
-from lab_session import jupyter_lab, run_all_cells
+from lab_session import jupyter_lab, open_notebook, run_all_cells
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "01_quickstart.ipynb"
@@ -34,25 +34,7 @@ def test_quickstart_runs_in_jupyterlab(browser, tmp_path):
         page = context.new_page()
         page.set_default_timeout(30_000)
         try:
-
-            def route(r):
-                if r.request.url.startswith(url + "/"):
-                    r.continue_()
-                else:
-                    blocked.append(r.request.url)
-                    r.abort()
-
-            page.route("**/*", route)
-            page.on("pageerror", lambda e: errors.append(str(e)))
-
-            page.goto(f"{url}/lab/tree/{NOTEBOOK.name}", timeout=60_000)
-            page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
-            # Wait for the kernel before running (the status shows in the toolbar).
-            page.wait_for_function(
-                """() => [...document.querySelectorAll('.jp-Notebook-ExecutionIndicator')]
-                       .some(e => e.getAttribute('data-status') === 'idle')""",
-                timeout=90_000,
-            )
+            open_notebook(page, url, NOTEBOOK.name, errors, blocked)
 
             run_all_cells(page)
 
@@ -149,18 +131,7 @@ def test_a_displayed_monitor_follows_the_run_in_jupyterlab(browser, tmp_path):
         page = context.new_page()
         page.set_default_timeout(30_000)
         try:
-            page.route(
-                "**/*",
-                lambda r: r.continue_() if r.request.url.startswith(url + "/") else r.abort(),
-            )
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(f"{url}/lab/tree/{path.name}", timeout=60_000)
-            page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
-            page.wait_for_function(
-                """() => [...document.querySelectorAll('.jp-Notebook-ExecutionIndicator')]
-                       .some(e => e.getAttribute('data-status') === 'idle')""",
-                timeout=90_000,
-            )
+            open_notebook(page, url, path.name, errors, blocked := [])
             run_all_cells(page)
             page.locator(".jp-OutputArea-output", has_text="LOSSES").wait_for(timeout=180_000)
             text = page.locator(".jp-OutputArea-output", has_text="LOSSES").inner_text()
@@ -184,4 +155,5 @@ def test_a_displayed_monitor_follows_the_run_in_jupyterlab(browser, tmp_path):
             ) from err
         finally:
             context.close()
+    assert blocked == []
     assert errors == [], errors
