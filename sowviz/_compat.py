@@ -226,9 +226,9 @@ def sub_jaxprs(eqn: JaxprEqn) -> Iterator[tuple[str, int | None, Jaxpr]]:
     """(param name, index in a tuple param or None, jaxpr) for every jaxpr in `eqn.params`,
     and in a JAX >= 0.12 "hijax" primitive's own params (`custom_root`'s solver: a `sow`
     in there must be found, captured or refused, never lost)."""
-    params = dict(eqn.params)
-    if eqn.primitive.name == "call_hi_primitive":
-        params.update(getattr(eqn.params.get("_prim"), "params", None) or {})
+    params = eqn.params
+    if eqn.primitive.name == "call_hi_primitive":  # the only case that needs a copy
+        params = {**params, **(getattr(params.get("_prim"), "params", None) or {})}
     for key, val in params.items():
         items = val if isinstance(val, (tuple, list)) else (val,)
         for i, item in enumerate(items):
