@@ -895,6 +895,24 @@ def test_parameter_gradient_norms_over_monitor_steps(page, nnx, tmp_path):
 
 
 @pytest.mark.browser
+def test_the_panel_header_names_the_stage_s_place_never_its_id(page, nnx, nnx_report):
+    pg = page.open_report(nnx_report)
+    lm = _by_label(nnx, "TransformerLM")
+    _expand(pg, lm)
+    layer = _by_label(nnx, "layers[1]", lm)
+    _expand(pg, layer)
+    attn = _by_label(nnx, "attn", layer)
+    node(pg, attn).locator(".sv-label").first.click()
+    head = pg.locator('[data-role="detail"] .sv-detail-head')
+    head.wait_for(state="visible")
+    text = head.inner_text()
+    assert "attn" in text and "in TransformerLM › layers[1]" in text
+    assert not re.search(r"\bn\d+\b", text), text  # internal ids (`n131`) are not for users
+    assert attn not in text
+    assert page.errors == []
+
+
+@pytest.mark.browser
 def test_nnx_report_dark(browser, nnx, nnx_report):
     p = Page(browser, color_scheme="dark")
     try:

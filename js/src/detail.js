@@ -7,6 +7,7 @@ import { hasSigned, signedLog } from "./loghist.js";
 import { probeNonfiniteSteps } from "./history.js";
 import { chartColours } from "./theme.js";
 import { fmt } from "./stats.js";
+import { parentPath } from "./search.js";
 import { nonfiniteCount, nonfiniteText } from "./nonfinite.js";
 import { orderModes } from "./model.js";
 import { gradHistory, paramRows, paramTable, readRows } from "./params.js";
@@ -125,11 +126,13 @@ export class DetailPanel {
   }
 
   header(node) {
+    // where the stage sits, as the user names it (never the model's internal id, `n4`)
+    const where = placeOf(this.index, node.id);
     return h("div", { class: "sv-detail-head" }, [
       h("div", {}, [
         h("h3", { class: "sv-detail-title", text: node.label, title: node.label }),
         h("span", { class: `sv-pill sv-kind-${node.kind.replace(/[^a-z0-9_-]/gi, "_")}`, text: node.kind }),
-        h("span", { class: "sv-muted sv-id", text: node.id }),
+        where ? h("span", { class: "sv-muted sv-where", "data-role": "detail-path", text: where, title: where }) : null,
       ]),
       h("button", { class: "sv-close", type: "button", title: "close", "aria-label": "close", text: "×", onclick: () => this.handlers.onClose() }),
     ]);
@@ -375,6 +378,11 @@ function probeOption(p) {
   const s = Object.values(p.summaries ?? {})[0];
   const shape = p.leaf && s?.shape ? ` ${s.dtype ?? ""}[${s.shape.join(",")}]` : "";
   return `${p.name}${p.leaf ? ` ${p.leaf}` : ""}${shape}${p.auto ? " (stage)" : ""}`;
+}
+
+/** Where a node sits below the program: `in TransformerLM › layers[1]` ("" at the top level). */
+export function placeOf(index, id) {
+  return parentPath(index, id).trim();
 }
 
 /** A probe's leaf as a user reads it: `vector_add.normed_result` for `['vector_add.normed_result']`. */

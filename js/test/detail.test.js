@@ -7,3 +7,14 @@ test("a probe's leaf reads as the path a user writes", () => {
   assert.equal(leafLabel("['a']['b'][0]"), "a.b[0]");
   assert.equal(leafLabel("[1]"), "[1]");
 });
+
+test("the panel's header says where a stage sits by its names, never by internal ids", async () => {
+  const { placeOf } = await import("../src/detail.js");
+  const { indexModel } = await import("../src/model.js");
+  const { smallModel } = await import("./helpers.js");
+  const ix = indexModel(smallModel());
+  assert.equal(placeOf(ix, "n4"), "in layer_0");
+  assert.equal(placeOf(ix, "n8"), "in layer_1 › loop");
+  assert.equal(placeOf(ix, "n2"), ""); // at the top level: nothing to say
+  for (const id of ["n4", "n8"]) assert.doesNotMatch(placeOf(ix, id), /\bn\d+\b/);
+});
