@@ -726,10 +726,65 @@ def test_first_picture_is_fitted(page, nnx, nnx_report):
         and b["box"][3] <= view["y"] + view["height"] + 1
         for b in boxes
     )
-    assert inside or scale == pytest.approx(0.5)  # fitted, or as small as stays readable
+    assert inside or scale == pytest.approx(0.9)  # fitted, or as small as stays readable
     legend = pg.locator('[data-role="legend"]').bounding_box()
     lb = [legend["x"], legend["y"], legend["x"] + legend["width"], legend["y"] + legend["height"]]
     assert not any(_overlap(b["box"], lb) for b in boxes)
+
+
+def _scale(pg):
+    return pg.evaluate(
+        "() => Number(/scale\\(([^,)]+)/.exec(document.querySelector('.sv-viewport').getAttribute('transform'))[1])"
+    )
+
+
+def _smallest_text_px(pg):
+    """The smallest font size of the node faces' text as drawn on screen (px)."""
+    return pg.evaluate(
+        """() => {
+        const k = Number(/scale\\(([^,)]+)/.exec(document.querySelector('.sv-viewport').getAttribute('transform'))[1]);
+        const sizes = [...document.querySelectorAll('.sv-node text')].map((t) => parseFloat(getComputedStyle(t).fontSize));
+        return Math.min(...sizes) * k;
+    }"""
+    )
+
+
+@pytest.mark.browser
+def test_a_tall_graph_in_a_widget_sized_view_stays_readable(page, nnx, nnx_report):
+    """A notebook cell's 620 px: the first picture is not shrunk until its text is
+    unreadable; it starts at the top (the inputs) and says there is more below. Fit
+    still shows the whole graph; opening a stage from there zooms back to readable
+    with the stage's header in view."""
+    page.page.set_viewport_size({"width": 1000, "height": 620})
+    pg = page.open_report(nnx_report)
+    view = pg.locator(".sv-graph").bounding_box()
+    assert _smallest_text_px(pg) >= 9
+    tokens = node(pg, _by_label(nnx, "tokens", nnx["root"])).bounding_box()
+    assert view["y"] <= tokens["y"] <= view["y"] + 60  # the top of the graph shows
+    more = pg.locator('[data-role="more-hint"]')
+    assert more.is_visible() and "more below" in more.inner_text()
+    pg.screenshot(path=str(ARTIFACTS / "nnx_widget_sized_first.png"))
+    pg.locator('[data-role="fit"]').click()
+    assert _scale(pg) < 0.9 and more.is_hidden()  # asked for: the whole graph
+    lm = _by_label(nnx, "TransformerLM")
+    layer = _by_label(nnx, "layers[1]", lm)
+    node(pg, layer).locator('[data-role="toggle"]').first.click()
+    pg.wait_for_selector(f'[data-node-id="{layer}"][data-expanded="true"]')
+    assert _scale(pg) >= 0.9 and _smallest_text_px(pg) >= 9
+    view = pg.locator(".sv-graph").bounding_box()
+    head = node(pg, layer).locator(":scope > .sv-stage-head").bounding_box()
+    assert view["y"] <= head["y"] and head["y"] + head["height"] <= view["y"] + view["height"]
+    assert view["x"] <= head["x"] < view["x"] + view["width"] - 40
+    # its first child is in view too: the opened contents are not left off-screen
+    first = pg.locator(f'[data-node-id="{_by_label(nnx, "attn_norm", layer)}"]').bounding_box()
+    assert view["y"] <= first["y"] and first["y"] + first["height"] <= view["y"] + view["height"]
+    pg.screenshot(path=str(ARTIFACTS / "nnx_widget_sized_expanded.png"))
+    # closed again: the stage's face stays in view
+    node(pg, layer).locator(':scope > [data-role="toggle"]').click()
+    pg.wait_for_selector(f'[data-node-id="{layer}"][data-expanded="false"]')
+    face = node(pg, layer).bounding_box()
+    assert view["y"] <= face["y"] and face["y"] + face["height"] <= view["y"] + view["height"]
+    assert page.errors == []
 
 
 @pytest.mark.browser

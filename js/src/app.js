@@ -12,14 +12,15 @@ import { bannerParts } from "./banner.js";
 import { parentPath, searchNodes } from "./search.js";
 import { defaultStat, STATS, fmt, VIRIDIS_STOPS } from "./stats.js";
 import { GraphView } from "./graph.js";
+import { READABLE_SCALE } from "./viewport.js";
 import { DetailPanel } from "./detail.js";
 import { drawLines, purge } from "./charts.js";
 import { watchTheme, chartColours } from "./theme.js";
 import { HistoryStore, nonfiniteSteps, shownStep, withStep } from "./history.js";
 
 export const MODES = ["primal", "grad", "jvp", "vjp", "all"];
-/** The first picture fits the whole graph unless labels would get smaller than this. */
-export const FIT_MIN_SCALE = 0.5;
+/** The first picture fits the whole graph unless its text would get smaller than readable. */
+export const FIT_MIN_SCALE = READABLE_SCALE;
 const EMPTY = "Nothing to show yet: the model has no nodes.";
 /** Phases in which Python is working (`phase` trait of the widget). */
 export const WORKING = new Set(["tracing", "compiling", "running", "locating"]);
@@ -126,7 +127,8 @@ export class App {
       h("label", { class: "sv-field" }, [h("span", { class: "sv-muted", text: "mode" }), this.modeSel]),
       h("label", { class: "sv-field" }, [h("span", { class: "sv-muted", text: "colour" }), this.statSel]),
       h("div", { class: "sv-search-box" }, [this.search, this.searchCount, this.results]),
-      h("button", { type: "button", class: "sv-btn", "data-role": "fit", text: "Fit", title: "fit the graph to the view", onclick: () => this.graph.fit() }),
+      // asked for: the whole graph, however small its text gets (a first picture stops at readable)
+      h("button", { type: "button", class: "sv-btn", "data-role": "fit", text: "Fit", title: "show the whole graph (a tall one gets small: zoom in to read it)", onclick: () => this.graph.fit() }),
       h("button", { type: "button", class: "sv-btn", "data-role": "collapse-all", text: "Collapse all", onclick: () => this.collapseAll() }),
       this.notesBtn,
       this.busy,
@@ -375,7 +377,9 @@ export class App {
     if (opening) for (const s of soleChain(this.index, id)) this.expanded.add(s);
     else this.expanded.delete(id);
     this.relayout({ anchorId: id });
-    if (opening) this.graph.ensureVisible(this.layout.boxes.get(id));
+    // the stage opened (or closed) where it was clicked, in view and readable: its
+    // contents are not left off-screen, nor drawn at the tiny zoom of a whole-graph Fit
+    this.graph.showBox(this.layout.boxes.get(id), FIT_MIN_SCALE);
   }
 
   collapseAll() {

@@ -4,9 +4,10 @@
 
 import { select } from "d3-selection";
 import { zoom, zoomIdentity } from "d3-zoom";
-import { s, clear, ellipsis } from "./dom.js";
+import { h, s, clear, ellipsis } from "./dom.js";
 import { sparklinePath } from "./faces.js";
 import { HEADER, stageHead } from "./layout.js";
+import { fitTransform, hiddenSides, moreText, showBoxTransform } from "./viewport.js";
 
 let instances = 0;
 
@@ -46,7 +47,9 @@ export class GraphView {
     ]);
     this.viewport = s("g", { class: "sv-viewport" });
     this.svg.append(defs, this.viewport);
-    container.append(this.svg);
+    // "more below · drag to pan": a view that shows part of the drawing says so
+    this.more = h("div", { class: "sv-more", "data-role": "more-hint", hidden: true });
+    container.append(this.svg, this.more);
     this.els = new Map();
     this.edgeEls = [];
     this.zoom = zoom()
@@ -56,6 +59,7 @@ export class GraphView {
         this.transform = ev.transform;
         this.viewport.setAttribute("transform", ev.transform.toString());
         if (ev.sourceEvent) this.moved = true; // the user panned or zoomed since the last fit
+        this.updateMore();
       });
     this.sel = select(this.svg).call(this.zoom).on("dblclick.zoom", null);
     this.transform = zoomIdentity;
@@ -114,6 +118,17 @@ export class GraphView {
     }
     this.bounds = layout.bounds;
     this.boxes = layout.boxes;
+    this.updateMore();
+  }
+
+  /** Shows or hides the hint that part of the drawing lies outside the view. */
+  updateMore() {
+    const W = this.svg.clientWidth;
+    const H = this.svg.clientHeight;
+    const sides = W && H ? hiddenSides(this.bounds, this.transform, W, H) : [];
+    this.more.hidden = !sides.length;
+    this.more.dataset.sides = sides.join(" ");
+    this.more.textContent = moreText(sides);
   }
 
   stageBox(node, box, face) {
@@ -257,7 +272,8 @@ export class GraphView {
 
   /**
    * Fits the drawing into the view, left of what the `reserveRight()` handler (px)
-   * keeps for an overlay (the loss chart). With `minScale`, never zooms out below it (top-aligned).
+   * keeps for an overlay (the loss chart). With `minScale`, never zooms out below it
+   * (then the top of the drawing shows: `viewport.fitTransform`).
    */
   fit({ minScale = 0, animate = false } = {}) {
     const b = this.bounds;
@@ -266,13 +282,22 @@ export class GraphView {
     const H = this.svg.clientHeight || this.container.clientHeight || 500;
     if (!b || !b.w || !b.h) return;
     this.moved = false;
-    const pad = 28;
-    let k = Math.min((W - 2 * pad) / b.w, (H - 2 * pad) / b.h, 1.25);
-    let ty = pad + (H - 2 * pad - b.h * k) / 2 - b.y * k;
-    if (k < minScale) { k = minScale; ty = pad - b.y * k; }
-    const tx = (W - b.w * k) / 2 - b.x * k;
-    const t = zoomIdentity.translate(tx, ty).scale(k);
+    const f = fitTransform(b, W, H, { minScale });
+    const t = zoomIdentity.translate(f.x, f.y).scale(f.k);
     (animate ? this.sel.transition?.().duration(250) ?? this.sel : this.sel).call(this.zoom.transform, t);
+  }
+
+  /**
+   * After stage `box` opened or closed where it was: brings it into view, zooming out
+   * to show it whole but not below `minScale` (`viewport.showBoxTransform`).
+   */
+  showBox(box, minScale) {
+    if (!box) return;
+    const W = this.svg.clientWidth || 800;
+    const H = this.svg.clientHeight || 500;
+    const t = showBoxTransform(box, this.transform, W, H, { minScale });
+    this.sel.call(this.zoom.transform, zoomIdentity.translate(t.x, t.y).scale(t.k));
+    this.moved = true; // a place chosen: a resize does not fit the whole graph over it
   }
 
   /** Screen position of a drawn node, to keep it still across a relayout. */

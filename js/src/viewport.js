@@ -1,0 +1,86 @@
+// Where the graph's view goes: the fit of a first picture, the view after a stage opens
+// or closes, and which sides of the drawing lie outside the view. Pure: transforms are
+// {k, x, y} (screen = graph * k + (x, y)), boxes {x, y, w, h} in graph units.
+
+/**
+ * The least zoom a fit chooses by itself: node labels (12.5 px) stay ≥ 11 px and the
+ * smallest text (shapes, values, kind badges: 10-10.5 px) ≥ 9 px. A taller graph is
+ * not shrunk further: the view starts at its top (its inputs, where reading starts) and
+ * the rest is a drag away. The Fit button still shows the whole graph when asked.
+ */
+export const READABLE_SCALE = 0.9;
+export const MAX_FIT_SCALE = 1.25;
+const PAD = 28;
+
+/**
+ * The transform fitting `bounds` into a W×H view; below `minScale` it keeps
+ * `minScale` and shows the top of the drawing, centred across.
+ * @param {{x: number, y: number, w: number, h: number}} b
+ * @returns {{k: number, x: number, y: number, clipped: boolean}}
+ */
+export function fitTransform(b, W, H, { minScale = 0, pad = PAD } = {}) {
+  let k = Math.min((W - 2 * pad) / b.w, (H - 2 * pad) / b.h, MAX_FIT_SCALE);
+  let y = pad + (H - 2 * pad - b.h * k) / 2 - b.y * k;
+  let clipped = false;
+  if (k < minScale) {
+    k = minScale;
+    y = pad - b.y * k;
+    clipped = true;
+  }
+  const x = (W - b.w * k) / 2 - b.x * k;
+  return { k, x, y, clipped };
+}
+
+/**
+ * The view after stage `box` opened (or closed) in place: the stage as a whole when
+ * it fits at the current zoom; otherwise zoomed out until it fits, but never below
+ * `minScale` (a view zoomed out further, as after Fit, zooms in to it), and then its
+ * top-left (the header with its name and the collapse button) in view. Moves as
+ * little as it can: `t` already keeps the box where the user clicked it.
+ * @param {{x: number, y: number, w: number, h: number}} box
+ * @param {{k: number, x: number, y: number}} t the current transform
+ * @returns {{k: number, x: number, y: number}}
+ */
+export function showBoxTransform(box, t, W, H, { minScale = READABLE_SCALE, pad = 16 } = {}) {
+  const fitK = Math.min((W - 2 * pad) / box.w, (H - 2 * pad) / box.h);
+  const k = Math.max(minScale, Math.min(t.k, fitK));
+  // the box's top-left stays where it is on screen (when the zoom changes, too)
+  let x = t.x + box.x * t.k - box.x * k;
+  let y = t.y + box.y * t.k - box.y * k;
+  const place = (pos, size, span) => {
+    // pos: the box's screen start; a box longer than the view starts at its start
+    if (size > span - 2 * pad) return pad - pos;
+    if (pos + size > span - pad) return span - pad - size - pos;
+    if (pos < pad) return pad - pos;
+    return 0;
+  };
+  x += place(x + box.x * k, box.w * k, W);
+  y += place(y + box.y * k, box.h * k, H);
+  return { k, x, y };
+}
+
+/**
+ * Which sides of the drawing `b` lie past the W×H view by more than `slack` px
+ * ("above", "below", "left", "right"), for the hint that there is more to see.
+ * @returns {string[]}
+ */
+export function hiddenSides(b, t, W, H, slack = 12) {
+  if (!b || !b.w || !b.h) return [];
+  const left = t.x + b.x * t.k;
+  const top = t.y + b.y * t.k;
+  const right = left + b.w * t.k;
+  const bottom = top + b.h * t.k;
+  const out = [];
+  if (top < -slack) out.push("above");
+  if (bottom > H + slack) out.push("below");
+  if (left < -slack) out.push("left");
+  if (right > W + slack) out.push("right");
+  return out;
+}
+
+/** The hint's text: "more below · drag to pan, Fit shows all" ("" when nothing is hidden). */
+export function moreText(sides) {
+  if (!sides.length) return "";
+  const words = { above: "above", below: "below", left: "to the left", right: "to the right" };
+  return `more ${sides.map((s) => words[s]).join(", ")} · drag to pan, Fit shows all`;
+}
