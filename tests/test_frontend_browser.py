@@ -967,6 +967,89 @@ def test_the_panel_header_names_the_stage_s_place_never_its_id(page, nnx, nnx_re
     assert page.errors == []
 
 
+FACE_COLOURS = """() => [...document.querySelectorAll('.sv-node[data-node-id]')].map((g) => {
+  const cs = (el) => el ? getComputedStyle(el) : null;
+  const bg = cs(g.querySelector(':scope > .sv-node-bg:not(.sv-stacked)'));
+  const chip = g.querySelector(':scope > .sv-chip');
+  const lift = cs(g.querySelector(':scope > .sv-chip-lift'));
+  const spark = cs(g.querySelector('.sv-spark'));
+  const badge = g.querySelector('.sv-badge');
+  return {
+    id: g.dataset.nodeId, bg: bg.fill, chip: chip.getAttribute('fill'),
+    lift: lift && lift.display !== 'none' ? [lift.fill, Number(lift.opacity)] : null,
+    spark: spark ? [spark.fill, Number(spark.opacity)] : null,
+    badge: badge ? [cs(badge.querySelector('text')).fill, cs(badge.querySelector('rect')).fill,
+                    Number(cs(badge.querySelector('rect')).opacity)] : null,
+  };
+})"""
+
+
+def _rgb(c):
+    if c.startswith("#"):
+        return tuple(int(c[i : i + 2], 16) for i in (1, 3, 5))
+    return tuple(int(float(v)) for v in re.findall(r"[\d.]+", c)[:3])
+
+
+def _over(fg, alpha, bg):
+    return tuple(
+        round(f * alpha + b * (1 - alpha)) for f, b in zip(_rgb(fg), _rgb(bg), strict=True)
+    )
+
+
+def _contrast(a, b):
+    def lum(c):
+        lin = [
+            (v / 255) / 12.92 if v / 255 <= 0.03928 else ((v / 255 + 0.055) / 1.055) ** 2.4
+            for v in c
+        ]
+        return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+    hi, lo = sorted(
+        [lum(_rgb(a) if isinstance(a, str) else a), lum(_rgb(b) if isinstance(b, str) else b)]
+    )[::-1]
+    return (hi + 0.05) / (lo + 0.05)
+
+
+def _hex(c):
+    return "#{:02x}{:02x}{:02x}".format(*c)
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_face_colours_have_contrast(browser, nnx, nnx_report, scheme):
+    """Chips of the lowest values (viridis's #440154 was 1.03:1 on a dark node),
+    sparklines (2.0-2.3:1) and kind badges stand out from the node: graphics ≥ 3:1,
+    badge text ≥ 4.5:1."""
+    p = Page(browser, color_scheme=scheme)
+    try:
+        pg = p.open_report(nnx_report)
+        lm = _by_label(nnx, "TransformerLM")
+        _expand(pg, _by_label(nnx, "layers[1]", lm))
+        faces = pg.evaluate(FACE_COLOURS)
+        chips = [f for f in faces if f["chip"] != "none"]
+        assert len(chips) > 5 and any(f["spark"] for f in faces)
+        for f in faces:
+            bg = _rgb(f["bg"])
+            # (light: viridis's top, yellow, is pale on white; its dark end is 15:1)
+            if f["chip"] != "none" and scheme == "dark":
+                chip = (
+                    _over(f["lift"][0], f["lift"][1], f["chip"]) if f["lift"] else _rgb(f["chip"])
+                )
+                assert _contrast(chip, bg) >= 3, (scheme, f)
+            if f["spark"]:
+                assert _contrast(_over(f["spark"][0], f["spark"][1], _hex(bg)), bg) >= 3, (
+                    scheme,
+                    f,
+                )
+            if f["badge"]:
+                tint = _over(f["badge"][1], f["badge"][2], _hex(bg))
+                assert _contrast(f["badge"][0], tint) >= 4.5, (scheme, f)
+        pg.locator(".sv-graph").screenshot(path=str(ARTIFACTS / f"face_contrast_{scheme}.png"))
+        assert p.errors == []
+    finally:
+        p.close()
+
+
 @pytest.mark.browser
 def test_nnx_report_dark(browser, nnx, nnx_report):
     p = Page(browser, color_scheme="dark")

@@ -137,6 +137,7 @@ export class GraphView {
       s("rect", { class: "sv-stage-bg", width: box.w, height: box.h, rx: 10 }),
       s("rect", { class: "sv-stage-head", width: box.w, height: HEADER - 6, rx: 10 }),
       s("rect", { class: "sv-chip", x: 1, y: 1, width: 6, height: HEADER - 8, rx: 3, fill: face?.colour ?? "none" }),
+      chipLift({ x: 1, y: 1, width: 6, height: HEADER - 8, rx: 3 }),
       s("g", { class: "sv-toggle", "data-role": "toggle", transform: "translate(12,4)" }, [
         s("rect", { width: 18, height: 18, rx: 4 }),
         s("text", { x: 9, y: 13, "text-anchor": "middle", text: "−" }),
@@ -172,6 +173,7 @@ export class GraphView {
     g.append(
       s("rect", { class: "sv-node-bg", width: w, height: h, rx: 8 }),
       s("rect", { class: "sv-chip", x: 1.5, y: 1.5, width: 6, height: h - 3, rx: 3, fill: face?.colour ?? "none" }),
+      chipLift({ x: 1.5, y: 1.5, width: 6, height: h - 3, rx: 3 }),
       s("title", { text: tip.join("\n") }),
     );
     const spark = !compact && face?.hist ? sparklinePath(face.hist, 56, 22) : "";
@@ -357,6 +359,15 @@ function nanIcon(w, own) {
     s("text", { y: 4, "text-anchor": "middle", text: "!" }),
     s("title", { text: own ? "NaN/Inf in this node's values" : "NaN/Inf inside this stage" }),
   ]);
+}
+
+/**
+ * A white veil over a colour chip, shown in the dark theme only (styles.css): viridis's
+ * low end (#440154) is as dark as a dark node (1.03:1), so low values vanished; the
+ * veil lifts every chip, and the legend's bar alike, to ≥ 3:1 there.
+ */
+function chipLift(geom) {
+  return s("rect", { class: "sv-chip-lift", "aria-hidden": "true", ...geom });
 }
 
 function safeKind(kind) {
