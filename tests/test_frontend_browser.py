@@ -1396,3 +1396,44 @@ def test_a_short_run_s_loss_chart_has_whole_steps_and_distinct_ticks(page, tmp_p
     assert xs == [str(s) for s in range(steps)], xs
     assert len(set(ys)) == len(ys) and ys, ys
     assert page.errors == []
+
+
+@pytest.mark.browser
+def test_a_scan_s_two_outputs_face_and_panel(page, tmp_path):
+    """A scan returns its carry and its stacked ys. Its face describes the carry (its
+    first output, as its shape "f32[4] +1" does) and says so; the panel's rows about
+    the values (output, captured) follow the output picked, not the first one."""
+    import jax
+    import jax.numpy as jnp
+
+    import sowviz
+
+    def f(w, xs):
+        def step(c, x):
+            c = jnp.tanh(c @ w + x)
+            return c, c * 2.0
+
+        c, ys = jax.lax.scan(step, jnp.zeros(4), xs)
+        return jnp.sum(c**2) + jnp.mean(ys**2)
+
+    w = jax.random.normal(jax.random.PRNGKey(0), (4, 4)) / 2
+    xs = jax.random.normal(jax.random.PRNGKey(1), (6, 4))
+    ins = sowviz.inspect(f, w, xs, mode="grad")
+    model = ins.to_dict()
+    scan = next(n["id"] for n in model["nodes"] if n["kind"] == "scan")
+    carry, ys = (p for p in model["probes"] if p["node"] == scan)
+    pg = page.open_report(ins.save_html(tmp_path / "scan.html"))
+    value = node(pg, scan).locator(".sv-value").text_content()
+    assert value == f"[0] ‖grad‖₂ = {carry['summaries']['cotangent']['l2']:.4g}", value
+    node(pg, scan).locator(".sv-label").click()
+    detail = pg.locator('[data-role="detail"]')
+    captured = detail.locator('[data-meta="captured"]')
+    assert captured.inner_text() == "[4] · 4 values"
+    assert detail.locator('[data-meta="output"]').inner_text() == "[0] (1 of 2)"
+    detail.locator('[data-role="probe"]').select_option(ys["id"])
+    assert captured.inner_text() == "[6, 4] · 24 values"
+    assert detail.locator('[data-meta="output"]').inner_text() == "[1] (2 of 2)"
+    cell = detail.locator('[data-role="stats"] tr[data-stat="l2"] td').last
+    assert float(cell.inner_text()) == pytest.approx(ys["summaries"]["cotangent"]["l2"], rel=1e-3)
+    pg.screenshot(path=str(ARTIFACTS / "scan_two_outputs.png"))
+    assert page.errors == []

@@ -70,7 +70,12 @@ export class DetailPanel {
     const node = index.nodes.get(id);
     if (!node) return this.close();
     const probes = index.probesByNode.get(id) ?? [];
-    this.el.append(this.header(node), this.meta(index, node, probes));
+    let pid = this.probeByNode.get(id);
+    if (!probes.some((p) => p.id === pid)) pid = probes[0]?.id;
+    const probe = probes.find((p) => p.id === pid) ?? null;
+    // the rows about the values (dtype, output, captured) follow the probe picked
+    this.metaEl = this.meta(index, node, probes, probe);
+    this.el.append(this.header(node), this.metaEl);
     const alert = this.nonfiniteAlert(index, id, probes, ctx.origins);
     if (alert) this.el.append(alert);
     if (node.repeats) { // a group of identical blocks: each block's statistics (repeats.js)
@@ -95,9 +100,6 @@ export class DetailPanel {
       if (readTable) this.el.append(readTable);
       return;
     }
-    let pid = this.probeByNode.get(id);
-    if (!probes.some((p) => p.id === pid)) pid = probes[0].id;
-    const probe = probes.find((p) => p.id === pid);
     if (probes.length > 1) this.el.append(this.probePicker(probes, probe));
     this.body = h("div", { class: "sv-detail-body" });
     this.el.append(this.body);
@@ -138,15 +140,17 @@ export class DetailPanel {
     ]);
   }
 
-  meta(index, node, probes) {
+  /** @param {any} probe the probe shown (the picker's choice): its dtype, output and shape */
+  meta(index, node, probes, probe) {
     const rows = [];
     const src = node.source;
     if (node.primitive) rows.push(["primitive", node.primitive]);
     if (node.shapes?.length) rows.push(["shape", node.shapes.join(", ")]);
-    const s0 = probes[0] ? Object.values(probes[0].summaries)[0] : null;
+    const s0 = probe ? Object.values(probe.summaries)[0] : null;
     if (s0?.dtype) rows.push(["dtype", `${s0.dtype}${s0.complex ? " (statistics of |x|)" : ""}`]);
-    // one probe of a named output (a Tesseract's field read alone): which output it is
-    if (probes.length === 1 && probes[0].leaf) rows.push(["output", leafLabel(probes[0].leaf)]);
+    // which output the values are (a scan's carry [0] or its stacked ys [1]; a
+    // Tesseract's field read alone)
+    if (probe?.leaf) rows.push(["output", leafLabel(probe.leaf) + (probes.length > 1 ? ` (${probes.indexOf(probe) + 1} of ${probes.length})` : "")]);
     if (s0?.shape) rows.push(["captured", `[${s0.shape.join(", ")}] · ${s0.size ?? "?"} values`]);
     if (node.n_eqns > 1 || (index.children.get(node.id)?.length ?? 0) > 0) rows.push(["equations", String(node.n_eqns)]);
     if (index.model.device) rows.push(["device", index.model.device]);
@@ -158,7 +162,7 @@ export class DetailPanel {
     // a note names the probe it is about (a sow's name) or the node (its id: a stage's)
     const notes = (index.model.notes ?? []).filter((n) => n.probe === node.id || n.nodes?.includes(node.id) || probes.some((p) => p.name === n.probe));
     return h("div", {}, [
-      h("dl", { class: "sv-meta" }, rows.flatMap(([k, v, full]) => [h("dt", { text: k }), h("dd", { text: v, title: full ?? v })])),
+      h("dl", { class: "sv-meta" }, rows.flatMap(([k, v, full]) => [h("dt", { text: k }), h("dd", { text: v, title: full ?? v, "data-meta": k })])),
       ...notes.map((n) => h("p", { class: `sv-note sv-note-${n.level === "error" ? "error" : "warning"}` }, said(n.message))),
     ]);
   }
@@ -209,7 +213,12 @@ export class DetailPanel {
       this.probeByNode.set(this.nodeId, sel.value);
       this.purgeCharts();
       clear(this.body);
-      this.drawProbe(probes.find((p) => p.id === sel.value));
+      const probe = probes.find((p) => p.id === sel.value);
+      const node = this.index.nodes.get(this.nodeId);
+      const meta = this.meta(this.index, node, probes, probe);
+      this.metaEl?.replaceWith(meta);
+      this.metaEl = meta;
+      this.drawProbe(probe);
     });
     return h("label", { class: "sv-row" }, [h("span", { class: "sv-muted", text: "probe" }), sel]);
   }

@@ -33,18 +33,25 @@ export function sparklinePath(counts, w, h) {
  */
 export function computeFaces(index, ids, { mode, stat }) {
   const all = [];
-  for (const probes of index.probesByNode.values()) all.push(nodeStat(ownOutputs(probes), mode, stat));
+  for (const probes of index.probesByNode.values()) all.push(nodeStat(faceOutputs(probes), mode, stat));
   const scale = logScale(all);
   const faces = new Map();
   for (const id of ids) {
     const probes = index.probesByNode.get(id);
-    const value = probes ? nodeStat(ownOutputs(probes), mode, stat) : null;
-    let hist = null;
-    for (const p of ownOutputs(probes)) {
-      const s = p.summaries?.[mode];
-      if (s?.hist?.counts?.length) { hist = s.hist.counts; break; }
-    }
-    let text = value == null ? "" : `${statSymbol(mode, stat)} = ${fmt(value)}`;
+    // a stage of several outputs (a scan's carry and stacked ys): the face is its first
+    // output's, as its shape ("f32[4] +1") and the panel's first pick are, and says so
+    const own = ownOutputs(probes);
+    const shown = faceOutputs(probes);
+    const value = probes ? nodeStat(shown, mode, stat) : null;
+    const hist = shown[0]?.summaries?.[mode]?.hist?.counts?.length ? shown[0].summaries[mode].hist.counts : null;
+    const sym = statSymbol(mode, stat);
+    const which = own.length > 1 ? `${outputName(shown[0], own)} ` : "";
+    let text = value == null ? "" : `${which}${sym} = ${fmt(value)}`;
+    // each output's value, for the tooltip
+    const outputs = own.length > 1 ? own.map((p) => {
+      const v = nodeStat([p], mode, stat);
+      return `${outputName(p, own)}: ${v == null ? "no value" : `${sym} = ${fmt(v)}`}`;
+    }) : null;
     // Statistics are over the finite values: a NaN gradient's ‖grad‖₂ is 0 over none
     // of them, so the face says what else it holds ("grad: 128 NaN", "‖grad‖₂ = 2 · 1 +Inf").
     const bad = nonfiniteCounts(probes, mode);
@@ -61,9 +68,20 @@ export function computeFaces(index, ids, { mode, stat }) {
       if (own.text) text = `value = ${own.kind}`;
       else if (out.mean != null) text = `value = ${fmt(out.mean)}`;
     }
-    faces.set(id, { value, colour: scale.colour(value), text, short: short ?? text, hist });
+    faces.set(id, { value, colour: scale.colour(value), text, short: short ?? text, hist, outputs });
   }
   return { faces, scale };
+}
+
+/** The probes a face describes: the first of the stage's own outputs. */
+export function faceOutputs(probes) {
+  return ownOutputs(probes).slice(0, 1);
+}
+
+/** An output as the face names it: its leaf (`[0]`, `a.b`), or its place (`#2`) when long. */
+function outputName(p, own) {
+  const leaf = String(p?.leaf ?? "").replace(/\['([^']*)'\]/g, ".$1").replace(/^\./, "");
+  return leaf && leaf.length <= 10 ? leaf : `#${own.indexOf(p) + 1}`;
 }
 
 /**

@@ -125,3 +125,18 @@ test("a face describes a stage's outputs, not what it saved for its backward pas
   assert.equal(faces.get(base.node).text, "‖grad‖₂ = 3 · 2 NaN");
   assert.equal(faces.get(base.node).value, 3);
 });
+
+test("a stage of several outputs (a scan's carry and ys): its face is its first output's, and says so", () => {
+  const m = paramsModel();
+  const scan = { ...m.nodes[6], id: "n8", label: "scan(step)", kind: "scan", shapes: ["float32[4]", "float32[6,4]"] };
+  m.nodes.push(scan);
+  const out = (id, leaf, l2, counts) => ({ id, name: "scan(step)", leaf, node: "n8", auto: true,
+    summaries: { primal: summary(), cotangent: summary({ l2, hist: { edges: [0, 1, 2], counts } }) } });
+  m.probes.push(out("p8", "[0]", 2.6, [5, 1]), out("p9", "[1]", 0.54, [1, 9]));
+  const { faces } = computeFaces(indexModel(m), ["n8"], { mode: "cotangent", stat: "l2" });
+  const f = faces.get("n8");
+  assert.equal(f.value, 2.6); // the carry's, not √(2.6² + 0.54²) of the two together
+  assert.equal(f.text, "[0] ‖grad‖₂ = 2.6");
+  assert.deepEqual(f.hist, [5, 1]); // the sparkline is of the same output
+  assert.deepEqual(f.outputs, ["[0]: ‖grad‖₂ = 2.6", "[1]: ‖grad‖₂ = 0.54"]);
+});
