@@ -178,6 +178,9 @@ class Inspector(anywidget.AnyWidget):
         super().__init__(model=model or {}, mode=init_mode, **kwargs)
         self._rerun = rerun
         self._warming: dict[str, threading.Event] = {}  # set once compiled (or failed)
+        # modes whose program is compiled (shown before, or warmed): a switch to one
+        # traces and compiles nothing, so its status starts at "running", not "tracing"
+        self._compiled: set[str] = set()
         self.can_locate = rerun is not None
         self.on_msg(self._on_message)
 
@@ -238,7 +241,11 @@ class Inspector(anywidget.AnyWidget):
     def _compute(self, mode: str, *, raise_errors: bool) -> bool:
         assert self._rerun is not None
         rerun = self._rerun
-        return self._work(Phase.TRACING, lambda: rerun(mode), raise_errors=raise_errors)
+        start = Phase.RUNNING if mode in self._compiled else Phase.TRACING
+        done = self._work(start, lambda: rerun(mode), raise_errors=raise_errors)
+        if done:
+            self._compiled.add(mode)
+        return done
 
     def _warm(self, modes: Sequence[str], compile_mode: Callable[[str], None]) -> None:
         """Compile `modes` (those not shown nor warmed before) one after another in a
@@ -259,6 +266,7 @@ class Inspector(anywidget.AnyWidget):
                         # exit waits for this thread, and a compile would delay it.
                         if threading.main_thread().is_alive():
                             compile_mode(m)
+                            self._compiled.add(m)
                 except Exception:  # the switch compiles again and shows what went wrong
                     pass
                 finally:

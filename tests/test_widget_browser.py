@@ -236,6 +236,53 @@ def _mode_switch(monkeypatch, bridge):
 
 
 @pytest.mark.browser
+def test_a_switch_back_to_a_mode_shown_before_says_no_tracing(monkeypatch, bridge):
+    """Back to a mode computed before, nothing is traced nor compiled: the kernel says
+    "running", never "tracing"; then, while the new model is decoded and drawn, the
+    status line says "drawing…", and goes once it is drawn."""
+    shown_by_show(monkeypatch, bridge)
+    w = sowviz.show(loss, PARAMS, X, mode="grad", warm=())
+    bridge.deliver()
+    pg = bridge.page
+    pg.wait_for_selector("[data-node-id]")
+    pg.select_option('[data-role="mode"]', "jvp")
+    bridge.pump()  # jvp: traced and compiled the first time
+    bridge.deliver()
+    pg.wait_for_selector('[data-role="status"]', state="hidden")
+    pg.select_option('[data-role="mode"]', "grad")
+    bridge.pump()
+    assert w.model["mode"] == "grad"
+    states = [d["state"] for d, _ in bridge.sent if d.get("method") == "update"]
+    said = [(st["phase"], st.get("status", "")) for st in states if "phase" in st]
+    assert said[0][0] == "running" and "running" in said[0][1], said
+    assert not any(p == "tracing" or "tracing" in t for p, t in said), said
+    status = pg.locator('[data-role="status"]')
+    bridge.deliver(until=phase_is("running"))
+    assert status.inner_text().strip() == "running loss…"
+    # the model and "ready" arrive together; the status right after them (the model is
+    # still being decoded and drawn), read in the same task
+    msgs = []
+    while bridge.sent:
+        data, buffers = bridge.sent.pop(0)
+        msgs.append(
+            {"state": data["state"], "buffer_paths": data["buffer_paths"], "buffers": b64(buffers)}
+        )
+    assert [m["state"].get("phase") for m in msgs][-1] == "ready"
+    right_after = pg.evaluate(
+        """(msgs) => {
+        for (const m of msgs) window.__bridge.apply(m);
+        const el = document.querySelector('[data-role="status"]');
+        return [el.hidden, el.textContent.trim()];
+    }""",
+        msgs,
+    )
+    assert right_after == [False, "drawing…"], right_after
+    status.wait_for(state="hidden")
+    assert pg.locator('[data-role="stat"]').input_value().startswith("cotangent")
+    assert bridge.p.errors == []
+
+
+@pytest.mark.browser
 def test_an_error_is_shown_as_text(monkeypatch, bridge):
     shown_by_show(monkeypatch, bridge)
     evil = "<img src=x onerror=window.__pwned=1> in `x`: pass an array"

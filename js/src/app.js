@@ -23,7 +23,7 @@ export const MODES = ["primal", "grad", "jvp", "vjp", "all"];
 export const FIT_MIN_SCALE = READABLE_SCALE;
 const EMPTY = "Nothing to show yet: the model has no nodes.";
 /** Phases in which Python is working (`phase` trait of the widget). */
-export const WORKING = new Set(["tracing", "compiling", "running", "locating"]);
+export const WORKING = new Set(["tracing", "compiling", "running", "locating", "drawing"]);
 
 /**
  * @typedef {Object} AppOptions

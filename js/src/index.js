@@ -29,7 +29,7 @@ export function mount(el, model, options = {}) {
  * @typedef {Object} MountHandle
  * @property {(model: any) => void} update
  * @property {(step: any) => void} pushStep
- * @property {(phase: import("./types").Phase, text: string) => void} setStatus
+ * @property {(phase: import("./types").ViewPhase, text: string) => void} setStatus
  * @property {() => void} destroy
  */
 
@@ -127,13 +127,32 @@ async function render({ model, el }) {
     },
     onLocate: model.get("can_locate") ? () => model.send(/** @type {import("./types").LocateMessage} */ ({ type: "locate" })) : undefined,
   });
-  const onStatus = () => handle.setStatus(model.get("phase") ?? "ready", model.get("status") ?? "");
+  // A new model is decoded, then drawn: until it is, the status says "drawing…" (once
+  // Python is "ready" it has nothing more to say; a switch back to a mode computed
+  // before spends its time here, and said "tracing…" though nothing was traced).
+  let drawing = false;
+  const onStatus = () => {
+    const phase = model.get("phase") ?? "ready";
+    if (drawing && phase === "ready") handle.setStatus("drawing", "drawing…");
+    else handle.setStatus(phase, model.get("status") ?? "");
+  };
   onStatus();
   // Decoding is asynchronous: only the newest model is drawn.
   let latest = 0;
   const onModel = () => {
     const mine = ++latest;
-    widgetModel(model).then((m) => { if (mine === latest) { handle.update(m); onStatus(); } }, (err) => handle.setStatus("error", String(err)));
+    drawing = true;
+    onStatus();
+    widgetModel(model)
+      .then(async (m) => {
+        if (mine !== latest) return;
+        await nextPaint(); // the status line shows before the (synchronous) drawing
+        if (mine !== latest) return;
+        handle.update(m);
+        drawing = false;
+        onStatus();
+      })
+      .catch((err) => { drawing = false; handle.setStatus("error", String(err)); });
   };
   model.on("change:model", onModel);
   model.on("change:phase", onStatus);
@@ -144,6 +163,14 @@ async function render({ model, el }) {
     model.off("change:status", onStatus);
     handle.destroy();
   };
+}
+
+/** Resolves once the browser has painted (a frame, then a task after it). */
+function nextPaint() {
+  return new Promise((resolve) => {
+    if (typeof requestAnimationFrame === "undefined") { setTimeout(resolve, 0); return; }
+    requestAnimationFrame(() => setTimeout(resolve, 0));
+  });
 }
 
 /** Mounts every embedded report model on the page (once each). */

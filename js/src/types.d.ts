@@ -6,6 +6,9 @@ export type Mode = "primal" | "grad" | "jvp" | "vjp" | "all";
 /** What the kernel is doing (`sowviz._progress.Phase`). */
 export type Phase = "ready" | "tracing" | "compiling" | "running" | "locating" | "error";
 
+/** The status a view shows: Python's phase, or "drawing" while a new model is drawn. */
+export type ViewPhase = Phase | "drawing";
+
 /** Synced traits of `sowviz.widget.Inspector` / `MonitorView` (anywidget model). */
 export interface WidgetTraits {
   /** The sowviz/1 model: the serializer sends gzipped JSON as a binary buffer (empty: no model yet). */
