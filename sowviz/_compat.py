@@ -120,6 +120,38 @@ capturing = _config.bool_state(
     include_in_trace_context=True,
 )
 
+# A sow's serial number (its `index`) must differ between two calls of one
+# function. JAX reuses the program it traced for `jax.jit(f)` or
+# `jax.checkpoint(f)` when `f` is called again with like arguments, so three
+# calls of a jitted block would share one sow equation and one number, and their
+# values would land under one name. This serial is part of the trace context, so
+# it keys JAX's tracing caches; every sow traced while capturing moves it on, so
+# the next call of a function holding a sow misses those caches and is traced
+# again (as a plain Python call is), its sow with a number of its own. Its values
+# are never reused, not even by the next capture: a trace cached by an earlier
+# capture would be hit without tracing its sow, so without moving the serial on.
+_serials = itertools.count(1)
+capture_serial = _config.int_state(
+    "sowviz_capture_serial",
+    0,
+    "Internal to sowviz: counts the sows traced by the current capture.",
+    include_in_trace_context=True,
+)
+
+
+@contextlib.contextmanager
+def capture_tracing() -> Iterator[None]:
+    """Trace a capture: sows carry their effect, and each call of a function holding
+    a sow is traced anew (see `capture_serial`)."""
+    with capturing(True), capture_serial(next(_serials)):
+        yield
+
+
+def sow_traced() -> None:
+    """Note that a sow was traced: later calls of cached traces are traced again."""
+    if capturing.value:
+        capture_serial.set_local(next(_serials))
+
 
 def is_symbolic_zero(x: Any) -> bool:
     """Whether a tangent or cotangent is JAX's symbolic zero (`ad.Zero`)."""

@@ -172,7 +172,7 @@ class Traced:
             return [names[i] for i in spec.dynamic]
 
         with (
-            _compat.capturing(True),
+            _compat.capture_tracing(),
             _compat.recording_foreign_sow_treedefs(),  # `tesseract_jax.sow`'s tree
             _compat.traced_as(flat_fn, fn, dyn_names),
         ):

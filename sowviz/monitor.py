@@ -44,7 +44,6 @@ lazily when `mon` is displayed) and sinks (`log_dir`, TensorBoard, W&B, from
 from __future__ import annotations
 
 import atexit
-import sys
 import threading
 import time
 import warnings
@@ -58,6 +57,7 @@ import numpy as np
 
 from . import _model, _state, _wire
 from . import nonfinite as _nonfinite
+from ._caller import user_stacklevel
 from ._entry import LazyEntry
 from ._history import History
 from ._program import CHAIN_START, Out, Traced, runner_for
@@ -464,7 +464,7 @@ class Monitor:
             "on; `Monitor(..., stop_on_nonfinite=True)` stops at the first such step, "
             "before its update is applied.",
             NonFiniteWarning,
-            stacklevel=_caller_level(),
+            stacklevel=user_stacklevel(),
         )
 
     def _drop_args(self) -> None:
@@ -576,15 +576,6 @@ class Monitor:
         """Write a report with the graph, the latest summaries and the history (atomically)."""
         self.flush()
         return _model.write("html", self.to_dict(created=created), path)
-
-
-def _caller_level() -> int:
-    """`warnings.warn`'s stacklevel of the first frame outside sowviz (the user's
-    `mon.step`, `mon.flush()`, ... call), seen from the function that warns."""
-    frame, level = sys._getframe(2), 2
-    while frame is not None and frame.f_globals.get("__name__", "").startswith("sowviz."):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 def _parts(out: Out, primal: bool) -> tuple:

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _compat, _outputs
+from .._caller import user_stacklevel
 from .._gc import gc_paused
 from . import rules as _rules  # noqa: F401  (registers the rules)
 from .interpret import evaluate_closed
@@ -137,7 +138,7 @@ class SaveIntermediates:
             return out
 
         with (
-            _compat.capturing(True),
+            _compat.capture_tracing(),
             _compat.recording_foreign_sow_treedefs(),
             sows_called() as called,
         ):
@@ -145,17 +146,22 @@ class SaveIntermediates:
         rec = Recorder(self._options)
         outs = evaluate_closed(closed, flat, rec)
         self.notes = list(rec.notes) + self._unreached(called, rec)
+        notes = self.notes  # assemble adds what it leaves out
         result = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), outs)
         axes: dict = {}  # {(tag?, name): {mode: Site.axes}}, for per-iteration summaries
         if self._by_tag:
             inter = {
                 t: assemble(
-                    [c for c in rec.captures if c.site.tag == t], self._duplicates, axes, (t,)
+                    [c for c in rec.captures if c.site.tag == t],
+                    self._duplicates,
+                    axes,
+                    (t,),
+                    notes,
                 )
                 for t in sorted(self._options.tags)
             }
         else:
-            inter = assemble(rec.captures, self._duplicates, axes)
+            inter = assemble(rec.captures, self._duplicates, axes, notes=notes)
         if self._summary is None:
             return result, inter
         depth = 2 if self._by_tag else 1
@@ -181,7 +187,7 @@ class SaveIntermediates:
             and name not in rec.dropped  # already said (`interpret.UNSUPPORTED`)
         ]
         for note in notes:
-            warnings.warn(note, stacklevel=4)
+            warnings.warn(note, stacklevel=user_stacklevel())
         return notes
 
     def traced(self, *args, **kwargs):
@@ -354,12 +360,18 @@ DUPLICATE = (
 
 
 def assemble(
-    captures: list[Capture], duplicates: str, axes: dict | None = None, prefix: tuple = ()
+    captures: list[Capture],
+    duplicates: str,
+    axes: dict | None = None,
+    prefix: tuple = (),
+    notes: list[str] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Captures → `{name: {mode: value pytree, "iterations"/"taken": meta}}`.
 
     With `axes`, also records `axes[(*prefix, name)] = {mode: Site.axes}` (the
-    leading axes enclosing constructs added) for names that keep them."""
+    leading axes enclosing constructs added) for names that keep them. Values left
+    out (`_foreign_calls`) are said in `notes`, and warned about."""
+    notes = [] if notes is None else notes
     by_name: dict[str, list[Capture]] = {}
     for c in captures:
         by_name.setdefault(c.site.name, []).append(c)
@@ -388,14 +400,14 @@ def assemble(
             )
         elif duplicates == "suffix":
             numbers = _free_suffixes(name, taken)
-            for group in _by_call(caps):
+            for group in _by_call(caps, notes):
                 key = next(numbers)
                 taken.add(key)
                 out[key] = _entry(group)
                 if axes is not None:
                     axes[(*prefix, key)] = {c.site.mode: c.site.axes for c in group}
         else:
-            out[name] = _stacked([_entry(g) for g in _by_call(caps)], name)
+            out[name] = _stacked([_entry(g) for g in _by_call(caps, notes)], name)
     return out
 
 
@@ -406,17 +418,45 @@ def _free_suffixes(name: str, taken: set[str]) -> Iterator[str]:
             yield f"{name}_{i}"
 
 
-def _by_call(caps: list[Capture]) -> list[list[Capture]]:
+def _by_call(caps: list[Capture], notes: list[str]) -> list[list[Capture]]:
     """Group captures into one group per `sow` call, in program order."""
-    groups: dict[tuple, list[Capture]] = {}
-    seen: dict[tuple, int] = {}
+    groups: dict[int, list[Capture]] = {}
+    foreign: dict[str, list[Capture]] = {}
     for c in caps:
-        # A foreign sow has no call number: its n-th occurrence per mode is call n.
-        k = (c.site.call,) if c.site.call >= 0 else ("foreign", seen.get(c.site.mode, 0))
-        if c.site.call < 0:
-            seen[c.site.mode] = seen.get(c.site.mode, 0) + 1
-        groups.setdefault(k, []).append(c)
-    return [groups[k] for k in sorted(groups, key=lambda k: (isinstance(k[0], str), k))]
+        if c.site.call >= 0:
+            groups.setdefault(c.site.call, []).append(c)
+        else:
+            foreign.setdefault(c.site.mode, []).append(c)
+    return [groups[k] for k in sorted(groups)] + _foreign_calls(foreign, notes)
+
+
+FOREIGN_UNPAIRED = (
+    "sowviz: `tesseract_jax.sow` was called {calls} times with the name {name!r}, "
+    "and only {n} of those calls sowed a {mode} (a call whose value does not reach "
+    "the output has none). Its sows carry no call number, so which calls those are "
+    "is unknown, and the {mode}s of {name!r} were left out. Give each call a name of "
+    "its own, or use `sowviz.sow`, whose calls stay distinct."
+)
+
+
+def _foreign_calls(by_mode: dict[str, list[Capture]], notes: list[str]) -> list[list[Capture]]:
+    """`tesseract_jax.sow`'s captures of one name, one group per call.
+
+    Its sows have no call number, so the n-th capture of each mode is call n. A
+    gradient's program runs backwards, so its cotangents come in reverse order. A
+    mode sown by fewer calls than the primal cannot be paired, and is left out."""
+    if not by_mode:
+        return []
+    calls = max(len(caps) for caps in by_mode.values())
+    ordered = []
+    for mode, caps in by_mode.items():
+        if len(caps) == calls:
+            ordered.append(caps[::-1] if mode == "cotangent" else caps)
+            continue
+        note = FOREIGN_UNPAIRED.format(calls=calls, name=caps[0].site.name, n=len(caps), mode=mode)
+        notes.append(note)
+        warnings.warn(note, stacklevel=user_stacklevel())
+    return [list(call) for call in zip(*ordered, strict=True)]
 
 
 def _entry(caps: list[Capture]) -> dict[str, Any]:

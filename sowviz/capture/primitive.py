@@ -212,6 +212,7 @@ def sow(value: Any, name: str, *, tag: str = "intermediates") -> Any:
         zeros=(),
         index=_next_index(),
     )
+    _compat.sow_traced()
     return jax.tree_util.tree_unflatten(treedef, outs)
 
 
