@@ -173,6 +173,9 @@ def test_show_draws_from_the_synced_model_trait_after_the_status(monkeypatch, br
     seen = []
     for phase in ("compiling", "running", "ready"):
         bridge.deliver(until=phase_is(phase))
+        # ready: the model came just before, and is drawn now ("drawing…", then hidden)
+        if phase == "ready":
+            status.wait_for(state="hidden")
         seen.append((pg.evaluate("window.__bridge.traits.phase"), status.is_visible()))
         if phase == "compiling":
             assert "compiling fresh_loss with XLA" in status.inner_text()
@@ -224,7 +227,7 @@ def _mode_switch(monkeypatch, bridge):
     ARTIFACTS.mkdir(exist_ok=True)
     pg.locator(".sowviz").screenshot(path=str(ARTIFACTS / "widget_mode_switch_dark.png"))
     bridge.deliver()
-    assert status.is_hidden()
+    status.wait_for(state="hidden")  # "drawing…" until the new model is drawn
     pg.locator('[data-kind="input"]', has_text="x").first.click()
     detail = pg.locator('[data-role="detail"]')
     detail.wait_for(state="visible")
