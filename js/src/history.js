@@ -142,6 +142,18 @@ export function shownStep(h, wanted) {
   return i < 0 || i === h.steps.length - 1 ? null : wanted;
 }
 
+/** Step `i` of history `h` as the step message that appended it. */
+export function stepAt(h, i) {
+  const probes = {};
+  for (const [pid, byMode] of Object.entries(h.probes ?? {})) {
+    for (const [mode, list] of Object.entries(byMode ?? {})) {
+      if (list?.[i] != null) (probes[pid] ??= {})[mode] = list[i];
+    }
+  }
+  const nonfinite = h.nonfinite?.step === h.steps[i] ? h.nonfinite : undefined;
+  return { step: h.steps[i], loss: h.loss[i], finite: h.finite?.[i] ?? null, probes, nonfinite };
+}
+
 /** A store with listeners; one per widget model (shared by all its views). */
 export class HistoryStore {
   constructor(history) {
@@ -149,7 +161,14 @@ export class HistoryStore {
     this.listeners = new Set();
   }
   reset(history) {
+    const before = this.history;
     this.history = copyHistory(history);
+    // Steps pushed while this model was on its way are newer than its history: the
+    // Monitor sent them after it, and decoding a model takes longer than a step. They
+    // were lost (a live chart missed steps 2 and 3 of 6).
+    const n = this.history.steps.length;
+    const last = n ? this.history.steps[n - 1] : -Infinity;
+    before?.steps?.forEach((s, i) => { if (s > last) appendStep(this.history, stepAt(before, i)); });
     this.emit();
   }
   push(step) {

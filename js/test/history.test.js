@@ -40,6 +40,27 @@ test("copies do not share arrays with the model; the store notifies", () => {
   assert.deepEqual(copyHistory(null).steps, []);
 });
 
+test("a model arriving after newer steps keeps them (decoding it took longer than a step)", () => {
+  // The Monitor sent a model holding steps 0-1, then steps 2 and 3; the steps were
+  // decoded and pushed first. Resetting to the model dropped them.
+  const store = new HistoryStore({ steps: [0], loss: [1], probes: { p0: { primal: [{ l2: 1 }] } } });
+  store.push({ step: 1, loss: 0.9, probes: { p0: { primal: { l2: 2 } } } });
+  store.push({ step: 2, loss: 0.8, finite: true, probes: { p0: { primal: { l2: 3 } } } });
+  store.push({ step: 3, loss: null, finite: false, probes: { p1: { cotangent: { l2: 4 } } }, nonfinite: { forward: "n4", backward: null } });
+  store.reset({ steps: [0, 1], loss: [1, 0.9], finite: [true, true], probes: { p0: { primal: [{ l2: 1 }, { l2: 2 }] } }, nonfinite: null });
+  const h = store.history;
+  assert.deepEqual(h.steps, [0, 1, 2, 3]);
+  assert.deepEqual(h.loss, [1, 0.9, 0.8, null]);
+  assert.deepEqual(h.finite, [true, true, true, false]);
+  assert.deepEqual(h.probes.p0.primal.map((s) => s?.l2 ?? null), [1, 2, 3, null]);
+  assert.deepEqual(h.probes.p1.cotangent.map((s) => s?.l2 ?? null), [null, null, null, 4]);
+  assert.deepEqual(h.nonfinite, { step: 3, forward: "n4", backward: null });
+  // a model that already holds those steps replaces them, once each
+  store.reset({ steps: [0, 1, 2, 3], loss: [1, 0.9, 0.7, 0.6], probes: {} });
+  assert.deepEqual(store.history.steps, [0, 1, 2, 3]);
+  assert.deepEqual(store.history.loss, [1, 0.9, 0.7, 0.6]);
+});
+
 test("withLatest overlays statistics but keeps shape and loghist", () => {
   const m = smallModel();
   const h = emptyHistory();
