@@ -918,7 +918,8 @@ class UserCall:
     outermost user frame): the function's `__qualname__`, the call site as ids (the
     caller's code object and instruction offset, the callee's code object), where the
     callee has got to (`lasti`), and whether the callee's code holds a loop (so that
-    its offset can go back within one call). `site()` is the caller's line."""
+    its offset can go back within one call). `site()` is the caller's line, `here()`
+    the callee's line that made the equation."""
 
     function: str
     key: tuple[int, int, int]
@@ -926,13 +927,21 @@ class UserCall:
     loops: bool
     _caller: Any
     _caller_lasti: int
+    _callee: Any = None
 
     def site(self) -> SourceLocation | None:
-        try:
-            frame = _source_info.raw_frame_to_frame(self._caller, self._caller_lasti)
-        except Exception:  # best effort, as user_location
-            return None
-        return SourceLocation(frame.file_name, frame.start_line, frame.function_name)
+        return _location(self._caller, self._caller_lasti)
+
+    def here(self) -> SourceLocation | None:
+        return None if self._callee is None else _location(self._callee, self.lasti)
+
+
+def _location(code: Any, lasti: int) -> SourceLocation | None:
+    try:
+        frame = _source_info.raw_frame_to_frame(code, lasti)
+    except Exception:  # best effort, as user_location
+        return None
+    return SourceLocation(frame.file_name, frame.start_line, frame.function_name)
 
 
 _calls: dict[tuple, tuple[Any, UserFrames]] = {}
@@ -1039,6 +1048,7 @@ def _user_calls(frames: list[tuple[Any, int]]) -> tuple[UserCall, ...]:
             _has_loop(callee),
             caller,
             caller_lasti,
+            callee,
         )
         for (caller, caller_lasti), (callee, lasti) in itertools.pairwise(frames)
         if not callee.co_name.startswith("<")

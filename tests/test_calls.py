@@ -420,3 +420,38 @@ def test_an_output_the_stage_reads_again_carries_its_whole_gradient():
         np.testing.assert_allclose(
             [got["mean"], got["l2"]], [ct.mean(), np.linalg.norm(ct)], rtol=1e-5
         )
+
+
+def _decode_step(w, x, cache):
+    cache = cache.at[0].set(x * 3.0)  # made first, returned second
+    y = jnp.tanh(x @ w)
+    return y, cache
+
+
+def _decode_sum(w, x, cache):
+    total = jnp.sum(cache) + jnp.sum(x)  # returned as an expression: no names to place
+    y = jnp.tanh(x @ w)
+    return y * 2, total
+
+
+def _decode(w, x):
+    y, cache = _decode_step(w, x, jnp.zeros((4, 8)))
+    a, b = _decode_sum(w, x, cache)
+    return jnp.sum(y) + jnp.sum(cache) + jnp.sum(a) + b
+
+
+def test_a_calls_outputs_are_numbered_as_it_returns_them():
+    # `_decode_step` makes `cache` first and returns `(y, cache)`: its `[0]` was the
+    # cache, the order the program made them in.
+    w, x = jnp.eye(8) * 0.5, jnp.arange(8.0) / 8
+    ins = sowviz.inspect(_decode, w, x, mode="primal")
+    y, cache = _decode_step(w, x, jnp.zeros((4, 8)))
+    first, second = ins.probe("_decode_step", "[0]"), ins.probe("_decode_step", "[1]")
+    assert first.summaries["primal"]["shape"] == [8]
+    np.testing.assert_allclose(first.summaries["primal"]["max"], float(y.max()), rtol=1e-6)
+    assert second.summaries["primal"]["shape"] == [4, 8]
+    np.testing.assert_allclose(second.summaries["primal"]["max"], float(cache.max()), rtol=1e-6)
+    node = one(ins.graph, "_decode_step", "scope")
+    assert node.shapes == ("float32[8]", "float32[4,8]")
+    # Returned as expressions, outputs keep the order the program made them in.
+    assert one(ins.graph, "_decode_sum", "scope").shapes == ("float32[]", "float32[8]")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from test_calls import graph_of
 
 import sowviz
@@ -164,3 +165,68 @@ def test_a_platform_dependent_choice_shows_the_branch_that_runs():
     want = jnp.diag(jnp.linalg.cholesky(a))
     np.testing.assert_allclose(got["l2"], np.linalg.norm(want), rtol=1e-5)
     np.testing.assert_allclose(ins.result[1], jax.grad(_logdet)(a), rtol=1e-5)
+
+
+def _noised(w, x0, key):
+    k1, k2 = jax.random.split(key)
+    t, eps = jax.random.uniform(k1, (x0.shape[0],)), jax.random.normal(k2, x0.shape)
+    ab = jnp.cos(t * jnp.pi / 2)[:, None] ** 2
+    xt = jnp.sqrt(ab) * x0 + jnp.sqrt(1 - ab) * eps
+    pred = jnp.tanh(xt @ w)
+    return jnp.mean((pred - eps) ** 2)
+
+
+def test_a_line_folded_into_one_stage_is_named_by_what_it_assigns():
+    # Named `_noised:5` before: a user had to open the source to learn what it was.
+    w, x0, key = jnp.eye(4) * 0.3, jnp.ones((8, 4)), jax.random.PRNGKey(0)
+    ins = sowviz.inspect(_noised, w, x0, key, mode="grad")
+    folds = [n.label for n in ins.graph.children(ins.graph.root) if n.kind == "scope"]
+    # a return line keeps its place: its fold may be a call's arguments, not the result
+    assert folds == [
+        "k1, k2",
+        "t, eps",
+        "ab",
+        "xt",
+        f"_noised:{_noised.__code__.co_firstlineno + 6}",
+    ]
+    k1, k2 = jax.random.split(key)
+    t = jax.random.uniform(k1, (8,))
+    eps = jax.random.normal(k2, x0.shape)
+    ab = np.cos(np.asarray(t) * np.pi / 2)[:, None] ** 2
+    xt = np.sqrt(ab) * np.asarray(x0) + np.sqrt(1 - ab) * np.asarray(eps)
+    got = ins.probe("xt").summaries["primal"]
+    assert got["max"] == pytest.approx(float(xt.max()), rel=1e-5)
+    assert got["mean"] == pytest.approx(float(xt.mean()), rel=1e-5)
+
+
+def test_what_a_line_assigns_is_read_from_the_source(tmp_path):
+    from sowviz.graph.source_text import assigned
+
+    src = tmp_path / "m.py"
+    src.write_text(
+        "def f(x, cache):\n"  # 1
+        "    a, (b, c) = g(x)\n"  # 2
+        "    cache[0] += h(\n"  # 3
+        "        x)\n"  # 4
+        "    for i in range(3):\n"  # 5
+        "        self.h: int = x * i\n"  # 6
+        "    g(x)\n"  # 7
+        "    return a + b\n"  # 8
+        "very_long_name_one, very_long_name_two, very_long_name_three = 1, 2, 3\n"  # 9
+    )
+    got = {n: assigned(str(src), n) for n in range(1, 11)}
+    assert got == {
+        1: None,  # a def's header
+        2: "a, (b, c)",
+        3: "cache[0]",
+        4: "cache[0]",  # inside a statement spanning lines
+        5: None,  # a loop's header
+        6: "self.h",
+        7: None,  # a bare call assigns nothing
+        8: None,  # a return: its fold may be a call's arguments
+        9: "very_long_name_one, …",
+        10: None,
+    }
+    bad = tmp_path / "cell.py"
+    bad.write_text("%timeit x = 1\n")  # IPython magic: no Python to parse
+    assert assigned(str(bad), 1) is None

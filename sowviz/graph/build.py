@@ -19,11 +19,13 @@ from .. import _compat
 from .._forwarding import forwarded_operand
 from ..primitives import Body, Construct, construct_of, function_name, spec_of
 from . import frameworks, repeats
-from .calls import body_call, group_calls
+from .calls import body_call, call_label, group_calls
 from .copies import renames
 from .inputs import InputsMixin
 from .model import STAGE_KINDS, Capture, Edge, Node, Note, ProbePoint, StageGraph, Step
 from .names import (
+    BACKWARD,
+    CALL,
     FOLD,
     _count_eqns,
     construct_label,
@@ -37,6 +39,7 @@ from .names import (
     short_path,
 )
 from .saved import REUSED, leaf_names, saved_for_backward, saved_note
+from .source_text import assigned, returned
 from .tesseract import output_names, tesseract_label
 
 _CAPTURES = ("sows", "stages", "all")
@@ -386,6 +389,8 @@ class _Builder(InputsMixin):
         self.unrenamed = {new: old for (_, old), new in renamed.items()}
         #: a variable -> {scope name: its place in the result of that module call}
         self.returns: dict[Any, dict[str, int]] = {}
+        #: a user call's stage id -> its outputs' places in what it returns (`call_order`)
+        self.call_places: dict[str, dict[Any, int]] = {}
         #: a scope's output as `vmap` returns it -> the value it moved (`batch_first`)
         self.moved: dict[Any, Any] = {}
         for (name, var), k in (returns or {}).items():
@@ -639,6 +644,8 @@ class _Builder(InputsMixin):
         reads: dict[Any, list[int]] | None = None  # made when a scope's point needs it
         for rec in level_scopes:
             assert rec.out_vars is not None
+            if rec.scope.startswith(CALL) and len(rec.out_vars) > 1:
+                self.call_order(jaxpr, rec)
             if capture_stages and rec.out_vars:
                 if reads is None:
                     reads = _reads(jaxpr)
@@ -917,7 +924,37 @@ class _Builder(InputsMixin):
             for name in (rec.scope, self.unrenamed.get(rec.scope)):
                 if name in places:
                     return places[name]
-        return math.inf
+        return self.call_places.get(rec.id, {}).get(v, math.inf)
+
+    def call_order(self, jaxpr: Any, rec: _Rec) -> None:
+        """Where each output of the user's function call `rec` sits in what the function
+        returns, read from its source (`return y, cache`, each made on a line assigning
+        one of those names), into `call_places`; nothing unless every output is placed:
+        the traced program keeps no order of a plain function's results, only the order
+        it made them in."""
+        site = self.call_sites.get(rec.scope)
+        label = rec.scope[len(CALL) :].split("\x01", 1)[0]
+        if site is None or label.endswith(BACKWARD):
+            return
+        places: dict[Any, int] = {}
+        for v, (i, _) in rec.out_vars.items():
+            frames = _compat.user_frames(jaxpr.eqns[i])
+            call = next(
+                (
+                    c
+                    for c in (frames.calls if frames else ())
+                    if c.site() == site and call_label(c.function) == label
+                ),
+                None,
+            )
+            here = call.here() if call is not None else None
+            names = returned(here.file, here.line) if here is not None else None
+            name = assigned(here.file, here.line) if names else None
+            if not names or name not in names:
+                return
+            places[v] = names.index(name)
+        if len(set(places.values())) == len(places):
+            self.call_places[rec.id] = places
 
     # -- result ----------------------------------------------------------------
     def finish(self, root: _Rec, title: str) -> StageGraph:

@@ -36,7 +36,7 @@ from .names import BACKWARD, CALL, fold_label, function_label
 Chain = tuple[_compat.UserCall, ...] | None
 
 
-def _label(qualname: str) -> str:
+def call_label(qualname: str) -> str:
     """A user function's label: its name, a method's with its class (`Model.encode`);
     a closure by its own name, however generic (`f` in `encoder`), unlike a library's
     (`names.function_label` names optax's `update_fn` by the function that made it)."""
@@ -268,7 +268,7 @@ def group_calls(
             # scope alone would only be wrapped again
             one = j == k and items[k][1] is None
             call = by_id[keys[k]] if keys[k] is not None else None
-            label = _label(call.function) if call is not None else ""
+            label = call_label(call.function) if call is not None else ""
             if one and stages[items[k][0][0]] == label:
                 one = False
             if call is not None and (j > k or one):
@@ -320,7 +320,7 @@ def body_call(
         if not chain or (found is not None and chain[0].key != found.key):
             return None
         found = chain[0]
-    return _label(found.function) if found is not None else None
+    return call_label(found.function) if found is not None else None
 
 
 def _without_restating_scopes(out: list[tuple[str, ...]]) -> list[tuple[str, ...]]:

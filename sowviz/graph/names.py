@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 from .. import _compat
 from . import frameworks
+from .source_text import assigned
 
 _TOKEN = re.compile(r"\['((?:[^'\\]|\\.)*)'\]|\[(-?\d+)\]|\.([^.\[\]]+)|\[([^\]]*)\]")
 
@@ -429,7 +430,11 @@ def fold_names(
         whats = {(calls(m) or (None,))[0] for m in range(i, j + 1)}
         what = whats.pop() if len(whats) == 1 else None
         own = where.split("\x02", 1)[0]
-        return what if what and what != own.rsplit(":", 1)[0] else own
+        if what and what != own.rsplit(":", 1)[0]:
+            return what
+        # else what the line assigns (`t, eps`), which its number (`loss:5`) does not say
+        loc = locs[i]
+        return (loc is not None and assigned(loc.file, loc.line)) or own
 
     def unscoped(i: int) -> bool:
         return not out[i] or out[i][0].startswith(FOLD)

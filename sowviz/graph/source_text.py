@@ -1,0 +1,145 @@
+"""What a line of the user's source computes, read from the source itself.
+
+A run of equations from one line of a plain function, with no call to name it, is
+folded into one stage. Named `loss:5`, it sends the user to the source to learn what
+it is; named by the variables the line assigns (`t, eps`, `xt`), it says it. The
+source comes from `linecache`, which also holds notebook cells (IPython registers
+them there), and is parsed once per file text.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import linecache
+
+#: Longest label made of target names; longer lists keep their first names.
+_MOST = 28
+
+
+def assigned(file: str, line: int) -> str | None:
+    """The targets the simple statements at `file:line` assign, as the source spells
+    them (`k1, k2`, `self.h`, `cache[0]`); None when the source cannot be read or the
+    line assigns nothing (a bare call, a loop's header, a `return`: a fold of its line
+    may be the arguments of a call, not what it returns)."""
+    source = "".join(linecache.getlines(file))
+    if not source:
+        return None
+    statements = _statements_at(source, line)
+    if not statements:
+        return None
+    names: list[str] = []
+    for st in statements:
+        targets = (
+            st.targets
+            if isinstance(st, ast.Assign)
+            else [st.target]
+            if isinstance(st, (ast.AnnAssign, ast.AugAssign))
+            else None
+        )
+        if targets is None:
+            return None
+        for t in targets:
+            for part in t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]:
+                text = ast.unparse(part)
+                if text not in names:
+                    names.append(text)
+    return _shortened(names)
+
+
+def _shortened(names: list[str]) -> str | None:
+    if not names:
+        return None
+    out = names[0]
+    for name in names[1:]:
+        if len(out) + 2 + len(name) > _MOST:
+            return f"{out}, …"
+        out += f", {name}"
+    return out if len(out) <= _MOST else f"{out[: _MOST - 1]}…"
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(source: str) -> ast.Module | None:
+    try:
+        return ast.parse(source)
+    except (SyntaxError, ValueError):  # a cell with IPython magics, a partial file
+        return None
+
+
+def _statements_at(source: str, line: int) -> list[ast.stmt]:
+    """The innermost statements spanning `line`: those of one body (several when the
+    line holds `a = ...; b = ...`); none when it is a compound statement's header."""
+    tree = _parsed(source)
+    if tree is None:
+        return []
+    body: list[ast.stmt] = tree.body
+    while True:
+        here = [st for st in body if st.lineno <= line <= (st.end_lineno or st.lineno)]
+        inner = [
+            b
+            for st in here
+            for b in _bodies(st)
+            if b and b[0].lineno <= line <= (b[-1].end_lineno or b[-1].lineno)
+        ]
+        if not inner:
+            return [st for st in here if not _bodies(st)]
+        body = inner[0]
+
+
+def _bodies(st: ast.stmt) -> list[list[ast.stmt]]:
+    """The statement lists a compound statement holds (none for a simple one)."""
+    out = []
+    for field in ("body", "orelse", "finalbody"):
+        value = getattr(st, field, None)
+        if isinstance(value, list) and value and isinstance(value[0], ast.stmt):
+            out.append(value)
+    for handler in getattr(st, "handlers", ()):
+        out.append(handler.body)
+    for case in getattr(st, "cases", ()):
+        out.append(case.body)
+    return out
+
+
+def returned(file: str, line: int) -> tuple[str, ...] | None:
+    """The names the function holding `file:line` returns (`return y, cache`: `("y",
+    "cache")`), when every `return` of its own returns the same names; else None."""
+    tree = _parsed("".join(linecache.getlines(file)))
+    if tree is None:
+        return None
+    fn = None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
+            node.lineno <= line <= (node.end_lineno or node.lineno)
+        ):
+            if fn is None or node.lineno > fn.lineno:  # the innermost
+                fn = node
+    if fn is None:
+        return None
+    names = {_names(r.value) for r in _own_returns(fn)}
+    if len(names) != 1:
+        return None
+    (out,) = names
+    return out
+
+
+def _names(value: ast.expr | None) -> tuple[str, ...] | None:
+    if isinstance(value, ast.Name):
+        return (value.id,)
+    if isinstance(value, ast.Tuple) and all(isinstance(e, ast.Name) for e in value.elts):
+        return tuple(e.id for e in value.elts)  # type: ignore[attr-defined]
+    return None
+
+
+def _own_returns(fn: ast.AST) -> list[ast.Return]:
+    """`fn`'s return statements, not those of the functions and classes it defines."""
+    out: list[ast.Return] = []
+    todo = list(ast.iter_child_nodes(fn))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Return):
+            out.append(node)
+        elif not isinstance(
+            node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+        ):
+            todo.extend(ast.iter_child_nodes(node))
+    return out
