@@ -7,8 +7,8 @@
 #                 installs the newest JAX (0.12): the whole suite runs here.
 #   .venv-oldest  Python 3.11 with the oldest supported JAX (0.10.2): the engine,
 #                 summary, graph, inspection and model-zoo tests run here too.
-#   .venv-jax011  the newest Python with JAX 0.11.2 (what CUDA images carry): the
-#                 engine and summary tests.
+#   .venv-jax011  Python 3.13 (else 3.12) with JAX 0.11.2 (what CUDA images carry):
+#                 the engine and summary tests, and so the newest Python too.
 
 SHELL := /bin/bash
 PYENV_ROOT ?= $(HOME)/.pyenv
@@ -17,6 +17,8 @@ PYENV_ROOT ?= $(HOME)/.pyenv
 # not selected fails, so pyenv's own interpreters are tried by path first.
 find_python = $(firstword $(foreach p,$(1),$(shell p=$(p); [ -x "$$p" ] || p=$$(command -v $(p) 2>/dev/null); [ -n "$$p" ] && "$$p" -c 'import sys' >/dev/null 2>&1 && echo "$$p")))
 PYTHON_NEW ?= $(call find_python,$(wildcard $(PYENV_ROOT)/versions/3.12*/bin/python3.12) $(wildcard $(PYENV_ROOT)/versions/3.13*/bin/python3.13) python3.12 python3.13 python3)
+# The JAX 0.11 environment takes the newest Python, so that 3.13 is tested too.
+PYTHON_MID ?= $(call find_python,$(wildcard $(PYENV_ROOT)/versions/3.13*/bin/python3.13) python3.13 $(PYTHON_NEW))
 PYTHON_OLD ?= $(call find_python,$(wildcard $(PYENV_ROOT)/versions/3.11*/bin/python3.11) python3.11 python3)
 OLDEST_JAX := jax==0.10.2 jaxlib==0.10.2
 MIDDLE_JAX := jax==0.11.2 jaxlib==0.11.2
@@ -61,7 +63,8 @@ $(OLD_STAMP): pyproject.toml
 	touch $(OLD_STAMP)
 
 $(MID_STAMP): pyproject.toml
-	[ -x $(PY_MID) ] || $(PYTHON_NEW) -m venv $(VENV_MID)
+	@echo "Python for JAX 0.11: $(PYTHON_MID)"
+	[ -x $(PY_MID) ] || $(PYTHON_MID) -m venv $(VENV_MID)
 	$(PY_MID) -m pip install -q --upgrade pip
 	$(PY_MID) -m pip install -q -e ".[test]" $(MIDDLE_JAX)
 	touch $(MID_STAMP)
