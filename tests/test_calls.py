@@ -429,29 +429,39 @@ def _decode_step(w, x, cache):
 
 
 def _decode_sum(w, x, cache):
-    total = jnp.sum(cache) + jnp.sum(x)  # returned as an expression: no names to place
+    total = jnp.sum(cache) + jnp.sum(x)  # made first, returned second
     y = jnp.tanh(x @ w)
     return y * 2, total
+
+
+def _attend(w, x, kc):
+    kc = kc.at[1].set(x @ w)  # made first, returned second
+    return x + jnp.tanh(kc[0] @ w), kc  # the one expression: made on this line
 
 
 def _decode(w, x):
     y, cache = _decode_step(w, x, jnp.zeros((4, 8)))
     a, b = _decode_sum(w, x, cache)
-    return jnp.sum(y) + jnp.sum(cache) + jnp.sum(a) + b
+    h, kc = _attend(w, x, cache)
+    return jnp.sum(y) + jnp.sum(cache) + jnp.sum(a) + b + jnp.sum(h * kc[1])
 
 
 def test_a_calls_outputs_are_numbered_as_it_returns_them():
     # `_decode_step` makes `cache` first and returns `(y, cache)`: its `[0]` was the
     # cache, the order the program made them in.
     w, x = jnp.eye(8) * 0.5, jnp.arange(8.0) / 8
-    ins = sowviz.inspect(_decode, w, x, mode="primal")
     y, cache = _decode_step(w, x, jnp.zeros((4, 8)))
-    first, second = ins.probe("_decode_step", "[0]"), ins.probe("_decode_step", "[1]")
-    assert first.summaries["primal"]["shape"] == [8]
-    np.testing.assert_allclose(first.summaries["primal"]["max"], float(y.max()), rtol=1e-6)
-    assert second.summaries["primal"]["shape"] == [4, 8]
-    np.testing.assert_allclose(second.summaries["primal"]["max"], float(cache.max()), rtol=1e-6)
-    node = one(ins.graph, "_decode_step", "scope")
-    assert node.shapes == ("float32[8]", "float32[4,8]")
-    # Returned as expressions, outputs keep the order the program made them in.
-    assert one(ins.graph, "_decode_sum", "scope").shapes == ("float32[]", "float32[8]")
+    h, _ = _attend(w, x, cache)
+    for mode in ("primal", "grad"):
+        ins = sowviz.inspect(_decode, w, x, mode=mode)
+        first, second = ins.probe("_decode_step", "[0]"), ins.probe("_decode_step", "[1]")
+        assert first.summaries["primal"]["shape"] == [8]
+        np.testing.assert_allclose(first.summaries["primal"]["max"], float(y.max()), rtol=1e-6)
+        assert second.summaries["primal"]["shape"] == [4, 8]
+        np.testing.assert_allclose(second.summaries["primal"]["max"], float(cache.max()), rtol=1e-6)
+        assert one(ins.graph, "_decode_step", "scope").shapes == ("float32[8]", "float32[4,8]")
+        assert one(ins.graph, "_attend", "scope").shapes == ("float32[8]", "float32[4,8]")
+        got = ins.probe("_attend", "[0]").summaries["primal"]["max"]
+        np.testing.assert_allclose(got, float(h.max()), rtol=1e-6)
+        # `return y * 2, total`: the expression made on the return line is [0]
+        assert one(ins.graph, "_decode_sum", "scope").shapes == ("float32[8]", "float32[]")

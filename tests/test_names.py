@@ -227,6 +227,25 @@ def test_what_a_line_assigns_is_read_from_the_source(tmp_path):
         9: "very_long_name_one, …",
         10: None,
     }
+    from sowviz.graph.source_text import returned_place
+
+    # `return a + b` names nothing: values made on lines 2 and 3 have no place; one
+    # made on the return line is its one element
+    assert [returned_place(str(src), n) for n in (2, 3, 8)] == [None, None, 0]
+    ret = tmp_path / "r.py"
+    ret.write_text(
+        "def g(x, kc):\n"  # 1
+        "    kc = kc + 1\n"  # 2
+        "    y = x * 2\n"  # 3
+        "    return y, kc\n"  # 4
+        "def h(x, kc):\n"  # 5
+        "    kc = kc + 1\n"  # 6
+        "    return x + kc, kc\n"  # 7
+        "def k(x, kc):\n"  # 8
+        "    return x * 2, kc * 3\n"  # 9
+    )
+    # line 4 makes nothing (names only); line 9 makes two expressions: which is unknown
+    assert [returned_place(str(ret), n) for n in (2, 3, 4, 6, 7, 9)] == [1, 0, None, 1, 0, None]
     bad = tmp_path / "cell.py"
     bad.write_text("%timeit x = 1\n")  # IPython magic: no Python to parse
     assert assigned(str(bad), 1) is None

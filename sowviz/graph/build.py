@@ -39,7 +39,7 @@ from .names import (
     short_path,
 )
 from .saved import REUSED, leaf_names, saved_for_backward, saved_note
-from .source_text import assigned, returned
+from .source_text import returned_place
 from .tesseract import output_names, tesseract_label
 
 _CAPTURES = ("sows", "stages", "all")
@@ -644,14 +644,14 @@ class _Builder(InputsMixin):
         reads: dict[Any, list[int]] | None = None  # made when a scope's point needs it
         for rec in level_scopes:
             assert rec.out_vars is not None
+            if rec.forward:
+                rec.saved = saved.get(rec.id, frozenset())
             if rec.scope.startswith(CALL) and len(rec.out_vars) > 1:
                 self.call_order(jaxpr, rec)
             if capture_stages and rec.out_vars:
                 if reads is None:
                     reads = _reads(jaxpr)
                 rec.out_vars = self.batch_first(jaxpr, reads, rec.out_vars)
-            if rec.forward:
-                rec.saved = saved.get(rec.id, frozenset())
             if capture_stages:
                 items = sorted(rec.out_vars.items(), key=lambda kv: self.shown_first(kv, rec))
                 vars_ = [v for v, _ in items]
@@ -924,7 +924,7 @@ class _Builder(InputsMixin):
             for name in (rec.scope, self.unrenamed.get(rec.scope)):
                 if name in places:
                     return places[name]
-        return self.call_places.get(rec.id, {}).get(v, math.inf)
+        return self.call_places.get(rec.id, {}).get(self.moved.get(v, v), math.inf)
 
     def call_order(self, jaxpr: Any, rec: _Rec) -> None:
         """Where each output of the user's function call `rec` sits in what the function
@@ -938,6 +938,8 @@ class _Builder(InputsMixin):
             return
         places: dict[Any, int] = {}
         for v, (i, _) in rec.out_vars.items():
+            if v in rec.saved:  # kept for a backward pass, not returned
+                continue
             frames = _compat.user_frames(jaxpr.eqns[i])
             call = next(
                 (
@@ -948,11 +950,10 @@ class _Builder(InputsMixin):
                 None,
             )
             here = call.here() if call is not None else None
-            names = returned(here.file, here.line) if here is not None else None
-            name = assigned(here.file, here.line) if names else None
-            if not names or name not in names:
+            place = returned_place(here.file, here.line) if here is not None else None
+            if place is None:
                 return
-            places[v] = names.index(name)
+            places[v] = place
         if len(set(places.values())) == len(places):
             self.call_places[rec.id] = places
 

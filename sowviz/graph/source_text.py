@@ -22,10 +22,11 @@ def assigned(file: str, line: int) -> str | None:
     them (`k1, k2`, `self.h`, `cache[0]`); None when the source cannot be read or the
     line assigns nothing (a bare call, a loop's header, a `return`: a fold of its line
     may be the arguments of a call, not what it returns)."""
-    source = "".join(linecache.getlines(file))
-    if not source:
-        return None
-    statements = _statements_at(source, line)
+    return _shortened(_targets(file, line) or [])
+
+
+def _targets(file: str, line: int) -> list[str] | None:
+    statements = _statements_at("".join(linecache.getlines(file)), line)
     if not statements:
         return None
     names: list[str] = []
@@ -44,7 +45,7 @@ def assigned(file: str, line: int) -> str | None:
                 text = ast.unparse(part)
                 if text not in names:
                     names.append(text)
-    return _shortened(names)
+    return names
 
 
 def _shortened(names: list[str]) -> str | None:
@@ -100,9 +101,13 @@ def _bodies(st: ast.stmt) -> list[list[ast.stmt]]:
     return out
 
 
-def returned(file: str, line: int) -> tuple[str, ...] | None:
-    """The names the function holding `file:line` returns (`return y, cache`: `("y",
-    "cache")`), when every `return` of its own returns the same names; else None."""
+def returned_place(file: str, line: int) -> int | None:
+    """Where a value made at `file:line` sits in what its function returns, read from
+    the source: `return y, cache` with the value made on a line assigning `cache`
+    (1), or `return x + o, kc` with the value made on the return line itself, the one
+    element that is no name (0). None when the source does not say: several returns
+    unlike each other, a line assigning two returned names, a return of two
+    expressions."""
     tree = _parsed("".join(linecache.getlines(file)))
     if tree is None:
         return None
@@ -115,19 +120,28 @@ def returned(file: str, line: int) -> tuple[str, ...] | None:
                 fn = node
     if fn is None:
         return None
-    names = {_names(r.value) for r in _own_returns(fn)}
-    if len(names) != 1:
+    returns = _own_returns(fn)
+    shapes = {_elements(r.value) for r in returns}
+    if len(shapes) != 1 or None in shapes:
         return None
-    (out,) = names
-    return out
+    (elements,) = shapes
+    assert elements is not None
+    here = [r for r in returns if r.lineno <= line <= (r.end_lineno or r.lineno)]
+    if here:  # made on the return line: the one element that is an expression
+        places = [k for k, e in enumerate(elements) if e is None]
+        return places[0] if len(returns) == 1 and len(places) == 1 else None
+    places = [
+        k for k, e in enumerate(elements) if e is not None and e in (_targets(file, line) or ())
+    ]
+    return places[0] if len(places) == 1 else None
 
 
-def _names(value: ast.expr | None) -> tuple[str, ...] | None:
-    if isinstance(value, ast.Name):
-        return (value.id,)
-    if isinstance(value, ast.Tuple) and all(isinstance(e, ast.Name) for e in value.elts):
-        return tuple(e.id for e in value.elts)  # type: ignore[attr-defined]
-    return None
+def _elements(value: ast.expr | None) -> tuple[str | None, ...] | None:
+    """A return's elements: a name, or None for an expression; None for a bare return."""
+    if value is None:
+        return None
+    parts = value.elts if isinstance(value, ast.Tuple) else [value]
+    return tuple(e.id if isinstance(e, ast.Name) else None for e in parts)
 
 
 def _own_returns(fn: ast.AST) -> list[ast.Return]:
