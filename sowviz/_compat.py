@@ -935,6 +935,18 @@ class UserCall:
     def here(self) -> SourceLocation | None:
         return None if self._callee is None else _location(self._callee, self.lasti)
 
+    def column(self) -> int | None:
+        """The column of `here()`: which statement made the equation, on a line of
+        several (`kc = ...; vc = ...`)."""
+        if self._callee is None:
+            return None
+        try:
+            frame = _source_info.raw_frame_to_frame(self._callee, self.lasti)
+        except Exception:  # best effort, as user_location
+            return None
+        column = getattr(frame, "start_column", None)
+        return column if isinstance(column, int) and column >= 0 else None
+
 
 def _location(code: Any, lasti: int) -> SourceLocation | None:
     try:

@@ -439,11 +439,18 @@ def _attend(w, x, kc):
     return x + jnp.tanh(kc[0] @ w), kc  # the one expression: made on this line
 
 
+def _two_caches(w, x, kc, vc):
+    kc = kc.at[0].set(x); vc = vc.at[1].set(x * 2)  # noqa: E702  # fmt: skip
+    return jnp.tanh(x @ w), kc, vc
+
+
 def _decode(w, x):
     y, cache = _decode_step(w, x, jnp.zeros((4, 8)))
     a, b = _decode_sum(w, x, cache)
     h, kc = _attend(w, x, cache)
-    return jnp.sum(y) + jnp.sum(cache) + jnp.sum(a) + b + jnp.sum(h * kc[1])
+    o, k2, v2 = _two_caches(w, x, cache, cache)
+    out = jnp.sum(y) + jnp.sum(cache) + jnp.sum(a) + b + jnp.sum(h * kc[1])
+    return out + jnp.sum(o) + jnp.sum(k2 * v2)
 
 
 def test_a_calls_outputs_are_numbered_as_it_returns_them():
@@ -463,5 +470,13 @@ def test_a_calls_outputs_are_numbered_as_it_returns_them():
         assert one(ins.graph, "_attend", "scope").shapes == ("float32[8]", "float32[4,8]")
         got = ins.probe("_attend", "[0]").summaries["primal"]["max"]
         np.testing.assert_allclose(got, float(h.max()), rtol=1e-6)
+        # two statements on one line: the column says which made which cache
+        assert (
+            one(ins.graph, "_two_caches", "scope").shapes == ("float32[8]",) + ("float32[4,8]",) * 2
+        )
+        k2, v2 = ins.probe("_two_caches", "[1]"), ins.probe("_two_caches", "[2]")
+        want_k, want_v = cache.at[0].set(x), cache.at[1].set(x * 2)
+        np.testing.assert_allclose(k2.summaries["primal"]["max"], float(want_k.max()), rtol=1e-6)
+        np.testing.assert_allclose(v2.summaries["primal"]["mean"], float(want_v.mean()), rtol=1e-6)
         # `return y * 2, total`: the expression made on the return line is [0]
         assert one(ins.graph, "_decode_sum", "scope").shapes == ("float32[8]", "float32[]")

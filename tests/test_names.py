@@ -246,6 +246,10 @@ def test_what_a_line_assigns_is_read_from_the_source(tmp_path):
     )
     # line 4 makes nothing (names only); line 9 makes two expressions: which is unknown
     assert [returned_place(str(ret), n) for n in (2, 3, 4, 6, 7, 9)] == [1, 0, None, 1, 0, None]
+    two = tmp_path / "two.py"
+    two.write_text("def f(x, kc, vc):\n    kc = kc + 1; vc = vc + 2\n    return x, kc, vc\n")
+    # a line of two statements: the column says which made the value
+    assert [returned_place(str(two), 2, c) for c in (None, 9, 22)] == [None, 1, 2]
     bad = tmp_path / "cell.py"
     bad.write_text("%timeit x = 1\n")  # IPython magic: no Python to parse
     assert assigned(str(bad), 1) is None

@@ -950,7 +950,11 @@ class _Builder(InputsMixin):
                 None,
             )
             here = call.here() if call is not None else None
-            place = returned_place(here.file, here.line) if here is not None else None
+            place = (
+                returned_place(here.file, here.line, call.column())
+                if call is not None and here is not None
+                else None
+            )
             if place is None:
                 return
             places[v] = place

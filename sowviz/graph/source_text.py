@@ -25,8 +25,15 @@ def assigned(file: str, line: int) -> str | None:
     return _shortened(_targets(file, line) or [])
 
 
-def _targets(file: str, line: int) -> list[str] | None:
+def _targets(file: str, line: int, column: int | None = None) -> list[str] | None:
     statements = _statements_at("".join(linecache.getlines(file)), line)
+    if column is not None and len(statements) > 1:  # `kc = ...; vc = ...`: the one there
+        statements = [
+            st
+            for st in statements
+            if st.lineno == st.end_lineno == line
+            and st.col_offset <= column < (st.end_col_offset or 0)
+        ]
     if not statements:
         return None
     names: list[str] = []
@@ -101,13 +108,13 @@ def _bodies(st: ast.stmt) -> list[list[ast.stmt]]:
     return out
 
 
-def returned_place(file: str, line: int) -> int | None:
+def returned_place(file: str, line: int, column: int | None = None) -> int | None:
     """Where a value made at `file:line` sits in what its function returns, read from
     the source: `return y, cache` with the value made on a line assigning `cache`
     (1), or `return x + o, kc` with the value made on the return line itself, the one
     element that is no name (0). None when the source does not say: several returns
     unlike each other, a line assigning two returned names, a return of two
-    expressions."""
+    expressions. `column` tells apart the statements of a line of several."""
     tree = _parsed("".join(linecache.getlines(file)))
     if tree is None:
         return None
@@ -131,7 +138,9 @@ def returned_place(file: str, line: int) -> int | None:
         places = [k for k, e in enumerate(elements) if e is None]
         return places[0] if len(returns) == 1 and len(places) == 1 else None
     places = [
-        k for k, e in enumerate(elements) if e is not None and e in (_targets(file, line) or ())
+        k
+        for k, e in enumerate(elements)
+        if e is not None and e in (_targets(file, line, column) or ())
     ]
     return places[0] if len(places) == 1 else None
 
