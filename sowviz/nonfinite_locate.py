@@ -25,9 +25,14 @@ from .nonfinite_record import Equation, NonFinite, Origins
 def _bad(x: Any) -> bool:
     if x is None or not hasattr(x, "dtype"):
         return False
-    if not np.issubdtype(np.dtype(x.dtype), np.inexact):
+    # JAX's test, not NumPy's: NumPy counts bfloat16 and the float8 types (ml_dtypes)
+    # as no floats, so their NaN gradients were "masked afterwards", with no alarm
+    if not jax.dtypes.issubdtype(x.dtype, np.inexact):
         return False
-    return not bool(np.all(np.isfinite(host_value(x))))
+    value = np.asarray(host_value(x))
+    if not np.issubdtype(value.dtype, np.inexact):
+        value = value.astype(np.float32)  # ml_dtypes: exact in float32, NaN and Inf kept
+    return not bool(np.all(np.isfinite(value)))
 
 
 def _mode(options: Any) -> str:

@@ -362,6 +362,24 @@ def test_inspect_finds_a_masked_inf_though_every_result_is_finite():
     assert ins.probe("mask").summaries["primal"]["neginf"] == 2
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e5m2"])
+def test_a_nan_gradient_in_low_precision_is_an_alarm_not_removed(dtype):
+    # NumPy counts bfloat16 and the float8 types (ml_dtypes) as no floats: their NaN
+    # gradients were skipped, and the result called "masked afterwards", no alarm.
+    def loss(w, x):
+        h = x @ w
+        return jnp.mean(jnp.where(h > 0, jnp.sqrt(h), 0.0))
+
+    w = (jnp.linspace(-1.0, 1.0, 12).reshape(4, 3)).astype(dtype)
+    x = jnp.ones((2, 4), dtype)
+    plain = np.asarray(jax.grad(loss)(w, x)).astype(np.float32)
+    assert np.isnan(plain).any()
+    ins = sowviz.inspect(loss, w, x)
+    o = ins.locate_nonfinite()
+    assert o.alarm and not o.removed, o.message
+    assert "non-finite gradient of `w`" in o.message, o.message
+
+
 def test_where_trap_forward_removed_and_backward_born_in_log():
     x = jnp.array([0.0, 1.0, 2.0])
     prim, line, _ = oracle(f_where_trap, x)
