@@ -33,7 +33,7 @@ export function sparklinePath(counts, w, h) {
  */
 export function computeFaces(index, ids, { mode, stat }) {
   const all = [];
-  for (const probes of index.probesByNode.values()) all.push(nodeStat(faceOutputs(probes), mode, stat));
+  for (const [id, probes] of index.probesByNode) all.push(nodeStat(faceOutputs(probes, index.nodes.get(id)), mode, stat));
   const scale = logScale(all);
   const faces = new Map();
   for (const id of ids) {
@@ -41,7 +41,7 @@ export function computeFaces(index, ids, { mode, stat }) {
     // a stage of several outputs (a scan's carry and stacked ys): the face is its first
     // output's, as its shape ("f32[4] +1") and the panel's first pick are, and says so
     const own = ownOutputs(probes);
-    const shown = faceOutputs(probes);
+    const shown = faceOutputs(probes, index.nodes.get(id));
     const value = probes ? nodeStat(shown, mode, stat) : null;
     const hist = shown[0]?.summaries?.[mode]?.hist?.counts?.length ? shown[0].summaries[mode].hist.counts : null;
     const sym = statSymbol(mode, stat);
@@ -73,9 +73,24 @@ export function computeFaces(index, ids, { mode, stat }) {
   return { faces, scale };
 }
 
-/** The probes a face describes: the first of the stage's own outputs. */
-export function faceOutputs(probes) {
-  return ownOutputs(probes).slice(0, 1);
+/**
+ * The probes a face describes: the stage's first output, the one its shape names
+ * (`node.shapes[0]`: a scan lists its stacked values, which the program reads, before
+ * its final carry, which it may drop), else the first of its own outputs. A scan's face
+ * showed "[0] ‖grad‖₂ = 0" of the unused carry beside the shape of the values.
+ * @param {any[]|undefined} probes @param {any} [node]
+ */
+export function faceOutputs(probes, node) {
+  const own = ownOutputs(probes);
+  const first = node?.shapes?.[0];
+  const named = first == null ? undefined : own.find((p) => shapeText(p) === first);
+  return [named ?? own[0]].filter(Boolean);
+}
+
+/** A probe's value type as the graph writes shapes: `float32[10,4,8]`. */
+function shapeText(p) {
+  const s = p?.summaries?.primal ?? Object.values(p?.summaries ?? {})[0];
+  return s?.dtype && Array.isArray(s.shape) ? `${s.dtype}[${s.shape.join(",")}]` : null;
 }
 
 /** An output as the face names it: its leaf (`[0]`, `a.b`), or its place (`#2`) when long. */

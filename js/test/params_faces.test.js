@@ -140,3 +140,16 @@ test("a stage of several outputs (a scan's carry and ys): its face is its first 
   assert.deepEqual(f.hist, [5, 1]); // the sparkline is of the same output
   assert.deepEqual(f.outputs, ["[0]: ‖grad‖₂ = 2.6", "[1]: ‖grad‖₂ = 0.54"]);
 });
+
+test("a face describes the output its shape names: a scan's values before its dropped carry", () => {
+  // The graph lists what the program reads first (ys), the probes come in the scan's
+  // output order (carry, ys): the face showed the unused carry's ‖grad‖₂ = 0.
+  const m = paramsModel();
+  m.nodes.push({ ...m.nodes[6], id: "n8", label: "scan", kind: "scan", shapes: ["float32[10,4]", "float32[4]"] });
+  const out = (id, leaf, shape, l2) => ({ id, name: "scan", leaf, node: "n8", auto: true,
+    summaries: { primal: summary({ shape }), cotangent: summary({ shape, l2 }) } });
+  m.probes.push(out("p8", "[0]", [4], 0), out("p9", "[1]", [10, 4], 51.6));
+  const f = computeFaces(indexModel(m), ["n8"], { mode: "cotangent", stat: "l2" }).faces.get("n8");
+  assert.equal(f.value, 51.6);
+  assert.equal(f.text, "[1] ‖grad‖₂ = 51.6");
+});
