@@ -148,8 +148,11 @@ def capture_tracing() -> Iterator[None]:
 
 
 def sow_traced() -> None:
-    """Note that a sow was traced: later calls of cached traces are traced again."""
-    if capturing.value:
+    """Note that a sow was traced: later calls of cached traces are traced again.
+    Only inside `capture_tracing`, which puts the serial back when it ends (a serial
+    moved on outside one stayed in this thread's trace context: sowviz's own cache of
+    traces, keyed on it, then missed traces made in other threads)."""
+    if capturing.value and capture_serial.value:
         capture_serial.set_local(next(_serials))
 
 

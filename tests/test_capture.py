@@ -852,6 +852,19 @@ def test_a_sow_in_a_function_called_again_through_a_cached_trace_is_one_per_call
     assert got == pytest.approx({f"act_{k}": float(cts[k].max()) for k in range(3)}, rel=1e-5)
 
 
+def test_a_capture_leaves_this_thread_s_trace_context_as_it_was():
+    # sowviz keys its traces on the trace context, as jax.jit does: a serial left moved
+    # on in one thread made the widget's background compile (another thread) miss.
+    from sowviz import _compat
+
+    loss, args, _, _ = _chain(jax.jit)
+    before = _compat.trace_context()
+    save_intermediates(jax.grad(loss), duplicates="suffix")(*args)
+    with _compat.capturing(True):  # the effect alone, outside a capture's trace
+        jax.make_jaxpr(loss)(*args)
+    assert _compat.trace_context() == before
+
+
 def test_tesseract_jax_sow_called_again_pairs_each_cotangent_with_its_own_call():
     # tesseract_jax.sow has no call number: its n-th capture of a mode is call n. The
     # gradient's program runs backwards, so its first cotangent is the last call's.
