@@ -223,8 +223,10 @@ def test_unwritable_log_dir_fails_at_construction(tmp_path):
 def test_an_existing_log_is_never_appended_to(run, tmp_path):
     model, entries, _ = run
     write_log(tmp_path / "log", model, entries[:2])
-    with pytest.raises(FileExistsError, match="already holds a run log"):
+    with pytest.raises(FileExistsError, match="already holds a run log") as err:
         make_sinks(tmp_path / "log")
+    # a run resumed from a checkpoint meets this: the message says what to do then
+    assert f"'{tmp_path / 'log'}-resumed'" in str(err.value) and "start_step=" in str(err.value)
     write_log(tmp_path / "log", model, entries[:3], overwrite=True)
     assert load(tmp_path / "log").steps_read == 3
 

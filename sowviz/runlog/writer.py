@@ -27,7 +27,9 @@ _NOT_WRITABLE = (
 _EXISTS = (
     "sowviz: `log_dir` {path!r} already holds a run log ({file}, {size} bytes). Pick a new "
     "`log_dir` for a new run, or delete the old log first; sowviz never appends one run "
-    "to another's log."
+    "to another's log. Resuming from a checkpoint? Give the resumed part a `log_dir` of "
+    "its own beside the first (e.g. '{path}-resumed') and pass `start_step=` the "
+    "checkpoint's step: its steps are numbered on from there."
 )
 _BUSY = (
     "sowviz: `log_dir` {path!r} is being written by another Monitor (in this process or "
