@@ -447,6 +447,11 @@ def _aliases(path: str) -> set[str]:
         for label in bare[-k:]:
             dotted += label if not dotted or label.startswith("[") else "." + label
         out.add(dotted)
+    # a dotted label's ends: a lone parameter leaf drawn as the input `params.w` is `w`,
+    # as it is in the parameters group when there are several
+    last = bare[-1].split(".")
+    if len(last) > 1 and all(last):
+        out.update(".".join(last[-k:]) for k in range(1, len(last)))
     return out
 
 

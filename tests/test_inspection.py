@@ -666,6 +666,20 @@ def test_probes_answer_to_the_names_a_user_sees():
         ins.probe("conv1: Linea")
 
 
+def test_a_lone_parameter_leaf_answers_to_its_name():
+    # One leaf is drawn as the input `params.w`, two in the parameters group (`w`, `b`):
+    # `probe("w")` found the second and raised KeyError on the first.
+    def loss(params, x):
+        return jnp.mean((x @ params["w"]) ** 2)
+
+    params, x = {"w": jnp.linspace(-1.0, 1.0, 12).reshape(4, 3)}, jnp.ones((2, 4))
+    ins = sowviz.inspect(loss, params, x)
+    got = ins.probe("w")
+    assert got is ins.probe("params.w")
+    grad = jax.grad(loss)(params, x)["w"]
+    np.testing.assert_allclose(got.summaries["cotangent"]["l2"], np.linalg.norm(grad), rtol=1e-5)
+
+
 def test_probes_answer_to_dotted_module_paths_and_say_which_leaves_a_stage_has():
     from flax import nnx
 
