@@ -726,6 +726,32 @@ def explicit_sharding(x: Any) -> Any | None:
     return sharding if explicit is not None and explicit in types else None
 
 
+_EXPLICIT = getattr(getattr(jax.sharding, "AxisType", None), "Explicit", None)
+
+
+def explicit_axes(aval: Any) -> tuple[tuple[str, ...], ...] | None:
+    """Per dimension of a type, the Explicit mesh axes that split it (`float32[64@data,
+    32]`: `(("data",), ())`); None when none does (Auto axes are no part of a type)."""
+    sharding = getattr(aval, "sharding", None)
+    spec, mesh = getattr(sharding, "spec", None), getattr(sharding, "mesh", None)
+    if (
+        spec is None
+        or _EXPLICIT is None
+        or _EXPLICIT not in (getattr(mesh, "axis_types", ()) or ())
+    ):
+        return None  # (most types: no mesh, or Auto axes only)
+    explicit = _EXPLICIT
+    try:
+        kinds = dict(zip(mesh.axis_names, mesh.axis_types, strict=True))
+        out = []
+        for entry in tuple(spec) + (None,) * (len(aval.shape) - len(spec)):
+            names = () if entry is None else (entry,) if isinstance(entry, str) else entry
+            out.append(tuple(n for n in names if isinstance(n, str) and kinds.get(n) == explicit))
+    except (TypeError, ValueError, AttributeError):  # a spec of another form: no axes shown
+        return None
+    return tuple(out) if any(out) else None
+
+
 # --- added by graph: the library calls below the user's line, to name folded runs of
 # equations (`make_causal_mask`, `Optimizer.update` > `scale_by_adam`). Same
 # traceback internals as `call_sites`.

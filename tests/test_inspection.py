@@ -473,6 +473,35 @@ def test_a_partial_is_titled_by_the_function_it_binds():
     np.testing.assert_allclose(ins.result[1], grad, rtol=1e-6)
 
 
+def test_a_type_shows_the_explicit_mesh_axes_that_split_it():
+    # Under explicit sharding the sharding is part of a value's type: drawn without it,
+    # a `reshard` read as a no-op (`float32[64,32]` in, `float32[64,32]` out).
+    from jax.sharding import AxisType, reshard
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+
+    def loss(w, x):
+        h = jnp.tanh(x @ w)
+        return jnp.mean(reshard(h, P("data", None)) ** 2)
+
+    with jax.set_mesh(mesh):
+        w = reshard(jnp.full((16, 32), 0.1), P(None, "model"))
+        x = reshard(jnp.ones((64, 16)), P("data", None))
+        ins = sowviz.inspect(loss, w, x)
+        want = jax.value_and_grad(loss)(w, x)
+    shapes = {n.label: n.shapes[0] for n in ins.graph.nodes if n.shapes}
+    assert shapes["w"] == "float32[16,32@model]" and shapes["x"] == "float32[64@data,16]"
+    assert (
+        shapes["tanh"] == "float32[64@data,32@model]" and shapes["reshard"] == "float32[64@data,32]"
+    )
+    # (sharded sums: summed in another order than a plain run's)
+    np.testing.assert_allclose(ins.result[0], want[0], rtol=1e-4)
+    # the face's statistics are the same value's
+    got = ins.probe("tanh").summaries["primal"]["mean"]
+    np.testing.assert_allclose(got, float(jnp.tanh(x @ w).mean()), rtol=1e-5)
+
+
 def test_inputs_keep_an_explicit_mesh_s_sharding_as_under_jax_jit():
     # `jax.make_mesh`'s axes are Explicit: jax.jit traces an argument with its sharding
     # in its type (`float32[4@data,3]`). A trace without it made relu's custom_jvp

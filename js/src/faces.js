@@ -82,7 +82,8 @@ export function computeFaces(index, ids, { mode, stat }) {
  */
 export function faceOutputs(probes, node) {
   const own = ownOutputs(probes);
-  const first = node?.shapes?.[0];
+  // (explicit sharding's mesh axes, `64@data`, are no part of a probe's shape)
+  const first = node?.shapes?.[0]?.replace(/@(\([^)]*\)|[^,\]]+)/g, "");
   const named = first == null ? undefined : own.find((p) => shapeText(p) === first);
   return [named ?? own[0]].filter(Boolean);
 }

@@ -152,4 +152,8 @@ test("a face describes the output its shape names: a scan's values before its dr
   const f = computeFaces(indexModel(m), ["n8"], { mode: "cotangent", stat: "l2" }).faces.get("n8");
   assert.equal(f.value, 51.6);
   assert.equal(f.text, "[1] ‖grad‖₂ = 51.6");
+  // under explicit sharding the shape names mesh axes too
+  m.nodes[m.nodes.length - 1].shapes = ["float32[10@data,4@(data,model)]", "float32[4]"];
+  const g = computeFaces(indexModel(m), ["n8"], { mode: "cotangent", stat: "l2" }).faces.get("n8");
+  assert.equal(g.text, "[1] ‖grad‖₂ = 51.6");
 });

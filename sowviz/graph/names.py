@@ -646,14 +646,22 @@ _float_cache: dict[Any, bool] = {}
 
 
 def shape_str(aval: Any) -> str:
+    """A value's type as JAX prints it: `float32[64,32]`, and under explicit sharding
+    with the mesh axes splitting each dimension, `float32[64@data,32]` (without them a
+    `reshard` read as a no-op)."""
     key = (getattr(aval, "dtype", None), getattr(aval, "shape", None))
-    s = _shape_cache.get(key)
+    axes = _compat.explicit_axes(aval) if key[1] else None
+    s = _shape_cache.get((*key, axes))
     if s is None:
         if key[0] is None or key[1] is None:
             s = str(aval)
         else:
-            s = f"{key[0]}[{','.join(str(d) for d in key[1])}]"
-        _shape_cache[key] = s
+            dims = [
+                f"{d}@{a[0]}" if len(a) == 1 else f"{d}@({','.join(a)})" if a else str(d)
+                for d, a in zip(key[1], axes or ((),) * len(key[1]), strict=True)
+            ]
+            s = f"{key[0]}[{','.join(dims)}]"
+        _shape_cache[(*key, axes)] = s
     return s
 
 
