@@ -140,3 +140,17 @@ export function statSymbol(mode, stat) {
   if (stat === "absmax") return `max|${m}|`;
   return `${stat}(${m})`;
 }
+
+/**
+ * What of a face's text fits in `room` characters beside the expand button: the text,
+ * else its short form (the non-finite counts), else without the output it names
+ * (`[0] `), else the value alone; nothing rather than a number cut short (the tooltip
+ * has it all). The text ran over the "+ 213 eqns" button.
+ * @param {{text: string, short?: string}} face @param {number} room
+ */
+export function fitted(face, room) {
+  const text = face.text;
+  const bare = text.replace(/^\S+ (?=\S+ = )/, "");
+  const value = bare.includes(" = ") ? bare.slice(bare.indexOf(" = ") + 1) : bare;
+  return [text, face.short ?? text, bare, value].find((t) => t.length <= room) ?? "";
+}

@@ -5,7 +5,7 @@
 import { select } from "d3-selection";
 import { zoom, zoomIdentity } from "d3-zoom";
 import { h, s, clear, ellipsis } from "./dom.js";
-import { sparklinePath } from "./faces.js";
+import { fitted, sparklinePath } from "./faces.js";
 import { HEADER, stageHead } from "./layout.js";
 import { fitTransform, hiddenSides, moreText, showBoxTransform } from "./viewport.js";
 
@@ -198,8 +198,8 @@ export class GraphView {
         // right of the expand button: a narrow face says only its non-finite counts
         // (the full text is in the tooltip); 6.35 px per character of .sv-value
         const room = Math.floor((w - 8 - (canExpand ? 14 + tw + 6 : 14)) / 6.35);
-        const text = face.text.length <= room ? face.text : face.short ?? face.text;
-        g.append(s("text", { class: "sv-value", x: w - 8, y: h - 8, "text-anchor": "end", text }));
+        const text = fitted(face, room);
+        if (text) g.append(s("text", { class: "sv-value", x: w - 8, y: h - 8, "text-anchor": "end", text }));
       }
       if (canExpand) {
         g.append(s("g", { class: "sv-toggle", "data-role": "toggle", transform: `translate(14,${h - 19})` }, [

@@ -3,7 +3,7 @@ import assert from "node:assert/strict";
 import { indexModel } from "../src/model.js";
 import { breakable, gradHistory, paramRows, readRows, sortRows } from "../src/params.js";
 import { iterationHist } from "../src/stats.js";
-import { statSymbol, computeFaces } from "../src/faces.js";
+import { statSymbol, computeFaces, fitted } from "../src/faces.js";
 import { summary } from "./helpers.js";
 
 function paramsModel() {
@@ -156,4 +156,13 @@ test("a face describes the output its shape names: a scan's values before its dr
   m.nodes[m.nodes.length - 1].shapes = ["float32[10@data,4@(data,model)]", "float32[4]"];
   const g = computeFaces(indexModel(m), ["n8"], { mode: "cotangent", stat: "l2" }).faces.get("n8");
   assert.equal(g.text, "[1] ‖grad‖₂ = 51.6");
+});
+
+test("a face's text never runs over the expand button: shorter forms, never a cut number", () => {
+  const face = { text: "[0] ‖x‖₂ = 0.008354", short: "[0] ‖x‖₂ = 0.008354" };
+  assert.equal(fitted(face, 40), "[0] ‖x‖₂ = 0.008354");
+  assert.equal(fitted(face, 16), "‖x‖₂ = 0.008354");
+  assert.equal(fitted(face, 10), "= 0.008354");
+  assert.equal(fitted(face, 5), "");
+  assert.equal(fitted({ text: "‖grad‖₂ = 2 · 1 +Inf", short: "grad: 1 +Inf" }, 14), "grad: 1 +Inf");
 });
