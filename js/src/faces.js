@@ -143,14 +143,17 @@ export function statSymbol(mode, stat) {
 
 /**
  * What of a face's text fits in `room` characters beside the expand button: the text,
- * else its short form (the non-finite counts), else without the output it names
- * (`[0] `), else the value alone; nothing rather than a number cut short (the tooltip
- * has it all). The text ran over the "+ 213 eqns" button.
+ * else its short form (the non-finite counts), else the output it names and the value
+ * (`[0] = 2.601`: the legend names the statistic), else without the output, else the
+ * value alone; nothing rather than a number cut short (the tooltip has it all). The
+ * text ran over the "+ 213 eqns" button.
  * @param {{text: string, short?: string}} face @param {number} room
  */
 export function fitted(face, room) {
   const text = face.text;
   const bare = text.replace(/^\S+ (?=\S+ = )/, "");
   const value = bare.includes(" = ") ? bare.slice(bare.indexOf(" = ") + 1) : bare;
-  return [text, face.short ?? text, bare, value].find((t) => t.length <= room) ?? "";
+  // which output, and its value: the legend names the statistic
+  const which = bare !== text ? `${text.slice(0, text.length - bare.length)}${value}` : bare;
+  return [text, face.short ?? text, which, bare, value].find((t) => t.length <= room) ?? "";
 }
