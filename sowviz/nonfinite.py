@@ -44,6 +44,8 @@ from .nonfinite_messages import (
     FROM_FORWARD,
     IN_TANGENT,
     NONFINITE_GRADS,
+    OTHER_ORIGIN_FIX,
+    OTHER_ORIGIN_GRADS,
     TESSERACT_TANGENT,
     backward_message,
     backward_sentence,
@@ -354,7 +356,7 @@ def find(
             flags[made].fwd if made in flags else made not in probed and flags[reach].fwd
         )
         msg = backward_message(made_node, n[reach], [n[c] for c in cands[1:]], from_forward)
-        msg += _grads_said(ix, bwd)
+        msg += _grads_said(ix, bwd, _upstream(ix, reach))
         bwd_origin = Origin("backward", made, reach, tuple(cands), message=msg, path=ix.path(made))
     origin_ids = {o.node for o in (fwd_origin, bwd_origin) if o is not None and o.node}
     holders = {a for o in origin_ids for a in ix.ancestors(o)} | origin_ids
@@ -381,19 +383,55 @@ def find(
     return with_message(out)
 
 
-def _grads_said(ix: _Index, bwd: Mapping[str, Any]) -> str:
+def _grads_said(ix: _Index, bwd: Mapping[str, Any], upstream: set[str]) -> str:
     """Which arguments' gradients hold NaN/Inf (an optimizer's update would apply them),
-    by path (`parameters/reg`), or "" when none does."""
-    grads = [
-        "/".join(ix.path(k))
-        for k in sorted(bwd, key=ix.exit.__getitem__)
-        if ix.nodes[k].kind == "input"
-    ]
+    by path (`parameters/reg`), or "" when none does. Those whose values never reach the
+    origin (`upstream`: what its values are made from) are said apart: another origin
+    made theirs (a `where`-guarded `sqrt` and a `norm` at zero, each breaking one)."""
+    grads = [k for k in sorted(bwd, key=ix.exit.__getitem__) if ix.nodes[k].kind == "input"]
     if not grads:
         return ""
-    said = ", ".join(f"`{g}`" for g in grads[:_GRADS_NAMED])
-    more = f" and {len(grads) - _GRADS_NAMED} more" if len(grads) > _GRADS_NAMED else ""
-    return f"{NONFINITE_GRADS}{said}{more}"
+    readers = getattr(ix.graph, "input_readers", None) or {}
+    known = all(readers.get(k) and readers[k] <= ix.nodes.keys() for k in grads)
+    # (a model read back from JSON does not say who reads an input: all are the origin's)
+    # read by what the origin's values are made from, or by a call holding it (a
+    # `jit` reads its parameters, its body their copies)
+    near = upstream | {a for u in upstream for a in ix.ancestors(u)}
+    mine = [k for k in grads if readers[k] & near] if known else grads
+    mine = mine or grads
+    other = [k for k in grads if k not in mine]
+    out = f"{NONFINITE_GRADS}{_named(ix, mine)}"
+    if other:
+        out += f"{OTHER_ORIGIN_GRADS}{_named(ix, other)}{OTHER_ORIGIN_FIX}"
+    return out
+
+
+def _named(ix: _Index, nodes: Sequence[str]) -> str:
+    said = ", ".join(f"`{'/'.join(ix.path(k))}`" for k in nodes[:_GRADS_NAMED])
+    more = f" and {len(nodes) - _GRADS_NAMED} more" if len(nodes) > _GRADS_NAMED else ""
+    return said + more
+
+
+def _upstream(ix: _Index, node: str) -> set[str]:
+    """The nodes whose values `node`'s are made from: back along the edges; a value
+    entering a scope reaches what it holds, and a scope's values come from what it
+    holds."""
+    holds: dict[str, list[str]] = {}
+    for n in ix.nodes.values():
+        if n.parent is not None:
+            holds.setdefault(n.parent, []).append(n.id)
+    seen: set[str] = set()
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        todo += ix.into.get(n, ())
+        for a in ix.ancestors(n):
+            todo += ix.into.get(a, ())
+        todo += holds.get(n, ())
+    return seen
 
 
 def _without_outputs(ix: _Index, bwd: dict[str, _Flags]) -> dict[str, _Flags]:

@@ -40,6 +40,10 @@ TESSERACT_TANGENT = (
 )
 #: Ends a backward origin's message: the arguments whose gradients hold NaN/Inf.
 NONFINITE_GRADS = "; non-finite gradient of "
+#: ... and those whose values never reach the origin: another origin made theirs.
+OTHER_ORIGIN_GRADS = "; another origin made the non-finite gradient of "
+#: ... said once, after them.
+OTHER_ORIGIN_FIX = " (fix this one, then run again to find it)"
 
 
 def forward_message(

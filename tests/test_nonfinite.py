@@ -380,6 +380,45 @@ def test_a_nan_gradient_in_low_precision_is_an_alarm_not_removed(dtype):
     assert "non-finite gradient of `w`" in o.message, o.message
 
 
+def _two_origins(params, x, safe_norm=False, safe_sqrt=False):
+    h = x @ params["w"]
+    with jax.named_scope("guard"):
+        inner = jnp.where(h > 0, h, 1.0) if safe_sqrt else h
+        y = jnp.where(h > 0, jnp.sqrt(inner), 0.0)
+    b = params["b"]
+    norm = jnp.sqrt(jnp.sum(b**2) + 1e-12) if safe_norm else jnp.linalg.norm(b)
+    return jnp.mean(y) + norm
+
+
+def test_two_independent_nan_gradient_origins_are_said_apart():
+    # The where-guarded sqrt breaks only w's gradient, norm at zero only b's: the
+    # message named one origin, then both gradients after it, as if it broke both.
+    rng = np.random.default_rng(0)
+    params = {"w": jnp.asarray(rng.normal(size=(4, 6)), jnp.float32), "b": jnp.zeros(3)}
+    x = jnp.asarray(rng.normal(size=(8, 4)), jnp.float32)
+    nan = lambda g: {k: bool(jnp.isnan(v).any()) for k, v in g.items()}  # noqa: E731
+    assert nan(jax.grad(_two_origins)(params, x)) == {"w": True, "b": True}
+    # each origin alone breaks the gradient its message names
+    assert nan(jax.grad(lambda p, x: _two_origins(p, x, safe_norm=True))(params, x)) == {
+        "w": True,
+        "b": False,
+    }
+    assert nan(jax.grad(lambda p, x: _two_origins(p, x, safe_sqrt=True))(params, x)) == {
+        "w": False,
+        "b": True,
+    }
+    ins = sowviz.inspect(_two_origins, params, x)
+    said = {
+        "guard": "gradient of `parameters/w`; another origin made the non-finite gradient of "
+        "`parameters/b`",
+        "norm": "gradient of `parameters/b`; another origin made the non-finite gradient of "
+        "`parameters/w`",
+    }
+    for o in (ins.nonfinite, ins.locate_nonfinite()):
+        origin = ins.graph.node(o.backward.node).label
+        assert said[origin] in o.backward.message, o.backward.message
+
+
 def test_where_trap_forward_removed_and_backward_born_in_log():
     x = jnp.array([0.0, 1.0, 2.0])
     prim, line, _ = oracle(f_where_trap, x)

@@ -389,6 +389,8 @@ class _Builder(InputsMixin):
         self.unrenamed = {new: old for (_, old), new in renamed.items()}
         #: a variable -> {scope name: its place in the result of that module call}
         self.returns: dict[Any, dict[str, int]] = {}
+        #: an input's id -> the nodes whose equations read it (`StageGraph.input_readers`)
+        self.input_readers: dict[str, set[str]] = {}
         #: a user call's stage id -> its outputs' places in what it returns (`call_order`)
         self.call_places: dict[str, dict[Any, int]] = {}
         #: a scope's output as `vmap` returns it -> the value it moved (`batch_first`)
@@ -591,8 +593,10 @@ class _Builder(InputsMixin):
                     if src is not None:
                         made = self.recs[int(src[-1][1:])]
                         holder = parent if rec.kind == "eqn" else rec
-                        if made.kind == "input" and made not in holder.reads:
-                            holder.reads.append(made)  # the stage's own parameters
+                        if made.kind == "input":
+                            self.input_readers.setdefault(made.id, set()).add(rec.id)
+                            if made not in holder.reads:
+                                holder.reads.append(made)  # the stage's own parameters
                         k = self.edge(src, chain, v)
                         if k < len(src) - 1 and v in loc:
                             self.mark_scope_outputs(src, k, v, loc[v])
@@ -1031,4 +1035,7 @@ class _Builder(InputsMixin):
             sow_nodes_all={k: tuple(v) for k, v in self.sows.items()},
             notes=tuple(notes),
             constant_nodes=frozenset(r.id for r in recs if r.constant),
+            input_readers={
+                k: frozenset(echoes.get(r, r) for r in v) for k, v in self.input_readers.items()
+            },
         )

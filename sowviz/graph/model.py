@@ -198,6 +198,9 @@ class StageGraph:
     #: equations (and calls) computed from literals alone, whatever the inputs: a
     #: non-finite value there is a library's fill value (`jnp.var`'s `nan`)
     constant_nodes: frozenset[str] = frozenset()
+    #: an input's id -> the nodes whose equations read it (the edges leave from its
+    #: group): which gradients a backward NaN origin can reach. Not saved with a model.
+    input_readers: dict[str, frozenset[str]] = field(default_factory=dict)
 
     def node(self, node_id: str) -> Node:
         return self._by_id()[node_id]
