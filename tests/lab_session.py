@@ -202,3 +202,13 @@ def open_notebook(page, url: str, name: str, errors: list[str], blocked: list[st
                .some(e => e.getAttribute('data-status') === 'idle')""",
         timeout=90_000,
     )
+
+
+def failed(err: Exception, page, log: pathlib.Path, picture: pathlib.Path) -> AssertionError:
+    """What a failed JupyterLab test raises: the error, a screenshot of the page at
+    `picture` (best effort), and the end of JupyterLab's log."""
+    with contextlib.suppress(Exception):
+        page.screenshot(path=str(picture))
+    return AssertionError(
+        f"{err}\n--- see {picture.name}; jupyter lab's log ends:\n{log.read_text()[-3000:]}"
+    )

@@ -8,11 +8,10 @@ are switched off.
 
 from __future__ import annotations
 
-import contextlib
 import pathlib
 
 import pytest
-from lab_session import jupyter_lab, open_notebook, run_all_cells
+from lab_session import failed, jupyter_lab, open_notebook, run_all_cells
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "01_quickstart.ipynb"
@@ -76,12 +75,7 @@ def test_quickstart_runs_in_jupyterlab(browser, tmp_path):
             page.wait_for_timeout(500)  # let plotly finish drawing before the picture
             first.screenshot(path=str(ARTIFACTS / "jupyterlab_e2e.png"))
         except Exception as err:
-            with contextlib.suppress(Exception):
-                page.screenshot(path=str(ARTIFACTS / "jupyterlab_e2e_failure.png"))
-            raise AssertionError(
-                f"{err}\n--- see artifacts/jupyterlab_e2e_failure.png; jupyter lab's log ends:\n"
-                + log.read_text()[-3000:]
-            ) from err
+            raise failed(err, page, log, ARTIFACTS / "jupyterlab_e2e_failure.png") from err
         finally:
             context.close()
     assert blocked == []
@@ -148,11 +142,7 @@ def test_a_displayed_monitor_follows_the_run_in_jupyterlab(browser, tmp_path):
             assert got == pytest.approx(want, abs=1e-6)
             view.screenshot(path=str(ARTIFACTS / "jupyterlab_monitor_live.png"))
         except Exception as err:
-            with contextlib.suppress(Exception):
-                page.screenshot(path=str(ARTIFACTS / "jupyterlab_monitor_failure.png"))
-            raise AssertionError(
-                f"{err}\n--- jupyter lab's log ends:\n{log.read_text()[-3000:]}"
-            ) from err
+            raise failed(err, page, log, ARTIFACTS / "jupyterlab_monitor_failure.png") from err
         finally:
             context.close()
     assert blocked == []
