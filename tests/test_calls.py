@@ -228,6 +228,47 @@ def test_a_backward_pass_the_program_takes_is_a_stage_of_its_own():
     assert not any(n.label.startswith("mlp#") for n in g.nodes)
 
 
+def _seq(p, xs):
+    def cell(h, x):
+        # `sin(wh)` is loop-invariant: linearizing the scan runs it once, before the loop
+        h = jnp.tanh(h @ jnp.sin(p["wh"]) + x @ p["wx"])
+        return h, h
+
+    h, _ = jax.lax.scan(cell, jnp.zeros((xs.shape[1], p["wh"].shape[0])), xs)
+    return h
+
+
+def _seq_loss(p, xs):
+    return jnp.mean(_seq(p, xs) ** 2)
+
+
+def _seq_step(p, xs):
+    value, grad = jax.value_and_grad(_seq_loss)(p, xs)
+    return jax.tree.map(lambda a, g: a - 0.1 * g, p, grad), value
+
+
+def test_a_train_step_through_a_scan_keeps_one_loss_and_its_backward_pass():
+    # Linearizing `lax.scan` moves equations: the body's loop-invariant work before the
+    # loop (its traceback starts at `cell`: it stood at the top level, under `h`), and
+    # the zero tangent of the initial carry after the whole forward pass, read by
+    # nothing (it split the loss into `_seq_loss` and `_seq_loss#2`, the latter with the
+    # backward pass). The checks: JAX still moves them, and they are in their stages.
+    p = {"wh": jnp.eye(4) * 0.5, "wx": jnp.ones((3, 4)) / 3}
+    xs = jnp.ones((5, 2, 3))
+    closed = jax.make_jaxpr(_seq_step)(p, xs)
+    prims = [e.primitive.name for e in closed.jaxpr.eqns]
+    assert prims.index("sin") < prims.index("scan"), prims
+    g = graph_of(_seq_step, p, xs)
+    top = [n.label for n in g.children(g.root) if n.kind == "scope"]
+    assert top[:2] == ["_seq_loss", "_seq_loss (backward)"], top
+    assert not any(n.label.startswith("_seq_loss#") or n.label == "h" for n in g.nodes)
+    rnn = one(g, "_seq", "scope")
+    inside = [n.label for n in g.children(rnn.id)]
+    assert "sin" in inside and inside[-1] == "scan(cell)", inside
+    back = one(g, "_seq (backward)", "scope")
+    assert back.parent == one(g, "_seq_loss (backward)", "scope").id
+
+
 def _critic(p, x):
     h = jnp.tanh(x @ p["w1"])
     return jnp.sum(h @ p["w2"])

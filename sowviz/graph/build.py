@@ -19,7 +19,7 @@ from .. import _compat
 from .._forwarding import forwarded_operand
 from ..primitives import Body, Construct, construct_of, function_name, spec_of
 from . import frameworks, repeats
-from .calls import body_call, call_label, group_calls
+from .calls import body_call, call_label, group_calls, hoisted_from_bodies
 from .copies import renames
 from .inputs import InputsMixin
 from .model import STAGE_KINDS, Capture, Edge, Node, Note, ProbePoint, StageGraph, Step
@@ -38,7 +38,7 @@ from .names import (
     shape_str,
     short_path,
 )
-from .saved import REUSED, leaf_names, saved_for_backward, saved_note
+from .saved import REUSED, leaf_names, saved_for_backward, saved_note, unread_constants
 from .source_text import returned_place
 from .tesseract import output_names, tesseract_label
 
@@ -513,6 +513,14 @@ class _Builder(InputsMixin):
         ]
         frames = [_compat.user_frames(e) for e in jaxpr.eqns]
         backward = [("transform", "transpose") in _compat.name_stack_kinds(e) for e in jaxpr.eqns]
+        for i, j in hoisted_from_bodies(jaxpr.eqns, frames).items():
+            scoped[i], locs[i], frames[i] = scoped[j], locs[j], frames[j]
+            backward[i] = backward[j]
+        unread = unread_constants(jaxpr, used)
+        for i in reversed(unread):  # not drawn: each takes the place of what follows it
+            if i + 1 < len(scoped):
+                scoped[i], locs[i], frames[i] = scoped[i + 1], locs[i + 1], frames[i + 1]
+                backward[i] = backward[i + 1]
         scoped, call_sites = group_calls(
             scoped,
             [f.calls if f is not None else None for f in frames],
@@ -549,6 +557,7 @@ class _Builder(InputsMixin):
         # The top level of a small program: its own equations (a loss's `(y - t) ** 2`,
         # `mean`) carry data as stages do, instead of boxes with none.
         own_lines = container.parent is None and _level_size(level_names) <= SMALL_TOP_LEVEL
+        unread_set = set(unread)
         for i, eqn in enumerate(jaxpr.eqns):
             names = level_names[i]
             # Close the scopes that end here, open the ones that start.
@@ -578,6 +587,8 @@ class _Builder(InputsMixin):
             parent = scopes[-1][1] if scopes else container
             if eqn.primitive.name in _compat.PLATFORM_INDEX:
                 continue  # the branch `platform_dependent` lowers: its cond shows only it
+            if i in unread_set:
+                continue
             if _is_type_cast(eqn):  # drawn as the edges it is, from its operands' producers
                 for k, (o, v) in enumerate(zip(eqn.invars, eqn.outvars, strict=True)):
                     if isinstance(o, _compat.Var) and o in prod:

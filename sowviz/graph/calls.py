@@ -296,6 +296,33 @@ def group_calls(
     return _without_restating_scopes(out), sites
 
 
+def hoisted_from_bodies(
+    eqns: Sequence[_compat.JaxprEqn], frames: Sequence[_compat.UserFrames | None]
+) -> dict[int, int]:
+    """The equations (index: the loop's index) that linearizing a loop hoisted out of
+    its body, the body's loop-invariant work (`sin(w)` in `cell`), run once right
+    before it: their tracebacks start at the body's function (JAX traces a body with
+    a traceback of its own) and name no call around it, so they stood at the top
+    level under the body's line (`h`), apart from the loop's stage (`loss` > `rnn`).
+    They take the loop's place. `frames`: each equation's (`_compat.user_frames`)."""
+    out: dict[int, int] = {}
+    for j, eqn in enumerate(eqns):
+        roots = {
+            f.root[0]
+            for _, _, body in _compat.sub_jaxprs(eqn)
+            for e in body.eqns
+            if (f := _compat.user_frames(e)) is not None and f.root is not None
+        }
+        i = j - 1
+        while i >= 0 and i not in out:
+            f = frames[i]
+            if f is None or f.calls or f.root is None or f.root[0] not in roots:
+                break
+            out[i] = j
+            i -= 1
+    return out
+
+
 def body_call(
     own: _compat.UserFrames | None, body: Sequence[_compat.UserFrames | None]
 ) -> str | None:

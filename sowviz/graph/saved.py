@@ -57,6 +57,21 @@ def saved_for_backward(
     return {scope: frozenset(vs) for scope, vs in out.items()}
 
 
+def unread_constants(jaxpr: _compat.Jaxpr, used: Collection[Any]) -> list[int]:
+    """The equations of `jaxpr`'s level that make a constant nobody reads (no operand
+    but literals, no effect, no output in `used`): linearizing a `lax.scan` leaves the
+    zero tangent of its initial carry, which its transpose drops, after the whole
+    forward pass, under the scan's scope: drawn there, it split the loss's stage in
+    two, `loss` and `loss#2` (the constant, then the whole backward pass)."""
+    return [
+        i
+        for i, e in enumerate(jaxpr.eqns)
+        if not e.effects
+        and not any(isinstance(v, _compat.Var) for v in e.invars)
+        and not any(v in used for v in e.outvars)
+    ]
+
+
 def leaf_names(values: Sequence[Any], saved: frozenset) -> tuple[str, ...]:
     """Probe leaf names for a stage's output `values` (its outputs first) when some are
     `saved`: ``output``/``output[k]`` and ``saved for backward``/``saved for
