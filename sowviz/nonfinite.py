@@ -43,6 +43,7 @@ from .nonfinite_messages import (
     EARLIER,
     FROM_FORWARD,
     IN_TANGENT,
+    LOOP_CARRIED,
     NONFINITE_GRADS,
     OTHER_ORIGIN_FIX,
     OTHER_ORIGIN_GRADS,
@@ -88,12 +89,27 @@ def is_backward_key(key: str) -> bool:
     return "cotangent" in str(key).split(".")
 
 
-def _bad_iterations(s: Mapping[str, Any]) -> list[int]:
-    """Iterations (rows of the outermost stacked axis) holding non-finite values."""
+def _bad_iterations(s: Mapping[str, Any]) -> list[tuple[int, ...]]:
+    """Iterations holding non-finite values, in order: rows of the outermost stacked axis,
+    or (`per_iteration.shape`, `locate`'s count run) of the nested loops' axes, as one
+    index per loop, the outermost first."""
     per = s.get("per_iteration") or {}
     counts = per.get("nonfinite") or []
     rows = per.get("index") or range(len(counts))  # rows kept, when strided
-    return [int(r) for r, c in zip(rows, counts, strict=True) if c]
+    shape = per.get("shape")
+    bad = [int(r) for r, c in zip(rows, counts, strict=True) if c]
+    if shape and len(shape) > 1:
+        return [tuple(int(i) for i in divmod_all(r, shape)) for r in bad]
+    return [(r,) for r in bad]
+
+
+def divmod_all(row: int, shape: Sequence[int]) -> list[int]:
+    """The index of row `row` of an array of `shape` flattened (row-major)."""
+    out = []
+    for size in reversed(shape):
+        row, i = divmod(row, int(size))
+        out.append(i)
+    return out[::-1]
 
 
 _KINDS = ("nan", "posinf", "neginf")
@@ -108,9 +124,9 @@ class _Flags:
     fwd: bool = False
     bwd: bool = False
     fwd_kinds: frozenset[str] = frozenset()  # which of NaN, +Inf, -Inf the values hold
-    fwd_iter: float = _INF  # first iteration with a non-finite forward value
+    fwd_iter: tuple[float, ...] = (_INF,)  # first iteration with a non-finite forward value
     fwd_value: bool = False  # the value itself (not only its tangent) is non-finite
-    bwd_iter: float = -_INF  # last iteration with a non-finite cotangent (runs first)
+    bwd_iter: tuple[float, ...] = (-_INF,)  # last iteration with a non-finite cotangent
 
 
 def node_flags(probes: Iterable[Any]) -> dict[str, _Flags]:
@@ -125,7 +141,7 @@ def node_flags(probes: Iterable[Any]) -> dict[str, _Flags]:
             if is_backward_key(key):
                 f.bwd = True
                 if its:
-                    f.bwd_iter = max(f.bwd_iter, its[-1])
+                    f.bwd_iter = its[-1] if f.bwd_iter == (-_INF,) else max(f.bwd_iter, its[-1])
             else:
                 f.fwd = True
                 f.fwd_value = f.fwd_value or "tangent" not in str(key).split(".")
@@ -173,12 +189,22 @@ class _Index:
             self.out.setdefault(e.source, []).append(e.target)
             self.into.setdefault(e.target, []).append(e.source)
 
-    def key(self, node: str, iteration: float) -> tuple[float, float, int, int]:
-        """When a node's value exists (forward time; the backward runs it in reverse)."""
-        loop = self.loop[node]
-        first = self.nodes[loop].order if loop is not None else self.exit[node]
-        it = iteration if loop is not None and math.isfinite(iteration) else _INF
-        return (first, it, self.exit[node], -self.depth[node])
+    def loops(self, node: str) -> list[str]:
+        """The loops (scan, while) holding `node`, the outermost first."""
+        return [a for a in reversed(self.ancestors(node)) if self.nodes[a].kind in _STACKED]
+
+    def key(self, node: str, iteration: Sequence[float]) -> tuple[tuple[float, float], ...]:
+        """When a node's value exists (forward time; the backward runs it in reverse): per
+        loop holding it, the outermost first, (the loop's start, the iteration; unknown:
+        after every known one), then (its exit, -depth). A node beside a loop compares
+        its exit with the loop's start, and within one iteration the body's program
+        order decides: the iterations of nested loops order lexicographically."""
+        out = []
+        for k, loop in enumerate(self.loops(node)):
+            it = iteration[k] if k < len(iteration) and math.isfinite(iteration[k]) else _INF
+            out.append((float(self.nodes[loop].order), float(it)))
+        out.append((float(self.exit[node]), float(-self.depth[node])))
+        return tuple(out)
 
     def ancestors(self, node: str) -> list[str]:
         out, p = [], self.nodes[node].parent
@@ -326,7 +352,10 @@ def find(
         node, earlier = _producer(ix, fwd)
         before = [ix.nodes[b] for b in ix.unprobed_before(node, probed)]
         early = None if earlier is None else (ix.nodes[earlier], fwd[earlier].fwd_kinds)
-        msg = forward_message(ix.nodes[node], ix.path(node), before, early)
+        carried, unseen = _carried(ix, node, fwd, probed)
+        msg = forward_message(
+            ix.nodes[node], ix.path(node), before, early, [ix.nodes[c] for c in carried], unseen
+        )
         if not fwd[node].fwd_value:  # jvp: a NaN tangent of a finite value
             msg += IN_TANGENT
             if ix.nodes[node].kind == "tesseract":
@@ -434,6 +463,48 @@ def _upstream(ix: _Index, node: str) -> set[str]:
     return seen
 
 
+#: How many equations of a loop's body a forward message names as possible makers.
+_CARRIED_NAMED = 3
+
+
+def _carried(
+    ix: _Index, node: str, fwd: Mapping[str, _Flags], probed: set[str]
+) -> tuple[list[str], bool]:
+    """What may have made the non-finite value the producer `node` (in a loop) reads from
+    the loop's carry: the body's nodes after it, at an earlier iteration. None when
+    `node` is at the first iteration of every loop holding it (the carry is then the
+    loop's initial value, finite since `node` is the earliest). Probed nodes after it
+    count when their iteration is unknown (a while loop keeps its last iteration: by
+    then the NaN is everywhere in the body); those at a known iteration were finite
+    before `node`'s, else they would come first. Returns (nodes, whether any is an
+    unprobed equation)."""
+    loops = ix.loops(node)
+    its = fwd[node].fwd_iter
+    at = [its[k] if k < len(its) else _INF for k in range(len(loops))]
+    later = [k for k, i in enumerate(at) if i != 0]
+    if not later:
+        return [], False
+    loop = loops[later[-1]]  # the innermost loop whose carry it may have read
+    body = {n for n in ix.nodes if loop in ix.ancestors(n)}
+    mine = set(ix.ancestors(node))
+    out: list[str] = []
+    for n in sorted(body, key=lambda n: ix.nodes[n].order):
+        if n in mine or ix.exit[n] <= ix.exit[node] or len(out) >= _CARRIED_NAMED:
+            continue
+        if n not in probed and ix.nodes[n].kind == "eqn" and _inexact(ix.nodes[n]):
+            out.append(n)
+        elif n in fwd and not math.isfinite(fwd[n].fwd_iter[0]) and n != node:
+            out.append(n)
+    return out, any(n not in probed for n in out)
+
+
+def _inexact(node: Any) -> bool:
+    """Whether a node may hold floating values (its shapes, "float32[2]", say so; none
+    known: it may). An integer `add` (a loop's counter) holds no NaN."""
+    shapes = getattr(node, "shapes", ()) or ()
+    return not shapes or any(str(s).startswith(("float", "bfloat", "complex")) for s in shapes)
+
+
 def _without_outputs(ix: _Index, bwd: dict[str, _Flags]) -> dict[str, _Flags]:
     """`bwd` without the outputs, unless only outputs are in it. An output is probed
     where its value is made, so its cotangent is dloss/dvalue and exists when its
@@ -498,8 +569,11 @@ def with_equations(
     fwd, bwd = o.forward, o.backward
     if fwd is not None and forward is not None:
         msg = f"first made by {equation_name(stage(fwd), forward)}"
+        _, carried, rest = fwd.message.partition(LOOP_CARRIED)  # kept, as `EARLIER` is
         _, before, held = fwd.message.partition(EARLIER)  # what the equation may come from
-        if before:
+        if carried:
+            msg += carried + rest  # (`EARLIER` follows it)
+        elif before:
             msg += before + held
         elif IN_TANGENT in fwd.message:  # and what follows it (`TESSERACT_TANGENT`)
             msg += "".join(fwd.message.partition(IN_TANGENT)[1:])

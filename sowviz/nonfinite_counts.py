@@ -46,15 +46,21 @@ class CountProbe:
 _BITS = (("nan", 1), ("posinf", 2), ("neginf", 4))
 
 
-def _mask(x: Any, stacked: bool) -> Any:
-    """The kinds of non-finite values `x` holds as one int32 bit mask (per row of axis 0,
-    the iteration of the outermost loop, when `stacked`); None for non-float values."""
-    if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
+def _inexact(x: Any) -> bool:
+    return bool(jnp.issubdtype(jnp.result_type(x), jnp.inexact))
+
+
+def _mask(x: Any, stacked: int) -> Any:
+    """The kinds of non-finite values `x` holds as one int32 bit mask (per iteration of
+    the `stacked` loops holding it: its leading axes, the outermost first, flattened to
+    one axis in row-major order); None for non-float values."""
+    if not _inexact(x):
         return None
     x = jnp.abs(x) if jnp.iscomplexobj(x) else x
     axes: tuple[int, ...] = tuple(range(x.ndim))
-    if stacked and x.ndim >= 1:
-        x = x.reshape(x.shape[0], math.prod(x.shape[1:]))
+    stacked = min(stacked, x.ndim)
+    if stacked:
+        x = x.reshape(math.prod(x.shape[:stacked]), math.prod(x.shape[stacked:]))
         axes = (1,)
     # One max per kind, not one bitwise-or reduction: over a sharded array XLA turns the
     # reduction into an all-reduce, and its collectives (XLA:CPU's, NCCL's) have no
@@ -84,36 +90,60 @@ def _program(traced: Any, options: Any, tag: str) -> Any:
         by_tag=True,
     )
     looped = _looped(traced.graph, options.loops)
+    in_while = _in_while(traced.graph)
+    sizes: dict[str, Any] = {"row_bytes": 0}  # filled in when traced
+    shapes: dict = sizes.setdefault("shapes", {})
 
     def run(dyn: list, extra: tuple) -> Any:
         # inlined: raw values never leave the program; the arguments' new state is not kept
         (result, _state), inter = cap.run(dyn, extra)
         counts: dict = {}
+        row_bytes = 0
         for t, by_name in inter.items():
             for name, entry in by_name.items():
-                stacked = name in looped if t == tag else False
+                stacked = looped.get(part_of(name)[0], 0) if t == tag else 0
+                inside = t == tag and part_of(name)[0] in in_while
+                if inside and "iterations" in entry:
+                    counts[(t, name, "iterations")] = jnp.max(entry["iterations"])
                 for key, tree in entry.items():
                     if key in META_KEYS:
                         continue
-                    masks = (_mask(x, stacked) for x in _leaves(tree))
-                    leaves = [m for m in masks if m is not None]
+                    if inside:
+                        row_bytes += sum(x.size * x.dtype.itemsize for x in _leaves(tree))
+                    arrays = [x for x in _leaves(tree) if _inexact(x)]
+                    leaves = [_mask(x, stacked) for x in arrays]
                     if leaves:
                         counts[(t, name, key)] = leaves
+                        # the loops' axes, for the iteration of a flattened row
+                        shapes[(t, name, key)] = [x.shape[: min(stacked, x.ndim)] for x in arrays]
+        sizes["row_bytes"] = row_bytes
         return result, counts
 
-    return jax.jit(run)
+    program = jax.jit(run)
+    return program, sizes
+
+
+def _in_while(graph: Any) -> set[str]:
+    """Nodes inside a while loop (at any depth)."""
+    out: set[str] = set()
+    for n in graph.nodes:  # parents come first
+        parent = graph.node(n.parent) if n.parent is not None else None
+        if parent is not None and (parent.id in out or parent.kind == "while"):
+            out.add(n.id)
+    return out
 
 
 def _leaves(tree: Any) -> list:
     return [x for x in jax.tree_util.tree_leaves(tree) if hasattr(x, "dtype")]
 
 
-def _looped(graph: Any, loops: Any) -> set[str]:
-    """Nodes whose captures are stacked by the iteration of their outermost loop: in a
-    scan, or in a while loop unless it keeps only its last iteration (`loops="last"`:
-    a [3] vector's rows there are no iterations)."""
+def _looped(graph: Any, loops: Any) -> dict[str, int]:
+    """Nodes whose captures are stacked by the iterations of the loops holding them, and
+    how many such loops (their leading axes): scans, and while loops unless one keeps
+    only its last iteration (`loops="last"`: a [3] vector's rows there are no
+    iterations; nothing inside it counts)."""
     kinds = ("scan",) if loops == "last" else ("scan", "while")
-    inside: set[str] = set()
+    inside: dict[str, int] = {}
     outside: set[str] = set()  # in a while loop that keeps its last iteration
     for n in graph.nodes:  # parents come first
         parent = graph.node(n.parent) if n.parent is not None else None
@@ -122,15 +152,29 @@ def _looped(graph: Any, loops: Any) -> set[str]:
                 outside.add(n.id)
             continue
         if parent.id in inside or parent.kind in kinds:
-            inside.add(n.id)
+            inside[n.id] = inside.get(parent.id, 0) + (parent.kind in kinds)
         elif parent.kind == "while":
             outside.add(n.id)
     return inside
 
 
-def count_run(fn: Any, args: tuple, options: Any) -> tuple[Any, list[CountProbe], Any]:
+@dataclass
+class CountRun:
+    """What `count_run` found: the step's result, the probes, the traced program, and
+    of the values captured inside while loops, the most iterations a loop ran and the
+    bytes one iteration's captures take (what keeping `loops=N` iterations costs)."""
+
+    result: Any
+    probes: list[CountProbe]
+    traced: Any
+    while_iterations: int = 0
+    while_row_bytes: int = 0
+
+
+def count_run(fn: Any, args: tuple, options: Any, traced: Any = None) -> CountRun:
     """Run `fn(*args)` under `options.mode` with every probe point of `options.capture`
-    reduced to its non-finite counts: (result, probes, traced)."""
+    reduced to its non-finite counts. `traced`: the program already traced for these
+    arguments (a second run with other `loops`)."""
     from . import _program as P
     from .inspection import _sow_node
     from .modes import tangent_inputs
@@ -140,21 +184,26 @@ def count_run(fn: Any, args: tuple, options: Any) -> tuple[Any, list[CountProbe]
     with P._LOCK:
         hit = _CACHE.get(key)
     if hit is None:
-        traced = P.Traced(fn, options, spec, args)
-        hit = (traced, _program(traced, options, P.PROBE_TAG))
+        traced = traced or P.Traced(fn, options, spec, args)
+        hit = (traced, *_program(traced, options, P.PROBE_TAG))
         with P._LOCK:
             _CACHE[key] = hit
             while len(_CACHE) > _MAX:
                 _CACHE.popitem(last=False)
-    traced, program = hit
+    traced, program, sizes = hit
     user = P._user_tangents(spec, dyn, options.tangents, "locate", lambda: traced.layout)
     extra = (tangent_inputs(options.mode, user, lambda: traced.layout, dyn), options.cotangents)
     result, counts = host_tree(program(dyn, extra))
     per_node: dict[str, dict[str, dict[str, Any]]] = {}
+    iterations = 0
     for (t, name, key), leaves in counts.items():
+        if key == "iterations":
+            iterations = max(iterations, int(leaves))
+            continue
         node = part_of(name)[0] if t == P.PROBE_TAG else _sow_node(traced.graph, name)
         if node is None:
             continue
+        loop_shapes = list(sizes["shapes"].get((t, name, key), ()))
         s = per_node.setdefault(node, {}).setdefault(key, {"nan": 0, "posinf": 0, "neginf": 0})
         for mask in leaves:
             rows = np.atleast_1d(np.asarray(mask))
@@ -162,10 +211,15 @@ def count_run(fn: Any, args: tuple, options: Any) -> tuple[Any, list[CountProbe]
             for k, bit in _BITS:
                 s[k] = s[k] or int(bool(seen & bit))
             if np.ndim(mask) == 1:  # per iteration: whether that row holds any
-                old = s.setdefault("per_iteration", {"nonfinite": [0] * len(rows)})["nonfinite"]
-                if len(old) == len(rows):
-                    s["per_iteration"]["nonfinite"] = [
-                        int(bool(a or b)) for a, b in zip(old, rows, strict=True)
+                shape = [int(d) for d in loop_shapes.pop(0)] if loop_shapes else [len(rows)]
+                per = s.setdefault("per_iteration", {"nonfinite": [0] * len(rows)})
+                if len(per["nonfinite"]) == len(rows):
+                    per["nonfinite"] = [
+                        int(bool(a or b)) for a, b in zip(per["nonfinite"], rows, strict=True)
                     ]
+                    if len(shape) > 1:
+                        per["shape"] = shape
+            elif loop_shapes:
+                loop_shapes.pop(0)
     probes = [CountProbe(node, sums) for node, sums in per_node.items()]
-    return result, probes, traced
+    return CountRun(result, probes, traced, iterations, sizes["row_bytes"])

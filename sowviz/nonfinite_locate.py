@@ -124,12 +124,44 @@ class _Run:
     probes: list
 
 
+#: What keeping every iteration of a while loop (`loops=N`) may take on the device in
+#: `locate`'s re-run: the captured values of N iterations.
+WHILE_BYTES = 256 * 2**20
+
+
 def _run_all(fn: Callable, args: Sequence[Any], options: Any):
-    from .nonfinite_counts import count_run
+    from .nonfinite_counts import _in_while, count_run
 
     opts = replace(options, capture="all")
-    result, probes, traced = count_run(fn, tuple(args), opts)
-    return _Run(result, traced.graph, probes), traced, opts
+    run = count_run(fn, tuple(args), opts)
+    inside = _in_while(run.traced.graph)
+    if (
+        opts.loops == "last"
+        and run.while_iterations > 1
+        and any(p.node in inside for p in run.probes if node_flags([p]))
+    ):
+        # A while loop keeps its last iteration: by then a NaN carried round the loop is
+        # everywhere in its body, and the equation that made it (`sqrt` after a `mul`
+        # that reads the carry) cannot be told from one that only read it. Again, with
+        # the iterations kept (as a scan's are): the first iteration holding it decides.
+        # Nested loops keep N rows each: N**depth.
+        depth = _while_depth(run.traced.graph)
+        rows = max(1, WHILE_BYTES // max(1, run.while_row_bytes))
+        n = min(run.while_iterations, int(rows ** (1 / depth)))
+        if n > 1:
+            again = count_run(fn, tuple(args), replace(opts, loops=n), traced=run.traced)
+            if any(p.node in inside for p in again.probes if node_flags([p])):
+                run = again  # (else made after the first n iterations: the last one tells)
+    return _Run(run.result, run.traced.graph, run.probes), run.traced, opts
+
+
+def _while_depth(graph: Any) -> int:
+    """How deep while loops nest (1: none inside another)."""
+    depth: dict[str, int] = {}
+    for n in graph.nodes:  # parents first
+        d = depth.get(n.parent, 0) if n.parent is not None else 0
+        depth[n.id] = d + (n.kind == "while")
+    return max(depth.values(), default=1) or 1
 
 
 def _stage_of(graph: Any, node: str) -> str:

@@ -31,6 +31,11 @@ _KIND_NAMES = {"nan": "NaN", "posinf": "+Inf", "neginf": "-Inf"}
 
 #: How a forward message names a node holding other non-finite kinds before its origin.
 EARLIER = "; before it, "
+#: ... and, in a loop, the body's nodes after it that may have made it at an earlier
+#: iteration (the value it read from the loop's carry)
+LOOP_CARRIED = (
+    "; unless, at an earlier iteration of its loop, what follows it in the body made it ("
+)
 #: ... and says that only the tangent is non-finite there (mode "jvp")
 IN_TANGENT = " (in its tangent: the value is finite)"
 #: After `IN_TANGENT` at a Tesseract: where such tangents come from (tesseract-jax's
@@ -51,13 +56,17 @@ def forward_message(
     path: Sequence[str] = (),
     before: Sequence[Any] = (),
     earlier: tuple[Any, frozenset[str]] | None = None,
+    carried: Sequence[Any] = (),
+    unseen: bool = False,
 ) -> str:
     """Where the forward pass first holds NaN/Inf: node `n`, whose stage labels from the
     top level down are `path`. An input is named by its path (`parameters/block_1/
     Dense_1/kernel`): a model has a `kernel` in every layer. `before`: the unprobed
     equations feeding `n`, which may have made the value `n` is the first probe to
     see; `earlier`: a node holding other non-finite kinds before `n` (+Inf before a
-    NaN), and those kinds."""
+    NaN), and those kinds; `carried`: in a loop, the body's nodes after `n` that may
+    have made, at an earlier iteration, the value `n` read from the loop's carry
+    (`unseen`: some are unprobed equations)."""
     if n.kind == "input":
         return f"the input {stage_name(n, '/'.join(path) or None)} holds non-finite values"
     if before:
@@ -68,6 +77,10 @@ def forward_message(
         )
     else:
         msg = f"first made by {stage_name(n)}"
+    if carried:
+        names = ", ".join(stage_name(c) for c in carried)
+        locate = ": `locate_nonfinite()` names the equation" if unseen and not before else ""
+        msg += f"{LOOP_CARRIED}{names}){locate}"
     if earlier is not None:
         node, kinds = earlier
         held = "/".join(_KIND_NAMES[k] for k in ("nan", "posinf", "neginf") if k in kinds)

@@ -77,6 +77,8 @@ def _eval(jaxpr, consts, args, found, skip, outer=((), None)):
             outs = _eval(j, c, ins[1:], found, skip, here)
         elif name == "scan":
             outs = _scan(eqn, ins, found, skip, here)
+        elif name == "while":
+            outs = _while(eqn, ins, found, skip, here)
         else:
             bound = eqn.primitive.get_bind_params(eqn.params)
             subfuns, params = bound if isinstance(bound, tuple) else ((), bound)  # JAX 0.10
@@ -110,6 +112,17 @@ def _scan(eqn, ins, found, skip, here):
         ys.reverse()
     stacked = [jnp.stack([y[k] for y in ys]) for k in range(len(ys[0]))] if ys else []
     return [*carry, *stacked]
+
+
+def _while(eqn, ins, found, skip, here):
+    p = eqn.params
+    cond, cc = _sub(eqn, "cond_jaxpr")
+    body, bc = _sub(eqn, "body_jaxpr")
+    nc, nb = p["cond_nconsts"], p["body_nconsts"]
+    cconsts, bconsts, carry = ins[:nc], ins[nc : nc + nb], ins[nc + nb :]
+    while bool(_eval(cond, cc, [*cconsts, *carry], [], skip, here)[0]):
+        carry = _eval(body, bc, [*bconsts, *carry], found, skip, here)
+    return carry
 
 
 def oracle(f, *args, grad=False, skip=(), scopes=False):
@@ -1034,3 +1047,67 @@ def test_the_backward_guess_names_first_a_stage_that_can_make_a_nan():
     ins = sowviz.inspect(f_norm_beside_a_product, w, v)
     msg = ins.nonfinite.backward.message
     assert msg.startswith("born in the backward of `norm`") and "(or of `mul`" in msg, msg
+
+
+def _damp(x):
+    return x * 0.9
+
+
+def _damp_then_sqrt(x):
+    x = _damp(x)  # reads the carry first: NaN only from the iteration after `sqrt`'s
+    return x - jnp.sqrt(x - 0.5)  # the origin: NaN once x < 0.5 (the third iteration)
+
+
+def f_while_carry(x0):
+    body = lambda s: (_damp_then_sqrt(s[0]), s[1] + 1)  # noqa: E731
+    return jnp.sum(lax.while_loop(lambda s: s[1] < 6, body, (x0, 0))[0])
+
+
+def f_scan_carry(x0):
+    return jnp.sum(lax.scan(lambda x, _: (_damp_then_sqrt(x), None), x0, None, length=6)[0])
+
+
+def _sqrt_stage(c):
+    v, j = c
+    a = v * 0.5  # reads the inner carry first
+    return jnp.sqrt(a - 1.0), j + 1  # the origin: NaN at the inner loop's second iteration
+
+
+def f_nested_while(x):
+    # an outer loop of steps, an inner loop of stages (as diffrax's Runge-Kutta step):
+    # at the outer loop's first iteration both `mul` and `sqrt` hold NaN, and only the
+    # inner loop's iterations tell which came first
+    def step(c):
+        v, i = c
+        v, _ = lax.while_loop(lambda c: c[1] < 3, _sqrt_stage, (v, 0))
+        return v + 1.0, i + 1
+
+    return jnp.sum(lax.while_loop(lambda c: c[1] < 2, step, (x, 0))[0])
+
+
+@pytest.mark.parametrize("f", [f_while_carry, f_scan_carry, f_nested_while])
+def test_in_a_loop_the_origin_is_the_first_iteration_holding_nan_not_the_first_reader(f):
+    # `_damp` (a `mul`) comes first in the body but holds NaN only from the iteration
+    # after the one where `sqrt` made it: a while loop keeps its last iteration, where
+    # both hold NaN, so `locate` keeps every iteration
+    x0 = jnp.array([2.0, 3.0]) if f is not f_nested_while else jnp.array([4.0, 9.0])
+    prim, line, _ = oracle(f, x0)
+    assert prim == "sqrt"
+    o = locate(f, (x0,), _opts(mode="primal"))
+    assert (o.forward.equation.primitive, _line(o.forward)) == (prim, line), o.forward.message
+    assert o.forward.message.startswith("first made by `sqrt`"), o.forward.message
+    assert "unless" not in o.forward.message  # the iterations decided it
+
+
+@pytest.mark.parametrize("f", [f_while_carry, f_scan_carry])
+def test_the_stage_level_origin_in_a_loop_names_what_follows_it_in_the_body(f):
+    # before locating, `_damp` is the first stage seen holding NaN (`sqrt` is an
+    # unprobed equation after it in the body): it may only have read the carry
+    x0 = jnp.array([2.0, 3.0])
+    ins = sowviz.inspect(f, x0, mode="primal")
+    msg = ins.nonfinite.forward.message
+    assert msg.startswith("first made by `_damp`"), msg
+    line = _damp_then_sqrt.__code__.co_firstlineno + 2
+    assert "at an earlier iteration of its loop, what follows it in the body made it" in msg
+    assert f"`sqrt` (tests/test_nonfinite.py:{line})" in msg, msg
+    assert "`locate_nonfinite()` names the equation" in msg
