@@ -363,7 +363,12 @@ def find(
         fwd_origin = Origin("forward", node, message=msg, path=ix.path(node))
     if bwd:
         reach = max(bwd, key=lambda n: ix.key(n, bwd[n].bwd_iter))
-        cands = [c for c in ix.consumers(reach) if not (c in flags and flags[c].bwd)]
+        # (a consumer with no floating output, `x > 0`, sends no cotangent back)
+        cands = [
+            c
+            for c in ix.consumers(reach)
+            if not (c in flags and flags[c].bwd) and _inexact(ix.nodes[c])
+        ]
         # the latest runs first backward; an equation whose backward only multiplies
         # and moves finite values (`mul`, `add`, reshapes) comes after those that can
         # make a NaN of them (`norm`'s `sqrt` at 0), unless its own values are not finite

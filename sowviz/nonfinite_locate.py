@@ -17,8 +17,8 @@ import jax
 import numpy as np
 
 from ._global import host_value
-from .nonfinite import find, node_flags, with_equations
-from .nonfinite_messages import masked_branch_hint, with_message
+from .nonfinite import _inexact, find, node_flags, with_equations
+from .nonfinite_messages import masked_branch_hint, masked_derivative_hint, with_message
 from .nonfinite_record import Equation, NonFinite, Origins
 
 
@@ -230,7 +230,12 @@ def _culprit(ins: Any, traced: Any, reach: str) -> tuple[str, ...]:
     """The equations reading `reach` whose own cotangent is finite, latest first."""
     flags = node_flags(ins.probes)
     order = {n.id: n.order for n in ins.graph.nodes}
-    cands = [c for c in _Dataflow(traced).consumers(reach) if not (c in flags and flags[c].bwd)]
+    g = ins.graph
+    cands = [
+        c
+        for c in _Dataflow(traced).consumers(reach)
+        if not (c in flags and flags[c].bwd) and _inexact(g.node(c))
+    ]
     return tuple(sorted(set(cands), key=order.__getitem__, reverse=True))
 
 
@@ -288,6 +293,51 @@ def locate(
         out = with_message(
             replace(out, backward=replace(out.backward, message=out.backward.message + hint))
         )
+    elif (
+        out.backward is not None
+        and bwd_eq is not None
+        and _mode(opts) == "grad"
+        and not (bwd_eq.node in node_flags(ins.probes) and node_flags(ins.probes)[bwd_eq.node].fwd)
+    ):
+        # Its value is finite, its derivative is not (`sqrt` at exactly 0) and a
+        # `jnp.where` masks the value: the masked branch's backward is 0 × Inf = NaN.
+        where = _masked_by(traced, g, bwd_eq.node)
+        if where is not None:
+            hint = masked_derivative_hint(bwd_eq.primitive, where.source or _src(g, where))
+            out = with_message(
+                replace(out, backward=replace(out.backward, message=out.backward.message + hint))
+            )
+    return out
+
+
+def _masked_by(traced: Any, graph: Any, node: str, hops: int = 3) -> Any:
+    """The `select_n` (a `jnp.where`) reading `node`'s values, directly or through at most
+    `hops` other floating equations (`2 * jnp.sqrt(x)`); None when there is none."""
+    flow = _Dataflow(traced)
+    todo, seen = [(node, 0)], {node}
+    while todo:
+        cur, depth = todo.pop(0)
+        for c in flow.consumers(cur):
+            n = graph.node(c)
+            if n.primitive == "select_n":
+                return n
+            if n.kind != "eqn":  # a call (`jnp.where` is a `jit`): the select inside it
+                inner = [
+                    m for m in graph.nodes if m.primitive == "select_n" and c in _above(graph, m)
+                ]
+                if inner:
+                    return inner[0]
+            if c not in seen and depth < hops and n.kind == "eqn" and _inexact(n):
+                seen.add(c)
+                todo.append((c, depth + 1))
+    return None
+
+
+def _above(graph: Any, n: Any) -> set[str]:
+    out = set()
+    while n.parent is not None:
+        out.add(n.parent)
+        n = graph.node(n.parent)
     return out
 
 

@@ -134,6 +134,20 @@ def masked_branch_hint(primitive: str) -> str:
     )
 
 
+def masked_derivative_hint(primitive: str, where: Any = None) -> str:
+    """What to say when an equation's value is finite but its derivative is not (`sqrt`
+    at exactly 0) and a `jnp.where` (`where`: its source location) masks the value: the
+    masked branch's cotangent is 0, and 0 × Inf = NaN."""
+    at = f" at {where.file}:{where.line}" if where is not None else ""
+    return (
+        f"; the value of `{primitive}` is finite but its derivative is not (`sqrt`'s at 0, "
+        f"`arcsin`'s at 1), and a `jnp.where`{at} masks the value, not its backward "
+        f"(0 × Inf = NaN). Give `{primitive}` an input where its derivative is finite: "
+        f"`jnp.where(ok, x, 1.0)` before it as well as `jnp.where(ok, ..., 0.0)` after it "
+        f"(the double-where trick)"
+    )
+
+
 def with_message(o: Origins) -> Origins:
     """`o` with its one-line summary of both passes."""
     parts = []

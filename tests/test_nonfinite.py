@@ -1111,3 +1111,35 @@ def test_the_stage_level_origin_in_a_loop_names_what_follows_it_in_the_body(f):
     assert "at an earlier iteration of its loop, what follows it in the body made it" in msg
     assert f"`sqrt` (tests/test_nonfinite.py:{line})" in msg, msg
     assert "`locate_nonfinite()` names the equation" in msg
+
+
+def f_where_sqrt(x):
+    return jnp.sum(jnp.where(x > 0, jnp.sqrt(x), 0.0))  # finite value; sqrt' = Inf at 0
+
+
+def test_a_where_guarded_sqrt_at_exactly_zero_gets_the_double_where_fix():
+    # at 0 `sqrt` is finite (no forward origin), its derivative is not: the masked
+    # branch's cotangent 0 times Inf is NaN
+    x = jnp.array([4.0, 0.0])
+    g = jax.grad(f_where_sqrt)(x)
+    assert np.isfinite(g[0]) and np.isnan(g[1])
+    assert oracle(f_where_sqrt, x) is None
+    _, gline, _ = oracle(f_where_sqrt, x, grad=True)
+    o = locate(f_where_sqrt, (x,), _opts())
+    assert o.forward is None
+    assert (o.backward.equation.primitive, _line(o.backward)) == ("sqrt", gline)
+    msg = o.backward.message
+    assert "its derivative is not" in msg and "double-where" in msg, msg
+    assert f"a `jnp.where` at tests/test_nonfinite.py:{gline} masks the value" in msg, msg
+    # a `norm` at zero has no `jnp.where` to blame
+    o = locate(lambda w: jnp.linalg.norm(w), (jnp.zeros(3),), _opts())
+    assert o.backward is not None and "double-where" not in o.message
+
+
+def test_a_comparison_is_no_candidate_for_a_backward_origin():
+    # `x > 0` reads `x` but sends no cotangent back: only `sqrt` may have made the NaN
+    ins = sowviz.inspect(f_where_sqrt, jnp.array([4.0, 0.0]))
+    o = ins.nonfinite.backward
+    assert o.message.startswith("born in the backward of `sqrt`"), o.message
+    assert "`gt`" not in o.message and "or of" not in o.message, o.message
+    assert [ins.graph.node(c).label for c in o.candidates] == ["sqrt"]
