@@ -30,6 +30,12 @@ Steps are recorded in step order (an earlier step's flag is read before a later
 step is recorded), so the first non-finite step recorded is the first of the
 run. After that one locate, no arguments are kept.
 
+A Ctrl-C (KeyboardInterrupt) inside `step` loses no step: a recorded step leaves
+the queue only once it is read and recorded, an unrecorded step's flag only once it
+is read, so a read (or record) the interrupt cut short is completed by the next
+`step`, `flush()` or `close()`. The interrupted step itself ran (its number is used,
+and it is recorded like any other) but returned nothing.
+
 A recorded step costs the training thread its share of that read; its summaries
 become the JSON-ready entry only when read (`_entry.LazyEntry`: on a sink's
 thread, when the view sends, when `history`/`to_dict()` is read), or at once when
@@ -237,7 +243,6 @@ class Monitor:
             if chained and self._chain is None:
                 self._chain = jax.numpy.asarray(CHAIN_START, jax.numpy.int32)
             out = self._run(args, record, self._chain if chained else None)
-            self.steps += 1
             if out.traced is not self._traced:
                 self._new_graph(out.traced)
             # references, not copies (a snapshot if state is written back below)
@@ -250,6 +255,9 @@ class Monitor:
                 self._chain = out.chain
                 self._flags.append((step, out.chain, kept, self._chain_runs))
                 self._chain_runs += 1
+            # Counted once it is queued: a step interrupted before (Ctrl-C while it
+            # compiles or runs) never returned, and its number is the next step's.
+            self.steps += 1
             if self.stop_on_nonfinite:
                 if not np.asarray(out.finite).all():
                     self._stop(step, out, args, record)
@@ -309,6 +317,8 @@ class Monitor:
     # a read happens once `_FLAG_BATCH` more than that are waiting (flush: keep=0,
     # everything is read). `before`: read every flag of an earlier step, ready or
     # not (a later step is about to be recorded).
+    # Interrupt-safe (a Ctrl-C lands in the read or the re-run): the flags leave the
+    # queue only once they are read and acted on, so the next call reads them again.
     def _check_flags(self, *, keep: int, before: int | None = None) -> None:
         if before is not None:
             upto = sum(1 for s, *_ in self._flags if s < before)
@@ -318,28 +328,32 @@ class Monitor:
             upto = len(self._flags) - keep if len(self._flags) >= keep + _FLAG_BATCH else 0
         if upto <= 0:
             return
-        read = [self._flags.popleft() for _ in range(upto)]
-        if self.nonfinite is not None or self._first_flagged is not None:
-            return  # an earlier step is already the first non-finite one
-        first = int(np.asarray(read[-1][1])[1])
-        bad = next((r for r in read if r[3] == first), None) if first >= 0 else None
-        if bad is None:
-            return
-        # First non-finite step, unrecorded: re-run it with the probes (same args).
-        step, _, args, _ = bad
-        self._first_flagged = step
-        if args is None:
-            warnings.warn(
-                f"sowviz.Monitor: could not re-run step {step}: its arguments were not kept",
-                stacklevel=3,
-            )
-            self.nonfinite = _nonfinite.NonFinite(step, None, None)
-            return
-        self._enqueue(step, args)
+        if self.nonfinite is None and self._first_flagged is None:
+            # (else an earlier step is already the first non-finite one)
+            read = [self._flags[i] for i in range(upto)]
+            first = int(np.asarray(read[-1][1])[1])  # the one device→host read
+            bad = next((r for r in read if r[3] == first), None) if first >= 0 else None
+            if bad is not None:
+                # First non-finite step, unrecorded: re-run it with the probes (same args).
+                step, _, args, _ = bad
+                if args is None:
+                    warnings.warn(
+                        f"sowviz.Monitor: could not re-run step {step}: its arguments were "
+                        "not kept",
+                        stacklevel=3,
+                    )
+                    self.nonfinite = _nonfinite.NonFinite(step, None, None)
+                else:
+                    self._enqueue(step, args)
+                self._first_flagged = step
+        for _ in range(upto):
+            self._flags.popleft()
 
     def _enqueue(self, step: int, args: tuple) -> None:
         # A re-run joins the recorded steps in step order: the first non-finite step
         # recorded is then the first of the run.
+        if any(s == step for s, *_ in self._pending):
+            return  # queued by a call that was interrupted before it marked its flags read
         leaves = jax.tree_util.tree_leaves(args)
         if any(isinstance(x, jax.Array) and x.is_deleted() for x in leaves):
             warnings.warn(
@@ -366,53 +380,73 @@ class Monitor:
     def _drain(self, *, keep: int) -> None:
         """Record the pending steps once more than `keep` wait, or the oldest has waited
         `throttle` seconds (slow or rare recorded steps still reach the views): one
-        gather, one read."""
+        gather, one read.
+
+        Interrupt-safe: a step leaves `_pending` only once it is read and recorded (a
+        read step's host copy replaces its device parts, `_Read`, which keeps what
+        `_record` did of it), so a drain a Ctrl-C cut short is completed by the next
+        one (the next step, `flush()`, `close()`), with no step lost or recorded twice."""
         if not self._pending:
             return
         if len(self._pending) <= keep and time.monotonic() - self._waiting_since < self.throttle:
             return
         # Earlier unrecorded steps first: a bad one is re-run and queued in step order.
         self._check_flags(keep=0, before=self._pending[-1][0])
-        batch = list(self._pending)
-        self._pending.clear()
-        buf, layout = _wire.gather([parts for *_, parts in batch])
-        host = _wire.split(np.asarray(buf), layout)  # the one device→host round trip
-        for (step, out, args, _), parts in zip(batch, host, strict=True):
-            self._record(step, out, args, parts)
+        unread = [i for i, p in enumerate(self._pending) if not isinstance(p[3], _Read)]
+        if unread:
+            buf, layout = _wire.gather([self._pending[i][3] for i in unread])
+            host = _wire.split(np.asarray(buf), layout)  # the one device→host round trip
+            for i, parts in zip(unread, host, strict=True):
+                step, out, args, _ = self._pending[i]
+                self._pending[i] = (step, out, args, _Read(parts))
+        while self._pending:
+            step, out, args, read = self._pending[0]
+            self._record(step, out, args, read)
+            self._pending.popleft()
 
-    def _record(self, step: int, out: Out, args: tuple | None, parts: Any) -> None:
-        # `parts` are on the host (`_drain`); the summaries become JSON only when read
-        # (`_entry.LazyEntry`), unless this step holds a non-finite value: then the
-        # origin rule needs them now.
-        host, finite, clean, value = parts
-        try:
-            loss = None if value is None else float(value.reshape(()))
-        except (TypeError, ValueError):
-            loss = None
-        finite = bool(np.all(finite))
-        packed = Packed(tuple(host), out.packed.layout, out.packed.regroup)
-        # where the step ran, as `inspect` says it (a sharded step: `cpu:0 +7 more`)
-        self._device = device_of(out.packed.buffers)
-        entry = LazyEntry(step, loss, finite, (out.traced, packed, self._options))
-        if not (finite and bool(clean)):
-            self._origins(step, entry, out.traced.graph, args)
-        self._set_latest(out.traced, entry)
-        if self._sinks_traced is not out.traced:
-            # Sinks open with the probe list (they name tags and read logs by it), and
-            # again when a step runs another program (a batch of another shape): the
-            # model then says the shapes of the step just written, as `to_dict()` does.
-            self._sinks_traced = out.traced
-            for listener in self._listeners:
-                if listener is not self._view_listener:
-                    self._call(listener, "open", self.to_dict(with_history=False))
-        # The first non-finite step stays in the history whatever the thinning.
-        first_bad = self.nonfinite is not None and self.nonfinite.step == step
-        self.history.add(entry, pin=first_bad)
+    def _record(self, step: int, out: Out, args: tuple | None, read: _Read) -> None:
+        # `read.parts` are on the host (`_drain`); the summaries become JSON only when
+        # read (`_entry.LazyEntry`), unless this step holds a non-finite value: then the
+        # origin rule needs them now. Each stage is marked done on `read`: after an
+        # interrupt, a second call goes on where the first stopped.
+        if read.entry is None:
+            host, finite, clean, value = read.parts
+            try:
+                loss = None if value is None else float(value.reshape(()))
+            except (TypeError, ValueError):
+                loss = None
+            finite = bool(np.all(finite))
+            packed = Packed(tuple(host), out.packed.layout, out.packed.regroup)
+            # where the step ran, as `inspect` says it (a sharded step: `cpu:0 +7 more`)
+            self._device = device_of(out.packed.buffers)
+            entry = LazyEntry(step, loss, finite, (out.traced, packed, self._options))
+            if not (finite and bool(clean)):
+                self._origins(step, entry, out.traced.graph, args)
+            read.entry = entry
+        entry = read.entry
+        if not read.added:
+            self._set_latest(out.traced, entry)
+            if self._sinks_traced is not out.traced:
+                # Sinks open with the probe list (they name tags and read logs by it),
+                # and again when a step runs another program (a batch of another
+                # shape): the model then says the shapes of the step just written, as
+                # `to_dict()` does.
+                self._sinks_traced = out.traced
+                for listener in self._listeners:
+                    if listener is not self._view_listener:
+                        self._call(listener, "open", self.to_dict(with_history=False))
+            # The first non-finite step stays in the history whatever the thinning.
+            first_bad = self.nonfinite is not None and self.nonfinite.step == step
+            self.history.add(entry, pin=first_bad)
+            read.added = True
         for listener in list(self._listeners):
+            if any(w is listener for w in read.written):
+                continue
             # Sinks and the view convert the entry off this thread / when they send; any
             # other listener gets the dict.
             lazy = getattr(listener, "lazy_entries", False)
             self._call(listener, "write", entry if lazy else entry.materialize())
+            read.written.append(listener)
 
     def _origins(self, step: int, lazy: LazyEntry, graph: Any, args: tuple | None) -> None:
         """A step with a non-finite value: where it was born (`sowviz.nonfinite`); the
@@ -439,12 +473,13 @@ class Monitor:
             fwd = origins.forward.node if origins.forward else None
             bwd = (origins.backward.node or origins.backward.reaching) if origins.backward else None
             entry["nonfinite"] = {"forward": fwd, "backward": bwd}
-            if self.nonfinite is None or self.nonfinite.step > step:
+            # (`>=`: the same step again is a record an interrupt cut short, `_drain`)
+            if self.nonfinite is None or self.nonfinite.step >= step:
                 self.nonfinite = _nonfinite.NonFinite(step, fwd, bwd, origins)
                 if not self._located and args is not None:
                     # Once per run: the count-only re-run on this step's arguments.
-                    self._located = True
                     self.nonfinite = _locate_step(self.fn, args, self._options, self.nonfinite)
+                    self._located = True
                     self._drop_args()
                 # The first non-finite step's entry carries the whole record (the run
                 # log's reader and the front end take it from there).
@@ -605,6 +640,19 @@ def _one_float(x: Any) -> bool:
         and x.size == 1
         and jax.numpy.issubdtype(x.dtype, jax.numpy.floating)
     )
+
+
+class _Read:
+    """A pending step's parts on the host, and how far `Monitor._record` got with it:
+    its entry built, added to the history, written to which listeners."""
+
+    __slots__ = ("added", "entry", "parts", "written")
+
+    def __init__(self, parts: tuple) -> None:
+        self.parts = parts
+        self.entry: LazyEntry | None = None
+        self.added = False
+        self.written: list[Any] = []
 
 
 def _light(out: Out) -> Out:

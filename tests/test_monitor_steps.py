@@ -527,3 +527,110 @@ def test_a_resumed_run_numbers_its_steps_from_start_step(tmp_path):
     assert [e["step"] for e in sowviz.load(tmp_path / "log").history] == [5000, 5005, 5007, 5010]
     with pytest.raises(ValueError, match="`start_step` must be an int ≥ 0"):
         sowviz.Monitor(norm_loss, start_step=-1)
+
+
+# --- Ctrl-C inside a step ------------------------------------------------------------------
+# A KeyboardInterrupt can land anywhere in `Monitor.step`; mostly in a device→host read.
+# Caught (a notebook cell interrupted, then run again), the same Monitor goes on, and no
+# step it ran is lost or recorded twice: an interrupted read or record is completed by
+# the next call. Injected by patching (deterministic), as a signal would land.
+
+
+class _InterruptOnce:
+    """Wraps `real`: its `at`-th call raises KeyboardInterrupt instead."""
+
+    def __init__(self, real, at):
+        self.real, self.at, self.calls = real, at, 0
+
+    def __call__(self, *a, **k):
+        self.calls += 1
+        if self.calls == self.at:
+            raise KeyboardInterrupt
+        return self.real(*a, **k)
+
+
+def _steps_with_one_interrupt(mon, xs):
+    """Step on each batch; the step that raises KeyboardInterrupt ran (its number is
+    used) but returned nothing. Returns the step numbers whose results were returned."""
+    returned, interrupted = [], []
+    for x in xs:
+        n = mon.steps
+        try:
+            mon.step(W, x)
+            returned.append(n)
+        except KeyboardInterrupt:
+            interrupted.append(n)
+    assert len(interrupted) == 1
+    return returned, interrupted[0]
+
+
+def test_a_ctrl_c_in_the_summaries_read_loses_no_step(monkeypatch, tmp_path):
+    # One read took steps off the queue before reading them: a Ctrl-C in the read
+    # lost 5 steps (4 returned to the user) from the history, the run log and TensorBoard.
+    import sowviz.monitor as m
+
+    loss, _ = counted()
+    xs = [batch(4, seed=i) for i in range(14)]
+    mon = sowviz.Monitor(loss, throttle=3600.0, log_dir=tmp_path / "log")
+    monkeypatch.setattr(m._wire, "split", _InterruptOnce(m._wire.split, at=2))
+    returned, cut = _steps_with_one_interrupt(mon, xs)
+    mon.close()
+    assert cut == 9 and mon.steps == len(xs)  # the 2nd read: steps 5-9
+    want = [float(jax.value_and_grad(loss)(W, x)[0]) for x in xs]
+    for entries in (list(mon.history), sowviz.load(tmp_path / "log").history):
+        # every step that ran, once, in order (the interrupted one too: it ran)
+        assert [e["step"] for e in entries] == list(range(len(xs)))
+        np.testing.assert_allclose([e["loss"] for e in entries], want, rtol=1e-6)
+    assert set(returned) < {e["step"] for e in mon.history}
+
+
+def test_a_ctrl_c_while_a_sink_takes_a_step_loses_and_repeats_none():
+    # A sink's `write` blocks when its thread is behind: a Ctrl-C there. The step is in
+    # the history already; the next drain writes it to the sinks that missed it only.
+    loss, _ = counted()
+    first, second = FakeSink(), FakeSink()
+    second.write = _InterruptOnce(second.write, at=3)
+    mon = sowviz.Monitor(loss, throttle=3600.0)
+    mon._listeners += [first, second]
+    xs = [batch(4, seed=i) for i in range(12)]
+    _, cut = _steps_with_one_interrupt(mon, xs)
+    mon.flush()
+    assert cut == 4  # the first read (steps 0-4), at the sinks' step 2
+    steps = list(range(len(xs)))
+    assert [e["step"] for e in mon.history] == steps
+    assert [e["step"] for e in first.entries] == steps
+    assert [e["step"] for e in second.entries] == steps
+    assert first.entries == list(mon.history) == second.entries
+
+
+def test_a_ctrl_c_in_the_running_flag_read_still_finds_the_first_nonfinite_step(monkeypatch):
+    # Unrecorded steps' flags were taken off their queue before the read: a Ctrl-C in it
+    # dropped them, and a NaN among them was never found.
+    import sowviz.monitor as m
+
+    class InterruptingNumpy(_CountingNumpy):
+        def asarray(self, *a, **k):
+            if self.reads == 0:  # the first read of the running flag
+                self.reads += 1
+                raise KeyboardInterrupt
+            return super().asarray(*a, **k)
+
+    monkeypatch.setattr(m, "np", InterruptingNumpy())
+
+    def f(p, x):
+        return jnp.sum(jnp.sqrt(p["s"])) + jnp.mean(x)
+
+    mon = sowviz.Monitor(f, every=1000, throttle=3600.0)  # step 0 recorded, then plain
+    cut = None
+    for step in range(20):  # step 3's gradient is infinite
+        try:
+            mon.step({"s": jnp.zeros(2) if step == 3 else jnp.ones(2)}, batch(2))
+        except KeyboardInterrupt:
+            cut = step
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sowviz.NonFiniteWarning)
+        mon.flush()
+    assert cut == 6  # the first flag read: steps 1-4
+    assert mon.nonfinite is not None and mon.nonfinite.step == 3
+    assert mon.nonfinite.origins is not None and mon.nonfinite.origins.located
+    assert [e["step"] for e in mon.history] == [0, 3]  # step 3 re-run with its probes
