@@ -52,6 +52,7 @@ from .nonfinite_messages import (
     backward_sentence,
     equation_name,
     forward_message,
+    input_path,
     message,
     stage_name,
     with_message,
@@ -441,7 +442,7 @@ def _grads_said(ix: _Index, bwd: Mapping[str, Any], upstream: set[str]) -> str:
 
 
 def _named(ix: _Index, nodes: Sequence[str]) -> str:
-    said = ", ".join(f"`{'/'.join(ix.path(k))}`" for k in nodes[:_GRADS_NAMED])
+    said = ", ".join(f"`{input_path(ix.path(k))}`" for k in nodes[:_GRADS_NAMED])
     more = f" and {len(nodes) - _GRADS_NAMED} more" if len(nodes) > _GRADS_NAMED else ""
     return said + more
 

@@ -68,7 +68,7 @@ def forward_message(
     have made, at an earlier iteration, the value `n` read from the loop's carry
     (`unseen`: some are unprobed equations)."""
     if n.kind == "input":
-        return f"the input {stage_name(n, '/'.join(path) or None)} holds non-finite values"
+        return f"the input {stage_name(n, input_path(path) or None)} holds non-finite values"
     if before:
         names = ", ".join(stage_name(b) for b in before)
         msg = (
@@ -86,6 +86,13 @@ def forward_message(
         held = "/".join(_KIND_NAMES[k] for k in ("nan", "posinf", "neginf") if k in kinds)
         msg += f"{EARLIER}{stage_name(node)} held {held}, which may have led to it"
     return msg
+
+
+def input_path(path: Sequence[str]) -> str:
+    """An argument leaf's path in one notation, `parameters/l2/bias`: the graph draws a
+    group holding a single leaf as one box labelled by both (`l1.kernel`), whose dot
+    is one more step of the path."""
+    return "/".join(part.replace(".", "/") for part in path)
 
 
 def backward_message(

@@ -812,8 +812,31 @@ def test_a_bad_parameter_is_named_by_its_path_not_its_leaf_name():
     assert not np.isfinite(float(ins.result[0]))  # plain JAX agrees the loss is bad
     assert not np.isfinite(float(loss(params, jnp.ones((2, 3)))))
     msg = ins.nonfinite.forward.message
-    # named as the graph draws it: the parameters group, then the leaf's path
-    assert "the input `parameters/block_1.dense.kernel` holds non-finite values" in msg, msg
+    # the parameters group, then the leaf's path, one step a slash (the graph draws
+    # `block_1.dense.kernel`, a group holding one leaf, as one box)
+    assert "the input `parameters/block_1/dense/kernel` holds non-finite values" in msg, msg
+
+
+def test_gradient_paths_are_written_one_way():
+    # `l1` holds one leaf (drawn as one box, `l1.kernel`), `l2` two (a group): the
+    # message wrote `parameters/l1.kernel` beside `parameters/l2/bias`
+    def loss(params, x):
+        h = x @ params["l1"]["kernel"]
+        h = h / jnp.linalg.norm(h, axis=-1, keepdims=True)  # 0/0 on the zero row
+        return jnp.mean((h @ params["l2"]["kernel"] + params["l2"]["bias"]) ** 2)
+
+    params = {
+        "l1": {"kernel": jnp.full((4, 3), 0.1)},
+        "l2": {"bias": jnp.zeros(1), "kernel": jnp.full((3, 1), 0.2)},
+    }
+    x = jnp.ones((2, 4)).at[1].set(0.0)
+    grads = jax.grad(loss)(params, x)
+    assert all(not np.all(np.isfinite(g)) for g in jax.tree_util.tree_leaves(grads))
+    ins = sowviz.inspect(loss, params, x)
+    assert "l1.kernel" in [n.label for n in ins.graph.nodes if n.kind == "input"]  # as drawn
+    msg = ins.nonfinite.backward.message
+    said = "`parameters/l1/kernel`, `parameters/l2/bias`, `parameters/l2/kernel`"
+    assert msg.endswith(f"non-finite gradient of {said}"), msg
 
 
 def test_a_group_of_results_is_never_named_as_the_backward_origin():
