@@ -169,3 +169,29 @@ def test_missing_packages(tmp_path, monkeypatch):
         warnings.simplefilter("ignore")
         with pytest.raises(ImportError, match=r"pip install 'sowviz\[tensorboard\]'"):
             make_sinks(None, tensorboard=tmp_path / "tb")
+
+
+def _listing(d: pathlib.Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
+
+
+def test_a_refused_log_dir_gets_no_event_file(run, tmp_path):
+    # The TensorBoard sink was made before the run log refused the directory: a refused
+    # second run left an empty event file in the first run's tensorboard/.
+    model, entries = run
+    log = tmp_path / "log"
+    (first, tb) = make_sinks(log, tensorboard=True)
+    for s in (first, tb):
+        s.open(model)
+        s.write(entries[0])
+    tb.close()  # the first run's TensorBoard file is complete; its run log still open
+    before = _listing(log / "tensorboard")
+    assert len(before) == 1
+    with pytest.raises(FileExistsError, match="being written by another Monitor"):
+        make_sinks(log, tensorboard=True)
+    assert _listing(log / "tensorboard") == before
+    first.close()
+    with pytest.raises(FileExistsError, match="already holds a run log"):
+        make_sinks(log, tensorboard=True)
+    assert _listing(log / "tensorboard") == before
+    assert [x.step for x in read_back(log / "tensorboard").Scalars("loss")] == [entries[0]["step"]]

@@ -61,23 +61,27 @@ def make_sinks(
         return []
     sinks: list[Sink] = []
     try:
-        # The ones that can fail for want of a package or a run come first, so a
-        # failure leaves no half-begun run log behind.
+        # What can fail for want of a package or a run is checked first, so a failure
+        # leaves no half-begun run log behind; then the run log, which refuses a
+        # `log_dir` holding another run's log (or being written): before any other
+        # sink creates a file there (TensorBoard's event file in `log_dir/tensorboard`).
+        if tensorboard:
+            from .tb_sink import TensorBoardSink, require
+
+            require()
         if wandb is not False and wandb is not None:
             from .wandb_sink import WandbSink
 
             sinks.append(WandbSink(wandb))
+        if log_dir is not None:
+            sinks.insert(0, LogSink(log_dir, overwrite=overwrite))
         if tensorboard:
-            from .tb_sink import TensorBoardSink
-
             tb_dir = (
                 os.path.join(os.fspath(log_dir), TENSORBOARD_SUBDIR)  # type: ignore[arg-type]
                 if tensorboard is True
                 else tensorboard
             )
             sinks.append(TensorBoardSink(tb_dir))
-        if log_dir is not None:
-            sinks.insert(0, LogSink(log_dir, overwrite=overwrite))
     except BaseException:
         for s in sinks:
             s.close()

@@ -40,6 +40,16 @@ FLUSH_SECS = 5.0
 _file_ids = itertools.count()
 
 
+def require() -> None:
+    """Raise the `ImportError` `TensorBoardSink` would, before anything is created."""
+    try:
+        import tensorboardX.event_file_writer
+        import tensorboardX.proto.event_pb2
+        import tensorboardX.proto.summary_pb2  # noqa: F401
+    except ImportError as err:
+        raise ImportError(_MISSING) from err
+
+
 def _library():
     try:
         from tensorboardX.event_file_writer import EventsWriter
