@@ -29,7 +29,7 @@ export function sparklinePath(counts, w, h) {
 /**
  * Faces for the given node ids. The colour scale spans every node in the model with
  * the statistic, so colours do not shift when stages open and close.
- * @returns {{faces: Map<string, {value: number|null, colour: string|null, text: string, short: string, hist: number[]|null}>, scale: ReturnType<typeof logScale>}}
+ * @returns {{faces: Map<string, {value: number|null, colour: string|null, text: string, short: string, bad: string, total: string, hist: number[]|null}>, scale: ReturnType<typeof logScale>}}
  */
 export function computeFaces(index, ids, { mode, stat }) {
   const all = [];
@@ -68,7 +68,7 @@ export function computeFaces(index, ids, { mode, stat }) {
       if (own.text) text = `value = ${own.kind}`;
       else if (out.mean != null) text = `value = ${fmt(out.mean)}`;
     }
-    faces.set(id, { value, colour: scale.colour(value), text, short: short ?? text, hist, outputs });
+    faces.set(id, { value, colour: scale.colour(value), text, short: short ?? text, bad: bad.text, total: bad.total, hist, outputs });
   }
   return { faces, scale };
 }
@@ -115,8 +115,9 @@ export function ownOutputs(probes) {
 
 /**
  * The non-finite values a node's probes hold in `mode`: `text` ("128 NaN", "3 NaN,
- * 1 +Inf"; "" when none), how many finite values there are, and the statistic's
- * word when none is finite (`kind`: "NaN", or the sign of the infinities).
+ * 1 +Inf"; "" when none), `total` (one count of several kinds: "4 NaN/Inf"), how
+ * many finite values there are, and the statistic's word when none is finite
+ * (`kind`: "NaN", or the sign of the infinities).
  */
 export function nonfiniteCounts(probes, mode) {
   const sum = { nan: 0, posinf: 0, neginf: 0 };
@@ -128,7 +129,11 @@ export function nonfiniteCounts(probes, mode) {
     finite += s.count ?? 0;
   }
   const kind = sum.nan || (sum.posinf && sum.neginf) ? "NaN" : sum.posinf ? "+Inf" : "−Inf";
-  return { text: nonfiniteText(sum), finite, kind };
+  const text = nonfiniteText(sum);
+  // one count for them all, when they are of several kinds ("2 NaN/Inf")
+  const kinds = Object.values(sum).filter((n) => n > 0).length;
+  const total = kinds > 1 ? `${sum.nan + sum.posinf + sum.neginf} NaN/Inf` : text;
+  return { text, finite, kind, total };
 }
 
 const MODE_WORDS = { primal: "x", tangent: "tan", cotangent: "grad" };
@@ -147,13 +152,27 @@ export function statSymbol(mode, stat) {
  * (`[0] = 2.601`: the legend names the statistic), else without the output, else the
  * value alone; nothing rather than a number cut short (the tooltip has it all). The
  * text ran over the "+ 213 eqns" button.
- * @param {{text: string, short?: string}} face @param {number} room
+ *
+ * A face holding non-finite values beside finite ones keeps both, the statistic and
+ * the count, as long as they fit ("= 3.657e+6 · 1 NaN", one count of several kinds:
+ * "= 5.71e+25 · 2 NaN/Inf"), then the counts alone ("grad: 1 NaN, 1 −Inf", "1 NaN,
+ * 1 −Inf", "2 NaN/Inf"). A `std` face said "grad: 1 NaN" where its sibling showed the
+ * norm, and a softmax's NaN and −Inf cotangent left its face blank.
+ * @param {{text: string, short?: string, bad?: string, total?: string}} face @param {number} room
  */
 export function fitted(face, room) {
-  const text = face.text;
+  const bad = face.bad ?? "";
+  const total = face.total || bad;
+  const tail = ` · ${bad}`;
+  const counted = bad !== "" && face.text.endsWith(tail);
+  const text = counted ? face.text.slice(0, -tail.length) : face.text;
   const bare = text.replace(/^\S+ (?=\S+ = )/, "");
   const value = bare.includes(" = ") ? bare.slice(bare.indexOf(" = ") + 1) : bare;
   // which output, and its value: the legend names the statistic
   const which = bare !== text ? `${text.slice(0, text.length - bare.length)}${value}` : bare;
-  return [text, face.short ?? text, which, bare, value].find((t) => t.length <= room) ?? "";
+  const counts = bad ? [bad, total] : [];
+  const forms = counted
+    ? [face.text, `${text} · ${total}`, `${which} · ${bad}`, `${which} · ${total}`, `${value} · ${bad}`, `${value} · ${total}`, face.short ?? face.text, ...counts]
+    : [text, face.short ?? text, which, bare, value, ...counts];
+  return forms.find((t) => t.length <= room) ?? "";
 }

@@ -167,3 +167,37 @@ test("a face's text never runs over the expand button: shorter forms, never a cu
   assert.equal(fitted(face, 5), "");
   assert.equal(fitted({ text: "‖grad‖₂ = 2 · 1 +Inf", short: "grad: 1 +Inf" }, 14), "grad: 1 +Inf");
 });
+
+test("a narrow face keeps the statistic beside the non-finite counts while they fit", () => {
+  const m = paramsModel();
+  // a softmax's cotangent: 4 finite values, one NaN, one −Inf; a std's: one NaN
+  m.probes[0].summaries.cotangent = summary({ count: 4, nan: 1, neginf: 1, l2: 5.71e25 });
+  m.probes[1].summaries.cotangent = summary({ count: 4, nan: 1, l2: 3656509.75 });
+  const { faces } = computeFaces(indexModel(m), ["n3", "n4"], { mode: "cotangent", stat: "l2" });
+  const soft = faces.get("n3");
+  const std = faces.get("n4");
+  assert.equal(soft.text, "‖grad‖₂ = 5.71e+25 · 1 NaN, 1 −Inf");
+  const shown = (face) => [40, 30, 24, 22, 19, 13, 9, 8].map((room) => fitted(face, room));
+  assert.deepEqual(shown(soft), [
+    "‖grad‖₂ = 5.71e+25 · 1 NaN, 1 −Inf",
+    "‖grad‖₂ = 5.71e+25 · 2 NaN/Inf",
+    "= 5.71e+25 · 2 NaN/Inf",
+    "= 5.71e+25 · 2 NaN/Inf",
+    "grad: 1 NaN, 1 −Inf",
+    "1 NaN, 1 −Inf",
+    "2 NaN/Inf",
+    "", // nothing rather than a count cut short
+  ]);
+  assert.deepEqual(shown(std), [
+    "‖grad‖₂ = 3.657e+6 · 1 NaN",
+    "‖grad‖₂ = 3.657e+6 · 1 NaN",
+    "= 3.657e+6 · 1 NaN",
+    "= 3.657e+6 · 1 NaN",
+    "= 3.657e+6 · 1 NaN",
+    "grad: 1 NaN",
+    "1 NaN",
+    "1 NaN",
+  ]);
+  // every form fits its room, and each keeps a count
+  for (const face of [soft, std]) for (const t of shown(face)) assert.ok(t === "" || /NaN/.test(t), t);
+});
