@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import itertools
 import json
 import math
 import os
@@ -274,6 +275,106 @@ def test_a_20000_step_log_reads_back_bounded_from_step_0(run, tmp_path):
     assert view.model["history"]["nonfinite"] == {"step": bad, "forward": "n1", "backward": None}
     with pytest.raises(ValueError, match="`history` must be an int >= 2"):
         load(tmp_path / "log", history=1)
+
+
+class _Tracked(dict):
+    """A decoded step that counts how many of its kind are alive."""
+
+    alive = 0
+
+    def __init__(self, *a):
+        super().__init__(*a)
+        type(self).alive += 1
+
+    def __del__(self):
+        type(self).alive -= 1
+
+
+def test_loading_holds_the_history_not_the_log(run, tmp_path, monkeypatch):
+    # `load` decoded every record into one list before the history thinned it: 10 GB for
+    # a 98,633-step log. Steps are now handed to the history one at a time.
+    from sowviz._history import History
+    from sowviz.runlog import reader
+
+    model, entries, _ = run
+    n, limit = 400, 20
+    written = [{**entries[i % len(entries)], "step": i} for i in range(n)]
+    write_log(tmp_path / "log", model, written)
+    most = [0]
+    real = reader.fmt.decode
+
+    def decode(payload):
+        e = _Tracked(real(payload))
+        most[0] = max(most[0], _Tracked.alive)
+        return e
+
+    monkeypatch.setattr(reader.fmt, "decode", decode)
+    view = load(tmp_path / "log", history=limit)
+    assert view.steps_read == n
+    # the history's entries, the newest (`_latest`) and the one being decoded
+    assert most[0] <= limit + 2
+    # the same steps as thinning the whole log read at once, and exactly what was written
+    want = History(limit)
+    for e in written:
+        want.add(e)
+    assert [e["step"] for e in view.history] == want.steps
+    assert [fmt.canonical(e) for e in view.history] == [fmt.canonical(e) for e in want]
+    assert view.finished
+
+
+def test_records_longer_than_a_read_chunk_and_a_corrupt_one_between(run, tmp_path, monkeypatch):
+    # The reader takes the file a chunk at a time and grows the chunk for a record longer
+    # than it (up to the format's 32 MiB), or for corrupt bytes it must skip.
+    from sowviz.runlog import reader
+
+    model, entries, _ = run
+    write_log(tmp_path / "log", model, entries)
+    path = tmp_path / "log" / "steps.log"
+    data = bytearray(path.read_bytes())
+    offsets = record_offsets(bytes(data))
+    assert min(b - a for a, b in itertools.pairwise(offsets)) > 200
+    data[offsets[5] + 40] ^= 0xFF  # inside step 5's payload
+    path.write_bytes(bytes(data))
+    monkeypatch.setattr(reader, "CHUNK", 100)  # every record is longer
+    r = reader.LogReader(tmp_path / "log")
+    got = []
+    with pytest.warns(LogWarning, match=rf"corrupt bytes at byte offset {offsets[5]}\b"):
+        for e in r.steps():
+            got.append(e)
+            if e["step"] == 2:
+                break  # stopped early: the next call goes on after step 2
+        got += r.steps()
+    assert [e["step"] for e in got] == [0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11]
+    assert [fmt.canonical(e) for e in got] == [fmt.canonical(e) for e in entries if e["step"] != 5]
+    assert r.finished and r.offset == len(data)
+
+
+def test_a_displayed_view_behind_by_more_than_its_history_resends_the_model(run, tmp_path):
+    # Steps read for the widget wait in an outbox until the next poll: more than the
+    # history holds go as the (thinned) model instead, so the outbox stays bounded too.
+    model, entries, _ = run
+    (sink,) = make_sinks(tmp_path / "log")
+    sink.open(model)
+    for e in entries[:3]:
+        sink.write(e)
+    sink.flush()
+    view = load(tmp_path / "log", history=4)
+    widget = view.widget
+    sent = []
+    widget.send = lambda msg, buffers=None: sent.append(msg)
+    for e in entries[3:5]:
+        sink.write(e)
+    sink.flush()
+    assert view.poll() == 2 and [m["count"] for m in sent] == [2]  # a few: sent as steps
+    for e in entries[5:]:
+        sink.write(e)
+    sink.close()
+    view._read()  # read while not polled (more than 4 steps)
+    assert len(view._outbox) <= 4
+    view.poll()
+    assert [m["count"] for m in sent] == [2]  # no steps message: the model, whole
+    assert widget.model["history"]["steps"] == [e["step"] for e in view.history]
+    assert widget.model["history"]["steps"][-1] == 11
 
 
 # -- the live view -------------------------------------------------------------------------

@@ -1,4 +1,9 @@
-"""Reading a run log incrementally: every complete record since the last offset."""
+"""Reading a run log incrementally: every complete record since the last offset.
+
+`LogReader.steps()` decodes the records one at a time as it reaches them, reading the
+file in chunks: memory is bounded by a chunk and one step, whatever the log's length
+(a 98,633-step log held every decoded step at once: 10 GB). `read()` collects them
+into a list (fine for the few steps a live reader finds new)."""
 
 from __future__ import annotations
 
@@ -7,12 +12,14 @@ import os
 import pathlib
 import time
 import warnings
+from collections.abc import Generator, Iterator
 from typing import Any
 
 from . import format as fmt
 from .writer import MODEL_FILE, STEPS_FILE
 
-CHUNK = 64 << 20  # bytes read per pass over a large log (a record is ~10 KB)
+CHUNK = 16 << 20  # bytes read per pass over a large log (a record is ~10 KB; grown for a
+# longer one, up to the format's 32 MiB)
 # An incomplete record that stays incomplete this long, with the file not growing,
 # is a dead writer's tail, not one being written now.
 SETTLE_S = 0.1
@@ -30,9 +37,10 @@ _MISSING = (
 
 
 class LogReader:
-    """Follows `log_dir/steps.log` from byte 0: `read()` returns the steps appended since
-    the last call. Corrupt spans and a dead writer's cut-off tail are skipped with a
-    `LogWarning` naming their byte offset."""
+    """Follows `log_dir/steps.log` from byte 0: `steps()` yields the steps appended since
+    the last call, one at a time, and `read()` returns them as a list. Corrupt spans and
+    a dead writer's cut-off tail are skipped with a `LogWarning` naming their byte
+    offset."""
 
     def __init__(self, log_dir: str | os.PathLike) -> None:
         self.path = pathlib.Path(log_dir)
@@ -55,26 +63,36 @@ class LogReader:
             return None
 
     def read(self, *, settle: bool = True) -> list[dict[str, Any]]:
-        """Every complete step appended since the last call, oldest first.
+        """Every complete step appended since the last call, oldest first (all held at
+        once: a whole log's are better taken one at a time from `steps()`)."""
+        return list(self.steps(settle=settle))
+
+    def steps(self, *, settle: bool = True) -> Iterator[dict[str, Any]]:
+        """Every complete step appended since the last call, oldest first, each decoded
+        when it is reached: the caller keeps what it wants (`RunLogView` thins them into
+        its history), and memory is bounded by one chunk of the file and one step.
+        A step counts as read once yielded (`offset` is past it): stopping early, the
+        next call goes on after the last one yielded.
 
         With `settle`, an incomplete record at the end is re-read after `SETTLE_S`:
         if the file has not grown meanwhile, the writer died mid-record, and the tail
         is reported (once) and skipped.
         """
-        entries: list[dict[str, Any]] = []
         try:
             f = open(self.steps_path, "rb")
         except FileNotFoundError:
-            return entries
+            return
         with f:
             size = os.fstat(f.fileno()).st_size
+            want = CHUNK
             while self.offset < size:
                 f.seek(self.offset)
                 left = size - self.offset
-                data = f.read(min(left, CHUNK))
+                data = f.read(min(left, want))
                 whole = len(data) == left
                 before = self.offset
-                status = self._consume(data, entries, final=whole)
+                status = yield from self._consume(data, final=whole)
+                del data
                 if whole:
                     if status == "incomplete" and settle and self._dead_tail(f):
                         self._warn(
@@ -83,32 +101,33 @@ class LogReader:
                             f"{self.steps_path} (the writer stopped mid-record); skipped",
                         )
                     break
-                if self.offset == before or status == "corrupt":
-                    # No good record in a whole chunk: scan the rest at once (rare).
-                    f.seek(self.offset)
-                    self._consume(f.read(), entries, final=True)
-                    break
-        return entries
+                # No whole record in the chunk (one longer than it, or corrupt bytes
+                # with no good record after them yet): read twice as much (rare).
+                no_progress = self.offset == before or status == "corrupt"
+                want = want * 2 if no_progress else CHUNK
 
-    def _consume(self, data: bytes, entries: list, *, final: bool) -> str:
-        """Scan `data` (the file from `offset`): decode complete records and advance
-        `offset` past them. Returns "end", "incomplete" (a cut-off record at the end,
-        at `self._tail`) or "corrupt" (unreadable to the end of a partial chunk)."""
+    def _consume(self, data: bytes, *, final: bool) -> Generator[dict[str, Any], None, str]:
+        """Scan `data` (the file from `offset`): yield its complete steps, decoded, and
+        advance `offset` past each record (before yielding it). Returns "end",
+        "incomplete" (a cut-off record at the end, at `self._tail`) or "corrupt"
+        (unreadable to the end of a partial chunk)."""
         base = self.offset
         for item in fmt.scan(data, base):
             if isinstance(item, fmt.Record):
-                if item.kind == fmt.STEP:
-                    try:
-                        entries.append(fmt.decode(item.payload))
-                    except Exception as err:  # a checksum fine, a payload not: skip it
-                        self._warn(
-                            item.offset,
-                            f"a step record at byte offset {item.offset} that does not "
-                            f"decode ({type(err).__name__}: {err}); skipped",
-                        )
-                else:
-                    self.finished = True
                 self.offset = item.end
+                if item.kind != fmt.STEP:
+                    self.finished = True
+                    continue
+                try:
+                    entry = fmt.decode(item.payload)
+                except Exception as err:  # a checksum fine, a payload not: skip it
+                    self._warn(
+                        item.offset,
+                        f"a step record at byte offset {item.offset} that does not "
+                        f"decode ({type(err).__name__}: {err}); skipped",
+                    )
+                    continue
+                yield entry
             elif isinstance(item, fmt.Corrupt):
                 if item.resumed is None and not final:
                     return "corrupt"

@@ -2,7 +2,9 @@
 
 The view reads every complete step (`refresh()` reads the new ones), keeps the whole
 run bounded in memory (the Monitor's own `History`: recent steps all kept, older
-ones thinned, step 0 and the first non-finite step never dropped), gives the sowviz/1 model with its history
+ones thinned, step 0 and the first non-finite step never dropped; steps are decoded
+and handed to the history one at a time, so reading a log of any length takes the
+memory of the history, not of the log), gives the sowviz/1 model with its history
 (the shape `Monitor.to_dict()` has), writes reports, and displays in Jupyter as the
 `Inspector` widget. While displayed, a background thread polls the log and sends new
 steps to the front end as the Monitor does (`{"type": "steps"}` messages carrying a
@@ -53,7 +55,7 @@ class RunLogView:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._outbox: list[dict[str, Any]] = []  # read, not yet sent to the widget
-        self.refresh()
+        self._read()
 
     def __repr__(self) -> str:
         state = "finished" if self.finished else "open"
@@ -68,21 +70,37 @@ class RunLogView:
         return self.reader.finished
 
     def refresh(self) -> list[dict[str, Any]]:
-        """Read the steps appended since the last read; returns them (oldest first)."""
+        """Read the steps appended since the last read; returns them (oldest first).
+
+        The list holds every new step at once: to catch up on a long log without
+        keeping it, read through `history` (the view's own reads keep only that)."""
+        new: list[dict[str, Any]] = []
+        self._read(new.append)
+        return new
+
+    def _read(self, also: Any = None) -> int:
+        """Read the new steps one at a time into the history (and `also`); how many."""
         with self._lock:
             self._load_model()
-            new = self.reader.read()
-            for e in new:
+            n = 0
+            for e in self.reader.steps():
                 first_bad = self.nonfinite is None and bool(e.get("nonfinite"))
                 if first_bad:
                     self.nonfinite = {"step": e["step"], **e["nonfinite"]}
                 self.history.add(e, pin=first_bad)  # as the Monitor does
-            if new:
-                self._latest = new[-1]
-                if self._widget is not None:
-                    self._outbox.extend(new)
-            self.steps_read += len(new)
-            return new
+                self._latest = e
+                self.steps_read += 1
+                n += 1
+                if self._widget is not None and self._sent_model:
+                    self._outbox.append(e)
+                    if len(self._outbox) > self.history.limit:
+                        # More than the history holds: the widget gets the model whole
+                        # (the thinned history) instead of every step.
+                        self._outbox.clear()
+                        self._sent_model = False
+                if also is not None:
+                    also(e)
+            return n
 
     def _load_model(self) -> None:
         """(Re)read model.json when it changed: the Monitor writes it when the graph is
@@ -123,7 +141,7 @@ class RunLogView:
         from .._files import atomic_write
         from ..report import render_html
 
-        self.refresh()
+        self._read()
         model = self.model
         if not model:
             raise FileNotFoundError(_no_model(pathlib.Path(self.log_dir)))
@@ -173,7 +191,7 @@ class RunLogView:
     def poll(self) -> int:
         """One follow step: read new steps and push them to the widget. Returns how many."""
         widget = self.widget
-        self.refresh()
+        self._read()
         with self._lock:
             new, self._outbox = self._outbox, []
         if not self._sent_model:
