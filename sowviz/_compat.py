@@ -501,6 +501,24 @@ def user_location_outside_libraries(
     return user_location(eqn) if fallback else None
 
 
+_made_by_user_cache: dict = {}
+
+
+def made_by_user(eqn: JaxprEqn) -> bool:
+    """Whether the user's own code made `eqn`, calling JAX itself (`jnp.concatenate`,
+    `jax.nn.sigmoid`), not through another library (Flax's `LayerNorm`, optax's loss):
+    the innermost frame of its traceback outside JAX and sowviz is the user's."""
+    return bool(_by_traceback(_made_by_user_cache, eqn, _made_by_user))
+
+
+def _made_by_user(codes: Any, lastis: Any) -> bool:
+    for code in codes:
+        fname = code.co_filename
+        if _source_info.is_user_filename(fname) and not fname.startswith(_SOWVIZ_DIR + os.sep):
+            return not any(d in fname for d in _LIBRARY_DIRS)
+    return False
+
+
 def new_var(aval: Any) -> Var:
     return _core.Var(aval)
 

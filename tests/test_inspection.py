@@ -812,6 +812,65 @@ def test_a_framework_s_functional_layers_are_boxes_with_their_data():
         assert "cotangent" in got
 
 
+def _embed(p, x):
+    cls = jnp.tile(p["cls"], (x.shape[0], 1, 1))
+    return jnp.concatenate([cls, x], axis=1) + p["pos"]
+
+
+def _encoder_loss(p, x):
+    h = jnp.tanh(_embed(p, x) @ p["w"])
+    return jnp.mean(jax.nn.logsumexp(h[:, 0], axis=-1) ** 2)
+
+
+def test_every_box_your_code_draws_carries_its_data():
+    # `_embed`'s three equations are its boxes (too few to fold by line): they were
+    # drawn with no value and no gradient, beside probed stages. JAX's own work inside
+    # a library function (`logsumexp`'s max, exp, log) stays unprobed: it is not yours.
+    k = jax.random.split(jax.random.PRNGKey(0), 4)
+    p = {
+        "cls": jax.random.normal(k[0], (1, 1, 6)),
+        "pos": jax.random.normal(k[1], (1, 4, 6)),
+        "w": jax.random.normal(k[2], (6, 5)),
+    }
+    x = jax.random.normal(k[3], (2, 3, 6))
+    ins = sowviz.inspect(_encoder_loss, p, x, mode="grad")
+    (embed,) = [n for n in ins.graph.nodes if n.label == "_embed"]
+    boxes = ins.graph.children(embed.id)
+    assert [n.label for n in boxes] == ["tile", "concatenate", "add"]
+    by_node = {q.node: q.summaries for q in ins.probes}
+    cls = jnp.tile(p["cls"], (2, 1, 1))
+    cat = jnp.concatenate([cls, x], axis=1)
+    out = cat + p["pos"]
+    for box, want in zip(boxes, (cls, cat, out), strict=True):
+        got = by_node[box.id]["primal"]
+        assert list(got["shape"]) == list(want.shape)
+        np.testing.assert_allclose(got["l2"], np.linalg.norm(want), rtol=1e-5)
+    rest = lambda h: jnp.mean(jax.nn.logsumexp(jnp.tanh(h @ p["w"])[:, 0], axis=-1) ** 2)  # noqa: E731
+    g = jax.grad(rest)(out)
+    np.testing.assert_allclose(
+        by_node[boxes[-1].id]["cotangent"]["l2"], np.linalg.norm(g), rtol=1e-5
+    )
+    (lse,) = [n for n in ins.graph.nodes if n.label == "logsumexp"]
+    inside = [n for n in ins.graph.nodes if n.parent == lse.id]
+    assert inside and not [n for n in inside if n.id in by_node]
+
+    # nor another library's: Flax's Dense and LayerNorm (their stages carry the data)
+    import flax.linen as nn
+
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.LayerNorm()(nn.Dense(4)(x))
+
+    params = Net().init(jax.random.PRNGKey(1), x)
+    ins = sowviz.inspect(lambda q, x: jnp.sum(Net().apply(q, x) ** 2), params, x)
+    probed = {q.node for q in ins.probes}
+    stages = [n for n in ins.graph.nodes if n.label in ("Dense_0", "LayerNorm_0") and n.n_eqns]
+    assert len(stages) == 2 and all(n.id in probed for n in stages)
+    inside = [n for n in ins.graph.nodes if n.kind == "eqn" and n.parent != ins.graph.root]
+    assert len(inside) > 5 and not [n for n in inside if n.id in probed]
+
+
 def test_an_nnx_model_s_tangent_may_be_the_state_of_its_parameters():
     from flax import nnx
 

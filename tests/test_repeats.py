@@ -127,6 +127,27 @@ def test_a_python_loop_slicing_before_each_call_is_one_stacked_node():
     assert fold.parent == g.root and not fold.repeats
 
 
+def test_a_loop_adding_up_after_each_call_stacks_every_pass_whole():
+    # A flow's `logdet = logdet + ld` after each layer: the add after the last block goes
+    # in with the others (it stood outside, so `(×3)` held 2 adds, and 3 probes shared
+    # the path `layer (×3)/add`).
+    def flow(ws, x):
+        logdet = jnp.zeros(())
+        for w in ws:
+            with jax.named_scope("layer"):
+                x = jnp.tanh(x @ w)
+                ld = jnp.sum(jnp.log1p(-(x**2)))
+            logdet = logdet + ld
+        return logdet + jnp.sum(x)
+
+    _, g = _graph(flow, list(W16[:3]), X)
+    (grp,) = _groups(g)
+    assert grp.label == "layer (×3)"
+    assert [k.primitive or k.kind for k in _kids(g, grp)] == ["scope", "add"] * 3
+    # the return line's own add stays at the top
+    assert len([n for n in g.nodes if n.parent == g.root and n.primitive == "add"]) == 1
+
+
 def test_blocks_that_differ_in_ops_shapes_or_names_are_not_merged():
     ws = list(W16)
     acts = ("tanh", "tanh", "sin", "tanh", "tanh", "tanh")
@@ -145,6 +166,16 @@ def test_blocks_that_differ_in_ops_shapes_or_names_are_not_merged():
 
     _, g = _graph(widths, X)
     assert [n.label for n in _groups(g)] == ["block_0–2 (×3)", "block_4–5 (×2)"]
+
+    def widening(ws, x):  # `Block(4, 16)`, then `Block(16, 16)`: one output type, two inputs
+        for i, w in enumerate(ws):
+            with jax.named_scope(f"block_{i}"):
+                x = jnp.tanh(x @ w)
+        return x
+
+    ws = [jnp.ones((4, 16)) / 4, W16[0], W16[1]]
+    _, g = _graph(widening, ws, X[:, :4])
+    assert [n.label for n in _groups(g)] == ["block_1–2 (×2)"]
 
     def qkv(x, w):  # look-alikes with their own names stay apart
         outs = []

@@ -9,8 +9,10 @@ program. See README.md in this folder for the design and its sharp edges.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
+from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -350,6 +352,7 @@ class _Rec:
         "scope",
         "shapes",
         "source",
+        "takes",
     )
 
     def __init__(self, order, kind, label, parent, source=None, shapes=(), primitive=None):
@@ -371,6 +374,8 @@ class _Rec:
         self.repeats = 0  # a group of identical blocks: how many (repeats.py)
         self.constant = False  # an equation reading only constants (see `_Builder.const`)
         self.reads: list[_Rec] = []  # the inputs its own equations read (parameters)
+        #: the types of the values it reads from outside itself (`repeats`: blocks alike)
+        self.takes: set[tuple[tuple[int, ...], str]] = set()
         self.forward = False  # a scope holding an equation of no backward pass
         #: a scope's outputs that only a backward pass reads (`saved.saved_for_backward`)
         self.saved: frozenset = frozenset()
@@ -558,6 +563,10 @@ class _Builder(InputsMixin):
         # `mean`) carry data as stages do, instead of boxes with none.
         own_lines = container.parent is None and _level_size(level_names) <= SMALL_TOP_LEVEL
         unread_set = set(unread)
+
+        @functools.cache
+        def scope_sizes() -> Counter[str]:  # each scope's equations, at this level
+            return Counter(n for names in level_names for n in set(names))
         for i, eqn in enumerate(jaxpr.eqns):
             names = level_names[i]
             # Close the scopes that end here, open the ones that start.
@@ -634,6 +643,18 @@ class _Builder(InputsMixin):
                     # do (not inside a fold that carries it: `gelu`)
                     or (capture_stages and not parent.made and layer_call(i))
                     or (capture_stages and own_lines and not names and _small(eqn))
+                    # a box your module or function drew carries data: its
+                    # `jnp.concatenate`, a `jax.nn.sigmoid` between its layers (not a
+                    # library's own work: Flax's `LayerNorm`, JAX's `logsumexp`; a
+                    # `jax.named_scope` block is one stage, as a fold is)
+                    or (
+                        capture_stages
+                        and (parent.called or parent.scope in frameworks.pushed())
+                        and not body
+                        and scope_sizes()[parent.scope] > 1  # else it is the stage
+                        and not rec.constant  # (`jnp.zeros` of a carry: no data to see)
+                        and _compat.made_by_user(eqn)
+                    )
                 )
             ):
                 # Not the operands a stage hands back unchanged (an `nnx.remat` returns
@@ -851,14 +872,14 @@ class _Builder(InputsMixin):
             k += 1
         if k == n:  # one node contains the other: not an edge of any level
             return k
+        aval = v.aval
+        typ = (tuple(int(d) for d in getattr(aval, "shape", ())), str(getattr(aval, "dtype", "")))
+        for node_id in dst[k:]:  # each reads `v` from outside itself
+            self.recs[int(node_id[1:])].takes.add(typ)
         key = (src[k], dst[k])
         if key not in self.edges:
-            aval = v.aval
             self.edges[key] = Edge(
-                key[0],
-                key[1],
-                tuple(int(d) for d in getattr(aval, "shape", ())),
-                str(getattr(aval, "dtype", type(aval).__name__)),
+                key[0], key[1], typ[0], str(getattr(aval, "dtype", type(aval).__name__))
             )
         return k
 

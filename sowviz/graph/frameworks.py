@@ -42,6 +42,13 @@ Equinox module runs inside `jax.named_scope(<its path>)`:
   the original method untouched. The originals are put back when the last user
   leaves. Nothing happens when neither framework is imported.
 
+* an NNX module's own capture points, `self.sow(nnx.Intermediate, "h", h)` and
+  `self.perturb("h", h)`, are `sowviz.sow` points named as the module names them
+  (`h`, in the module's stage), with their primal, tangent and cotangent: the value
+  NNX stores on the module is lost to `jax.jit`'s copy of the module (`nnx.jit`
+  writes it back; a plain function of the split state does not), and was drawn
+  nowhere. The method still runs, so code reading the value back works.
+
 `CALL_CODE` is the code object of the function that pushes a module's scope:
 `build.py` finds a module stage's call site as the frame just outside the matching
 such frame of an equation's traceback (`_compat.call_sites`).
@@ -63,6 +70,7 @@ import jax
 
 from .. import _compat
 from .._args import positional_names
+from ..capture.primitive import sow as sow_value
 
 _ACTIVE: contextvars.ContextVar[_Context | None] = contextvars.ContextVar(
     "sowviz_framework_names", default=None
@@ -564,10 +572,38 @@ def _classes() -> Iterator[tuple[type, str]]:
             yield cls, name
 
 
+#: NNX's own capture points, and where each takes (name, value) among its arguments.
+_NNX_TAGS = {"sow": (1, 2), "perturb": (0, 1)}
+
+
+def _tagging(raw: Any, at: tuple[int, int]) -> Callable:
+    """`raw` (NNX's `Module.sow` or `perturb`) with the value it stores sown first, while
+    `named`'s call is in progress: a capture point of the user's, drawn as one."""
+
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        name_at, value_at = at
+        if _ACTIVE.get() is not None and len(args) > value_at and isinstance(args[name_at], str):
+            value = args[value_at]
+            leaves = jax.tree_util.tree_leaves(value)
+            if leaves and all(isinstance(x, jax.Array) for x in leaves):
+                args = (*args[:value_at], sow_value(value, args[name_at]), *args[value_at + 1 :])
+        return raw(self, *args, **kwargs)
+
+    method.__sowviz_wrapped__ = raw  # type: ignore[attr-defined]
+    return functools.wraps(raw)(method)
+
+
 def _install() -> None:
     global _users
     with _lock:
         _users += 1
+        nnx_module = _nnx()
+        for name, at in _NNX_TAGS.items() if nnx_module is not None else ():
+            raw = nnx_module.__dict__.get(name)
+            if raw is None or (nnx_module, name) in _saved:
+                continue
+            _saved[nnx_module, name] = raw
+            type.__setattr__(nnx_module, name, _tagging(raw, at))
         for cls, name in _classes():
             if (cls, name) in _saved:
                 continue

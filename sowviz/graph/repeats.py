@@ -17,8 +17,8 @@ What counts as a repeat (`merge`):
   `layers[1]`; `layers[2]: Linear`) or once the `#k` index of a reused label is
   dropped (`block`, `block#2`), so parallel look-alikes with their own names
   (`query`, `key`, `value`) stay apart;
-* with one structure: the same kinds, primitives, output shapes and labels of
-  every node inside (a module stage's alike, as above: a `checkpoint` per layer
+* with one structure: the same kinds, primitives, output shapes, types read and
+  labels of every node inside (a module stage's alike, as above: a `checkpoint` per layer
   holds `blocks[0]`, the next `blocks[1]`), recursively, and the same edges between them
   (`_Signatures`). Blocks that differ in any shape or operation are not merged.
 
@@ -104,7 +104,9 @@ class _Signatures:
             # and the names of the values it shows: two calls of one Tesseract reading
             # different outputs (`result`, then `normed_result`) are no repeats
             key = (r.kind, r.primitive, r.shapes, r.n_eqns, ch, tuple(inner.get(r.id, ())))
-            key += (names.get(r.id, ()),)
+            # and the types it reads: two blocks making one type from different ones
+            # (`Block(4, 16)`, then `Block(16, 16)`) are no repeats
+            key += (names.get(r.id, ()), tuple(sorted(r.takes)))
             self.of[r.id] = self.table.setdefault(key, len(self.table))
 
 
@@ -176,9 +178,15 @@ def _separated(siblings: list, i: int, key: tuple, sig: dict, member: Any) -> tu
             blocks.append(siblings[k])
             last, k = k, k + period
         if len(blocks) >= MIN_RUN:
+            # the like equations around the run: before its first block (a loop slicing
+            # before each call), else after its last (`logdet = logdet + ld` after each)
             lead = siblings[i - period + 1 : i] if i >= period - 1 else []
+            trail = siblings[last + 1 : last + period]
             if [eqn(r) for r in lead] == gap:
                 between = lead + between
+            elif [eqn(r) for r in trail] == gap:
+                between += trail
+                last += period - 1
             return blocks, between, last + 1
     return [siblings[i]], [], i + 1
 
