@@ -567,6 +567,7 @@ class _Builder(InputsMixin):
         @functools.cache
         def scope_sizes() -> Counter[str]:  # each scope's equations, at this level
             return Counter(n for names in level_names for n in set(names))
+
         for i, eqn in enumerate(jaxpr.eqns):
             names = level_names[i]
             # Close the scopes that end here, open the ones that start.
