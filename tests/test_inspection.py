@@ -871,6 +871,33 @@ def test_every_box_your_code_draws_carries_its_data():
     assert len(inside) > 5 and not [n for n in inside if n.id in probed]
 
 
+def _loop_on_one_line(params, x):
+    for p in params[:-1]:
+        x = jax.nn.gelu(x @ p["w"] + p["b"])
+    return x @ params[-1]["w"] + params[-1]["b"]
+
+
+def test_a_loop_on_one_line_folds_a_stage_per_pass():
+    # The hidden layers run on one line: folded by line, they were one stage holding
+    # every layer, probed on the last one's output (layers 0 and 1 were nowhere).
+    ks = jax.random.split(jax.random.PRNGKey(0), 4)
+    params = [{"w": jax.random.normal(k, (8, 8)), "b": jnp.zeros(8)} for k in ks]
+    x = jax.random.normal(jax.random.PRNGKey(1), (4, 8))
+    loss = lambda params, batch: jnp.mean(_loop_on_one_line(params, batch) ** 2)  # noqa: E731
+    ins = sowviz.inspect(loss, params, x)
+    h, want = x, []
+    for p in params[:-1]:
+        h = jax.nn.gelu(h @ p["w"] + p["b"])
+        want.append(h)
+    got = [ins.probe(name).summaries for name in ("x", "x#2", "x#3")]
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g["primal"]["l2"], np.linalg.norm(w), rtol=1e-5)
+    # the cotangent of the first layer's output, by plain JAX
+    rest = lambda h: jnp.mean(_loop_on_one_line(params[1:], h) ** 2)  # noqa: E731
+    g0 = jax.grad(rest)(want[0])
+    np.testing.assert_allclose(got[0]["cotangent"]["l2"], np.linalg.norm(g0), rtol=1e-5)
+
+
 def test_an_nnx_model_s_tangent_may_be_the_state_of_its_parameters():
     from flax import nnx
 

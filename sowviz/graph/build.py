@@ -35,6 +35,7 @@ from .names import (
     fold_names,
     input_groups,
     is_floating,
+    line_passes,
     output_groups,
     scope_names,
     shape_str,
@@ -558,6 +559,7 @@ class _Builder(InputsMixin):
             primitives=prims,
             reentry=lambda i: _compat.reentry(jaxpr.eqns[i]),
             stages=is_stage,
+            passes=line_passes(locs, frames),
         )
         # The top level of a small program: its own equations (a loss's `(y - t) ** 2`,
         # `mean`) carry data as stages do, instead of boxes with none.

@@ -276,6 +276,29 @@ LAYER_PACKAGES = frozenset({"flax", "equinox", "haiku"})
 SMALL_LEVEL_RUN = 5
 
 
+def line_passes(
+    locs: Sequence[_compat.SourceLocation | None], frames: Sequence[_compat.UserFrames | None]
+) -> list[int]:
+    """Per equation, which pass over its line made it: in a run of equations of one line,
+    a new pass starts where the innermost user frame goes back (a loop on that line);
+    `frames`: each equation's (`_compat.user_frames`)."""
+    out: list[int] = []
+    prev_loc: Any = None
+    prev: tuple[int, int] | None = None
+    n = 0
+    for loc, f in zip(locs, frames, strict=True):
+        pos = None
+        if f is not None:
+            pos = (f.calls[-1].key[2], f.calls[-1].lasti) if f.calls else f.root
+        if loc is None or loc != prev_loc:
+            n = 0
+        elif pos is not None and prev is not None and pos[0] == prev[0] and pos[1] < prev[1]:
+            n += 1
+        out.append(n)
+        prev_loc, prev = loc, pos
+    return out
+
+
 def fold_names(
     names: list[tuple[str, ...]],
     locs: Sequence[_compat.SourceLocation | None],
@@ -286,6 +309,7 @@ def fold_names(
     primitives: Sequence[str] = (),
     reentry: Callable[[int], _compat.Reentry | None] | None = None,
     stages: Sequence[str | None] = (),
+    passes: Sequence[int] = (),
 ) -> list[tuple[str, ...]]:
     """Scope names with runs of unscoped equations folded. A level with more than
     `line_limit` nodes folds runs of 3 or more equations from one source line, labelled
@@ -306,7 +330,10 @@ def fold_names(
     own (`stages`, each equation's label when it is one: twelve `checkpoint(h[i])` from
     one `nnx.remat` line) is not folded by its line: the boxes are named already. Nor
     is a group made that a stage inside would restate (`switch` around the `switch`
-    that `lax.switch` makes)."""
+    that `lax.switch` makes). `passes`: each equation's pass over its line (`line_passes`):
+    a loop on one line (`for p in params: x = gelu(x @ p["w"])`) folds a run per pass,
+    `x`, `x#2`, `x#3`, each with its value (one fold held every layer, probed on the
+    last)."""
     if call_path is None and max(_direct(names).values(), default=0) <= line_limit:
         return names
     out = list(names)
@@ -477,7 +504,8 @@ def fold_names(
                 return None  # inside a library call's group, its lines are no news
             if not library and at_module_call is not None and at_module_call(i):
                 return None  # the module's stage is that line's call: its calls say more
-            return f"{function_label(loc.function)[0]}:{loc.line}\x02{'/'.join(scope)}"
+            again = f"\x04{passes[i]}" if i < len(passes) and passes[i] else ""
+            return f"{function_label(loc.function)[0]}:{loc.line}\x02{'/'.join(scope)}{again}"
 
         return key
 
