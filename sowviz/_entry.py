@@ -24,10 +24,23 @@ _LITE = (*STAT_KEYS, "hist")
 class LazyEntry:
     """A recorded step: `step`, `loss`, `finite` now; the probe summaries on `materialize()`."""
 
-    __slots__ = ("_entry", "_keep_probes", "_lock", "_probes", "_src", "finite", "loss", "step")
+    __slots__ = (
+        "_entry",
+        "_keep_probes",
+        "_lock",
+        "_probes",
+        "_src",
+        "finite",
+        "loss",
+        "program",
+        "step",
+    )
 
-    def __init__(self, step: int, loss: float | None, finite: bool, src: tuple) -> None:
+    def __init__(
+        self, step: int, loss: float | None, finite: bool, src: tuple, program: int | None = None
+    ) -> None:
         self.step, self.loss, self.finite = step, loss, finite
+        self.program = program  # which of the Monitor's programs ran it (`programs`)
         self._src: tuple | None = src  # (traced, Packed of host buffers, options)
         self._entry: dict[str, Any] | None = None
         self._probes: list | None = None
@@ -64,8 +77,23 @@ class LazyEntry:
                     "finite": self.finite,
                     "probes": {p.id: {m: _lite(s) for m, s in p.summaries.items()} for p in probes},
                 }
+                if self.program is not None:
+                    self._entry["program"] = self.program
                 self._src = None  # the host buffers are no longer needed
             return self._entry
+
+
+def program_shapes(graph: Any, probes: list) -> dict[str, Any]:
+    """What one program's shapes are (the model's `programs[k]`, docs/model.md): each
+    node's `shapes` and each probe's `shape` and `size`. A batch of another shape runs
+    another program: a step drawn later is described with its own program's shapes."""
+    nodes = {n.id: list(n.shapes) for n in graph.nodes if n.shapes}
+    out: dict[str, Any] = {}
+    for p in probes:
+        s = next(iter(p.typed_summaries.values()), None)
+        if s is not None:
+            out[p.id] = {"shape": list(s.shape), "size": int(s.size)}
+    return {"nodes": nodes, "probes": out}
 
 
 def _lite(summary: dict[str, Any]) -> dict[str, Any]:

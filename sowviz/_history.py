@@ -84,6 +84,8 @@ class History:
             "steps": [e["step"] for e in entries],
             "loss": [e["loss"] for e in entries],
             "finite": [e.get("finite", True) for e in entries],
+            # which of the model's `programs` (shapes) each step ran; null: not said
+            "program": [e.get("program") for e in entries],
             "probes": probes,
             "nonfinite": nonfinite,
             "limit": self.limit,

@@ -64,12 +64,13 @@ import numpy as np
 from . import _model, _state, _wire
 from . import nonfinite as _nonfinite
 from ._caller import user_stacklevel
-from ._entry import LazyEntry
+from ._entry import LazyEntry, program_shapes
 from ._history import History
 from ._program import CHAIN_START, Out, Traced, runner_for
 from ._runtime_errors import library_errors
+from .capture.api import nest
 from .capture.packing import Packed
-from .inspection import Inspection, Probe, device_of
+from .inspection import Inspection, Probe, device_of, join_probes
 from .nonfinite_locate import locate_step as _locate_step
 from .options import InspectOptions, check_bool, check_int, check_number
 
@@ -201,6 +202,11 @@ class Monitor:
         self._view: Any = None
         self._view_listener: Any = None
         self._sinks_traced: Traced | None = None  # the program whose model the sinks hold
+        # One per distinct set of shapes a recorded step ran (`program_shapes`; the
+        # model's `programs`); each history entry says its own (`"program": k`).
+        self._programs: list[dict[str, Any]] = []
+        self._program_of: weakref.WeakKeyDictionary[Traced, int] = weakref.WeakKeyDictionary()
+        self._view_programs = 0  # how many of them the view's model holds
         self._warned_nonfinite = False
         self._closed = False
         if log_dir is not None or tensorboard is not False or wandb is not False:
@@ -419,7 +425,8 @@ class Monitor:
             packed = Packed(tuple(host), out.packed.layout, out.packed.regroup)
             # where the step ran, as `inspect` says it (a sharded step: `cpu:0 +7 more`)
             self._device = device_of(out.packed.buffers)
-            entry = LazyEntry(step, loss, finite, (out.traced, packed, self._options))
+            program = self._program(out.traced, packed)
+            entry = LazyEntry(step, loss, finite, (out.traced, packed, self._options), program)
             if not (finite and bool(clean)):
                 self._origins(step, entry, out.traced.graph, args)
             read.entry = entry
@@ -439,6 +446,11 @@ class Monitor:
             first_bad = self.nonfinite is not None and self.nonfinite.step == step
             self.history.add(entry, pin=first_bad)
             read.added = True
+            if self._view_listener is not None and self._view_programs < len(self._programs):
+                # A step of a program the view's model lacks: the model travels whole
+                # (with this step in its history), so the step's shapes are there.
+                self._view_programs = len(self._programs)
+                self._call(self._view_listener, "open", self.to_dict())
         for listener in list(self._listeners):
             if any(w is listener for w in read.written):
                 continue
@@ -447,6 +459,22 @@ class Monitor:
             lazy = getattr(listener, "lazy_entries", False)
             self._call(listener, "write", entry if lazy else entry.materialize())
             read.written.append(listener)
+
+    def _program(self, traced: Traced, packed: Packed) -> int:
+        """The index in `programs` of the program `traced` (its shapes, added the first
+        time a step runs it): a step of a ragged last batch is drawn with its shapes,
+        and the earlier steps with theirs."""
+        k = self._program_of.get(traced)
+        if k is None:
+            # the probes' shapes are static: no summary is converted here
+            probes, _ = join_probes(traced, nest(*packed.unpack(rows=True)), self._options)
+            shapes = program_shapes(traced.graph, probes)
+            k = next((i for i, p in enumerate(self._programs) if p == shapes), None)
+            if k is None:
+                k = len(self._programs)
+                self._programs.append(shapes)
+            self._program_of[traced] = k
+        return k
 
     def _origins(self, step: int, lazy: LazyEntry, graph: Any, args: tuple | None) -> None:
         """A step with a non-finite value: where it was born (`sowviz.nonfinite`); the
@@ -576,6 +604,7 @@ class Monitor:
                 self._view = MonitorView(self, throttle=self.throttle)
                 self._view_listener = self._view.listener()
                 self._listeners.append(self._view_listener)
+                self._view_programs = len(self._programs)
             return self._view
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
@@ -603,6 +632,7 @@ class Monitor:
             title=self._traced.graph.title,
         )
         d = ins.to_dict() if created is _KEEP else ins.to_dict(created=created)
+        d["programs"] = list(self._programs)
         nf = None if self.nonfinite is None else self.nonfinite.to_dict()
         d["history"] = self.history.to_dict(nf) if with_history else None
         return d

@@ -406,6 +406,63 @@ def test_a_monitor_report_draws_the_step_its_banner_names(page, tmp_path):
 
 
 @pytest.mark.browser
+def test_a_past_step_of_another_batch_size_is_drawn_with_its_own_shapes(page, tmp_path):
+    # A ragged last batch ran another program: the graph is the last one's, and a step
+    # of 16 rows was described as "float32[4,32] · 128 values" (its table: 512 finite).
+    import jax
+    import jax.numpy as jnp
+
+    import sowviz
+
+    def loss(w, x):
+        with jax.named_scope("hidden"):
+            h = jnp.tanh(x @ w)
+        return jnp.mean(h**2)
+
+    mon = sowviz.Monitor(loss)
+    w = jnp.full((8, 32), 0.1)
+    for n in (16, 16, 4):
+        mon.step(w, jnp.ones((n, 8)))
+    model = mon.to_dict()
+    ids = {n["label"]: n["id"] for n in model["nodes"] if n["kind"] in ("scope", "input")}
+    pg = page.open_report(mon.save_html(tmp_path / "ragged.html"))
+    step = pg.locator('[data-role="step"]')
+    chart = pg.locator('[data-role="loss"] .js-plotly-plot')
+    hidden = pg.locator(f'.sv-node[data-node-id="{ids["hidden"]}"]')
+    x = pg.locator(f'.sv-node[data-node-id="{ids["x"]}"]')
+    meta = pg.locator('[data-role="detail"] .sv-meta')
+
+    def panel():
+        return {
+            k: meta.locator(f'[data-meta="{k}"]').inner_text() for k in ("shape", "captured")
+        } | {
+            "finite": pg.locator('[data-role="stats"] tr[data-stat="count"] td').first.inner_text()
+        }
+
+    hidden.click()
+    assert "f32[4,32]" in hidden.text_content() and "f32[4,8]" in x.text_content()
+    assert panel() == {
+        "shape": "float32[4,32]",
+        "captured": "[4, 32] · 128 values",
+        "finite": "128",
+    }
+    chart.evaluate("gd => gd.emit('plotly_click', {points: [{x: 1}]})")
+    assert step.locator('[data-role="step-shown"]').inner_text() == "step 1"
+    assert "f32[16,32]" in hidden.text_content() and "f32[16,8]" in x.text_content()
+    assert panel() == {
+        "shape": "float32[16,32]",
+        "captured": "[16, 32] · 512 values",
+        "finite": "512",
+    }
+    ARTIFACTS.mkdir(exist_ok=True)
+    pg.screenshot(path=str(ARTIFACTS / "frontend_monitor_past_step_shapes.png"))
+    pg.locator('[data-role="step-latest"]').click()
+    assert "f32[4,32]" in hidden.text_content() and "f32[4,8]" in x.text_content()
+    assert panel()["captured"] == "[4, 32] · 128 values"
+    assert page.errors == [] and page.requests == []
+
+
+@pytest.mark.browser
 def test_dark_theme_follows_the_system(browser, small_report):
     p = Page(browser, color_scheme="dark")
     try:

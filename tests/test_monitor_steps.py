@@ -234,6 +234,37 @@ def test_a_batch_of_another_shape_gives_the_sinks_its_model(tmp_path):
     assert [n["shapes"] for n in model["nodes"]] == [n["shapes"] for n in want["nodes"]]
 
 
+def test_each_step_says_the_program_whose_shapes_it_ran(tmp_path):
+    # A ragged last batch: the model's graph is the last program's, and the steps
+    # before it ran another; each step names its own program, whose node shapes and
+    # probe shapes and sizes the model keeps (a 32-row step was described as
+    # "float32[4,8] · 32 values" beside a table counting 256).
+    loss, _ = counted()
+    mon = sowviz.Monitor(loss, log_dir=tmp_path / "log")
+    for n in (32, 32, 4, 32):
+        mon.step(W, batch(n))
+    mon.close()
+    for model in (mon.to_dict(), sowviz.load(tmp_path / "log").model):
+        hist, programs = model["history"], model["programs"]
+        assert hist["program"] == [0, 0, 1, 0]  # one program per set of shapes
+        assert len(programs) == 2
+        (node,) = [n["id"] for n in model["nodes"] if n["label"] == "hidden"]
+        (probe,) = [p["id"] for p in model["probes"] if p["node"] == node]
+        for i, n in enumerate((32, 32, 4, 32)):
+            program = programs[hist["program"][i]]
+            assert program["nodes"][node] == [f"float32[{n},8]"]
+            assert program["probes"][probe] == {"shape": [n, 8], "size": n * 8}
+            assert hist["probes"][probe]["primal"][i]["count"] == n * 8
+    entries = sowviz.runlog.LogReader(tmp_path / "log").read()
+    assert [e["program"] for e in entries] == [0, 0, 1, 0]
+
+
+def test_a_history_of_entries_without_a_program_says_none():
+    h = History(10)
+    h.add({"step": 0, "loss": 1.0, "probes": {}})
+    assert h.to_dict(None)["program"] == [None]
+
+
 def test_a_train_step_in_mode_primal_charts_the_one_number_it_returns():
     def train_step(w, x):
         loss, g = jax.value_and_grad(lambda w: jnp.mean((x @ w) ** 2))(w)

@@ -124,6 +124,22 @@ def test_log_reads_back_every_step_and_the_model(run, tmp_path):
     assert m["probes"][0]["summaries"][mode]["l2"] == entries[-1]["probes"][pid][mode]["l2"]
 
 
+def test_a_log_of_an_older_writer_without_programs_reads_as_before(run, tmp_path):
+    # Before each step named its program (and model.json listed them): no `programs`,
+    # and the history's `program` column says none, so readers draw the model's shapes.
+    model, entries, mon = run
+    assert [e["program"] for e in entries] == [0] * len(entries)
+    assert model["programs"] == mon.to_dict()["programs"]
+    old = {k: v for k, v in model.items() if k != "programs"}
+    write_log(
+        tmp_path / "log", old, [{k: v for k, v in e.items() if k != "program"} for e in entries]
+    )
+    m = load(tmp_path / "log").model
+    assert "programs" not in m
+    assert m["history"]["program"] == [None] * len(entries)
+    assert m["history"]["steps"] == list(range(12))
+
+
 def test_bytes_per_step_are_what_the_file_holds(run, tmp_path):
     model, entries, _ = run
     sink = write_log(tmp_path / "log", model, entries)

@@ -283,6 +283,37 @@ def test_updates_are_throttled_and_only_new_steps_travel():
     assert len(sent) == 1
 
 
+def test_the_live_view_gets_each_step_s_program_and_every_program_s_shapes():
+    # A batch of another size runs another program: the widget's model holds the
+    # shapes of each, and each step (in the model or a steps message) names its own.
+    mon = sowviz.Monitor(loss, throttle=3600.0)
+    view = mon.view()
+    view.clock = FakeClock()
+    sent = []
+    view.send = lambda msg, buffers=None: sent.append((msg, buffers))
+    for x in (X, X, X[:2], X):
+        mon.step(PARAMS, x)
+    mon.flush()
+    model = view.model
+    steps = list(model["history"]["steps"])
+    programs = list(model["history"]["program"])
+    for _, buffers in sent:
+        decoded = json.loads(gzip.decompress(buffers[0]))
+        steps += [s["step"] for s in decoded]
+        programs += [s["program"] for s in decoded]
+    assert steps == [0, 1, 2, 3] and programs == [0, 0, 1, 0]
+    (node,) = [n["id"] for n in model["nodes"] if n["label"] == "layer_0"]
+    (probe,) = [p["id"] for p in model["probes"] if p["node"] == node]
+    assert [model["programs"][k]["nodes"][node] for k in (0, 1)] == [
+        ["float32[5,4]"],
+        ["float32[2,4]"],
+    ]
+    assert [model["programs"][k]["probes"][probe] for k in (0, 1)] == [
+        {"shape": [5, 4], "size": 20},
+        {"shape": [2, 4], "size": 8},
+    ]
+
+
 def test_throttle_sends_exactly_when_the_clock_allows():
     mon = sowviz.Monitor(loss)
     mon.step(PARAMS, X)

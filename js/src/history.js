@@ -6,7 +6,7 @@ export const DEFAULT_LIMIT = 1000;
 
 /** An empty history in the model's shape. */
 export function emptyHistory(limit = DEFAULT_LIMIT) {
-  return { steps: [], loss: [], finite: [], probes: {}, nonfinite: null, limit };
+  return { steps: [], loss: [], finite: [], program: [], probes: {}, nonfinite: null, limit };
 }
 
 /** A deep enough copy of a model's history, so appending never mutates the model. */
@@ -21,6 +21,7 @@ export function copyHistory(h) {
     steps: [...(h.steps ?? [])],
     loss: [...(h.loss ?? [])],
     finite: (h.steps ?? []).map((_, i) => h.finite?.[i] ?? null),
+    program: (h.steps ?? []).map((_, i) => h.program?.[i] ?? null),
     probes,
     nonfinite: h.nonfinite ?? null,
     limit: h.limit ?? DEFAULT_LIMIT,
@@ -33,6 +34,7 @@ export function appendStep(h, step) {
   h.steps.push(step.step ?? (n ? h.steps[n - 1] + 1 : 0));
   h.loss.push(typeof step.loss === "number" ? step.loss : null);
   h.finite.push(typeof step.finite === "boolean" ? step.finite : null);
+  h.program.push(typeof step.program === "number" ? step.program : null);
   const seen = new Set();
   for (const [pid, byMode] of Object.entries(step.probes ?? {})) {
     h.probes[pid] ??= {};
@@ -57,6 +59,7 @@ export function appendStep(h, step) {
     h.steps.splice(0, extra);
     h.loss.splice(0, extra);
     h.finite.splice(0, extra);
+    h.program.splice(0, extra);
     for (const byMode of Object.values(h.probes)) for (const list of Object.values(byMode)) list.splice(0, extra);
   }
   return h;
@@ -122,8 +125,11 @@ export function withLatest(model, h) {
  * @param {any} model @param {any} h @param {number|null} step
  */
 export function withStep(model, h, step) {
+  const n = h?.steps?.length ?? 0;
   const i = step == null ? -1 : (h?.steps ?? []).indexOf(step);
-  if (i < 0 || i === h.steps.length - 1) return withLatest(model, h);
+  // the shapes of the program the step ran (a ragged last batch ran another)
+  const program = n ? h.program?.[i < 0 ? n - 1 : i] : null;
+  if (i < 0 || i === n - 1) return withProgram(withLatest(model, h), program);
   const probes = (model.probes ?? []).map((p) => {
     const summaries = {};
     for (const [mode, base] of Object.entries(p.summaries ?? {})) {
@@ -132,7 +138,30 @@ export function withStep(model, h, step) {
     }
     return { ...p, summaries };
   });
-  return { ...model, probes };
+  return withProgram({ ...model, probes }, program);
+}
+
+/**
+ * Model drawn with the shapes of `model.programs[k]` (a Monitor keeps one per set of
+ * shapes its steps ran; each history step names its own): each node's `shapes` and
+ * each probe's `shape` and `size`. The graph is the latest program's: a step of
+ * another batch size was described with the last batch's shapes beside its own
+ * counts. No such program (an older model, or none said): the model as it is.
+ * @param {any} model @param {number|null|undefined} k
+ */
+export function withProgram(model, k) {
+  const prog = typeof k === "number" ? model?.programs?.[k] : null;
+  if (!prog) return model;
+  const shapes = prog.nodes ?? {};
+  const nodes = (model.nodes ?? []).map((n) => (Array.isArray(shapes[n.id]) ? { ...n, shapes: shapes[n.id] } : n));
+  const probes = (model.probes ?? []).map((p) => {
+    const own = prog.probes?.[p.id];
+    if (!own || !Array.isArray(own.shape)) return p;
+    const summaries = {};
+    for (const [mode, s] of Object.entries(p.summaries ?? {})) summaries[mode] = { ...s, shape: own.shape, size: own.size };
+    return { ...p, summaries };
+  });
+  return { ...model, nodes, probes };
 }
 
 /** The step a view shows: `wanted` when the history still holds it, else the latest (null). */
@@ -151,7 +180,7 @@ export function stepAt(h, i) {
     }
   }
   const nonfinite = h.nonfinite?.step === h.steps[i] ? h.nonfinite : undefined;
-  return { step: h.steps[i], loss: h.loss[i], finite: h.finite?.[i] ?? null, probes, nonfinite };
+  return { step: h.steps[i], loss: h.loss[i], finite: h.finite?.[i] ?? null, program: h.program?.[i] ?? null, probes, nonfinite };
 }
 
 /** A store with listeners; one per widget model (shared by all its views). */

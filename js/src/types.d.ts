@@ -63,6 +63,8 @@ export interface Step {
   loss: number | null;
   /** false when the loss, a gradient or a returned value held NaN/Inf */
   finite?: boolean;
+  /** which of the model's `programs` (shapes) the step ran */
+  program?: number | null;
   /** probe id -> capture key -> summary of this step */
   probes: Record<string, Record<string, SummaryLite>>;
   nonfinite?: { forward: string | null; backward: string | null } | null;
@@ -121,6 +123,8 @@ export interface History {
   loss: (number | null)[];
   /** per step: false when the loss or gradients held NaN/Inf (null: not known) */
   finite?: (boolean | null)[];
+  /** per step: which of the model's `programs` it ran (null: not said, an older model) */
+  program?: (number | null)[];
   probes: Record<string, Record<string, SummaryLite[]>>;
   nonfinite: { step: number; forward: string | null; backward: string | null } | null;
   /** optional: most steps the front end keeps (Monitor's `history`) */
@@ -134,4 +138,12 @@ export interface SowvizModel {
   nodes: Node[]; edges: Edge[]; probes: Probe[];
   notes: { level: string; probe?: string; node?: string; nodes?: string[]; message: string }[];
   history: History | null;
+  /** Monitor only: one per set of shapes its steps ran (`History.program` names one) */
+  programs?: Program[];
+}
+
+/** The shapes of one program a Monitor ran: node id -> `shapes`, probe id -> shape and size. */
+export interface Program {
+  nodes: Record<string, string[]>;
+  probes: Record<string, { shape: number[]; size: number }>;
 }

@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { appendStep, copyHistory, emptyHistory, HistoryStore, latestSummaries, nonfiniteSteps, probeNonfiniteSteps, shownStep, withLatest, withStep } from "../src/history.js";
+import { appendStep, copyHistory, emptyHistory, HistoryStore, latestSummaries, nonfiniteSteps, probeNonfiniteSteps, shownStep, stepAt, withLatest, withStep } from "../src/history.js";
 import { smallModel } from "./helpers.js";
 
 test("steps append aligned; a probe missing from a step gets null", () => {
@@ -119,4 +119,34 @@ test("withStep draws a past step's statistics, without the latest's log histogra
   assert.equal(shownStep(h, 15), null);
   assert.equal(shownStep(h, null), null);
   assert.equal(m.probes[0].summaries.primal.l2, 2);
+});
+
+test("a step is drawn with the shapes of the program it ran (a ragged last batch ran another)", () => {
+  const m = smallModel(); // its graph and probes: the latest program's, float32[4]
+  m.programs = [
+    { nodes: { n2: ["float32[16]"], n5: ["float32[16]"] }, probes: { p0: { shape: [16], size: 16 } } },
+    { nodes: { n2: ["float32[4]"], n5: ["float32[4]"] }, probes: { p0: { shape: [4], size: 4 } } },
+  ];
+  const h = copyHistory({ steps: [0, 1], loss: [1, 2], program: [0, 1], probes: { p0: { primal: [{ l2: 5, count: 16 }, { l2: 6, count: 4 }], cotangent: [{ l2: 1 }, { l2: 2 }] } } });
+  const past = withStep(m, h, 0);
+  assert.deepEqual(past.nodes.find((n) => n.id === "n5").shapes, ["float32[16]"]);
+  assert.deepEqual(past.nodes.find((n) => n.id === "n3").shapes, ["float32[4]"]); // not in the program: as drawn
+  for (const mode of ["primal", "cotangent"]) {
+    assert.deepEqual(past.probes[0].summaries[mode].shape, [16]);
+    assert.equal(past.probes[0].summaries[mode].size, 16);
+  }
+  assert.equal(past.probes[0].summaries.primal.count, 16);
+  const latest = withStep(m, h, null);
+  assert.deepEqual(latest.nodes.find((n) => n.id === "n5").shapes, ["float32[4]"]);
+  assert.equal(latest.probes[0].summaries.primal.size, 4);
+  assert.deepEqual(m.nodes.find((n) => n.id === "n5").shapes, ["float32[4]"]); // the model is not changed
+  // appended steps and the store's reset carry the program
+  appendStep(h, { step: 2, loss: 1, program: 0, probes: {} });
+  assert.deepEqual(h.program, [0, 1, 0]);
+  assert.equal(stepAt(h, 2).program, 0);
+  assert.deepEqual(withStep(m, h, 2).nodes.find((n) => n.id === "n2").shapes, ["float32[16]"]);
+  // an older model (no programs) or a step that names none: the model's own shapes
+  const old = smallModel();
+  assert.deepEqual(withStep(old, h, 0).probes[0].summaries.primal.shape, [4]);
+  assert.deepEqual(withStep(m, copyHistory({ steps: [0, 1], loss: [1, 2], probes: {} }), 0).nodes, m.nodes);
 });
