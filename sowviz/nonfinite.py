@@ -8,8 +8,19 @@ Forward pass. Values exist in program order, and a stage's output exists once it
 last child ran, so a node's time is its `exit` (the largest order in its subtree);
 inside a loop, the first iteration holding a non-finite value comes first (from the
 summary's `per_iteration.nonfinite`, when present). The *producer* is the
-earliest non-finite node; being the earliest, every value it read was finite. Every
-other non-finite node only passes the values on: a *propagator*.
+earliest non-finite node whose values can reach a non-finite result; being the
+earliest, every value it read was finite or masked. Every other non-finite node only
+passes the values on: a *propagator*. "Reaches" is read off the graph (`_Reach`): a
+node's values reach a result through a reader that holds non-finite values (or is
+unprobed: it may) up to an output; a node all of whose readers are finite (a
+`jnp.where` that masked a `sqrt`'s NaN) was masked, and an overflow after it
+(`x * gate` = Inf, then Inf - Inf in `h @ w`) is the origin, the masked value a side
+note. When nothing reaches a result (every non-finite value masked; what is
+non-finite is a gradient), the earliest is named, as before. A ±Inf that an
+equation made from finite values (an overflow) and that a later NaN the results
+hold came of stays the origin ("it held +Inf, which led to the NaN first made by
+..."); at a ±Inf fill (`jnp.where(mask, s, -jnp.inf)`, `jnp.full(n, jnp.inf)`) the
+NaN is the origin, the fill named before it.
 
 Backward pass. Cotangents exist in reverse order: the first non-finite cotangent is
 the one of the latest node (the shallower on a tie, a stage's output cotangent
@@ -43,7 +54,9 @@ from .nonfinite_messages import (
     EARLIER,
     FROM_FORWARD,
     IN_TANGENT,
+    LED_TO,
     LOOP_CARRIED,
+    MASKED,
     NONFINITE_GRADS,
     OTHER_ORIGIN_FIX,
     OTHER_ORIGIN_GRADS,
@@ -350,12 +363,31 @@ def find(
         return None  # only masked fill values
     fwd_origin = bwd_origin = None
     if fwd:
-        node, earlier = _producer(ix, fwd)
+        # Only a non-finite value that can reach a non-finite result is an origin: one
+        # whose readers all end finite (`jnp.where` masked it) is not, unless every one
+        # is (then what is non-finite is a gradient: the masked branch's backward).
+        reaches = _Reach(ix, flags, probed)
+        live = {n: f for n, f in fwd.items() if reaches(n)}
+        node, earlier, led_to = _producer(ix, fwd, live or fwd)
         before = [ix.nodes[b] for b in ix.unprobed_before(node, probed)]
         early = None if earlier is None else (ix.nodes[earlier], fwd[earlier].fwd_kinds)
+        led = None if led_to is None else (ix.nodes[led_to], fwd[node].fwd_kinds)
         carried, unseen = _carried(ix, node, fwd, probed)
+        masked_note = None
+        if live:
+            first = min(fwd, key=lambda n: ix.key(n, fwd[n].fwd_iter))
+            if first not in live:
+                by = reaches.masker(first)
+                masked_note = (ix.nodes[first], fwd[first].fwd_kinds, by and ix.nodes[by])
         msg = forward_message(
-            ix.nodes[node], ix.path(node), before, early, [ix.nodes[c] for c in carried], unseen
+            ix.nodes[node],
+            ix.path(node),
+            before,
+            early,
+            [ix.nodes[c] for c in carried],
+            unseen,
+            led,
+            masked_note,
         )
         if not fwd[node].fwd_value:  # jvp: a NaN tangent of a finite value
             msg += IN_TANGENT
@@ -541,12 +573,32 @@ def _plain_backward(node: Any, flags: _Flags | None) -> bool:
     )
 
 
-def _producer(ix: _Index, fwd: Mapping[str, _Flags]) -> tuple[str, str | None]:
-    """The forward origin: the earliest non-finite node, unless the results hold only
-    kinds it does not (a NaN result after an earlier +Inf, as diffrax fills its output
-    buffer with +Inf before the solve writes it): then the earliest node holding a kind
-    the results hold, with the earlier node it passed over."""
-    order = sorted(fwd, key=lambda n: ix.key(n, fwd[n].fwd_iter))
+#: Primitives that only move, select or compare values: a non-finite value in their
+#: output was in an input (a literal's fill, `jnp.where(mask, s, -jnp.inf)`), never made
+#: from finite values as an overflow (`mul`, `exp`, `dot_general`) makes one.
+_MOVES = frozenset(
+    {
+        "select_n", "broadcast_in_dim", "reshape", "transpose", "squeeze", "expand_dims",
+        "copy", "copy_p", "concatenate", "slice", "dynamic_slice", "dynamic_update_slice",
+        "pad", "gather", "scatter", "rev", "reduce_max", "reduce_min", "max", "min", "neg",
+        "abs", "sort", "iota", "stop_gradient", "optimization_barrier",
+    }
+)  # fmt: skip
+
+
+def _producer(
+    ix: _Index, fwd: Mapping[str, _Flags], among: Mapping[str, _Flags]
+) -> tuple[str, str | None, str | None]:
+    """The forward origin: the earliest non-finite node of `among` (those of `fwd` whose
+    values reach a result), unless the results hold only kinds it does not (a NaN
+    result after an earlier +Inf, as diffrax fills its output buffer with +Inf before
+    the solve writes it): then the earliest node holding a kind the results hold, with
+    the earlier node it passed over. An equation that made the ±Inf from finite values
+    (an overflow: `mul`, `exp`; not a fill that `select_n` or `broadcast_in_dim` moves)
+    stays the origin, with the node holding the results' kind that it led to; one made
+    from literals alone (`-jnp.inf` as a float32) is a fill.
+    Returns (origin, earlier node passed over, later node it led to)."""
+    order = sorted(among, key=lambda n: ix.key(n, among[n].fwd_iter))
     first = order[0]
 
     def kinds(n: str) -> frozenset[str]:
@@ -555,11 +607,84 @@ def _producer(ix: _Index, fwd: Mapping[str, _Flags]) -> tuple[str, str | None]:
 
     results = frozenset().union(*(kinds(n) for n in fwd if n in ix.outputs))
     if not results or kinds(first) & results:
-        return first, None
+        return first, None, None
     for n in order:
         if kinds(n) & results and n not in ix.outputs:
-            return n, first
-    return first, None
+            made = ix.nodes[first]
+            fill = made.primitive in _MOVES or first in getattr(ix.graph, "constant_nodes", ())
+            if made.kind == "eqn" and not fill:  # (a constant: `-jnp.inf` made a float32)
+                return first, None, n
+            return n, first, None
+    return first, None, None
+
+
+class _Reach:
+    """Whether a non-finite forward value of a node can reach a non-finite result, from
+    the graph's edges and which nodes hold non-finite values: through a reader holding
+    non-finite values (or unprobed: it may), up to an output. A value every reader of
+    which is finite was masked (`jnp.where`). A value with no reader at its level leaves
+    its stage: it reaches what the stage's values reach. One with readers may leave it
+    too (edges are drawn between siblings): so it does unless another of the stage's
+    values, non-finite and read by nothing inside, explains the stage's. Unknown
+    (no edges, a cycle): it reaches. Each node is decided once."""
+
+    def __init__(self, ix: _Index, flags: Mapping[str, _Flags], probed: set[str]) -> None:
+        self.ix, self.flags, self.probed = ix, flags, probed
+        self.memo: dict[str, bool] = {}
+        self.children: dict[str, list[str]] = {}
+        self.explain: dict[str, list[str]] = {}
+        for n in ix.graph.nodes:
+            if n.parent is not None:
+                self.children.setdefault(n.parent, []).append(n.id)
+
+    def finite(self, n: str) -> bool:
+        """Whether `n`'s forward values are known finite (probed, or holding no floats)."""
+        bad = n in self.flags and self.flags[n].fwd
+        return not bad and (n in self.probed or not _inexact(self.ix.nodes[n]))
+
+    def __call__(self, n: str) -> bool:
+        if n in self.memo:
+            return self.memo[n]
+        self.memo[n] = True  # a cycle (a loop's carry): it may
+        ix = self.ix
+        targets = ix.out.get(n, [])
+        out = n in ix.outputs or any(not self.finite(t) and self(t) for t in targets)
+        parent = ix.nodes[n].parent
+        if not out and parent is not None and parent != ix.graph.root:
+            explained = targets and any(c != n for c in self.explaining(parent))
+            out = not self.finite(parent) and not explained and self(parent)
+        elif not out and not targets:
+            out = True  # read by nothing we know of at the top level: unknown
+        self.memo[n] = out
+        return out
+
+    def explaining(self, parent: str) -> list[str]:
+        """Two of `parent`'s children (at most) holding non-finite values that nothing
+        inside it reads: its values, which explain its own being non-finite."""
+        if parent not in self.explain:
+            flags, out = self.flags, self.ix.out
+            holds = (c for c in self.children.get(parent, ()) if c not in out)
+            bad = (c for c in holds if c in flags and flags[c].fwd)
+            self.explain[parent] = [c for _, c in zip(range(2), bad, strict=False)]
+        return self.explain[parent]
+
+    def masker(self, n: str) -> str | None:
+        """The first reader, past the non-finite ones, whose values are finite: what masked
+        `n`'s (a `jnp.where`); None when none is known. A value read by nothing at its
+        level is its stage's: the stage's readers read it."""
+        ix = self.ix
+        while n not in ix.out and ix.nodes[n].parent not in (None, ix.graph.root):
+            n = ix.nodes[n].parent
+        todo, seen = list(ix.out.get(n, ())), {n}
+        while todo:
+            t = todo.pop(0)
+            if t in seen:
+                continue
+            seen.add(t)
+            if t in self.probed and self.finite(t):
+                return t
+            todo += ix.out.get(t, ())
+        return None
 
 
 def with_equations(
@@ -575,14 +700,12 @@ def with_equations(
     fwd, bwd = o.forward, o.backward
     if fwd is not None and forward is not None:
         msg = f"first made by {equation_name(stage(fwd), forward)}"
-        _, carried, rest = fwd.message.partition(LOOP_CARRIED)  # kept, as `EARLIER` is
-        _, before, held = fwd.message.partition(EARLIER)  # what the equation may come from
-        if carried:
-            msg += carried + rest  # (`EARLIER` follows it)
-        elif before:
-            msg += before + held
-        elif IN_TANGENT in fwd.message:  # and what follows it (`TESSERACT_TANGENT`)
-            msg += "".join(fwd.message.partition(IN_TANGENT)[1:])
+        # kept: what follows the name (the NaN it led to, the loop's carry, what came
+        # before it, a masked value, `IN_TANGENT`), from the first of them on
+        tails = [fwd.message.find(m) for m in (LED_TO, LOOP_CARRIED, EARLIER, MASKED, IN_TANGENT)]
+        tails = [i for i in tails if i >= 0]
+        if tails:
+            msg += fwd.message[min(tails) :]
         fwd = replace(fwd, equation=forward, message=msg)
     if bwd is not None and backward is not None:
         target = backward.reaching if bwd.reaching == bwd.node else bwd.reaching

@@ -36,6 +36,12 @@ EARLIER = "; before it, "
 LOOP_CARRIED = (
     "; unless, at an earlier iteration of its loop, what follows it in the body made it ("
 )
+#: ... and, at an overflow whose ±Inf became the NaN the results hold, what it held and
+#: the node that made the NaN of it
+LED_TO = "; it held "
+#: ... and a non-finite value made before it that a reader masked (`jnp.where`): it
+#: reaches no result, so it is not the origin
+MASKED = "; before it, a "
 #: ... and says that only the tangent is non-finite there (mode "jvp")
 IN_TANGENT = " (in its tangent: the value is finite)"
 #: After `IN_TANGENT` at a Tesseract: where such tangents come from (tesseract-jax's
@@ -58,6 +64,8 @@ def forward_message(
     earlier: tuple[Any, frozenset[str]] | None = None,
     carried: Sequence[Any] = (),
     unseen: bool = False,
+    led_to: tuple[Any, frozenset[str]] | None = None,
+    masked: tuple[Any, frozenset[str], Any] | None = None,
 ) -> str:
     """Where the forward pass first holds NaN/Inf: node `n`, whose stage labels from the
     top level down are `path`. An input is named by its path (`parameters/block_1/
@@ -66,7 +74,10 @@ def forward_message(
     see; `earlier`: a node holding other non-finite kinds before `n` (+Inf before a
     NaN), and those kinds; `carried`: in a loop, the body's nodes after `n` that may
     have made, at an earlier iteration, the value `n` read from the loop's carry
-    (`unseen`: some are unprobed equations)."""
+    (`unseen`: some are unprobed equations); `led_to`: the node that made the NaN the
+    results hold of the ±Inf `n` made (an overflow), and the kinds `n` held; `masked`:
+    a node whose non-finite values (those kinds) were made before `n` and masked by a
+    reader (the third item, or None), so that they reach no result."""
     if n.kind == "input":
         return f"the input {stage_name(n, input_path(path) or None)} holds non-finite values"
     if before:
@@ -77,15 +88,25 @@ def forward_message(
         )
     else:
         msg = f"first made by {stage_name(n)}"
+    if led_to is not None:
+        node, kinds = led_to
+        msg += f"{LED_TO}{_held(kinds)}, which led to the NaN first made by {stage_name(node)}"
     if carried:
         names = ", ".join(stage_name(c) for c in carried)
         locate = ": `locate_nonfinite()` names the equation" if unseen and not before else ""
         msg += f"{LOOP_CARRIED}{names}){locate}"
     if earlier is not None:
         node, kinds = earlier
-        held = "/".join(_KIND_NAMES[k] for k in ("nan", "posinf", "neginf") if k in kinds)
-        msg += f"{EARLIER}{stage_name(node)} held {held}, which may have led to it"
+        msg += f"{EARLIER}{stage_name(node)} held {_held(kinds)}, which may have led to it"
+    if masked is not None:
+        node, kinds, by = masked
+        what = f" by {stage_name(by)}" if by is not None else " afterwards"
+        msg += f"{MASKED}{_held(kinds)} in {stage_name(node)} was masked{what} (not the origin)"
     return msg
+
+
+def _held(kinds: frozenset[str]) -> str:
+    return "/".join(_KIND_NAMES[k] for k in ("nan", "posinf", "neginf") if k in kinds)
 
 
 def input_path(path: Sequence[str]) -> str:

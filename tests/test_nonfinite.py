@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 
 import jax
 import jax.numpy as jnp
@@ -1033,12 +1034,15 @@ def f_inf_buffer_then_nan(x):
 
 def test_located_origin_keeps_what_came_before_it():
     # the stage-level message's "before it, `buffer` held +Inf" survived no locate
+    # (the buffer's +Inf is masked by the `where`: said as such, not as what may have
+    # led to the NaN)
     ins = sowviz.inspect(f_inf_buffer_then_nan, X, mode="primal")
-    assert "before it, `buffer` (" in ins.nonfinite.forward.message
+    assert "before it, a +Inf in `buffer` (" in ins.nonfinite.forward.message
     o = ins.locate_nonfinite()
     assert o.forward.equation.primitive == "sqrt"
-    assert "; before it, `mul` (" in o.forward.message, o.forward.message
-    assert o.forward.message.endswith("held +Inf, which may have led to it")
+    assert "; before it, a +Inf in `mul` (" in o.forward.message, o.forward.message
+    where_line = f_inf_buffer_then_nan.__code__.co_firstlineno + 5
+    assert re.search(rf"was masked by `where` \([^)]*py:{where_line}\)", o.forward.message)
 
 
 def test_a_nan_tangent_of_a_finite_value_says_so():
@@ -1167,3 +1171,60 @@ def test_a_comparison_is_no_candidate_for_a_backward_origin():
     assert o.message.startswith("born in the backward of `sqrt`"), o.message
     assert "`gt`" not in o.message and "or of" not in o.message, o.message
     assert [ins.graph.node(c).label for c in o.candidates] == ["sqrt"]
+
+
+def f_masked_then_overflow(p, x):
+    gate = jnp.where(p["g"] > 0, jnp.sqrt(p["g"]), 0.0)  # g[0] < 0: a NaN, masked
+    h = x * gate  # overflows to +Inf
+    out = h @ p["w"]  # Inf - Inf: the NaN the loss holds
+    return jnp.mean(out**2)
+
+
+def f_masked_then_overflow_in_a_block(p, x):
+    with jax.named_scope("block"):  # the masked NaN and the overflow in one stage
+        return f_masked_then_overflow(p, x)
+
+
+@pytest.mark.parametrize("f", [f_masked_then_overflow, f_masked_then_overflow_in_a_block])
+def test_a_nan_that_a_where_masked_is_not_the_origin_of_the_one_that_reaches_the_loss(f):
+    p = {"g": jnp.array([-1.0, 1e20, 1e20]), "w": jnp.array([[1.0], [1.0], [-1.0]])}
+    x = jnp.full((2, 3), 1e30)
+    # plain JAX: the first non-finite equation is the masked `sqrt`; the `where` makes it
+    # finite again; `x * gate` is +Inf, and its product with `w` NaN, which the loss holds
+    flat = lambda g, w, x: f({"g": g, "w": w}, x)  # noqa: E731  (the oracle takes arrays)
+    first, sqrt_line, _ = oracle(flat, p["g"], p["w"], x)
+    assert first == "sqrt"
+    gate = jnp.where(p["g"] > 0, jnp.sqrt(p["g"]), 0.0)
+    assert np.isnan(jnp.sqrt(p["g"])).any() and np.isfinite(gate).all()
+    h = x * gate
+    assert np.isposinf(h).any() and not np.isnan(h).any() and np.isnan(h @ p["w"]).all()
+    assert np.isnan(f(p, x))
+    # the same program with nothing to mask: its first non-finite equation is the origin
+    prim, line, _ = oracle(flat, p["g"].at[0].set(1.0), p["w"], x)
+    assert (prim, line) == ("mul", sqrt_line + 1)
+    dot = (
+        rf"; it held \+Inf, which led to the NaN first made by `dot_general` \([^)]*py:{line + 1}\)"
+    )
+
+    def check(msg):
+        assert not msg.startswith("first made by `sqrt`"), msg
+        assert re.search(dot, msg), msg
+        assert "; before it, a NaN in `sqrt` (" in msg and "was masked by `" in msg, msg
+
+    ins = sowviz.inspect(f, p, x)
+    stage = ins.nonfinite.forward.message
+    if f is f_masked_then_overflow:  # every equation is a stage
+        assert stage.startswith("first made by `mul` ("), stage
+        check(stage)
+    else:  # the block is the stage: its equations are told apart once located
+        assert stage.startswith("first made by `block` (") and "sqrt" not in stage, stage
+    o = ins.locate_nonfinite()
+    assert (o.forward.equation.primitive, _line(o.forward)) == (prim, line), o.forward.message
+    check(o.forward.message)
+    mon = sowviz.Monitor(f, stop_on_nonfinite=True)
+    with pytest.raises(sowviz.NonFiniteError, match=rf"first made by `mul`.* at .*:{line}") as err:
+        mon.step(p, x)
+    check(mon.nonfinite.origins.forward.message)
+    check(str(err.value))
+    eq = mon.nonfinite.origins.forward.equation
+    assert (eq.primitive, eq.source.line) == (prim, line)
