@@ -153,13 +153,19 @@ def test_bytes_per_step_are_what_the_file_holds(run, tmp_path):
     assert per_step < 0.5 * text, (per_step, text, n_summaries)
 
 
-def test_refresh_reads_only_new_complete_records(run, tmp_path):
-    model, entries, _ = run
-    (sink,) = make_sinks(tmp_path / "log")
+def _written(log_dir, model, entries):
+    """A run log in `log_dir` holding `model` and `entries`, flushed; its open sink."""
+    (sink,) = make_sinks(log_dir)
     sink.open(model)
-    for e in entries[:5]:
+    for e in entries:
         sink.write(e)
     sink.flush()
+    return sink
+
+
+def test_refresh_reads_only_new_complete_records(run, tmp_path):
+    model, entries, _ = run
+    sink = _written(tmp_path / "log", model, entries[:5])
     view = load(tmp_path / "log")
     assert [e["step"] for e in view.history] == [0, 1, 2, 3, 4] and not view.finished
     assert view.refresh() == []
@@ -369,11 +375,7 @@ def test_a_displayed_view_behind_by_more_than_its_history_resends_the_model(run,
     # Steps read for the widget wait in an outbox until the next poll: more than the
     # history holds go as the (thinned) model instead, so the outbox stays bounded too.
     model, entries, _ = run
-    (sink,) = make_sinks(tmp_path / "log")
-    sink.open(model)
-    for e in entries[:3]:
-        sink.write(e)
-    sink.flush()
+    sink = _written(tmp_path / "log", model, entries[:3])
     view = load(tmp_path / "log", history=4)
     widget = view.widget
     sent = []
@@ -398,11 +400,7 @@ def test_a_displayed_view_behind_by_more_than_its_history_resends_the_model(run,
 
 def test_the_displayed_view_sends_new_steps_as_the_monitor_does(run, tmp_path):
     model, entries, _ = run
-    (sink,) = make_sinks(tmp_path / "log")
-    sink.open(model)
-    for e in entries[:3]:
-        sink.write(e)
-    sink.flush()
+    sink = _written(tmp_path / "log", model, entries[:3])
     view = load(tmp_path / "log")
     widget = view.widget
     assert widget.model["history"]["steps"] == [0, 1, 2]
