@@ -27,6 +27,8 @@ BENCHMARKS = [
     "inspect_scale",
     "frontend_load",
     "gpu_kernels",
+    "runlog_overhead",
+    "runlog_load_memory",
 ]
 
 
