@@ -33,6 +33,7 @@ from .names import (
     construct_label,
     fold_label,
     fold_names,
+    function_label,
     input_groups,
     is_floating,
     line_passes,
@@ -96,7 +97,10 @@ def _inside(restated: frozenset[str], path: _compat.CallPath) -> _compat.CallPat
     ... around each call of the user's `dyn`."""
     names = path.names
     k = 0
-    while k < len(names) and names[k].rpartition(".")[2] in restated:
+    # (and a decorator's wrapper around them: `eqx.filter_jit`'s `fun_wrapped`)
+    while k < len(names) and (
+        names[k].rpartition(".")[2] in restated or function_label(names[k])[1]
+    ):
         k += 1
     return path if k == 0 else _compat.CallPath(names[k:], path.below_user)
 

@@ -209,6 +209,7 @@ _PASS_THROUGH = frozenset(
         "__call__",
         "call_wrapped",
         "with_extra_args_support",
+        "fun_wrapped",  # `eqx.filter_jit`'s (diffrax's `diffeqsolve`, its helpers)
     }
 )
 

@@ -110,6 +110,11 @@ def test_neural_ode_gradients(adjoint):
     ins = sowviz.inspect(loss, model, ts, ys, mode="grad")
     assert_value_and_grad(ins.result, *eqx.filter_value_and_grad(loss)(model, ts, ys))
     assert ins.nonfinite is None or not ins.nonfinite.alarm
+    # `eqx.filter_jit`'s wrapper names nothing: diffrax's own functions are the stages
+    # (they were `fun_wrapped`, `fun_wrapped#2`, ... inside `diffeqsolve`)
+    labels = {n.label for n in ins.graph.nodes}
+    assert not any("fun_wrapped" in x for x in labels), sorted(labels)
+    assert "_allocate_output" in labels, sorted(labels)
 
 
 def test_backsolve_training_with_a_monitor():
