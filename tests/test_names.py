@@ -253,3 +253,19 @@ def test_what_a_line_assigns_is_read_from_the_source(tmp_path):
     bad = tmp_path / "cell.py"
     bad.write_text("%timeit x = 1\n")  # IPython magic: no Python to parse
     assert assigned(str(bad), 1) is None
+
+
+def _write(out, i, tok):
+    return jax.lax.dynamic_update_slice(out, tok[:, None], (0, i))
+
+
+def test_a_library_call_named_like_its_own_equation_is_not_folded_around_the_rest():
+    # `lax.dynamic_update_slice` clamps its index (4 integer equations), then binds the
+    # equation of its name: the clamp was a box `dynamic_update_slice` of type int32[]
+    # beside the `dynamic_update_slice` equation, the update, as if there were two.
+    def body(i, out):
+        return _write(out, i, jnp.ones(2) * i)
+
+    g = graph_of(lambda out: jax.lax.fori_loop(0, 3, body, out), jnp.zeros((2, 3)))
+    named = [n for n in g.nodes if n.label == "dynamic_update_slice"]
+    assert [(n.kind, n.shapes) for n in named] == [("eqn", ("float32[2,3]",))], named

@@ -468,16 +468,20 @@ def fold_names(
         return not out[i] or out[i][0].startswith(FOLD)
 
     def long_run(i: int, what: str) -> bool:
-        # At least SMALL_LEVEL_RUN equations around `i` from its line and this call.
+        # At least SMALL_LEVEL_RUN equations around `i` from its line and this call, none
+        # of them named like the call (`lax.dynamic_update_slice`: its index clamp was a
+        # box `dynamic_update_slice` beside the equation of that name). A small level
+        # draws few nodes, so the run is short.
         def same(m: int) -> bool:
             return 0 <= m < len(out) and locs[m] == locs[i] and calls(m)[:1] == (what,)
 
         lo = hi = i
-        while same(lo - 1) and i - lo < SMALL_LEVEL_RUN:
+        while same(lo - 1):
             lo -= 1
-        while same(hi + 1) and hi - lo + 1 < SMALL_LEVEL_RUN:
+        while same(hi + 1):
             hi += 1
-        return hi - lo + 1 >= SMALL_LEVEL_RUN
+        named = any(m < len(primitives) and primitives[m] == what for m in range(lo, hi + 1))
+        return hi - lo + 1 >= SMALL_LEVEL_RUN and not named
 
     def line_key(library: bool) -> Callable[[int], str | None]:
         # Runs inside one scope (or none) whose level is big, from one line: a user's
