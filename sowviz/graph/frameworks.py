@@ -60,6 +60,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import inspect
 import sys
 import threading
 import types
@@ -572,22 +573,26 @@ def _classes() -> Iterator[tuple[type, str]]:
             yield cls, name
 
 
-#: NNX's own capture points, and where each takes (name, value) among its arguments.
-_NNX_TAGS = {"sow": (1, 2), "perturb": (0, 1)}
+#: NNX's own capture points (each takes a `name` and a `value`).
+_NNX_TAGS = ("sow", "perturb")
 
 
-def _tagging(raw: Any, at: tuple[int, int]) -> Callable:
+def _tagging(raw: Any) -> Callable:
     """`raw` (NNX's `Module.sow` or `perturb`) with the value it stores sown first, while
     `named`'s call is in progress: a capture point of the user's, drawn as one."""
 
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-        name_at, value_at = at
-        if _ACTIVE.get() is not None and len(args) > value_at and isinstance(args[name_at], str):
-            value = args[value_at]
-            leaves = jax.tree_util.tree_leaves(value)
-            if leaves and all(isinstance(x, jax.Array) for x in leaves):
-                args = (*args[:value_at], sow_value(value, args[name_at]), *args[value_at + 1 :])
-        return raw(self, *args, **kwargs)
+        if _ACTIVE.get() is None:
+            return raw(self, *args, **kwargs)
+        # as NNX binds them: by position or keyword (`self.sow(nnx.Intermediate, "h", value=h)`)
+        bound = signature.bind(self, *args, **kwargs)
+        name, value = bound.arguments.get("name"), bound.arguments.get("value")
+        leaves = jax.tree_util.tree_leaves(value)
+        if isinstance(name, str) and leaves and all(isinstance(x, jax.Array) for x in leaves):
+            bound.arguments["value"] = sow_value(value, name)
+        return raw(*bound.args, **bound.kwargs)
+
+    signature = inspect.signature(raw)
 
     method.__sowviz_wrapped__ = raw  # type: ignore[attr-defined]
     return functools.wraps(raw)(method)
@@ -598,12 +603,12 @@ def _install() -> None:
     with _lock:
         _users += 1
         nnx_module = _nnx()
-        for name, at in _NNX_TAGS.items() if nnx_module is not None else ():
+        for name in _NNX_TAGS if nnx_module is not None else ():
             raw = nnx_module.__dict__.get(name)
             if raw is None or (nnx_module, name) in _saved:
                 continue
             _saved[nnx_module, name] = raw
-            type.__setattr__(nnx_module, name, _tagging(raw, at))
+            type.__setattr__(nnx_module, name, _tagging(raw))
         for cls, name in _classes():
             if (cls, name) in _saved:
                 continue

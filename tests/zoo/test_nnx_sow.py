@@ -23,7 +23,7 @@ class Block(nnx.Module):
 
     def __call__(self, x):
         h = self.linear(x)
-        self.sow(nnx.Intermediate, "pre_act", h)
+        self.sow(nnx.Intermediate, "pre_act", value=h)  # (by keyword too)
         return nnx.relu(self.perturb("act", h))
 
 
