@@ -1498,3 +1498,31 @@ def test_a_scan_s_two_outputs_face_and_panel(page, tmp_path):
     assert float(cell.inner_text()) == pytest.approx(ys["summaries"]["cotangent"]["l2"], rel=1e-3)
     pg.screenshot(path=str(ARTIFACTS / "scan_two_outputs.png"))
     assert page.errors == []
+
+
+@pytest.mark.browser
+def test_a_long_probe_name_keeps_the_picker_inside_the_panel(page, tmp_path):
+    # The picker of a stage's outputs ran past the panel's right edge (its options
+    # name the stage, the output and its type).
+    import jax
+    import jax.numpy as jnp
+
+    import sowviz
+
+    def a_recurrent_block_step_with_a_long_descriptive_name(c, x):
+        c = jnp.tanh(c + x)
+        return c, c * 2.0
+
+    def f(xs):
+        c, ys = jax.lax.scan(a_recurrent_block_step_with_a_long_descriptive_name, xs[0], xs)
+        return jnp.sum(c**2) + jnp.mean(ys**2)
+
+    ins = sowviz.inspect(f, jnp.ones((6, 4, 3, 2)), mode="grad")
+    scan = next(n["id"] for n in ins.to_dict()["nodes"] if n["kind"] == "scan")
+    pg = page.open_report(ins.save_html(tmp_path / "long.html"))
+    node(pg, scan).locator(".sv-label").click()
+    detail = pg.locator('[data-role="detail"]')
+    picker = detail.locator('[data-role="probe"]').bounding_box()
+    panel = detail.bounding_box()
+    assert picker["x"] + picker["width"] <= panel["x"] + panel["width"], (picker, panel)
+    assert page.errors == []
