@@ -273,8 +273,9 @@ def call_labels(path: tuple[str, ...]) -> tuple[str, ...]:
 LAYER_PACKAGES = frozenset({"flax", "equinox", "haiku"})
 
 #: A level of at most `line_limit` nodes folds one library call's run of at least this
-#: many equations (`gelu`: 8, `make_causal_mask`: 7; not `jnp.mean`'s 3).
-SMALL_LEVEL_RUN = 5
+#: many equations into a box named by the call: `jnp.mean` (2), `jax.ops.segment_sum`
+#: (3), `gelu` (8); they were drawn as `reduce_sum`, `div` beside folded neighbours.
+SMALL_LEVEL_RUN = 2
 
 
 def line_passes(
@@ -424,7 +425,10 @@ def fold_names(
                 return True
         return False
 
-    def fold_runs(key, least: int = 2, label=None, inner: bool = False, whole: bool = True):
+    def fold_runs(
+        key, least: int = 2, label=None, inner: bool = False, whole: bool = True, small=None
+    ):
+        # `small`: the least run of a small level's key (`\x03` and its call), if its own
         direct = levels()
         i = 0
         while i < len(out):
@@ -437,7 +441,7 @@ def fold_names(
             if (
                 k is not None
                 and not named
-                and j + 1 - i >= least
+                and j + 1 - i >= (small if small is not None and "\x03" in k else least)
                 and (whole or j + 1 - i < direct.get(scope_of(i), 0))
             ):
                 name = FOLD + (f"{label(i, j, k)}\x01{k}" if label else k)
@@ -499,8 +503,7 @@ def fold_names(
                 if library or not what or (i < len(primitives) and what[0] == primitives[i]):
                     return None
                 if what[0].startswith("_") or not long_run(i, what[0]):
-                    # `jnp.mean`'s three equations read well as they are, and a
-                    # library's private helper (Flax's `_normalize`) names nothing
+                    # a library's private helper (Flax's `_normalize`) names nothing
                     return None
                 own = function_label(loc.function)[0]
                 return f"{own}:{loc.line}\x02{'/'.join(scope)}\x03{what[0]}"
@@ -574,7 +577,7 @@ def fold_names(
 
     if call_path is not None:
         fold_runs(layer_key, least=1, label=line_label, inner=True, whole=False)
-    fold_runs(line_key(False), least=3, label=line_label, inner=True, whole=False)
+    fold_runs(line_key(False), 3, line_label, inner=True, whole=False, small=SMALL_LEVEL_RUN)
     if call_path is not None:
         runs = [scope_of(i) for i in range(len(out))]  # before any group changes `out`
         direct = _direct(runs)
@@ -645,20 +648,22 @@ def _direct(names: Sequence[tuple[str, ...]]) -> dict[tuple[str, ...], int]:
     direct: dict[tuple[str, ...], int] = {}
     prev: tuple[str, ...] | None = None
     for t in names:
+        new = prev is None  # a scope opened at a shallower depth: every deeper one is new
         for d in range(len(t) + 1):
             if d == len(t):
                 direct[t] = direct.get(t, 0) + 1
-            elif prev is None or prev[: d + 1] != t[: d + 1]:
+            elif new or prev[: d + 1] != t[: d + 1]:  # type: ignore[index]
                 again = (
-                    prev is not None
+                    not new
+                    and prev is not None
                     and len(prev) > d
                     and prev[:d] == t[:d]
                     and t[d].startswith(CALL)
                     and fold_label(prev[d]) == fold_label(t[d])
                 )
+                new = True
                 if not again:
                     direct[t[:d]] = direct.get(t[:d], 0) + 1
-                break
         prev = t
     return direct
 
