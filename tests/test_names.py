@@ -269,3 +269,22 @@ def test_a_library_call_named_like_its_own_equation_is_not_folded_around_the_res
     g = graph_of(lambda out: jax.lax.fori_loop(0, 3, body, out), jnp.zeros((2, 3)))
     named = [n for n in g.nodes if n.label == "dynamic_update_slice"]
     assert [(n.kind, n.shapes) for n in named] == [("eqn", ("float32[2,3]",))], named
+
+
+def _dense(w, x):
+    return jnp.tanh(x @ w)
+
+
+def _pool(w, h, graph_ids):
+    pooled = jax.ops.segment_sum(h, graph_ids, num_segments=2)
+    return _dense(w, pooled)
+
+
+def test_a_small_function_s_short_library_call_is_one_box_named_by_it():
+    # `segment_sum` (3 equations) in a function that also calls one of yours was drawn
+    # as `broadcast_in_dim`, `broadcast_in_dim`, `scatter-add`: the function's nodes were
+    # miscounted (the call's run left out), so the run seemed all the function held.
+    h, gid = jnp.ones((6, 4)), jnp.array([0, 0, 0, 1, 1, 1])
+    g = graph_of(lambda w, h, gid: jnp.sum(_pool(w, h, gid)), jnp.eye(4), h, gid)
+    assert children(g, "_pool") == ["segment_sum", "_dense"]
+    assert children(g, "segment_sum") == ["broadcast_in_dim", "broadcast_in_dim", "scatter-add"]
