@@ -165,17 +165,19 @@ def check_quickstart(nb, text, env):
 
 def check_nan_hunting(nb, text, env):
     assert re.search(r"grad\['dense_0'\]\['w'\]\s+NaNs: 24 / 24", text)
-    assert "backward origin: embed (scope)" in text
-    assert "its cotangent comes from the backward pass of: rms_norm (scope)" in text
-    assert "The NaN is born in: ['sqrt'] inside rms_norm" in text
+    # the stage level already sees it: the last NaN cotangent is that of the `mean` in
+    # `rms_norm` (a box of its own), read by `sqrt`; every equation probed, its `div`
+    assert "backward origin: mean (scope)" in text
+    assert "its cotangent comes from the backward pass of: sqrt (eqn)" in text
+    assert "The NaN is born in: ['sqrt'] inside mean" in text
     assert "origins after the fix: (None, None)" in text
     assert "forward origin:  log_energy (scope)" in text
     # the Monitor's rule agrees with the zoom above: sqrt's backward rule makes the NaN
-    # (inside rms_norm), and the first non-finite cotangent is that of the mean's `div`
+    # (inside rms_norm), and the first non-finite cotangent is that of the `mean` box
     # and names the gradients it reached: dense_0's two, as the notebook's count says
     assert re.search(
         r"^NonFiniteError: non-finite values at step 0; backward pass: born in the backward"
-        r" of `sqrt` in `rms_norm` at \S+:\d+, reaching `div` \(\S+:\d+\); non-finite"
+        r" of `sqrt` in `rms_norm` at \S+:\d+, reaching `mean` \(\S+:\d+\); non-finite"
         r" gradient of `parameters/dense_0/b`, `parameters/dense_0/w`$",
         text,
         re.M,
