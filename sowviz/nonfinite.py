@@ -49,6 +49,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
 from .nonfinite_json import JsonGraph, json_probes
 from .nonfinite_messages import (
     EARLIER,
@@ -113,17 +115,9 @@ def _bad_iterations(s: Mapping[str, Any]) -> list[tuple[int, ...]]:
     shape = per.get("shape")
     bad = [int(r) for r, c in zip(rows, counts, strict=True) if c]
     if shape and len(shape) > 1:
-        return [tuple(int(i) for i in divmod_all(r, shape)) for r in bad]
+        # (row-major, as the count run flattens them)
+        return [tuple(int(i) for i in np.unravel_index(r, shape)) for r in bad]
     return [(r,) for r in bad]
-
-
-def divmod_all(row: int, shape: Sequence[int]) -> list[int]:
-    """The index of row `row` of an array of `shape` flattened (row-major)."""
-    out = []
-    for size in reversed(shape):
-        row, i = divmod(row, int(size))
-        out.append(i)
-    return out[::-1]
 
 
 _KINDS = ("nan", "posinf", "neginf")
