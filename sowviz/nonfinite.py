@@ -63,6 +63,7 @@ from .nonfinite_messages import (
     OTHER_ORIGIN_FIX,
     OTHER_ORIGIN_GRADS,
     TESSERACT_TANGENT,
+    at_iteration,
     backward_message,
     backward_sentence,
     equation_name,
@@ -373,6 +374,7 @@ def find(
             if first not in live:
                 by = reaches.masker(first)
                 masked_note = (ix.nodes[first], fwd[first].fwd_kinds, by and ix.nodes[by])
+        iteration = _known(fwd[node].fwd_iter, ix.loops(node))
         msg = forward_message(
             ix.nodes[node],
             ix.path(node),
@@ -382,19 +384,20 @@ def find(
             unseen,
             led,
             masked_note,
+            at_iteration([ix.nodes[lp] for lp in ix.loops(node)], iteration),
         )
         if not fwd[node].fwd_value:  # jvp: a NaN tangent of a finite value
             msg += IN_TANGENT
             if ix.nodes[node].kind == "tesseract":
                 msg += TESSERACT_TANGENT
-        fwd_origin = Origin("forward", node, message=msg, path=ix.path(node))
+        fwd_origin = Origin("forward", node, message=msg, path=ix.path(node), iteration=iteration)
     if bwd:
         reach = max(bwd, key=lambda n: ix.key(n, bwd[n].bwd_iter))
         # (a consumer with no floating output, `x > 0`, sends no cotangent back)
         cands = [
             c
             for c in ix.consumers(reach)
-            if not (c in flags and flags[c].bwd) and _inexact(ix.nodes[c])
+            if not cotangent_bad_before(ix, flags, c, reach) and _inexact(ix.nodes[c])
         ]
         # the latest runs first backward; an equation whose backward only multiplies
         # and moves finite values (`mul`, `add`, reshapes) comes after those that can
@@ -416,9 +419,19 @@ def find(
         from_forward = made is not None and (
             flags[made].fwd if made in flags else made not in probed and flags[reach].fwd
         )
-        msg = backward_message(made_node, n[reach], [n[c] for c in cands[1:]], from_forward)
+        iteration = _known(bwd[reach].bwd_iter, ix.loops(reach))
+        at = at_iteration([n[lp] for lp in ix.loops(reach)], iteration)
+        msg = backward_message(made_node, n[reach], [n[c] for c in cands[1:]], from_forward, at)
         msg += _grads_said(ix, bwd, _upstream(ix, reach))
-        bwd_origin = Origin("backward", made, reach, tuple(cands), message=msg, path=ix.path(made))
+        bwd_origin = Origin(
+            "backward",
+            made,
+            reach,
+            tuple(cands),
+            message=msg,
+            path=ix.path(made),
+            iteration=iteration,
+        )
     origin_ids = {o.node for o in (fwd_origin, bwd_origin) if o is not None and o.node}
     holders = {a for o in origin_ids for a in ix.ancestors(o)} | origin_ids
     nonfinite = sorted(
@@ -442,6 +455,28 @@ def find(
         nodes=tuple(nonfinite),
     )
     return with_message(out)
+
+
+def cotangent_bad_before(ix: _Index, flags: Mapping[str, _Flags], c: str, reach: str) -> bool:
+    """Whether the cotangent of `c`, a reader of `reach`, was non-finite before `reach`'s
+    became so (backward time): then `c`'s backward only passed a NaN on. In a loop, a
+    reader NaN only at earlier iterations (a scan over layers carries the NaN back to
+    the layers before) was finite at the iteration where `reach`'s turned."""
+    f = flags.get(c)
+    if f is None or not f.bwd:
+        return False
+    return ix.key(c, f.bwd_iter) > ix.key(reach, flags[reach].bwd_iter)
+
+
+def _known(iteration: Sequence[float], loops: Sequence[str]) -> tuple[int, ...]:
+    """The iterations known of the loops holding a node, the outermost first, up to the
+    first unknown one (a while loop that kept its last iteration only)."""
+    out: list[int] = []
+    for k in range(len(loops)):
+        if k >= len(iteration) or not math.isfinite(iteration[k]):
+            break
+        out.append(int(iteration[k]))
+    return tuple(out)
 
 
 def _grads_said(ix: _Index, bwd: Mapping[str, Any], upstream: set[str]) -> str:
@@ -693,7 +728,9 @@ def with_equations(
 
     fwd, bwd = o.forward, o.backward
     if fwd is not None and forward is not None:
+        loops = [ix.nodes[lp] for lp in ix.loops(forward.node)]
         msg = f"first made by {equation_name(stage(fwd), forward)}"
+        msg += at_iteration(loops, fwd.iteration)
         # kept: what follows the name (the NaN it led to, the loop's carry, what came
         # before it, a masked value, `IN_TANGENT`), from the first of them on
         tails = [fwd.message.find(m) for m in (LED_TO, LOOP_CARRIED, EARLIER, MASKED, IN_TANGENT)]
@@ -703,7 +740,9 @@ def with_equations(
         fwd = replace(fwd, equation=forward, message=msg)
     if bwd is not None and backward is not None:
         target = backward.reaching if bwd.reaching == bwd.node else bwd.reaching
-        reach = f", reaching {stage_name(ix.nodes[target])}" if target else ""
+        loops = [ix.nodes[lp] for lp in ix.loops(backward.reaching or target)] if target else []
+        at = at_iteration(loops, bwd.iteration)
+        reach = f", reaching {stage_name(ix.nodes[target])}{at}" if target else ""
         from_forward = bwd.message.startswith(FROM_FORWARD)
         msg = backward_sentence(equation_name(stage(bwd), backward), reach, from_forward)
         _, grads, said = bwd.message.partition(NONFINITE_GRADS)  # kept, as `EARLIER` is

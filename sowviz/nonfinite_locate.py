@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from ._global import host_value
-from .nonfinite import _inexact, find, node_flags, with_equations
+from .nonfinite import _Index, _inexact, cotangent_bad_before, find, node_flags, with_equations
 from .nonfinite_messages import masked_branch_hint, masked_derivative_hint, with_message
 from .nonfinite_record import Equation, NonFinite, Origins
 
@@ -231,10 +231,11 @@ def _culprit(ins: Any, traced: Any, reach: str) -> tuple[str, ...]:
     flags = node_flags(ins.probes)
     order = {n.id: n.order for n in ins.graph.nodes}
     g = ins.graph
+    ix = _Index(g)
     cands = [
         c
         for c in _Dataflow(traced).consumers(reach)
-        if not (c in flags and flags[c].bwd) and _inexact(g.node(c))
+        if not cotangent_bad_before(ix, flags, c, reach) and _inexact(g.node(c))
     ]
     return tuple(sorted(set(cands), key=order.__getitem__, reverse=True))
 

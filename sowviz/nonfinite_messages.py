@@ -57,6 +57,16 @@ OTHER_ORIGIN_GRADS = "; another origin made the non-finite gradient of "
 OTHER_ORIGIN_FIX = " (fix this one, then run again to find it)"
 
 
+def at_iteration(loops: Sequence[Any], iteration: Sequence[int]) -> str:
+    """ ", in iteration 3 of `scan(block)`": which pass of the loops holding a node (nested
+    loops: the outermost first) the origin is in, counted from 0 as the loop's stacked
+    values are (`params["w"][3]` for a scan over layers). "" outside loops."""
+    pairs = list(zip(iteration, loops, strict=False))
+    if not pairs:
+        return ""
+    return ", in iteration " + " and ".join(f"{i} of `{loop.label}`" for i, loop in pairs)
+
+
 def forward_message(
     n: Any,
     path: Sequence[str] = (),
@@ -66,6 +76,7 @@ def forward_message(
     unseen: bool = False,
     led_to: tuple[Any, frozenset[str]] | None = None,
     masked: tuple[Any, frozenset[str], Any] | None = None,
+    at: str = "",
 ) -> str:
     """Where the forward pass first holds NaN/Inf: node `n`, whose stage labels from the
     top level down are `path`. An input is named by its path (`parameters/block_1/
@@ -77,17 +88,18 @@ def forward_message(
     (`unseen`: some are unprobed equations); `led_to`: the node that made the NaN the
     results hold of the ±Inf `n` made (an overflow), and the kinds `n` held; `masked`:
     a node whose non-finite values (those kinds) were made before `n` and masked by a
-    reader (the third item, or None), so that they reach no result."""
+    reader (the third item, or None), so that they reach no result; `at`: in a loop, the
+    iteration (`at_iteration`)."""
     if n.kind == "input":
         return f"the input {stage_name(n, input_path(path) or None)} holds non-finite values"
     if before:
         names = ", ".join(stage_name(b) for b in before)
         msg = (
-            f"first seen at {stage_name(n)}; made there or by an unprobed equation before "
+            f"first seen at {stage_name(n)}{at}; made there or by an unprobed equation before "
             f"it ({names}): `locate_nonfinite()` names the equation"
         )
     else:
-        msg = f"first made by {stage_name(n)}"
+        msg = f"first made by {stage_name(n)}{at}"
     if led_to is not None:
         node, kinds = led_to
         msg += f"{LED_TO}{_held(kinds)}, which led to the NaN first made by {stage_name(node)}"
@@ -117,19 +129,24 @@ def input_path(path: Sequence[str]) -> str:
 
 
 def backward_message(
-    made: Any, reach: Any, others: Sequence[Any], from_forward: bool = False
+    made: Any, reach: Any, others: Sequence[Any], from_forward: bool = False, at: str = ""
 ) -> str:
     """`made`: the consumer whose backward rule made the NaN (None: unknown); `reach`: the
     node whose cotangent it made non-finite; `others`: the other candidates;
-    `from_forward`: `made` holds non-finite forward values."""
+    `from_forward`: `made` holds non-finite forward values; `at`: in a loop, the
+    iteration of `reach` (`at_iteration`)."""
     if made is None:
-        return f"the cotangent of {stage_name(reach)} is non-finite where the backward pass starts"
+        return (
+            f"the cotangent of {stage_name(reach)}{at} is non-finite where the backward pass starts"
+        )
     names = ", ".join(stage_name(c) for c in others)
     if from_forward:
         alt = f" (unless the backward of {names} made it)" if others else ""
-        return backward_sentence(stage_name(made), f", reaching {stage_name(reach)}{alt}", True)
+        return backward_sentence(stage_name(made), f", reaching {stage_name(reach)}{at}{alt}", True)
     alt = f" (or of {names})" if others else ""
-    return backward_sentence(f"{stage_name(made)}{alt}", f", reaching {stage_name(reach)}", False)
+    return backward_sentence(
+        f"{stage_name(made)}{alt}", f", reaching {stage_name(reach)}{at}", False
+    )
 
 
 def backward_sentence(name: str, reach: str, from_forward: bool) -> str:

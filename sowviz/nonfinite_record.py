@@ -43,11 +43,17 @@ class Origin:
     equation: Equation | None = None
     message: str = ""
     path: tuple[str, ...] = ()  # labels of the stages from the top level down to `node`
+    # In a loop (a scan over layers): the iteration, per loop holding the equation or
+    # stage the message names, the outermost first, counted from 0 as the loop's stacked
+    # values are indexed (forward: the first holding NaN/Inf; backward: the one whose
+    # cotangent it first made non-finite). () outside loops or where it is unknown.
+    iteration: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "node": self.node,
             "path": list(self.path),
+            "iteration": list(self.iteration),
             "reaching": self.reaching,
             "candidates": list(self.candidates),
             "equation": None if self.equation is None else self.equation.to_dict(),

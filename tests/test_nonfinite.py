@@ -91,7 +91,7 @@ def _eval(jaxpr, consts, args, found, skip, outer=((), None)):
                 skip["kinds"] = skip.get("kinds", set()) | kinds
             elif kinds - skip.get("kinds", set()):
                 loc = here[1]
-                found.append((name, None if loc is None else loc.line, loc, scopes))
+                found.append((name, None if loc is None else loc.line, loc, scopes, tuple(_AT)))
         for v, o in zip(eqn.outvars, outs, strict=True):
             env[v] = o
     return [read(v) for v in jaxpr.outvars]
@@ -106,7 +106,9 @@ def _scan(eqn, ins, found, skip, here):
     ys = []
     order = range(length - 1, -1, -1) if p.get("reverse") else range(length)
     for i in order:
+        _AT.append(i)  # (the index of the slice it reads, as its stacked values are)
         outs = _eval(body, consts, [*c, *carry, *[x[i] for x in xs]], found, skip, here)
+        _AT.pop()
         carry, y = outs[:ncarry], outs[ncarry:]
         ys.append(y)
     if p.get("reverse"):
@@ -121,9 +123,17 @@ def _while(eqn, ins, found, skip, here):
     body, bc = _sub(eqn, "body_jaxpr")
     nc, nb = p["cond_nconsts"], p["body_nconsts"]
     cconsts, bconsts, carry = ins[:nc], ins[nc : nc + nb], ins[nc + nb :]
+    i = 0
     while bool(_eval(cond, cc, [*cconsts, *carry], [], skip, here)[0]):
+        _AT.append(i)
         carry = _eval(body, bc, [*bconsts, *carry], found, skip, here)
+        _AT.pop()
+        i += 1
     return carry
+
+
+#: The iterations of the loops `_eval` is in, the outermost first.
+_AT: list[int] = []
 
 
 def oracle(f, *args, grad=False, skip=(), scopes=False):
@@ -137,7 +147,16 @@ def oracle(f, *args, grad=False, skip=(), scopes=False):
     _eval(closed.jaxpr, list(closed.consts), list(args), found, dict.fromkeys(skip))
     if not found:
         return None
-    return found[0] if scopes else found[0][:3]  # (..., the named scopes around it)
+    return found[0][:4] if scopes else found[0][:3]  # (..., the named scopes around it)
+
+
+def oracle_iteration(f, *args) -> tuple[int, ...]:
+    """The iterations, per loop holding it (the outermost first), at which the first
+    equation with a non-finite output made it."""
+    closed = jax.make_jaxpr(f)(*args)
+    found: list = []
+    _eval(closed.jaxpr, list(closed.consts), list(args), found, {})
+    return found[0][4]
 
 
 # ---------------------------------------------------------------------------
@@ -1126,7 +1145,7 @@ def test_in_a_loop_the_origin_is_the_first_iteration_holding_nan_not_the_first_r
     assert "unless" not in o.forward.message  # the iterations decided it
 
 
-@pytest.mark.parametrize("f", [f_while_carry, f_scan_carry])
+@pytest.mark.parametrize("f", [f_while_carry])
 def test_the_stage_level_origin_in_a_loop_names_what_follows_it_in_the_body(f):
     # before locating, `_damp` is the first stage seen holding NaN (`sqrt` is an
     # unprobed equation after it in the body): it may only have read the carry
@@ -1230,3 +1249,80 @@ def test_a_nan_that_a_where_masked_is_not_the_origin_of_the_one_that_reaches_the
     check(str(err.value))
     eq = mon.nonfinite.origins.forward.equation
     assert (eq.primitive, eq.source.line) == (prim, line)
+
+
+def _layer(x, w):
+    return x + 0.1 * jnp.log(x @ w)  # NaN where `x @ w` < 0: only the layer whose w is
+
+
+def f_scan_layers(ws, x):
+    x, _ = lax.scan(lambda x, w: (_layer(x, w), None), x, ws)  # a scan over stacked layers
+    return jnp.mean(x**2)
+
+
+def _layers(bad: int):
+    w = jnp.abs(jax.random.normal(jax.random.key(0), (6, 4, 4))) * 0.1
+    return w.at[bad].set(-w[bad]), jnp.abs(jax.random.normal(jax.random.key(1), (3, 4))) + 0.5
+
+
+@pytest.mark.parametrize("bad", [0, 3])
+def test_in_a_scan_over_layers_the_message_says_which_layer(bad):
+    ws, x = _layers(bad)
+    assert oracle_iteration(f_scan_layers, ws, x) == (bad,)
+    # before locating: the scan's body is your `_layer`, whose equations carry data
+    # per layer as a function of yours does
+    ins = sowviz.inspect(f_scan_layers, ws, x)
+    fwd = ins.nonfinite.forward
+    line = _layer.__code__.co_firstlineno + 1
+    want = f"first made by `log` (tests/test_nonfinite.py:{line}), in iteration {bad} of `scan("
+    assert fwd.message.startswith(want), fwd.message
+    assert fwd.iteration == (bad,)
+    o = ins.locate_nonfinite()
+    assert o.forward.equation.primitive == "log"
+    assert o.forward.iteration == (bad,), o.forward.message
+    assert f"in iteration {bad} of `scan(" in o.forward.message, o.forward.message
+    assert ins.to_dict()["nonfinite"]["forward"]["iteration"] == [bad]
+
+
+def test_a_scans_stage_level_origin_is_the_first_iteration_holding_nan():
+    # a scan keeps every iteration: with the body's equations probed (it is your
+    # function), `sqrt` is named before locating, not `_damp`, which only read the carry
+    x0 = jnp.array([2.0, 3.0])
+    msg = sowviz.inspect(f_scan_carry, x0, mode="primal").nonfinite.forward.message
+    line = _damp_then_sqrt.__code__.co_firstlineno + 2
+    want = f"first made by `sqrt` (tests/test_nonfinite.py:{line}), in iteration "
+    assert msg.startswith(want + f"{oracle_iteration(f_scan_carry, x0)[0]} of `scan("), msg
+    assert "unless" not in msg
+
+
+@pytest.mark.parametrize("f", [f_while_carry, f_scan_carry, f_nested_while])
+def test_in_a_loop_the_located_origin_says_which_iteration(f):
+    x0 = jnp.array([2.0, 3.0]) if f is not f_nested_while else jnp.array([4.0, 9.0])
+    want = oracle_iteration(f, x0)
+    o = locate(f, (x0,), _opts(mode="primal"))
+    assert o.forward.iteration == want, o.forward.message
+    assert ", in iteration " + " and ".join(f"{i} of `" for i in want) in o.forward.message or (
+        len(want) == 2 and f"in iteration {want[0]} of `" in o.forward.message
+    ), o.forward.message
+
+
+def f_sqrt_layers(ws, x):
+    # sqrt's derivative at 0 is Inf: layer `bad`, whose weights are 0, makes the NaN
+    # gradient (the forward pass is finite)
+    def body(x, w):
+        return x + jnp.sqrt(x * w), None
+
+    return jnp.sum(lax.scan(body, x, ws)[0])
+
+
+def test_a_backward_origin_in_a_scan_over_layers_says_which_layer():
+    ws = jnp.ones((5, 3)).at[2].set(0.0)
+    x = jnp.array([1.0, 2.0, 3.0])
+    g = jax.grad(f_sqrt_layers)(ws, x)
+    assert np.isfinite(g[3:]).all() and not np.isfinite(g[2]).all()  # the bad layer's own
+    ins = sowviz.inspect(f_sqrt_layers, ws, x)
+    o = ins.locate_nonfinite()
+    bwd = o.backward
+    assert bwd.equation.primitive == "sqrt", bwd.message
+    assert bwd.iteration == (2,), bwd.message
+    assert "in iteration 2 of `scan(" in bwd.message, bwd.message

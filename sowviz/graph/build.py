@@ -358,6 +358,7 @@ class _Rec:
         "shapes",
         "source",
         "takes",
+        "user_body",
     )
 
     def __init__(self, order, kind, label, parent, source=None, shapes=(), primitive=None):
@@ -376,6 +377,7 @@ class _Rec:
         self.out_vars: dict[Any, tuple[int, int]] | None = None  # scopes: output var -> loc
         self.made = False  # a scope sowviz made: a fold (names.fold_names), a branch
         self.called = False  # a call of the user's own function (`calls.group_calls`)
+        self.user_body = False  # a loop whose body is the user's code (`scan(layer)`)
         self.repeats = 0  # a group of identical blocks: how many (repeats.py)
         self.constant = False  # an equation reading only constants (see `_Builder.const`)
         self.reads: list[_Rec] = []  # the inputs its own equations read (parameters)
@@ -571,8 +573,9 @@ class _Builder(InputsMixin):
         unread_set = set(unread)
 
         @functools.cache
-        def scope_sizes() -> Counter[str]:  # each scope's equations, at this level
-            return Counter(n for names in level_names for n in set(names))
+        def scope_sizes() -> Counter[str | None]:  # each scope's equations, at this level
+            # (None: those in no scope, which the level's container holds itself)
+            return Counter(n for names in level_names for n in (set(names) or {None}))
 
         for i, eqn in enumerate(jaxpr.eqns):
             names = level_names[i]
@@ -654,9 +657,14 @@ class _Builder(InputsMixin):
                     # `jnp.concatenate`, a `jax.nn.sigmoid` between its layers (not a
                     # library's own work: Flax's `LayerNorm`, JAX's `logsumexp`; a
                     # `jax.named_scope` block is one stage, as a fold is)
+                    # (and a loop's body you wrote: `scan(layer)`'s `log`, per layer)
                     or (
                         capture_stages
-                        and (parent.called or parent.scope in frameworks.pushed())
+                        and (
+                            parent.called
+                            or parent.scope in frameworks.pushed()
+                            or (parent is container and container.user_body)
+                        )
                         and not body
                         and scope_sizes()[parent.scope] > 1  # else it is the stage
                         and not rec.constant  # (`jnp.zeros` of a carry: no data to see)
@@ -748,6 +756,8 @@ class _Builder(InputsMixin):
         primitive = name if spec.shows_primitive else None
         rec = self.new(spec.node_kind, label, parent.id, src, shapes, primitive=primitive)
         rec.constant = constant
+        if spec.construct in _LOOPS:
+            rec.user_body = not _compat.defined_in_library(eqn.params[_LOOPS[spec.construct]])
         if spec.construct is Construct.SOW:
             self.sows.setdefault(label, []).append(rec.id)
         n_before = len(self.points)
