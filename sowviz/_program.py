@@ -559,9 +559,15 @@ class Runner:
         if args is None or jax.device_count() == 1:
             return None
         _, concrete = split(args, "inspect")  # split once already: no error here
+        # (not one sharded over Explicit mesh axes, `jax.make_mesh`'s default: its
+        # gradient's type carries its sharding already, and `with_sharding_constraint`
+        # refuses Explicit axes)
         placed = [
             x.sharding
-            if isinstance(x, jax.Array) and x.committed and len(x.sharding.device_set) > 1
+            if isinstance(x, jax.Array)
+            and x.committed
+            and len(x.sharding.device_set) > 1
+            and _compat.explicit_sharding(x) is None
             else None
             for x in concrete
         ]

@@ -536,6 +536,37 @@ def test_inputs_keep_an_explicit_mesh_s_sharding_as_under_jax_jit():
             np.testing.assert_allclose(got[1], ty, rtol=1e-5)
 
 
+def test_a_parameter_sharded_over_explicit_mesh_axes_gets_its_gradient_placed_alike():
+    # `jax.make_mesh`'s default axes are Explicit: a gradient's type carries its
+    # sharding, and `with_sharding_constraint` (which places an Auto-sharded one)
+    # refuses it. Grad mode and the Monitor raised at every step.
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    if jax.device_count() < 8:
+        pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    place = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
+    w = place(jax.random.normal(jax.random.key(0), (8, 16)), P(None, "model"))
+    x = place(jax.random.normal(jax.random.key(1), (4, 8)), P("data", None))
+
+    def loss(w, x):
+        return jnp.mean(jnp.tanh(x @ w) ** 2)
+
+    value, grad = jax.jit(jax.value_and_grad(loss))(w, x)
+    got_value, got_grad = sowviz.inspect(loss, w, x).result
+    np.testing.assert_allclose(got_value, value, rtol=1e-5)
+    np.testing.assert_allclose(got_grad, grad, rtol=1e-5, atol=1e-7)
+    assert got_grad.sharding.is_equivalent_to(w.sharding, 2)
+    mon = sowviz.Monitor(loss, every=2)
+    for _ in range(3):
+        got_value, got_grad = mon.step(w, x)
+        np.testing.assert_allclose(got_value, value, rtol=1e-5)
+        np.testing.assert_allclose(got_grad, grad, rtol=1e-5, atol=1e-7)
+        assert got_grad.sharding.is_equivalent_to(w.sharding, 2)
+    mon.close()
+
+
 def _waves(w):
     with jax.named_scope("waves"):
         y = jnp.sin(w)
