@@ -190,8 +190,11 @@ def test_scan_and_cond_stages_in_the_graph():
     ins = sowviz.inspect(fn, jnp.ones(2))
     kinds = [n.kind for n in ins.graph.nodes]
     assert "scan" in kinds and "cond" in kinds
-    scan = next(p for p in ins.probes if ins.graph.node(p.node).kind == "scan")
-    assert scan.summaries["primal"]["count"] > 0 and "cotangent" in scan.summaries
+    scan = {p.leaf: p.summaries for p in ins.probes if ins.graph.node(p.node).kind == "scan"}
+    assert scan["[0]"]["primal"]["count"] == 2 and scan["[1]"]["primal"]["count"] == 6
+    # `ys` carries the gradient; the final carry `c` only decides the branch (`c[0] > 0`
+    # carries no tangent), so no cotangent was computed for it (none, not zeros)
+    assert "cotangent" in scan["[1]"] and "cotangent" not in scan["[0]"]
 
 
 def test_bad_arguments():
@@ -1162,3 +1165,43 @@ def test_a_tracing_error_names_the_user_s_function_and_arguments_as_jit_does():
     assert "unjittable at" in want and "params['w'] and x" in want
     assert _tracing_line(lambda: sowviz.inspect(unjittable, params, x)) == want
     assert _tracing_line(lambda: sowviz.Monitor(unjittable).step(params, x)) == want
+
+
+def _cast(tree):
+    return jax.tree.map(lambda a: a.astype(jnp.bfloat16), tree)
+
+
+def _mixed_precision_loss(w, x):
+    w, xc = _cast((w, x))  # jmp style: one stage, two outputs; only `w` is differentiated
+    return jnp.sum((xc @ w).astype(jnp.float32) ** 2)
+
+
+def test_a_stage_output_no_derivative_reaches_has_no_cotangent_not_zeros():
+    # `xc` is no function of `w`: grad's backward pass never computes its cotangent
+    # (dloss/dxc is far from zero). Its probe has none, as a stage of `x` alone has
+    # none; the output `w` gets its real cotangent.
+    w = jax.random.normal(jax.random.key(0), (4, 3))
+    x = jax.random.normal(jax.random.key(1), (5, 4))
+    ins = sowviz.inspect(_mixed_precision_loss, w, x)
+    by_leaf = {p.leaf: p.summaries for p in ins.probes if p.name == "_cast"}
+    assert set(by_leaf) == {"[0]", "[1]"}, by_leaf
+    assert "cotangent" not in by_leaf["[1]"], by_leaf["[1]"]["cotangent"]
+    wc = w.astype(jnp.bfloat16)
+    xc = x.astype(jnp.bfloat16)
+    want = jax.grad(lambda wc: jnp.sum((xc @ wc).astype(jnp.float32) ** 2))(wc)
+    got = by_leaf["[0]"]["cotangent"]
+    np.testing.assert_allclose(got["max"], float(want.max()), rtol=1e-2)
+    np.testing.assert_allclose(got["min"], float(want.min()), rtol=1e-2)
+    # in jvp mode its tangent is exactly zero (a tangent in `w` does not move it)
+    t = sowviz.inspect(_mixed_precision_loss, w, x, mode="jvp", argnums=0)
+    tan = {p.leaf: p.summaries for p in t.probes if p.name == "_cast"}["[1]"]["tangent"]
+    assert tan["min"] == tan["max"] == 0.0
+    # a user's own sow keeps the documented zeros
+    from sowviz import save_intermediates, sow
+
+    def tagged(w, x):
+        w, xc = sow(_cast((w, x)), "cast")
+        return jnp.sum((xc @ w).astype(jnp.float32) ** 2)
+
+    _, inter = save_intermediates(jax.grad(tagged))(w, x)
+    np.testing.assert_array_equal(inter["cast"]["cotangent"][1], jnp.zeros((5, 4), jnp.bfloat16))

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from .. import _compat
 from ..primitives import Construct, construct_of
-from .primitive import mode_key, sow_p
+from .primitive import RESERVED_TAG_PREFIX, mode_key, sow_p
 from .record import Recorder, Site
 
 # rule(eqn, invals, recorder, **eqn.params) -> the equation's outputs
@@ -92,8 +92,13 @@ def captured(eqn, invals: list) -> tuple[Site, list]:
     if not zeros:
         return site, invals
     by_leaf = dict(zip(site.leaves, invals, strict=True))
-    for leaf, shape, dtype in zeros:
-        by_leaf[leaf] = jnp.zeros(shape, dtype)
+    # sowviz's own probes: a cotangent never computed (no derivative reached the value:
+    # `cast((w, x))` differentiated in `w` only) is none, as a stage holding only such
+    # values has none, not a gradient of zeros
+    own = "cotangent" in site.mode.split(".") and str(site.tag).startswith(RESERVED_TAG_PREFIX)
+    for leaf, shape, dtype, untangent in zeros:
+        if not (own and untangent):
+            by_leaf[leaf] = jnp.zeros(shape, dtype)
     order = tuple(sorted(by_leaf))
     return replace(site, leaves=order), [by_leaf[i] for i in order]
 

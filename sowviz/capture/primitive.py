@@ -12,7 +12,12 @@ Symbolic zeros pass through untouched: JVP and transpose bind only the leaves
 whose tangent / cotangent is a real array, return JAX's symbolic `Zero` for the
 others (so a `custom_vjp(..., symbolic_zeros=True)` or a Tesseract downstream
 still sees a symbolic zero), and list those leaves in the `zeros` parameter as
-`(leaf, shape, dtype)`; the capture fills them with zeros for the user. Under
+`(leaf, shape, dtype, untangent)`; the capture fills them with zeros for the user.
+`untangent` marks a leaf whose *tangent* was the symbolic zero: no tangent reached the
+value (it is no function of what is differentiated, or `inspect` probed it through
+a `stop_gradient`, its every use carrying none: `_liveness`), so its cotangent was
+never computed. The zeros filled in for it are no gradient: sowviz's own stage
+probes leave it out, as they do for a stage all of whose values are such. Under
 `vmap` the batching rule adds the batch axis to those shapes.
 
 `mode_key` renders roles as the capture key users see: trailing ``P`` dropped,
@@ -52,10 +57,11 @@ def _abstract_eval(*avals: Any, **_: Any):
     return avals, ({_compat.capture_effect} if _compat.capturing.value else set())
 
 
-ZeroLeaf = tuple[int, tuple[int, ...], Any]  # (leaf index, shape, dtype) of a symbolic zero
+#: (leaf index, shape, dtype, untangent) of a symbolic zero (see the module docstring)
+ZeroLeaf = tuple[int, tuple[int, ...], Any, bool]
 
 
-def _split_zeros(xs, leaves) -> tuple[list[int], tuple[ZeroLeaf, ...]]:
+def _split_zeros(xs, leaves, untangent: bool = False) -> tuple[list[int], tuple[ZeroLeaf, ...]]:
     """Positions of the real arrays in `xs`, and the symbolic zeros as ZeroLeafs.
 
     Integer and bool leaves have float0 tangents: nothing to observe there, so
@@ -70,7 +76,7 @@ def _split_zeros(xs, leaves) -> tuple[list[int], tuple[ZeroLeaf, ...]]:
         if aval is None:
             keep.append(i)
         else:
-            zeros.append((leaves[i], tuple(aval.shape), dtype))
+            zeros.append((leaves[i], tuple(aval.shape), dtype, untangent))
     return keep, tuple(zeros)
 
 
@@ -90,7 +96,7 @@ def _bind_part(xs, keep, leaves, zeros, **params) -> list:
 
 def _jvp(primals, tangents, *, mode, leaves, zeros, **params):
     outs = sow_p.bind(*primals, mode=(*mode, "P"), leaves=leaves, zeros=zeros, **params)
-    keep, new_zeros = _split_zeros(tangents, leaves)
+    keep, new_zeros = _split_zeros(tangents, leaves, untangent=True)
     if not keep:
         # No leaf is perturbed: JAX itself skips the JVP of such values, so no
         # tangent is recorded (as for a sow of `lax.stop_gradient(x)`).
@@ -128,7 +134,7 @@ def _batch(args, dims, *, zeros, **params):
     sizes = {a.shape[d] for a, d in zip(args, dims, strict=True) if d is not _compat.not_mapped}
     if sizes:  # the zeros are batched like the arrays they stand beside
         (size,) = sizes
-        zeros = tuple((i, (size, *shape), dtype) for i, shape, dtype in zeros)
+        zeros = tuple((i, (size, *shape), dtype, u) for i, shape, dtype, u in zeros)
     return sow_p.bind(*moved, zeros=zeros, **params), out_dims
 
 
