@@ -4,7 +4,7 @@ The rewrite is jaxpr surgery, not re-tracing: after the equation `at` of the
 jaxpr a `ProbePoint.path` leads to, one `sow` equation takes the point's values
 and gives fresh variables that every later use reads instead (so the cotangent a
 probe sees is the whole cotangent flowing back into the values from after the
-point). Enclosing equations keep their params except for the rewritten
+point; a user's `sow` is read on likewise). Enclosing equations keep their params except for the rewritten
 sub-jaxpr and gain the capture effect. Names, name stacks and source info of
 every existing equation are untouched; a `sow` carries the source info of the
 equation it follows. A `sow` is an identity, so no aval changes anywhere.
@@ -133,9 +133,17 @@ def _rewrite(
             else:
                 eqn = _rewrite_eqn(eqn, below[i], depth, tag, detached)
         new_eqns.append(eqn)
+        if eqn.primitive is _sow.sow_p:
+            # A sow whose value the program reads on unsown (Flax NNX's `self.sow(...,
+            # h)` stores the sown copy; the module computes on with `h`): later reads
+            # read the sown value, so its cotangent is the whole one flowing into `h`,
+            # not the zero of a stored copy. (`sow` is an identity.)
+            for v, out in zip(eqns[i].invars, eqn.outvars, strict=True):
+                if isinstance(v, _compat.Var):
+                    subst[v] = out
         for p in here.get(i, ()):
             new_eqns += _sow_eqns(p, jaxpr, i, read, subst, tag, eqn.source_info, live)
-    if not here and not below:
+    if not here and not below and not subst:
         return jaxpr
     return _compat.replace_jaxpr(
         jaxpr,

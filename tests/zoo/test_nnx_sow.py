@@ -74,5 +74,8 @@ def test_nnx_sow_and_perturb_are_drawn_with_their_values_and_gradients():
         assert np.linalg.norm(g) > 0
         np.testing.assert_allclose(act["cotangent"]["l2"], np.linalg.norm(g), rtol=STAT_RTOL)
         np.testing.assert_allclose(act["cotangent"]["mean"], g.mean(), rtol=1e-4, atol=1e-7)
+        # `pre_act` is the same `h` (NNX stores its sown copy; the module computes on
+        # with `h`): its gradient is d loss / d h too, not the zero of the stored copy
+        np.testing.assert_allclose(pre["cotangent"]["l2"], np.linalg.norm(g), rtol=STAT_RTOL)
     # inspect only looks: nothing was added to the model
     assert not nnx.state(model, nnx.Intermediate) and not nnx.state(model, nnx.Perturbation)
