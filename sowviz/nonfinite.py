@@ -671,13 +671,33 @@ class _Reach:
         bad = n in self.flags and self.flags[n].fwd
         return not bad and (n in self.probed or not _inexact(self.ix.nodes[n]))
 
+    def bad_for(self, t: str, n: str) -> bool:
+        """Whether reader `t` may hold non-finite values made of `n`'s: not known finite
+        and, in a loop holding both, non-finite at the first iteration `n` is (later,
+        what else the loop carries may have made its NaN: a `tanh` that saturated an
+        overflow inside `gelu` at iteration 1 is finite there, NaN from iteration 2)."""
+        if self.finite(t):
+            return False
+        f, g = self.flags.get(t), self.flags.get(n)
+        if f is None or not f.fwd or g is None:
+            return True  # (unprobed: it may)
+        shared = 0
+        for a, b in zip(self.ix.loops(t), self.ix.loops(n), strict=False):
+            if a != b:
+                break
+            shared += 1
+        ti, ni = f.fwd_iter[:shared], g.fwd_iter[:shared]
+        if len(ti) < shared or len(ni) < shared or not all(map(math.isfinite, ti + ni)):
+            return True  # an iteration unknown: it may
+        return ti <= ni
+
     def __call__(self, n: str) -> bool:
         if n in self.memo:
             return self.memo[n]
         self.memo[n] = True  # a cycle (a loop's carry): it may
         ix = self.ix
         targets = ix.out.get(n, [])
-        out = n in ix.outputs or any(not self.finite(t) and self(t) for t in targets)
+        out = n in ix.outputs or any(self.bad_for(t, n) and self(t) for t in targets)
         parent = ix.nodes[n].parent
         if not out and parent is not None and parent != ix.graph.root:
             explained = targets and any(c != n for c in self.explaining(parent))

@@ -1326,3 +1326,31 @@ def test_a_backward_origin_in_a_scan_over_layers_says_which_layer():
     assert bwd.equation.primitive == "sqrt", bwd.message
     assert bwd.iteration == (2,), bwd.message
     assert "in iteration 2 of `scan(" in bwd.message, bwd.message
+
+
+def _normed_gelu_layer(h, w):
+    mu = jnp.mean(h)
+    var = jnp.mean(h * h) - mu * mu  # at iteration 2, h ~ 1e37: h * h = +Inf, then Inf - Inf
+    h = (h - mu) / jnp.sqrt(var + 1e-5)
+    return jax.nn.gelu(h * w), None  # at iteration 1: (h * w) ** 3 = +Inf, tanh saturates it
+
+
+def f_scan_masked_then_overflow(ws, x):
+    return jnp.sum(lax.scan(_normed_gelu_layer, x, ws)[0])
+
+
+def test_in_a_scan_an_overflow_masked_at_its_iteration_is_not_the_origin():
+    # gelu's cube overflows at iteration 1 and `tanh` masks it (the carry stays finite);
+    # at iteration 2 that tanh holds NaN too, made of the NaN `var` made: judged at the
+    # cube's own iteration, its reader was finite
+    ws, x = jnp.array([1.0, 1e37, 1.0]), jnp.array([1.0, 2.0, 3.0, 4.0])
+    h = x
+    for i in range(2):
+        h, _ = _normed_gelu_layer(h, ws[i])
+        assert jnp.isfinite(h).all()  # no NaN/Inf leaves iterations 0 and 1
+    assert oracle(f_scan_masked_then_overflow, ws, x)[0] == "integer_pow"  # the masked one
+    o = sowviz.inspect(f_scan_masked_then_overflow, ws, x).locate_nonfinite()
+    line = _normed_gelu_layer.__code__.co_firstlineno + 2
+    assert o.forward.equation.primitive == "mul", o.forward.message
+    assert o.forward.equation.source.line == line and o.forward.iteration == (2,)
+    assert "`integer_pow`" in o.forward.message and "was masked" in o.forward.message
