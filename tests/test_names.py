@@ -288,3 +288,30 @@ def test_a_small_function_s_short_library_call_is_one_box_named_by_it():
     g = graph_of(lambda w, h, gid: jnp.sum(_pool(w, h, gid)), jnp.eye(4), h, gid)
     assert children(g, "_pool") == ["segment_sum", "_dense"]
     assert children(g, "segment_sum") == ["broadcast_in_dim", "broadcast_in_dim", "scatter-add"]
+
+
+def _qkv(p, x):
+    q = jnp.einsum("btd,dnh->btnh", x, p["wq"])
+    k = jnp.einsum("btd,dnh->btnh", x, p["wk"])
+    v = jnp.einsum("btd,dnh->btnh", x, p["wv"])
+    return jnp.einsum("btnh,btnh->bt", q * k, v)
+
+
+def _qkv_loss(p, x):
+    return jnp.mean(_qkv(p, x) ** 2)
+
+
+def test_einsums_alike_on_their_own_lines_are_a_box_each_named_by_their_line():
+    # `jnp.einsum` pushes a scope named by its subscripts: three calls in a row pushed
+    # one name, drawn as one box holding q, k and v
+    ks = jax.random.split(jax.random.key(0), 4)
+    p = {n: jax.random.normal(k, (8, 2, 4)) for n, k in zip(("wq", "wk", "wv"), ks, strict=False)}
+    x = jax.random.normal(ks[3], (2, 3, 8))
+    ins = sowviz.inspect(_qkv_loss, p, x)
+    (fn,) = (n.id for n in ins.graph.nodes if n.label == "_qkv")
+    labels = [n.label for n in ins.graph.nodes if n.parent == fn]
+    assert labels == ["q", "k", "v", "mul", "btnh,btnh->bt"], labels  # (one einsum: its subscripts)
+    for name in ("q", "k", "v"):
+        want = jnp.einsum("btd,dnh->btnh", x, p[f"w{name}"])
+        got = ins.probe(f"_qkv/{name}").summaries["primal"]
+        np.testing.assert_allclose(got["l2"], float(jnp.linalg.norm(want)), rtol=1e-5)

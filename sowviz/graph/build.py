@@ -31,16 +31,17 @@ from .names import (
     FOLD,
     _count_eqns,
     construct_label,
-    fold_label,
     fold_names,
     function_label,
     input_groups,
     is_floating,
     line_passes,
     output_groups,
+    scope_label,
     scope_names,
     shape_str,
     short_path,
+    split_einsum_calls,
 )
 from .saved import REUSED, leaf_names, saved_for_backward, saved_note, unread_constants
 from .source_text import returned_place
@@ -543,6 +544,7 @@ class _Builder(InputsMixin):
             stages=named_stage,
         )
         self.call_sites.update(call_sites)
+        scoped = split_einsum_calls(scoped, locs)
         layer_call = self.layer_calls(jaxpr, scoped, locs)
 
         def at_module_call(i: int) -> bool:
@@ -589,7 +591,7 @@ class _Builder(InputsMixin):
             for j in range(keep, len(names)):
                 name = names[j]
                 parent = scopes[-1][1] if scopes else container
-                label = fold_label(name)
+                label = scope_label(name, locs[i])
                 source = self.scope_source(eqn, names, j, parent)
                 rec = self.new("scope", label, parent.id, source=source)
                 rec.out_vars = {}

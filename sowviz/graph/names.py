@@ -673,7 +673,56 @@ def fold_label(name: str) -> str:
     for prefix in (FOLD, CALL):
         if name.startswith(prefix):
             return name[len(prefix) :].split("\x01", 1)[0]
-    return name
+    return name.split(_AGAIN, 1)[0]
+
+
+#: Marks a later `jnp.einsum` call's scope (`split_einsum_calls`): a name of its own
+_AGAIN = "\x05"
+
+
+def split_einsum_calls(scoped: Sequence[tuple[str, ...]], locs: Sequence[Any]) -> list:
+    """`scoped` with each `jnp.einsum` call's scope named apart. `q = jnp.einsum(s, x,
+    wq)`, then `k = ...` and `v = ...` with the same subscripts on the next lines push
+    one scope name thrice in a row: one run, drawn as one box with three outputs. A
+    change of your line (`locs`) within the run starts the next call's scope (labelled
+    alike: the siblings are numbered, `btd,dnh->btnh#2`)."""
+    out = list(scoped)
+    runs: dict[int, tuple[str, Any, tuple[str, ...], int]] = {}  # depth -> its run
+    first: dict[tuple[int, tuple[str, ...], str], list[int]] = {}  # a run's first call
+    for i, names in enumerate(scoped):
+        new: list[str] = []
+        for d, name in enumerate(names):
+            run = runs.get(d)
+            if run is not None and run[0] == name and run[2] == tuple(new):  # the scope goes on
+                k = run[3]
+                if _EINSUM.match(name) and run[1] != locs[i]:
+                    k += 1  # ... unless your line changed: another einsum call
+                    runs = {e: r for e, r in runs.items() if e < d}
+                    for j in first.pop((d, tuple(new), name), ()):  # (and the first's too)
+                        out[j] = (*out[j][:d], f"{name}{_AGAIN}1", *out[j][d + 1 :])
+                runs[d] = (name, locs[i], tuple(new), k)
+                if k == 1 and _EINSUM.match(name):
+                    first.setdefault((d, tuple(new), name), []).append(i)
+                new.append(name if k == 1 else f"{name}{_AGAIN}{k}")
+                continue
+            runs = {e: r for e, r in runs.items() if e < d}  # a new scope: deeper runs end
+            runs[d] = (name, locs[i], tuple(new), 1)
+            first = {key: v for key, v in first.items() if key[0] < d}
+            if _EINSUM.match(name):
+                first[d, tuple(new), name] = [i]
+            new.append(name)
+        runs = {e: r for e, r in runs.items() if e < len(names)}
+        out[i] = tuple(new)
+    return out
+
+
+def scope_label(name: str, loc: Any) -> str:
+    """A scope's label: `fold_label`'s, but an einsum call among several alike in a row
+    (`split_einsum_calls`) is named by what its line assigns (`q`, `k`, `v`), else its
+    subscripts, numbered."""
+    if _AGAIN in name and loc is not None and not name.startswith((FOLD, CALL)):
+        return assigned(loc.file, loc.line) or fold_label(name)
+    return fold_label(name)
 
 
 # ---------------------------------------------------------------------------
