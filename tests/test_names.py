@@ -315,3 +315,20 @@ def test_einsums_alike_on_their_own_lines_are_a_box_each_named_by_their_line():
         want = jnp.einsum("btd,dnh->btnh", x, p[f"w{name}"])
         got = ins.probe(f"_qkv/{name}").summaries["primal"]
         np.testing.assert_allclose(got["l2"], float(jnp.linalg.norm(want)), rtol=1e-5)
+
+
+def _unscale(grads):
+    grads = jax.tree.map(lambda g: g / 4.0, grads)  # one `div` per leaf, from a lambda
+    return sum(jnp.sum(g) for g in jax.tree.leaves(grads))
+
+
+def test_a_tree_map_line_at_a_small_level_is_one_box_named_by_what_it_assigns():
+    grads = {"a": jnp.arange(3.0), "b": jnp.ones((2, 2)), "c": jnp.full(4, 8.0)}
+    ins = sowviz.inspect(_unscale, grads, mode="primal")
+    top = [n for n in ins.graph.nodes if n.parent == ins.graph.root]
+    assert [n.label for n in top].count("div") == 0, [n.label for n in top]
+    (box,) = (n for n in top if n.label == "grads")
+    assert box.n_eqns == 3
+    got = {p.leaf: p.summaries["primal"]["mean"] for p in ins.probes if p.node == box.id}
+    want = sorted(float(jnp.mean(g / 4.0)) for g in grads.values())
+    np.testing.assert_allclose(sorted(got.values()), want, rtol=1e-6)

@@ -487,6 +487,15 @@ def fold_names(
         named = any(m < len(primitives) and primitives[m] == what for m in range(lo, hi + 1))
         return hi - lo + 1 >= SMALL_LEVEL_RUN and not named
 
+    def lambda_run(i: int) -> bool:
+        # at least 3 equations around `i` from its line, in no library call
+        lo = hi = i
+        while lo > 0 and locs[lo - 1] == locs[i] and not calls(lo - 1):
+            lo -= 1
+        while hi + 1 < len(out) and locs[hi + 1] == locs[i] and not calls(hi + 1):
+            hi += 1
+        return hi - lo + 1 >= 3 and not calls(i)
+
     def line_key(library: bool) -> Callable[[int], str | None]:
         # Runs inside one scope (or none) whose level is big, from one line: a user's
         # line, or (`library`) one a library's body traced without the user's frames.
@@ -498,7 +507,12 @@ def fold_names(
                 return None
             if direct.get(scope, 0) <= line_limit:
                 # A small level still folds one library call's run (`make_causal_mask`:
-                # seven integer equations beside the model's layers), nothing else.
+                # seven integer equations beside the model's layers), and a lambda's
+                # run on one line (`jax.tree.map(lambda g: g / S, grads)`: a `div` box
+                # per leaf), nothing else.
+                if not library and loc.function.endswith("<lambda>") and lambda_run(i):
+                    own = function_label(loc.function)[0]
+                    return f"{own}:{loc.line}\x02{'/'.join(scope)}"
                 what = calls(i)[:1]
                 if library or not what or (i < len(primitives) and what[0] == primitives[i]):
                     return None
