@@ -1189,7 +1189,7 @@ def test_per_iteration_charts_and_slider(page, tmp_path, keep):
     slider.evaluate("e => { e.value = '2'; e.dispatchEvent(new Event('input')); }")
     assert hist.evaluate("e => e.data[0].y") == want["hist_counts"][2]
     label = blocks.first.locator('[data-role="iteration-label"]').inner_text()
-    assert label == f"{index[2]} of 5"
+    assert label == f"{index[2]} of 0–5"  # the iteration and the range it is from
     assert page.errors == []
 
 
@@ -1526,3 +1526,138 @@ def test_a_long_probe_name_keeps_the_picker_inside_the_panel(page, tmp_path):
     panel = detail.bounding_box()
     assert picker["x"] + picker["width"] <= panel["x"] + panel["width"], (picker, panel)
     assert page.errors == []
+
+
+@pytest.mark.browser
+def test_the_iteration_slider_names_the_iteration_and_its_range(page, tmp_path):
+    # A 3-iteration lax.map's slider read "2 of 2" (two iterations, one too few) while
+    # the stacked-blocks slider read "3 of 0–3": both now say "i of first–last", in the
+    # numbers their charts' x axes use.
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import sowviz
+
+    def f(w, xs):
+        def body(x):
+            with jax.named_scope("act"):
+                return jnp.tanh(x @ w) * 2.0
+
+        return jnp.sum(jax.lax.map(body, xs) ** 2)
+
+    w = jax.random.normal(jax.random.PRNGKey(0), (4, 4))
+    xs = jax.random.normal(jax.random.PRNGKey(1), (3, 5, 4))
+    ins = sowviz.inspect(f, w, xs)
+    pg = page.open_report(ins.save_html(tmp_path / "map.html"))
+    pg.locator('[data-role="search"]').fill("act")
+    pg.locator('[data-role="search"]').press("Enter")  # reveals and selects the stage
+    block = pg.locator('[data-role="per-iteration"][data-mode="primal"]')
+    lines = block.locator('[data-iter="lines"]')
+    lines.locator(".main-svg").first.wait_for()
+    # each iteration's value by NumPy: three of them, numbered 0, 1, 2 on the chart
+    ys = [2.0 * np.tanh(np.asarray(x, np.float64) @ np.asarray(w, np.float64)) for x in xs]
+    assert block.locator(".sv-chart-title").inner_text() == "primal: per iteration (3)"
+    assert lines.evaluate("e => Array.from(e.data[0].x)") == [0, 1, 2]
+    np.testing.assert_allclose(
+        lines.evaluate("e => e.data[0].y"), [np.linalg.norm(y) for y in ys], rtol=1e-5
+    )
+    label = block.locator('[data-role="iteration-label"]')
+    assert label.inner_text() == "2 of 0–2"  # the last of the three
+    slider = block.locator('[data-role="iteration"]')
+    slider.evaluate("e => { e.value = '0'; e.dispatchEvent(new Event('input')); }")
+    assert label.inner_text() == "0 of 0–2"
+    assert sum(block.locator('[data-iter="hist"]').evaluate("e => e.data[0].y")) == ys[0].size
+    assert page.errors == []
+
+
+@pytest.mark.browser
+def test_fill_values_never_set_the_colour_scale(page, tmp_path):
+    # Masked attention logits, jnp.where(mask, s, finfo.min), have an l2 at float32's
+    # max: the legend ran from 0.02 to 3.403e+38 and every other stage took one colour
+    # (the percentile cut missed them when they were more than 2% of the stages).
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import sowviz
+
+    def attend(q, k):
+        with jax.named_scope("scores"):
+            s = q @ k.T
+        with jax.named_scope("masked"):
+            s = jnp.where(jnp.tril(jnp.ones(s.shape, bool)), s, jnp.finfo(s.dtype).min)
+        with jax.named_scope("probs"):
+            p = jax.nn.softmax(s, axis=-1)
+        with jax.named_scope("scaled"):
+            return 100.0 * (p @ k)
+
+    q = jax.random.normal(jax.random.PRNGKey(0), (6, 4))
+    k = jax.random.normal(jax.random.PRNGKey(1), (6, 4))
+    ins = sowviz.inspect(attend, q, k, mode="primal")
+    pg = page.open_report(ins.save_html(tmp_path / "masked.html"))
+    pg.locator(".sv-legend-tick").first.wait_for()
+    # the largest l2 that is no fill value: the scaled output's, by NumPy
+    qn, kn = np.asarray(q, np.float64), np.asarray(k, np.float64)
+    s = np.where(np.tril(np.ones((6, 6), bool)), qn @ kn.T, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    top = np.linalg.norm(100.0 * (p @ kn))
+    hi = pg.locator(".sv-legend-tick").nth(1).inner_text()
+    assert hi.startswith("≥ ")  # the masked stage lies past the top, in its colour
+    assert float(hi[2:]) == pytest.approx(top, rel=1e-3)
+
+    def chip(label):
+        nid = next(n.id for n in ins.graph.nodes if n.label == label)
+        return pg.locator(f'[data-node-id="{nid}"] > .sv-chip').get_attribute("fill")
+
+    assert chip("masked") == chip("scaled") == "#fde725"  # viridis's top
+    assert len({chip("scores"), chip("probs"), chip("scaled")}) == 3  # spread, not one colour
+    assert page.errors == []
+
+
+@pytest.mark.browser
+def test_a_monitor_s_nan_flags_stay_on_the_step_that_had_the_nan(page, tmp_path):
+    # The latest step (7) is finite, the NaN was at step 3: its "NaN/Inf starts here"
+    # flags marked the boxes of step 7. They belong to step 3; step 7 shows the banner
+    # naming step 3 and the way to it.
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import sowviz
+
+    def loss(w, x):
+        with jax.named_scope("layer"):
+            h = jnp.log(x @ w)
+        return jnp.mean(h**2)
+
+    mon = sowviz.Monitor(loss, every=1)
+    w = jnp.full((3, 2), 0.5)
+    xs = [jnp.full((4, 3), -1.0 if step == 3 else 1.0 + step) for step in range(8)]
+    for x in xs:
+        mon.step(w, x)
+    mon.flush()
+    # which steps hold NaN, by NumPy: log of a negative x @ w at step 3 only
+    with np.errstate(invalid="ignore"):
+        finite = [bool(np.isfinite(np.log(np.asarray(x) @ np.asarray(w))).all()) for x in xs]
+    assert [s for s, ok in enumerate(finite) if not ok] == [3] and mon.nonfinite.step == 3
+    pg = page.open_report(mon.save_html(tmp_path / "monitor.html"))
+    layer = pg.locator(".sv-node", has_text="layer").first
+    flags = pg.locator(".sv-origin-flag")
+    banner = pg.locator('[data-role="nonfinite-banner"]')
+    assert pg.locator('[data-role="step"]').inner_text().split() == ["step", "7", "(latest)"]
+    assert layer.get_attribute("data-nonfinite") is None  # step 7 is finite
+    assert flags.count() == 0
+    assert pg.locator("[data-nonfinite-origin], [data-nonfinite-role]").count() == 0
+    assert banner.locator("strong").inner_text() == "NaN/Inf detected at step 3."
+    assert pg.locator('[data-role="show-step"]').inner_text() == "show step 3"
+
+    pg.locator('[data-role="show-step"]').click()  # the step that had the NaN: flagged
+    assert pg.locator('[data-role="step-shown"]').inner_text() == "step 3"
+    assert layer.get_attribute("data-nonfinite") == "true"
+    assert "forward" in (layer.get_attribute("data-nonfinite-origin") or "")
+    assert flags.count() >= 1
+    pg.locator('[data-role="step-latest"]').click()
+    assert flags.count() == 0
+    assert page.errors == [] and page.requests == []

@@ -336,7 +336,7 @@ def test_per_iteration_charts_of_a_real_loop(page, tmp_path):
     np.testing.assert_allclose(
         lines.evaluate("e => e.data[0].y"), [np.linalg.norm(v) for v in us], rtol=1e-5
     )
-    assert block.locator('[data-role="iteration-label"]').inner_text() == "9 of 9"
+    assert block.locator('[data-role="iteration-label"]').inner_text() == "9 of 0–9"
     hist = block.locator('[data-iter="hist"]')
     assert sum(hist.evaluate("e => e.data[0].y")) == 8  # the last iteration's 8 values
     assert page.errors == []

@@ -7,7 +7,7 @@ import { indexModel, isExpandable, soleChain, STAGE_KINDS } from "./model.js";
 import { edgesByLevel, visibleRepresentative, pathToReveal } from "./levels.js";
 import { layoutView } from "./layout.js";
 import { computeFaces } from "./faces.js";
-import { nonfiniteRoles, originNodes, storedOrigins } from "./nonfinite.js";
+import { nonfiniteRoles, originNodes, originsOnStep, storedOrigins } from "./nonfinite.js";
 import { bannerParts } from "./banner.js";
 import { parentPath, searchNodes } from "./search.js";
 import { defaultStat, STATS, fmt, VIRIDIS_STOPS } from "./stats.js";
@@ -196,12 +196,14 @@ export class App {
     this.index = indexModel(withStep(this.model, this.store.history, this.viewStep));
     // Origins are computed once in Python and stored in the model: displayed, never recomputed.
     const stored = storedOrigins(this.model, this.store.history);
-    // A Monitor's step drawn from before the first non-finite one holds none of it: no
-    // "starts here" flags there (the banner still names the step and links to it).
-    const before = this.viewStep != null && stored?.step != null && this.viewStep < stored.step;
-    const shown = (o) => (before ? null : originNodes(o).reverse().find((id) => this.index.nodes.has(id)) ?? null);
+    // "starts here" flags only on the Monitor step that had the NaN (the banner names
+    // it and links to it from any other step)
+    const steps = this.store.history?.steps ?? [];
+    const drawn = this.viewStep ?? steps[steps.length - 1] ?? null;
+    const here = originsOnStep(stored?.step ?? null, drawn);
+    const shown = (o) => (here ? originNodes(o).reverse().find((id) => this.index.nodes.has(id)) ?? null : null);
     this.origins = { forward: shown(stored?.forward), backward: shown(stored?.backward), stored };
-    this.roles = before ? new Map() : nonfiniteRoles(stored, this.index);
+    this.roles = here ? nonfiniteRoles(stored, this.index) : new Map();
     this.searchCache = new Map();
   }
 

@@ -1,7 +1,7 @@
 // What each node face shows: the statistic, its colour, a sparkline and the flags.
 // Pure: computed from the index and the chosen statistic.
 
-import { nodeStat, logScale, fmt } from "./stats.js";
+import { nodeStat, nodeHoldsFill, logScale, fmt } from "./stats.js";
 import { nonfiniteText } from "./nonfinite.js";
 
 /** Counts of a histogram merged down to at most `n` bins. */
@@ -32,9 +32,15 @@ export function sparklinePath(counts, w, h) {
  * @returns {{faces: Map<string, {value: number|null, colour: string|null, text: string, short: string, bad: string, total: string, hist: number[]|null}>, scale: ReturnType<typeof logScale>}}
  */
 export function computeFaces(index, ids, { mode, stat }) {
+  // the statistics of stages holding fill values (finfo.max masks) are coloured, but
+  // never set the scale
   const all = [];
-  for (const [id, probes] of index.probesByNode) all.push(nodeStat(faceOutputs(probes, index.nodes.get(id)), mode, stat));
-  const scale = logScale(all);
+  const fills = [];
+  for (const [id, probes] of index.probesByNode) {
+    const shown = faceOutputs(probes, index.nodes.get(id));
+    (nodeHoldsFill(shown, mode) ? fills : all).push(nodeStat(shown, mode, stat));
+  }
+  const scale = logScale(all, fills);
   const faces = new Map();
   for (const id of ids) {
     const probes = index.probesByNode.get(id);

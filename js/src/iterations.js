@@ -3,7 +3,7 @@
 
 import { h } from "./dom.js";
 import { drawHistogram, drawLines, modeColour } from "./charts.js";
-import { iterationHist } from "./stats.js";
+import { iterationHist, rangeLabel } from "./stats.js";
 
 /**
  * A block for one capture key; returns {el, draw(colours, width), charts}.
@@ -30,7 +30,7 @@ export function iterationBlock(mode, s) {
   let last = null;
   const drawHist = () => {
     const i = Number(slider.value);
-    label.textContent = `${index[i]} of ${total - 1}`;
+    label.textContent = rangeLabel(index[i], 0, total - 1);
     if (last) drawHistogram(hist, iterationHist(s, i), { ...last, mode, scale: "linear", logY: false, height: 130, title: `${mode} at iteration ${index[i]}` });
   };
   slider.addEventListener("input", drawHist);

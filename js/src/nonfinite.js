@@ -82,6 +82,18 @@ export function originNodes(o) {
   return [o.node ?? o.reaching, o.equation?.node].filter((id) => id != null);
 }
 
+/**
+ * Whether the stored origins are of the values drawn. An Inspection's always are; a
+ * Monitor's belong to the step that had them (`storedStep`): on any other step drawn
+ * (`drawnStep`), earlier and finite, or later, finite after a skipped update or
+ * non-finite from other causes, "starts here" would mark boxes whose values started
+ * nothing. The banner still names the step and offers to show it.
+ * @param {number|null} storedStep @param {number|null} drawnStep
+ */
+export function originsOnStep(storedStep, drawnStep) {
+  return storedStep == null || drawnStep == null || drawnStep === storedStep;
+}
+
 const RANK = { producer: 3, propagator: 2, expected: 1 };
 
 /**

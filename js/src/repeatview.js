@@ -3,6 +3,7 @@
 import { h } from "./dom.js";
 import { drawHistogram, drawLines, modeColour } from "./charts.js";
 import { repeatStats } from "./repeats.js";
+import { rangeLabel } from "./stats.js";
 
 /**
  * The detail panel's block for a group; returns {el, charts, draw(colours, width)}.
@@ -38,7 +39,7 @@ export function repeatBlock(index, id, onReveal) {
   const drawHists = () => {
     const b = st.blocks[Number(slider.value)];
     if (!b) return;
-    label.textContent = `${x[Number(slider.value)]} of ${x[0]}–${x[n - 1]}`;
+    label.textContent = rangeLabel(x[Number(slider.value)], x[0], x[n - 1]);
     show.textContent = `show ${b.label}`;
     if (!last_) return;
     for (const p of per) {

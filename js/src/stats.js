@@ -40,6 +40,38 @@ export function viridis(t) {
 
 export const VIRIDIS_STOPS = VIRIDIS;
 
+// The largest finite magnitude of each floating dtype (complex: of its parts), as
+// `jnp.finfo(dtype).max` gives it.
+const FINITE_MAX = {
+  float16: 65504,
+  bfloat16: 3.3895313892515355e38,
+  float32: 3.4028234663852886e38,
+  float64: 1.7976931348623157e308,
+  complex64: 3.4028234663852886e38,
+  complex128: 1.7976931348623157e308,
+};
+
+/**
+ * Whether a summary's values reach its dtype's largest finite magnitude: a fill value
+ * (`jnp.where(mask, s, jnp.finfo(s.dtype).min)` masking attention logits), not a measure
+ * of anything. Its statistics (an l2 of 3.4e38) would stretch a colour scale over 38
+ * decades and paint every other stage one colour. (float8 types are left out: a
+ * saturating cast reaches their max in ordinary values.)
+ * @param {any} s a summary
+ */
+export function holdsFillValue(s) {
+  const top = FINITE_MAX[s?.dtype];
+  if (!top) return false;
+  const m = s.absmax ?? Math.max(Math.abs(s.min ?? 0), Math.abs(s.max ?? 0));
+  // a few ulps of slack: the JSON may carry the float32 max rounded to fewer digits
+  return typeof m === "number" && m >= top * (1 - 1e-6);
+}
+
+/** Whether any of a node's probes holds a fill value in `mode` (see `holdsFillValue`). */
+export function nodeHoldsFill(probes, mode) {
+  return (probes ?? []).some((p) => holdsFillValue(p.summaries?.[mode]));
+}
+
 /** From this many values on, a colour scale cuts outliers past its `ROBUST_Q` quantiles. */
 export const ROBUST_MIN = 20;
 export const ROBUST_Q = 0.02;
@@ -50,16 +82,19 @@ export const ROBUST_Q = 0.02;
  * one outlier (an attention bias whose gradient is 1e-8) does not paint every other
  * node one colour; values past an end take its colour, and `clippedLo`/`clippedHi` say
  * whether an end was cut.
+ *
+ * `aside`: values that are coloured but never set the range (the statistics of fill
+ * values, `holdsFillValue`), however many there are: the percentile cut missed four
+ * masked-logit stages among 144, and the scale ran to 3.4e38. They set it only when
+ * nothing else does.
  * @param {Iterable<number|null>} values
+ * @param {Iterable<number|null>} [aside]
  * @returns {{lo: number, hi: number, clippedLo: boolean, clippedHi: boolean, t: (v: number|null) => number|null, colour: (v: number|null) => string|null}}
  */
-export function logScale(values) {
-  const logs = [];
-  for (const v of values) {
-    if (v == null || !(v > 0) || !Number.isFinite(v)) continue;
-    logs.push(Math.log10(v));
-  }
-  logs.sort((a, b) => a - b);
+export function logScale(values, aside = []) {
+  const own = sortedLogs(values);
+  const others = sortedLogs(aside);
+  const logs = own.length ? own : others;
   const n = logs.length;
   let lo = n ? logs[0] : 0;
   let hi = n ? logs[n - 1] : 0;
@@ -70,8 +105,8 @@ export function logScale(values) {
     if (lo < qlo - 1) lo = qlo;
     if (hi > qhi + 1) hi = qhi;
   }
-  const clippedLo = n > 0 && logs[0] < lo;
-  const clippedHi = n > 0 && logs[n - 1] > hi;
+  const clippedLo = (n > 0 && logs[0] < lo) || (others.length > 0 && others[0] < lo);
+  const clippedHi = (n > 0 && logs[n - 1] > hi) || (others.length > 0 && others[others.length - 1] > hi);
   const span = hi - lo;
   const t = (v) => {
     if (v == null || !Number.isFinite(v)) return null;
@@ -79,6 +114,16 @@ export function logScale(values) {
     return span > 0 ? Math.min(1, Math.max(0, (Math.log10(v) - lo) / span)) : 1;
   };
   return { lo, hi, clippedLo, clippedHi, t, colour: (v) => { const x = t(v); return x == null ? null : viridis(x); } };
+}
+
+/** log10 of the positive finite values, ascending. @param {Iterable<number|null>} values */
+function sortedLogs(values) {
+  const logs = [];
+  for (const v of values) {
+    if (v == null || !(v > 0) || !Number.isFinite(v)) continue;
+    logs.push(Math.log10(v));
+  }
+  return logs.sort((a, b) => a - b);
 }
 
 /** Short, stable number formatting for tables and labels. */
@@ -91,6 +136,16 @@ export function fmt(x) {
   const a = Math.abs(x);
   if (a !== 0 && (a >= 1e5 || a < 1e-3)) return x.toExponential(3).replace(/\.?0+e/, "e");
   return String(Number(x.toPrecision(4)));
+}
+
+/**
+ * A slider's label: the value shown and the range it is taken from, in the numbers the
+ * charts' x axes use (iterations from 0, blocks by their own numbers): "2 of 0–2" for the
+ * last of 3 iterations. "2 of 2" read as two iterations, one too few.
+ * @param {number} at @param {number} first @param {number} last
+ */
+export function rangeLabel(at, first, last) {
+  return `${at} of ${first}–${last}`;
 }
 
 /** The iteration histogram as {edges, counts} over the pooled histogram's edges. */

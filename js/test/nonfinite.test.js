@@ -104,3 +104,12 @@ test("messages show names in backticks as code", () => {
   ]);
   assert.deepEqual(nf.messageParts(null), []);
 });
+
+test("a Monitor's origins are flagged on the step that had them only", () => {
+  assert.equal(nf.originsOnStep(null, null), true); // an Inspection
+  assert.equal(nf.originsOnStep(null, 19), true);
+  assert.equal(nf.originsOnStep(7, 7), true);
+  assert.equal(nf.originsOnStep(7, 5), false); // before the NaN
+  assert.equal(nf.originsOnStep(7, 19), false); // a later step: finite, or NaN for other reasons
+  assert.equal(nf.originsOnStep(7, null), true); // no recorded step to tell: as drawn
+});

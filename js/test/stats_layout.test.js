@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { fmt, logScale, nodeStat, defaultStat, viridis } from "../src/stats.js";
+import { fmt, logScale, nodeStat, defaultStat, viridis, holdsFillValue, rangeLabel } from "../src/stats.js";
 import { indexModel } from "../src/model.js";
 import { edgesByLevel } from "../src/levels.js";
 import { layoutView, openEnds, gridLevel, leafWidth, stageHead, stageHeadWidth, NODE_W, NODE_H, MAX_W, MAX_HEAD_W, GRID_THRESHOLD } from "../src/layout.js";
@@ -140,4 +140,34 @@ test("openEnds: an edge meets an open group on its top or bottom border, a close
   // closed boxes: unchanged
   const closed = { ...group, expanded: false };
   assert.deepEqual(openEnds(into, closed, closed), into);
+});
+
+test("fill values (a dtype's largest finite magnitude) never set a colour scale", () => {
+  // jnp.finfo(float32).min as the JSON carries it, and float16's
+  assert.equal(holdsFillValue({ dtype: "float32", absmax: 3.4028235e38 }), true);
+  assert.equal(holdsFillValue({ dtype: "float32", min: -3.4028234663852886e38, max: 2 }), true);
+  assert.equal(holdsFillValue({ dtype: "float16", absmax: 65504 }), true);
+  assert.equal(holdsFillValue({ dtype: "float16", absmax: 65472 }), false); // the next one down
+  assert.equal(holdsFillValue({ dtype: "float32", absmax: 65504 }), false);
+  assert.equal(holdsFillValue({ dtype: "float8_e4m3fn", absmax: 448 }), false); // saturating casts
+  assert.equal(holdsFillValue(undefined), false);
+  // four fill stages among 40: more than the 2% the percentile cut leaves out
+  const vals = Array.from({ length: 40 }, (_, i) => 2.8 + (14.8 * i) / 39);
+  const fills = [3.4e38, 3.4e38, 3.4e38, 3.4e38];
+  const mixed = logScale([...vals, ...fills]);
+  assert.ok(mixed.hi > 38); // what the legend showed
+  const s = logScale(vals, fills);
+  assert.ok(Math.abs(10 ** s.lo - 2.8) < 1e-9 && Math.abs(10 ** s.hi - 17.6) < 1e-9);
+  assert.equal(s.clippedHi, true); // "≥ 17.6": the fills lie past the top
+  assert.equal(s.t(3.4e38), 1);
+  assert.ok(s.t(7) > 0.3 && s.t(7) < 0.7);
+  // only fill values: they are all there is to scale
+  const only = logScale([], [1e38, 3.4e38]);
+  assert.deepEqual([only.clippedLo, only.clippedHi], [false, false]);
+  assert.ok(only.hi > 38);
+});
+
+test("a slider's label names its value and the range it is taken from", () => {
+  assert.equal(rangeLabel(2, 0, 2), "2 of 0–2"); // the last of 3 iterations
+  assert.equal(rangeLabel(10, 8, 12), "10 of 8–12"); // blocks by their own numbers
 });
