@@ -401,3 +401,39 @@ def test_group_without_captured_blocks_says_so(page, tmp_path):
     assert pg.locator('[data-role="repeats"] .js-plotly-plot').count() == 0
     assert pg.locator('[data-role="repeat-reveal"]').inner_text() == "show block_5"
     assert not page.errors
+
+
+def _loop_loss(w, x, targets):
+    total = 0.0
+    for t in range(x.shape[1]):
+        with jax.named_scope("Linear"):
+            logits = x[:, t] @ w
+        total = total + jnp.mean(  # one statement over two lines: one fold, `total`
+            (jax.nn.log_softmax(logits) * targets[:, t]).sum(-1)
+        )
+    return total / x.shape[1]
+
+
+def test_a_loop_adding_a_per_step_loss_is_one_stacked_node_with_its_folds():
+    # per pass: the slice of `x`, the model's call, and the line adding up the loss,
+    # written over two lines. It drew 6 × (slice, squeeze, Linear, total) at the top,
+    # the folds named `_loop_loss#k` (their lines differ) and never stacked.
+    x = jax.random.normal(jax.random.key(1), (2, 6, 4))
+    targets = jax.nn.one_hot(jnp.arange(12).reshape(2, 6) % 5, 5)
+    w = jax.random.normal(jax.random.key(0), (4, 5))
+    ins = sowviz.inspect(_loop_loss, w, x, targets)
+    top = [n for n in ins.graph.nodes if n.parent == ins.graph.root]
+    (grp,) = (n for n in top if n.repeats)
+    assert grp.repeats == 6 and grp.label == "Linear (×6)", [n.label for n in top]
+    kids = [n.label for n in ins.graph.nodes if n.parent == grp.id]
+    assert [k for k in kids if k.startswith("total")] == ["total"] + [
+        f"total#{i}" for i in range(2, 7)
+    ]
+    assert not [n for n in top if n.primitive in ("slice", "squeeze")]
+    # each pass's fold carries its own value: the running total after step t
+    run = 0.0
+    for t in range(6):
+        run = run + jnp.mean((jax.nn.log_softmax(x[:, t] @ w) * targets[:, t]).sum(-1))
+        label = "total" if t == 0 else f"total#{t + 1}"
+        got = ins.probe(f"Linear (×6)/{label}").summaries["primal"]["mean"]
+        np.testing.assert_allclose(got, float(run), rtol=1e-5)

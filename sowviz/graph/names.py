@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from .. import _compat
 from . import frameworks
-from .source_text import assigned
+from .source_text import assigned, statement_line
 
 _TOKEN = re.compile(r"\['((?:[^'\\]|\\.)*)'\]|\[(-?\d+)\]|\.([^.\[\]]+)|\[([^\]]*)\]")
 
@@ -527,7 +527,8 @@ def fold_names(
             if not library and at_module_call is not None and at_module_call(i):
                 return None  # the module's stage is that line's call: its calls say more
             again = f"\x04{passes[i]}" if i < len(passes) and passes[i] else ""
-            return f"{function_label(loc.function)[0]}:{loc.line}\x02{'/'.join(scope)}{again}"
+            line = statement_line(loc.file, loc.line)  # (a statement over two lines: one run)
+            return f"{function_label(loc.function)[0]}:{line}\x02{'/'.join(scope)}{again}"
 
         return key
 

@@ -159,12 +159,19 @@ def merge(builder: Any) -> list[Any]:
 
 def _separated(siblings: list, i: int, key: tuple, sig: dict, member: Any) -> tuple:
     """A run of alike blocks from ``siblings[i]`` with the same few equations between
-    each two (a Python loop's `x[:, t]` before each call of a layer): its blocks, those
+    each two (a Python loop's `x[:, t]` before each call of a layer; a fold of one line,
+    alike each time, counts as one): its blocks, those
     equations (with a like run of them just before the first block) and the index
     past the run. Fewer than two blocks when there is no such run."""
 
     def eqn(r: Any) -> tuple | None:
-        return (sig[r.id], r.label) if r.kind == "eqn" and not r.made else None
+        if r.kind == "eqn" and not r.made:
+            return (sig[r.id], r.label)
+        if r.kind == "scope" and r.made and not r.repeats:
+            # a fold of one line in every pass (`total = total + ce(...)` after each call;
+            # the first adds to `0.0`, one equation fewer)
+            return ("fold", pattern(r.label), r.source)
+        return None
 
     for period in range(2, MAX_SEPARATORS + 2):
         gap = [eqn(r) for r in siblings[i + 1 : i + period]]
@@ -180,13 +187,24 @@ def _separated(siblings: list, i: int, key: tuple, sig: dict, member: Any) -> tu
         if len(blocks) >= MIN_RUN:
             # the like equations around the run: before its first block (a loop slicing
             # before each call), else after its last (`logdet = logdet + ld` after each)
-            lead = siblings[i - period + 1 : i] if i >= period - 1 else []
-            trail = siblings[last + 1 : last + period]
-            if [eqn(r) for r in lead] == gap:
-                between = lead + between
-            elif [eqn(r) for r in trail] == gap:
-                between += trail
-                last += period - 1
+            # (or the part of a pass there: a loop's `x[:, t]` before its first call and
+            # the `total` fold after its last, with `total` between two calls; the two
+            # parts then make one gap)
+            led = 0
+            for n in range(period - 1, 0, -1):
+                lead = siblings[i - n : i] if i >= n else []
+                if lead and [eqn(r) for r in lead] == gap[-n:]:
+                    between, led = lead + between, n
+                    break
+            sizes = (
+                [] if led == period - 1 else [period - 1 - led] if led else range(period - 1, 0, -1)
+            )
+            for n in sizes:
+                trail = siblings[last + 1 : last + 1 + n]
+                if len(trail) == n and [eqn(r) for r in trail] == gap[:n]:
+                    between += trail
+                    last += n
+                    break
             return blocks, between, last + 1
     return [siblings[i]], [], i + 1
 

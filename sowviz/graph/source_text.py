@@ -55,6 +55,28 @@ def _targets(file: str, line: int, column: int | None = None) -> list[str] | Non
     return names
 
 
+def statement_line(file: str, line: int) -> int:
+    """The first line of the simple statement spanning `file:line` (`line` itself when
+    the source cannot be read or the line is a compound statement's header). The
+    equations of one statement written over two lines (`total = total + ce(\n logits,
+    t).mean()`) come from both: they are one line's run."""
+    lines = linecache.getlines(file)
+    key = (file, line)
+    hit = _statement_lines.get(key)
+    if hit is not None and hit[0] is lines:  # (linecache's list: new when the file changes)
+        return hit[1]
+    statements = _statements_at("".join(lines), line)
+    first = min((st.lineno for st in statements), default=line)
+    if len(_statement_lines) > 4096:
+        _statement_lines.clear()
+    _statement_lines[key] = (lines, first)
+    return first
+
+
+#: `statement_line`'s answers: a program's equations ask once per line, not once each
+_statement_lines: dict[tuple[str, int], tuple[list[str], int]] = {}
+
+
 def _shortened(names: list[str]) -> str | None:
     if not names:
         return None
