@@ -316,6 +316,7 @@ def _user_tangents(
     if len(tangents) != n_args:
         raise ValueError(f"{bad}; got {len(tangents)} tangent(s).")
     # None for a whole argument: no tangent for any of its leaves
+    left_out = tuple(k for k, t in enumerate(tangents) if t is None)
     trees = spec.treedef.children()
     tangents = tuple(
         jax.tree_util.tree_unflatten(tree, [None] * tree.num_leaves) if t is None else t
@@ -350,13 +351,50 @@ def _user_tangents(
                 "sowviz does not differentiate, as `nnx.grad` does not by default. Give "
                 "it zeros or None; to push a tangent through it, make it an `nnx.Param`."
             )
-        if t is None or jnp.shape(t) != jnp.shape(x):
+        if t is None:
+            raise ValueError(_none_tangent(where, layout, j, _paths_of(spec)[i], left_out))
+        if jnp.shape(t) != jnp.shape(x):
             raise ValueError(
                 f"{bad}; the tangent of leaf `args{_paths_of(spec)[i]}` has shape "
-                f"{None if t is None else jnp.shape(t)}, its argument {jnp.shape(x)}."
+                f"{jnp.shape(t)}, its argument {jnp.shape(x)}."
             )
         out.append(jnp.asarray(t, jnp.result_type(x)))
     return tuple(out)
+
+
+_NONE_ARGUMENT = (
+    'sowviz.{where}: `tangents[{k}]` is None, which means "do not differentiate '
+    'argument {k}", but {why}, so it needs a tangent (here for its leaf `args{path}`). '
+    "{fix}, or give argument {k} zeros shaped like it "
+    "(`jax.tree.map(jnp.zeros_like, <argument {k}>)`)."
+)
+_NONE_LEAF = (
+    "sowviz.{where}: the tangent of leaf `args{path}` is None, but argument {k} is "
+    "differentiated ({why}), so each of its floating leaves needs a tangent shaped like "
+    "it. Give that leaf zeros (`jnp.zeros_like`); None leaves out a whole argument only, "
+    "as `tangents[{k}] = None` with `argnums` naming the others."
+)
+
+
+def _none_tangent(where: str, layout: Layout, j: int, path: str, left_out: tuple) -> str:
+    """Why a None tangent for array input `j` is refused, and the fix: None for a
+    whole argument (`left_out`) stands for "not differentiated", which `argnums` says."""
+    k = layout.arg_of[j]
+    if layout.selected is None:
+        why = "`argnums` is not given: every argument is differentiated, as by `jax.jvp`"
+    else:
+        why = f"it is in `argnums` {layout.selected}"
+    if k not in left_out:
+        return _NONE_LEAF.format(where=where, path=path, k=k, why=why)
+    given = [a for a in range(layout.n_args) if a not in left_out]
+    if layout.selected is not None:
+        given = [a for a in layout.selected if a not in left_out]
+    if given:
+        nums = given[0] if len(given) == 1 else tuple(given)
+        fix = f"Pass `argnums={nums}` to differentiate only the arguments given tangents"
+    else:
+        fix = "Give a tangent to the arguments to differentiate and name them in `argnums`"
+    return _NONE_ARGUMENT.format(where=where, k=k, why=why, path=path, fix=fix)
 
 
 def _paths_of(spec: ArgSpec) -> list[str]:

@@ -34,7 +34,7 @@ from ._model import KEY_ORDER, SCHEMA, Mode
 from ._program import PROBE_TAG, Out, Traced, runner_for
 from ._runtime_errors import library_errors
 from .capture.api import META_KEYS, nest
-from .graph.model import StageGraph, part_of
+from .graph.model import Node, StageGraph, part_of
 from .options import Capture, InspectOptions
 from .summary import Summary
 from .summary_data import SummaryRow
@@ -330,12 +330,24 @@ class Inspection:
 
     def probe_path(self, probe: Probe) -> str:
         """Where `probe` sits: the labels of its enclosing stages and its own, joined by
-        "/" (`parameters/conv2/weight`, `CNN/conv2: Conv2d`)."""
-        labels, node = [], self.graph.node(probe.node)
+        "/" (`parameters/conv2/weight`, `CNN/conv2: Conv2d`). A label its siblings used
+        before gets the next index, as repeated stages have in the graph (`add`,
+        `add#2`: two residual additions of one module), so each path is one node's."""
+        labels = self._path_labels()
+        parts, node = [], self.graph.node(probe.node)
         while node is not None and node.id != self.graph.root:
-            labels.append(node.label)
+            parts.append(labels[node.id])
             node = self.graph.node(node.parent) if node.parent is not None else None
-        return "/".join(reversed(labels))
+        return "/".join(reversed(parts))
+
+    def _path_labels(self) -> dict[str, str]:
+        """`_sibling_labels` of this inspection's graph, made once per graph: `probe`
+        asks for the path of every probe (30,000 on a 10,000-equation program)."""
+        cached = self.__dict__.get("_path_labels_of")
+        if cached is None or cached[0] is not self.graph:
+            cached = (self.graph, _sibling_labels(self.graph.nodes))
+            self.__dict__["_path_labels_of"] = cached
+        return cached[1]
 
     def probe(self, name: str, leaf: str = "") -> Probe:
         """The probe called `name` (a sow name, a stage label, a parameter's name) with
@@ -345,7 +357,8 @@ class Inspection:
         (`"conv1"` for `conv1: Conv2d`, `"down[1][0]/conv1"`) and to its path as Python
         reaches it (`"blocks[1].attn"`), and a parameter to its name in the parameter
         table (`"down[1][0].conv1.weight"`). A stage of several outputs named without
-        `leaf` is a KeyError listing its leaves. A name that several
+        `leaf` is a KeyError listing its leaves (several such stages: their paths and
+        leaves, and a call naming one). A name that several
         probes share is a KeyError listing their paths, never the first of them; a
         stage wins over what it holds of the same name (a scope `cholesky` over the
         `cholesky` inside it)."""
@@ -392,7 +405,7 @@ class Inspection:
                 f"{len(found)} probes are called {name!r}{leaf}: "
                 f"{', '.join(repr(p) for p in hits[:8])}{', ...' if len(hits) > 8 else ''}. "
                 "Name one by its path, or by the end of it that only it has (e.g. "
-                f"{_unique_end(hits[0], hits[1:])!r})."
+                f"{_unique_end(hits[0], [*hits[1:], name])!r})."
             )
         # the name is right but the leaf is not: a stage of several outputs
         others = [
@@ -411,6 +424,8 @@ class Inspection:
                 f"probe {name!r} has several output leaves; pick one with `leaf=`: "
                 f"{', '.join(repr(x) for x in leaves[:8])}"
             )
+        if stages:
+            raise KeyError(_several_stages(name, others, self.probe_path))
         known = sorted({p.name for p in self.probes})
         close = difflib.get_close_matches(name, sorted({*known, *paths.values()}), n=3)
         hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
@@ -453,6 +468,52 @@ def _aliases(path: str) -> set[str]:
     if len(last) > 1 and all(last):
         out.update(".".join(last[-k:]) for k in range(1, len(last)))
     return out
+
+
+def _sibling_labels(nodes: tuple[Node, ...]) -> dict[str, str]:
+    """Per node id, its label, or, for a label a sibling before it has (in program
+    order), that label with the next index free among the siblings (`add#2`). The
+    graph numbers repeated stages so, not equations: two `add`s of one module would
+    share one path, and neither could be named."""
+    taken: dict[str | None, set[str]] = {}
+    for n in nodes:
+        taken.setdefault(n.parent, set()).add(n.label)
+    next_index: dict[tuple[str | None, str], int] = {}
+    out = {}
+    for n in nodes:
+        key = (n.parent, n.label)
+        k = next_index.get(key, 1)
+        label = n.label
+        if k > 1:
+            while f"{n.label}#{k}" in taken[n.parent]:  # a stage `add#2` beside them
+                k += 1
+            label = f"{n.label}#{k}"
+            taken[n.parent].add(label)
+        next_index[key] = k + 1
+        out[n.id] = label
+    return out
+
+
+def _several_stages(name: str, probes: list[Probe], path_of: Callable[[Probe], str]) -> str:
+    """The KeyError for a name that several stages of several outputs share (a
+    BatchNorm module called twice: `Net/bn` and `Net#2/bn`, each `[0]`, `[1]`, ...):
+    their paths, their leaves, and a call that names one."""
+    leaves: dict[str, set[str]] = {}
+    for p in probes:
+        leaves.setdefault(path_of(p), set()).add(p.leaf)
+    paths = list(leaves)  # in program order, as the graph numbers them
+    listed = ", ".join(
+        f"{p!r} ({', '.join(sorted(leaves[p], key=_natural)[:8])})" for p in paths[:8]
+    )
+    more = ", ..." if len(paths) > 8 else ""
+    last = paths[-1]
+    example = _unique_end(last, [*paths[:-1], name])
+    first_leaf = min(leaves[last], key=_natural)
+    return (
+        f"{len(paths)} stages are called {name!r}, each with several outputs: "
+        f"{listed}{more}. Name one by its path (or the end of it that only it has) and "
+        f"pick an output with `leaf=`, e.g. `probe({example!r}, leaf={first_leaf!r})`."
+    )
 
 
 def _unique_end(path: str, others: list[str]) -> str:

@@ -1175,3 +1175,64 @@ def test_a_sow_the_custom_rule_calls_is_captured_and_no_warning():
     np.testing.assert_allclose(grads, jax.grad(loss)(x), rtol=1e-6)
     np.testing.assert_allclose(inter["inside"]["primal"], np.tanh(x), rtol=1e-6)
     assert wrapped.notes == []
+
+
+def test_equinox_module_of_jax_typed_leaves_keeps_its_python_numbers_static():
+    # eqx.nn.Dropout holds only a float `p` and a bool `inference`: leaves `jax.jit`
+    # accepts, and traced they break Equinox's own code (`if inference:` raises
+    # TracerBoolConversionError; `eqx.partition(layers, eqx.is_array)` puts `p` among
+    # the arrays a `lax.scan` over layers slices, an IndexError). The README promises
+    # the split of `eqx.filter_jit`: Python numbers in a module stay static.
+    eqx = pytest.importorskip("equinox")
+
+    class Block(eqx.Module):
+        linear: eqx.nn.Linear
+        drop: eqx.nn.Dropout
+
+        def __init__(self, key):
+            self.linear, self.drop = eqx.nn.Linear(4, 4, key=key), eqx.nn.Dropout(0.25)
+
+        def __call__(self, h, key):
+            return h + self.drop(jnp.tanh(self.linear(h)), key=key)
+
+    layers = eqx.filter_vmap(Block)(jax.random.split(KEY, 3))
+    x = jax.random.normal(jax.random.PRNGKey(1), (4,))
+    keys = jax.random.split(jax.random.PRNGKey(2), 3)
+
+    def loss(layers, x, keys):  # the docs' scan-over-layers idiom
+        dyn, static = eqx.partition(layers, eqx.is_array)
+
+        def body(h, xs):
+            d, k = xs
+            h = sow(eqx.combine(d, static)(h, k), "h")
+            return h, None
+
+        return jnp.sum(jax.lax.scan(body, x, (dyn, keys))[0] ** 2)
+
+    grads, inter = save_intermediates(eqx.filter_grad(loss))(layers, x, keys)
+
+    want = eqx.filter_jit(eqx.filter_grad(loss))(layers, x, keys)
+    assert jax.tree_util.tree_structure(grads) == jax.tree_util.tree_structure(want)
+    for a, b in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(want), strict=True):
+        close(a, b)
+
+    # each layer's output and its gradient, layer by layer in plain JAX
+    def unrolled(shift, layers=layers):
+        h, hs = x, []
+        for i in range(3):
+            layer = jax.tree_util.tree_map(lambda a, i=i: a[i] if eqx.is_array(a) else a, layers)
+            h = layer(h, keys[i]) + shift[i]
+            hs.append(h)
+        return jnp.sum(h**2), jnp.stack(hs)
+
+    zero = jnp.zeros((3, 4))
+    hs, dhs = unrolled(zero)[1], jax.grad(lambda s: unrolled(s)[0])(zero)
+    assert not np.allclose(hs, unrolled(zero, eqx.nn.inference_mode(layers))[1])  # it dropped
+    close(inter["h"]["primal"], hs)
+    close(inter["h"]["cotangent"], dhs)
+    # `inference` read by Python: a module of such leaves alone, no scan around it
+    drop = eqx.nn.Dropout(0.5, inference=True)
+    out, _ = save_intermediates(lambda d, x: d(x))(drop, x)
+    close(out, x)
+    out, _ = save_intermediates(lambda m, x: m["drop"](x))({"drop": drop}, x)  # held deeper
+    close(out, x)

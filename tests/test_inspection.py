@@ -1205,3 +1205,102 @@ def test_a_stage_output_no_derivative_reaches_has_no_cotangent_not_zeros():
 
     _, inter = save_intermediates(jax.grad(tagged))(w, x)
     np.testing.assert_array_equal(inter["cast"]["cotangent"][1], jnp.zeros((5, 4), jnp.bfloat16))
+
+
+def test_a_none_tangent_without_argnums_says_what_none_means_and_the_fix():
+    # `tangents=(t, None)` reads as "do not differentiate the batch", which sowviz
+    # honours with `argnums`; without it every argument is differentiated, and the
+    # error said only that the tangent "has shape None".
+    params = PARAMS[0]
+    batch = {"image": X, "label": jnp.arange(4)}
+
+    def loss(params, batch):
+        return jnp.mean(jnp.tanh(batch["image"] @ params["w"] + params["b"]) ** 2)
+
+    t = jax.tree_util.tree_map(jnp.ones_like, params)
+    with pytest.raises(
+        ValueError,
+        match=r"`tangents\[1\]` is None, which means \"do not differentiate argument 1\", "
+        r"but `argnums` is not given.*`args\[1\]\['image'\]`.*Pass `argnums=0`.*zeros",
+    ):
+        sowviz.inspect(loss, params, batch, mode="jvp", tangents=(t, None))
+    # the fix it names gives jax.jvp's answer along `t`, the batch held still
+    got = sowviz.inspect(loss, params, batch, mode="jvp", tangents=(t, None), argnums=0)
+    want = jax.jvp(lambda p: loss(p, batch), (params,), (t,))
+    np.testing.assert_allclose(got.result, want, rtol=1e-5)
+    # a None inside a differentiated argument: only zeros fix it
+    with pytest.raises(ValueError, match=r"leaf `args\[0\]\['b'\]` is None.*jnp.zeros_like"):
+        sowviz.inspect(loss, params, batch, mode="jvp", tangents=({"w": t["w"], "b": None}, None))
+
+
+def _named_by_the_error(ins, err):
+    """The probe the error's own example (`probe('Net#2/bn', leaf='[0]')`) names."""
+    import re
+
+    name, leaf = re.search(r"probe\('([^']+)', leaf='([^']+)'\)", str(err)).groups()
+    return ins.probe(name, leaf=leaf)
+
+
+def test_a_name_several_stages_of_several_outputs_share_lists_them_and_the_fix():
+    # A BatchNorm model called twice: `Net/bn` and `Net#2/bn`, each of three outputs
+    # (y, the new mean and variance). `probe("bn")` said "no probe named 'bn' (did you
+    # mean 'bn'?)", with `bn` among the probes it listed.
+    nnx = pytest.importorskip("flax.nnx")
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.lin = nnx.Linear(4, 4, rngs=rngs)
+            self.bn = nnx.BatchNorm(4, rngs=rngs)
+
+        def __call__(self, x):
+            return self.bn(self.lin(x))
+
+    def loss(model, x1, x2):
+        return jnp.mean(model(x1) ** 2) + jnp.mean(model(x2) ** 2)
+
+    model = Net(nnx.Rngs(0))
+    x1, x2 = jnp.ones((8, 4)), jnp.arange(32.0).reshape(8, 4)
+    ins = sowviz.inspect(loss, model, x1, x2)
+    with pytest.raises(
+        KeyError,
+        match=r"2 stages are called 'bn', each with several outputs: "
+        r"'([^']*/)?Net/bn' \(\[0\], \[1\], \[2\]\), '([^']*/)?Net#2/bn' \(\[0\], \[1\], \[2\]\)\. .*"
+        r"`probe\('Net#2/bn', leaf='\[0\]'\)`",
+    ) as err:
+        ins.probe("bn")
+    # the call it suggests names the second call's normalised output
+    h = x2 @ model.lin.kernel[...] + model.lin.bias[...]
+    y = (h - h.mean(0)) / np.sqrt(h.var(0) + 1e-5)
+    got = _named_by_the_error(ins, err.value).summaries["primal"]
+    np.testing.assert_allclose(got["l2"], np.linalg.norm(y), rtol=1e-4)
+    assert "did you mean" not in str(err.value)
+
+
+def test_two_equations_of_one_label_in_one_module_get_paths_of_their_own():
+    # Two residual `add`s of one module: both drawn `add` (graph labels are kept), and
+    # both had the path `Block/add`, so `probe` could name neither.
+    nnx = pytest.importorskip("flax.nnx")
+
+    class Block(nnx.Module):
+        def __init__(self, rngs):
+            self.a, self.b = nnx.Linear(4, 4, rngs=rngs), nnx.Linear(4, 4, rngs=rngs)
+
+        def __call__(self, x):
+            x = x + self.a(x)
+            return x + self.b(x)
+
+    block = Block(nnx.Rngs(0))
+    x = jnp.linspace(-1.0, 1.0, 8).reshape(2, 4)
+    ins = sowviz.inspect(lambda m, x: jnp.mean(m(x) ** 2), block, x)
+    adds = [p for p in ins.probes if p.name == "add" and not p.leaf]
+    assert [ins.probe_path(p) for p in adds] == ["Block/add", "Block/add#2"]
+    assert [ins.graph.node(p.node).label for p in adds] == ["add", "add"]
+    first = x + block.a(x)
+    second = first + block.b(first)
+    for name, want in (("Block/add", first), ("Block/add#2", second), ("add#2", second)):
+        got = ins.probe(name).summaries["primal"]
+        np.testing.assert_allclose(got["l2"], np.linalg.norm(want), rtol=1e-5)
+    # the name both share lists both paths, and its example names one of them
+    with pytest.raises(KeyError, match=r"'Block/add', 'Block/add#2'.*e\.g\. 'Block/add'\)"):
+        ins.probe("add")
+    assert all(ins.probe(ins.probe_path(p)) is p for p in adds)

@@ -6,13 +6,15 @@ leave the compiled program as extra outputs. `jax.jit`'s own C++ cache keys on
 the arguments' tree structure, shapes, dtypes, weak types and shardings: a
 second call with like arguments neither retraces `fn` nor recompiles. Leaves
 that are not JAX types (strings, enums, arbitrary objects) are treated as
-static and key a separate cache entry.
+static and key a separate cache entry; so are Python numbers in a call holding
+such a leaf or an Equinox module, as `equinox.filter_jit` splits them.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Hashable, Iterator
@@ -80,6 +82,49 @@ def _is_dynamic(leaf: Any) -> bool:
     return isinstance(leaf, (jax.Array, np.ndarray, np.generic)) or (
         hasattr(leaf, "__jax_array__") or hasattr(leaf, "aval")
     )
+
+
+#: tree structure of `(args, kwargs)` -> whether it holds an Equinox module: a
+#: structure is walked once, not at every call of a step.
+_HOLDS_MODULE: dict[Any, bool] = {}
+_HOLDS_MODULE_MAX = 64
+
+
+def _holds_equinox_module(args: tuple, kwargs: dict) -> bool:
+    """Whether an Equinox module is among the arguments, at any depth. Such arguments
+    are split as `equinox.filter_jit` splits them (README, "Capture keys"), though
+    `jax.jit` would accept them: a module whose every leaf is a JAX type (an
+    `eqx.nn.Dropout` holds a float `p` and a bool `inference`) included."""
+    eqx = sys.modules.get("equinox")  # not imported: no argument can be a module
+    module = getattr(eqx, "Module", None)
+    if module is None:
+        return False
+    tops = (*args, *kwargs.values())
+    if any(isinstance(a, module) for a in tops):  # `fn(model, x)`: no walk
+        return True
+    if all(_is_dynamic(a) for a in tops):  # `fn(w, x)`: arrays alone
+        return False
+    treedef = jax.tree_util.tree_structure((args, kwargs))
+    try:
+        held = _HOLDS_MODULE.get(treedef)
+    except TypeError:  # a module's static field that is not hashable
+        held = None
+    if held is not None:
+        return held
+    is_module = functools.partial(_is_instance, module)
+    leaves = jax.tree_util.tree_leaves((args, kwargs), is_leaf=is_module)
+    held = any(map(is_module, leaves))
+    if len(_HOLDS_MODULE) >= _HOLDS_MODULE_MAX:
+        _HOLDS_MODULE.clear()
+    try:
+        _HOLDS_MODULE[treedef] = held
+    except TypeError:
+        pass  # unhashable: walked again next time (the static path says why it fails)
+    return held
+
+
+def _is_instance(kind: type, x: Any) -> bool:
+    return isinstance(x, kind)
 
 
 class SaveIntermediates:
@@ -209,11 +254,13 @@ class SaveIntermediates:
         """Like calling, but summaries stay packed on the device (`Packed`): start their
         transfer with `.fetch_async()` and read them with `.unpack()` when needed."""
         with gc_paused():  # a first call traces, lowers and compiles
-            if self._static_seen:
-                # Arguments with non-array leaves were seen (an Equinox module, a string):
-                # go straight to the static path, which handles all-array arguments too.
+            if self._static_seen or _holds_equinox_module(args, kwargs):
+                # Arguments with non-array leaves were seen (a function, a string): go
+                # straight to the static path, which handles all-array arguments too.
                 # Trying `jax.jit` first would cost a failed dispatch and a filtered
-                # traceback (~10 ms) on every call.
+                # traceback (~10 ms) on every call. An Equinox module goes there even
+                # when every leaf is a JAX type: `jax.jit` would trace its Python
+                # numbers (`Dropout.p`, `.inference`), which its code uses as constants.
                 return self._call_with_static(args, kwargs)
             self._local.entered = False
             try:
