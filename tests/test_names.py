@@ -332,3 +332,26 @@ def test_a_tree_map_line_at_a_small_level_is_one_box_named_by_what_it_assigns():
     got = {p.leaf: p.summaries["primal"]["mean"] for p in ins.probes if p.node == box.id}
     want = sorted(float(jnp.mean(g / 4.0)) for g in grads.values())
     np.testing.assert_allclose(sorted(got.values()), want, rtol=1e-6)
+
+
+def _chunk(w, x):
+    h = jnp.tanh(x @ w)
+    return jnp.sum(h * h, axis=-1)
+
+
+def _mapped(w, xs):
+    return jnp.mean(jax.lax.map(lambda x: _chunk(w, x), xs))
+
+
+def test_a_lax_map_of_your_function_is_named_by_it_and_carries_data_per_iteration():
+    # `lax.map` traces JAX's own wrapper of your function as the scan's body: the loop
+    # was a bare `map` whose equations held no data
+    w = jax.random.normal(jax.random.key(0), (4, 4))
+    xs = jax.random.normal(jax.random.key(1), (3, 5, 4))
+    ins = sowviz.inspect(_mapped, w, xs)
+    (loop,) = (n for n in ins.graph.nodes if n.kind == "scan")
+    assert loop.label == "map(_chunk)"
+    tanh = ins.probe("map(_chunk)/tanh").summaries["primal"]
+    want = jnp.tanh(xs @ w)
+    np.testing.assert_allclose(tanh["mean"], float(want.mean()), rtol=1e-5)
+    np.testing.assert_allclose(tanh["max"], float(want.max()), rtol=1e-6)

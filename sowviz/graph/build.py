@@ -302,6 +302,15 @@ _LOOPS = {Construct.SCAN: "jaxpr", Construct.WHILE: "body_jaxpr"}
 _CALLS = (Construct.JIT, Construct.CALL, Construct.REMAT)
 
 
+def _body_is_users(eqn: Any, body: Any) -> bool:
+    """Whether a loop's body is your code: your function, or JAX's wrapper of it that
+    `lax.map` makes (`lambda _, x: ((), f(x))`), not a library's own loop."""
+    if not _compat.defined_in_library(body):
+        return True
+    path = _compat.call_path(eqn)
+    return path.names[-1:] == ("map",) and path.package == "jax"
+
+
 def _name_wrappers(recs: Sequence[_Rec]) -> None:
     """A `jax.checkpoint` whose body is one module's call is labelled by it,
     `checkpoint(blocks[1]: Block)`: a column of `checkpoint`s per layer
@@ -725,7 +734,7 @@ class _Builder(InputsMixin):
         if spec.construct in _LOOPS and label == spec.construct.value:
             # a lambda body that only calls a function of the user's: `scan(cell)`
             sub = eqn.params[_LOOPS[spec.construct]]
-            if not _compat.defined_in_library(sub):
+            if _body_is_users(eqn, sub):
                 eqns = _compat.jaxpr_and_consts(sub)[0].eqns
                 body = body_call(_compat.user_frames(eqn), [_compat.user_frames(e) for e in eqns])
                 label = f"{label}({body})" if body else label
@@ -759,7 +768,7 @@ class _Builder(InputsMixin):
         rec = self.new(spec.node_kind, label, parent.id, src, shapes, primitive=primitive)
         rec.constant = constant
         if spec.construct in _LOOPS:
-            rec.user_body = not _compat.defined_in_library(eqn.params[_LOOPS[spec.construct]])
+            rec.user_body = _body_is_users(eqn, eqn.params[_LOOPS[spec.construct]])
         if spec.construct is Construct.SOW:
             self.sows.setdefault(label, []).append(rec.id)
         n_before = len(self.points)
