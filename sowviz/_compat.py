@@ -831,6 +831,10 @@ def moves_batch_axis(eqn: JaxprEqn) -> bool:
     return any(c.co_name == "matchaxis" and c.co_filename.endswith(_BATCHING_FILE) for c in codes)
 
 
+#: Where JAX forwards an array's methods (`x.mean(0)`) to `jax.numpy`'s functions.
+_ARRAY_METHODS = os.path.join(_JAX_DIR, "_src", "numpy", "array_methods.py")
+
+
 def call_path(eqn: JaxprEqn, body: str = "") -> CallPath:
     """The qualified names of the functions an equation was made in below the
     innermost user frame outside libraries (`user_location_outside_libraries`),
@@ -866,9 +870,16 @@ def call_path(eqn: JaxprEqn, body: str = "") -> CallPath:
             # starts there): its own file's functions name its parts (`_scale_and_translate`
             # > `compute_weight_mat`), as a library's do, not chunks of bare equations.
             own = (*_JAX_ALGORITHMS, body) if body and user == len(codes) else _JAX_ALGORITHMS
+            method = False  # the line called an array's method (`x.mean(0)`)
             for c in reversed(codes[:user]):
                 if c.co_filename.startswith(_SOWVIZ_DIR + os.sep) or c.co_filename == _API_BOUNDARY:
                     continue  # sowviz, and the wrapper `@api_boundary` puts on `lax.fori_loop`
+                if c.co_filename == _ARRAY_METHODS:
+                    # `x.mean(0)` forwards to `jnp.mean`: named as that call is (not an
+                    # operator's, `x[:, t]`: its private helpers name nothing, as before)
+                    method = method or c.co_qualname.startswith("_forward_method")
+                    if method:
+                        continue
                 if _source_info.is_user_filename(c.co_filename) or c.co_filename.startswith(own):
                     if not names:
                         package = _package(c.co_filename)

@@ -355,3 +355,22 @@ def test_a_lax_map_of_your_function_is_named_by_it_and_carries_data_per_iteratio
     want = jnp.tanh(xs @ w)
     np.testing.assert_allclose(tanh["mean"], float(want.mean()), rtol=1e-5)
     np.testing.assert_allclose(tanh["max"], float(want.max()), rtol=1e-6)
+
+
+def _two_means(w, x):
+    p = jnp.tanh(x @ w)
+    a = p.mean(0)  # an array's method: JAX forwards it to `jnp.mean`
+    b = jnp.mean(p, 0)
+    return jnp.sum(a * b)
+
+
+def test_an_array_method_is_named_as_the_function_it_forwards_to():
+    # `p.mean(0)` was drawn as `reduce_sum` and `div`, `jnp.mean(p, 0)` as `mean`
+    w, x = jnp.ones((3, 2)), jnp.arange(12.0).reshape(4, 3) / 10
+    ins = sowviz.inspect(_two_means, w, x)
+    top = [n.label for n in ins.graph.nodes if n.parent == ins.graph.root]
+    assert "mean" in top and "mean#2" in top and "div" not in top, top
+    want = jnp.tanh(x @ w).mean(0)
+    np.testing.assert_allclose(
+        ins.probe("mean").summaries["primal"]["l2"], float(jnp.linalg.norm(want)), rtol=1e-6
+    )
