@@ -29,6 +29,7 @@ BENCHMARKS = [
     "gpu_kernels",
     "runlog_overhead",
     "runlog_load_memory",
+    "explicit_mesh",
 ]
 
 

@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import _compat
+
 #: Log-magnitude bins per octave: the top LOG_SUB_BITS bits of the mantissa.
 LOG_SUB_BITS = 2
 #: Log bins in the window below the largest magnitude (32 octaves, ~9.6 decades).
@@ -153,11 +155,22 @@ def log_slot(v: jax.Array, start: jax.Array, finite: jax.Array | None) -> jax.Ar
 # Counting
 
 
+def split_explicitly(v: Any) -> bool:
+    """Whether `v`'s type is split over Explicit mesh axes (`float32[64@data]`). A value
+    on such a mesh whose type names no axis (replicated) computes as an unmeshed one:
+    its scatters and layouts need nothing more, and it joins the shared summaries."""
+    return _compat.explicit_axes(jax.typeof(v)) is not None
+
+
 def replicated(v: jax.Array) -> dict[str, Any]:
-    """`out_sharding=` for a small replicated result when `v` lives on an explicit mesh."""
-    mesh = jax.typeof(v).sharding.mesh
-    if mesh.empty or jax.sharding.AxisType.Explicit not in mesh.axis_types:
+    """`out_sharding=` for a small replicated result when `v` is split over Explicit mesh
+    axes (`split_explicitly`), else nothing: only there must JAX be told where a
+    scatter of `v`'s slots goes. (Asked of every value on an explicit mesh, it sent
+    replicated ones down this path too, and `capture.summaries` gave them a summary
+    of their own.)"""
+    if not split_explicitly(v):
         return {}
+    mesh = jax.typeof(v).sharding.mesh
     return {"out_sharding": jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())}
 
 
@@ -467,7 +480,9 @@ def segment_stats(v: jax.Array, seg: Any, members: int, bins: int) -> dict:
     acc = v.dtype
     seg_j = jnp.asarray(seg, jnp.int32)
     zero = jnp.zeros((), acc)
-    block = 0 if replicated(v) else segment_block_rows(*v.shape)
+    # Not in blocks on an explicit mesh, even replicated: the loop writes each block's
+    # rows into unmeshed buffers, which explicit sharding refuses to mix with them.
+    block = 0 if _compat.explicit_sharding(v) is not None else segment_block_rows(*v.shape)
     if block:
         (min_r, max_r, sum_r, cnt_r), _ = _over_blocks(
             v, block, lambda b, _: (_row_firsts(b), None)

@@ -1412,3 +1412,189 @@ def test_l2_from_the_centred_sums_is_accurate_on_every_path(offset, spread) -> N
     for xp in (jnp, np):  # finished in a program or on the host
         blocked = summary_ops.pooled_fields(jax.tree.map(xp.asarray, raw), 16, xp)
         np.testing.assert_allclose(blocked["l2"], [norm(x) for x in large], rtol=1e-5)
+
+
+# --------------------------------------------------------------------------
+# Explicit meshes: small arrays split over Explicit axes join the shared summaries
+
+
+def _explicit_mesh_values(rng: np.random.Generator) -> tuple[Any, dict, dict]:
+    """Values on a 2x4 mesh with Explicit axes (`jax.make_mesh`'s default): split over
+    one axis, over both, replicated, and one off the mesh; with their gathered NumPy."""
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    arrays = {
+        "both": (rng.normal(size=(16, 8)), P("data", "model")),
+        "rows": (rng.normal(size=(8, 3)) * 100.0, P("data")),
+        "cols": (rng.normal(size=(5, 4)) - 3.0, P(None, "model")),
+        "replicated": (rng.normal(size=(5, 7)), P()),
+        "ints": (rng.integers(-9, 9, size=(4, 4)), P("data")),
+    }
+    values, gathered = {}, {}
+    for k, (a, spec) in arrays.items():
+        a = a.astype(np.int32 if a.dtype.kind == "i" else F32)
+        if a.dtype == F32:
+            a.flat[3], a.flat[-1] = np.nan, -np.inf
+        values[(k,)] = {"primal": jax.device_put(a, NamedSharding(mesh, spec))}
+        gathered[(k,)] = a
+    values[("off_mesh",)] = {"primal": jnp.linspace(-1.0, 2.0, 9)}
+    gathered[("off_mesh",)] = np.linspace(-1.0, 2.0, 9, dtype=F32)
+    return values, gathered, {}
+
+
+@pytest.mark.parametrize("defer", [False, True], ids=["in_program", "deferred"])
+def test_small_arrays_split_over_explicit_axes_share_the_segmented_summary(defer: bool) -> None:
+    # On an explicit mesh every small array was summarised apart, per shape and sharding,
+    # inside the capture program (a `shard_map` step's first `inspect` compiled 4-6x as
+    # long as on an Auto mesh). Now they are gathered into the one segmented layout,
+    # whatever their sharding, and their statistics are those of the whole array.
+    from sowviz.capture import summaries
+
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 devices (tests/conftest.py sets XLA_FLAGS)")
+    values, gathered, axes = _explicit_mesh_values(np.random.default_rng(31))
+    capture = jax.jit(
+        lambda v: summaries.summarize_packed(v, {}, BINS, axes, defer=defer, once=defer)
+    )
+    packed = capture(values)
+    assert len({w[0] for w in packed.regroup.where}) == 1  # one group for all of them
+    if defer:  # `inspect`'s way: left to the shared summary program, as on an Auto mesh
+        assert [type(p) for p in packed.pending] == [summaries.Parts]
+        packed, _ = summaries.finish(packed, jnp.asarray(True))
+    else:  # no summary per shape left in the capture program: the same as off the mesh
+        unmeshed = {k: {"primal": jnp.asarray(a)} for k, a in gathered.items()}
+        count = lambda v: capture.lower(v).as_text().count("stablehlo.scatter")  # noqa: E731
+        assert count(values) == count(unmeshed)
+    out, _ = packed.unpack()
+    for key, a in gathered.items():
+        check_against_reference(out[key]["primal"], a, BINS)
+
+
+def test_small_per_iteration_captures_split_over_explicit_axes_share_a_stack() -> None:
+    # A loop's captures on an explicit mesh (split over its axes) join the stack of their
+    # iteration count, as unmeshed ones do, instead of a summary per shape and sharding.
+    from sowviz.capture import summaries
+
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 devices (tests/conftest.py sets XLA_FLAGS)")
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    rng = np.random.default_rng(32)
+    specs = {"a": ((6, 8, 4), P(None, "model")), "b": ((6, 2, 4), P(None, "data", "model"))}
+    specs |= {"c": ((6, 5), P())}
+    values, gathered = {}, {}
+    for k, (shape, spec) in specs.items():
+        a = (rng.normal(size=shape) * 10.0 ** rng.integers(-2, 3, size=shape)).astype(F32)
+        a[1].flat[0], a[4].flat[-1] = np.nan, np.inf
+        values[(k,)] = {"primal": jax.device_put(a, NamedSharding(mesh, spec))}
+        gathered[(k,)] = a
+    axes = {k: {"primal": ("scan",)} for k in values}
+    for defer in (False, True):
+        packed = jax.jit(lambda v, d=defer: summaries.summarize_packed(v, {}, BINS, axes, defer=d))(
+            values
+        )
+        assert len({w[0] for w in packed.regroup.where}) == 1, defer
+        if defer:
+            assert [type(p) for p in packed.pending] == [summaries.Iterated]
+            packed, _ = summaries.finish(packed, jnp.asarray(True))
+        out, _ = packed.unpack()
+        for key, a in gathered.items():
+            check_rows(out[key]["primal"], a, BINS, list(range(6)))
+
+
+def test_a_large_array_split_over_explicit_axes_is_summarised_where_it_lies() -> None:
+    # Only small arrays are gathered into the layout: a large one split over Explicit
+    # axes keeps its summary distributed (no all-gather), its values NumPy's.
+    from sowviz.capture import summaries
+
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 devices (tests/conftest.py sets XLA_FLAGS)")
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
+    a = np.random.default_rng(33).normal(size=(64, 2048)).astype(F32)  # > SEGMENT_MAX_ELEMENTS
+    a[7, :5] = np.nan
+    values = {("big",): {"primal": jax.device_put(a, NamedSharding(mesh, P("data")))}}
+    capture = jax.jit(lambda v: summaries.summarize_packed(v, {}, BINS))
+    hlo = capture.lower(values).compile().as_text()
+    assert "all-gather" not in hlo and "all-to-all" not in hlo
+    out, _ = capture(values).unpack()
+    check_against_reference(out[("big",)]["primal"], a, BINS)
+
+
+def test_only_arrays_split_over_explicit_axes_need_a_placed_tally() -> None:
+    # `summary_ops.replicated`: a value on an explicit mesh whose type names no axis
+    # counts its slots as an unmeshed one (the fast tally); a split one is told where
+    # its small result goes. Both count what NumPy counts.
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 devices (tests/conftest.py sets XLA_FLAGS)")
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    slots = np.random.default_rng(34).integers(0, 10, size=(8, 8)).astype(np.int32)
+    want = np.bincount(slots.ravel(), minlength=10)
+    for spec, placed in ((P(), False), (P("data", "model"), True)):
+        x = jax.device_put(slots, NamedSharding(mesh, spec))
+        assert bool(summary_ops.replicated(x)) is placed
+        got = jax.jit(lambda s: summary_ops.tally_slots([s], 10, s))(x)
+        np.testing.assert_array_equal(got, want)
+    assert summary_ops.replicated(jnp.asarray(slots)) == {}
+
+
+def test_inspect_on_an_explicit_mesh_summarises_as_on_an_auto_mesh_and_as_numpy() -> None:
+    # The same program on a mesh of Explicit axes and of Auto axes: every probe's
+    # statistics agree (the Explicit mesh's small sharded values are gathered into the
+    # shared summaries, as XLA gathers them on the Auto one), and equal NumPy's of the
+    # gathered values.
+    import sowviz
+
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 devices (tests/conftest.py sets XLA_FLAGS)")
+    rng = np.random.default_rng(35)
+    w_np = rng.normal(size=(8, 16)).astype(F32)
+    x_np = rng.normal(size=(4, 8)).astype(F32)
+
+    def loss(w, x):
+        return jnp.mean(jnp.tanh(x @ w) ** 2)
+
+    got = {}
+    for kind in (AxisType.Explicit, AxisType.Auto):
+        mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(kind,) * 2)
+        w = jax.device_put(w_np, NamedSharding(mesh, P()))
+        x = jax.device_put(x_np, NamedSharding(mesh, P("data", None)))
+        got[kind] = {p.name: p.summaries for p in sowviz.inspect(loss, w, x).probes}
+    assert got[AxisType.Explicit].keys() == got[AxisType.Auto].keys()
+    for name, by_mode in got[AxisType.Explicit].items():
+        for mode, s in by_mode.items():
+            other = got[AxisType.Auto][name][mode]
+            for key in ("count", "nan", "zeros", "min", "max", "absmax"):
+                assert s[key] == other[key], (name, mode, key)
+            for key in ("mean", "std", "l2"):  # sharded sums: another order
+                np.testing.assert_allclose(s[key], other[key], rtol=1e-5, atol=1e-7)
+    tanh = np.tanh(x_np.astype(np.float64) @ w_np.astype(np.float64))
+    dtanh = 2 * tanh / tanh.size  # d mean(t**2) / dt
+    for mode, want in (("primal", tanh), ("cotangent", dtanh)):
+        s = got[AxisType.Explicit]["tanh"][mode]
+        assert s["count"] == want.size and s["shape"] == [4, 16]
+        np.testing.assert_allclose([s["min"], s["max"]], [want.min(), want.max()], rtol=1e-5)
+        np.testing.assert_allclose(
+            [s["mean"], s["std"], s["l2"]],
+            [want.mean(), want.std(), np.linalg.norm(want)],
+            rtol=1e-4,
+            atol=1e-7,
+        )
+
+
+def test_a_large_layout_on_an_explicit_mesh_is_summarised_as_numpy() -> None:
+    # A layout of replicated values on an explicit mesh (a Monitor's, laid out in its
+    # capture program) is summarised in one piece: the CPU's blocks write each block's
+    # rows into unmeshed buffers, which explicit sharding refuses (ShardingTypeError).
+    from sowviz.capture import summaries
+
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 devices (tests/conftest.py sets XLA_FLAGS)")
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    rng = np.random.default_rng(36)
+    leaves = [rng.normal(size=(600, 1024)).astype(F32) for _ in range(2)]
+    leaves[1][5, :3] = np.nan
+    rows = jax.jit(lambda ls: summaries._layout(ls, sized=False))(leaves)
+    assert rows.flat.size > summary_ops.SEGMENT_BLOCKED_OVER  # blocked, were it unmeshed
+    placed = jax.tree.map(lambda a: jax.device_put(a, NamedSharding(mesh, P())), rows)
+    got = jax.jit(lambda r: summaries._segment_summary(r, BINS))(placed).summary()
+    for i, a in enumerate(leaves):
+        member = jax.tree.map(lambda x, i=i: x[i], got)
+        check_against_reference(dataclasses.replace(member, shape=a.shape), a, BINS)

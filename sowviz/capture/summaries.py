@@ -529,10 +529,31 @@ def _nan_fill(n: int, dtype: Any) -> Any:
 
 def _flat_values(leaf: Any) -> jax.Array:
     """`leaf`'s values (`summary._values`) as one axis."""
-    x = jnp.asarray(leaf)
+    x = _gathered(jnp.asarray(leaf))
     acc, is_complex = _summary._value_dtype(x.dtype)
     v = _summary._values(x) if is_complex or x.dtype != acc else x
     return jax.lax.reshape(v, (v.size,))
+
+
+def _gatherable(leaf: Any) -> bool:
+    """Whether `leaf` may join a layout or a stack of unlike shapes: it is not split over
+    Explicit mesh axes, or it is small enough to gather (`_gathered`)."""
+    return not _ops.split_explicitly(leaf) or jnp.size(leaf) <= SEGMENT_MAX_ELEMENTS
+
+
+def _gathered(x: Any) -> Any:
+    """`x` replicated if its type is split over Explicit mesh axes, else `x`. A layout
+    flattens its members and joins them, which explicit sharding refuses across a split
+    dimension. Only small arrays come here (`summarize_packed`): on an Auto mesh XLA
+    gathers them for the same layout, and `inspect`'s host layout reads them whole.
+    Each such array summarised apart instead compiled a summary of its own into the
+    capture program: a data-parallel `shard_map` step's first `inspect` took 4-6x as
+    long on an Explicit mesh as on an Auto one, and takes 1.0-1.15x
+    (`benchmarks/explicit_mesh.py`)."""
+    if not _ops.split_explicitly(x):
+        return x
+    mesh = jax.typeof(x).sharding.mesh
+    return jax.sharding.reshard(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
 
 
 def _segment_summary(rows: Rows, bins: int) -> Tallied:
@@ -583,7 +604,7 @@ def _stacked_iterations(leaves: list, sized: bool, coarse_bins: int = 0) -> Iter
     classes, and so do the iterations, up to `summary.row_cap` (every padded
     iteration then has statistics of its own, which `Regroup` cuts off): a loop of
     another length or width is served by the program compiled for the first."""
-    vals = [_summary._values(jnp.asarray(x)).reshape(x.shape[0], -1) for x in leaves]
+    vals = [_summary._values(_gathered(jnp.asarray(x))).reshape(x.shape[0], -1) for x in leaves]
     width, members = max(v.shape[1] for v in vals), len(vals)
     iterations, dtype = vals[0].shape[0], vals[0].dtype
     cap = _summary.row_cap(coarse_bins) if coarse_bins else 0
@@ -730,8 +751,8 @@ def summarize_packed(
     None), pack them with the raw `meta` arrays; `Packed.unpack()` returns
     `(summaries, meta)`. `axes` maps entry → mode → `Site.axes`.
 
-    Every small array (at most `SEGMENT_MAX_ELEMENTS`, not on an explicit mesh, whose
-    layout flattening would change) without per-iteration statistics joins one
+    Every small array (at most `SEGMENT_MAX_ELEMENTS`; one split over Explicit mesh
+    axes is gathered first, `_gathered`) without per-iteration statistics joins one
     segmented group per accumulation dtype (`_segmented`): a program compiles one
     summary for all of them, whatever their shapes (one per shape compiled for
     seconds each). Others are stacked by shape, or summarised alone.
@@ -801,21 +822,19 @@ def summarize_packed(
         ):
             groups[("alone", i)] = [i]
             continue
-        elif laid or (
-            not rows[i] and jnp.size(leaf) <= SEGMENT_MAX_ELEMENTS and not _ops.replicated(leaf)
-        ):
+        elif laid or (not rows[i] and jnp.size(leaf) <= SEGMENT_MAX_ELEMENTS):
             acc, is_complex = _summary._value_dtype(dtype)
             static[i] = (tuple(jnp.shape(leaf)), str(dtype), is_complex)
             kind, budget = ("segments", np.dtype(acc).name), STACK_MAX_BYTES
             nbytes = (jnp.size(leaf) + SEGMENT_ROW) * np.dtype(acc).itemsize
-        elif rows[i] and jnp.size(leaf) and not _ops.replicated(leaf):
+        elif rows[i] and jnp.size(leaf) and _gatherable(leaf):
             acc, is_complex = _summary._value_dtype(dtype)
             static[i] = (tuple(jnp.shape(leaf)), str(dtype), is_complex)
             iterations, cls, padded = _iteration_class(jnp.shape(leaf))
             kind, budget = ("iterations", np.dtype(acc).name, iterations, cls), STACK_MAX_BYTES
             nbytes = padded * np.dtype(acc).itemsize  # at most, once padded to the widest
-        else:  # on an explicit mesh only like-sharded arrays stack
-            placed = jax.typeof(leaf).sharding if _ops.replicated(leaf) else None
+        else:  # split over explicit mesh axes, only like-sharded arrays stack
+            placed = jax.typeof(leaf).sharding if _ops.split_explicitly(leaf) else None
             kind, budget = (jnp.shape(leaf), dtype, rows[i], placed), STACK_MAX_BYTES
         if kind not in filled or filled[kind] + nbytes > budget:
             filled[kind], opened[kind] = 0, i
