@@ -540,6 +540,56 @@ def traced_var(x: Any) -> Var | None:
     return None
 
 
+class Origin:
+    """Where a traced value was made: its equation's traceback object and output index.
+    `jax.vmap` of a `lax.scan` traces the loop's body again to batch it (its batching
+    rule re-runs the body's equations): new variables, but each equation keeps the
+    traceback object of the one it batches, so this still finds the value. Equal only
+    for the same traceback object, never for an equal one (a line run twice)."""
+
+    __slots__ = ("output", "traceback")
+
+    def __init__(self, traceback: Any, output: int) -> None:
+        self.traceback, self.output = traceback, output
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, Origin)
+            and other.traceback is self.traceback
+            and other.output == self.output
+        )
+
+    def __hash__(self) -> int:
+        return hash((id(self.traceback), self.output))
+
+
+def traced_origin(x: Any) -> Origin | None:
+    """The `Origin` of a value traced by `jax.make_jaxpr` (through the tracers of `vmap`
+    and `jvp` around it, as `traced_var`), or None. JAX 0.10-0.12 keep the equation
+    being traced that made a tracer as its `parent`."""
+    for _ in range(16):  # tracers nest one per transformation level
+        if isinstance(x, _pe.DynamicJaxprTracer):
+            eqn = getattr(x, "parent", None)
+            info = getattr(eqn, "source_info", None)
+            outs = getattr(eqn, "outvars", ())
+            k = next((j for j, v in enumerate(outs) if v is x.val), None)
+            tb = getattr(info, "traceback", None)
+            return None if tb is None or k is None else Origin(tb, k)
+        if isinstance(x, _batching.BatchTracer):
+            x = x.val
+        elif isinstance(x, _ad.JVPTracer):
+            x = x.primal
+        else:
+            return None
+    return None
+
+
+def eqn_origin(eqn: JaxprEqn, k: int) -> Origin | None:
+    """The `Origin` of output `k` of `eqn` (None without a traceback)."""
+    tb = eqn.source_info.traceback
+    return None if tb is None else Origin(tb, k)
+
+
 def replace_eqn(eqn: JaxprEqn, **changes: Any) -> JaxprEqn:
     return eqn.replace(**changes)
 

@@ -1640,3 +1640,92 @@ def test_several_differentiated_arguments_are_one_parameters_group_by_name():
         "parameters.c.v",
         "x",
     ]
+
+
+def _weighted_sum(x):
+    return jnp.sum(x * jnp.arange(3.0))  # its backward pass keeps `arange(3)` alone
+
+
+def test_one_value_kept_for_a_backward_pass_is_named_so():
+    # `jax.grad` drops the function's scalar output: the one value leaving its stage is
+    # what the backward pass reads, named as two such values are, never a bare output
+    x = jnp.array([1.0, 2.0, 3.0])
+    saved = np.arange(3.0)
+
+    def step(x):
+        return x - 0.1 * jax.grad(_weighted_sum)(x)
+
+    ins = sowviz.inspect(step, x, mode="primal")
+    np.testing.assert_allclose(ins.result, step(x))
+    (node,) = [n for n in ins.graph.nodes if n.label == "_weighted_sum"]
+    probes = {p.leaf: p.summaries["primal"] for p in ins.probes if p.node == node.id}
+    assert list(probes) == ["['saved for backward']"], list(probes)
+    kept = probes["['saved for backward']"]
+    assert kept["shape"] == [3]
+    np.testing.assert_allclose([kept["mean"], kept["l2"]], [saved.mean(), np.linalg.norm(saved)])
+
+    def value_and_step(x):  # its output used too: the output first, then the kept value
+        value, g = jax.value_and_grad(_weighted_sum)(x)
+        return value, x - 0.1 * g
+
+    ins = sowviz.inspect(value_and_step, x, mode="primal")
+    (node,) = [n for n in ins.graph.nodes if n.label == "_weighted_sum"]
+    probes = {p.leaf: p.summaries["primal"] for p in ins.probes if p.node == node.id}
+    assert list(probes) == ["['output']", "['saved for backward']"], list(probes)
+    assert probes["['output']"]["mean"] == np.float32(_weighted_sum(x))
+    np.testing.assert_allclose(probes["['saved for backward']"]["l2"], np.linalg.norm(saved))
+
+
+def _mlp(params, x):
+    for w, b in params[:-1]:
+        x = jax.nn.relu(x @ w + b)
+    w, b = params[-1]
+    return x @ w + b
+
+
+def _mse(params, x, y):
+    return jnp.mean((_mlp(params, x) - y) ** 2)
+
+
+def test_a_data_parallel_steps_averaged_loss_is_a_stage_with_its_value():
+    # `l = pmean(l)` is two equations (`psum`, `div`) beside `g = pmean(g)`'s fold: at a
+    # level the folds made small they are a `pmean` stage too, carrying the loss
+    # averaged over the devices, never two loose boxes with no values
+    mesh = jax.make_mesh((4,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+    P = jax.sharding.PartitionSpec
+
+    def local(params, x, y):
+        value, g = jax.value_and_grad(_mse)(params, x, y)
+        g = lax.pmean(g, "d")
+        value = lax.pmean(value, "d")
+        return value, g
+
+    step = jax.shard_map(local, mesh=mesh, in_specs=(P(), P("d"), P("d")), out_specs=(P(), P()))
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    params = [
+        (jax.random.normal(keys[0], (3, 8)) / 2, jnp.zeros(8)),
+        (jax.random.normal(keys[1], (8, 1)) / 3, jnp.zeros(1)),
+    ]
+    x = jax.device_put(jax.random.normal(keys[2], (16, 3)), jax.NamedSharding(mesh, P("d")))
+    y = jax.device_put(jnp.ones((16, 1)), jax.NamedSharding(mesh, P("d")))
+    ins = sowviz.inspect(step, params, x, y, mode="primal")
+    value, grads = jax.jit(step)(params, x, y)
+    # (the average of the devices' losses is the whole batch's; their summed gradients
+    # are not `jax.grad`'s, as `shard_map` transposes its replicated parameters)
+    np.testing.assert_allclose(value, _mse(params, x, y), rtol=1e-6)
+    sm = next(n for n in ins.graph.nodes if n.kind == "shard_map")
+    children = ins.graph.children(sm.id)
+    assert not [n.label for n in children if n.kind == "eqn"], [n.label for n in children]
+    pmeans = [n for n in children if n.label.startswith("pmean")]
+    assert len(pmeans) == 2, [n.label for n in children]
+    loss_stage = pmeans[1]
+    (probe,) = [p for p in ins.probes if p.node == loss_stage.id]
+    primal = probe.summaries["primal"]
+    assert primal["shape"] == [4]  # one per device: each holds the average
+    np.testing.assert_allclose([primal["min"], primal["max"]], [value, value], rtol=1e-5)
+    grads_stage = [p for p in ins.probes if p.node == pmeans[0].id]
+    leaves = jax.tree.leaves(grads)
+    # one copy per device, each the averaged gradient: twice its norm on 4 devices
+    assert sorted(p.summaries["primal"]["l2"] for p in grads_stage) == pytest.approx(
+        sorted(2 * float(np.linalg.norm(g)) for g in leaves), rel=1e-4
+    )

@@ -43,7 +43,7 @@ from .names import (
     short_path,
     split_einsum_calls,
 )
-from .saved import REUSED, leaf_names, saved_for_backward, saved_note, unread_constants
+from .saved import REUSED, SAVED, leaf_names, saved_for_backward, saved_note, unread_constants
 from .source_text import returned_place
 from .tesseract import output_names, tesseract_label
 
@@ -932,9 +932,11 @@ class _Builder(InputsMixin):
         names = tuple(n for n, f in zip(names, floating, strict=False) if f) if names else ()
         if len(names) == len(chosen) > 1:  # sown as a dict, whose leaves come sorted by key
             names, chosen = map(tuple, zip(*sorted(zip(names, chosen, strict=True)), strict=True))
-        elif not (rec.kind == "tesseract" and len(names) == len(chosen)):
+        elif not (len(names) == len(chosen) and (rec.kind == "tesseract" or names == (SAVED,))):
             # a Tesseract's one output read keeps its field's name (the panel said
-            # "captured [3]", never which of its outputs that was)
+            # "captured [3]", never which of its outputs that was); so does a stage's one
+            # value kept for its backward pass (`saved.SAVED`): bare, it read as the
+            # stage's result (`f32[3]` for a function returning a scalar)
             names = ()
         self.points.append(
             ProbePoint(
@@ -968,9 +970,16 @@ class _Builder(InputsMixin):
         """A scope's outputs (value -> where made), each made under `jax.vmap` with its
         batch axis elsewhere replaced by the value `vmap` moves it to (read only by that
         `transpose`, `_compat.moves_batch_axis`): the shape the user sees there, the
-        statistics the same."""
+        statistics the same. A value that no module call's result names (`returns`),
+        made in a loop's body that `vmap` batched by tracing it again, takes the place
+        its equation's origin had there (`_compat.Origin`): an `LSTMCell` in a
+        `lax.scan` under `jax.vmap` numbers `h` first, as it returns it."""
         out = {}
         for v, at in out_vars.items():
+            if v not in self.returns and at[0] >= 0:
+                origin = _compat.eqn_origin(jaxpr.eqns[at[0]], at[1])
+                if origin in self.returns:
+                    self.returns[v] = self.returns[origin]
             readers = reads.get(v, ())
             if len(readers) == 1 and _compat.moves_batch_axis(move := jaxpr.eqns[readers[0]]):
                 self.moved[move.outvars[0]] = v

@@ -320,6 +320,11 @@ class _Context:
             var = _compat.traced_var(leaf)
             if var is not None:
                 self.returns.setdefault((label, var), k)
+                # a loop's body under `jax.vmap` is traced again, with new variables:
+                # where the value was made still finds it (`build.batch_first`)
+                origin = _compat.traced_origin(leaf)
+                if origin is not None:
+                    self.returns.setdefault((label, origin), k)
 
     def add_roots(self, args: tuple, kwargs: dict, names: list[str]) -> None:
         """Name the modules anywhere in the arguments from their roots: one model's

@@ -592,7 +592,21 @@ def fold_names(
 
     if call_path is not None:
         fold_runs(layer_key, least=1, label=line_label, inner=True, whole=False)
+    before, big = [scope_of(i) for i in range(len(out))], levels()
     fold_runs(line_key(False), 3, line_label, inner=True, whole=False, small=SMALL_LEVEL_RUN)
+    # A level those folds made small folds, as a small level does, the runs of one library
+    # call they left (`l = pmean(l)`'s `psum`, `div` beside `g = pmean(g)`'s fold: two
+    # equations, short of a big level's three, were loose boxes with no values)
+    now, again = levels(), line_key(False)
+
+    def left_small(i: int) -> str | None:
+        scope = scope_of(i)
+        if scope != before[i] or big.get(scope, 0) <= line_limit or now.get(scope, 0) > line_limit:
+            return None  # folded just now, small all along (folded above), or still big
+        k = again(i)
+        return k if k is not None and "\x03" in k else None
+
+    fold_runs(left_small, 3, line_label, inner=True, whole=False, small=SMALL_LEVEL_RUN)
     if call_path is not None:
         runs = [scope_of(i) for i in range(len(out))]  # before any group changes `out`
         direct = _direct(runs)

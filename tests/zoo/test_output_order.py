@@ -130,3 +130,57 @@ def test_a_vmapped_bias_free_linear_has_the_shape_vmap_returns():
         s = ins.probe(name).summaries
         _assert_carries(s["primal"], out)
         _assert_carries(s["cotangent"], jax.grad(lambda y: jnp.mean(y**2))(out))
+
+
+def _batched_cell_loss(cell, xs):
+    """An LSTM cell run by `lax.scan` over time, under `jax.vmap` over the batch."""
+
+    def run(x):
+        def step(carry, inp):
+            return cell(inp, carry), None
+
+        (h, _), _ = jax.lax.scan(step, (jnp.zeros(8), jnp.zeros(8)), x)
+        return jnp.sum(h**2)
+
+    return jnp.sum(jax.vmap(run)(xs))
+
+
+def _cell_values_and_cotangents(cell, xs):
+    """Every step's `h` and `c`, `[batch, time, 8]`, and the loss's derivative by each:
+    the cell written out (`eqx.nn.LSTMCell.__call__`) with a zero added to `c` where it
+    is made (its cotangent then holds its read for `h` too) and to `h`."""
+
+    def perturbed(dh, dc):
+        def run(x, dh, dc):
+            def step(carry, inp):
+                x_t, dh_t, dc_t = inp
+                h, c = carry
+                lin = cell.weight_ih @ x_t + cell.weight_hh @ h + cell.bias
+                i, f, g, o = jnp.split(lin, 4)
+                c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g) + dc_t
+                h = jax.nn.sigmoid(o) * jnp.tanh(c) + dh_t
+                return (h, c), (h, c)
+
+            (h, _), hc = jax.lax.scan(step, (jnp.zeros(8), jnp.zeros(8)), (x, dh, dc))
+            return jnp.sum(h**2), hc
+
+        losses, hc = jax.vmap(run)(xs, dh, dc)
+        return jnp.sum(losses), hc
+
+    zeros = jnp.zeros((*xs.shape[:2], 8))
+    (dh, dc), (hs, cs) = jax.grad(perturbed, argnums=(0, 1), has_aux=True)(zeros, zeros)
+    return hs, cs, dh, dc
+
+
+def test_equinox_lstm_cell_in_a_vmapped_scan_keeps_its_return_order():
+    cell = eqx.nn.LSTMCell(2, 8, key=jax.random.PRNGKey(1))
+    xs = jax.random.normal(jax.random.PRNGKey(0), (4, 5, 2))  # [batch, time, features]
+    ins = sowviz.inspect(_batched_cell_loss, cell, xs, mode="grad")
+    assert_value_and_grad(ins.result, *eqx.filter_value_and_grad(_batched_cell_loss)(cell, xs))
+    hs, cs, dh, dc = _cell_values_and_cotangents(cell, xs)
+    stats = {p.leaf: p.summaries for p in ins.probes if p.name == "LSTMCell"}
+    assert set(stats) == {"[0]", "[1]"}, stats
+    # the probe holds the scan's iterations first: [time, batch, 8]
+    for leaf, value, cotangent in (("[0]", hs, dh), ("[1]", cs, dc)):
+        _assert_carries(stats[leaf]["primal"], np.swapaxes(value, 0, 1))
+        _assert_carries(stats[leaf]["cotangent"], np.swapaxes(cotangent, 0, 1))
