@@ -459,7 +459,15 @@ def _class_label(module: Any) -> str:
     wrapped = [f for name in fields if _compat.is_user_function(f := getattr(module, name, None))]
     # (a lambda names nothing: `fn: <lambda>` says less than the class)
     named = len(wrapped) == 1 and wrapped[0].__name__ != "<lambda>"
-    return wrapped[0].__name__ if named else cls.__name__
+    if named:
+        return wrapped[0].__name__
+    if cls.__name__ == "Lambda" and cls.__module__.startswith("equinox"):
+        # `eqx.nn.Lambda(jax.nn.relu)` in a layer list: `layers[2]: relu`, as a function
+        # of yours is named (every activation was `Lambda`)
+        name = getattr(getattr(module, "fn", None), "__name__", None)
+        if isinstance(name, str) and name.isidentifier():
+            return name
+    return cls.__name__
 
 
 #: Public wrapper classes of the frameworks, no layers: Equinox's `BoundMethod` (a

@@ -263,3 +263,27 @@ def test_multihead_attention_s_projections_are_its_own_stages():
     for proj in ("query_proj", "key_proj", "value_proj", "output_proj"):
         assert f"{proj}: Linear" in kids, kids
     assert not [n.label for n in ins.graph.nodes if "BoundMethod" in n.label or "attn." in n.label]
+
+
+def test_a_lambda_of_a_jax_function_is_named_by_it():
+    # `eqx.nn.Lambda(jax.nn.relu)` in a layer list was `layers[2]: Lambda`, as was every
+    # activation; a function of yours was already named (`layers[1]: swish`)
+    def swish(x):
+        return x * jax.nn.sigmoid(x)
+
+    model = eqx.nn.Sequential(
+        [
+            eqx.nn.Linear(4, 8, key=jax.random.PRNGKey(0)),
+            eqx.nn.Lambda(swish),
+            eqx.nn.Lambda(jax.nn.sigmoid),
+            eqx.nn.Linear(8, 1, key=jax.random.PRNGKey(1)),
+        ]
+    )
+    x = jnp.linspace(-1.0, 1.0, 12).reshape(3, 4)
+    ins = sowviz.inspect(lambda m, x: jnp.mean(jax.vmap(m)(x) ** 2), model, x)
+    labels = {n.label for n in ins.graph.nodes}
+    assert {"layers[1]: swish", "layers[2]: sigmoid"} <= labels, sorted(labels)
+    h = jax.vmap(model.layers[0])(x)
+    want = jax.nn.sigmoid(h * jax.nn.sigmoid(h))
+    got = ins.probe("layers[2]: sigmoid").summaries["primal"]
+    np.testing.assert_allclose(got["mean"], float(want.mean()), rtol=1e-6)
