@@ -374,3 +374,26 @@ def test_an_array_method_is_named_as_the_function_it_forwards_to():
     np.testing.assert_allclose(
         ins.probe("mean").summaries["primal"]["l2"], float(jnp.linalg.norm(want)), rtol=1e-6
     )
+
+
+def test_an_nnx_cond_is_one_cond_box():
+    # `nnx.cond`'s own cast of the predicate was a box `cond` beside the `cond` it makes
+    # (`cond`, `cond#2`)
+    from flax import nnx
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.lin = nnx.Linear(4, 4, rngs=rngs)
+            self.alt = nnx.Linear(4, 4, rngs=rngs)
+
+        def __call__(self, x, flag):
+            h = self.lin(x)
+            return nnx.cond(flag, lambda m, h: m.alt(h), lambda m, h: jnp.tanh(h), self, h)
+
+    model, x = Net(nnx.Rngs(0)), jnp.ones((6, 4))
+    ins = sowviz.inspect(lambda m, x, f: jnp.mean(m(x, f) ** 2), model, x, jnp.asarray(True))
+    conds = [n for n in ins.graph.nodes if n.label.startswith("cond")]
+    assert [(n.label, n.kind) for n in conds] == [("cond", "cond")], conds
+    want = model.alt(model.lin(x))
+    got = ins.probe("Net/cond").summaries["primal"]
+    np.testing.assert_allclose(got["mean"], float(want.mean()), rtol=1e-5)

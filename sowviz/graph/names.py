@@ -587,8 +587,22 @@ def fold_names(
             scope and (_OWN in scope[-1] or _SPLIT in scope[-1])
         ):
             return None
+        if stage_alike(i, what[0]):
+            return None  # `nnx.cond`'s predicate cast beside the `cond` it makes: a 2nd `cond`
         own = function_label(loc.function)[0]
         return f"{own}:{loc.line}\x02{'/'.join(scope)}\x03{what[0]}"
+
+    def stage_alike(i: int, what: str) -> bool:
+        # a stage named like the call (`cond`, `cond(...)`) among the equations of that
+        # call on `i`'s line
+        for step in (-1, 1):
+            m = i + step
+            while 0 <= m < len(out) and locs[m] == locs[i] and calls(m)[:1] == (what,):
+                own = stages[m] if m < len(stages) else None
+                if own and (own == what or own.startswith(what + "(")):
+                    return True
+                m += step
+        return False
 
     if call_path is not None:
         fold_runs(layer_key, least=1, label=line_label, inner=True, whole=False)
