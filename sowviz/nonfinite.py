@@ -365,7 +365,11 @@ def find(
         live = {n: f for n, f in fwd.items() if reaches(n)}
         node, earlier, led_to = _producer(ix, fwd, live or fwd)
         before = [ix.nodes[b] for b in ix.unprobed_before(node, probed)]
-        early = None if earlier is None else (ix.nodes[earlier], fwd[earlier].fwd_kinds)
+        early = (
+            None
+            if earlier is None
+            else (ix.nodes[earlier], fwd[earlier].fwd_kinds, ix.path(earlier))
+        )
         led = None if led_to is None else (ix.nodes[led_to], fwd[node].fwd_kinds)
         carried, unseen = _carried(ix, node, fwd, probed)
         masked_note = None

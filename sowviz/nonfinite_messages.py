@@ -71,7 +71,7 @@ def forward_message(
     n: Any,
     path: Sequence[str] = (),
     before: Sequence[Any] = (),
-    earlier: tuple[Any, frozenset[str]] | None = None,
+    earlier: tuple[Any, ...] | None = None,
     carried: Sequence[Any] = (),
     unseen: bool = False,
     led_to: tuple[Any, frozenset[str]] | None = None,
@@ -83,7 +83,7 @@ def forward_message(
     Dense_1/kernel`): a model has a `kernel` in every layer. `before`: the unprobed
     equations feeding `n`, which may have made the value `n` is the first probe to
     see; `earlier`: a node holding other non-finite kinds before `n` (+Inf before a
-    NaN), and those kinds; `carried`: in a loop, the body's nodes after `n` that may
+    NaN), those kinds and its stage path; `carried`: in a loop, the body's nodes after `n` that may
     have made, at an earlier iteration, the value `n` read from the loop's carry
     (`unseen`: some are unprobed equations); `led_to`: the node that made the NaN the
     results hold of the ±Inf `n` made (an overflow), and the kinds `n` held; `masked`:
@@ -108,8 +108,14 @@ def forward_message(
         locate = ": `locate_nonfinite()` names the equation" if unseen and not before else ""
         msg += f"{LOOP_CARRIED}{names}){locate}"
     if earlier is not None:
-        node, kinds = earlier
-        msg += f"{EARLIER}{stage_name(node)} held {_held(kinds)}, which may have led to it"
+        node, kinds = earlier[:2]
+        # an input by its path, as the origin names one (`the input batch/[0]`, not `[0]`)
+        named = (
+            f"the input {stage_name(node, input_path(earlier[2]))}"
+            if node.kind == "input" and len(earlier) > 2 and earlier[2]
+            else stage_name(node)
+        )
+        msg += f"{EARLIER}{named} held {_held(kinds)}, which may have led to it"
     if masked is not None:
         node, kinds, by = masked
         what = f" by {stage_name(by)}" if by is not None else " afterwards"

@@ -1354,3 +1354,25 @@ def test_in_a_scan_an_overflow_masked_at_its_iteration_is_not_the_origin():
     assert o.forward.equation.primitive == "mul", o.forward.message
     assert o.forward.equation.source.line == line and o.forward.iteration == (2,)
     assert "`integer_pow`" in o.forward.message and "was masked" in o.forward.message
+
+
+def _mse_of_batch(params, batch):
+    x, y = batch
+    return jnp.mean((jax.nn.relu(x @ params["w1"]) @ params["w2"] - y) ** 2)
+
+
+def test_an_input_holding_inf_before_the_nan_is_named_by_its_path():
+    # the NaN origin named the +Inf before it by its leaf alone (`[0]`), where a NaN in
+    # the same leaf is "the input `batch/[0]`"
+    # (weights of both signs: the ±Inf of `x @ w1` meet in `... @ w2`, a NaN)
+    params = {
+        "w1": jax.random.normal(jax.random.key(0), (4, 8)),
+        "w2": jax.random.normal(jax.random.key(1), (8, 1)),
+    }
+    x = np.ones((6, 4), np.float32)
+    x[2, 1] = np.inf
+    h = jax.nn.relu(jnp.asarray(x) @ params["w1"]) @ params["w2"]
+    assert np.isnan(h).any()
+    msg = sowviz.inspect(_mse_of_batch, params, (jnp.asarray(x), jnp.zeros((6, 1))))
+    msg = msg.nonfinite.forward.message
+    assert "before it, the input `batch/[0]` held +Inf" in msg, msg
