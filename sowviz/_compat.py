@@ -936,8 +936,12 @@ def call_path(eqn: JaxprEqn, body: str = "") -> CallPath:
                     names.append(c.co_qualname)
                     api = ""
                 elif api == "":  # the JAX function that code called (`softmax`, `norm`)
-                    public = "." not in c.co_qualname and not c.co_name.startswith("_")
-                    api = c.co_qualname if public and not _is_tree_util(c) else None
+                    # (or the transform whose function it is: `jax.jacfwd(f)(x)` runs
+                    # `jacfwd.<locals>.jacfun`, which makes its basis: `jacfwd`)
+                    outer, _, rest = c.co_qualname.partition(".<locals>.")
+                    name = outer if rest and "." not in outer else c.co_qualname
+                    public = "." not in name and not name.startswith("_")
+                    api = name if public and not _is_tree_util(c) else None
             if api:
                 if not names:
                     package = "jax"

@@ -397,3 +397,28 @@ def test_an_nnx_cond_is_one_cond_box():
     want = model.alt(model.lin(x))
     got = ins.probe("Net/cond").summaries["primal"]
     np.testing.assert_allclose(got["mean"], float(want.mean()), rtol=1e-5)
+
+
+def _u(w, xy):
+    return jnp.tanh(xy @ w).sum()
+
+
+def _laplacian(w, xy):
+    hess = jax.jacfwd(jax.grad(_u, argnums=1), argnums=1)(w, xy)
+    return jnp.trace(hess)
+
+
+def test_a_transform_s_own_work_is_named_by_the_transform():
+    # `jax.jacfwd(f)(x)` runs `jacfwd.<locals>.jacfun`, which makes the basis (iota,
+    # iota, add, eq, convert_element_type, split): six bare boxes, now `jacfwd`
+    w = jax.random.normal(jax.random.key(0), (2, 8))
+    pts = jax.random.uniform(jax.random.key(1), (16, 2))
+    loss = lambda w, pts: jnp.mean(jax.vmap(_laplacian, in_axes=(None, 0))(w, pts) ** 2)  # noqa: E731
+    ins = sowviz.inspect(loss, w, pts)
+    (lap,) = (n.id for n in ins.graph.nodes if n.label == "_laplacian")
+    kids = [n for n in ins.graph.nodes if n.parent == lap]
+    assert not [n.label for n in kids if n.kind == "eqn" and n.primitive in ("iota", "eq")]
+    assert "jacfwd" in [n.label for n in kids], [n.label for n in kids]
+    value, grad = jax.value_and_grad(loss)(w, pts)
+    np.testing.assert_allclose(ins.result[0], value, rtol=1e-5)
+    np.testing.assert_allclose(ins.result[1], grad, rtol=1e-4, atol=1e-6)
