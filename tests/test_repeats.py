@@ -437,3 +437,32 @@ def test_a_loop_adding_a_per_step_loss_is_one_stacked_node_with_its_folds():
         label = "total" if t == 0 else f"total#{t + 1}"
         got = ins.probe(f"Linear (×6)/{label}").summaries["primal"]["mean"]
         np.testing.assert_allclose(got, float(run), rtol=1e-5)
+
+
+def _dropout_layer(w, x, key):
+    h = jnp.tanh(x @ w)
+    keep = jax.random.bernoulli(key, 0.9, h.shape)
+    return jnp.where(keep, h / 0.9, 0.0)
+
+
+def _keyed_stack(ws, x, key):
+    for w in ws:
+        layer_key, key = jax.random.split(key)  # as Equinox's BERT example splits them
+        x = _dropout_layer(w, x, layer_key)
+    return jnp.sum(x**2)
+
+
+def test_layers_called_with_a_key_split_before_each_are_one_stacked_node():
+    # the split line between the calls kept the layers apart: 6 layers and 6 key
+    # boxes, drawn as a staircase
+    ws = jnp.stack([jnp.eye(8) * (1 + 0.1 * i) for i in range(6)])
+    x = jnp.linspace(-1.0, 1.0, 16).reshape(2, 8)
+    ins = sowviz.inspect(_keyed_stack, list(ws), x, jax.random.PRNGKey(3))  # (a raw key)
+    (grp,) = (n for n in ins.graph.nodes if n.repeats)
+    assert grp.repeats == 6 and grp.parent == ins.graph.root, grp
+    top = [n.label for n in ins.graph.nodes if n.parent == ins.graph.root]
+    assert not [t for t in top if "key" in t and t != "key"], top
+    value, grad = jax.value_and_grad(_keyed_stack)(list(ws), x, jax.random.PRNGKey(3))
+    np.testing.assert_allclose(ins.result[0], value, rtol=1e-5)
+    for got, want in zip(ins.result[1], grad, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
