@@ -317,7 +317,8 @@ def _name_wrappers(recs: Sequence[_Rec]) -> None:
     (`eqx.filter_checkpoint`, `nnx.remat`) said nothing until each was opened. So is
     one of a lambda holding one named scope, and a scan whose body a library wrote
     (Flax Linen's `nn.scan(nn.remat(Block), name="blocks")` traces Flax's `body_fn`):
-    `scan(blocks)` > `checkpoint(blocks)` > `blocks`."""
+    `scan(blocks)` > `checkpoint(blocks)` > `blocks`; a library's `lax.map` of one
+    Tesseract, `map(vectoradd)`."""
     kids: dict[str, list[_Rec]] = {}
     for rec in recs:
         if rec.parent is not None:
@@ -327,7 +328,7 @@ def _name_wrappers(recs: Sequence[_Rec]) -> None:
         if len(only) != 1 or rec.kind not in ("remat", "scan"):
             continue
         inner = only[0]
-        if inner.kind == "scope" and not inner.made:
+        if (inner.kind == "scope" and not inner.made) or inner.kind == "tesseract":
             name = inner.label
         elif inner.kind == "remat" and inner.label.endswith(")"):
             name = inner.label.partition("(")[2][:-1]
@@ -340,8 +341,9 @@ def _name_wrappers(recs: Sequence[_Rec]) -> None:
             and (inner.label in frameworks.pushed() or not paren)
         ):
             rec.label = f"{construct}({name})"
-        elif rec.kind == "scan" and rec.label == "scan":
-            rec.label = f"scan({name})"
+        elif rec.kind == "scan" and rec.label in ("scan", "map"):
+            # (tesseract-jax's `vmap_method="sequential"` maps a Tesseract: `map(vectoradd)`)
+            rec.label = f"{rec.label}({name})"
 
 
 class _Rec:

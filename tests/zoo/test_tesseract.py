@@ -321,3 +321,28 @@ def test_a_nan_tangent_of_a_tesseract_output_that_is_not_differentiable_says_why
     msg = ins.nonfinite.forward.message
     assert "in its tangent: the value is finite); tesseract-jax gives a Tesseract's outputs" in msg
     assert not ins.nonfinite.alarm  # it never reaches a result
+
+
+def test_a_tesseract_mapped_by_vmap_is_named_in_its_map(tesseracts):
+    # tesseract-jax's `vmap_method="sequential"` maps the Tesseract with `lax.map`: the
+    # stage read a bare `map`, the Tesseract's name hidden inside it
+    from tesseract_jax import apply_tesseract
+
+    scale = tesseracts[0]
+
+    def one(x, a):
+        return apply_tesseract(
+            scale, {"x": x, "a": a, "b": jnp.float32(0.5)}, vmap_method="sequential"
+        )["y"]
+
+    def loss(xs, a):
+        return jnp.sum(jax.vmap(one, in_axes=(0, None))(xs, a) ** 2)
+
+    xs = jnp.linspace(-1.0, 1.0, 12, dtype=jnp.float32).reshape(3, 4)
+    ins = sowviz.inspect(loss, xs, jnp.float32(1.3))
+    (loop,) = (n for n in ins.graph.nodes if n.kind == "scan")
+    (tess,) = (n for n in ins.graph.nodes if n.kind == "tesseract")
+    assert loop.label == f"map({tess.label})", (loop.label, tess.label)
+    value, grad = jax.value_and_grad(loss)(xs, jnp.float32(1.3))
+    np.testing.assert_allclose(ins.result[0], value, rtol=1e-5)
+    np.testing.assert_allclose(ins.result[1], grad, rtol=1e-5)
