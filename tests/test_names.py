@@ -181,14 +181,10 @@ def test_a_line_folded_into_one_stage_is_named_by_what_it_assigns():
     w, x0, key = jnp.eye(4) * 0.3, jnp.ones((8, 4)), jax.random.PRNGKey(0)
     ins = sowviz.inspect(_noised, w, x0, key, mode="grad")
     folds = [n.label for n in ins.graph.children(ins.graph.root) if n.kind == "scope"]
-    # a return line keeps its place: its fold may be a call's arguments, not the result
-    assert folds == [
-        "k1, k2",
-        "t, eps",
-        "ab",
-        "xt",
-        f"_noised:{_noised.__code__.co_firstlineno + 6}",
-    ]
+    # a return line's last work is what the function returns: `return` (it was
+    # `_noised:176`); one followed by a call on its line keeps its place (the call's
+    # arguments, `test_a_return_line_s_call_arguments_keep_their_place`)
+    assert folds == ["k1, k2", "t, eps", "ab", "xt", "return"]
     k1, k2 = jax.random.split(key)
     t = jax.random.uniform(k1, (8,))
     eps = jax.random.normal(k2, x0.shape)
@@ -399,12 +395,12 @@ def test_an_nnx_cond_is_one_cond_box():
     np.testing.assert_allclose(got["mean"], float(want.mean()), rtol=1e-5)
 
 
-def _u(w, xy):
+def _jac_u(w, xy):
     return jnp.tanh(xy @ w).sum()
 
 
-def _laplacian(w, xy):
-    hess = jax.jacfwd(jax.grad(_u, argnums=1), argnums=1)(w, xy)
+def _jacfwd_laplacian(w, xy):
+    hess = jax.jacfwd(jax.grad(_jac_u, argnums=1), argnums=1)(w, xy)
     return jnp.trace(hess)
 
 
@@ -413,12 +409,34 @@ def test_a_transform_s_own_work_is_named_by_the_transform():
     # iota, add, eq, convert_element_type, split): six bare boxes, now `jacfwd`
     w = jax.random.normal(jax.random.key(0), (2, 8))
     pts = jax.random.uniform(jax.random.key(1), (16, 2))
-    loss = lambda w, pts: jnp.mean(jax.vmap(_laplacian, in_axes=(None, 0))(w, pts) ** 2)  # noqa: E731
+    loss = lambda w, pts: jnp.mean(jax.vmap(_jacfwd_laplacian, in_axes=(None, 0))(w, pts) ** 2)  # noqa: E731
     ins = sowviz.inspect(loss, w, pts)
-    (lap,) = (n.id for n in ins.graph.nodes if n.label == "_laplacian")
+    (lap,) = (n.id for n in ins.graph.nodes if n.label == "_jacfwd_laplacian")
     kids = [n for n in ins.graph.nodes if n.parent == lap]
     assert not [n.label for n in kids if n.kind == "eqn" and n.primitive in ("iota", "eq")]
     assert "jacfwd" in [n.label for n in kids], [n.label for n in kids]
     value, grad = jax.value_and_grad(loss)(w, pts)
     np.testing.assert_allclose(ins.result[0], value, rtol=1e-5)
     np.testing.assert_allclose(ins.result[1], grad, rtol=1e-4, atol=1e-6)
+
+
+def _headed(w, v, x):
+    h = jnp.tanh(x @ w)
+    for _ in range(8):  # (a big level: lines of 3 equations and more fold)
+        h = jnp.sin(h) * 0.9
+    return _head(v, jnp.concatenate([h, -h], -1) * 2.0 + 1.0)
+
+
+def _head(v, z):
+    return jnp.sum(jnp.tanh(z @ v) ** 2)
+
+
+def test_a_return_line_s_call_arguments_keep_their_place():
+    # the fold of `concatenate`, `mul`, `add` is the arguments of `_head`, not what
+    # `_headed` returns: not labelled `return`
+    w, v, x = jnp.eye(4) * 0.5, jnp.ones((8, 1)) * 0.1, jnp.ones((3, 4))
+    g = graph_of(_headed, w, v, x)
+    labels = [n.label for n in g.nodes if n.parent == g.root]
+    line = _headed.__code__.co_firstlineno + 4
+    assert f"_headed:{line}" in labels and "_head" in labels, labels
+    assert "return" not in labels, labels

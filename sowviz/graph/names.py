@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from .. import _compat
 from . import frameworks
-from .source_text import assigned, statement_line
+from .source_text import assigned, is_return, statement_line
 
 _TOKEN = re.compile(r"\['((?:[^'\\]|\\.)*)'\]|\[(-?\d+)\]|\.([^.\[\]]+)|\[([^\]]*)\]")
 
@@ -464,9 +464,18 @@ def fold_names(
         own = where.split("\x02", 1)[0]
         if what and what != own.rsplit(":", 1)[0]:
             return what
-        # else what the line assigns (`t, eps`), which its number (`loss:5`) does not say
+        # else what the line assigns (`t, eps`), which its number (`loss:5`) does not say;
+        # a `return` line's run that is the last work of its scope is what the function
+        # returns (not the arguments of a call after it: `return head(x * 2)`'s `mul`)
         loc = locs[i]
-        return (loc is not None and assigned(loc.file, loc.line)) or own
+        if loc is None:
+            return own
+        named = assigned(loc.file, loc.line)
+        if named:
+            return named
+        sc = scope_of(i)
+        last = not any(scope_of(m)[: len(sc)] == sc for m in range(j + 1, len(out)))
+        return "return" if last and is_return(loc.file, loc.line) else own
 
     def unscoped(i: int) -> bool:
         return not out[i] or out[i][0].startswith(FOLD)

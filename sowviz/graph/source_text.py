@@ -55,6 +55,12 @@ def _targets(file: str, line: int, column: int | None = None) -> list[str] | Non
     return names
 
 
+def is_return(file: str, line: int) -> bool:
+    """Whether `file:line` is (part of) a `return` statement."""
+    statements = _statements_at("".join(linecache.getlines(file)), line)
+    return len(statements) == 1 and isinstance(statements[0], ast.Return)
+
+
 def statement_line(file: str, line: int) -> int:
     """The first line of the simple statement spanning `file:line` (`line` itself when
     the source cannot be read or the line is a compound statement's header). The
