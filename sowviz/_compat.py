@@ -528,10 +528,19 @@ def traced_var(x: Any) -> Var | None:
     tracers of `vmap` and `jvp` around it (an Equinox module called under `jax.vmap`),
     or None (a constant, a tracer of another kind). The variable is the one the
     traced jaxpr holds: JAX 0.10-0.12 keep a tracer's variable as its `val`."""
+    x = _unwrapped_tracer(x)
+    if isinstance(x, _pe.DynamicJaxprTracer):
+        x = x.val
+    return x if isinstance(x, Var) else None
+
+
+def _unwrapped_tracer(x: Any) -> Any:
+    """`x` without the `vmap` and `jvp` tracers around it: the `make_jaxpr` tracer (or
+    variable) inside, else None."""
     for _ in range(16):  # tracers nest one per transformation level
-        if isinstance(x, Var):
+        if isinstance(x, Var | _pe.DynamicJaxprTracer):
             return x
-        if isinstance(x, _pe.DynamicJaxprTracer | _batching.BatchTracer):
+        if isinstance(x, _batching.BatchTracer):
             x = x.val
         elif isinstance(x, _ad.JVPTracer):
             x = x.primal
@@ -567,21 +576,14 @@ def traced_origin(x: Any) -> Origin | None:
     """The `Origin` of a value traced by `jax.make_jaxpr` (through the tracers of `vmap`
     and `jvp` around it, as `traced_var`), or None. JAX 0.10-0.12 keep the equation
     being traced that made a tracer as its `parent`."""
-    for _ in range(16):  # tracers nest one per transformation level
-        if isinstance(x, _pe.DynamicJaxprTracer):
-            eqn = getattr(x, "parent", None)
-            info = getattr(eqn, "source_info", None)
-            outs = getattr(eqn, "outvars", ())
-            k = next((j for j, v in enumerate(outs) if v is x.val), None)
-            tb = getattr(info, "traceback", None)
-            return None if tb is None or k is None else Origin(tb, k)
-        if isinstance(x, _batching.BatchTracer):
-            x = x.val
-        elif isinstance(x, _ad.JVPTracer):
-            x = x.primal
-        else:
-            return None
-    return None
+    x = _unwrapped_tracer(x)
+    if not isinstance(x, _pe.DynamicJaxprTracer):
+        return None
+    eqn = getattr(x, "parent", None)
+    outs = getattr(eqn, "outvars", ())
+    k = next((j for j, v in enumerate(outs) if v is x.val), None)
+    tb = getattr(getattr(eqn, "source_info", None), "traceback", None)
+    return None if tb is None or k is None else Origin(tb, k)
 
 
 def eqn_origin(eqn: JaxprEqn, k: int) -> Origin | None:
