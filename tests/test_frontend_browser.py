@@ -1550,7 +1550,8 @@ def test_the_iteration_slider_names_the_iteration_and_its_range(page, tmp_path):
     xs = jax.random.normal(jax.random.PRNGKey(1), (3, 5, 4))
     ins = sowviz.inspect(f, w, xs)
     pg = page.open_report(ins.save_html(tmp_path / "map.html"))
-    pg.locator('[data-role="search"]').fill("act")
+    # (the loop is `map(act)`, named by the one stage its body holds: the scope itself)
+    pg.locator('[data-role="search"]').fill("kind:scope act")
     pg.locator('[data-role="search"]').press("Enter")  # reveals and selects the stage
     block = pg.locator('[data-role="per-iteration"][data-mode="primal"]')
     lines = block.locator('[data-iter="lines"]')
