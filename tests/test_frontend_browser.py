@@ -338,21 +338,25 @@ def test_monitor_charts_mark_nonfinite_steps(page, tmp_path):
     assert page.errors == [] and page.requests == []
 
 
+def _log_layer_loss(w, x):
+    """NaN wherever `x @ w` < 0, made by `log` in the stage `layer`."""
+    import jax
+    import jax.numpy as jnp
+
+    with jax.named_scope("layer"):
+        h = jnp.log(x @ w)
+    return jnp.mean(h**2)
+
+
 @pytest.mark.browser
 def test_a_monitor_report_draws_the_step_its_banner_names(page, tmp_path):
     # The graph draws the latest recorded step; the NaN banner's step (7, unrecorded,
     # re-run by the Monitor) was out of reach, and nothing said which step was drawn.
-    import jax
     import jax.numpy as jnp
 
     import sowviz
 
-    def loss(w, x):
-        with jax.named_scope("layer"):
-            h = jnp.log(x @ w)
-        return jnp.mean(h**2)
-
-    mon = sowviz.Monitor(loss, every=5)
+    mon = sowviz.Monitor(_log_layer_loss, every=5)
     w = jnp.full((3, 2), 0.5)
     for step in range(12):
         x = jnp.full((4, 3), -1.0 if step == 7 else 1.0 + step)
@@ -1622,18 +1626,12 @@ def test_a_monitor_s_nan_flags_stay_on_the_step_that_had_the_nan(page, tmp_path)
     # The latest step (7) is finite, the NaN was at step 3: its "NaN/Inf starts here"
     # flags marked the boxes of step 7. They belong to step 3; step 7 shows the banner
     # naming step 3 and the way to it.
-    import jax
     import jax.numpy as jnp
     import numpy as np
 
     import sowviz
 
-    def loss(w, x):
-        with jax.named_scope("layer"):
-            h = jnp.log(x @ w)
-        return jnp.mean(h**2)
-
-    mon = sowviz.Monitor(loss, every=1)
+    mon = sowviz.Monitor(_log_layer_loss, every=1)
     w = jnp.full((3, 2), 0.5)
     xs = [jnp.full((4, 3), -1.0 if step == 3 else 1.0 + step) for step in range(8)]
     for x in xs:

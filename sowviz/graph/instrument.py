@@ -149,7 +149,8 @@ def _rewrite(
         jaxpr,
         eqns=new_eqns,
         outvars=[read(v) for v in jaxpr.outvars],
-        effects=jaxpr.effects | _sow_effects(tag),
+        # (a level whose only change is reading on a user's sow gains no sow of ours)
+        effects=jaxpr.effects | _sow_effects(tag) if here or below else jaxpr.effects,
         debug_info=jaxpr.debug_info,
     )
 

@@ -739,6 +739,8 @@ def split_einsum_calls(scoped: Sequence[tuple[str, ...]], locs: Sequence[Any]) -
     change of your line (`locs`) within the run starts the next call's scope (labelled
     alike: the siblings are numbered, `btd,dnh->btnh#2`)."""
     out = list(scoped)
+    if not any(_EINSUM.match(n) for n in {n for names in scoped for n in names}):
+        return out  # (most levels: no einsum's scope)
     runs: dict[int, tuple[str, Any, tuple[str, ...], int]] = {}  # depth -> its run
     first: dict[tuple[int, tuple[str, ...], str], list[int]] = {}  # a run's first call
     for i, names in enumerate(scoped):

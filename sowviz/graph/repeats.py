@@ -196,9 +196,10 @@ def _separated(siblings: list, i: int, key: tuple, sig: dict, member: Any) -> tu
                 if lead and [eqn(r) for r in lead] == gap[-n:]:
                     between, led = lead + between, n
                     break
-            sizes = (
-                [] if led == period - 1 else [period - 1 - led] if led else range(period - 1, 0, -1)
-            )
+            if led:  # the rest of the gap, after the last block (none when it was whole)
+                sizes = [period - 1 - led] if led < period - 1 else []
+            else:
+                sizes = list(range(period - 1, 0, -1))
             for n in sizes:
                 trail = siblings[last + 1 : last + 1 + n]
                 if len(trail) == n and [eqn(r) for r in trail] == gap[:n]:
