@@ -719,7 +719,7 @@ def test_shard_map_stacks_per_mesh_axis():
 
     def body(a):
         h = sow(jnp.sin(a), "local")
-        return lax.psum(h, "y")
+        return sow(lax.psum(h, "y"), "summed")
 
     fn = jax.shard_map(body, mesh=mesh, in_specs=P("x", "y"), out_specs=P("x"))
     x = jax.device_put(
@@ -732,9 +732,56 @@ def test_shard_map_stacks_per_mesh_axis():
     for i in range(2):
         for j in range(4):
             close(local[i, j], np.sin(xs[2 * i : 2 * i + 2, 2 * j : 2 * j + 2]))
+    # The psum's result is alike on the 4 devices along "y": one copy per "x" row.
+    summed = np.asarray(inter["summed"]["primal"])
+    assert summed.shape == (2, 2, 2)
+    for i in range(2):
+        rows = np.sin(xs[2 * i : 2 * i + 2])
+        close(summed[i], sum(rows[:, 2 * j : 2 * j + 2] for j in range(4)))
 
     _grads, inter = save_intermediates(jax.grad(lambda x: jnp.sum(fn(x) ** 2)))(x)
     assert inter["local"]["cotangent"].shape == (2, 4, 2, 2)
+    assert inter["summed"]["cotangent"].shape == (2, 2, 2)
+    close(inter["summed"]["cotangent"], 2 * np.asarray(fn(x)).reshape(2, 2, 2))
+
+
+def test_shard_map_keeps_one_copy_of_a_value_every_device_holds():
+    # A data-parallel step's `pmean` loss and a replicated parameter are the same on
+    # all 8 devices: stacking 8 copies counted them 8 times (norm sqrt(8) too large).
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
+    P = jax.sharding.PartitionSpec
+
+    def local(w, x):
+        h = sow(jnp.tanh(x @ sow(w, "w_seen")), "h")
+        return sow(lax.pmean(jnp.mean(h**2), "data"), "loss")
+
+    def loss(w, x):
+        return jax.shard_map(local, mesh=mesh, in_specs=(P(), P("data")), out_specs=P())(w, x)
+
+    w = jax.device_put(
+        jnp.linspace(-1.0, 1.0, 12).reshape(4, 3), jax.sharding.NamedSharding(mesh, P())
+    )
+    x = jax.device_put(
+        jnp.arange(64.0).reshape(16, 4) / 64, jax.sharding.NamedSharding(mesh, P("data"))
+    )
+    with jax.set_mesh(mesh):
+        grads, inter = save_intermediates(jax.value_and_grad(loss))(w, x)
+        plain = jax.jit(jax.value_and_grad(loss))(w, x)
+        stats = sowviz.inspect(loss, w, x, mode="grad").probe("loss")
+    close(grads[0], plain[0])
+    close(grads[1], plain[1])
+    assert inter["loss"]["primal"].shape == ()
+    close(inter["loss"]["primal"], plain[0])
+    close(inter["loss"]["cotangent"], 1.0)
+    assert inter["w_seen"]["primal"].shape == (4, 3)
+    close(inter["w_seen"]["primal"], w)
+    # w's cotangent is alike on every device too: JAX sums the devices' parts (the
+    # transpose of the implicit `pvary`), so it is the whole gradient.
+    assert inter["w_seen"]["cotangent"].shape == (4, 3)
+    close(inter["w_seen"]["cotangent"], plain[1])
+    assert inter["h"]["primal"].shape == (8, 2, 3)
+    cot = stats.summaries["cotangent"]
+    assert cot["count"] == 1 and np.isclose(cot["l2"], 1.0)
 
 
 def test_jit_over_sharded_arrays():

@@ -17,7 +17,8 @@ Semantics (see the README's table):
 * checkpoint / remat: re-bound as checkpoint with the values as extra outputs.
 * custom_jvp / custom_vjp calls: we only execute (never differentiate) the
   rewritten program, so the call is inlined: its body is what runs.
-* shard_map: values stacked along one new leading axis per manual mesh axis.
+* shard_map: values stacked along one new leading axis per manual mesh axis the
+  value varies over; a value every device holds alike along an axis is kept once.
 """
 
 from __future__ import annotations
@@ -232,31 +233,45 @@ def _shard_map(
 ):
     manual = [a for a in mesh.axis_names if a in newly_manual_axes]
     child = rec.child()
+    # Per capture, the manual axes it is stacked along: those its values vary over.
+    # One that every device holds alike along an axis (a `pmean`'s result, a
+    # replicated parameter) leaves that axis out, as the user's own `out_specs`
+    # would: one copy, not one per device (which counted it mesh-size times). Only
+    # known when JAX checks the values' types (`check_vma`); else every axis stays.
+    stacked: list[tuple[str, ...]] = []
+    # Filled while the body is traced: `jax.shard_map` matches `out_specs` to the
+    # body's outputs after tracing it (it must: they are a prefix of that tree).
+    extra_specs: list = []
 
     def body(*args):
         child.reset()
+        stacked.clear()
+        extra_specs.clear()
         outs = evaluate_closed(jaxpr, args, child)
         extra = []
-        for v in child.flat():
-            if check_vma:
-                missing = tuple(a for a in manual if a not in _compat.varying_axes(v))
-                if missing:
+        for c in child.captures:
+            values = c.flat()
+            varying = frozenset().union(*map(_compat.varying_axes, values))
+            axes = tuple(a for a in manual if a in varying or not check_vma)
+            stacked.append(axes)
+            for v in values:
+                missing = tuple(a for a in axes if a not in _compat.varying_axes(v))
+                if check_vma and missing:
                     v = lax.pcast(v, missing, to="varying")
-            extra.append(jnp.reshape(v, (1,) * len(manual) + jnp.shape(v)))
+                extra.append(jnp.reshape(v, (1,) * len(axes) + jnp.shape(v)))
+                extra_specs.append(jax.sharding.PartitionSpec(*axes))
         return list(outs), extra
 
-    spec = jax.sharding.PartitionSpec(*manual)
     outs, extra = jax.shard_map(
         body,
         mesh=mesh,
         in_specs=tuple(in_specs),
-        out_specs=(list(out_specs), spec),
+        out_specs=(list(out_specs), extra_specs),
         axis_names=frozenset(newly_manual_axes),
         check_vma=check_vma,
     )(*invals)
     before = len(rec.captures)
     rec.lift(child, extra)
-    axes = tuple(f"mesh:{a}" for a in manual)
-    for c in rec.captures[before:]:
-        c.site = replace(c.site, axes=(*axes, *c.site.axes))
+    for c, axes in zip(rec.captures[before:], stacked, strict=True):
+        c.site = replace(c.site, axes=(*(f"mesh:{a}" for a in axes), *c.site.axes))
     return list(outs)
