@@ -521,3 +521,30 @@ def test_a_calls_outputs_are_numbered_as_it_returns_them():
         np.testing.assert_allclose(v2.summaries["primal"]["mean"], float(want_v.mean()), rtol=1e-6)
         # `return y * 2, total`: the expression made on the return line is [0]
         assert one(ins.graph, "_decode_sum", "scope").shapes == ("float32[8]", "float32[]")
+
+
+def _residual_block(p, x):
+    x = x + jnp.tanh(x @ p["w"])
+    return x * 2.0
+
+
+def test_your_function_under_jit_or_checkpoint_carries_data_as_unwrapped():
+    # A transformer block under `jax.checkpoint(policy=...)` (or `jax.jit`) drew its
+    # residual `add`s as boxes with no value and no gradient; unwrapped they had both.
+    p = {"w": jnp.linspace(-1.0, 1.0, 9).reshape(3, 3)}
+    x = jnp.linspace(-2.0, 2.0, 6).reshape(2, 3)
+    e = x + jnp.tanh(x @ p["w"])  # the residual add's value; loss = sum((2e)^2)
+    policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+    wrappers = {
+        "jit": jax.jit(_residual_block),
+        "checkpoint": jax.checkpoint(_residual_block, policy=policy),
+        "jit(checkpoint)": jax.jit(jax.checkpoint(_residual_block)),
+    }
+    for name, block in wrappers.items():
+        ins = sowviz.inspect(lambda p, x, block=block: jnp.sum(block(p, x) ** 2), p, x)
+        adds = [n for n in ins.graph.nodes if n.label == "add" and n.parent != ins.graph.root]
+        assert len(adds) == 1, (name, [n.label for n in ins.graph.nodes])
+        (probe,) = [q for q in ins.probes if q.node == adds[0].id]
+        got = probe.summaries
+        np.testing.assert_allclose(got["primal"]["l2"], np.linalg.norm(e), rtol=1e-5)
+        np.testing.assert_allclose(got["cotangent"]["l2"], np.linalg.norm(8 * e), rtol=1e-5)

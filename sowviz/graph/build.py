@@ -389,7 +389,8 @@ class _Rec:
         self.out_vars: dict[Any, tuple[int, int]] | None = None  # scopes: output var -> loc
         self.made = False  # a scope sowviz made: a fold (names.fold_names), a branch
         self.called = False  # a call of the user's own function (`calls.group_calls`)
-        self.user_body = False  # a loop whose body is the user's code (`scan(layer)`)
+        #: a loop or call whose body is the user's code (`scan(layer)`, `jit(block)`)
+        self.user_body = False
         self.repeats = 0  # a group of identical blocks: how many (repeats.py)
         self.constant = False  # an equation reading only constants (see `_Builder.const`)
         self.reads: list[_Rec] = []  # the inputs its own equations read (parameters)
@@ -771,6 +772,10 @@ class _Builder(InputsMixin):
         rec.constant = constant
         if spec.construct in _LOOPS:
             rec.user_body = _body_is_users(eqn, eqn.params[_LOOPS[spec.construct]])
+        elif spec.construct in _CALLS and len(spec.bodies) == 1:
+            # your function under `jax.jit`, `jax.checkpoint` or `jax.named_call` carries
+            # data as it does unwrapped (its residual `add`s were boxes with none)
+            rec.user_body = not _compat.defined_in_library(eqn.params[spec.bodies[0].param])
         if spec.construct is Construct.SOW:
             self.sows.setdefault(label, []).append(rec.id)
         n_before = len(self.points)
