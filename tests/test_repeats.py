@@ -424,7 +424,11 @@ def test_a_loop_adding_a_per_step_loss_is_one_stacked_node_with_its_folds():
     ins = sowviz.inspect(_loop_loss, w, x, targets)
     top = [n for n in ins.graph.nodes if n.parent == ins.graph.root]
     (grp,) = (n for n in top if n.repeats)
-    assert grp.repeats == 6 and grp.label == "Linear (×6)", [n.label for n in top]
+    # (the pass's other work named too: the blocks are the `Linear`s)
+    assert grp.repeats == 6 and grp.label == "Linear · total (×6)", [n.label for n in top]
+    assert [ins.graph.node(b).label for b in grp.blocks] == ["Linear"] + [
+        f"Linear#{i}" for i in range(2, 7)
+    ]
     kids = [n.label for n in ins.graph.nodes if n.parent == grp.id]
     assert [k for k in kids if k.startswith("total")] == ["total"] + [
         f"total#{i}" for i in range(2, 7)
@@ -435,7 +439,7 @@ def test_a_loop_adding_a_per_step_loss_is_one_stacked_node_with_its_folds():
     for t in range(6):
         run = run + jnp.mean((jax.nn.log_softmax(x[:, t] @ w) * targets[:, t]).sum(-1))
         label = "total" if t == 0 else f"total#{t + 1}"
-        got = ins.probe(f"Linear (×6)/{label}").summaries["primal"]["mean"]
+        got = ins.probe(f"Linear · total (×6)/{label}").summaries["primal"]["mean"]
         np.testing.assert_allclose(got, float(run), rtol=1e-5)
 
 
@@ -466,3 +470,45 @@ def test_layers_called_with_a_key_split_before_each_are_one_stacked_node():
     np.testing.assert_allclose(ins.result[0], value, rtol=1e-5)
     for got, want in zip(ins.result[1], grad, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+def _lru_layer(p, x):
+    return x @ p["w"]
+
+
+def _gelu_after_each_layer(params, x):
+    h = x
+    for p in params:
+        h = jax.nn.gelu(_lru_layer(p, h))
+    return jnp.mean(h**2)
+
+
+@pytest.mark.browser
+def test_a_pass_of_a_layer_then_named_work_is_stacked_as_both(page, tmp_path):
+    # `h = gelu(layer(p, h))` in a Python loop: the stacked node said `layer (×3)` with no
+    # data, and its panel charted 6 "blocks", the layers' and the gelus' outputs in turn.
+    params = [{"w": W16[i, :4, :4]} for i in range(3)]
+    x = X[:2, :4]
+    ins = sowviz.inspect(_gelu_after_each_layer, params, x, mode="grad", argnums=1)
+    (grp,) = _groups(ins.graph)
+    assert grp.label == "_lru_layer · gelu (×3)", grp.label
+    layers = [n for n in _kids(ins.graph, grp) if n.label.startswith("_lru_layer")]
+    assert grp.blocks == tuple(n.id for n in layers) and len(layers) == 3
+    # its face: the value leaving it, the last gelu's, and that value's gradient
+    hs, h = [], x
+    for p in params:
+        hs.append(h @ p["w"])
+        h = jax.nn.gelu(hs[-1])
+    (probe,) = [p for p in ins.probes if p.node == grp.id]
+    got = probe.summaries
+    np.testing.assert_allclose(got["primal"]["l2"], np.linalg.norm(h), rtol=1e-5)
+    np.testing.assert_allclose(got["cotangent"]["l2"], np.linalg.norm(2 * h / h.size), rtol=1e-5)
+    # the panel charts the three layers, each its own output
+    pg = page.open_report(ins.save_html(tmp_path / "r.html"))
+    pg.locator(f'[data-node-id="{grp.id}"]').click()
+    pg.wait_for_selector('[data-role="repeats"] [data-repeat="lines"] .main-svg')
+    l2 = pg.evaluate(
+        "() => document.querySelector(\"[data-repeat='lines'][data-mode='primal']\").data[0].y"
+    )
+    np.testing.assert_allclose(l2, [np.linalg.norm(v) for v in hs], rtol=1e-5)
+    assert not page.errors and not page.requests

@@ -50,6 +50,7 @@ function normaliseNode(n, i) {
     n_eqns: num(n.n_eqns, 0),
     collapsed: n.collapsed !== false,
     repeats: num(n.repeats, 0),
+    blocks: Array.isArray(n.blocks) ? n.blocks.map(String) : [],
     reads: Array.isArray(n.reads) ? n.reads.map(String) : [],
   };
 }

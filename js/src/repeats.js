@@ -18,8 +18,11 @@ const KEYS = ["l2", "mean", "absmax", "min", "max", "std"];
  * @param {string | null} leaf
  */
 export function repeatStats(index, id, leaf = null) {
-  // Equations between the blocks (a loop's slice before each call) are no blocks.
-  const kids = (index.children.get(id) ?? []).filter((c) => index.nodes.get(c)?.kind !== "eqn");
+  // Equations between the blocks (a loop's slice before each call) are no blocks; nor
+  // is other work the group names (`layer · gelu`: its `gelu`s, `node.blocks` says).
+  const named = index.nodes.get(id)?.blocks ?? [];
+  const kids = named.length ? named
+    : (index.children.get(id) ?? []).filter((c) => index.nodes.get(c)?.kind !== "eqn");
   const blocks = kids.map((c) => {
     const ps = index.probesByNode.get(c) ?? [];
     const probe = (leaf != null ? ps.find((p) => p.auto && p.leaf === leaf) : null)

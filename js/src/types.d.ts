@@ -107,6 +107,8 @@ export interface Node {
   shapes: string[]; primitive: string | null; n_eqns: number; collapsed: boolean;
   /** > 0: a group of this many identical blocks, its children (graph/repeats.py) */
   repeats?: number;
+  /** a group's blocks, where stages of other work lie between them (else its children but equations) */
+  blocks?: string[];
   /** the input nodes (parameters) its own equations read */
   reads?: string[];
 }

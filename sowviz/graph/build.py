@@ -350,6 +350,7 @@ class _Rec:
     """A node under construction (mutable until the walk ends)."""
 
     __slots__ = (
+        "blocks",
         "called",
         "collapsed",
         "constant",
@@ -392,6 +393,7 @@ class _Rec:
         #: a loop or call whose body is the user's code (`scan(layer)`, `jit(block)`)
         self.user_body = False
         self.repeats = 0  # a group of identical blocks: how many (repeats.py)
+        self.blocks: list[_Rec] = []  # its blocks, when other stages lie between them
         self.constant = False  # an equation reading only constants (see `_Builder.const`)
         self.reads: list[_Rec] = []  # the inputs its own equations read (parameters)
         #: the types of the values it reads from outside itself (`repeats`: blocks alike)
@@ -1076,6 +1078,7 @@ class _Builder(InputsMixin):
                 n_eqns=r.n_eqns,
                 collapsed=r.collapsed,
                 repeats=r.repeats,
+                blocks=tuple(b.id for b in r.blocks),
                 reads=tuple([i.id for i in r.reads]) if r.reads else (),
             )
             for r in recs

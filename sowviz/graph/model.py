@@ -46,6 +46,10 @@ class Node:
     collapsed: bool = False
     #: > 0: a group of this many identical blocks, its children (graph/repeats.py)
     repeats: int = 0
+    #: a group's blocks, where stages of other work lie between them (a Python loop's
+    #: `h = gelu(layer(p, h))`: `layer`s, with a `gelu` after each); else all its
+    #: children but equations are
+    blocks: tuple[str, ...] = ()
     #: the input nodes (parameters) its own equations read, not its stages' inside it
     reads: tuple[str, ...] = ()
 
@@ -75,6 +79,8 @@ class Node:
             d["collapsed"] = self.collapsed
         if self.repeats:
             d["repeats"] = self.repeats
+        if self.blocks:
+            d["blocks"] = list(self.blocks)
         if self.reads:
             d["reads"] = list(self.reads)
         return d

@@ -48,6 +48,8 @@ MAX_SEPARATORS = 3
 #: The most nodes the first picture draws when the model's module starts open.
 FIRST_VIEW = 60
 
+#: How the shape strings of floating values begin (`f32[4]`, `bf16[2]`, `c64[]`).
+_FLOATING = ("f", "bf", "c")
 _DIGITS = re.compile(r"\d+")
 _INDEX = re.compile(r"#\d+$")
 
@@ -218,6 +220,36 @@ def _key(r: Any, sig: dict) -> tuple:
     return (sig[r.id], pattern(r.label), site)
 
 
+def _group_label(run: list[Any], between: list[Any]) -> str:
+    """`layers[0–23] (×24)`; with named work between the blocks, a pass of a Python
+    loop `h = gelu(layer(p, h))`, that too: `layer · gelu (×3)`."""
+    label = repeat_label([r.label for r in run])
+    # (not a fold of keys: `layer_key, key = split(key)` is bookkeeping, no work to see)
+    folds = [
+        pattern(r.label)
+        for r in between
+        if r.kind == "scope" and r.made and any(s.startswith(_FLOATING) for s in r.shapes)
+    ]
+    if not folds:
+        return label
+    head, _, count = label.rpartition(" (")
+    return f"{' · '.join(dict.fromkeys([head, *folds]))} ({count}"
+
+
+def _output(run: list[Any], members: list[Any], edges: dict) -> Any | None:
+    """The member whose value leaves the group, which the group shows as its own: the
+    last block when each feeds the next, else the one member read from outside (a
+    loop's `gelu` after each `layer`); None when there is no one such."""
+    if all((a.id, b.id) in edges for a, b in itertools.pairwise(run)):
+        return run[-1]
+    ids = {r.id for r in members}
+    leaving = {s for s, t in edges if s in ids and t not in ids}
+    if len(leaving) != 1:
+        return None
+    (only,) = leaving
+    return next(r for r in members if r.id == only)
+
+
 def _insert(builder: Any, runs: list[list[Any]], extras: list[list[Any]]) -> None:
     edges = builder.edges
     group_of: dict[str, Any] = {}
@@ -225,15 +257,20 @@ def _insert(builder: Any, runs: list[list[Any]], extras: list[list[Any]]) -> Non
     chains: list[tuple[Any, list[Any]]] = []
     pos = {r.id: k for k, r in enumerate(builder.recs)}
     for run, between in zip(runs, extras, strict=True):
-        first, last = run[0], run[-1]
-        g = builder.new("scope", repeat_label([r.label for r in run]), first.parent)
-        g.repeats, g.source, g.shapes = len(run), first.source, last.shapes
-        before[min((first, *between), key=lambda r: pos[r.id]).id] = g
-        for r in (*run, *between):  # the equations between blocks go in with them
+        first = run[0]
+        g = builder.new("scope", _group_label(run, between), first.parent)
+        members = sorted((*run, *between), key=lambda r: pos[r.id])
+        g.repeats, g.source = len(run), first.source
+        before[members[0].id] = g
+        for r in members:  # the equations between blocks go in with them
             group_of[r.id] = g
             r.parent = g.id
-        if all((a.id, b.id) in edges for a, b in itertools.pairwise(run)):
-            chains.append((g, run))
+        if any(r.kind != "eqn" for r in between):  # (stages between: say which are blocks)
+            g.blocks = list(run)
+        out = _output(run, members, edges)
+        g.shapes = (out or run[-1]).shapes
+        if out is not None:
+            chains.append((g, out))
     # Walk order with each group just before its first block; renumber.
     old = [r for r in builder.recs if r.id not in {g.id for g in before.values()}]
     order: list[Any] = []
@@ -269,8 +306,8 @@ def _insert(builder: Any, runs: list[list[Any]], extras: list[list[Any]]) -> Non
         for p in builder.points
     ]
     by_node = {p.node: p for p in points}
-    for g, run in chains:  # the group's output is its last block's
-        p = by_node.get(run[-1].id)
+    for g, out in chains:  # the group's output is the value leaving it
+        p = by_node.get(out.id)
         if p is not None:
             points.append(dataclasses.replace(p, node=g.id, kind=g.kind, names=p.names))
     builder.points = points
