@@ -37,7 +37,7 @@ export function computeFaces(index, ids, { mode, stat }) {
   const all = [];
   const fills = [];
   for (const [id, probes] of index.probesByNode) {
-    const shown = faceOutputs(probes, index.nodes.get(id));
+    const shown = faceOutputs(probes, index.nodes.get(id), mode);
     (nodeHoldsFill(shown, mode) ? fills : all).push(nodeStat(shown, mode, stat));
   }
   const scale = logScale(all, fills);
@@ -47,7 +47,7 @@ export function computeFaces(index, ids, { mode, stat }) {
     // a stage of several outputs (a scan's carry and stacked ys): the face is its first
     // output's, as its shape ("f32[4] +1") and the panel's first pick are, and says so
     const own = ownOutputs(probes);
-    const shown = faceOutputs(probes, index.nodes.get(id));
+    const shown = faceOutputs(probes, index.nodes.get(id), mode);
     const value = probes ? nodeStat(shown, mode, stat) : null;
     const hist = shown[0]?.summaries?.[mode]?.hist?.counts?.length ? shown[0].summaries[mode].hist.counts : null;
     const sym = statSymbol(mode, stat);
@@ -60,12 +60,14 @@ export function computeFaces(index, ids, { mode, stat }) {
     }) : null;
     // Statistics are over the finite values: a NaN gradient's ‖grad‖₂ is 0 over none
     // of them, so the face says what else it holds ("grad: 128 NaN", "‖grad‖₂ = 2 · 1 +Inf").
-    const bad = nonfiniteCounts(probes, mode);
+    // (the shown output's: `q, k, v = ...` said "[0] = 0 · 192 NaN", q's norm beside
+    // the three outputs' count; a stage's only output, or saved values alone: all)
+    const bad = nonfiniteCounts(own.length > 1 ? shown : probes, mode);
     // `short`: what a narrow face shows instead of `text` (the counts alone)
     let short = null;
     if (bad.text) {
       short = `${MODE_WORDS[mode] ?? mode}: ${bad.text}`;
-      text = bad.finite === 0 ? short : `${text} · ${bad.text}`;
+      text = bad.finite === 0 ? `${which}${short}` : `${text} · ${bad.text}`;
     }
     // The program's scalar output (the loss) shows its value, whatever colours the nodes.
     const out = index.nodes.get(id)?.kind === "output" ? probes?.[0]?.summaries?.primal : null;
@@ -83,15 +85,22 @@ export function computeFaces(index, ids, { mode, stat }) {
  * The probes a face describes: the stage's first output, the one its shape names
  * (`node.shapes[0]`: a scan lists its stacked values, which the program reads, before
  * its final carry, which it may drop), else the first of its own outputs. A scan's face
- * showed "[0] ‖grad‖₂ = 0" of the unused carry beside the shape of the values.
- * @param {any[]|undefined} probes @param {any} [node]
+ * showed "[0] ‖grad‖₂ = 0" of the unused carry beside the shape of the values. In a
+ * `mode`: the first output holding NaN or Inf there, so a face never hides one
+ * (`q, k, v` with k's NaN), else that one when it has the mode's values, else the
+ * first that has (`slogdet`'s sign has no gradient, its logdet has: the face showed
+ * none, as if the path to the loss were broken).
+ * @param {any[]|undefined} probes @param {any} [node] @param {string} [mode]
  */
-export function faceOutputs(probes, node) {
+export function faceOutputs(probes, node, mode) {
   const own = ownOutputs(probes);
   // (explicit sharding's mesh axes, `64@data`, are no part of a probe's shape)
   const first = node?.shapes?.[0]?.replace(/@(\([^)]*\)|[^,\]]+)/g, "");
-  const named = first == null ? undefined : own.find((p) => shapeText(p) === first);
-  return [named ?? own[0]].filter(Boolean);
+  const named = (first == null ? undefined : own.find((p) => shapeText(p) === first)) ?? own[0];
+  if (mode == null || own.length < 2) return [named].filter(Boolean);
+  const bad = own.find((p) => nonfiniteCounts([p], mode).text);
+  const has = (p) => p?.summaries?.[mode] != null;
+  return [bad ?? (has(named) ? named : own.find(has) ?? named)].filter(Boolean);
 }
 
 /** A probe's value type as the graph writes shapes: `float32[10,4,8]`. */

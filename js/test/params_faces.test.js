@@ -201,3 +201,24 @@ test("a narrow face keeps the statistic beside the non-finite counts while they 
   // every form fits its room, and each keeps a count
   for (const face of [soft, std]) for (const t of shown(face)) assert.ok(t === "" || /NaN/.test(t), t);
 });
+
+test("a face of several outputs shows one with the mode's values, and the NaN of the one it shows", () => {
+  const m = paramsModel();
+  m.nodes.push({ ...m.nodes[6], id: "n8", label: "slogdet", kind: "jit", shapes: ["float32[]", "float32[]"] });
+  const out = (id, leaf, summaries) => ({ id, name: "slogdet", leaf, node: "n8", auto: true, summaries });
+  // slogdet: the sign has no gradient, the logdet has; the face showed none
+  m.probes.push(out("p8", "[0]", { primal: summary({ shape: [] }) }),
+    out("p9", "[1]", { primal: summary({ shape: [] }), cotangent: summary({ shape: [], l2: 1 }) }));
+  // q, k, v: each output's own NaN count beside its own norm (it said "[0] = 0 · 192 NaN")
+  m.nodes.push({ ...m.nodes[6], id: "n9", label: "q, k, v", kind: "scope", shapes: ["float32[80]", "float32[80]", "float32[80]"] });
+  const qkv = (id, leaf, nan) => ({ id, name: "q, k, v", leaf, node: "n9", auto: true,
+    summaries: { cotangent: summary({ shape: [80], count: 80 - nan, nan, l2: 2 }) } });
+  m.probes.push(qkv("q0", "[0]", 0), qkv("q1", "[1]", 80), qkv("q2", "[2]", 32));
+  const { faces } = computeFaces(indexModel(m), ["n8", "n9"], { mode: "cotangent", stat: "l2" });
+  assert.equal(faces.get("n8").text, "[1] ‖grad‖₂ = 1");
+  // the first output holding NaN is the one shown: a face never hides one
+  assert.equal(faces.get("n9").text, "[1] grad: 80 NaN");
+  m.probes[m.probes.length - 2].summaries.cotangent = summary({ shape: [80], count: 80, l2: 3 });
+  const again = computeFaces(indexModel(m), ["n9"], { mode: "cotangent", stat: "l2" }).faces;
+  assert.equal(again.get("n9").text, "[2] ‖grad‖₂ = 2 · 32 NaN");
+});
