@@ -361,7 +361,21 @@ class Inspection:
         leaves, and a call naming one). A name that several
         probes share is a KeyError listing their paths, never the first of them; a
         stage wins over what it holds of the same name (a scope `cholesky` over the
-        `cholesky` inside it)."""
+        `cholesky` inside it). JAX's own key paths are names too:
+        `jax.tree_util.keystr(path)` of a parameter, `[1]['log_nu']`, is `[1].log_nu`."""
+        try:
+            return self._probe(name, leaf)
+        except KeyError:
+            dotted = _dotted_keys(name)
+            if dotted == name:
+                raise
+            try:
+                return self._probe(dotted, leaf)
+            except KeyError:
+                pass
+            raise
+
+    def _probe(self, name: str, leaf: str) -> Probe:
         if leaf and not leaf.startswith(("[", ".")):  # `leaf="output"` for "['output']"
             given = {p.leaf for p in self.probes}
             leaf = next((f for f in (f"['{leaf}']", f".{leaf}") if f in given), leaf)
@@ -444,6 +458,15 @@ class Inspection:
             f"({Mode(self.mode).value}): {len(self.graph.nodes)} nodes, {len(self.probes)} "
             "probes. Use <code>sowviz.show(...)</code> for the interactive view.</p>"
         )
+
+
+_DICT_KEY = re.compile(r"\['([^'\]]*)'\]")
+
+
+def _dotted_keys(name: str) -> str:
+    """`name` with `jax.tree_util.keystr`'s dict keys as sowviz writes them in a
+    parameter's label: `[1]['log_nu']` is `[1].log_nu`, `['w']` is `w`."""
+    return _DICT_KEY.sub(r".\1", name).removeprefix(".")
 
 
 def _aliases(path: str) -> set[str]:

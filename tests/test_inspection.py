@@ -1304,3 +1304,22 @@ def test_two_equations_of_one_label_in_one_module_get_paths_of_their_own():
     with pytest.raises(KeyError, match=r"'Block/add', 'Block/add#2'.*e\.g\. 'Block/add'\)"):
         ins.probe("add")
     assert all(ins.probe(ins.probe_path(p)) is p for p in adds)
+
+
+def test_probe_takes_jaxs_own_key_path_of_a_parameter():
+    # `jax.tree_util.keystr` of a leaf, as a user prints it from `tree_flatten_with_path`
+    params = [{"log_nu": jnp.ones(3)}, {"log_nu": jnp.ones(3) * 2}]
+    x = jnp.arange(3.0)
+
+    def loss(params, x):
+        return sum(jnp.sum(p["log_nu"] * x**i) for i, p in enumerate(params))
+
+    ins = sowviz.inspect(loss, params, x)
+    grads = jax.grad(loss)(params, x)
+    for (path, _), grad in zip(
+        jax.tree_util.tree_flatten_with_path(params)[0], jax.tree.leaves(grads), strict=True
+    ):
+        got = ins.probe(jax.tree_util.keystr(path)).summaries["cotangent"]
+        np.testing.assert_allclose(got["l2"], np.linalg.norm(grad), rtol=1e-6)
+    with pytest.raises(KeyError, match="no probe named"):
+        ins.probe("[2]['log_nu']")
