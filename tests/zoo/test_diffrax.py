@@ -46,8 +46,11 @@ def test_a_value_nobody_reads_marked_nondifferentiable():
     x = jnp.arange(1.0, 4.0)
     ins = sowviz.inspect(loss, x, mode="grad")
     assert_value_and_grad(ins.result, *jax.value_and_grad(loss)(x))
-    # the solution's probe carries its cotangent, dloss/dys = 2 sin(x) ...
-    (sol,) = probes_carrying(ins, np.sin(np.asarray(x)))
+    # the solution's probe carries its cotangent, dloss/dys = 2 sin(x) (the stage's and
+    # the `sin` inside it, your function's equation) ...
+    found = probes_carrying(ins, np.sin(np.asarray(x)))
+    assert sorted(ins.probe_path(p) for p in found) == ["solve", "solve/sin"]
+    (sol,) = [p for p in found if p.name == "solve"]
     np.testing.assert_allclose(
         sol.summaries["cotangent"]["l2"], np.linalg.norm(2 * np.sin(np.asarray(x))), rtol=1e-5
     )
