@@ -512,3 +512,27 @@ def test_a_pass_of_a_layer_then_named_work_is_stacked_as_both(page, tmp_path):
     )
     np.testing.assert_allclose(l2, [np.linalg.norm(v) for v in hs], rtol=1e-5)
     assert not page.errors and not page.requests
+
+
+def test_an_equinox_mlps_activation_goes_with_the_layer_before_it():
+    # `eqx.nn.MLP`: `x = activation(layer(x))` per hidden layer. Its stack began with the
+    # first layer's `gelu` and left the last hidden layer's outside: passes are a
+    # layer and the work reading its output.
+    eqx = pytest.importorskip("equinox")
+    model = eqx.nn.MLP(6, 1, 8, 3, activation=jax.nn.gelu, key=jax.random.key(0))
+    x = jnp.linspace(-1.0, 1.0, 12).reshape(2, 6)
+
+    def loss(model, x):
+        return jnp.mean(jax.vmap(model)(x) ** 2)
+
+    ins = sowviz.inspect(loss, model, x)
+    (grp,) = _groups(ins.graph)
+    assert grp.label == "layers[1–2]: Linear · gelu (×2)", grp.label
+    kids = [n.label for n in _kids(ins.graph, grp)]
+    assert kids == ["layers[1]: Linear", "gelu#2", "layers[2]: Linear", "gelu#3"], kids
+    # the stack's face is the last hidden activation: what `layers[3]` reads
+    h = x
+    for layer in model.layers[:3]:
+        h = jax.nn.gelu(h @ layer.weight.T + layer.bias)
+    (probe,) = [p for p in ins.probes if p.node == grp.id]
+    np.testing.assert_allclose(probe.summaries["primal"]["l2"], np.linalg.norm(h), rtol=1e-5)

@@ -144,7 +144,7 @@ def merge(builder: Any) -> list[Any]:
                 while j < len(siblings) and member(siblings[j]) and _key(siblings[j], sig) == key:
                     j += 1
                 if j - i < MIN_RUN:
-                    blocks, between, end = _separated(siblings, i, key, sig, member)
+                    blocks, between, end = _separated(siblings, i, key, sig, member, builder.edges)
                     if len(blocks) >= MIN_RUN:
                         runs.append(blocks)
                         extras.append(between)
@@ -159,12 +159,13 @@ def merge(builder: Any) -> list[Any]:
     return builder.recs
 
 
-def _separated(siblings: list, i: int, key: tuple, sig: dict, member: Any) -> tuple:
+def _separated(siblings: list, i: int, key: tuple, sig: dict, member: Any, edges: dict) -> tuple:
     """A run of alike blocks from ``siblings[i]`` with the same few equations between
     each two (a Python loop's `x[:, t]` before each call of a layer; a fold of one line,
     alike each time, counts as one): its blocks, those
-    equations (with a like run of them just before the first block) and the index
-    past the run. Fewer than two blocks when there is no such run."""
+    equations (with a like run of them just before the first block, unless they read
+    a block's output: then just after the last) and the index past the run. Fewer
+    than two blocks when there is no such run."""
 
     def eqn(r: Any) -> tuple | None:
         if r.kind == "eqn" and not r.made:
@@ -193,7 +194,10 @@ def _separated(siblings: list, i: int, key: tuple, sig: dict, member: Any) -> tu
             # the `total` fold after its last, with `total` between two calls; the two
             # parts then make one gap)
             led = 0
-            for n in range(period - 1, 0, -1):
+            # (work that reads its block's output ends that block's pass: an Equinox
+            # MLP's `gelu` after each `Linear` goes with the one before it, not after)
+            after = (siblings[i].id, siblings[i + 1].id) in edges
+            for n in range(period - 1, 0, -1) if not after else ():
                 lead = siblings[i - n : i] if i >= n else []
                 if lead and [eqn(r) for r in lead] == gap[-n:]:
                     between, led = lead + between, n
