@@ -536,3 +536,32 @@ def test_an_equinox_mlps_activation_goes_with_the_layer_before_it():
         h = jax.nn.gelu(h @ layer.weight.T + layer.bias)
     (probe,) = [p for p in ins.probes if p.node == grp.id]
     np.testing.assert_allclose(probe.summaries["primal"]["l2"], np.linalg.norm(h), rtol=1e-5)
+
+
+def test_the_one_model_starts_open_even_when_its_loss_holds_more():
+    # Flax's MNIST tutorial shape: a small CNN whose `optax` cross-entropy is the larger
+    # part of the program; the first picture was one closed `CNN` box.
+    nnx = pytest.importorskip("flax.nnx")
+    optax = pytest.importorskip("optax")
+
+    class CNN(nnx.Module):
+        def __init__(self, rngs):
+            self.conv = nnx.Conv(1, 4, kernel_size=(3, 3), rngs=rngs)
+            self.linear = nnx.Linear(4 * 4 * 4, 10, rngs=rngs)
+
+        def __call__(self, x):
+            x = nnx.avg_pool(nnx.relu(self.conv(x)), window_shape=(2, 2), strides=(2, 2))
+            return self.linear(x.reshape(x.shape[0], -1))
+
+    def loss_fn(model, images, labels):
+        logits = model(images)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+    model = CNN(nnx.Rngs(0))
+    images, labels = jnp.ones((2, 8, 8, 1)), jnp.array([1, 2])
+    ins = sowviz.inspect(loss_fn, model, images, labels)
+    top = {n.label: n for n in ins.graph.nodes if n.parent == ins.graph.root}
+    assert 2 * top["CNN"].n_eqns < ins.graph.node(ins.graph.root).n_eqns  # the case
+    assert not top["CNN"].collapsed
+    inside = [n.label for n in ins.graph.nodes if n.parent == top["CNN"].id]
+    assert "conv" in inside and "linear" in inside, inside
