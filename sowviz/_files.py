@@ -1,4 +1,5 @@
-"""Atomic file writes: a reader (or a crash) sees the old file or the new, never half."""
+"""Files: atomic writes (a reader, or a crash, sees the old file or the new, never half),
+and whether a file a writer holds open still has a name."""
 
 from __future__ import annotations
 
@@ -26,3 +27,17 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> pathlib.Path:
             os.unlink(tmp)
         raise
     return out
+
+
+def file_key(fd: int) -> tuple[int, int]:
+    """The (device, inode) of the file open as `fd`: which file it is, whatever its name."""
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+def unlinked(fd: int) -> bool:
+    """Whether the file open as `fd` has lost its last name: deleted, or its directory
+    removed. A writer holding it open never notices (its writes go on, into a file no
+    name reaches); a file renamed or moved keeps a name, and its writer goes on. One
+    `fstat`: about a microsecond."""
+    return os.fstat(fd).st_nlink == 0

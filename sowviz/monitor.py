@@ -212,11 +212,14 @@ class Monitor:
         if log_dir is not None or tensorboard is not False or wandb is not False:
             from .runlog import make_sinks  # only when asked: the recorder needs no sink
 
-            self._listeners += list(
-                make_sinks(log_dir=log_dir, tensorboard=tensorboard, wandb=wandb)
-            )
+            sinks = tuple(make_sinks(log_dir=log_dir, tensorboard=tensorboard, wandb=wandb))
+            self._listeners += sinks
             ref = weakref.ref(self)
             atexit.register(lambda: (m := ref()) is not None and m.close())
+            # A Monitor dropped unclosed (`del mon`) writes nothing more: a newer one
+            # given its `log_dir` may take the log (`runlog.writer`). Its sinks' threads
+            # keep them, and their lock, alive until then or the exit.
+            weakref.finalize(self, _sinks_takeable, sinks, True).atexit = False
 
     # -- the training step -------------------------------------------------------
 
@@ -248,7 +251,12 @@ class Monitor:
             chained = not (record or self.stop_on_nonfinite)
             if chained and self._chain is None:
                 self._chain = jax.numpy.asarray(CHAIN_START, jax.numpy.int32)
-            out = self._run(args, record, self._chain if chained else None)
+            try:
+                out = self._run(args, record, self._chain if chained else None)
+            except Exception:
+                if self._traced is None:  # no step of this Monitor ran: it wrote nothing
+                    _sinks_takeable(self._listeners, True)
+                raise
             if out.traced is not self._traced:
                 self._new_graph(out.traced)
             # references, not copies (a snapshot if state is written back below)
@@ -567,6 +575,8 @@ class Monitor:
 
     def _new_graph(self, traced: Traced) -> None:
         # A new program (first step, or a new shape): the view redraws its graph.
+        if self._traced is None:  # the first step ran: the sinks are this run's now
+            _sinks_takeable(self._listeners, False)
         if traced.state_added:
             paths = ", ".join(f"`{p}`" for p in traced.state_added[:4])
             msg = _state.ADDED.format(n=len(traced.state_added), paths=paths)
@@ -641,6 +651,15 @@ class Monitor:
         """Write a report with the graph, the latest summaries and the history (atomically)."""
         self.flush()
         return _model.write("html", self.to_dict(created=created), path)
+
+
+def _sinks_takeable(listeners: Any, takeable: bool) -> None:
+    """Whether a newer Monitor given the same `log_dir` may take these sinks' log: while
+    every step tried has failed (nothing was written: a notebook re-runs the cell with
+    the loss fixed), or once the Monitor is gone; never once a step has run."""
+    for sink in listeners:
+        if hasattr(sink, "takeable"):
+            sink.takeable = takeable
 
 
 def _parts(out: Out, primal: bool) -> tuple:

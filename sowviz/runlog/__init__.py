@@ -17,6 +17,7 @@ from .sink import SinkWarning as SinkWarning
 from .view import RunLogView as RunLogView
 from .view import load as load
 from .writer import LogSink as LogSink
+from .writer import check_log_dir
 
 __all__ = [
     "LogReader",
@@ -42,14 +43,16 @@ def make_sinks(
     """The sinks for `Monitor(..., log_dir=, tensorboard=, wandb=)`; errors come now.
 
     - `log_dir`: a directory for the run log (`model.json`, `steps.log`), created if
-      needed; an unwritable one raises `ValueError`, one holding an earlier run's log
-      raises `FileExistsError` (unless `overwrite=True`).
+      needed; an unwritable one (or `""`) raises `ValueError`, one holding an earlier
+      run's log raises `FileExistsError` (unless `overwrite=True`).
     - `tensorboard`: True writes event files to `log_dir/tensorboard`; a path writes
       them there (no `log_dir` needed).
     - `wandb`: True logs to the active W&B run (`wandb.init()` first); or a run object.
 
     Under `jax.distributed`, only process 0 writes: other processes get no sinks.
     """
+    if log_dir is not None:
+        check_log_dir(log_dir)
     if log_dir is None and not tensorboard and wandb is False:
         return []
     if tensorboard is True and log_dir is None:
@@ -86,6 +89,8 @@ def make_sinks(
         for s in sinks:
             s.close()
         raise
+    for s in sinks:  # a newer Monitor that takes the run log retires them all
+        s.group = tuple(sinks)
     return sinks
 
 

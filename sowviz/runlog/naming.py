@@ -9,9 +9,13 @@ is sowviz's own, computed on the device: its bin edges and counts, unchanged.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
+
+from ..inspection import _sibling_labels  # the graph's paths, as `Inspection.probe` takes them
 
 
 @dataclass(frozen=True)
@@ -32,29 +36,66 @@ def probe_tags(model: dict[str, Any] | None) -> dict[str, str]:
     """Probe id → a unique tag: a stage's path in the graph (`parameters/l0/w`,
     `TransformerLM/layers[0]/attn`; a parameter's leaf name alone says nothing when
     every layer has a `w`), a sow's name, then the leaf path if any; spaces become
-    underscores."""
+    underscores.
+
+    A path is the one `Inspection.probe` takes: a label that siblings before it share
+    gets the graph's next index (`mlp/tanh#2`, the second layer's `tanh` of a Python
+    loop), so the tags of a step are distinct, the same at every step, and name their
+    stage. A group of repeated blocks (`layers[0–23] (×24)`) is left out of the path
+    (its label changes with the depth; its blocks' labels `layers[0]` already differ),
+    unless that makes two tags equal (TensorBoard would merge them): then the whole
+    paths. Probes that still share a tag (two sows of one name) are numbered after the
+    first: `hidden`, `hidden#2`.
+    """
     nodes = {n["id"]: n for n in (model or {}).get("nodes", [])}
     root = (model or {}).get("root")
+    labels = _sibling_labels(
+        tuple(
+            SimpleNamespace(id=n["id"], parent=n.get("parent"), label=str(n["label"]))
+            for n in nodes.values()
+        )
+    )
 
-    def path(node: Any) -> str | None:
-        labels, cur = [], nodes.get(node)
+    def path(node: Any, *, groups: bool) -> str | None:
+        parts, cur = [], nodes.get(node)
         while cur is not None and cur["id"] != root:
-            if not cur.get("repeats"):  # `layers[0–23] (×24)` would change with the depth
-                labels.append(str(cur["label"]))
+            if groups or not cur.get("repeats"):
+                parts.append(labels[cur["id"]])
             cur = nodes.get(cur.get("parent"))
-        return "/".join(reversed(labels)) or None
+        return "/".join(reversed(parts)) or None
 
-    tags: dict[str, str] = {}
-    used: set[str] = set()
-    for p in (model or {}).get("probes", []):
+    def tag(p: dict[str, Any], *, groups: bool) -> str:
         leaf = p.get("leaf") or ""
-        name = (path(p.get("node")) if p.get("auto", True) else None) or p.get("name") or p["id"]
-        tag = (str(name) + (f"/{leaf}" if leaf else "")).replace(" ", "_")
-        if tag in used:
-            tag = f"{tag}_{p['id']}"
-        used.add(tag)
-        tags[p["id"]] = tag
+        name = (path(p.get("node"), groups=groups) if p.get("auto", True) else None) or (
+            p.get("name") or p["id"]
+        )
+        return (str(name) + (f"/{leaf}" if leaf else "")).replace(" ", "_")
+
+    probes = (model or {}).get("probes", [])
+    short = [tag(p, groups=False) for p in probes]
+    times = Counter(short)
+    wanted = [
+        t if times[t] == 1 else tag(p, groups=True) for p, t in zip(probes, short, strict=True)
+    ]
+    tags: dict[str, str] = {}
+    given: set[str] = set()
+    used: set[str] = set(wanted)
+    for p, t in zip(probes, wanted, strict=True):
+        if t in given:  # an earlier probe has it: two sows of one name
+            t = _free(t, used)
+            used.add(t)
+        given.add(t)
+        tags[p["id"]] = t
     return tags
+
+
+def _free(tag: str, used: set[str]) -> str:
+    """`tag#2`, `tag#3`, ...: the first that no probe has, in probe order, so every
+    step numbers them alike."""
+    k = 2
+    while f"{tag}#{k}" in used:
+        k += 1
+    return f"{tag}#{k}"
 
 
 def items(entry: dict[str, Any], tags: dict[str, str]) -> Iterator[Hist | Scalar]:

@@ -6,6 +6,11 @@ A sink has `open(model)` (the sowviz/1 graph model, once; a later call replaces 
 writing happen on the sink's own thread, off the step's critical path. A failure
 there (a full disk, a closed run) never raises into the training step: the sink
 warns once, on the caller's thread at its next call, and turns itself off.
+
+A sink may also be retired from outside (`retire`): a newer Monitor given the same
+`log_dir` takes the log of one whose first step failed (it holds no step), or of one
+that is gone (`writer.LogSink`); the retired sink closes, and says why at its next
+step.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import warnings
 import weakref
 from typing import Any
 
+from .._caller import user_stacklevel
+
 # Steps waiting for the writer thread; past this `write` blocks (the log keeps every
 # step, so a writer that falls behind slows the loop rather than drop steps).
 QUEUE_STEPS = 256
@@ -27,6 +34,16 @@ _live: weakref.WeakSet[Sink] = weakref.WeakSet()
 
 class SinkWarning(RuntimeWarning):
     """A sink failed (e.g. the disk is full) and stopped; training goes on."""
+
+
+class SinkStopped(Exception):
+    """Why a sink stopped, in words whole enough to be the warning itself (a removed
+    log directory: what was lost and what to do), rather than an `OSError` quoted."""
+
+
+class Retired(SinkStopped):
+    """The sink was closed from outside (`Sink.retire`): said when its Monitor next
+    hands it a step, not at `flush()`/`close()` (nothing was lost there)."""
 
 
 class Sink:
@@ -42,6 +59,12 @@ class Sink:
         self._reported = False
         self.disabled = False
         self.closed = False
+        #: Whether a newer writer of the same log may take this one's place: set by the
+        #: Monitor while none of its steps has run (its first one failed), or once it
+        #: is gone; never while it may still write a step.
+        self.takeable = False
+        #: The sinks made together for one Monitor (`make_sinks`): retired together.
+        self.group: tuple[Sink, ...] = (self,)
         self._thread = threading.Thread(target=self._work, name=f"sowviz-{self.name}", daemon=True)
         self._thread.start()
         _live.add(self)
@@ -69,22 +92,34 @@ class Sink:
             self._thread.join()
         self._report()
 
+    def retire(self, notice: str | None = None) -> None:
+        """Close now (from any thread but this sink's own), and drop every later step;
+        `notice`, if any, is warned (`SinkWarning`) when the Monitor next hands over a
+        step."""
+        self.close()
+        if self._error is None and notice is not None:
+            self._error = Retired(notice)
+        self.disabled = True
+
     def _put(self, op: str, item: Any) -> None:
-        self._report()
+        self._report(handing=True)
         if self.disabled or self.closed:
             return
         self._queue.put((op, item))
 
-    def _report(self) -> None:
-        if self._error is not None and not self._reported:
-            self._reported = True
-            err = self._error
-            warnings.warn(
+    def _report(self, *, handing: bool = False) -> None:
+        err = self._error
+        if err is None or self._reported or (isinstance(err, Retired) and not handing):
+            return
+        self._reported = True
+        if isinstance(err, SinkStopped):
+            text = str(err)
+        else:
+            text = (
                 f"sowviz: the {self.name} stopped and records no more steps "
-                f"({type(err).__name__}: {err}); training goes on.",
-                SinkWarning,
-                stacklevel=4,
+                f"({type(err).__name__}: {err}); training goes on."
             )
+        warnings.warn(text, SinkWarning, stacklevel=user_stacklevel())  # the `mon.step` line
 
     # -- the worker thread -------------------------------------------------------------
 

@@ -22,9 +22,10 @@ import time
 import warnings
 from typing import Any
 
+from .._files import unlinked
 from .naming import Hist, probe_tags
 from .naming import items as step_items
-from .sink import Sink
+from .sink import Sink, SinkStopped
 
 _MISSING = (
     "sowviz: `tensorboard=True` needs the `tensorboardX` package (and `crc32c`, so "
@@ -34,6 +35,14 @@ _SLOW = (
     "sowviz: the `crc32c` package is not installed, so tensorboardX checksums the "
     "TensorBoard event records in pure Python (milliseconds of GIL per step); "
     "`pip install crc32c` makes it ~1000x cheaper."
+)
+_REMOVED = (
+    "sowviz: the TensorBoard event file {file!r} was deleted while this Monitor wrote it "
+    "(its directory {path!r} removed, or the file itself): the TensorBoard writer "
+    "stops here (noticed {when}); training goes on. The steps are still in memory "
+    "(`mon.history`, thinned): `mon.save_html('run.html')` saves them. To log the rest, "
+    "make a new Monitor with a new `log_dir` (or `tensorboard=` directory) and "
+    "`start_step=` the next step."
 )
 # Event files are flushed to the OS this often, so a live TensorBoard sees new steps.
 FLUSH_SECS = 5.0
@@ -78,9 +87,12 @@ class TensorBoardSink(Sink):
             # thread and a multiprocessing queue that pickles every event): this sink's
             # own thread already keeps the writing off the training step. The suffix
             # keeps two writers started in the same second from sharing a file name.
-            self._writer = writer_cls(
-                os.path.join(self.logdir, "events"), f".{os.getpid()}.{next(_file_ids)}"
-            )
+            suffix = f".{os.getpid()}.{next(_file_ids)}"
+            self._writer = writer_cls(os.path.join(self.logdir, "events"), suffix)
+            self.file = _event_file(self.logdir, suffix)
+            # tensorboardX's own file object is its writer's: this descriptor of the same
+            # file tells, with no read, whether it is deleted (`_check_still_there`).
+            self._watch: int | None = os.open(self.file, os.O_RDONLY)
         except OSError as err:
             raise ValueError(
                 f"sowviz: the TensorBoard directory {self.logdir!r} is not writable ({err}); "
@@ -93,7 +105,14 @@ class TensorBoardSink(Sink):
     def _open(self, model: dict[str, Any]) -> None:
         self._tags = probe_tags(model)
 
+    def _check_still_there(self, when: str) -> None:
+        """Stop (with the warning that says what to do) once the event file is deleted:
+        its writer would go on writing into a file no name reaches. One `fstat`."""
+        if self._watch is not None and unlinked(self._watch):
+            raise SinkStopped(_REMOVED.format(file=self.file, path=self.logdir, when=when))
+
     def _write(self, entry: dict[str, Any]) -> None:
+        self._check_still_there(f"at step {entry.get('step')}")
         sp = self._summary_pb2
         values = []
         for item in step_items(entry, self._tags):
@@ -114,17 +133,34 @@ class TensorBoardSink(Sink):
 
     def _close(self) -> None:
         self._writer.close()
+        try:
+            self._check_still_there("at close")
+        finally:
+            self._unwatch()
 
     def _abort(self) -> None:
         try:
             self._writer.close()
         except Exception:
             pass
+        self._unwatch()
+
+    def _unwatch(self) -> None:
+        if self._watch is not None:
+            fd, self._watch = self._watch, None
+            os.close(fd)
 
     def flush(self) -> None:
         super().flush()  # the queue is drained: the worker thread is idle
         if not self.disabled and not self.closed:
             self._flush_file()
+
+
+def _event_file(logdir: str, suffix: str) -> str:
+    """The event file the writer just created: the one whose name ends with `suffix`
+    (this process's id and writer count, unique here)."""
+    (name,) = [n for n in os.listdir(logdir) if n.startswith("events.") and n.endswith(suffix)]
+    return os.path.join(logdir, name)
 
 
 def _histogram(sp, h: Hist):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import threading
+import weakref
 from typing import Any
 
 try:  # advisory locks: POSIX only (elsewhere two writers of one log are not detected)
@@ -12,10 +14,10 @@ try:  # advisory locks: POSIX only (elsewhere two writers of one log are not det
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
-from .._files import atomic_write
+from .._files import atomic_write, file_key, unlinked
 from .._model import jsonable
 from . import format as fmt
-from .sink import Sink
+from .sink import Sink, SinkStopped
 
 MODEL_FILE = "model.json"
 STEPS_FILE = "steps.log"
@@ -37,6 +39,26 @@ _BUSY = (
     "`log_dir` (e.g. 'runs/exp1/train' and 'runs/exp1/eval'). Two writers would "
     "interleave their steps in one log."
 )
+_EMPTY = (
+    "sowviz: `log_dir` is the empty string, which would put the run log in the current "
+    "directory. Pass a directory (e.g. `log_dir='runs/exp1'`), or `log_dir=None` for no "
+    "run log (e.g. `log_dir=os.environ.get('LOG_DIR') or None`)."
+)
+_REMOVED = (
+    "sowviz: the run log {file!r} was deleted while this Monitor wrote it (its `log_dir` "
+    "{path!r} removed, or the file itself): the steps it held went with it, and no "
+    "later step reaches the disk (noticed {when}); training goes on. The steps are still "
+    "in memory (`mon.history`, thinned): "
+    "`mon.save_html('run.html')` saves them. To log the rest, make a new Monitor with a "
+    "new `log_dir` and `start_step=` the next step."
+)
+_TAKEN = (
+    "sowviz: the run log in {path!r} was taken by a newer Monitor given the same "
+    "`log_dir`: this Monitor's steps had all failed, so it held no step. This Monitor "
+    "records no more steps there, nor to its other loggers (TensorBoard, W&B); "
+    "`mon.history` still records. Step the newer Monitor, or give this one a `log_dir` "
+    "of its own."
+)
 # A log longer than this holds steps (a step's record is ~1-100 KB; a run that
 # recorded nothing wrote one 26-byte end record): not read to find out.
 _READ_AT_MOST = 1 << 20
@@ -47,8 +69,16 @@ def model_bytes(model: dict[str, Any]) -> bytes:
     return text.encode("utf-8")
 
 
+def check_log_dir(log_dir: str | os.PathLike) -> None:
+    """Refuse `log_dir=""` (`os.environ.get("LOG_DIR", "")` unset): `pathlib.Path("")`
+    is the current directory, where the run log would land unasked."""
+    if isinstance(log_dir, (str, bytes)) and not log_dir:
+        raise ValueError(_EMPTY)
+
+
 def prepare_dir(log_dir: str | os.PathLike) -> pathlib.Path:
     """Create `log_dir` and check it is writable now, at construction, with a clear error."""
+    check_log_dir(log_dir)
     path = pathlib.Path(log_dir)
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -82,17 +112,45 @@ def holds_steps(steps: pathlib.Path) -> bool:
     return False
 
 
+# The logs this process writes, by the (device, inode) of their `steps.log`: a writer
+# that finds a log locked asks here whether the holder is this process's and may give
+# it up (`LogSink.takeable`).
+_holders: weakref.WeakValueDictionary[tuple[int, int], LogSink] = weakref.WeakValueDictionary()
+_holders_lock = threading.Lock()
+
+
 def _lock(fd: int, path: pathlib.Path) -> None:
     """Hold an exclusive advisory lock on the open log (released when it is closed, or
-    when the process dies): a second writer of the same log fails at construction."""
+    when the process dies): a second writer of the same log fails at construction,
+    unless the holder is a sink of this process that may give the log up (`_take`)."""
     if fcntl is None:
         return
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError as err:
-        raise FileExistsError(_BUSY.format(path=str(path))) from err
+        if not _take(fd):
+            raise FileExistsError(_BUSY.format(path=str(path))) from err
     except OSError:  # a file system without locks (some network mounts): write unlocked
         pass
+
+
+def _take(fd: int) -> bool:
+    """Take the log open as `fd` from the sink of this process that holds it, when that
+    sink's Monitor has failed every step it tried (it wrote no step) or is gone: the
+    holder and the sinks made with it are closed first (its file, and so its lock,
+    with them), so the log never has two writers. False when the holder must keep it
+    (another process's, or a Monitor that ran a step)."""
+    with _holders_lock:  # (not held while retiring: the holder's thread takes it to leave)
+        holder = _holders.get(file_key(fd))
+    if holder is None or holder.closed or not holder.takeable:
+        return False
+    for sink in holder.group:
+        sink.retire(_TAKEN.format(path=str(holder.path)) if sink is holder else None)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:  # a child process forked by the holder's still has it
+        return False
+    return True
 
 
 class LogSink(Sink):
@@ -125,18 +183,32 @@ class LogSink(Sink):
             if os.fstat(self._fd).st_size:  # a log of no step, left by a run that stopped
                 os.ftruncate(self._fd, 0)
             (self.path / MODEL_FILE).unlink(missing_ok=True)
+            self._key = file_key(self._fd)
         except BaseException:
             os.close(self._fd)
             raise
         self.bytes_written = 0
         self.steps_written = 0
         super().__init__()
+        with _holders_lock:
+            _holders[self._key] = self
+
+    def _check_still_there(self, when: str) -> None:
+        """Stop (with the warning that says what to do) once `steps.log` is deleted: a
+        removed `log_dir` takes no write error, and every step after would go into a
+        file nobody can read. One `fstat`, on this sink's thread."""
+        assert self._fd is not None
+        if unlinked(self._fd):
+            steps = self.path / STEPS_FILE
+            raise SinkStopped(_REMOVED.format(file=str(steps), path=str(self.path), when=when))
 
     def _open(self, model: dict[str, Any]) -> None:
         # The graph and the probe list; the history lives in steps.log.
+        self._check_still_there("writing the model")
         atomic_write(self.path / MODEL_FILE, model_bytes({**model, "history": None}))
 
     def _write(self, entry: dict[str, Any]) -> None:
+        self._check_still_there(f"at step {entry.get('step')}")
         self._append(fmt.frame(fmt.STEP, fmt.encode(entry)))
         self.steps_written += 1
 
@@ -151,12 +223,15 @@ class LogSink(Sink):
     def _close(self) -> None:
         if self._fd is None:
             return
+        self._check_still_there("at close")
         self._append(fmt.frame(fmt.END, fmt.encode({})))
         os.fsync(self._fd)
-        os.close(self._fd)
-        self._fd = None
+        self._abort()
 
     def _abort(self) -> None:
         if self._fd is not None:
             fd, self._fd = self._fd, None
             os.close(fd)
+        with _holders_lock:
+            if _holders.get(self._key) is self:
+                del _holders[self._key]
