@@ -34,7 +34,7 @@ from ._model import KEY_ORDER, SCHEMA, Mode
 from ._program import PROBE_TAG, Out, Traced, runner_for
 from ._runtime_errors import library_errors
 from .capture.api import META_KEYS, nest
-from .graph.model import Node, StageGraph, part_of
+from .graph.model import StageGraph, part_of, sibling_labels
 from .options import Capture, InspectOptions
 from .summary import Summary
 from .summary_data import SummaryRow
@@ -341,11 +341,11 @@ class Inspection:
         return "/".join(reversed(parts))
 
     def _path_labels(self) -> dict[str, str]:
-        """`_sibling_labels` of this inspection's graph, made once per graph: `probe`
+        """`sibling_labels` of this inspection's graph, made once per graph: `probe`
         asks for the path of every probe (30,000 on a 10,000-equation program)."""
         cached = self.__dict__.get("_path_labels_of")
         if cached is None or cached[0] is not self.graph:
-            cached = (self.graph, _sibling_labels(self.graph.nodes))
+            cached = (self.graph, sibling_labels(self.graph.nodes))
             self.__dict__["_path_labels_of"] = cached
         return cached[1]
 
@@ -490,30 +490,6 @@ def _aliases(path: str) -> set[str]:
     last = bare[-1].split(".")
     if len(last) > 1 and all(last):
         out.update(".".join(last[-k:]) for k in range(1, len(last)))
-    return out
-
-
-def _sibling_labels(nodes: tuple[Node, ...]) -> dict[str, str]:
-    """Per node id, its label, or, for a label a sibling before it has (in program
-    order), that label with the next index free among the siblings (`add#2`). The
-    graph numbers repeated stages so, not equations: two `add`s of one module would
-    share one path, and neither could be named."""
-    taken: dict[str | None, set[str]] = {}
-    for n in nodes:
-        taken.setdefault(n.parent, set()).add(n.label)
-    next_index: dict[tuple[str | None, str], int] = {}
-    out = {}
-    for n in nodes:
-        key = (n.parent, n.label)
-        k = next_index.get(key, 1)
-        label = n.label
-        if k > 1:
-            while f"{n.label}#{k}" in taken[n.parent]:  # a stage `add#2` beside them
-                k += 1
-            label = f"{n.label}#{k}"
-            taken[n.parent].add(label)
-        next_index[key] = k + 1
-        out[n.id] = label
     return out
 
 

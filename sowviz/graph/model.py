@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -241,3 +242,27 @@ class StageGraph:
             "edges": [e.to_dict() for e in self.edges],
             "notes": [n.to_dict() for n in self.notes],
         }
+
+
+def sibling_labels(nodes: Sequence[Any]) -> dict[str, str]:
+    """Per node id (of `Node`s, or anything with an `id`, `parent` and `label`), its label, or, for a label a sibling before it has (in program
+    order), that label with the next index free among the siblings (`add#2`). The
+    graph numbers repeated stages so, not equations: two `add`s of one module would
+    share one path, and neither could be named."""
+    taken: dict[str | None, set[str]] = {}
+    for n in nodes:
+        taken.setdefault(n.parent, set()).add(n.label)
+    next_index: dict[tuple[str | None, str], int] = {}
+    out = {}
+    for n in nodes:
+        key = (n.parent, n.label)
+        k = next_index.get(key, 1)
+        label = n.label
+        if k > 1:
+            while f"{n.label}#{k}" in taken[n.parent]:  # a stage `add#2` beside them
+                k += 1
+            label = f"{n.label}#{k}"
+            taken[n.parent].add(label)
+        next_index[key] = k + 1
+        out[n.id] = label
+    return out

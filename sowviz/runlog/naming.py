@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from ..inspection import _sibling_labels  # the graph's paths, as `Inspection.probe` takes them
+from ..graph.model import sibling_labels  # the graph's paths, as `Inspection.probe` takes them
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def probe_tags(model: dict[str, Any] | None) -> dict[str, str]:
     """
     nodes = {n["id"]: n for n in (model or {}).get("nodes", [])}
     root = (model or {}).get("root")
-    labels = _sibling_labels(
+    labels = sibling_labels(
         tuple(
             SimpleNamespace(id=n["id"], parent=n.get("parent"), label=str(n["label"]))
             for n in nodes.values()
