@@ -30,11 +30,12 @@ tree for an int, a tuple for a tuple).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import sys
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -290,6 +291,46 @@ def forward_error(
 
 _JAX_SAID = " (The error raised on the way:\n{err})"
 
+# JAX's refusal to transpose a `while_loop` (JAX 0.10-0.12: `_while_transpose_error`).
+_JAX_NO_REVERSE_WHILE = "Reverse-mode differentiation does not work for lax.while_loop"
+
+_NO_REVERSE_WHILE = (
+    "sowviz: mode '{mode}' takes `fn` backward ({how}), and `fn` runs a `lax.while_loop` "
+    "(or a `fori_loop` with traced bounds) that JAX can take forward only: it has no "
+    "reverse-mode rule. Use mode='jvp' (tangents, pushed forward, as such a loop "
+    "allows), or make the loop reverse-differentiable for mode '{mode}': a `lax.scan`, "
+    "a `fori_loop` with static bounds, or Equinox's `eqxi.while_loop(..., "
+    "kind='checkpointed')`.{library} JAX said: {err}"
+)
+_HOW_REVERSE = {
+    "grad": "a gradient, as `jax.grad`",
+    "vjp": "a pullback, as `jax.vjp`",
+    "all": "it linearizes `fn` once and transposes that linearization for the cotangents",
+}
+_DIFFRAX_REVERSE = (
+    " With diffrax, `adjoint=diffrax.ForwardMode()` makes a `diffeqsolve` such a loop: "
+    "keep it for mode='jvp', and use an adjoint made for reverse mode (the default "
+    "`diffrax.RecursiveCheckpointAdjoint()`) for modes 'grad', 'vjp' and 'all'."
+)
+
+
+@contextlib.contextmanager
+def _reverse_mode(mode: Mode) -> Iterator[None]:
+    """Within: `fn` taken backward in `mode`; JAX's refusal of a forward-only
+    `while_loop` comes out said in sowviz's words (what needs reverse mode, and
+    mode='jvp' instead), JAX's error chained below it."""
+    try:
+        yield
+    except ValueError as err:
+        if _JAX_NO_REVERSE_WHILE not in str(err):
+            raise
+        library = _DIFFRAX_REVERSE if "diffrax" in sys.modules else ""
+        msg = _NO_REVERSE_WHILE.format(
+            mode=mode.value, how=_HOW_REVERSE[mode.value], library=library, err=err
+        )
+        raise ValueError(msg) from err
+
+
 _TESSERACT_NO_JVP = (
     "sowviz: mode '{mode}' takes `fn` forward (a JVP: mode 'all' linearizes it once), and "
     "a Tesseract it calls has no `jacobian_vector_product` endpoint, which tesseract-jax "
@@ -390,12 +431,13 @@ def transform(
                 return run(with_values(dyn, pos, vals))
 
             primals = (tuple(dyn[j] for j in pos),)
-            if refs:
-                value, pull, state = jax.vjp(f, *primals, has_aux=True)
-                _check_scalar(value)
-            else:
-                value, pull, state = _compat.vjp_by_jvp(f, primals, _check_scalar, has_aux=True)
-            (gs,) = pull(jax.lax.full_like(value, 1))
+            with _reverse_mode(mode):
+                if refs:
+                    value, pull, state = jax.vjp(f, *primals, has_aux=True)
+                    _check_scalar(value)
+                else:
+                    value, pull, state = _compat.vjp_by_jvp(f, primals, _check_scalar, has_aux=True)
+                (gs,) = pull(jax.lax.full_like(value, 1))
             if placed is not None:
                 gs = tuple(
                     g if placed[j] is None else jax.lax.with_sharding_constraint(g, placed[j])
@@ -440,8 +482,10 @@ def transform(
     if mode is Mode.VJP:
 
         def vjp(dyn: list, extra: tuple) -> Any:
-            y, pull, state = jax.vjp(g_of(dyn), *(dyn[j] for j in fpos), has_aux=True)
-            return (y, cotangent_trees(pull(seed_of(y, extra)))), state
+            with _reverse_mode(mode):
+                y, pull, state = jax.vjp(g_of(dyn), *(dyn[j] for j in fpos), has_aux=True)
+                cts = pull(seed_of(y, extra))
+            return (y, cotangent_trees(cts)), state
 
         return vjp
 
@@ -455,7 +499,8 @@ def transform(
         primals = tuple(dyn[j] for j in fpos)
         y, lin, state = jax.linearize(g_of(dyn), *primals, has_aux=True)
         t = lin(*tangents_of(dyn, extra))
-        cts = jax.linear_transpose(lin, *primals)(seed_of(y, extra))
+        with _reverse_mode(mode):
+            cts = jax.linear_transpose(lin, *primals)(seed_of(y, extra))
         return (y, t, cotangent_trees(cts)), state
 
     return both

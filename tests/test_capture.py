@@ -1283,3 +1283,17 @@ def test_equinox_module_of_jax_typed_leaves_keeps_its_python_numbers_static():
     close(out, x)
     out, _ = save_intermediates(lambda m, x: m["drop"](x))({"drop": drop}, x)  # held deeper
     close(out, x)
+
+
+@pytest.mark.parametrize("outer, inner", [(True, True), (True, False), (False, True)])
+def test_a_name_in_a_cond_inside_another_cond_is_taken_when_both_ran_it(outer, inner):
+    def f(p, q, x):
+        def first(x):
+            return lax.cond(q, lambda x: sow(x * 2.0, "h"), lambda x: x, x)
+
+        return lax.cond(p, first, lambda x: x, x)
+
+    _, inter = save_intermediates(f)(outer, inner, 1.5)
+    ran = outer and inner
+    assert bool(inter["h"]["taken"]) is ran
+    close(inter["h"]["primal"], 3.0 if ran else 0.0)

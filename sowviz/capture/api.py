@@ -30,8 +30,8 @@ from .._gc import gc_paused
 from . import rules as _rules  # noqa: F401  (registers the rules)
 from .interpret import evaluate_closed
 from .packing import Packed
-from .primitive import sows_called
-from .record import Capture, Options, Recorder
+from .primitive import RESERVED_TAG_PREFIX, sows_called
+from .record import Capture, Options, Recorder, Site
 from .summaries import summarize_packed
 
 DuplicatePolicy = Literal["error", "suffix", "stack"]
@@ -406,6 +406,20 @@ DUPLICATE = (
 )
 
 
+LINE_LOST = "the `sow` (its line unknown: a library traced its function, keeping no frame of yours)"
+DUPLICATE_ONE_LINE = (
+    "sowviz: Duplicate sow name {name!r} (sown more than once): {where} ran in {calls} "
+    "separate calls of the function holding it, so its values "
+    "would overwrite each other. Your code calls that function more than once, or a "
+    "library does (diffrax calls a vector field in each stage of a solver step, for the "
+    "initial step size, and again in an adjoint's backward solve; optimistix calls a "
+    "residual for the solve and again for its derivatives). Pass duplicates='suffix' to "
+    "keep each call ({name}_0, {name}_1, ... in program order), duplicates='stack' to "
+    "stack like-shaped values along a new leading axis, or give each call a name of "
+    "its own."
+)
+
+
 def assemble(
     captures: list[Capture],
     duplicates: str,
@@ -425,6 +439,7 @@ def assemble(
     taken = set(by_name)  # suffixed names never take a name the program uses itself
     out: dict[str, dict[str, Any]] = {}
     for name, caps in by_name.items():
+        caps = _first_evaluations(caps, notes)
         calls = sorted({c.site.call for c in caps})
         modes = {}
         for c in caps:
@@ -438,13 +453,7 @@ def assemble(
             group = next((v for v in modes.values() if len(v) > 1), None)
             if group is None:
                 group = [next(c for c in caps if c.site.call == k) for k in calls[:2]]
-            raise ValueError(
-                DUPLICATE.format(
-                    name=name,
-                    a=group[0].site.location or "unknown location",
-                    b=group[1].site.location or "unknown location",
-                )
-            )
+            raise ValueError(_duplicate_message(name, group[0].site, group[1].site, len(calls)))
         elif duplicates == "suffix":
             numbers = _free_suffixes(name, taken)
             for group in _by_call(caps, notes):
@@ -456,6 +465,52 @@ def assemble(
         else:
             out[name] = _stacked([_entry(g) for g in _by_call(caps, notes)], name)
     return out
+
+
+def _duplicate_message(name: str, a: Site, b: Site, calls: int) -> str:
+    """DUPLICATE, or DUPLICATE_ONE_LINE when both calls come from one line of code, or
+    from lines a library's trace lost (`interpret.sow_location`)."""
+    if a.location != b.location:
+        return DUPLICATE.format(
+            name=name, a=a.location or "unknown location", b=b.location or "unknown location"
+        )
+    where = f"the `sow` reached from {a.location}" if a.location is not None else LINE_LOST
+    return DUPLICATE_ONE_LINE.format(name=name, where=where, calls=calls)
+
+
+def _first_evaluations(caps: list[Capture], notes: list[str]) -> list[Capture]:
+    """`caps` with one capture per `sow` call and key: the first in program order, the
+    forward pass's. A call captured again with the same key is one traced `sow` that a
+    library evaluates again: a custom derivative rule re-running the function for its
+    derivatives (optimistix's implicit adjoint at the solution), not a second call, so
+    no duplicate name either. Said in `notes` for the user's own sows."""
+    kept: list[Capture] = []
+    seen: set[tuple[int, str]] = set()
+    again = 0
+    for c in caps:
+        key = (c.site.call, c.site.mode)
+        if c.site.call >= 0 and key in seen:  # tesseract_jax.sow's calls have no number
+            again += 1
+            continue
+        seen.add(key)
+        kept.append(c)
+    site = caps[0].site
+    if again and not site.tag.startswith(RESERVED_TAG_PREFIX):
+        note = EVALUATED_AGAIN.format(
+            name=site.name, where=site.location or "unknown location", n=again
+        )
+        if note not in notes:
+            notes.append(note)
+    return kept
+
+
+EVALUATED_AGAIN = (
+    "sowviz: the sow {name!r} (from {where}) was evaluated {n} more time(s) after its "
+    "first evaluation, by one traced call: a library ran the function holding it again "
+    "(optimistix's implicit adjoint at the solution, an implicit solver for its "
+    "Jacobian). Those re-evaluations are left out: {name!r} holds the first one's "
+    "values, the forward pass's, and their derivatives."
+)
 
 
 def _free_suffixes(name: str, taken: set[str]) -> Iterator[str]:

@@ -7,7 +7,9 @@ Equations whose sub-programs contain such sows go to the rule registered for
 their construct (`sowviz.primitives`; the rules are in `rules.py`) and receive
 the equation's parameters by name; every other equation is re-bound unchanged,
 so sub-programs without captures are never rewritten. A sow inside a primitive
-with no rule is an error that names the primitive, never a silent drop.
+with no rule is an error that names the primitive, never a silent drop; the one
+exception is a library's linear solve that evaluates only derivatives of the sown
+function (lineax's `linear_solve`, `DERIVATIVE_SOLVES`), left out with a note.
 """
 
 from __future__ import annotations
@@ -113,7 +115,7 @@ def site_of(eqn) -> Site:
             treedef=p["treedef"],
             leaves=p["leaves"],
             call=p["index"],
-            location=_compat.user_location(eqn),
+            location=sow_location(eqn),
         )
     import jax  # tesseract_jax.sow: one leaf per operand, its treedef recorded aside
 
@@ -128,8 +130,24 @@ def site_of(eqn) -> Site:
         treedef=treedef,
         leaves=tuple(range(n)),
         call=-1,
-        location=_compat.user_location(eqn),
+        location=sow_location(eqn),
     )
+
+
+#: Where installed packages live (as `_compat` tells a library's frame from a user's).
+_LIBRARY_DIRS = ("site-packages", "dist-packages")
+
+
+def sow_location(eqn) -> _compat.SourceLocation | None:
+    """The line a sow is reported at: its own; or, where a library traced the function
+    holding it and binds that trace again (Equinox's `filter_custom_vjp`: diffrax's
+    `BacksolveAdjoint`), so that the innermost frame outside JAX is the library's, the
+    user's line that called into the library; or None: a library's line means nothing
+    to the user (the traceback JAX keeps there may start inside the library)."""
+    loc = _compat.user_location(eqn)
+    if loc is None or not any(d in loc.file for d in _LIBRARY_DIRS):
+        return loc
+    return _compat.user_location_outside_libraries(eqn, fallback=False)
 
 
 def evaluate(jaxpr, consts: Sequence[Any], args: Sequence[Any], rec: Recorder) -> list:
@@ -162,6 +180,8 @@ def evaluate(jaxpr, consts: Sequence[Any], args: Sequence[Any], rec: Recorder) -
                 # differentiated any more, so the solver itself computes the call.
                 body, n = expansion
                 outs = evaluate(body, [], invals[:n], rec)
+            elif rule is None and _derivative_solve(eqn, tags):
+                outs = _skip_derivative_solve(eqn, invals, rec)
             elif rule is None:
                 outs = _unsupported(eqn, invals, rec)
             else:
@@ -211,6 +231,59 @@ def _sow_names(jaxpr, tags: frozenset[str]) -> list[str]:
         for _, _, sub in _compat.sub_jaxprs(eqn):
             names.extend(_sow_names(sub, tags))
     return names
+
+
+def _sow_eqns(jaxpr, tags: frozenset[str]) -> list:
+    """The collected sow equations of `jaxpr` and its sub-programs."""
+    found = [eqn for eqn in jaxpr.eqns if _captured_here(eqn, tags)]
+    for eqn in jaxpr.eqns:
+        for _, _, sub in _compat.sub_jaxprs(eqn):
+            found.extend(_sow_eqns(sub, tags))
+    return found
+
+
+#: Primitives of a library's linear solve, which an implicit derivative runs on the
+#: Jacobian of the user's function: lineax's `linear_solve` (lineax 0.1), which
+#: optimistix's `ImplicitAdjoint` and lineax's own derivative rules bind. JAX's
+#: `custom_linear_solve` is not one: the user writes its `matvec`, and a sow there is
+#: refused (`UNSUPPORTED`).
+DERIVATIVE_SOLVES = frozenset({"linear_solve"})
+
+
+def _derivative_solve(eqn, tags: frozenset[str]) -> bool:
+    """Whether `eqn` is a library's linear solve whose sows are all derivatives (a
+    tangent or cotangent key): its operator is the linearized user function, applied to
+    the solver's own vectors (matrix-vector products and their transposes), never a
+    value the program computes. A primal sow in there (a `lx.FunctionLinearOperator`
+    of the user's own function) is a value the solve computes: refused as before."""
+    if eqn.primitive.name not in DERIVATIVE_SOLVES:
+        return False
+    sows = [e for _, _, sub in _compat.sub_jaxprs(eqn) for e in _sow_eqns(sub, tags)]
+    return bool(sows) and all(site_of(e).mode != "primal" for e in sows)
+
+
+SKIPPED_SOLVE = (
+    "sowviz: {names} not captured inside `{prim}`, a library's linear solve (lineax's, "
+    "which optimistix's implicit derivative and implicit solvers' Newton steps run): "
+    "there the function holding the sow is linearized and applied to the solver's own "
+    "vectors, which are no values of your program. The values the program computes, "
+    "and their derivatives, are captured outside it."
+)
+
+
+def _skip_derivative_solve(eqn, invals: list, rec: Recorder) -> list:
+    """Re-bind a `_derivative_solve` untouched, noting the user's sows it holds."""
+    subs = [sub for _, _, sub in _compat.sub_jaxprs(eqn)]
+    sites = [site_of(e) for sub in subs for e in _sow_eqns(sub, rec.options.tags)]
+    names = sorted({s.name for s in sites if not s.tag.startswith(RESERVED_TAG_PREFIX)})
+    if names:
+        note = SKIPPED_SOLVE.format(
+            names=", ".join(repr(n) for n in names), prim=_compat.primitive_label(eqn)
+        )
+        if note not in rec.notes:
+            rec.notes.append(note)
+        rec.dropped.update(names)
+    return _compat.bind_eqn(eqn, invals)
 
 
 UNSUPPORTED = (

@@ -13,7 +13,9 @@ Semantics (see the README's table):
 * cond / switch: the taken branch's value. A name sown in only some branches is
   zeros when another branch runs, with a boolean `taken` alongside it.
 * while_loop (and dynamic fori_loop): `loops="last"` keeps the last iteration's
-  value, `loops=N` the first N stacked; `iterations` counts them.
+  value, `loops=N` the first N stacked; `iterations` counts them. The backward loop
+  of Equinox's checkpointed while loop (diffrax's default adjoint) runs the forward
+  steps last first, recomputing some: it keeps only cotangents, row i step i's.
 * checkpoint / remat: re-bound as checkpoint with the values as extra outputs.
 * custom_jvp / custom_vjp calls: we only execute (never differentiate) the
   rewritten program, so the call is inlined: its body is what runs.
@@ -163,7 +165,9 @@ def _cond(eqn, invals, rec, *, branches, **_):
         vals = extra.pop(0)
         cap = tmpl.rebuilt(vals, None)
         if partial[i]:
-            cap.meta["taken"] = extra.pop(0)[0]
+            # A `taken` of a `cond` inside this branch stands too: the sow ran if both did.
+            flag, inner = extra.pop(0)[0], cap.meta.get("taken")
+            cap.meta["taken"] = flag if inner is None else flag & inner
         rec.captures.append(cap)
     return list(outs)
 
@@ -180,9 +184,12 @@ def _while(eqn, invals, rec, *, cond_jaxpr, body_jaxpr, cond_nconsts, body_ncons
         )
     cconsts, bconsts, init = invals[:cnc], invals[cnc : cnc + bnc], invals[cnc + bnc :]
     loops = rec.options.loops
+    backward = _is_checkpointed_backward(eqn, cnc + bnc)
 
     # Discover the captured avals so the loop can carry buffers for them.
     probe = _discover(body_closed, _avals(eqn)[cnc:], rec)
+    if backward:
+        probe.captures = _backward_kept(probe.captures)
     templates = [v for c in probe.captures for v in c.flat()]
 
     def buffer(v):
@@ -195,26 +202,88 @@ def _while(eqn, invals, rec, *, cond_jaxpr, body_jaxpr, cond_nconsts, body_ncons
     def body_fn(state):
         carry, bufs, i = state
         child = rec.child()
-        carry = evaluate_closed(body_closed, [*bconsts, *carry], child)
-        vals = child.flat()
-        if loops == "last":
-            bufs = vals
+        new_carry = evaluate_closed(body_closed, [*bconsts, *carry], child)
+        if backward:
+            vals = [v for c in _backward_kept(child.captures) for v in c.flat()]
+            row, here = _backward_row(carry, new_carry, init, loops)
         else:
-            keep = i < loops
-            slot = jnp.minimum(i, loops - 1)
-            bufs = [
-                jnp.where(keep, lax.dynamic_update_index_in_dim(b, v, slot, 0), b)
-                for b, v in zip(bufs, vals, strict=True)
-            ]
-        return carry, bufs, i + 1
+            vals = child.flat()
+            row, here = i, (True if loops == "last" else i < loops)
+        return new_carry, _kept_rows(bufs, vals, row, here, loops), i + 1
 
     state0 = (list(init), [buffer(v) for v in templates], jnp.zeros((), jnp.int32))
     carry, bufs, count = lax.while_loop(cond_fn, body_fn, state0)
+    if backward:  # its rows are the forward loop's steps: as many as that loop ran
+        count = jnp.asarray(init[_STEP_GRAD], jnp.int32)
     before = len(rec.captures)
     rec.lift(probe, bufs, axis=None if loops == "last" else "while")
     for c in rec.captures[before:]:
         c.meta["iterations"] = count
     return list(carry)
+
+
+def _kept_rows(bufs: list, vals: list, row, here, loops) -> list:
+    """The loop's buffers with this iteration's `vals` written where `loops` keeps
+    them: the latest value (`"last"`) or row `row` of the first `loops`, when `here`."""
+    if loops == "last":
+        if here is True:
+            return list(vals)
+        return [jnp.where(here, v, b) for b, v in zip(bufs, vals, strict=True)]
+    slot = jnp.clip(row, 0, loops - 1)
+    return [
+        jnp.where(here, lax.dynamic_update_index_in_dim(b, v, slot, 0), b)
+        for b, v in zip(bufs, vals, strict=True)
+    ]
+
+
+# Equinox's checkpointed while loop (`eqxi.while_loop(kind="checkpointed")`: diffrax's
+# default `RecursiveCheckpointAdjoint`, optimistix's solvers) differentiates a loop with
+# a `custom_vjp` whose backward pass is a second while loop, named in the name stack.
+# Checked with Equinox 0.13.8 (`_checkpointed_while_loop_bwd`).
+_BACKWARD_SCOPE = "checkpointed-bwd"
+# Its carry starts `(step_val, step_grad_val, step_next_checkpoint, index, ...)`, four
+# integer scalars: `step_grad_val` counts down from the forward loop's number of steps,
+# by one at each "U-turn", the iteration that pulls the cotangent back through step
+# `step_grad_val - 1`. The others recompute forward steps from checkpoints.
+_STEP_GRAD = 1
+_COUNTERS = 4
+
+
+def _is_checkpointed_backward(eqn, nconsts: int) -> bool:
+    """Whether `eqn` is the backward pass of Equinox's checkpointed while loop, with the
+    carry layout read by `_backward_row` (else it is captured as any while loop)."""
+    if ("scope", _BACKWARD_SCOPE) not in _compat.name_stack_kinds(eqn):
+        return False
+    carry = _avals(eqn)[nconsts:]
+    return len(carry) > _COUNTERS and all(
+        a.shape == () and jnp.issubdtype(a.dtype, jnp.integer) for a in carry[:_COUNTERS]
+    )
+
+
+def _backward_row(carry: list, new_carry: list, init: list, loops):
+    """The forward step whose cotangent this backward iteration computed, and whether
+    it is kept: a U-turn (`step_grad_val` went down) at step `step_grad_val - 1`; with
+    `loops="last"` the forward loop's last step (the first U-turn)."""
+    before, after = carry[_STEP_GRAD], new_carry[_STEP_GRAD]
+    step = before - 1
+    u_turn = after < before
+    if loops == "last":
+        return step, u_turn & (step == init[_STEP_GRAD] - 1)
+    return step, u_turn & (step < loops)
+
+
+def _backward_kept(captures: list) -> list:
+    """What a checkpointed backward pass contributes: the cotangents (and their
+    derivatives), one per forward step. Its primal values, and their tangents, are the
+    forward steps recomputed from checkpoints: the forward loop recorded those. The
+    `taken` flag of Equinox's own U-turn `cond` is dropped: the forward loop's flags
+    (a user's `cond`) are the entry's, and hold for these rows, now in forward order."""
+    kept = []
+    for c in captures:
+        if "cotangent" not in c.site.mode.split("."):
+            continue
+        kept.append(replace(c, meta={k: v for k, v in c.meta.items() if k != "taken"}))
+    return kept
 
 
 @register(Construct.REMAT)
