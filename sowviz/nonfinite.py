@@ -20,7 +20,16 @@ non-finite is a gradient), the earliest is named, as before. A ±Inf that an
 equation made from finite values (an overflow) and that a later NaN the results
 hold came of stays the origin ("it held +Inf, which led to the NaN first made by
 ..."); at a ±Inf fill (`jnp.where(mask, s, -jnp.inf)`, `jnp.full(n, jnp.inf)`) the
-NaN is the origin, the fill named before it.
+NaN is the origin, the fill named before it. Inside a loop, a node holding the
+results' kind counts from the first iteration holding that kind (`locate`'s count run
+keeps the kinds per iteration): Equinox's `while_loop` selects its whole state every
+iteration, so the `select` holding diffrax's +Inf buffer from iteration 0 holds the NaN
+`sqrt` made only from the 7th, after that `sqrt`.
+
+Loop fills. When every result is finite and the forward values hold only ±Inf, first
+made outside every loop and carried into one (diffrax's output buffer, optimistix's
+first `f = inf`, a "best so far"), they are a library's fill values: no origin (the
+front end draws no "starts here"), listed in `expected`, said in the message.
 
 Backward pass. Cotangents exist in reverse order: the first non-finite cotangent is
 the one of the latest node (the shallower on a tie, a stage's output cotangent
@@ -46,7 +55,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -69,6 +78,7 @@ from .nonfinite_messages import (
     equation_name,
     forward_message,
     input_path,
+    loop_fill_message,
     message,
     stage_name,
     with_message,
@@ -106,12 +116,15 @@ def is_backward_key(key: str) -> bool:
     return "cotangent" in str(key).split(".")
 
 
-def _bad_iterations(s: Mapping[str, Any]) -> list[tuple[int, ...]]:
+def _bad_iterations(s: Mapping[str, Any], bit: int = 0) -> list[tuple[int, ...]]:
     """Iterations holding non-finite values, in order: rows of the outermost stacked axis,
     or (`per_iteration.shape`, `locate`'s count run) of the nested loops' axes, as one
-    index per loop, the outermost first."""
+    index per loop, the outermost first. With `bit`, those holding that kind (bit of
+    `per_iteration.kinds`, which only `locate`'s count run has)."""
     per = s.get("per_iteration") or {}
     counts = per.get("nonfinite") or []
+    if bit:
+        counts = [int(k) & bit for k in per.get("kinds") or []]
     rows = per.get("index") or range(len(counts))  # rows kept, when strided
     shape = per.get("shape")
     bad = [int(r) for r, c in zip(rows, counts, strict=True) if c]
@@ -122,10 +135,24 @@ def _bad_iterations(s: Mapping[str, Any]) -> list[tuple[int, ...]]:
 
 
 _KINDS = ("nan", "posinf", "neginf")
+_BITS = {"nan": 1, "posinf": 2, "neginf": 4}  # `per_iteration.kinds` (nonfinite_counts)
 
 
 def _kinds(s: Mapping[str, Any]) -> frozenset[str]:
     return frozenset(k for k in _KINDS if s.get(k))
+
+
+def _kind_iterations(s: Mapping[str, Any]) -> dict[str, tuple[float, ...]]:
+    """Per kind the summary holds, the first iteration holding it: from the rows' kinds
+    when known, else the first iteration holding any (unknown: after every known one)."""
+    per = s.get("per_iteration") or {}
+    known = bool(per.get("kinds")) and len(per["kinds"]) == len(per.get("nonfinite") or [])
+    anyone = _bad_iterations(s)
+    out: dict[str, tuple[float, ...]] = {}
+    for k in _kinds(s):
+        its = _bad_iterations(s, _BITS[k]) if known else anyone
+        out[k] = its[0] if its else (_INF,)
+    return out
 
 
 @dataclass
@@ -136,6 +163,14 @@ class _Flags:
     fwd_iter: tuple[float, ...] = (_INF,)  # first iteration with a non-finite forward value
     fwd_value: bool = False  # the value itself (not only its tangent) is non-finite
     bwd_iter: tuple[float, ...] = (-_INF,)  # last iteration with a non-finite cotangent
+    # per kind it holds (NaN, +Inf, -Inf), the first iteration holding it: a loop that
+    # carries a +Inf fill from iteration 0 holds the NaN it makes only from its 7th
+    fwd_kind_iter: dict[str, tuple[float, ...]] = field(default_factory=dict)
+
+    def first_of(self, kinds: Iterable[str]) -> tuple[float, ...]:
+        """The first iteration holding one of `kinds` (those held: `fwd_iter`)."""
+        its = [self.fwd_kind_iter[k] for k in kinds if k in self.fwd_kind_iter]
+        return min(its) if its else self.fwd_iter
 
 
 def node_flags(probes: Iterable[Any]) -> dict[str, _Flags]:
@@ -157,6 +192,8 @@ def node_flags(probes: Iterable[Any]) -> dict[str, _Flags]:
                 f.fwd_kinds |= _kinds(s)
                 if its:
                     f.fwd_iter = min(f.fwd_iter, its[0])
+                for k, it in _kind_iterations(s).items():
+                    f.fwd_kind_iter[k] = min(f.fwd_kind_iter.get(k, (_INF,)), it)
     return out
 
 
@@ -363,7 +400,7 @@ def find(
         # is (then what is non-finite is a gradient: the masked branch's backward).
         reaches = _Reach(ix, flags, probed)
         live = {n: f for n, f in fwd.items() if reaches(n)}
-        node, earlier, led_to = _producer(ix, fwd, live or fwd)
+        node, earlier, led_to, node_iter = _producer(ix, fwd, live or fwd)
         before = [ix.nodes[b] for b in ix.unprobed_before(node, probed)]
         early = (
             None
@@ -371,14 +408,14 @@ def find(
             else (ix.nodes[earlier], fwd[earlier].fwd_kinds, ix.path(earlier))
         )
         led = None if led_to is None else (ix.nodes[led_to], fwd[node].fwd_kinds)
-        carried, unseen = _carried(ix, node, fwd, probed)
+        carried, unseen = _carried(ix, node, fwd, probed, node_iter)
         masked_note = None
         if live:
             first = min(fwd, key=lambda n: ix.key(n, fwd[n].fwd_iter))
             if first not in live:
                 by = reaches.masker(first)
                 masked_note = (ix.nodes[first], fwd[first].fwd_kinds, by and ix.nodes[by])
-        iteration = _known(fwd[node].fwd_iter, ix.loops(node))
+        iteration = _known(node_iter, ix.loops(node))
         msg = forward_message(
             ix.nodes[node],
             ix.path(node),
@@ -436,6 +473,12 @@ def find(
             path=ix.path(made),
             iteration=iteration,
         )
+    fill = ""
+    if fwd_origin is not None and results_finite is True and _loop_fill(ix, fwd, fwd_origin.node):
+        # A library's fill values (diffrax's output buffer, optimistix's first `f = inf`)
+        # in a healthy run: no origin of anything, said apart, drawn as expected values.
+        fill = loop_fill_message(ix.nodes[fwd_origin.node], _held(fwd))
+        fwd_origin, expected = None, expected | fwd.keys()
     origin_ids = {o.node for o in (fwd_origin, bwd_origin) if o is not None and o.node}
     holders = {a for o in origin_ids for a in ix.ancestors(o)} | origin_ids
     nonfinite = sorted(
@@ -446,7 +489,7 @@ def find(
     # Every result finite (the value and every gradient): whatever was non-finite, in
     # either pass, was masked before it reached one.
     found = fwd_origin is not None or bwd_origin is not None
-    removed = found and results_finite is True
+    removed = (found or bool(fill)) and results_finite is True
     alarm = found and not removed
     out = Origins(
         step=step,
@@ -457,8 +500,32 @@ def find(
         removed=removed,
         alarm=alarm,
         nodes=tuple(nonfinite),
+        fill=fill,
     )
     return with_message(out)
+
+
+def _held(fwd: Mapping[str, _Flags]) -> frozenset[str]:
+    return frozenset().union(*(f.fwd_kinds for f in fwd.values()))
+
+
+def _loop_fill(ix: _Index, fwd: Mapping[str, _Flags], node: str) -> bool:
+    """Whether the forward non-finite values of a run whose results are all finite are
+    fill values a loop carries in its state (diffrax fills its output buffer with +Inf,
+    optimistix starts `f` and the step size at +Inf, a "best so far" starts at +Inf):
+    ±Inf only, first made (`node`) outside every loop, and carried into one: a loop
+    holds them, or a value holding them is read by a loop or by a stage holding one.
+    A masked NaN, or an overflow inside a loop's body, is no fill."""
+    if "nan" in _held(fwd) or ix.loop[node] is not None or ix.nodes[node].kind in _STACKED:
+        return False
+    holding_loops = {a for n in ix.nodes.values() if n.kind in _STACKED for a in ix.ancestors(n.id)}
+    for n in fwd:
+        if ix.nodes[n].kind in _STACKED:
+            return True
+        reads = ix.out.get(n, ())
+        if any(ix.nodes[t].kind in _STACKED or t in holding_loops for t in reads):
+            return True
+    return False
 
 
 def cotangent_bad_before(ix: _Index, flags: Mapping[str, _Flags], c: str, reach: str) -> bool:
@@ -539,7 +606,7 @@ _CARRIED_NAMED = 3
 
 
 def _carried(
-    ix: _Index, node: str, fwd: Mapping[str, _Flags], probed: set[str]
+    ix: _Index, node: str, fwd: Mapping[str, _Flags], probed: set[str], its: Sequence[float]
 ) -> tuple[list[str], bool]:
     """What may have made the non-finite value the producer `node` (in a loop) reads from
     the loop's carry: the body's nodes after it, at an earlier iteration. None when
@@ -547,10 +614,9 @@ def _carried(
     loop's initial value, finite since `node` is the earliest). Probed nodes after it
     count when their iteration is unknown (a while loop keeps its last iteration: by
     then the NaN is everywhere in the body); those at a known iteration were finite
-    before `node`'s, else they would come first. Returns (nodes, whether any is an
-    unprobed equation)."""
+    before `node`'s, else they would come first. `its`: `node`'s iteration (per loop).
+    Returns (nodes, whether any is an unprobed equation)."""
     loops = ix.loops(node)
-    its = fwd[node].fwd_iter
     at = [its[k] if k < len(its) else _INF for k in range(len(loops))]
     later = [k for k, i in enumerate(at) if i != 0]
     if not later:
@@ -621,7 +687,7 @@ _MOVES = frozenset(
 
 def _producer(
     ix: _Index, fwd: Mapping[str, _Flags], among: Mapping[str, _Flags]
-) -> tuple[str, str | None, str | None]:
+) -> tuple[str, str | None, str | None, tuple[float, ...]]:
     """The forward origin: the earliest non-finite node of `among` (those of `fwd` whose
     values reach a result), unless the results hold only kinds it does not (a NaN
     result after an earlier +Inf, as diffrax fills its output buffer with +Inf before
@@ -630,7 +696,12 @@ def _producer(
     (an overflow: `mul`, `exp`; not a fill that `select_n` or `broadcast_in_dim` moves)
     stays the origin, with the node holding the results' kind that it led to; one made
     from literals alone (`-jnp.inf` as a float32) is a fill.
-    Returns (origin, earlier node passed over, later node it led to)."""
+    Nodes holding the results' kind compare by the first iteration holding that kind
+    (when `locate`'s count run knows it): a loop that carries a +Inf fill from its first
+    iteration (Equinox's `while_loop` selects it every iteration) and writes the NaN
+    `sqrt` made at the 7th came after that `sqrt`, not at iteration 0.
+    Returns (origin, earlier node passed over, later node it led to, the origin's first
+    iteration holding what made it the origin)."""
     order = sorted(among, key=lambda n: ix.key(n, among[n].fwd_iter))
     first = order[0]
 
@@ -639,16 +710,21 @@ def _producer(
         return frozenset("inf" if k.endswith("inf") else k for k in fwd[n].fwd_kinds)
 
     results = frozenset().union(*(kinds(n) for n in fwd if n in ix.outputs))
-    if not results or kinds(first) & results:
-        return first, None, None
-    for n in order:
-        if kinds(n) & results and n not in ix.outputs:
-            made = ix.nodes[first]
-            fill = made.primitive in _MOVES or first in getattr(ix.graph, "constant_nodes", ())
-            if made.kind == "eqn" and not fill:  # (a constant: `-jnp.inf` made a float32)
-                return first, None, n
-            return n, first, None
-    return first, None, None
+    raw = [k for k in _KINDS if ("inf" if k.endswith("inf") else k) in results]
+
+    def when(n: str) -> tuple[tuple[float, float], ...]:  # first holding the results' kind
+        return ix.key(n, fwd[n].first_of(raw))
+
+    holding = sorted((n for n in among if kinds(n) & results and n not in ix.outputs), key=when)
+    if not holding or (kinds(first) & results and when(first) <= when(holding[0])):
+        return first, None, None, fwd[first].first_of(raw)  # (no `raw`: its first of any)
+    n = holding[0]
+    made = ix.nodes[first]
+    # (a constant: `-jnp.inf` made a float32)
+    fill = made.primitive in _MOVES or first in getattr(ix.graph, "constant_nodes", ())
+    if made.kind == "eqn" and not fill and not kinds(first) & results:
+        return first, None, n, fwd[first].fwd_iter
+    return n, first, None, fwd[n].first_of(raw)
 
 
 class _Reach:

@@ -11,7 +11,9 @@ compiled program. Counting the three kinds apart took three reductions per value
 and XLA compiles each: on the zoo's NNX LM (~490 probed values) the mask cut the
 count program's first call from ~45 s to ~17 s on a 2-core CPU. Only the masks and
 the step's result reach the host; the probes' summaries hold presence (0 or 1) under
-the Summary's keys `nan`, `posinf`, `neginf`, which is what the rule reads.
+the Summary's keys `nan`, `posinf`, `neginf`, which is what the rule reads; inside a
+loop, `per_iteration` holds per row whether it holds any (`nonfinite`) and which
+(`kinds`, the bit mask).
 """
 
 from __future__ import annotations
@@ -210,13 +212,18 @@ def count_run(fn: Any, args: tuple, options: Any, traced: Any = None) -> CountRu
             seen = int(np.bitwise_or.reduce(rows)) if rows.size else 0
             for k, bit in _BITS:
                 s[k] = s[k] or int(bool(seen & bit))
-            if np.ndim(mask) == 1:  # per iteration: whether that row holds any
+            if np.ndim(mask) == 1:  # per iteration: whether that row holds any, and which
                 shape = [int(d) for d in loop_shapes.pop(0)] if loop_shapes else [len(rows)]
-                per = s.setdefault("per_iteration", {"nonfinite": [0] * len(rows)})
+                per = s.setdefault(
+                    "per_iteration", {"nonfinite": [0] * len(rows), "kinds": [0] * len(rows)}
+                )
                 if len(per["nonfinite"]) == len(rows):
-                    per["nonfinite"] = [
-                        int(bool(a or b)) for a, b in zip(per["nonfinite"], rows, strict=True)
+                    # the kinds by row: a loop carrying a +Inf fill from its first
+                    # iteration that turns NaN at the 7th holds "NaN" first at the 7th
+                    per["kinds"] = [
+                        int(a) | int(b) for a, b in zip(per["kinds"], rows, strict=True)
                     ]
+                    per["nonfinite"] = [int(bool(k)) for k in per["kinds"]]
                     if len(shape) > 1:
                         per["shape"] = shape
             elif loop_shapes:

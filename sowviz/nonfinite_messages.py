@@ -199,9 +199,19 @@ def masked_derivative_hint(primitive: str, where: Any = None) -> str:
     )
 
 
+def loop_fill_message(n: Any, kinds: frozenset[str]) -> str:
+    """What a finite run's loop-carried fill values are: first made by `n` before a loop,
+    carried in its state (diffrax's +Inf output buffer), reaching no result."""
+    return (
+        f"only {_held(kinds)} fill values, first made by {stage_name(n)} before a loop and "
+        'carried in its state (a buffer or a "best so far" that starts at Inf): the start '
+        "of no NaN/Inf"
+    )
+
+
 def with_message(o: Origins) -> Origins:
     """`o` with its one-line summary of both passes."""
-    parts = []
+    parts = [o.fill] if o.fill else []
     if o.forward is not None:
         parts.append("forward pass: " + o.forward.message)
     if o.backward is not None:

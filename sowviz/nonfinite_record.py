@@ -75,6 +75,9 @@ class Origins:
     message: str = ""
     nodes: tuple[str, ...] = field(default=(), repr=False)  # every non-finite node
     located: bool = False  # True once `locate` re-ran the step down to the equation
+    # the sentence on a library's loop-carried fill values (a finite run's +Inf buffer),
+    # which are listed in `expected`: said in `message`, no origin of anything
+    fill: str = field(default="", repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -168,3 +168,39 @@ def test_the_origin_flag_of_a_groups_first_stage_leaves_the_groups_name_readable
     assert below_name or beside_name, (flag, name)
     assert abs(flag["y"] - (block["y"] + block["height"])) < 8  # right under its stage
     assert page.errors == []
+
+
+def _loop_with_inf_buffer(y0):
+    """A loop state holding an +Inf-filled buffer (diffrax's output buffer), masked at
+    the end: every result is finite."""
+    eqxi = pytest.importorskip("equinox.internal")
+
+    def body(c):
+        i, y, buf = c
+        return i + 1, y - 0.1 * jnp.sqrt(y), buf.at[i].set(y[0])
+
+    init = (0, y0, jnp.full((4,), jnp.inf))
+    _, y, buf = eqxi.while_loop(
+        lambda c: c[0] < 3, body, init, max_steps=8, kind="checkpointed", buffers=lambda c: c[2]
+    )
+    return jnp.sum(y) + jnp.sum(jnp.where(jnp.isfinite(buf), buf, 0.0))
+
+
+@pytest.mark.browser
+def test_a_loops_inf_fill_in_a_finite_run_draws_no_start_flag(page, tmp_path):
+    """A finite diffrax or optimistix run carried "NaN/Inf starts here (forward)" on
+    the solve: the +Inf its loop state starts with is a fill, said quietly, flagged
+    nowhere."""
+    ins = sowviz.inspect(_loop_with_inf_buffer, jnp.array([4.0]), mode="primal")
+    assert bool(jnp.isfinite(ins.result)) and ins.nonfinite.forward is None
+    pg = page.open_report(ins.save_html(tmp_path / "fill.html"))
+    banner = pg.locator('[data-role="nonfinite-banner"]')
+    assert "never reached a result (no alarm)" in banner.inner_text()
+    assert pg.locator(".sv-origin-flag").count() == 0
+    assert pg.locator("[data-nonfinite-origin]").count() == 0
+    assert pg.locator('[data-nonfinite-role="producer"]').count() == 0
+    # the stage holding the fill still says it holds +Inf, quietly
+    assert pg.locator('[data-nonfinite="true"]').count() >= 1
+    ARTIFACTS.mkdir(exist_ok=True)
+    pg.screenshot(path=str(ARTIFACTS / "nonfinite_loop_fill.png"))
+    assert page.errors == []
