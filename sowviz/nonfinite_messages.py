@@ -204,8 +204,8 @@ def loop_fill_message(n: Any, kinds: frozenset[str]) -> str:
     carried in its state (diffrax's +Inf output buffer), reaching no result."""
     return (
         f"only {_held(kinds)} fill values, first made by {stage_name(n)} before a loop and "
-        'carried in its state (a buffer or a "best so far" that starts at Inf): the start '
-        "of no NaN/Inf"
+        'carried in its state (a buffer or a "best so far" that starts at Inf), as the '
+        "library means them"
     )
 
 

@@ -50,7 +50,11 @@ export function bannerParts(origins, index, actions) {
     // the link, when the origin is drawn (a Monitor's earlier step holds none of it)
     if (at) parts.push(h("button", { type: "button", class: "sv-link", "data-origin": pass, "data-node": at, text: `show ${label(at)}`, onclick: () => actions.onReveal(at) }));
   }
-  if (rec.removed) parts.push(h("span", { class: "sv-muted", text: " (masked afterwards)" }));
+  // a finite run's loop fills only (no origin of either pass): the record's sentence,
+  // which says they were masked
+  const fills = !rec.forward && !rec.backward && rec.message;
+  if (fills) parts.push(" ", ...said(rec.message));
+  else if (rec.removed) parts.push(h("span", { class: "sv-muted", text: " (masked afterwards)" }));
   if (needsLocate(rec, index)) parts.push(locateButton(actions));
   return parts;
 }
