@@ -5,6 +5,7 @@ per-block statistics equal each block's own values (NumPy, `jax.vjp`)."""
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -565,3 +566,40 @@ def test_the_one_model_starts_open_even_when_its_loss_holds_more():
     assert not top["CNN"].collapsed
     inside = [n.label for n in ins.graph.nodes if n.parent == top["CNN"].id]
     assert "conv" in inside and "linear" in inside, inside
+
+
+def test_equinox_blocks_holding_a_module_copy_named_after_the_trace_stack():
+    # Equinox's RoPE attention: `process_heads` maps `self.rope` with `jax.vmap` inside
+    # `MultiheadAttention`, a copy named `blocks[1].rope: RotaryPositionalEmbedding`
+    # after the trace; that label's index kept the two blocks apart.
+    eqx = pytest.importorskip("equinox")
+
+    class Block(eqx.Module):
+        attn: Any
+        rope: Any
+
+        def __init__(self, key):
+            self.attn = eqx.nn.MultiheadAttention(2, 8, key=key)
+            self.rope = eqx.nn.RotaryPositionalEmbedding(4)
+
+        def __call__(self, x):
+            def process_heads(q, k, v):
+                rope = jax.vmap(self.rope, in_axes=1, out_axes=1)
+                return rope(q), rope(k), v
+
+            return x + self.attn(x, x, x, process_heads=process_heads)
+
+    blocks = [Block(k) for k in jax.random.split(jax.random.key(0), 2)]
+    x = jnp.linspace(-1.0, 1.0, 48).reshape(6, 8)
+
+    def loss(blocks, x):
+        for block in blocks:
+            x = block(x)
+        return jnp.sum(x**2)
+
+    ins = sowviz.inspect(loss, blocks, x)
+    top = [n for n in ins.graph.nodes if n.repeats and n.parent == ins.graph.root]
+    assert [n.label for n in top] == ["blocks[0–1]: Block (×2)"], [n.label for n in top]
+    (probe,) = [p for p in ins.probes if p.node == top[0].id]
+    out = blocks[1](blocks[0](x))
+    np.testing.assert_allclose(probe.summaries["primal"]["l2"], np.linalg.norm(out), rtol=1e-5)

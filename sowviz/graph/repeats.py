@@ -82,8 +82,10 @@ def repeat_label(labels: Sequence[str]) -> str:
 
 def _inner_label(label: str) -> str:
     """A label inside a block as blocks compare it: a module stage's alike (`pattern`),
-    any other exactly (sows and named scopes are the user's own names)."""
-    return pattern(label) if label in frameworks.pushed() else label
+    also one named after the trace (`blocks[1].rope: RotaryPositionalEmbedding`, a copy
+    `jax.vmap` made inside `blocks[1]`'s attention: its class after its path), any
+    other exactly (sows and named scopes are the user's own names)."""
+    return pattern(label) if label in frameworks.pushed() or ": " in label else label
 
 
 class _Signatures:
