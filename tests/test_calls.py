@@ -548,3 +548,48 @@ def test_your_function_under_jit_or_checkpoint_carries_data_as_unwrapped():
         got = probe.summaries
         np.testing.assert_allclose(got["primal"]["l2"], np.linalg.norm(e), rtol=1e-5)
         np.testing.assert_allclose(got["cotangent"]["l2"], np.linalg.norm(8 * e), rtol=1e-5)
+
+
+def _fit_by_bfgs(x0, c):
+    def objective(x):
+        return jnp.sum((x - c) ** 2) + 0.1 * jnp.sum(x**4)
+
+    from jax.scipy.optimize import minimize
+
+    return minimize(objective, x0, method="BFGS").x  # @bfgs_call
+
+
+def test_a_function_a_library_calls_back_is_drawn_inside_that_call():
+    # `minimize(objective, x0)` evaluates `objective` and its gradient before its loop:
+    # the program was drawn `minimize`, `objective`, `objective (backward)`,
+    # `minimize#2` (the first evaluation pulled out between two halves of the call);
+    # in the line search, inside the loop, the same function was a fold `_fit_by_bfgs:N`.
+    x0, c = jnp.array([0.5, -1.0]), jnp.array([1.0, 2.0])
+    ins = sowviz.inspect(_fit_by_bfgs, x0, c, mode="primal")
+    g = ins.graph
+    top = [n.label for n in g.children(g.root) if n.kind not in ("input", "output")]
+    assert top == ["minimize"], top
+    bfgs = one(g, "minimize_bfgs", "scope")
+    assert bfgs.parent == one(g, "minimize", "scope").id
+    inside = [n.label for n in g.children(bfgs.id)]
+    assert inside.index("objective") < inside.index("objective (backward)"), inside
+    assert inside.index("objective (backward)") < inside.index("while(body_fun)"), inside
+    assert one(g, "minimize", "scope").source.line == line_of("@bfgs_call")
+    # the first evaluation's value and gradient, at x0
+    value = ins.probe("minimize_bfgs/objective", leaf="output").summaries["primal"]
+    want = jnp.sum((x0 - c) ** 2) + 0.1 * jnp.sum(x0**4)
+    np.testing.assert_allclose(value["mean"], float(want), rtol=1e-6)
+    grad = ins.probe("minimize_bfgs/objective (backward)").summaries["primal"]
+    want_g = np.asarray(2 * (x0 - c) + 0.4 * x0**3)
+    np.testing.assert_allclose(grad["l2"], np.linalg.norm(want_g), rtol=1e-6)
+    np.testing.assert_allclose(grad["min"], want_g.min(), rtol=1e-6)
+    np.testing.assert_allclose(ins.result, jax.jit(_fit_by_bfgs)(x0, c), rtol=1e-6)
+    # in the loop the line search's evaluations are named alike, not by a line
+    loop = one(g, "while(body_fun)", "while")
+    below, todo = [], [loop.id]
+    while todo:
+        kids = g.children(todo.pop())
+        below += [n.label for n in kids]
+        todo += [n.id for n in kids]
+    assert "objective" in below, below
+    assert not [lbl for lbl in below if re.fullmatch(r"\w+:\d+", lbl)], below

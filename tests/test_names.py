@@ -440,3 +440,42 @@ def test_a_return_line_s_call_arguments_keep_their_place():
     line = _headed.__code__.co_firstlineno + 4
     assert f"_headed:{line}" in labels and "_head" in labels, labels
     assert "return" not in labels, labels
+
+
+def _objective(x):
+    return jnp.sum(x**2)  # @objective_return
+
+
+def test_your_function_in_a_body_a_library_traced_is_named_by_it():
+    # JAX traces a library's loop body (BFGS's line search) with a traceback of its own:
+    # the user's objective called there has no call to name it, and was a fold by its
+    # line (`_objective:N`) beside the library's work, `_objective` outside the loop.
+    from sowviz import _compat
+    from sowviz.graph.names import fold_label, fold_names
+
+    line = _objective.__code__.co_firstlineno + 1
+    mine = _compat.SourceLocation(__file__, line, "_objective")
+    theirs = _compat.SourceLocation(
+        "/site-packages/jax/_src/scipy/optimize/line_search.py", 9, "body"
+    )
+    library = _compat.CallPath(("line_search.<locals>.body",), False, "jax")
+    user = _compat.CallPath((), True, None)
+    paths = [library] * 3 + [user] * 5 + [library] * 3
+    locs = [theirs] * 3 + [mine] * 5 + [theirs] * 3
+    backward = [False] * 6 + [True] * 2 + [False] * 3
+    names = [()] * len(paths)
+
+    def labels(out):
+        return [tuple(fold_label(n) for n in t) for t in out]
+
+    out = labels(fold_names(list(names), locs, 40, paths.__getitem__, backward=backward))
+    # the library's own work stays out of it (folded by its own lines, as before)
+    assert not [t for t in out[:3] + out[8:] if any("_objective" in n for n in t)], out
+    assert {t[0] for t in out[3:6]} == {"_objective"}, out
+    assert {t[0] for t in out[6:8]} == {"_objective (backward)"}, out
+    # its return line's run, the last of its forward call, says so, as outside a loop
+    assert {t[1:] for t in out[3:6]} <= {("return",), ()}, out
+    # not told which are backward: one stage, its return line's run still `return`
+    out = labels(fold_names(list(names), locs, 40, paths.__getitem__))
+    assert {t[0] for t in out[3:8]} == {"_objective"}, out
+    assert not [t for t in out[3:8] if any(":" in n for n in t)], out

@@ -582,6 +582,7 @@ class _Builder(InputsMixin):
             reentry=lambda i: _compat.reentry(jaxpr.eqns[i]),
             stages=is_stage,
             passes=line_passes(locs, frames),
+            backward=backward,
         )
         # The top level of a small program: its own equations (a loss's `(y - t) ** 2`,
         # `mean`) carry data as stages do, instead of boxes with none.
@@ -879,6 +880,11 @@ class _Builder(InputsMixin):
             sites = _compat.call_sites(eqn, frameworks.CALL_CODE)
             if r < len(sites):
                 return self.location(sites[r])
+            # its first equations are a function a library traced before and inlines
+            # (optimistix's `BFGS.step` opens with the objective): not the call, whose
+            # frame they lack; the stage around it says where it is
+            if around is not None and around.source is not None:
+                return around.source
         return self.source(eqn, around)
 
     def source(self, eqn, around: _Rec | None = None) -> _compat.SourceLocation | None:

@@ -31,19 +31,9 @@ import itertools
 from collections.abc import Sequence
 
 from .. import _compat
-from .names import BACKWARD, CALL, fold_label, function_label
+from .names import BACKWARD, CALL, CALLED_BACK, call_label, fold_label, function_label
 
 Chain = tuple[_compat.UserCall, ...] | None
-
-
-def call_label(qualname: str) -> str:
-    """A user function's label: its name, a method's with its class (`Model.encode`);
-    a closure by its own name, however generic (`f` in `encoder`), unlike a library's
-    (`names.function_label` names optax's `update_fn` by the function that made it)."""
-    parts = qualname.split(".")
-    if len(parts) > 1 and parts[-2] != "<locals>":
-        return parts[-2] if parts[-1].startswith("__") else f"{parts[-2]}.{parts[-1]}"
-    return parts[-1]
 
 
 def _unwrapped(chain: Chain) -> Chain:
@@ -247,6 +237,35 @@ def group_calls(
                     taken.update(m for ms, _ in run for m in ms)
             k = j + 1
 
+    def made_at(m: int, shared: int) -> tuple[int, int] | None:
+        # Where the function around this scope's calls had got to when it made `m`
+        # through no call of the user's (a library's work on its line); else None.
+        chain = calls[m]
+        if chain is None or len(chain) != shared:
+            return None
+        if shared:
+            return chain[-1].key[2], chain[-1].lasti
+        return roots[m] if m < len(roots) else None
+
+    def library_work(eqns: list[int], shared: int) -> dict[tuple[int, int], tuple[int, int]]:
+        # per place of the function around this scope's calls, the first and last of the
+        # equations a library made there (`made_at`)
+        out: dict[tuple[int, int], tuple[int, int]] = {}
+        for m in eqns:
+            at = made_at(m, shared)
+            if at is not None:
+                out[at] = (out[at][0], m) if at in out else (m, m)
+        return out
+
+    def called_back(
+        call: _compat.UserCall, members: list[int], work: dict[tuple[int, int], tuple[int, int]]
+    ) -> bool:
+        # A library called on the line made work of its own before and after the call
+        # (`minimize(f, x0)`: `eye`, then `f`'s value and gradient, then the loop): the
+        # library called the function back, and the call is part of the library's.
+        around = work.get((call.key[0], call.key[1]))
+        return around is not None and around[0] < min(members) and around[1] > max(members)
+
     def visit(eqns: list[int], depth: int) -> None:
         items = items_of(eqns, depth)
         # (equations of no known call, a backward pass's, neither share nor break it)
@@ -257,6 +276,7 @@ def group_calls(
             chains = [ids[m] for m in members]
             common = _common(chains) if None not in chains else ()  # type: ignore[arg-type]
             keys.append(common[shared] if len(common) > shared else None)
+        work: dict[tuple[int, int], tuple[int, int]] | None = None  # made when needed
         k = 0
         while k < len(items):
             j = k
@@ -275,6 +295,11 @@ def group_calls(
                 if all(backward[m] for members, _ in items[k : j + 1] for m in members):
                     label += BACKWARD
                 name = f"{CALL}{label}\x01{tag}.{keys[k]}"
+                members = [m for ms, _ in items[k : j + 1] for m in ms]
+                if work is None:
+                    work = library_work(eqns, shared)
+                if called_back(call, members, work):
+                    name += CALLED_BACK  # (`names.fold_names` draws it in the library's call)
                 sites[name] = call.site()
                 wrap([ms for ms, _ in items[k : j + 1]], name, depth)
             k = j + 1

@@ -411,11 +411,13 @@ class _Context:
         if self.stack and self.stack[-1][0] is module:
             return None  # super().__call__ of the same module
         known = self.paths.get(id(module))
-        if _framework_private(module) and (known is None or not known[1]):
-            # A framework's own wrapper made on the fly (Equinox's `filter_vmap` returns
-            # a `_VmapWrapper`; `eqx.nn.MLP` wraps its activation in one): no stage of
-            # its own, and no root of names (the module it wraps is named where it is
-            # called); its calls show inside the module that called it.
+        if _library_wrapper(module):
+            # A library's own wrapper (Equinox's `filter_vmap` returns a `_VmapWrapper`;
+            # `eqx.nn.MLP` wraps its activation in one; a method under `eqx.filter_jit`
+            # is a `Partial` of a `_JitWrapper`; diffrax's `_ControlToODE`): no stage of
+            # its own, wherever it sits, and no root of names (the module it wraps is
+            # named where it is called); its calls show inside the module that called it,
+            # the function it wraps named by its own stage (`evaluate`).
             return None
         alike: tuple[Path, ...] = ()
         if known is None:  # a copy a transform rebuilt (`nnx.scan`, `lax.scan` + `eqx.combine`)
@@ -470,19 +472,23 @@ def _class_label(module: Any) -> str:
     return cls.__name__
 
 
-#: Public wrapper classes of the frameworks, no layers: Equinox's `BoundMethod` (a
-#: module's method taken as a pytree, as `eqx.nn.MultiheadAttention` maps its
-#: projections).
-_WRAPPERS = frozenset({"BoundMethod"})
+#: Public wrapper classes, no layers, by (package, class name): Equinox's `BoundMethod`
+#: (a module's method taken as a pytree, as `eqx.nn.MultiheadAttention` maps its
+#: projections) and `Partial` (what `eqx.filter_jit` makes of a method:
+#: `Partial(_JitWrapper, module)`), and JAX's `tree_util.Partial`.
+_WRAPPERS = frozenset({("equinox", "BoundMethod"), ("equinox", "Partial"), ("jax", "Partial")})
 
 
-def _framework_private(module: Any) -> bool:
-    """Whether `module`'s class is a private one (``_Name``) of Flax or Equinox, or one
-    of their wrappers (`_WRAPPERS`)."""
+def _library_wrapper(module: Any) -> bool:
+    """Whether `module`'s class is a private one (``_Name``) of an installed library
+    (Equinox's `_JitWrapper`, diffrax's `_ControlToODE`, optimistix's and Equinox's
+    `_ClosureConvert`), or one of the public wrappers (`_WRAPPERS`): a class of the
+    user's own is never one, however it is named."""
     cls = type(module)
-    name = cls.__name__
-    own = cls.__module__.startswith(("equinox", "flax"))
-    return own and (name.startswith("_") or name in _WRAPPERS)
+    name, package = cls.__name__, cls.__module__.split(".", 1)[0]
+    if (package, name) in _WRAPPERS:
+        return True
+    return name.startswith("_") and not _compat.is_user_class(cls)
 
 
 def _bound_method(obj: Any) -> tuple[Any, str] | None:

@@ -5,6 +5,8 @@ Pure functions of names and equations; `build.py` does the walk.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import itertools
 import os
 import re
@@ -121,8 +123,10 @@ def scope_names(eqn) -> tuple[str, ...]:
     out: list[str] = []
     for n in names:
         # `conv1: Conv2d` holds Equinox's `eqx.nn.Conv` (its base class's scope), and
-        # the model's own stage (`MLP`, named by its class) holds `eqx.nn.MLP`
-        if n.startswith("eqx.nn.") and out and (": " in out[-1] or out[-1] in frameworks.pushed()):
+        # the model's own stage (`MLP`, named by its class) holds `eqx.nn.MLP`; so does
+        # its backward pass's, `MLP (backward)`
+        module = out[-1].removesuffix(BACKWARD) if out else ""
+        if n.startswith("eqx.nn.") and out and (": " in module or module in frameworks.pushed()):
             continue
         out.append(n)
     return tuple(out)
@@ -165,6 +169,20 @@ FOLD = "\x00fold:"
 #: Prefix of the scope names of the user's own function calls (`graph.calls`): stages
 #: of the program's own, unlike folds.
 CALL = "\x00call:"
+#: Ends the name of a call of the user's function that a library called back
+#: (`minimize(f, x0)` evaluating `f`: `calls.group_calls`, or in a loop body the library
+#: traced, `fold_names`): drawn inside the library call's group, not splitting it.
+CALLED_BACK = "\x01b"
+
+
+def call_label(qualname: str) -> str:
+    """A user function's label: its name, a method's with its class (`Model.encode`);
+    a closure by its own name, however generic (`f` in `encoder`), unlike a library's
+    (`function_label` names optax's `update_fn` by the function that made it)."""
+    parts = qualname.split(".")
+    if len(parts) > 1 and parts[-2] != "<locals>":
+        return parts[-2] if parts[-1].startswith("__") else f"{parts[-2]}.{parts[-1]}"
+    return parts[-1]
 
 
 def _top_count(names: Sequence[tuple[str, ...]]) -> int:
@@ -312,6 +330,7 @@ def fold_names(
     reentry: Callable[[int], _compat.Reentry | None] | None = None,
     stages: Sequence[str | None] = (),
     passes: Sequence[int] = (),
+    backward: Sequence[bool] = (),
 ) -> list[tuple[str, ...]]:
     """Scope names with runs of unscoped equations folded. A level with more than
     `line_limit` nodes folds runs of 3 or more equations from one source line, labelled
@@ -335,7 +354,211 @@ def fold_names(
     that `lax.switch` makes). `passes`: each equation's pass over its line (`line_passes`):
     a loop on one line (`for p in params: x = gelu(x @ p["w"])`) folds a run per pass,
     `x`, `x#2`, `x#3`, each with its value (one fold held every layer, probed on the
-    last)."""
+    last).
+
+    A call of the user's function that a library called back (`CALLED_BACK`:
+    `minimize(f, x0)` evaluating `f` before its loop) is drawn inside the library
+    call's groups (`minimize` > `minimize_bfgs` > `f`), not between two halves of
+    them. In a loop body the library traced (BFGS's line search), a run of the user's
+    function's equations among the library's is a stage named by it too (`f`; `f
+    (backward)` for the transposed ones, when `backward` says which they are), as
+    outside the loop (it was a fold `f:7`): `_user_calls_in_body`."""
+    if call_path is not None:
+        call_path = functools.cache(call_path)  # (read once here, again by the folds)
+        names = _user_calls_in_body(names, locs, call_path, backward)
+    # (a `_compat.REENTRANT` call's own group holds its calls back: `fold_callbacks`)
+    cut = [
+        None if reentry is not None and reentry(i) is not None else _called_back_at(t)
+        for i, t in enumerate(names)
+    ]
+    args = (limit, call_path, line_limit, at_module_call, primitives, reentry, stages, passes)
+    if all(c is None for c in cut):
+        return _fold(names, locs, *args)
+    return _fold_around_calls_back(names, cut, locs, *args)
+
+
+def _called_back_at(names: tuple[str, ...]) -> int | None:
+    """Where the first call back (`CALLED_BACK`) sits in an equation's scope names."""
+    return next((d for d, n in enumerate(names) if n.endswith(CALLED_BACK)), None)
+
+
+def _user_runs(call_path: Callable[[int], _compat.CallPath], n: int) -> list[tuple[int, int]]:
+    """Runs `[i, j)` of equations with a frame of the user's (`CallPath.below_user`)
+    right after or before one made by a library alone (in a body the library traced
+    itself: no frame of the user's)."""
+    paths = [call_path(i) for i in range(n)]
+    library = [not p.below_user and bool(p.names) for p in paths]
+    user = [p.below_user for p in paths]
+    runs: list[tuple[int, int]] = []
+    i = 0
+    while i < n:
+        if not user[i]:
+            i += 1
+            continue
+        j = i
+        while j < n and user[j]:
+            j += 1
+        if (i > 0 and library[i - 1]) or (j < n and library[j]):
+            runs.append((i, j))
+        i = j
+    return runs
+
+
+def _user_calls_in_body(
+    names: list[tuple[str, ...]],
+    locs: Sequence[_compat.SourceLocation | None],
+    call_path: Callable[[int], _compat.CallPath],
+    backward: Sequence[bool],
+) -> list[tuple[str, ...]]:
+    """`names` with each run of the user's function's equations in a body a library
+    traced (`_user_runs`) in a scope named by the function (`f`; its transposed
+    equations, per `backward`, in `f (backward)`). JAX traces a loop's body with a
+    traceback of its own: the library's frames start it, and the user's function
+    (BFGS's objective) has no call of its own there to be named by
+    `calls.group_calls`. A run of several of the user's functions' frames (none
+    known to be the outermost) or of a lambda names nothing: it stays as it was.
+    Unlike a call back at the user's level, the scope parts the library's work
+    around it (`body`, `f`, `body#2`), as the fold by its line did: a loop body of a
+    hundred library calls is no clearer as one run."""
+    out = list(names)
+    for i, j in _user_runs(call_path, len(names)):
+        functions = {loc.function for loc in locs[i:j] if loc is not None}
+        if len(functions) != 1 or any(loc is None for loc in locs[i:j]):
+            continue
+        label = call_label(functions.pop())
+        if label.startswith("<"):
+            continue
+        at = min(len(t) for t in names[i:j])  # the scopes the whole run is in
+        while any(t[:at] != names[i][:at] for t in names[i:j]):
+            at -= 1
+        around = fold_label(names[i][at - 1]) if at else ""
+        if label in (around.removesuffix(BACKWARD), around.rpartition(": ")[2]):
+            continue  # a stage says it already (optimistix's module `fn: rosenbrock`)
+        for m in range(i, j):
+            back = m < len(backward) and backward[m]
+            part = f"{label}{BACKWARD}" if back else label
+            name = f"{CALL}{part}\x01body{i}{'b' if back else ''}"
+            out[m] = (*out[m][:at], name, *out[m][at:])
+    return out
+
+
+def _fold_around_calls_back(
+    names: list[tuple[str, ...]],
+    cut: Sequence[int | None],
+    locs: Sequence[_compat.SourceLocation | None],
+    limit: int,
+    call_path: Callable[[int], _compat.CallPath] | None,
+    line_limit: int,
+    at_module_call: Callable[[int], bool] | None,
+    primitives: Sequence[str],
+    reentry: Callable[[int], _compat.Reentry | None] | None,
+    stages: Sequence[str | None],
+    passes: Sequence[int],
+) -> list[tuple[str, ...]]:
+    """`fold_names` of a level holding calls back (`cut`: where each equation's first
+    sits in its names, or None). Outside, each called-back equation stands for the
+    library's work around it: its scope names end before the call, its line and
+    library calls are those of its neighbours outside calls back (their shared
+    calls), so the library's group goes around it; inside, each call's equations are
+    folded as a level of their own, and the call's scope goes back in below the groups
+    made outside."""
+    n = len(names)
+    hidden = [c is not None for c in cut]
+    outer = [t[:c] if c is not None else t for t, c in zip(names, cut, strict=True)]
+
+    def neighbour(i: int, step: int) -> int | None:
+        m = i + step
+        while 0 <= m < n and (hidden[m] or outer[m] != outer[i]):
+            if not hidden[m] and outer[m][: len(outer[i])] != outer[i]:
+                return None  # left the scope the call is in
+            m += step
+        return m if 0 <= m < n else None
+
+    around = {i: (neighbour(i, -1), neighbour(i, 1)) for i in range(n) if hidden[i]}
+
+    def outer_loc(i: int) -> _compat.SourceLocation | None:
+        if not hidden[i]:
+            return locs[i]
+        a, b = around[i]
+        return locs[a] if a is not None else locs[b] if b is not None else locs[i]
+
+    def outer_path(i: int) -> _compat.CallPath:
+        assert call_path is not None
+        if not hidden[i]:
+            return call_path(i)
+        paths = [call_path(m) for m in around[i] if m is not None]
+        if not paths:
+            return _compat.CallPath()
+        shared = list(
+            itertools.takewhile(
+                lambda ps: len(set(ps)) == 1, zip(*(p.names for p in paths), strict=False)
+            )
+        )
+        return dataclasses.replace(paths[0], names=tuple(ps[0] for ps in shared))
+
+    def outer_pass(i: int) -> int:
+        a = around[i][0] if hidden[i] else i
+        return passes[a] if a is not None and a < len(passes) else 0
+
+    folded = _fold(
+        outer,
+        [outer_loc(i) for i in range(n)],
+        limit,
+        outer_path if call_path is not None else None,
+        line_limit,
+        (lambda i: not hidden[i] and at_module_call(i)) if at_module_call is not None else None,
+        [("" if hidden[i] else p) for i, p in enumerate(primitives)],
+        (lambda i: None if hidden[i] else reentry(i)) if reentry is not None else None,
+        [(None if hidden[i] else s) for i, s in enumerate(stages)],
+        [outer_pass(i) for i in range(n)] if passes else (),
+    )
+    out = list(folded)
+    i = 0
+    while i < n:
+        c = cut[i]
+        if c is None:
+            i += 1
+            continue
+        j = i  # the run of this call's equations
+        while j < n and cut[j] == c and names[j][: c + 1] == names[i][: c + 1]:
+            j += 1
+        run = range(i, j)
+        inner = fold_names(
+            [names[m][c + 1 :] for m in run],
+            locs[i:j],
+            limit,
+            _shifted(call_path, i),
+            line_limit,
+            _shifted(at_module_call, i),
+            primitives[i:j],
+            _shifted(reentry, i),
+            stages[i:j],
+            passes[i:j],
+        )
+        for k, m in enumerate(run):
+            out[m] = (*folded[m], names[m][c], *inner[k])
+        i = j
+    return out
+
+
+def _shifted(fn: Callable[[int], Any] | None, start: int) -> Callable[[int], Any] | None:
+    """`fn` of the equations from `start` on, as a level of their own numbers them."""
+    return None if fn is None else lambda k: fn(start + k)
+
+
+def _fold(
+    names: list[tuple[str, ...]],
+    locs: Sequence[_compat.SourceLocation | None],
+    limit: int,
+    call_path: Callable[[int], _compat.CallPath] | None = None,
+    line_limit: int = 12,
+    at_module_call: Callable[[int], bool] | None = None,
+    primitives: Sequence[str] = (),
+    reentry: Callable[[int], _compat.Reentry | None] | None = None,
+    stages: Sequence[str | None] = (),
+    passes: Sequence[int] = (),
+) -> list[tuple[str, ...]]:
+    """`fold_names` of a level holding no call back (`CALLED_BACK`)."""
     if call_path is None and max(_direct(names).values(), default=0) <= line_limit:
         return names
     out = list(names)
@@ -474,8 +697,17 @@ def fold_names(
         if named:
             return named
         sc = scope_of(i)
-        last = not any(scope_of(m)[: len(sc)] == sc for m in range(j + 1, len(out)))
+        last = not any(
+            scope_of(m)[: len(sc)] == sc and not replayed(m, loc) for m in range(j + 1, len(out))
+        )
         return "return" if last and is_return(loc.file, loc.line) else own
+
+    def replayed(m: int, ret: _compat.SourceLocation) -> bool:
+        # An equation of the returning function's lines up to its return, after it: its
+        # backward pass, in the call's scope when the scope does not part the passes (a
+        # library's loop body calling the user's function's `value_and_grad`).
+        loc = locs[m]
+        return loc is not None and loc.function == ret.function and loc.line <= ret.line
 
     def unscoped(i: int) -> bool:
         return not out[i] or out[i][0].startswith(FOLD)
@@ -643,7 +875,11 @@ def fold_names(
             if runs[i] and _OWN in runs[i][-1]:
                 pass  # a REENTRANT call's own work: its calls say nothing more
             elif size > line_limit or (level > line_limit and size >= 3):
-                split_by_calls(list(range(i, j + 1)), 0, size == level)
+                # A level of the user's code restates no call: one library call that is
+                # all the program does is a box, `minimize`, not its inner calls loose.
+                # (A body the library traced is its call's already: `while(body_fun)`.)
+                users = not runs[i] and all(path(m).below_user for m in range(i, j + 1))
+                split_by_calls(list(range(i, j + 1)), 0, size == level and not users)
             i = j + 1
         own = lambda i, j, where: where.split("\x02", 1)[0]  # noqa: E731  (`_do_update:381`)
         fold_runs(line_key(True), least=3, label=own, inner=True, whole=False)

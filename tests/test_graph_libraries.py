@@ -1,0 +1,120 @@
+"""Stage names of programs built with libraries (Equinox, diffrax): the library's own
+wrapper classes are no stages; the user's function, method or module they wrap is."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import sowviz
+
+eqx = pytest.importorskip("equinox")
+
+
+class _Interp(eqx.Module):
+    ts: jax.Array
+    ys: jax.Array
+
+    @eqx.filter_jit
+    def evaluate(self, t):
+        return jnp.interp(t, self.ts, self.ys)
+
+
+def _interp_loss(interp, t):
+    return jnp.sum(interp.evaluate(t) ** 2)
+
+
+def _labels_and_paths(g):
+    def path(n):
+        out = []
+        while n.parent is not None:
+            out.append(n.label)
+            n = g.node(n.parent)
+        return " > ".join(reversed(out))
+
+    return [n.label for n in g.nodes], [path(n) for n in g.nodes if n.kind not in ("eqn",)]
+
+
+def test_a_method_under_filter_jit_is_a_stage_of_its_name():
+    # `eqx.filter_jit` makes a method a `Partial` of a `_JitWrapper` module: drawn as
+    # `Partial` > `func: _JitWrapper` > `evaluate` (diffrax's `CubicInterpolation.evaluate`
+    # in every neural CDE)
+    interp = _Interp(jnp.linspace(0.0, 1.0, 5), jnp.linspace(0.0, 1.0, 5) ** 2)
+    t = jnp.array([0.3, 0.6])
+    ins = sowviz.inspect(_interp_loss, interp, t, mode="grad")
+    labels, paths = _labels_and_paths(ins.graph)
+    assert not [lbl for lbl in labels if "Partial" in lbl or "_JitWrapper" in lbl], labels
+    (evaluate,) = [n for n in ins.graph.nodes if n.label == "evaluate"]
+    assert evaluate.parent == ins.graph.root, paths
+    want = np.interp(np.asarray(t), np.asarray(interp.ts), np.asarray(interp.ys))
+    got = ins.probe("evaluate").summaries
+    np.testing.assert_allclose(got["primal"]["l2"], np.linalg.norm(want), rtol=1e-6)
+    np.testing.assert_allclose(got["cotangent"]["l2"], np.linalg.norm(2 * want), rtol=1e-6)
+    _, grads = ins.result
+    ref = jax.grad(_interp_loss)(interp, t)
+    np.testing.assert_allclose(grads.ys, ref.ys, rtol=1e-6)
+
+
+class _Field(eqx.Module):
+    w: jax.Array
+
+    def __call__(self, t, y, args):
+        return jnp.tanh(self.w * y[:, None])  # (hidden, channels)
+
+
+def _cde_rate(term, y):
+    return jnp.sum(term.vf(0.3, y, None) ** 2)
+
+
+def test_a_private_class_of_any_library_is_no_stage():
+    # diffrax's `ControlTerm.to_ode()` wraps the term in its private `_ControlToODE`: it
+    # was the stage `vector_field: _ControlToODE` around the user's field (and Equinox's
+    # `Partial` > `_JitWrapper` around the control's `derivative`)
+    diffrax = pytest.importorskip("diffrax")
+    field = _Field(jnp.array([[0.5, -1.0], [2.0, 0.25], [1.0, 1.0]]))
+    ts = jnp.linspace(0.0, 1.0, 5)
+    control = diffrax.LinearInterpolation(ts, jnp.stack([ts, ts**2], axis=-1))
+    term = diffrax.ControlTerm(field, control).to_ode()
+    y = jnp.array([0.1, -0.4, 0.7])
+    ins = sowviz.inspect(_cde_rate, term, y, mode="grad")
+    labels, paths = _labels_and_paths(ins.graph)
+    assert not [lbl for lbl in labels if "_ControlToODE" in lbl or "Partial" in lbl], paths
+    assert [p for p in paths if p.endswith(": _Field")], paths  # the user's module is
+    assert [p for p in paths if p.endswith("derivative")], paths  # and the control's method
+    # the control's derivative at 0.3, on the piece [0.25, 0.5] of (t, t²): (1, 0.25 + 0.5)
+    rate = np.tanh(np.asarray(field.w) * np.asarray(y)[:, None]) @ np.array([1.0, 0.75])
+    loss, grads = ins.result
+    np.testing.assert_allclose(loss, np.sum(rate**2), rtol=1e-6)
+    ref = jax.grad(_cde_rate)(term, y)
+    w = grads.vector_field.control_term.vector_field.w
+    np.testing.assert_allclose(w, ref.vector_field.control_term.vector_field.w, rtol=1e-6)
+
+
+def _sq_loss(model, x, y):
+    return jnp.sum((model(x) - y) ** 2)
+
+
+def _per_example_grads(model, xs, ys):
+    return eqx.filter_vmap(eqx.filter_grad(_sq_loss), in_axes=(None, 0, 0))(model, xs, ys)
+
+
+def test_a_models_backward_pass_holds_its_layers_directly():
+    # Equinox's per-example gradients: the model's backward stage held Equinox's own
+    # scope again, `MLP (backward)` > `eqx.nn.MLP` > `layers[2]: Linear`
+    model = eqx.nn.MLP(3, 1, 8, 2, key=jax.random.PRNGKey(0))
+    xs = jax.random.normal(jax.random.PRNGKey(1), (6, 3))
+    ys = jax.random.normal(jax.random.PRNGKey(2), (6, 1))
+    ins = sowviz.inspect(_per_example_grads, model, xs, ys, mode="primal")
+    g = ins.graph
+    labels = [n.label for n in g.nodes]
+    assert not [lbl for lbl in labels if lbl.startswith("eqx.nn.")], labels
+    (back,) = [n for n in g.nodes if n.label == "MLP (backward)"]
+    inside = [n.label for n in g.children(back.id) if n.kind == "scope"]
+    assert inside == [f"layers[{i}]: Linear" for i in (2, 1, 0)], inside
+    # the last layer's backward makes each example's gradient of its weight
+    ref = eqx.filter_jit(_per_example_grads)(model, xs, ys)  # plain Equinox, no sowviz
+    got = ins.probe("MLP (backward)/layers[2]: Linear", leaf="[1]").summaries["primal"]
+    np.testing.assert_allclose(got["l2"], np.linalg.norm(ref.layers[2].weight), rtol=1e-5)
+    np.testing.assert_allclose(ins.result.layers[0].weight, ref.layers[0].weight, rtol=1e-5)
