@@ -603,3 +603,71 @@ def test_equinox_blocks_holding_a_module_copy_named_after_the_trace_stack():
     (probe,) = [p for p in ins.probes if p.node == top[0].id]
     out = blocks[1](blocks[0](x))
     np.testing.assert_allclose(probe.summaries["primal"]["l2"], np.linalg.norm(out), rtol=1e-5)
+
+
+def _dropout(key, x, rate=0.2):
+    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), 0.0)
+
+
+def _dropout_passes(params, key, x):
+    for p, k in zip(params, jax.random.split(key, len(params)), strict=True):
+        x = jax.nn.gelu(x @ p["w"])
+        x = _dropout(k, x)
+    return jnp.mean(x**2)
+
+
+def _residual_passes(params, h):
+    for p in params:
+        h = h + jnp.tanh(_lru_layer(p, h))
+    return jnp.mean(h**2)
+
+
+def _gelu_layers(params, x):
+    h = x
+    for p in params:
+        h = jax.nn.gelu(_lru_layer(p, h))
+    return h
+
+
+def test_passes_stack_whole_and_show_the_value_leaving_them():
+    # (a) `x = gelu(x @ w)` then `x = dropout(k, x)`: the stack began with the first
+    # `dropout`, the first pass's `x` outside, and no data; (b) a residual pass, whose
+    # value leaving it is a bare `add`: no data; (c) the loop ending a function of
+    # yours: its value leaves through the function, no data in any mode.
+    params = [{"w": W16[i, :8, :8]} for i in range(3)]
+    x, key = X[:4, :8], jax.random.key(7)
+
+    def forward(params, key, x):
+        for p, k in zip(params, jax.random.split(key, len(params)), strict=True):
+            x = _dropout(k, jax.nn.gelu(x @ p["w"]))
+        return x
+
+    def residual(params, h):
+        for p in params:
+            h = h + jnp.tanh(h @ p["w"])
+        return h
+
+    cases = [
+        (_dropout_passes, (params, key, x), "x · _dropout (×3)", forward(params, key, x)),
+        (_residual_passes, (params, x), "_lru_layer (×3)", residual(params, x)),
+    ]
+    for fn, args, label, out in cases:
+        ins = sowviz.inspect(fn, *args)
+        (grp,) = _groups(ins.graph)
+        assert grp.label == label, (label, [n.label for n in _kids(ins.graph, grp)])
+        (probe,) = [p for p in ins.probes if p.node == grp.id]
+        got = probe.summaries
+        np.testing.assert_allclose(got["primal"]["l2"], np.linalg.norm(out), rtol=1e-5)
+        want = np.linalg.norm(2 * np.asarray(out) / out.size)
+        np.testing.assert_allclose(got["cotangent"]["l2"], want, rtol=1e-5)
+    tangents = (jax.tree.map(jnp.ones_like, params), jnp.zeros_like(x))
+    out, t_out = jax.jvp(_gelu_layers, (params, x), tangents)
+    ins = sowviz.inspect(
+        lambda p, x: jnp.mean(_gelu_layers(p, x) ** 2), params, x, mode="jvp", tangents=tangents
+    )
+    (grp,) = _groups(ins.graph)
+    assert ins.graph.node(grp.parent).label == "_gelu_layers"
+    (probe,) = [p for p in ins.probes if p.node == grp.id]
+    np.testing.assert_allclose(probe.summaries["primal"]["l2"], np.linalg.norm(out), rtol=1e-5)
+    np.testing.assert_allclose(probe.summaries["tangent"]["l2"], np.linalg.norm(t_out), rtol=1e-5)

@@ -369,6 +369,7 @@ class _Rec:
         "saved",
         "scope",
         "shapes",
+        "site",
         "source",
         "takes",
         "user_body",
@@ -394,6 +395,9 @@ class _Rec:
         self.user_body = False
         self.repeats = 0  # a group of identical blocks: how many (repeats.py)
         self.blocks: list[_Rec] = []  # its blocks, when other stages lie between them
+        #: an equation's place, to probe it later (`repeats`: a group's output): its
+        #: level's path, its index there and its output variables
+        self.site: tuple[Any, int, Any] | None = None
         self.constant = False  # an equation reading only constants (see `_Builder.const`)
         self.reads: list[_Rec] = []  # the inputs its own equations read (parameters)
         #: the types of the values it reads from outside itself (`repeats`: blocks alike)
@@ -765,6 +769,7 @@ class _Builder(InputsMixin):
         if spec is None:  # an ordinary equation (its sub-programs, if any, are counted)
             label = _compat.primitive_label(eqn)
             rec = self.new("eqn", label, parent.id, src, shapes, primitive=label)
+            rec.site = (path, i, eqn.outvars)
             rec.n_eqns = 1 + sum(_count_eqns(j) for _, _, j in _compat.sub_jaxprs(eqn))
             rec.constant = self.const(eqn)
             return rec

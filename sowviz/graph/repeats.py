@@ -196,9 +196,14 @@ def _separated(siblings: list, i: int, key: tuple, sig: dict, member: Any, edges
             # the `total` fold after its last, with `total` between two calls; the two
             # parts then make one gap)
             led = 0
-            # (work that reads its block's output ends that block's pass: an Equinox
-            # MLP's `gelu` after each `Linear` goes with the one before it, not after)
-            after = (siblings[i].id, siblings[i + 1].id) in edges
+            # (work that reads its block's output ends that block's pass, when the last
+            # block has it too: an Equinox MLP's `gelu` after each `Linear` goes with the
+            # one before it; a loop's `x = gelu(x @ w)` then `x = dropout(k, x)` begins
+            # each pass, the last `dropout` ending the loop)
+            trail = siblings[last + 1 : last + period]
+            after = (siblings[i].id, siblings[i + 1].id) in edges and [
+                eqn(r) for r in trail
+            ] == gap
             for n in range(period - 1, 0, -1) if not after else ():
                 lead = siblings[i - n : i] if i >= n else []
                 if lead and [eqn(r) for r in lead] == gap[-n:]:
@@ -226,9 +231,10 @@ def _key(r: Any, sig: dict) -> tuple:
     return (sig[r.id], pattern(r.label), site)
 
 
-def _group_label(run: list[Any], between: list[Any]) -> str:
+def _group_label(run: list[Any], between: list[Any], lead: bool = False) -> str:
     """`layers[0–23] (×24)`; with named work between the blocks, a pass of a Python
-    loop `h = gelu(layer(p, h))`, that too: `layer · gelu (×3)`."""
+    loop `h = gelu(layer(p, h))`, that too: `layer · gelu (×3)`, in the pass's order
+    (`lead`: the work comes first, `x · dropout`)."""
     label = repeat_label([r.label for r in run])
     # (not a fold of keys: `layer_key, key = split(key)` is bookkeeping, no work to see)
     folds = [
@@ -239,7 +245,8 @@ def _group_label(run: list[Any], between: list[Any]) -> str:
     if not folds:
         return label
     head, _, count = label.rpartition(" (")
-    return f"{' · '.join(dict.fromkeys([head, *folds]))} ({count}"
+    parts = [*folds, head] if lead else [head, *folds]
+    return f"{' · '.join(dict.fromkeys(parts))} ({count}"
 
 
 def _output(run: list[Any], members: list[Any], edges: dict) -> Any | None:
@@ -250,10 +257,17 @@ def _output(run: list[Any], members: list[Any], edges: dict) -> Any | None:
         return run[-1]
     ids = {r.id for r in members}
     leaving = {s for s, t in edges if s in ids and t not in ids}
+    if not leaving:  # (its value leaves the stage around it: the last member's)
+        return members[-1]
     if len(leaving) != 1:
         return None
     (only,) = leaving
     return next(r for r in members if r.id == only)
+
+
+def _last_child(recs: Sequence[Any], r: Any) -> Any | None:
+    """The last of `r`'s siblings (`r` itself when nothing follows it)."""
+    return next((s for s in reversed(recs) if s.parent == r.parent), None)
 
 
 def _insert(builder: Any, runs: list[list[Any]], extras: list[list[Any]]) -> None:
@@ -264,8 +278,9 @@ def _insert(builder: Any, runs: list[list[Any]], extras: list[list[Any]]) -> Non
     pos = {r.id: k for k, r in enumerate(builder.recs)}
     for run, between in zip(runs, extras, strict=True):
         first = run[0]
-        g = builder.new("scope", _group_label(run, between), first.parent)
         members = sorted((*run, *between), key=lambda r: pos[r.id])
+        label = _group_label(run, between, lead=members[0] is not first)
+        g = builder.new("scope", label, first.parent)
         g.repeats, g.source = len(run), first.source
         before[members[0].id] = g
         for r in members:  # the equations between blocks go in with them
@@ -312,11 +327,21 @@ def _insert(builder: Any, runs: list[list[Any]], extras: list[list[Any]]) -> Non
         for p in builder.points
     ]
     by_node = {p.node: p for p in points}
+    made: list[tuple[Any, Any]] = []
     for g, out in chains:  # the group's output is the value leaving it
         p = by_node.get(out.id)
+        if p is None and out.kind == "eqn":
+            made.append((g, out))  # an equation has no probe of its own: one is made
+        elif p is None and out is _last_child(builder.recs, out) and g.parent in by_node:
+            # the stage around it shows that value already (a loop ending a function)
+            p = by_node[g.parent]
         if p is not None:
             points.append(dataclasses.replace(p, node=g.id, kind=g.kind, names=p.names))
     builder.points = points
+    for g, out in made:  # a residual loop's `h = h + tanh(layer(p, h))`: its `add`
+        if out.site is not None:
+            path, i, outvars = out.site
+            builder.point(g, path, [(i, k) for k in range(len(outvars))], list(outvars))
     builder.sows = {k: [rename[i] for i in v] for k, v in builder.sows.items()}
     builder.custom_calls = {k: [rename[i] for i in v] for k, v in builder.custom_calls.items()}
     builder.notes = [dataclasses.replace(n, node=rename.get(n.node, n.node)) for n in builder.notes]
