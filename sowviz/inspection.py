@@ -362,17 +362,22 @@ class Inspection:
         probes share is a KeyError listing their paths, never the first of them; a
         stage wins over what it holds of the same name (a scope `cholesky` over the
         `cholesky` inside it). JAX's own key paths are names too:
-        `jax.tree_util.keystr(path)` of a parameter, `[1]['log_nu']`, is `[1].log_nu`."""
+        `jax.tree_util.keystr(path)` of a parameter, `[1]['log_nu']`, is `[1].log_nu`;
+        and so are the run log's TensorBoard tags (`CNN/conv1:_Conv2d`, spaces written
+        as underscores)."""
         try:
             return self._probe(name, leaf)
         except KeyError:
             dotted = _dotted_keys(name)
-            if dotted == name:
-                raise
-            try:
-                return self._probe(dotted, leaf)
-            except KeyError:
-                pass
+            # (a key path starts at the root: `.bias` is the model's own, not `cell.bias`)
+            rooted = (f"parameters/{dotted}",) if name.startswith((".", "[")) else ()
+            for other in dict.fromkeys((*rooted, dotted, name.replace(":_", ": "))):
+                if other == name:
+                    continue
+                try:
+                    return self._probe(other, leaf)
+                except KeyError:
+                    pass
             raise
 
     def _probe(self, name: str, leaf: str) -> Probe:

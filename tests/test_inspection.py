@@ -1323,3 +1323,33 @@ def test_probe_takes_jaxs_own_key_path_of_a_parameter():
         np.testing.assert_allclose(got["l2"], np.linalg.norm(grad), rtol=1e-6)
     with pytest.raises(KeyError, match="no probe named"):
         ins.probe("[2]['log_nu']")
+
+
+def test_probe_takes_a_root_key_path_and_a_tensorboard_tag():
+    # `.bias` (the model's own, beside `.cell.bias`) was "ambiguous"; a run log's
+    # TensorBoard tag writes `layers[0]: Linear` as `layers[0]:_Linear`
+    eqx = pytest.importorskip("equinox")
+    from sowviz.runlog.naming import probe_tags
+
+    class Model(eqx.Module):
+        cell: eqx.nn.Linear
+        bias: jax.Array
+
+    model = Model(eqx.nn.Linear(3, 3, key=jax.random.key(0)), jnp.linspace(0.5, 1.5, 3))
+    x = jnp.arange(3.0)
+
+    def loss(model, x):
+        return jnp.sum((model.cell(x) + model.bias) ** 2)
+
+    ins = sowviz.inspect(loss, model, x)
+    grads = eqx.filter_grad(loss)(model, x)
+    flat = jax.tree_util.tree_flatten_with_path(eqx.filter(grads, eqx.is_array))[0]
+    assert {jax.tree_util.keystr(p) for p, _ in flat} == {".cell.weight", ".cell.bias", ".bias"}
+    for path, grad in flat:
+        got = ins.probe(jax.tree_util.keystr(path)).summaries["cotangent"]
+        np.testing.assert_allclose(got["l2"], np.linalg.norm(grad), rtol=1e-6)
+    tags = probe_tags(ins.to_dict())
+    spaced = [(p, t) for p, t in ((p, tags[p.id]) for p in ins.probes) if ":_" in t]
+    assert spaced, tags
+    for p, tag in spaced:
+        assert ins.probe(tag, leaf=p.leaf).id == p.id
