@@ -203,7 +203,7 @@ def loop_fill_message(n: Any, kinds: frozenset[str]) -> str:
     """What a finite run's loop-carried fill values are: first made by `n` before a loop,
     carried in its state (diffrax's +Inf output buffer), reaching no result."""
     return (
-        f"only {_held(kinds)} fill values, first made by {stage_name(n)} before a loop and "
+        f"Only {_held(kinds)} fill values, first made by {stage_name(n)} before a loop and "
         'carried in its state (a buffer or a "best so far" that starts at Inf), as the '
         "library means them"
     )

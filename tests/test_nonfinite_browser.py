@@ -197,7 +197,7 @@ def test_a_loops_inf_fill_in_a_finite_run_draws_no_start_flag(page, tmp_path):
     banner = pg.locator('[data-role="nonfinite-banner"]')
     assert "never reached a result (no alarm)" in banner.inner_text()
     # and says what they are: the record's sentence, there being no origin to name
-    assert "only +Inf fill values" in banner.inner_text(), banner.inner_text()
+    assert "Only +Inf fill values" in banner.inner_text(), banner.inner_text()
     assert pg.locator(".sv-origin-flag").count() == 0
     assert pg.locator("[data-nonfinite-origin]").count() == 0
     assert pg.locator('[data-nonfinite-role="producer"]').count() == 0

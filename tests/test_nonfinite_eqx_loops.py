@@ -114,7 +114,7 @@ def test_an_equinox_loops_fill_in_a_finite_run_starts_nothing():
         for o in (ins.nonfinite, ins.locate_nonfinite()):
             assert o.forward is None and o.backward is None and not o.alarm, o.message
             assert o.removed and o.expected  # still said (and drawn as expected values)
-            assert "only +Inf fill values, first made by `" in o.message
+            assert "Only +Inf fill values, first made by `" in o.message
         rec = ins.to_dict()["nonfinite"]
         assert rec["forward"] is None and rec["expected"] and not rec["alarm"]
     # a fill the user masks outside any loop is still reported as before

@@ -29,7 +29,7 @@ export function sparklinePath(counts, w, h) {
 /**
  * Faces for the given node ids. The colour scale spans every node in the model with
  * the statistic, so colours do not shift when stages open and close.
- * @returns {{faces: Map<string, {value: number|null, colour: string|null, text: string, short: string, bad: string, total: string, hist: number[]|null}>, scale: ReturnType<typeof logScale>}}
+ * @returns {{faces: Map<string, {value: number|null, colour: string|null, text: string, short: string, bad: string, total: string, hist: number[]|null, outputs?: string[]|null, shown?: string|null}>, scale: ReturnType<typeof logScale>}}
  */
 export function computeFaces(index, ids, { mode, stat }) {
   // the statistics of stages holding fill values (finfo.max masks) are coloured, but
@@ -76,7 +76,9 @@ export function computeFaces(index, ids, { mode, stat }) {
       if (own.text) text = `value = ${own.kind}`;
       else if (out.mean != null) text = `value = ${fmt(out.mean)}`;
     }
-    faces.set(id, { value, colour: scale.colour(value), text, short: short ?? text, bad: bad.text, total: bad.total, hist, outputs });
+    // which output the face shows, for the tooltip ("the face shows [3] of 4 outputs")
+    const shownName = outputs ? outputName(shown[0], own) : null;
+    faces.set(id, { value, colour: scale.colour(value), text, short: short ?? text, bad: bad.text, total: bad.total, hist, outputs, shown: shownName });
   }
   return { faces, scale };
 }

@@ -147,7 +147,7 @@ export class GraphView {
     const head = stageHead(node, box.w, face?.text ?? "");
     const tip = [`${node.label} (${node.kind} · ${node.n_eqns} eqns)`];
     if (face?.text) tip.push(`statistic: ${face.text}`);
-    if (face?.outputs) tip.push(`the face shows the first of ${face.outputs.length} outputs:`, ...face.outputs.map((o) => `  ${o}`));
+    if (face?.outputs) tip.push(`the face shows ${face.shown ?? "the first"} of ${face.outputs.length} outputs:`, ...face.outputs.map((o) => `  ${o}`));
     g.append(...[
       s("text", { class: "sv-stage-label", x: 38, y: 18, text: ellipsis(node.label, head.labelChars) }, [
         s("title", { text: tip.join("\n") }),
@@ -166,7 +166,7 @@ export class GraphView {
     const tip = [node.label, `${node.kind}${node.primitive ? ` · ${node.primitive}` : ""}`, ...(node.shapes ?? [])];
     if (node.repeats) tip.splice(1, 0, `${node.repeats} identical blocks: expand to see each`);
     if (face?.text) tip.push(`statistic: ${face.text}`);
-    if (face?.outputs) tip.push(`the face shows the first of ${face.outputs.length} outputs:`, ...face.outputs.map((o) => `  ${o}`));
+    if (face?.outputs) tip.push(`the face shows ${face.shown ?? "the first"} of ${face.outputs.length} outputs:`, ...face.outputs.map((o) => `  ${o}`));
     if (node.repeats) {
       // A stack of cards: the blocks behind the first one (inside the layout's gaps).
       g.dataset.repeats = String(node.repeats);

@@ -216,6 +216,7 @@ test("a face of several outputs shows one with the mode's values, and the NaN of
   m.probes.push(qkv("q0", "[0]", 0), qkv("q1", "[1]", 80), qkv("q2", "[2]", 32));
   const { faces } = computeFaces(indexModel(m), ["n8", "n9"], { mode: "cotangent", stat: "l2" });
   assert.equal(faces.get("n8").text, "[1] ‖grad‖₂ = 1");
+  assert.equal(faces.get("n8").shown, "[1]"); // the tooltip says which it shows
   // the first output holding NaN is the one shown: a face never hides one
   assert.equal(faces.get("n9").text, "[1] grad: 80 NaN");
   m.probes[m.probes.length - 2].summaries.cotangent = summary({ shape: [80], count: 80, l2: 3 });
