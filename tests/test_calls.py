@@ -529,8 +529,9 @@ def _residual_block(p, x):
 
 
 def test_your_function_under_jit_or_checkpoint_carries_data_as_unwrapped():
-    # A transformer block under `jax.checkpoint(policy=...)` (or `jax.jit`) drew its
-    # residual `add`s as boxes with no value and no gradient; unwrapped they had both.
+    # A transformer block under `jax.checkpoint(policy=...)` (or `jax.jit`, or
+    # `jax.named_call`) drew its residual `add`s as boxes with no value and no
+    # gradient; unwrapped they had both.
     p = {"w": jnp.linspace(-1.0, 1.0, 9).reshape(3, 3)}
     x = jnp.linspace(-2.0, 2.0, 6).reshape(2, 3)
     e = x + jnp.tanh(x @ p["w"])  # the residual add's value; loss = sum((2e)^2)
@@ -539,6 +540,7 @@ def test_your_function_under_jit_or_checkpoint_carries_data_as_unwrapped():
         "jit": jax.jit(_residual_block),
         "checkpoint": jax.checkpoint(_residual_block, policy=policy),
         "jit(checkpoint)": jax.jit(jax.checkpoint(_residual_block)),
+        "named_call": jax.named_call(_residual_block, name="_residual_block"),
     }
     for name, block in wrappers.items():
         ins = sowviz.inspect(lambda p, x, block=block: jnp.sum(block(p, x) ** 2), p, x)

@@ -685,6 +685,13 @@ class _Builder(InputsMixin):
                             parent.called
                             or parent.scope in frameworks.pushed()
                             or (parent is container and container.user_body)
+                            # `jax.named_call(block)`: a scope named as your function
+                            # whose code made the equation, which is that call
+                            or (
+                                parent.scope is not None
+                                and locs[i] is not None
+                                and locs[i].function == parent.scope
+                            )
                         )
                         and not body
                         and scope_sizes()[parent.scope] > 1  # else it is the stage
