@@ -201,9 +201,7 @@ def _separated(siblings: list, i: int, key: tuple, sig: dict, member: Any, edges
             # one before it; a loop's `x = gelu(x @ w)` then `x = dropout(k, x)` begins
             # each pass, the last `dropout` ending the loop)
             trail = siblings[last + 1 : last + period]
-            after = (siblings[i].id, siblings[i + 1].id) in edges and [
-                eqn(r) for r in trail
-            ] == gap
+            after = (siblings[i].id, siblings[i + 1].id) in edges and [eqn(r) for r in trail] == gap
             for n in range(period - 1, 0, -1) if not after else ():
                 lead = siblings[i - n : i] if i >= n else []
                 if lead and [eqn(r) for r in lead] == gap[-n:]:
