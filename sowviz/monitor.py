@@ -177,8 +177,8 @@ class Monitor:
         self._primal = self._options.mode is _model.Mode.PRIMAL
         self.fn = fn
         self.every = every
-        self.history = History(history)
-        self.nonfinite: _nonfinite.NonFinite | None = None
+        self._history = History(history)
+        self._nonfinite: _nonfinite.NonFinite | None = None
         self.steps = start_step  # the next step's number
         self._lock = threading.RLock()
         # In flight: (step, out, args, parts); args only until the first non-finite
@@ -186,6 +186,7 @@ class Monitor:
         # arguments. `parts`: what the host reads of a recorded step (`_parts`); `out`
         # keeps no result (a step's gradients are not held for the read).
         self._pending: deque[tuple[int, Out, tuple | None, Any]] = deque()
+        self._draining = False  # (`history` read by a listener while steps are recorded)
         # Unrecorded steps: (step, the running flag after it, args, its index in the
         # flag's count); not their results (gradients are not held for the read).
         self._flags: deque[tuple[int, Any, tuple | None, int]] = deque()
@@ -296,11 +297,33 @@ class Monitor:
             steps=True,
         )
 
+    @property
+    def nonfinite(self) -> _nonfinite.NonFinite | None:
+        """The record of the run's first non-finite step (None: none yet), up to the
+        last step taken: steps and flags still waiting to be read are read first."""
+        if (self._pending or self._flags) and not self._draining:
+            self.flush()
+        return self._nonfinite
+
+    @property
+    def history(self) -> History:
+        """The whole run, thinned to `history` entries (step 0 and the first non-finite
+        step kept), up to the last step taken: steps still waiting to be read (a
+        recorded step is read with the next few, off the step's path) are read first.
+        It held none of a Linen ResNet's first 3 steps until `flush()`."""
+        if self._pending and not self._draining:
+            self.flush()
+        return self._history
+
     def flush(self) -> None:
         """Read every pending summary and flag and hand them to the views and sinks now."""
         with self._lock, library_errors("Monitor.flush"):
-            self._check_flags(keep=0)
-            self._drain(keep=0)
+            was, self._draining = self._draining, True  # (a listener reading `history`)
+            try:
+                self._check_flags(keep=0)
+                self._drain(keep=0)
+            finally:
+                self._draining = was
             self._each("flush")
 
     def close(self) -> None:
@@ -317,7 +340,7 @@ class Monitor:
         if not recorded:  # the plain program ran: re-run this step instrumented, for the origin
             self._enqueue(step, args)
         self._drain(keep=0)  # records this step and locates its equation (`_record`)
-        nf = self.nonfinite
+        nf = self._nonfinite
         self._each("flush")
         where = (
             nf.origins
@@ -342,7 +365,7 @@ class Monitor:
             upto = len(self._flags) - keep if len(self._flags) >= keep + _FLAG_BATCH else 0
         if upto <= 0:
             return
-        if self.nonfinite is None and self._first_flagged is None:
+        if self._nonfinite is None and self._first_flagged is None:
             # (else an earlier step is already the first non-finite one)
             read = [self._flags[i] for i in range(upto)]
             first = int(np.asarray(read[-1][1])[1])  # the one device→host read
@@ -356,7 +379,7 @@ class Monitor:
                         "not kept",
                         stacklevel=3,
                     )
-                    self.nonfinite = _nonfinite.NonFinite(step, None, None)
+                    self._nonfinite = _nonfinite.NonFinite(step, None, None)
                 else:
                     self._enqueue(step, args)
                 self._first_flagged = step
@@ -378,13 +401,13 @@ class Monitor:
                 "before it returns, and stops there) or `every=1` (every step recorded).",
                 stacklevel=4,
             )
-            self.nonfinite = _nonfinite.NonFinite(step, None, None)
+            self._nonfinite = _nonfinite.NonFinite(step, None, None)
             return
         try:
             rerun = self._run(args, True)
         except Exception as err:
             warnings.warn(f"sowviz.Monitor: could not re-run step {step}: {err}", stacklevel=4)
-            self.nonfinite = _nonfinite.NonFinite(step, None, None)
+            self._nonfinite = _nonfinite.NonFinite(step, None, None)
             return
         at = sum(1 for s, *_ in self._pending if s < step)
         if not self._pending:
@@ -404,6 +427,13 @@ class Monitor:
             return
         if len(self._pending) <= keep and time.monotonic() - self._waiting_since < self.throttle:
             return
+        was, self._draining = self._draining, True
+        try:
+            self._drain_now()
+        finally:
+            self._draining = was
+
+    def _drain_now(self) -> None:
         # Earlier unrecorded steps first: a bad one is re-run and queued in step order.
         self._check_flags(keep=0, before=self._pending[-1][0])
         unread = [i for i, p in enumerate(self._pending) if not isinstance(p[3], _Read)]
@@ -451,8 +481,8 @@ class Monitor:
                     if listener is not self._view_listener:
                         self._call(listener, "open", self.to_dict(with_history=False))
             # The first non-finite step stays in the history whatever the thinning.
-            first_bad = self.nonfinite is not None and self.nonfinite.step == step
-            self.history.add(entry, pin=first_bad)
+            first_bad = self._nonfinite is not None and self._nonfinite.step == step
+            self._history.add(entry, pin=first_bad)
             read.added = True
             if self._view_listener is not None and self._view_programs < len(self._programs):
                 # A step of a program the view's model lacks: the model travels whole
@@ -510,22 +540,22 @@ class Monitor:
             bwd = (origins.backward.node or origins.backward.reaching) if origins.backward else None
             entry["nonfinite"] = {"forward": fwd, "backward": bwd}
             # (`>=`: the same step again is a record an interrupt cut short, `_drain`)
-            if self.nonfinite is None or self.nonfinite.step >= step:
-                self.nonfinite = _nonfinite.NonFinite(step, fwd, bwd, origins)
+            if self._nonfinite is None or self._nonfinite.step >= step:
+                self._nonfinite = _nonfinite.NonFinite(step, fwd, bwd, origins)
                 if not self._located and args is not None:
                     # Once per run: the count-only re-run on this step's arguments.
-                    self.nonfinite = _locate_step(self.fn, args, self._options, self.nonfinite)
+                    self._nonfinite = _locate_step(self.fn, args, self._options, self._nonfinite)
                     self._located = True
                     self._drop_args()
                 # The first non-finite step's entry carries the whole record (the run
                 # log's reader and the front end take it from there).
-                entry["nonfinite"] = self.nonfinite.to_dict()
+                entry["nonfinite"] = self._nonfinite.to_dict()
                 self._warn_nonfinite(graph)
 
     def _warn_nonfinite(self, graph: Any) -> None:
         # Said once, where a script's user sees it (a notebook's view shows a banner
         # too); with `stop_on_nonfinite=True` the step raises `NonFiniteError` instead.
-        nf = self.nonfinite
+        nf = self._nonfinite
         if self.stop_on_nonfinite or self._warned_nonfinite or nf is None:
             return
         self._warned_nonfinite = True
@@ -551,7 +581,7 @@ class Monitor:
         with self._lock:
             self._check_flags(keep=0)
             self._drain(keep=0)
-            return None if self.nonfinite is None else self.nonfinite.origins
+            return None if self._nonfinite is None else self._nonfinite.origins
 
     @property
     def _probes(self) -> list[Probe]:
@@ -643,8 +673,8 @@ class Monitor:
         )
         d = ins.to_dict() if created is _KEEP else ins.to_dict(created=created)
         d["programs"] = list(self._programs)
-        nf = None if self.nonfinite is None else self.nonfinite.to_dict()
-        d["history"] = self.history.to_dict(nf) if with_history else None
+        nf = None if self._nonfinite is None else self._nonfinite.to_dict()
+        d["history"] = self._history.to_dict(nf) if with_history else None
         return d
 
     def save_html(self, path: Any, *, created: Any = _KEEP) -> Any:

@@ -422,10 +422,10 @@ def test_rare_recorded_steps_reach_the_history_after_throttle_seconds():
     for _ in range(3):
         slow.step(W, batch(4))
         batched.step(W, batch(4))
-    assert [e["step"] for e in slow.history] == [0]  # read without a flush
-    assert len(batched.history) == 0  # 3 steps wait for a batch (or a flush)
-    batched.flush()
-    assert [e["step"] for e in batched.history] == [0, 1, 2]
+    assert not slow._pending  # read by the next step, without a flush
+    assert [e["step"] for e in slow.history] == [0]
+    assert len(batched._pending) == 3  # 3 steps wait for a batch (or a read) ...
+    assert [e["step"] for e in batched.history] == [0, 1, 2]  # ... which reading is
 
 
 def test_a_monitor_summarises_mid_sized_arrays_in_blocks_and_inspect_in_its_layout(monkeypatch):
@@ -665,3 +665,20 @@ def test_a_ctrl_c_in_the_running_flag_read_still_finds_the_first_nonfinite_step(
     assert mon.nonfinite is not None and mon.nonfinite.step == 3
     assert mon.nonfinite.origins is not None and mon.nonfinite.origins.located
     assert [e["step"] for e in mon.history] == [0, 3]  # step 3 re-run with its probes
+
+
+def test_history_and_nonfinite_hold_every_step_taken_without_a_flush():
+    # Recorded steps are read a few at a time (or after `throttle` seconds): a Linen
+    # ResNet's `mon.history` held none of its first 3 steps until `flush()`, and a
+    # NaN two steps back was not yet in `mon.nonfinite`.
+    mon = sowviz.Monitor(norm_loss, throttle=3600.0)
+    want = []
+    for step in range(3):
+        p = params_at(step, bad_step=2)
+        value, _ = mon.step(p, batch(4))
+        want.append(float(jax.jit(norm_loss)(p, batch(4))))
+        np.testing.assert_allclose(float(value), want[-1], rtol=1e-6)
+    assert mon.nonfinite is not None and mon.nonfinite.step == 2  # no flush() needed
+    assert mon.history.steps == [0, 1, 2]
+    got = [e["loss"] for e in mon.history]
+    np.testing.assert_allclose(got, want, rtol=1e-6)
