@@ -118,3 +118,37 @@ def test_a_models_backward_pass_holds_its_layers_directly():
     got = ins.probe("MLP (backward)/layers[2]: Linear", leaf="[1]").summaries["primal"]
     np.testing.assert_allclose(got["l2"], np.linalg.norm(ref.layers[2].weight), rtol=1e-5)
     np.testing.assert_allclose(ins.result.layers[0].weight, ref.layers[0].weight, rtol=1e-5)
+
+
+def test_a_linen_nn_jit_module_is_named_by_the_module():
+    # `@nn.jit` on a Linen module jits Flax's own `core_fn`: its box read `core_fn`
+    nn = pytest.importorskip("flax.linen")
+
+    @nn.jit
+    class Head(nn.Module):
+        @nn.compact
+        def __call__(self, h):
+            return nn.Dense(3)(h)
+
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return Head(name="head")(jnp.tanh(x))
+
+    x = jnp.linspace(-1.0, 1.0, 8).reshape(2, 4)
+    net = Net()
+    params = net.init(jax.random.PRNGKey(0), x)["params"]
+
+    def loss(p, x):
+        return jnp.sum(net.apply({"params": p}, x) ** 2)
+
+    ins = sowviz.inspect(loss, params, x)
+    labels = [n.label for n in ins.graph.nodes]
+    assert "core_fn" not in labels and "jit(head)" in labels, labels
+    (jit,) = [n for n in ins.graph.nodes if n.label == "jit(head)"]
+    out = net.apply({"params": params}, x)
+    (probe,) = [p for p in ins.probes if p.node == jit.id]
+    np.testing.assert_allclose(probe.summaries["primal"]["l2"], np.linalg.norm(out), rtol=1e-5)
+    np.testing.assert_allclose(
+        probe.summaries["cotangent"]["l2"], np.linalg.norm(2 * out), rtol=1e-5
+    )

@@ -325,6 +325,10 @@ def _name_wrappers(recs: Sequence[_Rec]) -> None:
             kids.setdefault(rec.parent, []).append(rec)
     for rec in reversed(recs):  # a scan's checkpoint is named before the scan
         only = kids.get(rec.id, [])
+        if len(only) == 1 and rec.kind == "jit" and rec.label == _FLAX_JIT:
+            if only[0].kind == "scope" and not only[0].made:  # `@nn.jit` `head`: `jit(head)`
+                rec.label = f"jit({only[0].label})"
+            continue
         if len(only) != 1 or rec.kind not in ("remat", "scan"):
             continue
         inner = only[0]
@@ -344,6 +348,10 @@ def _name_wrappers(recs: Sequence[_Rec]) -> None:
         elif rec.kind == "scan" and rec.label in ("scan", "map"):
             # (tesseract-jax's `vmap_method="sequential"` maps a Tesseract: `map(vectoradd)`)
             rec.label = f"{rec.label}({name})"
+
+
+#: The function Flax Linen's `nn.jit` jits: a module's stage inside it, named by it.
+_FLAX_JIT = "core_fn"
 
 
 class _Rec:
