@@ -595,3 +595,26 @@ def test_a_function_a_library_calls_back_is_drawn_inside_that_call():
         todo += [n.id for n in kids]
     assert "objective" in below, below
     assert not [lbl for lbl in below if re.fullmatch(r"\w+:\d+", lbl)], below
+
+
+@jax.jit
+def _inner_update(p, x, y):
+    grads = jax.grad(lambda p: jnp.mean((jnp.tanh(x @ p) - y) ** 2))(p)
+    return p - 0.05 * grads
+
+
+def test_a_scan_whose_body_is_your_jitted_function_is_named_by_it():
+    # MAML's inner loop: `lax.scan(lambda p, _: (inner_update(p, x, y), None), ...)`
+    # with a jitted `inner_update` read `scan`
+    x = jnp.linspace(-1.0, 1.0, 8).reshape(4, 2)
+    y = jnp.sin(x[:, :1])
+
+    def maml(p, x, y):
+        q, _ = jax.lax.scan(lambda q, _: (_inner_update(q, x, y), None), p, None, length=3)
+        return jnp.mean((jnp.tanh(x @ q) - y) ** 2)
+
+    p = jnp.full((2, 1), 0.3)
+    ins = sowviz.inspect(maml, p, x, y)
+    (scan,) = [n for n in ins.graph.nodes if n.kind == "scan"]
+    assert scan.label == "scan(_inner_update)", scan.label
+    np.testing.assert_allclose(ins.result[1], jax.grad(maml)(p, x, y), rtol=1e-5)

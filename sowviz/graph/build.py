@@ -311,6 +311,21 @@ def _body_is_users(eqn: Any, body: Any) -> bool:
     return path.names[-1:] == ("map",) and path.package == "jax"
 
 
+def _only_users_jit(eqns: Sequence[Any]) -> str | None:
+    """The name of the `jax.jit` of your function that is all a loop's body holds
+    (MAML's `lambda p, _: (inner_update(p, x, y), None)` with a jitted `inner_update`:
+    `scan(inner_update)`, not `scan`)."""
+    if len(eqns) != 1:
+        return None
+    (eqn,) = eqns
+    spec = spec_of(eqn.primitive.name)
+    if spec is None or spec.construct is not Construct.JIT or len(spec.bodies) != 1:
+        return None
+    if _compat.defined_in_library(eqn.params[spec.bodies[0].param]):
+        return None
+    return spec.label(eqn.params, eqn.primitive.name)
+
+
 def _name_wrappers(recs: Sequence[_Rec]) -> None:
     """A `jax.checkpoint` whose body is one module's call is labelled by it,
     `checkpoint(blocks[1]: Block)`: a column of `checkpoint`s per layer
@@ -762,7 +777,7 @@ class _Builder(InputsMixin):
             if _body_is_users(eqn, sub):
                 eqns = _compat.jaxpr_and_consts(sub)[0].eqns
                 body = body_call(_compat.user_frames(eqn), [_compat.user_frames(e) for e in eqns])
-                label = f"{label}({body})" if body else label
+                label = f"{label}({body or _only_users_jit(eqns) or ''})".removesuffix("()")
         if spec.construct in (Construct.SCAN, Construct.COND, Construct.WHILE):
             label = construct_label(label, _compat.call_path(eqn))
         if spec.construct is Construct.TESSERACT:
