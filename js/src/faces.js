@@ -165,10 +165,11 @@ export function statSymbol(mode, stat) {
 
 /**
  * What of a face's text fits in `room` characters beside the expand button: the text,
- * else its short form (the non-finite counts), else the output it names and the value
- * (`[0] = 2.601`: the legend names the statistic), else without the output, else the
- * value alone; nothing rather than a number cut short (the tooltip has it all). The
- * text ran over the "+ 213 eqns" button.
+ * else its short form (the non-finite counts), else the statistic without the output
+ * it names (`‖grad‖₂ = 12.41`; the tooltip says which), else the output and the value
+ * (`[1] = 12.41`), else the value alone; nothing rather than a number cut short. The
+ * text ran over the "+ 213 eqns" button; a scan's face read "[1] = 12.41" beside its
+ * neighbours' "‖grad‖₂ = 3.581", as if it were the output's value.
  *
  * A face holding non-finite values beside finite ones keeps both, the statistic and
  * the count, as long as they fit ("= 3.657e+6 · 1 NaN", one count of several kinds:
@@ -189,7 +190,7 @@ export function fitted(face, room) {
   const which = bare !== text ? `${text.slice(0, text.length - bare.length)}${value}` : bare;
   const counts = bad ? [bad, total] : [];
   const forms = counted
-    ? [face.text, `${text} · ${total}`, `${which} · ${bad}`, `${which} · ${total}`, `${value} · ${bad}`, `${value} · ${total}`, face.short ?? face.text, ...counts]
-    : [text, face.short ?? text, which, bare, value, ...counts];
+    ? [face.text, `${text} · ${total}`, `${bare} · ${bad}`, `${bare} · ${total}`, `${which} · ${bad}`, `${which} · ${total}`, `${value} · ${bad}`, `${value} · ${total}`, face.short ?? face.text, ...counts]
+    : [text, face.short ?? text, bare, which, value, ...counts];
   return forms.find((t) => t.length <= room) ?? "";
 }

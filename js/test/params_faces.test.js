@@ -161,8 +161,11 @@ test("a face describes the output its shape names: a scan's values before its dr
 test("a face's text never runs over the expand button: shorter forms, never a cut number", () => {
   const face = { text: "[0] ‖x‖₂ = 0.008354", short: "[0] ‖x‖₂ = 0.008354" };
   assert.equal(fitted(face, 40), "[0] ‖x‖₂ = 0.008354");
-  assert.equal(fitted(face, 16), "[0] = 0.008354");
+  // the statistic before the output it names: "[1] = 12.41" read as the output's value
+  assert.equal(fitted(face, 16), "‖x‖₂ = 0.008354");
+  assert.equal(fitted(face, 14), "[0] = 0.008354");
   assert.equal(fitted(face, 13), "= 0.008354");
+  assert.equal(fitted({ text: "[1] ‖grad‖₂ = 12.41" }, 17), "‖grad‖₂ = 12.41");
   assert.equal(fitted({ text: "‖x‖₂ = 0.008354" }, 16), "‖x‖₂ = 0.008354");
   assert.equal(fitted(face, 5), "");
   assert.equal(fitted({ text: "‖grad‖₂ = 2 · 1 +Inf", short: "grad: 1 +Inf" }, 14), "grad: 1 +Inf");
