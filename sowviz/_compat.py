@@ -601,6 +601,7 @@ def replace_jaxpr(jaxpr: Jaxpr, **changes: Any) -> Jaxpr:
 
 
 _JAX_DIR = os.path.dirname(os.path.abspath(jax.__file__)) + os.sep
+_STAX_FILE = os.path.join(_JAX_DIR, "example_libraries", "stax.py")
 
 
 def _traced_from(sub_program: Any) -> str:
@@ -856,6 +857,7 @@ _JAX_ALGORITHMS = (
     os.path.join(os.path.dirname(jax.__file__), "experimental", "ode.py"),
 )
 _API_BOUNDARY = _traceback_util.__file__
+_PASS_ON = (_API_BOUNDARY, _STAX_FILE)
 
 
 def _is_tree_util(code: Any) -> bool:
@@ -910,7 +912,7 @@ def call_path(eqn: JaxprEqn, body: str = "") -> CallPath:
         if path is None:
             user = len(codes)
             for k, code in enumerate(codes):
-                if _is_user_code(code):
+                if _is_user_code(code) or _stax_layer(code):
                     user = k
                     break
             if len(_paths) > 100_000:  # a long session of many programs
@@ -924,8 +926,10 @@ def call_path(eqn: JaxprEqn, body: str = "") -> CallPath:
             own = (*_JAX_ALGORITHMS, body) if body and user == len(codes) else _JAX_ALGORITHMS
             method = False  # the line called an array's method (`x.mean(0)`)
             for c in reversed(codes[:user]):
-                if c.co_filename.startswith(_SOWVIZ_DIR + os.sep) or c.co_filename == _API_BOUNDARY:
-                    continue  # sowviz, and the wrapper `@api_boundary` puts on `lax.fori_loop`
+                if c.co_filename.startswith(_SOWVIZ_DIR + os.sep) or c.co_filename in _PASS_ON:
+                    # sowviz, the wrapper `@api_boundary` puts on `lax.fori_loop`, and a
+                    # stax layer's lambda (`Relu`'s, calling `relu`)
+                    continue
                 if c.co_filename == _ARRAY_METHODS:
                     # `x.mean(0)` forwards to `jnp.mean`: named as that call is (not an
                     # operator's, `x[:, t]`: its private helpers name nothing, as before)
@@ -1148,11 +1152,22 @@ def user_frames(eqn: JaxprEqn) -> UserFrames | None:
     return _by_traceback(_calls, eqn, _user_frames)
 
 
+def _stax_layer(code: Any) -> str | None:
+    """The layer a `jax.example_libraries.stax` layer's `apply_fun` belongs to
+    (`Dense`, `serial`, `GeneralConv`), or None. stax's layers are closures of one
+    file, so they are calls like the user's own: `serial` opened onto bare
+    `dot_general`s and a `relu (×2)` stack out of phase with its layers."""
+    if code.co_name != "apply_fun" or code.co_filename != _STAX_FILE:
+        return None
+    parts = code.co_qualname.split(".<locals>.")
+    return parts[-2] if len(parts) >= 2 else None
+
+
 def _user_frames(codes: Any, lastis: Any) -> UserFrames:
     frames: list[tuple[Any, int]] = []  # outermost first
     through = False  # library frames since the last user frame
     for c, k in zip(reversed(codes), reversed(lastis), strict=True):
-        if not _is_user_code(c):
+        if not _is_user_code(c) and not (frames and _stax_layer(c)):
             through = True
             continue
         # A function JAX runs again from inside itself is one call: a `custom_jvp` rule
@@ -1168,7 +1183,7 @@ def _user_frames(codes: Any, lastis: Any) -> UserFrames:
 def _user_calls(frames: list[tuple[Any, int]]) -> tuple[UserCall, ...]:
     return tuple(
         UserCall(
-            callee.co_qualname,
+            _stax_layer(callee) or callee.co_qualname,
             (id(caller), caller_lasti, id(callee)),
             lasti,
             _has_loop(callee),

@@ -618,3 +618,33 @@ def test_a_scan_whose_body_is_your_jitted_function_is_named_by_it():
     (scan,) = [n for n in ins.graph.nodes if n.kind == "scan"]
     assert scan.label == "scan(_inner_update)", scan.label
     np.testing.assert_allclose(ins.result[1], jax.grad(maml)(p, x, y), rtol=1e-5)
+
+
+def test_stax_layers_are_stages_named_by_their_layer():
+    # `jax.example_libraries.stax` layers are closures in one JAX file: `serial`
+    # opened onto bare `dot_general`s and a `relu (×2)` stack out of phase with them.
+    from jax.example_libraries import stax
+
+    init, predict = stax.serial(stax.Dense(6), stax.Relu, stax.Dense(3), stax.LogSoftmax)
+    _, params = init(jax.random.PRNGKey(0), (-1, 4))
+    x = jnp.linspace(-1.0, 1.0, 20).reshape(5, 4)
+
+    def loss(params, x):
+        return -jnp.mean(predict(params, x)[:, 0])
+
+    ins = sowviz.inspect(loss, params, x)
+    g = ins.graph
+    (serial,) = [n for n in g.children(g.root) if n.label == "serial"]
+    assert [n.label for n in g.children(serial.id)] == [
+        "Dense",
+        "relu",
+        "Dense#2",
+        "log_softmax",
+    ]
+    # the first Dense's value, and the loss's gradient with respect to it
+    (w0, b0), _, (w1, b1), _ = params
+    h = x @ w0 + b0
+    rest = lambda h: -jnp.mean(jax.nn.log_softmax(jax.nn.relu(h) @ w1 + b1)[:, 0])  # noqa: E731
+    got = ins.probe("serial/Dense").summaries
+    np.testing.assert_allclose(got["primal"]["l2"], np.linalg.norm(h), rtol=1e-5)
+    np.testing.assert_allclose(got["cotangent"]["l2"], np.linalg.norm(jax.grad(rest)(h)), rtol=1e-5)
