@@ -492,8 +492,8 @@ def user_location_outside_libraries(
     try:
         codes, lastis = tb.raw_frames()
         for code, lasti in zip(codes, lastis, strict=True):
-            if not _is_user_code(code):
-                continue
+            if not _is_user_code(code) and not _stax_layer(code):
+                continue  # a stax layer is drawn as a call of the user's: its lines too
             frame = _source_info.raw_frame_to_frame(code, lasti)
             return SourceLocation(frame.file_name, frame.start_line, frame.function_name)
     except Exception:  # best effort, as user_location
@@ -1140,10 +1140,13 @@ class UserFrames:
     only pass the call on), empty for an equation of the outermost user frame; and
     `root`, where that outermost frame has got to, as (its code object's id, its
     instruction offset): the function sowviz traced, when it traces in a thread of
-    its own."""
+    its own; `by_lambda`: the innermost of those frames, below a call, is a lambda's or
+    a comprehension's (a layer list's `lambda p, x: jax.nn.relu(x)`), whose work is
+    the user's own, not a library's on the caller's line."""
 
     calls: tuple[UserCall, ...]
     root: tuple[int, int] | None
+    by_lambda: bool = False
 
 
 def user_frames(eqn: JaxprEqn) -> UserFrames | None:
@@ -1155,7 +1158,8 @@ def user_frames(eqn: JaxprEqn) -> UserFrames | None:
 def _stax_layer(code: Any) -> str | None:
     """The layer a `jax.example_libraries.stax` layer's `apply_fun` belongs to
     (`Dense`, `serial`, `GeneralConv`), or None. stax's layers are closures of one
-    file, so they are calls like the user's own: `serial` opened onto bare
+    file, so they are calls like the user's own (its `elementwise` lambdas, `Relu`,
+    pass their call on like the user's lambdas): `serial` opened onto bare
     `dot_general`s and a `relu (×2)` stack out of phase with its layers."""
     if code.co_name != "apply_fun" or code.co_filename != _STAX_FILE:
         return None
@@ -1167,7 +1171,7 @@ def _user_frames(codes: Any, lastis: Any) -> UserFrames:
     frames: list[tuple[Any, int]] = []  # outermost first
     through = False  # library frames since the last user frame
     for c, k in zip(reversed(codes), reversed(lastis), strict=True):
-        if not _is_user_code(c) and not (frames and _stax_layer(c)):
+        if not _is_user_code(c) and not (frames and c.co_filename == _STAX_FILE):
             through = True
             continue
         # A function JAX runs again from inside itself is one call: a `custom_jvp` rule
@@ -1177,7 +1181,8 @@ def _user_frames(codes: Any, lastis: Any) -> UserFrames:
             frames.append((c, k))
         through = False
     root = (id(frames[0][0]), frames[0][1]) if frames else None
-    return UserFrames(_user_calls(frames), root)
+    by_lambda = len(frames) > 1 and frames[-1][0].co_name.startswith("<")
+    return UserFrames(_user_calls(frames), root, by_lambda)
 
 
 def _user_calls(frames: list[tuple[Any, int]]) -> tuple[UserCall, ...]:

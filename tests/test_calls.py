@@ -648,3 +648,54 @@ def test_stax_layers_are_stages_named_by_their_layer():
     got = ins.probe("serial/Dense").summaries
     np.testing.assert_allclose(got["primal"]["l2"], np.linalg.norm(h), rtol=1e-5)
     np.testing.assert_allclose(got["cotangent"]["l2"], np.linalg.norm(jax.grad(rest)(h)), rtol=1e-5)
+
+
+def _affine(params, x):
+    w, b = params
+    return x @ w + b
+
+
+_LAYERS = [_affine, lambda params, x: jax.nn.relu(x)] * 3 + [_affine]
+
+
+def _sequential(params, x):
+    for layer, p in zip(_LAYERS, params, strict=True):
+        x = layer(p, x)
+    return x
+
+
+def test_a_layer_list_with_lambdas_between_its_calls_reads_as_its_layers():
+    # `for layer, p in zip(layers, params): x = layer(p, x)` with lambdas among the
+    # layers: the lambdas' work on the loop's line looked like a library's around each
+    # later call, which was drawn as called back by it (`Relu` holding three `_affine`).
+    params = [
+        (jnp.linspace(-0.5, 0.5, 16).reshape(4, 4) * (k + 1), jnp.full((4,), 0.1))
+        if k % 2 == 0
+        else ()
+        for k in range(len(_LAYERS))
+    ]
+    x = jnp.linspace(-1.0, 1.0, 8).reshape(2, 4)
+
+    def loss(params, x):
+        return jnp.sum(_sequential(params, x) ** 2)
+
+    ins = sowviz.inspect(loss, params, x)
+    g = ins.graph
+    (seq,) = [n for n in g.children(g.root) if n.label == "_sequential"]
+    assert [n.label for n in g.children(seq.id)] == [
+        "_affine",
+        "relu",
+        "_affine#2",
+        "relu#2",
+        "_affine#3",
+        "relu#3",
+        "_affine#4",
+    ]
+    # the third dense layer's value and gradient
+    h = x
+    for layer, p in zip(_LAYERS[:5], params[:5], strict=True):
+        h = layer(p, h)
+    rest = lambda h: jnp.sum(_affine(params[6], jax.nn.relu(h)) ** 2)  # noqa: E731
+    got = ins.probe("_sequential/_affine#3").summaries
+    np.testing.assert_allclose(got["primal"]["l2"], np.linalg.norm(h), rtol=1e-5)
+    np.testing.assert_allclose(got["cotangent"]["l2"], np.linalg.norm(jax.grad(rest)(h)), rtol=1e-5)

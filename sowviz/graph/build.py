@@ -583,6 +583,7 @@ class _Builder(InputsMixin):
             primitives=prims,
             roots=[f.root if f is not None else None for f in frames],
             stages=named_stage,
+            by_lambda=[f is not None and f.by_lambda for f in frames],
         )
         self.call_sites.update(call_sites)
         scoped = split_einsum_calls(scoped, locs)

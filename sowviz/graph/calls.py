@@ -127,6 +127,7 @@ def group_calls(
     primitives: Sequence[str] = (),
     roots: Sequence[tuple[int, int] | None] = (),
     stages: Sequence[str | None] = (),
+    by_lambda: Sequence[bool] = (),
 ) -> tuple[list[tuple[str, ...]], dict[str, _compat.SourceLocation | None]]:
     """`names` (each equation's scope names, outermost first) with the user calls that
     runs of nodes share inserted as scopes (`CALL` names, unique per `tag`), and each
@@ -139,7 +140,8 @@ def group_calls(
     (`_compat.user_frames`) says where the outermost function has got to; `stages`: the
     label of each equation that is a stage of its own (a `jit`; not a loop:
     `fori_loop(body)` is named by its body), which a call of it alone named alike would
-    only wrap."""
+    only wrap; `by_lambda` (`_compat.UserFrames.by_lambda`): the equation was made in a
+    lambda of the user's, no library's work on its caller's line."""
     out = list(names)
     if not any(calls):  # no call below the outermost frame (or none known)
         return out, {}
@@ -241,7 +243,9 @@ def group_calls(
         # Where the function around this scope's calls had got to when it made `m`
         # through no call of the user's (a library's work on its line); else None.
         chain = calls[m]
-        if chain is None or len(chain) != shared:
+        if chain is None or len(chain) != shared or (m < len(by_lambda) and by_lambda[m]):
+            # (a layer list's lambdas between its calls from one line, `for f in layers:
+            # x = f(p, x)`, made each call look called back by a library)
             return None
         if shared:
             return chain[-1].key[2], chain[-1].lasti
