@@ -358,7 +358,8 @@ class Inspection:
         reaches it (`"blocks[1].attn"`), and a parameter to its name in the parameter
         table (`"down[1][0].conv1.weight"`). A stage of several outputs named without
         `leaf` is a KeyError listing its leaves (several such stages: their paths and
-        leaves, and a call naming one). A name that several
+        leaves, and a call naming one). A `sow`'s name is the user's: their sow wins over
+        stages of that name (`"mean"` beside a `jnp.mean`). A name that several
         probes share is a KeyError listing their paths, never the first of them; a
         stage wins over what it holds of the same name (a scope `cholesky` over the
         `cholesky` inside it). JAX's own key paths are names too:
@@ -387,6 +388,11 @@ class Inspection:
         same = [p for p in self.probes if p.leaf == leaf]
         paths = {p.id: self.probe_path(p) for p in same}
         found = [p for p in same if p.name == name]
+        sown = [p for p in found if self.graph.node(p.node).kind == "sow"]
+        if len(sown) == 1:
+            # the name the user gave their `sow` is theirs, whatever the program's stages
+            # are called: `probe("mean")` answered with a library's `jnp.mean` stage
+            return sown[0]
         if len(found) > 1:  # `cholesky` in a scope `cholesky`: the scope is the one
             inner = {
                 p.id for p in found for q in found if paths[p.id].startswith(paths[q.id] + "/")

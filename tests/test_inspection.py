@@ -1353,3 +1353,22 @@ def test_probe_takes_a_root_key_path_and_a_tensorboard_tag():
     assert spaced, tags
     for p, tag in spaced:
         assert ins.probe(tag, leaf=p.leaf).id == p.id
+
+
+def test_a_sows_name_is_the_users_whatever_a_stage_is_called():
+    # A `sow` named "mean" beside the `jnp.mean` stage of the loss: `probe("mean")`
+    # answered with the stage (the loss, one value), silently.
+    def loss(w, x):
+        def f(xi):
+            return jnp.sum((sowviz.sow(xi @ w, "mean") - 1.0) ** 2)
+
+        return jnp.mean(jax.vmap(f)(x))
+
+    w, x = jnp.ones(3), jnp.arange(12.0).reshape(4, 3)
+    ins = sowviz.inspect(loss, w, x)
+    got = ins.probe("mean").summaries
+    sown = np.asarray(x @ w)
+    assert got["primal"]["count"] == 4
+    np.testing.assert_allclose(got["primal"]["mean"], sown.mean(), rtol=1e-6)
+    # d loss / d sown = 2 (sown - 1) / 4
+    np.testing.assert_allclose(got["cotangent"]["l2"], np.linalg.norm((sown - 1) / 2), rtol=1e-6)
