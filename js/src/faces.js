@@ -192,5 +192,15 @@ export function fitted(face, room) {
   const forms = counted
     ? [face.text, `${text} · ${total}`, `${bare} · ${bad}`, `${bare} · ${total}`, `${which} · ${bad}`, `${which} · ${total}`, `${value} · ${bad}`, `${value} · ${total}`, face.short ?? face.text, ...counts]
     : [text, face.short ?? text, bare, which, value, ...counts];
-  return forms.find((t) => t.length <= room) ?? "";
+  // each form, then with its number to 3 significant digits ("‖grad‖₂ = 0.00903"),
+  // before the next drops more: one character short, a face lost its statistic
+  return forms.flatMap((t) => [t, fewerDigits(t)]).find((t) => t.length <= room) ?? "";
+}
+
+/** `text` with its number (after "= ") to 3 significant digits. @param {string} text */
+function fewerDigits(text) {
+  return text.replace(/(= )(-?\d+\.\d+)(e[+-]?\d+)?/, (_, eq, mant, exp) => {
+    const x = Number(mant + (exp ?? ""));
+    return eq + (exp ? x.toExponential(2).replace(/\.?0+e/, "e") : String(Number(x.toPrecision(3))));
+  });
 }
