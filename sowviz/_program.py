@@ -52,6 +52,7 @@ from ._forwarding import forwarded_inputs
 from ._gc import gc_paused
 from ._liveness import live_values
 from ._model import Mode
+from ._runtime_errors import trace_error
 from .capture import summaries as _summaries
 from .capture.api import SaveIntermediates
 from .capture.tallied import Tallied, TalliedRows
@@ -637,6 +638,11 @@ class Runner:
         except (TypeError, RuntimeError) as err:
             calls_vjp = lambda: self._calls_custom_vjp(spec, dyn)  # noqa: E731
             said = forward_error(self.options.mode, err, calls_vjp) or leaked_trace_error(err)
+            if said is None:
+                raise
+            raise said from err
+        except Exception as err:
+            said = trace_error(err)
             if said is None:
                 raise
             raise said from err

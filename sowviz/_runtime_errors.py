@@ -1,4 +1,5 @@
-"""Errors a library raises from inside a compiled program, said as the library says them.
+"""Errors a library raises from inside a compiled program, said as the library says them,
+and a library's errors while sowviz traces `fn`, said with their fix (`trace_error`).
 
 Equinox's `error_if` (which diffrax calls when a solve takes more than `max_steps`,
 optimistix when a root finder diverges) raises from a host callback while the
@@ -46,3 +47,25 @@ def _equinox_error(err: Exception, where: str) -> Exception | None:
         f"{msg}\n\n(raised by an Equinox `error_if` check inside the program sowviz.{where} "
         "ran; `EQX_ON_ERROR=breakpoint` opens a debugger there)"
     )
+
+
+_NNX_FROM_OUTSIDE = (
+    "sowviz: `fn` changes a Flax NNX object that is not one of its arguments (Flax said: "
+    "{err}). sowviz traces `fn` inside a jit of its own, as `jax.jit(fn)` does, which "
+    "fails the same way: `nnx.cached_partial(train_step, model, optimizer)`, or a "
+    "function closing over `model`, hides the objects `fn` updates from the trace. "
+    "Pass them as arguments (a train step in mode 'primal'): "
+    "`sowviz.Monitor(train_step, mode='primal').step(model, optimizer, x, y)`, "
+    "`sowviz.inspect(train_step, model, optimizer, x, y, mode='primal')`; sowviz writes "
+    "their new state back, as `nnx.jit` does."
+)
+
+
+def trace_error(err: Exception) -> Exception | None:
+    """A library's error raised while sowviz traced `fn`, said with what to do, or None
+    (JAX's and the user's own errors pass through unchanged)."""
+    if type(err).__name__ == "TraceContextError" and type(err).__module__ == "flax.errors":
+        # (`Cannot mutate Param from a different trace level`: an update of a module
+        # or optimizer captured from outside the trace)
+        return ValueError(_NNX_FROM_OUTSIDE.format(err=str(err).split(" (https://", 1)[0]))
+    return None

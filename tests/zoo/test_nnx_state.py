@@ -389,3 +389,37 @@ def test_a_diff_state_argnums_is_refused_with_a_split_that_equals_it():
     value, grads = nnx.value_and_grad(loss, argnums=nnx.DiffState(0, nnx.LoRAParam))(model, x, y)
     assert_close(ins.result[0], value)
     assert_close(ins.result[1], grads, what="LoRA grad")
+
+
+def test_a_cached_partial_train_step_says_to_pass_the_model_and_optimizer():
+    # `nnx.cached_partial(train_step, model, optimizer)` (Flax's performance guide)
+    # failed with Flax's own TraceContextError and no word of what to do.
+    def loss_fn(model, x, y):
+        return jnp.mean((model(x) - y) ** 2)
+
+    @nnx.jit
+    def train_step(model, optimizer, x, y):
+        loss, grads = nnx.value_and_grad(loss_fn)(model, x, y)
+        optimizer.update(model, grads)
+        return loss
+
+    model = nnx.Linear(4, 1, rngs=nnx.Rngs(0))
+    opt = nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
+    x, y = jnp.ones((8, 4)), jnp.zeros((8, 1))
+    cached = nnx.cached_partial(train_step, model, opt)
+    for run in (
+        lambda: sowviz.inspect(cached, x, y, mode="primal"),
+        lambda: sowviz.Monitor(cached, mode="primal").step(x, y),
+    ):
+        with pytest.raises(ValueError, match="not one of its arguments") as err:
+            run()
+        assert "step(model, optimizer, x, y)" in str(err.value)
+    # what the message says to do works, and matches nnx.jit's step
+    twin = nnx.Linear(4, 1, rngs=nnx.Rngs(0))
+    twin_opt = nnx.Optimizer(twin, optax.sgd(0.1), wrt=nnx.Param)
+    mon = sowviz.Monitor(train_step, mode="primal")
+    for _ in range(2):
+        np.testing.assert_allclose(
+            mon.step(model, opt, x, y), train_step(twin, twin_opt, x, y), rtol=1e-6
+        )
+    np.testing.assert_allclose(model.kernel[...], twin.kernel[...], rtol=1e-6)
