@@ -54,7 +54,7 @@ count-only re-run of `nonfinite_counts`).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -166,6 +166,13 @@ class _Flags:
     # per kind it holds (NaN, +Inf, -Inf), the first iteration holding it: a loop that
     # carries a +Inf fill from iteration 0 holds the NaN it makes only from its 7th
     fwd_kind_iter: dict[str, tuple[float, ...]] = field(default_factory=dict)
+
+    def first_kinds(self) -> frozenset[str]:
+        """The kinds held at the first iteration holding any: what a loop's equation made
+        first, not what the carry brought it later (all of them outside loops)."""
+        return frozenset(
+            k for k in self.fwd_kinds if self.fwd_kind_iter.get(k, self.fwd_iter) == self.fwd_iter
+        )
 
     def first_of(self, kinds: Iterable[str]) -> tuple[float, ...]:
         """The first iteration holding one of `kinds` (those held: `fwd_iter`)."""
@@ -348,6 +355,7 @@ def find(
     inputs: Mapping[str, tuple[bool, bool]] | None = None,
     results_finite: bool | None = None,
     expect_nonfinite: Sequence[str] = (),
+    readers: Callable[[str], Sequence[str]] | None = None,
 ) -> Origins | None:
     """The origins of non-finite values on one step, or None when every value is finite.
 
@@ -355,7 +363,9 @@ def find(
     arguments and parameter gradients, which no probe sees. `results_finite` says
     whether everything the step returned (value and gradients) is finite; with True,
     forward non-finite values were removed before a result. `expect_nonfinite` names
-    stages or sows where non-finite values are expected.
+    stages or sows where non-finite values are expected. `readers` (`locate`, which has
+    the jaxpr) gives the nodes reading a node's values exactly, where the graph's edges,
+    drawn between siblings, show none.
     """
     ix = _Index(graph)
     probes = list(probes)
@@ -398,7 +408,7 @@ def find(
         # Only a non-finite value that can reach a non-finite result is an origin: one
         # whose readers all end finite (`jnp.where` masked it) is not, unless every one
         # is (then what is non-finite is a gradient: the masked branch's backward).
-        reaches = _Reach(ix, flags, probed)
+        reaches = _Reach(ix, flags, probed, readers)
         live = {n: f for n, f in fwd.items() if reaches(n)}
         node, earlier, led_to, node_iter = _producer(ix, fwd, live or fwd)
         before = [ix.nodes[b] for b in ix.unprobed_before(node, probed)]
@@ -407,7 +417,7 @@ def find(
             if earlier is None
             else (ix.nodes[earlier], fwd[earlier].fwd_kinds, ix.path(earlier))
         )
-        led = None if led_to is None else (ix.nodes[led_to], fwd[node].fwd_kinds)
+        led = None if led_to is None else (ix.nodes[led_to], fwd[node].first_kinds())
         carried, unseen = _carried(ix, node, fwd, probed, node_iter)
         masked_note = None
         if live:
@@ -443,7 +453,7 @@ def find(
         # the latest runs first backward; an equation whose backward only multiplies
         # and moves finite values (`mul`, `add`, reshapes) comes after those that can
         # make a NaN of them (`norm`'s `sqrt` at 0), unless its own values are not finite
-        cands.sort(key=lambda c: (_plain_backward(ix.nodes[c], flags.get(c)), -ix.exit[c]))
+        cands.sort(key=lambda c: backward_suspicion(ix, flags, c))
         if cands and cands[0] not in probed:
             # An unprobed equation's output cotangent is unseen: the stages reading its
             # values may have made the NaN (`associative_scan`'s backward, through the
@@ -672,6 +682,16 @@ def _plain_backward(node: Any, flags: _Flags | None) -> bool:
     )
 
 
+def backward_suspicion(ix: _Index, flags: Mapping[str, _Flags], c: str) -> tuple[bool, int]:
+    """Sort key of the readers that may have made a cotangent non-finite, the likeliest
+    first: the latest runs first backward, but an equation whose backward only
+    multiplies and moves finite values (`sub`, `mul`, reshapes) comes after one that can
+    make a NaN of them (`sqrt` at 0), unless its own values are not finite. A value
+    read by both (NumPyro scores a sample site `v` with `(v - loc) / scale` after the
+    model's `jnp.sqrt(v)`) is the `sqrt`'s."""
+    return _plain_backward(ix.nodes[c], flags.get(c)), -ix.exit[c]
+
+
 #: Primitives that only move, select or compare values: a non-finite value in their
 #: output was in an input (a literal's fill, `jnp.where(mask, s, -jnp.inf)`), never made
 #: from finite values as an overflow (`mul`, `exp`, `dot_general`) makes one.
@@ -705,9 +725,10 @@ def _producer(
     order = sorted(among, key=lambda n: ix.key(n, among[n].fwd_iter))
     first = order[0]
 
-    def kinds(n: str) -> frozenset[str]:
+    def kinds(n: str, first_iteration: bool = False) -> frozenset[str]:
         # +Inf and -Inf alike: a sign flip (`-jnp.sum(jnp.log(p))`) makes no new value
-        return frozenset("inf" if k.endswith("inf") else k for k in fwd[n].fwd_kinds)
+        held = fwd[n].first_kinds() if first_iteration else fwd[n].fwd_kinds
+        return frozenset("inf" if k.endswith("inf") else k for k in held)
 
     results = frozenset().union(*(kinds(n) for n in fwd if n in ix.outputs))
     raw = [k for k in _KINDS if ("inf" if k.endswith("inf") else k) in results]
@@ -722,7 +743,10 @@ def _producer(
     made = ix.nodes[first]
     # (a constant: `-jnp.inf` made a float32)
     fill = made.primitive in _MOVES or first in getattr(ix.graph, "constant_nodes", ())
-    if made.kind == "eqn" and not fill and not kinds(first) & results:
+    # (an overflow at its first iteration holds the NaN it led to later: a `div` in a
+    # loop that makes +Inf at iteration 0 holds NaN from iteration 1, the positions
+    # the `mul` its +Inf became made NaN)
+    if made.kind == "eqn" and not fill and not kinds(first, first_iteration=True) & results:
         return first, None, n, fwd[first].fwd_iter
     return n, first, None, fwd[n].first_of(raw)
 
@@ -735,10 +759,20 @@ class _Reach:
     its stage: it reaches what the stage's values reach. One with readers may leave it
     too (edges are drawn between siblings): so it does unless another of the stage's
     values, non-finite and read by nothing inside, explains the stage's. Unknown
-    (no edges, a cycle): it reaches. Each node is decided once."""
+    (no edges, a cycle): it reaches. Each node is decided once. `readers`, when given,
+    names the readers of a value with none at its level exactly: a residual that
+    leaves its stage for a later one (`sqrt`'s derivative `0.5 / sqrt(x)`, made in
+    `energy` and read by `energy (backward)` under a `jax.grad` in the forward pass)
+    reaches through them, not through what its stage's other values reach."""
 
-    def __init__(self, ix: _Index, flags: Mapping[str, _Flags], probed: set[str]) -> None:
-        self.ix, self.flags, self.probed = ix, flags, probed
+    def __init__(
+        self,
+        ix: _Index,
+        flags: Mapping[str, _Flags],
+        probed: set[str],
+        readers: Callable[[str], Sequence[str]] | None = None,
+    ) -> None:
+        self.ix, self.flags, self.probed, self.readers = ix, flags, probed, readers
         self.memo: dict[str, bool] = {}
         self.children: dict[str, list[str]] = {}
         self.explain: dict[str, list[str]] = {}
@@ -777,6 +811,12 @@ class _Reach:
         self.memo[n] = True  # a cycle (a loop's carry): it may
         ix = self.ix
         targets = ix.out.get(n, [])
+        if not targets and n not in ix.outputs and self.readers is not None:
+            exact = list(self.readers(n))
+            if exact:  # (its stage's other values then tell nothing of it)
+                out = any(self.bad_for(t, n) and self(t) for t in exact)
+                self.memo[n] = out
+                return out
         out = n in ix.outputs or any(self.bad_for(t, n) and self(t) for t in targets)
         parent = ix.nodes[n].parent
         if not out and parent is not None and parent != ix.graph.root:

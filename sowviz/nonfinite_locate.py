@@ -17,8 +17,21 @@ import jax
 import numpy as np
 
 from ._global import host_value
-from .nonfinite import _Index, _inexact, cotangent_bad_before, find, node_flags, with_equations
-from .nonfinite_messages import masked_branch_hint, masked_derivative_hint, with_message
+from .nonfinite import (
+    _Index,
+    _inexact,
+    backward_suspicion,
+    cotangent_bad_before,
+    find,
+    node_flags,
+    with_equations,
+)
+from .nonfinite_messages import (
+    derivative_times_zero_hint,
+    masked_branch_hint,
+    masked_derivative_hint,
+    with_message,
+)
 from .nonfinite_record import Equation, NonFinite, Origins
 
 
@@ -101,8 +114,10 @@ def analyse(
     args: Sequence[Any] | None = None,
     step: int | None = None,
     expect_nonfinite: Sequence[str] | None = None,
+    readers: Callable[[str], Sequence[str]] | None = None,
 ) -> Origins | None:
-    """The origins of one run's non-finite values (None when all are finite)."""
+    """The origins of one run's non-finite values (None when all are finite); `readers`:
+    a node's readers read off the jaxpr (`_Dataflow.consumers`), for `find`."""
     if expect_nonfinite is None:
         expect_nonfinite = getattr(options, "expect_nonfinite", ()) or ()
     return find(
@@ -112,6 +127,7 @@ def analyse(
         inputs=input_flags(traced, options, inspection.result, args),
         results_finite=results_finite(inspection.result),
         expect_nonfinite=tuple(expect_nonfinite),
+        readers=readers,
     )
 
 
@@ -211,6 +227,21 @@ class _Dataflow:
         vs = {id(j.eqns[i].outvars[k]) for i, k in p.values}
         return self._readers(p.path, j, vs, min(i for i, _ in p.values) + 1)
 
+    def producers(self, node: str) -> list[str]:
+        """Node ids of the equations of its own sub-program whose values the equation
+        `node` reads (none for a stage, an input, or values from outside it)."""
+        p = self.points.get(node)
+        if (
+            p is None
+            or p.kind in ("scope", "input", "output")
+            or len({i for i, _ in p.values}) != 1
+        ):
+            return []
+        j, i = self._jaxpr(p.path), p.values[0][0]
+        reads = {id(v) for v in j.eqns[i].invars}
+        made = (e for e in range(i) if any(id(v) in reads for v in j.eqns[e].outvars))
+        return [self.at[(p.path, e)] for e in made if (p.path, e) in self.at]
+
     def _readers(self, path, j, vs: set[int], start: int) -> list[str]:
         out = []
         for e in range(start, len(j.eqns)):
@@ -227,9 +258,9 @@ class _Dataflow:
 
 
 def _culprit(ins: Any, traced: Any, reach: str) -> tuple[str, ...]:
-    """The equations reading `reach` whose own cotangent is finite, latest first."""
+    """The equations reading `reach` whose own cotangent is finite, the likeliest maker
+    of its NaN first (`backward_suspicion`, as the stage-level rule orders them)."""
     flags = node_flags(ins.probes)
-    order = {n.id: n.order for n in ins.graph.nodes}
     g = ins.graph
     ix = _Index(g)
     cands = [
@@ -237,7 +268,7 @@ def _culprit(ins: Any, traced: Any, reach: str) -> tuple[str, ...]:
         for c in _Dataflow(traced).consumers(reach)
         if not cotangent_bad_before(ix, flags, c, reach) and _inexact(g.node(c))
     ]
-    return tuple(sorted(set(cands), key=order.__getitem__, reverse=True))
+    return tuple(sorted(set(cands), key=lambda c: backward_suspicion(ix, flags, c)))
 
 
 def locate(
@@ -260,7 +291,9 @@ def locate(
     if options is None:
         options = InspectOptions()
     ins, traced, opts = _run_all(fn, args, options)
-    fine = analyse(ins, traced, opts, args, step, expect_nonfinite)
+    # (every equation probed: which read a value is known exactly, past its stage)
+    flow = _Dataflow(traced)
+    fine = analyse(ins, traced, opts, args, step, expect_nonfinite, flow.consumers)
     if fine is None:
         return None
     g = ins.graph
@@ -308,7 +341,80 @@ def locate(
             out = with_message(
                 replace(out, backward=replace(out.backward, message=out.backward.message + hint))
             )
+    if out.forward is not None and fwd_eq is not None:
+        # A `jax.grad` inside the program (forces as -grad(energy)): the forward values
+        # hold the derivative, and a masked `sqrt` at 0 makes the NaN there (0 × Inf).
+        hint = _derivative_times_zero(flow, g, node_flags(ins.probes), fwd_eq)
+        if hint:
+            fwd_o = replace(out.forward, message=out.forward.message + hint)
+            out = with_message(replace(out, forward=fwd_o))
     return out
+
+
+#: Primitives whose derivative is infinite where their value is finite (`sqrt` at 0,
+#: `arcsin` at 1): what an infinite derivative is likely the derivative of.
+_STEEP = frozenset({"sqrt", "cbrt", "pow", "asin", "acos"})
+
+
+def _derivative_times_zero(flow: _Dataflow, graph: Any, flags: Any, eq: Equation) -> str:
+    """The double-where fix for a forward origin that made ±Inf (first, before any NaN)
+    which a `mul` reading it turned into NaN with a zero a `jnp.where` made: the
+    derivative of a masked `sqrt` at 0 (`0.5 / sqrt(r)`) times the masked branch's zero
+    cotangent, in a `jax.grad` the program calls. "" when that is not the case."""
+    f = flags.get(eq.node)
+    if f is None or not f.first_kinds() or "nan" in f.first_kinds():
+        return ""
+    for m in flow.consumers(eq.node):
+        if graph.node(m).primitive != "mul":
+            continue
+        where = _select_before(flow, graph, m, avoid=eq.node)
+        if where is not None:
+            of = _steep_before(flow, graph, eq)
+            return derivative_times_zero_hint(
+                eq.primitive, of, eq.source, where.source or _src(graph, where)
+            )
+    return ""
+
+
+def _select_before(flow: _Dataflow, graph: Any, node: str, avoid: str, hops: int = 6) -> Any:
+    """The `select_n` (a `jnp.where`, or its transpose) whose values `node` reads
+    through at most `hops` floating equations, not through `avoid`; None if none."""
+    todo, seen = [(node, 0)], {node, avoid}
+    while todo:
+        cur, depth = todo.pop(0)
+        for c in flow.producers(cur):
+            n = graph.node(c)
+            select = n if n.primitive == "select_n" else _select_inside(graph, n)
+            if select is not None:
+                return select
+            if c not in seen and depth < hops and n.kind == "eqn" and _inexact(n):
+                seen.add(c)
+                todo.append((c, depth + 1))
+    return None
+
+
+def _select_inside(graph: Any, call: Any) -> Any:
+    """The `select_n` inside a call (`jnp.where` is a `jit`), or None."""
+    if call.kind == "eqn":
+        return None
+    inner = [m for m in graph.nodes if m.primitive == "select_n" and call.id in _above(graph, m)]
+    return inner[0] if inner else None
+
+
+def _steep_before(flow: _Dataflow, graph: Any, eq: Equation, hops: int = 2) -> str | None:
+    """The primitive (`_STEEP`) on `eq`'s line whose derivative `eq` computes: `div`
+    reads `sqrt`'s value in `0.5 / sqrt(x)`; None when none is found."""
+    todo, seen = [(eq.node, 0)], {eq.node}
+    while todo:
+        cur, depth = todo.pop(0)
+        for c in flow.producers(cur):
+            n = graph.node(c)
+            if n.primitive in _STEEP and (n.source is None or n.source == eq.source):
+                return n.primitive
+            if c not in seen and depth < hops:
+                seen.add(c)
+                todo.append((c, depth + 1))
+    return None
 
 
 def _masked_by(traced: Any, graph: Any, node: str, hops: int = 3) -> Any:

@@ -199,6 +199,23 @@ def masked_derivative_hint(primitive: str, where: Any = None) -> str:
     )
 
 
+def derivative_times_zero_hint(maker: str, of: str | None, at: Any, where: Any) -> str:
+    """What to say when a forward origin is an infinite derivative (`maker`, the
+    equation, computing the derivative of `of` on line `at`; a `jax.grad` inside the
+    program: forces as -grad(energy)) that a `jnp.where` (`where`: its source location)
+    multiplied by its masked branch's zero: 0 × Inf = NaN."""
+    line = f" at {at.file}:{at.line}" if at is not None else ""
+    mask = f" at {where.file}:{where.line}" if where is not None else ""
+    func = f"`{of}`" if of else "the function"
+    return (
+        f"; that Inf is a derivative (`{maker}` computes the derivative of {func}{line}, for "
+        f"a `jax.grad` or `jax.jvp` inside the program), and a `jnp.where`{mask} masks "
+        f"the value, not its derivative (0 × Inf = NaN). Give {func} an input where its "
+        f"derivative is finite: `jnp.where(ok, x, 1.0)` before it as well as "
+        f"`jnp.where(ok, ..., 0.0)` after it (the double-where trick)"
+    )
+
+
 def loop_fill_message(n: Any, kinds: frozenset[str]) -> str:
     """What a finite run's loop-carried fill values are: first made by `n` before a loop,
     carried in its state (diffrax's +Inf output buffer), reaching no result."""

@@ -1376,3 +1376,82 @@ def test_an_input_holding_inf_before_the_nan_is_named_by_its_path():
     msg = sowviz.inspect(_mse_of_batch, params, (jnp.asarray(x), jnp.zeros((6, 1))))
     msg = msg.nonfinite.forward.message
     assert "before it, the input `batch/[0]` held +Inf" in msg, msg
+
+
+_Y_OBS = jnp.array([0.5, -0.3, 1.2, 0.1])
+
+
+def f_sample_site_scored_after_the_model(v):
+    # NumPyro's `log_density`: the model runs first (`loc = jnp.sqrt(v)`), then every
+    # sample site is scored, the prior's `Normal(0, 1).log_prob(v)` reading `v` again
+    loc = jnp.sqrt(v)  # d sqrt / dv = Inf at v = 0
+    lik = jnp.sum(-0.5 * (_Y_OBS - loc) ** 2)
+    prior = -0.5 * ((v - 0.0) / 1.0) ** 2  # a `sub` reading `v`, later than the `sqrt`
+    return -(lik + prior)
+
+
+def test_a_value_read_by_sqrt_and_later_by_sub_is_made_non_finite_by_the_sqrt():
+    # plain JAX: the loss is finite, its gradient -Inf; the prior's part of it is finite
+    v = jnp.array(0.0)
+    value, g = jax.value_and_grad(f_sample_site_scored_after_the_model)(v)
+    assert np.isfinite(value) and np.isneginf(g)
+    assert np.isfinite(jax.grad(lambda v: -0.5 * ((v - 0.0) / 1.0) ** 2)(v))
+    _, gline, _ = oracle(f_sample_site_scored_after_the_model, v, grad=True)
+    sqrt_line = f_sample_site_scored_after_the_model.__code__.co_firstlineno + 3
+    assert gline == sqrt_line  # the first non-finite equation of grad: sqrt's derivative
+    o = sowviz.inspect(f_sample_site_scored_after_the_model, v).locate_nonfinite()
+    assert o.forward is None
+    eq = o.backward.equation
+    assert (eq.primitive, eq.source.line) == ("sqrt", sqrt_line), o.backward.message
+    assert o.backward.message.startswith("born in the backward of `sqrt`"), o.backward.message
+
+
+def _pair_energy(pos, k):
+    dr = pos[:, None, :] - pos[None, :, :]
+    r = jnp.sqrt(jnp.sum(dr**2, axis=-1))  # sqrt at r = 0 on the diagonal: d sqrt = +Inf
+    e = jnp.where(jnp.eye(pos.shape[0], dtype=bool), 0.0, k * jnp.exp(-r))  # one where
+    return 0.5 * jnp.sum(e)
+
+
+def f_md_forces(k, pos):
+    f = -jax.grad(_pair_energy)(pos, k)  # forces in the forward pass, as MD codes do
+    return jnp.sum(f**2)
+
+
+def f_md_forces_in_a_loop(k, pos, vel):
+    force = lambda p: -jax.grad(_pair_energy)(p, k)  # noqa: E731
+
+    def step(i, s):
+        pos, vel = s
+        vel = vel + 0.005 * force(pos)
+        return pos + 0.01 * vel, vel
+
+    pos, _ = lax.fori_loop(0, 3, step, (pos, vel))
+    return jnp.sum(pos**2)
+
+
+@pytest.mark.parametrize("looped", [False, True])
+def test_an_infinite_derivative_in_the_forward_pass_is_the_origin_with_the_double_where_fix(
+    looped,
+):
+    pos = jax.random.normal(jax.random.key(0), (4, 2))
+    args = (jnp.asarray(1.0), pos, jnp.zeros((4, 2))) if looped else (jnp.asarray(1.0), pos)
+    f = f_md_forces_in_a_loop if looped else f_md_forces
+    sqrt_line = _pair_energy.__code__.co_firstlineno + 2
+    # plain JAX: the first non-finite equation is sqrt's derivative `0.5 / sqrt(r)`, +Inf
+    # on the diagonal (at the loop's first iteration), which the masked branch's zero
+    # cotangent turns into NaN (0 × Inf)
+    assert np.isnan(f(*args))
+    assert oracle(f, *args) == ("div", sqrt_line, oracle(f, *args)[2])
+    assert not looped or oracle_iteration(f, *args) == (0,)
+    r = jnp.sqrt(jnp.sum((pos[:, None] - pos[None]) ** 2, axis=-1))
+    assert np.isposinf(0.5 / r).sum() == 4 and np.isnan(0.0 * (0.5 / r)).sum() == 4
+    o = sowviz.inspect(f, *args).locate_nonfinite()
+    eq = o.forward.equation
+    assert (eq.primitive, eq.source.line) == ("div", sqrt_line), o.forward.message
+    assert o.forward.iteration == ((0,) if looped else ())
+    msg = o.forward.message
+    assert "; it held +Inf, which led to the NaN first made by `mul`" in msg, msg
+    assert "was masked" not in msg and "not the origin" not in msg, msg
+    assert "the derivative of `sqrt`" in msg and "double-where" in msg, msg
+    assert f"a `jnp.where` at tests/test_nonfinite.py:{sqrt_line + 1} masks the value" in msg, msg
