@@ -33,8 +33,11 @@ Conventions (reproduced by the tests in NumPy):
   ``max``, ``mean``, ``std`` (population, ddof=0), ``l2`` and ``absmax`` are over
   the ``count`` finite elements only (``mean`` is clipped into ``[min, max]``).
   Only ``l2`` can exceed the dtype's range (``sqrt(n) * absmax``): it is then
-  ``inf`` on the device and the largest finite value in `Summary.to_json`.
-  Accuracy: rtol 1e-5 for mean and l2, 1e-4 for std, against float64.
+  ``inf`` on the device (as ``jnp.linalg.norm``), and in `Summary.to_json` the
+  float64 ``sqrt(count * (mean**2 + std**2))`` (`summary_data.norm_json`; the
+  largest finite float64 only past float64's range, as JSON has no infinity).
+  Accuracy: rtol 1e-5 for mean and l2, 1e-4 for std and for such an l2, against
+  float64.
 * ``hist`` has ``bins + 1`` edges linearly spaced over ``[lo, hi] = [min, max]``
   of the finite values (``edges[0] == lo``, ``edges[-1] == hi``, so they always
   cover the values). With ``s`` the largest power of two <= ``max(|lo|, |hi|)``

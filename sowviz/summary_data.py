@@ -74,7 +74,10 @@ class IterationStats:
         }
         for k in ("min", "max", "mean", "std", "absmax"):
             out[k] = col(k)
-        out["l2"] = [_finite_float(x) if c > 0 else 0.0 for x, c in zip(h.l2, cnt, strict=True)]
+        out["l2"] = [
+            norm_json(x, c, m, s) if c > 0 else 0.0
+            for x, c, m, s in zip(h.l2, cnt, h.mean, h.std, strict=True)
+        ]
         out["hist_counts"] = np.asarray(h.hist_counts).astype(int).tolist()
         return out
 
@@ -165,8 +168,11 @@ class Summary:
         """The JSON-ready dict of docs/model.md ("Summary"), with plain Python types.
 
         Statistics over finite values are ``None`` when there are none (``l2`` is
-        then 0.0); no NaN or infinity ever appears. Fetches the leaves from the
-        device if needed (prefer `to_host` on a whole tree first: one transfer).
+        then 0.0); no NaN or infinity ever appears. An ``l2`` past the dtype's range
+        (``inf`` on the device) is the float64 norm `norm_json` gives; such a summary's
+        JSON is a plain dict, not `Float32Json` (its ``l2`` is no float32). Fetches
+        the leaves from the device if needed (prefer `to_host` on a whole tree first:
+        one transfer).
 
         Example:
             >>> summarize(jnp.zeros((2, 3)), bins=2).to_json()["hist"]["counts"]
@@ -201,7 +207,7 @@ class Summary:
             "max": stat(host.max),
             "mean": stat(host.mean),
             "std": stat(host.std),
-            "l2": _finite_float(host.l2) if count > 0 else 0.0,
+            "l2": norm_json(host.l2, count, host.mean, host.std) if count > 0 else 0.0,
             "absmax": stat(host.absmax),
             "hist": {
                 "edges": _finite_floats(host.hist_edges),
@@ -211,7 +217,8 @@ class Summary:
         }
         if host.per_iteration is not None:
             out["per_iteration"] = host.per_iteration.to_json()
-        return Float32Json(out) if np.asarray(host.absmax).dtype == np.float32 else out
+        float32 = np.asarray(host.absmax).dtype == np.float32
+        return Float32Json(out) if float32 and _norms_fit_float32(out) else out
 
 
 def stack_rows(stack: Summary) -> StackRows | None:
@@ -279,7 +286,7 @@ class StackRows:
                 "under_neg": c["under_neg"][j],
             },
         }
-        return Float32Json(out) if c["float32"] else out
+        return Float32Json(out) if c["float32"] and _norms_fit_float32(out) else out
 
     def _convert(self) -> dict[str, Any]:
         h = self._stack
@@ -287,8 +294,9 @@ class StackRows:
         c: dict[str, Any] = {"float32": absmax.dtype == np.float32}
         for k in ("count", "nan", "posinf", "neginf", "zeros"):
             c[k] = np.asarray(getattr(h, k)).astype(int).tolist()
-        for k in ("min", "max", "mean", "std", "l2", "absmax"):
+        for k in ("min", "max", "mean", "std", "absmax"):
             c[k] = _saturated(getattr(h, k)).tolist()
+        c["l2"] = _norms(h.l2, h.count, h.mean, h.std).tolist()
         # rows of bins stay arrays until a row is asked for (as lists of lists, then
         # copied per row, they were objects by the million to make and to free)
         c["hist_edges"] = _saturated(h.hist_edges)
@@ -357,10 +365,43 @@ def _finite_floats(v: Any) -> list[float]:
     return np.nan_to_num(a, nan=0.0, posinf=big, neginf=-big).tolist()
 
 
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def norm_json(l2: Any, count: Any, mean: Any, std: Any) -> float:
+    """`l2` of `count` finite values as JSON holds it. The only statistic that can leave
+    its dtype's range is l2 (``sqrt(n) * absmax``: a float32 attention mask filled with
+    ``-0.7 * finfo.max`` has one of 9.5e38); it is then ``inf`` on the device, and here
+    the float64 ``sqrt(count * (mean**2 + std**2))``, the same sum of squares from the
+    mean and std (which stay in range), as accurate as they are (rtol 1e-4). A norm
+    past float64's range too saturates at its largest finite value (JSON has no
+    infinity); 16 values of -0.7 * float32 max gave float32 max, a false value."""
+    return float(_norms(l2, count, mean, std))
+
+
+def _norms(l2: Any, count: Any, mean: Any, std: Any) -> np.ndarray:
+    """`norm_json` of every element (float64 where an element left its dtype's range)."""
+    a = np.asarray(l2)
+    if np.isfinite(a).all():
+        return a
+    n = np.asarray(count, np.float64)
+    m, s = np.asarray(mean, np.float64), np.asarray(std, np.float64)
+    with np.errstate(over="ignore"):
+        rebuilt = np.sqrt(n) * np.hypot(m, s)
+    return _saturated(np.where(np.isinf(a) & (n > 0), rebuilt, a.astype(np.float64)))
+
+
+def _norms_fit_float32(out: dict[str, Any]) -> bool:
+    """Whether every ``l2`` of a summary's JSON `out` (its per-iteration ones too) is a
+    float32 value: one past float32's range is a float64 (`norm_json`), which
+    `Float32Json` would round back to float32, an infinity."""
+    rows = out.get("per_iteration", {}).get("l2", [])
+    return all(abs(v) <= _F32_MAX for v in (out["l2"], *rows))
+
+
 def _finite_float(v: Any) -> float:
-    # The only statistic that can leave the dtype's range is l2 (sqrt(n) * absmax
-    # near the float32 limit). JSON has no infinity, so it saturates at the
-    # largest finite value of its dtype instead.
+    # JSON has no infinity: a statistic out of range (none is, but l2, `norm_json`)
+    # saturates at the largest finite value of its dtype instead.
     a = np.asarray(v)
     if np.isfinite(a):
         return float(a)

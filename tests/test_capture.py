@@ -1297,3 +1297,81 @@ def test_a_name_in_a_cond_inside_another_cond_is_taken_when_both_ran_it(outer, i
     ran = outer and inner
     assert bool(inter["h"]["taken"]) is ran
     close(inter["h"]["primal"], 3.0 if ran else 0.0)
+
+
+def test_a_sow_in_nested_while_loops_is_summarised_over_the_rows_that_ran():
+    # An outer while around an inner while (BlackJAX NUTS's shape): with `loops=N` both
+    # levels pad with zero rows. `iterations` was the outer count alone, so nothing told
+    # the inner padding from values: inspect counted 64 values (min 0) for 3. It now
+    # holds the inner loop's count per outer row, as a while inside a scan does.
+    def inner(c):
+        i, j, x = c
+        return i, j + 1, x + sow(jnp.exp(0.1 * x), "v")
+
+    def outer(c):
+        i, x = c
+        # 0, 1, then 2 inner iterations: an outer row with no inner values at all
+        _, _, x = lax.while_loop(lambda c: c[1] < c[0], inner, (i, 0, x))
+        return i + 1, x
+
+    def fn(x):
+        return lax.while_loop(lambda c: c[0] < 3, outer, (0, x))[1]
+
+    x, want, counts = jnp.asarray(0.5, jnp.float32), [], []
+    for i in range(3):  # the same loops in Python: the values and the inner counts
+        for _ in range(i):
+            want.append(float(jnp.exp(0.1 * x)))
+            x = x + want[-1]
+        counts.append(i)
+    want = np.asarray(want)
+    _, raw = save_intermediates(fn, loops=4)(jnp.asarray(0.5))
+    np.testing.assert_array_equal(raw["v"]["iterations"], [*counts, 0])  # row 3: never ran
+    assert raw["v"]["primal"].shape == (4, 4)
+    ins = sowviz.inspect(fn, jnp.asarray(0.5), mode="primal", loops=4)
+    got = ins.probe("v").summaries["primal"]
+    assert (got["count"], got["nan"], got["zeros"]) == (want.size, 0, 0)
+    np.testing.assert_allclose(
+        [got["min"], got["max"], got["mean"], got["l2"]],
+        [want.min(), want.max(), want.mean(), np.linalg.norm(want)],
+        rtol=1e-5,
+    )
+    assert got["per_iteration"]["count"] == [*counts, 0]
+    # `loops="last"`: the last outer iteration's last inner value; and none at all when
+    # the last outer iteration ran no inner one (the outer loop ran, so its count was 1)
+    last = sowviz.inspect(fn, jnp.asarray(0.5), mode="primal").probe("v").summaries["primal"]
+    assert (last["count"], last["min"]) == (1, pytest.approx(want[-1], rel=1e-6))
+
+    def step(c):  # one inner iteration, then none
+        i, x = c
+        return i + 1, lax.while_loop(lambda d: d[1] < 1 - i, inner, (0, 0, x))[2]
+
+    def fn_empty_last(x):
+        return lax.while_loop(lambda c: c[0] < 2, step, (0, x))[1]
+
+    empty = sowviz.inspect(fn_empty_last, jnp.asarray(0.5), mode="primal").probe("v")
+    assert (empty.summaries["primal"]["count"], empty.summaries["primal"]["zeros"]) == (0, 0)
+
+
+def test_inspect_s_cotangent_of_a_sow_under_an_inner_grad_is_d_output_d_value():
+    # `step` takes `jax.grad(logdensity)` itself; inspect's mode grad differentiates
+    # `step` again. The sow's value's gradient is d step / d scale (its key
+    # `primal.cotangent`, as `save_intermediates(jax.grad(step))` gives), here checked
+    # against perturbing the sown value alone.
+    obs = jnp.array([1.0, -2.0, 3.0, 0.5])
+
+    def logdensity(x, eps=0.0):
+        scale = sow(jnp.exp(x[1]), "scale") + eps
+        return jnp.sum(-0.5 * ((obs - x[0]) / scale) ** 2 - jnp.log(scale))
+
+    def step(x, eps=0.0):
+        return jnp.sum(x + 0.1 * jax.grad(logdensity)(x, eps))
+
+    x = jnp.array([0.3, 0.2])
+    want = jax.grad(step, argnums=1)(x, 0.0)  # -1.97367
+    _, inter = save_intermediates(jax.grad(step))(x)
+    close(inter["scale"]["primal.cotangent"], want)
+    ins = sowviz.inspect(step, x, mode="grad")
+    close(ins.result[1], jax.grad(step)(x))
+    got = ins.probe("logdensity/scale").summaries
+    close(got["primal.cotangent"]["mean"], want)
+    close(got["cotangent"]["mean"], jax.grad(logdensity, argnums=1)(x, 0.0))  # inner, 3.92

@@ -13,7 +13,8 @@ Semantics (see the README's table):
 * cond / switch: the taken branch's value. A name sown in only some branches is
   zeros when another branch runs, with a boolean `taken` alongside it.
 * while_loop (and dynamic fori_loop): `loops="last"` keeps the last iteration's
-  value, `loops=N` the first N stacked; `iterations` counts them. The backward loop
+  value, `loops=N` the first N stacked; `iterations` counts them (the innermost
+  while loop's count, stacked by the loops around it, as the values are). The backward loop
   of Equinox's checkpointed while loop (diffrax's default adjoint) runs the forward
   steps last first, recomputing some: it keeps only cotangents, row i step i's.
 * checkpoint / remat: re-bound as checkpoint with the values as extra outputs.
@@ -218,7 +219,11 @@ def _while(eqn, invals, rec, *, cond_jaxpr, body_jaxpr, cond_nconsts, body_ncons
     before = len(rec.captures)
     rec.lift(probe, bufs, axis=None if loops == "last" else "while")
     for c in rec.captures[before:]:
-        c.meta["iterations"] = count
+        # A while loop nested in this one keeps its own counts, stacked per row of this
+        # loop (as a scan stacks them): they tell its zero rows from its values, and
+        # this loop's rows that never ran hold a count of 0 there. This loop's count
+        # alone would leave the inner padding counted as values.
+        c.meta.setdefault("iterations", count)
     return list(carry)
 
 

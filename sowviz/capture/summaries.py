@@ -704,7 +704,9 @@ def _values_mask(path: tuple, meta: Any, leaf: Any, axes: dict) -> Any:
             mask = jnp.asarray(taken, bool)
     iterations = got.get("iterations")
     site = axes.get(entry, {}).get(mode, ())
-    k = site.index("while") if iterations is not None and site.count("while") == 1 else None
+    # `iterations` counts the innermost while loop's rows, stacked by the axes before it
+    # (`rules._while`; an outer while loop's rows that never ran hold a count of 0)
+    k = _innermost(site, "while") if iterations is not None else None
     if k is not None and jnp.ndim(iterations) == k < len(shape):
         if shape[:k] == tuple(jnp.shape(iterations)):
             ran = jnp.arange(shape[k]) < jnp.asarray(iterations)[..., None]
@@ -714,6 +716,11 @@ def _values_mask(path: tuple, meta: Any, leaf: Any, axes: dict) -> Any:
             ran = jnp.asarray(iterations) > 0  # `loops="last"`: zeros if it never ran
             mask = ran if mask is None else _both(mask, ran)
     return mask
+
+
+def _innermost(axes: tuple[str, ...], kind: str) -> int | None:
+    """The position of the last (innermost) `kind` among `axes`, or None."""
+    return len(axes) - 1 - axes[::-1].index(kind) if kind in axes else None
 
 
 def _both(a: Any, b: Any) -> Any:

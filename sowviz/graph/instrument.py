@@ -133,11 +133,15 @@ def _rewrite(
             else:
                 eqn = _rewrite_eqn(eqn, below[i], depth, tag, detached)
         new_eqns.append(eqn)
-        if eqn.primitive is _sow.sow_p:
+        if eqn.primitive is _sow.sow_p and not eqn.params["mode"]:
             # A sow whose value the program reads on unsown (Flax NNX's `self.sow(...,
             # h)` stores the sown copy; the module computes on with `h`): later reads
             # read the sown value, so its cotangent is the whole one flowing into `h`,
-            # not the zero of a stored copy. (`sow` is an identity.)
+            # not the zero of a stored copy. (`sow` is an identity.) Not a sow already
+            # differentiated inside `fn` (its `mode` holds roles: a `jax.grad` in `fn`):
+            # there the other reads of its input are JAX's derivative rules' (exp's JVP
+            # reuses exp's output), and reading them from the sow added the inner
+            # backward pass to its cotangent (-1.58 for -1.97).
             for v, out in zip(eqns[i].invars, eqn.outvars, strict=True):
                 if isinstance(v, _compat.Var):
                     subst[v] = out
