@@ -95,7 +95,11 @@ def join_probes(
         if node is None:
             notes.append(f"sow {name!r} has no node in the primal program; it is not drawn.")
             continue
-        found += _probes_of(name, node, entry, False)
+        for inner, part in _by_inner_role(entry, Mode(options.mode)):
+            leaf = f"['inner {inner}']" if inner != "primal" else ""
+            found += [
+                (n, leaf + lf, nd, a, s) for n, lf, nd, a, s in _probes_of(name, node, part, False)
+            ]
     reached = {f[2] for f in found if not f[3]}
     mode = Mode(options.mode)
     for name, nodes in graph.sow_nodes_all.items():
@@ -236,6 +240,34 @@ def _is_summary(x: Any) -> bool:
     return isinstance(x, (Summary, SummaryRow))
 
 
+def _by_inner_role(entry: dict, mode: Mode) -> list[tuple[str, dict]]:
+    """A user's sow's capture keys as `mode` shows them: per role the value has inside
+    `fn` ("primal"; "cotangent" for a sow under a `jax.grad` that `fn` takes itself),
+    its keys renamed to the outer mode's (`primal.cotangent` is the sown value's
+    gradient in mode grad: its `cotangent`). The value's gradient read the inner
+    pass's `cotangent` (dL/dscale inside `fn`, "‖grad‖₂ = 3.92" for 1.97), and a
+    primal-mode report was coloured by it."""
+    outer = set(mode.keys) - {"primal"}
+    keys = [k for k in entry if k not in META_KEYS]
+    inner_roles = {k.split(".", 1)[0] for k in keys if "." in k} - {"primal"}
+    inner_roles |= {k for k in keys if "." not in k and k != "primal" and k not in outer}
+    inner_roles |= {k for k in keys if "." not in k and f"primal.{k}" in entry}
+    if not inner_roles:
+        return [("primal", entry)]
+    parts: dict[str, dict] = {}
+    for k, tree in entry.items():
+        if k in META_KEYS:
+            for part in ("primal", *sorted(inner_roles)):
+                parts.setdefault(part, {})[k] = tree
+            continue
+        first, _, rest = k.partition(".")
+        role, as_key = (
+            (first, rest or "primal") if (rest or first in inner_roles) else ("primal", first)
+        )
+        parts.setdefault(role, {})[as_key] = tree
+    return [(r, parts[r]) for r in ("primal", *sorted(inner_roles)) if r in parts]
+
+
 def _probes_of(name: str, node: str, entry: dict, auto: bool) -> list[_Found]:
     per_leaf: dict[str, dict[str, Any]] = {}
     for key, tree in entry.items():
@@ -323,7 +355,9 @@ class Inspection:
     def locate_nonfinite(self) -> Any:
         """Re-run this inspection's step with every equation probed and name the equation
         where NaN/Inf were born (stored in `self.nonfinite` and the model); None when
-        every value is finite. See `sowviz.nonfinite_locate.locate`."""
+        every value is finite. A re-run that finds no alarm where this run raised one
+        (XLA's fusion made NaN/Inf the probed program's rounding does not) keeps this
+        run's record and says so in its message. See `sowviz.nonfinite_locate.locate`."""
         from .nonfinite_locate import locate_inspection
 
         return locate_inspection(self)

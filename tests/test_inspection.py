@@ -1372,3 +1372,37 @@ def test_a_sows_name_is_the_users_whatever_a_stage_is_called():
     np.testing.assert_allclose(got["primal"]["mean"], sown.mean(), rtol=1e-6)
     # d loss / d sown = 2 (sown - 1) / 4
     np.testing.assert_allclose(got["cotangent"]["l2"], np.linalg.norm((sown - 1) / 2), rtol=1e-6)
+
+
+_OBS = jnp.array([1.0, -2.0, 3.0, 0.5])
+
+
+def _log_density(x, extra=0.0):
+    scale = sowviz.sow(jnp.exp(x[1]), "scale") + extra
+    return jnp.sum(-0.5 * ((_OBS - x[0]) / scale) ** 2 - jnp.log(scale))
+
+
+def _leapfrog_like(x, extra=0.0):
+    return jnp.sum(x + 0.1 * jax.grad(_log_density)(x, extra))
+
+
+def test_a_sow_under_a_grad_inside_fn_shows_the_outer_modes_and_its_inner_cotangent_apart():
+    # A sow in a log density whose `jax.grad` fn takes itself (every HMC step): its
+    # face showed the inner dL/dscale as its gradient, and a primal-mode report was
+    # coloured by that inner cotangent.
+    x = jnp.array([0.3, 0.2])
+    scale = float(jnp.exp(x[1]))
+    outer = jax.grad(_leapfrog_like, 1)(x, 0.0)  # d fn / d (the sown value)
+    inner = jax.grad(lambda s: jnp.sum(-0.5 * ((_OBS - x[0]) / s) ** 2 - jnp.log(s)))(scale)
+    ins = sowviz.inspect(_leapfrog_like, x)
+    assert ins.modes == ["primal", "cotangent"]
+    got = ins.probe("scale").summaries
+    np.testing.assert_allclose(got["primal"]["mean"], scale, rtol=1e-6)
+    np.testing.assert_allclose(got["cotangent"]["mean"], outer, rtol=1e-5)
+    apart = ins.probe("scale", leaf="inner cotangent").summaries
+    np.testing.assert_allclose(apart["primal"]["mean"], inner, rtol=1e-5)
+    primal = sowviz.inspect(_leapfrog_like, x, mode="primal")
+    assert primal.modes == ["primal"]
+    np.testing.assert_allclose(
+        primal.probe("scale", leaf="inner cotangent").summaries["primal"]["mean"], inner, rtol=1e-5
+    )
