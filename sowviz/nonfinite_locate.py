@@ -30,6 +30,7 @@ from .nonfinite_messages import (
     derivative_times_zero_hint,
     masked_branch_hint,
     masked_derivative_hint,
+    not_reproduced,
     with_message,
 )
 from .nonfinite_record import Equation, NonFinite, Origins
@@ -490,15 +491,28 @@ def locate_inspection(ins: Any) -> Origins | None:
             "`sowviz.nonfinite_locate.locate(fn, args, options)` instead."
         )
     fn, args, opts = ins._rerun
-    found = locate(fn, args, opts)
+    found = kept_record(ins.nonfinite, locate(fn, args, opts))
     ins.nonfinite, ins._rerun = found, LOCATED
     return found
+
+
+def kept_record(stored: Origins | None, found: Origins | None) -> Origins | None:
+    """What a step's record becomes once `locate` re-ran it: `found`, unless the re-run
+    found no alarm where the step's own program raised one. XLA compiles the probed
+    program's arithmetic otherwise (a value each probe reads is rounded before the
+    next equation reads it, where a fusion may skip that rounding), and values near
+    overflow decide on it: then `stored`, saying so. An alarm is never dropped, nor is
+    a record replaced by None."""
+    if stored is not None and stored.alarm and (found is None or not found.alarm):
+        return not_reproduced(stored)
+    return stored if found is None else found
 
 
 def locate_step(fn: Callable, args: Sequence[Any], options: Any, nf: Any) -> Any:
     """The Monitor's first non-finite step (`nonfinite.NonFinite`) located down to the
     equation on that step's arguments; `nf` unchanged when the re-run fails (e.g. the
-    arguments were donated), with a warning."""
+    arguments were donated), with a warning, and its record kept, saying so, when the
+    re-run finds no alarm (`kept_record`)."""
     import warnings
 
     try:
@@ -510,8 +524,9 @@ def locate_step(fn: Callable, args: Sequence[Any], options: Any, nf: Any) -> Any
             stacklevel=3,
         )
         return nf
-    if found is None:
-        return nf
+    kept = kept_record(nf.origins, found)
+    if found is None or kept is not found:  # the step's own record (saying why)
+        return replace(nf, origins=kept)
     eqns = getattr(options, "capture", None) == "all"
     return NonFinite(nf.step, _node(found.forward, eqns), _node(found.backward, eqns), found)
 

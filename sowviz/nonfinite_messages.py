@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from .nonfinite_record import Equation, Origins
+from .nonfinite_record import Equation, Origin, Origins
 
 #: Starts the verdict on a backward origin whose stage already holds non-finite forward
 #: values: the gradient is non-finite because the forward pass was, which a first
@@ -42,6 +42,20 @@ LED_TO = "; it held "
 #: ... and a non-finite value made before it that a reader masked (`jnp.where`): it
 #: reaches no result, so it is not the origin
 MASKED = "; before it, a "
+#: Ends a forward message whose maker may be an unprobed equation: the re-run names it.
+NAMES_THE_EQUATION = ": `locate_nonfinite()` names the equation"
+#: What `locate` says in place of the equation when its re-run, every equation probed,
+#: finds no NaN/Inf reaching a result though the step's own program held some (an
+#: `nnx.MultiHeadAttention` with weights scaled by 3e4: NaN under `jax.jit`, finite op
+#: by op).
+NOT_REPRODUCED = (
+    "; `locate_nonfinite()` re-ran the step with every equation probed and found no "
+    "NaN/Inf reaching a result, so it names no equation: the probes round each value "
+    "before the next equation reads it (as op-by-op execution does), where XLA's fusion "
+    "in the step's own program may skip a rounding (a `mul` and the `sub` of a softmax's "
+    "`x - max(x)` fused into one multiply-add), and values this large overflow on that "
+    "difference. Scale them down (or compute that stage in float64) and run again"
+)
 #: ... and says that only the tangent is non-finite there (mode "jvp")
 IN_TANGENT = " (in its tangent: the value is finite)"
 #: After `IN_TANGENT` at a Tesseract: where such tangents come from (tesseract-jax's
@@ -96,7 +110,7 @@ def forward_message(
         names = ", ".join(stage_name(b) for b in before)
         msg = (
             f"first seen at {stage_name(n)}{at}; made there or by an unprobed equation before "
-            f"it ({names}): `locate_nonfinite()` names the equation"
+            f"it ({names}){NAMES_THE_EQUATION}"
         )
     else:
         msg = f"first made by {stage_name(n)}{at}"
@@ -105,7 +119,7 @@ def forward_message(
         msg += f"{LED_TO}{_held(kinds)}, which led to the NaN first made by {stage_name(node)}"
     if carried:
         names = ", ".join(stage_name(c) for c in carried)
-        locate = ": `locate_nonfinite()` names the equation" if unseen and not before else ""
+        locate = NAMES_THE_EQUATION if unseen and not before else ""
         msg += f"{LOOP_CARRIED}{names}){locate}"
     if earlier is not None:
         node, kinds = earlier[:2]
@@ -237,6 +251,27 @@ def with_message(o: Origins) -> Origins:
     if o.removed:
         text += " (masked afterwards: no result is non-finite)"
     return replace(o, message=text)
+
+
+def not_reproduced(o: Origins) -> Origins:
+    """`o`, a step's own record, kept when `locate`'s re-run found no NaN/Inf reaching a
+    result (XLA compiled the probed program's arithmetic otherwise): its first origin
+    says so (`NOT_REPRODUCED`) instead of promising an equation; `alarm` unchanged."""
+    if NOT_REPRODUCED in o.message:
+        return o  # (said already)
+    fwd, bwd = (_unpromised(p) for p in (o.forward, o.backward))
+    if fwd is not None:
+        fwd = replace(fwd, message=fwd.message + NOT_REPRODUCED)
+    elif bwd is not None:
+        bwd = replace(bwd, message=bwd.message + NOT_REPRODUCED)
+    else:  # no origin of either pass: the record's own sentence says it
+        return replace(o, message=o.message + NOT_REPRODUCED)
+    return with_message(replace(o, forward=fwd, backward=bwd))
+
+
+def _unpromised(p: Origin | None) -> Origin | None:
+    """`p` without the promise that `locate_nonfinite()` names its equation."""
+    return p and replace(p, message=p.message.replace(NAMES_THE_EQUATION, ""))
 
 
 def message(graph: Any, step: int, where: Any) -> str:

@@ -682,3 +682,39 @@ def test_history_and_nonfinite_hold_every_step_taken_without_a_flush():
     assert mon.history.steps == [0, 1, 2]
     got = [e["loss"] for e in mon.history]
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_monitor_keeps_its_alarm_when_the_located_rerun_is_finite():
+    # Attention logits of ~1e18 at step 1: NaN under `jax.jit` (XLA's fused softmax
+    # overflows `exp`), finite op by op and, on some XLA versions, in the re-run with
+    # every equation probed. `mon.nonfinite.origins` kept the message sending the user
+    # to `locate_nonfinite()`, which had nothing more to give: it now says why.
+    from sowviz.nonfinite_messages import NAMES_THE_EQUATION, NOT_REPRODUCED
+
+    def attention_loss(q, k, v):
+        return jnp.mean(jax.nn.dot_product_attention(q, k, v) ** 2)
+
+    keys = [jax.random.PRNGKey(i) for i in range(3)]
+    small = [jax.random.normal(key, (2, 4, 1, 8)) for key in keys]
+    large = [a * 1e9 for a in small]
+    jitted = [float(jax.jit(attention_loss)(*a)) for a in (small, large)]
+    assert np.isfinite(jitted[0]) and np.isfinite(attention_loss(*large))  # op by op
+    if np.isfinite(jitted[1]):
+        pytest.skip("this XLA computes the fused softmax without overflow")
+    mon = sowviz.Monitor(attention_loss)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sowviz.NonFiniteWarning)
+        for args, want in zip((small, large), jitted, strict=True):
+            value, _ = mon.step(*args)
+            np.testing.assert_allclose(float(value), want, rtol=1e-5, equal_nan=True)
+        found = mon.locate_nonfinite()
+    mon.close()
+    nf = mon.nonfinite
+    assert nf.step == 1 and found is nf.origins and found.alarm
+    if found.located:  # an XLA that rounds alike probed or not (JAX 0.10): the equation
+        assert found.forward.equation.primitive == "exp"
+        return
+    assert NOT_REPRODUCED in found.forward.message and NOT_REPRODUCED in nf.message
+    assert NAMES_THE_EQUATION not in nf.message
+    rec = mon.to_dict()["history"]["nonfinite"]  # what the widget and the report get
+    assert rec["alarm"] is True and NOT_REPRODUCED in rec["forward"]["message"]

@@ -1455,3 +1455,71 @@ def test_an_infinite_derivative_in_the_forward_pass_is_the_origin_with_the_doubl
     assert "was masked" not in msg and "not the origin" not in msg, msg
     assert "the derivative of `sqrt`" in msg and "double-where" in msg, msg
     assert f"a `jnp.where` at tests/test_nonfinite.py:{sqrt_line + 1} masks the value" in msg, msg
+
+
+# ---------------------------------------------------------------------------
+# A re-run that finds no NaN/Inf where the step's own program did
+
+
+def attention_loss(q, k, v):
+    return jnp.mean(jax.nn.dot_product_attention(q, k, v) ** 2)
+
+
+def attention_loss_f64(q, k, v):
+    """`attention_loss` in float64 NumPy: the exact value."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    s = np.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(q.shape[-1])
+    w = np.exp(s - s.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    return np.mean(np.einsum("bnts,bsnh->btnh", w, v) ** 2)
+
+
+def test_locate_keeps_the_alarm_when_its_rerun_is_finite():
+    # Attention logits of ~1e18 (an NNX `MultiHeadAttention` with weights scaled by 3e4):
+    # under `jax.jit` XLA's fused softmax leaves ~1e10 in `x - max(x)` where op-by-op
+    # arithmetic leaves 0, `exp` overflows and the loss is NaN. The re-run with every
+    # equation probed rounds each value as op by op does and was finite, and
+    # `locate_nonfinite()` returned None and deleted the alarm.
+    from sowviz.nonfinite_messages import NAMES_THE_EQUATION, NOT_REPRODUCED
+
+    q, k, v = (jax.random.normal(jax.random.PRNGKey(i), (2, 4, 1, 8)) * 1e9 for i in range(3))
+    exact = attention_loss_f64(q, k, v)
+    assert np.isfinite(exact) and np.isfinite(attention_loss(q, k, v))  # op by op: finite
+    jitted = float(jax.jit(attention_loss)(q, k, v))
+    if np.isfinite(jitted):
+        pytest.skip("this XLA computes the fused softmax without overflow")
+    ins = sowviz.inspect(attention_loss, q, k, v)
+    assert np.isnan(float(ins.result[0])) and np.isnan(jitted)
+    before = ins.nonfinite
+    assert before.alarm and NAMES_THE_EQUATION in before.message
+    found = ins.locate_nonfinite()
+    rec = json.loads(ins.to_json())["nonfinite"]  # what the banner and the report get
+    assert found is ins.nonfinite and found.alarm and rec["alarm"] is True
+    if found.located:  # an XLA that rounds alike probed or not (JAX 0.10): the equation
+        assert found.forward.equation.primitive == "exp"
+        return
+    # the step's own record, saying what happened instead of promising an equation
+    assert rec["forward"]["node"] == before.forward.node
+    assert rec["forward"]["message"].endswith(NOT_REPRODUCED.removeprefix("; "))
+    assert NOT_REPRODUCED in rec["message"] and NAMES_THE_EQUATION not in rec["message"]
+    assert ins.locate_nonfinite() is found  # once: the stored record
+
+
+def test_locate_nonfinite_never_drops_an_alarm_its_rerun_does_not_see():
+    # The same on any XLA: the re-run's arguments are finite (`_rerun` replaced), so
+    # it finds no NaN/Inf at all; the NaN run's record stays, saying so.
+    from sowviz.nonfinite_messages import NOT_REPRODUCED
+
+    w = jnp.ones((3, 4)) * 0.5
+    bad, good = jnp.ones((2, 3)) * 0.001, jnp.ones((2, 3))
+    assert not np.isfinite(float(f_nested_norm(w, bad)))  # rsqrt of a negative variance
+    assert np.isfinite(float(f_nested_norm(w, good)))
+    ins = sowviz.inspect(f_nested_norm, w, bad)
+    before = ins.nonfinite
+    fn, _, opts = ins._rerun
+    ins._rerun = (fn, (w, good), opts)
+    found = ins.locate_nonfinite()
+    assert found is ins.nonfinite and found.alarm and not found.located
+    assert found.forward.node == before.forward.node
+    assert NOT_REPRODUCED in found.message
+    assert json.loads(ins.to_json())["nonfinite"]["alarm"] is True
