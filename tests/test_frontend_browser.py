@@ -1660,3 +1660,214 @@ def test_a_monitor_s_nan_flags_stay_on_the_step_that_had_the_nan(page, tmp_path)
     pg.locator('[data-role="step-latest"]').click()
     assert flags.count() == 0
     assert page.errors == [] and page.requests == []
+
+
+@pytest.mark.browser
+def test_a_primal_report_colours_by_primal_values_beside_a_sow_under_an_inner_grad(page, tmp_path):
+    # An HMC-style step: its log density's `sow` sits under an inner jax.grad, so in a
+    # primal run that sow holds a cotangent too. The report was coloured by cotangent
+    # (the first picture's default whenever a probe had one): every stage but the sow
+    # had no value. A primal run colours by primal values, whatever the model files the
+    # sow's inner cotangent under (a `cotangent` key or the sow's `['inner cotangent']`
+    # leaf: the next test holds the first case whatever Python does).
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import sowviz
+
+    def logdensity(x):
+        return -0.5 * jnp.sum(sowviz.sow(jnp.tanh(x), "h") ** 2)
+
+    def leapfrog(x):
+        p = jnp.ones_like(x)
+        for _ in range(3):
+            p = p + 0.05 * jax.grad(logdensity)(x)
+            x = x + 0.1 * p
+        return jnp.sum(x)
+
+    x = jnp.linspace(-1.0, 1.0, 8)
+    ins = sowviz.inspect(leapfrog, x, mode="primal")
+    assert ins.to_dict()["mode"] == "primal"
+    pg = page.open_report(ins.save_html(tmp_path / "leapfrog.html"))
+    assert pg.locator('[data-role="stat"]').input_value() == "primal\x00l2"
+    title = pg.locator('[data-role="legend"] .sv-legend-title').inner_text()
+    assert title.startswith("primal ")
+    # the input's face: ‖x‖₂ by NumPy
+    x_id = next(n.id for n in ins.graph.nodes if n.kind == "input" and n.label == "x")
+    want = float(np.linalg.norm(np.linspace(-1.0, 1.0, 8)))
+    face = pg.locator(f'[data-node-id="{x_id}"] .sv-value').text_content()
+    assert face.startswith("‖x‖₂ = ") and float(face.split("= ")[1]) == pytest.approx(want, 1e-3)
+    # every drawn stage but the output (which shows its value) has a primal value
+    faces = pg.locator(".sv-node:not([data-kind='output']) .sv-value").all_text_contents()
+    assert len(faces) >= 4 and all("‖x‖₂ = " in f for f in faces), faces
+    assert page.errors == [] and page.requests == []
+
+
+@pytest.mark.browser
+def test_jax_s_masked_attention_fill_never_sets_the_colour_scale(page, tmp_path):
+    # jax.nn.dot_product_attention fills masked logits with -0.7 * finfo.max (2.38e38 in
+    # float32), not finfo.min: a greedy decoder's masked cache slots set the legend's top
+    # to 3.403e+38 and every box took one colour.
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import sowviz
+
+    T, D, FILLED = 6, 4, 3
+
+    def decode(q, k, v):
+        valid = jnp.arange(T) < FILLED  # the cache slots filled so far
+        with jax.named_scope("attention"):
+            o = jax.nn.dot_product_attention(q, k, v, mask=valid[None, None, None, :])
+        with jax.named_scope("scaled"):
+            return 100.0 * o
+
+    q, k, v = (
+        jax.random.normal(jax.random.PRNGKey(i), s)
+        for i, s in enumerate([(1, 1, 1, D), (1, T, 1, D), (1, T, 1, D)])
+    )
+    ins = sowviz.inspect(decode, q, k, v, mode="primal")
+    fills = [p for p in ins.to_dict()["probes"] if p["summaries"]["primal"]["absmax"] > 1e38]
+    assert fills, "the masked logits are a stage of their own"
+    pg = page.open_report(ins.save_html(tmp_path / "decode.html"))
+    pg.locator(".sv-legend-tick").first.wait_for()
+    # the largest l2 that is no fill value: the scaled output's, by NumPy
+    qn, kn, vn = (np.asarray(a, np.float64)[0, :, 0] for a in (q, k, v))
+    s = (qn @ kn[:FILLED].T) / np.sqrt(D)
+    p = np.exp(s - s.max())
+    p /= p.sum()
+    top = np.linalg.norm(100.0 * (p @ vn[:FILLED]))
+    hi = pg.locator(".sv-legend-tick").nth(1).inner_text()
+    assert hi.startswith("≥ ")  # the masked logits lie past the top, in its colour
+    assert float(hi[2:]) == pytest.approx(top, rel=1e-3)
+
+    def chip(label):
+        nid = next(n.id for n in ins.graph.nodes if n.label == label)
+        return pg.locator(f'[data-node-id="{nid}"] > .sv-chip').get_attribute("fill")
+
+    assert chip("scaled") == "#fde725"  # viridis's top
+    assert len({chip("q"), chip("k"), chip("scaled")}) == 3  # spread, not one colour
+    assert page.errors == []
+
+
+@pytest.mark.browser
+def test_the_loss_chart_never_covers_a_node_however_the_view_moves(page, tmp_path):
+    # The Monitor's loss chart floated over the graph's bottom right: fits kept clear of
+    # it, but a click, a search or a drag put boxes under it (a scan model's `add` with
+    # its ‖grad‖₂, and `head`). It sits in the strip under the graph now.
+    import jax
+    import jax.numpy as jnp
+
+    import sowviz
+
+    def loss(params, x):
+        for i, w in enumerate(params):
+            with jax.named_scope(f"layer_{i}"):
+                x = jnp.tanh(x @ w)
+        return jnp.mean(x**2)
+
+    keys = jax.random.split(jax.random.PRNGKey(0), 8)
+    params = [jax.random.normal(k, (8, 8)) / 3 for k in keys]
+    mon = sowviz.Monitor(loss, every=1)
+    for _ in range(4):
+        _, grads = mon.step(params, jnp.ones((4, 8)))
+        params = [p - 0.1 * g for p, g in zip(params, grads, strict=True)]
+    pg = page.open_report(mon.save_html(tmp_path / "monitor.html"))
+    loss_box = pg.locator('[data-role="loss"]')
+    loss_box.locator(".js-plotly-plot").wait_for()
+    pg.locator(".sv-node").first.click()  # the detail panel narrows the view
+    pg.locator('[data-role="detail"]').wait_for(state="visible")
+    pg.wait_for_timeout(300)
+
+    def covered():
+        """Drawn nodes whose visible part (clipped to the drawing) meets the chart."""
+        svg = pg.locator(".sv-svg").bounding_box()
+        c = loss_box.bounding_box()
+        cx0, cy0, cx1, cy1 = c["x"], c["y"], c["x"] + c["width"], c["y"] + c["height"]
+        hits = []
+        for nid, x0, y0, x1, y1 in pg.locator(".sv-node").evaluate_all(
+            "els => els.map(e => { const r = e.getBoundingClientRect();"
+            " return [e.dataset.nodeId, r.left, r.top, r.right, r.bottom]; })"
+        ):
+            x0, y0 = max(x0, svg["x"]), max(y0, svg["y"])
+            x1 = min(x1, svg["x"] + svg["width"])
+            y1 = min(y1, svg["y"] + svg["height"])
+            if x0 < x1 and y0 < y1 and x0 < cx1 and x1 > cx0 and y0 < cy1 and y1 > cy0:
+                hits.append(nid)
+        return hits
+
+    assert covered() == []
+    # drag each node in turn into the view's bottom-right corner, where the chart was
+    svg = pg.locator(".sv-svg").bounding_box()
+    corner = (svg["x"] + svg["width"] - 60, svg["y"] + svg["height"] - 25)
+    for i in range(3):
+        b = pg.locator(".sv-node").nth(i).bounding_box()
+        start = (svg["x"] + 8, svg["y"] + 8)  # the background: a drag pans
+        pg.mouse.move(*start)
+        pg.mouse.down()
+        dx, dy = corner[0] - (b["x"] + b["width"] / 2), corner[1] - (b["y"] + b["height"] / 2)
+        pg.mouse.move(start[0] + dx, start[1] + dy, steps=5)
+        pg.mouse.up()
+        assert covered() == [], i
+    assert loss_box.is_visible()
+    ARTIFACTS.mkdir(exist_ok=True)
+    pg.screenshot(path=str(ARTIFACTS / "frontend_monitor_loss_dragged.png"))
+    assert page.errors == [] and page.requests == []
+
+
+@pytest.mark.browser
+def test_the_widget_s_default_colouring_follows_its_mode_and_a_pick_stays(browser):
+    # Switched from grad to primal, the widget kept colouring by cotangent (the model
+    # still held one: a sow under an inner jax.grad), so a primal picture showed
+    # gradients. A default follows the mode; a statistic the user picked stays.
+    p = Page(browser)
+    pg = serve_widget_page(p)
+    try:
+        pg.goto("http://sowviz.test/index.html")
+        stat = pg.locator('[data-role="stat"]')
+
+        def send(mode):
+            model = fm.small_model()  # primal, tangent and cotangent values
+            model["mode"] = mode
+            pg.evaluate("b => window.__widget.setModel(b)", gz(model))
+            # the model arrives gzipped, drawn once unzipped: the mode picker then shows it
+            pg.wait_for_function(
+                "m => document.querySelector('[data-role=mode]').value === m", arg=mode
+            )
+
+        first = fm.small_model()
+        first["mode"] = "grad"
+        pg.evaluate(FAKE_MODEL, {"bytes": gz(first), "mode": "grad"})
+        assert stat.input_value() == "cotangent\x00l2"
+        send("primal")
+        assert stat.input_value() == "primal\x00l2"
+        send("jvp")
+        assert stat.input_value() == "tangent\x00l2"
+        pg.select_option('[data-role="stat"]', "primal\x00absmax")  # the user's pick
+        send("grad")
+        assert stat.input_value() == "primal\x00absmax"
+        legend = pg.locator('[data-role="legend"] .sv-legend-title').inner_text()
+        assert legend.startswith("primal max |x|")
+        assert p.errors == []
+    finally:
+        p.close()
+
+
+@pytest.mark.browser
+def test_a_primal_report_of_probes_holding_cotangents_colours_by_primal(page, tmp_path):
+    # The model of a primal run whose probes hold tangents and cotangents too (a sow's
+    # values inside an inner jax.grad or jax.jvp): coloured by primal, the run's own
+    # values, not by the cotangent most probes lack.
+    model = fm.small_model()
+    model["mode"] = "primal"
+    assert set(model["modes"]) == {"primal", "tangent", "cotangent"}
+    pg = page.open_report(report.write_html(model, tmp_path / "primal.html"))
+    assert pg.locator('[data-role="stat"]').input_value() == "primal\x00l2"
+    assert pg.locator('[data-role="legend-spark"]').inner_text() == "primal histogram"
+    # x's face: its primal l2, by NumPy in the fixture
+    want = next(p for p in model["probes"] if p["node"] == "n1")["summaries"]["primal"]["l2"]
+    face = node(pg, "n1").locator(".sv-value").text_content()
+    assert face.startswith("‖x‖₂ = ") and float(face.split("= ")[1]) == pytest.approx(want, 1e-3)
+    assert page.errors == [] and page.requests == []

@@ -21,6 +21,10 @@ import { HistoryStore, nonfiniteSteps, shownStep, withStep } from "./history.js"
 export const MODES = ["primal", "grad", "jvp", "vjp", "all"];
 /** The first picture fits the whole graph unless its text would get smaller than readable. */
 export const FIT_MIN_SCALE = READABLE_SCALE;
+// The loss chart's size (px), in the strip under the graph: short, as the strip takes its
+// height from the graph's view.
+const LOSS_W = 300;
+const LOSS_H = 104;
 const EMPTY = "Nothing to show yet: the model has no nodes.";
 /** Phases in which Python is working (`phase` trait of the widget). */
 export const WORKING = new Set(["tracing", "compiling", "running", "locating", "drawing"]);
@@ -61,8 +65,8 @@ export class App {
   /**
    * Fits again when the view first gets a size (a widget may render while detached),
    * and when it changes size (the detail panel opens, the window is resized) while
-   * the user has not moved the view since the last fit: the graph stays whole and
-   * clear of the loss chart, which moves with the view's right edge.
+   * the user has not moved the view since the last fit: the graph stays whole (a
+   * Monitor's loss chart, appearing under it, makes the view shorter).
    */
   watchSize() {
     if (typeof ResizeObserver === "undefined") return;
@@ -97,6 +101,7 @@ export class App {
     this.statSel.addEventListener("change", () => {
       const [mode, stat] = this.statSel.value.split("\u0000");
       this.stat = { mode, stat };
+      this.statPicked = true; // the user's choice: kept across the widget's mode switches
       this.refreshFaces();
     });
     this.search = h("input", { type: "search", class: "sv-search", "data-role": "search", placeholder: "search  (kind:scan, is:nan)", "aria-label": "search nodes", spellcheck: "false" });
@@ -135,12 +140,15 @@ export class App {
     ]);
     this.errorBox = h("div", { class: "sv-error", "data-role": "error", role: "alert", hidden: true });
     this.banner = h("div", { class: "sv-banner", "data-role": "nonfinite-banner", hidden: true });
-    // The drawing and, below it (never over it), the legend's strip: a node can never
-    // hide under the legend, however the graph is fitted, panned or zoomed.
+    // The drawing and, below it (never over it), a strip with the legend and a Monitor's
+    // loss chart: a node can never hide under either, however the graph is fitted,
+    // panned or zoomed. (The chart floated over the graph's corner: a fit kept clear of
+    // it, but a click, a pan or an opened stage put boxes under it.)
     this.graphBox = h("div", { class: "sv-graph" });
     this.canvas = h("div", { class: "sv-canvas" });
     this.legend = h("div", { class: "sv-legend", "data-role": "legend" });
     this.lossBox = h("div", { class: "sv-loss", "data-role": "loss", hidden: true });
+    const foot = h("div", { class: "sv-foot", "data-role": "foot" }, [this.legend, this.lossBox]);
     this.levelNote = h("div", { class: "sv-level-note sv-muted", hidden: true });
     this.detail = new DetailPanel(this.root, {
       onClose: () => this.select(null),
@@ -149,12 +157,10 @@ export class App {
     this.graph = new GraphView(this.canvas, {
       onSelect: (id) => this.select(id),
       onToggle: (id) => this.toggle(id),
-      // the loss chart sits over the graph's bottom right: fits keep the graph left of it
-      reserveRight: () => (this.lossBox.hidden ? 0 : this.lossBox.offsetWidth + 20),
     });
     this.empty = h("div", { class: "sv-empty sv-muted", "data-role": "empty", text: EMPTY, hidden: true });
-    this.canvas.append(this.lossBox, this.levelNote, this.empty);
-    this.graphBox.append(this.canvas, this.legend);
+    this.canvas.append(this.levelNote, this.empty);
+    this.graphBox.append(this.canvas, foot);
     this.root.append(toolbar, this.notesList, this.errorBox, this.banner, h("div", { class: "sv-body" }, [this.graphBox, this.detail.el]));
     this.el.append(this.root);
   }
@@ -186,7 +192,7 @@ export class App {
     }
     this.fillStatOptions(fresh);
     this.fillNotes();
-    this.drawLoss(); // first: the fit keeps the graph clear of the loss chart
+    this.drawLoss(); // first: the chart's strip takes its height from the view before the fit
     this.relayout({ fit: fresh });
     if (this.selected) this.openDetail(this.selected); else this.detail.close();
   }
@@ -207,11 +213,21 @@ export class App {
     this.searchCache = new Map();
   }
 
-  /** @param {boolean} [fresh] a first picture: the default statistic (by gradient in grad mode) */
+  /**
+   * The colour picker's choices. A statistic the user picked stays while the model has
+   * it; a default one follows the run's mode (`defaultStat`): a first picture, or the
+   * widget switched to another mode, takes that mode's. (grad's default cotangent, kept
+   * after a switch to primal, coloured a primal run by a sow's inner gradient.)
+   * @param {boolean} [fresh] a first picture
+   */
   fillStatOptions(fresh = false) {
     const modes = this.index.modes;
-    const keep = !fresh && this.stat && modes.includes(this.stat.mode) ? this.stat : defaultStat(modes);
+    const runMode = this.model.mode;
+    const held = !fresh && this.stat && modes.includes(this.stat.mode);
+    const keep = held && (this.statPicked || this.statRunMode === runMode) ? this.stat : defaultStat(modes, runMode);
+    if (fresh) this.statPicked = false;
     this.stat = keep;
+    this.statRunMode = runMode;
     clear(this.statSel);
     for (const mode of modes) {
       for (const [stat, def] of Object.entries(STATS)) {
@@ -507,8 +523,8 @@ export class App {
     const appeared = has && this.lossBox.hidden;
     this.lossBox.hidden = !has;
     if (!has) return;
-    // A live Monitor's chart appears with its first step: fit again, clear of it,
-    // unless the user has moved the view since the last fit.
+    // A live Monitor's chart appears with its first step, and the view gets shorter:
+    // fit again, unless the user has moved the view since the last fit.
     if (appeared && this.layout && !this.graph.moved) {
       (globalThis.requestAnimationFrame ?? setTimeout)(() => this.graph.fit({ minScale: FIT_MIN_SCALE }));
     }
@@ -522,7 +538,7 @@ export class App {
     this.lossTitle.textContent = bad.length ? `loss · ${bad.length} non-finite step${bad.length > 1 ? "s" : ""} (first: ${bad[0]})` : "loss";
     this.lossTitle.classList.toggle("sv-bad", bad.length > 0);
     const shown = this.viewStep ?? hist.steps[hist.steps.length - 1];
-    const plot = drawLines(this.lossChart, hist.steps, [{ name: "loss", y: hist.loss, colour: c.accent }], { colours: c, width: 300, height: 120, yTitle: "", nonfinite: bad, marker: shown });
+    const plot = drawLines(this.lossChart, hist.steps, [{ name: "loss", y: hist.loss, colour: c.accent }], { colours: c, width: LOSS_W, height: LOSS_H, yTitle: "", nonfinite: bad, marker: shown });
     if (!this.lossClicks) {
       // a click on the chart draws the values of the step clicked (the nearest recorded one)
       this.lossClicks = true;

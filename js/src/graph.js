@@ -33,7 +33,7 @@ function shapeText(node) {
 export class GraphView {
   /**
    * @param {HTMLElement} container
-   * @param {{onSelect: (id: string|null) => void, onToggle: (id: string) => void, reserveRight?: () => number}} handlers
+   * @param {{onSelect: (id: string|null) => void, onToggle: (id: string) => void}} handlers
    */
   constructor(container, handlers) {
     this.container = container;
@@ -275,14 +275,12 @@ export class GraphView {
   }
 
   /**
-   * Fits the drawing into the view, left of what the `reserveRight()` handler (px)
-   * keeps for an overlay (the loss chart). With `minScale`, never zooms out below it
-   * (then the top of the drawing shows: `viewport.fitTransform`).
+   * Fits the drawing into the view. With `minScale`, never zooms out below it (then the
+   * top of the drawing shows: `viewport.fitTransform`).
    */
   fit({ minScale = 0, animate = false } = {}) {
     const b = this.bounds;
-    const full = this.svg.clientWidth || this.container.clientWidth || 800;
-    const W = Math.max(full - (this.handlers.reserveRight?.() ?? 0), full / 2);
+    const W = this.svg.clientWidth || this.container.clientWidth || 800;
     const H = this.svg.clientHeight || this.container.clientHeight || 500;
     if (!b || !b.w || !b.h) return;
     this.moved = false;

@@ -6,9 +6,23 @@ export const STATS = {
   std: { label: "std", combine: (vs) => Math.max(...vs) },
 };
 
-/** Default face statistic: the l2 norm of the backward quantity when there is one. */
-export function defaultStat(modes) {
-  const mode = modes.find((m) => m === "cotangent") ?? modes.find((m) => m.includes("cotangent"))
+/** The values each run mode is about (the model's `mode`): what its faces colour by. */
+const RUN_MODE_VALUES = { primal: "primal", grad: "cotangent", vjp: "cotangent", jvp: "tangent", all: "cotangent" };
+
+/**
+ * Default face statistic: the l2 norm of the values the run is about, `runMode`
+ * (the model's `mode`: grad's cotangent, jvp's tangent, primal's primal), when some
+ * probe has them. `modes` lists every value kind some probe holds, which is no mode of
+ * the run: a `sow` under an inner `jax.grad` (an HMC step's log density) holds a
+ * cotangent in a primal run, and a primal report coloured by it left every stage but
+ * the sow without a value. Without a known `runMode` (older models): the backward
+ * quantity when there is one.
+ * @param {string[]} modes @param {string} [runMode]
+ */
+export function defaultStat(modes, runMode) {
+  const wanted = RUN_MODE_VALUES[runMode ?? ""];
+  const mode = (wanted && modes.find((m) => m === wanted))
+    ?? modes.find((m) => m === "cotangent") ?? modes.find((m) => m.includes("cotangent"))
     ?? modes.find((m) => m === "tangent") ?? modes[0] ?? "primal";
   return { mode, stat: "l2" };
 }
@@ -51,20 +65,33 @@ const FINITE_MAX = {
   complex128: 1.7976931348623157e308,
 };
 
+// JAX's masked-logit fill, `-0.7 * finfo(dtype).max` capped at float32's range
+// (`jax.nn.dot_product_attention`, which Flax NNX's `dot_product_attention` calls
+// without dropout; 0.7 so that adding two stays finite). No ordinary value comes that
+// close to overflow.
+const FILL_FRACTION = 0.7;
+// rounding slack: 0.7·max rounded to bfloat16 (8 significant bits) is 0.4% off
+const FILL_SLACK = 1 / 128;
+
 /**
- * Whether a summary's values reach its dtype's largest finite magnitude: a fill value
- * (`jnp.where(mask, s, jnp.finfo(s.dtype).min)` masking attention logits), not a measure
- * of anything. Its statistics (an l2 of 3.4e38) would stretch a colour scale over 38
- * decades and paint every other stage one colour. (float8 types are left out: a
- * saturating cast reaches their max in ordinary values.)
+ * Whether a summary's values reach a fill value of its dtype, not a measure of
+ * anything: `jnp.finfo(s.dtype).min` (`jnp.where(mask, s, finfo.min)` masking attention
+ * logits, as Flax's attention weights do) or JAX's `-0.7 * finfo.max`
+ * (`jax.nn.dot_product_attention`; in float64 0.7 · float32's max). Its statistics (an
+ * l2 of 3.4e38) would stretch a colour scale over 38 decades and paint every other
+ * stage one colour; a greedy decoder's masked cache slots (JAX's 2.38e38) did, as the
+ * rule knew finfo.min only. (float8 types are left out: a saturating cast reaches
+ * their max in ordinary values.)
  * @param {any} s a summary
  */
 export function holdsFillValue(s) {
   const top = FINITE_MAX[s?.dtype];
   if (!top) return false;
   const m = s.absmax ?? Math.max(Math.abs(s.min ?? 0), Math.abs(s.max ?? 0));
-  // a few ulps of slack: the JSON may carry the float32 max rounded to fewer digits
-  return typeof m === "number" && m >= top * (1 - 1e-6);
+  if (typeof m !== "number") return false;
+  // float64's JAX fill is float32's: matched itself, as float64 values of 1e39 are ordinary
+  const jaxFill64 = FILL_FRACTION * FINITE_MAX.float32;
+  return m >= FILL_FRACTION * top * (1 - FILL_SLACK) || Math.abs(m - jaxFill64) <= jaxFill64 * FILL_SLACK;
 }
 
 /** Whether any of a node's probes holds a fill value in `mode` (see `holdsFillValue`). */

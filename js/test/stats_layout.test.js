@@ -147,7 +147,7 @@ test("fill values (a dtype's largest finite magnitude) never set a colour scale"
   assert.equal(holdsFillValue({ dtype: "float32", absmax: 3.4028235e38 }), true);
   assert.equal(holdsFillValue({ dtype: "float32", min: -3.4028234663852886e38, max: 2 }), true);
   assert.equal(holdsFillValue({ dtype: "float16", absmax: 65504 }), true);
-  assert.equal(holdsFillValue({ dtype: "float16", absmax: 65472 }), false); // the next one down
+  assert.equal(holdsFillValue({ dtype: "float16", absmax: 40000 }), false); // under JAX's fill (0.7·max)
   assert.equal(holdsFillValue({ dtype: "float32", absmax: 65504 }), false);
   assert.equal(holdsFillValue({ dtype: "float8_e4m3fn", absmax: 448 }), false); // saturating casts
   assert.equal(holdsFillValue(undefined), false);
@@ -170,4 +170,32 @@ test("fill values (a dtype's largest finite magnitude) never set a colour scale"
 test("a slider's label names its value and the range it is taken from", () => {
   assert.equal(rangeLabel(2, 0, 2), "2 of 0–2"); // the last of 3 iterations
   assert.equal(rangeLabel(10, 8, 12), "10 of 8–12"); // blocks by their own numbers
+});
+
+test("JAX's masked-logit fill (-0.7 · finfo.max) is a fill value too, in every float dtype", () => {
+  // |jax._src.nn.functions._get_large_negative(dtype)| as JAX 0.12 computes it (float64:
+  // float32's, JAX caps it there); a greedy decoder's legend ran to 3.403e+38
+  assert.equal(holdsFillValue({ dtype: "float32", absmax: 2.381976325057654e38 }), true);
+  assert.equal(holdsFillValue({ dtype: "float32", absmax: 2.3819763e38 }), true); // as the JSON carries it
+  assert.equal(holdsFillValue({ dtype: "float32", min: -2.3819763e38, max: 0.04 }), true);
+  assert.equal(holdsFillValue({ dtype: "bfloat16", absmax: 2.3660258324971503e38 }), true);
+  assert.equal(holdsFillValue({ dtype: "float16", absmax: 45856 }), true);
+  assert.equal(holdsFillValue({ dtype: "float64", absmax: 2.381976325057654e38 }), true);
+  // ordinary large values are not: float32 far from overflow, float64 past float32's range
+  assert.equal(holdsFillValue({ dtype: "float32", absmax: 1e38 }), false);
+  assert.equal(holdsFillValue({ dtype: "float64", absmax: 1e39 }), false);
+  assert.equal(holdsFillValue({ dtype: "float64", absmax: 3.4028234663852886e38 }), false);
+});
+
+test("a primal run colours by primal values, whatever other values its probes hold", () => {
+  // a sow under an inner jax.grad holds a cotangent in a primal run: modes lists it
+  assert.deepEqual(defaultStat(["primal", "cotangent"], "primal"), { mode: "primal", stat: "l2" });
+  assert.deepEqual(defaultStat(["primal", "cotangent"], "grad"), { mode: "cotangent", stat: "l2" });
+  assert.deepEqual(defaultStat(["primal", "cotangent"], "vjp"), { mode: "cotangent", stat: "l2" });
+  assert.deepEqual(defaultStat(["primal", "tangent", "cotangent"], "jvp"), { mode: "tangent", stat: "l2" });
+  assert.deepEqual(defaultStat(["primal", "tangent", "cotangent"], "all"), { mode: "cotangent", stat: "l2" });
+  // the mode's values nowhere (a grad run whose probes all sit beside the data flow)
+  assert.deepEqual(defaultStat(["primal"], "grad"), { mode: "primal", stat: "l2" });
+  // an older model without its mode: the backward quantity, as before
+  assert.deepEqual(defaultStat(["primal", "cotangent"]), { mode: "cotangent", stat: "l2" });
 });
