@@ -72,6 +72,7 @@ import jax
 from .. import _compat
 from .._args import positional_names
 from ..capture.primitive import sow as sow_value
+from . import numpyro_sites
 
 _ACTIVE: contextvars.ContextVar[_Context | None] = contextvars.ContextVar(
     "sowviz_framework_names", default=None
@@ -145,8 +146,10 @@ def linen_module_names() -> frozenset[str]:
 
 
 def named(fn: Callable) -> Callable:
-    """`fn` whose NNX / Equinox module calls run inside named scopes of their paths."""
-    if _nnx() is None and _eqx() is None:
+    """`fn` whose NNX / Equinox module calls run inside named scopes of their paths, and
+    whose NumPyro models, sites and distributions inside scopes of their names
+    (`numpyro_sites`)."""
+    if _nnx() is None and _eqx() is None and not numpyro_sites.present():
         return fn
 
     names = positional_names(fn)
@@ -158,7 +161,8 @@ def named(fn: Callable) -> Callable:
         token = _ACTIVE.set(ctx)
         _install()
         try:
-            return fn(*args, **kwargs)
+            with numpyro_sites.tracing():
+                return fn(*args, **kwargs)
         finally:
             _ACTIVE.reset(token)
             _uninstall()
@@ -636,10 +640,12 @@ def _install() -> None:
                 continue
             _saved[cls, name] = raw
             type.__setattr__(cls, name, _wrap(raw, name))
+    numpyro_sites.install()  # (its own lock, always taken after this one)
 
 
 def _uninstall() -> None:
     global _users
+    numpyro_sites.uninstall()
     with _lock:
         _users -= 1
         if _users:

@@ -1,0 +1,392 @@
+"""NumPyro models drawn as their structure, with no change to user code.
+
+NumPyro runs a model through a stack of effect handlers (`trace`, `substitute`,
+`seed`), each one a `numpyro.primitives.Messenger` whose `__call__` calls the next,
+and computes each sample site's log-density after the model returns, in a loop over
+the trace (`compute_log_probs`). Traced as it is, the model's code sat in a box
+named after NumPyro's `trace.get_trace`, each distribution's construction read
+`DistributionMeta` (the metaclass's `__call__`), and the log-densities were folds
+labelled from NumPyro's source text (`log_joint[site['name']]`), no site named.
+
+While `frameworks.named`'s call runs (`tracing`), hooks on NumPyro's public classes
+push `jax.named_scope`s (`_Run` keeps what they learn):
+
+* a **run of a model**: the innermost handler's call of the user's function (a
+  `Messenger` whose `fn` is no handler) is a scope named by that function (`model`);
+  an object's by its class, an autoguide's as a guide (`guide: AutoNormal`);
+* a **sample site**: the distributions are known by identity from `_Sites`, a
+  handler below every other of the run, which sees each site as `trace` records it.
+  Its `log_prob` is `log_prob(<site>)`, whose output is the site's log-density, with
+  its gradient; a guide's (an autoguide's, or a function's named like one:
+  `guide`, `my_guide`) is `log q(<site>)`, so an ELBO's two densities of one site
+  are told apart. Its draw (`Distribution.__call__`, the reparametrized sample a
+  guide takes) is `sample(<site>)`; its value made from an unconstrained parameter
+  (`potential_energy`'s `substitute`, with its Jacobian) `constrain(<site>)`. The
+  support check of a
+  log-density (the private `_validate_sample`) is `support(<site>)`, inside it;
+* a **distribution's construction** is a scope named by its class, numbered per
+  run (`Normal`, `Normal#2`: two in a row stay two stages), not by the metaclass;
+* a `numpyro.deterministic` site's value is a `sowviz.sow` point named by the site
+  (`logits`), with its primal, tangent and cotangent.
+
+Nothing else changes: the scopes and the sow are identities, every hook calls the
+original, and outside `tracing` (another thread, or after it) the originals run
+untouched. The hooks are installed only when the user has imported NumPyro
+(`sys.modules`); installing is reference counted under a lock, and the originals go
+back when the last user leaves.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import contextvars
+import dataclasses
+import functools
+import sys
+import threading
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+
+from ..capture.primitive import sow as sow_value
+
+
+@dataclasses.dataclass
+class _Model:
+    """A run of a model (or guide) in progress: whether it is a guide, and how many
+    distributions of each class it has built."""
+
+    guide: bool = False
+    built: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+
+
+@dataclasses.dataclass
+class _Run:
+    """What one trace of the user's function learned of its NumPyro models."""
+
+    #: id(distribution) -> (its site, whether a guide's, the distribution: kept alive,
+    #: so that ids stay unique)
+    sites: dict[int, tuple[str, bool, Any]] = dataclasses.field(default_factory=dict)
+    #: the runs of models in progress, innermost last; the first stands for none
+    models: list[_Model] = dataclasses.field(default_factory=lambda: [_Model()])
+    #: a `_Sites` handler is on NumPyro's stack below the running model's handlers
+    listening: bool = False
+    #: the site whose scope is open (its distribution's own inner calls push none)
+    site: str | None = None
+    #: a distribution is being built (one it builds is part of its construction)
+    building: bool = False
+    #: a site's value is being checked against its support (`support(<site>)`)
+    checking: bool = False
+
+
+_ACTIVE: contextvars.ContextVar[_Run | None] = contextvars.ContextVar(
+    "sowviz_numpyro_sites", default=None
+)
+_lock = threading.Lock()
+_users = 0
+_saved: dict[tuple[type, str], Any] = {}  # (class, attribute) -> its original
+
+
+def present() -> bool:
+    """Whether the user has imported NumPyro's primitives and distributions."""
+    return "numpyro.primitives" in sys.modules and "numpyro.distributions" in sys.modules
+
+
+@contextlib.contextmanager
+def tracing() -> Iterator[None]:
+    """The hooks push their scopes while this is open (in this context only)."""
+    token = _ACTIVE.set(_Run())
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+# ---------------------------------------------------------------------------
+# Labels.
+
+
+def density_label(name: str, guide: bool) -> str:
+    """A sample site's log-density stage: `log_prob(obs)`, a guide's `log q(mu)`."""
+    return f"log q({name})" if guide else f"log_prob({name})"
+
+
+def _unwrapped(fn: Any) -> Any:
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return fn
+
+
+def _autoguide(fn: Any) -> bool:
+    module = sys.modules.get("numpyro.infer.autoguide")
+    base = getattr(module, "AutoGuide", None)
+    return base is not None and isinstance(_unwrapped(fn), base)
+
+
+def model_label(fn: Any) -> str:
+    """The stage of a model's run: the function's name (`model`), a `partial`'s by its
+    function's, an object's by its class, an autoguide's as a guide (`guide: AutoNormal`)."""
+    fn = _unwrapped(fn)
+    if _autoguide(fn):
+        return f"guide: {type(fn).__name__}"
+    name = getattr(fn, "__name__", None)
+    if isinstance(name, str) and name.isidentifier():
+        return name
+    # (a lambda names nothing: it is the model)
+    return "model" if isinstance(fn, types.FunctionType) else type(fn).__name__
+
+
+def is_guide(fn: Any) -> bool:
+    """Whether `fn` is a guide: an autoguide, or a function named like one (`guide`)."""
+    return _autoguide(fn) or "guide" in model_label(fn).lower()
+
+
+# ---------------------------------------------------------------------------
+# The hooks. Each calls the original; each pushes its scope only while `tracing`.
+
+
+def _messenger() -> type:
+    return sys.modules["numpyro.primitives"].Messenger
+
+
+def _distribution() -> type:
+    return sys.modules["numpyro.distributions"].Distribution
+
+
+@functools.cache
+def _sites_class(messenger: type) -> type:
+    """`_Sites`, a NumPyro handler (made once NumPyro is imported: its base is NumPyro's)."""
+
+    class _Sites(messenger):  # type: ignore[misc, valid-type]
+        """At the bottom of NumPyro's stack: it processes each site after every other
+        handler (knowing the site's distribution before it draws) and postprocesses it
+        before them, before `trace` records it."""
+
+        def __init__(self, run: _Run) -> None:
+            super().__init__()
+            self.run = run
+
+        def process_message(self, msg: dict) -> None:
+            name = msg.get("name")
+            if msg.get("type") == "sample" and isinstance(name, str) and msg.get("fn") is not None:
+                guide = self.run.models[-1].guide
+                self.run.sites[id(msg["fn"])] = (name, guide, msg["fn"])
+
+        def postprocess_message(self, msg: dict) -> None:
+            name, value = msg.get("name"), msg.get("value")
+            if msg.get("type") == "deterministic" and isinstance(name, str) and _traced(value):
+                # the model and the trace both hold the sown value: its cotangent is
+                # the whole gradient
+                msg["value"] = sow_value(value, name)
+
+    return _Sites
+
+
+def _traced(value: Any) -> bool:
+    leaves = jax.tree_util.tree_leaves(value)
+    return bool(leaves) and all(isinstance(x, jax.Array) for x in leaves)
+
+
+def _wrap_call(raw: Callable) -> Callable:
+    """`Messenger.__call__`: the innermost handler's call of the user's function inside
+    the scope of its label, with a `_Sites` handler below the outermost handler."""
+
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        run = _ACTIVE.get()
+        if run is None:
+            return raw(self, *args, **kwargs)
+        if not run.listening:
+            run.listening = True
+            try:
+                with _sites_class(_messenger())(run):
+                    return __call__(self, *args, **kwargs)
+            finally:
+                run.listening = False
+        fn = getattr(self, "fn", None)
+        if fn is None or isinstance(fn, _messenger()):
+            return raw(self, *args, **kwargs)  # a handler passing the call on
+        run.models.append(_Model(guide=is_guide(fn)))
+        try:
+            return _scoped(model_label(fn), raw, self, *args, **kwargs)
+        finally:
+            run.models.pop()
+
+    return __call__
+
+
+def _site_of(dist: Any) -> tuple[_Run, str, bool] | None:
+    """The run and site (name, whether a guide's) of a site's distribution, unless a
+    site's scope is open already."""
+    run = _ACTIVE.get()
+    if run is None or run.site is not None:
+        return None
+    found = run.sites.get(id(dist))
+    if found is None or found[2] is not dist:
+        return None
+    return run, found[0], found[1]
+
+
+def _in_site(run: _Run, site: str, label: str, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    """`fn(*args, **kwargs)` inside the scope `label` of `site`, which is open meanwhile."""
+    outer, run.site = run.site, site
+    try:
+        return _scoped(label, fn, *args, **kwargs)
+    finally:
+        run.site = outer
+
+
+def _scoped(label: str, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    """`fn(*args, **kwargs)` inside `jax.named_scope(label)`: the one frame that pushes a
+    scope of this module's (`SCOPE_CODE`)."""
+    with jax.named_scope(label):
+        return fn(*args, **kwargs)
+
+
+#: The code of the frame that pushes each scope of this module's: the library calls
+#: made outside it (NumPyro's `log_density` > `compute_log_probs` around a site's
+#: `log_prob`) are what the scope says already, and `_compat.call_path` may cut a
+#: call path there, as `frameworks.CALL_CODE` marks a module's call.
+SCOPE_CODE = _scoped.__code__
+
+
+def _wrap_log_prob(raw: Callable) -> Callable:
+    """A distribution class's `log_prob`: a site's inside `log_prob(<site>)`."""
+
+    def log_prob(self: Any, *args: Any, **kwargs: Any) -> Any:
+        found = _site_of(self)
+        if found is None:
+            return raw(self, *args, **kwargs)
+        run, site, guide = found
+        return _in_site(run, site, density_label(site, guide), raw, self, *args, **kwargs)
+
+    return functools.wraps(raw)(log_prob)
+
+
+def _wrap_sample(raw: Callable) -> Callable:
+    """`Distribution.__call__` (how a sample site draws): a site's inside `sample(<site>)`."""
+
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        found = _site_of(self)
+        if found is None:
+            return raw(self, *args, **kwargs)
+        run, site, _ = found
+        return _in_site(run, site, f"sample({site})", raw, self, *args, **kwargs)
+
+    return functools.wraps(raw)(__call__)
+
+
+def _wrap_validate(raw: Callable) -> Callable:
+    """A distribution class's private `_validate_sample`: inside a site's `log_prob`, the
+    support check of the value, `support(<site>)`."""
+
+    def _validate_sample(self: Any, *args: Any, **kwargs: Any) -> Any:
+        run = _ACTIVE.get()
+        if run is None or run.site is None or run.checking:
+            return raw(self, *args, **kwargs)
+        run.checking = True  # (`HalfCauchy`'s check calls its base class's)
+        try:
+            return _scoped(f"support({run.site})", raw, self, *args, **kwargs)
+        finally:
+            run.checking = False
+
+    return functools.wraps(raw)(_validate_sample)
+
+
+def _wrap_construct(raw: Callable) -> Callable:
+    """`DistributionMeta.__call__`: a distribution's construction inside the scope of its
+    class, numbered per run (`Normal`, `Normal#2`), not of the metaclass's `__call__`;
+    one built by another's construction (`HalfCauchy`'s `Cauchy`) is part of it."""
+
+    def __call__(cls: type, *args: Any, **kwargs: Any) -> Any:
+        run = _ACTIVE.get()
+        if run is None or run.building:
+            return raw(cls, *args, **kwargs)
+        built = run.models[-1].built
+        built[cls.__name__] += 1
+        n = built[cls.__name__]
+        run.building = True
+        try:
+            return _scoped(
+                cls.__name__ if n == 1 else f"{cls.__name__}#{n}", raw, cls, *args, **kwargs
+            )
+        finally:
+            run.building = False
+
+    return __call__
+
+
+def _wrap_substitute(raw: Callable) -> Callable:
+    """`substitute.process_message`: a sample site's value made by a `substitute_fn` (the
+    constrained value `potential_energy` makes of an unconstrained parameter, with its
+    Jacobian) inside `constrain(<site>)`, another function's in `substitute(<site>)`."""
+
+    def process_message(self: Any, msg: dict) -> None:
+        run, name = _ACTIVE.get(), msg.get("name")
+        fn = getattr(self, "substitute_fn", None)
+        if run is None or fn is None or msg.get("type") != "sample" or not isinstance(name, str):
+            return raw(self, msg)
+        own = getattr(_unwrapped(fn), "__name__", None) == "_unconstrain_reparam"
+        what = "constrain" if own else "substitute"
+        return _scoped(f"{what}({name})", raw, self, msg)
+
+    return functools.wraps(raw)(process_message)
+
+
+def _distribution_classes() -> Iterator[type]:
+    todo, seen = [_distribution()], set()
+    while todo:
+        cls = todo.pop()
+        if cls not in seen:
+            seen.add(cls)
+            todo.extend(cls.__subclasses__())
+            yield cls
+
+
+#: Per distribution class, the methods hooked, and how.
+_METHODS = {
+    "log_prob": _wrap_log_prob,
+    "_validate_sample": _wrap_validate,
+    "__call__": _wrap_sample,
+}
+
+
+def _targets() -> Iterator[tuple[type, str, Callable[[Callable], Callable]]]:
+    """(class, attribute, wrapper) of every hook."""
+    yield _messenger(), "__call__", _wrap_call
+    yield type(_distribution()), "__call__", _wrap_construct
+    handlers = sys.modules.get("numpyro.handlers")
+    if handlers is not None:
+        yield handlers.substitute, "process_message", _wrap_substitute
+    for cls in _distribution_classes():
+        for name, wrap in _METHODS.items():
+            if isinstance(cls.__dict__.get(name), types.FunctionType):
+                yield cls, name, wrap
+
+
+def install() -> None:
+    """Hook NumPyro's classes (when imported); reference counted, `uninstall` undoes."""
+    global _users
+    with _lock:
+        _users += 1
+        if not present():
+            return
+        for cls, name, wrap in _targets():
+            if (cls, name) in _saved:
+                continue
+            _saved[cls, name] = raw = cls.__dict__[name]
+            type.__setattr__(cls, name, wrap(raw))
+
+
+def uninstall() -> None:
+    """Put NumPyro's originals back when the last user leaves."""
+    global _users
+    with _lock:
+        _users -= 1
+        if _users:
+            return
+        for (cls, name), raw in _saved.items():
+            type.__setattr__(cls, name, raw)
+        _saved.clear()
