@@ -699,3 +699,102 @@ def test_a_layer_list_with_lambdas_between_its_calls_reads_as_its_layers():
     got = ins.probe("_sequential/_affine#3").summaries
     np.testing.assert_allclose(got["primal"]["l2"], np.linalg.norm(h), rtol=1e-5)
     np.testing.assert_allclose(got["cotangent"]["l2"], np.linalg.norm(jax.grad(rest)(h)), rtol=1e-5)
+
+
+def _energy(w, z):
+    # a kinetic term keeps the Hessian in the velocities well conditioned
+    return jnp.sum(jnp.tanh(z @ w)) + jnp.sum(z[2:] ** 2)
+
+
+def _eom(lagrangian, state):
+    q, v = jnp.split(state, 2)
+    a = jnp.linalg.pinv(jax.hessian(lagrangian, 1)(q, v)) @ (
+        jax.grad(lagrangian, 0)(q, v) - jax.jacobian(jax.jacobian(lagrangian, 1), 0)(q, v) @ v
+    )
+    return jnp.concatenate([v, a])
+
+
+def _lnn_loss(w, states):
+    lagrangian = lambda q, v: _energy(w, jnp.concatenate([q, v]))  # noqa: E731
+    return jnp.mean(jax.vmap(lambda s: _eom(lagrangian, s))(states) ** 2)
+
+
+def test_a_call_differentiating_a_closure_several_times_is_one_stage():
+    # A Lagrangian network's `_eom` takes a Hessian, a gradient and a Jacobian of
+    # Jacobians of its closure. JAX traces each forward, backward (transposed in reverse
+    # order) and forward again, inside the one call: read as calls going back and new
+    # passes, they drew `_eom`, `_eom#2` … and `_eom (backward)` (the closure's backward
+    # pass), side by side.
+    w = jax.random.normal(jax.random.PRNGKey(0), (4, 8)) * 0.5
+    states = jax.random.normal(jax.random.PRNGKey(1), (16, 4))
+    ins = sowviz.inspect(_lnn_loss, w, states, mode="grad")
+    calls = [n for n in ins.graph.nodes if n.label.startswith("_eom")]
+    assert [n.label for n in calls] == ["_eom"], [n.label for n in calls]
+    # its value and gradient are the vmapped call's
+    lagrangian = lambda q, v: _energy(w, jnp.concatenate([q, v]))  # noqa: E731
+    preds = jax.vmap(lambda s: _eom(lagrangian, s))(states)
+    got = ins.probe("_eom").summaries
+    np.testing.assert_allclose(got["primal"]["l2"], np.linalg.norm(preds), rtol=1e-4)
+    np.testing.assert_allclose(got["primal"]["mean"], np.mean(preds), rtol=1e-4, atol=1e-6)
+    cot = 2 * preds / preds.size  # d mean(preds ** 2) / d preds
+    np.testing.assert_allclose(got["cotangent"]["l2"], np.linalg.norm(cot), rtol=1e-4)
+    value, grad = jax.value_and_grad(_lnn_loss)(w, states)
+    np.testing.assert_allclose(ins.result[0], value, rtol=1e-5)
+    np.testing.assert_allclose(ins.result[1], grad, rtol=1e-4, atol=1e-6)
+
+
+def _u_net(p, x, t):
+    return jnp.tanh(p["w"] @ jnp.stack([x, t]) + p["b"]) @ p["v"]
+
+
+def _residual(p, x, t):
+    u = _u_net(p, x, t)
+    u_t = jax.grad(_u_net, argnums=2)(p, x, t)
+    u_x = jax.grad(_u_net, argnums=1)(p, x, t)
+    return u_t + u * u_x
+
+
+def _pinn_loss(p, xs, ts):
+    return jnp.mean(jax.vmap(_residual, (None, 0, 0))(p, xs, ts) ** 2)
+
+
+def test_a_kept_for_backward_note_names_its_own_calls_backward_pass():
+    # Two gradients of `_u_net` in one function: `_u_net#2`'s backward pass is
+    # `_u_net (backward)`, `_u_net#3`'s `_u_net (backward)#2`; both notes named the first.
+    from sowviz.graph.saved import backward_stage, readers
+
+    k = jax.random.split(jax.random.PRNGKey(0), 2)
+    p = {
+        "w": jax.random.normal(k[0], (16, 2)),
+        "b": jnp.zeros(16),
+        "v": jax.random.normal(k[1], (16,)) / 4,
+    }
+    xs, ts = jnp.linspace(-1, 1, 8), jnp.linspace(0, 1, 8)
+    ins = sowviz.inspect(_pinn_loss, p, xs, ts, mode="grad")
+    g = ins.graph
+    label = {n.id: n.label for n in g.nodes}
+    backs = {}
+    for node in ("_u_net#2", "_u_net#3"):
+        (nid,) = [i for i, x in label.items() if x == node]
+        backs[node] = backward_stage(
+            node, readers(nid, [(e.source, e.target) for e in g.edges], label)
+        )
+        # a note names no backward pass but the one its values go to
+        for n in ins.to_dict()["notes"]:
+            if n["probe"] == nid:
+                for named in re.findall(r"\(`([^`]*\(backward\)[^`]*)`\)", n["message"]):
+                    assert named == backs[node], (node, n["message"])
+    assert backs == {"_u_net#2": "_u_net (backward)", "_u_net#3": "_u_net (backward)#2"}, backs
+    # and those are the gradients in t, then in x
+    u_t = jax.vmap(jax.grad(_u_net, argnums=2), (None, 0, 0))(p, xs, ts)
+    u_x = jax.vmap(jax.grad(_u_net, argnums=1), (None, 0, 0))(p, xs, ts)
+    for stage, want in (("_u_net (backward)", u_t), ("_u_net (backward)#2", u_x)):
+        got = ins.probe(stage).summaries["primal"]
+        np.testing.assert_allclose(got["mean"], np.mean(want), rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(got["l2"], np.linalg.norm(want), rtol=1e-4)
+    # with the graph's labels, two backward passes of `_u_net`: the note names neither
+    assert backward_stage("_u_net#3", set(label.values())) is None
+    assert (
+        backward_stage("_critic", {"_critic", "_critic (backward)", "loss:9"})
+        == "_critic (backward)"
+    )

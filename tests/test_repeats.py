@@ -671,3 +671,65 @@ def test_passes_stack_whole_and_show_the_value_leaving_them():
     (probe,) = [p for p in ins.probes if p.node == grp.id]
     np.testing.assert_allclose(probe.summaries["primal"]["l2"], np.linalg.norm(out), rtol=1e-5)
     np.testing.assert_allclose(probe.summaries["tangent"]["l2"], np.linalg.norm(t_out), rtol=1e-5)
+
+
+def _decode_logp(p, first):
+    # a greedy decoder with a cache: each pass calls the model, takes the argmax token
+    # and keeps the token's log-probability; the cache goes on (a module's state)
+    tok, cache, logps = first, jnp.zeros((first.shape[0], 8)), []
+    for _ in range(5):
+        with jax.named_scope("Decoder"):
+            cache = jnp.tanh(p["emb"][tok] + cache @ p["w"])
+            logits = cache @ p["out"]
+        tok = jnp.argmax(logits, -1)
+        logps.append(jax.nn.log_softmax(logits).max(-1))
+    return jnp.sum(jnp.stack(logps, 1)), cache
+
+
+def _decoded(p, first):
+    """Each pass's logits, in plain JAX."""
+    tok, cache, out = first, jnp.zeros((first.shape[0], 8)), []
+    for _ in range(5):
+        cache = jnp.tanh(p["emb"][tok] + cache @ p["w"])
+        out.append(cache @ p["out"])
+        tok = jnp.argmax(out[-1], -1)
+    return out
+
+
+def test_a_decode_loop_keeping_log_probabilities_is_one_stacked_pass():
+    # `logps.append(jax.nn.log_softmax(logits).max(-1))` after each call of the model: the
+    # `log_softmax` (a `jit` stage) between the calls kept them apart, five `Decoder`s,
+    # each with its `argmax`, `log_softmax#k` and `reduce_max`, in a wide chain.
+    k = jax.random.split(jax.random.PRNGKey(0), 3)
+    p = {
+        "emb": jax.random.normal(k[0], (11, 8)),
+        "w": jax.random.normal(k[1], (8, 8)) / 3,
+        "out": jax.random.normal(k[2], (8, 11)),
+    }
+    first = jnp.zeros((2,), jnp.int32)
+    ins = sowviz.inspect(_decode_logp, p, first, mode="grad", has_aux=True)
+    g = ins.graph
+    (grp,) = _groups(g)
+    assert grp.label == "Decoder · log_softmax (×5)" and grp.repeats == 5, grp.label
+    assert grp.parent == g.root
+    kids = _kids(g, grp)
+    blocks = [k for k in kids if k.kind == "scope"]
+    assert [k.label for k in blocks] == ["Decoder"] + [f"Decoder#{i}" for i in range(2, 6)]
+    softmaxes = [k.label for k in kids if k.kind == "jit"]
+    assert softmaxes == ["log_softmax"] + [f"log_softmax#{i}" for i in range(2, 6)]
+    assert grp.blocks == tuple(k.id for k in blocks)
+    top = [n.label for n in g.nodes if n.parent == g.root and n.id != grp.id]
+    assert not [t for t in top if t.startswith(("Decoder", "log_softmax", "argmax"))], top
+    # each pass's values are its own (the log-probabilities, their gradient: one at each
+    # row's greatest), and the loss and its gradient are JAX's
+    for t, logits in enumerate(_decoded(p, first)):
+        name = "log_softmax" if t == 0 else f"log_softmax#{t + 1}"
+        got = ins.probe(f"Decoder · log_softmax (×5)/{name}").summaries
+        want = jax.nn.log_softmax(logits)
+        np.testing.assert_allclose(got["primal"]["mean"], np.mean(want), rtol=1e-5)
+        np.testing.assert_allclose(got["cotangent"]["l2"], np.sqrt(want.shape[0]), rtol=1e-5)
+    (value, cache), grad = jax.value_and_grad(_decode_logp, has_aux=True)(p, first)
+    np.testing.assert_allclose(ins.result[0][0], value, rtol=1e-5)
+    np.testing.assert_allclose(ins.result[0][1], cache, rtol=1e-5)
+    for name in p:
+        np.testing.assert_allclose(ins.result[1][name], grad[name], rtol=1e-4, atol=1e-6)

@@ -21,7 +21,10 @@ functions (JAX's, Equinox's, site-packages') are never calls here: library calls
 named by `names.fold_names` (`gelu`, `make_causal_mask`), which runs after this,
 inside the stages made here. The backward pass of a `jax.grad` that the program
 takes itself (a train step) keeps the tracebacks of the forward equations it
-transposes: a call whose equations all are backward ones is `loss (backward)`.
+transposes: a call whose equations all are backward ones is `loss (backward)`. A
+gradient the callee takes itself (`jax.hessian(L, 1)(q, v)` in a Lagrangian network's
+`lagrangian_eom`) runs forward, backward and forward again on that one line of the
+callee: still one call, whose closure's backward pass is a stage inside it.
 """
 
 from __future__ import annotations
@@ -65,6 +68,65 @@ def _through(qualname: str) -> bool:
     return name != "__call__" and function_label(name)[1]
 
 
+@dataclasses.dataclass
+class _Forward:
+    """Where a call's forward pass has got to (`lasti`, the callee's offset), and whether
+    every backward equation in it since then was made there too (`stayed`): the
+    transposed work of a `jax.grad` or `jax.jacobian` the callee takes on that line."""
+
+    lasti: int
+    stayed: bool = True
+
+
+class _Ids:
+    """The call ids `_instances` hands out, and which call a backward pass belongs to."""
+
+    def __init__(self) -> None:
+        self.counter = 0
+        self.forward: dict[int, _Forward] = {}  # per call, where its forward pass is
+        self.origin: dict[int, int] = {}  # a backward pass begun as a call -> the call before
+        self.alias: dict[int, int] = {}  # a backward pass found inside its origin -> it
+
+    def new(self) -> int:
+        self.counter += 1
+        return self.counter
+
+    def resumes(self, i: int, c: _compat.UserCall) -> bool:
+        # After a backward pass in call `i` (or begun as call `i`), the callee goes on
+        # from where its forward pass was: the backward pass was of a transform the
+        # callee took on that line (`jax.hessian(L)(q, v)`), no backward pass of the
+        # callee itself, which JAX transposes from its end back to its start.
+        f = self.forward.get(self.origin.get(i, i))
+        return f is not None and f.stayed and (c.lasti >= f.lasti or c.loops)
+
+    def saw(self, i: int, c: _compat.UserCall, back: bool) -> int:
+        """Records an equation of call `i` made at `c`; returns its call's id."""
+        if back:
+            f = self.forward.get(self.origin.get(i, i))
+            if f is not None and c.lasti != f.lasti:
+                f.stayed = False
+            return i
+        if i in self.origin:  # the first forward equation after a backward pass begun as a call
+            if self.resumes(i, c):
+                self.alias[i] = i = self.origin[i]
+            else:
+                del self.origin[i]
+        f = self.forward.get(i)
+        if f is None:
+            self.forward[i] = _Forward(c.lasti)
+        else:  # (updated in place: one per equation and call would be a lot of objects)
+            f.lasti, f.stayed = c.lasti, True
+        return i
+
+    def backward_of(self, i: int, c: _compat.UserCall) -> int:
+        """A new call for a backward pass begun after the forward pass of call `i`, at
+        `c`; found to be `i`'s own work if `i`'s forward pass then goes on
+        (`resumes`)."""
+        new = self.new()
+        self.origin[new] = i
+        return self.saw(new, c, back=True)
+
+
 def _instances(calls: Sequence[Chain], backward: Sequence[bool]) -> list[tuple[int, ...] | None]:
     """Per equation, one id per call in its chain (None: not known): equal ids are one
     call. A call continues from the equation before while its call site (and every
@@ -72,12 +134,16 @@ def _instances(calls: Sequence[Chain], backward: Sequence[bool]) -> list[tuple[i
     caller calling it again), unless the callee's own code loops. Equations of a
     backward pass (`backward`) keep the tracebacks of the forward ones they transpose,
     in reverse order: among them a callee going back is no new call, and a call that
-    is the innermost one on both sides of a change between the passes is a new one."""
+    is the innermost one on both sides of a change between the passes is a new one,
+    unless the backward pass stayed on the line where the forward pass was and the
+    forward pass then goes on from there (`_Ids.resumes`): the callee differentiated
+    something itself (`jax.hessian(L, 1)(q, v)` in `lagrangian_eom`, which JAX traces
+    forward, backward and forward again), one call."""
     out: list[tuple[int, ...] | None] = []
     prev: tuple[_compat.UserCall, ...] = ()
     prev_ids: tuple[int, ...] = ()
     prev_back = False
-    counter = 0
+    state = _Ids()
     for chain, back in zip(calls, backward, strict=True):
         if chain is None:
             prev, prev_ids = (), ()
@@ -86,23 +152,30 @@ def _instances(calls: Sequence[Chain], backward: Sequence[bool]) -> list[tuple[i
         ids: list[int] = []
         same = True
         for d, c in enumerate(chain):
-            if (
+            same = (
                 same
                 and d < len(prev)
                 and prev[d].key == c.key
                 and (c.lasti >= prev[d].lasti or c.loops or back)
+            )
+            if same and back != prev_back and d == len(chain) - 1 and d == len(prev) - 1:
                 # between a forward and a backward pass, the innermost call of both
-                # is a new one (`loss`, then `loss (backward)`, then `loss` again)
-                and (back == prev_back or d < len(chain) - 1 or d < len(prev) - 1)
-            ):
-                ids.append(prev_ids[d])
-            else:
-                same = False
-                counter += 1
-                ids.append(counter)
+                # is a new one (`loss`, then `loss (backward)`, then `loss` again),
+                # unless the forward pass goes on where it was
+                if back:
+                    ids.append(state.backward_of(prev_ids[d], c))
+                    continue
+                same = state.resumes(prev_ids[d], c)
+            ids.append(state.saw(prev_ids[d] if same else state.new(), c, back))
         prev, prev_ids, prev_back = chain, tuple(ids), back
         out.append(prev_ids)
-    return out
+    return [None if ids is None else tuple(_resolved(state.alias, i) for i in ids) for ids in out]
+
+
+def _resolved(alias: dict[int, int], i: int) -> int:
+    while i in alias:
+        i = alias[i]
+    return i
 
 
 def _common(chains: Sequence[tuple[int, ...]]) -> tuple[int, ...]:

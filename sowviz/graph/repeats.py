@@ -11,8 +11,10 @@ What counts as a repeat (`merge`):
 * consecutive siblings, each a stage (not a scope sowviz made: a fold of unscoped
   equations, a cond branch or a while body; nor a group of inputs or outputs), at least
   `MIN_RUN` of them, or siblings with the same few equations between each two (a
-  Python loop slicing its input before each call, `attn(x[:, t:t + 1])`: `_separated`),
-  those equations then going into the group with the blocks;
+  Python loop slicing its input before each call, `attn(x[:, t:t + 1])`: `_separated`;
+  also a library's stage whose values go beside the blocks, a decode loop's
+  `log_softmax(logits)` kept per token), those equations then going into the group
+  with the blocks;
 * named alike: their labels are equal once digits are masked (`layers[0]`,
   `layers[1]`; `layers[2]: Linear`) or once the `#k` index of a reused label is
   dropped (`block`, `block#2`), so parallel look-alikes with their own names
@@ -50,6 +52,9 @@ FIRST_VIEW = 60
 
 #: How the shape strings of floating values begin (`f32[4]`, `bf16[2]`, `c64[]`).
 _FLOATING = ("f", "bf", "c")
+#: Stages that are one call of a library's function (`jax.nn.log_softmax`, a `jit`; a
+#: `custom_jvp` activation): between two blocks, the pass's own work, as an equation is.
+_LIBRARY_STAGES = frozenset({"jit", "custom"})
 _DIGITS = re.compile(r"\d+")
 _INDEX = re.compile(r"#\d+$")
 
@@ -135,6 +140,20 @@ def merge(builder: Any) -> list[Any]:
     def member(r: Any) -> bool:
         return r.kind in STAGE_KINDS and not r.made and r.id not in with_inputs
 
+    readers: dict[str, list[str]] = {}
+    for s, t in builder.edges:
+        readers.setdefault(s, []).append(t)
+    by_id = {r.id: r for r in recs}
+
+    def on_the_way(r: Any, key: tuple) -> bool:
+        # `r`'s values reach a block alike within the few nodes a gap holds
+        ids = [r.id]
+        for _ in range(MAX_SEPARATORS):
+            ids = [t for s in ids for t in readers.get(s, ())]
+            if any(member(by_id[t]) and _key(by_id[t], sig) == key for t in ids):
+                return True
+        return False
+
     runs: list[list[Any]] = []
     extras: list[list[Any]] = []  # per run, the equations between its blocks
     for siblings in kids.values():
@@ -146,7 +165,9 @@ def merge(builder: Any) -> list[Any]:
                 while j < len(siblings) and member(siblings[j]) and _key(siblings[j], sig) == key:
                     j += 1
                 if j - i < MIN_RUN:
-                    blocks, between, end = _separated(siblings, i, key, sig, member, builder.edges)
+                    blocks, between, end = _separated(
+                        siblings, i, key, sig, member, builder.edges, on_the_way
+                    )
                     if len(blocks) >= MIN_RUN:
                         runs.append(blocks)
                         extras.append(between)
@@ -161,10 +182,13 @@ def merge(builder: Any) -> list[Any]:
     return builder.recs
 
 
-def _separated(siblings: list, i: int, key: tuple, sig: dict, member: Any, edges: dict) -> tuple:
+def _separated(
+    siblings: list, i: int, key: tuple, sig: dict, member: Any, edges: dict, on_the_way: Any
+) -> tuple:
     """A run of alike blocks from ``siblings[i]`` with the same few equations between
     each two (a Python loop's `x[:, t]` before each call of a layer; a fold of one line,
-    alike each time, counts as one): its blocks, those
+    alike each time, counts as one; so does a library's stage whose values go beside the
+    blocks, not on to the next: `on_the_way(r, key)`): its blocks, those
     equations (with a like run of them just before the first block, unless they read
     a block's output: then just after the last) and the index past the run. Fewer
     than two blocks when there is no such run."""
@@ -172,6 +196,11 @@ def _separated(siblings: list, i: int, key: tuple, sig: dict, member: Any, edges
     def eqn(r: Any) -> tuple | None:
         if r.kind == "eqn" and not r.made:
             return (sig[r.id], r.label)
+        if r.kind in _LIBRARY_STAGES and not r.made and not on_the_way(r, key):
+            # a decode loop's `log_softmax(logits)` kept after each call of the model
+            # (a `jit`: `log_softmax`, `log_softmax#2`, …); not a `relu` between two
+            # layers, a layer of its own (`_affine`, `relu`, `_affine#2`, …)
+            return (sig[r.id], pattern(r.label))
         if r.kind == "scope" and r.made and not r.repeats:
             # a fold of one line in every pass (`total = total + ce(...)` after each call;
             # the first adds to `0.0`, one equation fewer)
@@ -238,7 +267,8 @@ def _group_label(run: list[Any], between: list[Any], lead: bool = False) -> str:
     folds = [
         pattern(r.label)
         for r in between
-        if r.kind == "scope" and r.made and any(s.startswith(_FLOATING) for s in r.shapes)
+        if ((r.kind == "scope" and r.made) or r.kind in _LIBRARY_STAGES)
+        and any(s.startswith(_FLOATING) for s in r.shapes)
     ]
     if not folds:
         return label

@@ -12,10 +12,11 @@ the real outputs, and a note on the outermost such stage says so.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from .. import _compat
+from .names import BACKWARD
 
 #: The leaf name of a stage's value that only a backward pass reads.
 SAVED = "saved for backward"
@@ -87,15 +88,33 @@ def leaf_names(values: Sequence[Any], saved: frozenset) -> tuple[str, ...]:
 
 def saved_note(label: str, n_saved: int, n_values: int, labels: Collection[str] = ()) -> str:
     """The note on the outermost stage `label` whose `n_saved` of `n_values` values are
-    kept for a backward pass; it names the backward pass's stage when one of `labels`
-    (the graph's) is that stage (a line's fold, `loss:9`, has none)."""
+    kept for a backward pass; it names the backward pass's stage when `labels` hold one
+    stage named as its backward pass (`backward_stage`). Give the labels of the stages
+    that read its values (`readers`): the graph's labels name none where several calls
+    of one function each have a backward pass (`u_net#3`'s is `u_net (backward)#2`)."""
     every = n_saved == n_values
-    function = label.rpartition("#")[0] if REUSED.search(label) else label
-    backward = f"{function} (backward)"
+    backward = backward_stage(label, labels)
     return _NOTE.format(
         label=label,
-        backward=f" (`{backward}`)" if backward in labels else "",
+        backward=f" (`{backward}`)" if backward is not None else "",
         unused=", and its own output is not used" if every else "",
         what="the values shown for it are" if every else f"{n_saved} of its {n_values} values are",
         saved=SAVED,
     )
+
+
+def backward_stage(label: str, labels: Collection[str]) -> str | None:
+    """The one of `labels` named as the backward pass of the stage `label` (`u_net
+    (backward)` or `u_net (backward)#2` for `u_net#3`: the `#k` of a reused label counts
+    the calls and the backward passes apart); None when there is none, or several (a
+    line's fold, `loss:9`, has none)."""
+    function = REUSED.sub("", label)
+    named = [x for x in labels if REUSED.sub("", x) == function + BACKWARD]
+    return named[0] if len(named) == 1 else None
+
+
+def readers(node: str, edges: Iterable[tuple[str, str]], labels: Mapping[str, str]) -> set[str]:
+    """The labels (`labels`: by node id) of the nodes that the `edges` (source and
+    target ids) from `node` go to: where its values, those kept for a backward pass
+    among them, are read."""
+    return {labels[t] for s, t in edges if s == node and t in labels}
