@@ -334,6 +334,12 @@ def name_stack_kinds(eqn: JaxprEqn) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+def under_jvp(eqn: JaxprEqn) -> bool:
+    """Whether JAX's JVP made `eqn` (`jax.jacfwd`, `jax.jvp`, `jax.hessian`): its name
+    stack holds the `jvp` transform, as `transpose` marks a backward pass's."""
+    return ("transform", "jvp") in name_stack_kinds(eqn)
+
+
 def new_eqn(invars, outvars, primitive, params, effects, source_info=None) -> JaxprEqn:
     return _core.new_jaxpr_eqn(invars, outvars, primitive, params, effects, source_info)
 

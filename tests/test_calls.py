@@ -773,7 +773,7 @@ def test_a_kept_for_backward_note_names_its_own_calls_backward_pass():
     ins = sowviz.inspect(_pinn_loss, p, xs, ts, mode="grad")
     g = ins.graph
     label = {n.id: n.label for n in g.nodes}
-    backs = {}
+    backs, said = {}, []
     for node in ("_u_net#2", "_u_net#3"):
         (nid,) = [i for i, x in label.items() if x == node]
         backs[node] = backward_stage(
@@ -784,6 +784,8 @@ def test_a_kept_for_backward_note_names_its_own_calls_backward_pass():
             if n["probe"] == nid:
                 for named in re.findall(r"\(`([^`]*\(backward\)[^`]*)`\)", n["message"]):
                     assert named == backs[node], (node, n["message"])
+                    said.append(named)
+    assert said, "the notes name their calls' backward passes"
     assert backs == {"_u_net#2": "_u_net (backward)", "_u_net#3": "_u_net (backward)#2"}, backs
     # and those are the gradients in t, then in x
     u_t = jax.vmap(jax.grad(_u_net, argnums=2), (None, 0, 0))(p, xs, ts)

@@ -1729,3 +1729,110 @@ def test_a_data_parallel_steps_averaged_loss_is_a_stage_with_its_value():
     assert sorted(p.summaries["primal"]["l2"] for p in grads_stage) == pytest.approx(
         sorted(float(np.linalg.norm(g)) for g in leaves), rel=1e-4
     )
+
+
+def _net(p, x, t):
+    return jnp.tanh(jnp.tanh(x * p["a"] + t * p["b"]) @ p["c"])
+
+
+def _residual(p, x, t):
+    u = _net(p, x, t)
+    u_t = jax.jacfwd(_net, argnums=2)(p, x, t)
+    return u_t + u
+
+
+def _pinn_loss(p, xs, ts):
+    return jnp.mean(jax.vmap(_residual, (None, 0, 0))(p, xs, ts) ** 2)
+
+
+def _pinn_inputs():
+    k = jax.random.split(jax.random.key(0), 3)
+    p = {n: jax.random.normal(key, (8,)) / 2 for n, key in zip("abc", k, strict=True)}
+    return p, jnp.linspace(-1, 1, 16), jnp.linspace(0, 1, 16)
+
+
+def test_a_function_under_jacfwd_says_it_holds_the_tangent_and_the_basis_is_no_box():
+    # `u_t = jax.jacfwd(net)(...)`: the second `net` stage held du/dt under the label
+    # `net#2`, and a box `jacfwd` held the one-hot basis (1.0) jacfwd builds
+    p, xs, ts = _pinn_inputs()
+    ins = sowviz.inspect(_pinn_loss, p, xs, ts)
+    (res,) = (n for n in ins.graph.nodes if n.label == "_residual")
+    labels = [n.label for n in ins.graph.children(res.id)]
+    assert labels[:2] == ["_net", "_net (tangent)"], labels
+    assert "jacfwd" not in [n.label for n in ins.graph.nodes], labels
+    u = jax.vmap(_net, (None, 0, 0))(p, xs, ts)
+    u_t = jax.vmap(jax.jacfwd(_net, argnums=2), (None, 0, 0))(p, xs, ts)
+    got_u = ins.probe("_residual/_net").summaries["primal"]
+    got_t = ins.probe("_residual/_net (tangent)").summaries["primal"]
+    np.testing.assert_allclose(got_u["mean"], float(u.mean()), rtol=1e-5)
+    np.testing.assert_allclose(got_t["mean"], float(u_t.mean()), rtol=1e-5)
+    np.testing.assert_allclose(got_t["l2"], float(jnp.linalg.norm(u_t)), rtol=1e-5)
+    np.testing.assert_allclose(ins.result[1]["a"], jax.grad(_pinn_loss)(p, xs, ts)["a"], rtol=1e-4)
+
+
+def _u_net(p, x):
+    return jnp.tanh(x @ p["w"] + p["b"]) @ p["v"]
+
+
+def _lap_loss(p, xc, fc):
+    u = lambda x: _u_net(p, x)  # noqa: E731
+    lap = jax.vmap(lambda x: jnp.trace(jax.hessian(u)(x)))(xc)
+    return jnp.mean((-lap - fc) ** 2)
+
+
+def test_a_hessian_line_s_box_holds_its_value_not_the_seed():
+    # `lap = jax.vmap(lambda x: jnp.trace(jax.hessian(u)(x)))(xc)`: the box `lap` held
+    # jax.hessian's seed (f32[1], 1.0, "saved for backward"); the Laplacian was `lap#2`
+    k = jax.random.split(jax.random.key(0), 2)
+    p = {"w": jax.random.normal(k[0], (2, 16)), "b": jnp.zeros(16)}
+    p["v"] = jax.random.normal(k[1], (16,)) / 4
+    xc, fc = jax.random.uniform(jax.random.key(1), (32, 2)), jnp.ones(32)
+    ins = sowviz.inspect(_lap_loss, p, xc, fc)
+    top = [n.label for n in ins.graph.children(ins.graph.root)]
+    assert "lap" in top and "lap#2" not in top and "jacfwd" not in top, top
+    want = jax.vmap(lambda x: jnp.trace(jax.hessian(lambda y: _u_net(p, y))(x)))(xc)
+    got = ins.probe("lap")
+    assert got.summaries["primal"]["shape"] == [32] and got.leaf == ""
+    np.testing.assert_allclose(got.summaries["primal"]["mean"], float(want.mean()), rtol=1e-5)
+    # no box holds a constant 1.0 seed
+    seeds = [q for q in ins.probes if q.summaries["primal"]["shape"] in ([1], [1, 1])]
+    assert not seeds, [ins.probe_path(q) for q in seeds]
+
+
+def _spectral(w, x):
+    xh = jnp.fft.rfft(x)
+    return jnp.fft.irfft(jnp.pad(xh[:8] * w, (0, xh.shape[0] - 8)), n=x.shape[0])
+
+
+def test_a_vmapped_rfft_is_labelled_rfft():
+    # `jax.vmap` re-jits `fft` around JAX's `fft` jit: the outer stages read `fft`, `fft#2`
+    w = jnp.linspace(0.5, 1.5, 8).astype(jnp.complex64)
+    x = jnp.sin(jnp.linspace(0, 6, 64))[None] * jnp.arange(1.0, 5.0)[:, None]
+    loss = lambda w, x: jnp.sum(jax.vmap(_spectral, (None, 0))(w, x) ** 2)  # noqa: E731
+    ins = sowviz.inspect(loss, w, x, mode="primal")
+    (fn,) = (n for n in ins.graph.nodes if n.label == "_spectral")
+    labels = [n.label for n in ins.graph.children(fn.id) if n.kind == "jit"]
+    assert labels[0] == "rfft" and labels[-1] == "irfft", labels
+    assert not [n.label for n in ins.graph.nodes if n.label.startswith("fft")]
+    want = jax.vmap(_spectral, (None, 0))(w, x)
+    got = ins.probe("_spectral/irfft").summaries["primal"]
+    np.testing.assert_allclose(got["l2"], float(jnp.linalg.norm(want)), rtol=1e-5)
+
+
+def test_a_lone_parameter_of_a_group_is_named_by_its_group_and_its_name():
+    # `{"l1": {"kernel"}, "l2": {"bias", "kernel"}}`: `l1`'s lone leaf was one input
+    # `l1.kernel`, its path `parameters/l1.kernel` beside `parameters/l2/kernel`
+    params = {"l1": {"kernel": jnp.full((4, 3), 0.1)}, "l2": {"b": jnp.zeros(1)}}
+    params["l2"]["kernel"] = jnp.arange(3.0)[:, None]
+    loss = lambda p, x: jnp.mean((x @ p["l1"]["kernel"] @ p["l2"]["kernel"] + p["l2"]["b"]) ** 2)  # noqa: E731
+    x = jnp.ones((2, 4))
+    ins = sowviz.inspect(loss, params, x)
+    q = ins.probe("l1/kernel")
+    assert ins.probe_path(q) == "parameters/l1/kernel"
+    assert ins.probe_path(ins.probe("l2/kernel")) == "parameters/l2/kernel"
+    assert ins.probe("l1.kernel") is q  # (as Python reaches it)
+    grad = jax.grad(loss)(params, x)["l1"]["kernel"]
+    np.testing.assert_allclose(q.summaries["primal"]["mean"], 0.1, rtol=1e-6)
+    np.testing.assert_allclose(
+        q.summaries["cotangent"]["l2"], float(jnp.linalg.norm(grad)), rtol=1e-5
+    )

@@ -152,3 +152,77 @@ def test_a_linen_nn_jit_module_is_named_by_the_module():
     np.testing.assert_allclose(
         probe.summaries["cotangent"]["l2"], np.linalg.norm(2 * out), rtol=1e-5
     )
+
+
+class PINN(eqx.Module):
+    mlp: eqx.nn.MLP
+
+    def __init__(self, key):
+        self.mlp = eqx.nn.MLP(2, 1, 16, depth=2, activation=jnp.tanh, key=key)
+
+    def __call__(self, x, t):
+        return self.mlp(jnp.stack([x, t]))[0]
+
+
+def _pinn_residual(model, x, t):
+    u = model(x, t)
+    u_t = jax.jacfwd(model, argnums=1)(x, t)
+    return u_t + u
+
+
+def _pinn_loss(model, xs, ts):
+    return jnp.mean(jax.vmap(_pinn_residual, (None, 0, 0))(model, xs, ts) ** 2)
+
+
+def test_a_module_under_jacfwd_says_it_holds_the_tangent():
+    # `u_t = jax.jacfwd(model, argnums=1)(x, t)`: the stage `PINN#2` held du/dt with
+    # nothing saying so, and a stage `jacfwd` held jacfwd's basis, [1,1] = 1.0
+    model = PINN(jax.random.PRNGKey(0))
+    xs, ts = jnp.linspace(-1, 1, 32), jnp.linspace(0, 1, 32)
+    ins = sowviz.inspect(_pinn_loss, model, xs, ts)
+    (res,) = (n for n in ins.graph.nodes if n.label == "_pinn_residual")
+    labels = [n.label for n in ins.graph.children(res.id)]
+    assert labels[:2] == ["PINN", "PINN (tangent)"], labels
+    assert "jacfwd" not in [n.label for n in ins.graph.nodes]
+    u = jax.vmap(model)(xs, ts)
+    u_t = jax.vmap(jax.jacfwd(model, argnums=1))(xs, ts)
+    got_u = ins.probe("_pinn_residual/PINN").summaries["primal"]
+    got_t = ins.probe("_pinn_residual/PINN (tangent)").summaries["primal"]
+    np.testing.assert_allclose(got_u["mean"], float(u.mean()), rtol=1e-5)
+    np.testing.assert_allclose(got_t["mean"], float(u_t.mean()), rtol=1e-5)
+    np.testing.assert_allclose(got_t["l2"], float(jnp.linalg.norm(u_t)), rtol=1e-5)
+
+
+def test_a_linen_module_s_own_parameter_is_found_by_its_module_and_name():
+    # a custom module's lone `self.param("kernel")` read `FourierEmbs_0.kernel` (one box),
+    # so `probe("FourierEmbs_0/kernel")` failed where `probe("Dense_0/kernel")` works
+    nn = pytest.importorskip("flax.linen")
+
+    class FourierEmbs(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            kernel = self.param("kernel", nn.initializers.normal(1.0), (x.shape[-1], 8))
+            return jnp.concatenate([jnp.cos(x @ kernel), jnp.sin(x @ kernel)], axis=-1)
+
+    class Mlp(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(1)(jnp.tanh(nn.Dense(8)(FourierEmbs()(x))))[0]
+
+    arch = Mlp()
+    params = arch.init(jax.random.PRNGKey(0), jnp.ones(2))
+
+    def loss(p, x):
+        return jnp.mean(jax.vmap(lambda xi: arch.apply(p, xi))(x) ** 2)
+
+    x = jax.random.normal(jax.random.PRNGKey(1), (4, 2))
+    ins = sowviz.inspect(loss, params, x)
+    q = ins.probe("FourierEmbs_0/kernel")
+    assert ins.probe_path(q) == "parameters/params/FourierEmbs_0/kernel"
+    assert ins.probe_path(ins.probe("Dense_0/kernel")) == "parameters/params/Dense_0/kernel"
+    kernel = params["params"]["FourierEmbs_0"]["kernel"]
+    grad = jax.grad(loss)(params, x)["params"]["FourierEmbs_0"]["kernel"]
+    np.testing.assert_allclose(q.summaries["primal"]["mean"], float(kernel.mean()), rtol=1e-5)
+    np.testing.assert_allclose(
+        q.summaries["cotangent"]["l2"], float(jnp.linalg.norm(grad)), rtol=1e-4
+    )

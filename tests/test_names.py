@@ -479,3 +479,37 @@ def test_your_function_in_a_body_a_library_traced_is_named_by_it():
     out = labels(fold_names(list(names), locs, 40, paths.__getitem__))
     assert {t[0] for t in out[3:8]} == {"_objective"}, out
     assert not [t for t in out[3:8] if any(":" in n for n in t)], out
+
+
+def test_einsums_in_an_nnx_module_are_named_by_what_their_lines_assign():
+    # each `jnp.einsum` with subscripts of its own, in a module: boxes `tk,tke->te`,
+    # `td,edh->eth`, `te,eth->th`, while a plain function's read `q`, `k`
+    nnx = pytest.importorskip("flax.nnx")
+
+    class Mix(nnx.Module):
+        def __init__(self, rngs):
+            self.w = nnx.Param(jax.random.normal(rngs.params(), (4, 8, 8)) * 0.3)
+
+        def __call__(self, x, gates):
+            combine = jnp.einsum(
+                "tk,tke->te", gates, jax.nn.one_hot(jnp.arange(16) % 4, 4)[:, None]
+            )
+            expert_out = jnp.einsum("td,edh->eth", x, self.w[...])
+            y = jnp.einsum("te,eth->th", combine, expert_out)
+            return y
+
+    model = Mix(nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(1), (16, 8))
+    gates = jax.nn.softmax(jax.random.normal(jax.random.key(2), (16, 1)), axis=-1)
+    ins = sowviz.inspect(lambda m, x, g: jnp.mean(m(x, g) ** 2), model, x, gates)
+    (mix,) = (n for n in ins.graph.nodes if n.label == "Mix")
+    labels = [n.label for n in ins.graph.children(mix.id) if n.kind == "scope"]
+    assert labels == ["combine", "expert_out", "y"], labels
+    assert not [n.label for n in ins.graph.nodes if "->" in n.label]
+    w = model.w[...]
+    combine = jnp.einsum("tk,tke->te", gates, jax.nn.one_hot(jnp.arange(16) % 4, 4)[:, None])
+    want = {"expert_out": jnp.einsum("td,edh->eth", x, w)}
+    want["y"] = jnp.einsum("te,eth->th", combine, want["expert_out"])
+    for name, value in want.items():
+        got = ins.probe(f"Mix/{name}").summaries["primal"]
+        np.testing.assert_allclose(got["l2"], float(jnp.linalg.norm(value)), rtol=1e-5)

@@ -853,7 +853,7 @@ def test_gradient_paths_are_written_one_way():
     grads = jax.grad(loss)(params, x)
     assert all(not np.all(np.isfinite(g)) for g in jax.tree_util.tree_leaves(grads))
     ins = sowviz.inspect(loss, params, x)
-    assert "l1.kernel" in [n.label for n in ins.graph.nodes if n.kind == "input"]  # as drawn
+    assert "parameters/l1/kernel" in [ins.probe_path(p) for p in ins.probes]  # as drawn
     msg = ins.nonfinite.backward.message
     said = "`parameters/l1/kernel`, `parameters/l2/bias`, `parameters/l2/kernel`"
     assert msg.endswith(f"non-finite gradient of {said}"), msg
@@ -1523,3 +1523,59 @@ def test_locate_nonfinite_never_drops_an_alarm_its_rerun_does_not_see():
     assert found.forward.node == before.forward.node
     assert NOT_REPRODUCED in found.message
     assert json.loads(ins.to_json())["nonfinite"]["alarm"] is True
+
+
+def _fused_softmax_gaps(q, k):
+    """Per attention row, `x * scale - max(x * scale)` at its largest with the product
+    left unrounded (as XLA:CPU's fused multiply-add of the scale and `sub` leaves it)
+    and rounded to float32 first (as op-by-op arithmetic does), in float64 NumPy."""
+    x = np.einsum("btnh,bsnh->bnts", np.asarray(q), np.asarray(k)).astype(np.float32)
+    scale = np.float32(1 / np.sqrt(q.shape[-1]))
+    rounded = x * scale  # float32
+    row_max = rounded.max(-1, keepdims=True).astype(np.float64)
+    fused = x.astype(np.float64) * np.float64(scale) - row_max
+    return fused.max(-1), (rounded.astype(np.float64) - row_max).max(-1)
+
+
+def test_locate_names_the_exp_a_fused_softmax_overflows():
+    # The step's own program (`jax.jit`) is NaN: XLA fuses the attention scale into the
+    # softmax's `x - max(x)`, and at logits of ~1e18 the unrounded product leaves up to
+    # ~3e10 there, where the float32 product leaves 0; `exp` overflows, Inf / Inf is
+    # NaN. The count re-run with its barriers rounds as op by op and was finite; the
+    # one without them is fused as the step was and names `exp`.
+    q, k, v = (jax.random.normal(jax.random.PRNGKey(i), (2, 4, 1, 8)) * 1e9 for i in range(3))
+    fused_gap, rounded_gap = _fused_softmax_gaps(q, k)
+    log_f32_max = np.log(np.finfo(np.float32).max)
+    assert np.all(rounded_gap <= 0) and np.any(fused_gap > log_f32_max)  # exp overflows
+    assert np.isfinite(attention_loss(q, k, v))  # op by op
+    if np.isfinite(float(jax.jit(attention_loss)(q, k, v))):
+        pytest.skip("this XLA computes the fused softmax without overflow")
+    ins = sowviz.inspect(attention_loss, q, k, v)
+    found = ins.locate_nonfinite()
+    assert found is ins.nonfinite and found.alarm and found.located
+    eq = found.forward.equation
+    assert eq.primitive == "exp" and ins.graph.node(found.forward.node).label == (
+        "dot_product_attention"
+    ), found.message
+    assert "it held +Inf, which led to the NaN first made by `div`" in found.forward.message
+    rec = json.loads(ins.to_json())["nonfinite"]
+    assert rec["located"] is True and rec["not_reproduced"] is False
+    assert rec["forward"]["equation"]["primitive"] == "exp"
+
+
+def test_a_record_its_rerun_could_not_reproduce_is_flagged():
+    # What the banner reads to offer no second "Locate the equation": the step's own
+    # record, kept because the re-run (arguments made finite here) found no NaN/Inf.
+    w = jnp.ones((3, 4)) * 0.5
+    bad, good = jnp.ones((2, 3)) * 0.001, jnp.ones((2, 3))
+    ins = sowviz.inspect(f_nested_norm, w, bad)
+    assert json.loads(ins.to_json())["nonfinite"]["not_reproduced"] is False
+    fn, _, opts = ins._rerun
+    ins._rerun = (fn, (w, good), opts)
+    found = ins.locate_nonfinite()
+    rec = json.loads(ins.to_json())["nonfinite"]
+    assert found.not_reproduced and rec["not_reproduced"] is True and rec["alarm"] is True
+    assert rec["located"] is False and rec["forward"]["equation"] is None
+    # a step that does reproduce: located, not flagged
+    located = sowviz.inspect(f_nested_norm, w, bad).locate_nonfinite()
+    assert located.located and not located.not_reproduced

@@ -29,6 +29,7 @@ from .names import (
     BACKWARD,
     CALL,
     FOLD,
+    TANGENT,
     _count_eqns,
     construct_label,
     fold_names,
@@ -43,7 +44,15 @@ from .names import (
     short_path,
     split_einsum_calls,
 )
-from .saved import REUSED, SAVED, leaf_names, saved_for_backward, saved_note, unread_constants
+from .saved import (
+    REUSED,
+    SAVED,
+    leaf_names,
+    readers,
+    saved_for_backward,
+    saved_note,
+    unread_constants,
+)
 from .source_text import returned_place
 from .tesseract import output_names, tesseract_label
 
@@ -298,6 +307,10 @@ _NAMED_BY_BODY = frozenset({Construct.SCAN, Construct.WHILE, Construct.COND})
 #: Loops, by the param of the body they run.
 _LOOPS = {Construct.SCAN: "jaxpr", Construct.WHILE: "body_jaxpr"}
 
+#: JAX's functions that build the seed they differentiate along from constants, by the
+#: name `_compat.call_path` gives their equations (`jax.hessian` is `jacfwd` of `jacrev`).
+_SEEDING = frozenset({("jacfwd",), ("jacrev",), ("hessian",)})
+
 #: Constructs that call their sub-program once, with their operands as its parameters.
 _CALLS = (Construct.JIT, Construct.CALL, Construct.REMAT)
 
@@ -324,6 +337,21 @@ def _only_users_jit(eqns: Sequence[Any]) -> str | None:
     if _compat.defined_in_library(eqn.params[spec.bodies[0].param]):
         return None
     return spec.label(eqn.params, eqn.primitive.name)
+
+
+def _rejitted(eqn: Any, spec: Any) -> Any | None:
+    """The jit that is all `eqn`'s body holds when it is `eqn` again (same primitive,
+    same `name`): a batching rule re-jits the function it maps (`vmap` of `jnp.fft.rfft`
+    is `jit fft` around `jit fft` around the `fft` equation), and the outer one is
+    labelled as the inner one is (`rfft`, not `fft`)."""
+    if spec.construct is not Construct.JIT or len(spec.bodies) != 1:
+        return None
+    eqns = _compat.jaxpr_and_consts(eqn.params[spec.bodies[0].param])[0].eqns
+    if len(eqns) != 1:
+        return None
+    (inner,) = eqns
+    same = inner.primitive is eqn.primitive and inner.params.get("name") == eqn.params.get("name")
+    return inner if same else None
 
 
 def _name_wrappers(recs: Sequence[_Rec]) -> None:
@@ -467,6 +495,9 @@ class _Builder(InputsMixin):
         #: ids of the variables that hold constants: computed from literals alone (the
         #: `nan` that `jnp.var` puts where it would divide by zero, then masks)
         self.const_vars: set[int] = set()
+        #: variables that a seed `jax.jacfwd` built reaches (`seeds`): tangents, whatever
+        #: the stage that makes them is named
+        self.tangents: set[Any] = set()
         self.top_loc: dict[Any, tuple[int, int]] = {}
         #: variables some equation reads (`shown_first`)
         self.read: set[Any] = set()
@@ -570,11 +601,14 @@ class _Builder(InputsMixin):
         for i, j in hoisted_from_bodies(jaxpr.eqns, frames).items():
             scoped[i], locs[i], frames[i] = scoped[j], locs[j], frames[j]
             backward[i] = backward[j]
-        unread = unread_constants(jaxpr, used)
-        for i in reversed(unread):  # not drawn: each takes the place of what follows it
+        # Not drawn: constants nobody reads, and the seeds that `jax.jacfwd` / `jax.hessian`
+        # build (`seeds`); each takes the place of what follows it.
+        unread = sorted({*unread_constants(jaxpr, used), *self.seeds(jaxpr)})
+        stand_in = list(range(len(jaxpr.eqns)))  # whose library calls each one's are
+        for i in reversed(unread):
             if i + 1 < len(scoped):
                 scoped[i], locs[i], frames[i] = scoped[i + 1], locs[i + 1], frames[i + 1]
-                backward[i] = backward[i + 1]
+                backward[i], stand_in[i] = backward[i + 1], stand_in[i + 1]
         scoped, call_sites = group_calls(
             scoped,
             [f.calls if f is not None else None for f in frames],
@@ -604,7 +638,8 @@ class _Builder(InputsMixin):
             scoped,
             locs,
             FOLD_LIMIT,
-            call_path=lambda i: _inside(restated, _compat.call_path(jaxpr.eqns[i], body)),
+            # (a seed's are those of what follows it: else a `jacfwd` group of nothing drawn)
+            call_path=lambda i: _inside(restated, _compat.call_path(jaxpr.eqns[stand_in[i]], body)),
             at_module_call=at_module_call,
             primitives=prims,
             reentry=lambda i: _compat.reentry(jaxpr.eqns[i]),
@@ -634,7 +669,7 @@ class _Builder(InputsMixin):
             for j in range(keep, len(names)):
                 name = names[j]
                 parent = scopes[-1][1] if scopes else container
-                label = scope_label(name, locs[i])
+                label = scope_label(name, locs[i], _compat.call_path(eqn).names)
                 source = self.scope_source(eqn, names, j, parent)
                 rec = self.new("scope", label, parent.id, source=source)
                 rec.out_vars = {}
@@ -652,6 +687,7 @@ class _Builder(InputsMixin):
             if eqn.primitive.name in _compat.PLATFORM_INDEX:
                 continue  # the branch `platform_dependent` lowers: its cond shows only it
             if i in unread_set:
+                self.const_vars.update(id(v) for v in eqn.outvars)  # (a seed's readers: constants)
                 continue
             if _is_type_cast(eqn):  # drawn as the edges it is, from its operands' producers
                 for k, (o, v) in enumerate(zip(eqn.invars, eqn.outvars, strict=True)):
@@ -661,6 +697,9 @@ class _Builder(InputsMixin):
                 continue
             rec = self.eqn_node(eqn, i, parent, path, probe, in_custom)
             self.used = used  # again: the call's body was walked
+            self.carry_tangents(eqn)
+            if rec.kind in ("jit", "remat"):
+                self.mark_tangent(rec, {v: eqn for v in eqn.outvars if v in used})
             chain = (*chain_here, rec.id)
             for v in eqn.invars:
                 if isinstance(v, _compat.Var):
@@ -747,6 +786,7 @@ class _Builder(InputsMixin):
         reads: dict[Any, list[int]] | None = None  # made when a scope's point needs it
         for rec in level_scopes:
             assert rec.out_vars is not None
+            self.mark_tangent(rec, {v: jaxpr.eqns[at[0]] for v, at in rec.out_vars.items()})
             if rec.forward:
                 rec.saved = saved.get(rec.id, frozenset())
             if rec.scope.startswith(CALL) and len(rec.out_vars) > 1:
@@ -772,6 +812,9 @@ class _Builder(InputsMixin):
         if spec is None:
             return None
         label = spec.label(eqn.params, eqn.primitive.name)
+        inner = _rejitted(eqn, spec)
+        if inner is not None:  # `vmap` of `jnp.fft.rfft`: the `fft` jit's own label, `rfft`
+            return self.stage_label(inner)
         if spec.construct in _LOOPS and label == spec.construct.value:
             # a lambda body that only calls a function of the user's: `scan(cell)`
             sub = eqn.params[_LOOPS[spec.construct]]
@@ -859,6 +902,68 @@ class _Builder(InputsMixin):
             ):
                 self.notes.append(Note("info", holder.id, body.unprobed))
 
+    def seeds(self, jaxpr) -> list[int]:
+        """The equations of `jaxpr`'s level that build a differentiation's seed from
+        constants: `jax.jacfwd`'s one-hot basis (`iota`, `eq`, `convert_element_type`,
+        `split`), `jax.jacrev`'s inside `jax.hessian`, and what only reshapes them. Drawn,
+        they were a box named by your line (`u_t = jax.jacfwd(model)(x, t)`: `u_t` held
+        the basis, 1.0) or `jacfwd`, while the line's value was in a box of its own."""
+        seeded: set[Any] = set()
+        out = []
+        for i, eqn in enumerate(jaxpr.eqns):
+            operands = [v for v in eqn.invars if isinstance(v, _compat.Var)]
+            if (
+                eqn.effects
+                or next(_compat.sub_jaxprs(eqn), None)
+                or not all(v in seeded or id(v) in self.const_vars for v in operands)
+            ):
+                continue
+            derived = bool(operands) and all(v in seeded for v in operands)
+            if derived or _compat.call_path(eqn).names[:1] in _SEEDING:
+                seeded.update(eqn.outvars)
+                out.append(i)
+        self.tangents.update(seeded)
+        return out
+
+    def carry_tangents(self, eqn) -> None:
+        """Mark `eqn`'s outputs as tangents when it reads one (`self.tangents`); a call
+        (`jax.jit`, `jax.checkpoint`) by its body's own data flow, so the primal outputs
+        that JAX's JVP of a call hands back beside the tangents stay primal."""
+        if not any(isinstance(v, _compat.Var) and v in self.tangents for v in eqn.invars):
+            return
+        spec = spec_of(eqn.primitive.name)
+        if spec is not None and spec.construct in _CALLS and len(spec.bodies) == 1:
+            body = _compat.jaxpr_and_consts(eqn.params[spec.bodies[0].param])[0]
+            if len(body.invars) == len(eqn.invars) and len(body.outvars) == len(eqn.outvars):
+                inside = {
+                    b
+                    for b, o in zip(body.invars, eqn.invars, strict=True)
+                    if isinstance(o, _compat.Var) and o in self.tangents
+                }
+                for e in body.eqns:
+                    if any(isinstance(v, _compat.Var) and v in inside for v in e.invars):
+                        inside.update(e.outvars)
+                self.tangents.update(
+                    o
+                    for b, o in zip(body.outvars, eqn.outvars, strict=True)
+                    if isinstance(b, _compat.Var) and b in inside
+                )
+                return
+        self.tangents.update(eqn.outvars)
+
+    def mark_tangent(self, rec: _Rec, values: Mapping[Any, Any]) -> None:
+        """Say `rec` holds derivatives (`PINN (tangent)`) when every value it hands on is
+        a tangent of a `jax.jacfwd` (`u_t = jax.jacfwd(model, argnums=1)(x, t)` evaluates
+        `model` along the basis; only du/dt leaves it), as `(backward)` says it of a
+        backward pass. `values`: value -> the equation making it, which JAX's JVP made
+        (past `jacfwd`'s end, `u_t + u` reads a tangent but is none). A box your line's
+        fold made is named by what it assigns (`u_t`): that value is the derivative
+        asked for."""
+        if rec.made or not values or BACKWARD in rec.label or TANGENT in rec.label:
+            return
+        if all(v in self.tangents and _compat.under_jvp(e) for v, e in values.items()):
+            rec.label += TANGENT
+
     def const(self, eqn) -> bool:
         """Whether `eqn` reads only constants (then its outputs are constants too)."""
         if not all(isinstance(v, _compat.Literal) or id(v) in self.const_vars for v in eqn.invars):
@@ -877,6 +982,8 @@ class _Builder(InputsMixin):
             for v, o in zip(inner.invars, eqn.invars, strict=True):
                 if isinstance(o, _compat.Literal) or id(o) in self.const_vars:
                     self.const_vars.add(id(v))
+                elif o in self.tangents:
+                    self.tangents.add(v)
         self.walk(inner, rec, (*path, (i, param, index)), {}, probe=probe, in_custom=in_custom)
 
     def layer_calls(self, jaxpr, scoped, locs) -> Callable[[int], bool]:
@@ -1128,9 +1235,17 @@ class _Builder(InputsMixin):
         )
         notes = list(self.notes)
         # Said once, on the outermost such stage (a train step's `loss`, not its layers).
-        labels = {r.label for r in recs}
+        labels = {r.id: r.label for r in recs}
         notes += [
-            Note("info", r.id, saved_note(r.label, len(r.saved), len(r.out_vars or ()), labels))
+            Note(
+                "info",
+                r.id,
+                # the backward stage its edges reach, not one named alike (`u_net#3`'s
+                # is `u_net (backward)#2`)
+                saved_note(
+                    r.label, len(r.saved), len(r.out_vars or ()), readers(r.id, self.edges, labels)
+                ),
+            )
             for r in recs
             if r.saved and not any(a.saved for a in _ancestors(recs, r))
         ]

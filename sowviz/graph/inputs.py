@@ -31,7 +31,8 @@ class InputsMixin:
         yield from self._level(top, (top.id,), [(k, t) for k, _, t in group], vars_, kind)
 
     def _level(self, parent, chain, items, vars_, kind):
-        # Children by first token, in order; a chain of single children is one label.
+        # Children by first token, in order; a chain of single children is one label (but
+        # a lone leaf's last token: `FourierEmbs_0` > `kernel`, below).
         firsts: dict[str, list[tuple[int, list[str]]]] = {}
         for k, tokens in items:
             firsts.setdefault(tokens[0] if tokens else "", []).append((k, tokens))
@@ -51,9 +52,19 @@ class InputsMixin:
                 continue
             if len(sub) == 1:
                 k, tokens = sub[0]
-                rec = self.new(kind, path_label(tokens) or label, parent.id)
+                holder, here = parent, chain
+                if kind == "input" and len(tokens) > 1:
+                    # A module's lone parameter is drawn in its module's group, as a
+                    # module's several are: `FourierEmbs_0` > `kernel` beside `Dense_0` >
+                    # `kernel`, so `probe("FourierEmbs_0/kernel")` finds it (it read
+                    # `FourierEmbs_0.kernel`, a path of its own). (Outputs keep one label:
+                    # `new model/dropout.rngs.count`.)
+                    group = self.new("scope", path_label(tokens[:-1]), parent.id)
+                    group.shapes = (_shape(vars_[k].aval),)
+                    holder, here, tokens = group, (*chain, group.id), tokens[-1:]
+                rec = self.new(kind, path_label(tokens) or label, holder.id)
                 rec.shapes = (_shape(vars_[k].aval),)
-                yield k, (*chain, rec.id)
+                yield k, (*here, rec.id)
                 continue
             rec = self.new("scope", label, parent.id)
             rec.shapes = tuple(_shape(vars_[k].aval) for k, _ in sub)

@@ -103,6 +103,9 @@ def path_label(tokens: Sequence[str]) -> str:
 #: `jax.grad` that `fn` takes itself (a train step) is its own stage, `MLP (backward)`,
 #: not a second `MLP#2` beside the forward one.
 BACKWARD = " (backward)"
+#: Appended to a stage whose every value handed on is a tangent of a `jax.jacfwd` that
+#: `fn` takes itself (`build._Builder.mark_tangent`): `PINN (tangent)` holds du/dt.
+TANGENT = " (tangent)"
 
 
 def scope_names(eqn) -> tuple[str, ...]:
@@ -1006,11 +1009,17 @@ def split_einsum_calls(scoped: Sequence[tuple[str, ...]], locs: Sequence[Any]) -
     return out
 
 
-def scope_label(name: str, loc: Any) -> str:
-    """A scope's label: `fold_label`'s, but an einsum call among several alike in a row
-    (`split_einsum_calls`) is named by what its line assigns (`q`, `k`, `v`), else its
-    subscripts, numbered."""
-    if _AGAIN in name and loc is not None and not name.startswith((FOLD, CALL)):
+def scope_label(name: str, loc: Any, called: Sequence[str] = ()) -> str:
+    """A scope's label: `fold_label`'s, but the scope of a `jnp.einsum` that your line
+    called (`called`: the library calls that made the scope's first equation,
+    `("einsum",)`) is named by what the line assigns (`q`, `k`, `v`; `combine` in an
+    NNX module), as any other line's box is, else its subscripts (numbered when
+    several alike follow each other: `split_einsum_calls`). An einsum inside a library
+    call (`dot_product_attention`'s) keeps its subscripts."""
+    if name.startswith((FOLD, CALL)) or loc is None:
+        return fold_label(name)
+    yours = tuple(called) == ("einsum",) and _EINSUM.match(fold_label(name)) is not None
+    if _AGAIN in name or yours:
         return assigned(loc.file, loc.line) or fold_label(name)
     return fold_label(name)
 
