@@ -243,52 +243,6 @@ def test_monitor_history_charts(page, tmp_path):
 
 
 @pytest.mark.browser
-def test_the_loss_chart_covers_no_node_of_a_monitor_report(page, tmp_path):
-    # The loss chart sits over the graph's bottom right; fits keep the graph left of it,
-    # also when the detail panel opens and narrows the view (a deep model's chain used
-    # to end under it, its output node half hidden).
-    import jax
-    import jax.numpy as jnp
-
-    import sowviz
-
-    def loss(params, x):
-        for i, w in enumerate(params):
-            with jax.named_scope(f"layer_{i}"):
-                x = jnp.tanh(x @ w)
-        return jnp.mean(x**2)
-
-    keys = jax.random.split(jax.random.PRNGKey(0), 8)
-    params = [jax.random.normal(k, (8, 8)) / 3 for k in keys]
-    mon = sowviz.Monitor(loss, every=1)
-    for _ in range(5):
-        _, grads = mon.step(params, jnp.ones((4, 8)))
-        params = [p - 0.1 * g for p, g in zip(params, grads, strict=True)]
-    pg = page.open_report(mon.save_html(tmp_path / "monitor.html"))
-    loss_box = pg.locator('[data-role="loss"]')
-    loss_box.locator(".js-plotly-plot").wait_for()
-    pg.locator(".sv-node").first.click()  # the detail panel narrows the view
-    pg.locator('[data-role="detail"]').wait_for(state="visible")
-    pg.wait_for_timeout(300)  # the fit after the view's size changed (next frame)
-    chart = loss_box.bounding_box()
-    boxes = pg.locator(".sv-node").evaluate_all(
-        "els => els.map(e => { const r = e.getBoundingClientRect();"
-        " return [e.dataset.nodeId, r.left, r.top, r.right, r.bottom]; })"
-    )
-    assert len(boxes) >= 5
-    right, bottom = chart["x"] + chart["width"], chart["y"] + chart["height"]
-    covered = [
-        b[0]
-        for b in boxes
-        if b[1] < right and b[3] > chart["x"] and b[2] < bottom and b[4] > chart["y"]
-    ]
-    assert covered == []
-    ARTIFACTS.mkdir(exist_ok=True)
-    pg.screenshot(path=str(ARTIFACTS / "frontend_monitor_loss.png"))
-    assert page.errors == [] and page.requests == []
-
-
-@pytest.mark.browser
 def test_monitor_charts_mark_nonfinite_steps(page, tmp_path):
     model = fm.with_nonfinite_history(fm.small_model(), steps=12, grad_only=(6,), diverge_at=9)
     h = model["history"]
