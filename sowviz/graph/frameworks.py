@@ -62,7 +62,6 @@ import dataclasses
 import functools
 import inspect
 import sys
-import threading
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -73,13 +72,12 @@ from .. import _compat
 from .._args import positional_names
 from ..capture.primitive import sow as sow_value
 from . import numpyro_sites
+from .patches import Patches, Target
 
 _ACTIVE: contextvars.ContextVar[_Context | None] = contextvars.ContextVar(
     "sowviz_framework_names", default=None
 )
-_lock = threading.Lock()
-_users = 0
-_saved: dict[tuple[type, str], Any] = {}  # (class, method name) -> its original attribute
+_PATCHES = Patches()
 #: The scope labels that module calls pushed in the program `build_graph` is drawing
 #: (`drawing`): what tells module stages from the user's own `jax.named_scope`s. Per
 #: drawing, not per process: an NNX model's `attn` module once inspected made a plain
@@ -622,34 +620,19 @@ def _tagging(raw: Any) -> Callable:
 
 
 def _install() -> None:
-    global _users
-    with _lock:
-        _users += 1
-        nnx_module = _nnx()
-        for name in _NNX_TAGS if nnx_module is not None else ():
-            raw = nnx_module.__dict__.get(name)
-            if raw is None or (nnx_module, name) in _saved:
-                continue
-            _saved[nnx_module, name] = raw
-            type.__setattr__(nnx_module, name, _tagging(raw))
-        for cls, name in _classes():
-            if (cls, name) in _saved:
-                continue
-            raw = cls.__dict__[name]
-            if getattr(raw, "__sowviz_wrapped__", None) is not None:
-                continue
-            _saved[cls, name] = raw
-            type.__setattr__(cls, name, _wrap(raw, name))
+    _PATCHES.enter(_targets)
     numpyro_sites.install()  # (its own lock, always taken after this one)
 
 
+def _targets() -> Iterator[Target]:
+    # NNX's `sow`/`perturb` tagged, every module class's calls named
+    nnx_module = _nnx()
+    for name in _NNX_TAGS if nnx_module is not None else ():
+        yield nnx_module, name, _tagging
+    for cls, name in _classes():
+        yield cls, name, functools.partial(_wrap, method=name)
+
+
 def _uninstall() -> None:
-    global _users
     numpyro_sites.uninstall()
-    with _lock:
-        _users -= 1
-        if _users:
-            return
-        for (cls, name), raw in _saved.items():
-            type.__setattr__(cls, name, raw)
-        _saved.clear()
+    _PATCHES.leave()

@@ -44,7 +44,6 @@ import contextvars
 import dataclasses
 import functools
 import sys
-import threading
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -52,6 +51,7 @@ from typing import Any
 import jax
 
 from ..capture.primitive import sow as sow_value
+from .patches import Patches
 
 
 @dataclasses.dataclass
@@ -85,9 +85,7 @@ class _Run:
 _ACTIVE: contextvars.ContextVar[_Run | None] = contextvars.ContextVar(
     "sowviz_numpyro_sites", default=None
 )
-_lock = threading.Lock()
-_users = 0
-_saved: dict[tuple[type, str], Any] = {}  # (class, attribute) -> its original
+_PATCHES = Patches()
 
 
 def present() -> bool:
@@ -368,25 +366,9 @@ def _targets() -> Iterator[tuple[type, str, Callable[[Callable], Callable]]]:
 
 def install() -> None:
     """Hook NumPyro's classes (when imported); reference counted, `uninstall` undoes."""
-    global _users
-    with _lock:
-        _users += 1
-        if not present():
-            return
-        for cls, name, wrap in _targets():
-            if (cls, name) in _saved:
-                continue
-            _saved[cls, name] = raw = cls.__dict__[name]
-            type.__setattr__(cls, name, wrap(raw))
+    _PATCHES.enter(lambda: _targets() if present() else ())
 
 
 def uninstall() -> None:
     """Put NumPyro's originals back when the last user leaves."""
-    global _users
-    with _lock:
-        _users -= 1
-        if _users:
-            return
-        for (cls, name), raw in _saved.items():
-            type.__setattr__(cls, name, raw)
-        _saved.clear()
+    _PATCHES.leave()
