@@ -72,7 +72,10 @@ def _mask(x: Any, stacked: int) -> Any:
     return maxes[0] | (maxes[1] << 1) | (maxes[2] << 2)
 
 
-def _program(traced: Any, options: Any, tag: str) -> Any:
+def _program(traced: Any, options: Any, tag: str, barriers: bool = True) -> Any:
+    """The compiled count program; `barriers=False`: its captured values pass through
+    no optimization barrier (`interpret.with_barriers`), so XLA fuses across them as
+    it fuses the plain program."""
     from .modes import transform
 
     fn = transform(
@@ -90,6 +93,7 @@ def _program(traced: Any, options: Any, tag: str) -> Any:
         summarize=None,
         strict=options.strict,
         by_tag=True,
+        barriers=barriers,
     )
     looped = _looped(traced.graph, options.loops)
     in_while = _in_while(traced.graph)
@@ -173,21 +177,23 @@ class CountRun:
     while_row_bytes: int = 0
 
 
-def count_run(fn: Any, args: tuple, options: Any, traced: Any = None) -> CountRun:
+def count_run(
+    fn: Any, args: tuple, options: Any, traced: Any = None, barriers: bool = True
+) -> CountRun:
     """Run `fn(*args)` under `options.mode` with every probe point of `options.capture`
     reduced to its non-finite counts. `traced`: the program already traced for these
-    arguments (a second run with other `loops`)."""
+    arguments (a second run with other `loops`, or without `barriers`)."""
     from . import _program as P
     from .inspection import _sow_node
     from .modes import tangent_inputs
 
     spec, dyn = P.split(args, "locate")
-    key = (fn, spec, tuple(P._aval_key(x) for x in dyn), options.program_key())
+    key = (fn, spec, tuple(P._aval_key(x) for x in dyn), options.program_key(), barriers)
     with P._LOCK:
         hit = _CACHE.get(key)
     if hit is None:
         traced = traced or P.Traced(fn, options, spec, args)
-        hit = (traced, *_program(traced, options, P.PROBE_TAG))
+        hit = (traced, *_program(traced, options, P.PROBE_TAG, barriers))
         with P._LOCK:
             _CACHE[key] = hit
             while len(_CACHE) > _MAX:

@@ -146,11 +146,15 @@ class _Run:
 WHILE_BYTES = 256 * 2**20
 
 
-def _run_all(fn: Callable, args: Sequence[Any], options: Any):
+def _run_all(
+    fn: Callable, args: Sequence[Any], options: Any, traced: Any = None, barriers: bool = True
+):
+    """The count re-run with every equation probed (`traced`: its program traced
+    already; `barriers`: as `nonfinite_counts.count_run`)."""
     from .nonfinite_counts import _in_while, count_run
 
     opts = replace(options, capture="all")
-    run = count_run(fn, tuple(args), opts)
+    run = count_run(fn, tuple(args), opts, traced=traced, barriers=barriers)
     inside = _in_while(run.traced.graph)
     if (
         opts.loops == "last"
@@ -166,7 +170,9 @@ def _run_all(fn: Callable, args: Sequence[Any], options: Any):
         rows = max(1, WHILE_BYTES // max(1, run.while_row_bytes))
         n = min(run.while_iterations, int(rows ** (1 / depth)))
         if n > 1:
-            again = count_run(fn, tuple(args), replace(opts, loops=n), traced=run.traced)
+            again = count_run(
+                fn, tuple(args), replace(opts, loops=n), traced=run.traced, barriers=barriers
+            )
             if any(p.node in inside for p in again.probes if node_flags([p])):
                 run = again  # (else made after the first n iterations: the last one tells)
     return _Run(run.result, run.traced.graph, run.probes), run.traced, opts
@@ -279,22 +285,22 @@ def locate(
     *,
     step: int | None = None,
     expect_nonfinite: Sequence[str] | None = None,
+    alarmed: bool = True,
 ) -> Origins | None:
     """Re-run `fn(*args)` under `options` with every equation probed and return the
     origins down to the equation (None when every value is finite).
 
     The forward equation is the earliest non-finite equation; the backward one is
     the equation whose backward rule first made a cotangent non-finite. Each origin's
-    `node` is the stage holding that equation.
+    `node` is the stage holding that equation. `alarmed`: whether the step's own
+    program raised an alarm (False: a caller's record says it did not), so that a
+    re-run finding none is worth a second one, fused as the step was (`_probed`).
     """
     from .options import InspectOptions
 
     if options is None:
         options = InspectOptions()
-    ins, traced, opts = _run_all(fn, args, options)
-    # (every equation probed: which read a value is known exactly, past its stage)
-    flow = _Dataflow(traced)
-    fine = analyse(ins, traced, opts, args, step, expect_nonfinite, flow.consumers)
+    ins, traced, opts, flow, fine = _probed(fn, args, options, step, expect_nonfinite, alarmed)
     if fine is None:
         return None
     g = ins.graph
@@ -350,6 +356,38 @@ def locate(
             fwd_o = replace(out.forward, message=out.forward.message + hint)
             out = with_message(replace(out, forward=fwd_o))
     return out
+
+
+def _probed(
+    fn: Callable,
+    args: Sequence[Any],
+    options: Any,
+    step: int | None,
+    expect_nonfinite: Sequence[str] | None,
+    alarmed: bool,
+) -> tuple[_Run, Any, Any, _Dataflow, Origins | None]:
+    """The count re-run and what `analyse` finds in it. First with each captured value
+    through an optimization barrier (`interpret._through_barrier`): every mask then
+    reads the very buffer the next equation reads, so "earliest non-finite" is exact.
+    That rounds each value as op-by-op execution does, where XLA's fusion in the
+    step's own program may skip a rounding (a softmax's scale and `x - max(x)` fused
+    into one multiply-add: ~1e10 left at the row max, and `exp` overflows). So when
+    the step raised an alarm and this re-run finds none, once more without barriers:
+    XLA fuses it as it fused the step and makes the same NaN (a value's mask may then
+    read a recomputation of it, not the buffer the next equation reads: so only where
+    the first re-run is blind).
+    Not first: without barriers XLA also fuses each value's producer into its mask's
+    reduction, which compiled up to 1.6 times as long on the programs of
+    tests/test_nonfinite_cost.py (its MLP 0.6 s -> 1.0 s, the 2-block NNX LM 9.6 s ->
+    11.5 s on a 2-core CPU), where the retry costs only the steps it rescues."""
+    ins, traced, opts = _run_all(fn, args, options)
+    # (every equation probed: which read a value is known exactly, past its stage)
+    flow = _Dataflow(traced)
+    fine = analyse(ins, traced, opts, args, step, expect_nonfinite, flow.consumers)
+    if alarmed and (fine is None or not fine.alarm):
+        ins, traced, opts = _run_all(fn, args, options, traced=traced, barriers=False)
+        fine = analyse(ins, traced, opts, args, step, expect_nonfinite, flow.consumers)
+    return ins, traced, opts, flow, fine
 
 
 #: Primitives whose derivative is infinite where their value is finite (`sqrt` at 0,
@@ -491,7 +529,8 @@ def locate_inspection(ins: Any) -> Origins | None:
             "`sowviz.nonfinite_locate.locate(fn, args, options)` instead."
         )
     fn, args, opts = ins._rerun
-    found = kept_record(ins.nonfinite, locate(fn, args, opts))
+    alarmed = ins.nonfinite is not None and ins.nonfinite.alarm
+    found = kept_record(ins.nonfinite, locate(fn, args, opts, alarmed=alarmed))
     ins.nonfinite, ins._rerun = found, LOCATED
     return found
 
@@ -504,7 +543,7 @@ def kept_record(stored: Origins | None, found: Origins | None) -> Origins | None
     overflow decide on it: then `stored`, saying so. An alarm is never dropped, nor is
     a record replaced by None."""
     if stored is not None and stored.alarm and (found is None or not found.alarm):
-        return not_reproduced(stored)
+        return replace(not_reproduced(stored), not_reproduced=True)
     return stored if found is None else found
 
 

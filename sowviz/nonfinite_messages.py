@@ -49,12 +49,12 @@ NAMES_THE_EQUATION = ": `locate_nonfinite()` names the equation"
 #: `nnx.MultiHeadAttention` with weights scaled by 3e4: NaN under `jax.jit`, finite op
 #: by op).
 NOT_REPRODUCED = (
-    "; `locate_nonfinite()` re-ran the step with every equation probed and found no "
-    "NaN/Inf reaching a result, so it names no equation: the probes round each value "
-    "before the next equation reads it (as op-by-op execution does), where XLA's fusion "
-    "in the step's own program may skip a rounding (a `mul` and the `sub` of a softmax's "
-    "`x - max(x)` fused into one multiply-add), and values this large overflow on that "
-    "difference. Scale them down (or compute that stage in float64) and run again"
+    "; `locate_nonfinite()` re-ran the step with every equation probed, rounded op by "
+    "op and again fused as XLA fused the step, and found no NaN/Inf reaching a result, "
+    "so it names no equation: XLA's fusion in the step's own program may skip a "
+    "rounding (a `mul` and the `sub` of a softmax's `x - max(x)` fused into one "
+    "multiply-add), and values this large overflow on that difference. Scale them down "
+    "(or compute that stage in float64) and run again"
 )
 #: ... and says that only the tangent is non-finite there (mode "jvp")
 IN_TANGENT = " (in its tangent: the value is finite)"

@@ -75,6 +75,10 @@ class Origins:
     message: str = ""
     nodes: tuple[str, ...] = field(default=(), repr=False)  # every non-finite node
     located: bool = False  # True once `locate` re-ran the step down to the equation
+    # True when `locate` re-ran the step and found no alarm where the step raised one:
+    # this is the step's own record, kept (`nonfinite_locate.kept_record`); locating
+    # again would say no more
+    not_reproduced: bool = False
     # the sentence on a library's loop-carried fill values (a finite run's +Inf buffer),
     # which are listed in `expected`: said in `message`, no origin of anything
     fill: str = field(default="", repr=False)
@@ -89,6 +93,7 @@ class Origins:
             "removed": self.removed,
             "alarm": self.alarm,
             "located": self.located,
+            "not_reproduced": self.not_reproduced,
             "message": self.message,
         }
 

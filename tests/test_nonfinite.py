@@ -1579,3 +1579,24 @@ def test_a_record_its_rerun_could_not_reproduce_is_flagged():
     # a step that does reproduce: located, not flagged
     located = sowviz.inspect(f_nested_norm, w, bad).locate_nonfinite()
     assert located.located and not located.not_reproduced
+
+
+def test_only_the_count_rerun_captures_without_barriers():
+    # The summaries' programs keep their barriers (each probed value computed once and
+    # read on from its buffer); `barriers=False` (locate's count re-run) has none, and
+    # captures the same values.
+    from sowviz.capture.api import SaveIntermediates
+
+    def f(x):
+        return jnp.sum(sowviz.sow(jnp.sin(x) * 2.0, "h") ** 2)
+
+    x = jnp.linspace(-1.0, 1.0, 8)
+    kw = dict(tag="intermediates", duplicates="error", loops="last", summarize=None, strict=True)
+    texts, values = [], []
+    for barriers in (True, False):
+        cap = SaveIntermediates(f, **kw, barriers=barriers)
+        texts.append(jax.jit(cap._traced).lower(x).as_text())
+        values.append(np.asarray(cap(x)[1]["h"]["primal"]))
+    assert "optimization_barrier" in texts[0] and "optimization_barrier" not in texts[1]
+    np.testing.assert_allclose(values[1], np.sin(np.asarray(x)) * 2.0, rtol=1e-6)
+    np.testing.assert_array_equal(values[0], values[1])

@@ -1,8 +1,10 @@
 // The NaN/Inf banner [data-role="nonfinite-banner"]: what the stored origins say
 // (computed once in Python, never here), a link to each origin, and the
 // "Locate the equation" button when an origin stage holds several equations and no
-// equation was located yet. Only the widget can locate (Python re-runs the step);
-// a saved report shows the button disabled, with the reason.
+// equation was located yet, nor could be (a re-run that found no NaN/Inf keeps the
+// step's own record, flagged `not_reproduced`: pressing again would re-run for
+// nothing). Only the widget can locate (Python re-runs the step); a saved report
+// shows the button disabled, with the reason.
 
 import { h, said } from "./dom.js";
 
@@ -10,12 +12,13 @@ export const LOCATE_REPORT_REASON = "A saved report cannot re-run the program. I
   + "Inspection.locate_nonfinite() before save_html(), or use sowviz.show(...) and press this button there.";
 
 /**
- * Whether a locate would say more: an origin stage with several equations and no equation.
+ * Whether a locate would say more: an origin stage with several equations and no
+ * equation, on a record no locate has re-run in vain already.
  * @param {ReturnType<typeof import("./nonfinite.js").storedOrigins>} rec
  * @param {{nodes: Map<string, {n_eqns: number}>}} index
  */
 export function needsLocate(rec, index) {
-  if (!rec) return false;
+  if (!rec || rec.notReproduced) return false;
   return [rec.forward, rec.backward].some((p) => {
     if (!p || p.equation) return false;
     const stage = p.node ?? p.reaching;

@@ -69,3 +69,20 @@ test("the locate button is offered for an unlocated origin stage with several eq
   assert.equal(needsLocate(rec, index), false); // one equation: the stage is the equation
   assert.equal(needsLocate(null, index), false);
 });
+
+test("no locate button on a record whose locate re-ran the step and found no NaN/Inf", () => {
+  // the record `Inspection.locate_nonfinite()` keeps when its re-run is finite (Python's
+  // `kept_record`): the step's own origin, no equation, the alarm kept, and the flag
+  const model = smallModel();
+  model.nodes.find((n) => n.id === "n2").n_eqns = 3;
+  const forward = { node: "n2", equation: null, message: "first made by `layer_0`; `locate_nonfinite()` re-ran the step with every equation probed and found no NaN/Inf reaching a result" };
+  const kept = { step: null, forward, backward: null, propagators: [], expected: [], removed: false, alarm: true, located: false, message: forward.message };
+  const index = indexModel(model);
+  const rec = (extra) => storedOrigins({ ...model, nonfinite: { ...kept, ...extra } }, null);
+  assert.equal(rec({ not_reproduced: true }).notReproduced, true);
+  assert.equal(needsLocate(rec({ not_reproduced: true }), index), false);
+  // before the locate (and a record from before the flag existed): the button
+  assert.equal(rec({ not_reproduced: false }).notReproduced, false);
+  assert.equal(needsLocate(rec({ not_reproduced: false }), index), true);
+  assert.equal(needsLocate(rec({}), index), true);
+});

@@ -28,7 +28,7 @@ from .. import _compat, _outputs
 from .._caller import user_stacklevel
 from .._gc import gc_paused
 from . import rules as _rules  # noqa: F401  (registers the rules)
-from .interpret import evaluate_closed
+from .interpret import evaluate_closed, with_barriers
 from .packing import Packed
 from .primitive import RESERVED_TAG_PREFIX, sows_called
 from .record import Capture, Options, Recorder, Site
@@ -142,6 +142,7 @@ class SaveIntermediates:
         by_tag=False,
         defer=False,
         once=False,
+        barriers=True,
     ):
         tags, loops = _check_options(fn, tag, duplicates, loops, strict)
         self.fn = fn
@@ -156,6 +157,9 @@ class SaveIntermediates:
         # arrays summarised in blocks on a CPU, and with `defer` the small arrays'
         # layout left to a program keyed by their shapes (`summaries.summarize_packed`).
         self._once = once
+        # Internal (locate's count re-run): captured values without optimization
+        # barriers, so XLA fuses the program as it does the plain one (`interpret._BARRIERS`).
+        self._barriers = barriers
         self._summary = _summary_options(summarize)
         self.notes: list[str] = []
         self.trace_count = 0
@@ -189,7 +193,8 @@ class SaveIntermediates:
         ):
             closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*flat)
         rec = Recorder(self._options)
-        outs = evaluate_closed(closed, flat, rec)
+        with with_barriers(self._barriers):
+            outs = evaluate_closed(closed, flat, rec)
         self.notes = list(rec.notes) + self._unreached(called, rec)
         notes = self.notes  # assemble adds what it leaves out
         result = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), outs)

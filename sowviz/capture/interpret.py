@@ -14,8 +14,10 @@ function (lineax's `linear_solve`, `DERIVATIVE_SOLVES`), left out with a note.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -150,6 +152,23 @@ def sow_location(eqn) -> _compat.SourceLocation | None:
     return _compat.user_location_outside_libraries(eqn, fallback=False)
 
 
+#: Whether captured values pass through `_through_barrier` (`with_barriers` sets it for
+#: one trace). Only `locate`'s count re-run turns them off (`nonfinite_counts`): there a
+#: value is reduced to its kinds of NaN/Inf, never written out, and XLA may fuse across
+#: it as in the plain program, skipping the roundings the plain program skips.
+_BARRIERS: contextvars.ContextVar[bool] = contextvars.ContextVar("sowviz_barriers", default=True)
+
+
+@contextlib.contextmanager
+def with_barriers(on: bool) -> Iterator[None]:
+    """Trace the captures evaluated inside with (`on`) or without optimization barriers."""
+    token = _BARRIERS.set(on)
+    try:
+        yield
+    finally:
+        _BARRIERS.reset(token)
+
+
 def evaluate(jaxpr, consts: Sequence[Any], args: Sequence[Any], rec: Recorder) -> list:
     """Evaluate `jaxpr` on `args` under the current trace, recording captures in `rec`."""
     env: dict[Any, Any] = {}
@@ -166,7 +185,7 @@ def evaluate(jaxpr, consts: Sequence[Any], args: Sequence[Any], rec: Recorder) -
     for eqn in jaxpr.eqns:
         invals = [read(v) for v in eqn.invars]
         if _captured_here(eqn, tags):
-            outs = _through_barrier(invals, sealed)
+            outs = _through_barrier(invals, sealed) if _BARRIERS.get() else invals
             # A value recorded again (a scope's output that is its last stage's) is
             # that barrier's output already: it passes as it is, one value, not two
             # that XLA would find equal and copy.
@@ -201,7 +220,8 @@ def _through_barrier(values: list, sealed: set[int]) -> list:
     (about 8 ms of XLA:CPU compile each). The program's `inputs` (by `id`) are
     computed nowhere and stay as they are, so a caller can see a recorded input for
     what it is (`_program.Shared`: not an output of the program, which XLA would copy);
-    so do an earlier barrier's outputs. Both are `sealed` (by `id`)."""
+    so do an earlier barrier's outputs. Both are `sealed` (by `id`). `locate`'s count
+    re-run may go without (`with_barriers`): it writes no copy, only a NaN/Inf mask."""
     arrays = [
         i
         for i, v in enumerate(values)
