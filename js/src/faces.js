@@ -192,15 +192,31 @@ export function fitted(face, room) {
   const forms = counted
     ? [face.text, `${text} · ${total}`, `${bare} · ${bad}`, `${bare} · ${total}`, `${which} · ${bad}`, `${which} · ${total}`, `${value} · ${bad}`, `${value} · ${total}`, face.short ?? face.text, ...counts]
     : [text, face.short ?? text, bare, which, value, ...counts];
-  // each form, then with its number to 3 significant digits ("‖grad‖₂ = 0.00903"),
-  // before the next drops more: one character short, a face lost its statistic
-  return forms.flatMap((t) => [t, fewerDigits(t)]).find((t) => t.length <= room) ?? "";
+  // each form, then with its number to 3 significant digits ("‖grad‖₂ = 0.00903");
+  // and before the first form without the statistic, those naming it to 2 digits
+  // ("‖grad‖₂ = 0.0063"): a character or two short (a "+ 215 eqns" button), a face
+  // lost its statistic
+  const tried = forms.flatMap((t) => [t, fewerDigits(t, 3)]);
+  const bare0 = tried.findIndex((t) => !namesStatistic(t));
+  const at = bare0 < 0 ? tried.length : bare0;
+  tried.splice(at, 0, ...tried.slice(0, at).map((t) => fewerDigits(t, 2)));
+  return tried.find((t) => t.length <= room) ?? "";
 }
 
-/** `text` with its number (after "= ") to 3 significant digits. @param {string} text */
-function fewerDigits(text) {
+/** Whether a face's text says its statistic (`‖grad‖₂ = …`), not only a value or an
+ * output (`= 2.6`, `[0] = 2.6`) or counts. @param {string} text */
+function namesStatistic(text) {
+  const eq = text.indexOf(" = ");
+  return eq > 0 && !/^\[[^\]]*\]$/.test(text.slice(0, eq));
+}
+
+/**
+ * `text` with its number (after "= ") to `digits` significant digits.
+ * @param {string} text @param {number} digits
+ */
+function fewerDigits(text, digits) {
   return text.replace(/(= )(-?\d+\.\d+)(e[+-]?\d+)?/, (_, eq, mant, exp) => {
     const x = Number(mant + (exp ?? ""));
-    return eq + (exp ? x.toExponential(2).replace(/\.?0+e/, "e") : String(Number(x.toPrecision(3))));
+    return eq + (exp ? x.toExponential(digits - 1).replace(/\.?0+e/, "e") : String(Number(x.toPrecision(digits))));
   });
 }

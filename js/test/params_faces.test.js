@@ -164,13 +164,16 @@ test("a face's text never runs over the expand button: shorter forms, never a cu
   // the statistic before the output it names: "[1] = 12.41" read as the output's value
   assert.equal(fitted(face, 16), "‖x‖₂ = 0.008354");
   assert.equal(fitted(face, 14), "‖x‖₂ = 0.00835");
-  assert.equal(fitted(face, 13), "[0] = 0.00835");
+  assert.equal(fitted(face, 13), "‖x‖₂ = 0.0084");
   assert.equal(fitted(face, 10), "= 0.008354");
   assert.equal(fitted({ text: "[1] ‖grad‖₂ = 12.41" }, 17), "‖grad‖₂ = 12.41");
   // one character short: the number to 3 digits, not the statistic dropped
   assert.equal(fitted({ text: "‖grad‖₂ = 0.009034" }, 17), "‖grad‖₂ = 0.00903");
   assert.equal(fitted({ text: "‖grad‖₂ = 3.657e+6" }, 17), "‖grad‖₂ = 3.66e+6");
   assert.equal(fitted({ text: "‖grad‖₂ = 0.009034" }, 18), "‖grad‖₂ = 0.009034");
+  // two short (a "+ 215 eqns" button): 2 digits, still the statistic
+  assert.equal(fitted({ text: "‖grad‖₂ = 0.006314" }, 16), "‖grad‖₂ = 0.0063");
+  assert.equal(fitted({ text: "‖grad‖₂ = 6.314e-4" }, 16), "‖grad‖₂ = 6.3e-4");
   assert.equal(fitted({ text: "‖x‖₂ = 0.008354" }, 16), "‖x‖₂ = 0.008354");
   assert.equal(fitted(face, 5), "");
   assert.equal(fitted({ text: "‖grad‖₂ = 2 · 1 +Inf", short: "grad: 1 +Inf" }, 14), "grad: 1 +Inf");
@@ -199,7 +202,7 @@ test("a narrow face keeps the statistic beside the non-finite counts while they 
   assert.deepEqual(shown(std), [
     "‖grad‖₂ = 3.657e+6 · 1 NaN",
     "‖grad‖₂ = 3.657e+6 · 1 NaN",
-    "= 3.657e+6 · 1 NaN",
+    "‖grad‖₂ = 3.7e+6 · 1 NaN", // the statistic, its number to 2 digits
     "= 3.657e+6 · 1 NaN",
     "= 3.657e+6 · 1 NaN",
     "grad: 1 NaN",
