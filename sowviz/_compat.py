@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import numpy as np
 from jax._src import api_util as _api_util
 from jax._src import core as _core
 from jax._src import effects as _effects
@@ -864,6 +865,9 @@ _JAX_ALGORITHMS = (
 )
 _API_BOUNDARY = _traceback_util.__file__
 _PASS_ON = (_API_BOUNDARY, _STAX_FILE)
+#: NumPy's functions called on a JAX array forward to its methods (`jacfwd` unravels
+#: its result with `np.reshape`): they name no call of their own
+_NUMPY_DIR = os.path.dirname(os.path.abspath(np.__file__)) + os.sep
 
 
 def _is_tree_util(code: Any) -> bool:
@@ -932,7 +936,10 @@ def call_path(eqn: JaxprEqn, body: str = "") -> CallPath:
             own = (*_JAX_ALGORITHMS, body) if body and user == len(codes) else _JAX_ALGORITHMS
             method = False  # the line called an array's method (`x.mean(0)`)
             for c in reversed(codes[:user]):
-                if c.co_filename.startswith(_SOWVIZ_DIR + os.sep) or c.co_filename in _PASS_ON:
+                if (
+                    c.co_filename.startswith((_SOWVIZ_DIR + os.sep, _NUMPY_DIR))
+                    or c.co_filename in _PASS_ON
+                ):
                     # sowviz, the wrapper `@api_boundary` puts on `lax.fori_loop`, and a
                     # stax layer's lambda (`Relu`'s, calling `relu`)
                     continue

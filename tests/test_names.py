@@ -404,9 +404,10 @@ def _jacfwd_laplacian(w, xy):
     return jnp.trace(hess)
 
 
-def test_a_transform_s_own_work_is_named_by_the_transform():
+def test_a_transform_s_own_work_is_named_by_the_line_it_is_on():
     # `jax.jacfwd(f)(x)` runs `jacfwd.<locals>.jacfun`, which makes the basis (iota,
-    # iota, add, eq, convert_element_type, split): six bare boxes, now `jacfwd`
+    # iota, add, eq, convert_element_type, split): six bare boxes, then `jacfwd`; the
+    # basis is no box now, and what jacfwd makes of its result is the line's: `hess`
     w = jax.random.normal(jax.random.key(0), (2, 8))
     pts = jax.random.uniform(jax.random.key(1), (16, 2))
     loss = lambda w, pts: jnp.mean(jax.vmap(_jacfwd_laplacian, in_axes=(None, 0))(w, pts) ** 2)  # noqa: E731
@@ -414,7 +415,10 @@ def test_a_transform_s_own_work_is_named_by_the_transform():
     (lap,) = (n.id for n in ins.graph.nodes if n.label == "_jacfwd_laplacian")
     kids = [n for n in ins.graph.nodes if n.parent == lap]
     assert not [n.label for n in kids if n.kind == "eqn" and n.primitive in ("iota", "eq")]
-    assert "jacfwd" in [n.label for n in kids], [n.label for n in kids]
+    assert "hess" in [n.label for n in kids], [n.label for n in kids]
+    hess = jax.vmap(jax.hessian(_jac_u, argnums=1), in_axes=(None, 0))(w, pts)
+    got = ins.probe("_jacfwd_laplacian/hess").summaries["primal"]
+    np.testing.assert_allclose(got["l2"], np.linalg.norm(hess), rtol=1e-4)
     value, grad = jax.value_and_grad(loss)(w, pts)
     np.testing.assert_allclose(ins.result[0], value, rtol=1e-5)
     np.testing.assert_allclose(ins.result[1], grad, rtol=1e-4, atol=1e-6)
@@ -513,3 +517,44 @@ def test_einsums_in_an_nnx_module_are_named_by_what_their_lines_assign():
     for name, value in want.items():
         got = ins.probe(f"Mix/{name}").summaries["primal"]
         np.testing.assert_allclose(got["l2"], float(jnp.linalg.norm(value)), rtol=1e-5)
+
+
+def _u_net(params, x):
+    h = jnp.tanh(x * params["w1"] + params["b1"])
+    return jnp.dot(h, params["w2"])
+
+
+def _residual(params, x):
+    u = _u_net(params, x)
+    u_x = jax.jacfwd(_u_net, argnums=1)(params, x)
+    return u_x + u
+
+
+def test_a_line_taking_a_jacobian_is_named_by_what_it_assigns():
+    # `u_x = jax.jacfwd(u_net, argnums=1)(params, x)`: jacfwd unravels du/dx with
+    # `np.reshape`, whose NumPy frames parted its two equations (a `split` box holding
+    # du/dx and a `reshape` box with no data, no `u_x`).
+    k1, k2 = jax.random.split(jax.random.PRNGKey(0))
+    params = {
+        "w1": jax.random.normal(k1, (16,)),
+        "b1": jnp.zeros(16),
+        "w2": jax.random.normal(k2, (16,)) / 4,
+    }
+    xs = jnp.linspace(-1, 1, 32)
+
+    def loss(params, xs):
+        return jnp.mean(jax.vmap(_residual, (None, 0))(params, xs) ** 2)
+
+    ins = sowviz.inspect(loss, params, xs)
+    g = ins.graph
+    (res,) = [n for n in g.nodes if n.label == "_residual"]
+    labels = [n.label for n in g.children(res.id)]
+    assert "u_x" in labels and "split" not in labels and "reshape" not in labels, labels
+    u = jax.vmap(_u_net, (None, 0))(params, xs)
+    u_x = jax.vmap(jax.jacfwd(_u_net, argnums=1), (None, 0))(params, xs)
+    got = ins.probe("_residual/u_x").summaries
+    np.testing.assert_allclose(got["primal"]["mean"], np.mean(u_x), rtol=1e-5)
+    np.testing.assert_allclose(got["primal"]["l2"], np.linalg.norm(u_x), rtol=1e-5)
+    # its gradient: d mean((u_x + u)^2) / d u_x
+    want = 2 * (u_x + u) / xs.size
+    np.testing.assert_allclose(got["cotangent"]["l2"], np.linalg.norm(want), rtol=1e-5)

@@ -297,6 +297,11 @@ LAYER_PACKAGES = frozenset({"flax", "equinox", "haiku"})
 #: many equations into a box named by the call: `jnp.mean` (2), `jax.ops.segment_sum`
 #: (3), `gelu` (8); they were drawn as `reduce_sum`, `div` beside folded neighbours.
 SMALL_LEVEL_RUN = 2
+#: JAX transforms whose own equations on a line (`jacfwd` unravelling its result) are
+#: named by what the line assigns, not by the transform
+_TRANSFORMS = frozenset(
+    {"jacfwd", "jacrev", "jacobian", "hessian", "grad", "value_and_grad", "jvp", "vjp", "vmap"}
+)
 
 
 def line_passes(
@@ -688,8 +693,10 @@ def _fold(
         whats = {(calls(m) or (None,))[0] for m in range(i, j + 1)}
         what = whats.pop() if len(whats) == 1 else None
         own = where.split("\x02", 1)[0]
-        if what and what != own.rsplit(":", 1)[0]:
+        if what and what != own.rsplit(":", 1)[0] and what not in _TRANSFORMS:
             return what
+        # (a transform's own work, `jacfwd` unravelling du/dt, is what the line assigns:
+        # `u_t`)
         # else what the line assigns (`t, eps`), which its number (`loss:5`) does not say;
         # a `return` line's run that is the last work of its scope is what the function
         # returns (not the arguments of a call after it: `return head(x * 2)`'s `mul`)
