@@ -192,14 +192,19 @@ export function fitted(face, room) {
   const forms = counted
     ? [face.text, `${text} · ${total}`, `${bare} · ${bad}`, `${bare} · ${total}`, `${which} · ${bad}`, `${which} · ${total}`, `${value} · ${bad}`, `${value} · ${total}`, face.short ?? face.text, ...counts]
     : [text, face.short ?? text, bare, which, value, ...counts];
-  // each form, then with its number to 3 significant digits ("‖grad‖₂ = 0.00903");
-  // and before the first form without the statistic, those naming it to 2 digits
-  // ("‖grad‖₂ = 0.0063"): a character or two short (a "+ 215 eqns" button), a face
-  // lost its statistic
-  const tried = forms.flatMap((t) => [t, fewerDigits(t, 3)]);
-  const bare0 = tried.findIndex((t) => !namesStatistic(t));
-  const at = bare0 < 0 ? tried.length : bare0;
-  tried.splice(at, 0, ...tried.slice(0, at).map((t) => fewerDigits(t, 2)));
+  // the forms naming the statistic, then those with their number to 3 and to 2
+  // significant digits ("‖grad‖₂ = 0.00903", "‖grad‖₂ = 0.0063"), before any form
+  // without it: a character or two short (a "+ 215 eqns" button), a face lost its
+  // statistic
+  const cut = forms.findIndex((t) => !namesStatistic(t));
+  const named = cut < 0 ? forms : forms.slice(0, cut);
+  const rest = cut < 0 ? [] : forms.slice(cut);
+  const tried = [
+    ...named,
+    ...named.map((t) => fewerDigits(t, 3)),
+    ...named.map((t) => fewerDigits(t, 2)),
+    ...rest.flatMap((t) => [t, fewerDigits(t, 3)]),
+  ];
   return tried.find((t) => t.length <= room) ?? "";
 }
 
