@@ -30,7 +30,6 @@ BENCHMARKS = [
     "runlog_overhead",
     "runlog_load_memory",
     "explicit_mesh",
-    "loops_compile",
 ]
 
 

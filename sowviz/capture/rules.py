@@ -35,7 +35,6 @@ from jax import lax
 from .. import _compat
 from ..primitives import Construct
 from .interpret import CaptureError, contains_capture, evaluate_closed, register
-from .packing import Carried, Template
 from .record import Recorder
 
 
@@ -56,20 +55,12 @@ def _traced_body(eqn, closed, rec: Recorder) -> tuple[object, Recorder]:
 
 
 def _discover(closed, in_avals, rec: Recorder) -> Recorder:
-    """Trace `closed` once to learn what it captures; values become `Template`s."""
+    """Trace `closed` once to learn what it captures; values become ShapeDtypeStructs."""
     child = rec.child()
     _compat.trace_closed(lambda *a: evaluate_closed(closed, a, child), in_avals)
-    # One template per traced value: a value captured twice stays one (`Carried`).
-    specs: dict[int, Template] = {}
-
-    def spec(v):
-        if id(v) not in specs:
-            specs[id(v)] = Template.of(v)
-        return specs[id(v)]
-
     for c in child.captures:
-        c.values = [spec(v) for v in c.values]
-        c.meta = {k: spec(v) for k, v in c.meta.items()}
+        c.values = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in c.values]
+        c.meta = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in c.meta.items()}
     return child
 
 
@@ -113,20 +104,16 @@ def _scan(eqn, invals, rec, *, jaxpr, length, reverse, unroll, **layout_params):
     nc, ncar = layout.num_consts, layout.num_carry
     consts, init, xs = invals[:nc], invals[nc : nc + ncar], invals[nc + ncar :]
     child = rec.child()
-    packed_as: list[Carried] = []  # the captures' layout, found while the body is traced
 
     def body(carry, x):
         child.reset()
         outs = evaluate_closed(closed, [*consts, *carry, *x], child)
-        flat = child.flat()
-        packed_as[:] = [Carried.of(flat)]
-        return outs[:ncar], (outs[ncar:], packed_as[0].pack(flat))
+        return outs[:ncar], (outs[ncar:], child.flat())
 
     carry, (ys, stacked) = lax.scan(
         body, list(init), list(xs), length=length, reverse=reverse, unroll=unroll
     )
-    # stacked per buffer, not per value (`Carried`), then cut into the values
-    rec.lift(child, packed_as[0].unpack(stacked, lead=1), axis="scan")
+    rec.lift(child, stacked, axis="scan")
     return [*carry, *ys]
 
 
@@ -153,11 +140,7 @@ def _cond(eqn, invals, rec, *, branches, **_):
                 idx = len(slots) - 1
             mine.append(idx)
         slot_of.append(mine)
-    # Per slot, the branches that sow it; a slot not sown by every branch has a `taken`
-    # flag, one per such pattern: the slots of one branch share theirs (one output of
-    # the `cond`, and one mask for their summaries, not one per slot).
-    sown = [tuple(i in m for m in slot_of) for i in range(len(slots))]
-    patterns = list(dict.fromkeys(p for p in sown if not all(p)))
+    partial = [sum(i in m for m in slot_of) < len(branches) for i in range(len(slots))]
 
     def make_branch(b):
         br = branches[b]
@@ -168,20 +151,23 @@ def _cond(eqn, invals, rec, *, branches, **_):
             vals: list = [None] * len(slots)
             for slot, c in zip(slot_of[b], child.captures, strict=True):
                 vals[slot] = c.flat()
-            extra = [
-                got if got is not None else [_zeros(v) for v in tmpl.flat()]
-                for got, (_, tmpl) in zip(vals, slots, strict=True)
-            ]
-            return outs, (extra, [jnp.asarray(p[b]) for p in patterns])
+            extra = []
+            for i, (_, tmpl) in enumerate(slots):
+                got = vals[i]
+                extra.append(got if got is not None else [_zeros(v) for v in tmpl.flat()])
+                if partial[i]:
+                    extra.append([jnp.asarray(got is not None)])
+            return outs, extra
 
         return run
 
-    outs, (extra, flags) = lax.switch(index, [make_branch(b) for b in range(len(branches))], *ops)
-    for vals, (_, tmpl), p in zip(extra, slots, sown, strict=True):
+    outs, extra = lax.switch(index, [make_branch(b) for b in range(len(branches))], *ops)
+    for i, (_, tmpl) in enumerate(slots):
+        vals = extra.pop(0)
         cap = tmpl.rebuilt(vals, None)
-        if not all(p):
+        if partial[i]:
             # A `taken` of a `cond` inside this branch stands too: the sow ran if both did.
-            flag, inner = flags[patterns.index(p)], cap.meta.get("taken")
+            flag, inner = extra.pop(0)[0], cap.meta.get("taken")
             cap.meta["taken"] = flag if inner is None else flag & inner
         rec.captures.append(cap)
     return list(outs)
@@ -205,9 +191,10 @@ def _while(eqn, invals, rec, *, cond_jaxpr, body_jaxpr, cond_nconsts, body_ncons
     probe = _discover(body_closed, _avals(eqn)[cnc:], rec)
     if backward:
         probe.captures = _backward_kept(probe.captures)
-    # carried per buffer, not per value (`Carried`)
-    carried = Carried.of([v for c in probe.captures for v in c.flat()])
-    rows = () if loops == "last" else (loops,)
+    templates = [v for c in probe.captures for v in c.flat()]
+
+    def buffer(v):
+        return jnp.zeros(v.shape if loops == "last" else (loops, *v.shape), v.dtype)
 
     def cond_fn(state):
         carry, _, _ = state
@@ -223,14 +210,14 @@ def _while(eqn, invals, rec, *, cond_jaxpr, body_jaxpr, cond_nconsts, body_ncons
         else:
             vals = child.flat()
             row, here = i, (True if loops == "last" else i < loops)
-        return new_carry, _kept_rows(bufs, carried.pack(vals), row, here, loops), i + 1
+        return new_carry, _kept_rows(bufs, vals, row, here, loops), i + 1
 
-    state0 = (list(init), carried.zeros(rows), jnp.zeros((), jnp.int32))
+    state0 = (list(init), [buffer(v) for v in templates], jnp.zeros((), jnp.int32))
     carry, bufs, count = lax.while_loop(cond_fn, body_fn, state0)
     if backward:  # its rows are the forward loop's steps: as many as that loop ran
         count = jnp.asarray(init[_STEP_GRAD], jnp.int32)
     before = len(rec.captures)
-    rec.lift(probe, carried.unpack(bufs, lead=len(rows)), axis=None if rows == () else "while")
+    rec.lift(probe, bufs, axis=None if loops == "last" else "while")
     for c in rec.captures[before:]:
         # A while loop nested in this one keeps its own counts, stacked per row of this
         # loop (as a scan stacks them): they tell its zero rows from its values, and
