@@ -30,6 +30,7 @@ BENCHMARKS = [
     "runlog_overhead",
     "runlog_load_memory",
     "explicit_mesh",
+    "loops_compile",
 ]
 
 
