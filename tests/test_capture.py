@@ -1377,3 +1377,20 @@ def test_inspect_s_cotangent_of_a_sow_under_an_inner_grad_is_d_output_d_value():
     close(got["cotangent"]["mean"], want)
     inner = ins.probe("logdensity/scale", leaf="inner cotangent").summaries
     close(inner["primal"]["mean"], jax.grad(logdensity, argnums=1)(x, 0.0))
+
+
+def test_a_python_number_in_the_output_comes_back_an_array_as_from_jit():
+    # BlackJAX's `hmc` step returns `HMCInfo(num_integration_steps=5)`, a Python int:
+    # `jax.jit` returns it as an array, save_intermediates refused it.
+    def step(x):
+        return jnp.sin(sow(x, "x")), 5, {"accepted": True}
+
+    x = jnp.linspace(0.0, 1.0, 3)
+    want = jax.jit(step)(x)
+    got, inter = save_intermediates(step)(x)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(a, b)
+        assert (a.dtype, a.weak_type) == (b.dtype, b.weak_type)
+    np.testing.assert_array_equal(inter["x"]["primal"], x)
+    with pytest.raises(TypeError, match=r"`output\[1\]`, a str"):
+        save_intermediates(lambda x: (x, "done"))(x)

@@ -180,7 +180,9 @@ class SaveIntermediates:
             it = iter(dyn)
             merged = [next(it) if d else leaf for leaf, d in zip(leaves, dynamic, strict=True)]
             a, k = jax.tree_util.tree_unflatten(treedef, merged)
-            out = self.fn(*a, **k)
+            # a Python number comes back an array, as from `jax.jit` (BlackJAX's
+            # `HMCInfo.num_integration_steps`); other non-JAX leaves are refused
+            out = jax.tree_util.tree_map(_python_number_as_array, self.fn(*a, **k))
             bad = _outputs.first_static_path(out)
             if bad is not None:
                 raise TypeError(NOT_A_JAX_OUTPUT.format(path=bad[0], kind=bad[1]))
@@ -309,6 +311,11 @@ NOT_REACHED = (
     "rule does not call the function), so nothing was captured there. Sow the custom "
     "function's output instead."
 )
+
+
+def _python_number_as_array(x: Any) -> Any:
+    return jnp.asarray(x) if isinstance(x, (bool, int, float, complex)) else x
+
 
 NOT_A_JAX_OUTPUT = (
     "sowviz.save_intermediates: `fn` returned `output{path}`, a {kind}, which is not a "
