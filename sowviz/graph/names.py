@@ -371,18 +371,57 @@ def fold_names(
     function's equations among the library's is a stage named by it too (`f`; `f
     (backward)` for the transposed ones, when `backward` says which they are), as
     outside the loop (it was a fold `f:7`): `_user_calls_in_body`."""
-    if call_path is not None:
-        call_path = functools.cache(call_path)  # (read once here, again by the folds)
-        names = _user_calls_in_body(names, locs, call_path, backward)
+    facts = _Facts(call_path, at_module_call, primitives, reentry, stages, passes, backward)
+    return _fold_level(names, locs, limit, line_limit, facts)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Facts:
+    """What `fold_names` knows of each equation of a level besides its names and line
+    (see there); every field optional."""
+
+    call_path: Callable[[int], _compat.CallPath] | None = None
+    at_module_call: Callable[[int], bool] | None = None
+    primitives: Sequence[str] = ()
+    reentry: Callable[[int], _compat.Reentry | None] | None = None
+    stages: Sequence[str | None] = ()
+    passes: Sequence[int] = ()
+    backward: Sequence[bool] = ()
+
+    def run(self, start: int, stop: int) -> _Facts:
+        """The facts of equations `[start, stop)`, as a level of their own numbers them."""
+        return _Facts(
+            _shifted(self.call_path, start),
+            _shifted(self.at_module_call, start),
+            self.primitives[start:stop],
+            _shifted(self.reentry, start),
+            self.stages[start:stop],
+            self.passes[start:stop],
+            self.backward[start:stop],
+        )
+
+
+def _fold_level(
+    names: list[tuple[str, ...]],
+    locs: Sequence[_compat.SourceLocation | None],
+    limit: int,
+    line_limit: int,
+    facts: _Facts,
+) -> list[tuple[str, ...]]:
+    """`fold_names`, its facts bundled."""
+    if facts.call_path is not None:
+        # (read once here, again by the folds)
+        facts = dataclasses.replace(facts, call_path=functools.cache(facts.call_path))
+        names = _user_calls_in_body(names, locs, facts.call_path, facts.backward)
     # (a `_compat.REENTRANT` call's own group holds its calls back: `fold_callbacks`)
+    reentry = facts.reentry
     cut = [
         None if reentry is not None and reentry(i) is not None else _called_back_at(t)
         for i, t in enumerate(names)
     ]
-    args = (limit, call_path, line_limit, at_module_call, primitives, reentry, stages, passes)
     if all(c is None for c in cut):
-        return _fold(names, locs, *args)
-    return _fold_around_calls_back(names, cut, locs, *args)
+        return _fold(names, locs, limit, line_limit, facts)
+    return _fold_around_calls_back(names, cut, locs, limit, line_limit, facts)
 
 
 def _called_back_at(names: tuple[str, ...]) -> int | None:
@@ -455,13 +494,8 @@ def _fold_around_calls_back(
     cut: Sequence[int | None],
     locs: Sequence[_compat.SourceLocation | None],
     limit: int,
-    call_path: Callable[[int], _compat.CallPath] | None,
     line_limit: int,
-    at_module_call: Callable[[int], bool] | None,
-    primitives: Sequence[str],
-    reentry: Callable[[int], _compat.Reentry | None] | None,
-    stages: Sequence[str | None],
-    passes: Sequence[int],
+    facts: _Facts,
 ) -> list[tuple[str, ...]]:
     """`fold_names` of a level holding calls back (`cut`: where each equation's first
     sits in its names, or None). Outside, each called-back equation stands for the
@@ -470,6 +504,7 @@ def _fold_around_calls_back(
     calls), so the library's group goes around it; inside, each call's equations are
     folded as a level of their own, and the call's scope goes back in below the groups
     made outside."""
+    call_path, at_module_call, reentry = facts.call_path, facts.at_module_call, facts.reentry
     n = len(names)
     hidden = [c is not None for c in cut]
     outer = [t[:c] if c is not None else t for t, c in zip(names, cut, strict=True)]
@@ -506,20 +541,20 @@ def _fold_around_calls_back(
 
     def outer_pass(i: int) -> int:
         a = around[i][0] if hidden[i] else i
-        return passes[a] if a is not None and a < len(passes) else 0
+        return facts.passes[a] if a is not None and a < len(facts.passes) else 0
 
-    folded = _fold(
-        outer,
-        [outer_loc(i) for i in range(n)],
-        limit,
-        outer_path if call_path is not None else None,
-        line_limit,
-        (lambda i: not hidden[i] and at_module_call(i)) if at_module_call is not None else None,
-        [("" if hidden[i] else p) for i, p in enumerate(primitives)],
-        (lambda i: None if hidden[i] else reentry(i)) if reentry is not None else None,
-        [(None if hidden[i] else s) for i, s in enumerate(stages)],
-        [outer_pass(i) for i in range(n)] if passes else (),
+    # outside, a called-back equation is no module call, primitive, re-entry nor stage
+    outside = dataclasses.replace(
+        facts,
+        call_path=outer_path if call_path is not None else None,
+        at_module_call=at_module_call and (lambda i: not hidden[i] and at_module_call(i)),
+        primitives=[("" if hidden[i] else p) for i, p in enumerate(facts.primitives)],
+        reentry=reentry and (lambda i: None if hidden[i] else reentry(i)),
+        stages=[(None if hidden[i] else s) for i, s in enumerate(facts.stages)],
+        passes=[outer_pass(i) for i in range(n)] if facts.passes else (),
+        backward=(),
     )
+    folded = _fold(outer, [outer_loc(i) for i in range(n)], limit, line_limit, outside)
     out = list(folded)
     i = 0
     while i < n:
@@ -531,17 +566,8 @@ def _fold_around_calls_back(
         while j < n and cut[j] == c and names[j][: c + 1] == names[i][: c + 1]:
             j += 1
         run = range(i, j)
-        inner = fold_names(
-            [names[m][c + 1 :] for m in run],
-            locs[i:j],
-            limit,
-            _shifted(call_path, i),
-            line_limit,
-            _shifted(at_module_call, i),
-            primitives[i:j],
-            _shifted(reentry, i),
-            stages[i:j],
-            passes[i:j],
+        inner = _fold_level(
+            [names[m][c + 1 :] for m in run], locs[i:j], limit, line_limit, facts.run(i, j)
         )
         for k, m in enumerate(run):
             out[m] = (*folded[m], names[m][c], *inner[k])
@@ -558,15 +584,12 @@ def _fold(
     names: list[tuple[str, ...]],
     locs: Sequence[_compat.SourceLocation | None],
     limit: int,
-    call_path: Callable[[int], _compat.CallPath] | None = None,
-    line_limit: int = 12,
-    at_module_call: Callable[[int], bool] | None = None,
-    primitives: Sequence[str] = (),
-    reentry: Callable[[int], _compat.Reentry | None] | None = None,
-    stages: Sequence[str | None] = (),
-    passes: Sequence[int] = (),
+    line_limit: int,
+    facts: _Facts,
 ) -> list[tuple[str, ...]]:
     """`fold_names` of a level holding no call back (`CALLED_BACK`)."""
+    call_path, at_module_call, reentry = facts.call_path, facts.at_module_call, facts.reentry
+    primitives, stages, passes = facts.primitives, facts.stages, facts.passes
     if call_path is None and max(_direct(names).values(), default=0) <= line_limit:
         return names
     out = list(names)
