@@ -1394,3 +1394,90 @@ def test_a_python_number_in_the_output_comes_back_an_array_as_from_jit():
     np.testing.assert_array_equal(inter["x"]["primal"], x)
     with pytest.raises(TypeError, match=r"`output\[1\]`, a str"):
         save_intermediates(lambda x: (x, "done"))(x)
+
+
+def _episode(x0):
+    # "run until done" per environment: under `vmap` the predicate is one boolean per lane
+    def body(c):
+        x, t = c
+        return sow(x * 1.1 + 0.3, "x"), t + 1
+
+    return lax.while_loop(lambda c: (jnp.abs(c[0]) < 2.0) & (c[1] < 100), body, (x0, 0))
+
+
+def test_a_vmapped_while_loop_with_a_per_lane_condition_runs_and_stacks_every_lane():
+    # `lax.while_loop` refused the batched predicate (bool[5]) sowviz re-emitted the loop
+    # with. The loop now runs while any lane does; a finished lane keeps its carry, and
+    # its rows hold the body run again on that final carry (JAX computes and discards it).
+    xs = jnp.linspace(-1.0, 1.0, 5)
+    want = jax.jit(jax.vmap(_episode))(xs)
+    finals, lengths, rows = [], [], []
+    for x in np.asarray(xs, np.float32):  # each lane in Python
+        own = []
+        while abs(x) < 2.0 and len(own) < 100:
+            x = np.float32(x * np.float32(1.1) + np.float32(0.3))
+            own.append(x)
+        finals.append(x)
+        lengths.append(len(own))
+        rows.append(own)
+    n = max(lengths)
+    after = [np.float32(x * np.float32(1.1) + np.float32(0.3)) for x in finals]
+    expected = np.array(
+        [[r[i] if i < len(r) else a for r, a in zip(rows, after, strict=True)] for i in range(n)]
+    )
+    out, inter = save_intermediates(jax.vmap(_episode), loops=n + 2)(xs)
+    close(out[0], want[0])
+    np.testing.assert_array_equal(out[1], want[1])
+    np.testing.assert_array_equal(out[1], lengths)
+    assert int(inter["x"]["iterations"]) == n
+    close(inter["x"]["primal"][:n], expected)
+    close(inter["x"]["primal"][n:], np.zeros((2, 5)))  # rows the loop never ran
+    _, last = save_intermediates(jax.vmap(_episode))(xs)
+    close(last["x"]["primal"], expected[-1])
+
+    # jvp through the batched loop: the tangents JAX gives, each row 1.1 times the last
+    v = jnp.ones(5)
+    jvp = jax.vmap(lambda x, t: jax.jvp(_episode, (x,), (t,)))
+    (plain, plain_dot) = jax.jit(jvp)(xs, v)
+    (got, got_dot), inter = save_intermediates(jvp, loops=n)(xs, v)
+    close(got_dot[0], plain_dot[0])
+    close(got[0], plain[0])
+    steps = np.minimum(np.arange(n)[:, None] + 1, np.array(lengths) + 1)
+    close(inter["x"]["tangent"], 1.1**steps)
+
+
+def _grow(x):
+    return jnp.log(x) + 1.0  # from 0.1: -1.30, then log(-1.30) is NaN
+
+
+def _grow_for(xs, ns):
+    def episode(x0, n):
+        return lax.while_loop(lambda c: c[1] < n, lambda c: (_grow(c[0]), c[1] + 1), (x0, 0))
+
+    x, t = jax.vmap(episode)(xs, ns)
+    return x.sum(), t
+
+
+def test_inspect_through_a_vmapped_while_loop_matches_jit_and_locates_its_nan():
+    # The stage `_grow` in the body of a loop with a per-lane predicate (BlackJAX-style
+    # "until done" episodes under vmap): inspect crashed on `lax.while_loop`.
+    xs = jnp.array([0.1, 2.0, 3.0])
+    for ns, nan in ((jnp.array([3, 1, 2]), True), (jnp.array([1, 3, 2]), False)):
+        plain = jax.jit(_grow_for)(xs, ns)
+        assert bool(jnp.isnan(plain[0])) == nan
+        for loops in ("last", 4):
+            ins = sowviz.inspect(_grow_for, xs, ns, mode="primal", loops=loops)
+            np.testing.assert_array_equal(ins.result[0], plain[0])
+            np.testing.assert_array_equal(ins.result[1], plain[1])
+            o = ins.locate_nonfinite()
+            assert "first made by `log` in `_grow`" in o.message, o.message
+            assert "in iteration 1 of `while" in o.message, o.message
+            # the lane that stopped at -1.30 makes its NaN in a step JAX discards
+            assert (o.alarm, o.removed) == (nan, not nan), o.message
+        per = ins.probe("_grow").summaries["primal"]["per_iteration"]
+        assert per["count"][:3] == [3, 2, 2] and per["count"][3] == 0
+        assert per["nonfinite"][:3] == [0, 1, 1]
+    t = (jnp.array([0.5, -1.0, 2.0]), None)
+    ins = sowviz.inspect(_grow_for, xs, jnp.array([1, 3, 2]), mode="jvp", tangents=t)
+    _, plain_dot = jax.jvp(lambda x: _grow_for(x, jnp.array([1, 3, 2])), (xs,), (t[0],))
+    close(ins.result[1][0], plain_dot[0])

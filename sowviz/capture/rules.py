@@ -14,9 +14,18 @@ Semantics (see the README's table):
   zeros when another branch runs, with a boolean `taken` alongside it.
 * while_loop (and dynamic fori_loop): `loops="last"` keeps the last iteration's
   value, `loops=N` the first N stacked; `iterations` counts them (the innermost
-  while loop's count, stacked by the loops around it, as the values are). The backward loop
-  of Equinox's checkpointed while loop (diffrax's default adjoint) runs the forward
-  steps last first, recomputing some: it keeps only cotangents, row i step i's.
+  while loop's count, stacked by the loops around it, as the values are).
+  A `vmap`ped loop whose condition depends on the mapped values (one predicate per
+  lane) runs while any lane does, as JAX runs it: its rows and `iterations` are
+  those steps, and every lane has a value in each. A lane that finished early (or
+  never ran) keeps its carry frozen, and the body runs again on that final carry, its
+  result discarded: that lane's values in the later rows (and under `loops="last"`)
+  are what its next step would compute from the state it stopped in, repeated, not
+  values of its own run. A NaN such a step makes is counted, as the program computes
+  it too, and `locate_nonfinite` reports it masked afterwards when no result is NaN.
+  The backward loop of Equinox's checkpointed while loop (diffrax's default adjoint)
+  runs the forward steps last first, recomputing some: it keeps only cotangents, row
+  i step i's.
 * checkpoint / remat: re-bound as checkpoint with the values as extra outputs.
 * custom_jvp / custom_vjp calls: we only execute (never differentiate) the
   rewritten program, so the call is inlined: its body is what runs.
@@ -196,14 +205,23 @@ def _while(eqn, invals, rec, *, cond_jaxpr, body_jaxpr, cond_nconsts, body_ncons
     def buffer(v):
         return jnp.zeros(v.shape if loops == "last" else (loops, *v.shape), v.dtype)
 
+    # A `vmap`ped loop whose condition depends on the mapped values has one predicate
+    # per lane (`lanes`, its shape), which `lax.while_loop` refuses: see `_lanes_that_ran`.
+    lanes = _compat.jaxpr_and_consts(cond_closed)[0].outvars[0].aval.shape
+
+    def running(carry):
+        return evaluate_closed(cond_closed, [*cconsts, *carry], rec.child())[0]
+
     def cond_fn(state):
         carry, _, _ = state
-        return evaluate_closed(cond_closed, [*cconsts, *carry], rec.child())[0]
+        return jnp.any(running(carry)) if lanes else running(carry)
 
     def body_fn(state):
         carry, bufs, i = state
         child = rec.child()
         new_carry = evaluate_closed(body_closed, [*bconsts, *carry], child)
+        if lanes:
+            new_carry = _lanes_that_ran(running(carry), new_carry, carry)
         if backward:
             vals = [v for c in _backward_kept(child.captures) for v in c.flat()]
             row, here = _backward_row(carry, new_carry, init, loops)
@@ -225,6 +243,19 @@ def _while(eqn, invals, rec, *, cond_jaxpr, body_jaxpr, cond_nconsts, body_ncons
         # alone would leave the inner padding counted as values.
         c.meta.setdefault("iterations", count)
     return list(carry)
+
+
+def _lanes_that_ran(pred, new_carry: list, carry: list) -> list:
+    """The carry after one step of a loop with a batched predicate (`vmap` of a while
+    loop whose condition depends on the mapped values: `pred` is one boolean per lane,
+    its shape the leading axes of every carry value). `lax.while_loop` wants a scalar
+    predicate, so the loop runs while any lane does (`jnp.any`), and a lane whose
+    predicate is false keeps its carry, as JAX's own lowering of such a loop selects it
+    (`_while_lowering`, JAX 0.10 to 0.12)."""
+    return [
+        lax.select(lax.broadcast_in_dim(pred, jnp.shape(c), range(pred.ndim)), n, c)
+        for n, c in zip(new_carry, carry, strict=True)
+    ]
 
 
 def _kept_rows(bufs: list, vals: list, row, here, loops) -> list:
