@@ -10,9 +10,16 @@ summaries per step):
 - for the two file sinks, the write of one step on its own (median over steps of
   `sink._write(entry)` called directly: encode, checksum, write; the number the sink
   thread's cost approaches on an idle machine),
-and the monitored step with each sink vs the same Monitor without (median step
-time, interleaved). Target: within the Monitor's own budget (fixed host cost
-≤ 100 µs per step), off the step's critical path.
+and, in a training loop (`every=1`) with each sink, with the run log and TensorBoard
+together, and with none:
+- the loop's time per step against the same Monitor's without sinks (blocks of
+  steps timed until `mon.flush()` has drained the sinks, the configurations taking
+  turns block by block: a sink's thread shares the CPU and the GIL with the loop),
+- the sinks' threads' CPU time per recorded step (`Sink.cpu_entries`: building the
+  Monitor's entries, once per step whichever sink comes first; `Sink.cpu_writing`:
+  encoding and writing), and the training thread's own CPU time per step.
+Target: within the Monitor's own budget (fixed host cost ≤ 100 µs per step), off
+the step's critical path.
 Run: `python benchmarks/runlog_overhead.py [--quick]`.
 """
 
@@ -31,6 +38,7 @@ import jax.numpy as jnp
 
 import sowviz
 from sowviz.runlog import make_sinks
+from sowviz.runlog.sink import Sink
 
 WIDTH, DEPTH, BATCH = 64, 4, 32
 
@@ -121,32 +129,59 @@ def write_one_step(kind: str, model, steps, root: str) -> float:
     return statistics.median(times)
 
 
-def step_times(steps: int, root: str, kinds: list[str]) -> dict[str, float]:
+# The training loops timed: Monitor keyword arguments under a short name.
+def loop_configs(root: str, kinds: list[str]) -> dict[str, dict]:
+    log, tb = os.path.join(root, "mon-log"), os.path.join(root, "mon-tb")
+    configs = {
+        "none": {},
+        "log_dir": {"log_dir": log},
+        "tensorboard": {"tensorboard": tb},
+        "log_dir+tensorboard": {"log_dir": log + "-both", "tensorboard": True},
+        "wandb": {"wandb": True},
+    }
+    return {k: kw for k, kw in configs.items() if k in ("none", "log_dir+tensorboard", *kinds)}
+
+
+def sinks_cpu(mon) -> tuple[float, float]:
+    """(entries, writing) CPU seconds of `mon`'s sinks' threads so far."""
+    sinks = [s for s in mon._listeners if isinstance(s, Sink)]  # (no public accessor)
+    return sum(s.cpu_entries for s in sinks), sum(s.cpu_writing for s in sinks)
+
+
+def loop_costs(steps: int, rounds: int, root: str, kinds: list[str]) -> dict[str, dict]:
+    """Per configuration: the median over `rounds` blocks of `steps` training steps of
+    the wall time per step (each block ends with `mon.flush()`, so a sink's backlog
+    counts against its own block), and CPU seconds per step: the training thread's,
+    the sinks' threads' building entries and writing them."""
     params, x = init()
-    mons = {"none": sowviz.Monitor(loss, history=steps + 10)}
-    for k in kinds:
-        kw = {
-            "log_dir": {"log_dir": os.path.join(root, "mon-log")},
-            "tensorboard": {"tensorboard": os.path.join(root, "mon-tb")},
-            "wandb": {"wandb": True},
-        }[k]
-        mons[k] = sowviz.Monitor(loss, history=steps + 10, **kw)
+    mons = {
+        k: sowviz.Monitor(loss, history=rounds * steps + 10, **kw)
+        for k, kw in loop_configs(root, kinds).items()
+    }
     p = dict.fromkeys(mons, params)
     for name, mon in mons.items():  # compile, warm up
         for _ in range(3):
             _, g = mon.step(p[name], x)
             jax.block_until_ready(g)
-    times: dict[str, list[float]] = {k: [] for k in mons}
-    for _ in range(steps):
+        mon.flush()
+    out: dict[str, dict[str, list[float]]] = {k: {} for k in mons}
+    for _ in range(rounds):
         for name, mon in mons.items():
-            t0 = time.perf_counter()
-            _, g = mon.step(p[name], x)
-            p[name] = sgd(p[name], g)
+            cpu0, t0, main0 = sinks_cpu(mon), time.perf_counter(), time.thread_time()
+            for _ in range(steps):
+                _, g = mon.step(p[name], x)
+                p[name] = sgd(p[name], g)
             jax.block_until_ready(p[name])
-            times[name].append(time.perf_counter() - t0)
+            mon.flush()
+            wall, main = time.perf_counter() - t0, time.thread_time() - main0
+            cpu = [b - a for a, b in zip(cpu0, sinks_cpu(mon), strict=True)]
+            for key, v in zip(
+                ("wall", "main", "entries", "writing"), (wall, main, *cpu), strict=True
+            ):
+                out[name].setdefault(key, []).append(v / steps)
     for mon in mons.values():
         mon.close()
-    return {k: statistics.median(v) for k, v in times.items()}
+    return {k: {key: statistics.median(v) for key, v in d.items()} for k, d in out.items()}
 
 
 def main(quick: bool = False) -> list[_bench.Row]:
@@ -210,15 +245,39 @@ def main(quick: bool = False) -> list[_bench.Row]:
         with contextlib.ExitStack() as stack:
             if "wandb" in kinds:
                 stack.enter_context(wandb_run(root))
-            med = step_times(20 if quick else 100, root, kinds)
-        for kind in kinds:
+            loops = loop_costs(10 if quick else 50, 3 if quick else 6, root, kinds)
+        none = loops["none"]
+        for kind, c in loops.items():
+            if kind == "none":
+                continue
+            case = f"training loop with {kind}, {DEPTH}x{WIDTH} MLP b{BATCH}, every=1"
             _bench.emit(
                 rows,
                 _bench.Row(
                     "runlog_overhead",
-                    f"monitored step with {kind} / without, {DEPTH}x{WIDTH} MLP b{BATCH}",
-                    med[kind] / med["none"],
-                    detail=f"({med[kind] * 1e6:.0f} µs vs {med['none'] * 1e6:.0f} µs)",
+                    f"{case}: step / without sinks",
+                    c["wall"] / none["wall"],
+                    detail=f"({c['wall'] * 1e6:.0f} µs vs {none['wall'] * 1e6:.0f} µs)",
+                ),
+            )
+            _bench.emit(
+                rows,
+                _bench.Row(
+                    "runlog_overhead",
+                    f"{case}: sinks' threads' CPU per recorded step",
+                    (c["entries"] + c["writing"]) * 1e6,
+                    "µs",
+                    detail=f"(building entries {c['entries'] * 1e6:.0f} µs, "
+                    f"encoding + writing {c['writing'] * 1e6:.0f} µs)",
+                ),
+            )
+            _bench.emit(
+                rows,
+                _bench.Row(
+                    "runlog_overhead",
+                    f"{case}: training thread's CPU per step / without sinks",
+                    c["main"] / none["main"],
+                    detail=f"({c['main'] * 1e6:.0f} µs vs {none['main'] * 1e6:.0f} µs)",
                 ),
             )
     return rows

@@ -10,6 +10,7 @@ import struct
 import sys
 import warnings
 
+import numpy as np
 import pytest
 
 from sowviz.runlog import make_sinks
@@ -195,3 +196,32 @@ def test_a_refused_log_dir_gets_no_event_file(run, tmp_path):
         make_sinks(log, tensorboard=True)
     assert _listing(log / "tensorboard") == before
     assert [x.step for x in read_back(log / "tensorboard").Scalars("loss")] == [entries[0]["step"]]
+
+
+def test_writing_a_step_runs_no_python_loop_per_bucket(tmp_path):
+    # The histograms' bins go into the protos whole (converted in C): a step with 64x
+    # more bins runs the same lines of Python, and TensorBoard reads back exactly the
+    # NumPy histograms (a Python loop per bucket was most of a step's write).
+    from test_runlog import numpy_step, python_lines
+
+    from sowviz.runlog import naming, tb_sink
+
+    few, many = numpy_step(16), numpy_step(1024)
+    (sink,) = make_sinks(None, tensorboard=tmp_path / "tb")
+    sink._open({})  # called here, on this thread, so that its lines can be counted
+    lines = [python_lines(lambda e=e: sink._write(e), tb_sink, naming) for e in (few, many)]
+    assert lines[0] == lines[1], lines
+    sink.close()
+    acc = read_back(tmp_path / "tb")
+    for pid, by_mode in many["probes"].items():
+        for mode, s in by_mode.items():
+            few_h, many_h = (h.histogram_value for h in acc.Histograms(f"{pid}/{mode}"))
+            for h, step in ((few_h, few), (many_h, many)):
+                s = step["probes"][pid][mode]
+                edges = np.asarray(s["hist"]["edges"], np.float64)
+                counts = np.asarray(s["hist"]["counts"], np.float64)
+                assert (h.min, h.max, h.num) == (edges[0], edges[-1], counts.sum())
+                np.testing.assert_array_equal(h.bucket_limit, edges[1:])
+                np.testing.assert_array_equal(h.bucket, counts)
+                assert h.sum == s["mean"] * counts.sum()
+                assert h.sum_squares == (s["std"] ** 2 + s["mean"] ** 2) * counts.sum()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import queue
 import threading
+import time
 import warnings
 import weakref
 from typing import Any
@@ -65,6 +66,12 @@ class Sink:
         self.takeable = False
         #: The sinks made together for one Monitor (`make_sinks`): retired together.
         self.group: tuple[Sink, ...] = (self,)
+        #: CPU seconds of this sink's thread, over every step so far: building the
+        #: Monitor's lazy entries into dicts (each is built once, by whichever sink
+        #: reads it first; the others find it built) and encoding and writing them.
+        #: What the sink costs the process besides the training loop's thread.
+        self.cpu_entries = 0.0
+        self.cpu_writing = 0.0
         self._thread = threading.Thread(target=self._work, name=f"sowviz-{self.name}", daemon=True)
         self._thread.start()
         _live.add(self)
@@ -130,8 +137,8 @@ class Sink:
                 if self._error is None:
                     if op == _OPEN:
                         self._open(item)
-                    elif op == _WRITE:  # a Monitor's lazy entry becomes a dict here
-                        self._write(item.materialize() if hasattr(item, "materialize") else item)
+                    elif op == _WRITE:
+                        self._write_timed(item)
                     else:
                         self._close()
             except Exception as err:  # reported on the caller's thread
@@ -145,6 +152,14 @@ class Sink:
                 self._queue.task_done()
             if op == _CLOSE:
                 return
+
+    def _write_timed(self, item: Any) -> None:
+        start = time.thread_time()
+        entry = item.materialize() if hasattr(item, "materialize") else item  # a lazy entry
+        built = time.thread_time()
+        self.cpu_entries += built - start
+        self._write(entry)
+        self.cpu_writing += time.thread_time() - built
 
     def _open(self, model: dict[str, Any]) -> None:
         pass
