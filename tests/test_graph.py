@@ -1836,3 +1836,32 @@ def test_a_lone_parameter_of_a_group_is_named_by_its_group_and_its_name():
     np.testing.assert_allclose(
         q.summaries["cotangent"]["l2"], float(jnp.linalg.norm(grad)), rtol=1e-5
     )
+
+
+def _env_step(s, a):
+    s2 = s + 0.1 * a
+    reward = -jnp.sum(s2**2)
+    obs = s2 * 2.0
+    new_state = {"s": s2 + 1.0, "t": s2 * 3.0}  # two leaves of one returned value
+    return obs, new_state, reward
+
+
+def _env_loss(w, s0):
+    obs, state, reward = _env_step(s0, jnp.tanh(s0 @ w))
+    return reward + jnp.sum(obs) + jnp.sum(state["s"]) + jnp.sum(state["t"])
+
+
+def test_a_function_returning_a_dict_numbers_its_outputs_as_it_returns_them():
+    # `return obs, new_state, reward` with a dict of two arrays in the middle: both were
+    # placed at [1] by the source, and a tie dropped the source's order for program
+    # order: [0] was `reward`, [1] `obs`.
+    w, s0 = jnp.eye(2) * 0.5, jnp.array([0.3, 0.4])
+    ins = sowviz.inspect(_env_loss, w, s0, mode="primal")
+    s2 = np.asarray(s0) + 0.1 * np.tanh(np.asarray(s0) @ np.asarray(w))
+    want = {"[0]": 2 * s2, "[1]": s2 + 1.0, "[2]": 3 * s2, "[3]": -np.sum(s2**2)}
+    got = {p.leaf: p for p in ins.probes if ins.probe_path(p).endswith("_env_step")}
+    assert sorted(got) == sorted(want)
+    for leaf, value in want.items():
+        summary = got[leaf].summaries["primal"]
+        assert summary["shape"] == list(np.shape(value)), leaf
+        np.testing.assert_allclose(summary["mean"], np.mean(value), rtol=1e-5, err_msg=leaf)

@@ -226,3 +226,53 @@ def test_a_linen_module_s_own_parameter_is_found_by_its_module_and_name():
     np.testing.assert_allclose(
         q.summaries["cotangent"]["l2"], float(jnp.linalg.norm(grad)), rtol=1e-4
     )
+
+
+def test_equations_between_a_linen_modules_layers_carry_data():
+    # `nn.tanh` and `jnp.squeeze` between a Linen module's `nn.Dense` layers were boxes
+    # with no value or gradient (and `probe("tanh")` a KeyError), though Linen's
+    # `nn.relu` beside them, and NNX's `nnx.tanh`, carry theirs.
+    nn = pytest.importorskip("flax.linen")
+
+    class Head(nn.Module):  # a module of yours, named by you, inside another
+        @nn.compact
+        def __call__(self, h):
+            return jnp.sin(nn.Dense(1)(h))
+
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            a = jnp.squeeze(nn.tanh(nn.Dense(8)(x)), 1)
+            b = nn.relu(nn.Dense(8)(a))
+            return Head(name="head")(b)
+
+    net = MLP()
+    x = jnp.linspace(-1.0, 1.0, 24).reshape(6, 1, 4)
+    params = net.init(jax.random.key(0), x)
+
+    def loss(params, x):
+        return jnp.mean(net.apply(params, x) ** 2)
+
+    ins = sowviz.inspect(loss, params, x)
+    p = params["params"]
+
+    def dense(q, h):
+        return h @ q["kernel"] + q["bias"]
+
+    def rest(a):  # the loss from the squeezed activation on
+        b = jax.nn.relu(dense(p["Dense_1"], a))
+        return jnp.mean(jnp.sin(dense(p["head"]["Dense_0"], b)) ** 2)
+
+    t = jnp.tanh(dense(p["Dense_0"], x))
+    a = jnp.squeeze(t, 1)
+    da = jax.grad(rest)(a)
+    b = jax.nn.relu(dense(p["Dense_1"], a))
+    y = jnp.sin(dense(p["head"]["Dense_0"], b))
+    dy = 2 * y / y.size
+    for name, value, grad in (("tanh", t, da[:, None]), ("squeeze", a, da), ("sin", y, dy)):
+        got = ins.probe(name).summaries
+        np.testing.assert_allclose(got["primal"]["mean"], np.mean(value), rtol=1e-5)
+        np.testing.assert_allclose(got["cotangent"]["l2"], np.linalg.norm(grad), rtol=1e-5)
+    # a library's own work stays inside its stage: `Dense`'s `dot_general` has no probe
+    dots = {n.id for n in ins.graph.nodes if n.primitive == "dot_general"}
+    assert dots and not [q for q in ins.probes if q.node in dots]

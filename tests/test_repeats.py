@@ -122,9 +122,11 @@ def test_a_python_loop_slicing_before_each_call_is_one_stacked_node():
         return jnp.sum(h**2)
 
     _, g = _graph(mixed, ws, xs)
-    assert [n.repeats for n in _groups(g)] == [2, 2]
+    # (the passes after it are a `cos` line then `cell#3`, and a slice then `cell#4`: not
+    # the same work, so no second stack)
+    assert [n.repeats for n in _groups(g)] == [2]
     cos = next(n for n in g.nodes if n.primitive == "cos")
-    fold = g.node(cos.parent)  # its line's fold, between the runs, in neither
+    fold = g.node(cos.parent)  # its line's fold, after the run, not in it
     assert fold.parent == g.root and not fold.repeats
 
 
@@ -733,3 +735,48 @@ def test_a_decode_loop_keeping_log_probabilities_is_one_stacked_pass():
     np.testing.assert_allclose(ins.result[0][1], cache, rtol=1e-5)
     for name in p:
         np.testing.assert_allclose(ins.result[1][name], grad[name], rtol=1e-4, atol=1e-6)
+
+
+def _q_network(p, x):
+    with jax.named_scope("QNetwork"):  # as Flax Linen's module scope
+        return jnp.tanh(x @ p["w1"]) @ p["w2"]
+
+
+def _dqn_loss(params, target_params, obs, next_obs, reward):
+    q_next = _q_network(target_params, next_obs)
+    q_next = jnp.max(q_next, axis=-1)
+    target = reward + 0.99 * q_next
+    q = _q_network(params, obs)
+    return jnp.mean((jnp.max(q, -1) - jax.lax.stop_gradient(target)) ** 2)
+
+
+def _q_params(key):
+    k1, k2 = jax.random.split(key)
+    return {"w1": jax.random.normal(k1, (4, 8)) / 2, "w2": jax.random.normal(k2, (8, 3)) / 3}
+
+
+def test_a_target_and_an_online_network_call_are_no_two_passes():
+    # A DQN loss: the target network, its `max` and `target = ...`, then the online
+    # network. It was one stack `QNetwork · target (×2)`, whose first "pass" was the
+    # target network with its work and the second the online network alone.
+    params, tparams = _q_params(jax.random.key(0)), _q_params(jax.random.key(1))
+    obs = jax.random.normal(jax.random.key(2), (6, 4))
+    next_obs = jax.random.normal(jax.random.key(3), (6, 4))
+    reward = jnp.linspace(-1.0, 1.0, 6)
+    ins = sowviz.inspect(_dqn_loss, params, tparams, obs, next_obs, reward)
+    g = ins.graph
+    assert not _groups(g), [n.label for n in _groups(g)]
+    nets = [n for n in g.children(g.root) if n.label.startswith("QNetwork")]
+    assert [n.label for n in nets] == ["QNetwork", "QNetwork#2"]
+    # each network's stage carries its own values: the target's, then the online one's
+    q_next, q = _q_network(tparams, next_obs), _q_network(params, obs)
+    for net, want in zip(nets, (q_next, q), strict=True):
+        got = ins.probe(net.label).summaries["primal"]
+        np.testing.assert_allclose(got["mean"], np.mean(want), rtol=1e-5)
+    # the online network's gradient: dloss/dq is the mean's, at each row's greatest
+    target = reward + 0.99 * jnp.max(q_next, -1)
+    dq = jax.grad(lambda q: jnp.mean((jnp.max(q, -1) - target) ** 2))(q)
+    got = ins.probe("QNetwork#2").summaries["cotangent"]
+    np.testing.assert_allclose(got["l2"], np.linalg.norm(dq), rtol=1e-5)
+    # and the target network's is zero (a `stop_gradient`): none reaches it
+    assert ins.probe("QNetwork").summaries.get("cotangent", {"l2": 0.0})["l2"] == 0.0

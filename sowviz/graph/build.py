@@ -393,6 +393,8 @@ def _name_wrappers(recs: Sequence[_Rec]) -> None:
             rec.label = f"{rec.label}({name})"
 
 
+#: A Linen module's scope named by default: its class and its index (`Dense_0`).
+_LINEN_AUTO_NAME = re.compile(r"(\w+?)_\d+")
 #: The function Flax Linen's `nn.jit` jits: a module's stage inside it, named by it.
 _FLAX_JIT = "core_fn"
 
@@ -480,6 +482,8 @@ class _Builder(InputsMixin):
         for (name, var), k in (returns or {}).items():
             self.returns.setdefault(var, {})[name] = k
         self.forwarding: dict = {}  # `_forwarding`'s memo
+        #: Flax Linen's module classes, yours among them (`linen_scope_of`)
+        self.linen_modules = frameworks.linen_module_names()
         self.tesseract_names = tesseract_names
         self.recs: list[_Rec] = []
         self.edges: dict[tuple[str, str], Edge] = {}
@@ -747,6 +751,8 @@ class _Builder(InputsMixin):
                         and (
                             parent.called
                             or parent.scope in frameworks.pushed()
+                            # (Linen pushes its own: `MLP`'s `nn.tanh` between `Dense`s)
+                            or self.linen_scope_of(parent, locs[i])
                             or (parent is container and container.user_body)
                             # `jax.named_call(block)`: a scope named as your function
                             # whose code made the equation, which is that call
@@ -1008,6 +1014,30 @@ class _Builder(InputsMixin):
 
         return layer_call
 
+    def linen_scope_of(self, scope: _Rec, loc: _compat.SourceLocation | None) -> bool:
+        """Whether `scope` is the one Flax Linen pushed around a call of the module
+        whose own method made the equation at `loc` (`MLP` around `MLP.__call__`'s
+        `nn.tanh`; `MLP.encode` around `MLP.encode`'s): Linen names it `module.name or
+        class` and a method's name after it, no wrapper of ours. Not a scope Linen
+        pushed for another module (a callback of yours run inside `Dense_0`)."""
+        if scope.scope is None or scope.made or scope.called or loc is None:
+            return False
+        # (its qualified name: `MLP.__call__`, `train.<locals>.MLP.__call__`, a closure
+        # in it `MLP.__call__.<locals>.f`)
+        parts = loc.function.split(".")
+        owned = [k for k in range(len(parts) - 1) if parts[k] in self.linen_modules]
+        if not owned:
+            return False
+        owner, method = parts[owned[-1]], parts[owned[-1] + 1]
+        base = scope.scope
+        if method != "__call__":
+            if not base.endswith(f".{method}"):
+                return False
+            base = base[: -len(method) - 1]
+        auto = _LINEN_AUTO_NAME.fullmatch(base)  # `Dense_0`: a `Dense`'s scope
+        other = auto.group(1) if auto else base
+        return other == owner or other not in self.linen_modules
+
     def scope_source(
         self, eqn, names: tuple[str, ...], j: int, around: _Rec | None = None
     ) -> _compat.SourceLocation | None:
@@ -1162,7 +1192,8 @@ class _Builder(InputsMixin):
         returns, read from its source (`return y, cache`, each made on a line assigning
         one of those names), into `call_places`; nothing unless every output is placed:
         the traced program keeps no order of a plain function's results, only the order
-        it made them in."""
+        it made them in. Outputs in one place (the leaves of `new_state = {"s": s + 1,
+        "t": t + 1}`) keep that order among themselves."""
         site = self.call_sites.get(rec.scope)
         label = rec.scope[len(CALL) :].split("\x01", 1)[0]
         if site is None or label.endswith(BACKWARD):
@@ -1189,8 +1220,7 @@ class _Builder(InputsMixin):
             if place is None:
                 return
             places[v] = place
-        if len(set(places.values())) == len(places):
-            self.call_places[rec.id] = places
+        self.call_places[rec.id] = places
 
     # -- result ----------------------------------------------------------------
     def finish(self, root: _Rec, title: str) -> StageGraph:
