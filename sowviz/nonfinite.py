@@ -20,7 +20,10 @@ non-finite is a gradient), the earliest is named, as before. A ±Inf that an
 equation made from finite values (an overflow) and that a later NaN the results
 hold came of stays the origin ("it held +Inf, which led to the NaN first made by
 ..."); at a ±Inf fill (`jnp.where(mask, s, -jnp.inf)`, `jnp.full(n, jnp.inf)`) the
-NaN is the origin, the fill named before it. Inside a loop, a node holding the
+NaN is the origin, the fill named before it. No arithmetic makes ±Inf of a NaN: ±Inf
+results after a NaN are a fill put in its place (`jnp.where(jnp.isfinite(ll), ll,
+-jnp.inf)` after a failed `cholesky`: the NaN is the origin, the fill named after it)
+or an overflow apart from it (the origin). Inside a loop, a node holding the
 results' kind counts from the first iteration holding that kind (`locate`'s count run
 keeps the kinds per iteration): Equinox's `while_loop` selects its whole state every
 iteration, so the `select` holding diffrax's +Inf buffer from iteration 0 holds the NaN
@@ -68,6 +71,7 @@ from .nonfinite_messages import (
     LED_TO,
     LOOP_CARRIED,
     MASKED,
+    NAMES_THE_EQUATION,
     NONFINITE_GRADS,
     OTHER_ORIGIN_FIX,
     OTHER_ORIGIN_GRADS,
@@ -417,7 +421,13 @@ def find(
             if earlier is None
             else (ix.nodes[earlier], fwd[earlier].fwd_kinds, ix.path(earlier))
         )
-        led = None if led_to is None else (ix.nodes[led_to], fwd[node].first_kinds())
+        led = None
+        if led_to is not None:
+            results = _held({n: f for n, f in fwd.items() if n in ix.outputs})
+            # (±Inf results after a NaN: the fill that took its place, see `_producer`)
+            put = "nan" not in results and _is_fill(ix, led_to)
+            fill = fwd[led_to].fwd_kinds if put else frozenset()
+            led = (ix.nodes[led_to], fwd[node].first_kinds(), fill, results)
         carried, unseen = _carried(ix, node, fwd, probed, node_iter)
         masked_note = None
         if live:
@@ -461,14 +471,18 @@ def find(
             # explains it (it comes first).
             later = [c for c in ix.probed_after(cands[0], probed) if c not in cands]
             cands += later
-            cands.sort(key=lambda c: not (c in later and c in flags and flags[c].fwd))
+            cands.sort(key=lambda c: not (c in later and _value_bad(flags.get(c))))
         made = cands[0] if cands else None
         n = ix.nodes
         made_node = n[made] if made is not None else None
         # Its forward values are non-finite: seen, or (an unprobed equation) read from
-        # `reach`, whose values are.
+        # `reach`, whose values are. Values, not tangents: a backward pass never reads a
+        # tangent (mode "all": `sqrt` at 0 has a finite value and a NaN tangent, and its
+        # backward makes the NaN of finite values, as in mode grad).
         from_forward = made is not None and (
-            flags[made].fwd if made in flags else made not in probed and flags[reach].fwd
+            _value_bad(flags.get(made))
+            if made in flags
+            else made not in probed and _value_bad(flags.get(reach))
         )
         iteration = _known(bwd[reach].bwd_iter, ix.loops(reach))
         at = at_iteration([n[lp] for lp in ix.loops(reach)], iteration)
@@ -622,27 +636,60 @@ def _carried(
     the loop's carry: the body's nodes after it, at an earlier iteration. None when
     `node` is at the first iteration of every loop holding it (the carry is then the
     loop's initial value, finite since `node` is the earliest). Probed nodes after it
-    count when their iteration is unknown (a while loop keeps its last iteration: by
-    then the NaN is everywhere in the body); those at a known iteration were finite
-    before `node`'s, else they would come first. `its`: `node`'s iteration (per loop).
-    Returns (nodes, whether any is an unprobed equation)."""
+    count when their iteration of that loop is unknown (a while loop keeps its last
+    iteration: by then the NaN is everywhere in the body; an inner scan's iterations
+    are summarised together, per iteration of the outermost loop only); those at a
+    known iteration were finite before `node`'s, else they would come first. Those
+    holding a kind what they read does not (`_fresh`: `log`'s -Inf among NaN) are
+    named first, then those reading nothing known non-finite: in a scan over
+    minibatches inside a scan over epochs, the first layer's `dot_general` holds NaN
+    from the second minibatch, read from parameters the first one's `log` (later in
+    the body) broke. `its`: `node`'s iteration (per loop). Returns (nodes, whether
+    `locate` tells more: one is an unprobed equation, or `node`'s iteration of that
+    loop is unknown)."""
     loops = ix.loops(node)
     at = [its[k] if k < len(its) else _INF for k in range(len(loops))]
     later = [k for k, i in enumerate(at) if i != 0]
     if not later:
         return [], False
-    loop = loops[later[-1]]  # the innermost loop whose carry it may have read
+    k = later[-1]
+    loop = loops[k]  # the innermost loop whose carry it may have read
     body = {n for n in ix.nodes if loop in ix.ancestors(n)}
     mine = set(ix.ancestors(node))
     out: list[str] = []
     for n in sorted(body, key=lambda n: ix.nodes[n].order):
-        if n in mine or ix.exit[n] <= ix.exit[node] or len(out) >= _CARRIED_NAMED:
+        if n in mine or ix.exit[n] <= ix.exit[node]:
             continue
         if n not in probed and ix.nodes[n].kind == "eqn" and _inexact(ix.nodes[n]):
             out.append(n)
-        elif n in fwd and not math.isfinite(fwd[n].fwd_iter[0]) and n != node:
+        elif n in fwd and n != node and not _known(fwd[n].fwd_iter, loops)[k:]:
             out.append(n)
-    return out, any(n not in probed for n in out)
+    tier = {n: _fresh(ix, fwd, n, loop) if n in fwd else 2 for n in out}
+    for n in [n for n in out if tier[n] < 2]:
+        for a in ix.ancestors(n):  # (a stage fresh by a node it holds: the node names it)
+            if tier.get(a, -1) >= tier[n]:
+                tier[a] = 2
+    out = sorted(out, key=tier.__getitem__)[:_CARRIED_NAMED]  # (stable: body order)
+    # `locate`'s re-run decides: it probes every equation and keeps every iteration
+    unknown = not math.isfinite(at[k])
+    return out, bool(out) and (unknown or any(n not in probed for n in out))
+
+
+def _fresh(ix: _Index, fwd: Mapping[str, _Flags], n: str, loop: str) -> int:
+    """How likely `n` made its non-finite values at an iteration of `loop`: 0 when it
+    holds a kind none of the non-finite nodes it reads holds (`log` of a 0 probability:
+    -Inf, reading a NaN softmax), 1 when it reads none known non-finite (it made them,
+    or read them from the loop's carry, as the first layer reads the parameters), 2
+    when what it reads explains them. A node with no edge into it at its level reads
+    what its stage reads (up to `loop`)."""
+    cur = n
+    while not ix.into.get(cur) and cur != loop and ix.nodes[cur].parent is not None:
+        cur = ix.nodes[cur].parent
+    sources = [s for s in ix.into.get(cur, ()) if s in fwd]
+    if not sources:
+        return 1
+    read = frozenset().union(*(fwd[s].fwd_kinds for s in sources))
+    return 0 if fwd[n].fwd_kinds - read else 2
 
 
 def _inexact(node: Any) -> bool:
@@ -674,12 +721,14 @@ _PLAIN_BACKWARD = frozenset(
 )  # fmt: skip
 
 
+def _value_bad(flags: _Flags | None) -> bool:
+    """Whether a node's forward values themselves (not only their tangents) hold NaN/Inf:
+    what its backward rule reads, and so what can make its cotangents non-finite."""
+    return flags is not None and flags.fwd and flags.fwd_value
+
+
 def _plain_backward(node: Any, flags: _Flags | None) -> bool:
-    return (
-        node.kind == "eqn"
-        and node.primitive in _PLAIN_BACKWARD
-        and not (flags is not None and flags.fwd)
-    )
+    return node.kind == "eqn" and node.primitive in _PLAIN_BACKWARD and not _value_bad(flags)
 
 
 def backward_suspicion(ix: _Index, flags: Mapping[str, _Flags], c: str) -> tuple[bool, int]:
@@ -741,14 +790,24 @@ def _producer(
         return first, None, None, fwd[first].first_of(raw)  # (no `raw`: its first of any)
     n = holding[0]
     made = ix.nodes[first]
-    # (a constant: `-jnp.inf` made a float32)
-    fill = made.primitive in _MOVES or first in getattr(ix.graph, "constant_nodes", ())
     # (an overflow at its first iteration holds the NaN it led to later: a `div` in a
     # loop that makes +Inf at iteration 0 holds NaN from iteration 1, the positions
     # the `mul` its +Inf became made NaN)
-    if made.kind == "eqn" and not fill and not kinds(first, first_iteration=True) & results:
-        return first, None, n, fwd[first].fwd_iter
+    if made.kind == "eqn" and not _is_fill(ix, first) and not kinds(first, True) & results:
+        # No arithmetic makes ±Inf of a NaN: ±Inf results after a NaN were put in its
+        # place (tinygp's `jnp.where(jnp.isfinite(ll), ll, -jnp.inf)` after a failed
+        # `cholesky`: the NaN is the origin) or made apart from it by an overflow, then
+        # the origin of what the results hold.
+        if "nan" in results or _is_fill(ix, n):
+            return first, None, n, fwd[first].fwd_iter
     return n, first, None, fwd[n].first_of(raw)
+
+
+def _is_fill(ix: _Index, n: str) -> bool:
+    """Whether a node's non-finite values are a fill, never made of finite values: a
+    constant (`-jnp.inf` made a float32) or an equation that only moves or selects
+    (`select_n` of a literal `-inf`)."""
+    return ix.nodes[n].primitive in _MOVES or n in getattr(ix.graph, "constant_nodes", ())
 
 
 class _Reach:
@@ -875,8 +934,8 @@ def with_equations(
         # before it, a masked value, `IN_TANGENT`), from the first of them on
         tails = [fwd.message.find(m) for m in (LED_TO, LOOP_CARRIED, EARLIER, MASKED, IN_TANGENT)]
         tails = [i for i in tails if i >= 0]
-        if tails:
-            msg += fwd.message[min(tails) :]
+        if tails:  # (located: no promise that locating tells more)
+            msg += fwd.message[min(tails) :].replace(NAMES_THE_EQUATION, "")
         fwd = replace(fwd, equation=forward, message=msg)
     if bwd is not None and backward is not None:
         target = backward.reaching if bwd.reaching == bwd.node else bwd.reaching

@@ -549,18 +549,50 @@ def kept_record(stored: Origins | None, found: Origins | None) -> Origins | None
 
 def locate_step(fn: Callable, args: Sequence[Any], options: Any, nf: Any) -> Any:
     """The Monitor's first non-finite step (`nonfinite.NonFinite`) located down to the
-    equation on that step's arguments; `nf` unchanged when the re-run fails (e.g. the
-    arguments were donated), with a warning, and its record kept, saying so, when the
-    re-run finds no alarm (`kept_record`)."""
+    equation on that step's arguments; `nf` unchanged when the re-run cannot run (its
+    arguments were donated, or it fails), with a warning at the user's line, and its
+    record kept, saying so, when the re-run finds no alarm (`kept_record`). A Ctrl-C
+    during the re-run is raised as `KeyboardInterrupt`, never turned into a warning."""
     import warnings
 
+    from ._caller import user_stacklevel
+
+    def deleted(x: Any) -> bool:
+        return isinstance(x, jax.Array) and x.is_deleted()
+
+    def interrupt_of(err: BaseException) -> BaseException | None:
+        # A Ctrl-C landing in a C callback (numpy's `__numpy_dtype__` in JAX's tracing)
+        # comes out as a `SystemError` whose cause or context is the KeyboardInterrupt.
+        seen: set[int] = set()
+        e: BaseException | None = err
+        while e is not None and id(e) not in seen:
+            if isinstance(e, KeyboardInterrupt):
+                return e
+            seen.add(id(e))
+            e = e.__cause__ or e.__context__
+        return None
+
+    if any(deleted(x) for x in jax.tree_util.tree_leaves(tuple(args))):
+        warnings.warn(
+            f"sowviz.Monitor: could not locate the equation that made the NaN/Inf of step "
+            f"{nf.step} (the stages that hold it are known): its arguments were deleted "
+            "before the Monitor read the step (donated to a jitted update: "
+            "`donate_argnums`). Don't donate them, or pass `stop_on_nonfinite=True` (the "
+            "Monitor then checks each step before it returns, and locates and stops "
+            "there, its arguments intact).",
+            RuntimeWarning,
+            stacklevel=user_stacklevel(),
+        )
+        return nf
     try:
         found = locate(fn, args, options, step=nf.step)
     except Exception as err:  # never hide the non-finite step behind a second error
+        if interrupt_of(err) is not None:
+            raise KeyboardInterrupt from err  # the user's Ctrl-C: stop, as they asked
         warnings.warn(
             f"sowviz: could not locate the non-finite equation of step {nf.step}: {err!r}",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=user_stacklevel(),
         )
         return nf
     kept = kept_record(nf.origins, found)

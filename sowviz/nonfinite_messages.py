@@ -23,7 +23,18 @@ FROM_FORWARD = "follows from the forward pass: "
 def stage_name(n: Any, label: str | None = None) -> str:
     """ "`label` (file:line)"."""
     at = f" ({n.source.file}:{n.source.line})" if n.source is not None else ""
-    return f"`{n.label if label is None else label}`{at}"
+    return f"{_quoted(n.label if label is None else label)}{at}"
+
+
+#: The label of the stage a `return` line's work folds into (`graph.names`): what the
+#: function returns, whose line has no name to assign.
+RETURN_LABEL = "return"
+
+
+def _quoted(label: str) -> str:
+    """ "`label`", or, for a `return` line's stage, "the `return` line": "made by
+    `integer_pow` in `return` at train.py:15" reads as a function named `return`."""
+    return f"the `{label}` line" if label == RETURN_LABEL else f"`{label}`"
 
 
 _KIND_NAMES = {"nan": "NaN", "posinf": "+Inf", "neginf": "-Inf"}
@@ -88,7 +99,7 @@ def forward_message(
     earlier: tuple[Any, ...] | None = None,
     carried: Sequence[Any] = (),
     unseen: bool = False,
-    led_to: tuple[Any, frozenset[str]] | None = None,
+    led_to: tuple[Any, frozenset[str], frozenset[str], frozenset[str]] | None = None,
     masked: tuple[Any, frozenset[str], Any] | None = None,
     at: str = "",
 ) -> str:
@@ -100,7 +111,9 @@ def forward_message(
     NaN), those kinds and its stage path; `carried`: in a loop, the body's nodes after `n` that may
     have made, at an earlier iteration, the value `n` read from the loop's carry
     (`unseen`: some are unprobed equations); `led_to`: the node that made the NaN the
-    results hold of the ±Inf `n` made (an overflow), and the kinds `n` held; `masked`:
+    results hold of the ±Inf `n` made (an overflow), and the kinds `n` held, then (a NaN
+    `n` made, whose place a fill took) the kinds of that fill node, else none, and the
+    kinds the results hold (`_led_to`); `masked`:
     a node whose non-finite values (those kinds) were made before `n` and masked by a
     reader (the third item, or None), so that they reach no result; `at`: in a loop, the
     iteration (`at_iteration`)."""
@@ -115,8 +128,7 @@ def forward_message(
     else:
         msg = f"first made by {stage_name(n)}{at}"
     if led_to is not None:
-        node, kinds = led_to
-        msg += f"{LED_TO}{_held(kinds)}, which led to the NaN first made by {stage_name(node)}"
+        msg += _led_to(*led_to)
     if carried:
         names = ", ".join(stage_name(c) for c in carried)
         locate = NAMES_THE_EQUATION if unseen and not before else ""
@@ -135,6 +147,25 @@ def forward_message(
         what = f" by {stage_name(by)}" if by is not None else " afterwards"
         msg += f"{MASKED}{_held(kinds)} in {stage_name(node)} was masked{what} (not the origin)"
     return msg
+
+
+def _led_to(
+    node: Any,
+    kinds: frozenset[str],
+    fill: frozenset[str] = frozenset(),
+    results: frozenset[str] = frozenset(),
+) -> str:
+    """What an origin holding `kinds` led to: the NaN `node` made of its ±Inf (an
+    overflow), or, `fill` being the ±Inf fill value `node` holds, the results' ±Inf
+    (`results`: their kinds) put in its place, which no arithmetic makes of a NaN."""
+    if not fill:
+        return f"{LED_TO}{_held(kinds)}, which led to the NaN first made by {stage_name(node)}"
+    what = _held(results - {"nan"}) or _held(fill)
+    return (
+        f"{LED_TO}{_held(kinds)}; the results' {what} comes from the {_held(fill)} fill value of "
+        f"{stage_name(node)}, put in its place (as `jnp.where(jnp.isfinite(x), x, -jnp.inf)` "
+        "does), not made of it"
+    )
 
 
 def _held(kinds: frozenset[str]) -> str:
@@ -181,7 +212,7 @@ def backward_sentence(name: str, reach: str, from_forward: bool) -> str:
 def equation_name(stage: Any, eq: Equation) -> str:
     """ "`rsqrt` in `LayerNorm_0` at models.py:112" (`stage`: the node holding it, or None)."""
     at = f" at {eq.source.file}:{eq.source.line}" if eq.source is not None else ""
-    inside = f" in `{stage.label}`" if stage is not None and stage.id != eq.node else ""
+    inside = f" in {_quoted(stage.label)}" if stage is not None and stage.id != eq.node else ""
     name = f"`{eq.primitive}`"
     if eq.label and eq.label != eq.primitive:
         name = f"`{eq.label}` ({eq.primitive})"

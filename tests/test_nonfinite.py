@@ -1600,3 +1600,143 @@ def test_only_the_count_rerun_captures_without_barriers():
     assert "optimization_barrier" in texts[0] and "optimization_barrier" not in texts[1]
     np.testing.assert_allclose(values[1], np.sin(np.asarray(x)) * 2.0, rtol=1e-6)
     np.testing.assert_array_equal(values[0], values[1])
+
+
+def f_distances(a, X):
+    d2 = jnp.sum((X[:, None] - X[None]) ** 2, -1)
+    r = jnp.sqrt(d2)  # 0 on the diagonal: a finite value, an infinite derivative
+    return jnp.sum(jnp.exp(-a * r))
+
+
+def test_mode_all_a_nan_only_in_sqrts_tangent_is_born_in_its_backward():
+    # Mode "all" probes tangents too: `sqrt`'s tangent is NaN where its value is finite.
+    # A backward pass reads values, never tangents: its NaN is born in the backward of
+    # `sqrt`, as mode grad says, not "the forward pass holds non-finite values".
+    a, X = jnp.array(1.0), jnp.linspace(0.0, 1.0, 4)[:, None]
+    r = lambda X: jnp.sqrt(jnp.sum((X[:, None] - X[None]) ** 2, -1))  # noqa: E731
+    _, r_dot = jax.jvp(r, (X,), (jnp.ones_like(X),))
+    assert np.isfinite(f_distances(a, X)) and np.all(np.isfinite(r(X)))
+    assert not np.all(np.isfinite(r_dot))
+    assert not np.all(np.isfinite(jax.grad(f_distances, argnums=1)(a, X)))
+    line = f_distances.__code__.co_firstlineno + 2
+    grad = sowviz.inspect(f_distances, a, X, mode="grad", argnums=1).locate_nonfinite()
+    assert (grad.backward.equation.primitive, _line(grad.backward)) == ("sqrt", line)
+    ins = sowviz.inspect(f_distances, a, X, mode="all")
+    for o in (ins.nonfinite, ins.locate_nonfinite()):
+        msg = o.backward.message
+        assert msg.startswith("born in the backward of `sqrt`"), msg
+        assert "follows from the forward pass" not in o.message, o.message
+        assert o.forward.message.endswith("(in its tangent: the value is finite)"), o.message
+    assert (o.backward.equation.primitive, _line(o.backward)) == ("sqrt", line)
+
+
+@jax.jit
+def _finite_or_minus_inf(ll):
+    return jnp.where(jnp.isfinite(ll), ll, -jnp.inf)  # tinygp's guard: a -Inf fill
+
+
+def f_failed_cholesky(s, y):
+    K = s * jnp.ones((3, 3))  # rank 1, no jitter: the factorisation fails
+    L = jnp.linalg.cholesky(K)
+    z = jax.scipy.linalg.solve_triangular(L, y, lower=True)
+    ll = -0.5 * jnp.sum(z**2) - jnp.sum(jnp.log(jnp.diag(L)))
+    return -_finite_or_minus_inf(ll)
+
+
+def test_an_inf_fill_a_where_put_in_place_of_a_nan_is_no_origin_and_no_nan():
+    # The loss is +Inf (a NaN log-likelihood replaced by -Inf, negated), the gradient
+    # NaN: the origin is the NaN `cholesky` made, and the +Inf the results hold is the
+    # fill, not "the NaN first made by" the constant.
+    s, y = jnp.array(1.0), jnp.arange(3.0)
+    value, g = jax.value_and_grad(f_failed_cholesky)(s, y)
+    assert np.isposinf(value) and np.isnan(g)
+    assert np.isnan(jnp.linalg.cholesky(s * jnp.ones((3, 3)))).any()
+    prim, line, _ = oracle(f_failed_cholesky, s, y)
+    assert prim == "cholesky"
+    o = sowviz.inspect(f_failed_cholesky, s, y).locate_nonfinite()
+    assert (o.forward.equation.primitive, _line(o.forward)) == (prim, line), o.message
+    fill = _finite_or_minus_inf.__wrapped__.__code__.co_firstlineno + 2
+    msg = o.forward.message
+    assert "; it held NaN; the results' +Inf comes from the -Inf fill value of " in msg, msg
+    assert f"(tests/test_nonfinite.py:{fill}), put in its place" in msg, msg
+    assert "led to the NaN" not in msg, msg
+
+
+def _policy_layer(w, x):
+    return jnp.tanh(x @ w["l1"])
+
+
+def _policy_entropy(logits):
+    p = jax.nn.softmax(logits)
+    logp = jnp.log(p)  # the origin: -Inf where p underflows to 0 (minibatch 0)
+    return -jnp.sum(p * logp, axis=-1)
+
+
+def _policy_loss(w, x):
+    return -_policy_entropy(_policy_layer(w, x) @ w["l2"]).mean()
+
+
+def f_epochs_of_minibatches(w, batches):
+    def epoch(w, _):
+        def minibatch(w, x):
+            loss, g = jax.value_and_grad(_policy_loss)(w, x)
+            return jax.tree.map(lambda a, b: a - 0.1 * b, w, g), loss
+
+        return lax.scan(minibatch, w, batches)
+
+    return lax.scan(epoch, w, None, length=2)
+
+
+def test_in_nested_scans_the_stage_level_candidates_name_the_origin_in_the_inner_loop():
+    # The summaries split the iterations of the outer scan only: in epoch 0 the first
+    # layer holds NaN (from minibatch 1, reading the parameters minibatch 0 broke) and
+    # comes first in the body. `log`, later in the body, made it at minibatch 0: the
+    # stage-level record names it among what may have made the carried value.
+    k = jax.random.split(jax.random.key(0), 3)
+    w = {"l1": jax.random.normal(k[0], (4, 8)), "l2": jax.random.normal(k[1], (8, 3)) * 1e6}
+    batches = jax.random.normal(k[2], (2, 16, 4))
+    # the independent check: in minibatch 0 the layer is finite and `log` is not
+    h = _policy_layer(w, batches[0])
+    assert np.all(np.isfinite(h))
+    assert np.isneginf(jnp.log(jax.nn.softmax(h @ w["l2"]))).any()
+    flat = lambda l1, l2, b: f_epochs_of_minibatches({"l1": l1, "l2": l2}, b)  # noqa: E731
+    prim, line, _ = oracle(flat, w["l1"], w["l2"], batches)
+    assert prim == "log" and oracle_iteration(flat, w["l1"], w["l2"], batches) == (0, 0)
+    ins = sowviz.inspect(f_epochs_of_minibatches, w, batches, mode="primal")
+    msg = ins.nonfinite.forward.message
+    assert "at an earlier iteration of its loop, what follows it in the body made it (" in msg
+    assert f"(`log` (tests/test_nonfinite.py:{line})" in msg, msg  # named first
+    assert msg.endswith("`locate_nonfinite()` names the equation"), msg
+    o = ins.locate_nonfinite()
+    assert (o.forward.equation.primitive, _line(o.forward)) == (prim, line), o.message
+    assert o.forward.iteration == (0, 0) and "unless" not in o.forward.message
+
+
+def f_overflow_on_the_return_line(params, x, y):
+    h = x
+    for p in params[:-1]:
+        h = jax.nn.relu(h @ p["w"] + p["b"])
+    out = h @ params[-1]["w"] + params[-1]["b"]
+    return jnp.mean((out - y) ** 2)  # the origin: the square overflows
+
+
+def test_a_return_lines_stage_is_named_as_the_line_in_messages():
+    # A `return` line's work is drawn as a stage labelled `return`; in a sentence that
+    # reads as a function named `return`: "in the `return` line at ..." instead.
+    params = [{"w": jnp.full((4, 4), 1e12), "b": jnp.zeros(4)} for _ in range(3)]
+    x, y = jnp.ones((2, 4)), jnp.zeros((2, 4))
+    assert np.isposinf(f_overflow_on_the_return_line(params, x, y))
+    leaves, tree = jax.tree.flatten(params)
+
+    def flat(*a):  # (the oracle takes arrays)
+        return f_overflow_on_the_return_line(jax.tree.unflatten(tree, a[:-2]), *a[-2:])
+
+    prim, line, _ = oracle(flat, *leaves, x, y)
+    ins = sowviz.inspect(f_overflow_on_the_return_line, params, x, y)
+    assert [n.label for n in ins.graph.nodes].count("return") == 1
+    at = f"(tests/test_nonfinite.py:{line})"
+    assert ins.nonfinite.forward.message.startswith(f"first made by the `return` line {at}")
+    o = ins.locate_nonfinite()
+    assert (o.forward.equation.primitive, _line(o.forward)) == (prim, line) == ("integer_pow", line)
+    want = f"first made by `integer_pow` in the `return` line at tests/test_nonfinite.py:{line}"
+    assert o.forward.message.startswith(want), o.forward.message
