@@ -34,7 +34,10 @@ A Ctrl-C (KeyboardInterrupt) inside `step` loses no step: a recorded step leaves
 the queue only once it is read and recorded, an unrecorded step's flag only once it
 is read, so a read (or record) the interrupt cut short is completed by the next
 `step`, `flush()` or `close()`. The interrupted step itself ran (its number is used,
-and it is recorded like any other) but returned nothing.
+and it is recorded like any other) but returned nothing. A Ctrl-C while the first
+non-finite step is located stops there too (`nonfinite_locate.locate_step`); one that
+ends the script leaves the exit hook to write the steps in flight, unlocated, and
+exit status 130 (`_close_at_exit`).
 
 A recorded step costs the training thread its share of that read; its summaries
 become the JSON-ready entry only when read (`_entry.LazyEntry`: on a sink's
@@ -50,6 +53,7 @@ lazily when `mon` is displayed) and sinks (`log_dir`, TensorBoard, W&B, from
 from __future__ import annotations
 
 import atexit
+import sys
 import threading
 import time
 import warnings
@@ -210,13 +214,14 @@ class Monitor:
         self._view_programs = 0  # how many of them the view's model holds
         self._warned_nonfinite = False
         self._closed = False
+        self._interrupted_exit = False  # closing at the exit a Ctrl-C made (`_close_at_exit`)
         if log_dir is not None or tensorboard is not False or wandb is not False:
             from .runlog import make_sinks  # only when asked: the recorder needs no sink
 
             sinks = tuple(make_sinks(log_dir=log_dir, tensorboard=tensorboard, wandb=wandb))
             self._listeners += sinks
             ref = weakref.ref(self)
-            atexit.register(lambda: (m := ref()) is not None and m.close())
+            atexit.register(lambda: (m := ref()) is not None and m._close_at_exit())
             # A Monitor dropped unclosed (`del mon`) writes nothing more: a newer one
             # given its `log_dir` may take the log (`runlog.writer`). Its sinks' threads
             # keep them, and their lock, alive until then or the exit.
@@ -335,6 +340,22 @@ class Monitor:
             self._closed = True
             self._each("close")
 
+    def _close_at_exit(self) -> None:
+        """`close()` at the end of the process (the sinks' `atexit` hook). After a Ctrl-C
+        (an uncaught KeyboardInterrupt) the steps in flight are still read and written,
+        but the first non-finite step is not located (a re-run of seconds, when the user
+        asked to stop), and warnings are written to stderr: Python exits with status 1,
+        not 130, when a warning is shown at exit after a KeyboardInterrupt (3.11, 3.12)."""
+        last = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+        if not isinstance(last, KeyboardInterrupt):
+            self.close()
+            return
+        self._interrupted_exit = True
+        with warnings.catch_warnings(record=True) as caught:  # (the filters still apply)
+            self.close()
+        for w in caught:
+            sys.stderr.write(f"sowviz: {w.category.__name__}: {w.message}\n")
+
     def _stop(self, step: int, out: Out, args: tuple, recorded: bool) -> None:
         self._flags.clear()  # every earlier step was checked (this mode reads each flag)
         if not recorded:  # the plain program ran: re-run this step instrumented, for the origin
@@ -398,8 +419,8 @@ class Monitor:
                 "was made: its arguments were deleted before the Monitor read the step's "
                 "flag (donated to a jitted update: `donate_argnums`). Don't donate them, "
                 "or pass `stop_on_nonfinite=True` (the Monitor then checks each step "
-                "before it returns, and stops there) or `every=1` (every step recorded).",
-                stacklevel=4,
+                "before it returns, and stops there).",
+                stacklevel=user_stacklevel(),
             )
             self._nonfinite = _nonfinite.NonFinite(step, None, None)
             return
@@ -542,7 +563,7 @@ class Monitor:
             # (`>=`: the same step again is a record an interrupt cut short, `_drain`)
             if self._nonfinite is None or self._nonfinite.step >= step:
                 self._nonfinite = _nonfinite.NonFinite(step, fwd, bwd, origins)
-                if not self._located and args is not None:
+                if not self._located and args is not None and not self._interrupted_exit:
                     # Once per run: the count-only re-run on this step's arguments.
                     self._nonfinite = _locate_step(self.fn, args, self._options, self._nonfinite)
                     self._located = True
@@ -560,9 +581,14 @@ class Monitor:
             return
         self._warned_nonfinite = True
         where = nf.origins if nf.origins is not None else (nf.forward, nf.backward)
+        then = (
+            "Read at the exit after Ctrl-C, so not located down to the equation"
+            if self._interrupted_exit and not self._located
+            else "Training goes on"
+        )
         warnings.warn(
-            f"sowviz.Monitor: {_nonfinite.message(graph, nf.step, where)}. Training goes "
-            "on; `Monitor(..., stop_on_nonfinite=True)` stops at the first such step, "
+            f"sowviz.Monitor: {_nonfinite.message(graph, nf.step, where)}. {then}; "
+            "`Monitor(..., stop_on_nonfinite=True)` stops at the first such step, "
             "before its update is applied.",
             NonFiniteWarning,
             stacklevel=user_stacklevel(),

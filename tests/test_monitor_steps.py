@@ -3,6 +3,7 @@ threads, sinks, and a whole run held in bounded memory."""
 
 from __future__ import annotations
 
+import functools
 import threading
 import warnings
 
@@ -718,3 +719,82 @@ def test_monitor_keeps_its_alarm_when_the_located_rerun_is_finite():
     assert NAMES_THE_EQUATION not in nf.message
     rec = mon.to_dict()["history"]["nonfinite"]  # what the widget and the report get
     assert rec["alarm"] is True and NOT_REPRODUCED in rec["forward"]["message"]
+
+
+def _ctrl_c_in_a_c_callback(*args, **kwargs):
+    # What JAX's tracing raises when a Ctrl-C lands in numpy's `__numpy_dtype__`
+    # callback: a SystemError whose cause and context are the KeyboardInterrupt.
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt as err:
+        raise SystemError(
+            "<function _ScalarMeta.__numpy_dtype__> returned a result with an exception set"
+        ) from err
+
+
+def test_a_ctrl_c_while_the_first_nonfinite_step_is_located_stops_the_loop(monkeypatch):
+    # The locate's `except Exception` turned that SystemError into a RuntimeWarning
+    # ("could not locate the non-finite equation of step 28") and training went on
+    # to the end, exit status 0: the Ctrl-C was swallowed.
+    import sowviz.nonfinite_locate as nl
+
+    monkeypatch.setattr(nl, "locate", _ctrl_c_in_a_c_callback)
+    mon = sowviz.Monitor(norm_loss, throttle=3600.0)
+    done = []
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        for step in range(12):
+            mon.step(params_at(step, bad_step=2), batch(4))
+            done.append(step)
+        mon.flush()
+    assert isinstance(stopped.value.__cause__, SystemError)
+    # (4 steps wait on the device: the read at the 6th step records step 2 and locates)
+    assert done == [0, 1, 2, 3]
+    # nothing lost: once the user's handler returns, the next flush locates step 2
+    monkeypatch.undo()
+    with pytest.warns(sowviz.NonFiniteWarning, match="step 2"):
+        mon.flush()
+    grad = jax.grad(norm_loss)(params_at(2, bad_step=2), batch(4))["reg"]
+    assert np.isnan(np.asarray(grad)).all()  # plain JAX: the NaN is `reg`'s gradient
+    assert mon.nonfinite.step == 2 and mon.nonfinite.origins.located
+    assert mon.nonfinite.origins.backward.equation.primitive == "sqrt"
+    assert mon.history.steps == [0, 1, 2, 3, 4]
+
+
+def _log_loss(params, x):
+    return jnp.mean(jnp.log(x @ params["w"]) ** 2)  # NaN where `x @ w` <= 0
+
+
+@pytest.mark.parametrize("stop", [False, True])
+def test_donated_arguments_of_a_recorded_nonfinite_step_are_said_at_the_users_line(stop):
+    # every=1: step 3 is recorded, read steps later, after the update donated its
+    # arguments: "could not locate ...: RuntimeError('Array has been deleted ...')" at
+    # a sowviz line, saying nothing of donation. With `stop_on_nonfinite=True` the step
+    # is read before it returns, its arguments intact: located.
+    @functools.partial(jax.jit, donate_argnums=(0,))
+    def update(params, grads):
+        return jax.tree.map(lambda p, g: p - 1e-3 * g, params, grads)
+
+    xs = [jnp.full((4, 3), 0.5).at[0, 0].set(-9.0 if i == 3 else 0.5) for i in range(6)]
+    params = {"w": jnp.ones((3, 2))}
+    assert np.isnan(_log_loss(params, xs[3])) and np.isfinite(_log_loss(params, xs[2]))
+    mon = sowviz.Monitor(_log_loss, stop_on_nonfinite=stop, throttle=3600.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            for x in xs:
+                _, grads = mon.step(params, x)
+                params = update(params, grads)
+            mon.flush()
+        except NonFiniteError:
+            assert stop
+    assert mon.nonfinite.step == 3
+    said = [w for w in caught if "donat" in str(w.message)]
+    if stop:
+        assert said == [] and mon.nonfinite.origins.located
+        assert mon.nonfinite.origins.forward.equation.primitive == "log"
+        return
+    (w,) = said
+    assert w.filename == __file__ and "stop_on_nonfinite=True" in str(w.message)
+    assert "step 3" in str(w.message) and "deleted" in str(w.message)
+    assert not mon.nonfinite.origins.located  # the stages' record stands
+    assert "`log`" in mon.nonfinite.origins.forward.message

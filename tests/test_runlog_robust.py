@@ -308,3 +308,115 @@ def _is_summary(s: dict, want: np.ndarray) -> bool:
         and abs(s["min"] - want.min()) < 1e-6
         and abs(s["max"] - want.max()) < 1e-6
     )
+
+
+# -- Ctrl-C just after a NaN step ----------------------------------------------------------
+
+_CTRL_C_AFTER_A_NAN_STEP = """
+import sys
+import jax.numpy as jnp
+import sowviz
+
+def loss(w, x):
+    return jnp.mean(jnp.log(x @ w) ** 2)  # NaN where `x @ w` <= 0
+
+mon = sowviz.Monitor(loss, log_dir=sys.argv[1], throttle=3600.0)
+for i in range(4):  # step 3 is NaN; all 4 wait on the device, unread
+    x = jnp.full((4, 3), 0.5 * (1 + i)).at[0, 0].set(-9.0 if i == 3 else 0.5 * (1 + i))
+    mon.step(jnp.ones((3, 2)), x)
+raise KeyboardInterrupt  # Ctrl-C, right after the NaN step
+"""
+
+
+def test_ctrl_c_after_a_nan_step_exits_as_interrupted_with_every_step_logged(tmp_path):
+    # The Monitor's exit hook re-ran step 3 to locate its NaN and warned at exit: a
+    # warning at the exit of an interrupted script makes Python exit with status 1 (not
+    # 130), attributed to `sys:1`. Its steps are written; the locate is skipped.
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "train.py"
+    script.write_text(_CTRL_C_AFTER_A_NAN_STEP)
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "log")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    assert r.returncode == -signal.SIGINT, r.stderr  # (status 130 in a shell)
+    assert "sys:1" not in r.stderr
+    said = [line for line in r.stderr.splitlines() if line.startswith("sowviz: ")]
+    assert len(said) == 1 and "NonFiniteWarning" in said[0] and "step 3" in said[0], said
+    assert "Ctrl-C" in said[0] and "`log`" in said[0]
+    run = load(tmp_path / "log")
+    assert run.finished and [e["step"] for e in run.history] == [0, 1, 2, 3]
+    want = []
+    for i in range(4):
+        x = np.full((4, 3), 0.5 * (1 + i))
+        x[0, 0] = -9.0 if i == 3 else 0.5 * (1 + i)
+        with np.errstate(invalid="ignore"):
+            want.append(np.mean(np.log(x @ np.ones((3, 2))) ** 2))
+    np.testing.assert_allclose([e["loss"] for e in run.history], want, rtol=1e-5)
+    assert run.model["history"]["nonfinite"]["step"] == 3
+
+
+# -- random-number plumbing in TensorBoard / W&B ---------------------------------------------
+
+
+def _dropout_loss(w, x, key):
+    h = jnp.tanh(x @ w)
+    keep = jax.random.bernoulli(key, 0.75, h.shape)  # as a dropout layer draws its mask
+    return jnp.mean(jnp.where(keep, h / 0.75, 0.0) ** 2)
+
+
+def test_a_samplers_internals_get_no_tag_and_the_run_log_keeps_them(tmp_path):
+    # Flax NNX's Dropout gave TensorBoard `MLP/dropout/bernoulli/uniform/
+    # convert_element_type/[0]/primal` (the scalar 0.0, every step) and three more such
+    # tags per dropout layer: `jax.random.uniform`'s draws and constant bounds.
+    pytest.importorskip("wandb")
+
+    class Run:  # what WandbSink calls of a run
+        def __init__(self):
+            self.rows = []
+
+        def define_metric(self, *args, **kwargs):
+            pass
+
+        def log(self, row):
+            self.rows.append(row)
+
+    key = jax.random.key(0)
+    run = Run()
+    mon = sowviz.Monitor(_dropout_loss, argnums=0, wandb=run, log_dir=tmp_path / "log")
+    mon.step(W, X, key)
+    mon.close()
+    (row,) = run.rows
+    assert not [k for k in row if "uniform" in k or "convert_element_type" in k], list(row)
+    model = mon.to_dict(with_history=False)
+    nodes = {n["id"]: n for n in model["nodes"]}
+    tags = sowviz.runlog.naming.probe_tags(model)
+    left = [p for p in model["probes"] if p["id"] in tags.left_out]
+    assert len(left) >= 3  # the draws and the two converted bounds, at least
+
+    def labels_above(node):
+        out = []
+        while node is not None:
+            out.append(nodes[node]["label"])
+            node = nodes[node].get("parent")
+        return out
+
+    for p in left:
+        assert "uniform" in labels_above(p["node"]) and tags[p["id"]] not in str(list(row))
+    # every other probe is there; the user's own stages with their values
+    for p in model["probes"]:
+        if p["id"] not in tags.left_out:
+            assert f"sowviz/{tags[p['id']]}/primal/l2" in row
+    want = np.linalg.norm(np.tanh(np.asarray(X, np.float64) @ np.asarray(W, np.float64)))
+    assert row["sowviz/tanh/primal/l2"] == pytest.approx(want, rel=1e-5)
+    # the run log keeps every probe, the sampler's too
+    (entry,) = load(tmp_path / "log").history
+    assert {p["id"] for p in left} <= set(entry["probes"])

@@ -4,7 +4,8 @@ Tags follow the stage graph: `<probe>/<mode>` for a histogram (the probe's path 
 the graph, or a sow's name, and its pytree leaf path if any, e.g. `block_3/cotangent`,
 `parameters/block_3/w/cotangent`), `<probe>/<mode>/l2` and
 `<probe>/<mode>/nonfinite` (NaN + ±Inf count) for scalars, and `loss`. The histogram
-is sowviz's own, computed on the device: its bin edges and counts, unchanged.
+is sowviz's own, computed on the device: its bin edges and counts, unchanged. A
+library's random-number plumbing gets no tag (`Tags.left_out`); the run log keeps it.
 """
 
 from __future__ import annotations
@@ -32,7 +33,59 @@ class Scalar:
     value: float
 
 
-def probe_tags(model: dict[str, Any] | None) -> dict[str, str]:
+#: Primitives that draw random bits: the stage holding one is a sampler's core.
+_DRAWS = frozenset({"random_bits", "threefry2x32", "rng_bit_generator", "rng_uniform"})
+
+
+class Tags(dict[str, str]):
+    """Probe id → tag (`probe_tags`), with `left_out`: the probes whose histograms and
+    scalars TensorBoard and W&B do not get (`items` skips them)."""
+
+    left_out: frozenset[str] = frozenset()
+
+
+def rng_plumbing(model: dict[str, Any] | None) -> frozenset[str]:
+    """The nodes of a library's random sampler, left out of TensorBoard and W&B: the
+    stage that draws random bits (holds a `random_bits` equation: `jax.random.uniform`,
+    which every sampler calls) and every stage inside it, when that stage is a library's
+    own (its source is its parent's: the user's line that called the library, e.g.
+    Flax NNX's `Dropout` > `bernoulli` > `uniform`). Their values are fresh uniform
+    draws and the constant bounds that scale them (`uniform/convert_element_type/[0]`:
+    the scalar 0.0): the same distribution at every step, whatever the training does,
+    and a dozen tags per dropout layer. What the user's code sees of them stays tagged
+    (the `Dropout` stage's output, a `jax.random.normal` the user called), and the run
+    log keeps every probe. Integer and boolean values (keys, masks) get no probe."""
+    nodes = {n["id"]: n for n in (model or {}).get("nodes", [])}
+    root = (model or {}).get("root")
+    drawing = {
+        n.get("parent")
+        for n in nodes.values()
+        if n.get("kind") == "eqn" and n.get("primitive") in _DRAWS
+    }
+
+    def library(i: Any) -> bool:
+        n, parent = nodes.get(i), nodes.get(nodes.get(i, {}).get("parent"))
+        return (
+            n is not None
+            and i != root
+            and parent is not None
+            and n.get("source") is not None
+            and n.get("source") == parent.get("source")
+        )
+
+    samplers = {i for i in drawing if library(i)}
+    out = set()
+    for i in nodes:
+        cur = i
+        while cur is not None and cur != root:
+            if cur in samplers:
+                out.add(i)
+                break
+            cur = nodes.get(cur, {}).get("parent")
+    return frozenset(out)
+
+
+def probe_tags(model: dict[str, Any] | None) -> Tags:
     """Probe id → a unique tag: a stage's path in the graph (`parameters/l0/w`,
     `TransformerLM/layers[0]/attn`; a parameter's leaf name alone says nothing when
     every layer has a `w`), a sow's name, then the leaf path if any; spaces become
@@ -45,7 +98,8 @@ def probe_tags(model: dict[str, Any] | None) -> dict[str, str]:
     (its label changes with the depth; its blocks' labels `layers[0]` already differ),
     unless that makes two tags equal (TensorBoard would merge them): then the whole
     paths. Probes that still share a tag (two sows of one name) are numbered after the
-    first: `hidden`, `hidden#2`.
+    first: `hidden`, `hidden#2`. Every probe gets a tag; those of a library's random
+    sampler are in `left_out` (`rng_plumbing`).
     """
     nodes = {n["id"]: n for n in (model or {}).get("nodes", [])}
     root = (model or {}).get("root")
@@ -77,7 +131,7 @@ def probe_tags(model: dict[str, Any] | None) -> dict[str, str]:
     wanted = [
         t if times[t] == 1 else tag(p, groups=True) for p, t in zip(probes, short, strict=True)
     ]
-    tags: dict[str, str] = {}
+    tags = Tags()
     given: set[str] = set()
     used: set[str] = set(wanted)
     for p, t in zip(probes, wanted, strict=True):
@@ -86,6 +140,8 @@ def probe_tags(model: dict[str, Any] | None) -> dict[str, str]:
             used.add(t)
         given.add(t)
         tags[p["id"]] = t
+    plumbing = rng_plumbing(model)
+    tags.left_out = frozenset(p["id"] for p in probes if p.get("node") in plumbing)
     return tags
 
 
@@ -99,11 +155,15 @@ def _free(tag: str, used: set[str]) -> str:
 
 
 def items(entry: dict[str, Any], tags: dict[str, str]) -> Iterator[Hist | Scalar]:
-    """The histograms and scalars of one step (a Monitor history entry)."""
+    """The histograms and scalars of one step (a Monitor history entry), but those of
+    the probes `tags` leaves out (`Tags.left_out`)."""
     loss = entry.get("loss")
     if loss is not None:
         yield Scalar("loss", float(loss))
+    left_out = getattr(tags, "left_out", frozenset())
     for pid, by_mode in entry.get("probes", {}).items():
+        if pid in left_out:
+            continue
         base = tags.get(pid, pid)
         for mode, s in by_mode.items():
             tag = f"{base}/{mode}"
