@@ -63,23 +63,73 @@ _SHARED = (
 def _paths(args: Any) -> list[str]:
     """Per leaf of `args`, its path (`[0]['w']`). The leaves of an Equinox
     `eqx.nn.State` are named by the layer that owns them (`[1].bn1.ema_state_index[0]`),
-    not by their flat position in it (`[1][<flat index 1>][0]`), which JAX gives."""
+    not by their flat position in it (`[1][<flat index 1>][0]`), which JAX gives; so
+    are the children of any other node that gives JAX no keys, by the attributes
+    holding them (`_Named`: a sparse `BCOO`'s `.data` and `.indices`)."""
     state = _eqx_state()
+    named = _Named(args)
     if state is None:
-        return [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(args)[0]]
+        return [named(p) for p, _ in jax.tree_util.tree_flatten_with_path(args)[0]]
     out = []
     flat, _ = jax.tree_util.tree_flatten_with_path(args, is_leaf=lambda x: isinstance(x, state))
     for p, x in flat:
         if not isinstance(x, state):
-            out.append(jax.tree_util.keystr(p))
+            out.append(named(p))
             continue
         values, treedef = jax.tree_util.tree_flatten(x, is_leaf=functools.partial(_is_not, x))
         markers = treedef.node_data()[1]  # the State's keys: `make_with_state` names them
         for k, (value, marker) in enumerate(zip(values, markers, strict=True)):
             at = _OWNER.sub("", marker, count=1) if isinstance(marker, str) else f"[{k}]"
             at = at if at.startswith((".", "[")) else "." + at
-            out += [jax.tree_util.keystr(p) + at + q for q in _paths(value)]
+            out += [named(p) + at + q for q in _paths(value)]
     return out
+
+
+class _Named:
+    """`jax.tree_util.keystr` of paths in `root`, but a child that its node's flatten
+    gives JAX by position only (`FlattenedIndexKey`, printed `[<flat index 0>]`: a
+    class registered with a plain `tree_flatten`, such as `jax.experimental.sparse.
+    BCOO`) is named by the one attribute of the node that holds it (`.data`), else
+    by its position (`[0]`)."""
+
+    def __init__(self, root: Any):
+        self.root = root
+        self._children: dict[int, tuple[Any, list[tuple[Any, Any]]]] = {}
+
+    def __call__(self, path: tuple) -> str:
+        if not any(isinstance(k, jax.tree_util.FlattenedIndexKey) for k in path):
+            return jax.tree_util.keystr(path)  # (nearly always: no walk)
+        out, node = "", self.root
+        for key in path:
+            child = dict(self.children(node)).get(key)
+            if isinstance(key, jax.tree_util.FlattenedIndexKey):
+                out += _attribute_holding(node, child) or f"[{key.key}]"
+            else:
+                out += jax.tree_util.keystr((key,))
+            node = child
+        return out
+
+    def children(self, node: Any) -> list[tuple[Any, Any]]:
+        """`node`'s own children, one level down, with their keys."""
+        hit = self._children.get(id(node))
+        if hit is None or hit[0] is not node:
+            flat, _ = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)
+            hit = self._children[id(node)] = (node, [(p[0], x) for p, x in flat if p])
+        return hit[1]
+
+
+def _attribute_holding(node: Any, child: Any) -> str | None:
+    """`.name` of the one attribute of `node` that is `child` itself; None when none
+    or several are (a skeleton of small integers, where `0 is 0`: the position then)."""
+    if child is None:
+        return None
+    attributes = dict(getattr(node, "__dict__", {}))
+    for cls in type(node).__mro__:
+        for slot in getattr(cls, "__slots__", ()):
+            if isinstance(slot, str) and slot not in attributes and hasattr(node, slot):
+                attributes[slot] = getattr(node, slot)
+    names = [name for name, value in attributes.items() if value is child]
+    return f".{names[0]}" if len(names) == 1 and names[0].isidentifier() else None
 
 
 #: `make_with_state` names a state `CNN.bn1.ema_state_index`: the model's class, then

@@ -33,7 +33,7 @@ import os
 import re
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -935,7 +935,8 @@ def call_path(eqn: JaxprEqn, body: str = "") -> CallPath:
             # > `compute_weight_mat`), as a library's do, not chunks of bare equations.
             own = (*_JAX_ALGORITHMS, body) if body and user == len(codes) else _JAX_ALGORITHMS
             method = False  # the line called an array's method (`x.mean(0)`)
-            for c in reversed(codes[:user]):
+            for k in range(user - 1, -1, -1):
+                c = codes[k]
                 if (
                     c.co_filename.startswith((_SOWVIZ_DIR + os.sep, _NUMPY_DIR))
                     or c.co_filename in _PASS_ON
@@ -952,7 +953,10 @@ def call_path(eqn: JaxprEqn, body: str = "") -> CallPath:
                 if _source_info.is_user_filename(c.co_filename) or c.co_filename.startswith(own):
                     if not names:
                         package = _package(c.co_filename)
-                    names.append(c.co_qualname)
+                    # (a maker is seen not running only below a user's frame: JAX cuts
+                    # long tracebacks, and a loop body's may start in the library)
+                    handed = _handed_out_by(c, codes[k + 1 :]) if user < len(codes) else None
+                    names.append(handed or c.co_qualname)
                     api = ""
                 elif api == "":  # the JAX function that code called (`softmax`, `norm`)
                     # (or the transform whose function it is: `jax.jacfwd(f)(x)` runs
@@ -970,6 +974,25 @@ def call_path(eqn: JaxprEqn, body: str = "") -> CallPath:
         return path
     except Exception:  # best effort, as user_location
         return CallPath()
+
+
+def _handed_out_by(code: Any, outer: Sequence[Any]) -> str | None:
+    """The function that made the private closure `code` and handed it out, when it is
+    no longer running (none of the `outer` frames): jraph's `GraphConvolution(...)`
+    returns `_ApplyGCN` for the user to call, a name the user never wrote. None for a
+    closure running inside its maker (diffrax's `_allocate_output` in `diffeqsolve`),
+    a public one, a private function's (a decorator's `_check_grads_wrapper`, which
+    only passes its call on), or a method's (Equinox's `BatchNorm.__call__.<locals>._norm`)."""
+    maker, sep, name = code.co_qualname.rpartition(".<locals>.")
+    if not sep or not name.startswith("_") or name.startswith("__") or "." in name:
+        return None
+    if maker.rpartition(".<locals>.")[2].startswith("_") or "wrap" in name:
+        return None
+    if "." in maker.rpartition(".<locals>.")[2]:
+        return None  # a method's closure
+    if any(c.co_qualname == maker and c.co_filename == code.co_filename for c in outer):
+        return None
+    return maker
 
 
 #: Library calls that call a user's function back inline, with no sub-program of their

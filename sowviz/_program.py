@@ -198,7 +198,7 @@ class Traced:
             title=title,
             tesseract_names=dict(tn) if isinstance(tn, tuple) else tn,
             in_args=self.layout.arg_of,  # inputs grouped per argument; these are "parameters":
-            parameters={a % len(args) for a in np.atleast_1d(options.grad_argnums).tolist()},
+            parameters={a % len(args) for a in options.drawn_parameters},
             state_inputs=[j for j, leaf in enumerate(spec.dynamic) if leaf in constant],
             calls=getattr(named, "sowviz_calls", None) if named is not fn else None,
         )

@@ -225,10 +225,21 @@ class InspectOptions:
         "parameters"): `argnums`, argument 0 by default, as `jax.grad`."""
         return 0 if self.argnums is None else self.argnums
 
+    @property
+    def drawn_parameters(self) -> tuple[int, ...]:
+        """The arguments the graph draws as the group "parameters": those mode "grad"
+        differentiates (`grad_argnums`); none in mode "primal", which takes no
+        derivative: there each argument keeps its name (`runner_state`)."""
+        if self.mode is Mode.PRIMAL:
+            return ()
+        nums = self.grad_argnums
+        return (nums,) if isinstance(nums, int) else tuple(nums)
+
     def graph_key(self) -> tuple:
         """What the stage graph depends on (beyond the function and its arguments): the
-        differentiated arguments (`argnums`) are the group drawn as "parameters"."""
-        return (self.capture, self.title, self.tesseract_names, self.has_aux, self.argnums)
+        arguments drawn as "parameters" (`drawn_parameters`)."""
+        primal = self.mode is Mode.PRIMAL
+        return (self.capture, self.title, self.tesseract_names, self.has_aux, self.argnums, primal)
 
     def program_key(self) -> tuple:
         """What the compiled program depends on (beyond the graph): not the values of

@@ -800,3 +800,105 @@ def test_a_kept_for_backward_note_names_its_own_calls_backward_pass():
         backward_stage("_critic", {"_critic", "_critic (backward)", "loss:9"})
         == "_critic (backward)"
     )
+
+
+_FAKE_LIBRARY = '''
+import jax.numpy as jnp
+
+
+def _normalised(h):
+    return h / jnp.sqrt(jnp.sum(h * h, axis=-1, keepdims=True) + 1.0)
+
+
+def Convolution(w):
+    """A layer as jraph makes one: a factory returning a private closure."""
+
+    def _ApplyConvolution(x):
+        h = jnp.tanh(x @ w)
+        return _normalised(h + jnp.mean(h, axis=0))
+
+    return _ApplyConvolution
+'''
+
+
+def _convolved(w, x, lib):
+    first, second = lib.Convolution(w), lib.Convolution(w.T)
+    h = first(x)
+    y = second(h)
+    return jnp.sum(y**2)
+
+
+def test_a_library_s_private_closure_is_named_by_the_function_that_made_it(tmp_path, monkeypatch):
+    # jraph's `GraphConvolution(...)` returns its closure `_ApplyGCN`: the boxes read
+    # `_ApplyGCN`, `_ApplyGCN#2`, a name the user never wrote, where optax's
+    # `scale_by_adam.<locals>.update_fn` reads `scale_by_adam`
+    import importlib
+
+    installed = tmp_path / "site-packages"  # an installed package's file: a library's
+    installed.mkdir()
+    (installed / "fakegnn.py").write_text(_FAKE_LIBRARY)
+    monkeypatch.syspath_prepend(str(installed))
+    lib = importlib.import_module("fakegnn")
+    w = jax.random.normal(jax.random.PRNGKey(0), (4, 4)) / 2
+    x = jax.random.normal(jax.random.PRNGKey(1), (6, 4))
+    ins = sowviz.inspect(functools.partial(_convolved, lib=lib), w, x)
+    labels = [n.label for n in ins.graph.children(ins.graph.root)]
+    assert "Convolution" in labels and "Convolution#2" in labels, labels
+    assert not [n.label for n in ins.graph.nodes if "_Apply" in n.label]
+    first = lib.Convolution(w)(x)
+    second = lib.Convolution(w.T)(first)
+    for name, value in (("Convolution", first), ("Convolution#2", second)):
+        got = ins.probe(name).summaries["primal"]
+        np.testing.assert_allclose(got["l2"], float(jnp.linalg.norm(value)), rtol=1e-5)
+    # the second layer's output's gradient: d sum(y^2) / dy = 2 y
+    got = ins.probe("Convolution#2").summaries["cotangent"]
+    np.testing.assert_allclose(got["l2"], float(jnp.linalg.norm(2 * second)), rtol=1e-5)
+    # named so only once its maker has returned it: a private helper running inside
+    # the function that made it (diffrax's `_allocate_output` in `diffeqsolve`) keeps
+    # its own name
+    handed = lib.Convolution(w).__code__
+    assert _compat._handed_out_by(handed, []) == "Convolution"
+    assert _compat._handed_out_by(handed, [lib.Convolution.__code__]) is None
+
+
+def _shift(pos, action):  # batched by `jax.vmap`, the switch runs every branch inline
+    return jax.lax.switch(action, [lambda p: p + 1.0, lambda p: p - 1.0, lambda p: p * 2.0], pos)
+
+
+def _walk(pos, action):
+    new = _shift(pos, action)
+    hit = jnp.any(jnp.abs(new) > 2.0)
+    return jnp.where(hit, pos, new)
+
+
+def _walks(w, pos, actions):
+    return jnp.sum(jax.vmap(_walk)(pos / w, actions) ** 2)
+
+
+def test_a_switch_batched_by_vmap_stays_in_the_call_that_made_it():
+    # Under `jax.vmap` a switch on a batched index runs each branch inline, and JAX
+    # traced each branch with a traceback of its own: the branches' `add`, `sub` and
+    # `mul` stood between the call's equations with no call, and cut `_walk` into
+    # `_walk`, loose boxes, `_walk#2`, `_walk#3`
+    w = jnp.float32(0.7)
+    pos = jax.random.normal(jax.random.PRNGKey(0), (5, 2))
+    actions = jnp.array([0, 1, 2, 1, 0])
+    ins = sowviz.inspect(_walks, w, pos, actions)
+    g = ins.graph
+    assert [n.label for n in g.nodes if re.match(r"_walk\b", n.label)] == ["_walk"]
+    walk = one(g, "_walk", "scope")
+    shift = one(g, "_shift", "scope")
+    assert shift.parent == walk.id
+    inside = {walk.id}
+    for n in g.nodes:  # (parents come before children)
+        if n.parent in inside:
+            inside.add(n.id)
+    branch_work = [n for n in g.nodes if n.kind == "eqn" and n.label in ("add", "sub", "mul")]
+    assert branch_work and all(n.id in inside for n in branch_work), branch_work
+    walked = jax.vmap(_walk)(pos / w, actions)
+    got = ins.probe("_walk").summaries
+    np.testing.assert_allclose(got["primal"]["l2"], float(jnp.linalg.norm(walked)), rtol=1e-5)
+    np.testing.assert_allclose(
+        got["cotangent"]["l2"], float(jnp.linalg.norm(2 * walked)), rtol=1e-5
+    )
+    np.testing.assert_allclose(float(ins.result[0]), float(_walks(w, pos, actions)), rtol=1e-6)

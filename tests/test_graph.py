@@ -1865,3 +1865,64 @@ def test_a_function_returning_a_dict_numbers_its_outputs_as_it_returns_them():
         summary = got[leaf].summaries["primal"]
         assert summary["shape"] == list(np.shape(value)), leaf
         np.testing.assert_allclose(summary["mean"], np.mean(value), rtol=1e-5, err_msg=leaf)
+
+
+def _env_step_packing(s, a):
+    s2 = s + 0.1 * a
+    reward = -jnp.sum(s2**2)
+    obs = s2 * 2.0
+    new_state = {"s": s2}  # no equation: `s2` is the returned state's leaf
+    return obs, new_state, reward
+
+
+def test_a_value_a_function_packs_into_its_result_takes_that_place():
+    # `return obs, new_state, reward` with `new_state = {"s": s2}`: [0] was the state,
+    # [1] the reward and [2] obs, in program order
+    def loss(w, s0):
+        obs, state, reward = _env_step_packing(s0, jnp.tanh(s0 @ w))
+        return reward + jnp.sum(obs) + jnp.sum(state["s"] ** 2)
+
+    w, s0 = jnp.eye(2) * 0.5, jnp.array([0.3, 0.4])
+    ins = sowviz.inspect(loss, w, s0, mode="primal")
+    s2 = np.asarray(s0) + 0.1 * np.tanh(np.asarray(s0) @ np.asarray(w))
+    want = {"[0]": 2 * s2, "[1]": s2, "[2]": -np.sum(s2**2)}
+    got = {p.leaf: p for p in ins.probes if ins.probe_path(p).endswith("_env_step_packing")}
+    assert sorted(got) == sorted(want)
+    for leaf, value in want.items():
+        summary = got[leaf].summaries["primal"]
+        assert summary["shape"] == list(np.shape(value)), leaf
+        np.testing.assert_allclose(summary["mean"], np.mean(value), rtol=1e-5, err_msg=leaf)
+
+
+def _rollout(runner_state, w):
+    def step(carry, _):
+        env_s, obs = carry
+        env_s = env_s + 0.1 * jnp.tanh(obs @ w)
+        return (env_s, env_s * 2.0), jnp.sum(env_s**2)
+
+    return jax.lax.scan(step, runner_state, None, length=4)
+
+
+def test_mode_primal_keeps_every_arguments_name():
+    # nothing is differentiated in mode primal: `runner_state` was drawn as `parameters`
+    runner_state = (jnp.zeros((3, 2)), jnp.ones((3, 2)))
+    w = jnp.eye(2) * 0.5
+
+    def loss(runner_state, w):
+        return jnp.sum(_rollout(runner_state, w)[1])
+
+    for fn, mode, first in ((loss, "grad", "parameters"), (_rollout, "primal", "runner_state")):
+        ins = sowviz.inspect(fn, runner_state, w, mode=mode)
+        top = [n.label for n in ins.graph.children(ins.graph.root) if n.kind != "output"]
+        assert top[:2] == [first, "w"], (mode, top)
+        obs = ins.probe(f"{first}/[1]").summaries["primal"]
+        np.testing.assert_allclose(obs["mean"], 1.0)  # the argument's own values
+    # one function in both modes: each its own picture, grad's paths as they were
+    both = sowviz.inspect(loss, runner_state, w, mode="primal")
+    assert both.probe("runner_state/[0]").summaries["primal"]["mean"] == 0.0
+    grad = sowviz.inspect(loss, runner_state, w)
+    np.testing.assert_allclose(
+        grad.probe("parameters/[1]").summaries["cotangent"]["l2"],
+        np.linalg.norm(jax.grad(loss)(runner_state, w)[1]),
+        rtol=1e-5,
+    )

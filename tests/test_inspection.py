@@ -1406,3 +1406,50 @@ def test_a_sow_under_a_grad_inside_fn_shows_the_outer_modes_and_its_inner_cotang
     np.testing.assert_allclose(
         primal.probe("scale", leaf="inner cotangent").summaries["primal"]["mean"], inner, rtol=1e-5
     )
+
+
+def _sparse_loss(w, A, x):
+    return jnp.sum((A @ (x * w)) ** 2)
+
+
+def test_a_sparse_matrix_s_leaves_are_named_by_its_attributes():
+    # A `BCOO` gives JAX its children by position only: they were labelled
+    # `[<flat index 0>]`, `[<flat index 1>]`, and found as `A/[<flat index 0>]`
+    from jax.experimental import sparse
+
+    A = sparse.BCOO.fromdense(jnp.eye(5) * 2.0)
+    w, x = jnp.ones(5), jnp.arange(5.0)
+    ins = sowviz.inspect(_sparse_loss, w, A, x, mode="all")
+    g = ins.graph
+    (group,) = [n for n in g.children(g.root) if n.label == "A"]
+    assert [n.label for n in g.children(group.id)] == ["data", "indices"]
+    assert not [n.label for n in g.nodes if "flat index" in n.label]
+    # y = A @ (x * w) = 2 v with v = x * w; d sum(y^2) / d data_i = 2 y_i v_i = 4 v_i^2
+    v = np.asarray(x * w)
+    got = ins.probe("A/data").summaries
+    np.testing.assert_allclose(got["primal"]["l2"], np.linalg.norm(np.asarray(A.data)), rtol=1e-6)
+    np.testing.assert_allclose(got["cotangent"]["l2"], np.linalg.norm(4 * v**2), rtol=1e-5)
+
+
+@jax.tree_util.register_pytree_node_class
+class _Pair:
+    """A pytree that gives JAX its children by position only, as `BCOO` does."""
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+    def tree_flatten(self):
+        return (self.a, self.b), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children)
+
+
+def test_leaves_given_by_position_are_named_by_the_attribute_holding_them():
+    from sowviz._args import _paths
+
+    x, y = jnp.zeros(2), jnp.ones(3)
+    assert _paths({"p": _Pair(x, [y, y])}) == ["['p'].a", "['p'].b[0]", "['p'].b[1]"]
+    # one object in both attributes: which is which is unknown, so its position
+    assert _paths([_Pair(x, x)]) == ["[0][0]", "[0][1]"]

@@ -323,7 +323,8 @@ def test_a_tree_map_line_at_a_small_level_is_one_box_named_by_what_it_assigns():
     ins = sowviz.inspect(_unscale, grads, mode="primal")
     top = [n for n in ins.graph.nodes if n.parent == ins.graph.root]
     assert [n.label for n in top].count("div") == 0, [n.label for n in top]
-    (box,) = (n for n in top if n.label == "grads")
+    # (mode primal draws the argument `grads` under its own name: the line's is the next)
+    (box,) = (n for n in top if n.label == "grads#2")
     assert box.n_eqns == 3
     got = {p.leaf: p.summaries["primal"]["mean"] for p in ins.probes if p.node == box.id}
     want = sorted(float(jnp.mean(g / 4.0)) for g in grads.values())
@@ -558,3 +559,120 @@ def test_a_line_taking_a_jacobian_is_named_by_what_it_assigns():
     # its gradient: d mean((u_x + u)^2) / d u_x
     want = 2 * (u_x + u) / xs.size
     np.testing.assert_allclose(got["cotangent"]["l2"], np.linalg.norm(want), rtol=1e-5)
+
+
+def _transitions(W, h):
+    As = jnp.tanh(jnp.einsum("tn,nij->tij", h, W)) * 0.3
+    Bs = jnp.einsum("tn,nij->tij", h, W)
+    return jnp.sum(As**2) + jnp.sum(Bs**2)
+
+
+def test_an_einsum_inside_what_a_line_assigns_keeps_its_subscripts():
+    # `As = jnp.tanh(jnp.einsum(...)) * 0.3`: the einsum's box was labelled `As`, and
+    # `probe("As")` gave the einsum's value (l2 44.2) for As's (4.0): a wrong number
+    # under the name the user looks for. `Bs = jnp.einsum(...)` is the line's value.
+    W = jax.random.normal(jax.random.PRNGKey(0), (6, 4, 4))
+    h = jax.random.normal(jax.random.PRNGKey(1), (16, 6))
+    ins = sowviz.inspect(_transitions, W, h)
+    labels = [n.label for n in ins.graph.children(ins.graph.root)]
+    assert "As" not in labels and labels.count("Bs") == 1, labels
+    e = jnp.einsum("tn,nij->tij", h, W)
+    got = ins.probe("tn,nij->tij").summaries
+    np.testing.assert_allclose(got["primal"]["l2"], float(jnp.linalg.norm(e)), rtol=1e-5)
+    # d/de of sum((tanh(e) * 0.3)^2) = 2 * 0.09 * tanh(e) * (1 - tanh(e)^2)
+    want = 0.18 * jnp.tanh(e) * (1 - jnp.tanh(e) ** 2)
+    np.testing.assert_allclose(got["cotangent"]["l2"], float(jnp.linalg.norm(want)), rtol=1e-4)
+    bs = ins.probe("Bs").summaries
+    np.testing.assert_allclose(bs["primal"]["l2"], float(jnp.linalg.norm(e)), rtol=1e-5)
+    np.testing.assert_allclose(bs["cotangent"]["l2"], float(jnp.linalg.norm(2 * e)), rtol=1e-5)
+
+
+def test_a_line_assigning_a_call_s_result_is_read_from_the_source(tmp_path):
+    from sowviz.graph.source_text import assigned_by_call
+
+    src = tmp_path / "m.py"
+    src.write_text(
+        "def f(x, w):\n"  # 1
+        "    q = jnp.einsum('ij,jk->ik', x, w)\n"  # 2
+        "    a = jnp.tanh(jnp.einsum('ij,jk->ik', x, w)) * 0.3\n"  # 3
+        "    a += einsum('ij,jk->ik', x, w)\n"  # 4
+        "    k: Array = einsum(\n"  # 5
+        "        'ij,jk->ik', x, w)\n"  # 6
+        "    v = jnp.einsum('ij,jk->ik', x, w).astype(x.dtype)\n"  # 7
+        "    return jnp.einsum('ij,jk->ik', x, w)\n"  # 8
+    )
+    got = [assigned_by_call(str(src), n, "einsum") for n in range(1, 9)]
+    assert got == [None, "q", None, None, "k", "k", None, None]
+
+
+def test_a_value_packed_into_a_returned_container_takes_its_place(tmp_path):
+    # `return obs, new_state, reward` with `new_state = {"s": s2}`: `s2`'s line assigns
+    # no returned name, so the function's outputs fell back to program order
+    from sowviz.graph.source_text import returned_place
+
+    src = tmp_path / "env.py"
+    src.write_text(
+        "def step(s, a):\n"  # 1
+        "    s2 = s + a\n"  # 2
+        "    reward = -s2\n"  # 3
+        "    obs = s2 * 2\n"  # 4
+        "    t = a * 3\n"  # 5
+        "    new_state = {'s': s2, 'inner': (t, a)}\n"  # 6
+        "    return obs, new_state, reward\n"  # 7
+        "def step2(s, a):\n"  # 8
+        "    s2 = s + a\n"  # 9
+        "    st = State(s=s2)\n"  # 10
+        "    st = st.replace(t=a)\n"  # 11
+        "    return s2 * 2, st\n"  # 12
+        "def step3(s, a):\n"  # 13
+        "    s2 = s + a\n"  # 14
+        "    y = jnp.stack([s2, a])\n"  # 15
+        "    return s2 * 2, {'s': s2}, y\n"  # 16
+        "def step4(s, a):\n"  # 17
+        "    s2 = s + a\n"  # 18
+        "    return {'s': s2}, (s2, a)\n"  # 19
+    )
+    got = {n: returned_place(str(src), n) for n in (2, 3, 4, 5, 9, 14)}
+    # a name packed into a dict, a tuple in it, a dataclass, a `.replace`; a name a
+    # computed element (`jnp.stack`) reads is no leaf of it
+    assert got == {2: 1, 3: 2, 4: 0, 5: 1, 9: 1, 14: 1}
+    assert returned_place(str(src), 18) is None  # packed into two elements: unknown
+
+
+_N_STATE = 16  # an optimiser state's leaves, unbatched until the scan's carry mixes them
+
+
+def _vmapped_train(rng):
+    w = jax.random.normal(rng, (3,))
+    state = tuple(jnp.zeros(3) for _ in range(_N_STATE))
+
+    def update(carry, _):
+        w, state = carry
+        g = jnp.tanh(w)
+        state = tuple(s * 0.9 + g for s in state)
+        return (w - 0.1 * sum(state), state), jnp.sum(w**2)
+
+    (w, state), losses = jax.lax.scan(update, (w, state), None, 3)
+    return losses
+
+
+def test_a_vmapped_scan_s_carry_broadcasts_are_one_group_beside_it():
+    # `jax.vmap(train)` batches the scan's carry: JAX broadcasts each unbatched leaf on
+    # the scan's line, made by `lax.scan`; a fold named `scan` would restate the
+    # `scan(update)` stage, so they stood loose, 16 boxes (32 in purejaxrl's PPO, whose
+    # level then passed 40 nodes and was cut into `train`, `train#2`, `train#3`)
+    rngs = jax.random.split(jax.random.PRNGKey(0), 2)
+    ins = sowviz.inspect(jax.vmap(_vmapped_train), rngs, mode="primal")
+    g = ins.graph
+    top = g.children(g.root)
+    assert not [n for n in top if n.label == "broadcast_in_dim"], [n.label for n in top]
+    (group,) = [n for n in top if n.kind == "scope" and n.label == "scan(update) setup"]
+    inside = [n for n in g.children(group.id)]
+    assert [n.label for n in inside] == ["broadcast_in_dim"] * _N_STATE
+    # each is the state's zeros, batched: (2, 3) zeros
+    for k in range(_N_STATE):
+        got = ins.probe("scan(update) setup", leaf=f"[{k}]").summaries["primal"]
+        assert got["zeros"] == 2 * 3 and got["l2"] == 0.0, got
+    np.testing.assert_allclose(
+        np.asarray(ins.result), np.asarray(jax.jit(jax.vmap(_vmapped_train))(rngs)), rtol=1e-6
+    )

@@ -192,6 +192,44 @@ def _common(chains: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
     return first[:n]
 
 
+def _inlined_bodies(
+    calls: Sequence[Chain], roots: Sequence[tuple[int, int] | None]
+) -> tuple[list[Chain], list[tuple[int, int] | None]]:
+    """`calls` and `roots` (per equation, as `group_calls` takes them) with the work of
+    a body that JAX traced apart and then inlined here put in the call that made it.
+    JAX traces a body with a traceback of its own, starting at the body's function
+    (a `lax.switch` branch, `lambda p: p + 1`), and under `jax.vmap` a switch or cond
+    on a batched index runs every branch inline and selects among their results: the
+    branches' equations stood between the call's own (`env_step` > `move`) with no
+    call at all, and cut that call into five (`env_step`, a loose `add`, `env_step#2`
+    ...). Such equations are those whose outermost user frame is another function
+    than the level's (the one the level's last equation was made in: the selection
+    comes after the branches) between two equations of the level's function; they
+    are taken as made in the call of the equation after them (the select), their own
+    calls (a branch calling a helper) inside it."""
+    calls, roots = list(calls), list(roots)
+    codes = [r[0] if r is not None else None for r in roots[: len(calls)]]
+    rooted = [m for m, code in enumerate(codes) if code is not None]
+    if not rooted:
+        return calls, roots
+    own = codes[rooted[-1]]
+    k = 0
+    while k < len(rooted):
+        if codes[rooted[k]] == own:
+            k += 1
+            continue
+        j = k  # the run made in another function's traceback (the last one is own's)
+        while codes[rooted[j]] != own:
+            j += 1
+        if k > 0:  # (before any of the level's own: a library's call back, left as it was)
+            after = rooted[j]
+            for m in rooted[k:j]:
+                calls[m] = (*(calls[after] or ()), *(calls[m] or ()))
+                roots[m] = roots[after]
+        k = j
+    return calls, roots
+
+
 def group_calls(
     names: Sequence[tuple[str, ...]],
     calls: Sequence[Chain],
@@ -216,6 +254,7 @@ def group_calls(
     only wrap; `by_lambda` (`_compat.UserFrames.by_lambda`): the equation was made in a
     lambda of the user's, no library's work on its caller's line."""
     out = list(names)
+    calls, roots = _inlined_bodies(calls, roots)
     if not any(calls):  # no call below the outermost frame (or none known)
         return out, {}
     stages = stages or [None] * len(out)

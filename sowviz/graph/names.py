@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from .. import _compat
 from . import frameworks
-from .source_text import assigned, is_return, statement_line
+from .source_text import assigned, assigned_by_call, is_return, statement_line
 
 _TOKEN = re.compile(r"\['((?:[^'\\]|\\.)*)'\]|\[(-?\d+)\]|\.([^.\[\]]+)|\[([^\]]*)\]")
 
@@ -239,7 +239,9 @@ def function_label(qualname: str) -> tuple[str, bool]:
     """A readable name for a function from its `__qualname__`, and whether it only
     passes the call on (a decorator's wrapper). A lambda or comprehension is named by
     the function it is written in (`tree_update_moment`), a generic closure by the
-    one that made it (`scale_by_adam`), a method by its class (`Optimizer.update`)."""
+    one that made it (`scale_by_adam`), a method by its class (`Optimizer.update`).
+    (A private closure its maker handed out is named by the maker already in
+    `_compat.call_path`: jraph's `_ApplyGCN` is `GraphConvolution`.)"""
     parts = qualname.split(".")
     while (
         len(parts) > 2
@@ -700,6 +702,31 @@ def _fold(
             ):
                 name = FOLD + (f"{label(i, j, k)}\x01{k}" if label else k)
                 if restated(range(i, j + 1), fold_label(name)):
+                    # The stage apart, the line's other work around it is still a group
+                    # (`jax.vmap` batching a scan's unbatched carry: a broadcast per
+                    # leaf of an optimiser state, 32 loose boxes before `scan(step)`).
+                    # Before the stage it is the stage's setup (`scan(step) setup`: named by
+                    # what the line assigns, it read as the scan's result); after it,
+                    # what the line assigns.
+                    a, b = i, j
+                    while a <= b and a < len(stages) and stages[a]:
+                        a += 1
+                    while b >= a and b < len(stages) and stages[b]:
+                        b -= 1
+                    if (
+                        (a, b) != (i, j)
+                        and b + 1 - a >= max(least, 3)
+                        and not any(m < len(stages) and stages[m] for m in range(a, b + 1))
+                    ):
+                        loc, line = locs[a], k.split("\x02", 1)[0]
+                        apart = (
+                            f"{fold_label(stages[b + 1])} setup"
+                            if a == i
+                            else (assigned(loc.file, loc.line) if loc is not None else None) or line
+                        )
+                        for m in range(a, b + 1):
+                            at = len(scope_of(m)) if inner else 0
+                            out[m] = (*out[m][:at], f"{FOLD}{apart}\x01{k}\x05", *out[m][at:])
                     i = j + 1
                     continue
                 for m in range(i, j + 1):
@@ -1050,7 +1077,9 @@ def scope_label(name: str, loc: Any, called: Sequence[str] = ()) -> str:
         return fold_label(name)
     yours = tuple(called) == ("einsum",) and _EINSUM.match(fold_label(name)) is not None
     if _AGAIN in name or yours:
-        return assigned(loc.file, loc.line) or fold_label(name)
+        # (only when the einsum is what the line assigns: in `As = jnp.tanh(jnp.einsum(
+        # ...)) * 0.3` the box named `As` held the einsum's value, not As)
+        return assigned_by_call(loc.file, loc.line, "einsum") or fold_label(name)
     return fold_label(name)
 
 

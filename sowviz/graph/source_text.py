@@ -25,6 +25,27 @@ def assigned(file: str, line: int) -> str | None:
     return _shortened(_targets(file, line) or [])
 
 
+def assigned_by_call(file: str, line: int, function: str) -> str | None:
+    """`assigned`'s answer when what the line assigns is a call of `function` itself
+    (`q = jnp.einsum(...)`, `q: Array = einsum(...)`): the call's box holds the line's
+    value. None when the line assigns a value computed from the call's (`As =
+    jnp.tanh(jnp.einsum(...)) * 0.3`, `y += jnp.einsum(...)`): the name belongs to the
+    box of the line's last work, not to the call's."""
+    statements = _statements_at("".join(linecache.getlines(file)), line)
+    if not statements or not all(_assigns_call(st, function) for st in statements):
+        return None
+    return assigned(file, line)
+
+
+def _assigns_call(st: ast.stmt, function: str) -> bool:
+    """Whether `st` assigns the result of a call of `function` (by name or attribute)."""
+    if not isinstance(st, (ast.Assign, ast.AnnAssign)) or not isinstance(st.value, ast.Call):
+        return False
+    called = st.value.func
+    name = called.attr if isinstance(called, ast.Attribute) else getattr(called, "id", None)
+    return name == function
+
+
 def _targets(file: str, line: int, column: int | None = None) -> list[str] | None:
     statements = _statements_at("".join(linecache.getlines(file)), line)
     if column is not None and len(statements) > 1:  # `kc = ...; vc = ...`: the one there
@@ -165,12 +186,84 @@ def returned_place(file: str, line: int, column: int | None = None) -> int | Non
     if here:  # made on the return line: the one element that is an expression
         places = [k for k, e in enumerate(elements) if e is None]
         return places[0] if len(returns) == 1 and len(places) == 1 else None
-    places = [
-        k
-        for k, e in enumerate(elements)
-        if e is not None and e in (_targets(file, line, column) or ())
-    ]
+    targets = set(_targets(file, line, column) or ())
+    places = [k for k, e in enumerate(elements) if e is not None and e in targets]
+    if not places:  # a name the function packs into what it returns: `{"s": s2}`
+        packed = _packed(fn, returns)
+        places = [k for k, names in enumerate(packed) if names & targets]
     return places[0] if len(places) == 1 else None
+
+
+def _packed(fn: ast.AST, returns: list[ast.Return]) -> list[set[str]]:
+    """Per element of `fn`'s returns, the names packed into it, as its leaves: those
+    in a container written there (`return obs, {"s": s2}, r`), or in one assigned to a
+    returned name (`new_state = {"s": s2}`; `State(s=s2)`, `state.replace(s=s2)`,
+    `dict(s=s2)`), followed through names packed in turn. An element that is
+    computed (`jnp.stack([a, b])`, `a + b`) packs nothing: its leaves are new values."""
+    assigned: dict[str, list[ast.expr]] = {}
+    for node in _own_nodes(fn):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            if isinstance(node.targets[0], ast.Name):
+                assigned.setdefault(node.targets[0].id, []).append(node.value)
+    out: list[set[str]] = []
+    for k in range(len(_elements_of(returns[0].value))):
+        names: set[str] = set()
+        todo = [_elements_of(r.value)[k] for r in returns]
+        while todo:
+            expr = todo.pop()
+            if isinstance(expr, ast.Name):
+                todo.extend(assigned.get(expr.id, ()))
+            for part in _container_parts(expr):
+                if isinstance(part, ast.Name):
+                    if part.id in names:  # (seen: `x = (x, y)` ends)
+                        continue
+                    names.add(part.id)
+                todo.append(part)
+        out.append(names)
+    return out
+
+
+def _elements_of(value: ast.expr | None) -> list[ast.expr]:
+    """The expressions a return returns (one when it returns no tuple)."""
+    if value is None:
+        return []
+    return list(value.elts) if isinstance(value, ast.Tuple) else [value]
+
+
+def _container_parts(expr: ast.expr) -> list[ast.expr]:
+    """What a container written in the source holds: a tuple's, list's or dict's
+    items, a class's or `dict`'s arguments (`State(s=s2)`), a `.replace(s=s2)`'s
+    keywords; nothing for any other expression."""
+    if isinstance(expr, (ast.Tuple, ast.List)):
+        return list(expr.elts)
+    if isinstance(expr, ast.Dict):
+        return list(expr.values)
+    if not isinstance(expr, ast.Call):
+        return []
+    called = expr.func
+    name = called.attr if isinstance(called, ast.Attribute) else getattr(called, "id", "")
+    keywords = [kw.value for kw in expr.keywords]
+    if name == "replace":
+        return keywords
+    if name == "dict" or name[:1].isupper():  # a dataclass, NamedTuple or struct
+        return [*expr.args, *keywords]
+    return []
+
+
+#: Statements whose bodies are another function's or class's
+_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+
+
+def _own_nodes(fn: ast.AST) -> list[ast.AST]:
+    """The nodes of `fn`'s own body, not of the functions and classes it defines."""
+    out: list[ast.AST] = []
+    todo = list(ast.iter_child_nodes(fn))
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        if not isinstance(node, _DEFINITIONS):
+            todo.extend(ast.iter_child_nodes(node))
+    return out
 
 
 def _elements(value: ast.expr | None) -> tuple[str | None, ...] | None:
