@@ -826,3 +826,69 @@ def test_sinks_count_their_threads_cpu_building_entries_apart_from_writing(tmp_p
     assert sink.cpu_entries >= 0.05
     assert 0 < sink.cpu_writing < 0.05
     assert [fmt.canonical(e) for e in load(tmp_path / "log").history] == [fmt.canonical(step)]
+
+
+def stacked_rows(members: int) -> tuple[np.ndarray, list]:
+    """`members` float32 arrays of 50 values (one all NaN: no finite value; one with
+    infinities), summarised as one stack, and its members as `SummaryRow`s."""
+    from sowviz.summary import summarize, to_host
+    from sowviz.summary_data import SummaryRow, stack_rows
+
+    x = np.random.default_rng(members).normal(size=(members, 50)).astype(np.float32)
+    x[3], x[5, :3], x[7, :2] = np.nan, np.inf, 0.0
+    stack = to_host(jax.vmap(lambda v: summarize(v, bins=8))(jax.numpy.asarray(x)))
+    rows = stack_rows(stack)
+    return x, [SummaryRow(rows, j, (50,), "float32", False) for j in range(members)]
+
+
+def test_a_monitor_entry_builds_its_stacks_statistics_without_python_per_row_or_value():
+    # A recorded step keeps each summary's statistics and histogram (`_entry`): built
+    # for a whole stack at once, a row costs its call (3 lines: `stats_json`, `stats`),
+    # nothing per field or value. Each row's whole JSON was built (its loghist lists
+    # too, ~25 lines a row) and mostly thrown away, on the sinks' thread holding the GIL.
+    from sowviz import _entry, summary_data
+    from sowviz.inspection import Probe
+
+    def entry_lines(members: int) -> int:
+        _, rows = stacked_rows(members)
+        probes = [Probe(f"p{j}", "w", "", "n1", True, {"primal": r}) for j, r in enumerate(rows)]
+        return python_lines(lambda: [_entry.lite_summaries(p) for p in probes], summary_data)
+
+    per_row = (entry_lines(256) - entry_lines(16)) / 240
+    assert per_row <= 3, f"{per_row} lines of summary_data per row of a stack"
+    x, rows = stacked_rows(64)
+    for j, row in enumerate(rows):
+        (got,) = _entry.lite_summaries(Probe("p", "w", "", "n1", True, {"primal": row})).values()
+        v = x[j]
+        finite = v[np.isfinite(v)]
+        assert list(got) == [*sowviz.summary.STAT_KEYS, "hist"]
+        assert type(got) is dict  # not `Float32Json`: an entry's floats are plain ones
+        assert [got[k] for k in ("count", "nan", "posinf", "neginf", "zeros")] == [
+            finite.size,
+            np.isnan(v).sum(),
+            np.isposinf(v).sum(),
+            np.isneginf(v).sum(),
+            (v == 0).sum(),
+        ]
+        assert all(type(got[k]) is int for k in ("count", "nan", "posinf", "neginf", "zeros"))
+        stack = row.rows._stack
+        if finite.size == 0:
+            assert [got[k] for k in ("min", "max", "mean", "std", "l2", "absmax")] == [
+                *[None] * 4,
+                0.0,
+                None,
+            ]
+        else:
+            assert (got["min"], got["max"]) == (float(finite.min()), float(finite.max()))
+            assert got["absmax"] == float(np.abs(finite).max())
+            for k, want in [("mean", finite.mean()), ("std", finite.std())]:
+                assert got[k] == float(getattr(stack, k)[j])
+                assert got[k] == pytest.approx(float(want), rel=1e-5, abs=1e-6)
+            assert got["l2"] == pytest.approx(float(np.linalg.norm(finite.astype(np.float64))))
+        assert got["hist"] == {
+            "edges": stack.hist_edges[j].tolist(),
+            "counts": stack.hist_counts[j].tolist(),
+        }
+        assert sum(got["hist"]["counts"]) == finite.size
+        full = row.to_json()  # the summary's own JSON: the same values, the same types
+        assert json.dumps(got) == json.dumps({k: full[k] for k in got})

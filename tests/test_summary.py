@@ -1647,3 +1647,50 @@ def test_an_l2_past_float32_is_the_true_norm_in_json_not_float32_max() -> None:
     np.testing.assert_allclose(
         probe["summaries"]["primal"]["l2"], np.linalg.norm(filled), rtol=1e-4
     )
+
+
+def test_stack_rows_stats_are_their_rows_json_statistics_and_histogram() -> None:
+    # `SummaryRow.stats_json` (a Monitor step's entry) is built for the whole stack at
+    # once; each row must be exactly its `to_json()`'s statistics and histogram, also
+    # for a row with no finite value (None, l2 0.0) and one whose l2 leaves float32's
+    # range (the float64 norm, `norm_json`).
+    big = np.float32(-0.7) * np.finfo(np.float32).max
+    x = np.random.default_rng(5).normal(size=(6, 16)).astype(np.float32)
+    x[1], x[2], x[3, :4], x[4, :5] = np.nan, big, np.inf, -np.inf
+    stack = to_host(jax.vmap(lambda v: summarize(v, bins=4))(jnp.asarray(x)))
+    from sowviz.summary_data import stack_rows
+
+    rows = stack_rows(stack)
+    for j in range(len(x)):
+        row = SummaryRow(rows, j, (16,), "float32", False)
+        full, got = row.to_json(), row.stats_json()
+        assert type(got) is dict
+        assert json.dumps(got) == json.dumps({k: full[k] for k in (*summary_mod.STAT_KEYS, "hist")})
+        finite = x[j][np.isfinite(x[j])]
+        assert got["count"] == finite.size
+        assert got["hist"]["counts"] == stack.hist_counts[j].tolist()
+    assert rows.stats(1)["min"] is None and rows.stats(1)["l2"] == 0.0
+    want = math.sqrt(16) * abs(float(big))  # float64: past float32's largest
+    assert rows.stats(2)["l2"] == pytest.approx(want, rel=1e-4)
+    assert rows.stats(2)["l2"] > float(np.finfo(np.float32).max)
+
+
+def test_summary_stats_json_is_its_json_statistics_and_histogram() -> None:
+    # A summary of its own (one with per-iteration statistics: a scan's stage) gives a
+    # Monitor's step its statistics and histogram without its loghist and per-iteration
+    # JSON; the same values, types and order as `to_json()`'s.
+    x = np.random.default_rng(6).normal(size=(5, 12)).astype(np.float32)
+    x[2] = np.nan
+    x[0, 0] = np.inf
+    s = to_host(summarize(jnp.asarray(x), bins=4, per_iteration=True))
+    full, got = s.to_json(), s.stats_json()
+    assert "per_iteration" in full and type(got) is dict
+    assert list(got) == [*summary_mod.STAT_KEYS, "hist"]
+    assert json.dumps(got) == json.dumps({k: full[k] for k in got})
+    finite = x[np.isfinite(x)]
+    assert (got["count"], got["nan"], got["posinf"]) == (finite.size, 12, 1)
+    assert (got["min"], got["max"]) == (float(finite.min()), float(finite.max()))
+    empty = to_host(summarize(jnp.full((3,), jnp.nan), bins=4)).stats_json()
+    assert [empty[k] for k in ("count", "min", "l2", "absmax")] == [0, None, 0.0, None]
+    with pytest.raises(ValueError, match="stats_json needs one summary"):
+        to_host(jax.vmap(lambda v: summarize(v, bins=4))(jnp.asarray(x))).stats_json()
