@@ -5,10 +5,11 @@ each an outer `while_loop` (the tree doubling) around an inner `while_loop` (the
 leapfrog steps), whose bodies call a few dozen small functions (stages, each probed:
 hundreds of probes of one or two elements inside the loops). With one carried value
 per probe in every while loop and one stacked output per probe in the scan, the
-capture program compiles 7-8x longer than the plain one (NUTS itself, 20 steps: 10.7 s
-against 0.8 s). Carrying a loop's small captures in one buffer per dtype cut that to
-1.9-2.9 s (session 33) but was taken back: it broke an error message of a diffrax
-loop and made a diffrax `ForwardMode` solve compile 1.8x longer (issue 15).
+capture program compiled 7-8x longer than the plain one (NUTS itself, 20 steps: 10.7 s
+against 0.8 s); its captures now ride in one buffer per dtype (`capture.packing.Carried`)
+and leave the program as that buffer, through any `jit` or `remat` around the loop too
+(`capture.packing.Passed`: cut inside a diffrax solve's `jit`, each capture was a
+kernel of its own, and its first `inspect` took 1.8x longer than with no buffer).
 
 Rows: per case, the first `inspect` (mode primal: trace, compile, run, summaries) over
 `jax.jit(fn)`'s first call, both measured in this process, and the capture program's

@@ -1481,3 +1481,258 @@ def test_inspect_through_a_vmapped_while_loop_matches_jit_and_locates_its_nan():
     ins = sowviz.inspect(_grow_for, xs, jnp.array([1, 3, 2]), mode="jvp", tangents=t)
     _, plain_dot = jax.jvp(lambda x: _grow_for(x, jnp.array([1, 3, 2])), (xs,), (t[0],))
     close(ins.result[1][0], plain_dot[0])
+
+
+# --- nested loops: captures carried per buffer, not per value -----------------------
+
+_NUTS_WIDTH = 5  # sows of the inner loop's body (NUTS's leapfrog: dozens of small stages)
+
+
+def _nuts_shaped(steps: int):
+    """A scan of steps, each an outer while (tree doubling) around an inner while
+    (leapfrog steps), many small sows in both bodies, a cond sowing in one branch and an
+    int32 sow: the shape of BlackJAX's NUTS, whose capture program compiled 7x longer
+    than the plain one with one carried value per sow."""
+
+    def inner(c):
+        i, n, q = c
+        for k in range(_NUTS_WIDTH):
+            q = q + 0.01 * sow(jnp.tanh(q * (1.0 + 0.1 * k)), f"h{k}")
+        q = lax.cond(q[0] > 0, lambda q: sow(q * 0.5, "pos"), lambda q: q, q)
+        sow(2 * i, "twice")  # int32
+        return i + 1, n, q
+
+    def outer(c):
+        d, q = c
+        _, _, q = lax.while_loop(lambda c: c[0] < c[1], inner, (0, d, q))
+        return d + 1, sow(q - 0.1 * jnp.sum(q), "tree")
+
+    def step(q, _):
+        q = lax.while_loop(lambda c: c[0] < 3, outer, (0, q))[1]
+        return q, q
+
+    def fn(q):
+        return lax.scan(step, q, None, length=steps)[1]
+
+    return fn
+
+
+def _nuts_shaped_in_python(q: np.ndarray, steps: int, loops: int) -> dict:
+    """`_nuts_shaped`'s captures with `loops=loops`, computed by Python loops in NumPy
+    float32: per name, the rows `(steps, outer rows, [inner rows,] ...)`, zeros where
+    nothing ran, and the `taken` flags of "pos"."""
+    f32 = np.float32
+    inner_names = [f"h{k}" for k in range(_NUTS_WIDTH)] + ["pos", "twice"]
+    got = {n: np.zeros((steps, loops, loops, 2), f32) for n in inner_names[:-1]}
+    got["twice"] = np.zeros((steps, loops, loops), np.int32)
+    got["taken"] = np.zeros((steps, loops, loops), bool)
+    got["tree"] = np.zeros((steps, loops, 2), f32)
+    q = q.astype(f32)
+    for s in range(steps):
+        for d in range(3):
+            for i in range(d):
+                for k in range(_NUTS_WIDTH):
+                    h = np.tanh(q * f32(1.0 + 0.1 * k))
+                    got[f"h{k}"][s, d, i] = h
+                    q = q + f32(0.01) * h
+                if q[0] > 0:
+                    q = q * f32(0.5)
+                    got["pos"][s, d, i], got["taken"][s, d, i] = q, True
+                got["twice"][s, d, i] = 2 * i
+            q = q - f32(0.1) * np.sum(q)
+            got["tree"][s, d] = q
+    return got
+
+
+def _while_carries(jaxpr) -> list[int]:
+    """The number of values each while loop of `jaxpr` (nested ones included) carries."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "while":
+            p = eqn.params
+            found.append(len(eqn.invars) - p["cond_nconsts"] - p["body_nconsts"])
+        for v in eqn.params.values():
+            for j in v if isinstance(v, (tuple, list)) else [v]:
+                inner = getattr(j, "jaxpr", j)
+                if hasattr(inner, "eqns"):
+                    found += _while_carries(inner)
+    return found
+
+
+def test_nested_loop_captures_ride_in_one_buffer_per_dtype_with_values_unchanged():
+    steps, q0 = 3, np.asarray([0.4, -0.7], np.float32)
+    fn = _nuts_shaped(steps)
+    want = _nuts_shaped_in_python(q0, steps, loops=3)
+    res, raw = save_intermediates(fn, loops=3)(jnp.asarray(q0))
+    close(res, jax.jit(fn)(q0))
+    for name in [f"h{k}" for k in range(_NUTS_WIDTH)] + ["tree"]:
+        close(raw[name]["primal"], want[name], 1e-6)
+    close(raw["pos"]["primal"], want["pos"], 1e-6)
+    np.testing.assert_array_equal(raw["pos"]["taken"], want["taken"])
+    np.testing.assert_array_equal(raw["twice"]["primal"], want["twice"])
+    assert raw["twice"]["primal"].dtype == jnp.int32
+    # per step, the outer loop's 3 rows; per outer row d, the inner loop's d rows
+    np.testing.assert_array_equal(raw["h0"]["iterations"], np.tile([0, 1, 2], (steps, 1)))
+    # `loops="last"`: the last outer row's last inner row, per step
+    _, last = save_intermediates(fn)(jnp.asarray(q0))
+    close(last["h3"]["primal"], want["h3"][:, 2, 1], 1e-6)
+    np.testing.assert_array_equal(last["twice"]["primal"], [2] * steps)
+    # Each loop carries its own values and one buffer per dtype of its captures (f32,
+    # int32, bool) and its counter, not one per value (14 values in the outer loop: the
+    # inner loop's 7 sows, its flags and counts).
+    plain = sorted(_while_carries(jax.make_jaxpr(fn)(q0).jaxpr))
+    for kwargs in ({}, {"loops": 3}):
+        captured = sorted(
+            _while_carries(jax.make_jaxpr(save_intermediates(fn, **kwargs))(q0).jaxpr)
+        )
+        assert len(captured) == len(plain) == 2
+        assert all(c - p <= 4 for c, p in zip(captured, plain, strict=True)), (captured, plain)
+
+
+def test_nested_loop_summaries_count_only_the_rows_that_ran():
+    # `inspect`'s summaries of the same captures, read from their loop's buffer (masked
+    # once per buffer, stacked per iteration by one gather), equal NumPy's over the
+    # values that ran, per scan step too.
+    steps, q0 = 4, np.asarray([0.4, -0.7], np.float32)
+    fn = _nuts_shaped(steps)
+    for loops in (3, "last"):
+        want = _nuts_shaped_in_python(q0, steps, loops=3)
+        ins = sowviz.inspect(fn, jnp.asarray(q0), mode="primal", loops=loops)
+        for name in ("h1", "h4", "pos", "tree"):
+            vals, ran = want[name], want["taken"] if name == "pos" else None
+            if name != "tree":
+                rows = np.arange(3)[None, :] < np.arange(3)[:, None]  # inner row i < d
+                ran = np.broadcast_to(rows, (steps, 3, 3)) if ran is None else ran & rows
+            else:
+                ran = np.ones((steps, 3), bool)
+            if loops == "last":  # the last outer row (d = 2), its last inner row (i = 1)
+                vals = vals[:, 2, 1] if name != "tree" else vals[:, 2]
+                ran = ran[:, 2, 1] if name != "tree" else ran[:, 2]
+            got = ins.probe(name).summaries["primal"]
+            per_step = [vals[s][ran[s]] for s in range(steps)]
+            values = np.concatenate([v.reshape(-1) for v in per_step])
+            assert (got["count"], got["nan"]) == (values.size, 0), name
+            close(
+                [got["min"], got["max"], got["mean"]],
+                [values.min(), values.max(), values.mean()],
+                1e-5,
+            )
+            assert got["per_iteration"]["count"] == [v.size for v in per_step], name
+
+
+def _primitives(jaxpr, out=None) -> dict:
+    """How many equations of each primitive `jaxpr` holds, sub-programs included."""
+    out = {} if out is None else out
+    for eqn in jaxpr.eqns:
+        out[eqn.primitive.name] = out.get(eqn.primitive.name, 0) + 1
+        for v in eqn.params.values():
+            for j in v if isinstance(v, (tuple, list)) else [v]:
+                inner = getattr(j, "jaxpr", j)
+                if hasattr(inner, "eqns"):
+                    _primitives(inner, out)
+    return out
+
+
+def test_per_iteration_stacks_cut_from_a_loop_s_buffer_are_one_gather():
+    # Per-iteration captures cut from a scan's buffer (`packing.View`) are stacked for
+    # their summaries by one gather from that buffer, NaN-padded per iteration to the
+    # widest; one padded apart (a member that is no view) joins the same gather. Padded
+    # one by one they were a kernel each (a scan of NUTS steps: 276).
+    from sowviz.capture import packing, summaries
+
+    steps, f32 = 5, jnp.float32
+    shapes = [(2,), (3,), (), (2, 2)]
+    buf = np.arange(steps * 10, dtype=np.float32).reshape(steps, 10) - 20.5
+    other = np.linspace(-1.0, 1.0, steps * 3, dtype=np.float32).reshape(steps, 3)
+
+    def stacked(buf, other):
+        carried = packing.Carried.of([jax.ShapeDtypeStruct(s, f32) for s in shapes])
+        cut = carried.unpack([buf], lead=1)
+        return summaries._stacked_iterations([*cut, other], sized=True, coarse_bins=64)
+
+    got = jax.jit(stacked)(buf, other)
+    members = [buf[:, 0:2], buf[:, 2:5], buf[:, 5:6], buf[:, 6:10], other]
+    want = np.full(got.stack.shape, np.nan, np.float32)
+    for m, v in enumerate(members):
+        want[m, :steps, : v.shape[1]] = v
+    np.testing.assert_array_equal(got.stack, want)
+    np.testing.assert_array_equal(
+        got.pads,
+        [got.stack.shape[2] - v.shape[1] for v in members]
+        + [got.stack.shape[2]] * (got.stack.shape[0] - len(members)),
+    )
+    found = _primitives(jax.make_jaxpr(stacked)(buf, other).jaxpr)
+    assert found.get("gather") == 1 and found.get("pad", 0) <= 1, found
+
+
+def test_a_loop_whose_operands_are_one_value_lays_its_captures_out_as_first_traced():
+    # The while loop's layout of captures is found by tracing its body alone, each
+    # operand a value of its own; in the loop, `x` and `y` (a sow of a program input is
+    # that input) are one value, bound to two operands, each recorded as it is. Laid
+    # out again by identity there, the two were one slot (a diffrax `ForwardMode` solve
+    # in mode jvp: "a loop body's captures differ"); each keeps its place, with values.
+    def fn(x):
+        y = sow(x, "y")
+
+        def body(c):
+            i, acc = c
+            a, b = sow(x, "a"), sow(y, "b")
+            return i + 1, acc + sow(a * b + acc, "ab")
+
+        def outer(c):
+            j, acc = c
+            _, acc = lax.while_loop(lambda c: c[0] < 2, body, (0, acc))
+            return j + 1, acc
+
+        return lax.while_loop(lambda c: c[0] < 3, outer, (0, jnp.zeros_like(x)))[1]
+
+    x = jnp.asarray([0.5, -1.5, 2.0], jnp.float32)
+    acc, ab = np.zeros(3, np.float32), np.zeros((3, 3, 3), np.float32)
+    for j in range(3):  # the loops in NumPy: "ab" per outer and inner row
+        for i in range(2):
+            ab[j, i] = np.asarray(x) * np.asarray(x) + acc
+            acc = acc + ab[j, i]
+    for loops in ("last", 3):
+        res, raw = save_intermediates(fn, loops=loops)(x)
+        close(res, jax.jit(fn)(x))
+        a, b = raw["a"]["primal"], raw["b"]["primal"]
+        want = np.broadcast_to(np.asarray(x), np.shape(a))
+        if loops == 3:  # 3 outer rows of 3 inner rows, 2 of which ran
+            ran = np.arange(3)[None, :] < 2
+            want = np.where(ran[..., None], want, 0)
+            close(raw["ab"]["primal"], ab, 1e-6)
+        close(a, want)
+        close(b, want)
+    ins = sowviz.inspect(fn, x, mode="jvp", tangents=(jnp.ones(3),))
+    _, ref = jax.jvp(fn, (x,), (jnp.ones(3),))
+    close(ins.result[1], ref)
+
+
+def test_a_loop_in_a_cond_branch_carries_its_captures_as_they_leave_the_branch():
+    # A `cond` returns its branches' captures one by one: a loop in a branch carries
+    # them so (`Recorder.packs`), not in a buffer whose cuts would be a slice each at
+    # an offset of its own, each an XLA kernel (a loop of 150 probes: 168 kernels
+    # against 17). Values as NumPy's.
+    def body(c):
+        i, q = c
+        for k in range(6):
+            q = q + 0.01 * sow(jnp.tanh(q * (1.0 + 0.1 * k)), f"h{k}")
+        return i + 1, q
+
+    def fn(q, p):
+        loop = lambda q: lax.while_loop(lambda c: c[0] < 3, body, (0, q))[1]  # noqa: E731
+        return lax.cond(p > 0, loop, lambda q: q * 2, q)
+
+    q0 = np.asarray([0.4, -0.7, 1.5], np.float32)
+    res, raw = save_intermediates(fn)(jnp.asarray(q0), 1.0)
+    q = q0.copy()
+    for _ in range(3):
+        for k in range(6):
+            h = np.tanh(q * np.float32(1.0 + 0.1 * k))
+            q = q + np.float32(0.01) * h
+            if _ == 2:
+                close(raw[f"h{k}"]["primal"], h, 1e-6)
+    close(res, q, 1e-6)
+    assert raw["h0"]["taken"]
+    found = _primitives(jax.make_jaxpr(save_intermediates(fn))(jnp.asarray(q0), 1.0).jaxpr)
+    assert found.get("slice", 0) == 0, found

@@ -66,9 +66,17 @@ class Recorder:
     notes: list[str] = field(default_factory=list)
     #: Sow names a note already reports as not captured (a primitive with no rule).
     dropped: set[str] = field(default_factory=set)
+    #: Whether a loop here carries its small captures in one buffer per dtype
+    #: (`packing.Carried`): where its cuts reach a loop that packs them again, a `jit`
+    #: that passes the buffer whole (`packing.Passed`) or the summaries. Not in a
+    #: `cond`'s branch or a `shard_map`, whose outputs are the cuts one by one: a slice
+    #: each, at an offset of its own, so an XLA kernel each (a while loop in a branch:
+    #: 17 kernels unpacked, 168 packed).
+    packs: bool = True
 
-    def child(self) -> Recorder:
-        return Recorder(self.options, notes=self.notes, dropped=self.dropped)
+    def child(self, packs: bool | None = None) -> Recorder:
+        packs = self.packs if packs is None else packs
+        return Recorder(self.options, notes=self.notes, dropped=self.dropped, packs=packs)
 
     def reset(self) -> None:
         # A body may be traced more than once (e.g. while JAX settles carry types).

@@ -44,6 +44,7 @@ from jax import lax
 from .. import _compat
 from ..primitives import Construct
 from .interpret import CaptureError, contains_capture, evaluate_closed, register
+from .packing import Carried, Passed, Template
 from .record import Recorder
 
 
@@ -51,25 +52,38 @@ def _avals(eqn) -> list:
     return [v.aval for v in eqn.invars]
 
 
-def _traced_body(eqn, closed, rec: Recorder) -> tuple[object, Recorder]:
-    """Trace `closed` (the eqn's sub-program) with captures as extra outputs."""
+def _traced_body(eqn, closed, rec: Recorder) -> tuple[object, Recorder, Passed]:
+    """Trace `closed` (the eqn's sub-program) with captures as extra outputs, as
+    `Passed` lays them out (`Passed.of`: a loop's buffer once, not its cuts)."""
     child = rec.child()
+    passed: list[Passed] = []  # the layout, found while the body is traced
 
     def body(*args):
         child.reset()
         outs = evaluate_closed(closed, args, child)
-        return [*outs, *child.flat()]
+        passed[:] = [Passed.of(child.flat())]
+        return [*outs, *passed[0].outputs]
 
-    return _compat.trace_closed(body, _avals(eqn), name=str(eqn.primitive)), child
+    new = _compat.trace_closed(body, _avals(eqn), name=str(eqn.primitive))
+    return new, child, passed[0]
 
 
-def _discover(closed, in_avals, rec: Recorder) -> Recorder:
-    """Trace `closed` once to learn what it captures; values become ShapeDtypeStructs."""
-    child = rec.child()
+def _discover(closed, in_avals, rec: Recorder, packs: bool) -> Recorder:
+    """Trace `closed` once to learn what it captures; values become `Template`s.
+    `packs`: as the child recorder that traces it for real (`Recorder.packs`)."""
+    child = rec.child(packs)
     _compat.trace_closed(lambda *a: evaluate_closed(closed, a, child), in_avals)
+    # One template per traced value: a value captured twice stays one (`Carried`).
+    specs: dict[int, Template] = {}
+
+    def spec(v):
+        if id(v) not in specs:
+            specs[id(v)] = Template.of(v)
+        return specs[id(v)]
+
     for c in child.captures:
-        c.values = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in c.values]
-        c.meta = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in c.meta.items()}
+        c.values = [spec(v) for v in c.values]
+        c.meta = {k: spec(v) for k, v in c.meta.items()}
     return child
 
 
@@ -79,7 +93,7 @@ def _zeros(v):
 
 @register(Construct.JIT)
 def _jit(eqn, invals, rec, *, jaxpr, out_shardings, out_layouts, **params):
-    new, child = _traced_body(eqn, jaxpr, rec)
+    new, child, passed = _traced_body(eqn, jaxpr, rec)
     n_out, n_new = len(eqn.outvars), len(new.out_avals)
     extra = n_new - n_out
     params = dict(
@@ -89,7 +103,7 @@ def _jit(eqn, invals, rec, *, jaxpr, out_shardings, out_layouts, **params):
         out_layouts=(*out_layouts, *[None] * extra),
     )
     outs = eqn.primitive.bind(*invals, **params)
-    rec.lift(child, outs[n_out:])
+    rec.lift(child, passed.values(outs[n_out:]))
     return list(outs[:n_out])
 
 
@@ -112,17 +126,21 @@ def _scan(eqn, invals, rec, *, jaxpr, length, reverse, unroll, **layout_params):
     layout = _compat.scan_layout(layout_params)
     nc, ncar = layout.num_consts, layout.num_carry
     consts, init, xs = invals[:nc], invals[nc : nc + ncar], invals[nc + ncar :]
-    child = rec.child()
+    child = rec.child(packs=True)
+    packed_as: list[Carried] = []  # the captures' layout, found while the body is traced
 
     def body(carry, x):
         child.reset()
         outs = evaluate_closed(closed, [*consts, *carry, *x], child)
-        return outs[:ncar], (outs[ncar:], child.flat())
+        flat = child.flat()
+        packed_as[:] = [Carried.of(flat, pack=rec.packs)]
+        return outs[:ncar], (outs[ncar:], packed_as[0].pack(flat))
 
     carry, (ys, stacked) = lax.scan(
         body, list(init), list(xs), length=length, reverse=reverse, unroll=unroll
     )
-    rec.lift(child, stacked, axis="scan")
+    # stacked per buffer, not per value (`Carried`), then cut into the values
+    rec.lift(child, packed_as[0].unpack(stacked, lead=1), axis="scan")
     return [*carry, *ys]
 
 
@@ -132,7 +150,7 @@ def _cond(eqn, invals, rec, *, branches, **_):
     in_avals = _avals(eqn)[1:]
 
     # Discover what each branch captures, then give every branch the union.
-    found = [_discover(br, in_avals, rec) for br in branches]
+    found = [_discover(br, in_avals, rec, packs=False) for br in branches]
     slots: list[tuple] = []  # (key, template capture)
     slot_of: list[list[int]] = []
     for child in found:
@@ -149,34 +167,35 @@ def _cond(eqn, invals, rec, *, branches, **_):
                 idx = len(slots) - 1
             mine.append(idx)
         slot_of.append(mine)
-    partial = [sum(i in m for m in slot_of) < len(branches) for i in range(len(slots))]
+    # Per slot, the branches that sow it; a slot not sown by every branch has a `taken`
+    # flag, one per such pattern: the slots of one branch share theirs (one output of
+    # the `cond`, and one mask for their summaries, not one per slot).
+    sown = [tuple(i in m for m in slot_of) for i in range(len(slots))]
+    patterns = list(dict.fromkeys(p for p in sown if not all(p)))
 
     def make_branch(b):
         br = branches[b]
 
         def run(*a):
-            child = rec.child()
+            child = rec.child(packs=False)
             outs = evaluate_closed(br, a, child)
             vals: list = [None] * len(slots)
             for slot, c in zip(slot_of[b], child.captures, strict=True):
                 vals[slot] = c.flat()
-            extra = []
-            for i, (_, tmpl) in enumerate(slots):
-                got = vals[i]
-                extra.append(got if got is not None else [_zeros(v) for v in tmpl.flat()])
-                if partial[i]:
-                    extra.append([jnp.asarray(got is not None)])
-            return outs, extra
+            extra = [
+                got if got is not None else [_zeros(v) for v in tmpl.flat()]
+                for got, (_, tmpl) in zip(vals, slots, strict=True)
+            ]
+            return outs, (extra, [jnp.asarray(p[b]) for p in patterns])
 
         return run
 
-    outs, extra = lax.switch(index, [make_branch(b) for b in range(len(branches))], *ops)
-    for i, (_, tmpl) in enumerate(slots):
-        vals = extra.pop(0)
+    outs, (extra, flags) = lax.switch(index, [make_branch(b) for b in range(len(branches))], *ops)
+    for vals, (_, tmpl), p in zip(extra, slots, sown, strict=True):
         cap = tmpl.rebuilt(vals, None)
-        if partial[i]:
+        if not all(p):
             # A `taken` of a `cond` inside this branch stands too: the sow ran if both did.
-            flag, inner = extra.pop(0)[0], cap.meta.get("taken")
+            flag, inner = flags[patterns.index(p)], cap.meta.get("taken")
             cap.meta["taken"] = flag if inner is None else flag & inner
         rec.captures.append(cap)
     return list(outs)
@@ -197,13 +216,12 @@ def _while(eqn, invals, rec, *, cond_jaxpr, body_jaxpr, cond_nconsts, body_ncons
     backward = _is_checkpointed_backward(eqn, cnc + bnc)
 
     # Discover the captured avals so the loop can carry buffers for them.
-    probe = _discover(body_closed, _avals(eqn)[cnc:], rec)
+    probe = _discover(body_closed, _avals(eqn)[cnc:], rec, packs=True)
     if backward:
         probe.captures = _backward_kept(probe.captures)
-    templates = [v for c in probe.captures for v in c.flat()]
-
-    def buffer(v):
-        return jnp.zeros(v.shape if loops == "last" else (loops, *v.shape), v.dtype)
+    # carried per buffer, not per value (`Carried`), where the cuts are packed or passed
+    carried = Carried.of([v for c in probe.captures for v in c.flat()], pack=rec.packs)
+    rows = () if loops == "last" else (loops,)
 
     # A `vmap`ped loop whose condition depends on the mapped values has one predicate
     # per lane (`lanes`, its shape), which `lax.while_loop` refuses: see `_lanes_that_ran`.
@@ -218,7 +236,7 @@ def _while(eqn, invals, rec, *, cond_jaxpr, body_jaxpr, cond_nconsts, body_ncons
 
     def body_fn(state):
         carry, bufs, i = state
-        child = rec.child()
+        child = rec.child(packs=True)
         new_carry = evaluate_closed(body_closed, [*bconsts, *carry], child)
         if lanes:
             new_carry = _lanes_that_ran(running(carry), new_carry, carry)
@@ -228,14 +246,14 @@ def _while(eqn, invals, rec, *, cond_jaxpr, body_jaxpr, cond_nconsts, body_ncons
         else:
             vals = child.flat()
             row, here = i, (True if loops == "last" else i < loops)
-        return new_carry, _kept_rows(bufs, vals, row, here, loops), i + 1
+        return new_carry, _kept_rows(bufs, carried.pack(vals), row, here, loops), i + 1
 
-    state0 = (list(init), [buffer(v) for v in templates], jnp.zeros((), jnp.int32))
+    state0 = (list(init), carried.zeros(rows), jnp.zeros((), jnp.int32))
     carry, bufs, count = lax.while_loop(cond_fn, body_fn, state0)
     if backward:  # its rows are the forward loop's steps: as many as that loop ran
         count = jnp.asarray(init[_STEP_GRAD], jnp.int32)
     before = len(rec.captures)
-    rec.lift(probe, bufs, axis=None if loops == "last" else "while")
+    rec.lift(probe, carried.unpack(bufs, lead=len(rows)), axis=None if rows == () else "while")
     for c in rec.captures[before:]:
         # A while loop nested in this one keeps its own counts, stacked per row of this
         # loop (as a scan stacks them): they tell its zero rows from its values, and
@@ -324,11 +342,11 @@ def _backward_kept(captures: list) -> list:
 
 @register(Construct.REMAT)
 def _remat(eqn, invals, rec, *, jaxpr, **params):
-    new, child = _traced_body(eqn, _compat.as_closed(jaxpr), rec)
+    new, child, passed = _traced_body(eqn, _compat.as_closed(jaxpr), rec)
     open_jaxpr, consts = _compat.closed_to_open(new)
     outs = eqn.primitive.bind(*consts, *invals, **dict(params, jaxpr=open_jaxpr))
     n_out = len(eqn.outvars)
-    rec.lift(child, outs[n_out:])
+    rec.lift(child, passed.values(outs[n_out:]))
     return list(outs[:n_out])
 
 
@@ -337,7 +355,7 @@ def _shard_map(
     eqn, invals, rec, *, jaxpr, mesh, in_specs, out_specs, newly_manual_axes, check_vma, **_
 ):
     manual = [a for a in mesh.axis_names if a in newly_manual_axes]
-    child = rec.child()
+    child = rec.child(packs=False)
     # Per capture, the manual axes it is stacked along: those its values vary over.
     # One that every device holds alike along an axis (a `pmean`'s result, a
     # replicated parameter) leaves that axis out, as the user's own `out_specs`

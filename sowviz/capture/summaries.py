@@ -85,7 +85,7 @@ from .. import summary as _summary
 from .. import summary_blocks as _blocks
 from .. import summary_ops as _ops
 from ..summary_data import StackRows, SummaryRow, stack_rows
-from .packing import Packed, pack
+from .packing import Packed, View, as_view, pack, view_of
 from .tallied import Tallied, TalliedRows
 
 #: On a CPU, arrays larger than this are summarised alone, never copied into a stack.
@@ -267,7 +267,7 @@ def _unmasked(summary: Any, fixes: list[tuple]) -> Any:
     """`summary` (of a group) with its members' masked values (`_values_mask`: NaN
     where nothing ran) taken off their ``nan`` and off their rows' ``nonfinite``: they
     were no values, and their rows have none (``count`` 0). `fixes`: per member, its
-    row `j` (None: the summary is the leaf's alone) and its counts (`_masked`); each
+    row `j` (None: the summary is the leaf's alone) and its counts (`_masked_leaf`); each
     field is copied once per group, however many of its members were masked."""
     per = summary.per_iteration
     index = None if per is None else np.asarray(per.index, np.int32)
@@ -394,6 +394,20 @@ class Parts:
 
     members: tuple[Any, ...]
     shapes: tuple = dataclasses.field(metadata={"static": True})
+    #: Per member, None, or the (lead, offset, shape) of a `packing.View`: the member is
+    #: then the view's buffer, which leaves the program once, however many values it
+    #: holds (one output each was a copy kernel each), cut where it is laid out.
+    cuts: tuple = dataclasses.field(default=(), metadata={"static": True})
+
+    def values(self, members: Any = None) -> list:
+        """The members' values, cut from their buffers (`members`: NumPy views of them,
+        on the host; default the members themselves)."""
+        members = self.members if members is None else members
+        cuts = self.cuts or (None,) * len(members)
+        return [
+            x if cut is None else View(None, *cut).cut(x)
+            for x, cut in zip(members, cuts, strict=True)
+        ]
 
 
 #: The second programs (`finish`), one per kind of deferred work, in their order.
@@ -493,7 +507,15 @@ def _layout(leaves: list, sized: bool, coarse: bool = False) -> Rows:
 def _parts(members: list) -> Parts:
     # a sown literal is a number, not an array
     arrays = tuple(x if isinstance(x, jax.Array) else jnp.asarray(x) for x in members)
-    return Parts(arrays, tuple((x.shape, str(x.dtype)) for x in arrays))
+    shapes = tuple((x.shape, str(x.dtype)) for x in arrays)
+    views = [view_of(x) for x in arrays]
+    if not any(views):
+        return Parts(arrays, shapes)
+    return Parts(
+        tuple(x if v is None else v.buffer for x, v in zip(arrays, views, strict=True)),
+        shapes,
+        tuple(None if v is None else (v.lead, v.offset, v.shape) for v in views),
+    )
 
 
 def _rows_spec(parts: Parts) -> Rows:
@@ -604,9 +626,9 @@ def _stacked_iterations(leaves: list, sized: bool, coarse_bins: int = 0) -> Iter
     classes, and so do the iterations, up to `summary.row_cap` (every padded
     iteration then has statistics of its own, which `Regroup` cuts off): a loop of
     another length or width is served by the program compiled for the first."""
-    vals = [_summary._values(_gathered(jnp.asarray(x))).reshape(x.shape[0], -1) for x in leaves]
-    width, members = max(v.shape[1] for v in vals), len(vals)
-    iterations, dtype = vals[0].shape[0], vals[0].dtype
+    source, starts, widths = _iteration_sources(leaves)
+    width, members = max(widths), len(widths)
+    iterations = source.shape[0]
     cap = _summary.row_cap(coarse_bins) if coarse_bins else 0
     c_steps = max(iterations, min(cap, coarse_bucket(iterations, ONCE_MIN_ITERATIONS)))
     c_width = coarse_bucket(width, ONCE_MIN_ITERATED_WIDTH)
@@ -617,19 +639,49 @@ def _stacked_iterations(leaves: list, sized: bool, coarse_bins: int = 0) -> Iter
         width, members = c_width, c_members
     elif sized and bucket(members) * iterations * bucket(width) <= ITERATED_SIZED_MAX:
         width, members = bucket(width), bucket(members)
-    pads = [width - v.shape[1] for v in vals] + [width] * (members - len(vals))
+    pads = [width - w for w in widths] + [width] * (members - len(widths))
     more = steps - iterations
-    parts = [
-        jnp.pad(v, ((0, more), (0, p)), constant_values=jnp.nan) if p or more else v
-        for v, p in zip(vals, pads, strict=False)
-    ]
-    if members > len(vals):  # a constant on a CPU (`_nan_fill`), not a broadcast kernel
-        parts += [_nan_fill(steps * width, dtype).reshape(steps, width)] * (members - len(vals))
+    # Every member's columns of the source, its padding (and the extra members') the
+    # NaN column at its end: one gather for the whole stack. Padded and stacked one
+    # by one, each member was a kernel of the capture program (a scan of NUTS steps:
+    # 276 of its 597).
+    nan_column = source.shape[1] - 1
+    index = np.full((members, width), nan_column, np.int32)
+    for m, (start, w) in enumerate(zip(starts, widths, strict=True)):
+        index[m, :w] = np.arange(start, start + w)
+    stack = jnp.transpose(jnp.take(source, index, axis=1), (1, 0, 2))
+    if more:
+        stack = jnp.pad(stack, ((0, 0), (0, more), (0, 0)), constant_values=jnp.nan)
     fill = None
     if coarse:  # NumPy, so the program takes it as an input (zeros: one program for all)
         fill = np.asarray([more * (width - p) for p in pads], np.int32)
     # NumPy: in this program, a group without padding skips the correction
-    return Iterated(_concat.stack(parts), np.asarray(pads, np.int32), fill)
+    return Iterated(stack, np.asarray(pads, np.int32), fill)
+
+
+def _iteration_sources(leaves: list) -> tuple[Any, list[int], list[int]]:
+    """Per-iteration `leaves` (one iteration count) as columns of one ``(iterations,
+    columns)`` source, a NaN column last: each leaf's iterations flattened, or, for a
+    cut of a loop's buffer (`packing.View`), that buffer, once for all the leaves cut
+    from it. Returns the source and each leaf's first column and width."""
+    sources: list = []
+    start_of: dict[int, int] = {}  # id of a source -> its first column
+    at = 0
+    starts, widths = [], []
+    for x in leaves:
+        view = view_of(x)
+        whole = view is not None and view.lead == 1 and not _ops.split_explicitly(view.buffer)
+        src = view.buffer if whole else jnp.asarray(x)
+        if id(src) not in start_of:
+            start_of[id(src)] = at
+            flat = _summary._values(_gathered(src)).reshape(jnp.shape(src)[0], -1)
+            sources.append(flat)
+            at += flat.shape[1]
+        starts.append(start_of[id(src)] + (view.offset if whole else 0))
+        widths.append(view.size if whole else math.prod(jnp.shape(x)[1:]))
+    dtype = sources[0].dtype
+    nan = _nan_fill(sources[0].shape[0], dtype).reshape(-1, 1)
+    return _concat.concatenate([*sources, nan], 1, fills=[nan]), starts, widths
 
 
 def _iterated_summary(it: Iterated, bins: int) -> TalliedRows:
@@ -683,7 +735,7 @@ def _lays_out_large(flat: list, axes: dict, min_grouped: int) -> bool:
     return total <= ONCE_SEGMENT_MAX_BYTES
 
 
-def _values_mask(path: tuple, meta: Any, leaf: Any, axes: dict) -> Any:
+def _values_mask(path: tuple, meta: Any, leaf: Any, axes: dict, memo: dict | None = None) -> Any:
     """Which leading indices of the leaf at `path` hold values (None: all of them).
     A capture records zeros where nothing ran: in a `cond` branch inside a loop that
     ran in some iterations only (its `taken` flags, one per iteration), in a `while`
@@ -697,13 +749,26 @@ def _values_mask(path: tuple, meta: Any, leaf: Any, axes: dict) -> Any:
     mode = getattr(path[1], "key", None) if len(path) > 1 else None
     got = meta.get(entry, {}) if isinstance(meta, dict) else {}
     shape = tuple(jnp.shape(leaf))
+    site = axes.get(entry, {}).get(mode, ())
+    # One mask per flags, site and shape: the captures of one loop share it (and so
+    # their masked buffer, `_masked_leaf`), one traced value (`packing.Carried`).
+    key = (id(got.get("taken")), id(got.get("iterations")), site, shape)
+    if memo is not None and key in memo:
+        return memo[key]
+    mask = _mask(got, site, shape)
+    if memo is not None:
+        memo[key] = mask
+    return mask
+
+
+def _mask(got: dict, site: tuple, shape: tuple) -> Any:
+    """`_values_mask` of a leaf of `shape` at `site`, with its entry's meta `got`."""
     mask = None
     taken = got.get("taken")
     if taken is not None and 0 < jnp.ndim(taken) <= len(shape):
         if shape[: jnp.ndim(taken)] == tuple(jnp.shape(taken)):
             mask = jnp.asarray(taken, bool)
     iterations = got.get("iterations")
-    site = axes.get(entry, {}).get(mode, ())
     # `iterations` counts the innermost while loop's rows, stacked by the axes before it
     # (`rules._while`; an outer while loop's rows that never ran hold a count of 0)
     k = _innermost(site, "while") if iterations is not None else None
@@ -730,20 +795,44 @@ def _both(a: Any, b: Any) -> Any:
     return a & b.reshape(b.shape + (1,) * (a.ndim - b.ndim))
 
 
-def _masked(leaf: Any, mask: Any) -> tuple[Any, tuple[Any, Any]]:
-    """`leaf` with NaN where `mask` (its leading axes) is False, and how many values
-    that made NaN: in all, and per row of axis 0 (an iteration's). The summary then
-    goes wherever its shape sends it (a capture alone compiled a summary of its own:
-    a scan with a 20-stage `cond` branch took 8.3 s to `inspect`, against 3.2 s)."""
-    shape = tuple(jnp.shape(leaf))
-    keep = mask.reshape(mask.shape + (1,) * (len(shape) - mask.ndim))
-    x = jnp.where(keep, leaf, jnp.asarray(jnp.nan, jnp.result_type(leaf)))
+def _nan_where_not(x: Any, mask: Any) -> Any:
+    """`x` with NaN where `mask` (over its leading axes) is False."""
+    keep = mask.reshape(mask.shape + (1,) * (jnp.ndim(x) - mask.ndim))
+    return jnp.where(keep, x, jnp.asarray(jnp.nan, jnp.result_type(x)))
+
+
+def _mask_counts(mask: Any, shape: tuple[int, ...]) -> tuple[Any, Any]:
+    """How many values of a leaf of `shape` `mask` makes NaN: in all, and per row."""
     gone = (~mask).astype(jnp.int32) * math.prod(shape[mask.ndim :])
     if mask.ndim == 0:
         per_row = jnp.broadcast_to(gone // max(shape[0], 1), shape[:1]) if shape else gone[None]
     else:
         per_row = jnp.sum(gone.reshape(shape[0], -1), axis=1)
-    return x, (jnp.sum(gone), per_row)
+    return jnp.sum(gone), per_row
+
+
+def _masked_leaf(leaf: Any, mask: Any, memo: dict) -> tuple[Any, tuple[Any, Any]]:
+    """`leaf` with NaN where `mask` (its leading axes) is False, and how many values
+    that made NaN: in all, and per row of axis 0 (an iteration's). The summary then
+    goes wherever its shape sends it (a capture alone compiled a summary of its own:
+    a scan with a 20-stage `cond` branch took 8.3 s to `inspect`, against 3.2 s).
+    Shared where it can be: the counts per mask and shape, and for a cut of a loop's
+    buffer (`packing.View`) whose leading axes the mask covers, the whole buffer
+    masked once and the leaf cut from it again (a `View` still). Masked one by one, a
+    NUTS step's 430 probes were as many kernels of the capture program."""
+    shape = tuple(jnp.shape(leaf))
+    key = ("counts", id(mask), shape)
+    if key not in memo:
+        memo[key] = _mask_counts(mask, shape)
+    view = view_of(leaf)
+    buf = None if view is None else view.buffer
+    if view is None or mask.ndim > view.lead or tuple(buf.shape[: mask.ndim]) != mask.shape:
+        return _nan_where_not(leaf, mask), memo[key]
+    bkey = ("buffer", id(buf), id(mask))
+    if bkey not in memo:
+        memo[bkey] = (buf, _nan_where_not(buf, mask))  # (the buffer kept alive: its id)
+    masked = View(memo[bkey][1], view.lead, view.offset, view.shape)
+    return as_view(masked.cut(), masked), memo[key]
 
 
 def summarize_packed(
@@ -795,19 +884,20 @@ def summarize_packed(
     repeats: dict[int, int] = {}
     lay_large = once and defer and cpu and _lays_out_large(flat, axes, min_grouped)
     trims: dict[int, int | None] = {}  # deferred group: its iterations, if padded
-    masked: dict[int, tuple[Any, Any]] = {}  # leaf -> its masked counts (`_masked`)
+    masked: dict[int, tuple[Any, Any]] = {}  # leaf -> its masked counts (`_masked_leaf`)
+    memo: dict = {}  # masks, counts and masked buffers made once (`_masked_leaf`)
     for i, (path, leaf) in enumerate(flat):
         if leaf is None:
             continue
         rows[i] = _per_iteration(path, axes) and jnp.ndim(leaf) >= 1
-        mask = _values_mask(path, meta, leaf, axes)
+        mask = _values_mask(path, meta, leaf, axes, memo)
         # a value recorded twice in one place has one mask: the repeat reads its summary
         seen = first.setdefault((id(leaf), mask is None), i)
         if seen != i and rows[seen] == rows[i]:
             repeats[i] = seen
             continue
         if mask is not None:  # zeros where nothing ran: NaN, taken off on the host
-            leaf, masked[i] = _masked(leaf, mask)
+            leaf, masked[i] = _masked_leaf(leaf, mask, memo)
             flat[i] = (path, leaf)
         dtype = jnp.result_type(leaf)
         nbytes = jnp.size(leaf) * dtype.itemsize
@@ -1051,14 +1141,16 @@ def _specs(tree: Any) -> Any:
 
 
 def _lay_out_program(parts: tuple[Parts, ...]) -> tuple[Rows, ...]:
-    return tuple(_layout(list(p.members), sized=True, coarse=True) for p in parts)
+    return tuple(_layout(p.values(), sized=True, coarse=True) for p in parts)
 
 
 _lay_out = jax.jit(_lay_out_program)
 
 
 def _layout_key(parts: tuple[Parts, ...]) -> tuple:
-    return ("layout", *(p.shapes for p in parts), ("x64", _compat.x64_enabled()))
+    # a member cut from a buffer: the buffer's shape and the cut key it too
+    cut = tuple((p.cuts, tuple(jnp.shape(x) for x in p.members)) for p in parts if p.cuts)
+    return ("layout", *(p.shapes for p in parts), *cut, ("x64", _compat.x64_enabled()))
 
 
 def _compile_layout(key: tuple, parts: tuple[Parts, ...]) -> Any:
@@ -1098,8 +1190,13 @@ def _host_layout(parts: Parts) -> Rows | None:
     acc = _summary._value_dtype(np.dtype(parts.shapes[0][1]))[0]
     flat = np.full(plan.total * plan.width, np.nan, acc)
     at = 0
-    for x, rows in zip(parts.members, plan.rows, strict=False):
-        v = _host_view(x).reshape(-1)
+    seen: dict[int, np.ndarray] = {}  # a buffer many members are cut from: viewed once
+    for x in parts.members:
+        if id(x) not in seen:
+            seen[id(x)] = _host_view(x)
+    hosted = [seen[id(x)] for x in parts.members]
+    for v, rows in zip(parts.values(hosted), plan.rows, strict=False):
+        v = v.reshape(-1)
         flat[at : at + v.size] = v  # a float widens exactly to `acc`
         at += rows * plan.width
     n = len(parts.members)
