@@ -188,6 +188,13 @@ class Traced:
         names = _arg_names(fn, args, paths)
         title = options.title or _title(fn)
         tn = options.tesseract_names
+        state_inputs = [j for j, leaf in enumerate(spec.dynamic) if leaf in constant]
+        # (negative argnums count from the end, as `jax.grad`'s)
+        parted = {
+            a
+            for j in state_inputs
+            for a in (self.layout.arg_of[j], self.layout.arg_of[j] - len(args))
+        }
         self.graph = build_graph(
             self.closed,
             in_names=[names[i] for i in spec.dynamic],
@@ -198,8 +205,8 @@ class Traced:
             title=title,
             tesseract_names=dict(tn) if isinstance(tn, tuple) else tn,
             in_args=self.layout.arg_of,  # inputs grouped per argument; these are "parameters":
-            parameters={a % len(args) for a in options.drawn_parameters},
-            state_inputs=[j for j, leaf in enumerate(spec.dynamic) if leaf in constant],
+            parameters={a % len(args) for a in options.drawn_parameters(parted)},
+            state_inputs=state_inputs,
             calls=getattr(named, "sowviz_calls", None) if named is not fn else None,
         )
         #: the instrumented program, per kind ("forward": every value in the data flow;

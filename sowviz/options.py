@@ -7,7 +7,7 @@ what was wrong and how to fix it; misspelled options are rejected. (Checks are
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -225,15 +225,17 @@ class InspectOptions:
         "parameters"): `argnums`, argument 0 by default, as `jax.grad`."""
         return 0 if self.argnums is None else self.argnums
 
-    @property
-    def drawn_parameters(self) -> tuple[int, ...]:
+    def drawn_parameters(self, parted: Collection[int] = ()) -> tuple[int, ...]:
         """The arguments the graph draws as the group "parameters": those mode "grad"
-        differentiates (`grad_argnums`); none in mode "primal", which takes no
-        derivative: there each argument keeps its name (`runner_state`)."""
-        if self.mode is Mode.PRIMAL:
-            return ()
+        differentiates (`grad_argnums`). Mode "primal" takes no derivative: there each
+        argument keeps its name (`runner_state`), but for one of them that holds a model's
+        state beside its parameters (`parted`: a Flax NNX model, parted as
+        `nnx.split(model, nnx.Param, ...)` parts it), as in the other modes."""
         nums = self.grad_argnums
-        return (nums,) if isinstance(nums, int) else tuple(nums)
+        nums = (nums,) if isinstance(nums, int) else tuple(nums)
+        if self.mode is Mode.PRIMAL:
+            return tuple(a for a in nums if a in parted)
+        return nums
 
     def graph_key(self) -> tuple:
         """What the stage graph depends on (beyond the function and its arguments): the
