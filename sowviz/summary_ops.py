@@ -394,11 +394,12 @@ def raw_stats(v: jax.Array, bins: int, keep: np.ndarray | None) -> tuple[dict, d
 
 def pooled_fields(raw: dict, bins: int, xp: Any = jnp) -> dict:
     """The summary's fields from `raw_stats`' pooled statistics."""
-    moments = moment_fields(*(raw[k] for k in _MOMENTS), bins, xp)
+    moments = moment_fields(*(raw[k] for k in MOMENTS), bins, xp)
     return dict(**moments, **count_fields(raw["lin"], raw["log"], bins))
 
 
-_MOMENTS = ("count", "min", "max", "c1", "c2", "shift")
+#: `raw_stats`' pooled statistics that `moment_fields` reads, in its order.
+MOMENTS = ("count", "min", "max", "c1", "c2", "shift")
 
 
 def row_fields(rows: dict, pooled: dict, bins: int, xp: Any = jnp) -> dict:

@@ -1694,3 +1694,63 @@ def test_summary_stats_json_is_its_json_statistics_and_histogram() -> None:
     assert [empty[k] for k in ("count", "min", "l2", "absmax")] == [0, None, 0.0, None]
     with pytest.raises(ValueError, match="stats_json needs one summary"):
         to_host(jax.vmap(lambda v: summarize(v, bins=4))(jnp.asarray(x))).stats_json()
+
+
+def test_a_steps_stacks_of_one_dtype_are_finished_by_one_numpy_pass_and_match_numpy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The host finishes what the summary programs leave (mean, std, l2, the histogram's
+    # edges, the log window): about sixty NumPy calls a stack whatever its members,
+    # which on a recorded Monitor step's few dozen values cost more than the values'
+    # arithmetic. A step's stacks of one dtype (its segmented layout, its grouped large
+    # arrays, its per-iteration stack) are finished by one pass over all their members,
+    # each member's statistics those of NumPy, bit for bit those of its stack alone.
+    from sowviz.capture import summaries, tallied
+
+    if jax.default_backend() != "cpu":
+        pytest.skip("grouped summaries of large arrays are used on a CPU backend")
+    monkeypatch.setattr(summaries, "STACK_MAX_ELEMENTS", 100)
+    monkeypatch.setattr(summaries, "MIN_GROUPED", 100)
+    rng = np.random.default_rng(31)
+    arrays = {
+        "small": rng.normal(size=(3, 4)).astype(F32),
+        "tiny": rng.normal(size=(7,)).astype(F32) * F32(1e-3),
+        "ints": rng.integers(-9, 9, size=(5,)).astype(np.int32),
+        "large": rng.normal(size=(300,)).astype(F32) * F32(1e4),
+        "square": rng.normal(size=(20, 20)).astype(F32),
+        "loop": rng.normal(size=(5, 6)).astype(F32),
+    }
+    arrays["small"][1, 2], arrays["large"][7], arrays["square"][3, 3] = np.nan, np.inf, -np.inf
+    arrays["tiny"][:] = np.nan  # a member with no finite value
+    values = {(k,): {"primal": jnp.asarray(a)} for k, a in arrays.items()}
+    axes = {("loop",): {"primal": ("scan",)}}
+    packed = summaries.summarize_packed(values, {}, BINS, axes)
+    stacks = packed.unpack(regroup=False)["groups"]
+    assert sorted(type(g).__name__ for g in stacks) == ["Tallied", "TalliedRows", "TalliedRows"]
+
+    calls = []
+    moment_fields = summary_ops.moment_fields
+    monkeypatch.setattr(
+        summary_ops, "moment_fields", lambda *a, **k: calls.append(1) or moment_fields(*a, **k)
+    )
+    out, _ = packed.unpack()
+    assert len(calls) == 1  # one pass for the three stacks (one each, before)
+    for k, a in arrays.items():
+        s = out[(k,)]["primal"]
+        if k == "loop":
+            check_rows(s, a, BINS, list(range(a.shape[0])))
+        else:
+            check_against_reference(s, a, BINS)
+    # as `inspect` reads them: rows of the stacks, each what its full summary says
+    rows, _ = packed.unpack(rows=True)
+    made = [r for r in (rows[(k,)]["primal"] for k in arrays) if isinstance(r, SummaryRow)]
+    assert len(made) >= 3
+    for r in made:
+        assert r == SummaryRow(r.rows, r.index, r.shape, r.dtype, r.is_complex)
+    for k in arrays:
+        assert rows[(k,)]["primal"].to_json() == out[(k,)]["primal"].to_json()
+    # each stack's fields exactly what it makes alone
+    monkeypatch.setattr(summary_ops, "moment_fields", moment_fields)
+    for joint, alone in zip(tallied.finished(list(stacks)), stacks, strict=True):
+        for p, q in zip(jax.tree.leaves(joint), jax.tree.leaves(alone.summary()), strict=True):
+            assert p.dtype == q.dtype and p.tobytes() == q.tobytes()

@@ -87,6 +87,7 @@ from .. import summary_ops as _ops
 from ..summary_data import StackRows, SummaryRow, stack_rows
 from .packing import Packed, View, as_view, pack, view_of
 from .tallied import Tallied, TalliedRows
+from .tallied import finished as finished_stacks
 
 #: On a CPU, arrays larger than this are summarised alone, never copied into a stack.
 STACK_MAX_ELEMENTS = 1 << 16
@@ -196,9 +197,13 @@ class Regroup:
         groups = list(tree["groups"])
         done = [summary for part in finished for summary in part]
         trims = self.iterations or (None,) * len(self.deferred)
-        for g, summary, real in zip(self.deferred, done, trims, strict=True):
-            groups[g] = summary if real is None else _trimmed(_finished(summary), real)
-        groups = [_finished(g) for g in groups]
+        for g, summary in zip(self.deferred, done, strict=True):
+            groups[g] = summary
+        # every stack finished at once: like stacks share their NumPy calls (`finished`)
+        groups = finished_stacks(groups)
+        for g, real in zip(self.deferred, trims, strict=True):
+            if real is not None:
+                groups[g] = _trimmed(groups[g], real)
         fixes: dict[int, list[tuple]] = {}  # group -> its members' masked counts
         for i, counts in zip(self.masked, tree.get("masked", ()), strict=True):
             g, j = self.where[i]  # type: ignore[misc]
@@ -209,18 +214,21 @@ class Regroup:
         # else flattened and its members cut by index (a tree_map per member was a
         # third of a repeated `inspect` on 1,000 probes).
         flat: dict[int, Any] = {}
-        json_rows: dict[int, StackRows | None] = {}
+        json_rows: dict[int, tuple | None] = {}
         columns: dict[int, list[tuple] | None] = {}
+        n_static = len(self.static)
+
+        def row(i: int, g: int, j: int) -> Any:
+            if g not in json_rows:
+                json_rows[g] = _json_rows(groups[g])
+            got = json_rows[g]
+            if got is None:
+                return member(i, g, j)
+            st = self.static[i] if i < n_static else None
+            return _summary_row(got[0], j, st or got[1])
 
         def member(i: int, g: int, j: int) -> Any:
-            st = self.static[i] if i < len(self.static) else None
-            if rows:
-                if g not in json_rows:
-                    json_rows[g] = stack_rows(groups[g])
-                if json_rows[g] is not None:
-                    stack = groups[g]
-                    shape, dtype, is_complex = st or (stack.shape, stack.dtype, stack.is_complex)
-                    return SummaryRow(json_rows[g], j, shape, dtype, is_complex)
+            st = self.static[i] if i < n_static else None
             if g not in columns:
                 columns[g] = _columns(groups[g])
             if columns[g] is not None:
@@ -236,17 +244,34 @@ class Regroup:
                     object.__setattr__(out, name, value)
             return out
 
+        cut = row if rows else member
         leaves = [
-            None if w is None else groups[w[0]] if w[1] is None else member(i, *w)
+            None if w is None else groups[w[0]] if w[1] is None else cut(i, *w)
             for i, w in enumerate(self.where)
         ]
         values = jax.tree_util.tree_unflatten(self.treedef, leaves)
         return values, tree["meta"]
 
 
-def _finished(group: Any) -> Any:
-    """A group's `Summary`, finished from what its program left (`tallied`)."""
-    return group.summary() if isinstance(group, (Tallied, TalliedRows)) else group
+def _json_rows(stack: Any) -> tuple[StackRows, tuple] | None:
+    """A stack's `StackRows` (None: not made for it, `stack_rows`) and its static fields
+    ``(shape, dtype, is_complex)``, which members without their own take."""
+    got = stack_rows(stack)
+    return None if got is None else (got, (stack.shape, stack.dtype, stack.is_complex))
+
+
+def _summary_row(rows: StackRows, j: int, static: tuple) -> SummaryRow:
+    """`SummaryRow(rows, j, *static)`, made as `_member` makes a `Summary`: its frozen
+    dataclass `__init__` sets each field through `object.__setattr__`, most of the
+    Python a member of a 1,000-probe `inspect` ran."""
+    out = object.__new__(SummaryRow)
+    shape, dtype, is_complex = static
+    object.__setattr__(
+        out,
+        "__dict__",
+        {"rows": rows, "index": j, "shape": shape, "dtype": dtype, "is_complex": is_complex},
+    )
+    return out
 
 
 def _trimmed(stack: Any, iterations: int) -> Any:

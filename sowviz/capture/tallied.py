@@ -70,14 +70,20 @@ class Tallied:
     def neginf(self) -> Any:
         return self.table[..., self.bins + 2]
 
-    def summary(self) -> Summary:
+    def moments(self) -> tuple[Any, ...]:
+        """What `summary_ops.moment_fields` finishes (`finished` joins stacks')."""
+        return (self.count, self.min, self.max, self.c1, self.c2, self.shift)
+
+    def summary(self, moments: dict | None = None) -> Summary:
         """The stacked `Summary` (static fields the stack's; `Regroup` gives each
-        member its own shape and dtype)."""
+        member its own shape and dtype); `moments`: its `moment_fields`, when made
+        already (`finished`)."""
         fields = _ops.table_fields(self.table, self.bins)
         fields["nan"] = self.nan
-        data, xp = _on_host((self.count, self.min, self.max, self.c1, self.c2, self.shift))
-        with np.errstate(all="ignore"):  # an empty member's 0 / 0, discarded by `where`
-            moments = _ops.moment_fields(*data, self.bins, xp)
+        if moments is None:
+            data, xp = _on_host(self.moments())
+            with np.errstate(all="ignore"):  # an empty member's 0 / 0, discarded by `where`
+                moments = _ops.moment_fields(*data, self.bins, xp)
         return Summary(
             **moments,
             **fields,
@@ -129,11 +135,19 @@ class TalliedRows:
     def neginf(self) -> Any:
         return self.pooled["lin"][..., self.bins + 2]
 
-    def summary(self) -> Summary:
-        """The stacked `Summary`, per-iteration statistics included."""
+    def moments(self) -> tuple[Any, ...]:
+        """What `summary_ops.moment_fields` finishes (`finished` joins stacks')."""
+        return tuple(self.pooled[k] for k in _ops.MOMENTS)
+
+    def summary(self, moments: dict | None = None) -> Summary:
+        """The stacked `Summary`, per-iteration statistics included; `moments`: its
+        `moment_fields`, when made already (`finished`)."""
         (pooled, rows, pads), xp = _on_host((self.pooled, self.rows, self.pads))
         with np.errstate(all="ignore"):  # an empty member's 0 / 0, discarded by `where`
-            fields = _ops.pooled_fields(pooled, self.bins, xp)
+            if moments is None:
+                fields = _ops.pooled_fields(pooled, self.bins, xp)
+            else:
+                fields = dict(moments, **_ops.count_fields(pooled["lin"], pooled["log"], self.bins))
             per_row = None if rows is None else _ops.row_fields(rows, pooled, self.bins, xp)
         fields["nan"] = self.nan
         per = None
@@ -148,3 +162,50 @@ class TalliedRows:
             is_complex=False,
             bins=self.bins,
         )
+
+
+def finished(groups: list) -> list:
+    """`groups` with each `Tallied` and `TalliedRows` finished into its `Summary`.
+
+    Stacks on the host whose moment inputs share dtypes and bins are finished
+    together: `summary_ops.moment_fields` is about sixty NumPy calls whatever the
+    members, a few microseconds each on a few dozen values, and a recorded Monitor
+    step holds a stack per kind of summary (its segmented layout, its grouped or
+    per-iteration arrays); one call over their members joined costs what one stack
+    did (a 23-probe MLP's two stacks: 133 µs of CPU a recorded step, finished one by
+    one). Elementwise IEEE arithmetic: each member's fields are what its stack alone
+    would make, bit for bit."""
+    out = list(groups)
+    joint: dict[tuple, list[tuple[int, tuple]]] = {}
+    for i, group in enumerate(groups):
+        if not isinstance(group, (Tallied, TalliedRows)):
+            continue
+        data = group.moments()
+        if all(isinstance(x, np.ndarray) and x.ndim == 1 for x in data):
+            key = (tuple(x.dtype for x in data), group.bins)
+            joint.setdefault(key, []).append((i, data))
+        else:  # traced, or not yet on the host: alone
+            out[i] = group.summary()
+    for (_, bins), members in joint.items():
+        made = _joint_moments([d for _, d in members], bins)
+        for (i, _), moments in zip(members, made, strict=True):
+            out[i] = groups[i].summary(moments)
+    return out
+
+
+def _joint_moments(stacks: list[tuple], bins: int) -> list[dict]:
+    """`summary_ops.moment_fields` of each of `stacks` (NumPy inputs of one dtype each),
+    made in one call over their members joined, then cut back per stack (views)."""
+    if len(stacks) == 1:
+        parts = stacks[0]
+    else:
+        parts = tuple(np.concatenate(column) for column in zip(*stacks, strict=True))
+    with np.errstate(all="ignore"):  # an empty member's 0 / 0, discarded by `where`
+        fields = _ops.moment_fields(*parts, bins, np)
+    if len(stacks) == 1:
+        return [fields]
+    ends = np.cumsum([len(s[0]) for s in stacks]).tolist()
+    return [
+        {name: value[start:end] for name, value in fields.items()}
+        for start, end in zip([0, *ends[:-1]], ends, strict=True)
+    ]
