@@ -1859,7 +1859,12 @@ def test_a_function_returning_a_dict_numbers_its_outputs_as_it_returns_them():
     ins = sowviz.inspect(_env_loss, w, s0, mode="primal")
     s2 = np.asarray(s0) + 0.1 * np.tanh(np.asarray(s0) @ np.asarray(w))
     want = {"[0]": 2 * s2, "[1]": s2 + 1.0, "[2]": 3 * s2, "[3]": -np.sum(s2**2)}
-    got = {p.leaf: p for p in ins.probes if ins.probe_path(p).endswith("_env_step")}
+    _assert_output_means(ins, "_env_step", want)
+
+
+def _assert_output_means(ins, stage: str, want: dict) -> None:
+    """The outputs of the stage `stage` are `want`'s leaves (`[0]`, ...): shapes and means."""
+    got = {p.leaf: p for p in ins.probes if ins.probe_path(p).endswith(stage)}
     assert sorted(got) == sorted(want)
     for leaf, value in want.items():
         summary = got[leaf].summaries["primal"]
@@ -1886,12 +1891,7 @@ def test_a_value_a_function_packs_into_its_result_takes_that_place():
     ins = sowviz.inspect(loss, w, s0, mode="primal")
     s2 = np.asarray(s0) + 0.1 * np.tanh(np.asarray(s0) @ np.asarray(w))
     want = {"[0]": 2 * s2, "[1]": s2, "[2]": -np.sum(s2**2)}
-    got = {p.leaf: p for p in ins.probes if ins.probe_path(p).endswith("_env_step_packing")}
-    assert sorted(got) == sorted(want)
-    for leaf, value in want.items():
-        summary = got[leaf].summaries["primal"]
-        assert summary["shape"] == list(np.shape(value)), leaf
-        np.testing.assert_allclose(summary["mean"], np.mean(value), rtol=1e-5, err_msg=leaf)
+    _assert_output_means(ins, "_env_step_packing", want)
 
 
 def _rollout(runner_state, w):

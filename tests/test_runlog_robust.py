@@ -273,22 +273,25 @@ def test_tensorboard_tags_of_a_loop_are_the_paths_probe_takes(tmp_path):
     assert found[1] == found[0] + "#2" and found[0].startswith("_mlp/"), found
 
 
+class _Run:
+    """What `WandbSink` calls of a W&B run: `define_metric` and `log` (rows kept)."""
+
+    def __init__(self):
+        self.rows = []
+
+    def define_metric(self, *args, **kwargs):
+        pass
+
+    def log(self, row):
+        self.rows.append(row)
+
+
 def test_wandb_keys_of_a_loop_are_the_same_paths():
     pytest.importorskip("wandb")
     from sowviz.runlog.naming import probe_tags
 
-    class Run:  # what WandbSink calls of a run: `define_metric` and `log`
-        def __init__(self):
-            self.rows = []
-
-        def define_metric(self, *args, **kwargs):
-            pass
-
-        def log(self, row):
-            self.rows.append(row)
-
     params, x, y = _mlp_args()
-    run = Run()
+    run = _Run()
     mon = sowviz.Monitor(_mlp_loss, wandb=run)
     mon.step(params, x, y)
     mon.close()
@@ -379,18 +382,8 @@ def test_a_samplers_internals_get_no_tag_and_the_run_log_keeps_them(tmp_path):
     # tags per dropout layer: `jax.random.uniform`'s draws and constant bounds.
     pytest.importorskip("wandb")
 
-    class Run:  # what WandbSink calls of a run
-        def __init__(self):
-            self.rows = []
-
-        def define_metric(self, *args, **kwargs):
-            pass
-
-        def log(self, row):
-            self.rows.append(row)
-
     key = jax.random.key(0)
-    run = Run()
+    run = _Run()
     mon = sowviz.Monitor(_dropout_loss, argnums=0, wandb=run, log_dir=tmp_path / "log")
     mon.step(W, X, key)
     mon.close()
