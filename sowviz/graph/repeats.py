@@ -14,9 +14,9 @@ What counts as a repeat (`merge`):
   Python loop slicing its input before each call, `attn(x[:, t:t + 1])`: `_separated`;
   also a library's stage whose values go beside the blocks, a decode loop's
   `log_softmax(logits)` kept per token), those equations then going into the group
-  with the blocks, every block with its own (the same work in every pass, before its
-  first block or after its last too: a network, `max`, then the network again is no
-  two passes);
+  with the blocks; two blocks each with their own (the same work in both passes,
+  before the first block or after the last too: a network, `max`, then the network
+  again is no two passes);
 * named alike: their labels are equal once digits are masked (`layers[0]`,
   `layers[1]`; `layers[2]: Linear`) or once the `#k` index of a reused label is
   dropped (`block`, `block#2`), so parallel look-alikes with their own names
@@ -192,9 +192,9 @@ def _separated(
     alike each time, counts as one; so does a library's stage whose values go beside the
     blocks, not on to the next: `on_the_way(r, key)`): its blocks, those
     equations (with a like run of them just before the first block, unless they read
-    a block's output: then just after the last) and the index past the run. Every
-    block has its whole gap in the run (passes do the same work). Fewer than two
-    blocks when there is no such run."""
+    a block's output: then just after the last) and the index past the run. Two
+    blocks each have their whole gap in the run (passes do the same work). Fewer than
+    two blocks when there is no such run."""
 
     def eqn(r: Any) -> tuple | None:
         if r.kind == "eqn" and not r.made:
@@ -249,10 +249,13 @@ def _separated(
                     between += trail
                     last += n
                     break
-            if len(between) != (period - 1) * len(blocks):
-                # a block without its pass's work is no pass: a DQN loss's target network
-                # then `max`, `target = ...`, then the online network, is two calls, not
-                # `QNetwork · target (×2)` whose second pass is the network alone
+            if len(blocks) == 2 and len(between) != (period - 1) * len(blocks):
+                # two blocks with work only between them are no two passes: a DQN loss's
+                # target network then `max`, `target = ...`, then the online network is
+                # two calls, not `QNetwork · target (×2)` whose second pass is the
+                # network alone. (Three or more alike with the same work between each
+                # two are passes, the first one's work before it perhaps folded into
+                # the loop's line: JAX 0.10's key split.)
                 continue
             return blocks, between, last + 1
     return [siblings[i]], [], i + 1
