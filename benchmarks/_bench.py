@@ -58,6 +58,19 @@ def emit(rows: list[Row], row: Row) -> Row:
     return row
 
 
+class Rows(list):
+    """One benchmark's rows: `add` makes a row under the benchmark's name and prints it."""
+
+    def __init__(self, bench: str):
+        super().__init__()
+        self.bench = bench
+
+    def add(
+        self, case: str, value: float, unit: str = "x", target: str = "", detail: str = ""
+    ) -> Row:
+        return emit(self, Row(self.bench, case, value, unit, target, detail))
+
+
 # --------------------------------------------------------------------------
 # Peak memory: device memory stats where the backend has them (GPU), else the
 # process' resident set high-water mark (VmHWM), reset through clear_refs.

@@ -177,7 +177,7 @@ def _seconds(fn) -> float:
 
 
 def measure(name: str, loss, args) -> list[_bench.Row]:
-    rows: list[_bench.Row] = []
+    rows = _bench.Rows("inspect_compile")
     plain_fn = jax.jit(jax.value_and_grad(loss))
     with timed_parts() as plain:
         jax.block_until_ready(plain_fn(*args))
@@ -191,16 +191,12 @@ def measure(name: str, loss, args) -> list[_bench.Row]:
     del ins
     # What a repeat cannot go below: the step itself (a large model's is most of it).
     step = min(_seconds(lambda: jax.block_until_ready(plain_fn(*again_args))) for _ in range(3))
-    _bench.emit(
-        rows,
-        _bench.Row(
-            "inspect_compile",
-            f"first inspect / plain first call, {name}",
-            first["total"] / plain["total"],
-            target="≤ 1.5x",
-            detail=f"({first['total']:.2f} s [{_fmt(first)}] vs {plain['total']:.2f} s "
-            f"[{_fmt(plain)}])",
-        ),
+    rows.add(
+        f"first inspect / plain first call, {name}",
+        first["total"] / plain["total"],
+        target="≤ 1.5x",
+        detail=f"({first['total']:.2f} s [{_fmt(first)}] vs {plain['total']:.2f} s "
+        f"[{_fmt(plain)}])",
     )
 
     # A notebook re-runs a cell with an edited loss: a new function with like shapes
@@ -212,15 +208,11 @@ def measure(name: str, loss, args) -> list[_bench.Row]:
         jax.block_until_ready(jax.jit(jax.value_and_grad(edited))(*args))
     with timed_parts() as second:
         sowviz.inspect(edited, *args)
-    _bench.emit(
-        rows,
-        _bench.Row(
-            "inspect_compile",
-            f"first inspect of an edited function (like shapes) / plain, {name}",
-            second["total"] / plain2["total"],
-            target="≤ 1.5x",
-            detail=f"({second['total']:.2f} s vs {plain2['total']:.2f} s)",
-        ),
+    rows.add(
+        f"first inspect of an edited function (like shapes) / plain, {name}",
+        second["total"] / plain2["total"],
+        target="≤ 1.5x",
+        detail=f"({second['total']:.2f} s vs {plain2['total']:.2f} s)",
     )
 
     # Modes jvp and all (the widget's): their default tangents are made outside the
@@ -236,26 +228,18 @@ def measure(name: str, loss, args) -> list[_bench.Row]:
         with timed_parts() as part:
             sowviz.inspect(lambda *a: loss(*a) * 1.0, *args, mode=mode)
         took[mode] = part["total"]
-    _bench.emit(
-        rows,
-        _bench.Row(
-            "inspect_compile",
-            f"first inspect, mode jvp / plain jit(jvp) first call, {name}",
-            took["jvp"] / plain_jvp["total"],
-            detail=f"({took['jvp']:.2f} s vs {plain_jvp['total']:.2f} s; mode all {took['all']:.2f} s)",
-        ),
+    rows.add(
+        f"first inspect, mode jvp / plain jit(jvp) first call, {name}",
+        took["jvp"] / plain_jvp["total"],
+        detail=f"({took['jvp']:.2f} s vs {plain_jvp['total']:.2f} s; mode all {took['all']:.2f} s)",
     )
-    _bench.emit(
-        rows,
-        _bench.Row(
-            "inspect_compile",
-            f"repeated inspect, {name}",
-            again["total"],
-            "s",
-            target="≤ 0.3 s",
-            detail=f"[{_fmt(again)}; the plain step alone {step:.3f} s; then its model, "
-            f"to_dict, {model:.3f} s]",
-        ),
+    rows.add(
+        f"repeated inspect, {name}",
+        again["total"],
+        "s",
+        target="≤ 0.3 s",
+        detail=f"[{_fmt(again)}; the plain step alone {step:.3f} s; then its model, "
+        f"to_dict, {model:.3f} s]",
     )
     return rows
 
@@ -287,7 +271,7 @@ def new_process(key: str, quick: bool) -> list[_bench.Row]:
     """First inspect / plain in new processes: disk cache empty, then filled by the first,
     then the same model with other widths (a user's next model: sowviz's shared
     programs on disk, its own not)."""
-    rows: list[_bench.Row] = []
+    rows = _bench.Rows("inspect_compile")
     with tempfile.TemporaryDirectory(prefix="sowviz-bench-cache-") as cache:
         runs = []
         for run in ("empty", "filled", "other"):
@@ -297,28 +281,19 @@ def new_process(key: str, quick: bool) -> list[_bench.Row]:
             out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
             runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     (empty, filled, other) = runs
-    _bench.emit(
-        rows,
-        _bench.Row(
-            "inspect_compile",
-            f"first inspect of the next model (other widths) in a new process / plain, "
-            f"{empty['name']}",
-            other["inspect"] / other["plain"],
-            target="≤ 1.5x",
-            detail=f"({other['inspect']:.2f} s vs {other['plain']:.2f} s)",
-        ),
+    rows.add(
+        f"first inspect of the next model (other widths) in a new process / plain, {empty['name']}",
+        other["inspect"] / other["plain"],
+        target="≤ 1.5x",
+        detail=f"({other['inspect']:.2f} s vs {other['plain']:.2f} s)",
     )
-    _bench.emit(
-        rows,
-        _bench.Row(
-            "inspect_compile",
-            f"first inspect in a new process / plain, summary programs on disk, {empty['name']}",
-            filled["inspect"] / filled["plain"],
-            target="≤ 1.5x",
-            detail=f"({filled['inspect']:.2f} s vs {filled['plain']:.2f} s; disk cache empty: "
-            f"{empty['inspect'] / empty['plain']:.2f}x, {empty['inspect']:.2f} s vs "
-            f"{empty['plain']:.2f} s)",
-        ),
+    rows.add(
+        f"first inspect in a new process / plain, summary programs on disk, {empty['name']}",
+        filled["inspect"] / filled["plain"],
+        target="≤ 1.5x",
+        detail=f"({filled['inspect']:.2f} s vs {filled['plain']:.2f} s; disk cache empty: "
+        f"{empty['inspect'] / empty['plain']:.2f}x, {empty['inspect']:.2f} s vs "
+        f"{empty['plain']:.2f} s)",
     )
     return rows
 
@@ -328,7 +303,7 @@ def main(quick: bool = False, big: bool = False, inline: bool = False) -> list[_
 
     summaries.DEFER_SEGMENTS = not inline
     print(_bench.platform(), "(summaries inline)" if inline else "")
-    rows: list[_bench.Row] = []
+    rows = _bench.Rows("inspect_compile")
     with tempfile.TemporaryDirectory(prefix="sowviz-bench-cache-") as cache:
         os.environ["SOWVIZ_CACHE_DIR"] = cache  # every in-process row compiles afresh
         cases = [make() for make in _cases(quick).values()]

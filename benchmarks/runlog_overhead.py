@@ -186,7 +186,7 @@ def loop_costs(steps: int, rounds: int, root: str, kinds: list[str]) -> dict[str
 
 def main(quick: bool = False) -> list[_bench.Row]:
     print(_bench.platform())
-    rows: list[_bench.Row] = []
+    rows = _bench.Rows("runlog_overhead")
     n = 20 if quick else 200
     model, steps = entries(n)
     n_probes = len(model["probes"])
@@ -203,44 +203,28 @@ def main(quick: bool = False) -> list[_bench.Row]:
             with wandb_run(root) if kind == "wandb" else contextlib.nullcontext():
                 c = sink_costs(kind, model, steps, root)
             case = f"{kind}, {n_probes} probes ({n_summaries} summaries)"
-            _bench.emit(
-                rows,
-                _bench.Row(
-                    "runlog_overhead",
-                    f"{case}: caller's cost per step (sink.write)",
-                    c["caller_us"],
-                    "µs",
-                    target="≤ 100 µs",
-                ),
+            rows.add(
+                f"{case}: caller's cost per step (sink.write)",
+                c["caller_us"],
+                "µs",
+                target="≤ 100 µs",
             )
-            _bench.emit(
-                rows,
-                _bench.Row(
-                    "runlog_overhead",
-                    f"{case}: sink thread's cost per step (encode + write)",
-                    c["thread_us"],
-                    "µs",
-                ),
+            rows.add(
+                f"{case}: sink thread's cost per step (encode + write)",
+                c["thread_us"],
+                "µs",
             )
             if kind != "wandb":
-                _bench.emit(
-                    rows,
-                    _bench.Row(
-                        "runlog_overhead",
-                        f"{case}: one step's write on its own (median)",
-                        write_one_step(kind, model, steps, root) * 1e6,
-                        "µs",
-                    ),
+                rows.add(
+                    f"{case}: one step's write on its own (median)",
+                    write_one_step(kind, model, steps, root) * 1e6,
+                    "µs",
                 )
-                _bench.emit(
-                    rows,
-                    _bench.Row(
-                        "runlog_overhead",
-                        f"{case}: bytes per step on disk",
-                        c["bytes"],
-                        "B",
-                        detail=f"({c['bytes'] / n_summaries:.0f} B per summary)",
-                    ),
+                rows.add(
+                    f"{case}: bytes per step on disk",
+                    c["bytes"],
+                    "B",
+                    detail=f"({c['bytes'] / n_summaries:.0f} B per summary)",
                 )
         with contextlib.ExitStack() as stack:
             if "wandb" in kinds:
@@ -251,34 +235,22 @@ def main(quick: bool = False) -> list[_bench.Row]:
             if kind == "none":
                 continue
             case = f"training loop with {kind}, {DEPTH}x{WIDTH} MLP b{BATCH}, every=1"
-            _bench.emit(
-                rows,
-                _bench.Row(
-                    "runlog_overhead",
-                    f"{case}: step / without sinks",
-                    c["wall"] / none["wall"],
-                    detail=f"({c['wall'] * 1e6:.0f} µs vs {none['wall'] * 1e6:.0f} µs)",
-                ),
+            rows.add(
+                f"{case}: step / without sinks",
+                c["wall"] / none["wall"],
+                detail=f"({c['wall'] * 1e6:.0f} µs vs {none['wall'] * 1e6:.0f} µs)",
             )
-            _bench.emit(
-                rows,
-                _bench.Row(
-                    "runlog_overhead",
-                    f"{case}: sinks' threads' CPU per recorded step",
-                    (c["entries"] + c["writing"]) * 1e6,
-                    "µs",
-                    detail=f"(building entries {c['entries'] * 1e6:.0f} µs, "
-                    f"encoding + writing {c['writing'] * 1e6:.0f} µs)",
-                ),
+            rows.add(
+                f"{case}: sinks' threads' CPU per recorded step",
+                (c["entries"] + c["writing"]) * 1e6,
+                "µs",
+                detail=f"(building entries {c['entries'] * 1e6:.0f} µs, "
+                f"encoding + writing {c['writing'] * 1e6:.0f} µs)",
             )
-            _bench.emit(
-                rows,
-                _bench.Row(
-                    "runlog_overhead",
-                    f"{case}: training thread's CPU per step / without sinks",
-                    c["main"] / none["main"],
-                    detail=f"({c['main'] * 1e6:.0f} µs vs {none['main'] * 1e6:.0f} µs)",
-                ),
+            rows.add(
+                f"{case}: training thread's CPU per step / without sinks",
+                c["main"] / none["main"],
+                detail=f"({c['main'] * 1e6:.0f} µs vs {none['main'] * 1e6:.0f} µs)",
             )
     return rows
 
