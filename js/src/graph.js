@@ -6,7 +6,7 @@ import { select } from "d3-selection";
 import { zoom, zoomIdentity } from "d3-zoom";
 import { h, s, clear, ellipsis } from "./dom.js";
 import { fitted, sparklinePath } from "./faces.js";
-import { HEADER, stageHead } from "./layout.js";
+import { HEADER, SHAPE_CHAR, SHAPE_X, SPARK_ROOM, kindWidth, shapeText, stageHead } from "./layout.js";
 import { fitTransform, hiddenSides, moreText, showBoxTransform } from "./viewport.js";
 
 let instances = 0;
@@ -22,12 +22,6 @@ export function edgePath(points) {
     d += i === points.length - 2 ? `Q${f(points[i])} ${f(points[i + 1])}` : `Q${f(points[i])} ${f(mid)}`;
   }
   return d;
-}
-
-function shapeText(node) {
-  const sh = node.shapes?.[0] ?? "";
-  const more = (node.shapes?.length ?? 0) > 1 ? ` +${node.shapes.length - 1}` : "";
-  return `${sh.replace(/^float/, "f").replace(/^bfloat/, "bf").replace(/^int/, "i")}${more}`;
 }
 
 export class GraphView {
@@ -186,9 +180,11 @@ export class GraphView {
       g.append(s("text", { class: "sv-shape", x: 16, y: 40, text: `${node.kind} ${ellipsis(shapeText(node), 18)}` }));
     } else {
       const kind = s("g", { class: "sv-badge", transform: "translate(14,28)" });
-      const kw = 8 + node.kind.length * 6.2;
+      const kw = kindWidth(node.kind);
       kind.append(s("rect", { width: kw, height: 15, rx: 7.5 }), s("text", { x: kw / 2, y: 11, "text-anchor": "middle", text: node.kind }));
-      g.append(kind, s("text", { class: "sv-shape", x: 20 + kw, y: 39, text: ellipsis(shapeText(node), Math.max(4, Math.floor((w - kw - 34) / 6.3))) }));
+      // the type ends before the sparkline: under it, `32@model` was unreadable
+      const typeRoom = Math.floor((w - SHAPE_X - kw - (spark ? SPARK_ROOM : 14)) / SHAPE_CHAR);
+      g.append(kind, s("text", { class: "sv-shape", x: SHAPE_X + kw, y: 39, text: ellipsis(shapeText(node), Math.max(4, typeRoom)) }));
       if (spark) g.append(s("path", { class: "sv-spark", d: spark, transform: `translate(${w - 64},8)` }));
       // a group of inputs holds no equations: say how many things it holds instead
       const k = node.n_eqns || (this.index?.children.get(node.id)?.length ?? 0);

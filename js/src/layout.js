@@ -25,6 +25,41 @@ export function leafWidth(label) {
   return Math.min(MAX_W, Math.max(NODE_W, Math.ceil(96 + 7.4 * String(label ?? "").length)));
 }
 
+/** Where a collapsed node's type text starts after its kind badge (graph.js). */
+export const SHAPE_X = 20;
+/** The room a collapsed node keeps on its right for the sparkline (56 px and margins). */
+export const SPARK_ROOM = 68;
+/** Pixels a character of the type text takes (.sv-shape). */
+export const SHAPE_CHAR = 6.3;
+
+/** A kind badge's width: `eqn`, `scope`, `custom`. @param {string} kind */
+export function kindWidth(kind) {
+  return 8 + kind.length * 6.2;
+}
+
+/**
+ * A node's type as its card writes it: the first output's (`f32[64@data,32@model]`),
+ * `+2` for two more. @param {{shapes?: string[]}} node
+ */
+export function shapeText(node) {
+  const sh = node.shapes?.[0] ?? "";
+  const more = (node.shapes?.length ?? 0) > 1 ? ` +${node.shapes.length - 1}` : "";
+  return `${sh.replace(/^float/, "f").replace(/^bfloat/, "bf").replace(/^int/, "i")}${more}`;
+}
+
+/**
+ * A collapsed node's width: its label's (`leafWidth`), widened to its type beside the
+ * sparkline. A sharded type (`f32[64@data,32@model]`, what a `reshard` box is for) ran
+ * under the sparkline, or lost its `@model`. At most MAX_W, past which the type is cut.
+ * @param {{label?: string, kind?: string, shapes?: string[]} | undefined} node
+ */
+export function leafNodeWidth(node) {
+  const label = leafWidth(node?.label);
+  if (!node) return label;
+  const type = SHAPE_X + kindWidth(node.kind ?? "") + SHAPE_CHAR * shapeText(node).length + SPARK_ROOM;
+  return Math.min(MAX_W, Math.max(label, Math.ceil(type)));
+}
+
 // An expanded stage's header: the toggle, then its label (7.6 px a character from
 // x = 38), then on the right its kind and equation count, then the face value (6.6 px
 // a character). The label comes first: the kind and the value are dropped before it
@@ -171,7 +206,7 @@ export function layoutView(index, expanded, levelEdges, cache = new Map()) {
         sizes.set(id, { w: Math.max(NODE_W, head, inner.w + 2 * PAD), h: inner.h + HEADER + PAD });
         sig.push(`${id}:${inner.w}x${inner.h}`);
       } else {
-        sizes.set(id, { w: leafWidth(index.nodes.get(id)?.label), h: NODE_H });
+        sizes.set(id, { w: leafNodeWidth(index.nodes.get(id)), h: NODE_H });
       }
     }
     const key = `${L}|${sig.join(",")}`;

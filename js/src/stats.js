@@ -161,7 +161,9 @@ export function fmt(x) {
   if (!Number.isFinite(x)) return x > 0 ? "+Inf" : "−Inf";
   if (Number.isInteger(x) && Math.abs(x) < 1e7) return String(x);
   const a = Math.abs(x);
-  if (a !== 0 && (a >= 1e5 || a < 1e-3)) return x.toExponential(3).replace(/\.?0+e/, "e");
+  // From 1e4 four digits no longer reach the ones: 30434.31 would read "30430", an
+  // integer that looks exact; the exponent says how many digits are shown.
+  if (a !== 0 && (a >= 1e4 || a < 1e-3)) return x.toExponential(3).replace(/\.?0+e/, "e");
   return String(Number(x.toPrecision(4)));
 }
 

@@ -3,7 +3,7 @@ import assert from "node:assert/strict";
 import { fmt, logScale, nodeStat, defaultStat, viridis, holdsFillValue, rangeLabel } from "../src/stats.js";
 import { indexModel } from "../src/model.js";
 import { edgesByLevel } from "../src/levels.js";
-import { layoutView, openEnds, gridLevel, leafWidth, stageHead, stageHeadWidth, NODE_W, NODE_H, MAX_W, MAX_HEAD_W, GRID_THRESHOLD } from "../src/layout.js";
+import { layoutView, openEnds, gridLevel, leafWidth, leafNodeWidth, kindWidth, shapeText, SHAPE_X, SHAPE_CHAR, SPARK_ROOM, stageHead, stageHeadWidth, NODE_W, NODE_H, MAX_W, MAX_HEAD_W, GRID_THRESHOLD } from "../src/layout.js";
 import { ellipsis } from "../src/dom.js";
 import { smallModel } from "./helpers.js";
 
@@ -48,6 +48,9 @@ test("number formatting", () => {
   assert.equal(fmt(0.123456), "0.1235");
   assert.equal(fmt(1.5e-7), "1.5e-7");
   assert.equal(fmt(123456.7), "1.235e+5");
+  // Not "30430": four digits of a non-integer from 1e4 on, with the exponent showing it.
+  assert.equal(fmt(30434.31), "3.043e+4");
+  assert.equal(fmt(30430), "30430");
   assert.equal(fmt(Infinity), "+Inf");
 });
 
@@ -198,4 +201,16 @@ test("a primal run colours by primal values, whatever other values its probes ho
   assert.deepEqual(defaultStat(["primal"], "grad"), { mode: "primal", stat: "l2" });
   // an older model without its mode: the backward quantity, as before
   assert.deepEqual(defaultStat(["primal", "cotangent"]), { mode: "cotangent", stat: "l2" });
+});
+
+test("a collapsed node is wide enough for its sharded type beside the sparkline", () => {
+  const node = { label: "relu", kind: "custom", shapes: ["float32[64@data,32@model]"] };
+  const w = leafNodeWidth(node);
+  // graph.js: the type starts after the kind badge and ends before the sparkline
+  const room = Math.floor((w - SHAPE_X - kindWidth("custom") - SPARK_ROOM) / SHAPE_CHAR);
+  assert.ok(shapeText(node).length <= room, `${shapeText(node)} in ${room} characters`);
+  assert.equal(shapeText(node), "f32[64@data,32@model]");
+  // a short type keeps the label's width; a huge one stops at MAX_W
+  assert.equal(leafNodeWidth({ label: "mlp", kind: "eqn", shapes: ["float32[4]"] }), NODE_W);
+  assert.equal(leafNodeWidth({ label: "x", kind: "eqn", shapes: [`float32[${"9,".repeat(80)}9]`] }), MAX_W);
 });
