@@ -13,7 +13,7 @@ export const NODE_H = 62;
 export const PAD = 14;
 export const HEADER = 32;
 export const GRID_THRESHOLD = 300;
-export const MAX_W = 300;
+export const MAX_W = 340;
 
 /**
  * A collapsed node's width: room for its label beside a sparkline (graph.js draws
@@ -22,7 +22,10 @@ export const MAX_W = 300;
  * @param {string | undefined} label
  */
 export function leafWidth(label) {
-  return Math.min(MAX_W, Math.max(NODE_W, Math.ceil(96 + 7.4 * String(label ?? "").length)));
+  // a stack's "(×3)" is not drawn (its cards and "+ 3 blocks" say it): at 300 px
+  // `checkpoint(blocks[0–2]: EBlock)` lost its range, `checkpoint(blocks[…: EBlock)`
+  const drawn = String(label ?? "").replace(/ \(×\d+\)$/, "");
+  return Math.min(MAX_W, Math.max(NODE_W, Math.ceil(96 + 7.4 * drawn.length)));
 }
 
 /** Where a collapsed node's type text starts after its kind badge (graph.js). */

@@ -76,6 +76,9 @@ test("layout: a collapsed node is as wide as its label needs, within bounds", ()
   assert.equal(leafWidth("mlp"), NODE_W);
   assert.equal(leafWidth(undefined), NODE_W);
   assert.equal(leafWidth("x".repeat(400)), MAX_W);
+  // a stack's label keeps its range: its "(×3)" is not drawn, so not measured
+  const stack = "checkpoint(blocks[0–2]: EBlock)";
+  assert.ok(stack.length <= Math.floor((leafWidth(`${stack} (×3)`) - 92) / 7.4));
   // graph.js's label room beside a sparkline ((w - 92) / 7.4 characters) holds these whole
   for (const label of ["Optimizer.update", "TransformerLM (backward)", "clip_by_global_norm"]) {
     const room = Math.floor((leafWidth(label) - 92) / 7.4);
