@@ -450,3 +450,29 @@ def _none_tangent(where: str, layout: Layout, j: int, path: str, left_out: tuple
 def _paths_of(spec: ArgSpec) -> list[str]:
     skeleton = jax.tree_util.tree_unflatten(spec.treedef, list(range(spec.treedef.num_leaves)))
     return _paths(skeleton)
+
+
+#: A dict key that is no identifier but is written bare in a path all the same: a name
+#: of Haiku's (`mlp/~/linear_0`, `~`) or the like, holding nothing that reads as the
+#: path's own punctuation (`.`, brackets, quotes, spaces) nor starting like an index.
+_BARE_KEY = re.compile(r"[A-Za-z_~](?:[\w~\-]|/(?!/))*(?<!/)")
+
+
+def written_bare(key: str) -> bool:
+    """Whether the string dict key `key` (the text `jax.tree_util.keystr` quotes) is
+    written like an attribute in a path (`.w`): an identifier, or a key `_BARE_KEY`
+    allows (`.mlp/~/linear_0`: Haiku's parameter groups are drawn as Haiku prints them);
+    else it stays as JAX writes it (`['a b']`, `['a.b']`: a space or a dot would misread
+    as the path's own)."""
+    return key.isidentifier() or _BARE_KEY.fullmatch(key) is not None
+
+
+def slash_joined(tokens: list[str]) -> list[str]:
+    """`tokens` with the entries of a bare key holding a `/` (`.mlp/~/linear_0`) joined to
+    it by `/`, as Haiku names its parameters (`mlp/~/linear_0/w`), and theirs in turn."""
+    out: list[str] = []
+    for t in tokens:
+        prev = out[-1] if out else ""
+        in_slash_path = prev.startswith("/") or (prev.startswith(".") and "/" in prev)
+        out.append("/" + t[1:] if in_slash_path and t.startswith(".") else t)
+    return out

@@ -35,7 +35,7 @@ import sys
 import types
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -1443,3 +1443,391 @@ def traced_as(wrapper: Any, fn: Any, arg_names: Any) -> Iterator[None]:
         text = _FLAT_ARG.sub(lambda m: names[int(m[1])] if int(m[1]) < len(names) else m[0], text)
         err.args = (text, *err.args[1:])
         raise
+
+
+# -- names the user gave values -----------------------------------------------------------
+
+#: `jax.ad_checkpoint.checkpoint_name`'s primitive (`name_p`, `name` in JAX 0.10 to 0.12).
+_CHECKPOINT_NAME = "name"
+
+
+def checkpoint_name_of(eqn: JaxprEqn) -> str | None:
+    """The name `jax.ad_checkpoint.checkpoint_name(x, "proj_in")` gives its value
+    (`proj_in`, for remat policies such as `save_only_these_names`), or None for any
+    other equation. Its primitive is called `name`, which said nothing drawn."""
+    if eqn.primitive.name != _CHECKPOINT_NAME:
+        return None
+    name = eqn.params.get("name")
+    return name if isinstance(name, str) and name else None
+
+
+# -- jax.pmap's shard_map ---------------------------------------------------------------
+
+
+class PmapBody(NamedTuple):
+    """What `jax.pmap(f)` binds, past JAX's plumbing (`pmap_body`): `f`'s program and
+    the steps to it."""
+
+    step: tuple[int, str, None]  # from the `jit`'s body to the shard_map's (a probe path's)
+    jaxpr: Jaxpr  # the shard_map's body
+    plumbing: frozenset[int]  # its equations that add or drop the device axis only
+    users: bool  # the mapped function is yours (its equations were made in your code)
+
+
+def pmap_body(eqn: JaxprEqn) -> PmapBody | None:
+    """For the `jit` equation that `jax.pmap` binds (JAX >= 0.8 implements pmap as a
+    `jit` of its own `_fun` around one `shard_map`, whose body squeezes each mapped
+    operand's device axis of size 1 away and expands each mapped result by one:
+    `jax/_src/pmap.py`, `_cached_shard_map`), the shard_map's body and those squeezes
+    and expansions; None for any other equation. The plumbing is told by the data flow,
+    not by name: a squeeze of a mapped operand of the body (which your function never
+    sees), an expansion by one axis that the body returns for a mapped result."""
+    if eqn.primitive.name not in JIT:
+        return None
+    outer = eqn.params.get("jaxpr")
+    mapped = None if outer is None else pmapped_function(outer)
+    if mapped is None:
+        return None
+    jit_body = jaxpr_and_consts(outer)[0]
+    if len(jit_body.eqns) != 1 or jit_body.eqns[0].primitive.name != SHARD_MAP:
+        return None
+    shard = jit_body.eqns[0]
+    body = jaxpr_and_consts(shard.params["jaxpr"])[0]
+    in_specs, out_specs = shard.params["in_specs"], shard.params["out_specs"]
+    if list(jit_body.outvars) != list(shard.outvars):
+        return None
+    if len(in_specs) != len(body.invars) or len(out_specs) != len(body.outvars):
+        return None
+    mapped_in = {v for v, spec in zip(body.invars, in_specs, strict=True) if _is_mapped(spec)}
+    mapped_out = {
+        v
+        for v, spec in zip(body.outvars, out_specs, strict=True)
+        if isinstance(v, Var) and _is_mapped(spec)
+    }
+    plumbing = frozenset(
+        i
+        for i, e in enumerate(body.eqns)
+        if len(e.invars) == len(e.outvars) == 1
+        and (
+            (e.primitive.name == "squeeze" and _is_var_in(e.invars[0], mapped_in))
+            or (
+                e.primitive.name in ("broadcast_in_dim", "reshape", "expand_dims")
+                and e.outvars[0] in mapped_out
+                and _one_axis_added(e.invars[0], e.outvars[0])
+            )
+        )
+    )
+    return PmapBody((0, "jaxpr", None), body, plumbing, bool(mapped))
+
+
+def _is_var_in(v: Any, variables: set) -> bool:
+    return isinstance(v, Var) and v in variables  # (a Literal is unhashable in JAX 0.12)
+
+
+def _is_mapped(spec: Any) -> bool:
+    # a PartitionSpec naming a mesh axis (pmap's in_axes / out_axes not None)
+    return spec is not None and any(p is not None for p in spec)
+
+
+def _one_axis_added(src: Any, dst: Any) -> bool:
+    before = tuple(getattr(src.aval, "shape", ()))
+    after = tuple(getattr(dst.aval, "shape", ()))
+    return len(after) == len(before) + 1 and any(
+        after[k] == 1 and after[:k] + after[k + 1 :] == before for k in range(len(after))
+    )
+
+
+# ---------------------------------------------------------------------------
+# Partial evaluation of a `sow` inside `remat` (JAX 0.10-0.12: the loop of
+# `partial_eval.partial_eval_jaxpr_custom` and `debugging._debug_partial_eval_custom`).
+
+
+def register_partial_eval_custom(primitive: Primitive, rule: Any) -> None:
+    """Give `primitive` its own rule in JAX's jaxpr-level partial evaluation (the one
+    `remat`, `scan` and `jit` use): `rule(saveable, unks_in, inst_in, eqn)` returns
+    `(known eqn or None, staged eqn or None, unks_out, inst_out, residuals)`."""
+    _pe.partial_eval_jaxpr_custom_rules[primitive] = rule
+
+
+def remat_recomputes(saveable: Any, eqn: JaxprEqn) -> bool:
+    """Whether the remat policy `saveable` asks that `eqn`'s outputs be recomputed in
+    the backward pass rather than saved (`jax.checkpoint`'s default: nothing saved).
+    An offloading policy counts as saving: the value is kept, elsewhere."""
+    policy = _pe.ensure_enum(saveable(eqn.primitive, *[v.aval for v in eqn.invars], **eqn.params))
+    return isinstance(policy, _pe.RecomputeType)
+
+
+# ---------------------------------------------------------------------------
+# Haiku's module machinery (for graph/frameworks): Haiku runs every module method
+# through `haiku/_src/module.py`'s `run_interceptors` (and its `next_fun`, when method
+# interceptors are on), inside a `jax.named_call` of the module's name (Haiku 0.0.10
+# to 0.0.17). Same traceback internals as `call_path`.
+_HAIKU_DISPATCH = frozenset({"run_interceptors", "run_interceptors.<locals>.next_fun"})
+_HAIKU_MODULE_FILE = os.path.join("haiku", "_src", "module.py")
+_haiku_work: dict = {}
+
+
+def made_by_library_haiku_module(eqn: JaxprEqn) -> bool:
+    """Whether a library's Haiku module (`hk.LSTM`, `hk.MultiHeadAttention`) made `eqn`
+    in its own method, called from the user's line: walking out from the equation,
+    Haiku's method dispatch comes before any frame of the user's. (A module of the
+    user's own makes its equations on the user's lines: False.)"""
+    return bool(_by_traceback(_haiku_work, eqn, _made_by_library_haiku_module))
+
+
+def _made_by_library_haiku_module(codes: Any, lastis: Any) -> bool:
+    for code in codes:
+        if code.co_filename.endswith(_HAIKU_MODULE_FILE) and code.co_qualname in _HAIKU_DISPATCH:
+            return True
+        if _is_user_code(code):
+            return False
+    return False
+
+
+# ---------------------------------------------------------------------------
+# Inside a custom-derivative call (`nonfinite_custom`: which equation of a
+# `custom_jvp`/`custom_vjp` function or of its rules made a NaN). JAX 0.10-0.12 name
+# the body `call_jaxpr` and its leading closed-over operands `num_consts` alike.
+
+
+def custom_call_body(eqn: JaxprEqn) -> tuple[Any, int] | None:
+    """A `custom_jvp_call` / `custom_vjp_call` equation's body (the function as written,
+    a ClosedJaxpr taking every operand) and how many leading operands are its
+    closed-over constants (their tangents must be zero); None for any other equation."""
+    name = eqn.primitive.name
+    if name != CUSTOM_JVP and name not in CUSTOM_VJP:
+        return None
+    body = eqn.params.get("call_jaxpr")
+    if not isinstance(body, (Jaxpr, ClosedJaxpr)):
+        return None
+    return body, int(eqn.params.get("num_consts", 0))
+
+
+def literal_value(v: Any) -> Any:
+    """The value of a jaxpr literal operand (a Python or NumPy scalar)."""
+    return v.val
+
+
+# -- where a named scope was opened (graph/names) -------------------------------------------
+# `Traceback.raw_frames`, `raw_frame_to_frame` and the decorator form of
+# `ExtendNameStackContextManager` (`jax.named_call`, `@jax.named_scope(...)`) are
+# unchanged from JAX 0.10.2 to 0.12.
+
+
+def user_frame_locations(eqn: JaxprEqn) -> list[SourceLocation]:
+    """The lines of the user's own frames (not JAX's, sowviz's or an installed
+    package's) an equation was made in, innermost first; empty when unknown."""
+    tb = eqn.source_info.traceback
+    if tb is None:
+        return []
+    try:
+        codes, lastis = tb.raw_frames()
+        return [
+            _location(code, lasti)
+            for code, lasti in zip(codes, lastis, strict=True)
+            if _is_user_code(code)
+        ]
+    except Exception:  # best effort, as user_location
+        return []
+
+
+def named_call_sites(eqn: JaxprEqn) -> list[tuple[str, SourceLocation]]:
+    """Per call through a function `jax.named_call(f)` or a `@jax.named_scope(...)`
+    decorator wrapped, innermost first: the wrapped function's name and the user's line
+    that called the wrapper. Such a scope is pushed by JAX's `wrapper`, so its first
+    equation's line is inside `f`, not where `f` was called."""
+    tb = eqn.source_info.traceback
+    if tb is None:
+        return []
+    try:
+        codes, lastis = tb.raw_frames()
+        out = []
+        for k, code in enumerate(codes):
+            if code.co_filename != _source_info.__file__ or code.co_name != "wrapper":
+                continue
+            callee = codes[k - 1].co_name if k else ""
+            for outer, lasti in zip(codes[k + 1 :], lastis[k + 1 :], strict=True):
+                if _is_user_code(outer):
+                    loc = _location(outer, lasti)
+                    if loc is not None:
+                        out.append((callee, loc))
+                    break
+        return out
+    except Exception:  # best effort, as user_location
+        return []
+
+
+def is_library_file(fname: str) -> bool:
+    """Whether `fname` is an installed package's file (`equinox/_ad.py`), not the
+    user's: a module called from there was called by a library's transform."""
+    return any(d in fname for d in _LIBRARY_DIRS) or fname.startswith(_SOWVIZ_DIR + os.sep)
+
+
+def computes_in_low_precision(jaxpr: Any) -> bool:
+    """Whether a program (or one it calls) has a floating-point value narrower than
+    float32 (bfloat16, float16, the float8 and float4 types) among its inputs or
+    equations' results: XLA may keep such values in excess precision inside a fusion,
+    so two programs of the same math fused otherwise differ at rounding level."""
+    jaxpr, _ = jaxpr_and_consts(jaxpr)
+    if any(_is_low_precision(v) for v in (*jaxpr.invars, *jaxpr.constvars)):
+        return True
+    for eqn in jaxpr.eqns:
+        if any(_is_low_precision(v) for v in eqn.outvars):
+            return True
+        if any(computes_in_low_precision(sub) for _, _, sub in sub_jaxprs(eqn)):
+            return True
+    return False
+
+
+def _is_low_precision(var: Any) -> bool:
+    dtype = getattr(getattr(var, "aval", None), "dtype", None)
+    if dtype is None:  # (a token, a literal's missing aval: no number)
+        return False
+    try:
+        return bool(jax.numpy.issubdtype(dtype, jax.numpy.floating)) and dtype.itemsize < 4
+    except (TypeError, AttributeError):  # a dtype NumPy does not know (a PRNG key's)
+        return False
+
+
+def outermost_user_location(eqn: JaxprEqn) -> SourceLocation | None:
+    """The outermost of `user_frame_locations`: where the user's code that led to `eqn`
+    begins (a body a library traced begins at your function it calls)."""
+    tb = eqn.source_info.traceback
+    if tb is None:
+        return None
+    try:
+        codes, lastis = tb.raw_frames()
+        for code, lasti in zip(reversed(codes), reversed(lastis), strict=True):
+            if _is_user_code(code):
+                return _location(code, lasti)
+    except Exception:  # best effort, as user_location
+        return None
+    return None
+
+
+def bind_keeping_sources(eqn: JaxprEqn, invals: list) -> list:
+    """`bind_eqn` outside `eqn`'s own source context: the equations JAX traces while
+    binding it (a custom rule, run when the call is differentiated) keep the
+    tracebacks of the lines that wrote them, not the call's."""
+    out = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
+    return list(out) if eqn.primitive.multiple_results else [out]
+
+
+# ---------------------------------------------------------------------------
+# `jax.lax.map(f, xs, batch_size=B)` (JAX 0.10-0.12, `jax/_src/lax/control_flow/
+# loops.py`, `map`): a `scan` over the chunks `xs[:n*B].reshape(n, B, ...)` whose body
+# is `vmap(f)` (called from a lambda inside `map`), then `vmap(f)` called from `map`
+# itself on the remainder `xs[n*B:]`, the two results concatenated.
+
+_JAX_DIR = os.path.dirname(jax.__file__) + os.sep
+_LOOPS_FILE = os.path.join("jax", "_src", "lax", "control_flow", "loops.py")
+_VMAP_FILE = os.path.join("jax", "_src", "api.py")
+_SOW_FILE = os.path.join("sowviz", "capture", "primitive.py")
+
+
+def lax_map_batching() -> str | None:
+    """Asked by the `sow` batching rule: "lax.map:chunks" when the vmap now batching is
+    the one `jax.lax.map(..., batch_size=B)` applies to `f` inside its scan,
+    "lax.map:rest" when it is the one on the remainder; None for any other (a user's vmap, one of `jacrev`, a
+    vmap of a program already traced). Recognised by the Python stack, strictly: the
+    rule is called straight from `sowviz.sow` (no other transformation between), and
+    the innermost `vmap` around that call is called by `lax.map` itself."""
+    frame = sys._getframe(2)  # the rule's caller
+    while frame is not None and frame.f_code.co_filename.startswith(_JAX_DIR):
+        frame = frame.f_back
+    if frame is None or not (
+        frame.f_code.co_filename.endswith(_SOW_FILE) and frame.f_code.co_name == "sow"
+    ):
+        return None
+    while frame is not None and not (
+        frame.f_code.co_filename.endswith(_VMAP_FILE) and frame.f_code.co_name == "vmap_f"
+    ):
+        frame = frame.f_back
+    while frame is not None and frame.f_code.co_filename.startswith(_JAX_DIR):
+        if frame.f_code.co_filename.endswith(_LOOPS_FILE):
+            name = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
+            return {"map": "lax.map:rest", "map.<locals>.<lambda>": "lax.map:chunks"}.get(name)
+        if not frame.f_code.co_filename.endswith((_VMAP_FILE, "traceback_util.py")):
+            return None
+        frame = frame.f_back
+    return None
+
+
+def _traced_afresh(thunk: Any, *args: Any) -> Any:
+    """What a custom call's rule thunk (`jvp_jaxpr_fun`, `fwd_jaxpr_thunk`: a
+    `lu.WrappedFun` of `partial_eval._memoize(fn)`, alike in JAX 0.10-0.12) returns,
+    traced again now rather than read from its memo. The memo was filled where JAX first
+    differentiated the call, inside `core.eval_jaxpr`'s `user_context` of the call's own
+    traceback: every equation of the rule then says the call's line, not the rule's.
+    Traced here, outside any such context, each keeps the line that wrote it. A thunk of
+    another shape is called as it is (its equations may say the call's line)."""
+    memoized = getattr(thunk, "f", None)
+    code = getattr(memoized, "__code__", None)
+    names = getattr(code, "co_freevars", ())
+    cells = dict(zip(names, getattr(memoized, "__closure__", None) or (), strict=False))
+    if "fn" not in cells or "cells" not in cells:
+        return thunk.call_wrapped(*args)
+    with _core.set_current_trace(None):  # as `_memoize` calls it
+        return cells["fn"].cell_contents(*args)
+
+
+def custom_jvp_rule(eqn: JaxprEqn, in_zeros: Sequence[bool]) -> tuple[Jaxpr, list]:
+    """A `custom_jvp` call's JVP rule traced afresh: a jaxpr of (the operands past its
+    `num_consts`, then the tangents of those not `in_zeros`) and its consts."""
+    thunk = eqn.params["jvp_jaxpr_fun"]
+    jaxpr, consts, _out_zeros = _traced_afresh(thunk, *in_zeros)
+    return jaxpr, list(consts)
+
+
+def custom_vjp_forward(eqn: JaxprEqn, in_nonzeros: Sequence[bool]) -> tuple[Jaxpr, list]:
+    """A `custom_vjp` call's forward rule traced afresh: a jaxpr of the operands past its
+    `num_consts` returning (its new residuals, then its primal outputs), and its consts."""
+    jaxpr, consts = _traced_afresh(eqn.params["fwd_jaxpr_thunk"], *in_nonzeros)
+    return jaxpr, list(consts)
+
+
+def custom_vjp_residuals(eqn: JaxprEqn, operands: Sequence[Any], fwd_outs: Sequence[Any]):
+    """The residuals a `custom_vjp`'s backward rule takes: those its forward rule made
+    (`fwd_outs`' first ones) and the operands it passed on unchanged, in the rule's order
+    (as `ad.JVPTrace.process_custom_vjp_call` assembles them)."""
+    _, res_tree, input_fwds = eqn.params["out_trees"]()
+    made = iter(fwd_outs[: res_tree.num_leaves - sum(f is not None for f in input_fwds)])
+    return [next(made) if f is None else operands[f] for f in input_fwds]
+
+
+def custom_vjp_backward(eqn: JaxprEqn, residuals: Sequence[Any], cotangents: Sequence[Any]):
+    """A `custom_vjp`'s backward rule traced (a ClosedJaxpr of the residuals, then the
+    outputs' cotangents, returning the operands' cotangents it makes). Traced here, not
+    through `jax.vjp`, whose transpose binds the rule in the `user_context` of the call:
+    its equations keep the lines of the rule."""
+    bwd = eqn.params["bwd"]
+
+    def rule(res: list, cts: list) -> list:
+        out = bwd.call_wrapped(*res, *cts)
+        return [c for c in out if c is not None and not is_symbolic_zero(c)]
+
+    return jax.make_jaxpr(rule)(list(residuals), list(cotangents))
+
+
+# --- for graph/source_text: the span of source an equation's user frame was at.
+# `Traceback.raw_frames` and `source_info_util.raw_frame_to_frame` (with the columns
+# Python 3.11's code positions give) are alike in JAX 0.10-0.12.
+
+
+def user_span(eqn: JaxprEqn) -> tuple[int, int, int, int] | None:
+    """The source span (start line, start column, end line, end column) of the
+    operation that made `eqn` in the frame `user_location_outside_libraries` names:
+    `tokens[:, pos]` within the line that passes it to a call. None when unknown."""
+    tb = eqn.source_info.traceback
+    if tb is None:
+        return None
+    try:
+        codes, lastis = tb.raw_frames()
+        for code, lasti in zip(codes, lastis, strict=True):
+            if _is_user_code(code) or _stax_layer(code):
+                f = _source_info.raw_frame_to_frame(code, lasti)
+                span = (f.start_line, f.start_column, f.end_line, f.end_column)
+                return span if all(isinstance(x, int) and x >= 0 for x in span) else None
+    except Exception:  # best effort, as user_location
+        return None
+    return None

@@ -236,6 +236,14 @@ class Traced:
         self.state = tuple(leaf for leaf, kept in zip(self.state, keep, strict=True) if kept)
         return tuple(x for x, kept in zip(new, keep, strict=True) if kept), aux
 
+    @functools.cached_property
+    def low_precision(self) -> bool:
+        """`fn` computes in a float narrower than float32 somewhere (bfloat16, float16,
+        float8): its instrumented program's results may then differ from the plain
+        program's at rounding level (XLA keeps excess precision inside a fusion, and
+        the probes fuse it otherwise). A Monitor's recorded step runs both then."""
+        return _compat.computes_in_low_precision(self.closed)
+
     def plain(self, dyn: list) -> Any:
         """`fn`'s output and `(its arguments' new state (`state`'s values), its aux)`."""
         return self._outputs(_compat.eval_jaxpr(self.closed.jaxpr, self.closed.consts, *dyn))
@@ -540,6 +548,30 @@ class Family:
             return r
 
 
+def _placed_key(x: Any) -> tuple:
+    """`_aval_key` and where `x` lies (a committed array's sharding)."""
+    committed = isinstance(x, jax.Array) and x.committed
+    return (*_aval_key(x), x.sharding if committed else None)
+
+
+def _placed_as(shardings: tuple, outputs: Any, inputs: Any) -> Any:
+    """Under a trace: `outputs` with each leaf constrained to its sharding in `shardings`
+    (`Runner._as_plain`), but for an input returned as it is (placed as it came, and
+    kept an alias, `shared`) and a value whose type carries its sharding (an Explicit
+    mesh axis, which `with_sharding_constraint` refuses, and which fixes it anyway)."""
+    leaves, treedef = jax.tree_util.tree_flatten(outputs)
+    if len(leaves) != len(shardings):  # (the same tree as the plain program's, or left)
+        return outputs
+    ins = {id(x) for x in jax.tree_util.tree_leaves(inputs)}
+    placed = [
+        x
+        if id(x) in ins or s is None or _compat.explicit_sharding(x) is not None
+        else jax.lax.with_sharding_constraint(x, s)
+        for x, s in zip(leaves, shardings, strict=True)
+    ]
+    return jax.tree_util.tree_unflatten(treedef, placed)
+
+
 def _aval_key(x: Any) -> tuple:
     # `jax.typeof`, not `.aval`: the arguments may be NumPy arrays or Python scalars
     # (a data loader's batch), which `jax.jit` takes as they are.
@@ -552,8 +584,10 @@ class Runner:
 
     def __init__(self, family: Family, options: InspectOptions):
         self.family, self.options = family, options
-        self._instrumented = jax.jit(self._instrumented_program, static_argnums=(0, 3, 4))
+        self._instrumented = jax.jit(self._instrumented_program, static_argnums=(0, 3, 4, 5))
         self._plain = jax.jit(self._plain_program, static_argnums=0)
+        #: the plain program's output shardings per argument layout (`_as_plain`)
+        self._plain_placed: collections.OrderedDict[Any, tuple] = collections.OrderedDict()
 
     def _transformed(self, traced: Traced, run: Callable, placed: Any = None) -> Callable:
         return transform(
@@ -582,11 +616,18 @@ class Runner:
         return placed if any(p is not None for p in placed) else None
 
     def _instrumented_program(
-        self, spec: ArgSpec, dyn: list, extra: tuple, inline: bool = False, steps: bool = False
+        self,
+        spec: ArgSpec,
+        dyn: list,
+        extra: tuple,
+        inline: bool = False,
+        steps: bool = False,
+        as_plain: tuple | None = None,
     ) -> Out:
         o = self.options
         traced = self.family.traced(o, spec, dyn)
-        fn = self._transformed(traced, traced.probed_for(o.mode), self._placements())
+        placed = None if as_plain is not None else self._placements()
+        fn = self._transformed(traced, traced.probed_for(o.mode), placed)
         capture = SaveIntermediates(
             fn,
             tag=(PROBE_TAG, o.tag),
@@ -602,6 +643,8 @@ class Runner:
         )
         # inline: a nested jit hides aliases
         (result, (state, aux)), packed = capture.traced(dyn, extra)
+        if as_plain is not None:
+            result, state, aux = _placed_as(as_plain, (result, state, aux), (dyn, extra))
         notes = tuple(capture.notes)
         finite = all_finite(result, pooled=True)
         out = Out(result, packed, finite, probes_clean(packed), traced, notes, state=state, aux=aux)
@@ -625,6 +668,7 @@ class Runner:
         chain: Any = None,
         inline: bool = False,
         steps: bool = False,
+        plain_chain: Any = None,
     ) -> Out:
         """One compiled call on `args` (dispatch only, when the program exists).
         `tangents`/`cotangents` are this call's values (arguments of the program). The
@@ -633,7 +677,9 @@ class Runner:
         program (`capture.summaries.finish`): a program of its own, but one dispatch
         per call instead of two (see `Monitor`). `steps`: a program run at every step
         (`Monitor`): on a CPU its mid-sized arrays are summarised in blocks, faster to
-        run and longer to compile (`capture.summaries.MIN_GROUPED`)."""
+        run and longer to compile (`capture.summaries.MIN_GROUPED`), and on several
+        devices its results placed as the plain program places them (`_as_plain`; its
+        unrecorded steps run with `plain_chain`)."""
         spec, dyn = split(args, where)
         self.family.local.args = args
         try:
@@ -641,7 +687,9 @@ class Runner:
             with gc_paused():  # a first call traces, lowers and compiles
                 if not instrumented:
                     return self._with_statics(self._plain(spec, dyn, extra, chain))
-                out = restored(self._instrumented(spec, dyn, extra, inline, steps), (dyn, extra))
+                placed = self._as_plain(spec, dyn, extra, plain_chain) if steps else None
+                out = self._instrumented(spec, dyn, extra, inline, steps, placed)
+                out = restored(out, (dyn, extra))
         except (TypeError, RuntimeError) as err:
             calls_vjp = lambda: self._calls_custom_vjp(spec, dyn)  # noqa: E731
             said = forward_error(self.options.mode, err, calls_vjp) or leaked_trace_error(err)
@@ -669,6 +717,28 @@ class Runner:
                 out.aux,
             )
         return self._with_statics(out)
+
+    def _as_plain(self, spec: ArgSpec, dyn: list, extra: tuple, chain: Any) -> tuple | None:
+        """Where the plain program puts its results (result, state and aux leaves; None on
+        one device): a Monitor's recorded steps return theirs there too. XLA lays out a
+        program's outputs by the whole program, and the probes changed its choice (an
+        `embed` split P('tensor', 'fsdp') got its gradient as P(None, 'fsdp') from the
+        plain program, as from `jax.jit(jax.value_and_grad)`, and as P('tensor',
+        'fsdp') from the instrumented one): with `every=2` the layouts alternated, and
+        a jitted optimizer update compiled twice. The plain program is compiled for this
+        (once per layout, and the Monitor's unrecorded steps then find it compiled)."""
+        if self._placements() is None:
+            return None
+        key = (spec, tuple(_placed_key(x) for x in dyn), chain is None)
+        found = self._plain_placed.get(key)
+        if found is None:
+            compiled = self._plain.lower(spec, dyn, extra, chain).compile()
+            out = compiled.output_shardings
+            found = tuple(jax.tree_util.tree_leaves((out.result, out.state, out.aux)))
+            self._plain_placed[key] = found
+            while len(self._plain_placed) > _MAX_TRACED:
+                self._plain_placed.popitem(last=False)
+        return found
 
     def _calls_custom_vjp(self, spec: ArgSpec, dyn: list) -> bool:
         """Whether `fn`'s program calls a `jax.custom_vjp` function (for an error's
@@ -699,7 +769,7 @@ class Runner:
         try:
             extra = self._extra(spec, dyn, tangents, cotangents, where)
             with gc_paused():
-                self._instrumented.lower(spec, dyn, extra, False, False).compile()
+                self._instrumented.lower(spec, dyn, extra, False, False, None).compile()
         finally:
             self.family.local.args = None
         _summaries.join_precompiles()

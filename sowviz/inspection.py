@@ -35,6 +35,7 @@ from ._program import PROBE_TAG, Out, Traced, runner_for
 from ._runtime_errors import library_errors
 from .capture.api import META_KEYS, nest
 from .graph.model import StageGraph, part_of, sibling_labels
+from .graph.names import key_path_label
 from .options import Capture, InspectOptions
 from .summary import Summary
 from .summary_data import SummaryRow
@@ -104,7 +105,7 @@ def join_probes(
     mode = Mode(options.mode)
     for name, nodes in graph.sow_nodes_all.items():
         for node in nodes:
-            if node not in reached:
+            if node not in reached and not _rows_joined(graph, nodes, node, reached):
                 where = graph.node(node).source
                 notes.append(
                     f"sow {name!r}{f' at {where}' if where else ''} was not reached under "
@@ -225,6 +226,17 @@ def _whole_points(graph: StageGraph, entries: dict[str, dict]) -> dict[str, dict
             else:
                 whole.setdefault(mode, {})[key] = tree
     return out
+
+
+def _rows_joined(graph: StageGraph, nodes: tuple[str, ...], node: str, reached: set) -> bool:
+    """Whether unreached sow `node` is a call of one `sow` line whose values another of
+    `nodes` holds: `lax.map(f, xs, batch_size=B)` calls `f` for its chunks and again for
+    the remainder, and the capture joins the two as one row per element
+    (`capture.mapped`), which the chunks' node shows."""
+    src = graph.node(node).source
+    return src is not None and any(
+        n != node and n in reached and graph.node(n).source == src for n in nodes
+    )
 
 
 def _sow_node(graph: StageGraph, name: str) -> str | None:
@@ -411,7 +423,8 @@ class Inspection:
             dotted = _dotted_keys(name)
             # (a key path starts at the root: `.bias` is the model's own, not `cell.bias`)
             rooted = (f"parameters/{dotted}",) if name.startswith((".", "[")) else ()
-            for other in dict.fromkeys((*rooted, dotted, name.replace(":_", ": "))):
+            table = _slash_path(name)  # the table's `mlp/~/linear_0.w` is `mlp/~/linear_0/w`
+            for other in dict.fromkeys((*rooted, dotted, table, name.replace(":_", ": "))):
                 if other == name:
                     continue
                 try:
@@ -440,6 +453,7 @@ class Inspection:
                 p for p in found if p.id not in inner
             ]
         if not found:
+            _refuse_numbered_sows(name, [p for p in same if self.graph.node(p.node).kind == "sow"])
             found = [p for p in same if paths[p.id] == name] or [
                 p for p in same if name in _aliases(paths[p.id])
             ]
@@ -510,13 +524,27 @@ class Inspection:
         )
 
 
-_DICT_KEY = re.compile(r"\['([^'\]]*)'\]")
-
-
 def _dotted_keys(name: str) -> str:
     """`name` with `jax.tree_util.keystr`'s dict keys as sowviz writes them in a
-    parameter's label: `[1]['log_nu']` is `[1].log_nu`, `['w']` is `w`."""
+    parameter's label (`names.key_path_label`): `[1]['log_nu']` is `[1].log_nu`,
+    `['w']` is `w`, Haiku's `['mlp/~/linear_0']['w']` is `mlp/~/linear_0/w`."""
+    if name.startswith(("[", ".")):  # a whole key path
+        return key_path_label(name)
     return _DICT_KEY.sub(r".\1", name).removeprefix(".")
+
+
+_DICT_KEY = re.compile(r"\['([^'\]]*)'\]")
+#: A `.` after a bare key holding a `/` (`linear_0.w` in `mlp/~/linear_0.w`)
+_AFTER_SLASH_KEY = re.compile(r"(/[^./\[\]']*)\.")
+
+
+def _slash_path(name: str) -> str:
+    """`name` as the parameters' group labels spell it, from the parameter table's name
+    (`mlp/~/linear_0.w`, which joins every label with a `.`): a bare key holding a `/`
+    (Haiku's) has its entries joined by `/` (`mlp/~/linear_0/w`; `_args.slash_joined`)."""
+    while (joined := _AFTER_SLASH_KEY.sub(r"\1/", name)) != name:
+        name = joined
+    return name
 
 
 def _aliases(path: str) -> set[str]:
@@ -694,3 +722,18 @@ def prepare(
 
 
 __all__ = ["Inspection", "Probe", "inspect", "inspection_of", "join_probes", "prepare"]
+
+
+def _refuse_numbered_sows(name: str, sows: list[Probe]) -> None:
+    """A name sown more than once (a Python decode loop's `sow(logits, "logits")` per
+    token) is numbered, `logits_0` … `logits_14`: `probe("logits")` answered with the
+    first, whose node alone is drawn `logits`. Say the numbered names instead."""
+    numbered = sorted(
+        (p.name for p in sows if re.fullmatch(re.escape(name) + r"_\d+", p.name)), key=_natural
+    )
+    if len(numbered) > 1:
+        shown = ", ".join(repr(n) for n in numbered[:4]) + (", ..." if len(numbered) > 4 else "")
+        raise KeyError(
+            f"{name!r} was sown {len(numbered)} times, so each sow has a number: {shown} "
+            f"(the last {numbered[-1]!r}). Name one of them."
+        )

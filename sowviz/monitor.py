@@ -4,7 +4,12 @@
 `jax.value_and_grad(fn, argnums)(*args)` returns and, packed beside it, the
 summaries of every probe and a small all-finite flag vector. Programs come from
 the same cache as `inspect` (`_program`): a batch of another shape compiles its
-own program (like `jax.jit`), and a shape seen before reuses its program.
+own program (like `jax.jit`), and a shape seen before reuses its program. The
+caller gets what the plain program gives on every step, recorded or not: a program
+computing in bfloat16/float16/float8 runs the plain program beside the instrumented
+one on a recorded step (`_plain_twin`: XLA fuses the two otherwise, and keeps excess
+precision inside a fusion), and on several devices a recorded step's results are
+placed as the plain program places them (`_program.Runner._as_plain`).
 
 Nothing waits on the host, and no step reads from the device on its own: a
 device→host read is a round trip (about 200 µs on a GPU), so reads are batched.
@@ -183,6 +188,9 @@ class Monitor:
         self.every = every
         self._history = History(history)
         self._nonfinite: _nonfinite.NonFinite | None = None
+        # A recorded step's non-finite values that raised no alarm (masked before any
+        # result: a `-inf` attention mask): drawn muted, as `inspect` draws them
+        self._quiet: _nonfinite.Origins | None = None
         self.steps = start_step  # the next step's number
         self._lock = threading.RLock()
         # In flight: (step, out, args, parts); args only until the first non-finite
@@ -259,6 +267,8 @@ class Monitor:
                 self._chain = jax.numpy.asarray(CHAIN_START, jax.numpy.int32)
             try:
                 out = self._run(args, record, self._chain if chained else None)
+                # what the caller gets: the plain program's results, where they differ
+                given = self._plain_twin(args, out) if record else out
             except Exception:
                 if self._traced is None:  # no step of this Monitor ran: it wrote nothing
                     _sinks_takeable(self._listeners, True)
@@ -270,7 +280,8 @@ class Monitor:
             if record:
                 if not self._pending:
                     self._waiting_since = time.monotonic()
-                self._pending.append((step, _light(out), kept, _parts(out, self._primal)))
+                parts = _parts(out, self._primal, given)
+                self._pending.append((step, _light(out), kept, parts))
             elif chained:
                 self._chain = out.chain
                 self._flags.append((step, out.chain, kept, self._chain_runs))
@@ -279,15 +290,29 @@ class Monitor:
             # compiles or runs) never returned, and its number is the next step's.
             self.steps += 1
             if self.stop_on_nonfinite:
-                if not np.asarray(out.finite).all():
+                if not (np.asarray(out.finite).all() and np.asarray(given.finite).all()):
                     self._stop(step, out, args, record)
                 self._flags.clear()
             else:
                 self._check_flags(keep=_MAX_FLAGS)
             self._drain(keep=_MAX_PENDING)
-            if out.state:
-                _state.write_back(args, out.traced.state, out.state)
-            return out.user_result(self._options.mode)
+            if given.state:
+                _state.write_back(args, given.traced.state, given.state)
+            return given.user_result(self._options.mode)
+
+    def _plain_twin(self, args: tuple, out: Out) -> Out:
+        """A recorded step's results as the caller gets them: `out`'s, or, when `fn`
+        computes in bfloat16/float16/float8 (`Traced.low_precision`), the plain
+        program's, run on the same arguments. XLA keeps excess precision inside a
+        fusion, and the probes fuse the instrumented program otherwise: its loss was
+        8.795735 where `jax.jit(jax.value_and_grad)` and the unrecorded steps gave
+        8.793303, and a 10-step adamw loop ended 3.3e-4 away from the plain loop's. So
+        the training never depends on which steps are recorded (the probes' statistics
+        still come from the instrumented program). Float32 programs give the same bits
+        either way and run once."""
+        if not out.traced.low_precision:
+            return out
+        return self._run(args, False, self._plain_chain())
 
     def _run(self, args: tuple, instrumented: bool, chain: Any = None) -> Out:
         o = self._options
@@ -300,7 +325,18 @@ class Monitor:
             chain=chain,
             inline=_INLINE_SUMMARIES and jax.default_backend() != "cpu",
             steps=True,
+            plain_chain=self._plain_chain(),
         )
+
+    def _plain_chain(self) -> Any:
+        """The running flag an unrecorded step hands the plain program (None: it gets
+        none): a recorded step's results are placed as that program places them
+        (`Runner._as_plain`), which compiles it with the same arguments."""
+        if self.stop_on_nonfinite:
+            return None
+        if self._chain is None:
+            return jax.numpy.asarray(CHAIN_START, jax.numpy.int32)
+        return self._chain
 
     @property
     def nonfinite(self) -> _nonfinite.NonFinite | None:
@@ -348,13 +384,27 @@ class Monitor:
         not 130, when a warning is shown at exit after a KeyboardInterrupt (3.11, 3.12)."""
         last = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
         if not isinstance(last, KeyboardInterrupt):
-            self.close()
+            self._close_or_say()
             return
         self._interrupted_exit = True
         with warnings.catch_warnings(record=True) as caught:  # (the filters still apply)
-            self.close()
+            self._close_or_say()
         for w in caught:
             sys.stderr.write(f"sowviz: {w.category.__name__}: {w.message}\n")
+
+    def _close_or_say(self) -> None:
+        # At the exit the script's own error has been shown: a device that died with it
+        # (a `jax.distributed` peer gone, a collective timed out) fails the read of the
+        # steps in flight too, and a second traceback would bury the first. One line.
+        try:
+            self.close()
+        except Exception as err:
+            self._closed = True
+            self._each("close")
+            sys.stderr.write(
+                f"sowviz.Monitor: the steps in flight at the exit could not be read, and "
+                f"were not recorded: {type(err).__name__}: {str(err)[:300]}\n"
+            )
 
     def _stop(self, step: int, out: Out, args: tuple, recorded: bool) -> None:
         self._flags.clear()  # every earlier step was checked (this mode reads each flag)
@@ -556,6 +606,7 @@ class Monitor:
                 None,
                 message="the returned values or gradients are non-finite",
             )
+        self._quiet = origins if origins is not None and not origins.alarm else None
         if origins is not None and origins.alarm:
             fwd = origins.forward.node if origins.forward else None
             bwd = (origins.backward.node or origins.backward.reaching) if origins.backward else None
@@ -696,12 +747,22 @@ class Monitor:
             mode=self._options.mode,
             device=self._device or _device(),
             title=self._traced.graph.title,
+            nonfinite=self.quiet_nonfinite(),
         )
         d = ins.to_dict() if created is _KEEP else ins.to_dict(created=created)
         d["programs"] = list(self._programs)
         nf = None if self._nonfinite is None else self._nonfinite.to_dict()
         d["history"] = self._history.to_dict(nf) if with_history else None
         return d
+
+    def quiet_nonfinite(self) -> _nonfinite.Origins | None:
+        """The drawn (latest) step's non-finite values that raised no alarm (all masked
+        before a result), while no step raised one: the model's `"nonfinite"` then says
+        "no alarm" as `inspect`'s does, or the front end paints them as a NaN alarm."""
+        quiet, latest = self._quiet, self._latest
+        if self._nonfinite is not None or quiet is None or latest is None:
+            return None
+        return quiet if quiet.step == latest.step else None
 
     def save_html(self, path: Any, *, created: Any = _KEEP) -> Any:
         """Write a report with the graph, the latest summaries and the history (atomically)."""
@@ -718,10 +779,12 @@ def _sinks_takeable(listeners: Any, takeable: bool) -> None:
             sink.takeable = takeable
 
 
-def _parts(out: Out, primal: bool) -> tuple:
+def _parts(out: Out, primal: bool, given: Out | None = None) -> tuple:
     """What the host reads of a recorded step: its summary buffers, its finite flags,
-    its clean flag and its loss (when the value is one number)."""
-    return (out.packed.buffers, out.finite, out.clean, _loss(out.result, primal))
+    its clean flag and its loss (when the value is one number), the loss the caller
+    got (`given`'s: `Monitor._plain_twin`)."""
+    result = (out if given is None else given).result
+    return (out.packed.buffers, out.finite, out.clean, _loss(result, primal))
 
 
 def _loss(result: Any, primal: bool) -> jax.Array | None:

@@ -37,6 +37,9 @@ class MonitorView(Inspector):
         self._outbox: deque[dict[str, Any]] = deque()
         self._last_send: float | None = None
         self._need_model = True
+        # whether the model sent says "no alarm" (`Monitor.quiet_nonfinite`): a step
+        # whose masked -inf is drawn as a NaN alarm until the next whole model otherwise
+        self._quiet_sent = False
         model = monitor.to_dict() if monitor._traced is not None else {}
         super().__init__(
             model=model, mode=str(monitor._options.mode), what="the first non-finite step"
@@ -78,6 +81,8 @@ class MonitorView(Inspector):
 
     def _push(self, *, force: bool) -> None:
         now = self.clock()
+        if self._quiet() != self._quiet_sent:
+            self._need_model = True  # the record only the whole model carries changed
         if not self._outbox and not self._need_model:
             return
         if not force and self._last_send is not None and now - self._last_send < self._throttle:
@@ -87,6 +92,7 @@ class MonitorView(Inspector):
             # The probe list (ids → nodes) travels with the whole history; from then on
             # only new steps do.
             self._need_model = False
+            self._quiet_sent = self._quiet()
             self.model = self._monitor.to_dict()
         else:
             self.send(
@@ -94,6 +100,10 @@ class MonitorView(Inspector):
                 buffers=[_model.encode_model([_as_dict(e) for e in self._outbox])],
             )
         self._outbox.clear()
+
+    def _quiet(self) -> bool:
+        quiet = getattr(self._monitor, "quiet_nonfinite", None)  # (a test's stand-in: none)
+        return quiet is not None and quiet() is not None
 
 
 class _Listener:

@@ -73,14 +73,13 @@ from .nonfinite_messages import (
     MASKED,
     NAMES_THE_EQUATION,
     NONFINITE_GRADS,
-    OTHER_ORIGIN_FIX,
-    OTHER_ORIGIN_GRADS,
     TESSERACT_TANGENT,
     at_iteration,
     backward_message,
     backward_sentence,
     equation_name,
     forward_message,
+    grads_sentence,
     input_path,
     loop_fill_message,
     message,
@@ -347,10 +346,6 @@ def _expected_nodes(ix: _Index, expect: Sequence[str]) -> set[str]:
 # The rule.
 
 
-#: How many non-finite parameter gradients a backward origin's message names.
-_GRADS_NAMED = 3
-
-
 def find(
     probes: Iterable[Any],
     graph: Any,
@@ -408,6 +403,8 @@ def find(
     if not fwd and not bwd and not expected & flags.keys():
         return None  # only masked fill values
     fwd_origin = bwd_origin = None
+    mine: tuple[str, ...] = ()
+    other: tuple[str, ...] = ()
     if fwd:
         # Only a non-finite value that can reach a non-finite result is an origin: one
         # whose readers all end finite (`jnp.where` masked it) is not, unless every one
@@ -487,7 +484,8 @@ def find(
         iteration = _known(bwd[reach].bwd_iter, ix.loops(reach))
         at = at_iteration([n[lp] for lp in ix.loops(reach)], iteration)
         msg = backward_message(made_node, n[reach], [n[c] for c in cands[1:]], from_forward, at)
-        msg += _grads_said(ix, bwd, _upstream(ix, reach))
+        mine, other = _grads_split(ix, bwd, _upstream(ix, reach))
+        msg += grads_sentence(mine, other)
         bwd_origin = Origin(
             "backward",
             made,
@@ -496,6 +494,7 @@ def find(
             message=msg,
             path=ix.path(made),
             iteration=iteration,
+            follows_forward=from_forward,
         )
     fill = ""
     if fwd_origin is not None and results_finite is True and _loop_fill(ix, fwd, fwd_origin.node):
@@ -525,6 +524,8 @@ def find(
         alarm=alarm,
         nodes=tuple(nonfinite),
         fill=fill,
+        grads=mine,
+        other_grads=other,
     )
     return with_message(out)
 
@@ -574,14 +575,16 @@ def _known(iteration: Sequence[float], loops: Sequence[str]) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _grads_said(ix: _Index, bwd: Mapping[str, Any], upstream: set[str]) -> str:
+def _grads_split(
+    ix: _Index, bwd: Mapping[str, Any], upstream: set[str]
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Which arguments' gradients hold NaN/Inf (an optimizer's update would apply them),
-    by path (`parameters/reg`), or "" when none does. Those whose values never reach the
-    origin (`upstream`: what its values are made from) are said apart: another origin
-    made theirs (a `where`-guarded `sqrt` and a `norm` at zero, each breaking one)."""
+    by path (`parameters/reg`). Those whose values never reach the origin (`upstream`:
+    what its values are made from) come second: another origin made theirs (a
+    `where`-guarded `sqrt` and a `norm` at zero, each breaking one)."""
     grads = [k for k in sorted(bwd, key=ix.exit.__getitem__) if ix.nodes[k].kind == "input"]
     if not grads:
-        return ""
+        return (), ()
     readers = getattr(ix.graph, "input_readers", None) or {}
     known = all(readers.get(k) and readers[k] <= ix.nodes.keys() for k in grads)
     # (a model read back from JSON does not say who reads an input: all are the origin's)
@@ -591,16 +594,8 @@ def _grads_said(ix: _Index, bwd: Mapping[str, Any], upstream: set[str]) -> str:
     mine = [k for k in grads if readers[k] & near] if known else grads
     mine = mine or grads
     other = [k for k in grads if k not in mine]
-    out = f"{NONFINITE_GRADS}{_named(ix, mine)}"
-    if other:
-        out += f"{OTHER_ORIGIN_GRADS}{_named(ix, other)}{OTHER_ORIGIN_FIX}"
-    return out
-
-
-def _named(ix: _Index, nodes: Sequence[str]) -> str:
-    said = ", ".join(f"`{input_path(ix.path(k))}`" for k in nodes[:_GRADS_NAMED])
-    more = f" and {len(nodes) - _GRADS_NAMED} more" if len(nodes) > _GRADS_NAMED else ""
-    return said + more
+    named = {k: input_path(ix.path(k)) for k in grads}
+    return tuple(named[k] for k in mine), tuple(named[k] for k in other)
 
 
 def _upstream(ix: _Index, node: str) -> set[str]:
@@ -943,10 +938,11 @@ def with_equations(
         at = at_iteration(loops, bwd.iteration)
         reach = f", reaching {stage_name(ix.nodes[target])}{at}" if target else ""
         from_forward = bwd.message.startswith(FROM_FORWARD)
-        msg = backward_sentence(equation_name(stage(bwd), backward), reach, from_forward)
+        name = equation_name(stage(bwd), backward)
+        msg = backward_sentence(name, reach, from_forward, in_rule=bool(backward.within))
         _, grads, said = bwd.message.partition(NONFINITE_GRADS)  # kept, as `EARLIER` is
         msg += grads + said
-        bwd = replace(bwd, equation=backward, message=msg)
+        bwd = replace(bwd, equation=backward, message=msg, follows_forward=from_forward)
     fwd = fwd and replace(fwd, path=ix.path(fwd.node))
     bwd = bwd and replace(bwd, path=ix.path(bwd.node))
     return with_message(replace(o, forward=fwd, backward=bwd, located=True))

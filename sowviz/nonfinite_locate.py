@@ -32,6 +32,7 @@ from .nonfinite_messages import (
     masked_derivative_hint,
     not_reproduced,
     with_message,
+    with_step_grads,
 )
 from .nonfinite_record import Equation, NonFinite, Origins
 
@@ -309,6 +310,8 @@ def locate(
     if fwd is not None and fwd.node is not None and g.node(fwd.node).kind != "input":
         n = g.node(fwd.node)
         fwd_eq = Equation(n.id, n.primitive or n.label, n.source or _src(g, n), None, n.label)
+        made = "value" if node_flags(ins.probes)[n.id].fwd_value else "tangent"
+        fwd_eq = _in_custom(fn, args, opts, traced, g, fwd_eq, made, fwd.iteration)
         fwd = replace(fwd, node=_stage_of(g, n.id))
     if bwd is not None and bwd.reaching is not None:
         reach = bwd.reaching
@@ -316,6 +319,7 @@ def locate(
         if cands:
             n = g.node(cands[0])
             bwd_eq = Equation(n.id, n.primitive or n.label, n.source or _src(g, n), reach, n.label)
+            bwd_eq = _in_custom(fn, args, opts, traced, g, bwd_eq, "cotangent", bwd.iteration)
             bwd = replace(bwd, node=_stage_of(g, n.id), reaching=_stage_of(g, reach))
             bwd = replace(bwd, candidates=tuple(_stage_of(g, c) for c in cands))
     out = with_equations(replace(fine, forward=fwd, backward=bwd), g, fwd_eq, bwd_eq)
@@ -356,6 +360,44 @@ def locate(
             fwd_o = replace(out.forward, message=out.forward.message + hint)
             out = with_message(replace(out, forward=fwd_o))
     return out
+
+
+def _in_custom(
+    fn: Callable,
+    args: Sequence[Any],
+    opts: Any,
+    traced: Any,
+    graph: Any,
+    eq: Equation,
+    made: str,
+    iteration: tuple[int, ...],
+) -> Equation:
+    """`eq`, or when it is a `custom_jvp`/`custom_vjp` call, the equation inside the
+    function or its rules that made its non-finite `made` (`nonfinite_custom`): the
+    call's line says only where it was called."""
+    from .nonfinite_custom import inside_custom
+
+    n = graph.node(eq.node)
+    if n.kind != "custom":
+        return eq
+    try:
+        inner = inside_custom(fn, args, opts, traced, n.id, n.label, made, iteration)
+    except Exception as err:  # never hide the origin found behind a second error
+        import warnings
+
+        from ._caller import user_stacklevel
+
+        warnings.warn(
+            f"sowviz: could not look inside `{n.label}` ({n.primitive}) for the equation "
+            f"that made its NaN/Inf; the call is named instead: {err!r}",
+            RuntimeWarning,
+            stacklevel=user_stacklevel(),
+        )
+        return eq
+    if inner is None:
+        return eq
+    source = inner.source or eq.source
+    return replace(eq, primitive=inner.primitive, source=source, label="", within=inner.within)
 
 
 def _probed(
@@ -541,10 +583,10 @@ def kept_record(stored: Origins | None, found: Origins | None) -> Origins | None
     program's arithmetic otherwise (a value each probe reads is rounded before the
     next equation reads it, where a fusion may skip that rounding), and values near
     overflow decide on it: then `stored`, saying so. An alarm is never dropped, nor is
-    a record replaced by None."""
+    a record replaced by None. The gradients it names are the step's (`with_step_grads`)."""
     if stored is not None and stored.alarm and (found is None or not found.alarm):
         return replace(not_reproduced(stored), not_reproduced=True)
-    return stored if found is None else found
+    return stored if found is None else with_step_grads(stored, found)
 
 
 def locate_step(fn: Callable, args: Sequence[Any], options: Any, nf: Any) -> Any:
@@ -596,10 +638,10 @@ def locate_step(fn: Callable, args: Sequence[Any], options: Any, nf: Any) -> Any
         )
         return nf
     kept = kept_record(nf.origins, found)
-    if found is None or kept is not found:  # the step's own record (saying why)
+    if found is None or kept.not_reproduced:  # the step's own record (saying why)
         return replace(nf, origins=kept)
     eqns = getattr(options, "capture", None) == "all"
-    return NonFinite(nf.step, _node(found.forward, eqns), _node(found.backward, eqns), found)
+    return NonFinite(nf.step, _node(kept.forward, eqns), _node(kept.backward, eqns), kept)
 
 
 def _node(o: Any, eqns: bool) -> str | None:

@@ -200,19 +200,23 @@ def backward_message(
     )
 
 
-def backward_sentence(name: str, reach: str, from_forward: bool) -> str:
+def backward_sentence(name: str, reach: str, from_forward: bool, in_rule: bool = False) -> str:
     """ "born in the backward of `name`, reaching …", or, when that stage's forward values
     are already non-finite, "follows from the forward pass: `name` holds non-finite
-    values, so its backward does too, reaching …"."""
+    values, so its backward does too, reaching …"; `in_rule`: `name` is an equation of a
+    custom derivative rule, which the backward pass runs as it is ("born in `div` in the
+    backward rule of `my_log`")."""
     if from_forward:
         return f"{FROM_FORWARD}{name} holds non-finite values, so its backward does too{reach}"
-    return f"born in the backward of {name}{reach}"
+    return f"born in {name}{reach}" if in_rule else f"born in the backward of {name}{reach}"
 
 
 def equation_name(stage: Any, eq: Equation) -> str:
     """ "`rsqrt` in `LayerNorm_0` at models.py:112" (`stage`: the node holding it, or None)."""
     at = f" at {eq.source.file}:{eq.source.line}" if eq.source is not None else ""
     inside = f" in {_quoted(stage.label)}" if stage is not None and stage.id != eq.node else ""
+    if eq.within:  # an equation of a custom function or its rules: "in the JVP rule of `f`"
+        inside = f" in {eq.within}"
     name = f"`{eq.primitive}`"
     if eq.label and eq.label != eq.primitive:
         name = f"`{eq.label}` ({eq.primitive})"
@@ -317,3 +321,74 @@ def message(graph: Any, step: int, where: Any) -> str:
             at = f" at {n.source}" if n.source else ""
             parts.append(f"{label}: first in stage {n.label!r} ({n.kind}, {node}){at}")
     return f"non-finite values at step {step}; " + "; ".join(parts)
+
+
+#: How many gradient leaves a message names before "and N more".
+GRADS_NAMED = 3
+#: Why `locate`'s re-run may disagree with the step on which gradients are non-finite:
+#: its program, every equation probed, is compiled (fused, so rounded) otherwise.
+RERUN = "the re-run that located it (every equation probed: compiled, so rounded, otherwise)"
+#: After the step's own list: the leaves only the re-run made non-finite ...
+RERUN_ONLY_GRADS = (
+    f"; {RERUN} also made a non-finite gradient of {{names}}, which this step's gradients "
+    "hold finite"
+)
+#: ... and those the step made non-finite that the re-run kept finite.
+STEP_ONLY_GRADS = (
+    f"; {RERUN} kept the gradient of {{names}} finite, which this step's gradients hold non-finite"
+)
+
+
+def grads_named(paths: Sequence[str]) -> str:
+    """ "`a`, `b`, `c` and 2 more": gradient leaves by path, the first `GRADS_NAMED`."""
+    said = ", ".join(f"`{p}`" for p in paths[:GRADS_NAMED])
+    more = f" and {len(paths) - GRADS_NAMED} more" if len(paths) > GRADS_NAMED else ""
+    return said + more
+
+
+def grads_sentence(mine: Sequence[str], other: Sequence[str]) -> str:
+    """What a backward origin's message ends with: the leaves whose gradients hold
+    NaN/Inf (`mine`), and those another origin made (`other`); "" when none does."""
+    if not mine and not other:
+        return ""
+    mine, other = (mine, other) if mine else (other, ())
+    out = f"{NONFINITE_GRADS}{grads_named(mine)}"
+    if other:
+        out += f"{OTHER_ORIGIN_GRADS}{grads_named(other)}{OTHER_ORIGIN_FIX}"
+    return out
+
+
+def with_step_grads(step: Origins | None, found: Origins) -> Origins:
+    """`found`, `locate`'s record, naming the gradient leaves that are non-finite in the
+    values the step returned (`step`: the step's own record; None: all were finite), not
+    in its re-run's: that program is fused otherwise, and in float16 one more leaf may
+    overflow there, or one fewer. A leaf on which they disagree is said apart."""
+    mine_then = (*step.grads, *step.other_grads) if step is not None else ()
+    rerun = (*found.grads, *found.other_grads)
+    if set(mine_then) == set(rerun):
+        return found
+    # the step's leaves, in its order; the re-run's split (whose values reach its origin)
+    mine = tuple(p for p in mine_then if p not in found.other_grads)
+    other = tuple(p for p in mine_then if p in found.other_grads)
+    mine, other = (mine, other) if mine else (other, ())
+    said = grads_sentence(mine, other)
+    extra = [p for p in rerun if p not in mine_then]
+    spared = [p for p in mine_then if p not in rerun]
+    if extra:
+        said += RERUN_ONLY_GRADS.format(names=grads_named(extra))
+    if spared:
+        said += STEP_ONLY_GRADS.format(names=grads_named(spared))
+    out = replace(found, grads=mine, other_grads=other)
+    old = grads_sentence(found.grads, found.other_grads)
+    for name in ("backward", "forward"):  # the backward origin's message names them
+        o = getattr(out, name)
+        if o is None:
+            continue
+        if old and old in o.message:
+            text = o.message.replace(old, said, 1)
+        elif name == "backward" or out.backward is None:
+            text = o.message + said
+        else:
+            continue
+        return with_message(replace(out, **{name: replace(o, message=text)}))
+    return replace(out, message=out.message + said)  # (no origin: the record's sentence)

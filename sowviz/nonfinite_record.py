@@ -21,6 +21,9 @@ class Equation:
     source: Any  # SourceLocation | None
     reaching: str | None = None  # backward: the equation whose cotangent it made non-finite
     label: str = ""  # the node's label when it differs (a custom rule's function name)
+    # inside the custom function `node` calls: what holds it ("the backward rule of
+    # `my_log`"); `primitive` and `source` are then that equation's (`nonfinite_custom`)
+    within: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -48,6 +51,10 @@ class Origin:
     # values are indexed (forward: the first holding NaN/Inf; backward: the one whose
     # cotangent it first made non-finite). () outside loops or where it is unknown.
     iteration: tuple[int, ...] = ()
+    # backward: `node`'s own forward values are non-finite, so its backward only passes
+    # the forward pass's NaN on ("follows from the forward pass"): no backward origin,
+    # and the picture marks none
+    follows_forward: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -57,6 +64,7 @@ class Origin:
             "reaching": self.reaching,
             "candidates": list(self.candidates),
             "equation": None if self.equation is None else self.equation.to_dict(),
+            "follows_forward": self.follows_forward,
             "message": self.message,
         }
 
@@ -82,6 +90,13 @@ class Origins:
     # the sentence on a library's loop-carried fill values (a finite run's +Inf buffer),
     # which are listed in `expected`: said in `message`, no origin of anything
     fill: str = field(default="", repr=False)
+    # The arguments' leaves whose gradients hold NaN/Inf in this run, by path as the
+    # message names them (`parameters/blocks[0]/down/bias`), in program order: those
+    # the backward origin reaches, and those `OTHER_ORIGIN_GRADS` says another origin
+    # made. `locate` keeps the step's own (`nonfinite_messages.with_step_grads`): its
+    # re-run may round otherwise and break, or spare, another leaf.
+    grads: tuple[str, ...] = field(default=(), repr=False)
+    other_grads: tuple[str, ...] = field(default=(), repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -181,10 +181,11 @@ def test_a_line_folded_into_one_stage_is_named_by_what_it_assigns():
     w, x0, key = jnp.eye(4) * 0.3, jnp.ones((8, 4)), jax.random.PRNGKey(0)
     ins = sowviz.inspect(_noised, w, x0, key, mode="grad")
     folds = [n.label for n in ins.graph.children(ins.graph.root) if n.kind == "scope"]
-    # a return line's last work is what the function returns: `return` (it was
-    # `_noised:176`); one followed by a call on its line keeps its place (the call's
-    # arguments, `test_a_return_line_s_call_arguments_keep_their_place`)
-    assert folds == ["k1, k2", "t, eps", "ab", "xt", "return"]
+    # a return line's last work is what the function returns, named by what it computes:
+    # `mean` (it was `_noised:176`, then `return`); one followed by a call on its line
+    # keeps its place (the call's arguments,
+    # `test_a_return_line_s_call_arguments_keep_their_place`)
+    assert folds == ["k1, k2", "t, eps", "ab", "xt", "mean"]
     k1, k2 = jax.random.split(key)
     t = jax.random.uniform(k1, (8,))
     eps = jax.random.normal(k2, x0.shape)
@@ -479,7 +480,7 @@ def test_your_function_in_a_body_a_library_traced_is_named_by_it():
     assert {t[0] for t in out[3:6]} == {"_objective"}, out
     assert {t[0] for t in out[6:8]} == {"_objective (backward)"}, out
     # its return line's run, the last of its forward call, says so, as outside a loop
-    assert {t[1:] for t in out[3:6]} <= {("return",), ()}, out
+    assert {t[1:] for t in out[3:6]} <= {("sum",), ()}, out
     # not told which are backward: one stage, its return line's run still `return`
     out = labels(fold_names(list(names), locs, 40, paths.__getitem__))
     assert {t[0] for t in out[3:8]} == {"_objective"}, out

@@ -488,11 +488,11 @@ def test_custom_vjp_rule_is_named_as_the_stage():
     assert oracle(f_custom_vjp, X) is None
     _, line, _ = oracle(f_custom_vjp, X, grad=True)
     o = locate(f_custom_vjp, (X,), _opts())
-    # the rule's inside is not probed: the origin is the custom call, at the line that
-    # calls it (where the oracle's transposed equations point too)
-    assert o.forward is None and _line(o.backward) == line
-    assert o.backward.equation.primitive.startswith("custom_vjp")
-    assert "`shaky`" in o.backward.message
+    # the oracle's transposed equations point at the call (`line`); locate looks inside
+    # the rule and names its own line, `g / (x - x)` (`nonfinite_custom`)
+    assert o.forward is None and _line(o.backward) == _shaky_bwd.__code__.co_firstlineno + 1
+    assert o.backward.equation.primitive == "div" and line != _line(o.backward)
+    assert "in the backward rule of `shaky`" in o.backward.message
 
 
 def test_summary_rule_on_stage_probes_agrees():
@@ -1733,10 +1733,12 @@ def test_a_return_lines_stage_is_named_as_the_line_in_messages():
 
     prim, line, _ = oracle(flat, *leaves, x, y)
     ins = sowviz.inspect(f_overflow_on_the_return_line, params, x, y)
-    assert [n.label for n in ins.graph.nodes].count("return") == 1
+    # (now named by what the line computes, `mean`: no stage is labelled `return`)
+    assert [n.label for n in ins.graph.nodes].count("mean") == 1
+    assert "return" not in [n.label for n in ins.graph.nodes]
     at = f"(tests/test_nonfinite.py:{line})"
-    assert ins.nonfinite.forward.message.startswith(f"first made by the `return` line {at}")
+    assert ins.nonfinite.forward.message.startswith(f"first made by `mean` {at}")
     o = ins.locate_nonfinite()
     assert (o.forward.equation.primitive, _line(o.forward)) == (prim, line) == ("integer_pow", line)
-    want = f"first made by `integer_pow` in the `return` line at tests/test_nonfinite.py:{line}"
+    want = f"first made by `integer_pow` in `mean` at tests/test_nonfinite.py:{line}"
     assert o.forward.message.startswith(want), o.forward.message

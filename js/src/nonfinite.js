@@ -46,6 +46,9 @@ function pass(o) {
     reaching: o.reaching ?? null,
     equation: o.equation ?? null,
     message: o.message ?? null,
+    // backward: its stage's forward values are non-finite, so its backward only passes
+    // the forward pass's NaN on: no origin of its own, marked nowhere
+    followsForward: !!o.follows_forward,
   };
 }
 
@@ -78,10 +81,11 @@ export function storedOrigins(model, history) {
 
 /**
  * The node ids a pass's origin points at: its stage (or, for a backward origin whose
- * making stage is unknown, the node it reached first), and its equation when located.
+ * making stage is unknown, the node it reached first), and its equation when located;
+ * none for a backward record that follows from the forward pass (no origin of its own).
  */
 export function originNodes(o) {
-  if (!o) return [];
+  if (!o || o.followsForward) return [];
   return [o.node ?? o.reaching, o.equation?.node].filter((id) => id != null);
 }
 
@@ -122,6 +126,9 @@ export function nonfiniteRoles(origins, index) {
   for (const id of origins.expected) give(id, "expected");
   for (const id of origins.propagators) give(id, "propagator");
   for (const o of [origins.forward, origins.backward]) for (const id of originNodes(o)) give(id, "producer");
+  // a backward record that follows from the forward pass names a stage passing it on
+  const passing = origins.backward?.followsForward ? origins.backward : null;
+  for (const id of [passing?.node, passing?.equation?.node]) if (id != null) give(id, "propagator");
   return roles;
 }
 

@@ -77,9 +77,15 @@ export function readRows(index, id) {
   });
 }
 
-/** `layers[0]` + `weight` is `layers[0].weight`; + `[1]` is `layers[0][1]`. */
-function joinPath(prefix, label) {
-  return prefix ? `${prefix}${label.startsWith("[") ? "" : "."}${label}` : label;
+/**
+ * `layers[0]` + `weight` is `layers[0].weight`; + `[1]` is `layers[0][1]`; a Haiku
+ * module's path (`mlp/~/linear_0`) + `w` is `mlp/~/linear_0/w`, as Haiku names it.
+ * @param {string} prefix @param {string} label
+ */
+export function joinPath(prefix, label) {
+  if (!prefix) return label;
+  if (label.startsWith("[")) return `${prefix}${label}`;
+  return `${prefix}${prefix.includes("/") ? "/" : "."}${label}`;
 }
 
 function leafRow(index, id, name) {

@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { indexModel } from "../src/model.js";
-import { breakable, gradHistory, paramRows, readRows, sortRows } from "../src/params.js";
+import { breakable, gradHistory, joinPath, paramRows, readRows, sortRows } from "../src/params.js";
 import { iterationHist } from "../src/stats.js";
 import { statSymbol, computeFaces, fitted } from "../src/faces.js";
 import { summary } from "./helpers.js";
@@ -233,4 +233,12 @@ test("a face of several outputs shows one with the mode's values, and the NaN of
   m.probes[m.probes.length - 2].summaries.cotangent = summary({ shape: [80], count: 80, l2: 3 });
   const again = computeFaces(indexModel(m), ["n9"], { mode: "cotangent", stat: "l2" }).faces;
   assert.equal(again.get("n9").text, "[2] ‖grad‖₂ = 2 · 32 NaN");
+});
+
+test("a parameter's table name joins as its framework names it", () => {
+  assert.equal(joinPath("layers[0]", "weight"), "layers[0].weight");
+  assert.equal(joinPath("layers", "[1]"), "layers[1]");
+  // Haiku: `mlp/~/linear_0/w`, not `mlp/~/linear_0.w`
+  assert.equal(joinPath("mlp/~/linear_0", "w"), "mlp/~/linear_0/w");
+  assert.equal(joinPath("", "embed"), "embed");
 });

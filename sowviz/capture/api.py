@@ -29,6 +29,7 @@ from .._caller import user_stacklevel
 from .._gc import gc_paused
 from . import rules as _rules  # noqa: F401  (registers the rules)
 from .interpret import evaluate_closed, with_barriers
+from .mapped import rows_in_order
 from .packing import Packed
 from .primitive import RESERVED_TAG_PREFIX, sows_called
 from .record import Capture, Options, Recorder, Site
@@ -446,7 +447,7 @@ def assemble(
     out (`_foreign_calls`) are said in `notes`, and warned about."""
     notes = [] if notes is None else notes
     by_name: dict[str, list[Capture]] = {}
-    for c in captures:
+    for c in rows_in_order(captures):  # (a `lax.map` with `batch_size`: one row per element)
         by_name.setdefault(c.site.name, []).append(c)
     taken = set(by_name)  # suffixed names never take a name the program uses itself
     out: dict[str, dict[str, Any]] = {}

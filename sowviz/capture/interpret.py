@@ -118,6 +118,7 @@ def site_of(eqn) -> Site:
             leaves=p["leaves"],
             call=p["index"],
             location=sow_location(eqn),
+            vmapped=p.get("vmapped", ()),
         )
     import jax  # tesseract_jax.sow: one leaf per operand, its treedef recorded aside
 

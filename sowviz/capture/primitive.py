@@ -6,7 +6,10 @@ one per differentiation level that reached it, innermost first):
 
 * the JVP rule keeps the primal's roles + ``P`` and gives the tangent roles + ``T``;
 * the transpose rule turns the last ``T`` into ``C``: the cotangent at that point;
-* the batching rule moves the batch axis to the front and keeps the roles.
+* the batching rule moves the batch axis to the front and keeps the roles; it adds
+  the vmap to `vmapped` (outermost first): "lax.map:chunks" / "lax.map:rest" for the
+  vmaps `jax.lax.map(..., batch_size=B)` applies to `f` (`_compat.lax_map_batching`),
+  whose rows the capture puts back in `xs` order (`mapped.py`), "vmap" for any other.
 
 Symbolic zeros pass through untouched: JVP and transpose bind only the leaves
 whose tangent / cotangent is a real array, return JAX's symbolic `Zero` for the
@@ -105,7 +108,7 @@ def _jvp(primals, tangents, *, mode, leaves, zeros, **params):
     return outs, tans
 
 
-def _transpose(cts, *operands, name, tag, mode, treedef, leaves, zeros, index):
+def _transpose(cts, *operands, name, tag, mode, treedef, leaves, zeros, index, vmapped):
     del operands
     if "T" not in mode:  # a primal sow is not linear; JAX never asks for this
         raise ValueError(f"sow {name!r}: transpose of a non-tangent value (roles {mode})")
@@ -122,10 +125,11 @@ def _transpose(cts, *operands, name, tag, mode, treedef, leaves, zeros, index):
         mode=ct_mode,
         treedef=treedef,
         index=index,
+        vmapped=vmapped,
     )
 
 
-def _batch(args, dims, *, zeros, **params):
+def _batch(args, dims, *, zeros, vmapped, **params):
     moved = [
         a if d is _compat.not_mapped else jnp.moveaxis(a, d, 0)
         for a, d in zip(args, dims, strict=True)
@@ -135,11 +139,37 @@ def _batch(args, dims, *, zeros, **params):
     if sizes:  # the zeros are batched like the arrays they stand beside
         (size,) = sizes
         zeros = tuple((i, (size, *shape), dtype, u) for i, shape, dtype, u in zeros)
-    return sow_p.bind(*moved, zeros=zeros, **params), out_dims
+        vmapped = (_compat.lax_map_batching() or "vmap", *vmapped)
+    return sow_p.bind(*moved, zeros=zeros, vmapped=vmapped, **params), out_dims
 
 
 def _lower(ctx, *xs, **_):
     return xs
+
+
+def _partial_eval_custom(saveable, unks_in, inst_in, eqn):
+    """JAX's default partial evaluation of an equation (`partial_eval_jaxpr_custom`), but
+    for a capturing (effectful) sow of known values under a policy that recomputes
+    (`jax.checkpoint`'s default): its values leave the forward pass as residuals.
+
+    JAX keeps an effectful equation in the forward pass only and says its outputs are
+    *not* available to the backward one, trusting each later reader there to ask for
+    them as residuals. `jax.debug.callback`'s (and `debug.print`'s) rule does not ask:
+    it stages itself beside recomputed values, so a callback reading a probed value
+    inside a `checkpoint` read a variable nothing defined (`KeyError: Var(...)` in mode
+    all's transpose). Recomputing the sow in the backward pass instead would capture it
+    twice. Residuals nobody reads are dropped by `remat`'s own dead-code elimination."""
+    n = len(eqn.outvars)
+    if any(unks_in):  # staged, as JAX stages any equation with an unknown input
+        res = [v for v, inst in zip(eqn.invars, inst_in, strict=True) if not inst]
+        return None, eqn, [True] * n, [True] * n, [v for v in res if isinstance(v, _compat.Var)]
+    if not _compat.remat_recomputes(saveable, eqn):
+        return eqn, None, [False] * n, [False] * n, []
+    if eqn.effects:  # a capturing sow: known, its values handed on as residuals
+        return eqn, None, [False] * n, [True] * n, list(eqn.outvars)
+    # not capturing: an identity recomputed, as JAX recomputes any pure equation
+    res = [v for v, inst in zip(eqn.invars, inst_in, strict=True) if not inst]
+    return eqn, eqn, [False] * n, [True] * n, [v for v in res if isinstance(v, _compat.Var)]
 
 
 sow_p.def_impl(_impl)
@@ -148,6 +178,7 @@ _compat.ad.primitive_jvps[sow_p] = _jvp
 _compat.ad.primitive_transposes[sow_p] = _transpose
 _compat.batching.primitive_batchers[sow_p] = _batch
 _compat.mlir.register_lowering(sow_p, _lower)
+_compat.register_partial_eval_custom(sow_p, _partial_eval_custom)
 
 
 def mode_key(roles: Roles) -> str:
@@ -217,6 +248,7 @@ def sow(value: Any, name: str, *, tag: str = "intermediates") -> Any:
         leaves=tuple(range(len(arrays))),
         zeros=(),
         index=_next_index(),
+        vmapped=(),
     )
     _compat.sow_traced()
     return jax.tree_util.tree_unflatten(treedef, outs)

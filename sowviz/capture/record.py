@@ -30,6 +30,8 @@ class Site:
     call: int  # serial number of the `sow` call: equal for the primal and derivatives of one call
     location: SourceLocation | None
     axes: tuple[str, ...] = ()  # leading axes added by enclosing constructs, outermost first
+    # the vmaps that batched the value, outermost first (`primitive.sow_p`'s `vmapped`)
+    vmapped: tuple[str, ...] = ()
 
 
 @dataclass

@@ -21,7 +21,7 @@ from .. import _compat
 from .._forwarding import forwarded_operand
 from ..primitives import Body, Construct, construct_of, function_name, spec_of
 from . import frameworks, repeats
-from .calls import body_call, call_label, group_calls, hoisted_from_bodies
+from .calls import body_call, group_calls, hoisted_from_bodies
 from .copies import renames
 from .inputs import InputsMixin
 from .model import STAGE_KINDS, Capture, Edge, Node, Note, ProbePoint, StageGraph, Step
@@ -36,13 +36,16 @@ from .names import (
     function_label,
     input_groups,
     is_floating,
+    library_loop_body,
     line_passes,
     output_groups,
     scope_label,
     scope_names,
+    scope_opened,
     shape_str,
     short_path,
     split_einsum_calls,
+    user_call_label,
 )
 from .saved import (
     REUSED,
@@ -282,6 +285,38 @@ def _small(eqn: Any) -> bool:
     )
 
 
+def _user_operation(frames: _compat.UserFrames | None, eqn: Any) -> tuple[Any, bool] | None:
+    """The Python operation of the user's that made `eqn`, as its innermost user frame's
+    code and instruction (`p["embed"][idx]` makes five equations at one), and whether
+    `eqn` makes integers or booleans only (that index's wrap, `lt`, `add`, `select_n`)."""
+    if frames is None:
+        return None
+    at = (frames.calls[-1].key[2], frames.calls[-1].lasti) if frames.calls else frames.root
+    return at, not any(is_floating(v.aval) for v in eqn.outvars)
+
+
+def _members(chains: Sequence[tuple[str, ...]]) -> dict[str, list[int]]:
+    """Each scope's equations at a level, from the scopes around each (`chains`)."""
+    out: dict[str, list[int]] = {}
+    for i, chain in enumerate(chains):
+        for scope in chain:
+            out.setdefault(scope, []).append(i)
+    return out
+
+
+def _feeding_after(inside: Sequence[Any], scope: str, read_after: set) -> set[Any]:
+    """The values of `scope` (its equations `inside`, in order) read inside it by an
+    equation whose outputs the program after it reads (`read_after`), or feed one that
+    does.
+    A state only handed back feeds nothing after the stage (an EMA's `hidden`, read for
+    its `average`), and its card type no longer stands for the stage's result."""
+    feeding: set[Any] = set()
+    for eqn in reversed(inside):
+        if any((scope, o) in read_after or o in feeding for o in eqn.outvars):
+            feeding.update(v for v in eqn.invars if isinstance(v, _compat.Var))
+    return feeding
+
+
 def _level_size(level_names: Sequence[tuple[str, ...]]) -> int:
     """The nodes a level draws: its top scopes and its unscoped equations."""
     return len({n[0] for n in level_names if n}) + sum(1 for n in level_names if not n)
@@ -372,6 +407,10 @@ def _name_wrappers(recs: Sequence[_Rec]) -> None:
             if only[0].kind == "scope" and not only[0].made:  # `@nn.jit` `head`: `jit(head)`
                 rec.label = f"jit({only[0].label})"
             continue
+        if len(only) == 1 and rec.kind == "scope" and rec.made and rec.label.startswith("branch "):
+            if only[0].kind == "scope" and not only[0].made and ": " not in rec.label:
+                rec.label += f": {only[0].label}"  # Linen's `nn.cond` branch: `branch 0: head_b`
+            continue
         if len(only) != 1 or rec.kind not in ("remat", "scan"):
             continue
         inner = only[0]
@@ -397,6 +436,10 @@ def _name_wrappers(recs: Sequence[_Rec]) -> None:
 _LINEN_AUTO_NAME = re.compile(r"(\w+?)_\d+")
 #: The function Flax Linen's `nn.jit` jits: a module's stage inside it, named by it.
 _FLAX_JIT = "core_fn"
+
+
+#: Stages of transforms that call a function: a module they call is called there.
+_TRANSFORM_KINDS = frozenset({"remat", "scan", "while", "cond", "jit", "custom", "shard_map"})
 
 
 class _Rec:
@@ -505,7 +548,13 @@ class _Builder(InputsMixin):
         self.top_loc: dict[Any, tuple[int, int]] = {}
         #: variables some equation reads (`shown_first`)
         self.read: set[Any] = set()
+        #: (scope id, variable): an equation outside the scope reads the variable
+        self.read_after: set[tuple[str, Any]] = set()
+        #: per scope of several outputs, its values the program after it reads from
+        self.feeding: dict[str, set[Any]] = {}
         self.used: set[Any] = set()  # the variables the level being walked reads
+        #: ids of equations drawn as edges: `jax.pmap`'s plumbing (`_compat.pmap_body`)
+        self.passed: set[int] = set()
 
     # -- nodes -----------------------------------------------------------------
     def new(self, kind, label, parent, source=None, shapes=(), primitive=None) -> _Rec:
@@ -631,6 +680,8 @@ class _Builder(InputsMixin):
             # The user's line is the call of the module whose stage holds the equation:
             # a library module's own code (Equinox's attention reshaping its heads).
             names = scoped[i]
+            if names and _compat.made_by_library_haiku_module(jaxpr.eqns[i]):
+                return True  # (Haiku pushes its modules' scopes itself: `hk.LSTM`'s gates)
             if not names or names[-1] not in frameworks.pushed():
                 return False
             return self.scope_source(jaxpr.eqns[i], names, len(names) - 1) == locs[i]
@@ -650,16 +701,23 @@ class _Builder(InputsMixin):
             stages=is_stage,
             passes=line_passes(locs, frames),
             backward=backward,
+            out_types=lambda i: tuple(shape_str(v.aval) for v in jaxpr.eqns[i].outvars),
+            operations=[_user_operation(f, e) for f, e in zip(frames, jaxpr.eqns, strict=True)],
+            span=lambda i: _compat.user_span(jaxpr.eqns[stand_in[i]]),
         )
         # The top level of a small program: its own equations (a loss's `(y - t) ** 2`,
         # `mean`) carry data as stages do, instead of boxes with none.
         own_lines = container.parent is None and _level_size(level_names) <= SMALL_TOP_LEVEL
         unread_set = set(unread)
+        through: dict[Any, Any] = {}  # `jax.pmap`'s expanded results -> the values expanded
 
         @functools.cache
         def scope_sizes() -> Counter[str | None]:  # each scope's equations, at this level
-            # (None: those in no scope, which the level's container holds itself)
-            return Counter(n for names in level_names for n in (set(names) or {None}))
+            # (None: the level's container, which holds them all: Haiku's residual `add`
+            # after its `dense` and `gelu` stages in `hk.remat(block)` is no stage alone)
+            sizes = Counter(n for names in level_names for n in set(names))
+            sizes[None] = len(level_names)
+            return sizes
 
         for i, eqn in enumerate(jaxpr.eqns):
             names = level_names[i]
@@ -667,6 +725,9 @@ class _Builder(InputsMixin):
             keep = 0
             while keep < len(scopes) and keep < len(names) and scopes[keep][0] == names[keep]:
                 keep += 1
+            as_edge = _is_type_cast(eqn) or id(eqn) in self.passed  # (drawn as edges, below)
+            if as_edge:  # opens no scope: one of casts alone (`pcast((a, b))`) held nothing
+                names = names[:keep]
             if keep < len(scopes):
                 del scopes[keep:]
                 chain_here = chain_here[:keep]
@@ -693,11 +754,13 @@ class _Builder(InputsMixin):
             if i in unread_set:
                 self.const_vars.update(id(v) for v in eqn.outvars)  # (a seed's readers: constants)
                 continue
-            if _is_type_cast(eqn):  # drawn as the edges it is, from its operands' producers
+            if as_edge:  # drawn as the edges it is, from its operands' producers
                 for k, (o, v) in enumerate(zip(eqn.invars, eqn.outvars, strict=True)):
                     if isinstance(o, _compat.Var) and o in prod:
                         prod[v] = prod[o]
                     loc[v] = (i, k)
+                    if id(eqn) in self.passed:
+                        through[v] = o
                 continue
             rec = self.eqn_node(eqn, i, parent, path, probe, in_custom)
             self.used = used  # again: the call's body was walked
@@ -718,6 +781,7 @@ class _Builder(InputsMixin):
                         k = self.edge(src, chain, v)
                         if k < len(src) - 1 and v in loc:
                             self.mark_scope_outputs(src, k, v, loc[v])
+                            self.read_after.update((s, v) for s in src[k:-1])
             for k, v in enumerate(eqn.outvars):
                 prod[v] = chain
                 loc[v] = (i, k)
@@ -781,8 +845,11 @@ class _Builder(InputsMixin):
                 ]
                 if made:
                     self.point(rec, path, [(i, k) for k in made], [eqn.outvars[k] for k in made])
-        # Values leaving this level leave every scope around their producer.
+        # Values leaving this level leave every scope around their producer (as made
+        # there: not with the device axis `jax.pmap` adds after).
         for v in jaxpr.outvars:
+            if isinstance(v, _compat.Var) and through:
+                v = through.get(v, v)
             if isinstance(v, _compat.Var) and v in loc:
                 self.mark_scope_outputs(prod[v], 0, v, loc[v])
         if not path:
@@ -790,8 +857,14 @@ class _Builder(InputsMixin):
         self.read.update(v for e in jaxpr.eqns for v in e.invars if isinstance(v, _compat.Var))
         saved = saved_for_backward(jaxpr, backward, chains, loc) if any(backward) else {}
         reads: dict[Any, list[int]] | None = None  # made when a scope's point needs it
+        members: dict[str, list[int]] | None = None  # each scope's equations, when needed
         for rec in level_scopes:
             assert rec.out_vars is not None
+            if len(rec.out_vars) > 1:
+                if members is None:
+                    members = _members(chains)
+                inside = [jaxpr.eqns[i] for i in members.get(rec.id, ())]
+                self.feeding[rec.id] = _feeding_after(inside, rec.id, self.read_after)
             self.mark_tangent(rec, {v: jaxpr.eqns[at[0]] for v, at in rec.out_vars.items()})
             if rec.forward:
                 rec.saved = saved.get(rec.id, frozenset())
@@ -824,10 +897,23 @@ class _Builder(InputsMixin):
         if spec.construct in _LOOPS and label == spec.construct.value:
             # a lambda body that only calls a function of the user's: `scan(cell)`
             sub = eqn.params[_LOOPS[spec.construct]]
+            eqns = _compat.jaxpr_and_consts(sub)[0].eqns
             if _body_is_users(eqn, sub):
-                eqns = _compat.jaxpr_and_consts(sub)[0].eqns
                 body = body_call(_compat.user_frames(eqn), [_compat.user_frames(e) for e in eqns])
                 label = f"{label}({body or _only_users_jit(eqns) or ''})".removesuffix("()")
+            else:  # a library's body running a function of yours: `hk.layer_stack(3)(block)`
+                body = library_loop_body(eqn, eqns)
+                label = f"{label}({body})" if body else label
+        if spec.construct is Construct.REMAT and "(" not in label:
+            # `jax.checkpoint(lambda h, p: (block(p, h), None))`, the scan-over-layers
+            # idiom: `checkpoint(block)`, so the scan around it is `scan(block)` too
+            # (one holding one named scope is named by it: `_name_wrappers`)
+            sub = eqn.params["jaxpr"]
+            eqns = _compat.jaxpr_and_consts(sub)[0].eqns
+            scopes = {scope_names(e)[:1] for e in eqns}
+            if not _compat.defined_in_library(sub) and not (len(scopes) == 1 and () not in scopes):
+                body = body_call(_compat.user_frames(eqn), [_compat.user_frames(e) for e in eqns])
+                label = f"{label}({body})" if body else label
         if spec.construct in (Construct.SCAN, Construct.COND, Construct.WHILE):
             label = construct_label(label, _compat.call_path(eqn))
         if spec.construct is Construct.TESSERACT:
@@ -837,18 +923,29 @@ class _Builder(InputsMixin):
     def eqn_node(self, eqn, i, parent: _Rec, path, probe, in_custom) -> _Rec:
         name = eqn.primitive.name
         # floating outputs first, as probes take them (`diffeqsolve` showed `i32[] +8`),
-        # and what the program reads before what it drops (`nnx.remat` hands back the
-        # block's parameters before its activation: `f32[192] +12`)
+        # what the stage makes before the operands it hands back unchanged, which are
+        # not probed (`nnx.remat(lambda r, v: r(v))(mod.res, h)` inside `nnx.cond`: the
+        # card said `f32[1] +2`, a bias, beside its output's histogram), and what the
+        # program reads before what it drops (`nnx.remat` hands back the block's
+        # parameters before its activation: `f32[192] +12`)
         used = self.used
-        shapes = tuple(
-            shape_str(v.aval)
-            for v in sorted(eqn.outvars, key=lambda v: (not is_floating(v.aval), v not in used))
-        )
+        vjp = construct_of(name) is Construct.CUSTOM_VJP  # (its own: see `walk`)
+
+        def shown_first(k: int) -> tuple[bool, bool, bool]:
+            v = eqn.outvars[k]
+            handed_back = not vjp and forwarded_operand(eqn, k, self.forwarding) is not None
+            return (not is_floating(v.aval), handed_back, v not in used)
+
+        outs = range(len(eqn.outvars))
+        order = sorted(outs, key=shown_first) if len(outs) > 1 else outs
+        shapes = tuple(shape_str(eqn.outvars[k].aval) for k in order)
         src = self.source(eqn, parent)
         spec = spec_of(name)
         if spec is None:  # an ordinary equation (its sub-programs, if any, are counted)
-            label = _compat.primitive_label(eqn)
-            rec = self.new("eqn", label, parent.id, src, shapes, primitive=label)
+            primitive = _compat.primitive_label(eqn)
+            # `checkpoint_name(x @ w, "proj_in")` is drawn by the name the user gave it
+            label = _compat.checkpoint_name_of(eqn) or primitive
+            rec = self.new("eqn", label, parent.id, src, shapes, primitive=primitive)
             rec.site = (path, i, eqn.outvars)
             rec.n_eqns = 1 + sum(_count_eqns(j) for _, _, j in _compat.sub_jaxprs(eqn))
             rec.constant = self.const(eqn)
@@ -856,13 +953,24 @@ class _Builder(InputsMixin):
         label = self.stage_label(eqn)
         constant = self.const(eqn)
         primitive = name if spec.shows_primitive else None
-        rec = self.new(spec.node_kind, label, parent.id, src, shapes, primitive=primitive)
+        # `jax.pmap(f)`: a `jit` around a `shard_map` of `f`, drawn as one device map of f
+        pmap = _compat.pmap_body(eqn)
+        kind = spec.node_kind if pmap is None else "shard_map"
+        rec = self.new(kind, label, parent.id, src, shapes, primitive=primitive)
         rec.constant = constant
-        if spec.construct in _LOOPS:
-            rec.user_body = _body_is_users(eqn, eqn.params[_LOOPS[spec.construct]])
-        elif spec.construct in _CALLS and len(spec.bodies) == 1:
-            # your function under `jax.jit`, `jax.checkpoint` or `jax.named_call` carries
-            # data as it does unwrapped (its residual `add`s were boxes with none)
+        if pmap is not None:
+            rec.user_body = pmap.users
+        elif spec.construct in _LOOPS:
+            sub = eqn.params[_LOOPS[spec.construct]]
+            # (or a library's body doing nothing but call yours: `hk.layer_stack(block)`)
+            rec.user_body = (
+                _body_is_users(eqn, sub)
+                or library_loop_body(eqn, _compat.jaxpr_and_consts(sub)[0].eqns) is not None
+            )
+        elif spec.construct in (*_CALLS, Construct.SHARD_MAP) and len(spec.bodies) == 1:
+            # your function under `jax.jit`, `jax.checkpoint`, `jax.named_call` or
+            # `jax.shard_map` carries data as it does unwrapped (its residual `add`s were
+            # boxes with none)
             rec.user_body = not _compat.defined_in_library(eqn.params[spec.bodies[0].param])
         if spec.construct is Construct.SOW:
             self.sows.setdefault(label, []).append(rec.id)
@@ -870,7 +978,11 @@ class _Builder(InputsMixin):
         # A custom rule's body is probed beside the program (`graph.instrument`): its
         # stages get primal values only, which the note says once per custom call.
         inner_custom = rec if spec.custom_rule else in_custom
-        for body in spec.bodies:
+        if pmap is not None:  # its body, past the shard_map; JAX's axis plumbing as edges
+            self.passed.update(id(e) for k, e in enumerate(pmap.jaxpr.eqns) if k in pmap.plumbing)
+            at = (*path, (i, "jaxpr", None), pmap.step)
+            self.walk(pmap.jaxpr, rec, at, {}, probe=probe, in_custom=in_custom)
+        for body in spec.bodies if pmap is None else ():
             self.children(rec, body, eqn, i, tuple(path), probe, inner_custom, shapes)
         if spec.custom_rule and len(self.points) > n_before:
             body_size = sum(_count_eqns(j) for _, _, j in _compat.sub_jaxprs(eqn))
@@ -894,7 +1006,9 @@ class _Builder(InputsMixin):
             holder = rec
             if body.scope is not None and only is None:
                 label = body.scope.format(i=index)
+                # (not a wrapper passing the call on: Flax Linen's `branch_wrapper`)
                 fn = function_name(sub) if body.each else None
+                fn = None if fn and function_label(fn)[1] else fn
                 holder = self.new("scope", f"{label}: {fn}" if fn else label, rec.id, rec.source)
                 holder.made = True
                 if body.outputs:
@@ -1052,13 +1166,19 @@ class _Builder(InputsMixin):
             r = sum(1 for n in names[j + 1 :] if n in frameworks.pushed())
             sites = _compat.call_sites(eqn, frameworks.CALL_CODE)
             if r < len(sites):
+                if _compat.is_library_file(sites[r].file) and around is not None:
+                    # called by a library's transform (`eqx.filter_checkpoint(block)(x)`
+                    # runs it in `equinox/_ad.py`): the transform's stage is the call
+                    if around.kind in _TRANSFORM_KINDS and around.source is not None:
+                        return around.source
                 return self.location(sites[r])
             # its first equations are a function a library traced before and inlines
             # (optimistix's `BFGS.step` opens with the objective): not the call, whose
             # frame they lack; the stage around it says where it is
             if around is not None and around.source is not None:
                 return around.source
-        return self.source(eqn, around)
+        opened = scope_opened(eqn, names[j])
+        return self.location(opened) if opened is not None else self.source(eqn, around)
 
     def source(self, eqn, around: _Rec | None = None) -> _compat.SourceLocation | None:
         """Where the user's code made `eqn`; with no line of the user's in its traceback,
@@ -1143,13 +1263,16 @@ class _Builder(InputsMixin):
         """The order of a scope's outputs: its outputs before what it keeps for a
         backward pass (`saved.saved_for_backward`), what the program reads on first (a
         BatchNorm's activations, not its new running mean, only handed back as state;
-        a Dropout's output, not its RNG counter), floating values before others, then
-        program order."""
+        a Dropout's output, not its RNG counter; `_feeding_after`: Haiku's `hk.BatchNorm`
+        reads its EMA's `hidden` only for its `average`, and the card said `f32[1,8]`
+        beside the logits' histogram), floating values before others, then program
+        order. The card's type is then the output its face shows."""
         v, at = kv
         return (
             v in rec.saved,
             not is_floating(v.aval),
             self.returned_at(rec, v),
+            (rec.id, v) not in self.read_after and v not in self.feeding.get(rec.id, ()),
             v not in self.read,
             at,
         )
@@ -1207,7 +1330,7 @@ class _Builder(InputsMixin):
                 (
                     c
                     for c in (frames.calls if frames else ())
-                    if c.site() == site and call_label(c.function) == label
+                    if c.site() == site and user_call_label(c) == label
                 ),
                 None,
             )

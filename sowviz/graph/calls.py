@@ -34,7 +34,7 @@ import itertools
 from collections.abc import Sequence
 
 from .. import _compat
-from .names import BACKWARD, CALL, CALLED_BACK, call_label, fold_label, function_label
+from .names import BACKWARD, CALL, CALLED_BACK, fold_label, function_label, user_call_label
 
 Chain = tuple[_compat.UserCall, ...] | None
 
@@ -404,7 +404,7 @@ def group_calls(
             # scope alone would only be wrapped again
             one = j == k and items[k][1] is None
             call = by_id[keys[k]] if keys[k] is not None else None
-            label = call_label(call.function) if call is not None else ""
+            label = user_call_label(call) if call is not None else ""
             if one and stages[items[k][0][0]] == label:
                 one = False
             if call is not None and (j > k or one):
@@ -488,7 +488,7 @@ def body_call(
         if not chain or (found is not None and chain[0].key != found.key):
             return None
         found = chain[0]
-    return call_label(found.function) if found is not None else None
+    return user_call_label(found) if found is not None else None
 
 
 def _without_restating_scopes(out: list[tuple[str, ...]]) -> list[tuple[str, ...]]:

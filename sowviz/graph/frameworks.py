@@ -143,6 +143,19 @@ def linen_module_names() -> frozenset[str]:
     return frozenset(names)
 
 
+#: The methods Flax Linen runs on a module that are Flax's own closures, not the module's:
+#: `nn.RNN` scans its cell with `nn.scan(scan_fn)`, which Linen calls as the cell's
+#: method, scoped `LSTMCell_0.scan_fn`, around the cell's own scope `LSTMCell_0`.
+_LINEN_PLUMBING_METHODS = (".scan_fn",)
+
+
+def linen_plumbing_scope(name: str) -> bool:
+    """Whether `name` is the scope Flax Linen pushes for one of Flax's own closures run
+    as a module's method (`LSTMCell_0.scan_fn`), which says nothing the module's own
+    scope inside it does not."""
+    return name.endswith(_LINEN_PLUMBING_METHODS)
+
+
 def named(fn: Callable) -> Callable:
     """`fn` whose NNX / Equinox module calls run inside named scopes of their paths, and
     whose NumPyro models, sites and distributions inside scopes of their names

@@ -18,8 +18,22 @@ import jax
 import jax.numpy as jnp
 
 from .. import _compat
+from .._args import slash_joined, written_bare
 from . import frameworks
-from .source_text import assigned, assigned_by_call, is_return, statement_line
+from .repeats import MAX_SEPARATORS
+from .repeats import pattern as repeat_pattern
+from .source_text import (
+    Span,
+    assigned,
+    assigned_by_call,
+    is_return,
+    names_string,
+    operand_text,
+    returned_label,
+    rule_owner,
+    scope_opened_at,
+    statement_line,
+)
 
 _TOKEN = re.compile(r"\['((?:[^'\\]|\\.)*)'\]|\[(-?\d+)\]|\.([^.\[\]]+)|\[([^\]]*)\]")
 
@@ -76,7 +90,7 @@ def _split(name: str) -> tuple[str, list[str]]:
         key, idx, attr, _ = m.groups()
         tokens.append(
             f".{key}"
-            if key is not None and key.isidentifier()
+            if key is not None and written_bare(key)
             else f"[{idx}]"
             if idx is not None
             else f".{attr}"
@@ -85,6 +99,7 @@ def _split(name: str) -> tuple[str, list[str]]:
         )
     if len(tokens) > 1 and tokens[-1] == ".value":
         tokens.pop()
+    tokens = slash_joined(tokens)  # Haiku's `mlp/~/linear_0/w`
     merged: list[str] = []  # an index belongs to the name before it: `.blocks[0]`
     for t in tokens:
         if t.startswith("[") and merged:
@@ -95,8 +110,14 @@ def _split(name: str) -> tuple[str, list[str]]:
 
 
 def path_label(tokens: Sequence[str]) -> str:
-    """`blocks[0].w` from tokens `.blocks`, `[0]`, `.w`."""
-    return "".join(tokens).lstrip(".")
+    """`blocks[0].w` from tokens `.blocks`, `[0]`, `.w` (`w` from Haiku's `/w`)."""
+    return "".join(tokens).lstrip(".").removeprefix("/")
+
+
+def key_path_label(path: str) -> str:
+    """A `jax.tree_util.keystr` path as the inputs' labels write it: `[1]['log_nu']` is
+    `[1].log_nu`, Haiku's `['mlp/~/linear_0']['w']` is `mlp/~/linear_0/w`."""
+    return path_label(_split("_" + path)[1])
 
 
 #: Appended to the first scope under a `transpose` transform: the backward pass of a
@@ -108,6 +129,11 @@ BACKWARD = " (backward)"
 TANGENT = " (tangent)"
 
 
+#: Ends the scope Flax Linen pushes for a lambda it runs as a module's method
+#: (`nn.cond(flag, lambda m, h: m.head_b(h), ...)`: `Model.<lambda>`), which says nothing.
+_LAMBDA_METHOD = ".<lambda>"
+
+
 def scope_names(eqn) -> tuple[str, ...]:
     """The equation's `named_scope` names; Equinox's own `eqx.nn.Linear` scope is
     dropped right inside a module stage `…: Linear` (or `…: Conv2d`, whose scope is
@@ -117,6 +143,10 @@ def scope_names(eqn) -> tuple[str, ...]:
     for kind, name in _compat.name_stack_kinds(eqn):
         if kind == "transform":
             backward = backward or name == "transpose"
+        elif name.removesuffix(BACKWARD).endswith(_LAMBDA_METHOD):
+            continue  # Linen's scope for a lambda it calls as a method (`nn.cond`'s branches)
+        elif frameworks.linen_plumbing_scope(name.removesuffix(BACKWARD)):
+            continue  # (`nn.RNN`'s `LSTMCell_0.scan_fn`)
         else:
             names_.append(name + BACKWARD if backward else name)
             backward = False
@@ -188,6 +218,16 @@ def call_label(qualname: str) -> str:
     return parts[-1]
 
 
+def user_call_label(call: _compat.UserCall) -> str:
+    """`call_label` of a call of the user's function, or of the function it is a rule
+    of when JAX called it in that function's place (`row_scale`, not its batching
+    rule `_rs_rule`: `source_text.rule_owner`)."""
+    here = call.here()
+    name = call.function.rsplit(".", 1)[-1]
+    owner = rule_owner(here.file, here.line, name) if here is not None else None
+    return owner or call_label(call.function)
+
+
 def _top_count(names: Sequence[tuple[str, ...]]) -> int:
     """Nodes at this level: each unscoped equation, plus each run of one scope. A run of
     calls of one user function (`graph.calls`) counts once: `repeats` stacks them
@@ -231,8 +271,21 @@ _PASS_THROUGH = frozenset(
         "call_wrapped",
         "with_extra_args_support",
         "fun_wrapped",  # `eqx.filter_jit`'s (diffrax's `diffeqsolve`, its helpers)
+        "run_interceptors",  # Haiku's around every module method (`hk.LSTM`'s gates)
+        # Flax Linen's lifted `nn.scan` (`nn.RNN`): its body, and the function it scans
+        "body_fn",
+        "scan_fn",
+        "initialize_carry",  # (Flax's bookkeeping: `nn.RNN` making its cell's carry)
     }
 )
+
+
+#: Library closures named by the API that made them, where that API's name alone would
+#: read as one of JAX's transforms (`_TRANSFORMS`, whose own work a line's name says):
+#: Haiku's `hk.vmap` splits the RNG per member in its `mapped_fun`.
+_LIBRARY_CLOSURES = {"vmap.<locals>.mapped_fun": "hk.vmap"}
+#: `call_labels` of those closures' work, as `fold_names` reads them.
+_PLUMBING = frozenset((label,) for label in _LIBRARY_CLOSURES.values())
 
 
 def function_label(qualname: str) -> tuple[str, bool]:
@@ -242,6 +295,8 @@ def function_label(qualname: str) -> tuple[str, bool]:
     one that made it (`scale_by_adam`), a method by its class (`Optimizer.update`).
     (A private closure its maker handed out is named by the maker already in
     `_compat.call_path`: jraph's `_ApplyGCN` is `GraphConvolution`.)"""
+    if qualname in _LIBRARY_CLOSURES:
+        return _LIBRARY_CLOSURES[qualname], False
     parts = qualname.split(".")
     while (
         len(parts) > 2
@@ -341,6 +396,9 @@ def fold_names(
     stages: Sequence[str | None] = (),
     passes: Sequence[int] = (),
     backward: Sequence[bool] = (),
+    out_types: Callable[[int], tuple[str, ...]] | None = None,
+    operations: Sequence[Any] = (),
+    span: Callable[[int], Span | None] | None = None,
 ) -> list[tuple[str, ...]]:
     """Scope names with runs of unscoped equations folded. A level with more than
     `line_limit` nodes folds runs of 3 or more equations from one source line, labelled
@@ -372,8 +430,34 @@ def fold_names(
     them. In a loop body the library traced (BFGS's line search), a run of the user's
     function's equations among the library's is a stage named by it too (`f`; `f
     (backward)` for the transposed ones, when `backward` says which they are), as
-    outside the loop (it was a fold `f:7`): `_user_calls_in_body`."""
-    facts = _Facts(call_path, at_module_call, primitives, reentry, stages, passes, backward)
+    outside the loop (it was a fold `f:7`): `_user_calls_in_body`.
+
+    A level that is big only for a Python loop's passes, each a stage and the same few
+    equations (`out_types`: each equation's output types), folds neither per call nor
+    in chunks: `repeats` stacks the passes (`_looped`).
+
+    `operations`: each equation's Python operation in the user's code (its innermost
+    user frame's code and instruction) and whether its outputs are all integers or
+    booleans. A small level folds a line one of whose operations made several equations
+    that no call names, integer work among them (`x = p["embed"][idx]`: jnp's wrap of a
+    negative index, `lt`, `add`, `select_n`, `broadcast_in_dim`, around the `gather`),
+    as a big level does: the line is one box `x`, not the plumbing of an index the user
+    wrote once. (A derivative's extra equations, `x ** 2`'s `mul` by 2, are floats.)
+    `span`: where on its line each equation was made (`_compat.user_span`): a line's
+    run that computes an argument of the call the line assigns is named by that
+    argument (`tokens[:, pos]`), not by the call's targets (`logits, caches`)."""
+    facts = _Facts(
+        call_path,
+        at_module_call,
+        primitives,
+        reentry,
+        stages,
+        passes,
+        backward,
+        out_types,
+        operations,
+        span,
+    )
     return _fold_level(names, locs, limit, line_limit, facts)
 
 
@@ -389,6 +473,9 @@ class _Facts:
     stages: Sequence[str | None] = ()
     passes: Sequence[int] = ()
     backward: Sequence[bool] = ()
+    out_types: Callable[[int], tuple[str, ...]] | None = None
+    operations: Sequence[Any] = ()
+    span: Callable[[int], Span | None] | None = None
 
     def run(self, start: int, stop: int) -> _Facts:
         """The facts of equations `[start, stop)`, as a level of their own numbers them."""
@@ -400,6 +487,9 @@ class _Facts:
             self.stages[start:stop],
             self.passes[start:stop],
             self.backward[start:stop],
+            _shifted(self.out_types, start),
+            self.operations[start:stop],
+            _shifted(self.span, start),
         )
 
 
@@ -592,6 +682,7 @@ def _fold(
     """`fold_names` of a level holding no call back (`CALLED_BACK`)."""
     call_path, at_module_call, reentry = facts.call_path, facts.at_module_call, facts.reentry
     primitives, stages, passes = facts.primitives, facts.stages, facts.passes
+    operations = facts.operations
     if call_path is None and max(_direct(names).values(), default=0) <= line_limit:
         return names
     out = list(names)
@@ -753,6 +844,9 @@ def _fold(
         loc = locs[i]
         if loc is None:
             return own
+        operand = argument(i, j, loc)
+        if operand:
+            return operand
         named = assigned(loc.file, loc.line)
         if named:
             return named
@@ -760,7 +854,18 @@ def _fold(
         last = not any(
             scope_of(m)[: len(sc)] == sc and not replayed(m, loc) for m in range(j + 1, len(out))
         )
-        return "return" if last and is_return(loc.file, loc.line) else own
+        if last and is_return(loc.file, loc.line):  # what it computes (`mean`), not `return`
+            return returned_label(loc.file, loc.line) or own
+        return own
+
+    def argument(i: int, j: int, loc: _compat.SourceLocation) -> str | None:
+        # the argument of the line's call that the run computes, as written
+        spans = [facts.span(m) for m in range(i, j + 1)] if facts.span is not None else []
+        if not spans or None in spans:
+            return None
+        start = min((s[0], s[1]) for s in spans if s is not None)
+        end = max((s[2], s[3]) for s in spans if s is not None)
+        return operand_text(loc.file, loc.line, (*start, *end))
 
     def replayed(m: int, ret: _compat.SourceLocation) -> bool:
         # An equation of the returning function's lines up to its return, after it: its
@@ -797,6 +902,35 @@ def _fold(
             hi += 1
         return hi - lo + 1 >= 3 and not calls(i)
 
+    def plumbed_line(i: int) -> bool:
+        # `i`'s line (its run there: one scope, one pass) holds an operation of the
+        # user's that made SMALL_LEVEL_RUN or more equations no call names, integer work
+        # among them: an index (`p["embed"][idx]`) or an update (`.at[:, 0].set(t)`),
+        # not a box the user wrote per equation (`(y - t) ** 2`: `sub`, `integer_pow`)
+        def same(m: int) -> bool:
+            return (
+                0 <= m < len(out)
+                and locs[m] == locs[i]
+                and scope_of(m) == scope_of(i)
+                and (passes[m] if m < len(passes) else 0) == (passes[i] if i < len(passes) else 0)
+            )
+
+        lo = hi = i
+        while same(lo - 1):
+            lo -= 1
+        while same(hi + 1):
+            hi += 1
+        made: dict[Any, int] = {}
+        integer: set[Any] = set()
+        for m in range(lo, hi + 1):
+            op = operations[m] if m < len(operations) else None
+            if op is None or calls(m) or (m < len(stages) and stages[m]):
+                continue
+            made[op[0]] = made.get(op[0], 0) + 1
+            if op[1]:
+                integer.add(op[0])
+        return any(made[op] >= SMALL_LEVEL_RUN for op in integer)
+
     def line_key(library: bool) -> Callable[[int], str | None]:
         # Runs inside one scope (or none) whose level is big, from one line: a user's
         # line, or (`library`) one a library's body traced without the user's frames.
@@ -814,6 +948,11 @@ def _fold(
                 if not library and loc.function.endswith("<lambda>") and lambda_run(i):
                     own = function_label(loc.function)[0]
                     return f"{own}:{loc.line}\x02{'/'.join(scope)}"
+                if not library and plumbed_line(i):  # (`\x03`: a small level's least run)
+                    if at_module_call is None or not at_module_call(i):
+                        own = function_label(loc.function)[0]
+                        again = f"\x04{passes[i]}" if i < len(passes) and passes[i] else ""
+                        return f"{own}:{loc.line}\x02{'/'.join(scope)}{again}\x03"
                 what = calls(i)[:1]
                 if library or not what or (i < len(primitives) and what[0] == primitives[i]):
                     return None
@@ -829,7 +968,11 @@ def _fold(
                 return None  # the module's stage is that line's call: its calls say more
             again = f"\x04{passes[i]}" if i < len(passes) and passes[i] else ""
             line = statement_line(loc.file, loc.line)  # (a statement over two lines: one run)
-            return f"{function_label(loc.function)[0]}:{line}\x02{'/'.join(scope)}{again}"
+            # a library transform's plumbing (`hk.vmap`'s RNG split) is a run of its own:
+            # not the value the line assigns (`preds`, made by the mapped function)
+            plumbing = calls(i)[:1] if calls(i)[:1] in _PLUMBING else ()
+            apart = "".join(f"\x03{what}" for what in plumbing)
+            return f"{function_label(loc.function)[0]}:{line}\x02{'/'.join(scope)}{again}{apart}"
 
         return key
 
@@ -867,11 +1010,21 @@ def _fold(
             for a, b in zip(starts, [*starts[1:], len(run)], strict=True):
                 if keys[a] is None or b - a < 2 or keys[a] == around:
                     continue
+                if repeated_stage(run[a:b]):
+                    continue  # (a loop's `nn.remat` blocks in Flax's lift plumbing: no box)
                 if not restated(run[a:b], keys[a]):
                     group(run[a:b], keys[a])
                     if b - a > line_limit:
                         split_by_calls(run[a:b], depth + 1, True)
             return
+
+    def repeated_stage(run: list[int]) -> bool:
+        # Each a stage, named alike (`checkpoint(block_0)`, `checkpoint(block_1)`: a Python
+        # loop of Linen `nn.remat` blocks, each called through Flax's
+        # `module_class_lift_transform`): `repeats` stacks them; a group of the library
+        # call they pass through would only hide the stack in a box of Flax's plumbing.
+        own = [stages[m] if m < len(stages) else None for m in run]
+        return all(own) and len({repeat_pattern(x) for x in own}) == 1
 
     def layer_key(i: int) -> str | None:
         # A framework's functional layer (`nn.avg_pool`: `reduce_window_sum` and `div`;
@@ -884,7 +1037,10 @@ def _fold(
             return None
         if what[0].startswith("_") or (i < len(primitives) and what[0] == primitives[i]):
             return None
-        if (i < len(stages) and stages[i]) or (
+        # (a stage the layer's own calls made is its work: `hk.dropout`'s `bernoulli` jit
+        # had parted the layer in two boxes, `dropout`, `dropout#2`)
+        stage = stages[i] if i < len(stages) else None
+        if (stage and (len(calls(i)) < 2 or stage == what[0])) or (
             scope and (_OWN in scope[-1] or _SPLIT in scope[-1])
         ):
             return None
@@ -943,7 +1099,9 @@ def _fold(
             i = j + 1
         own = lambda i, j, where: where.split("\x02", 1)[0]  # noqa: E731  (`_do_update:381`)
         fold_runs(line_key(True), least=3, label=own, inner=True, whole=False)
-    if _top_count(out) > limit:
+    # (a Python loop's passes, which `repeats` stacks, are no reason to fold)
+    looped = _top_count(out) > limit and _looped(out, locs, facts) <= limit
+    if _top_count(out) > limit and not looped:
         # One group per call: a run of one function restarts when its line goes back.
         calls_: list[str | None] = []
         for i in range(len(out)):
@@ -956,7 +1114,7 @@ def _fold(
             )
         fold_runs(lambda i: calls_[i])  # names stay apart (`step\x01<i>`): labels drop it
     total = _top_count(out)
-    if total > limit:
+    if total > limit and not looped:
         size = -(-total // max(limit // 2, 1))
         chunk: list[int | None] = []
         items, prev = 0, None
@@ -987,6 +1145,58 @@ def _fold(
             if c is not None and len(labels[c]) > 1:  # one item needs no chunk
                 out[i] = (f"{FOLD}{names_of[c]}\x01c{c}", *out[i])
     return out
+
+
+def _looped(
+    names: Sequence[tuple[str, ...]], locs: Sequence[_compat.SourceLocation | None], facts: _Facts
+) -> int:
+    """Nodes at this level once `repeats` stacks a Python loop's passes (a decode loop's
+    `model(toks[-1][:, None])`, its `[:, 0]`, the key split and the sampling, 15 times):
+    a run of items that repeats with a period of at most `MAX_SEPARATORS + 1`, one of
+    them a scope (a module's, a `jax.named_scope`, a call of the user's function), the
+    same equations and types in every pass, counts as its one node. (A loop of lines
+    alone, a library's `jit` among them, still folds by line and chunks.)"""
+    items = _top_items(names, locs, facts)
+    least = len(items)
+    for period in range(1, MAX_SEPARATORS + 2):
+        saved, i = 0, 0
+        while i + period < len(items):
+            j = i
+            while j + period < len(items) and items[j] == items[j + period]:
+                j += 1
+            passes = (j - i + period) // period
+            if passes >= 2 and any(scope for _, scope in items[i : i + period]):
+                saved += passes * period - 1
+            i = max(j, i + 1)
+        least = min(least, len(items) - saved)
+    return least
+
+
+def _top_items(
+    names: Sequence[tuple[str, ...]], locs: Sequence[_compat.SourceLocation | None], facts: _Facts
+) -> list[tuple[tuple, bool]]:
+    """The level's nodes as `_top_count` counts them, each as what two passes of a loop
+    share (its label alike, as `repeats.pattern` masks it, or an equation's primitive
+    and line; with the primitives and output types of its equations) and whether it is
+    a scope that no fold made."""
+    items: list[tuple[tuple, bool]] = []
+    prev: str | None = None
+    for m, t in enumerate(names):
+        top = t[0] if t else None
+        prim = facts.primitives[m] if m < len(facts.primitives) else None
+        typed = (prim, facts.out_types(m) if facts.out_types is not None else None)
+        if top is not None and top == prev:
+            (label, *eqns), stage = items[-1]
+            items[-1] = ((label, *eqns, typed), stage)
+            continue
+        prev = top
+        if top is None:
+            loc = locs[m]
+            items.append(((("eqn", loc.line if loc is not None else None), typed), False))
+        else:
+            label = repeat_pattern(fold_label(top))
+            items.append(((label, typed), not top.startswith(FOLD)))
+    return items
 
 
 def _direct(names: Sequence[tuple[str, ...]]) -> dict[tuple[str, ...], int]:
@@ -1131,3 +1341,42 @@ def _count_eqns(jaxpr: Any) -> int:
         for _, _, sub in _compat.sub_jaxprs(eqn):
             n += _count_eqns(sub)
     return n
+
+
+def scope_opened(eqn: Any, name: str) -> _compat.SourceLocation | None:
+    """Where the user opened the named scope `name` that `eqn` is in: the call of a
+    function `jax.named_call` wrapped (`jax.named_call(attention, name="attn")(w, x)`),
+    else the line in the block of the `with jax.named_scope(name):` that made it (`x =
+    x + attention(w, norm(x))`, when the equation is deep inside `norm`); None when
+    neither is found. Its first equation's own line (inside `attention`, inside `norm`)
+    is not where the stage is."""
+    for callee, site in _compat.named_call_sites(eqn):
+        if callee == name or names_string(site.file, site.line, name):
+            return site
+    for loc in _compat.user_frame_locations(eqn):
+        if scope_opened_at(loc.file, loc.line, name) is not None:
+            return loc  # (the block's line that made it: its first line of work)
+    return None
+
+
+def library_loop_body(eqn: Any, body_eqns: Sequence[Any]) -> str | None:
+    """The plain function of yours that a loop body a library traced runs
+    (`hk.layer_stack(3)(block)` scans Haiku's own `layer`, which calls `block`): the
+    outermost user frame of every equation of the body, when JAX began the body's
+    tracebacks there (not at the loop's own frames). None for a method (a Linen
+    module's, named by its scope: `scan(blocks)`), a lambda, or a body of several."""
+    own = _compat.outermost_user_location(eqn)
+    loop_root = (own.file, own.function) if own else None
+    found: tuple[str, str] | None = None
+    for e in body_eqns:
+        outer = _compat.outermost_user_location(e)
+        if outer is None:
+            continue  # the library's own work in the body
+        root = (outer.file, outer.function)
+        if root == loop_root or (found is not None and root != found):
+            return None
+        found = root
+    parts = found[1].split(".") if found is not None else ["<none>"]
+    if parts[-1].startswith("<") or (len(parts) > 1 and parts[-2] != "<locals>"):
+        return None  # (a lambda; a method)
+    return parts[-1]

@@ -13,10 +13,11 @@ What counts as a repeat (`merge`):
   `MIN_RUN` of them, or siblings with the same few equations between each two (a
   Python loop slicing its input before each call, `attn(x[:, t:t + 1])`: `_separated`;
   also a library's stage whose values go beside the blocks, a decode loop's
-  `log_softmax(logits)` kept per token), those equations then going into the group
-  with the blocks; two blocks each with their own (the same work in both passes,
-  before the first block or after the last too: a network, `max`, then the network
-  again is no two passes);
+  `log_softmax(logits)` kept per token; a `sow` of each pass's value; a decode loop's
+  slice, key split and sampling around each call of the model), those equations
+  then going into the group with the blocks; two blocks each with their own (the same
+  work in both passes, before the first block or after the last too: a network,
+  `max`, then the network again is no two passes);
 * named alike: their labels are equal once digits are masked (`layers[0]`,
   `layers[1]`; `layers[2]: Linear`) or once the `#k` index of a reused label is
   dropped (`block`, `block#2`), so parallel look-alikes with their own names
@@ -47,17 +48,23 @@ from .model import STAGE_KINDS, Edge
 
 #: The fewest consecutive alike blocks that are merged.
 MIN_RUN = 2
-#: The most equations between two blocks of a run (`_separated`).
-MAX_SEPARATORS = 3
+#: The most equations between two blocks of a run (`_separated`): a decode loop's
+#: `toks[-1][:, None]`, then after the model `[:, 0]`, a `sow` of the logits, the key
+#: split and the sampling.
+MAX_SEPARATORS = 5
 #: The most nodes the first picture draws when the model's module starts open.
 FIRST_VIEW = 60
 
-#: How the shape strings of floating values begin (`f32[4]`, `bf16[2]`, `c64[]`).
-_FLOATING = ("f", "bf", "c")
+#: How the types of values that are work to see begin: floating (`float32[4]`,
+#: `bfloat16[2]`, `complex64[]`) and signed integers (a decode loop's sampled tokens,
+#: `int32[2]`), not keys (`uint32[2]`, `key<fry>[]`).
+_WORK = ("f", "bf", "c", "int")
 #: Stages that are one call of a library's function (`jax.nn.log_softmax`, a `jit`; a
 #: `custom_jvp` activation): between two blocks, the pass's own work, as an equation is.
 _LIBRARY_STAGES = frozenset({"jit", "custom"})
 _DIGITS = re.compile(r"\d+")
+#: Loop stages: one holding most of a plain-function program starts open (`open_model`).
+_LOOPS = frozenset({"scan", "while"})
 _INDEX = re.compile(r"#\d+$")
 
 
@@ -87,12 +94,17 @@ def repeat_label(labels: Sequence[str]) -> str:
     return f"{labels[0]} … {labels[-1]} (×{n})"
 
 
-def _inner_label(label: str) -> str:
+def _inner_label(label: str, outer: str) -> str:
     """A label inside a block as blocks compare it: a module stage's alike (`pattern`),
     also one named after the trace (`blocks[1].rope: RotaryPositionalEmbedding`, a copy
-    `jax.vmap` made inside `blocks[1]`'s attention: its class after its path), any
-    other exactly (sows and named scopes are the user's own names)."""
-    return pattern(label) if label in frameworks.pushed() or ": " in label else label
+    `jax.vmap` made inside `blocks[1]`'s attention: its class after its path), and the
+    one its parent `outer` is named after (a Linen or Haiku remat `checkpoint(block_0)`
+    holding the module scope `block_0`: the next one's `block_1` is the same module of
+    the next pass, as the parents' labels, compared alike, say), any other exactly
+    (sows and named scopes are the user's own names)."""
+    named_after = outer.endswith(f"({label})")
+    alike = named_after or label in frameworks.pushed() or ": " in label
+    return pattern(label) if alike else label
 
 
 class _Signatures:
@@ -111,7 +123,7 @@ class _Signatures:
             inner.setdefault(p, []).append((pos[e.source], pos[e.target], e.shape, e.dtype))
         for r in reversed(recs):  # children come after their parent
             # module stages inside named alike: `checkpoint`s holding `blocks[0]`, `blocks[1]`
-            ch = tuple((_inner_label(c.label), self.of[c.id]) for c in kids.get(r.id, ()))
+            ch = tuple((_inner_label(c.label, r.label), self.of[c.id]) for c in kids.get(r.id, ()))
             # and the names of the values it shows: two calls of one Tesseract reading
             # different outputs (`result`, then `normed_result`) are no repeats
             key = (r.kind, r.primitive, r.shapes, r.n_eqns, ch, tuple(inner.get(r.id, ())))
@@ -204,6 +216,8 @@ def _separated(
             # (a `jit`: `log_softmax`, `log_softmax#2`, …); not a `relu` between two
             # layers, a layer of its own (`_affine`, `relu`, `_affine#2`, …)
             return (sig[r.id], pattern(r.label))
+        if r.kind == "sow":  # the user's name for a value of each pass (`logits`)
+            return (sig[r.id], r.label)
         if r.kind == "scope" and r.made and not r.repeats:
             # a fold of one line in every pass (`total = total + ce(...)` after each call;
             # the first adds to `0.0`, one equation fewer)
@@ -269,22 +283,25 @@ def _key(r: Any, sig: dict) -> tuple:
     return (sig[r.id], pattern(r.label), site)
 
 
-def _group_label(run: list[Any], between: list[Any], lead: bool = False) -> str:
+def _group_label(run: list[Any], between: list[Any], leading: frozenset[str] = frozenset()) -> str:
     """`layers[0–23] (×24)`; with named work between the blocks, a pass of a Python
     loop `h = gelu(layer(p, h))`, that too: `layer · gelu (×3)`, in the pass's order
-    (`lead`: the work comes first, `x · dropout`)."""
+    (`leading`: the ids of the work before the first block, which comes first, `x ·
+    dropout`; a decode loop's sampling after its slice and model call comes after,
+    `Decoder · categorical`)."""
     label = repeat_label([r.label for r in run])
     # (not a fold of keys: `layer_key, key = split(key)` is bookkeeping, no work to see)
     folds = [
-        pattern(r.label)
+        r
         for r in between
         if ((r.kind == "scope" and r.made) or r.kind in _LIBRARY_STAGES)
-        and any(s.startswith(_FLOATING) for s in r.shapes)
+        and any(s.startswith(_WORK) for s in r.shapes)
     ]
     if not folds:
         return label
     head, _, count = label.rpartition(" (")
-    parts = [*folds, head] if lead else [head, *folds]
+    before = [pattern(r.label) for r in folds if r.id in leading]
+    parts = [*before, head, *(pattern(r.label) for r in folds if r.id not in leading)]
     return f"{' · '.join(dict.fromkeys(parts))} ({count}"
 
 
@@ -318,7 +335,8 @@ def _insert(builder: Any, runs: list[list[Any]], extras: list[list[Any]]) -> Non
     for run, between in zip(runs, extras, strict=True):
         first = run[0]
         members = sorted((*run, *between), key=lambda r: pos[r.id])
-        label = _group_label(run, between, lead=members[0] is not first)
+        leading = frozenset(r.id for r in members[: members.index(first)])
+        label = _group_label(run, between, leading)
         g = builder.new("scope", label, first.parent)
         g.repeats, g.source = len(run), first.source
         before[members[0].id] = g
@@ -391,8 +409,10 @@ def open_model(recs: Sequence[Any], root: Any) -> None:
     stacked node) rather than one box: the one top-level stage named by the framework
     wrappers (`TransformerLM`, `MLP`) or a Flax Linen module (`ResNet`), whatever its
     share of the program, when the top level then draws at most `FIRST_VIEW` nodes; so
-    is a call of the user's own function holding at least half the program's equations
-    (`predict`, `graph.calls`). Call with final `n_eqns`."""
+    is a call of the user's own function or a loop holding at least half the program's
+    equations (`predict`, `graph.calls`; a decoder's `fori_loop(body)` over the model,
+    which started as one closed box beside its set-up's primitives). Call with final
+    `n_eqns`."""
     top = [r for r in recs if r.parent == root.id]
     linen = frameworks.linen_module_names()  # Linen pushes its modules' scopes itself
     names = frameworks.pushed() | linen
@@ -400,7 +420,7 @@ def open_model(recs: Sequence[Any], root: Any) -> None:
     # (the one model is opened whatever its share: a small CNN's 26 equations beside its
     # loss's 31, `optax`'s cross-entropy, started as one closed box)
     if not mods:  # a plain-function program: its one call holding half of it, if any
-        mods = [r for r in top if r.called and 2 * r.n_eqns >= root.n_eqns]
+        mods = [r for r in top if (r.called or r.kind in _LOOPS) and 2 * r.n_eqns >= root.n_eqns]
     if len(mods) != 1:
         return
     inside = sum(1 for r in recs if r.parent == mods[0].id)

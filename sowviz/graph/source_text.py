@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import functools
 import linecache
+import re
 
 #: Longest label made of target names; longer lists keep their first names.
 _MOST = 28
@@ -198,13 +199,17 @@ def _packed(fn: ast.AST, returns: list[ast.Return]) -> list[set[str]]:
     """Per element of `fn`'s returns, the names packed into it, as its leaves: those
     in a container written there (`return obs, {"s": s2}, r`), or in one assigned to a
     returned name (`new_state = {"s": s2}`; `State(s=s2)`, `state.replace(s=s2)`,
-    `dict(s=s2)`), followed through names packed in turn. An element that is
+    `dict(s=s2)`) or grown in place (`new.append((kc, vc))`), followed through names
+    packed in turn. An element that is
     computed (`jnp.stack([a, b])`, `a + b`) packs nothing: its leaves are new values."""
     assigned: dict[str, list[ast.expr]] = {}
     for node in _own_nodes(fn):
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             if isinstance(node.targets[0], ast.Name):
                 assigned.setdefault(node.targets[0].id, []).append(node.value)
+        grown = _grown(node)
+        if grown is not None:
+            assigned.setdefault(grown[0], []).append(grown[1])
     out: list[set[str]] = []
     for k in range(len(_elements_of(returns[0].value))):
         names: set[str] = set()
@@ -221,6 +226,29 @@ def _packed(fn: ast.AST, returns: list[ast.Return]) -> list[set[str]]:
                 todo.append(part)
         out.append(names)
     return out
+
+
+def _grown(node: ast.AST) -> tuple[str, ast.expr] | None:
+    """A list a statement grows in place, and a container of what it adds: `new.append(
+    (kc, vc))` (a loop's per-layer caches), `new.extend(parts)`, `new += [h]`; None for
+    any other statement."""
+    if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
+        if isinstance(node.op, ast.Add):
+            return node.target.id, node.value
+        return None
+    call = node.value if isinstance(node, ast.Expr) else None
+    if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Attribute):
+        return None
+    owner, method = call.func.value, call.func.attr
+    if not isinstance(owner, ast.Name) or call.keywords:
+        return None
+    if method == "append" and len(call.args) == 1:
+        return owner.id, ast.List(elts=list(call.args), ctx=ast.Load())
+    if method == "insert" and len(call.args) == 2:
+        return owner.id, ast.List(elts=[call.args[1]], ctx=ast.Load())
+    if method == "extend" and len(call.args) == 1:
+        return owner.id, call.args[0]
+    return None
 
 
 def _elements_of(value: ast.expr | None) -> list[ast.expr]:
@@ -287,3 +315,189 @@ def _own_returns(fn: ast.AST) -> list[ast.Return]:
         ):
             todo.extend(ast.iter_child_nodes(node))
     return out
+
+
+def scope_opened_at(file: str, line: int, name: str) -> int | None:
+    """The line of the innermost `with jax.named_scope(name):` (or `name_scope`) whose
+    block holds `file:line`, the scope's name written as a string (`"attn"`) or an
+    f-string it fits (`f"layer_{i}"`); None when there is none or the source cannot be
+    read. A scope's first equation may be deep inside a function called in the block
+    (`norm(x)`): the block is where the user named it."""
+    found = None
+    for node in _withs("".join(linecache.getlines(file))):
+        if not node.body[0].lineno <= line <= (node.body[-1].end_lineno or node.lineno):
+            continue
+        if any(_opens_scope(item.context_expr, name) for item in node.items):
+            if found is None or node.lineno > found:  # (the innermost: the latest start)
+                found = node.lineno
+    return found
+
+
+@functools.lru_cache(maxsize=16)
+def _withs(source: str) -> tuple[ast.With | ast.AsyncWith, ...]:
+    """The `with` statements of a source (asked once per scope: walked once per text)."""
+    tree = _parsed(source)
+    if tree is None:
+        return ()
+    return tuple(
+        node for node in ast.walk(tree) if isinstance(node, (ast.With, ast.AsyncWith)) and node.body
+    )
+
+
+def _opens_scope(expr: ast.expr, name: str) -> bool:
+    """Whether `expr` is `jax.named_scope(<name>)` (or `name_scope`, by any path)."""
+    if not isinstance(expr, ast.Call) or not expr.args:
+        return False
+    called = expr.func
+    fn = called.attr if isinstance(called, ast.Attribute) else getattr(called, "id", None)
+    return fn in ("named_scope", "name_scope") and _spells(expr.args[0], name)
+
+
+def _spells(expr: ast.expr, text: str) -> bool:
+    """Whether the string expression `expr` can be `text`: a literal equal to it, or an
+    f-string whose literal parts it fits."""
+    if isinstance(expr, ast.Constant):
+        return expr.value == text
+    if isinstance(expr, ast.JoinedStr):
+        pattern = "".join(
+            re.escape(part.value) if isinstance(part, ast.Constant) else ".+"
+            for part in expr.values
+        )
+        return re.fullmatch(pattern, text, re.DOTALL) is not None
+    return False
+
+
+def names_string(file: str, line: int, text: str) -> bool:
+    """Whether the statement at `file:line` writes `text` as a string (`name="attn"` in
+    `jax.named_call(attention, name="attn")(w, x)`)."""
+    return any(
+        isinstance(node, ast.Constant) and node.value == text
+        for st in _statements_at("".join(linecache.getlines(file)), line)
+        for node in ast.walk(st)
+    )
+
+
+#: Methods that register a function as another's batching rule (`jax.custom_batching`'s
+#: `custom_vmap.def_vmap`): JAX calls the rule in the function's place.
+_RULE_REGISTRARS = frozenset({"def_vmap"})
+
+
+def rule_owner(file: str, line: int, function: str) -> str | None:
+    """The function whose rule `function` (defined around `file:line`) is registered as:
+    `row_scale` for `@row_scale.def_vmap` above `def _rs_rule`, or for a
+    `row_scale.def_vmap(_rs_rule)` anywhere in the file; None otherwise. Under
+    `jax.vmap(row_scale)` JAX runs the rule, and the stage is `row_scale`'s."""
+    decorated, called = _rule_owners("".join(linecache.getlines(file)))
+    for start, end, owner in decorated.get(function, ()):
+        if start <= line <= end:
+            return owner
+    return called.get(function)
+
+
+@functools.lru_cache(maxsize=16)
+def _rule_owners(source: str) -> tuple[dict[str, list], dict[str, str]]:
+    """Per function name, the registered rules of a source (read once per text): by
+    decorator, (first line, last line, owner) per definition; by a call, the owner."""
+    decorated: dict[str, list] = {}
+    called: dict[str, str] = {}
+    tree = _parsed(source)
+    for node in ast.walk(tree) if tree is not None else ():
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for deco in node.decorator_list:
+                owner = _registrar_owner(deco)
+                if owner is not None:
+                    where = (node.lineno, node.end_lineno or node.lineno, owner)
+                    decorated.setdefault(node.name, []).append(where)
+        elif isinstance(node, ast.Call) and len(node.args) == 1:
+            owner = _registrar_owner(node.func)
+            if owner is not None and isinstance(node.args[0], ast.Name):
+                called[node.args[0].id] = owner
+    return decorated, called
+
+
+def _registrar_owner(expr: ast.expr) -> str | None:
+    """`row_scale` for the expression `row_scale.def_vmap`, else None."""
+    if isinstance(expr, ast.Attribute) and expr.attr in _RULE_REGISTRARS:
+        return ast.unparse(expr.value)
+    return None
+
+
+#: A span of source: start line, start column, end line, end column (as JAX's frames).
+Span = tuple[int, int, int, int]
+
+
+def operand_text(file: str, line: int, span: Span) -> str | None:
+    """The argument, as written, that the code at `span` computes, when the statement at
+    `file:line` assigns or returns a call's result and `span` lies inside one argument
+    of that call: `tokens[:, pos]` in `logits, caches = forward_token(params, tokens[:,
+    pos], caches, pos)`. The line's targets name the call's result, not its argument's.
+    None otherwise, or when the argument's text is longer than a label."""
+    source = "".join(linecache.getlines(file))
+    statements = _statements_at(source, line)
+    if len(statements) != 1:
+        return None
+    call = getattr(statements[0], "value", None)
+    if not isinstance(call, ast.Call):
+        return None
+    # the innermost argument holding it: `x @ w + b` in `x = relu(norm(x @ w + b))`
+    holding = [
+        arg
+        for c in ast.walk(call)
+        if isinstance(c, ast.Call)
+        for arg in (*c.args, *(k.value for k in c.keywords))
+        if _holds(arg, span)
+    ]
+    if not holding:
+        return None
+    # (a lambda's body is the call's own work: `jax.tree.map(lambda g: g / 4, gs)`; so
+    # is a generator's, `sum(jnp.sum(g) for g in gs)`)
+    if any(isinstance(n, _FUNCTIONS) and _holds(n, span) for n in ast.walk(call)):
+        return None
+    return _written(source, min(holding, key=_size))
+
+
+#: Expressions whose code runs as a function of its own, called by the call around them
+_FUNCTIONS = (ast.Lambda, ast.GeneratorExp, ast.ListComp, ast.SetComp, ast.DictComp)
+
+
+def returned_label(file: str, line: int) -> str | None:
+    """What the `return` statement at `file:line` computes, as a label: the function its
+    value calls (`mean` for `return jnp.mean((h @ w - y) ** 2)`), else its expression
+    as written when short (`x + o`); None for a return of several values, or when the
+    source cannot be read. (`return` is no name the user gave anything.)"""
+    source = "".join(linecache.getlines(file))
+    statements = _statements_at(source, line)
+    if len(statements) != 1 or not isinstance(statements[0], ast.Return):
+        return None
+    value = statements[0].value
+    if value is None or isinstance(value, (ast.Tuple, ast.List, ast.Dict)):
+        return None
+    if isinstance(value, ast.Call):
+        called = value.func
+        name = called.attr if isinstance(called, ast.Attribute) else getattr(called, "id", None)
+        if name:
+            return name
+    return _written(source, value)
+
+
+def _holds(expr: ast.expr, span: Span) -> bool:
+    """Whether `expr`'s source spans `span`."""
+    if expr.end_lineno is None or expr.end_col_offset is None:
+        return False
+    start, end = (expr.lineno, expr.col_offset), (expr.end_lineno, expr.end_col_offset)
+    return start <= (span[0], span[1]) and (span[2], span[3]) <= end
+
+
+def _size(expr: ast.expr) -> tuple[int, int]:
+    """How much source `expr` spans (lines, then columns), to find the innermost."""
+    lines = (expr.end_lineno or expr.lineno) - expr.lineno
+    return lines, (expr.end_col_offset or 0) - expr.col_offset
+
+
+def _written(source: str, expr: ast.expr) -> str | None:
+    """`expr` as the source writes it, on one line, if it fits a label."""
+    text = ast.get_source_segment(source, expr)
+    if text is None:
+        return None
+    text = " ".join(text.split())
+    return text if len(text) <= _MOST else None

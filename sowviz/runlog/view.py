@@ -131,7 +131,18 @@ class RunLogView:
                     if latest:
                         p["summaries"] = _merge(p.get("summaries", {}), latest)
             d["history"] = self._history_dict()
+            if not self._quiet_is_latest(d.get("nonfinite")):
+                d["nonfinite"] = None
             return d
+
+    def _quiet_is_latest(self, rec: dict[str, Any] | None) -> bool:
+        """Whether model.json's "no alarm" record (`Monitor.quiet_nonfinite`, as it was
+        when the file was written) still holds: no step raised an alarm since (the
+        history's record must then be drawn, not hidden by it) and it is the drawn step's."""
+        if rec is None or rec.get("alarm", True):
+            return rec is not None
+        latest = None if self._latest is None else self._latest.get("step")
+        return self.nonfinite is None and rec.get("step") == latest
 
     def _history_dict(self) -> dict[str, Any]:
         return self.history.to_dict(self.nonfinite)
