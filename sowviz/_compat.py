@@ -723,23 +723,15 @@ def check_jaxpr(jaxpr: Jaxpr) -> None:
 def call_sites(eqn: JaxprEqn, code: Any) -> list[SourceLocation]:
     """Where each active call of the function with code object `code` was made, for
     the equation's traceback, innermost call first (JAX-internal frames skipped)."""
-    tb = eqn.source_info.traceback
-    if tb is None:
-        return []
-    try:
-        codes, lastis = tb.raw_frames()
-        out = []
-        for k, c in enumerate(codes):
-            if c is not code:
-                continue
-            for c2, lasti in zip(codes[k + 1 :], lastis[k + 1 :], strict=True):
-                if _source_info.is_user_filename(c2.co_filename) and c2 is not code:
-                    f = _source_info.raw_frame_to_frame(c2, lasti)
-                    out.append(SourceLocation(f.file_name, f.start_line, f.function_name))
-                    break
-        return out
-    except Exception:  # best effort, as user_location
-        return []
+
+    def is_caller(c: Any) -> bool:
+        return _source_info.is_user_filename(c.co_filename) and c is not code
+
+    def sites(codes: Any, lastis: Any) -> list[SourceLocation]:
+        found = (_callers(codes, lastis, k, is_caller) for k, c in enumerate(codes) if c is code)
+        return [loc for loc in found if loc is not None]
+
+    return _of_traceback(eqn, sites, [])
 
 
 def tesseract_client(params: dict[str, Any]) -> Any:
@@ -1035,6 +1027,29 @@ def _by_traceback(cache: dict, eqn: JaxprEqn, compute: Any) -> Any:
         return value
     except Exception:
         return None
+
+
+def _of_traceback(eqn: JaxprEqn, compute: Any, default: Any) -> Any:
+    """`compute(codes, lastis)` of the equation's traceback (innermost frame first), not
+    cached; `default` without a traceback or when reading it fails (best effort, as
+    `user_location`)."""
+    tb = eqn.source_info.traceback
+    if tb is None:
+        return default
+    try:
+        codes, lastis = tb.raw_frames()
+        return compute(codes, lastis)
+    except Exception:
+        return default
+
+
+def _callers(codes: Any, lastis: Any, k: int, is_caller: Any) -> SourceLocation | None:
+    """Where the frame `codes[k]` was called from: the first frame outside it that
+    `is_caller` accepts (a user's line; JAX's own frames in between are skipped)."""
+    for outer, lasti in zip(codes[k + 1 :], lastis[k + 1 :], strict=True):
+        if is_caller(outer):
+            return _location(outer, lasti)
+    return None
 
 
 def reentry(eqn: JaxprEqn) -> Reentry | None:
@@ -1617,18 +1632,12 @@ def literal_value(v: Any) -> Any:
 def user_frame_locations(eqn: JaxprEqn) -> list[SourceLocation]:
     """The lines of the user's own frames (not JAX's, sowviz's or an installed
     package's) an equation was made in, innermost first; empty when unknown."""
-    tb = eqn.source_info.traceback
-    if tb is None:
-        return []
-    try:
-        codes, lastis = tb.raw_frames()
-        return [
-            _location(code, lasti)
-            for code, lasti in zip(codes, lastis, strict=True)
-            if _is_user_code(code)
-        ]
-    except Exception:  # best effort, as user_location
-        return []
+
+    def locations(codes: Any, lastis: Any) -> list[SourceLocation]:
+        pairs = zip(codes, lastis, strict=True)
+        return [_location(code, lasti) for code, lasti in pairs if _is_user_code(code)]
+
+    return _of_traceback(eqn, locations, [])
 
 
 def named_call_sites(eqn: JaxprEqn) -> list[tuple[str, SourceLocation]]:
@@ -1636,25 +1645,18 @@ def named_call_sites(eqn: JaxprEqn) -> list[tuple[str, SourceLocation]]:
     decorator wrapped, innermost first: the wrapped function's name and the user's line
     that called the wrapper. Such a scope is pushed by JAX's `wrapper`, so its first
     equation's line is inside `f`, not where `f` was called."""
-    tb = eqn.source_info.traceback
-    if tb is None:
-        return []
-    try:
-        codes, lastis = tb.raw_frames()
+
+    def sites(codes: Any, lastis: Any) -> list[tuple[str, SourceLocation]]:
         out = []
         for k, code in enumerate(codes):
             if code.co_filename != _source_info.__file__ or code.co_name != "wrapper":
                 continue
-            callee = codes[k - 1].co_name if k else ""
-            for outer, lasti in zip(codes[k + 1 :], lastis[k + 1 :], strict=True):
-                if _is_user_code(outer):
-                    loc = _location(outer, lasti)
-                    if loc is not None:
-                        out.append((callee, loc))
-                    break
+            loc = _callers(codes, lastis, k, _is_user_code)
+            if loc is not None:
+                out.append((codes[k - 1].co_name if k else "", loc))
         return out
-    except Exception:  # best effort, as user_location
-        return []
+
+    return _of_traceback(eqn, sites, [])
 
 
 def is_library_file(fname: str) -> bool:
@@ -1692,17 +1694,8 @@ def _is_low_precision(var: Any) -> bool:
 def outermost_user_location(eqn: JaxprEqn) -> SourceLocation | None:
     """The outermost of `user_frame_locations`: where the user's code that led to `eqn`
     begins (a body a library traced begins at your function it calls)."""
-    tb = eqn.source_info.traceback
-    if tb is None:
-        return None
-    try:
-        codes, lastis = tb.raw_frames()
-        for code, lasti in zip(reversed(codes), reversed(lastis), strict=True):
-            if _is_user_code(code):
-                return _location(code, lasti)
-    except Exception:  # best effort, as user_location
-        return None
-    return None
+    found = user_frame_locations(eqn)
+    return found[-1] if found else None
 
 
 def bind_keeping_sources(eqn: JaxprEqn, invals: list) -> list:
@@ -1818,16 +1811,13 @@ def user_span(eqn: JaxprEqn) -> tuple[int, int, int, int] | None:
     """The source span (start line, start column, end line, end column) of the
     operation that made `eqn` in the frame `user_location_outside_libraries` names:
     `tokens[:, pos]` within the line that passes it to a call. None when unknown."""
-    tb = eqn.source_info.traceback
-    if tb is None:
-        return None
-    try:
-        codes, lastis = tb.raw_frames()
+
+    def span(codes: Any, lastis: Any) -> tuple[int, int, int, int] | None:
         for code, lasti in zip(codes, lastis, strict=True):
             if _is_user_code(code) or _stax_layer(code):
                 f = _source_info.raw_frame_to_frame(code, lasti)
-                span = (f.start_line, f.start_column, f.end_line, f.end_column)
-                return span if all(isinstance(x, int) and x >= 0 for x in span) else None
-    except Exception:  # best effort, as user_location
+                at = (f.start_line, f.start_column, f.end_line, f.end_column)
+                return at if all(isinstance(x, int) and x >= 0 for x in at) else None
         return None
-    return None
+
+    return _of_traceback(eqn, span, None)
