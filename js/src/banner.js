@@ -19,6 +19,9 @@ export const LOCATE_REPORT_REASON = "A saved report cannot re-run the program. I
  */
 export function needsLocate(rec, index) {
   if (!rec || rec.notReproduced) return false;
+  // a Monitor's step that raised no alarm (a masked -inf): its arguments are gone, and
+  // the Monitor locates only the step that raised one; the button did nothing
+  if (!rec.alarm && rec.step != null) return false;
   return [rec.forward, rec.backward].some((p) => {
     if (!p || p.equation) return false;
     const stage = p.node ?? p.reaching;

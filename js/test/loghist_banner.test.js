@@ -70,6 +70,19 @@ test("the locate button is offered for an unlocated origin stage with several eq
   assert.equal(needsLocate(null, index), false);
 });
 
+test("no locate button on a Monitor step's record that raised no alarm", () => {
+  const model = smallModel();
+  model.nodes.find((n) => n.id === "n2").n_eqns = 3;
+  const forward = { node: "n2", equation: null, message: "first made by `where`" };
+  const quiet = (step) => ({ step, forward, backward: null, propagators: [], expected: [], removed: true, alarm: false, message: "" });
+  // inspect's no-alarm record (no step) can be located by re-running its one call
+  model.nonfinite = quiet(null);
+  assert.equal(needsLocate(storedOrigins(model, null), indexModel(model)), true);
+  // a Monitor's (step 3): its arguments are gone and its locate answers only alarms
+  model.nonfinite = quiet(3);
+  assert.equal(needsLocate(storedOrigins(model, null), indexModel(model)), false);
+});
+
 test("no locate button on a record whose locate re-ran the step and found no NaN/Inf", () => {
   // the record `Inspection.locate_nonfinite()` keeps when its re-run is finite (Python's
   // `kept_record`): the step's own origin, no equation, the alarm kept, and the flag
