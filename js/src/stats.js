@@ -163,8 +163,10 @@ export function fmt(x) {
   const a = Math.abs(x);
   // From 1e4 four digits no longer reach the ones: 30434.31 would read "30430", an
   // integer that looks exact; the exponent says how many digits are shown.
-  if (a !== 0 && (a >= 1e4 || a < 1e-3)) return x.toExponential(3).replace(/\.?0+e/, "e");
-  return String(Number(x.toPrecision(4)));
+  // (9999.6 rounds to four digits as 1.000e+4: an exponent too, not "10000")
+  const near = Number(x.toPrecision(4));
+  if (a !== 0 && (Math.abs(near) >= 1e4 || a < 1e-3)) return x.toExponential(3).replace(/\.?0+e/, "e");
+  return String(near);
 }
 
 /**

@@ -51,6 +51,9 @@ test("number formatting", () => {
   // Not "30430": four digits of a non-integer from 1e4 on, with the exponent showing it.
   assert.equal(fmt(30434.31), "3.043e+4");
   assert.equal(fmt(30430), "30430");
+  assert.equal(fmt(9999.6), "1e+4");
+  assert.equal(fmt(-9999.6), "-1e+4");
+  assert.equal(fmt(9999.4), "9999");
   assert.equal(fmt(Infinity), "+Inf");
 });
 
