@@ -5,19 +5,16 @@ steps return the plain program's values."""
 from __future__ import annotations
 
 import json
-import os
 import pathlib
-import subprocess
-import sys
 import textwrap
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _distributed import run_two_processes
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
-from lab_session import free_port
 
 import sowviz
 
@@ -57,30 +54,7 @@ _WORKER = textwrap.dedent(
 def _run_two_processes(tmp_path: pathlib.Path, log_dir: pathlib.Path) -> list[tuple]:
     worker = tmp_path / "worker.py"
     worker.write_text(_WORKER)
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    env["PYTHONPATH"] = str(ROOT)
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(worker), str(port), str(i), str(log_dir)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for i in range(2)
-    ]
-    results = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=120)
-            results.append((p.returncode, out, err))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    return results
+    return run_two_processes(worker, str(log_dir), timeout=120)
 
 
 def test_every_process_refuses_a_log_dir_holding_a_run_log(tmp_path):

@@ -5,16 +5,13 @@ only process 0 writes."""
 from __future__ import annotations
 
 import json
-import os
 import pathlib
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from lab_session import free_port
+from _distributed import run_two_processes
 
 from sowviz.runlog import load
 
@@ -47,33 +44,11 @@ def plain_losses(steps: int) -> list[float]:
 
 @pytest.mark.slow
 def test_two_processes_step_in_lockstep_and_only_process_0_writes(tmp_path):
-    port = free_port()
     log = tmp_path / "log"
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    env["PYTHONPATH"] = str(ROOT)
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(port), str(i), str(log)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-        )
-        for i in range(2)
-    ]
-    outputs = []
-    try:
-        for p in procs:
-            out, _ = p.communicate(timeout=300)
-            outputs.append(out)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
+    runs = run_two_processes(WORKER, str(log), timeout=300)
     reports = {}
-    for out, p in zip(outputs, procs, strict=True):
-        assert p.returncode == 0, out[-3000:]
+    for rc, out, err in runs:
+        assert rc == 0, out[-3000:] + err[-3000:]
         line = next(ln for ln in out.splitlines() if ln.startswith("REPORT "))
         r = json.loads(line[len("REPORT ") :])
         reports[r["process"]] = r
