@@ -214,3 +214,24 @@ def test_a_run_log_s_alarm_is_not_hidden_by_an_earlier_quiet_record(tmp_path):
     assert model["nonfinite"] is None
     assert model["history"]["nonfinite"]["alarm"] is True
     assert model["history"]["nonfinite"]["step"] == 1
+
+
+def test_a_run_logs_report_draws_the_mask_without_alarm(tmp_path):
+    # model.json holds the first step's "no alarm" record; the log's report draws the
+    # latest step, whose mask is there too: without the record it was painted red.
+    mon = sowviz.Monitor(masked_attention, log_dir=tmp_path / "masked")
+    for _ in range(3):
+        mon.step(W, XS, CAUSAL)
+    mon.close()
+    model = sowviz.load(tmp_path / "masked").model
+    inspected = sowviz.inspect(masked_attention, W, XS, CAUSAL).to_dict()["nonfinite"]
+    assert model["nonfinite"] is not None
+    assert _quiet_fields(model["nonfinite"]) == _quiet_fields(inspected)
+    assert model["nonfinite"]["step"] == 2  # the step drawn
+    assert model["history"]["nonfinite"] is None
+    # a last step with nothing masked holds no non-finite value: no record to draw
+    mon = sowviz.Monitor(masked_attention, log_dir=tmp_path / "unmasked")
+    mon.step(W, XS, CAUSAL)
+    mon.step(W, XS, jnp.ones((8, 8), bool))
+    mon.close()
+    assert sowviz.load(tmp_path / "unmasked").model["nonfinite"] is None

@@ -131,18 +131,22 @@ class RunLogView:
                     if latest:
                         p["summaries"] = _merge(p.get("summaries", {}), latest)
             d["history"] = self._history_dict()
-            if not self._quiet_is_latest(d.get("nonfinite")):
-                d["nonfinite"] = None
+            d["nonfinite"] = self._drawn_record(d.get("nonfinite"))
             return d
 
-    def _quiet_is_latest(self, rec: dict[str, Any] | None) -> bool:
-        """Whether model.json's "no alarm" record (`Monitor.quiet_nonfinite`, as it was
-        when the file was written) still holds: no step raised an alarm since (the
-        history's record must then be drawn, not hidden by it) and it is the drawn step's."""
+    def _drawn_record(self, rec: dict[str, Any] | None) -> dict[str, Any] | None:
+        """model.json's record as the drawn (latest) step's. An alarm's is the
+        history's to draw. A "no alarm" one (`Monitor.quiet_nonfinite`: an intended
+        `-inf` mask, written with model.json at the first step) holds while no step raised
+        an alarm and the drawn step holds non-finite values too: a program's mask is
+        there every step, and without the record the front end painted it as an alarm."""
         if rec is None or rec.get("alarm", True):
-            return rec is not None
-        latest = None if self._latest is None else self._latest.get("step")
-        return self.nonfinite is None and rec.get("step") == latest
+            return rec
+        if self.nonfinite is not None or self._latest is None:
+            return None
+        if not _holds_nonfinite(self._latest):
+            return None
+        return {**rec, "step": self._latest.get("step")}
 
     def _history_dict(self) -> dict[str, Any]:
         return self.history.to_dict(self.nonfinite)
@@ -275,3 +279,14 @@ def encode_steps(steps: list[dict[str, Any]]) -> bytes:
     from ..report import model_json
 
     return gzip.compress(model_json(steps).encode("utf-8"), mtime=0)
+
+
+def _holds_nonfinite(entry: dict[str, Any]) -> bool:
+    """Whether a logged step's statistics count a NaN or an infinity anywhere."""
+    return any(
+        stats.get(k)
+        for probe in entry.get("probes", {}).values()
+        for stats in probe.values()
+        if isinstance(stats, dict)
+        for k in ("nan", "posinf", "neginf")
+    )
