@@ -1821,3 +1821,47 @@ def user_span(eqn: JaxprEqn) -> tuple[int, int, int, int] | None:
         return None
 
     return _of_traceback(eqn, span, None)
+
+
+# -- `lax.fori_loop`'s counter ----------------------------------------------------------
+# JAX 0.10-0.12 (`jax/_src/lax/control_flow/loops.py`): with static bounds a fori_loop is
+# a `scan` whose body returns `(i + 1, body_fun(i, x))`; else a `while_loop` of
+# `(i, upper, x)` doing the same. `scan`'s carry follows its constants (`scan_layout`),
+# `while`'s its `body_nconsts`.
+
+
+def loop_counter_increments(eqn: JaxprEqn) -> list[JaxprEqn]:
+    """The equations of a loop's body that only step a counter the loop carries (`i + 1`
+    of an integer scalar, from its place in the carry to the same place): what
+    `lax.fori_loop` adds around your `body_fun`. Empty for any other equation."""
+    if eqn.primitive.name == SCAN:
+        body, _ = jaxpr_and_consts(eqn.params["jaxpr"])
+        layout = scan_layout(eqn.params)
+        start, n = layout.num_consts, layout.num_carry
+    elif eqn.primitive.name == WHILE:
+        body, _ = jaxpr_and_consts(eqn.params["body_jaxpr"])
+        start, n = eqn.params["body_nconsts"], len(body.outvars)
+    else:
+        return []
+    carried = zip(body.outvars[:n], body.invars[start : start + n], strict=False)
+    pairs = {out: into for out, into in carried if isinstance(out, Var)}
+    return [
+        e
+        for e in body.eqns
+        if e.primitive.name == "add"
+        and len(e.invars) == 2
+        and isinstance(e.invars[1], Literal)
+        and np.ndim(e.invars[1].val) == 0
+        and e.invars[1].val == 1
+        and isinstance(e.invars[0], Var)
+        and _is_int_scalar(e.outvars[0])
+        and _is_var_in(e.outvars[0], set(pairs))
+        and pairs[e.outvars[0]] is e.invars[0]
+    ]
+
+
+def _is_int_scalar(v: Any) -> bool:
+    aval = getattr(v, "aval", None)
+    shape = getattr(aval, "shape", None)
+    dtype = getattr(aval, "dtype", None)
+    return shape == () and dtype is not None and np.issubdtype(dtype, np.integer)

@@ -280,3 +280,94 @@ def test_an_nnx_remat_card_shows_its_output_not_a_parameter_it_hands_back():
     got = _probe(ins, remat)["primal"]
     want = mod.res(h)
     np.testing.assert_allclose(got["l2"], float(jnp.linalg.norm(want)), rtol=1e-5)
+
+
+def _fori_body(i, x):
+    return jnp.tanh(x * 1.1) + 0.01 * i
+
+
+@pytest.mark.parametrize("upper", ["static", "traced"])
+def test_a_fori_loops_counter_is_no_box(upper):
+    # `lax.fori_loop` carries `i` and adds 1 around your body: an `add i32[]` box at the
+    # top of the opened loop, joined to nothing, that no line of yours wrote.
+    def f(x, n):
+        stop = 5 if upper == "static" else n
+        return jnp.sum(jax.lax.fori_loop(0, stop, _fori_body, x))
+
+    x, n = jnp.linspace(-1.0, 1.0, 3), jnp.asarray(5)
+    # (a traced bound makes a while loop, which reverse mode cannot differentiate)
+    mode = "grad" if upper == "static" else "primal"
+    ins = sowviz.inspect(f, x, n, argnums=0, mode=mode)
+    loop = next(nd for nd in ins.graph.nodes if nd.label.startswith("fori_loop"))
+    held = {loop.id}  # the loop's nodes, its while loop's `body` scope's included
+    for nd in ins.graph.nodes:
+        if nd.parent in held:
+            held.add(nd.id)
+    inside = [nd for nd in ins.graph.nodes if nd.id in held - {loop.id}]
+    assert not any(nd.label == "add" and nd.shapes == ("int32[]",) for nd in inside), [
+        (nd.label, nd.shapes) for nd in inside
+    ]
+    assert any(nd.label == "tanh" for nd in inside)
+    want = f(x, n)
+    got = ins.result[0] if mode == "grad" else ins.result
+    np.testing.assert_allclose(float(got), float(want), rtol=1e-6)
+    if mode == "grad":
+        np.testing.assert_allclose(ins.result[1], jax.grad(f)(x, n), rtol=1e-6)
+
+
+def test_a_counter_your_scan_body_carries_stays_a_box():
+    def step(carry, _):
+        c, x = carry
+        return (c + 1, jnp.tanh(x) + 0.01 * c), None
+
+    def f(x):
+        (_, y), _ = jax.lax.scan(step, (jnp.asarray(0), x), None, length=4)
+        return jnp.sum(y)
+
+    ins = sowviz.inspect(f, jnp.linspace(-1.0, 1.0, 3))
+    loop = next(nd for nd in ins.graph.nodes if nd.kind == "scan")
+    assert any(
+        nd.label == "add" and nd.shapes == ("int32[]",)
+        for nd in ins.graph.nodes
+        if nd.parent == loop.id
+    )
+
+
+def test_a_line_that_only_calls_is_named_by_what_it_calls(tmp_path):
+    src = tmp_path / "prints.py"
+    src.write_text(
+        "def f(h, jax):\n"
+        "    jax.debug.print('mean {m}', m=h.mean())\n"
+        "    y = h * 2\n"
+        "    print(y)\n"
+        "    return y\n"
+    )
+    from sowviz.graph.source_text import called_alone
+
+    assert called_alone(str(src), 2) == "jax.debug.print"
+    assert called_alone(str(src), 4) == "print"
+    assert called_alone(str(src), 3) is None  # it assigns: named by `y`
+    assert called_alone(str(src), 5) is None
+
+
+def test_a_debug_print_lines_run_in_a_big_level_is_named_by_the_call():
+    # a big level folds each line; the print line assigns nothing and returns nothing:
+    # it was named by its place (`mlp:8`)
+    def mlp(ws, x):
+        h = x
+        for w in ws:
+            h = jnp.tanh(h @ w)
+            h = h * 1.01 + 0.1
+            h = jnp.sin(h) + h
+            jax.debug.print("mean {m}", m=h.mean())
+        return jnp.sum(h**2)
+
+    ws = [jnp.ones((4, 4)) * 0.1 * (k + 1) + 0.01 * k * jnp.eye(4) for k in range(6)]
+    ins = sowviz.inspect(mlp, ws, jnp.ones((3, 4)))
+    labels = [nd.label for nd in ins.graph.nodes]
+    assert "jax.debug.print" in labels, labels
+    assert not any(lb.startswith("mlp:") for lb in labels), labels
+    want, grads = jax.value_and_grad(mlp)(ws, jnp.ones((3, 4)))
+    np.testing.assert_allclose(float(ins.result[0]), float(want), rtol=1e-6)
+    for got, g in zip(ins.result[1], grads, strict=True):
+        np.testing.assert_allclose(got, g, rtol=1e-4, atol=1e-8)

@@ -755,7 +755,9 @@ class _Builder(InputsMixin):
                 self.const_vars.update(id(v) for v in eqn.outvars)  # (a seed's readers: constants)
                 continue
             if as_edge:  # drawn as the edges it is, from its operands' producers
-                for k, (o, v) in enumerate(zip(eqn.invars, eqn.outvars, strict=True)):
+                # (a counter's `i + 1` passes its `i`: the operands past the results are
+                # literals)
+                for k, (o, v) in enumerate(zip(eqn.invars, eqn.outvars, strict=False)):
                     if isinstance(o, _compat.Var) and o in prod:
                         prod[v] = prod[o]
                     loc[v] = (i, k)
@@ -982,6 +984,8 @@ class _Builder(InputsMixin):
             self.passed.update(id(e) for k, e in enumerate(pmap.jaxpr.eqns) if k in pmap.plumbing)
             at = (*path, (i, "jaxpr", None), pmap.step)
             self.walk(pmap.jaxpr, rec, at, {}, probe=probe, in_custom=in_custom)
+        if rec.label.startswith("fori_loop"):  # its counter's `i + 1`, an edge, not a box
+            self.passed.update(id(e) for e in _compat.loop_counter_increments(eqn))
         for body in spec.bodies if pmap is None else ():
             self.children(rec, body, eqn, i, tuple(path), probe, inner_custom, shapes)
         if spec.custom_rule and len(self.points) > n_before:

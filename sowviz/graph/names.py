@@ -26,6 +26,7 @@ from .source_text import (
     Span,
     assigned,
     assigned_by_call,
+    called_alone,
     is_return,
     names_string,
     operand_text,
@@ -856,7 +857,7 @@ def _fold(
         )
         if last and is_return(loc.file, loc.line):  # what it computes (`mean`), not `return`
             return returned_label(loc.file, loc.line) or own
-        return own
+        return called_alone(loc.file, loc.line) or own  # a bare call: `jax.debug.print`
 
     def argument(i: int, j: int, loc: _compat.SourceLocation) -> str | None:
         # the argument of the line's call that the run computes, as written

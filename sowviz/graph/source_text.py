@@ -83,6 +83,19 @@ def is_return(file: str, line: int) -> bool:
     return len(statements) == 1 and isinstance(statements[0], ast.Return)
 
 
+def called_alone(file: str, line: int) -> str | None:
+    """The function a line that is only a call names, as written (`jax.debug.print` for
+    `jax.debug.print("mean {m}", m=h.mean())`); None for any other line. Such a line
+    assigns nothing and returns nothing: its run was named by its place (`mlp:35`)."""
+    statements = _statements_at("".join(linecache.getlines(file)), line)
+    if len(statements) != 1 or not isinstance(statements[0], ast.Expr):
+        return None
+    call = statements[0].value
+    if not isinstance(call, ast.Call):
+        return None
+    return _written("".join(linecache.getlines(file)), call.func)
+
+
 def statement_line(file: str, line: int) -> int:
     """The first line of the simple statement spanning `file:line` (`line` itself when
     the source cannot be read or the line is a compound statement's header). The
