@@ -1845,6 +1845,7 @@ def loop_counter_increments(eqn: JaxprEqn) -> list[JaxprEqn]:
         return []
     carried = zip(body.outvars[:n], body.invars[start : start + n], strict=False)
     pairs = {out: into for out, into in carried if isinstance(out, Var)}
+    carried_out = set(pairs)
     return [
         e
         for e in body.eqns
@@ -1855,7 +1856,7 @@ def loop_counter_increments(eqn: JaxprEqn) -> list[JaxprEqn]:
         and e.invars[1].val == 1
         and isinstance(e.invars[0], Var)
         and _is_int_scalar(e.outvars[0])
-        and _is_var_in(e.outvars[0], set(pairs))
+        and _is_var_in(e.outvars[0], carried_out)
         and pairs[e.outvars[0]] is e.invars[0]
     ]
 

@@ -26,15 +26,8 @@ def stage_name(n: Any, label: str | None = None) -> str:
     return f"{_quoted(n.label if label is None else label)}{at}"
 
 
-#: The label of the stage a `return` line's work folds into (`graph.names`): what the
-#: function returns, whose line has no name to assign.
-RETURN_LABEL = "return"
-
-
 def _quoted(label: str) -> str:
-    """ "`label`", or, for a `return` line's stage, "the `return` line": "made by
-    `integer_pow` in `return` at train.py:15" reads as a function named `return`."""
-    return f"the `{label}` line" if label == RETURN_LABEL else f"`{label}`"
+    return f"`{label}`"
 
 
 _KIND_NAMES = {"nan": "NaN", "posinf": "+Inf", "neginf": "-Inf"}

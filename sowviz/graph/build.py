@@ -757,7 +757,8 @@ class _Builder(InputsMixin):
             if as_edge:  # drawn as the edges it is, from its operands' producers
                 # (a counter's `i + 1` passes its `i`: the operands past the results are
                 # literals)
-                for k, (o, v) in enumerate(zip(eqn.invars, eqn.outvars, strict=False)):
+                passed_on = eqn.invars[: len(eqn.outvars)]
+                for k, (o, v) in enumerate(zip(passed_on, eqn.outvars, strict=True)):
                     if isinstance(o, _compat.Var) and o in prod:
                         prod[v] = prod[o]
                     loc[v] = (i, k)
