@@ -280,7 +280,7 @@ class Monitor:
             if record:
                 if not self._pending:
                     self._waiting_since = time.monotonic()
-                parts = _parts(out, self._primal, given)
+                parts = _parts(out, self._primal, args, given)
                 self._pending.append((step, _light(out), kept, parts))
             elif chained:
                 self._chain = out.chain
@@ -483,7 +483,7 @@ class Monitor:
         at = sum(1 for s, *_ in self._pending if s < step)
         if not self._pending:
             self._waiting_since = time.monotonic()
-        self._pending.insert(at, (step, _light(rerun), args, _parts(rerun, self._primal)))
+        self._pending.insert(at, (step, _light(rerun), args, _parts(rerun, self._primal, args)))
 
     def _drain(self, *, keep: int) -> None:
         """Record the pending steps once more than `keep` wait, or the oldest has waited
@@ -779,27 +779,64 @@ def _sinks_takeable(listeners: Any, takeable: bool) -> None:
             sink.takeable = takeable
 
 
-def _parts(out: Out, primal: bool, given: Out | None = None) -> tuple:
+def _parts(out: Out, primal: bool, args: tuple, given: Out | None = None) -> tuple:
     """What the host reads of a recorded step: its summary buffers, its finite flags,
-    its clean flag and its loss (when the value is one number), the loss the caller
-    got (`given`'s: `Monitor._plain_twin`)."""
+    its clean flag and its loss (`_loss`), the loss the caller got (`given`'s:
+    `Monitor._plain_twin`)."""
     result = (out if given is None else given).result
-    return (out.packed.buffers, out.finite, out.clean, _loss(result, primal))
+    return (out.packed.buffers, out.finite, out.clean, _loss(result, primal, args))
 
 
-def _loss(result: Any, primal: bool) -> jax.Array | None:
-    """The step's loss, charted and logged: the value (`result[0]` of the value and
-    gradients, or the output itself) when it is one number; in mode "primal", else the
-    one element of the returned tuple that is one floating-point number (a whole train
-    step that returns `(params, opt_state, loss)`)."""
-    value = result[0] if isinstance(result, tuple) else result
-    if isinstance(value, jax.Array) and value.size == 1:
-        return value
-    if primal and isinstance(result, (tuple, list)):
-        ones = [v for v in result if _one_float(v)]
-        if len(ones) == 1:
-            return ones[0]
-    return None
+def _loss(result: Any, primal: bool, args: tuple = ()) -> jax.Array | None:
+    """The step's loss, charted and logged. In the differentiating modes the value
+    (`result[0]` of the value and gradients, or the output itself) when it is one
+    number. In mode "primal" (a whole train step): the one floating-point number named
+    `loss` anywhere in what it returns (a metrics dict: `state, {"loss": l, ...}`),
+    else the output itself when it is one number, else among the returned tuple's
+    elements that are one floating-point number the one that is not an argument
+    returned updated in its place (`(theta, opt_state, loss)` of `(theta, opt_state,
+    x, y)` with a one-number `theta`), the first when several are new (`loss, acc`).
+    None when that leaves nothing or more than one named `loss`."""
+    if not primal:
+        value = result[0] if isinstance(result, tuple) else result
+        return value if isinstance(value, jax.Array) and value.size == 1 else None
+    named = [v for path, v in _leaves_with_path(result) if _named_loss(path) and _one_float(v)]
+    if named:
+        return named[0] if len(named) == 1 else None
+    if _one_float(result):
+        return result
+    if not isinstance(result, (tuple, list)):
+        return None
+    ones = [(i, v) for i, v in enumerate(result) if _one_float(v)]
+    # a train step returns its state where it takes it: `(theta, opt_state, loss)` of
+    # `(theta, opt_state, x, y)`
+    new = [v for i, v in ones if not (i < len(args) and _same_type(v, args[i]))]
+    return new[0] if new else None
+
+
+def _same_type(value: jax.Array, arg: Any) -> bool:
+    """`arg` is an array of `value`'s shape and dtype (a parameter returned updated)."""
+    return (
+        isinstance(arg, (jax.Array, np.ndarray))
+        and arg.shape == value.shape
+        and arg.dtype == value.dtype
+    )
+
+
+def _leaves_with_path(tree: Any) -> list:
+    try:
+        return jax.tree_util.tree_leaves_with_path(tree)
+    except Exception:  # (an odd pytree: no loss found by name, the positional rule decides)
+        return []
+
+
+def _named_loss(path: tuple) -> bool:
+    """The last key of `path` is `loss` (a dict key, an attribute or a NamedTuple field)."""
+    if not path:
+        return False
+    key = path[-1]
+    name = getattr(key, "key", None) or getattr(key, "name", None)
+    return isinstance(name, str) and name == "loss"
 
 
 def _one_float(x: Any) -> bool:

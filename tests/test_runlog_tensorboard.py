@@ -225,3 +225,32 @@ def test_writing_a_step_runs_no_python_loop_per_bucket(tmp_path):
                 np.testing.assert_array_equal(h.bucket, counts)
                 assert h.sum == s["mean"] * counts.sum()
                 assert h.sum_squares == (s["std"] ** 2 + s["mean"] ** 2) * counts.sum()
+
+
+def test_an_all_nan_stage_logs_a_nan_l2_not_zero(tmp_path):
+    """A stage whose values are all NaN at one step: its l2 scalar is NaN there (the l2
+    of finite values would be the 0.0 of an empty sum: the curve dipped to 0); a stage
+    partly finite keeps its finite values' l2."""
+    import jax
+    import jax.numpy as jnp
+
+    import sowviz
+
+    def loss(w, x, shift):
+        pred = x @ w
+        return jnp.mean(jnp.log(jnp.abs(pred) + shift))
+
+    w = jnp.ones((4, 1))
+    x = jax.random.normal(jax.random.PRNGKey(0), (8, 4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mon = sowviz.Monitor(loss, log_dir=tmp_path / "log", tensorboard=True)
+        for s in range(3):
+            mon.step(w, x, jnp.float32(-100.0 if s == 1 else 1.0))  # step 1: log(<0)
+        mon.close()
+    acc = read_back(tmp_path / "log" / "tensorboard")
+    l2 = {e.step: e.value for e in acc.Scalars("log/primal/l2")}
+    want = float(jnp.linalg.norm(jnp.log(jnp.abs(x @ w) + 1.0)))
+    np.testing.assert_allclose([l2[0], l2[2]], [want, want], rtol=1e-5)
+    assert np.isnan(l2[1])
+    assert {e.step: e.value for e in acc.Scalars("log/primal/nonfinite")}[1] == 8.0

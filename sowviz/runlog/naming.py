@@ -10,6 +10,7 @@ library's random-number plumbing gets no tag (`Tags.left_out`); the run log keep
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -171,7 +172,10 @@ def items(entry: dict[str, Any], tags: dict[str, str]) -> Iterator[Hist | Scalar
             edges, counts = hist.get("edges"), hist.get("counts")
             if edges and counts and len(edges) == len(counts) + 1 and sum(counts) > 0:
                 yield Hist(tag, list(edges), list(counts), s)
-            if s.get("l2") is not None:
-                yield Scalar(f"{tag}/l2", float(s["l2"]))
             bad = sum(int(s.get(k) or 0) for k in ("nan", "posinf", "neginf"))
+            if s.get("l2") is not None:
+                # the l2 of no finite value is no number: NaN, which TensorBoard marks,
+                # not the 0.0 of an empty sum (the curve dipped to 0 at the bad step)
+                all_bad = bad and bad >= int(s.get("count") or 0)
+                yield Scalar(f"{tag}/l2", math.nan if all_bad else float(s["l2"]))
             yield Scalar(f"{tag}/nonfinite", float(bad))
