@@ -129,7 +129,7 @@ class NonFiniteWarning(RuntimeWarning):
 class Monitor:
     """Watch a training loop: per-step summaries of every stage's values and gradients.
 
-    `mon.step(*args)` returns exactly `jax.value_and_grad(fn, argnums)(*args)` (mode
+    `mon.step(*args)` returns `jax.value_and_grad(fn, argnums)(*args)` (mode
     "grad") for every call, whatever the shapes. Every `every` steps the summaries join
     `mon.history` (the whole run, thinned to `history` entries; step 0 is kept).
     Non-finite values in the loss and gradients are detected on every step: the first
@@ -144,6 +144,13 @@ class Monitor:
     `start_step` numbers the first step (a run resumed at step 5000 from a checkpoint
     passes `start_step=5000`): the history and the loggers count on from it, and
     `every=N` records the steps whose number is a multiple of N.
+
+    A recorded step's results come from the instrumented program, which XLA fuses
+    otherwise than the plain one: a float32 loss can differ from `jax.jit`'s in its
+    last few bits. `exact=True` runs the plain program on recorded steps too and
+    returns its results (bit for bit `jax.jit`'s, at one plain step more per recorded
+    step); the default does so for programs computing in bfloat16/float16/float8,
+    where the difference grows (`exact=False`: never).
 
     Safe to step from several threads (steps are serialised).
 
@@ -170,6 +177,7 @@ class Monitor:
         tensorboard: Any = False,
         wandb: Any = False,
         start_step: int = 0,
+        exact: bool | None = None,
         **options: Any,
     ) -> None:
         if not callable(fn):
@@ -179,6 +187,7 @@ class Monitor:
         check_int("Monitor", "start_step", start_step, lo=0)
         self.stop_on_nonfinite = check_bool("Monitor", "stop_on_nonfinite", stop_on_nonfinite)
         self.throttle = check_number("Monitor", "throttle", throttle)
+        self._exact = None if exact is None else check_bool("Monitor", "exact", exact)
         self._options = InspectOptions.from_kwargs(
             "Monitor", mode, capture, {"argnums": argnums, **options}
         )
@@ -301,16 +310,19 @@ class Monitor:
             return given.user_result(self._options.mode)
 
     def _plain_twin(self, args: tuple, out: Out) -> Out:
-        """A recorded step's results as the caller gets them: `out`'s, or, when `fn`
-        computes in bfloat16/float16/float8 (`Traced.low_precision`), the plain
-        program's, run on the same arguments. XLA keeps excess precision inside a
-        fusion, and the probes fuse the instrumented program otherwise: its loss was
-        8.795735 where `jax.jit(jax.value_and_grad)` and the unrecorded steps gave
-        8.793303, and a 10-step adamw loop ended 3.3e-4 away from the plain loop's. So
-        the training never depends on which steps are recorded (the probes' statistics
-        still come from the instrumented program). Float32 programs give the same bits
-        either way and run once."""
-        if not out.traced.low_precision:
+        """A recorded step's results as the caller gets them: `out`'s, or, with
+        `exact=True` or when `fn` computes in bfloat16/float16/float8
+        (`Traced.low_precision`) and `exact` is not False, the plain program's, run on
+        the same arguments. XLA keeps excess precision inside a fusion, and the probes
+        fuse the instrumented program otherwise: a bfloat16 loss was 8.795735 where
+        `jax.jit(jax.value_and_grad)` and the unrecorded steps gave 8.793303, and a
+        10-step adamw loop ended 3.3e-4 away from the plain loop's; in float32 the
+        reductions' order alone moves a VAE's loss 9 ulp (260.032867 against
+        260.032593). With the plain program's results the training never depends on
+        which steps are recorded (the probes' statistics still come from the
+        instrumented program)."""
+        twin = out.traced.low_precision if self._exact is None else self._exact
+        if not twin:
             return out
         return self._run(args, False, self._plain_chain())
 

@@ -195,3 +195,59 @@ def test_a_float32_recorded_step_runs_one_program():
     (traced,) = mon._runner.family._traced.values()
     assert not traced.low_precision
     assert mon._runner._plain._cache_size() == 0  # no plain twin on one device
+
+
+def _vae_problem():
+    """A small float32 Equinox VAE whose instrumented program XLA fuses otherwise than
+    the plain one (its loss moved 9 ulp on a recorded step)."""
+    eqx = pytest.importorskip("equinox")
+
+    class VAE(eqx.Module):
+        enc: eqx.nn.Conv2d
+        norm: eqx.nn.GroupNorm
+        mu: eqx.nn.Linear
+        logvar: eqx.nn.Linear
+        dec_in: eqx.nn.Linear
+        dec: eqx.nn.ConvTranspose2d
+
+        def __init__(self, key):
+            k = jax.random.split(key, 5)
+            self.enc = eqx.nn.Conv2d(1, 8, 4, stride=2, padding=1, key=k[0])
+            self.norm = eqx.nn.GroupNorm(2, 8)
+            self.mu = eqx.nn.Linear(512, 4, key=k[1])
+            self.logvar = eqx.nn.Linear(512, 4, key=k[2])
+            self.dec_in = eqx.nn.Linear(4, 512, key=k[3])
+            self.dec = eqx.nn.ConvTranspose2d(8, 1, 4, stride=2, padding=1, key=k[4])
+
+        def __call__(self, x, key):
+            h = jnp.ravel(jax.nn.gelu(self.norm(self.enc(x))))
+            mu, logvar = self.mu(h), self.logvar(h)
+            z = mu + jnp.exp(0.5 * logvar) * jax.random.normal(key, mu.shape)
+            h = jax.nn.gelu(self.dec_in(z)).reshape(8, 8, 8)
+            return self.dec(h), mu, logvar
+
+    def loss(model, x, key):
+        keys = jax.random.split(key, x.shape[0])
+        rec, mu, logvar = jax.vmap(model)(x, keys)
+        kl = -0.5 * jnp.sum(1 + logvar - mu**2 - jnp.exp(logvar))
+        return jnp.sum((rec - x) ** 2) + kl
+
+    x = jax.random.uniform(jax.random.key(1), (8, 1, 16, 16))
+    return eqx, loss, VAE(jax.random.key(0)), x
+
+
+def test_exact_returns_jit_bit_for_bit_on_a_float32_program():
+    eqx, loss, model, x = _vae_problem()
+    mon = sowviz.Monitor(loss, exact=True)
+    want = eqx.filter_jit(eqx.filter_value_and_grad(loss))
+    for step in range(2):
+        key = jax.random.key(10 + step)
+        value, grads = mon.step(model, x, key)
+        want_value, want_grads = want(model, x, key)
+        np.testing.assert_array_equal(np.asarray(value), np.asarray(want_value))
+        for g, w in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads), strict=True):
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    mon.flush()
+    assert mon.history[0]["loss"] == float(want(model, x, jax.random.key(10))[0])
+    with pytest.raises(TypeError, match="exact"):
+        sowviz.Monitor(loss, exact="yes")
