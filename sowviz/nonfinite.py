@@ -57,6 +57,7 @@ count-only re-run of `nonfinite_counts`).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -355,6 +356,7 @@ def find(
     results_finite: bool | None = None,
     expect_nonfinite: Sequence[str] = (),
     readers: Callable[[str], Sequence[str]] | None = None,
+    fills: frozenset[str] = frozenset(),
 ) -> Origins | None:
     """The origins of non-finite values on one step, or None when every value is finite.
 
@@ -364,7 +366,9 @@ def find(
     forward non-finite values were removed before a result. `expect_nonfinite` names
     stages or sows where non-finite values are expected. `readers` (`locate`, which has
     the jaxpr) gives the nodes reading a node's values exactly, where the graph's edges,
-    drawn between siblings, show none.
+    drawn between siblings, show none. `fills` (`locate`, which reads the literals):
+    constant nodes whose NaN/Inf was written in the program as a literal (`jnp.clip`'s
+    `max=jnp.inf` made a float), never made of finite values.
     """
     ix = _Index(graph)
     probes = list(probes)
@@ -411,7 +415,7 @@ def find(
         # is (then what is non-finite is a gradient: the masked branch's backward).
         reaches = _Reach(ix, flags, probed, readers)
         live = {n: f for n, f in fwd.items() if reaches(n)}
-        node, earlier, led_to, node_iter = _producer(ix, fwd, live or fwd)
+        node, earlier, led_to, node_iter = _producer(ix, fwd, live or fwd, fills)
         before = [ix.nodes[b] for b in ix.unprobed_before(node, probed)]
         early = (
             None
@@ -425,7 +429,7 @@ def find(
             put = "nan" not in results and _is_fill(ix, led_to)
             fill = fwd[led_to].fwd_kinds if put else frozenset()
             led = (ix.nodes[led_to], fwd[node].first_kinds(), fill, results)
-        carried, unseen = _carried(ix, node, fwd, probed, node_iter)
+        carried, unseen = _carried(ix, node, fwd, probed, node_iter, fills)
         masked_note = None
         if live:
             first = min(fwd, key=lambda n: ix.key(n, fwd[n].fwd_iter))
@@ -625,7 +629,12 @@ _CARRIED_NAMED = 3
 
 
 def _carried(
-    ix: _Index, node: str, fwd: Mapping[str, _Flags], probed: set[str], its: Sequence[float]
+    ix: _Index,
+    node: str,
+    fwd: Mapping[str, _Flags],
+    probed: set[str],
+    its: Sequence[float],
+    fills: frozenset[str] = frozenset(),
 ) -> tuple[list[str], bool]:
     """What may have made the non-finite value the producer `node` (in a loop) reads from
     the loop's carry: the body's nodes after it, at an earlier iteration. None when
@@ -641,7 +650,7 @@ def _carried(
     from the second minibatch, read from parameters the first one's `log` (later in
     the body) broke. `its`: `node`'s iteration (per loop). Returns (nodes, whether
     `locate` tells more: one is an unprobed equation, or `node`'s iteration of that
-    loop is unknown)."""
+    loop is unknown). A literal's ±Inf (`fills`, as `find`) made none."""
     loops = ix.loops(node)
     at = [its[k] if k < len(its) else _INF for k in range(len(loops))]
     later = [k for k, i in enumerate(at) if i != 0]
@@ -653,7 +662,7 @@ def _carried(
     mine = set(ix.ancestors(node))
     out: list[str] = []
     for n in sorted(body, key=lambda n: ix.nodes[n].order):
-        if n in mine or ix.exit[n] <= ix.exit[node]:
+        if n in mine or n in fills or ix.exit[n] <= ix.exit[node]:
             continue
         if n not in probed and ix.nodes[n].kind == "eqn" and _inexact(ix.nodes[n]):
             out.append(n)
@@ -750,7 +759,10 @@ _MOVES = frozenset(
 
 
 def _producer(
-    ix: _Index, fwd: Mapping[str, _Flags], among: Mapping[str, _Flags]
+    ix: _Index,
+    fwd: Mapping[str, _Flags],
+    among: Mapping[str, _Flags],
+    fills: frozenset[str] = frozenset(),
 ) -> tuple[str, str | None, str | None, tuple[float, ...]]:
     """The forward origin: the earliest non-finite node of `among` (those of `fwd` whose
     values reach a result), unless the results hold only kinds it does not (a NaN
@@ -763,7 +775,9 @@ def _producer(
     Nodes holding the results' kind compare by the first iteration holding that kind
     (when `locate`'s count run knows it): a loop that carries a +Inf fill from its first
     iteration (Equinox's `while_loop` selects it every iteration) and writes the NaN
-    `sqrt` made at the 7th came after that `sqrt`, not at iteration 0.
+    `sqrt` made at the 7th came after that `sqrt`, not at iteration 0. When the results
+    hold none (what is non-finite is a gradient), the earliest node not in `fills` (a
+    literal's ±Inf: `jnp.clip(dt, max=jnp.inf)` in `odeint`'s loop) is the origin.
     Returns (origin, earlier node passed over, later node it led to, the origin's first
     iteration holding what made it the origin)."""
     order = sorted(among, key=lambda n: ix.key(n, among[n].fwd_iter))
@@ -781,7 +795,12 @@ def _producer(
         return ix.key(n, fwd[n].first_of(raw))
 
     holding = sorted((n for n in among if kinds(n) & results and n not in ix.outputs), key=when)
-    if not holding or (kinds(first) & results and when(first) <= when(holding[0])):
+    if not holding:
+        # (a literal's ±Inf, read by every iteration of a loop, held its Inf from the
+        # first: it is no place a problem was born, the first value made non-finite is)
+        first = next((n for n in order if n not in fills), first)
+        return first, None, None, fwd[first].first_of(raw)
+    if kinds(first) & results and when(first) <= when(holding[0]):
         return first, None, None, fwd[first].first_of(raw)  # (no `raw`: its first of any)
     n = holding[0]
     made = ix.nodes[first]
@@ -918,7 +937,7 @@ def with_equations(
     ix = _Index(graph)
 
     def stage(origin: Origin) -> Any:
-        return ix.nodes[origin.node] if origin.node else None
+        return _drawn(ix, ix.nodes[origin.node]) if origin.node else None
 
     fwd, bwd = o.forward, o.backward
     if fwd is not None and forward is not None:
@@ -946,6 +965,17 @@ def with_equations(
     fwd = fwd and replace(fwd, path=ix.path(fwd.node))
     bwd = bwd and replace(bwd, path=ix.path(bwd.node))
     return with_message(replace(o, forward=fwd, backward=bwd, located=True))
+
+
+def _drawn(ix: _Index, stage: Any) -> Any:
+    """The box the picture labels `stage` by: the numbered call (`binary_operator#4`, one
+    of `lax.associative_scan`'s calls of your `binary_operator`) whose sole child it is,
+    when it is a call of the same function, else `stage` itself."""
+    parent = ix.nodes.get(stage.parent) if stage.parent is not None else None
+    if parent is None or not re.fullmatch(re.escape(stage.label) + r"#\d+", parent.label):
+        return stage
+    siblings = [n for n in ix.graph.nodes if n.parent == parent.id]
+    return parent if len(siblings) == 1 else stage
 
 
 # ---------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""Which equation inside a `jax.custom_jvp` / `jax.custom_vjp` function made the
-NaN/Inf that `locate` found at its call.
+"""Which equation inside a `jax.custom_jvp` / `jax.custom_vjp` function, or a solver
+(`lax.custom_root`, `lax.custom_linear_solve`), made the NaN/Inf that `locate` found at
+its call.
 
 `locate`'s re-run probes the program JAX traced, where a custom function is one
 equation. Its rules are Python functions JAX traces only while it differentiates,
@@ -15,17 +16,20 @@ modes grad and vjp: the program run once more with a `sow` before and after the 
   a `custom_vjp`'s forward rule (residuals) and backward rule, or a `custom_jvp`'s JVP
   rule linearized and transposed.
 
+A solver's non-finite value is looked for in its solve; a tangent or cotangent in its
+derivative, `jax.jvp` / `jax.vjp` of the call traced and replayed (`_in_solver`).
+
 The first equation whose floating inputs are all finite and whose output is not is the
 one named, with the user's line that wrote it ("`div` in the backward rule of `my_log`
-at model.py:10"). A custom function called in there (the rule calling `f(x)` for its
-primal) is entered the same way, as is a `jit` (`jnp.clip`) to name its primitive.
+at model.py:10"): `nonfinite_replay`, which enters a custom function called in there
+(the rule calling `f(x)` for its primal), a `jit` (`jnp.clip`), a solver and a loop
+(one iteration at a time) to name the primitive inside.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
 from typing import Any
 
 import jax
@@ -33,23 +37,16 @@ import numpy as np
 
 from . import _compat
 from .graph.model import ProbePoint
-from .graph.names import short_path
-from .primitives import function_name
+from .nonfinite_replay import Inner, by_function, first_bad, in_solver
 
 #: The capture tag of the sows at the call (sowviz's own: `capture.primitive`).
 TAG = "sowviz.locate_custom"
 _OPERANDS, _OUTPUTS = "operands", "outputs"
+#: The solvers entered like custom calls (as `primitive_label` names them): JAX 0.12's
+#: `custom_root` (a custom function before) and `custom_linear_solve`.
+SOLVERS = frozenset({"custom_root", _compat.LINEAR_SOLVE})
 #: How many loop iterations are searched when the origin's iteration is unknown.
 _MAX_ROWS = 64
-
-
-@dataclass(frozen=True)
-class Inner:
-    """The equation inside a custom function (or its rules) that made the NaN/Inf."""
-
-    primitive: str
-    source: Any  # SourceLocation | None
-    within: str  # "`my_log`", "the backward rule of `my_log`"
 
 
 def inside_custom(
@@ -93,7 +90,8 @@ def _call_of(traced: Any, node: str) -> tuple[tuple, int, Any] | None:
     jaxpr, _ = _level(traced.closed, point.path)
     index = point.values[0][0]
     eqn = jaxpr.eqns[index]
-    return (point.path, index, eqn) if _compat.custom_call_body(eqn) is not None else None
+    entered = _compat.custom_call_body(eqn) or _compat.solver_body(eqn)
+    return (point.path, index, eqn) if entered is not None else None
 
 
 def _level(closed: Any, path: tuple) -> tuple[Any, list]:
@@ -237,11 +235,13 @@ def _row(x: Any, row: tuple, stacked: int) -> Any:
 
 def _search(eqn: Any, label: str, made: str, at: dict[str, list]) -> Inner | None:
     """The origin inside call `eqn` of its non-finite `made`, on the values `at` it."""
+    if _compat.solver_body(eqn) is not None:
+        return _in_solver(eqn, label, made, at)
     vjp = eqn.primitive.name != _compat.CUSTOM_JVP
     if made == "value":
         body, _ = _compat.custom_call_body(eqn)
         jaxpr, consts = _compat.jaxpr_and_consts(body)
-        found = _first_bad(jaxpr, consts, at["primal"], f"`{label}`")
+        found = first_bad(jaxpr, consts, at["primal"], f"`{label}`")
         if found is not None or not vjp:
             return found
         # the body is finite where the call is not: differentiated, the call ran its
@@ -260,6 +260,39 @@ def _search(eqn: Any, label: str, made: str, at: dict[str, list]) -> Inner | Non
     return _in_vjp_rules(eqn, label, at["primal"], at["cotangent"])
 
 
+def _in_solver(eqn: Any, label: str, made: str, at: dict[str, list]) -> Inner | None:
+    """The origin inside a solver (`custom_root`, `custom_linear_solve`): a non-finite
+    value in its solve; a tangent or cotangent in what JAX differentiates it into (the
+    implicit derivative: `tangent_solve`, or the solve again, transposed), traced here by
+    `jax.jvp` / `jax.vjp` of the call and replayed, entering the solvers it binds."""
+    primals = at["primal"]
+    if made == "value":
+        return in_solver(eqn, primals)
+
+    def call(*xs: Any) -> list:
+        return _compat.bind_eqn(eqn, list(xs))
+
+    if made == "tangent":
+        tangents = at.get("tangent") or [np.ones_like(np.asarray(x)) for x in primals]
+
+        def derivative(ps: list, ts: list) -> Any:
+            return jax.jvp(call, ps, ts)
+
+        flat = [*primals, *tangents]
+    elif "cotangent" in at:
+
+        def derivative(ps: list, cts: list) -> Any:
+            return jax.vjp(call, *ps)[1](cts)
+
+        flat = [*primals, *at["cotangent"]]
+    else:
+        return None
+    closed = jax.make_jaxpr(derivative)(*(flat[: len(primals)], flat[len(primals) :]))
+    jaxpr, consts = _compat.jaxpr_and_consts(closed)
+    derivative_of = f"the derivative of `{label}`"
+    return by_function(first_bad(jaxpr, consts, flat, derivative_of), derivative_of)
+
+
 def _in_jvp_rule(eqn: Any, label: str, operands: list, tangents: list | None) -> Inner | None:
     """The origin in a `custom_jvp`'s JVP rule, on the operands and their tangents (None:
     a unit tangent for each)."""
@@ -270,7 +303,7 @@ def _in_jvp_rule(eqn: Any, label: str, operands: list, tangents: list | None) ->
     if tangents is None:
         tangents = [np.ones_like(np.asarray(a)) for a in operands]
     ts = [t for t, z in zip(tangents[n_consts:], zeros, strict=True) if not z]
-    return _first_bad(jaxpr, consts, [*args, *ts], f"the JVP rule of `{label}`")
+    return first_bad(jaxpr, consts, [*args, *ts], f"the JVP rule of `{label}`")
 
 
 def _in_vjp_rules(eqn: Any, label: str, operands: list, cotangents: list | None) -> Inner | None:
@@ -279,7 +312,7 @@ def _in_vjp_rules(eqn: Any, label: str, operands: list, cotangents: list | None)
     _, n_consts = _compat.custom_call_body(eqn)
     args = operands[n_consts:]
     jaxpr, consts = _compat.custom_vjp_forward(eqn, [_inexact(np.asarray(a)) for a in args])
-    found = _first_bad(jaxpr, consts, args, f"the forward rule of `{label}`")
+    found = first_bad(jaxpr, consts, args, f"the forward rule of `{label}`")
     if found is not None or cotangents is None:
         return found
     outs = _compat.eval_jaxpr(jaxpr, consts, *args)
@@ -287,59 +320,4 @@ def _in_vjp_rules(eqn: Any, label: str, operands: list, cotangents: list | None)
     rule = _compat.custom_vjp_backward(eqn, residuals, cotangents)
     jaxpr, consts = _compat.jaxpr_and_consts(rule)
     flat = [*residuals, *cotangents]
-    return _first_bad(jaxpr, consts, flat, f"the backward rule of `{label}`")
-
-
-def _finite(x: Any) -> bool:
-    if not _inexact(x):
-        return True
-    value = np.asarray(x)
-    if not np.issubdtype(value.dtype, np.inexact):
-        value = value.astype(np.float32)  # ml_dtypes (bfloat16): NaN and Inf kept
-    return bool(np.all(np.isfinite(value)))
-
-
-def _first_bad(jaxpr: Any, consts: list, flat: list, within: str) -> Inner | None:
-    """The first equation of `jaxpr` whose floating inputs are all finite and whose
-    outputs are not, evaluated on `flat`; `within`: what it is said to be in."""
-    env: dict[Any, Any] = dict(zip(jaxpr.constvars, consts, strict=True))
-    env.update(zip(jaxpr.invars, flat, strict=True))
-
-    def read(v: Any) -> Any:
-        return _compat.literal_value(v) if isinstance(v, _compat.Literal) else env[v]
-
-    for eqn in jaxpr.eqns:
-        invals = [read(v) for v in eqn.invars]
-        outs = _compat.bind_eqn(eqn, invals)
-        if all(_finite(x) for x in invals) and not all(_finite(y) for y in outs):
-            return _named(eqn, invals, within)
-        env.update(zip(eqn.outvars, outs, strict=True))
-    return None
-
-
-def _named(eqn: Any, invals: list, within: str) -> Inner:
-    """`eqn` as the origin; inside a custom call, the body's equation that made it (a
-    function of the user's of its own), inside a `jit`, its primitive."""
-    here = Inner(_compat.primitive_label(eqn), _source(eqn), within)
-    custom = _compat.custom_call_body(eqn)
-    if custom is not None:
-        jaxpr, consts = _compat.jaxpr_and_consts(custom[0])
-        name = f"`{function_name(custom[0]) or eqn.primitive.name}`"
-        return _first_bad(jaxpr, consts, invals, name) or here
-    subs = list(_compat.sub_jaxprs(eqn))
-    if eqn.primitive.name in _compat.CALL_NAMES and len(subs) == 1:
-        body = eqn.params[subs[0][0]]
-        jaxpr, consts = _compat.jaxpr_and_consts(body)
-        inner = _first_bad(jaxpr, consts, invals, within)
-        if inner is not None and _compat.defined_in_library(body):
-            # (`jnp.clip`'s own lines mean nothing to the user, whose line called it)
-            inner = replace(inner, source=here.source)
-        return inner or here
-    return here
-
-
-def _source(eqn: Any) -> Any:
-    loc = _compat.user_location_outside_libraries(eqn)
-    if loc is None:
-        return None
-    return _compat.SourceLocation(short_path(loc.file), loc.line, loc.function)
+    return first_bad(jaxpr, consts, flat, f"the backward rule of `{label}`")

@@ -9,7 +9,7 @@ program's output; `locate(fn, args, options)` re-runs the same step with
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -35,6 +35,7 @@ from .nonfinite_messages import (
     with_step_grads,
 )
 from .nonfinite_record import Equation, NonFinite, Origins
+from .nonfinite_replay import finite
 
 
 def _bad(x: Any) -> bool:
@@ -117,9 +118,11 @@ def analyse(
     step: int | None = None,
     expect_nonfinite: Sequence[str] | None = None,
     readers: Callable[[str], Sequence[str]] | None = None,
+    fills: frozenset[str] = frozenset(),
 ) -> Origins | None:
     """The origins of one run's non-finite values (None when all are finite); `readers`:
-    a node's readers read off the jaxpr (`_Dataflow.consumers`), for `find`."""
+    a node's readers read off the jaxpr (`_Dataflow.consumers`), and `fills`: its
+    constants holding a literal's NaN/Inf (`_Dataflow.fills`), for `find`."""
     if expect_nonfinite is None:
         expect_nonfinite = getattr(options, "expect_nonfinite", ()) or ()
     return find(
@@ -130,6 +133,7 @@ def analyse(
         results_finite=results_finite(inspection.result),
         expect_nonfinite=tuple(expect_nonfinite),
         readers=readers,
+        fills=fills,
     )
 
 
@@ -214,13 +218,17 @@ class _Dataflow:
                 self.at[(p.path, p.values[0][0])] = p.node
 
     def _jaxpr(self, path) -> Any:
-        j, _ = self._compat.jaxpr_and_consts(self.closed)
+        return self._level(path)[0]
+
+    def _level(self, path) -> tuple[Any, list]:
+        """The jaxpr a probe point's `path` leads to, and its consts."""
+        j, consts = self._compat.jaxpr_and_consts(self.closed)
         for i, param, index in path:
             val = j.eqns[i].params[param]
             if index is not None:
                 val = val[index]
-            j, _ = self._compat.jaxpr_and_consts(val)
-        return j
+            j, consts = self._compat.jaxpr_and_consts(val)
+        return j, list(consts)
 
     def consumers(self, node: str) -> list[str]:
         """Node ids of the equations reading `node`'s values (leaving a sub-program: the
@@ -249,6 +257,44 @@ class _Dataflow:
         reads = {id(v) for v in j.eqns[i].invars}
         made = (e for e in range(i) if any(id(v) in reads for v in j.eqns[e].outvars))
         return [self.at[(p.path, e)] for e in made if (p.path, e) in self.at]
+
+    def fills(self, graph: Any, flags: Mapping[str, Any]) -> frozenset[str]:
+        """The constant nodes (`graph.constant_nodes`) holding non-finite values that
+        read a non-finite constant: a literal (`jnp.clip(dt, max=jnp.inf)` converts
+        `inf` to a float), a closed-over array, or an earlier constant's NaN/Inf (a
+        broadcast of it). An overflow of finite constants (`jnp.exp(1000.0)`) is none."""
+        fwd = {n for n, f in flags.items() if f.fwd}
+        out = set()
+        for node in sorted(set(graph.constant_nodes) & fwd, key=lambda n: graph.node(n).order):
+            p = self.points.get(node)
+            if p is None or len({i for i, _ in p.values}) != 1:
+                continue
+            j, consts = self._level(p.path)
+            eqn = j.eqns[p.values[0][0]]
+            if any(self._nonfinite_constant(p.path, j, consts, v, fwd) for v in eqn.invars):
+                out.add(node)
+        return frozenset(out)
+
+    def _nonfinite_constant(self, path, j, consts, v, flagged: set[str]) -> bool:
+        """Whether operand `v` of an equation of `j` (at `path`) is a constant holding
+        NaN/Inf: a literal, a const, a value made at its level by a flagged node, or a
+        call's parameter that its caller passed such a constant."""
+        if isinstance(v, self._compat.Literal):
+            return not finite(self._compat.literal_value(v))
+        if v in j.constvars:
+            return not finite(consts[j.constvars.index(v)])
+        for e, eqn in enumerate(j.eqns):
+            if v in eqn.outvars:
+                return self.at.get((path, e)) in flagged
+        if not path or v not in j.invars:
+            return False
+        up, (i, _, _) = path[:-1], path[-1]
+        outer, outer_consts = self._level(up)
+        call = outer.eqns[i]
+        if call.primitive.name not in self._compat.CALL_NAMES or len(j.invars) != len(call.invars):
+            return False  # (a loop's carry or a custom call's operands: no constant here)
+        operand = call.invars[j.invars.index(v)]
+        return self._nonfinite_constant(up, outer, outer_consts, operand, flagged)
 
     def _readers(self, path, j, vs: set[int], start: int) -> list[str]:
         out = []
@@ -372,13 +418,13 @@ def _in_custom(
     made: str,
     iteration: tuple[int, ...],
 ) -> Equation:
-    """`eq`, or when it is a `custom_jvp`/`custom_vjp` call, the equation inside the
-    function or its rules that made its non-finite `made` (`nonfinite_custom`): the
-    call's line says only where it was called."""
-    from .nonfinite_custom import inside_custom
+    """`eq`, or when it is a `custom_jvp`/`custom_vjp` call or a solver (`SOLVERS`), the
+    equation inside the function, its rules or its solve that made its non-finite `made`
+    (`nonfinite_custom`): the call's line says only where it was called."""
+    from .nonfinite_custom import SOLVERS, inside_custom
 
     n = graph.node(eq.node)
-    if n.kind != "custom":
+    if n.kind != "custom" and n.primitive not in SOLVERS:
         return eq
     try:
         inner = inside_custom(fn, args, opts, traced, n.id, n.label, made, iteration)
@@ -397,7 +443,7 @@ def _in_custom(
     if inner is None:
         return eq
     source = inner.source or eq.source
-    return replace(eq, primitive=inner.primitive, source=source, label="", within=inner.within)
+    return replace(eq, primitive=inner.primitive, source=source, label="", within=inner.where())
 
 
 def _probed(
@@ -425,10 +471,12 @@ def _probed(
     ins, traced, opts = _run_all(fn, args, options)
     # (every equation probed: which read a value is known exactly, past its stage)
     flow = _Dataflow(traced)
-    fine = analyse(ins, traced, opts, args, step, expect_nonfinite, flow.consumers)
+    fills = flow.fills(ins.graph, node_flags(ins.probes))
+    fine = analyse(ins, traced, opts, args, step, expect_nonfinite, flow.consumers, fills)
     if alarmed and (fine is None or not fine.alarm):
         ins, traced, opts = _run_all(fn, args, options, traced=traced, barriers=False)
-        fine = analyse(ins, traced, opts, args, step, expect_nonfinite, flow.consumers)
+        fills = flow.fills(ins.graph, node_flags(ins.probes))
+        fine = analyse(ins, traced, opts, args, step, expect_nonfinite, flow.consumers, fills)
     return ins, traced, opts, flow, fine
 
 
