@@ -30,7 +30,10 @@ def _demo(args: argparse.Namespace) -> int:
 
     params, x = demo.init(), demo.batch()
     ins = sowviz.inspect(demo.loss, params, x, mode=args.mode, title="sowviz demo: a small MLP")
-    path = ins.save_html(args.output)
+    try:
+        path = ins.save_html(args.output)
+    except OSError as err:  # a missing directory, a directory, no permission: one line
+        return _failed("demo", err)
     size = pathlib.Path(path).stat().st_size
     print(f"wrote {pathlib.Path(path).resolve()} ({size / 1e6:.2f} MB): open it in a browser")
     return 0
@@ -54,9 +57,8 @@ def _report(args: argparse.Namespace) -> int:
         print(f"warning: {w.message}", file=sys.stderr)
     try:
         path = view.save_html(args.output, title=args.title)
-    except FileNotFoundError as err:
-        print(f"sowviz report: {str(err).removeprefix('sowviz: ')}", file=sys.stderr)
-        return 2
+    except OSError as err:  # no model in the log, or the report's path is unwritable
+        return _failed("report", err)
     size = path.stat().st_size
     kept = len(view.history)
     state = "finished" if view.finished else "still open (or the writer died)"
@@ -65,6 +67,13 @@ def _report(args: argparse.Namespace) -> int:
         f"{kept} kept; the log is {state}"
     )
     return 0
+
+
+def _failed(command: str, err: OSError) -> int:
+    """Say why `command` failed in one line (sowviz's messages name the path and the
+    fix), not a traceback; the exit status of a usage error."""
+    print(f"sowviz {command}: {str(err).removeprefix('sowviz: ')}", file=sys.stderr)
+    return 2
 
 
 def _steps(n: int) -> str:

@@ -182,13 +182,27 @@ _DYNAMIC: dict[tuple, tuple[int, ...]] = {}
 _DYNAMIC_MAX = 64
 
 
-def split(args: tuple, where: str) -> tuple[ArgSpec, list]:
-    """Partition `args` into its static `ArgSpec` and the list of array leaves."""
+#: Python numbers that are traced when a whole argument is one and it is differentiated
+#: (`split`'s `numbers`), as `jax.grad(f)(3.0)` traces it.
+TRACED_NUMBERS = (float, complex)
+
+
+def split(args: tuple, where: str, numbers: tuple[int, ...] = ()) -> tuple[ArgSpec, list]:
+    """Partition `args` into its static `ArgSpec` and the list of array leaves, and
+    the arguments at `numbers` that are a Python float or complex number themselves
+    (`traced_numbers`: differentiated, as `jax.grad` differentiates `f(3.0)`), which
+    are traced too, as weak-typed scalars. Other Python numbers stay static."""
     leaves, treedef = jax.tree_util.tree_flatten(args)
-    key = (treedef, tuple(map(type, leaves)))
+    number_leaves = _number_leaves(args, treedef, numbers)
+    key = (treedef, tuple(map(type, leaves)), number_leaves)
     idx = _DYNAMIC.get(key)
     if idx is None:
-        idx = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, ARRAY_TYPES))
+        idx = tuple(
+            i
+            for i, leaf in enumerate(leaves)
+            if isinstance(leaf, ARRAY_TYPES)
+            or (i in number_leaves and type(leaf) in TRACED_NUMBERS)
+        )
         for i in idx:
             if isinstance(leaves[i], jax.core.Tracer):
                 raise TypeError(_TRACER.format(where=where, path="args" + _paths(args)[i]))
@@ -219,6 +233,32 @@ def split(args: tuple, where: str) -> tuple[ArgSpec, list]:
             _UNHASHABLE.format(where=where, path="args" + paths[i], type=type(leaf).__name__)
         ) from None
     return spec, dyn
+
+
+def _number_leaves(args: tuple, treedef: Any, numbers: tuple[int, ...]) -> frozenset[int]:
+    """Positions among `args`' leaves of the arguments at `numbers` that are a bare
+    Python float or complex number (not a bool, not in a pytree: a model's `float`
+    field stays static, as `equinox.filter_jit` keeps it)."""
+    if not numbers:
+        return frozenset()
+    starts, start = [], 0
+    for child in treedef.children():
+        starts.append(start)
+        start += child.num_leaves
+    return frozenset(starts[a] for a in numbers if type(args[a]) in TRACED_NUMBERS)
+
+
+def traced_numbers(mode: Any, argnums: Any, args: tuple) -> tuple[int, ...]:
+    """The arguments that are a Python float or complex number and are differentiated:
+    `argnums` (argument 0 by default in mode grad, as `jax.grad`; in modes jvp, vjp and
+    all only when `argnums` names them, for by default they take every argument, and a
+    number there stays static, as documented). `split` traces them."""
+    mode = getattr(mode, "value", mode)
+    if mode == "primal" or (argnums is None and mode != "grad"):
+        return ()
+    nums = (0 if argnums is None else argnums,) if not isinstance(argnums, tuple) else argnums
+    n = len(args)
+    return tuple(a % n for a in nums if -n <= a < n and type(args[a % n]) in TRACED_NUMBERS)
 
 
 def _hashable(v: Any) -> bool:
@@ -408,8 +448,32 @@ def _user_tangents(
                 f"{bad}; the tangent of leaf `args{_paths_of(spec)[i]}` has shape "
                 f"{jnp.shape(t)}, its argument {jnp.shape(x)}."
             )
+        _check_tangent_dtype(where, _paths_of(spec)[i], t, x)
         out.append(jnp.asarray(t, jnp.result_type(x)))
     return tuple(out)
+
+
+_TANGENT_DTYPE = (
+    "sowviz.{where}: the tangent of leaf `args{path}` is {got}, but that leaf is {want}: "
+    "the tangent of a floating-point value must be floating point too{why} (`jax.jvp` "
+    "refuses it as well: dtypes must be equal). Give it `t.astype(jnp.{want})`, e.g. "
+    "`jnp.ones_like(x)`."
+)
+
+
+def _check_tangent_dtype(where: str, path: str, t: Any, x: Any) -> None:
+    """A ValueError for a tangent that casting to its leaf's dtype would change in kind,
+    not in width: an integer or boolean one (`jnp.ones(3, jnp.int32)`), or a complex one
+    for a real leaf (its imaginary part dropped). Another float width (NumPy's float64
+    for a float32 leaf) is cast, as `jax.jvp` takes NumPy's float64 without x64."""
+    got, want = jnp.result_type(t), jnp.result_type(x)
+    real_for_complex = jnp.issubdtype(got, jnp.complexfloating) and not jnp.issubdtype(
+        want, jnp.complexfloating
+    )
+    if jnp.issubdtype(got, jnp.inexact) and not real_for_complex:
+        return
+    why = ", and real for a real one" if real_for_complex else ""
+    raise ValueError(_TANGENT_DTYPE.format(where=where, path=path, got=got, want=want, why=why))
 
 
 _NONE_ARGUMENT = (

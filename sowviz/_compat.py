@@ -28,6 +28,8 @@ from __future__ import annotations
 # No public home: effects (to keep tagged values alive through DCE and partial
 # evaluation), source locations and name stacks of equations.
 import contextlib
+import functools
+import inspect
 import itertools
 import os
 import re
@@ -1866,3 +1868,96 @@ def _is_int_scalar(v: Any) -> bool:
     shape = getattr(aval, "shape", None)
     dtype = getattr(aval, "dtype", None)
     return shape == () and dtype is not None and np.issubdtype(dtype, np.integer)
+
+
+#: Primitives that only retype a PRNG key (raw `uint32[2]` <-> typed `key<fry>[]`),
+#: never its bits: `jax.random.normal(key, ...)` on a raw key wraps it first. The stage
+#: graph draws them as edges, so the call is one box (`normal`), not two.
+KEY_CASTS = frozenset({"random_wrap", "random_unwrap"})
+
+
+def name_trace_after(wrapper: Any, fn: Any) -> None:
+    """Make JAX's own messages about a trace of `wrapper` (sowviz's flat function around
+    the user's `fn`) name `fn`, as `jax.jit(fn)` would: an `UnexpectedTracerError`,
+    raised long after the trace, says "the function being traced when the value
+    leaked was `<name> at <file>:<line>`", read from the trace's debug info. JAX
+    (0.10 to 0.12, `api_util.fun_sourceinfo`) takes that from the function reached by
+    `inspect.unwrap` (`__wrapped__`), and the argument names from
+    `inspect.signature`, which stops at a `__signature__`: so `wrapper` keeps its own
+    signature (its `flat[i]` leaves, which `traced_as` renames) and points at `fn`'s
+    code (a callable instance's `__call__`, a `functools.partial`'s function), named
+    `loss (traced by sowviz)`: `modes.leaked_trace_error` tells by "sowviz" that the
+    value leaked from sowviz's trace (and `traced_as` says the plain name)."""
+    source = _source_function(fn)
+    if source is None:
+        return
+    try:
+        wrapper.__signature__ = inspect.signature(wrapper)
+    except (TypeError, ValueError):
+        return
+    name = getattr(source, "__name__", "fn")
+    wrapper.__wrapped__ = types.SimpleNamespace(  # all `fun_sourceinfo` reads
+        __name__=f"{name} (traced by sowviz)", __code__=source.__code__
+    )
+
+
+def _source_function(fn: Any) -> Any:
+    """The Python function whose code `fn` runs, or None."""
+    for _ in range(16):  # (a partial of a partial of ...: bounded)
+        if isinstance(fn, functools.partial):
+            fn = fn.func
+            continue
+        fn = inspect.unwrap(fn)
+        if isinstance(fn, functools.partial):
+            continue
+        if hasattr(fn, "__code__"):
+            return fn
+        call = type(fn).__call__ if callable(fn) else None  # a module: its `__call__`
+        return call if hasattr(call, "__code__") else None
+    return None
+
+
+# -- what a solver computes (nonfinite_replay) ------------------------------------------
+# `custom_linear_solve` (JAX 0.10-0.12): its operands are the consts of its `jaxprs`
+# (matvec, vecmat, solve, transpose_solve: `const_lengths` each) then `b`, and it
+# computes `jaxprs.solve` on (solve's consts, b) (`_custom_linear_solve_impl`). JAX 0.12
+# binds `custom_root` as a "hijax" primitive (`hi_expansion`); JAX <= 0.11 as a
+# `custom_jvp` call, a custom function of its own.
+LINEAR_SOLVE = "custom_linear_solve"
+
+
+def solver_body(eqn: JaxprEqn) -> tuple[Any, list[int]] | None:
+    """What a solver equation (`custom_linear_solve`, JAX 0.12's `custom_root`) computes
+    undifferentiated: the solve's program (for `jaxpr_and_consts`) and the indices of the
+    operands it takes; None for any other equation."""
+    hi = hi_expansion(eqn)
+    if hi is not None:
+        jaxpr, n = hi
+        return jaxpr, list(range(n))
+    if eqn.primitive.name != LINEAR_SOLVE:
+        return None
+    lengths = eqn.params["const_lengths"]
+    start = lengths.matvec + lengths.vecmat
+    solve = list(range(start, start + lengths.solve))
+    b = list(range(sum(lengths), len(eqn.invars)))
+    return eqn.params["jaxprs"].solve, solve + b
+
+
+def called_back_from(eqn: JaxprEqn, sub_program: Any) -> bool:
+    """Whether the user's innermost frame in `eqn`'s traceback ran inside the function
+    `sub_program` was traced from (its `debug_info.func_src_info`): a user's function a
+    library called back (`lax.custom_root`'s `linearize_and_solve` calling your
+    `tangent_solve`), whose lines are the user's, not a library's from the caller's line
+    (`jnp.clip`'s equations, traced once, whose user frame is the first caller's)."""
+    jaxpr, _ = jaxpr_and_consts(sub_program)
+    src = getattr(getattr(jaxpr, "debug_info", None), "func_src_info", None) or ""
+    name, _, where = src.partition(" at ")
+    file = os.path.abspath(where.rpartition(":")[0]) if where else ""
+
+    def inside(codes: Any, _lastis: Any) -> bool:
+        user = next((k for k, c in enumerate(codes) if _is_user_code(c)), None)
+        return user is not None and any(
+            c.co_name == name and os.path.abspath(c.co_filename) == file for c in codes[user + 1 :]
+        )
+
+    return bool(file) and _of_traceback(eqn, inside, False)

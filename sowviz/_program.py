@@ -47,6 +47,7 @@ from ._args import (
     module_tangents,
     positional_names,
     split,
+    traced_numbers,
 )
 from ._forwarding import forwarded_inputs
 from ._gc import gc_paused
@@ -71,6 +72,27 @@ from .summary import Summary, SummaryOptions, all_clean
 
 PROBE_TAG = "sowviz.stage"
 _MAX_FAMILIES, _MAX_TRACED, _MAX_RUNNERS = 32, 16, 8
+
+
+_NO_ARGUMENTS = (
+    "sowviz.{where}: `fn` was called with no arguments, so mode 'grad' has nothing to "
+    "differentiate (`jax.grad` refuses it too: it differentiates with respect to "
+    "argument 0). Pass the parameters as arguments, `sowviz.{where}(loss, params)` "
+    "with `def loss(params): ...`, or use mode='primal' to look at the values alone."
+)
+
+
+def check_has_arguments(mode: Mode, args: tuple, where: str) -> None:
+    """Mode grad needs an argument to differentiate (modes jvp, vjp and all take a
+    function of none, as `jax.jvp(f, (), ())` and `jax.vjp(f)` do)."""
+    if not args and mode is Mode.GRAD:
+        raise TypeError(_NO_ARGUMENTS.format(where=where))
+
+
+def split_for(options: InspectOptions, args: tuple, where: str) -> tuple[ArgSpec, list]:
+    """`split`, with the arguments that are Python floats and differentiated traced
+    (`traced_numbers`: `jax.grad(f)(3.0)` traces its 3.0)."""
+    return split(args, where, traced_numbers(options.mode, options.argnums, args))
 
 
 def selected_args(argnums: Any, args: tuple) -> tuple[int, ...] | None:
@@ -117,13 +139,20 @@ def _aux_pair(out: Any) -> tuple[Any, Any]:
 
 def _title(fn: Callable) -> str:
     """`fn`'s name; a `functools.partial` of a named function (a step with its static
-    arguments bound) by that function's, as `partial(step)`."""
+    arguments bound) by that function's, as `partial(step)`; a callable instance (a
+    class with `__call__`, an Equinox or Flax NNX module) by its class, as `Loss`, or
+    by the function it wraps (`__wrapped__`: Equinox's `filter_jit` of a function)."""
     name = getattr(fn, "__name__", None)
+    if isinstance(name, str) and name:
+        return name
     inner = getattr(fn, "func", None)
-    if name is None and isinstance(fn, functools.partial) and inner is not None:
+    if isinstance(fn, functools.partial) and inner is not None:
         base = _title(inner)
         return f"partial({base})" if base != "program" else base
-    return name or "program"
+    wrapped = getattr(fn, "__wrapped__", None)
+    if wrapped is not None and wrapped is not fn and callable(wrapped):
+        return _title(wrapped)
+    return type(fn).__name__ if callable(fn) else "program"
 
 
 class Traced:
@@ -131,7 +160,7 @@ class Traced:
 
     def __init__(self, fn: Callable, options: InspectOptions, spec: ArgSpec, args: tuple):
         self.spec = spec
-        _, dyn = split(args, "inspect")
+        _, dyn = split_for(options, args, "inspect")
         paths = _paths(args)
         constant = _state.constant_leaves(args)
         self.layout = _layout(spec, dyn, paths, constant, selected_args(options.argnums, args))
@@ -158,11 +187,12 @@ class Traced:
             self.state, self.state_added, new = _state.compare(before, merged)
             return out, (new, aux)
 
+        _compat.name_trace_after(flat_fn, fn)  # a leaked tracer's error names `fn`
         avals = [
             jax.ShapeDtypeStruct(
                 jnp.shape(x),
                 jnp.result_type(x),
-                weak_type=bool(getattr(x, "weak_type", False)),
+                weak_type=bool(getattr(jax.typeof(x), "weak_type", False)),  # 3.0 too
                 sharding=_compat.explicit_sharding(x),
             )
             for x in dyn
@@ -205,7 +235,7 @@ class Traced:
             title=title,
             tesseract_names=dict(tn) if isinstance(tn, tuple) else tn,
             in_args=self.layout.arg_of,  # inputs grouped per argument; these are "parameters":
-            parameters={a % len(args) for a in options.drawn_parameters(parted)},
+            parameters={a % len(args) for a in options.drawn_parameters(parted)} if args else set(),
             state_inputs=state_inputs,
             calls=getattr(named, "sowviz_calls", None) if named is not fn else None,
         )
@@ -600,7 +630,7 @@ class Runner:
         args = self.family.local.args
         if args is None or jax.device_count() == 1:
             return None
-        _, concrete = split(args, "inspect")  # split once already: no error here
+        _, concrete = split_for(self.options, args, "inspect")  # split once already: no error
         # (not one sharded over Explicit mesh axes, `jax.make_mesh`'s default: its
         # gradient's type carries its sharding already, and `with_sharding_constraint`
         # refuses Explicit axes)
@@ -680,7 +710,8 @@ class Runner:
         run and longer to compile (`capture.summaries.MIN_GROUPED`), and on several
         devices its results placed as the plain program places them (`_as_plain`; its
         unrecorded steps run with `plain_chain`)."""
-        spec, dyn = split(args, where)
+        check_has_arguments(self.options.mode, args, where)
+        spec, dyn = split_for(self.options, args, where)
         self.family.local.args = args
         try:
             extra = self._extra(spec, dyn, tangents, cotangents, where)
@@ -764,7 +795,8 @@ class Runner:
         this waits for them): a later `run` on like arguments then only dispatches.
         jit's caches take the compiled program, so a `run` racing this one compiles it
         again rather than waiting (the widget waits)."""
-        spec, dyn = split(args, where)
+        check_has_arguments(self.options.mode, args, where)
+        spec, dyn = split_for(self.options, args, where)
         self.family.local.args = args
         try:
             extra = self._extra(spec, dyn, tangents, cotangents, where)

@@ -127,6 +127,10 @@ def _user_seed(ct: Any, y: Any) -> Any:
 
     if got != want or shapes(ct) != shapes(y):
         raise ValueError(_COTANGENTS.format(want=f"{want} {shapes(y)}", got=f"{got} {shapes(ct)}"))
+    for (path, c), v in zip(
+        jax.tree_util.tree_leaves_with_path(ct), jax.tree_util.tree_leaves(y), strict=True
+    ):
+        _check_seed_dtype(jax.tree_util.keystr(path), c, v)
     return jax.tree_util.tree_map(
         lambda c, v: (
             jnp.asarray(c, jnp.result_type(v))
@@ -135,6 +139,30 @@ def _user_seed(ct: Any, y: Any) -> Any:
         ),
         ct,
         y,
+    )
+
+
+def _check_seed_dtype(path: str, c: Any, v: Any) -> None:
+    """A ValueError for a cotangent that casting to its output's dtype would change in
+    kind: an integer or boolean one for a floating-point output, a complex one for a
+    real output (its imaginary part dropped). `jax.vjp`'s pullback refuses them too."""
+    if not _is_float(v):
+        return
+    got, want = jnp.result_type(c), jnp.result_type(v)
+    drops_imaginary = jnp.issubdtype(got, jnp.complexfloating) and not jnp.issubdtype(
+        want, jnp.complexfloating
+    )
+    if jnp.issubdtype(got, jnp.inexact) and not drops_imaginary:
+        return  # another float width: cast, as `jax.vjp` takes NumPy's float64
+    why = (
+        "a real output's cotangent must be real (its imaginary part would be dropped)"
+        if drops_imaginary
+        else "a floating-point output's cotangent must be floating point too"
+    )
+    raise ValueError(
+        f"sowviz: the cotangent of output leaf `{path or 'output'}` is {got}, but that "
+        f"output is {want}: {why} (`jax.vjp`'s pullback refuses it as well). Pass e.g. "
+        f"`jnp.ones_like(out)` or `c.astype(jnp.{want})`."
     )
 
 

@@ -7,7 +7,9 @@ what was wrong and how to fix it; misspelled options are rejected. (Checks are
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+import contextlib
+import contextvars
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -35,6 +37,69 @@ OPTION_NAMES = (
 )
 
 _KWARGS = "(To pass keyword arguments to your function, bind them first with functools.partial.)"
+
+#: The options that only some modes use, those modes, and why the others do not: given
+#: to another mode, such an option would change nothing (`check_used_by_mode`).
+_MODES_USING = {
+    "argnums": (
+        (Mode.GRAD, Mode.JVP, Mode.VJP, Mode.ALL),
+        "picks the arguments to differentiate, and mode 'primal' differentiates nothing",
+    ),
+    "tangents": (
+        (Mode.JVP, Mode.ALL),
+        "is the direction a JVP pushes forward, and mode '{mode}' pushes no tangent",
+    ),
+    "cotangents": (
+        (Mode.VJP, Mode.ALL),
+        "is the seed a VJP pulls back, and mode '{mode}' pulls back none",
+    ),
+}
+_COTANGENTS_IN_GRAD = (
+    "is the seed a VJP pulls back, and mode 'grad' pulls back 1 from its scalar loss, as "
+    "`jax.grad` does (to scale the gradient, scale the loss)"
+)
+_UNUSED = (
+    "sowviz.{where}: `{name}` {why}: it would be ignored. It is used by mode(s) {modes}; "
+    "pass mode={first!r}, or leave `{name}` out."
+)
+#: Set while `show`'s widget runs another mode with the options `show` was given (any
+#: mode the widget switches to may use them): `check_used_by_mode` is off then.
+_EVERY_MODE: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "sowviz_every_mode", default=False
+)
+
+
+@contextlib.contextmanager
+def options_for_every_mode() -> Iterator[None]:
+    """Within: options are taken for every mode (`show`'s, which the widget re-runs in
+    the mode it switches to), not refused in a mode that does not use them."""
+    token = _EVERY_MODE.set(True)
+    try:
+        yield
+    finally:
+        _EVERY_MODE.reset(token)
+
+
+def check_used_by_mode(where: str, mode: Mode, options: Mapping[str, Any]) -> None:
+    """A ValueError for an option given (not None) to a mode that does not use it
+    (`cotangents` in mode grad: the gradient came back unscaled, without a word).
+    `show` takes them all: its widget switches to the modes that use them."""
+    if where == "show" or _EVERY_MODE.get():
+        return
+    for name, (modes, why) in _MODES_USING.items():
+        if options.get(name) is None or mode in modes:
+            continue
+        why = _COTANGENTS_IN_GRAD if (name, mode) == ("cotangents", Mode.GRAD) else why
+        names = " and ".join(repr(m.value) for m in modes)
+        raise ValueError(
+            _UNUSED.format(
+                where=where,
+                name=name,
+                why=why.format(mode=mode.value),
+                modes=names,
+                first=modes[0].value,
+            )
+        )
 
 
 def check_bool(where: str, name: str, value: Any) -> bool:
@@ -217,7 +282,9 @@ class InspectOptions:
             o["tangents"] = tuple(o["tangents"])
         if "expect_nonfinite" in o:
             o["expect_nonfinite"] = _names(where, "expect_nonfinite", o["expect_nonfinite"])
-        return cls(mode=check_mode(where, mode), capture=capture, **o)
+        mode = check_mode(where, mode)
+        check_used_by_mode(where, mode, o)
+        return cls(mode=mode, capture=capture, **o)
 
     @property
     def grad_argnums(self) -> int | tuple[int, ...]:

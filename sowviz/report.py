@@ -119,8 +119,10 @@ def write_html(model: dict, path: str | pathlib.Path, *, title: str | None = Non
     """Writes :func:`render_html` to ``path`` (UTF-8) atomically and returns the path.
 
     The page goes to a temporary file in the same directory, which then replaces
-    ``path`` (:func:`os.replace`): a failed write leaves any previous report intact."""
-    return atomic_write(path, render_html(model, title=title).encode("utf-8"))
+    ``path`` (:func:`os.replace`): a failed write leaves any previous report intact.
+    ``~`` is expanded; an unwritable path raises an ``OSError`` naming ``path`` and the
+    fix (a missing directory: create it)."""
+    return atomic_write(path, render_html(model, title=title).encode("utf-8"), what="the report")
 
 
 _model.register_writer("html", write_html)

@@ -31,9 +31,10 @@ import traitlets
 
 from . import _compat, _model
 from ._model import Mode
+from ._program import _title as program_title  # the title `inspect` gives
 from ._progress import Phase, phases
 from .inspection import Inspection, inspect, prepare
-from .options import InspectOptions
+from .options import InspectOptions, options_for_every_mode
 
 STATIC = pathlib.Path(__file__).parent / "static"
 
@@ -64,6 +65,21 @@ NO_PROGRAM = (
     "run log's). Call `sowviz.show(fn, *args)` and press the button there, or "
     "`sowviz.inspect(fn, *args).locate_nonfinite()`."
 )
+
+
+#: The widget's `text/plain` output: what a notebook viewer without the widget's
+#: JavaScript shows (GitHub, nbviewer, a terminal), and what the notebook keeps.
+PLAIN_TEXT = (
+    "sowviz Inspector: the stage graph of `{title}` in mode '{mode}' (an interactive "
+    "widget). To see it, run the notebook in JupyterLab, Jupyter Notebook or VS Code, "
+    "or write an offline report with `.save_html('{file}')`."
+)
+
+
+def _file_name(title: str) -> str:
+    """A report file name for `title` (`loss` -> 'loss.html')."""
+    stem = "".join(c if c.isalnum() or c in "-_" else "_" for c in title).strip("_")
+    return f"{stem or 'report'}.html"
 
 
 def _model_to_json(model: dict[str, Any], widget: Any) -> bytes:
@@ -167,9 +183,11 @@ class Inspector(anywidget.AnyWidget):
         *,
         rerun: Callable[[str], Inspection] | None = None,
         what: str = "the program",
+        title: str = "",
         **kwargs: Any,
     ) -> None:
         self._rerun = None  # no re-run while traits are initialised
+        self._title = title  # the title before the model comes (`show` displays first)
         self._inspection: Inspection | None = None
         self._shown_in_cell: int | None = None
         self._what = what
@@ -192,6 +210,23 @@ class Inspector(anywidget.AnyWidget):
     def __repr__(self) -> str:  # the model is large: never in the repr
         title = self.model.get("title", "")
         return f"{type(self).__name__}(title={title!r}, mode={self.mode!r}, phase={self.phase!r})"
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        """anywidget's bundle with a `text/plain` that outlives this kernel: a notebook
+        saves the bundle as the widget's output at display time, when `show()` has only
+        begun (`repr` then says phase 'tracing' forever), and a viewer without the
+        widget's JavaScript (GitHub, nbviewer, a terminal) shows only that text."""
+        bundle = super()._repr_mimebundle_(**kwargs)
+        data = bundle[0] if isinstance(bundle, tuple) else bundle
+        if isinstance(data, dict):
+            data["text/plain"] = self._plain_text()
+        return bundle
+
+    def _plain_text(self) -> str:
+        """What this is, which function, which mode, and how to see it."""
+        title = self.model.get("title") or self._title or "the program"
+        mode = self.model.get("mode") or self.mode
+        return PLAIN_TEXT.format(title=title, mode=mode, file=_file_name(title))
 
     def _ipython_display_(self) -> None:
         # `show()` displays the widget before it computes; the cell's own result (the same
@@ -355,17 +390,19 @@ def show(
     # `with jax.enable_x64(True):` around this call no longer holds: they re-enter it.
     x64 = _compat.x64_enabled()
 
+    # (`show` takes `tangents`, `cotangents` and `argnums` for whichever mode uses them)
     def rerun(new_mode: str) -> Inspection:
-        with _compat.x64(x64):
+        with _compat.x64(x64), options_for_every_mode():
             return inspect(fn, *args, mode=new_mode, capture=capture, **options)
 
     def compile_mode(new_mode: str) -> None:
-        with _compat.x64(x64):
+        with _compat.x64(x64), options_for_every_mode():
             prepare(fn, *args, mode=new_mode, capture=capture, **options)
 
     name = getattr(fn, "__name__", None) or type(fn).__name__
     what = f"`{name}`" if name != "<lambda>" else "the function"
-    widget = Inspector(rerun=rerun, mode=opts.mode, what=what)
+    title = opts.title or program_title(fn)
+    widget = Inspector(rerun=rerun, mode=opts.mode, what=what, title=title)
     widget._set_phase(Phase.TRACING)  # what the cell shows from the first moment
     display_now(widget)
     widget._compute(Mode(opts.mode).value, raise_errors=True)

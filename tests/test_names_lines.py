@@ -297,7 +297,7 @@ def test_a_fori_loops_counter_is_no_box(upper):
     x, n = jnp.linspace(-1.0, 1.0, 3), jnp.asarray(5)
     # (a traced bound makes a while loop, which reverse mode cannot differentiate)
     mode = "grad" if upper == "static" else "primal"
-    ins = sowviz.inspect(f, x, n, argnums=0, mode=mode)
+    ins = sowviz.inspect(f, x, n, mode=mode)  # (argument 0 differentiated in mode grad)
     loop = next(nd for nd in ins.graph.nodes if nd.label.startswith("fori_loop"))
     held = {loop.id}  # the loop's nodes, its while loop's `body` scope's included
     for nd in ins.graph.nodes:

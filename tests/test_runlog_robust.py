@@ -413,3 +413,23 @@ def test_a_samplers_internals_get_no_tag_and_the_run_log_keeps_them(tmp_path):
     # the run log keeps every probe, the sampler's too
     (entry,) = load(tmp_path / "log").history
     assert {p["id"] for p in left} <= set(entry["probes"])
+
+
+def test_a_log_dir_under_home_is_written_and_read_there(tmp_path, monkeypatch):
+    """`log_dir="~/runs/exp"` lands in the home directory (it made a directory named
+    `~` under the working directory), and `sowviz.load` reads it from there."""
+    import jax.numpy as jnp
+
+    import sowviz
+
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    mon = sowviz.Monitor(lambda w: jnp.sum(w**2), log_dir="~/runs/exp")
+    mon.step(jnp.arange(3.0))
+    mon.close()
+    assert (home / "runs" / "exp" / "model.json").is_file()
+    assert not (work / "~").exists()
+    assert [e["loss"] for e in sowviz.load("~/runs/exp").history] == [5.0]

@@ -189,6 +189,7 @@ class SaveIntermediates:
                 raise TypeError(NOT_A_JAX_OUTPUT.format(path=bad[0], kind=bad[1]))
             return out
 
+        _compat.name_trace_after(flat_fn, self.fn)  # a leaked tracer's error names `fn`
         with (
             _compat.capture_tracing(),
             _compat.recording_foreign_sow_treedefs(),

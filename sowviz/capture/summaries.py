@@ -860,6 +860,16 @@ def _masked_leaf(leaf: Any, mask: Any, memo: dict) -> tuple[Any, tuple[Any, Any]
     return as_view(masked.cut(), masked), memo[key]
 
 
+def _key_bits(leaf: Any) -> Any:
+    """A typed PRNG key (`jax.random.key(0)`, dtype `key<fry>`, which NumPy and the
+    statistics cannot read) as its bits (`jax.random.key_data`: `uint32[..., 2]`), so a
+    sown key is summarised as a raw `jax.random.PRNGKey` is; any other leaf as it is."""
+    dtype = getattr(leaf, "dtype", None)
+    if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        return jax.random.key_data(leaf)
+    return leaf
+
+
 def summarize_packed(
     values: Any,
     meta: Any,
@@ -896,6 +906,7 @@ def summarize_packed(
     min_grouped = MIN_GROUPED_ONCE if once else MIN_GROUPED
     cpu = jax.default_backend() == "cpu"
     flat, treedef = jax.tree_util.tree_flatten_with_path(values, is_leaf=lambda x: x is None)
+    flat = [(path, _key_bits(leaf)) for path, leaf in flat]
     groups: dict[tuple, list[int]] = {}
     rows: dict[int, bool] = {}
     filled: dict[tuple, int] = {}  # bytes in the open stack of each shape and dtype

@@ -54,8 +54,13 @@ def make_sinks(
     Under `jax.distributed`, only process 0 writes: other processes get no sinks, and
     raise what process 0 raised (`_agreed`), so that no process steps on alone.
     """
+    # `~/runs/exp1` is the user's home, as a shell and `save_html` read it (it made a
+    # directory named `~` under the working directory)
     if log_dir is not None:
         check_log_dir(log_dir)
+        log_dir = os.path.expanduser(log_dir)
+    if isinstance(tensorboard, (str, os.PathLike)):
+        tensorboard = os.path.expanduser(tensorboard)
     if log_dir is None and not tensorboard and wandb is False:
         return []
     if tensorboard is True and log_dir is None:

@@ -43,7 +43,7 @@ class LogReader:
     offset."""
 
     def __init__(self, log_dir: str | os.PathLike) -> None:
-        self.path = pathlib.Path(log_dir)
+        self.path = pathlib.Path(log_dir).expanduser()  # (`~/runs`: as the shell reads it)
         if not self.path.is_dir():
             raise FileNotFoundError(_MISSING.format(path=str(self.path), what="the directory"))
         self.offset = 0  # where the next unread record starts

@@ -160,9 +160,8 @@ class RunLogView:
         model = self.model
         if not model:
             raise FileNotFoundError(_no_model(pathlib.Path(self.log_dir)))
-        out = pathlib.Path(path)
-        atomic_write(out, render_html(model, title=title).encode("utf-8"))
-        return out
+        page = render_html(model, title=title).encode("utf-8")
+        return atomic_write(path, page, what="the report")
 
     # -- the live widget ------------------------------------------------------------------
 
