@@ -35,7 +35,7 @@ from ._program import PROBE_TAG, Out, Traced, runner_for
 from ._runtime_errors import library_errors
 from .capture.api import META_KEYS, nest
 from .graph.model import StageGraph, part_of, sibling_labels
-from .graph.names import key_path_label
+from .graph.names import key_path_label, sows_named_as_captured
 from .options import Capture, InspectOptions
 from .summary import Summary
 from .summary_data import SummaryRow
@@ -102,8 +102,13 @@ def join_probes(
                 (n, leaf + lf, nd, a, s) for n, lf, nd, a, s in _probes_of(name, node, part, False)
             ]
     reached = {f[2] for f in found if not f[3]}
+    # a name captured whole though sown at several nodes: one probe holds them all
+    # (`duplicates="stack"`, a `cond`'s branches), drawn on the first
+    whole = set(summaries.get(options.tag, {}))
     mode = Mode(options.mode)
     for name, nodes in graph.sow_nodes_all.items():
+        if name in whole and len(nodes) > 1 and reached.intersection(nodes):
+            continue
         for node in nodes:
             if node not in reached and not _rows_joined(graph, nodes, node, reached):
                 where = graph.node(node).source
@@ -417,6 +422,7 @@ class Inspection:
         `jax.tree_util.keystr(path)` of a parameter, `[1]['log_nu']`, is `[1].log_nu`;
         and so are the run log's TensorBoard tags (`CNN/conv1:_Conv2d`, spaces written
         as underscores)."""
+        _check_probe_query(name, leaf)
         try:
             return self._probe(name, leaf)
         except KeyError:
@@ -524,6 +530,30 @@ class Inspection:
         )
 
 
+_PROBE_NAME = (
+    "probe() takes a name (str): a sow's name, a stage's label or the end of its path "
+    "(`'conv2/weight'`), a parameter's name; `[p.name for p in ins.probes]` lists them. "
+    "Got {value!r} ({kind}).{hint}"
+)
+_PATH_HINT = " A path is one string, its parts joined by '/': `{joined!r}`."
+_PROBE_LEAF = (
+    "probe()'s `leaf` is a str (`''` for a single array, `'[1]'` for a stage's second "
+    "output); got {value!r} ({kind})."
+)
+
+
+def _check_probe_query(name: Any, leaf: Any) -> None:
+    """A TypeError saying what `probe` takes, before a non-string fails deep inside it
+    (`'int' object is not iterable`)."""
+    if not isinstance(name, str):
+        hint = ""
+        if isinstance(name, (tuple, list)) and all(isinstance(v, str) for v in name):
+            hint = _PATH_HINT.format(joined="/".join(name))
+        raise TypeError(_PROBE_NAME.format(value=name, kind=type(name).__name__, hint=hint))
+    if not isinstance(leaf, str):
+        raise TypeError(_PROBE_LEAF.format(value=leaf, kind=type(leaf).__name__))
+
+
 def _dotted_keys(name: str) -> str:
     """`name` with `jax.tree_util.keystr`'s dict keys as sowviz writes them in a
     parameter's label (`names.key_path_label`): `[1]['log_nu']` is `[1].log_nu`,
@@ -620,7 +650,7 @@ def _inspection_of(out: Out, options: InspectOptions) -> Inspection:
     return Inspection(
         nonfinite=origins_of(out, probes, options),
         result=out.user_result(options.mode),
-        graph=out.traced.graph,
+        graph=sows_named_as_captured(out.traced.graph, probes),
         probes=probes,
         mode=Mode(options.mode),
         device=device_of(out.packed.buffers),

@@ -79,6 +79,7 @@ from ._program import CHAIN_START, Out, Traced, runner_for
 from ._runtime_errors import library_errors
 from .capture.api import nest
 from .capture.packing import Packed
+from .graph.names import sows_named_as_captured
 from .inspection import Inspection, Probe, device_of, join_probes
 from .nonfinite_locate import locate_step as _locate_step
 from .options import InspectOptions, check_bool, check_int, check_number
@@ -754,7 +755,8 @@ class Monitor:
             )
         ins = Inspection(
             result=None,
-            graph=self._traced.graph,
+            # sows of one name labelled as captured (`dup_0`, `dup_1`), as `inspect`'s
+            graph=sows_named_as_captured(self._traced.graph, self._probes),
             probes=self._probes,
             mode=self._options.mode,
             device=self._device or _device(),

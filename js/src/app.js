@@ -4,7 +4,7 @@
 
 import { h, clear, said } from "./dom.js";
 import { indexModel, isExpandable, soleChain, STAGE_KINDS } from "./model.js";
-import { edgesByLevel, visibleRepresentative, pathToReveal } from "./levels.js";
+import { edgesByLevel, portsByLevel, visibleRepresentative, pathToReveal } from "./levels.js";
 import { layoutView } from "./layout.js";
 import { computeFaces } from "./faces.js";
 import { nonfiniteRoles, originNodes, originsOnStep, storedOrigins } from "./nonfinite.js";
@@ -181,6 +181,7 @@ export class App {
       if (this.selected && !ix.nodes.has(this.selected)) this.selected = null;
     }
     this.levelEdges = edgesByLevel(ix);
+    this.levelPorts = portsByLevel(ix); // where values enter and leave an opened stage
     this.layoutCache = new Map();
     this.title.textContent = this.model.title ?? "";
     this.title.title = this.model.title ?? "";
@@ -267,7 +268,7 @@ export class App {
   /** Lays out and draws the visible levels; `anchorId` stays put on screen. */
   relayout({ fit = false, anchorId = null } = {}) {
     const before = anchorId ? this.graph.screenOf(this.layout?.boxes.get(anchorId)) : null;
-    this.layout = layoutView(this.index, this.expanded, this.levelEdges, this.layoutCache);
+    this.layout = layoutView(this.index, this.expanded, this.levelEdges, this.layoutCache, this.levelPorts);
     this.faceIds = [...this.layout.boxes.keys()];
     const { faces, scale } = computeFaces(this.index, this.faceIds, this.stat);
     this.graph.draw({ index: this.index, layout: this.layout, faces, expandable: (id) => isExpandable(this.index, id) });

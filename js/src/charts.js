@@ -69,7 +69,8 @@ export function drawHistogram(el, hist, { colours, mode, scale, logY, width, hei
     if (max <= 5) layout.yaxis.dtick = 1;
     layout.yaxis.rangemode = "tozero";
   }
-  if (!counts.length) {
+  // (an empty slice's histogram, or an all-NaN one's, has bins but nothing in them)
+  if (!counts.some((c) => c > 0)) {
     layout.annotations = [{ text: "no finite values", showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5, font: { color: colours.muted } }];
   }
   return Plotly.react(el, [trace], layout, CONFIG);

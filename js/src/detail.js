@@ -10,6 +10,7 @@ import { fmt } from "./stats.js";
 import { parentPath } from "./search.js";
 import { nonfiniteCount, nonfiniteText } from "./nonfinite.js";
 import { orderModes } from "./model.js";
+import { outputLabel } from "./faces.js";
 import { gradHistory, paramRows, paramTable, readRows } from "./params.js";
 import { iterationBlock } from "./iterations.js";
 import { repeatBlock } from "./repeatview.js";
@@ -150,7 +151,8 @@ export class DetailPanel {
     if (s0?.dtype) rows.push(["dtype", `${s0.dtype}${s0.complex ? " (statistics of |x|)" : ""}`]);
     // which output the values are (a scan's carry [0] or its stacked ys [1]; a
     // Tesseract's field read alone)
-    if (probe?.leaf) rows.push(["output", leafLabel(probe.leaf) + (probes.length > 1 ? ` (${probes.indexOf(probe) + 1} of ${probes.length})` : "")]);
+    // (named as its face names it: `outputLabel`)
+    if (probe?.leaf) rows.push(["output", outputLabel(probe) + (probes.length > 1 ? ` (${probes.indexOf(probe) + 1} of ${probes.length})` : "")]);
     if (s0?.shape) rows.push(["captured", `[${s0.shape.join(", ")}] · ${s0.size ?? "?"} values`]);
     if (node.n_eqns > 1 || (index.children.get(node.id)?.length ?? 0) > 0) rows.push(["equations", String(node.n_eqns)]);
     if (index.model.device) rows.push(["device", index.model.device]);
@@ -169,12 +171,7 @@ export class DetailPanel {
 
   nonfiniteAlert(index, id, probes, origins) {
     if (!index.subtreeNonfinite.has(id)) return null;
-    const parts = [];
-    for (const p of probes) {
-      for (const [mode, s] of Object.entries(p.summaries)) {
-        if (nonfiniteCount(s) > 0) parts.push(`${probes.length > 1 ? `${p.name} ` : ""}${mode}: ${nonfiniteText(s)}`);
-      }
-    }
+    const parts = probes.map((p) => outputNonfinite(p, probes.length > 1)).filter(Boolean);
     const lines = [parts.length ? parts.join(" · ") : "a stage inside holds NaN/Inf values"];
     const stored = origins.stored;
     if (origins.forward === id) lines.push(`Forward pass: ${stored?.forward?.message ?? "NaN/Inf first made here"}.`);
@@ -304,7 +301,8 @@ export class DetailPanel {
         const s = probe.summaries[m];
         // with no finite value, l2 (over the finite values) is 0: shown as "—", as the
         // other statistics over them, not as if the values were zeros
-        const v = key === "l2" && s?.count === 0 && (s?.size ?? 1) > 0 ? null : s?.[key];
+        // (nor of no values at all: an empty slice's l2 of 0 is no gradient of 0)
+        const v = key === "l2" && s?.count === 0 ? null : s?.[key];
         const bad = ["nan", "posinf", "neginf"].includes(key) && v > 0;
         return h("td", { class: bad ? "sv-bad" : null, text: fmt(v) });
       }),
@@ -349,6 +347,22 @@ export class DetailPanel {
   }
 }
 
+/**
+ * One output's non-finite counts for the panel's NaN line, named as its "output" row
+ * names it when the stage has several: "saved for backward[1]: primal 3 +Inf, cotangent
+ * 9 NaN" ("" when it holds none). The line said "net cotangent: 9 NaN" three times over,
+ * the stage's name for each of its outputs.
+ * @param {import("./types").Probe} p @param {boolean} named
+ */
+export function outputNonfinite(p, named) {
+  const summaries = p.summaries ?? {};
+  const counts = orderModes(Object.keys(summaries))
+    .filter((mode) => nonfiniteCount(summaries[mode]) > 0)
+    .map((mode) => `${mode}${named ? " " : ": "}${nonfiniteText(summaries[mode])}`);
+  if (!counts.length) return "";
+  return named ? `${outputLabel(p)}: ${counts.join(", ")}` : counts.join(" · ");
+}
+
 /** NaN / +Inf / −Inf / zero counts beside a histogram (the histogram holds finite
  * values only; the log view also leaves out zeros, and says so). */
 export function specialCounts(s, scale) {
@@ -386,7 +400,8 @@ const sl0 = (scale, lh) => scale === "signed" && hasSigned(lh);
 function probeOption(p) {
   const s = Object.values(p.summaries ?? {})[0];
   const shape = p.leaf && s?.shape ? ` ${s.dtype ?? ""}[${s.shape.join(",")}]` : "";
-  return `${p.name}${p.leaf ? ` ${p.leaf}` : ""}${shape}${p.auto ? " (stage)" : ""}`;
+  // the output named as the face and the "output" row name it (`outputLabel`)
+  return `${p.name}${p.leaf ? ` ${outputLabel(p)}` : ""}${shape}${p.auto ? " (stage)" : ""}`;
 }
 
 /** Where a node sits below the program: `in TransformerLM › layers[1]` ("" at the top level). */

@@ -29,7 +29,7 @@ export function sparklinePath(counts, w, h) {
 /**
  * Faces for the given node ids. The colour scale spans every node in the model with
  * the statistic, so colours do not shift when stages open and close.
- * @returns {{faces: Map<string, {value: number|null, colour: string|null, text: string, short: string, bad: string, total: string, hist: number[]|null, outputs?: string[]|null, shown?: string|null}>, scale: ReturnType<typeof logScale>}}
+ * @returns {{faces: Map<string, {value: number|null, colour: string|null, text: string, short: string, bad: string, total: string, hist: number[]|null, outputs?: string[]|null, shown?: string|null, which?: string}>, scale: ReturnType<typeof logScale>}}
  */
 export function computeFaces(index, ids, { mode, stat }) {
   // the statistics of stages holding fill values (finfo.max masks) are coloured, but
@@ -51,12 +51,17 @@ export function computeFaces(index, ids, { mode, stat }) {
     const value = probes ? nodeStat(shown, mode, stat) : null;
     const hist = shown[0]?.summaries?.[mode]?.hist?.counts?.length ? shown[0].summaries[mode].hist.counts : null;
     const sym = statSymbol(mode, stat);
-    const which = own.length > 1 ? `${outputName(shown[0], own)} ` : "";
+    // the output shown, named as the panel names it (`[1]`, `saved for backward[0]`)
+    const name = own.length > 1 ? outputLabel(shown[0]) : "";
+    const which = name ? `${name} ` : "";
     let text = value == null ? "" : `${which}${sym} = ${fmt(value)}`;
+    // values of no size (a combine of `associative_scan` on an empty slice): no data,
+    // not a zero gradient
+    if (value == null && own.some((p) => isEmpty(p, mode))) text = EMPTY_TEXT;
     // each output's value, for the tooltip
     const outputs = own.length > 1 ? own.map((p) => {
       const v = nodeStat([p], mode, stat);
-      return `${outputName(p, own)}: ${v == null ? "no value" : `${sym} = ${fmt(v)}`}`;
+      return `${outputLabel(p)}: ${v != null ? `${sym} = ${fmt(v)}` : isEmpty(p, mode) ? EMPTY_TEXT : "no value"}`;
     }) : null;
     // Statistics are over the finite values: a NaN gradient's ‖grad‖₂ is 0 over none
     // of them, so the face says what else it holds ("grad: 128 NaN", "‖grad‖₂ = 2 · 1 +Inf").
@@ -77,8 +82,8 @@ export function computeFaces(index, ids, { mode, stat }) {
       else if (out.mean != null) text = `value = ${fmt(out.mean)}`;
     }
     // which output the face shows, for the tooltip ("the face shows [3] of 4 outputs")
-    const shownName = outputs ? outputName(shown[0], own) : null;
-    faces.set(id, { value, colour: scale.colour(value), text, short: short ?? text, bad: bad.text, total: bad.total, hist, outputs, shown: shownName });
+    const shownName = outputs ? outputLabel(shown[0]) : null;
+    faces.set(id, { value, colour: scale.colour(value), text, short: short ?? text, bad: bad.text, total: bad.total, hist, outputs, shown: shownName, which: name });
   }
   return { faces, scale };
 }
@@ -101,7 +106,8 @@ export function faceOutputs(probes, node, mode) {
   const named = (first == null ? undefined : own.find((p) => shapeText(p) === first)) ?? own[0];
   if (mode == null || own.length < 2) return [named].filter(Boolean);
   const bad = own.find((p) => nonfiniteCounts([p], mode).text);
-  const has = (p) => p?.summaries?.[mode] != null;
+  // an output of no size holds no values to show (`isEmpty`)
+  const has = (p) => p?.summaries?.[mode] != null && !isEmpty(p, mode);
   return [bad ?? (has(named) ? named : own.find(has) ?? named)].filter(Boolean);
 }
 
@@ -111,10 +117,28 @@ function shapeText(p) {
   return s?.dtype && Array.isArray(s.shape) ? `${s.dtype}[${s.shape.join(",")}]` : null;
 }
 
-/** An output as the face names it: its leaf (`[0]`, `a.b`), or its place (`#2`) when long. */
-function outputName(p, own) {
+/**
+ * One output of a stage as the face, its tooltip and the panel (its "output" row and
+ * NaN line) all name it: its leaf as a user reads it (`[1]`, `a.b`, `saved for
+ * backward[0]`), else its probe's name. A face said `#1` (counting from 1) beside a
+ * sibling's `[1]` (counting from 0) and the panel's `saved for backward[0]`.
+ * @param {{leaf?: string, name?: string}|undefined} p
+ */
+export function outputLabel(p) {
   const leaf = String(p?.leaf ?? "").replace(/\['([^']*)'\]/g, ".$1").replace(/^\./, "");
-  return leaf && leaf.length <= 10 ? leaf : `#${own.indexOf(p) + 1}`;
+  return leaf || String(p?.name ?? "");
+}
+
+/** What a face of values of no size says (muted, uncoloured: no data). */
+export const EMPTY_TEXT = "0 values";
+
+/**
+ * Whether a probe's values in `mode` are of no size (shape [0, 4]): their summary's
+ * statistics (an l2 of 0 over no values) describe nothing.
+ * @param {any} p @param {string} mode
+ */
+export function isEmpty(p, mode) {
+  return p?.summaries?.[mode]?.size === 0;
 }
 
 /**
@@ -165,18 +189,21 @@ export function statSymbol(mode, stat) {
 
 /**
  * What of a face's text fits in `room` characters beside the expand button: the text,
- * else its short form (the non-finite counts), else the statistic without the output
- * it names (`‖grad‖₂ = 12.41`; the tooltip says which), else the output and the value
- * (`[1] = 12.41`), else the value alone; nothing rather than a number cut short. The
- * text ran over the "+ 213 eqns" button; a scan's face read "[1] = 12.41" beside its
- * neighbours' "‖grad‖₂ = 3.581", as if it were the output's value.
+ * else the statistic without the output it names (`‖grad‖₂ = 12.41`; the tooltip says
+ * which), its number to 3 and to 2 significant digits ("‖grad‖₂ = 0.00903"), else its
+ * short form (the non-finite counts); nothing rather than a number cut short, and never
+ * a number without the statistic's name: `[1] = 0.389` read as the output's value, and
+ * `= 0.3892 · 3 NaN` beside its neighbours' `‖grad‖₂ = …` said nothing of what it was.
  *
  * A face holding non-finite values beside finite ones keeps both, the statistic and
- * the count, as long as they fit ("= 3.657e+6 · 1 NaN", one count of several kinds:
- * "= 5.71e+25 · 2 NaN/Inf"), then the counts alone ("grad: 1 NaN, 1 −Inf", "1 NaN,
- * 1 −Inf", "2 NaN/Inf"). A `std` face said "grad: 1 NaN" where its sibling showed the
- * norm, and a softmax's NaN and −Inf cotangent left its face blank.
- * @param {{text: string, short?: string, bad?: string, total?: string}} face @param {number} room
+ * the count, as long as they fit (one count of several kinds: "‖grad‖₂ = 5.71e+25 ·
+ * 2 NaN/Inf"), then the statistic alone (the box's NaN mark and its tooltip say the
+ * counts), then the counts alone ("grad: 1 NaN, 1 −Inf", "1 NaN, 1 −Inf", "2
+ * NaN/Inf"). A `std` face said "grad: 1 NaN" where its sibling showed the norm, and a
+ * softmax's NaN and −Inf cotangent left its face blank.
+ * @param {{text: string, short?: string, bad?: string, total?: string, which?: string}} face
+ *   `which`: the output named at the start of `text` (`computeFaces`), when it names one
+ * @param {number} room
  */
 export function fitted(face, room) {
   const bad = face.bad ?? "";
@@ -184,32 +211,33 @@ export function fitted(face, room) {
   const tail = ` · ${bad}`;
   const counted = bad !== "" && face.text.endsWith(tail);
   const text = counted ? face.text.slice(0, -tail.length) : face.text;
-  const bare = text.replace(/^\S+ (?=\S+ = )/, "");
-  const value = bare.includes(" = ") ? bare.slice(bare.indexOf(" = ") + 1) : bare;
-  // which output, and its value: the legend names the statistic
-  const which = bare !== text ? `${text.slice(0, text.length - bare.length)}${value}` : bare;
+  const bare = withoutOutput(text, face.which);
+  const statistic = namesStatistic(bare);
+  // the forms naming the statistic, with the counts while they fit, then with their
+  // number to 3 and to 2 significant digits, before any form without it: a character
+  // or two short (a "+ 215 eqns" button), a face lost its statistic
+  const named = counted
+    ? [face.text, `${text} · ${total}`, `${bare} · ${bad}`, `${bare} · ${total}`]
+    : statistic ? [text, bare] : [];
+  const alone = counted ? [bare] : [];
+  const digits = (forms) => [...forms, ...forms.map((t) => fewerDigits(t, 3)), ...forms.map((t) => fewerDigits(t, 2))];
+  // a face naming no statistic: the counts ("[1] grad: 80 NaN"), "0 values"
+  const other = statistic ? [] : [text, bare];
+  const short = face.short && face.short !== text ? [face.short] : [];
   const counts = bad ? [bad, total] : [];
-  const forms = counted
-    ? [face.text, `${text} · ${total}`, `${bare} · ${bad}`, `${bare} · ${total}`, `${which} · ${bad}`, `${which} · ${total}`, `${value} · ${bad}`, `${value} · ${total}`, face.short ?? face.text, ...counts]
-    : [text, face.short ?? text, bare, which, value, ...counts];
-  // the forms naming the statistic, then those with their number to 3 and to 2
-  // significant digits ("‖grad‖₂ = 0.00903", "‖grad‖₂ = 0.0063"), before any form
-  // without it: a character or two short (a "+ 215 eqns" button), a face lost its
-  // statistic
-  const cut = forms.findIndex((t) => !namesStatistic(t));
-  const named = cut < 0 ? forms : forms.slice(0, cut);
-  const rest = cut < 0 ? [] : forms.slice(cut);
-  const tried = [
-    ...named,
-    ...named.map((t) => fewerDigits(t, 3)),
-    ...named.map((t) => fewerDigits(t, 2)),
-    ...rest.flatMap((t) => [t, fewerDigits(t, 3)]),
-  ];
+  const tried = [...digits(named), ...digits(alone), ...other, ...short, ...counts];
   return tried.find((t) => t.length <= room) ?? "";
 }
 
-/** Whether a face's text says its statistic (`‖grad‖₂ = …`), not only a value or an
- * output (`= 2.6`, `[0] = 2.6`) or counts. @param {string} text */
+/** A face's text without the output it starts with (`[1] ‖grad‖₂ = 2` → `‖grad‖₂ = 2`):
+ * `which` when given, else a first word before a statistic. @param {string} text @param {string} [which] */
+function withoutOutput(text, which) {
+  if (which) return text.startsWith(`${which} `) ? text.slice(which.length + 1) : text;
+  return text.replace(/^\S+ (?=\S+ = |\S+: )/, "");
+}
+
+/** Whether a face's text says its statistic (`‖grad‖₂ = …`, `value = …`), not only a
+ * value (`= 2.6`) or counts. @param {string} text */
 function namesStatistic(text) {
   const eq = text.indexOf(" = ");
   return eq > 0 && !/^\[[^\]]*\]$/.test(text.slice(0, eq));

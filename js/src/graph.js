@@ -100,6 +100,7 @@ export class GraphView {
       (box.expanded ? stages : nodesG).append(el);
       this.els.set(id, el);
     }
+    for (const port of layout.ports ?? []) nodesG.append(portFace(port));
     for (const e of layout.edges) {
       const p = s("path", {
         class: "sv-edge", d: edgePath(e.points), "marker-end": `url(#${this.uid}-arrow)`,
@@ -293,7 +294,8 @@ export class GraphView {
     if (!box) return;
     const W = this.svg.clientWidth || 800;
     const H = this.svg.clientHeight || 500;
-    const t = showBoxTransform(box, this.transform, W, H, { minScale });
+    // its neighbours too (`around`): a widened parent left them cut at the left edge
+    const t = showBoxTransform(box, this.transform, W, H, { minScale, around: this.boxes?.values() ?? [] });
     this.sel.call(this.zoom.transform, zoomIdentity.translate(t.x, t.y).scale(t.k));
     this.moved = true; // a place chosen: a resize does not fit the whole graph over it
   }
@@ -370,9 +372,29 @@ function safeKind(kind) {
   return String(kind).replace(/[^a-z0-9_-]/gi, "_");
 }
 
+/**
+ * A stage's port (levels.js `portsByLevel`): a small pill at the top of an opened stage
+ * naming where a value comes from, or at its bottom naming where its values go.
+ * @param {{id: string, side: string, label: string, title: string, level: string, x: number, y: number, w: number, h: number}} port
+ */
+function portFace(port) {
+  const g = s("g", { class: `sv-port sv-port-${port.side}`, transform: `translate(${port.x},${port.y})` });
+  g.dataset.port = port.side;
+  g.dataset.level = port.level;
+  const maxChars = Math.max(3, Math.floor((port.w - 12) / 6.3));
+  g.append(
+    s("title", { text: port.title }),
+    s("rect", { width: port.w, height: port.h, rx: port.h / 2, style: "fill: var(--sv-panel); stroke: var(--sv-edge); stroke-dasharray: 3 2" }),
+    s("text", { x: port.w / 2, y: port.h / 2 + 4, "text-anchor": "middle", style: "fill: var(--sv-muted); font: 11px var(--sv-mono)", text: ellipsis(port.label, maxChars) }),
+  );
+  return g;
+}
+
 function edgeTitle(index, e) {
-  const a = index.nodes.get(e.source)?.label ?? e.source;
-  const b = index.nodes.get(e.target)?.label ?? e.target;
+  // a port's id ends with the outside node it names (`<stage>\u0001in\u0001<source>`)
+  const outside = (id) => `${index.nodes.get(String(id).split("\u0001").pop())?.label ?? "outside"} (outside)`;
+  const a = index.nodes.get(e.source)?.label ?? (e.port ? outside(e.source) : e.source);
+  const b = index.nodes.get(e.target)?.label ?? (e.port ? "outside" : e.target);
   const shape = Array.isArray(e.shape) ? `${e.dtype ?? ""}[${e.shape.join(",")}]` : e.dtype ?? "";
   const many = e.count > 1 ? ` (${e.count} edges)` : "";
   return `${a} → ${b}${shape ? `: ${shape}` : ""}${many}`;

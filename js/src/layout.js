@@ -15,6 +15,9 @@ export const HEADER = 32;
 export const GRID_THRESHOLD = 300;
 export const MAX_W = 340;
 
+/** Room between an open group's corner and where an edge may meet its border. */
+const END_INSET = 14;
+
 /**
  * A collapsed node's width: room for its label beside a sparkline (graph.js draws
  * 7.4 px a character and keeps 92 px for the sparkline and margins), at least NODE_W
@@ -110,11 +113,16 @@ export function stageHead(node, w, value = "") {
 
 /**
  * @typedef {{x: number, y: number, w: number, h: number}} Box
- * @typedef {{pos: Map<string, Box>, edges: Array<{source: string, target: string, count: number, points: Array<{x: number, y: number}>}>, w: number, h: number, mode: string, hiddenEdges: number}} LocalLayout
+ * @typedef {{pos: Map<string, Box>, edges: Array<{source: string, target: string, count: number, points: Array<{x: number, y: number}>}>, w: number, h: number, mode: string, hiddenEdges: number, ports?: Array<Box & {id: string, side: string, label: string, title: string}>}} LocalLayout
  */
 
-/** dagre on one level. Boxes are top-left based, relative to the level's origin. */
-export function dagreLevel(ids, sizes, edges) {
+/**
+ * dagre on one level. Boxes are top-left based, relative to the level's origin.
+ * `anchors(e)` may place an edge's ends: `{sx, tx}`, offsets from its source's and
+ * its target's left side (an open stage's port, where the edge goes on inside).
+ * @param {(e: any) => {sx?: number, tx?: number} | undefined} [anchors]
+ */
+export function dagreLevel(ids, sizes, edges, anchors) {
   const g = new dagre.graphlib.Graph({ multigraph: false });
   g.setGraph({ rankdir: "TB", nodesep: 26, ranksep: 40, edgesep: 12, marginx: 0, marginy: 0 });
   g.setDefaultEdgeLabel(() => ({}));
@@ -127,9 +135,74 @@ export function dagreLevel(ids, sizes, edges) {
     const { w, h } = sizes.get(id);
     pos.set(id, { x: n.x - w / 2, y: n.y - h / 2, w, h });
   }
-  const outEdges = edges.map((e) => ({ ...e, points: (g.edge(e.source, e.target)?.points ?? []).map((p) => ({ x: p.x, y: p.y })) }));
+  const bands = rankBands(pos);
+  const outEdges = edges.map((e) => {
+    const points = (g.edge(e.source, e.target)?.points ?? []).map((p) => ({ x: p.x, y: p.y }));
+    const src = pos.get(e.source);
+    const dst = pos.get(e.target);
+    const at = anchors?.(e);
+    const ends = {
+      sx: at?.sx === undefined || !src ? undefined : src.x + at.sx,
+      tx: at?.tx === undefined || !dst ? undefined : dst.x + at.tx,
+    };
+    const routed = throughGaps(points, src, dst, bands, ends);
+    return { ...e, points: routed, routed: routed !== points };
+  });
   const gr = g.graph();
   return { pos, edges: outEdges, w: gr.width ?? 0, h: gr.height ?? 0, mode: "dagre", hiddenEdges: 0 };
+}
+
+/**
+ * The horizontal bands dagre's ranks take: nodes of one rank share their centre's y,
+ * and the band spans its tallest node. Between two bands runs a gap no node enters.
+ * @param {Map<string, Box>} pos
+ * @returns {Array<{top: number, bottom: number}>} top to bottom
+ */
+export function rankBands(pos) {
+  const byCentre = new Map();
+  for (const b of pos.values()) {
+    const c = Math.round(b.y + b.h / 2);
+    const band = byCentre.get(c);
+    if (band) { band.top = Math.min(band.top, b.y); band.bottom = Math.max(band.bottom, b.y + b.h); }
+    else byCentre.set(c, { top: b.y, bottom: b.y + b.h });
+  }
+  return [...byCentre.values()].sort((a, b) => a.top - b.top);
+}
+
+/**
+ * An edge's points routed so that it crosses a rank's band only straight down: from
+ * the source's bottom, through each band it passes at its place there, into the
+ * target's top; it moves sideways only in the gaps between bands. dagre draws a
+ * segment straight from one rank's centre to the next, which crossed a neighbour in
+ * the band (`loss_fn (backward) → Optimizer.update` ran under `new metrics`, which
+ * then seemed to feed the update). An edge dagre turned upwards keeps its points.
+ * @param {Array<{x: number, y: number}>} points dagre's, relative to the level
+ * @param {Box | undefined} src
+ * @param {Box | undefined} dst
+ * @param {Array<{top: number, bottom: number}>} bands
+ * @param {{sx?: number, tx?: number}} [ends] where to leave the source and enter the
+ *   target (x), else at dagre's places
+ */
+export function throughGaps(points, src, dst, bands, ends = {}) {
+  if (points.length < 2 || !src || !dst || dst.y < src.y + src.h) return points;
+  const bandOf = (/** @type {number} */ y) => bands.find((b) => b.top - 0.5 <= y && y <= b.bottom + 0.5);
+  const clampX = (/** @type {number} */ x, /** @type {Box} */ b) =>
+    Math.min(Math.max(x, b.x + END_INSET), b.x + b.w - END_INSET);
+  const inner = points.slice(1, -1);
+  const sx = clampX(ends.sx ?? inner[0]?.x ?? points[0].x, src);
+  const tx = clampX(ends.tx ?? inner[inner.length - 1]?.x ?? points[points.length - 1].x, dst);
+  const out = [{ x: sx, y: src.y + src.h }];
+  const srcBand = bandOf(src.y + src.h / 2);
+  if (srcBand && srcBand.bottom > src.y + src.h) out.push({ x: sx, y: srcBand.bottom });
+  for (const p of inner) {
+    const band = bandOf(p.y);
+    if (!band) out.push(p); // a point in a gap (dagre's half ranks)
+    else if (band !== srcBand && band !== bandOf(dst.y + dst.h / 2)) out.push({ x: p.x, y: band.top }, { x: p.x, y: band.bottom });
+  }
+  const dstBand = bandOf(dst.y + dst.h / 2);
+  if (dstBand && dstBand.top < dst.y) out.push({ x: tx, y: dstBand.top });
+  out.push({ x: tx, y: dst.y });
+  return out;
 }
 
 /** Rows in program order, wrapped at about a 16:10 aspect ratio. Edges are not drawn. */
@@ -154,8 +227,6 @@ export function gridLevel(ids, sizes, edges) {
   return { pos, edges: [], w, h: y + rowH, mode: "grid", hiddenEdges: edges.length };
 }
 
-/** Room between an open group's corner and where an edge may meet its border. */
-const END_INSET = 14;
 
 /**
  * An edge's points with its ends on the top border of an open target group and the
@@ -187,14 +258,77 @@ export function openEnds(points, src, dst) {
   return out;
 }
 
+export const PORT_H = 20;
+const PORT_MIN_W = 36;
+const PORT_MAX_W = 170;
+const PORT_CHAR = 6.3;
+
+/** A port's width: its label at 6.3 px a character, 36 to 170 px. @param {string} label */
+export function portWidth(label) {
+  return Math.min(PORT_MAX_W, Math.max(PORT_MIN_W, Math.ceil(16 + PORT_CHAR * label.length)));
+}
+
+/**
+ * dagre on one level with its ports (levels.js `portsByLevel`) as small nodes, so that
+ * they take their places above the children that read from outside and below those
+ * whose values leave; the ports come back apart from the nodes' boxes.
+ */
+function dagreLevelWithPorts(ids, sizes, edges, portInfo, anchors) {
+  const all = new Map(sizes);
+  for (const p of portInfo.ports) all.set(p.id, { w: portWidth(p.label), h: PORT_H });
+  const lay = dagreLevel([...ids, ...portInfo.ports.map((p) => p.id)], all, [...edges, ...portInfo.edges], anchors);
+  const ports = portInfo.ports.map((p) => ({ ...p, ...lay.pos.get(p.id) }));
+  for (const p of portInfo.ports) lay.pos.delete(p.id);
+  return { ...lay, ports };
+}
+
+/** The source a level's edge stands for: a port's outside source, else the node. */
+function sourceKey(id) {
+  const [, side, src] = String(id).split("\u0001");
+  return side === "in" ? src : id;
+}
+
+/**
+ * Where the edges of a level meet its open stages: at the stage's entry port for the
+ * edge's source, at its exit port, as offsets from the stage's left side. The edge
+ * met the border where dagre aimed it, beside another port (the `randint` edge above
+ * the `xt` port), so it seemed to go on as that one.
+ * @param {string[]} ids
+ * @param {Map<string, {w: number, h: number}>} sizes
+ * @param {Map<string, LocalLayout>} local the open stages' own layouts
+ */
+function portAnchors(ids, sizes, local) {
+  /** @type {Map<string, {ins: Map<string, number>, out?: number}>} */
+  const byStage = new Map();
+  for (const id of ids) {
+    const inner = local.get(id);
+    if (!inner?.ports?.length) continue;
+    const left = PAD + (sizes.get(id).w - 2 * PAD - inner.w) / 2;
+    const ins = new Map();
+    let out;
+    for (const p of inner.ports) {
+      const x = left + p.x + p.w / 2;
+      if (p.side === "in") ins.set(sourceKey(p.id), x);
+      else out = x;
+    }
+    byStage.set(id, { ins, out });
+  }
+  if (!byStage.size) return undefined;
+  return (/** @type {any} */ e) => ({
+    tx: byStage.get(e.target)?.ins.get(sourceKey(e.source)),
+    sx: byStage.get(e.source)?.out,
+  });
+}
+
 /**
  * Lays out every visible level and returns absolute boxes.
  * @param {import("./model.js").ModelIndex} index
  * @param {Set<string>} expanded
  * @param {Map<string, any[]>} levelEdges from edgesByLevel
  * @param {Map<string, LocalLayout>} cache
+ * @param {Map<string, {ports: any[], edges: any[]}>} [levelPorts] from portsByLevel
  */
-export function layoutView(index, expanded, levelEdges, cache = new Map()) {
+export function layoutView(index, expanded, levelEdges, cache = new Map(), levelPorts = new Map()) {
   const levels = visibleLevels(index, expanded);
   const local = new Map();
   for (let i = levels.length - 1; i >= 0; i--) {
@@ -207,7 +341,8 @@ export function layoutView(index, expanded, levelEdges, cache = new Map()) {
       if (inner) {
         const head = stageHeadWidth(index.nodes.get(id));
         sizes.set(id, { w: Math.max(NODE_W, head, inner.w + 2 * PAD), h: inner.h + HEADER + PAD });
-        sig.push(`${id}:${inner.w}x${inner.h}`);
+        // (and where its ports are: the edges into it meet them)
+        sig.push(`${id}:${inner.w}x${inner.h}:${(inner.ports ?? []).map((q) => Math.round(q.x)).join("/")}`);
       } else {
         sizes.set(id, { w: leafNodeWidth(index.nodes.get(id)), h: NODE_H });
       }
@@ -216,7 +351,11 @@ export function layoutView(index, expanded, levelEdges, cache = new Map()) {
     let lay = cache.get(key);
     if (!lay) {
       const edges = levelEdges.get(L) ?? [];
-      lay = ids.length > GRID_THRESHOLD ? gridLevel(ids, sizes, edges) : dagreLevel(ids, sizes, edges);
+      const ports = levelPorts.get(L);
+      const anchors = portAnchors(ids, sizes, local);
+      if (ids.length > GRID_THRESHOLD) lay = gridLevel(ids, sizes, edges);
+      else if (ports) lay = dagreLevelWithPorts(ids, sizes, edges, ports, anchors);
+      else lay = dagreLevel(ids, sizes, edges, anchors);
       cache.set(key, lay);
     }
     local.set(L, lay);
@@ -225,6 +364,8 @@ export function layoutView(index, expanded, levelEdges, cache = new Map()) {
   /** @type {Map<string, Box & {expanded: boolean, level: string}>} */
   const boxes = new Map();
   const edges = [];
+  /** @type {Array<Box & {id: string, side: string, label: string, title: string, level: string}>} */
+  const ports = [];
   const levelInfo = new Map();
   const origin = new Map([[index.root, { x: 0, y: 0 }]]);
   for (const L of levels) {
@@ -241,11 +382,13 @@ export function layoutView(index, expanded, levelEdges, cache = new Map()) {
         origin.set(id, { x: o.x + b.x + PAD + dx, y: o.y + b.y + HEADER });
       }
     }
+    for (const p of lay.ports ?? []) ports.push({ ...p, x: o.x + p.x, y: o.y + p.y, level: L });
     for (const e of lay.edges) {
       const points = e.points.map((p) => ({ x: p.x + o.x, y: p.y + o.y }));
-      edges.push({ ...e, level: L, points: openEnds(points, boxes.get(e.source), boxes.get(e.target)) });
+      const ends = e.routed ? points : openEnds(points, boxes.get(e.source), boxes.get(e.target));
+      edges.push({ ...e, level: L, points: ends });
     }
   }
   const root = local.get(index.root);
-  return { boxes, edges, levels: levelInfo, bounds: { x: 0, y: 0, w: root?.w ?? 0, h: root?.h ?? 0 } };
+  return { boxes, edges, ports, levels: levelInfo, bounds: { x: 0, y: 0, w: root?.w ?? 0, h: root?.h ?? 0 } };
 }

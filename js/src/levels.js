@@ -86,3 +86,68 @@ export function pathToReveal(index, id) {
   }
   return out;
 }
+
+/**
+ * The ports of every level: where values from outside a stage enter its children, and
+ * where its children's values leave it. An edge lifted to siblings (`stem -> block`)
+ * stands for values that inner nodes make and read (`Edge.ends`: `stem`'s `add` ->
+ * `block`'s `conv1` and its residual `add`); an opened `block` drew neither, and its
+ * `add` seemed to have one input. Per level: an entry port per outside source (named
+ * by the sibling it comes from at the level the edge was lifted to) with an edge to
+ * each child that reads it, and one exit port fed by each child whose value leaves.
+ * Edges without `ends` (saved before them, or the parameters' reads) add none.
+ * @param {import("./model.js").ModelIndex} index
+ * @returns {Map<string, {ports: Array<{id: string, side: "in"|"out", label: string, title: string}>, edges: Array<{source: string, target: string, count: number, shape: any, dtype: any, port: true}>}>}
+ */
+export function portsByLevel(index) {
+  /** @type {Map<string, {ins: Map<string, Map<string, any>>, outs: Map<string, any>, outTargets: Set<string>}>} */
+  const acc = new Map();
+  const at = (level) => {
+    if (!acc.has(level)) acc.set(level, { ins: new Map(), outs: new Map(), outTargets: new Set() });
+    return acc.get(level);
+  };
+  const up = (id) => index.nodes.get(id).parent;
+  for (const e of index.model?.edges ?? []) {
+    if (!e || !Array.isArray(e.ends)) continue;
+    const type = { shape: e.shape ?? null, dtype: e.dtype ?? null };
+    for (const pair of e.ends) {
+      const [s, t] = (Array.isArray(pair) ? pair : []).map(String);
+      const l = liftEdge(index, s, t);
+      if (!l) continue;
+      // the reader's enclosing stages below the edge's level: each takes the value in
+      for (let cur = t; up(cur) !== l.parent; cur = up(cur)) {
+        const ins = at(up(cur)).ins;
+        if (!ins.has(l.source)) ins.set(l.source, new Map());
+        ins.get(l.source).set(cur, type);
+      }
+      // the maker's enclosing stages: each hands the value out
+      for (let cur = s; up(cur) !== l.parent; cur = up(cur)) {
+        const level = at(up(cur));
+        level.outs.set(cur, type);
+        level.outTargets.add(l.target);
+      }
+    }
+  }
+  const out = new Map();
+  const label = (id) => index.nodes.get(id)?.label ?? id;
+  for (const [level, { ins, outs, outTargets }] of acc) {
+    const ports = [];
+    const edges = [];
+    for (const [src, readers] of ins) {
+      const id = `${level}\u0001in\u0001${src}`;
+      ports.push({ id, side: /** @type {const} */ ("in"), label: label(src), title: `from ${label(src)}, outside ${label(level)}` });
+      for (const [child, type] of readers) edges.push({ source: id, target: child, count: 1, ...type, port: /** @type {const} */ (true) });
+    }
+    if (outs.size) {
+      const id = `${level}\u0001out`;
+      // named by the first place its values go, `+2` for more (the title lists them:
+      // "mean, new model.en….count" was cut)
+      const to = [...outTargets].map(label);
+      const more = to.length > 1 ? ` +${to.length - 1}` : "";
+      ports.push({ id, side: /** @type {const} */ ("out"), label: `${to[0]}${more}`, title: `to ${to.join(", ")}, outside ${label(level)}` });
+      for (const [child, type] of outs) edges.push({ source: child, target: id, count: 1, ...type, port: /** @type {const} */ (true) });
+    }
+    out.set(level, { ports, edges });
+  }
+  return out;
+}

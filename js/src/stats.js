@@ -27,10 +27,15 @@ export function defaultStat(modes, runMode) {
   return { mode, stat: "l2" };
 }
 
-/** The statistic of a node over its own probes, or null when none has it. */
+/**
+ * The statistic of a node over its own probes, or null when none has it. Values of no
+ * size (shape [0, 4]) have none: their summary's l2 of 0 over no values drew an empty
+ * slice of `associative_scan` as a zero gradient, in the colour scale's lowest colour.
+ */
 export function nodeStat(probes, mode, stat) {
   const vs = [];
   for (const p of probes ?? []) {
+    if (p.summaries?.[mode]?.size === 0) continue;
     const v = p.summaries?.[mode]?.[stat];
     if (typeof v === "number" && Number.isFinite(v)) vs.push(Math.abs(v));
   }

@@ -113,7 +113,11 @@ export interface Node {
   reads?: string[];
 }
 
-export interface Edge { source: string; target: string; shape?: number[]; dtype?: string }
+export interface Edge {
+  source: string; target: string; shape?: number[]; dtype?: string;
+  /** the (maker, reader) pairs of inner nodes a lifted edge stands for (docs/model.md) */
+  ends?: [string, string][];
+}
 
 export interface Probe {
   id: string; name: string; leaf: string; node: string; auto: boolean;

@@ -37,13 +37,32 @@ export function fitTransform(b, W, H, { minScale = 0, pad = PAD } = {}) {
  * `minScale` (a view zoomed out further, as after Fit, zooms in to it), and then its
  * top-left (the header with its name and the collapse button) in view. Moves as
  * little as it can: `t` already keeps the box where the user clicked it.
+ *
+ * `around`: the other boxes drawn. Its neighbours, those beside it in the rows the view
+ * then shows, come into view too: zoomed out to their width (not below `minScale`),
+ * else the view starts at their left. Opening `rnn` widened its parent `Model`, whose
+ * neighbours `y` and `sub` were left cut at the view's left edge.
  * @param {{x: number, y: number, w: number, h: number}} box
  * @param {{k: number, x: number, y: number}} t the current transform
+ * @param {number} W @param {number} H
+ * @param {{minScale?: number, pad?: number, around?: Iterable<{x: number, y: number, w: number, h: number}>}} [options]
  * @returns {{k: number, x: number, y: number}}
  */
-export function showBoxTransform(box, t, W, H, { minScale = READABLE_SCALE, pad = 16 } = {}) {
+export function showBoxTransform(box, t, W, H, { minScale = READABLE_SCALE, pad = 16, around = [] } = {}) {
   const fitK = Math.min((W - 2 * pad) / box.w, (H - 2 * pad) / box.h);
   const k = Math.max(minScale, Math.min(t.k, fitK));
+  const shown = placeBox(box, t, k, W, H, pad);
+  const row = spanAcross(box, around, shown, H);
+  if (row.w <= box.w) return shown;
+  // zoom out to the row's width, as far as the stage itself and `minScale` allow
+  const rowK = Math.max(minScale, Math.min(k, (W - 2 * pad) / row.w));
+  const view = rowK < k ? placeBox(box, t, rowK, W, H, pad) : shown;
+  return { ...view, x: view.x + rowShift(box, row, view, W, pad) };
+}
+
+/** `t` changed to zoom `k`, keeping `box`'s top-left where it was, then moved as little
+ * as brings the box into the W×H view (its start first when it is longer). */
+function placeBox(box, t, k, W, H, pad) {
   // the box's top-left stays where it is on screen (when the zoom changes, too)
   let x = t.x + box.x * t.k - box.x * k;
   let y = t.y + box.y * t.k - box.y * k;
@@ -57,6 +76,42 @@ export function showBoxTransform(box, t, W, H, { minScale = READABLE_SCALE, pad 
   x += place(x + box.x * k, box.w * k, W);
   y += place(y + box.y * k, box.h * k, H);
   return { k, x, y };
+}
+
+/**
+ * The horizontal extent (graph units) of `box` and of the boxes of `around` in the rows
+ * view `v` shows (those overlapping its height H): {x, w}.
+ */
+function spanAcross(box, around, v, H) {
+  let lo = box.x;
+  let hi = box.x + box.w;
+  for (const b of around) {
+    const top = v.y + b.y * v.k;
+    if (top + b.h * v.k <= 0 || top >= H) continue;
+    lo = Math.min(lo, b.x);
+    hi = Math.max(hi, b.x + b.w);
+  }
+  return { x: lo, w: hi - lo };
+}
+
+/**
+ * The pan across that brings `row` into the view, or as much of it as keeps `box` in
+ * view, its left first (where reading starts): the least move that does.
+ */
+function rowShift(box, row, v, W, pad) {
+  const rowLeft = v.x + row.x * v.k;
+  const rowRight = rowLeft + row.w * v.k;
+  const boxLeft = v.x + box.x * v.k;
+  const boxRight = boxLeft + box.w * v.k;
+  // the moves that keep the stage in view (0 is one of them); one wider than the
+  // view keeps its start
+  const fits = boxRight - boxLeft <= W - 2 * pad;
+  const least = fits ? Math.min(0, pad - boxLeft) : 0;
+  const most = fits ? Math.max(0, W - pad - boxRight) : 0;
+  let dx = 0;
+  if (rowRight + dx > W - pad) dx = W - pad - rowRight;
+  if (rowLeft + dx < pad) dx = pad - rowLeft;
+  return Math.min(most, Math.max(least, dx));
 }
 
 /**

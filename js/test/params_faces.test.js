@@ -165,7 +165,7 @@ test("a face's text never runs over the expand button: shorter forms, never a cu
   assert.equal(fitted(face, 16), "‖x‖₂ = 0.008354");
   assert.equal(fitted(face, 14), "‖x‖₂ = 0.00835");
   assert.equal(fitted(face, 13), "‖x‖₂ = 0.0084");
-  assert.equal(fitted(face, 10), "= 0.008354");
+  assert.equal(fitted(face, 10), ""); // never a number without its statistic's name
   assert.equal(fitted({ text: "[1] ‖grad‖₂ = 12.41" }, 17), "‖grad‖₂ = 12.41");
   // one character short: the number to 3 digits, not the statistic dropped
   assert.equal(fitted({ text: "‖grad‖₂ = 0.009034" }, 17), "‖grad‖₂ = 0.00903");
@@ -192,9 +192,9 @@ test("a narrow face keeps the statistic beside the non-finite counts while they 
   assert.deepEqual(shown(soft), [
     "‖grad‖₂ = 5.71e+25 · 1 NaN, 1 −Inf",
     "‖grad‖₂ = 5.71e+25 · 2 NaN/Inf",
-    "= 5.71e+25 · 2 NaN/Inf",
-    "= 5.71e+25 · 2 NaN/Inf",
-    "grad: 1 NaN, 1 −Inf",
+    "‖grad‖₂ = 5.71e+25", // the statistic, named, before the counts alone
+    "‖grad‖₂ = 5.71e+25",
+    "‖grad‖₂ = 5.71e+25",
     "1 NaN, 1 −Inf",
     "2 NaN/Inf",
     "", // nothing rather than a count cut short
@@ -203,14 +203,14 @@ test("a narrow face keeps the statistic beside the non-finite counts while they 
     "‖grad‖₂ = 3.657e+6 · 1 NaN",
     "‖grad‖₂ = 3.657e+6 · 1 NaN",
     "‖grad‖₂ = 3.7e+6 · 1 NaN", // the statistic, its number to 2 digits
-    "= 3.657e+6 · 1 NaN",
-    "= 3.657e+6 · 1 NaN",
+    "‖grad‖₂ = 3.657e+6",
+    "‖grad‖₂ = 3.657e+6",
     "grad: 1 NaN",
     "1 NaN",
     "1 NaN",
   ]);
-  // every form fits its room, and each keeps a count
-  for (const face of [soft, std]) for (const t of shown(face)) assert.ok(t === "" || /NaN/.test(t), t);
+  // every form names its statistic or keeps a count: never a bare number
+  for (const face of [soft, std]) for (const t of shown(face)) assert.ok(t === "" || /NaN|^‖grad‖₂ = /.test(t), t);
 });
 
 test("a face of several outputs shows one with the mode's values, and the NaN of the one it shows", () => {

@@ -31,6 +31,7 @@ from .names import (
     FOLD,
     TANGENT,
     _count_eqns,
+    call_places,
     construct_label,
     fold_names,
     function_label,
@@ -39,6 +40,7 @@ from .names import (
     library_loop_body,
     line_passes,
     output_groups,
+    restating_body,
     scope_label,
     scope_names,
     scope_opened,
@@ -86,7 +88,7 @@ _BAD_NAMES = (
 CUSTOM_PROBED_MIN = 24
 
 _CUSTOM_OUTPUTS_NOTE = (
-    "{n} call(s) of {prim} `{label}`: its values are probed on the call's outputs only. "
+    "{n} call(s) of {prim} `{label}`{where}: its values are probed on the call's outputs only. "
     "Under differentiation the custom rule replaces the body, so values inside it have "
     "no tangents or cotangents."
 )
@@ -164,6 +166,52 @@ def _echoes(recs: Sequence[_Rec], points: Sequence[ProbePoint]) -> dict[str, str
     return out
 
 
+def _body_operands(eqn: Any, param: str, body: Any) -> dict[Any, int]:
+    """Each input of `eqn`'s body in `param` -> the operand of `eqn` it binds: its last
+    operands (a call's, a scan's all; a cond's but the index; a while body's but the
+    condition's constants). None for a while's condition (its constants come first)."""
+    n, m = len(body.invars), len(eqn.invars)
+    if param == "cond_jaxpr" or n > m:
+        return {}
+    return {v: m - n + k for k, v in enumerate(body.invars)}
+
+
+def _with_ends(
+    edges: tuple[Edge, ...], ends: Sequence[tuple[str, str]], parent: Mapping[str, str | None]
+) -> tuple[Edge, ...]:
+    """`edges`, each with the (producer, reader) pairs `ends` lifted onto it (by the final
+    tree `parent`: after `repeats` grouped blocks and `_echoes` dropped nodes), where one
+    pair is not the edge's own endpoints."""
+    paths: dict[str, tuple[str, ...]] = {}
+
+    def path(node: str) -> tuple[str, ...]:  # root first
+        got = paths.get(node)
+        if got is None:
+            up = parent.get(node)
+            got = paths[node] = (*path(up), node) if up is not None else (node,)
+        return got
+
+    by_key: dict[tuple[str, str], dict[tuple[str, str], None]] = {
+        (e.source, e.target): {} for e in edges
+    }
+    for s, t in ends:
+        if s not in parent or t not in parent:
+            continue
+        ps, pt = path(s), path(t)
+        k = 0
+        while k < min(len(ps), len(pt)) and ps[k] == pt[k]:
+            k += 1
+        pairs = by_key.get((ps[k], pt[k])) if k < min(len(ps), len(pt)) else None
+        if pairs is not None:
+            pairs[s, t] = None
+    out = []
+    for e in edges:
+        key = (e.source, e.target)
+        lifted = any(p != key for p in by_key[key])
+        out.append(replace(e, ends=tuple(by_key[key])) if lifted else e)
+    return tuple(out)
+
+
 def _ancestors(recs: Sequence[_Rec], rec: _Rec) -> list[_Rec]:
     out = []
     while rec.parent is not None:
@@ -173,7 +221,7 @@ def _ancestors(recs: Sequence[_Rec], rec: _Rec) -> list[_Rec]:
 
 
 _CUSTOM_NOTE = (
-    "{n} call(s) of {prim} `{label}`: under differentiation its custom rule replaces its "
+    "{n} call(s) of {prim} `{label}`{where}: under differentiation its custom rule replaces its "
     "body, so the stages inside show primal values only, from a second evaluation of the "
     "body beside the program; the call's outputs carry tangents and cotangents."
 )
@@ -274,8 +322,11 @@ def _is_type_cast(eqn: Any) -> bool:
     replicated values device-varying before their use; no number changes). Such a cast
     is no box of its own: a shard_map's body showed one beside every parameter it read;
     an operand made outside the level (a body's parameter) then meets its reader as a
-    body's parameters do, at the stage."""
-    return eqn.primitive.name in _compat.TYPE_CASTS and len(eqn.invars) == len(eqn.outvars)
+    body's parameters do, at the stage. So is a PRNG key's wrap (`_compat.KEY_CASTS`):
+    `jax.random.normal(key, ...)` on a raw key drew an empty `random_wrap` box before
+    `normal`."""
+    casts = _compat.TYPE_CASTS | _compat.KEY_CASTS
+    return eqn.primitive.name in casts and len(eqn.invars) == len(eqn.outvars)
 
 
 def _small(eqn: Any) -> bool:
@@ -530,6 +581,17 @@ class _Builder(InputsMixin):
         self.tesseract_names = tesseract_names
         self.recs: list[_Rec] = []
         self.edges: dict[tuple[str, str], Edge] = {}
+        #: (producer, reader) of each value an edge carries, the deepest nodes: an opened
+        #: stage draws where a value from outside enters it (`Edge.ends`)
+        self.ends: list[tuple[_Rec, _Rec]] = []
+        #: the inputs of the "parameters" (and state) groups: no `Edge.ends` from them
+        self.weights: set[_Rec] = set()
+        #: per equation with a body being walked (by `id`, popped by its walk): its
+        #: operands' readers and its results' makers inside the body, the deepest nodes
+        self.body_reads: dict[int, dict[int, list[_Rec]]] = {}
+        self.body_makes: dict[int, dict[int, list[_Rec]]] = {}
+        #: a variable a body's node made -> those nodes (`body_makes`), for `Edge.ends`
+        self.leaf_made: dict[Any, list[_Rec]] = {}
         self.points: list[tuple[int, ProbePoint]] = []
         self.sows: dict[str, list[str]] = {}
         #: custom-rule calls whose bodies hold probes, by (primitive, label, small: the
@@ -570,9 +632,12 @@ class _Builder(InputsMixin):
         probe = self.capture != "sows"
         inputs = {}
         for label, group, nest in groups:
+            weights = label == "parameters" or label.endswith(" state")
             for k, chain in self.leaf_tree(root, group, label, jaxpr.invars, nest=nest):
                 v = jaxpr.invars[k]
                 inputs[v] = chain
+                if weights:
+                    self.weights.add(self.recs[int(chain[-1][1:])])
                 if probe:  # sown before the first equation: its cotangent is the gradient
                     self.point(self.recs[int(chain[-1][1:])], (), [(-1, k)], [v])
         inner = _whole_program_jit(jaxpr, title)
@@ -616,12 +681,15 @@ class _Builder(InputsMixin):
         *,
         probe: bool,
         in_custom: _Rec | None = None,
+        into: Mapping[Any, list[_Rec]] | None = None,
     ) -> dict[Any, tuple[str, ...]]:
         """Add the nodes of `jaxpr` under `container`; return var -> producer chain.
 
         A chain lists the producer's ancestors below `container`, outermost first,
-        ending with the producer: lifting an edge is comparing two chains.
+        ending with the producer: lifting an edge is comparing two chains. `into`: per
+        input of a body, the list its readers here are added to (`Edge.ends`).
         """
+        into = into or {}
         prod: dict[Any, tuple[str, ...]] = dict(known)
         loc: dict[Any, tuple[int, int]] = {}
         scopes: list[tuple[str, _Rec]] = []  # open named scopes, outermost first
@@ -709,6 +777,10 @@ class _Builder(InputsMixin):
         # `mean`) carry data as stages do, instead of boxes with none.
         own_lines = container.parent is None and _level_size(level_names) <= SMALL_TOP_LEVEL
         unread_set = set(unread)
+        # boxes with no data directly in a module's stage: those of the line making
+        # its result get some (`probe_result_lines`)
+        module_boxes: dict[int, tuple[_Rec, _Rec]] = {}
+        carrying: set[str] = set()  # the stages holding a box with data
         through: dict[Any, Any] = {}  # `jax.pmap`'s expanded results -> the values expanded
 
         @functools.cache
@@ -766,14 +838,20 @@ class _Builder(InputsMixin):
                         through[v] = o
                 continue
             rec = self.eqn_node(eqn, i, parent, path, probe, in_custom)
+            points_before = len(self.points)
             self.used = used  # again: the call's body was walked
             self.carry_tangents(eqn)
             if rec.kind in ("jit", "remat"):
                 self.mark_tangent(rec, {v: eqn for v in eqn.outvars if v in used})
             chain = (*chain_here, rec.id)
-            for v in eqn.invars:
+            reads = self.body_reads.pop(id(eqn), {})
+            for k, made in self.body_makes.pop(id(eqn), {}).items():
+                self.leaf_made[eqn.outvars[k]] = made
+            for p, v in enumerate(eqn.invars):
                 if isinstance(v, _compat.Var):
                     src = prod.get(v)
+                    if src is None and v in into:  # the body's operand: read here
+                        into[v].extend(reads.get(p) or [rec])
                     if src is not None:
                         made = self.recs[int(src[-1][1:])]
                         holder = parent if rec.kind == "eqn" else rec
@@ -781,7 +859,7 @@ class _Builder(InputsMixin):
                             self.input_readers.setdefault(made.id, set()).add(rec.id)
                             if made not in holder.reads:
                                 holder.reads.append(made)  # the stage's own parameters
-                        k = self.edge(src, chain, v)
+                        k = self.edge(src, chain, v, reads.get(p))
                         if k < len(src) - 1 and v in loc:
                             self.mark_scope_outputs(src, k, v, loc[v])
                             self.read_after.update((s, v) for s in src[k:-1])
@@ -848,6 +926,17 @@ class _Builder(InputsMixin):
                 ]
                 if made:
                     self.point(rec, path, [(i, k) for k in made], [eqn.outvars[k] for k in made])
+            if rec.kind == "eqn" and len(self.points) > points_before:
+                carrying.add(parent.id)
+            elif (
+                capture_stages
+                and rec.kind == "eqn"
+                and parent.scope in frameworks.pushed()
+                and not at_module_call(i)  # (the line is the module's own, not its call)
+                and not rec.constant
+                and not _compat.touches_ref(eqn)
+            ):
+                module_boxes[i] = (rec, parent)
         # Values leaving this level leave every scope around their producer (as made
         # there: not with the device axis `jax.pmap` adds after).
         for v in jaxpr.outvars:
@@ -855,6 +944,7 @@ class _Builder(InputsMixin):
                 v = through.get(v, v)
             if isinstance(v, _compat.Var) and v in loc:
                 self.mark_scope_outputs(prod[v], 0, v, loc[v])
+        self.probe_result_lines(jaxpr, module_boxes, carrying, locs, path)
         if not path:
             self.top_loc = loc
         self.read.update(v for e in jaxpr.eqns for v in e.invars if isinstance(v, _compat.Var))
@@ -987,7 +1077,10 @@ class _Builder(InputsMixin):
             self.walk(pmap.jaxpr, rec, at, {}, probe=probe, in_custom=in_custom)
         if rec.label.startswith("fori_loop"):  # its counter's `i + 1`, an edge, not a box
             self.passed.update(id(e) for e in _compat.loop_counter_increments(eqn))
-        for body in spec.bodies if pmap is None else ():
+        # (a jit holding one equation of its name, `jnp.fft.rfft`'s: one box, no level)
+        hidden = restating_body(eqn, label) if pmap is None else None
+        rec.n_eqns += hidden or 0
+        for body in spec.bodies if pmap is None and hidden is None else ():
             self.children(rec, body, eqn, i, tuple(path), probe, inner_custom, shapes)
         if spec.custom_rule and len(self.points) > n_before:
             body_size = sum(_count_eqns(j) for _, _, j in _compat.sub_jaxprs(eqn))
@@ -1109,7 +1202,46 @@ class _Builder(InputsMixin):
                     self.const_vars.add(id(v))
                 elif o in self.tangents:
                     self.tangents.add(v)
-        self.walk(inner, rec, (*path, (i, param, index)), {}, probe=probe, in_custom=in_custom)
+        reads = self.body_reads.setdefault(id(eqn), {})
+        into = {v: reads.setdefault(p, []) for v, p in _body_operands(eqn, param, inner).items()}
+        at = (*path, (i, param, index))
+        prod = self.walk(inner, rec, at, {}, probe=probe, in_custom=in_custom, into=into)
+        # a call's, a loop's, a branch's results (a while's condition makes its test only)
+        if param != "cond_jaxpr" and len(inner.outvars) == len(eqn.outvars):
+            makes = self.body_makes.setdefault(id(eqn), {})
+            for k, v in enumerate(inner.outvars):
+                if isinstance(v, _compat.Var) and v in prod:
+                    made = self.leaf_made.get(v) or [self.recs[int(prod[v][-1][1:])]]
+                    makes.setdefault(k, []).extend(made)
+
+    def probe_result_lines(
+        self, jaxpr, boxes: Mapping[int, tuple[_Rec, _Rec]], carrying: set[str], locs, path
+    ) -> None:
+        """Probe the boxes with no data (equation -> its box and the module stage holding
+        it) that the module's own line making the stage's result made, in a stage whose
+        other boxes carry data (`carrying`: each on a line calling a submodule,
+        `layer_calls`): `nnx.LSTMCell`'s `new_h = o * tanh(new_c)`, its `tanh` and `mul`,
+        alone drew no data, and the hidden state read as "no data" inside the cell. A
+        stage none of whose boxes carries data (`nnx.Linear`'s `dot_general`, `add`)
+        keeps its data on its own box: probing its inside would cost a probe per box."""
+        lines: dict[str, set[Any]] = {}  # module stage -> its result lines
+        for m, (_, parent) in boxes.items():
+            if parent.id not in carrying:
+                continue
+            at = {i for i, _ in (parent.out_vars or {}).values()}
+            if m in at and locs[m] is not None:
+                lines.setdefault(parent.id, set()).add(locs[m])
+        for i, (rec, parent) in boxes.items():
+            if locs[i] not in lines.get(parent.id, ()):
+                continue
+            eqn = jaxpr.eqns[i]
+            made = [
+                k
+                for k in range(len(eqn.outvars))
+                if forwarded_operand(eqn, k, self.forwarding) is None
+            ]
+            if made:
+                self.point(rec, path, [(i, k) for k in made], [eqn.outvars[k] for k in made])
 
     def layer_calls(self, jaxpr, scoped, locs) -> Callable[[int], bool]:
         """Whether equation `i` is a plain function in a module's layer list
@@ -1205,8 +1337,12 @@ class _Builder(InputsMixin):
         return cached
 
     # -- edges -----------------------------------------------------------------
-    def edge(self, src: tuple[str, ...], dst: tuple[str, ...], v: Any) -> int:
-        """Add the edge for `v` lifted to the sibling ancestors; return where the chains part."""
+    def edge(
+        self, src: tuple[str, ...], dst: tuple[str, ...], v: Any, readers: list[_Rec] | None = None
+    ) -> int:
+        """Add the edge for `v` lifted to the sibling ancestors; return where the chains part.
+
+        `readers`: the nodes inside `dst`'s body that read `v`, where it has one."""
         k = 0
         n = min(len(src), len(dst))
         while k < n and src[k] == dst[k]:
@@ -1217,6 +1353,9 @@ class _Builder(InputsMixin):
         typ = (tuple(int(d) for d in getattr(aval, "shape", ())), str(getattr(aval, "dtype", "")))
         for node_id in dst[k:]:  # each reads `v` from outside itself
             self.recs[int(node_id[1:])].takes.add(typ)
+        for made in self.leaf_made.get(v) or [self.recs[int(src[-1][1:])]]:
+            if made not in self.weights:
+                self.ends += [(made, r) for r in readers or [self.recs[int(dst[-1][1:])]]]
         key = (src[k], dst[k])
         if key not in self.edges:
             self.edges[key] = Edge(
@@ -1409,21 +1548,21 @@ class _Builder(InputsMixin):
         ]
         for (prim, label, small), ids in self.custom_calls.items():
             note = _CUSTOM_OUTPUTS_NOTE if small else _CUSTOM_NOTE
-            msg = note.format(n=len(ids), prim=prim, label=label)
+            msg = note.format(n=len(ids), prim=prim, label=label, where=call_places(recs, ids))
             notes.append(Note("info", ids[0], msg))
         points = sorted(self.points, key=lambda p: int(p.node[1:]))
+        edges = tuple(
+            replace(e, source=echoes.get(e.source, e.source), target=echoes.get(e.target, e.target))
+            if e.source in echoes or e.target in echoes
+            else e
+            for e in self.edges.values()
+        )
+        ends = [(echoes.get(s.id, s.id), echoes.get(t.id, t.id)) for s, t in self.ends]
         return StageGraph(
             title=title,
             root=root.id,
             nodes=nodes,
-            edges=tuple(
-                replace(
-                    e, source=echoes.get(e.source, e.source), target=echoes.get(e.target, e.target)
-                )
-                if e.source in echoes or e.target in echoes
-                else e
-                for e in self.edges.values()
-            ),
+            edges=_with_ends(edges, ends, {n.id: n.parent for n in nodes}),
             probe_points=tuple(points),
             sow_nodes={k: v[0] for k, v in self.sows.items()},
             sow_nodes_all={k: tuple(v) for k, v in self.sows.items()},

@@ -89,20 +89,31 @@ class Node:
 
 @dataclass(frozen=True)
 class Edge:
-    """A data dependency between two nodes with the same parent."""
+    """A data dependency between two nodes with the same parent.
+
+    `ends`: the (producer, reader) pairs of the deepest nodes whose values this edge
+    stands for, when it was lifted from inside a stage (`stem -> block` holds `stem`'s
+    `add` -> `block`'s `conv1` and its residual `add`): an opened stage draws them.
+    Empty when the edge joins its endpoints themselves, and for the values of the
+    "parameters" (every module reads its own weights: the node's `reads` say which).
+    """
 
     source: str
     target: str
     shape: tuple[int, ...]
     dtype: str
+    ends: tuple[tuple[str, str], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "source": self.source,
             "target": self.target,
             "shape": list(self.shape),
             "dtype": self.dtype,
         }
+        if self.ends:
+            d["ends"] = [list(pair) for pair in self.ends]
+        return d
 
 
 #: One step down into a nested jaxpr: (index of the eqn in the enclosing jaxpr,

@@ -5,6 +5,7 @@ Pure functions of names and equations; `build.py` does the walk.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import itertools
@@ -19,6 +20,7 @@ import jax.numpy as jnp
 
 from .. import _compat
 from .._args import slash_joined, written_bare
+from ..primitives import Construct, spec_of
 from . import frameworks
 from .repeats import MAX_SEPARATORS
 from .repeats import pattern as repeat_pattern
@@ -320,8 +322,18 @@ _LOWERED = frozenset({"fori_loop", "map", "switch", "associative_scan"})
 
 def construct_label(label: str, path: _compat.CallPath) -> str:
     """A loop's or cond's label (`scan(body)`) by the JAX function that made it, when
-    that is not `lax.scan` / `lax.cond` itself: `fori_loop(body)`, `switch`."""
+    that is not `lax.scan` / `lax.cond` itself: `fori_loop(body)`, `switch`; a library
+    method whose one `lax.cond` it is, `MultiSteps.update`."""
     api = path.names[-1] if path.names else ""
+    if (
+        label == "cond"
+        and api == "cond"
+        and path.package not in (None, "jax")
+        and len(path.names) == 2
+    ):
+        # a library method whose work is one `lax.cond` (`optax.MultiSteps.update`): a
+        # bare `cond` box did not say it was the optimizer's update
+        return path.names[0]
     if api not in _LOWERED:
         return label
     _, paren, body = label.partition("(")
@@ -459,7 +471,8 @@ def fold_names(
         operations,
         span,
     )
-    return _fold_level(names, locs, limit, line_limit, facts)
+    folded = _fold_level(names, locs, limit, line_limit, facts)
+    return _without_cast_folds(folded, primitives)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -515,6 +528,30 @@ def _fold_level(
     if all(c is None for c in cut):
         return _fold(names, locs, limit, line_limit, facts)
     return _fold_around_calls_back(names, cut, locs, limit, line_limit, facts)
+
+
+def _without_cast_folds(names: list[tuple[str, ...]], primitives: Sequence[str]) -> list:
+    """`names` without the folds that hold one drawn equation: the others were a PRNG
+    key's retyping (`_compat.KEY_CASTS`), drawn as edges (`build._is_type_cast`). A raw
+    key's `k = jax.random.fold_in(key, 3)` line (wrap, `random_fold_in`, unwrap) was
+    else a box `k` around its one `random_fold_in`, where a typed key's is that box."""
+    casts = [p in _compat.KEY_CASTS for p in primitives]
+    if not any(casts):
+        return names
+    out = list(names)
+    depth = max((len(n) for n in names), default=0)
+    for d in reversed(range(depth)):  # (inner first: stripping one keeps outer runs)
+        i = 0
+        while i < len(out):
+            j = i + 1
+            while j < len(out) and out[j][: d + 1] == out[i][: d + 1]:
+                j += 1
+            fold = len(out[i]) > d and out[i][d].startswith(FOLD)
+            if fold and j - i > 1 and sum(not casts[k] for k in range(i, j)) == 1:
+                for k in range(i, j):
+                    out[k] = out[k][:d] + out[k][d + 1 :]
+            i = j
+    return out
 
 
 def _called_back_at(names: tuple[str, ...]) -> int | None:
@@ -666,6 +703,27 @@ def _fold_around_calls_back(
             out[m] = (*folded[m], names[m][c], *inner[k])
         i = j
     return out
+
+
+def _per_leaf(prims: Sequence[str], keys: Sequence[str | None], a: int, b: int) -> bool:
+    """Whether the caller's equations between two runs of one call (`a` ends one, `b`
+    starts the next; `prims`: each equation's primitive) are work per leaf, as a
+    `tree.map` repeats it: the same primitives right before the first run or right after
+    the second (`clip(g * 2)`, `clip(g) * 2`). Not other work that sits between two calls
+    of one function: a GRU cell's `weight_hh @ hidden` between its two `jnp.split`s (of
+    its input's gates and of its hidden state's) was drawn inside a box `split`, the
+    recurrence hidden, while the input's matmul stood apart. Without primitives: yes."""
+    if not any(prims):
+        return True
+    gap = list(prims[a + 1 : b])
+    lo, hi = a, b
+    while lo > 0 and keys[lo - 1] == keys[a]:
+        lo -= 1
+    while hi + 1 < len(keys) and keys[hi + 1] == keys[b]:
+        hi += 1
+    before = list(prims[lo - len(gap) : lo]) if lo >= len(gap) else None
+    after = list(prims[hi + 1 : hi + 1 + len(gap)])
+    return gap in (before, after)
 
 
 def _shifted(fn: Callable[[int], Any] | None, start: int) -> Callable[[int], Any] | None:
@@ -995,10 +1053,12 @@ def _fold(
         while True:
             keys = [c[depth] if len(c) > depth else None for c in map(calls, run)]
             # Equations of the caller's own between two runs of one call (per leaf of
-            # a `tree.map`) join them.
+            # a `tree.map`) join them; other work between two calls of one function
+            # does not (`_per_leaf`).
             known = [k for k in range(len(run)) if keys[k] is not None]
+            prims = [primitives[m] if m < len(primitives) else "" for m in run]
             for a, b in itertools.pairwise(known):
-                if b > a + 1 and keys[a] == keys[b]:
+                if b > a + 1 and keys[a] == keys[b] and _per_leaf(prims, keys, a, b):
                     keys[a + 1 : b] = [keys[a]] * (b - a - 1)
             starts = [0] + [k for k in range(1, len(run)) if keys[k] != keys[k - 1]]
             # a group named like the scope or fold around it would restate it too
@@ -1344,6 +1404,28 @@ def _count_eqns(jaxpr: Any) -> int:
     return n
 
 
+def restating_body(eqn: Any, label: str) -> int | None:
+    """The equations inside the call `eqn`, labelled `label`, when its body is one
+    equation of that label making its outputs (a plain one, or a call restating it in
+    turn), else None. `jnp.fft.rfft` jits one `rfft` equation, and `vmap` jits that jit
+    again: three nested boxes `rfft` said one thing; the call's box is all of it."""
+    spec = spec_of(eqn.primitive.name)
+    if spec is None or spec.construct is not Construct.JIT or len(spec.bodies) != 1:
+        return None
+    body = _compat.jaxpr_and_consts(eqn.params[spec.bodies[0].param])[0]
+    if len(body.eqns) != 1 or list(body.outvars) != list(body.eqns[0].outvars):
+        return None
+    (inner,) = body.eqns
+    inner_spec = spec_of(inner.primitive.name)
+    if inner_spec is None:
+        plain = not any(True for _ in _compat.sub_jaxprs(inner))
+        return 1 if plain and _compat.primitive_label(inner) == label else None
+    if inner_spec.label(inner.params, inner.primitive.name) != label:
+        return None
+    below = restating_body(inner, label)
+    return None if below is None else 1 + below
+
+
 def scope_opened(eqn: Any, name: str) -> _compat.SourceLocation | None:
     """Where the user opened the named scope `name` that `eqn` is in: the call of a
     function `jax.named_call` wrapped (`jax.named_call(attention, name="attn")(w, x)`),
@@ -1381,3 +1463,57 @@ def library_loop_body(eqn: Any, body_eqns: Sequence[Any]) -> str | None:
     if parts[-1].startswith("<") or (len(parts) > 1 and parts[-2] != "<locals>"):
         return None  # (a lambda; a method)
     return parts[-1]
+
+
+def sows_named_as_captured(graph: Any, probes: Iterable[Any]) -> Any:
+    """`graph` (a `StageGraph`) with each `sow` node that shares its label with another
+    beside it (same parent) labelled by the one name its values were captured under
+    (`probes`: an inspection's, each with its `node` and `name`; `auto` for those sowviz
+    placed). A name sown twice is numbered by the capture (`dup_0`, `dup_1`; a Python
+    loop's `logits_0` …): the names `probe` takes, which the boxes and the panel showed
+    nowhere (both read `dup`, and so did their paths). Sows apart keep their label,
+    which their paths tell apart (`blocks[1]/pre_act`); so does a name the capture keeps
+    whole (`duplicates="stack"`, both branches of a `cond`, a `lax.map`'s remainder)."""
+    sows = [n for n in graph.nodes if n.kind == "sow"]
+    beside = collections.Counter((n.parent, n.label) for n in sows)
+    alike = {n.id for n in sows if beside[n.parent, n.label] > 1}
+    names: dict[str, set[str]] = {}
+    for p in probes:
+        if not p.auto and p.node in alike:
+            names.setdefault(p.node, set()).add(p.name)
+    relabel = {node: got.pop() for node, got in names.items() if len(got) == 1}
+    relabel = {k: v for k, v in relabel.items() if graph.node(k).label != v}
+    if not relabel:
+        return graph
+    nodes = tuple(
+        dataclasses.replace(n, label=relabel[n.id]) if n.id in relabel else n for n in graph.nodes
+    )
+    return dataclasses.replace(graph, nodes=nodes)
+
+
+#: a stage's label used again among its siblings, `mlp#2` (as `saved.REUSED`)
+_LABEL_AGAIN = re.compile(r"#\d+$")
+#: the places a custom-call note names, at most, before "and N more"
+_PLACES_SHOWN = 2
+
+
+def call_places(recs: Sequence[Any], ids: Sequence[str]) -> str:
+    """Where the calls `ids` of one custom function are, for its note: ` (in
+    \\`ImplicitAdjoint.apply\\`)`, the last two labels of each call's enclosing stages
+    (`recs` by id order; the root left out), or `""` for calls at the top level. An
+    optimistix solve calls two functions `fn_wrapper`, the solver's and `error_if`'s:
+    their two notes read alike and said opposite things."""
+    places: dict[str, None] = {}
+    for node in ids:
+        chain = []
+        at = recs[int(node[1:])].parent
+        while at is not None and recs[int(at[1:])].parent is not None and len(chain) < 2:
+            chain.append(_LABEL_AGAIN.sub("", recs[int(at[1:])].label))
+            at = recs[int(at[1:])].parent
+        if chain:
+            places[" > ".join(reversed(chain))] = None
+    if not places:
+        return ""
+    shown = ", ".join(f"`{p}`" for p in list(places)[:_PLACES_SHOWN])
+    more = len(places) - _PLACES_SHOWN
+    return f" (in {shown}{f' and {more} more' if more > 0 else ''})"
