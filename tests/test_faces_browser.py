@@ -3,25 +3,13 @@ come into view with it, and values of no size are drawn as no data."""
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-
 import numpy as np
 import pytest
+from _helpers import frontend_models
 
 from sowviz import report
 
-
-def _load_fixtures():
-    spec = importlib.util.spec_from_file_location(
-        "frontend_models", pathlib.Path(__file__).parent / "fixtures" / "frontend_models.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-fm = _load_fixtures()
+fm = frontend_models()
 
 BRANCHES = 5
 

@@ -7,13 +7,13 @@ Every page runs with all network requests intercepted: report pages must make no
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import math
 import pathlib
 import re
 
 import pytest
+from _helpers import frontend_models
 from conftest import Page
 
 from sowviz import report
@@ -23,16 +23,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "artifacts"
 
 
-def _load_fixtures():
-    spec = importlib.util.spec_from_file_location(
-        "frontend_models", pathlib.Path(__file__).parent / "fixtures" / "frontend_models.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-fm = _load_fixtures()
+fm = frontend_models()
 
 
 # ---------------------------------------------------------------- without a browser

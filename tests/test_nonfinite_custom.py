@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _helpers import marked_line
 
 import sowviz
 
@@ -18,8 +19,7 @@ HERE = pathlib.Path(__file__)
 
 def _line(marker: str) -> int:
     """The line of this file holding `marker` (a comment beside the origin)."""
-    (found,) = [i for i, t in enumerate(HERE.read_text().splitlines(), 1) if t.endswith(marker)]
-    return found
+    return marked_line(HERE, marker)
 
 
 def _located(fn, *args, mode="grad"):

@@ -9,6 +9,7 @@ import pathlib
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _helpers import marked_line
 
 import sowviz
 
@@ -17,8 +18,7 @@ HERE = pathlib.Path(__file__)
 
 def _line(marker: str) -> int:
     """The line of this file holding `marker` (a comment beside the origin)."""
-    (found,) = [i for i, t in enumerate(HERE.read_text().splitlines(), 1) if t.endswith(marker)]
-    return found
+    return marked_line(HERE, marker)
 
 
 def _located(fn, *args, mode="grad"):
