@@ -120,20 +120,31 @@ export function stageHead(node, w, value = "") {
  * dagre on one level. Boxes are top-left based, relative to the level's origin.
  * `anchors(e)` may place an edge's ends: `{sx, tx}`, offsets from its source's and
  * its target's left side (an open stage's port, where the edge goes on inside).
+ * `pinned`: nodes kept in the first rank (`top`: an open stage's entry ports) or the
+ * last (`bottom`: its exit port), which dagre puts next to their readers otherwise.
  * @param {(e: any) => {sx?: number, tx?: number} | undefined} [anchors]
+ * @param {{top?: string[], bottom?: string[]}} [pinned]
  */
-export function dagreLevel(ids, sizes, edges, anchors) {
+export function dagreLevel(ids, sizes, edges, anchors, pinned = {}) {
   const g = new dagre.graphlib.Graph({ multigraph: false });
   g.setGraph({ rankdir: "TB", nodesep: 26, ranksep: 40, edgesep: 12, marginx: 0, marginy: 0 });
   g.setDefaultEdgeLabel(() => ({}));
   for (const id of ids) g.setNode(id, { width: sizes.get(id).w, height: sizes.get(id).h });
   for (const e of edges) g.setEdge(e.source, e.target);
+  pin(g, ids, edges, pinned);
   dagre.layout(g);
   const pos = new Map();
   for (const id of ids) {
     const n = g.node(id);
     const { w, h } = sizes.get(id);
     pos.set(id, { x: n.x - w / 2, y: n.y - h / 2, w, h });
+  }
+  // the rank a pin took (above the first, below the last) is no room of the level's
+  const top = Math.min(...[...pos.values()].map((b) => b.y));
+  const shift = pinned.top?.length && Number.isFinite(top) ? top : 0;
+  if (shift) {
+    for (const b of pos.values()) b.y -= shift;
+    g.edges().forEach((k) => { for (const q of g.edge(k).points ?? []) q.y -= shift; });
   }
   const bands = rankBands(pos);
   const outEdges = edges.map((e) => {
@@ -149,7 +160,33 @@ export function dagreLevel(ids, sizes, edges, anchors) {
     return { ...e, points: routed, routed: routed !== points };
   });
   const gr = g.graph();
-  return { pos, edges: outEdges, w: gr.width ?? 0, h: gr.height ?? 0, mode: "dagre", hiddenEdges: 0 };
+  const pinnedAny = Boolean(pinned.top?.length || pinned.bottom?.length);
+  const h = pinnedAny ? Math.max(0, ...[...pos.values()].map((b) => b.y + b.h)) : gr.height ?? 0;
+  return { pos, edges: outEdges, w: gr.width ?? 0, h, mode: "dagre", hiddenEdges: 0 };
+}
+
+const PIN_TOP = "\u0002top";
+const PIN_BOTTOM = "\u0002bottom";
+
+/**
+ * Pins `pinned.top` to the first rank and `pinned.bottom` to the last: an invisible
+ * node above the sources (below the sinks) holds them by edges heavier than those
+ * pulling them towards their readers (makers).
+ */
+function pin(g, ids, edges, pinned) {
+  const pinnedSet = new Set([...(pinned.top ?? []), ...(pinned.bottom ?? [])]);
+  if (pinned.top?.length) {
+    g.setNode(PIN_TOP, { width: 0, height: 0 });
+    const fed = new Set(edges.map((e) => e.target));
+    for (const id of pinned.top) g.setEdge(PIN_TOP, id, { weight: 50, minlen: 1 });
+    for (const id of ids) if (!fed.has(id) && !pinnedSet.has(id)) g.setEdge(PIN_TOP, id, { weight: 0, minlen: 2 });
+  }
+  if (pinned.bottom?.length) {
+    g.setNode(PIN_BOTTOM, { width: 0, height: 0 });
+    const feeding = new Set(edges.map((e) => e.source));
+    for (const id of pinned.bottom) g.setEdge(id, PIN_BOTTOM, { weight: 50, minlen: 1 });
+    for (const id of ids) if (!feeding.has(id) && !pinnedSet.has(id)) g.setEdge(id, PIN_BOTTOM, { weight: 0, minlen: 2 });
+  }
 }
 
 /**
@@ -276,7 +313,9 @@ export function portWidth(label) {
 function dagreLevelWithPorts(ids, sizes, edges, portInfo, anchors) {
   const all = new Map(sizes);
   for (const p of portInfo.ports) all.set(p.id, { w: portWidth(p.label), h: PORT_H });
-  const lay = dagreLevel([...ids, ...portInfo.ports.map((p) => p.id)], all, [...edges, ...portInfo.edges], anchors);
+  const side = (/** @type {string} */ which) => portInfo.ports.filter((p) => p.side === which).map((p) => p.id);
+  const pinned = { top: side("in"), bottom: side("out") };
+  const lay = dagreLevel([...ids, ...portInfo.ports.map((p) => p.id)], all, [...edges, ...portInfo.edges], anchors, pinned);
   const ports = portInfo.ports.map((p) => ({ ...p, ...lay.pos.get(p.id) }));
   for (const p of portInfo.ports) lay.pos.delete(p.id);
   return { ...lay, ports };

@@ -2,7 +2,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { indexModel } from "../src/model.js";
 import { edgesByLevel, portsByLevel } from "../src/levels.js";
-import { layoutView, GRID_THRESHOLD } from "../src/layout.js";
+import { layoutView, GRID_THRESHOLD, HEADER } from "../src/layout.js";
 
 // A residual block: n0 root > n1 x, n2 Net > (n3 stem > n4 conv, n5 block > (n6 conv1,
 // n7 add)), n8 out. The model's edges are lifted (Python's); `ends` say which inner
@@ -103,4 +103,30 @@ test("an edge into an opened stage meets its border above the port it goes on as
   const exit = lay.ports.find((p) => p.level === "n5" && p.side === "out");
   assert.equal(from.points[0].y, lay.boxes.get("n5").y + lay.boxes.get("n5").h);
   assert.ok(Math.abs(from.points[0].x - centre(exit)) < 0.5, `${from.points[0].x} vs ${centre(exit)}`);
+});
+
+test("an entry port stands at the top of its stage even when only a deep child reads it", () => {
+  // n2 block > a → b → c; the outside x (n1) is read by c alone, the exit port fed by c
+  const node = (id, label, kind, parent) => ({ id, label, kind, parent, order: Number(id.slice(1)), shapes: ["float32[4]"], collapsed: true });
+  const edge = (source, target, pairs) => ({ source, target, shape: [4], dtype: "float32", ...(pairs ? { ends: pairs } : {}) });
+  const ix = indexModel({
+    schema: "sowviz/1", title: "t", root: "n0", probes: [],
+    nodes: [
+      node("n0", "prog", "jit", null), node("n1", "x", "input", "n0"), node("n2", "block", "scope", "n0"),
+      node("n3", "a", "eqn", "n2"), node("n4", "b", "eqn", "n2"), node("n5", "c", "eqn", "n2"),
+      node("n6", "out", "output", "n0"),
+    ],
+    edges: [edge("n1", "n2", [["n1", "n5"]]), edge("n3", "n4"), edge("n4", "n5"), edge("n2", "n6", [["n5", "n6"]])],
+  });
+  const lay = layoutView(ix, new Set(["n2"]), edgesByLevel(ix), new Map(), portsByLevel(ix));
+  const entry = lay.ports.find((p) => p.side === "in");
+  const exit = lay.ports.find((p) => p.side === "out");
+  for (const id of ["n3", "n4", "n5"]) {
+    const b = lay.boxes.get(id);
+    assert.ok(entry.y + entry.h <= b.y, `entry port above ${id}`);
+    assert.ok(exit.y >= b.y + b.h, `exit port below ${id}`);
+  }
+  // the stage is no taller than its rows: the pins' own ranks take no room
+  const block = lay.boxes.get("n2");
+  assert.ok(entry.y - block.y < HEADER + 20, `${entry.y - block.y}`);
 });
