@@ -49,10 +49,12 @@ def mlp(depth: int, width: int, batch: int) -> tuple[list, jax.Array]:
     return params, jax.random.normal(jax.random.PRNGKey(1), (batch, width))
 
 
-def run(depth: int, width: int, batch: int, steps: int, every: int) -> dict[str, float]:
+def run(
+    depth: int, width: int, batch: int, steps: int, every: int, exact: bool | None = None
+) -> dict[str, float]:
     params, x = mlp(depth, width, batch)
     plain = jax.jit(jax.value_and_grad(loss))
-    mon = sowviz.Monitor(loss, every=every, history=steps)
+    mon = sowviz.Monitor(loss, every=every, history=steps, exact=exact)
     fns = {"plain": plain, "monitored": mon.step}
     p = {k: params for k in fns}
 
@@ -127,6 +129,17 @@ def main(quick: bool = False) -> list[_bench.Row]:
                     detail=f"({med['floor'] * 1e3:.2f} ms per step)",
                 ),
             )
+        # `exact=True`: a recorded step also runs the plain program, for its results
+        med = run(8, 256, 128, steps, every, exact=True)
+        _bench.emit(
+            rows,
+            _bench.Row(
+                "monitor_overhead",
+                f"monitored with exact=True / plain step, 8x256 MLP b128, every={every}",
+                med["monitored"] / med["plain"],
+                detail=f"({med['monitored'] * 1e3:.2f} ms vs {med['plain'] * 1e3:.2f} ms)",
+            ),
+        )
     med = run(3, 16, 4, 20 if quick else 500, 1)
     _bench.emit(
         rows,
