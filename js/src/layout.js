@@ -139,13 +139,6 @@ export function dagreLevel(ids, sizes, edges, anchors, pinned = {}) {
     const { w, h } = sizes.get(id);
     pos.set(id, { x: n.x - w / 2, y: n.y - h / 2, w, h });
   }
-  // the rank a pin took (above the first, below the last) is no room of the level's
-  const top = Math.min(...[...pos.values()].map((b) => b.y));
-  const shift = pinned.top?.length && Number.isFinite(top) ? top : 0;
-  if (shift) {
-    for (const b of pos.values()) b.y -= shift;
-    g.edges().forEach((k) => { for (const q of g.edge(k).points ?? []) q.y -= shift; });
-  }
   const bands = rankBands(pos);
   const outEdges = edges.map((e) => {
     const points = (g.edge(e.source, e.target)?.points ?? []).map((p) => ({ x: p.x, y: p.y }));
@@ -159,10 +152,29 @@ export function dagreLevel(ids, sizes, edges, anchors, pinned = {}) {
     const routed = throughGaps(points, src, dst, bands, ends);
     return { ...e, points: routed, routed: routed !== points };
   });
-  const gr = g.graph();
-  const pinnedAny = Boolean(pinned.top?.length || pinned.bottom?.length);
-  const h = pinnedAny ? Math.max(0, ...[...pos.values()].map((b) => b.y + b.h)) : gr.height ?? 0;
-  return { pos, edges: outEdges, w: gr.width ?? 0, h, mode: "dagre", hiddenEdges: 0 };
+  const { w, h } = fitToContent(pos, outEdges);
+  return { pos, edges: outEdges, w, h, mode: "dagre", hiddenEdges: 0 };
+}
+
+/**
+ * Moves `pos` and the edges' points so that together they start at (0, 0), and returns
+ * their extent. dagre sizes a graph by its nodes, so an edge it routed round the left
+ * of every node (a residual's skip past the layers) ran outside the stage drawn
+ * around the level; and the pins' rows (`pin`) are no part of it.
+ * @param {Map<string, Box>} pos
+ * @param {Array<{points: Array<{x: number, y: number}>}>} edges
+ */
+export function fitToContent(pos, edges) {
+  let x0 = Infinity, y0 = Infinity, x1 = -Infinity, y1 = -Infinity;
+  const take = (/** @type {number} */ xa, /** @type {number} */ ya, /** @type {number} */ xb, /** @type {number} */ yb) => {
+    x0 = Math.min(x0, xa); y0 = Math.min(y0, ya); x1 = Math.max(x1, xb); y1 = Math.max(y1, yb);
+  };
+  for (const b of pos.values()) take(b.x, b.y, b.x + b.w, b.y + b.h);
+  for (const e of edges) for (const q of e.points) take(q.x, q.y, q.x, q.y);
+  if (!Number.isFinite(x0)) return { w: 0, h: 0 };
+  for (const b of pos.values()) { b.x -= x0; b.y -= y0; }
+  for (const e of edges) for (const q of e.points) { q.x -= x0; q.y -= y0; }
+  return { w: x1 - x0, h: y1 - y0 };
 }
 
 const PIN_TOP = "\u0002top";

@@ -73,3 +73,16 @@ test("a rank's band spans its tallest node", () => {
   ]);
   assert.deepEqual(rankBands(pos), [{ top: 0, bottom: 40 }, { top: 80, bottom: 100 }]);
 });
+
+test("a level's extent holds its edges too: none runs outside the stage drawn around it", () => {
+  let outside = 0;
+  for (let seed = 1; seed <= 25; seed++) {
+    const { ids, sizes, edges } = graph(seed);
+    const lay = dagreLevel(ids, sizes, edges);
+    for (const e of lay.edges) {
+      for (const q of e.points) if (q.x < -0.01 || q.x > lay.w + 0.01 || q.y < -0.01 || q.y > lay.h + 0.01) outside++;
+    }
+    for (const b of lay.pos.values()) assert.ok(b.x >= -0.01 && b.x + b.w <= lay.w + 0.01 && b.y >= -0.01 && b.y + b.h <= lay.h + 0.01);
+  }
+  assert.equal(outside, 0);
+});
