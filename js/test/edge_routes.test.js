@@ -30,6 +30,14 @@ function graph(seed, n = 14) {
   return { ids, sizes, edges };
 }
 
+/** The layouts of the 25 graphs the tests share, with their seeds. */
+function* layouts() {
+  for (let seed = 1; seed <= 25; seed++) {
+    const { ids, sizes, edges } = graph(seed);
+    yield /** @type {const} */ ([seed, dagreLevel(ids, sizes, edges)]);
+  }
+}
+
 /** Whether the segment a→b passes through the inside of box `q` (shrunk by 1 px). */
 function crosses(a, b, q) {
   const x0 = q.x + 1, x1 = q.x + q.w - 1, y0 = q.y + 1, y1 = q.y + q.h - 1;
@@ -43,9 +51,7 @@ function crosses(a, b, q) {
 
 test("edges pass no box but their own ends, and meet them at the bottom and top", () => {
   let edgesSeen = 0;
-  for (let seed = 1; seed <= 25; seed++) {
-    const { ids, sizes, edges } = graph(seed);
-    const lay = dagreLevel(ids, sizes, edges);
+  for (const [seed, lay] of layouts()) {
     for (const e of lay.edges) {
       const src = lay.pos.get(e.source);
       const dst = lay.pos.get(e.target);
@@ -76,9 +82,7 @@ test("a rank's band spans its tallest node", () => {
 
 test("a level's extent holds its edges too: none runs outside the stage drawn around it", () => {
   let outside = 0;
-  for (let seed = 1; seed <= 25; seed++) {
-    const { ids, sizes, edges } = graph(seed);
-    const lay = dagreLevel(ids, sizes, edges);
+  for (const [, lay] of layouts()) {
     for (const e of lay.edges) {
       for (const q of e.points) if (q.x < -0.01 || q.x > lay.w + 0.01 || q.y < -0.01 || q.y > lay.h + 0.01) outside++;
     }
