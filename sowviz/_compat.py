@@ -1961,3 +1961,15 @@ def called_back_from(eqn: JaxprEqn, sub_program: Any) -> bool:
         )
 
     return bool(file) and _of_traceback(eqn, inside, False)
+
+
+def body_arg_names(body: Any) -> tuple[str, ...]:
+    """The names the user's function gives its parameters, one per input of `body`, as
+    JAX recorded them when tracing it (`debug_info.arg_names`: `step(h, x)`'s `h` and
+    `x`, a tuple carry's `c[0]`); "" for an input it did not name (a loop's closed-over
+    constants) and every one when JAX recorded none."""
+    jaxpr, _ = jaxpr_and_consts(body)
+    names = getattr(getattr(jaxpr, "debug_info", None), "arg_names", None)
+    if names is None or len(names) != len(jaxpr.invars):
+        return ("",) * len(jaxpr.invars)
+    return tuple(n if isinstance(n, str) else "" for n in names)

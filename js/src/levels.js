@@ -100,10 +100,10 @@ export function pathToReveal(index, id) {
  * @returns {Map<string, {ports: Array<{id: string, side: "in"|"out", label: string, title: string}>, edges: Array<{source: string, target: string, count: number, shape: any, dtype: any, port: true}>}>}
  */
 export function portsByLevel(index) {
-  /** @type {Map<string, {ins: Map<string, Map<string, any>>, outs: Map<string, any>, outTargets: Set<string>}>} */
+  /** @type {Map<string, {ins: Map<string, Map<string, any>>, names: Map<string, Set<string>>, outs: Map<string, any>, outTargets: Set<string>}>} */
   const acc = new Map();
   const at = (level) => {
-    if (!acc.has(level)) acc.set(level, { ins: new Map(), outs: new Map(), outTargets: new Set() });
+    if (!acc.has(level)) acc.set(level, { ins: new Map(), names: new Map(), outs: new Map(), outTargets: new Set() });
     return acc.get(level);
   };
   const up = (id) => index.nodes.get(id).parent;
@@ -116,9 +116,15 @@ export function portsByLevel(index) {
       if (!l) continue;
       // the reader's enclosing stages below the edge's level: each takes the value in
       for (let cur = t; up(cur) !== l.parent; cur = up(cur)) {
-        const ins = at(up(cur)).ins;
-        if (!ins.has(l.source)) ins.set(l.source, new Map());
-        ins.get(l.source).set(cur, type);
+        const level = at(up(cur));
+        if (!level.ins.has(l.source)) level.ins.set(l.source, new Map());
+        level.ins.get(l.source).set(cur, type);
+        // what the stage's body calls the value (a loop's `step(h, x)`: `h`)
+        const name = index.nodes.get(up(cur))?.port_names?.[s];
+        if (typeof name === "string" && name) {
+          if (!level.names.has(l.source)) level.names.set(l.source, new Set());
+          level.names.get(l.source).add(name);
+        }
       }
       // the maker's enclosing stages: each hands the value out
       for (let cur = s; up(cur) !== l.parent; cur = up(cur)) {
@@ -130,12 +136,18 @@ export function portsByLevel(index) {
   }
   const out = new Map();
   const label = (id) => index.nodes.get(id)?.label ?? id;
-  for (const [level, { ins, outs, outTargets }] of acc) {
+  for (const [level, { ins, names, outs, outTargets }] of acc) {
     const ports = [];
     const edges = [];
+    const taken = new Map(); // a label -> how many ports bear it (two `reshape`s)
     for (const [src, readers] of ins) {
       const id = `${level}\u0001in\u0001${src}`;
-      ports.push({ id, side: /** @type {const} */ ("in"), label: label(src), title: `from ${label(src)}, outside ${label(level)}` });
+      const named = [...(names.get(src) ?? [])].join(", ");
+      const base = named || label(src);
+      const k = (taken.get(base) ?? 0) + 1;
+      taken.set(base, k);
+      const from = named ? `${named}: from ${label(src)}` : `from ${label(src)}`;
+      ports.push({ id, side: /** @type {const} */ ("in"), label: k > 1 ? `${base} #${k}` : base, title: `${from}, outside ${label(level)}` });
       for (const [child, type] of readers) edges.push({ source: id, target: child, count: 1, ...type, port: /** @type {const} */ (true) });
     }
     if (outs.size) {

@@ -52,7 +52,22 @@ function normaliseNode(n, i) {
     repeats: num(n.repeats, 0),
     blocks: Array.isArray(n.blocks) ? n.blocks.map(String) : [],
     reads: Array.isArray(n.reads) ? n.reads.map(String) : [],
+    port_names: portNames(n.port_names),
   };
+}
+
+/**
+ * A node's `port_names` (producer -> what its body calls the value), strings only.
+ * @param {unknown} raw
+ * @returns {Record<string, string>}
+ */
+function portNames(raw) {
+  /** @type {Record<string, string>} */
+  const out = {};
+  if (raw && typeof raw === "object" && !Array.isArray(raw)) {
+    for (const [k, v] of Object.entries(raw)) if (typeof v === "string" && v) out[k] = v;
+  }
+  return out;
 }
 
 /**

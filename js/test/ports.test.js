@@ -130,3 +130,18 @@ test("an entry port stands at the top of its stage even when only a deep child r
   const block = lay.boxes.get("n2");
   assert.ok(entry.y - block.y < HEADER + 20, `${entry.y - block.y}`);
 });
+
+test("a port is named as the stage's body names the value, and two sources of one label are told apart", () => {
+  const model = resnet();
+  // the block is a loop whose body calls the stem's value `h`
+  model.nodes.find((n) => n.id === "n5").port_names = { n4: "h" };
+  let block = portsByLevel(indexModel(model)).get("n5");
+  assert.deepEqual(block.ports.map((p) => [p.side, p.label]), [["in", "h"], ["out", "out"]]);
+  assert.match(block.ports[0].title, /^h: from stem, outside block/);
+  // without a name: two sources labelled alike (`reshape`) get two ports, numbered
+  const two = resnet();
+  two.nodes.find((n) => n.id === "n1").label = "stem";
+  two.edges.push({ source: "n1", target: "n5", shape: [4], dtype: "float32", ends: [["n1", "n7"]] });
+  block = portsByLevel(indexModel(two)).get("n5");
+  assert.deepEqual(block.ports.filter((p) => p.side === "in").map((p) => p.label), ["stem", "stem #2"]);
+});

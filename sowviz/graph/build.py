@@ -176,6 +176,25 @@ def _body_operands(eqn: Any, param: str, body: Any) -> dict[Any, int]:
     return {v: m - n + k for k, v in enumerate(body.invars)}
 
 
+def joined_name(a: str | None, b: str) -> str:
+    """One name for a value a body takes under two (`fori_loop(body, (h, h))`: `c[0]`,
+    `c[1]`): their common pytree prefix (`c`), else both."""
+    if a is None or a == b:
+        return b
+    x, y = a, b
+    while x != y:
+        longer = x if len(x) >= len(y) else y
+        shorter = _PYTREE_TAIL.sub("", longer, count=1)
+        if shorter == longer or not shorter:
+            return f"{a}, {b}"
+        x, y = (shorter, y) if longer is x else (x, shorter)
+    return x
+
+
+#: a pytree path's last key: `[0]`, `['w']`, `.weight`
+_PYTREE_TAIL = re.compile(r"(\[[^\[\]]*\]|\.[A-Za-z_][A-Za-z_0-9]*)$")
+
+
 def _with_ends(
     edges: tuple[Edge, ...], ends: Sequence[tuple[str, str]], parent: Mapping[str, str | None]
 ) -> tuple[Edge, ...]:
@@ -590,6 +609,11 @@ class _Builder(InputsMixin):
         #: operands' readers and its results' makers inside the body, the deepest nodes
         self.body_reads: dict[int, dict[int, list[_Rec]]] = {}
         self.body_makes: dict[int, dict[int, list[_Rec]]] = {}
+        #: per equation with a body (by `id`, popped by its walk): what the body calls
+        #: each operand (`step(h, x)`: `h`), for the ports of the stage drawing it
+        self.operand_names: dict[int, dict[int, str]] = {}
+        #: (stage, deepest producer outside it) -> what the stage's body calls the value
+        self.port_names: dict[tuple[_Rec, _Rec], str] = {}
         #: a variable a body's node made -> those nodes (`body_makes`), for `Edge.ends`
         self.leaf_made: dict[Any, list[_Rec]] = {}
         self.points: list[tuple[int, ProbePoint]] = []
@@ -845,6 +869,7 @@ class _Builder(InputsMixin):
                 self.mark_tangent(rec, {v: eqn for v in eqn.outvars if v in used})
             chain = (*chain_here, rec.id)
             reads = self.body_reads.pop(id(eqn), {})
+            operand_names = self.operand_names.pop(id(eqn), {})
             for k, made in self.body_makes.pop(id(eqn), {}).items():
                 self.leaf_made[eqn.outvars[k]] = made
             for p, v in enumerate(eqn.invars):
@@ -859,7 +884,7 @@ class _Builder(InputsMixin):
                             self.input_readers.setdefault(made.id, set()).add(rec.id)
                             if made not in holder.reads:
                                 holder.reads.append(made)  # the stage's own parameters
-                        k = self.edge(src, chain, v, reads.get(p))
+                        k = self.edge(src, chain, v, reads.get(p), operand_names.get(p))
                         if k < len(src) - 1 and v in loc:
                             self.mark_scope_outputs(src, k, v, loc[v])
                             self.read_after.update((s, v) for s in src[k:-1])
@@ -1203,7 +1228,10 @@ class _Builder(InputsMixin):
                 elif o in self.tangents:
                     self.tangents.add(v)
         reads = self.body_reads.setdefault(id(eqn), {})
-        into = {v: reads.setdefault(p, []) for v, p in _body_operands(eqn, param, inner).items()}
+        operands = _body_operands(eqn, param, inner)
+        into = {v: reads.setdefault(p, []) for v, p in operands.items()}
+        if not _compat.defined_in_library(val):  # (a library's names are not yours)
+            self.name_operands(eqn, operands, _compat.body_arg_names(val))
         at = (*path, (i, param, index))
         prod = self.walk(inner, rec, at, {}, probe=probe, in_custom=in_custom, into=into)
         # a call's, a loop's, a branch's results (a while's condition makes its test only)
@@ -1213,6 +1241,16 @@ class _Builder(InputsMixin):
                 if isinstance(v, _compat.Var) and v in prod:
                     made = self.leaf_made.get(v) or [self.recs[int(prod[v][-1][1:])]]
                     makes.setdefault(k, []).extend(made)
+
+    def name_operands(self, eqn, operands: Mapping[Any, int], names: Sequence[str]) -> None:
+        """Record what `eqn`'s body calls each operand it binds (`operands`: body input ->
+        operand), the first body's name where branches differ in theirs."""
+        if not operands:  # (a while's condition)
+            return
+        named = self.operand_names.setdefault(id(eqn), {})
+        for name, p in zip(names, operands.values(), strict=True):
+            if name:
+                named.setdefault(p, name)
 
     def probe_result_lines(
         self, jaxpr, boxes: Mapping[int, tuple[_Rec, _Rec]], carrying: set[str], locs, path
@@ -1338,11 +1376,17 @@ class _Builder(InputsMixin):
 
     # -- edges -----------------------------------------------------------------
     def edge(
-        self, src: tuple[str, ...], dst: tuple[str, ...], v: Any, readers: list[_Rec] | None = None
+        self,
+        src: tuple[str, ...],
+        dst: tuple[str, ...],
+        v: Any,
+        readers: list[_Rec] | None = None,
+        name: str | None = None,
     ) -> int:
         """Add the edge for `v` lifted to the sibling ancestors; return where the chains part.
 
-        `readers`: the nodes inside `dst`'s body that read `v`, where it has one."""
+        `readers`: the nodes inside `dst`'s body that read `v`, where it has one; `name`:
+        what that body calls it (its port's name when the stage is opened)."""
         k = 0
         n = min(len(src), len(dst))
         while k < n and src[k] == dst[k]:
@@ -1353,9 +1397,13 @@ class _Builder(InputsMixin):
         typ = (tuple(int(d) for d in getattr(aval, "shape", ())), str(getattr(aval, "dtype", "")))
         for node_id in dst[k:]:  # each reads `v` from outside itself
             self.recs[int(node_id[1:])].takes.add(typ)
+        reader = self.recs[int(dst[-1][1:])]
         for made in self.leaf_made.get(v) or [self.recs[int(src[-1][1:])]]:
             if made not in self.weights:
-                self.ends += [(made, r) for r in readers or [self.recs[int(dst[-1][1:])]]]
+                self.ends += [(made, r) for r in readers or [reader]]
+                if name and readers:
+                    key = (reader, made)
+                    self.port_names[key] = joined_name(self.port_names.get(key), name)
         key = (src[k], dst[k])
         if key not in self.edges:
             self.edges[key] = Edge(
@@ -1511,6 +1559,10 @@ class _Builder(InputsMixin):
                 recs[int(rec.parent[1:])].n_eqns += rec.n_eqns
         repeats.open_model(recs, root)
         echoes = _echoes(recs, self.points)
+        port_names: dict[str, dict[str, str]] = {}
+        for (stage, made), name in self.port_names.items():
+            at = port_names.setdefault(echoes.get(stage.id, stage.id), {})
+            at.setdefault(echoes.get(made.id, made.id), name)
         nodes = tuple(
             Node(
                 id=r.id,
@@ -1526,6 +1578,7 @@ class _Builder(InputsMixin):
                 repeats=r.repeats,
                 blocks=tuple(b.id for b in r.blocks),
                 reads=tuple([i.id for i in r.reads]) if r.reads else (),
+                port_names=tuple(port_names.get(r.id, {}).items()),
             )
             for r in recs
             if r.id not in echoes

@@ -53,6 +53,10 @@ class Node:
     blocks: tuple[str, ...] = ()
     #: the input nodes (parameters) its own equations read, not its stages' inside it
     reads: tuple[str, ...] = ()
+    #: (producer outside it, name): what its body calls a value it takes in, where the
+    #: user's function named it (a loop's `step(h, x)`: `h` for the carry's initial
+    #: value), the producer being an `Edge.ends` source
+    port_names: tuple[tuple[str, str], ...] = ()
 
     def to_dict(self, *, compact: bool = False, parent_source: Any = None) -> dict[str, Any]:
         """The node as in docs/model.md.
@@ -84,6 +88,8 @@ class Node:
             d["blocks"] = list(self.blocks)
         if self.reads:
             d["reads"] = list(self.reads)
+        if self.port_names:
+            d["port_names"] = dict(self.port_names)
         return d
 
 
