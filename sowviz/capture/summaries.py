@@ -1069,18 +1069,25 @@ _LOCK = threading.Lock()
 
 
 def _key(pending: tuple[Any, ...], bins: int) -> tuple:
+    # every array of the pending pytree, and whether an optional one is there: a
+    # Monitor's `Iterated` has no `fill`, an `inspect`'s one, and a program compiled
+    # for one was called with the other (a pytree mismatch)
     return (
         bins,
         *(
-            (r.flat.shape, str(r.flat.dtype), r.pads.shape)
+            ("rows", *map(_typed, (r.flat, r.seg, r.pads)))
             if isinstance(r, Rows)
-            else ("iterated", r.stack.shape, str(r.stack.dtype))
+            else ("iterated", *map(_typed, (r.stack, r.pads, r.fill)))
             if isinstance(r, Iterated)
             else ("blocks", r.block, *((f.shape, str(f.dtype)) for f in r.members))
             for r in pending
         ),
         ("x64", _compat.x64_enabled()),
     )
+
+
+def _typed(a: Any) -> tuple | None:
+    return None if a is None else (tuple(a.shape), str(a.dtype))
 
 
 def precompile(pending: tuple[Any, ...], bins: int) -> None:
