@@ -150,5 +150,5 @@ def test_the_opened_block_draws_both_inputs_of_its_add(page, resnet, tmp_path):
     port = pg.locator(f'.sv-port[data-port="in"][data-level="{block}"]')
     assert port.count() == 1 and port.locator("text").text_content() == "stem"
     out = pg.locator(f'.sv-port[data-port="out"][data-level="{block}"]')
-    assert out.locator("text").text_content() == "mean"
+    assert out.locator("text").text_content() == "to mean"
     assert page.errors == [] and page.requests == []

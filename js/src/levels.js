@@ -153,10 +153,11 @@ export function portsByLevel(index) {
     if (outs.size) {
       const id = `${level}\u0001out`;
       // named by the first place its values go, `+2` for more (the title lists them:
-      // "mean, new model.en….count" was cut)
+      // "mean, new model.en….count" was cut), and said so: a bare `rev` read as the
+      // value's maker
       const to = [...outTargets].map(label);
       const more = to.length > 1 ? ` +${to.length - 1}` : "";
-      ports.push({ id, side: /** @type {const} */ ("out"), label: `${to[0]}${more}`, title: `to ${to.join(", ")}, outside ${label(level)}` });
+      ports.push({ id, side: /** @type {const} */ ("out"), label: `to ${to[0]}${more}`, title: `to ${to.join(", ")}, outside ${label(level)}` });
       for (const [child, type] of outs) edges.push({ source: child, target: id, count: 1, ...type, port: /** @type {const} */ (true) });
     }
     out.set(level, { ports, edges });

@@ -33,13 +33,13 @@ test("an opened stage gets an entry port per outside source, with an edge to eac
   const ix = indexModel(resnet());
   const ports = portsByLevel(ix);
   const block = ports.get("n5");
-  assert.deepEqual(block.ports.map((p) => [p.side, p.label]), [["in", "stem"], ["out", "out"]]);
+  assert.deepEqual(block.ports.map((p) => [p.side, p.label]), [["in", "stem"], ["out", "to out"]]);
   const into = block.ports[0].id;
   const out = block.ports[1].id;
   // the skip: the block's input reaches conv1 and the add; the add's value leaves
   assert.deepEqual(pairs(block.edges), [[into, "n6"], [into, "n7"], ["n7", out]].sort());
   // a source farther out is named as the level it was lifted to sees it: `x` in Net and in stem
-  assert.deepEqual(ports.get("n2").ports.map((p) => [p.side, p.label]), [["in", "x"], ["out", "out"]]);
+  assert.deepEqual(ports.get("n2").ports.map((p) => [p.side, p.label]), [["in", "x"], ["out", "to out"]]);
   assert.deepEqual(pairs(ports.get("n2").edges), [[ports.get("n2").ports[0].id, "n3"], ["n5", ports.get("n2").ports[1].id]].sort());
   assert.deepEqual(pairs(ports.get("n3").edges), [[ports.get("n3").ports[0].id, "n4"], ["n4", ports.get("n3").ports[1].id]].sort());
   assert.equal(ports.has("n0"), false); // nothing comes into the program from outside
@@ -53,7 +53,7 @@ test("layout draws the port edges of opened levels only, with the ports apart fr
   const intoAdd = lay.edges.filter((e) => e.target === "n7");
   assert.equal(intoAdd.length, 2); // conv1's and the block's input through its port
   assert.ok(intoAdd.every((e) => e.points.length >= 2));
-  assert.deepEqual(lay.ports.map((p) => [p.level, p.side, p.label]).sort(), [["n2", "in", "x"], ["n2", "out", "out"], ["n5", "in", "stem"], ["n5", "out", "out"]]);
+  assert.deepEqual(lay.ports.map((p) => [p.level, p.side, p.label]).sort(), [["n2", "in", "x"], ["n2", "out", "to out"], ["n5", "in", "stem"], ["n5", "out", "to out"]]);
   for (const p of lay.ports) assert.equal(lay.boxes.has(p.id), false);
   // the entry port sits inside its stage, above the children reading from it
   const block = lay.boxes.get("n5");
@@ -136,7 +136,7 @@ test("a port is named as the stage's body names the value, and two sources of on
   // the block is a loop whose body calls the stem's value `h`
   model.nodes.find((n) => n.id === "n5").port_names = { n4: "h" };
   let block = portsByLevel(indexModel(model)).get("n5");
-  assert.deepEqual(block.ports.map((p) => [p.side, p.label]), [["in", "h"], ["out", "out"]]);
+  assert.deepEqual(block.ports.map((p) => [p.side, p.label]), [["in", "h"], ["out", "to out"]]);
   assert.match(block.ports[0].title, /^h: from stem, outside block/);
   // without a name: two sources labelled alike (`reshape`) get two ports, numbered
   const two = resnet();
