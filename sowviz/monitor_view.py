@@ -12,6 +12,8 @@ end falls further behind than that, the next update sends the whole model
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -37,6 +39,7 @@ class MonitorView(Inspector):
         self._outbox: deque[dict[str, Any]] = deque()
         self._last_send: float | None = None
         self._need_model = True
+        self._timer: threading.Timer | None = None  # the deferred update (`_defer`)
         # whether the model sent says "no alarm" (`Monitor.quiet_nonfinite`): a step
         # whose masked -inf is drawn as a NaN alarm until the next whole model otherwise
         self._quiet_sent = False
@@ -86,6 +89,7 @@ class MonitorView(Inspector):
         if not self._outbox and not self._need_model:
             return
         if not force and self._last_send is not None and now - self._last_send < self._throttle:
+            self._defer(self._throttle - (now - self._last_send))
             return
         self._last_send = now
         if self._need_model:
@@ -100,6 +104,27 @@ class MonitorView(Inspector):
                 buffers=[_model.encode_model([_as_dict(e) for e in self._outbox])],
             )
         self._outbox.clear()
+
+    def _defer(self, delay: float) -> None:
+        """Send what waits once the throttle has passed, should no later step send it: a
+        loop that ended left its last steps in the outbox, the widget reading an old step
+        as the latest until `mon.flush()`. One timer at a time; none on a test's clock
+        (its seconds are not the timer's)."""
+        if self._timer is not None or self.clock is not time.monotonic:
+            return
+        timer = threading.Timer(max(delay, 0.01), self._deferred_push)
+        timer.daemon = True  # (never keeps the interpreter alive)
+        self._timer = timer
+        timer.start()
+
+    def _deferred_push(self) -> None:
+        # Under the Monitor's lock, which every step holds while it writes to this view:
+        # the update never interleaves with a step's.
+        lock = getattr(self._monitor, "_lock", None) or contextlib.nullcontext()
+        with lock:
+            self._timer = None
+            with contextlib.suppress(Exception):  # a closed widget: nobody to send to
+                self._push(force=True)
 
     def _quiet(self) -> bool:
         quiet = getattr(self._monitor, "quiet_nonfinite", None)  # (a test's stand-in: none)

@@ -317,6 +317,8 @@ class Inspector(anywidget.AnyWidget):
 
     @traitlets.observe("mode")
     def _mode_changed(self, change: dict[str, Any]) -> None:
+        if not self.model.get("mode"):  # nothing shown yet (a Monitor before its first step)
+            return
         if change["new"] == self.model.get("mode"):  # back to the mode shown: nothing to run
             if self.phase == Phase.ERROR.value:
                 self._set_phase(Phase.READY, "")

@@ -26,6 +26,7 @@ export const FIT_MIN_SCALE = READABLE_SCALE;
 const LOSS_W = 300;
 const LOSS_H = 104;
 const EMPTY = "Nothing to show yet: the model has no nodes.";
+const FAILED = "Nothing to draw: the program did not run (the error above says why).";
 /** Phases in which Python is working (`phase` trait of the widget). */
 export const WORKING = new Set(["tracing", "compiling", "running", "locating", "drawing"]);
 
@@ -448,7 +449,11 @@ export class App {
     this.errorBox.hidden = !err;
     this.errorBox.replaceChildren(...said(err));
     const empty = this.layout ? this.layout.boxes.size === 0 : true;
-    this.empty.replaceChildren(h("span", {}, said(working && empty ? text || `${phase}…` : EMPTY)));
+    const failed = phase === "error" && empty;
+    this.empty.replaceChildren(h("span", {}, said(working && empty ? text || `${phase}…` : failed ? FAILED : EMPTY)));
+    // a program that never ran: the error, not 600 px of empty canvas above the traceback
+    this.root.style.height = failed ? "160px" : "";
+    this.root.style.minHeight = failed ? "0" : "";
     this.empty.classList.toggle("sv-empty-working", working && empty);
     if ((was === "locating") !== (phase === "locating")) this.markOrigins();
   }

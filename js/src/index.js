@@ -119,7 +119,10 @@ async function render({ model, el }) {
     console.warn("sowviz: the model could not be decoded", err);
   }
   if (first.history && !store.history?.steps?.length) store.reset(first.history);
-  const handle = mount(el, first, {
+  // A model not there yet (a Monitor before its first step, a show() that failed) is in
+  // the widget's mode: the picker read "primal", its first option
+  const moded = (m) => (m.mode ? m : { ...m, mode: model.get("mode") });
+  const handle = mount(el, moded(first), {
     store,
     onModeChange: (mode) => {
       model.set("mode", /** @type {import("./types").Mode} */ (mode));
@@ -148,7 +151,7 @@ async function render({ model, el }) {
         if (mine !== latest) return;
         await nextPaint(); // the status line shows before the (synchronous) drawing
         if (mine !== latest) return;
-        handle.update(m);
+        handle.update(moded(m));
         drawing = false;
         onStatus();
       })
