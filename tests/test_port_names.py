@@ -90,3 +90,27 @@ def test_joined_name_keeps_the_common_pytree_prefix():
     assert joined_name("p['w']", "p['b']") == "p"
     assert joined_name("state.mu", "state.nu") == "state"
     assert joined_name("a", "b") == "a, b"
+
+
+def test_a_key_carried_through_a_loop_enters_by_its_port():
+    # the body wraps the carried key data (`random_wrap`, drawn as an edge) before
+    # splitting it: its readers were lost, and the key had no port
+    def body(carry):
+        i, x, key = carry
+        key, sub = jax.random.split(key)
+        return i + 1, x + jax.random.normal(sub, x.shape), key
+
+    def run(x, key):
+        _, x, _ = jax.lax.while_loop(lambda c: c[0] < 5, body, (0, x, key))
+        return x.sum()
+
+    x, key = jnp.zeros(3), jax.random.PRNGKey(0)
+    ins = sowviz.inspect(run, x, key, mode="primal")
+    m = ins.to_dict()
+    label = {n["id"]: n["label"] for n in m["nodes"]}
+    (loop,) = [n["id"] for n in m["nodes"] if n["kind"] == "while"]
+    into = {label[e["source"]]: {label[t] for _, t in e.get("ends", [])} for e in m["edges"]}
+    assert [e for e in m["edges"] if e["target"] == loop and label[e["source"]] == "key"]
+    assert into["key"] == {"random_split"} and into["x"] == {"add"}
+    assert _ports(ins)["while(body)"] == {"key": "carry[2]", "x": "carry[1]"}
+    np.testing.assert_allclose(ins.result, run(x, key), rtol=1e-6)

@@ -713,7 +713,7 @@ class _Builder(InputsMixin):
         ending with the producer: lifting an edge is comparing two chains. `into`: per
         input of a body, the list its readers here are added to (`Edge.ends`).
         """
-        into = into or {}
+        into = dict(into or {})  # (more names for its lists: operands passed on)
         prod: dict[Any, tuple[str, ...]] = dict(known)
         loc: dict[Any, tuple[int, int]] = {}
         scopes: list[tuple[str, _Rec]] = []  # open named scopes, outermost first
@@ -857,6 +857,10 @@ class _Builder(InputsMixin):
                 for k, (o, v) in enumerate(zip(passed_on, eqn.outvars, strict=True)):
                     if isinstance(o, _compat.Var) and o in prod:
                         prod[v] = prod[o]
+                    elif isinstance(o, _compat.Var) and o in into:
+                        # a body's operand passed on (a loop's key, wrapped): its readers
+                        # read the operand (the loop's port for it)
+                        into[v] = into[o]
                     loc[v] = (i, k)
                     if id(eqn) in self.passed:
                         through[v] = o
