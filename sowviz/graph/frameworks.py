@@ -441,8 +441,11 @@ class _Context:
                 self.add_module(module, original)
                 known = self.paths.get(id(module))
         if known is None and not self.stack and not alike:
-            # a root made inside fn: name its tree from it
+            # a root made inside fn (`nnx.merge(graphdef, state)`): name its tree from
+            # it, and match the copies a transform makes of its modules against them
+            # (the index was built before it, of the modules in the arguments: none)
             self.add_module(module, ())
+            self.index = None
             known = self.paths.get(id(module))
         parent = self.stack[-1][1] if self.stack else ()
         if known is None:
