@@ -233,7 +233,14 @@ class Monitor:
         self._warned_nonfinite = False
         self._closed = False
         self._interrupted_exit = False  # closing at the exit a Ctrl-C made (`_close_at_exit`)
-        if log_dir is not None or tensorboard is not False or wandb is not False:
+        # (in a job of several processes always: process 0 alone given a `log_dir` waits
+        # for the others to learn its outcome, `runlog.make_sinks`)
+        if (
+            log_dir is not None
+            or tensorboard is not False
+            or wandb is not False
+            or jax.process_count() > 1
+        ):
             from .runlog import make_sinks  # only when asked: the recorder needs no sink
 
             sinks = tuple(make_sinks(log_dir=log_dir, tensorboard=tensorboard, wandb=wandb))

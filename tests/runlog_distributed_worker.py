@@ -94,6 +94,15 @@ def main(port: str, pid: int, log_dir: str) -> None:
         mon.close()
     except Exception as err:
         report["nan"] = f"{type(err).__name__}: {err}"
+    try:  # the "process 0 writes" idiom: a `log_dir` on process 0 alone (it hung)
+        only0 = os.path.join(os.path.dirname(log_dir), "only0")
+        mon = sowviz.Monitor(loss, log_dir=only0 if pid == 0 else None)
+        for _ in range(2):
+            mon.step(params, x, y)
+        mon.close()
+        report["only0"] = "ok"
+    except Exception as err:
+        report["only0"] = f"{type(err).__name__}: {err}"
     # The process-0 rule itself: another process gets no sinks and creates nothing.
     other = os.path.join(os.path.dirname(log_dir), f"direct-{pid}")
     report["direct_sinks"] = len(make_sinks(other))

@@ -72,5 +72,8 @@ def test_two_processes_step_in_lockstep_and_only_process_0_writes(tmp_path):
     for r in reports.values():
         assert r["nan"] == {"step": 2, "located": True, "primitive": "sqrt"}, r["nan"]
         assert r["grad_specs"] == {"w0": [], "w1": []}  # replicated
+    # a `log_dir` given to process 0 alone: both step, process 0 writes
+    assert [r["only0"] for r in reports.values()] == ["ok", "ok"]
+    assert [e["step"] for e in load(tmp_path / "only0").history] == [0, 1]
     assert reports[0]["direct_sinks"] == 1 and reports[0]["direct_created"]
     assert reports[1]["direct_sinks"] == 0 and not reports[1]["direct_created"]

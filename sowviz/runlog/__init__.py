@@ -52,23 +52,31 @@ def make_sinks(
     - `wandb`: True logs to the active W&B run (`wandb.init()` first); or a run object.
 
     Under `jax.distributed`, only process 0 writes: other processes get no sinks, and
-    raise what process 0 raised (`_agreed`), so that no process steps on alone.
+    raise what process 0 raised (`_agreed`), so that no process steps on alone. Every
+    process must call it (`Monitor` does, in a job of several processes, whatever its
+    arguments), with or without a `log_dir` of its own.
     """
-    # `~/runs/exp1` is the user's home, as a shell and `save_html` read it (it made a
-    # directory named `~` under the working directory)
-    if log_dir is not None:
-        check_log_dir(log_dir)
-        log_dir = os.path.expanduser(log_dir)
-    if isinstance(tensorboard, (str, os.PathLike)):
-        tensorboard = os.path.expanduser(tensorboard)
-    if log_dir is None and not tensorboard and wandb is False:
-        return []
-    if tensorboard is True and log_dir is None:
-        raise ValueError(
-            "sowviz: `tensorboard=True` writes beside the run log, and `log_dir` is None: "
-            "pass `log_dir='runs/exp1'`, or a directory as `tensorboard='runs/tb'`."
-        )
-    build = lambda: _writer_sinks(log_dir, tensorboard, wandb, overwrite)  # noqa: E731
+
+    def build() -> list[Sink]:
+        # `~/runs/exp1` is the user's home, as a shell and `save_html` read it (it made a
+        # directory named `~` under the working directory)
+        where, tb = log_dir, tensorboard
+        if where is not None:
+            check_log_dir(where)
+            where = os.path.expanduser(where)
+        if isinstance(tb, (str, os.PathLike)):
+            tb = os.path.expanduser(tb)
+        if where is None and not tb and wandb is False:
+            return []
+        if tb is True and where is None:
+            raise ValueError(
+                "sowviz: `tensorboard=True` writes beside the run log, and `log_dir` is "
+                "None: pass `log_dir='runs/exp1'`, or a directory as `tensorboard='runs/tb'`."
+            )
+        return _writer_sinks(where, tb, wandb, overwrite)
+
+    # Every process of a job takes part, whatever it was given: `log_dir=... if
+    # jax.process_index() == 0 else None` left process 0 waiting for the others forever.
     return _agreed(build) if _process_count() > 1 else build()
 
 
