@@ -1,32 +1,50 @@
 // The NaN/Inf banner [data-role="nonfinite-banner"]: what the stored origins say
 // (computed once in Python, never here), a link to each origin, and the
-// "Locate the equation" button when an origin stage holds several equations and no
-// equation was located yet, nor could be (a re-run that found no NaN/Inf keeps the
-// step's own record, flagged `not_reproduced`: pressing again would re-run for
-// nothing). Only the widget can locate (Python re-runs the step); a saved report
-// shows the button disabled, with the reason.
+// "Locate the equation" button while locating can add something: no locate ran yet,
+// and some pass's origin has no equation. It runs once (a second call returns the
+// stored record), and a re-run that found no NaN/Inf keeps the step's own record,
+// flagged `not_reproduced`: pressing again would re-run for nothing. Only the widget
+// can locate (Python re-runs the step); a saved report shows the button disabled,
+// with the reason.
 
 import { h, said } from "./dom.js";
 
 export const LOCATE_REPORT_REASON = "A saved report cannot re-run the program. In Python, call "
   + "Inspection.locate_nonfinite() before save_html(), or use sowviz.show(...) and press this button there.";
 
+const LOOP_KINDS = new Set(["scan", "while"]);
+
 /**
- * Whether a locate would say more: an origin stage with several equations and no
- * equation, on a record no locate has re-run in vain already.
+ * Whether a locate would say more, on a record no locate has re-run yet: some pass's
+ * origin has no equation, and
+ * - its stage holds several equations (which one made it, and its line), or
+ * - it is the backward pass (which equation's backward rule made it: only the re-run
+ *   tells the classic `jnp.where(x > 0, jnp.sqrt(x), 0.0)` trap apart, with its
+ *   double-where fix, even when the stage is the one `sqrt`), or
+ * - it lies in a loop (the iteration that made it).
+ * A forward origin that is one equation outside loops is named whole already.
  * @param {ReturnType<typeof import("./nonfinite.js").storedOrigins>} rec
- * @param {{nodes: Map<string, {n_eqns: number}>}} index
+ * @param {{nodes: Map<string, {n_eqns: number, kind: string, parent: string|null}>}} index
  */
 export function needsLocate(rec, index) {
-  if (!rec || rec.notReproduced) return false;
+  if (!rec || rec.notReproduced || rec.located) return false;
   // a Monitor's step that raised no alarm (a masked -inf): its arguments are gone, and
   // the Monitor locates only the step that raised one; the button did nothing
   if (!rec.alarm && rec.step != null) return false;
-  return [rec.forward, rec.backward].some((p) => {
+  return [["forward", rec.forward], ["backward", rec.backward]].some(([pass, p]) => {
     if (!p || p.equation) return false;
     const stage = p.node ?? p.reaching;
-    return stage != null && (index.nodes.get(stage)?.n_eqns ?? 0) > 1;
+    if (stage == null || !index.nodes.has(stage)) return false;
+    return (index.nodes.get(stage)?.n_eqns ?? 0) > 1 || pass === "backward" || inLoop(stage, index);
   });
+}
+
+/** Whether node `id` lies inside a loop (a scan's or while loop's body). */
+function inLoop(id, index) {
+  for (let cur = index.nodes.get(id)?.parent; cur != null; cur = index.nodes.get(cur)?.parent) {
+    if (LOOP_KINDS.has(index.nodes.get(cur)?.kind ?? "")) return true;
+  }
+  return false;
 }
 
 /**

@@ -68,6 +68,8 @@ export class DetailPanel {
     this.purgeCharts();
     clear(this.el);
     this.el.hidden = false;
+    // the colours every chart below is drawn in (a theme switch draws the panel again)
+    this.drawnColours = JSON.stringify(chartColours(this.root));
     const node = index.nodes.get(id);
     if (!node) return this.close();
     const probes = index.probesByNode.get(id) ?? [];
@@ -285,12 +287,24 @@ export class DetailPanel {
   }
 
   redraw() {
-    if (!this.isOpen || !this.blocks) return;
+    if (!this.isOpen) return;
+    // a theme switch: every chart takes the new colours, also those of a group of blocks
+    // and of parameter gradients, which have no histogram blocks (their panel kept the
+    // old theme's text: white on white)
+    if (JSON.stringify(chartColours(this.root)) !== this.drawnColours) return this.reopen();
+    if (!this.blocks) return;
     for (const b of this.el.querySelectorAll(".sv-seg")) b.setAttribute("aria-pressed", String(b.dataset.scale === this.scale));
     const colours = chartColours(this.root);
     const width = Math.max(220, (this.el.clientWidth || 380) - 34);
     this.drawCharts(colours, width);
     if (this.history) this.refreshHistory(this.ctx.history);
+  }
+
+  /** Draws the open panel again, where it was scrolled to. */
+  reopen() {
+    const top = this.el.scrollTop;
+    this.open(this.index, this.nodeId, this.ctx);
+    this.el.scrollTop = top;
   }
 
   statsTable(probe, modes) {

@@ -56,8 +56,8 @@ function pass(o) {
  * The stored origins, normalised: the model's own record wins, else the Monitor history's
  * (whose older form holds bare node ids). Never recomputed from the summaries.
  * @returns {{step: number|null, forward: any, backward: any, propagators: string[],
- *   expected: string[], removed: boolean, alarm: boolean, notReproduced: boolean,
- *   message: string|null}|null}
+ *   expected: string[], removed: boolean, alarm: boolean, located: boolean|null,
+ *   notReproduced: boolean, message: string|null}|null}
  */
 export function storedOrigins(model, history) {
   const rec = model?.nonfinite ?? history?.nonfinite ?? null;
@@ -73,6 +73,8 @@ export function storedOrigins(model, history) {
     expected: [...(rec.expected ?? [])],
     removed: !!rec.removed,
     alarm: rec.alarm ?? true,
+    // the step was re-run down to the equation (null: a record from before the flag)
+    located: rec.located ?? null,
     // locate re-ran the step and found no alarm: the step's own record, kept
     notReproduced: !!rec.not_reproduced,
     message: rec.message ?? null,
