@@ -20,9 +20,15 @@ push `jax.named_scope`s (`_Run` keeps what they learn):
   its gradient; a guide's (an autoguide's, or a function's named like one:
   `guide`, `my_guide`) is `log q(<site>)`, so an ELBO's two densities of one site
   are told apart. Its draw (`Distribution.__call__`, the reparametrized sample a
-  guide takes) is `sample(<site>)`; its value made from an unconstrained parameter
-  (`potential_energy`'s `substitute`, with its Jacobian) `constrain(<site>)`. The
-  support check of a
+  guide takes) is `sample(<site>)`; the key it draws with, split off the `seed`
+  handler's, `seed(<site>)` before it. A model run against a guide's trace (an ELBO's:
+  `replay` gives each latent site the guide's value) draws nothing: the split is all
+  of its site's code, `sample(<site>)` too. A site's value made from an unconstrained
+  parameter (`potential_energy`'s `substitute`, with its Jacobian) is
+  `constrain(<site>)`, and the log-Jacobian that `substitute` adds as a factor site
+  (`_tau_log_det`) is sown as `log|J| (<site>)` in a stage of that name, where it
+  enters the log-density (its `Unit.log_prob` computes nothing: a scope of it would
+  be empty). The support check of a
   log-density (the private `_validate_sample`) is `support(<site>)`, inside it;
 * a **distribution's construction** is a scope named by its class, numbered per
   run (`Normal`, `Normal#2`: two in a row stay two stages), not by the metaclass;
@@ -80,6 +86,11 @@ class _Run:
     building: bool = False
     #: a site's value is being checked against its support (`support(<site>)`)
     checking: bool = False
+    #: the site whose value `potential_energy`'s substitute is constraining
+    constraining: str | None = None
+    #: the factor sites that add a constrained site's log-Jacobian (`_tau_log_det`), and
+    #: the site (`tau`)
+    jacobians: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 _ACTIVE: contextvars.ContextVar[_Run | None] = contextvars.ContextVar(
@@ -110,6 +121,11 @@ def tracing() -> Iterator[None]:
 def density_label(name: str, guide: bool) -> str:
     """A sample site's log-density stage: `log_prob(obs)`, a guide's `log q(mu)`."""
     return f"log q({name})" if guide else f"log_prob({name})"
+
+
+def jacobian_label(name: str) -> str:
+    """The log-Jacobian term of site `name`'s constrained value: `log|J| (tau)`."""
+    return f"log|J| ({name})"
 
 
 def _unwrapped(fn: Any) -> Any:
@@ -172,6 +188,10 @@ def _sites_class(messenger: type) -> type:
             if msg.get("type") == "sample" and isinstance(name, str) and msg.get("fn") is not None:
                 guide = self.run.models[-1].guide
                 self.run.sites[id(msg["fn"])] = (name, guide, msg["fn"])
+                of = self.run.constraining
+                if of not in (None, name) and _is_factor(msg["fn"]):
+                    # `numpyro.factor` of the log-Jacobian, inside `constrain(<of>)`
+                    self.run.jacobians[name] = of
 
         def postprocess_message(self, msg: dict) -> None:
             name, value = msg.get("name"), msg.get("value")
@@ -181,6 +201,12 @@ def _sites_class(messenger: type) -> type:
                 msg["value"] = sow_value(value, name)
 
     return _Sites
+
+
+def _is_factor(fn: Any) -> bool:
+    """Whether `fn` is the distribution of a `numpyro.factor` site (`Unit`)."""
+    unit = getattr(sys.modules["numpyro.distributions"], "Unit", None)
+    return unit is not None and isinstance(fn, unit)
 
 
 def _traced(value: Any) -> bool:
@@ -258,9 +284,23 @@ def _wrap_log_prob(raw: Callable) -> Callable:
         if found is None:
             return raw(self, *args, **kwargs)
         run, site, guide = found
+        of = run.jacobians.get(site)
+        if of is not None:
+            return _jacobian_term(raw(self, *args, **kwargs), of)
         return _in_site(run, site, density_label(site, guide), raw, self, *args, **kwargs)
 
     return functools.wraps(raw)(log_prob)
+
+
+def _jacobian_term(term: Any, of: str) -> Any:
+    """The log-density of the factor adding site `of`'s log-Jacobian, sown as
+    `log|J| (<of>)`: its log-density (`Unit.log_prob`) only passes the term on, so a
+    scope of it would be empty, and the term would reach the sum of the log-densities
+    unnamed, like any site's."""
+    if not _traced(term):
+        return term
+    label = jacobian_label(of)
+    return _scoped(label, sow_value, term, label)
 
 
 def _wrap_sample(raw: Callable) -> Callable:
@@ -327,8 +367,41 @@ def _wrap_substitute(raw: Callable) -> Callable:
         if run is None or fn is None or msg.get("type") != "sample" or not isinstance(name, str):
             return raw(self, msg)
         own = getattr(_unwrapped(fn), "__name__", None) == "_unconstrain_reparam"
-        what = "constrain" if own else "substitute"
-        return _scoped(f"{what}({name})", raw, self, msg)
+        if not own:
+            return _scoped(f"substitute({name})", raw, self, msg)
+        outer, run.constraining = run.constraining, name
+        try:
+            return _scoped(f"constrain({name})", raw, self, msg)
+        finally:
+            run.constraining = outer
+
+    return functools.wraps(raw)(process_message)
+
+
+def _replayed(name: str) -> bool:
+    """Whether a `replay` handler on NumPyro's stack gives sample site `name` its value
+    (the model of an ELBO, run against its guide's trace)."""
+    replay = sys.modules["numpyro.handlers"].replay
+    stack = getattr(sys.modules["numpyro.primitives"], "_PYRO_STACK", ())
+    return any(
+        isinstance(h, replay) and isinstance(getattr(h, "trace", None), dict) and name in h.trace
+        for h in stack
+    )
+
+
+def _wrap_seed(raw: Callable) -> Callable:
+    """`seed.process_message`: the key a sample site will draw with, split off the
+    handler's. A site whose value a `replay` gives (an ELBO's model) draws nothing: the
+    split is all its code, inside `sample(<site>)` as the guide's draw is. Else it is
+    `seed(<site>)`, before the draw's `sample(<site>)`: one stage of both would have two
+    outputs (the draw and the handler's next key), and its probe would need a `leaf=`."""
+
+    def process_message(self: Any, msg: dict) -> None:
+        run, name = _ACTIVE.get(), msg.get("name")
+        if run is None or msg.get("type") != "sample" or not isinstance(name, str):
+            return raw(self, msg)
+        label = f"sample({name})" if _replayed(name) else f"seed({name})"
+        return _scoped(label, raw, self, msg)
 
     return functools.wraps(raw)(process_message)
 
@@ -358,6 +431,7 @@ def _targets() -> Iterator[tuple[type, str, Callable[[Callable], Callable]]]:
     handlers = sys.modules.get("numpyro.handlers")
     if handlers is not None:
         yield handlers.substitute, "process_message", _wrap_substitute
+        yield handlers.seed, "process_message", _wrap_seed
     for cls in _distribution_classes():
         for name, wrap in _METHODS.items():
             if isinstance(cls.__dict__.get(name), types.FunctionType):
