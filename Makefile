@@ -38,7 +38,7 @@ CHROMIUM := /usr/bin/chromium
 PYTEST := -m pytest -q -p no:cacheprovider
 # Tests that depend on the JAX version (engine, summaries, graph, real models);
 # the views are the same on every JAX and run once, on the newest.
-OLDEST_TESTS := tests/test_calls.py tests/test_names.py tests/test_refs.py tests/test_capture.py tests/test_summary.py tests/test_graph.py tests/test_repeats.py tests/test_inspection.py tests/test_forwarding.py tests/test_liveness.py tests/test_capture_remat_map.py tests/test_nonfinite_custom.py tests/test_graph_shard.py tests/test_names_transforms.py tests/test_names_lines.py tests/test_repeats_loops.py tests/test_haiku.py tests/test_graph_ports.py tests/test_names_round11.py tests/test_nonfinite_solvers.py tests/test_api_inputs.py tests/test_port_names.py tests/test_summary_programs_shared.py tests/test_frameworks_round12.py tests/zoo
+OLDEST_TESTS := tests/test_calls.py tests/test_names.py tests/test_refs.py tests/test_capture.py tests/test_summary.py tests/test_graph.py tests/test_repeats.py tests/test_inspection.py tests/test_forwarding.py tests/test_liveness.py tests/test_capture_remat_map.py tests/test_nonfinite_custom.py tests/test_graph_shard.py tests/test_names_transforms.py tests/test_names_lines.py tests/test_repeats_loops.py tests/test_haiku.py tests/test_graph_ports.py tests/test_names_round11.py tests/test_nonfinite_solvers.py tests/test_api_inputs.py tests/test_port_names.py tests/test_summary_programs_shared.py tests/test_frameworks_round12.py tests/test_nonfinite_earlier.py tests/zoo
 MIDDLE_TESTS := tests/test_capture.py tests/test_summary.py tests/test_forwarding.py tests/test_liveness.py
 
 .PHONY: demo test test-py test-oldest test-jax011 test-js lint js chromium bench clean

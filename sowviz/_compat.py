@@ -1255,7 +1255,8 @@ def _user_calls(frames: list[tuple[Any, int]]) -> tuple[UserCall, ...]:
 
 
 def primitive_label(eqn: JaxprEqn) -> str:
-    """An equation's primitive as a user knows it: `fft` by its type (`rfft`), and JAX
+    """An equation's primitive as a user knows it: `fft` by its type (`rfft`), a
+    collective by the `jax.lax` function that binds it (`COLLECTIVE_CALLS`), and JAX
     >= 0.12 binds some functions as a `call_hi_primitive` whose `_prim` says which
     (`CustomRoot` is `custom_root`)."""
     name = eqn.primitive.name
@@ -1266,7 +1267,7 @@ def primitive_label(eqn: JaxprEqn) -> str:
         cls = type(eqn.params.get("_prim")).__name__
         if cls and cls not in ("NoneType", "HiPrim"):
             return re.sub(r"(?<!^)(?=[A-Z])", "_", cls).lower()
-    return name
+    return COLLECTIVE_CALLS.get(name, name)  # `lax.psum` binds `psum_invariant`
 
 
 def is_hi_value(x: Any) -> bool:
@@ -1973,3 +1974,263 @@ def body_arg_names(body: Any) -> tuple[str, ...]:
     if names is None or len(names) != len(jaxpr.invars):
         return ("",) * len(jaxpr.invars)
     return tuple(n if isinstance(n, str) else "" for n in names)
+
+
+def reverse_scan_length(eqn: JaxprEqn) -> int | None:
+    """A `lax.scan(..., reverse=True)` equation's length (its iterations run from the last
+    xs index down to 0); None for any other equation, a forward scan included. The
+    `reverse` and `length` params are the same from JAX 0.10 to 0.12."""
+    if eqn.primitive.name != "scan" or not eqn.params.get("reverse"):
+        return None
+    return int(eqn.params["length"])
+
+
+# -- what labels a JAX construct by (graph labels) --------------------------------------
+
+#: `jax.checkpoint_policies` by the name a label says (`checkpoint(block, save dots)`).
+_POLICY_LABELS = {
+    "dots_saveable": "save dots",
+    "dots_with_no_batch_dims_saveable": "save no-batch dots",
+    "nothing_saveable": "save nothing",
+    "everything_saveable": "save everything",
+    "offload_dot_with_no_batch_dims": "offload no-batch dots",
+}
+
+
+def _policy_fields(policy: Any) -> dict[str, Any]:
+    """What a parametrised policy holds: JAX 0.10 makes `save_only_these_names` a
+    dataclass (`SaveOnlyTheseNames.saveable_names`), JAX 0.12 a closure (its cell
+    `names_which_can_be_saved`)."""
+    code, cells = getattr(policy, "__code__", None), getattr(policy, "__closure__", None)
+    if code is not None and cells:
+        return dict(zip(code.co_freevars, (c.cell_contents for c in cells), strict=False))
+    return dict(getattr(policy, "__dict__", {}))
+
+
+def _names(fields: dict[str, Any], *keys: str) -> str:
+    for key in keys:
+        if isinstance(fields.get(key), set | frozenset | list | tuple):
+            return ", ".join(sorted(map(str, fields[key])))
+    return "?"
+
+
+def remat_policy_label(params: Any) -> str | None:
+    """The `policy` of a `jax.checkpoint` equation (`remat2`) as a label says it:
+    `save dots` for `checkpoint_policies.checkpoint_dots`, `save proj` for
+    `save_only_these_names("proj")`, a policy function of yours by its name; None for
+    no policy. JAX 0.10 spells the dots and names policies as dataclasses
+    (`DotsSaveable`, `SaveOnlyTheseNames`, `SaveAnyNamesButThese`), JAX 0.12 as
+    functions and closures."""
+    policy = params.get("policy")
+    if policy is None:
+        return None
+    kind = type(policy).__name__
+    if kind == "DotsSaveable":  # JAX <= 0.10
+        no_batch = getattr(policy, "only_if_no_batch_dims", False)
+        return _POLICY_LABELS["dots_with_no_batch_dims_saveable" if no_batch else "dots_saveable"]
+    maker = getattr(policy, "__qualname__", kind).split(".<locals>.")[0]
+    fields = _policy_fields(policy)
+    if maker in ("save_only_these_names", "SaveOnlyTheseNames"):
+        return "save " + _names(fields, "names_which_can_be_saved", "saveable_names")
+    if maker in ("save_any_names_but_these", "SaveAnyNamesButThese"):
+        return "save all but " + _names(fields, "names_not_to_save", "names")
+    if maker == "save_and_offload_only_these_names":
+        saved = _names(fields, "names_which_can_be_saved")
+        return f"save {saved}, offload {_names(fields, 'names_which_can_be_offloaded')}"
+    if maker == "save_from_both_policies":
+        both = [fields.get("policy_1"), fields.get("policy_2")]
+        labels = [remat_policy_label({"policy": p}) for p in both]
+        return " + ".join(x or "?" for x in labels)
+    if maker in _POLICY_LABELS:
+        return _POLICY_LABELS[maker]
+    name = getattr(policy, "__name__", "")  # yours; a lambda is a custom policy
+    return name if isinstance(name, str) and name.isidentifier() else "custom policy"
+
+
+def _unwrapped_callable(fn: Any) -> Any:
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return fn
+
+
+def _callable_name(fn: Any) -> str | None:
+    """A user's or a library's function by its name; None for a lambda, an unnamed
+    callable, or JAX's own (`jax.debug.print` calls back JAX's formatter)."""
+    fn = _unwrapped_callable(fn)
+    name = getattr(fn, "__name__", None)
+    code = getattr(fn, "__code__", None)
+    if not isinstance(name, str) or not name.isidentifier():
+        return None  # `<lambda>`, a callable object
+    if code is not None and os.path.abspath(code.co_filename).startswith(_JAX_DIR):
+        return None
+    return name
+
+
+def _callback_function(eqn: JaxprEqn) -> Any:
+    """The function a callback equation calls on the host: `io_callback` and
+    `pure_callback` keep it as `_FlatCallback.callback_func` (JAX 0.10 to 0.12);
+    `debug_callback` as the `callback` cell of its `_flat_callback` closure."""
+    cb = eqn.params.get("callback")
+    if hasattr(cb, "callback_func"):
+        return cb.callback_func
+    return _policy_fields(cb).get("callback") if callable(cb) else None
+
+
+def _kernel_label(eqn: JaxprEqn) -> str:
+    """`pallas_call(matmul_kernel, grid=(2, 2))`: the kernel by the function JAX traced
+    it from (`debug_info`; the `name=` given to `pl.pallas_call` wins), and the grid
+    (`grid_mapping.grid`, JAX 0.10 to 0.12) when there is one."""
+    kernel = eqn.params.get("jaxpr")
+    info = getattr(kernel, "debug_info", None)
+    src = getattr(info, "func_src_info", None) or ""
+    name = src.split(" at ")[0] if " at " in src else getattr(info, "func_name", None)
+    name = name if isinstance(name, str) and name.isidentifier() else None
+    grid = getattr(eqn.params.get("grid_mapping"), "grid", ())
+    parts = [name] if name else []
+    if grid and all(isinstance(n, int) for n in grid):
+        parts.append(f"grid={tuple(grid)}")
+    return f"pallas_call({', '.join(parts)})" if parts else "pallas_call"
+
+
+_CALLBACKS = frozenset({"debug_callback", "io_callback", "pure_callback"})
+
+
+def called_function_label(eqn: JaxprEqn) -> str | None:
+    """The label of an equation that runs a function of yours JAX does not trace into a
+    graph: `debug_callback(log_fn)`, `io_callback(record)`,
+    `pallas_call(matmul_kernel, grid=(2, 2))`; None for any other equation and for a
+    callback of a lambda (its primitive's name says as much)."""
+    name = eqn.primitive.name
+    if name == "pallas_call":
+        return _kernel_label(eqn)
+    if name not in _CALLBACKS:
+        return None
+    fn = _callable_name(_callback_function(eqn))
+    return f"{name}({fn})" if fn else None
+
+
+def opaque_kernel(eqn: JaxprEqn) -> bool:
+    """A kernel (`pallas_call`) whose body is no jaxpr the graph draws: it is one box,
+    so one equation, whatever its body holds."""
+    return eqn.primitive.name == "pallas_call"
+
+
+def name_stack_transforms(eqn: JaxprEqn) -> tuple[str, ...]:
+    """The transforms of an equation's name stack, outermost first (`('jvp',)` for the
+    work of a `jax.linearize`; a backward pass puts `transpose` outside the transforms
+    of the equations it transposes: `('transpose', 'jvp')`)."""
+    return tuple(name for kind, name in name_stack_kinds(eqn) if kind == "transform")
+
+
+def loop_initial_operand(eqn: JaxprEqn, body_param: str, k: int) -> int | None:
+    """Which operand of a loop equation (`scan`, `while`) is the initial value of input
+    `k` of its body (the sub-jaxpr at `body_param`), when that input is the carry;
+    None for a constant, an xs slice, a `while`'s condition or another equation. The
+    operands are the body's inputs in order: a scan's consts, carry, xs; a while's
+    condition consts, then its body's consts and carry. The params read are the same
+    from JAX 0.10 to 0.12 (`scan_layout` reads a scan's layout)."""
+    name = eqn.primitive.name
+    if name == "scan" and body_param == "jaxpr":
+        layout = scan_layout(eqn.params)
+        carry = k - layout.num_consts
+        return k if 0 <= carry < layout.num_carry else None
+    if name == "while" and body_param == "body_jaxpr":
+        if k < eqn.params["body_nconsts"]:
+            return None
+        return eqn.params["cond_nconsts"] + k
+    return None
+
+
+def passed_operand(eqn: JaxprEqn, sub_param: str, k: int, n_inputs: int) -> int | None:
+    """Which operand of `eqn` its sub-jaxpr at `sub_param` (of `n_inputs` inputs) reads
+    as input `k`, when `eqn` only passes its operands on: a call (`jit`, `closed_call`)
+    reads them in order, each branch of a `cond` all but the first (the index); None
+    for any other equation (a loop's carry: `loop_initial_operand`)."""
+    name = eqn.primitive.name
+    if name in CALL_NAMES and n_inputs == len(eqn.invars):
+        return k
+    if name == "cond" and sub_param == "branches" and n_inputs == len(eqn.invars) - 1:
+        return k + 1
+    return None
+
+
+# --- added by sharding labels: collectives by the names users call them, and the mesh
+# axes an array lies along, which no type carries on an Auto mesh.
+
+#: JAX's primitives of collectives named otherwise than the `jax.lax` function a user
+#: calls (`primitive_label` draws the function): under `shard_map`'s default
+#: `check_vma=True`, `lax.psum` of a device-varying value binds `psum_invariant` (JAX
+#: 0.10 and 0.12 alike; `psum` with `check_vma=False`); `lax.psum_scatter` binds
+#: `reduce_scatter` in every version; `lax.all_gather(..., to="invarying")` and
+#: `to="reduced"` bind their own primitives; on an unreduced value (an Explicit mesh's
+#: `unreduced` axes) `psum`, `pmax`, `pmin` and `psum_scatter` bind `unreduced_*` ones
+#: (`unreduced_pmax`, `unreduced_pmin` from JAX 0.12).
+COLLECTIVE_CALLS: dict[str, str] = {
+    "psum_invariant": "psum",
+    "reduce_scatter": "psum_scatter",
+    "all_gather_invariant": "all_gather",
+    "all_gather_reduced": "all_gather",
+    "unreduced_psum": "psum",
+    "unreduced_pmax": "pmax",
+    "unreduced_pmin": "pmin",
+    "unreduced_reduce_scatter": "psum_scatter",
+}
+
+#: Per dimension of a value, the mesh axes that split it: `(("data",), ())`.
+MeshAxes = tuple[tuple[str, ...], ...]
+
+
+def named_axes(sharding: Any, ndim: int) -> MeshAxes | None:
+    """Per dimension of a rank-`ndim` value, the mesh axes `sharding` splits it along,
+    Auto and Explicit axes alike (`NamedSharding(mesh, P(None, "model"))`: `((),
+    ("model",))`); None when it splits none (replicated, unconstrained, or not a
+    `NamedSharding`: a single device, `jax.pmap`'s)."""
+    spec = getattr(sharding, "spec", None)
+    if spec is None or getattr(sharding, "mesh", None) is None:
+        return None
+    entries = tuple(spec)[:ndim] + (None,) * (ndim - len(spec))
+    out = tuple(_entry_axes(e) for e in entries)
+    return out if any(out) else None
+
+
+def _entry_axes(entry: Any) -> tuple[str, ...]:
+    # a name, a tuple of names, or None; `PartitionSpec.UNCONSTRAINED` names none
+    if isinstance(entry, str):
+        return (entry,)
+    if isinstance(entry, tuple):
+        return tuple(n for n in entry if isinstance(n, str))
+    return ()
+
+
+def placement_axes(x: Any) -> MeshAxes | None:
+    """The mesh axes splitting each dimension of the array `x` as it lies on its devices
+    (`jax.device_put(w, NamedSharding(mesh, P(None, "model")))`: `((), ("model",))`).
+    On an Auto mesh (`jax.make_mesh(..., axis_types=(AxisType.Auto, ...))`, Flax NNX's
+    sharding guide) this is in no type: a trace sees `float32[32,64]`. None for a
+    NumPy array, a tracer, or an array on one device or replicated."""
+    if not isinstance(x, jax.Array) or isinstance(x, _core.Tracer):
+        return None
+    try:
+        sharding = x.sharding
+    except Exception:  # a deleted or donated array: no placement to show
+        return None
+    try:
+        return _named_axes_cached(sharding, x.ndim)
+    except TypeError:  # an unhashable sharding: read it uncached
+        return named_axes(sharding, x.ndim)
+
+
+@functools.lru_cache(maxsize=256)
+def _named_axes_cached(sharding: Any, ndim: int) -> MeshAxes | None:
+    # (a Monitor asks per argument leaf at every step; a model's leaves share a few)
+    return named_axes(sharding, ndim)
+
+
+def constraint_axes(eqn: JaxprEqn) -> MeshAxes | None:
+    """What a `jax.lax.with_sharding_constraint` equation asks of its operand: the mesh
+    axes per dimension of its `sharding` param (the same param in JAX 0.10 and 0.12),
+    which its output's type does not say on an Auto mesh; None for another equation."""
+    if eqn.primitive.name != "sharding_constraint" or len(eqn.outvars) != 1:
+        return None
+    ndim = len(getattr(eqn.outvars[0].aval, "shape", ()))
+    return named_axes(eqn.params.get("sharding"), ndim)

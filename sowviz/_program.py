@@ -58,6 +58,7 @@ from .capture import summaries as _summaries
 from .capture.api import SaveIntermediates
 from .capture.tallied import Tallied, TalliedRows
 from .graph import build_graph, instrument
+from .graph.inputs import placed_inputs
 from .modes import (
     check_argnums,
     forward_error,
@@ -225,20 +226,23 @@ class Traced:
             for j in state_inputs
             for a in (self.layout.arg_of[j], self.layout.arg_of[j] - len(args))
         }
-        self.graph = build_graph(
-            self.closed,
-            in_names=[names[i] for i in spec.dynamic],
-            out_names=["output" + p for p in _paths(out_shape)]
-            + [_state.new_value_label(names[k]) for k in self.state]
-            + ["aux" + p for p in _paths(extra_shape[1])],
-            capture=options.capture,
-            title=title,
-            tesseract_names=dict(tn) if isinstance(tn, tuple) else tn,
-            in_args=self.layout.arg_of,  # inputs grouped per argument; these are "parameters":
-            parameters={a % len(args) for a in options.drawn_parameters(parted)} if args else set(),
-            state_inputs=state_inputs,
-            calls=getattr(named, "sowviz_calls", None) if named is not fn else None,
-        )
+        drawn = {a % len(args) for a in options.drawn_parameters(parted)} if args else set()
+        # inputs drawn as their arguments lie: on an Auto mesh no type says it
+        with placed_inputs([_compat.placement_axes(x) for x in dyn]):
+            self.graph = build_graph(
+                self.closed,
+                in_names=[names[i] for i in spec.dynamic],
+                out_names=["output" + p for p in _paths(out_shape)]
+                + [_state.new_value_label(names[k]) for k in self.state]
+                + ["aux" + p for p in _paths(extra_shape[1])],
+                capture=options.capture,
+                title=title,
+                tesseract_names=dict(tn) if isinstance(tn, tuple) else tn,
+                in_args=self.layout.arg_of,  # inputs grouped per argument; these are "parameters":
+                parameters=drawn,
+                state_inputs=state_inputs,
+                calls=getattr(named, "sowviz_calls", None) if named is not fn else None,
+            )
         #: the instrumented program, per kind ("forward": every value in the data flow;
         #: "reverse": dead values beside it, `probed_for`), rewritten when first needed
         self._instrumented: dict[str, Callable[..., list]] = {}
@@ -551,14 +555,18 @@ class Family:
     def traced(self, options: InspectOptions, spec: ArgSpec, dyn: list) -> Traced:
         # JAX's settings too (`jax.enable_x64`, default matmul precision), as `jax.jit`
         # keys its traces: a trace made under one is not the program under another.
+        args = getattr(self.local, "args", None)
         key = (options.graph_key(), spec, tuple(_aval_key(x) for x in dyn), _compat.trace_context())
+        # and where an Auto mesh placed the arguments, in no type (nor in `dyn`, tracers
+        # under `jax.jit`): the graph draws its inputs so (`placed_inputs`)
+        placed = args is not None and not _one_device()
+        key += (placement_key(split_for(options, args, "inspect")[1]) if placed else (),)
         with self._lock:
             t = self._traced.get(key)
             if t is not None:
                 self._traced.move_to_end(key)
                 return t
             fn = self._get_fn()
-            args = getattr(self.local, "args", None)
             if fn is None or args is None:
                 raise RuntimeError("sowviz: the inspected function was garbage-collected.")
             t = self._traced[key] = Traced(fn, options, spec, args)
@@ -602,6 +610,19 @@ def _placed_as(shardings: tuple, outputs: Any, inputs: Any) -> Any:
     return jax.tree_util.tree_unflatten(treedef, placed)
 
 
+def placement_key(dyn: list) -> tuple:
+    """Per concrete dynamic leaf, the mesh axes it lies along (`Traced` draws them);
+    nothing on a machine of one device (a Monitor asks at every step)."""
+    if _one_device():
+        return ()
+    return tuple(_compat.placement_axes(x) for x in dyn)
+
+
+@functools.cache
+def _one_device() -> bool:
+    return jax.device_count() == 1
+
+
 def _aval_key(x: Any) -> tuple:
     # `jax.typeof`, not `.aval`: the arguments may be NumPy arrays or Python scalars
     # (a data loader's batch), which `jax.jit` takes as they are.
@@ -614,7 +635,7 @@ class Runner:
 
     def __init__(self, family: Family, options: InspectOptions):
         self.family, self.options = family, options
-        self._instrumented = jax.jit(self._instrumented_program, static_argnums=(0, 3, 4, 5))
+        self._instrumented = jax.jit(self._instrumented_program, static_argnums=(0, 3, 4, 5, 6))
         self._plain = jax.jit(self._plain_program, static_argnums=0)
         #: the plain program's output shardings per argument layout (`_as_plain`)
         self._plain_placed: collections.OrderedDict[Any, tuple] = collections.OrderedDict()
@@ -653,7 +674,11 @@ class Runner:
         inline: bool = False,
         steps: bool = False,
         as_plain: tuple | None = None,
+        placement: tuple = (),
     ) -> Out:
+        # `placement` (`placement_key`) only keys the trace: an Auto mesh's placement is
+        # in no type, and jit traced anew for none, which kept a stale graph and
+        # `_placements` (the first call's, for arguments placed otherwise now)
         o = self.options
         traced = self.family.traced(o, spec, dyn)
         placed = None if as_plain is not None else self._placements()
@@ -719,7 +744,8 @@ class Runner:
                 if not instrumented:
                     return self._with_statics(self._plain(spec, dyn, extra, chain))
                 placed = self._as_plain(spec, dyn, extra, plain_chain) if steps else None
-                out = self._instrumented(spec, dyn, extra, inline, steps, placed)
+                at = placement_key(dyn)
+                out = self._instrumented(spec, dyn, extra, inline, steps, placed, at)
                 out = restored(out, (dyn, extra))
         except (TypeError, RuntimeError) as err:
             calls_vjp = lambda: self._calls_custom_vjp(spec, dyn)  # noqa: E731
@@ -801,7 +827,8 @@ class Runner:
         try:
             extra = self._extra(spec, dyn, tangents, cotangents, where)
             with gc_paused():
-                self._instrumented.lower(spec, dyn, extra, False, False, None).compile()
+                at = placement_key(dyn)
+                self._instrumented.lower(spec, dyn, extra, False, False, None, at).compile()
         finally:
             self.family.local.args = None
         _summaries.join_precompiles()

@@ -82,6 +82,7 @@ from .capture.packing import Packed
 from .graph.names import sows_named_as_captured
 from .inspection import Inspection, Probe, device_of, join_probes
 from .nonfinite_locate import locate_step as _locate_step
+from .nonfinite_locate import reversed_loops as _reversed_loops
 from .options import InspectOptions, check_bool, check_int, check_number
 
 _KEEP = object()
@@ -557,7 +558,7 @@ class Monitor:
             program = self._program(out.traced, packed)
             entry = LazyEntry(step, loss, finite, (out.traced, packed, self._options), program)
             if not (finite and bool(clean)):
-                self._origins(step, entry, out.traced.graph, args)
+                self._origins(step, entry, out.traced, args)
             read.entry = entry
         entry = read.entry
         if not read.added:
@@ -605,16 +606,19 @@ class Monitor:
             self._program_of[traced] = k
         return k
 
-    def _origins(self, step: int, lazy: LazyEntry, graph: Any, args: tuple | None) -> None:
+    def _origins(self, step: int, lazy: LazyEntry, traced: Traced, args: tuple | None) -> None:
         """A step with a non-finite value: where it was born (`sowviz.nonfinite`); the
         first such step is also located down to the equation on its arguments."""
         entry, probes, finite = lazy.materialize(), lazy.probes() or [], lazy.finite
+        graph = traced.graph
         origins = _nonfinite.find(
             probes,
             graph,
             step=step,
             results_finite=finite,
             expect_nonfinite=self._options.expect_nonfinite,
+            # (a reverse scan's first iteration is its last index, as `inspect` says)
+            reversed_loops=_reversed_loops(traced),
         )
         if origins is None and not finite:
             # No probe saw it (e.g. unscoped top-level code): the results did.

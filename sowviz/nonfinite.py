@@ -120,11 +120,21 @@ def is_backward_key(key: str) -> bool:
     return "cotangent" in str(key).split(".")
 
 
-def _bad_iterations(s: Mapping[str, Any], bit: int = 0) -> list[tuple[int, ...]]:
+#: An xs index of each loop holding a node -> when it ran (`_Index.times`), per loop the
+#: outermost first; the identity where every loop runs forward.
+Timing = Callable[[tuple[int, ...]], tuple[int, ...]]
+
+
+def _bad_iterations(
+    s: Mapping[str, Any], bit: int = 0, timing: Timing | None = None
+) -> list[tuple[int, ...]]:
     """Iterations holding non-finite values, in order: rows of the outermost stacked axis,
     or (`per_iteration.shape`, `locate`'s count run) of the nested loops' axes, as one
     index per loop, the outermost first. With `bit`, those holding that kind (bit of
-    `per_iteration.kinds`, which only `locate`'s count run has)."""
+    `per_iteration.kinds`, which only `locate`'s count run has). With `timing`, each
+    one's time instead (a reverse scan's rows count from its last), in time order."""
+    if timing is not None:
+        return sorted(timing(it) for it in _bad_iterations(s, bit))
     per = s.get("per_iteration") or {}
     counts = per.get("nonfinite") or []
     if bit:
@@ -146,15 +156,17 @@ def _kinds(s: Mapping[str, Any]) -> frozenset[str]:
     return frozenset(k for k in _KINDS if s.get(k))
 
 
-def _kind_iterations(s: Mapping[str, Any]) -> dict[str, tuple[float, ...]]:
+def _kind_iterations(
+    s: Mapping[str, Any], timing: Timing | None = None
+) -> dict[str, tuple[float, ...]]:
     """Per kind the summary holds, the first iteration holding it: from the rows' kinds
     when known, else the first iteration holding any (unknown: after every known one)."""
     per = s.get("per_iteration") or {}
     known = bool(per.get("kinds")) and len(per["kinds"]) == len(per.get("nonfinite") or [])
-    anyone = _bad_iterations(s)
+    anyone = _bad_iterations(s, timing=timing)
     out: dict[str, tuple[float, ...]] = {}
     for k in _kinds(s):
-        its = _bad_iterations(s, _BITS[k]) if known else anyone
+        its = _bad_iterations(s, _BITS[k], timing) if known else anyone
         out[k] = its[0] if its else (_INF,)
     return out
 
@@ -184,15 +196,20 @@ class _Flags:
         return min(its) if its else self.fwd_iter
 
 
-def node_flags(probes: Iterable[Any]) -> dict[str, _Flags]:
-    """Per node: whether its own probes hold non-finite values, by pass."""
+def node_flags(
+    probes: Iterable[Any], timing: Callable[[str], Timing] | None = None
+) -> dict[str, _Flags]:
+    """Per node: whether its own probes hold non-finite values, by pass. Its iterations
+    are times (`timing` of the node: `_Index.times`), the xs indices without it: "first"
+    is first in time, and a reverse scan runs its last xs index first."""
     out: dict[str, _Flags] = {}
     for p in probes:
+        when = None if timing is None else timing(p.node)
         for key, s in p.summaries.items():
             if not is_bad(s):
                 continue
             f = out.setdefault(p.node, _Flags())
-            its = _bad_iterations(s)
+            its = _bad_iterations(s, timing=when)
             if is_backward_key(key):
                 f.bwd = True
                 if its:
@@ -203,7 +220,7 @@ def node_flags(probes: Iterable[Any]) -> dict[str, _Flags]:
                 f.fwd_kinds |= _kinds(s)
                 if its:
                     f.fwd_iter = min(f.fwd_iter, its[0])
-                for k, it in _kind_iterations(s).items():
+                for k, it in _kind_iterations(s, when).items():
                     f.fwd_kind_iter[k] = min(f.fwd_kind_iter.get(k, (_INF,)), it)
     return out
 
@@ -215,8 +232,12 @@ _STACKED = ("scan", "while")
 
 
 class _Index:
-    def __init__(self, graph: Any) -> None:
+    def __init__(self, graph: Any, reversed_loops: Mapping[str, int] | None = None) -> None:
         self.graph = graph
+        #: reverse scans (`lax.scan(..., reverse=True)`): node id -> length. Their
+        #: iterations are named by xs index, as the user indexes the data, and ordered
+        #: by when they ran: the last index first.
+        self.reversed_loops = dict(reversed_loops or {})
         self.depth: dict[str, int] = {}
         self.exit: dict[str, int] = {}
         self.loop: dict[str, str | None] = {}  # outermost stacked ancestor
@@ -249,6 +270,24 @@ class _Index:
     def loops(self, node: str) -> list[str]:
         """The loops (scan, while) holding `node`, the outermost first."""
         return [a for a in reversed(self.ancestors(node)) if self.nodes[a].kind in _STACKED]
+
+    def times(self, node: str) -> Timing:
+        """`node`'s xs indices (one per loop holding it, the outermost first) -> when
+        those iterations ran: a reverse scan of length n runs index i as its
+        (n - 1 - i)th; its own inverse (`indices`)."""
+        lengths = [self.reversed_loops.get(lp) for lp in self.loops(node)]
+        if not any(lengths):
+            return lambda it: it
+        return lambda it: tuple(
+            i if k >= len(lengths) or lengths[k] is None else lengths[k] - 1 - i
+            for k, i in enumerate(it)
+        )
+
+    def indices(self, node: str, times: Sequence[float]) -> tuple[int, ...]:
+        """The xs indices of `node`'s iterations known at `times` (`_Flags`' iterations),
+        the outermost loop first, up to the first unknown one: what messages and
+        `Origin.iteration` say."""
+        return self.times(node)(_known(times, self.loops(node)))
 
     def key(self, node: str, iteration: Sequence[float]) -> tuple[tuple[float, float], ...]:
         """When a node's value exists (forward time; the backward runs it in reverse): per
@@ -357,6 +396,7 @@ def find(
     expect_nonfinite: Sequence[str] = (),
     readers: Callable[[str], Sequence[str]] | None = None,
     fills: frozenset[str] = frozenset(),
+    reversed_loops: Mapping[str, int] | None = None,
 ) -> Origins | None:
     """The origins of non-finite values on one step, or None when every value is finite.
 
@@ -368,11 +408,13 @@ def find(
     the jaxpr) gives the nodes reading a node's values exactly, where the graph's edges,
     drawn between siblings, show none. `fills` (`locate`, which reads the literals):
     constant nodes whose NaN/Inf was written in the program as a literal (`jnp.clip`'s
-    `max=jnp.inf` made a float), never made of finite values.
+    `max=jnp.inf` made a float), never made of finite values. `reversed_loops` (read off
+    the jaxpr: `nonfinite_locate.reversed_loops`): the reverse scans' node ids and
+    lengths, whose first iteration is their last xs index.
     """
-    ix = _Index(graph)
+    ix = _Index(graph, reversed_loops)
     probes = list(probes)
-    flags = node_flags(probes)
+    flags = node_flags(probes, ix.times)
     probed = {p.node for p in probes} | set(inputs or ())
     for node, (fwd, bwd) in (inputs or {}).items():
         if fwd or bwd:
@@ -436,7 +478,7 @@ def find(
             if first not in live:
                 by = reaches.masker(first)
                 masked_note = (ix.nodes[first], fwd[first].fwd_kinds, by and ix.nodes[by])
-        iteration = _known(node_iter, ix.loops(node))
+        iteration = ix.indices(node, node_iter)
         msg = forward_message(
             ix.nodes[node],
             ix.path(node),
@@ -483,9 +525,10 @@ def find(
         from_forward = made is not None and (
             _value_bad(flags.get(made))
             if made in flags
-            else made not in probed and _value_bad(flags.get(reach))
+            else made not in probed
+            and (_value_bad(flags.get(reach)) or _enters_bad(ix, flags, made))
         )
-        iteration = _known(bwd[reach].bwd_iter, ix.loops(reach))
+        iteration = ix.indices(reach, bwd[reach].bwd_iter)
         at = at_iteration([n[lp] for lp in ix.loops(reach)], iteration)
         msg = backward_message(made_node, n[reach], [n[c] for c in cands[1:]], from_forward, at)
         mine, other = _grads_split(ix, bwd, _upstream(ix, reach))
@@ -731,6 +774,18 @@ def _value_bad(flags: _Flags | None) -> bool:
     return flags is not None and flags.fwd and flags.fwd_value
 
 
+def _enters_bad(ix: _Index, flags: Mapping[str, _Flags], node: str) -> bool:
+    """Whether an unprobed equation may read non-finite forward values from outside its
+    stage: a value entering the stage holds them. Edges are drawn between siblings, so
+    what it reads from outside is drawn as read by its stage (PPO's `ratio * adv` in
+    `pg` reads the NaN of `adv = (adv - mean) / std`: its backward makes a NaN of that
+    NaN, as `locate` then sees, not of finite values)."""
+    parent = ix.nodes[node].parent
+    if parent is None or parent == ix.graph.root:
+        return False
+    return any(_value_bad(flags.get(s)) for s in ix.into.get(parent, ()))
+
+
 def _plain_backward(node: Any, flags: _Flags | None) -> bool:
     return node.kind == "eqn" and node.primitive in _PLAIN_BACKWARD and not _value_bad(flags)
 
@@ -803,18 +858,52 @@ def _producer(
     if kinds(first) & results and when(first) <= when(holding[0]):
         return first, None, None, fwd[first].first_of(raw)  # (no `raw`: its first of any)
     n = holding[0]
-    made = ix.nodes[first]
     # (an overflow at its first iteration holds the NaN it led to later: a `div` in a
     # loop that makes +Inf at iteration 0 holds NaN from iteration 1, the positions
     # the `mul` its +Inf became made NaN)
-    if made.kind == "eqn" and not _is_fill(ix, first) and not kinds(first, True) & results:
+    if _computes(ix, first) and not _is_fill(ix, first) and not kinds(first, True) & results:
         # No arithmetic makes ±Inf of a NaN: ±Inf results after a NaN were put in its
         # place (tinygp's `jnp.where(jnp.isfinite(ll), ll, -jnp.inf)` after a failed
         # `cholesky`: the NaN is the origin) or made apart from it by an overflow, then
         # the origin of what the results hold.
         if "nan" in results or _is_fill(ix, n):
             return first, None, n, fwd[first].fwd_iter
-    return n, first, None, fwd[n].first_of(raw)
+    return n, _named_earlier(ix, order, first, n), None, fwd[n].first_of(raw)
+
+
+def _named_earlier(ix: _Index, order: Sequence[str], first: str, origin: str) -> str:
+    """The earlier node to name beside the origin: `first`, unless it is a constant (a
+    literal's cast, `-jnp.inf` made a float32: `convert_element_type` told the user
+    nothing), then the first node after it that is none, before the origin (the
+    `where` that put the -Inf into the logits)."""
+    constants = getattr(ix.graph, "constant_nodes", ())
+    if first not in constants:
+        return first
+    for n in order:
+        if n == origin:
+            break
+        if n not in constants and ix.nodes[n].kind == "eqn":
+            # by the library call holding it, as the user wrote it on that line
+            # (`where`, not its `select_n`): a `jit` whose equations carry its call's line
+            up = ix.nodes.get(ix.nodes[n].parent)
+            called = up is not None and up.kind == "jit" and up.source == ix.nodes[n].source
+            return up.id if called else n
+    return first
+
+
+def _computes(ix: _Index, n: str) -> bool:
+    """Whether a node is an equation, or a line's box of equations only (`h = x * gate`,
+    named by what it assigns), one of which computes (not a fill's move): an overflow
+    there is born there, as in the equation it holds."""
+    node = ix.nodes[n]
+    if node.kind == "eqn":
+        return True
+    if node.kind != "scope":
+        return False
+    inside = [c for c in ix.graph.nodes if c.parent == n]
+    return bool(inside) and all(c.kind == "eqn" for c in inside) and any(
+        c.primitive not in _MOVES for c in inside
+    )
 
 
 def _is_fill(ix: _Index, n: str) -> bool:

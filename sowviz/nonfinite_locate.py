@@ -134,7 +134,26 @@ def analyse(
         expect_nonfinite=tuple(expect_nonfinite),
         readers=readers,
         fills=fills,
+        reversed_loops=reversed_loops(traced),
     )
+
+
+def reversed_loops(traced: Any) -> dict[str, int]:
+    """The reverse scans of a traced program (`lax.scan(..., reverse=True)`, the GAE's
+    backward recursion): their node ids and lengths, read off the scan equation each
+    one's probe point names. A scan none probes (no floating output) counts as forward."""
+    from . import _compat
+
+    flow = _Dataflow(traced)
+    out: dict[str, int] = {}
+    for n in traced.graph.nodes:
+        p = flow.points.get(n.id)
+        if n.kind != "scan" or p is None or len({i for i, _ in p.values}) != 1:
+            continue
+        length = _compat.reverse_scan_length(flow._jaxpr(p.path).eqns[p.values[0][0]])
+        if length is not None:
+            out[n.id] = length
+    return out
 
 
 @dataclass
@@ -200,6 +219,27 @@ def _stage_of(graph: Any, node: str) -> str:
     return node
 
 
+def _sign_free(kinds: Any) -> frozenset[str]:
+    """NaN/+Inf/-Inf kinds with the sign of an Inf dropped: a sign flip makes no new value."""
+    return frozenset("inf" if k.endswith("inf") else k for k in kinds)
+
+
+def _value_kinds(x: Any) -> frozenset[str]:
+    """Which of NaN and ±Inf (`_sign_free`) a constant's value holds."""
+    if finite(x):
+        return frozenset()
+    value = np.asarray(x)
+    if not np.issubdtype(value.dtype, np.inexact):
+        value = value.astype(np.float32)  # ml_dtypes (bfloat16): NaN and Inf kept
+    kinds = (("nan", np.isnan(value)), ("inf", np.isinf(value)))
+    return frozenset(k for k, held in kinds if held.any())
+
+
+def _made_by(j: Any, v: Any) -> int | None:
+    """The index of the equation of `j` making `v`; None for an input or a literal."""
+    return next((e for e, eqn in enumerate(j.eqns) if v in eqn.outvars), None)
+
+
 class _Dataflow:
     """Which equations read a node's values, from the jaxpr (exact, unlike lifted edges)."""
 
@@ -258,11 +298,16 @@ class _Dataflow:
         made = (e for e in range(i) if any(id(v) in reads for v in j.eqns[e].outvars))
         return [self.at[(p.path, e)] for e in made if (p.path, e) in self.at]
 
-    def fills(self, graph: Any, flags: Mapping[str, Any]) -> frozenset[str]:
+    def fills(
+        self, graph: Any, flags: Mapping[str, Any], ix: _Index | None = None
+    ) -> frozenset[str]:
         """The constant nodes (`graph.constant_nodes`) holding non-finite values that
         read a non-finite constant: a literal (`jnp.clip(dt, max=jnp.inf)` converts
         `inf` to a float), a closed-over array, or an earlier constant's NaN/Inf (a
-        broadcast of it). An overflow of finite constants (`jnp.exp(1000.0)`) is none."""
+        broadcast of it). An overflow of finite constants (`jnp.exp(1000.0)`) is none.
+        Also a loop's equations that read such a constant as the carry's initial value
+        at the loop's first iteration (`carry_fills`). `ix` (with the reverse scans):
+        the graph's index, made here without."""
         fwd = {n for n, f in flags.items() if f.fwd}
         out = set()
         for node in sorted(set(graph.constant_nodes) & fwd, key=lambda n: graph.node(n).order):
@@ -273,7 +318,7 @@ class _Dataflow:
             eqn = j.eqns[p.values[0][0]]
             if any(self._nonfinite_constant(p.path, j, consts, v, fwd) for v in eqn.invars):
                 out.add(node)
-        return frozenset(out)
+        return frozenset(out) | self.carry_fills(graph, flags, frozenset(out), ix)
 
     def _nonfinite_constant(self, path, j, consts, v, flagged: set[str]) -> bool:
         """Whether operand `v` of an equation of `j` (at `path`) is a constant holding
@@ -296,6 +341,92 @@ class _Dataflow:
         operand = call.invars[j.invars.index(v)]
         return self._nonfinite_constant(up, outer, outer_consts, operand, flagged)
 
+    def carry_fills(
+        self, graph: Any, flags: Mapping[str, Any], fills: frozenset[str], ix: _Index | None
+    ) -> frozenset[str]:
+        """The equations whose first non-finite values, at the first iteration of their
+        loop, are its carry's initial value, a non-finite constant (a literal, or one of
+        `fills`: `lax.scan(body, -jnp.inf, xs)`, BlackJAX's `Proposal(..., -jnp.inf)`
+        starting a `while_loop`), and of no other kind (a sign flip aside): the
+        `convert_element_type` making the weak-typed `-inf` a float32 holds it from
+        iteration 0, before the `log` that made a NaN at iteration 2, and made nothing.
+        The equations of the body reading those, alike, hold the fill too."""
+        ix = ix or _Index(graph)
+        out: set[str] = set()
+        for n in graph.nodes:  # (program order: a fill's readers come after it)
+            f = flags.get(n.id)
+            p = self.points.get(n.id)
+            if f is None or not f.fwd or n.id in fills or n.kind != "eqn" or p is None:
+                continue
+            if len({i for i, _ in p.values}) != 1:
+                continue
+            j = self._jaxpr(p.path)
+            held = _sign_free(f.first_kinds())
+            for v in j.eqns[p.values[0][0]].invars:
+                maker = self.at.get((p.path, _made_by(j, v)))
+                if maker in out and flags[maker].fwd_iter == f.fwd_iter:
+                    kinds = _sign_free(flags[maker].first_kinds())  # (the fill, moved on)
+                else:
+                    kinds = self._initial_carry_kinds(p.path, j, v, fills, flags, ix, n.id)
+                if held <= kinds:
+                    out.add(n.id)
+                    break
+        return frozenset(out)
+
+    def _initial_carry_kinds(
+        self, path, j, v, fills: frozenset[str], flags: Mapping[str, Any], ix: _Index, node: str
+    ) -> frozenset[str]:
+        """Which non-finite kinds (`_sign_free`) `node`'s operand `v` holds at `node`'s
+        first non-finite iteration when `v` is the carry of the loop whose body `j` (at
+        `path`) is (or a call's parameter, a branch's operand, its caller passed that
+        carry: `logaddexp` is a `jit`), that iteration is the loop's first, and the carry's initial value is a
+        non-finite constant; else none."""
+        if not path or v not in j.invars:
+            return frozenset()
+        up, (i, param, _) = path[:-1], path[-1]
+        outer, outer_consts = self._level(up)
+        loop_eqn = outer.eqns[i]
+        k = j.invars.index(v)
+        passed = self._compat.passed_operand(loop_eqn, param, k, len(j.invars))
+        if passed is not None:
+            operand = loop_eqn.invars[passed]
+            return self._initial_carry_kinds(up, outer, operand, fills, flags, ix, node)
+        operand = self._compat.loop_initial_operand(loop_eqn, param, k)
+        loop = self.at.get((up, i))
+        loops = ix.loops(node)
+        if operand is None or loop not in loops:
+            return frozenset()
+        k = loops.index(loop)
+        first = flags[node].fwd_iter
+        if len(first) <= k or first[k] != 0:  # (later, the body may have made it)
+            return frozenset()
+        init = loop_eqn.invars[operand]
+        return self._constant_kinds(up, outer, outer_consts, init, fills, flags)
+
+    def _constant_kinds(
+        self, path, j, consts, v, fills: frozenset[str], flags: Mapping[str, Any]
+    ) -> frozenset[str]:
+        """The non-finite kinds (`_sign_free`) of operand `v` of an equation of `j` (at
+        `path`) when it is a constant: a literal, a const, a fill's value, or a call's
+        parameter its caller passed one; none otherwise."""
+        if isinstance(v, self._compat.Literal):
+            return _value_kinds(self._compat.literal_value(v))
+        if v in j.constvars:
+            return _value_kinds(consts[j.constvars.index(v)])
+        made = _made_by(j, v)
+        if made is not None:
+            maker = self.at.get((path, made))
+            return _sign_free(flags[maker].fwd_kinds) if maker in fills else frozenset()
+        if not path or v not in j.invars:
+            return frozenset()
+        up, (i, _, _) = path[:-1], path[-1]
+        outer, outer_consts = self._level(up)
+        call = outer.eqns[i]
+        if call.primitive.name not in self._compat.CALL_NAMES or len(j.invars) != len(call.invars):
+            return frozenset()
+        operand = call.invars[j.invars.index(v)]
+        return self._constant_kinds(up, outer, outer_consts, operand, fills, flags)
+
     def _readers(self, path, j, vs: set[int], start: int) -> list[str]:
         out = []
         for e in range(start, len(j.eqns)):
@@ -314,9 +445,9 @@ class _Dataflow:
 def _culprit(ins: Any, traced: Any, reach: str) -> tuple[str, ...]:
     """The equations reading `reach` whose own cotangent is finite, the likeliest maker
     of its NaN first (`backward_suspicion`, as the stage-level rule orders them)."""
-    flags = node_flags(ins.probes)
     g = ins.graph
-    ix = _Index(g)
+    ix = _Index(g, reversed_loops(traced))
+    flags = node_flags(ins.probes, ix.times)
     cands = [
         c
         for c in _Dataflow(traced).consumers(reach)
@@ -471,11 +602,12 @@ def _probed(
     ins, traced, opts = _run_all(fn, args, options)
     # (every equation probed: which read a value is known exactly, past its stage)
     flow = _Dataflow(traced)
-    fills = flow.fills(ins.graph, node_flags(ins.probes))
+    ix = _Index(ins.graph, reversed_loops(traced))
+    fills = flow.fills(ins.graph, node_flags(ins.probes, ix.times), ix)
     fine = analyse(ins, traced, opts, args, step, expect_nonfinite, flow.consumers, fills)
     if alarmed and (fine is None or not fine.alarm):
         ins, traced, opts = _run_all(fn, args, options, traced=traced, barriers=False)
-        fills = flow.fills(ins.graph, node_flags(ins.probes))
+        fills = flow.fills(ins.graph, node_flags(ins.probes, ix.times), ix)
         fine = analyse(ins, traced, opts, args, step, expect_nonfinite, flow.consumers, fills)
     return ins, traced, opts, flow, fine
 
@@ -599,6 +731,7 @@ def origins_of(out: Any, probes: Sequence[Any], options: Any) -> Origins | None:
         out.traced.graph,
         results_finite=all_finite,
         expect_nonfinite=tuple(getattr(options, "expect_nonfinite", ()) or ()),
+        reversed_loops=reversed_loops(out.traced),
     )
 
 
@@ -609,7 +742,10 @@ LOCATED = "located"
 def locate_inspection(ins: Any) -> Origins | None:
     """`Inspection.locate_nonfinite`: `locate` on the inspection's own call, once. The
     answer is stored in `ins.nonfinite` (the model's `"nonfinite"`, with `located`
-    true); a second call returns it at no cost."""
+    true); a second call returns it at no cost. An inspection that found every value
+    finite (its results, and every value its probes saw) returns None at once: a re-run
+    probing every equation costs minutes on a sampler (BlackJAX's NUTS), and would only
+    name what a `jnp.where` masked inside a stage."""
     if ins._rerun is LOCATED:
         return ins.nonfinite
     if ins._rerun is None:
@@ -618,6 +754,9 @@ def locate_inspection(ins: Any) -> Origins | None:
             "was not made by `sowviz.inspect`); call "
             "`sowviz.nonfinite_locate.locate(fn, args, options)` instead."
         )
+    if ins.nonfinite is None and results_finite(ins.result):
+        ins._rerun = LOCATED  # (nothing to find: the arguments are let go)
+        return None
     fn, args, opts = ins._rerun
     alarmed = ins.nonfinite is not None and ins.nonfinite.alarm
     found = kept_record(ins.nonfinite, locate(fn, args, opts, alarmed=alarmed))

@@ -145,6 +145,38 @@ def _custom(params: Mapping[str, Any], name: str) -> str:
     return str(params.get("name") or function_name(params["call_jaxpr"]) or name)
 
 
+# qualifier(params) -> what sets this call of the construct apart from another of the
+# same function, or None: `reverse` for `lax.scan(step, reverse=True)`, which ran
+# backwards and looked exactly like a forward scan; `save dots` for a `jax.checkpoint`
+# policy, under which three calls of one block stacked as identical
+Qualifier = Callable[[Mapping[str, Any]], str | None]
+
+
+def _reverse(params: Mapping[str, Any]) -> str | None:
+    return "reverse" if params.get("reverse") else None
+
+
+def qualified(label: str, qualifier: str | None) -> str:
+    """`label` with `qualifier` as its last argument: `scan(step, reverse)`,
+    `checkpoint(save dots)` for a lambda's."""
+    if not qualifier:
+        return label
+    if label.endswith(")") and "(" in label:
+        return f"{label[:-1]}, {qualifier})"
+    return f"{label}({qualifier})"
+
+
+def unqualified(label: str, qualifier: str | None) -> str:
+    """`label` without the `qualifier` `qualified` added: `scan(step)` for
+    `scan(step, reverse)`, `checkpoint` for `checkpoint(save dots)`."""
+    if not qualifier:
+        return label
+    for added in (f", {qualifier})", f"({qualifier})"):
+        if label.endswith(added):
+            return label.removesuffix(added) + (")" if added[0] == "," else "")
+    return label
+
+
 _WHILE_COND = (
     "`while` condition: its equations are shown but not probed (it only decides whether "
     "to continue and is never differentiated)."
@@ -161,6 +193,8 @@ class PrimitiveSpec:
     and `graph.instrument` refuses a probe point inside).
     `shows_primitive`: the graph node records which primitive it is (custom_jvp or
     custom_vjp; the Tesseract dispatch).
+    `qualifier`: what the label adds last (`qualified`): a scan's direction, a
+    checkpoint's policy.
     """
 
     construct: Construct
@@ -170,6 +204,7 @@ class PrimitiveSpec:
     label: Label
     custom_rule: bool = False
     shows_primitive: bool = False
+    qualifier: Qualifier | None = None
 
 
 _BODY = (Body("jaxpr"),)
@@ -178,7 +213,9 @@ SPECS: tuple[PrimitiveSpec, ...] = (
     PrimitiveSpec(Construct.SOW, _compat.SOW_NAMES, "sow", (), _sow),
     PrimitiveSpec(Construct.JIT, _compat.JIT, "jit", _BODY, _called),
     PrimitiveSpec(Construct.CALL, _compat.CLOSED_CALL, "jit", _CALL_BODY, _called),
-    PrimitiveSpec(Construct.SCAN, frozenset({_compat.SCAN}), "scan", _BODY, _scan),
+    PrimitiveSpec(
+        Construct.SCAN, frozenset({_compat.SCAN}), "scan", _BODY, _scan, qualifier=_reverse
+    ),
     PrimitiveSpec(
         Construct.COND,
         frozenset({_compat.COND}),
@@ -197,7 +234,14 @@ SPECS: tuple[PrimitiveSpec, ...] = (
         ),
         _while,
     ),
-    PrimitiveSpec(Construct.REMAT, _compat.REMAT, "remat", _BODY, _named("checkpoint")),
+    PrimitiveSpec(
+        Construct.REMAT,
+        _compat.REMAT,
+        "remat",
+        _BODY,
+        _named("checkpoint"),
+        qualifier=_compat.remat_policy_label,
+    ),
     PrimitiveSpec(
         Construct.CUSTOM_JVP,
         frozenset({_compat.CUSTOM_JVP}),

@@ -19,11 +19,19 @@ from typing import Any
 
 from .. import _compat
 from .._forwarding import forwarded_operand
-from ..primitives import Body, Construct, construct_of, function_name, spec_of
+from ..primitives import (
+    Body,
+    Construct,
+    construct_of,
+    function_name,
+    qualified,
+    spec_of,
+    unqualified,
+)
 from . import frameworks, repeats
-from .calls import body_call, group_calls, hoisted_from_bodies
+from .calls import body_call, group_calls, hoisted_from_bodies, inlined_into
 from .copies import renames
-from .inputs import InputsMixin
+from .inputs import InputsMixin, constrained_shapes
 from .model import STAGE_KINDS, Capture, Edge, Node, Note, ProbePoint, StageGraph, Step
 from .names import (
     BACKWARD,
@@ -93,7 +101,7 @@ _CUSTOM_OUTPUTS_NOTE = (
     "no tangents or cotangents."
 )
 #: A construct's label naming the function it wraps: `scan(step)`, `checkpoint(block)`.
-_WRAPS = re.compile(r"^\w+\((\w+)\)$")
+_WRAPS = re.compile(r"^\w+\((\w+)(?:, [^()]+)?\)$")  # (`scan(step, reverse)` too)
 
 
 def _restated(container: _Rec) -> frozenset[str]:
@@ -487,19 +495,21 @@ def _name_wrappers(recs: Sequence[_Rec]) -> None:
         if (inner.kind == "scope" and not inner.made) or inner.kind == "tesseract":
             name = inner.label
         elif inner.kind == "remat" and inner.label.endswith(")"):
-            name = inner.label.partition("(")[2][:-1]
+            # (its function, not its policy: `scan(block)` of `checkpoint(block, save dots)`)
+            name = unqualified(inner.label, inner.qualifier).partition("(")[2][:-1]
         else:
             continue
-        construct, paren, _ = rec.label.partition("(")
+        bare = unqualified(rec.label, rec.qualifier)  # (`scan(reverse)` is a bare scan)
+        construct, paren, _ = bare.partition("(")
         if (
             rec.kind == "remat"
             and inner.kind == "scope"
             and (inner.label in frameworks.pushed() or not paren)
         ):
-            rec.label = f"{construct}({name})"
-        elif rec.kind == "scan" and rec.label in ("scan", "map"):
+            rec.label = qualified(f"{construct}({name})", rec.qualifier)
+        elif rec.kind == "scan" and bare in ("scan", "map"):
             # (tesseract-jax's `vmap_method="sequential"` maps a Tesseract: `map(vectoradd)`)
-            rec.label = f"{rec.label}({name})"
+            rec.label = qualified(f"{bare}({name})", rec.qualifier)
 
 
 #: A Linen module's scope named by default: its class and its index (`Dense_0`).
@@ -530,6 +540,7 @@ class _Rec:
         "out_vars",
         "parent",
         "primitive",
+        "qualifier",
         "reads",
         "repeats",
         "saved",
@@ -551,6 +562,7 @@ class _Rec:
         self.scope: str | None = None  # a scope's name in the program (`shown_first`)
         self.shapes = shapes
         self.primitive = primitive
+        self.qualifier: str | None = None  # what its label adds last (`primitives.qualified`)
         # An equation counts itself; stages then add what they hold (see `finish`).
         self.n_eqns = 0 if kind in ("scope", "input", "output") else 1
         self.collapsed = kind in STAGE_KINDS
@@ -743,9 +755,10 @@ class _Builder(InputsMixin):
         ]
         frames = [_compat.user_frames(e) for e in jaxpr.eqns]
         backward = [("transform", "transpose") in _compat.name_stack_kinds(e) for e in jaxpr.eqns]
+        transforms = [_compat.name_stack_transforms(e) for e in jaxpr.eqns]
         for i, j in hoisted_from_bodies(jaxpr.eqns, frames).items():
             scoped[i], locs[i], frames[i] = scoped[j], locs[j], frames[j]
-            backward[i] = backward[j]
+            backward[i], transforms[i] = backward[j], transforms[j]
         # Not drawn: constants nobody reads, and the seeds that `jax.jacfwd` / `jax.hessian`
         # build (`seeds`); each takes the place of what follows it.
         unread = sorted({*unread_constants(jaxpr, used), *self.seeds(jaxpr)})
@@ -754,6 +767,9 @@ class _Builder(InputsMixin):
             if i + 1 < len(scoped):
                 scoped[i], locs[i], frames[i] = scoped[i + 1], locs[i + 1], frames[i + 1]
                 backward[i], stand_in[i] = backward[i + 1], stand_in[i + 1]
+                transforms[i] = transforms[i + 1]
+        for i, j in inlined_into(frames).items():  # (a vmapped switch's branches: its own)
+            locs[i], stand_in[i] = locs[j], stand_in[j]
         scoped, call_sites = group_calls(
             scoped,
             [f.calls if f is not None else None for f in frames],
@@ -763,6 +779,7 @@ class _Builder(InputsMixin):
             roots=[f.root if f is not None else None for f in frames],
             stages=named_stage,
             by_lambda=[f is not None and f.by_lambda for f in frames],
+            transforms=transforms,
         )
         self.call_sites.update(call_sites)
         scoped = split_einsum_calls(scoped, locs)
@@ -1040,7 +1057,8 @@ class _Builder(InputsMixin):
             label = construct_label(label, _compat.call_path(eqn))
         if spec.construct is Construct.TESSERACT:
             label = tesseract_label(_compat.tesseract_client(eqn.params), self.tesseract_names)
-        return label
+        # last, as what restates the function (`checkpoint(block)`) matched it bare
+        return qualified(label, spec.qualifier(eqn.params) if spec.qualifier else None)
 
     def eqn_node(self, eqn, i, parent: _Rec, path, probe, in_custom) -> _Rec:
         name = eqn.primitive.name
@@ -1060,16 +1078,22 @@ class _Builder(InputsMixin):
 
         outs = range(len(eqn.outvars))
         order = sorted(outs, key=shown_first) if len(outs) > 1 else outs
-        shapes = tuple(shape_str(eqn.outvars[k].aval) for k in order)
+        # (`with_sharding_constraint` by the sharding it asks: `float32[64@data,64@model]`)
+        shapes = constrained_shapes(eqn) or tuple(shape_str(eqn.outvars[k].aval) for k in order)
         src = self.source(eqn, parent)
         spec = spec_of(name)
         if spec is None:  # an ordinary equation (its sub-programs, if any, are counted)
             primitive = _compat.primitive_label(eqn)
             # `checkpoint_name(x @ w, "proj_in")` is drawn by the name the user gave it
-            label = _compat.checkpoint_name_of(eqn) or primitive
+            # and a callback or a Pallas kernel by the function it runs: `io_callback(record)`
+            label = (
+                _compat.checkpoint_name_of(eqn) or _compat.called_function_label(eqn) or primitive
+            )
             rec = self.new("eqn", label, parent.id, src, shapes, primitive=primitive)
             rec.site = (path, i, eqn.outvars)
-            rec.n_eqns = 1 + sum(_count_eqns(j) for _, _, j in _compat.sub_jaxprs(eqn))
+            # (a kernel's body is not drawn: its stage opened to one box and said "+ 5 eqns")
+            inside = () if _compat.opaque_kernel(eqn) else _compat.sub_jaxprs(eqn)
+            rec.n_eqns = 1 + sum(_count_eqns(j) for _, _, j in inside)
             rec.constant = self.const(eqn)
             return rec
         label = self.stage_label(eqn)
@@ -1079,6 +1103,7 @@ class _Builder(InputsMixin):
         pmap = _compat.pmap_body(eqn)
         kind = spec.node_kind if pmap is None else "shard_map"
         rec = self.new(kind, label, parent.id, src, shapes, primitive=primitive)
+        rec.qualifier = spec.qualifier(eqn.params) if spec.qualifier else None
         rec.constant = constant
         if pmap is not None:
             rec.user_body = pmap.users

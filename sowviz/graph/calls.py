@@ -37,6 +37,7 @@ from .. import _compat
 from .names import BACKWARD, CALL, CALLED_BACK, fold_label, function_label, user_call_label
 
 Chain = tuple[_compat.UserCall, ...] | None
+Transforms = tuple[str, ...]  # an equation's transforms, outermost first
 
 
 def _unwrapped(chain: Chain) -> Chain:
@@ -76,58 +77,121 @@ class _Forward:
 
     lasti: int
     stayed: bool = True
+    #: the transforms (`name_stack_kinds`) that the callee's own equations share: the
+    #: equations of a transform it takes itself (`jax.linearize`, `jax.vjp`) add some
+    transforms: tuple[str, ...] = ()
 
 
 class _Ids:
-    """The call ids `_instances` hands out, and which call a backward pass belongs to."""
+    """The call ids `_instances` hands out, and which call a backward pass (or the
+    replay of a transform the callee took) belongs to."""
 
     def __init__(self) -> None:
         self.counter = 0
         self.forward: dict[int, _Forward] = {}  # per call, where its forward pass is
-        self.origin: dict[int, int] = {}  # a backward pass begun as a call -> the call before
-        self.alias: dict[int, int] = {}  # a backward pass found inside its origin -> it
+        self.origin: dict[int, int] = {}  # a pass begun as a call -> the call before
+        self.replays: set[int] = set()  # those of `origin` begun by going back (`replay_of`)
+        self.inner_only: set[int] = set()  # those of `origin` all of whose work is `inner`
+        self.alias: dict[int, int] = {}  # a pass found inside its origin -> it
 
     def new(self) -> int:
         self.counter += 1
         return self.counter
 
+    def inner(self, i: int, transforms: Transforms) -> bool:
+        """Whether an equation under `transforms` in call `i` is work of a transform the
+        callee takes itself (`jax.linearize`, `jax.vjp`: `jvp`, `transpose` added to
+        those of the callee's own equations), not of one taken around the call (a
+        train step's `jax.grad`, whose backward pass puts `transpose` outside them)."""
+        f = self.forward.get(self.origin.get(i, i))
+        if f is None:
+            return False
+        n = len(f.transforms)
+        return len(transforms) > n and transforms[:n] == f.transforms
+
     def resumes(self, i: int, c: _compat.UserCall) -> bool:
         # After a backward pass in call `i` (or begun as call `i`), the callee goes on
         # from where its forward pass was: the backward pass was of a transform the
         # callee took on that line (`jax.hessian(L)(q, v)`), no backward pass of the
-        # callee itself, which JAX transposes from its end back to its start.
+        # callee itself, which JAX transposes from its end back to its start. After a
+        # replay (`replay_of`), it goes on past where it was: the replay came from a
+        # later line than the one it was at (`f_jvp(t)` after `t = jnp.ones_like(q)`);
+        # a new call from a loop starts over, at or before it.
         f = self.forward.get(self.origin.get(i, i))
-        return f is not None and f.stayed and (c.lasti >= f.lasti or c.loops)
+        if f is None or not f.stayed:
+            return False
+        if i in self.replays:
+            return c.lasti > f.lasti
+        return c.lasti >= f.lasti or c.loops
 
-    def saw(self, i: int, c: _compat.UserCall, back: bool) -> int:
+    def saw(self, i: int, c: _compat.UserCall, back: bool, transforms: Transforms = ()) -> int:
         """Records an equation of call `i` made at `c`; returns its call's id."""
         if back:
-            f = self.forward.get(self.origin.get(i, i))
-            if f is not None and c.lasti != f.lasti:
-                f.stayed = False
+            if not self.inner(i, transforms):
+                self.inner_only.discard(i)
+                f = self.forward.get(self.origin.get(i, i))
+                if f is not None and c.lasti != f.lasti:
+                    f.stayed = False
             return i
-        if i in self.origin:  # the first forward equation after a backward pass begun as a call
+        if i in self.origin:  # the first forward equation after a pass begun as a call
             if self.resumes(i, c):
                 self.alias[i] = i = self.origin[i]
+            elif self.inner(i, transforms):
+                return i  # (the transform's own work: not yet known whose)
             else:
                 del self.origin[i]
         f = self.forward.get(i)
         if f is None:
-            self.forward[i] = _Forward(c.lasti)
+            self.forward[i] = _Forward(c.lasti, transforms=transforms)
         else:  # (updated in place: one per equation and call would be a lot of objects)
             f.lasti, f.stayed = c.lasti, True
+            if f.transforms != transforms:
+                f.transforms = _shared_prefix(f.transforms, transforms)
         return i
 
-    def backward_of(self, i: int, c: _compat.UserCall) -> int:
+    def backward_of(self, i: int, c: _compat.UserCall, transforms: Transforms = ()) -> int:
         """A new call for a backward pass begun after the forward pass of call `i`, at
         `c`; found to be `i`'s own work if `i`'s forward pass then goes on
-        (`resumes`)."""
+        (`resumes`), or if all of it is of a transform the callee took (`inner`)."""
+        return self.saw(self._begun(i, transforms), c, back=True, transforms=transforms)
+
+    def replay_of(self, i: int, c: _compat.UserCall, transforms: Transforms) -> int:
+        """A new call for equations that went back in call `i`'s callee to work of a
+        transform it took there (`inner`): JAX replays the linear map of a
+        `jax.linearize` (or a `jax.vjp`'s pullback) with the tracebacks of the line
+        that took it. Found to be `i`'s own if `i`'s forward pass then goes on past
+        where it was (`resumes`), or if the call ends there (`ended`); a loop's next
+        call starting with such a line goes on from before where `i` was."""
+        new = self._begun(i, transforms)
+        self.replays.add(new)
+        return self.saw(new, c, back=False, transforms=transforms)
+
+    def _begun(self, i: int, transforms: Transforms) -> int:
         new = self.new()
         self.origin[new] = i
-        return self.saw(new, c, back=True)
+        if self.inner(new, transforms):
+            self.inner_only.add(new)
+        return new
+
+    def ended(self, i: int) -> None:
+        """Call `i` has no more equations: a pass begun as a call that nothing has told
+        apart from its origin yet (`origin`), and all of whose work is of a transform
+        the callee took (`inner`), was the callee's own: a `jax.vjp`'s pullback
+        applied on its last line."""
+        if i in self.origin and i not in self.alias and i in self.inner_only:
+            self.alias[i] = self.origin[i]
 
 
-def _instances(calls: Sequence[Chain], backward: Sequence[bool]) -> list[tuple[int, ...] | None]:
+def _shared_prefix(a: Transforms, b: Transforms) -> Transforms:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]
+
+
+def _instances(
+    calls: Sequence[Chain], backward: Sequence[bool], transforms: Sequence[Transforms] = ()
+) -> list[tuple[int, ...] | None]:
     """Per equation, one id per call in its chain (None: not known): equal ids are one
     call. A call continues from the equation before while its call site (and every
     call around it) is the same and the callee has not gone back (a loop in the
@@ -135,40 +199,52 @@ def _instances(calls: Sequence[Chain], backward: Sequence[bool]) -> list[tuple[i
     backward pass (`backward`) keep the tracebacks of the forward ones they transpose,
     in reverse order: among them a callee going back is no new call, and a call that
     is the innermost one on both sides of a change between the passes is a new one,
-    unless the backward pass stayed on the line where the forward pass was and the
-    forward pass then goes on from there (`_Ids.resumes`): the callee differentiated
-    something itself (`jax.hessian(L, 1)(q, v)` in `lagrangian_eom`, which JAX traces
-    forward, backward and forward again), one call."""
+    unless the backward pass stayed on the line where the forward pass was (or was of
+    a transform the callee took itself: `_Ids.inner`, by `transforms`, each
+    equation's) and the forward pass then goes on from there (`_Ids.resumes`): the
+    callee differentiated something itself (`jax.hessian(L, 1)(q, v)` in
+    `lagrangian_eom`, which JAX traces forward, backward and forward again; `jax.vjp`
+    and its pullback), one call. Likewise a callee going back to a transform's work
+    (`jax.linearize`'s linear map, applied lines later) is one call if it then goes
+    on or ends there (`_Ids.replay_of`)."""
     out: list[tuple[int, ...] | None] = []
     prev: tuple[_compat.UserCall, ...] = ()
     prev_ids: tuple[int, ...] = ()
     prev_back = False
     state = _Ids()
-    for chain, back in zip(calls, backward, strict=True):
+    for m, (chain, back) in enumerate(zip(calls, backward, strict=True)):
         if chain is None:
+            for i in prev_ids:
+                state.ended(i)
             prev, prev_ids = (), ()
             out.append(None)
             continue
+        t = transforms[m] if m < len(transforms) else ()
         ids: list[int] = []
         same = True
         for d, c in enumerate(chain):
-            same = (
-                same
-                and d < len(prev)
-                and prev[d].key == c.key
-                and (c.lasti >= prev[d].lasti or c.loops or back)
-            )
+            site = same and d < len(prev) and prev[d].key == c.key  # (the same call so far)
+            same = site and (c.lasti >= prev[d].lasti or c.loops or back)
+            if site and not same and state.inner(prev_ids[d], t):
+                # back to a transform the callee took: maybe its replay (`replay_of`)
+                ids.append(state.replay_of(prev_ids[d], c, t))
+                continue
             if same and back != prev_back and d == len(chain) - 1 and d == len(prev) - 1:
                 # between a forward and a backward pass, the innermost call of both
                 # is a new one (`loss`, then `loss (backward)`, then `loss` again),
                 # unless the forward pass goes on where it was
                 if back:
-                    ids.append(state.backward_of(prev_ids[d], c))
+                    ids.append(state.backward_of(prev_ids[d], c, t))
                     continue
                 same = state.resumes(prev_ids[d], c)
-            ids.append(state.saw(prev_ids[d] if same else state.new(), c, back))
+            ids.append(state.saw(prev_ids[d] if same else state.new(), c, back, t))
+        for i in prev_ids:
+            if i not in ids:
+                state.ended(i)
         prev, prev_ids, prev_back = chain, tuple(ids), back
         out.append(prev_ids)
+    for i in prev_ids:
+        state.ended(i)
     return [None if ids is None else tuple(_resolved(state.alias, i) for i in ids) for ids in out]
 
 
@@ -204,30 +280,60 @@ def _inlined_bodies(
     call at all, and cut that call into five (`env_step`, a loose `add`, `env_step#2`
     ...). Such equations are those whose outermost user frame is another function
     than the level's (the one the level's last equation was made in: the selection
-    comes after the branches) between two equations of the level's function; they
-    are taken as made in the call of the equation after them (the select), their own
-    calls (a branch calling a helper) inside it."""
+    comes after the branches), or that have no user frame at all (a library's function
+    as the branch: `lax.switch(i, [jnp.sin, jnp.cos], v)`), between two equations of
+    the level's function; they are taken as made in the call of the equation after
+    them (the select), their own calls (a branch calling a helper) inside it."""
     calls, roots = list(calls), list(roots)
+    for m, after in _inlined(calls, roots).items():
+        calls[m] = (*(calls[after] or ()), *(calls[m] or ()))
+        roots[m] = roots[after]
+    return calls, roots
+
+
+def inlined_into(frames: Sequence[_compat.UserFrames | None]) -> dict[int, int]:
+    """Per equation of a body JAX traced apart and inlined (`_inlined_bodies`; `frames`,
+    each equation's), the equation whose call and library calls it is taken as made
+    in: the select after a vmapped `lax.switch`'s branches, so that they are in its
+    `switch` too (they stood as `switch`, `sin`, `switch#2`, `cos`, `switch#3`)."""
+    calls = [f.calls if f is not None else None for f in frames]
+    return _inlined(calls, [f.root if f is not None else None for f in frames])
+
+
+def _inlined(calls: Sequence[Chain], roots: Sequence[tuple[int, int] | None]) -> dict[int, int]:
+    # `_inlined_bodies`'s equations -> the equation after them, of the level's function
     codes = [r[0] if r is not None else None for r in roots[: len(calls)]]
-    rooted = [m for m, code in enumerate(codes) if code is not None]
-    if not rooted:
-        return calls, roots
-    own = codes[rooted[-1]]
+    # (equations of no known traceback neither part nor join calls: left out)
+    known = [m for m in range(len(codes)) if calls[m] is not None]
+    owned = [m for m in known if codes[m] is not None]
+    if not owned:
+        return {}
+    own, last = codes[owned[-1]], known.index(owned[-1])
+    out: dict[int, int] = {}
     k = 0
-    while k < len(rooted):
-        if codes[rooted[k]] == own:
+    while k < last:
+        if codes[known[k]] == own:
             k += 1
             continue
-        j = k  # the run made in another function's traceback (the last one is own's)
-        while codes[rooted[j]] != own:
+        j = k  # the run made in another function's traceback or none (up to own's last)
+        while codes[known[j]] != own:
             j += 1
         if k > 0:  # (before any of the level's own: a library's call back, left as it was)
-            after = rooted[j]
-            for m in rooted[k:j]:
-                calls[m] = (*(calls[after] or ()), *(calls[m] or ()))
-                roots[m] = roots[after]
+            before, after = known[k - 1], known[j]
+            # A library's own work (no user frame: a loop body the library traced, BFGS's
+            # line search around the objective) only within one call that goes on.
+            frameless = _goes_on(calls[before], calls[after])
+            out.update((m, after) for m in known[k:j] if codes[m] is not None or frameless)
         k = j
-    return calls, roots
+    return out
+
+
+def _goes_on(before: Chain, after: Chain) -> bool:
+    # the same call, made from where it was or further on: no new call of the function
+    if not before or not after or len(before) != len(after):
+        return False
+    keys = all(b.key == a.key for b, a in zip(before, after, strict=True))
+    return keys and after[-1].lasti >= before[-1].lasti
 
 
 def group_calls(
@@ -239,6 +345,7 @@ def group_calls(
     roots: Sequence[tuple[int, int] | None] = (),
     stages: Sequence[str | None] = (),
     by_lambda: Sequence[bool] = (),
+    transforms: Sequence[Transforms] = (),
 ) -> tuple[list[tuple[str, ...]], dict[str, _compat.SourceLocation | None]]:
     """`names` (each equation's scope names, outermost first) with the user calls that
     runs of nodes share inserted as scopes (`CALL` names, unique per `tag`), and each
@@ -252,7 +359,9 @@ def group_calls(
     label of each equation that is a stage of its own (a `jit`; not a loop:
     `fori_loop(body)` is named by its body), which a call of it alone named alike would
     only wrap; `by_lambda` (`_compat.UserFrames.by_lambda`): the equation was made in a
-    lambda of the user's, no library's work on its caller's line."""
+    lambda of the user's, no library's work on its caller's line; `transforms`: each
+    equation's (`_compat.name_stack_transforms`), which tell the work of a transform a
+    callee takes itself (`jax.linearize`) from a new call (`_instances`)."""
     out = list(names)
     calls, roots = _inlined_bodies(calls, roots)
     if not any(calls):  # no call below the outermost frame (or none known)
@@ -260,7 +369,7 @@ def group_calls(
     stages = stages or [None] * len(out)
     seen: dict[int, Chain] = {}  # chains repeat (one tuple per traceback): once each
     calls = [seen[id(c)] if id(c) in seen else seen.setdefault(id(c), _unwrapped(c)) for c in calls]
-    ids = _instances(calls, backward)
+    ids = _instances(calls, backward, transforms)
     by_id: dict[int, _compat.UserCall] = {}
     for chain, idc in zip(calls, ids, strict=True):
         for c, i in zip(chain or (), idc or (), strict=True):

@@ -44,8 +44,8 @@ def saved_for_backward(
     for i, eqn in enumerate(jaxpr.eqns):
         for v in eqn.invars:
             at = loc.get(v) if isinstance(v, _compat.Var) else None
-            if at is None:
-                continue
+            if at is None or not _compat.under_jvp(jaxpr.eqns[at[0]]):
+                continue  # (no residual: a pullback's seed, `jnp.ones_like(y)`, is an input)
             for scope in chains[at[0]]:
                 if scope not in chains[i]:
                     key = (scope, v)
