@@ -261,7 +261,10 @@ def test_a_train_step_through_a_scan_keeps_one_loss_and_its_backward_pass():
     g = graph_of(_seq_step, p, xs)
     top = [n.label for n in g.children(g.root) if n.kind == "scope"]
     assert top[:2] == ["_seq_loss", "_seq_loss (backward)"], top
-    assert not any(n.label.startswith("_seq_loss#") or n.label == "h" for n in g.nodes)
+    assert not any(n.label.startswith("_seq_loss#") for n in g.nodes)
+    # (the moved loop-invariant work is not at the top level under `h`; a loop body's
+    # line `h = jnp.tanh(...)` is a box of that name)
+    assert not any(n.label == "h" for n in g.children(g.root))
     rnn = one(g, "_seq", "scope")
     inside = [n.label for n in g.children(rnn.id)]
     assert "sin" in inside and inside[-1] == "scan(cell)", inside
@@ -382,7 +385,9 @@ def test_a_call_taking_a_gradient_stays_one_stage_after_its_backward_pass():
     (step,) = [n for n in g.nodes if n.label.startswith("_sgd_step")]
     assert step.label == "_sgd_step" and step.source.line == line_of("@call_sgd")
     inside = [n.label for n in g.children(step.id)]
-    assert inside[:2] == ["loss", "loss (backward)"] and inside[-2:] == ["mul", "sub"], inside
+    assert inside[:2] == ["loss", "loss (backward)"] and inside[-1] == "w - 0.1 * g", (
+        inside
+    )  # (its return line's box)
 
 
 def _cell(p, h, x):
@@ -544,7 +549,10 @@ def test_your_function_under_jit_or_checkpoint_carries_data_as_unwrapped():
     }
     for name, block in wrappers.items():
         ins = sowviz.inspect(lambda p, x, block=block: jnp.sum(block(p, x) ** 2), p, x)
-        adds = [n for n in ins.graph.nodes if n.label == "add" and n.parent != ins.graph.root]
+        # (the residual line `x = x + ...` is a box named `x`, its value the add's, in a
+        # function's stage; in a named scope's, which draws its equations, the `add`)
+        inner = [n for n in ins.graph.nodes if n.parent != ins.graph.root]
+        adds = [n for n in inner if n.label == "x"] or [n for n in inner if n.label == "add"]
         assert len(adds) == 1, (name, [n.label for n in ins.graph.nodes])
         (probe,) = [q for q in ins.probes if q.node == adds[0].id]
         got = probe.summaries

@@ -617,7 +617,8 @@ def test_shard_map_stage():
     x = jax.device_put(jnp.arange(8.0), jax.NamedSharding(mesh, spec))
     closed, g = graph_of(f, x, capture="all")
     sm = one(g, "shard_map(local)", "shard_map")
-    assert {n.label for n in g.children(sm.id)} == {"sin", "psum_invariant"}
+    # (`lax.psum` as called, not the `psum_invariant` it binds under check_vma)
+    assert {n.label for n in g.children(sm.id)} == {"sin", "psum"}
     fn = instrument(closed, g.probe_points, tag="auto")
     _assert_same(jax.jit(fn)(x), jax.jit(_run_plain(closed))(x))
     modes = modes_by_name(jax.make_jaxpr(jax.grad(lambda a: fn(a)[0]))(x))
@@ -627,10 +628,8 @@ def test_shard_map_stage():
 def test_a_small_programs_own_equations_carry_data():
     # A loss's tail (`mean((h - 1) ** 2)`) at the top level drew boxes with no data:
     # in a small program each of its equations is probed as a stage is, its value and
-    # gradient those of plain JAX. A top level past `SMALL_TOP_LEVEL` nodes keeps them
-    # unprobed (its runs are folded into probed stages instead).
-    from sowviz.graph import build
-
+    # gradient those of plain JAX. A top level past `SMALL_TOP_LEVEL` nodes folds its
+    # lines into boxes named by what they assign, each with its data.
     w = jnp.linspace(-1.0, 1.0, 12).reshape(3, 4)
     x = jnp.linspace(0.0, 2.0, 6).reshape(2, 3)
 
@@ -674,7 +673,7 @@ def test_a_small_programs_own_equations_carry_data():
     got = {nodes[p.node].label for p in ins.probes if nodes[p.node].parent == ins.graph.root}
     assert "integer_pow" not in got and "mean" in got
 
-    def big(w, x):  # 14 top-level equations, one a line (no fold): no probes on them
+    def big(w, x):  # 14 top-level equations, one a line: each assigning line a box with data
         y = x @ w
         y = jnp.sin(y)
         y = y * 1.5
@@ -691,9 +690,11 @@ def test_a_small_programs_own_equations_carry_data():
         return jnp.sum(y)
 
     _, g = graph_of(big, w, x)
-    eqns = [n for n in g.nodes if n.parent == g.root and n.kind == "eqn"]
-    assert len(eqns) == 14 > build.SMALL_TOP_LEVEL
-    assert not [p for p in g.probe_points if p.kind == "eqn"]
+    top = [n for n in g.nodes if n.parent == g.root and n.kind not in ("input", "output")]
+    lines = [n for n in top if n.label.split("#")[0] == "y"]
+    assert len(lines) == 13 and all(n.kind == "scope" and n.n_eqns == 1 for n in lines)
+    assert {n.id for n in lines} <= {p.node for p in g.probe_points}
+    assert [n.label for n in top if n.kind == "eqn"] == ["reduce_sum"]
 
 
 def test_a_shard_maps_type_casts_are_no_boxes():
@@ -1067,9 +1068,10 @@ def test_a_user_function_called_in_a_loop_is_one_stage_per_call_stacked():
     assert inside[:2] == ["dot_general", "tanh"] and "norm" in inside, inside
     # Every equation is still drawn once, inside the calls.
     assert sum(n.kind not in ("scope", "input", "output", "jit") for n in g.nodes) >= 420
-    # A call that is the whole program restates it: no stage.
+    # A call that is the whole program restates it: no stage of it, its lines are boxes.
     _, small = graph_of(lambda x, w: _fold_step(x, w), X, W)
-    assert not any(n.kind == "scope" for n in small.nodes)
+    assert not any(n.label.startswith("_fold_step") for n in small.nodes)
+    assert [n.label for n in small.children(small.root)][2:4] == ["h", "h#2"]
 
 
 def _fold_flat(x, w):
@@ -1115,7 +1117,8 @@ def test_small_level_folds_one_library_call_of_several_equations():
     assert len(inside) >= 5 and "tanh" in inside and gelu.source.line == line_of("@gelu_line")
     assert [n.label for n in g.children(g.root)].count("mul") == 1  # `* 2.0` stays outside
     _, g = graph_of(_small_conv, x, k)
-    assert not any(n.kind == "scope" for n in g.nodes), [n.label for n in g.nodes]
+    # (`img = x.reshape(...)` is a line of its own: a box named by what it assigns)
+    assert [n.label for n in g.nodes if n.kind == "scope"] == ["img"], [n.label for n in g.nodes]
 
 
 _COMBINE_CALLS: list[int] = []

@@ -82,9 +82,8 @@ def test_shard_map_body_equations_carry_per_device_values_and_gradients():
     pred = jnp.tanh(X @ W)
     d_pred = jax.grad(_plain_loss_of_pred)(pred, Y)
     # every device's rows: the body's values over all devices are the whole batch's
-    expected = {
-        "dot_general": (X @ W, jax.grad(lambda z: _plain_loss_of_pred(jnp.tanh(z), Y))(X @ W)),
-        "tanh": (pred, d_pred),
+    expected = {  # (`pred = jnp.tanh(x @ w)`: its line's box)
+        "pred": (pred, d_pred),
         "sub": (pred - Y, d_pred),
         "integer_pow": ((pred - Y) ** 2, np.full(pred.shape, 1 / Y.size)),
     }
@@ -112,11 +111,11 @@ def test_shard_map_body_is_probed_as_a_jit_body_is():
     np.testing.assert_allclose(ins.result[0], _gather_loss(W, X, Y), rtol=1e-6)
     d = ins.to_dict()
     probed = {p.node for p in ins.probes}
-    for label in ("dot_general", "tanh", "sub", "integer_pow"):
+    for label in ("feats", "pred", "sub", "integer_pow"):  # (lines' boxes: `pred = …`)
         (node,) = _nodes(d, label, "shard_map(local_loss)")
         assert node["id"] in probed, label
     # each device gathered the whole batch: its tanh is the whole tanh(x @ w), 8 times
-    (tanh,) = _nodes(d, "tanh", "shard_map(local_loss)")
+    (tanh,) = _nodes(d, "pred", "shard_map(local_loss)")
     _check_stats(_summary(ins, tanh["id"], "primal"), np.tile(np.tanh(X @ W), (N, 1)))
 
 
@@ -145,13 +144,13 @@ def test_pmap_is_one_device_map_of_the_users_function_without_plumbing():
     (pmap,) = _nodes(d, "pmap(_pmap_body)")
     assert pmap["kind"] == "shard_map"  # a map over devices, not the `jit` JAX binds
     inside = [n["label"] for n in d["nodes"] if n["parent"] == pmap["id"]]
-    assert inside == ["dot_general", "tanh", "integer_pow", "mean", "pmean"]
+    assert inside == ["h", "integer_pow", "mean", "pmean"]  # (`h = jnp.tanh(x @ w)`)
     labels = {n["label"] for n in d["nodes"]}
     assert "shard_map" not in labels and "broadcast_in_dim" not in labels
     # the body's equations carry every device's values and their gradients
     h = jnp.tanh(X @ W)
     d_h = 2 * h / (h.size // N) / N  # d mean(h_dev**2) / d h_dev, pmean-ed over 8 devices
-    (tanh,) = _nodes(d, "tanh", "pmap(_pmap_body)")
+    (tanh,) = _nodes(d, "h", "pmap(_pmap_body)")
     _check_stats(_summary(ins, tanh["id"], "primal"), h)
     _check_stats(_summary(ins, tanh["id"], "cotangent"), d_h)
     # a scope whose value pmap expands on return shows it as made (no device axis of 1)
@@ -213,8 +212,9 @@ def test_tuple_pcast_is_drawn_as_edges_not_an_empty_box():
     d = ins.to_dict()
     assert not [n for n in d["nodes"] if n["label"] == "pcast"]
     (body,) = [n for n in d["nodes"] if n["kind"] == "shard_map"]
+    # (the line `init = jax.lax.pcast((jnp.zeros(...), ...))` is a box of its zeros)
     assert [n["label"] for n in d["nodes"] if n["parent"] == body["id"]][:2] == [
-        "zeros",
+        "init",
         "scan(step)",
     ]
     parents = {n["parent"] for n in d["nodes"]}

@@ -497,13 +497,13 @@ def test_a_type_shows_the_explicit_mesh_axes_that_split_it():
         want = jax.value_and_grad(loss)(w, x)
     shapes = {n.label: n.shapes[0] for n in ins.graph.nodes if n.shapes}
     assert shapes["w"] == "float32[16,32@model]" and shapes["x"] == "float32[64@data,16]"
-    assert (
-        shapes["tanh"] == "float32[64@data,32@model]" and shapes["reshard"] == "float32[64@data,32]"
-    )
+    # (`h = jnp.tanh(x @ w)`: a box named by what the line assigns)
+    assert shapes["h"] == "float32[64@data,32@model]" and shapes["tanh"] == shapes["h"]
+    assert shapes["reshard"] == "float32[64@data,32]"
     # (sharded sums: summed in another order than a plain run's)
     np.testing.assert_allclose(ins.result[0], want[0], rtol=1e-4)
     # the face's statistics are the same value's
-    got = ins.probe("tanh").summaries["primal"]["mean"]
+    got = ins.probe("h").summaries["primal"]["mean"]
     np.testing.assert_allclose(got, float(jnp.tanh(x @ w).mean()), rtol=1e-5)
 
 
@@ -872,7 +872,11 @@ def test_every_box_your_code_draws_carries_its_data():
     ins = sowviz.inspect(_encoder_loss, p, x, mode="grad")
     (embed,) = [n for n in ins.graph.nodes if n.label == "_embed"]
     boxes = ins.graph.children(embed.id)
-    assert [n.label for n in boxes] == ["tile", "concatenate", "add"]
+    assert [n.label for n in boxes] == [
+        "cls",
+        "concatenate",
+        "add",
+    ]  # (`cls = jnp.tile(...)`: its line's box)
     by_node = {q.node: q.summaries for q in ins.probes}
     cls = jnp.tile(p["cls"], (2, 1, 1))
     cat = jnp.concatenate([cls, x], axis=1)

@@ -185,7 +185,7 @@ def test_a_line_folded_into_one_stage_is_named_by_what_it_assigns():
     # `mean` (it was `_noised:176`, then `return`); one followed by a call on its line
     # keeps its place (the call's arguments,
     # `test_a_return_line_s_call_arguments_keep_their_place`)
-    assert folds == ["k1, k2", "t, eps", "ab", "xt", "mean"]
+    assert folds == ["k1, k2", "t, eps", "ab", "xt", "pred", "mean"]
     k1, k2 = jax.random.split(key)
     t = jax.random.uniform(k1, (8,))
     eps = jax.random.normal(k2, x0.shape)
@@ -349,7 +349,7 @@ def test_a_lax_map_of_your_function_is_named_by_it_and_carries_data_per_iteratio
     ins = sowviz.inspect(_mapped, w, xs)
     (loop,) = (n for n in ins.graph.nodes if n.kind == "scan")
     assert loop.label == "map(_chunk)"
-    tanh = ins.probe("map(_chunk)/tanh").summaries["primal"]
+    tanh = ins.probe("map(_chunk)/h").summaries["primal"]  # `h = jnp.tanh(x @ w)`
     want = jnp.tanh(xs @ w)
     np.testing.assert_allclose(tanh["mean"], float(want.mean()), rtol=1e-5)
     np.testing.assert_allclose(tanh["max"], float(want.max()), rtol=1e-6)
@@ -576,8 +576,13 @@ def test_an_einsum_inside_what_a_line_assigns_keeps_its_subscripts():
     h = jax.random.normal(jax.random.PRNGKey(1), (16, 6))
     ins = sowviz.inspect(_transitions, W, h)
     labels = [n.label for n in ins.graph.children(ins.graph.root)]
-    assert "As" not in labels and labels.count("Bs") == 1, labels
+    assert labels.count("Bs") == 1 and labels.count("As") == 1, labels
+    assert "tn,nij->tij" in labels, labels
     e = jnp.einsum("tn,nij->tij", h, W)
+    # `As` names a box of the line's own work after the einsum (`tanh`, `* 0.3`): its
+    # value is As's
+    as_l2 = ins.probe("As").summaries["primal"]["l2"]
+    np.testing.assert_allclose(as_l2, float(jnp.linalg.norm(jnp.tanh(e) * 0.3)), rtol=1e-5)
     got = ins.probe("tn,nij->tij").summaries
     np.testing.assert_allclose(got["primal"]["l2"], float(jnp.linalg.norm(e)), rtol=1e-5)
     # d/de of sum((tanh(e) * 0.3)^2) = 2 * 0.09 * tanh(e) * (1 - tanh(e)^2)

@@ -955,11 +955,15 @@ def test_monitor_says_when_donated_arguments_keep_it_from_locating(tmp_path):
     mon.close()
 
 
-def _unprobed_then_nan(w, x):
-    a = x @ w  # a top-level equation: no probe sees its cotangent
+def _tail(a):
     with jax.named_scope("tail"):
-        h = a * jnp.log(-jnp.abs(a))  # NaN forward, so its backward makes NaN too
-    return jnp.sum(h)
+        return a * jnp.log(-jnp.abs(a))  # NaN forward, so its backward makes NaN too
+
+
+def _unprobed_then_nan(w, x):
+    # `x @ w`, a call's argument on the return line: a top-level equation no probe sees
+    # the cotangent of (a line assigning it, `a = x @ w`, would be a box with data)
+    return jnp.sum(_tail(x @ w))
 
 
 def test_a_nan_cotangent_past_an_unprobed_equation_names_the_stage_that_made_it(monkeypatch):
@@ -1221,20 +1225,18 @@ def test_a_nan_that_a_where_masked_is_not_the_origin_of_the_one_that_reaches_the
     # the same program with nothing to mask: its first non-finite equation is the origin
     prim, line, _ = oracle(flat, p["g"].at[0].set(1.0), p["w"], x)
     assert (prim, line) == ("mul", sqrt_line + 1)
-    dot = (
-        rf"; it held \+Inf, which led to the NaN first made by `dot_general` \([^)]*py:{line + 1}\)"
-    )
 
-    def check(msg):
+    def check(msg, led_to="dot_general"):
+        dot = rf"; it held \+Inf, which led to the NaN first made by `{led_to}` \([^)]*py:{line + 1}\)"
         assert not msg.startswith("first made by `sqrt`"), msg
         assert re.search(dot, msg), msg
         assert "; before it, a NaN in `sqrt` (" in msg and "was masked by `" in msg, msg
 
     ins = sowviz.inspect(f, p, x)
     stage = ins.nonfinite.forward.message
-    if f is f_masked_then_overflow:  # every equation is a stage
-        assert stage.startswith("first made by `mul` ("), stage
-        check(stage)
+    if f is f_masked_then_overflow:  # every line is a box, named by what it assigns
+        assert stage.startswith("first made by `h` ("), stage
+        check(stage, led_to="out")
     else:  # the block's equations are unprobed: told apart once located (the loss's
         # `mean`, a box of its own inside the block, is the first probe to see the NaN)
         assert stage.startswith("first seen at `mean` (") and "sqrt" not in stage, stage
@@ -1622,9 +1624,10 @@ def test_mode_all_a_nan_only_in_sqrts_tangent_is_born_in_its_backward():
     grad = sowviz.inspect(f_distances, a, X, mode="grad", argnums=1).locate_nonfinite()
     assert (grad.backward.equation.primitive, _line(grad.backward)) == ("sqrt", line)
     ins = sowviz.inspect(f_distances, a, X, mode="all")
-    for o in (ins.nonfinite, ins.locate_nonfinite()):
+    # (before locating, by the line's box `r = jnp.sqrt(d2)`; located, by its equation)
+    for o, made in ((ins.nonfinite, "r"), (ins.locate_nonfinite(), "sqrt")):
         msg = o.backward.message
-        assert msg.startswith("born in the backward of `sqrt`"), msg
+        assert msg.startswith(f"born in the backward of `{made}`"), msg
         assert "follows from the forward pass" not in o.message, o.message
         assert o.forward.message.endswith("(in its tangent: the value is finite)"), o.message
     assert (o.backward.equation.primitive, _line(o.backward)) == ("sqrt", line)

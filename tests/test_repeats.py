@@ -256,7 +256,8 @@ def test_calls_written_out_without_a_loop_are_no_passes():
     _, g = _graph(_written_out, list(W16[:2]), X)
     assert not _groups(g)
     top = [m.label for m in g.children(g.root) if m.kind == "scope"]
-    assert top[:4] == ["_norm", "_attn", "_norm#2", "_mlp"], top
+    # (each `x = x + _attn(...)` line's `add` is a box named by what it assigns)
+    assert top[:6] == ["_norm", "_attn", "x", "_norm#2", "_mlp", "x#2"], top
 
 
 def test_repeat_labels():

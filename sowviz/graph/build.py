@@ -1015,6 +1015,11 @@ class _Builder(InputsMixin):
                 rec.out_vars = self.batch_first(jaxpr, reads, rec.out_vars)
             if capture_stages:
                 items = sorted(rec.out_vars.items(), key=lambda kv: self.shown_first(kv, rec))
+                # (not a mutable reference's value: a line's box `acc[...] += …` reads and
+                # writes one, which a probe beside it cannot take: JAX's vjp refused it)
+                items = [kv for kv in items if not _compat.touches_ref(jaxpr.eqns[kv[1][0]])]
+                if not items:
+                    continue
                 vars_ = [v for v, _ in items]
                 names = leaf_names(vars_, rec.saved) if rec.saved else ()
                 if reads is None:

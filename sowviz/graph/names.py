@@ -29,10 +29,12 @@ from .source_text import (
     assigned,
     assigned_by_call,
     called_alone,
+    calls_from_module,
     is_return,
     names_string,
     operand_text,
     returned_label,
+    returns_expression,
     rule_owner,
     scope_opened_at,
     statement_line,
@@ -367,6 +369,15 @@ LAYER_PACKAGES = frozenset({"flax", "equinox", "haiku"})
 #: many equations into a box named by the call: `jnp.mean` (2), `jax.ops.segment_sum`
 #: (3), `gelu` (8); they were drawn as `reduce_sum`, `div` beside folded neighbours.
 SMALL_LEVEL_RUN = 2
+#: Marks a fold key of a line assigning names (`fold_names`' `assignment_line`): one box
+#: from one drawn equation on, named by what the line assigns
+_LINE = "\x06"
+#: ... and of a lambda's calls on that line (`jax.tree.map`'s, per leaf): one box even
+#: when each call is a stage of its own (`take`)
+_LEAVES = "\x07"
+#: Equations that only lay a value out: after a stage on an assignment line (`vmap`'s
+#: transposes around `rfft`), the stage still makes the line's value
+_LAYOUT = frozenset({"transpose", "reshape", "squeeze", "expand_dims", "broadcast_in_dim"})
 #: JAX transforms whose own equations on a line (`jacfwd` unravelling its result) are
 #: named by what the line assigns, not by the transform
 _TRANSFORMS = frozenset(
@@ -843,11 +854,16 @@ def _fold(
             while j + 1 < len(out) and k is not None and key(j + 1) == k:
                 j += 1
             named = inner and all(m < len(stages) and stages[m] for m in range(i, j + 1))
+            named = named and (k is None or _LEAVES not in k)
             # `whole=False`: a run that is all its scope holds would only restate it
             if (
                 k is not None
                 and not named
-                and j + 1 - i >= (small if small is not None and "\x03" in k else least)
+                and (
+                    assignment_box(i, j)
+                    if _LINE in k
+                    else j + 1 - i >= (small if small is not None and "\x03" in k else least)
+                )
                 and (whole or j + 1 - i < direct.get(scope_of(i), 0))
             ):
                 name = FOLD + (f"{label(i, j, k)}\x01{k}" if label else k)
@@ -893,7 +909,18 @@ def _fold(
         whats = {(calls(m) or (None,))[0] for m in range(i, j + 1)}
         what = whats.pop() if len(whats) == 1 else None
         own = where.split("\x02", 1)[0]
-        if what and what != own.rsplit(":", 1)[0] and what not in _TRANSFORMS:
+        # (an assignment's one primitive, `amplitude = jnp.exp(...)`, or its lambda's call
+        # per leaf, is the line's, not a call of several equations named by it: `mean`,
+        # `make_causal_mask`)
+        single = _LINE in where and (len(drawn(i, j)) == 1 or _LEAVES in where)
+        # (nor is a call named like one of its equations, `lax.dynamic_update_slice`: the
+        # line's name tells K's update from V's)
+        single = single or (
+            restates_primitive(i, j)
+            and locs[i] is not None
+            and bool(assigned(locs[i].file, locs[i].line))
+        )
+        if what and what != own.rsplit(":", 1)[0] and what not in _TRANSFORMS and not single:
             return what
         # (a transform's own work, `jacfwd` unravelling du/dt, is what the line assigns:
         # `u_t`)
@@ -961,6 +988,182 @@ def _fold(
             hi += 1
         return hi - lo + 1 >= 3 and not calls(i)
 
+    def drawn(i: int, j: int) -> list[int]:
+        # the equations of `[i, j]` drawn as boxes: not a cast drawn as an edge
+        casts = _compat.KEY_CASTS | _compat.TYPE_CASTS
+        return [m for m in range(i, j + 1) if m >= len(primitives) or primitives[m] not in casts]
+
+    def assignment_box(i: int, j: int) -> bool:
+        # An assignment line's run is one box from one drawn equation on, when it has a
+        # value to show: a key's or an index's one equation keeps its primitive's name
+        # (`k = jax.random.fold_in(key, 3)`: `random_fold_in`, raw key or typed alike).
+        boxes = drawn(i, j)
+        if len(boxes) != 1:
+            return len(boxes) > 1
+        op = operations[boxes[0]] if boxes[0] < len(operations) else None
+        return op is not None and not op[1]
+
+    def line_run(i: int) -> tuple[int, int]:
+        # `i`'s run on its line, in its scope: one pass, or every pass of a lambda (a
+        # `jax.tree.map(lambda x: ..., batch)` calls it once per leaf)
+        loc = locs[i]
+        lam = loc is not None and loc.function.endswith("<lambda>")
+
+        def same(m: int) -> bool:
+            return (
+                0 <= m < len(out)
+                and locs[m] == loc
+                and scope_of(m) == scope_of(i)
+                and (
+                    lam
+                    or (passes[m] if m < len(passes) else 0)
+                    == (passes[i] if i < len(passes) else 0)
+                )
+            )
+
+        lo = hi = i
+        while same(lo - 1):
+            lo -= 1
+        while same(hi + 1):
+            hi += 1
+        return lo, hi
+
+    @functools.cache
+    def line_runs() -> collections.Counter:
+        # each line's runs at the level: a line met again after others is a loop's
+        return collections.Counter(
+            loc for m, loc in enumerate(locs) if loc is not None and (m == 0 or locs[m - 1] != loc)
+        )
+
+    def called_again(lo: int, hi: int) -> bool:
+        # A lambda's run that is several calls of it (`jax.tree.map`'s, per leaf): its
+        # equations all stages (a `take` per leaf; one call would make one), or its
+        # operations' primitives the same few again and again (`x.reshape(...)`: a
+        # `reshape` each; not `vmap`'s transposes around one `rfft`)
+        if all(m < len(stages) and stages[m] for m in range(lo, hi + 1)):
+            return hi > lo
+        made = [
+            (operations[m][0] if m < len(operations) and operations[m] else None, primitives[m])
+            for m in range(lo, hi + 1)
+            if m < len(primitives)
+        ]
+        n = len(made)
+        return any(n % k == 0 and made == made[:k] * (n // k) for k in range(1, n // 2 + 1))
+
+    def construct_in(m: int) -> bool:
+        # A stage that is no library function's small jit or custom rule (`where`,
+        # `relu`): a loop, a cond, your own jitted function. The line's box would hide
+        # it (`_, ys = lax.scan(step, c, jax.random.split(k, 16))`: `scan(step)` in `_, ys`).
+        if m >= len(stages) or not stages[m]:
+            return False
+        prim = primitives[m] if m < len(primitives) else ""
+        small = prim in _compat.JIT or prim == _compat.CUSTOM_JVP or prim in _compat.CUSTOM_VJP
+        return not (small and (calls(m) or library_custom(m)))
+
+    def library_custom(m: int) -> bool:
+        # a custom-derivative stage the user's line calls from a library (`jax.nn.relu`)
+        loc, prim = locs[m], primitives[m] if m < len(primitives) else ""
+        custom = prim == _compat.CUSTOM_JVP or prim in _compat.CUSTOM_VJP
+        return custom and loc is not None and calls_from_module(loc.file, loc.line, stages[m])
+
+    def loop_with_stages(i: int) -> bool:
+        # Whether the Python loop whose passes run `i`'s line again holds a stage of this
+        # level (a call of yours, a module, a loop, a named scope), which `repeats`
+        # stacks pass by pass, its lines between as the passes' gaps. A loop of lines
+        # alone (`for p in params[:-1]: x = jax.nn.relu(x @ p["w"] + p["b"])`) is no
+        # stage to stack: each pass's line is a box, `x`, `x#2` (not `dot_general`,
+        # `broadcast_in_dim`, `add`, `relu` per pass).
+        # (`graph.calls` may have put each pass in a scope of its own: another scope;
+        # the scopes as given, before this walk's folds)
+        loc = locs[i]
+        ms = [m for m in range(len(out)) if locs[m] == loc]
+        return any(names[m] != names[i] or construct_in(m) for m in range(ms[0], ms[-1] + 1))
+
+    def activation(lo: int, last: int) -> bool:
+        # The stage making the line's value is a library's activation with a custom
+        # derivative (`jax.nn.relu`: its traceback names no call, so the line says
+        # whose it is), after work of the line's own (`x @ w + b`): the line's
+        # elementwise step, as `jnp.tanh` is, not its one call (`probs =
+        # jax.nn.softmax(logits)` keeps its box `softmax`)
+        if len(drawn(lo, last)) < 2:
+            return False
+        return library_custom(last)
+
+    def returned_in_call(i: int) -> bool:
+        # `i`'s line returns one value from a call of your function (`return x @
+        # params[-1]["w"] + params[-1]["b"]` ending `predict`): its work is one box named
+        # by what it computes, as an assignment's, not loose `dot_general`, `add`. (At
+        # the top level a loss's `(y - t) ** 2` and `mean` stay the boxes they are; a
+        # returned call, `return jnp.tanh(x @ w)`, keeps its `tanh` beside the matmul.)
+        loc, scope = locs[i], scope_of(i)
+        if loc is None or not scope or not scope[-1].startswith(CALL):
+            return False
+        if fold_label(scope[-1]).endswith(BACKWARD):
+            return False  # (a backward pass's last work is no value the line returns)
+        if not returns_expression(loc.file, loc.line) or returned_label(loc.file, loc.line) is None:
+            return False
+        # (the run that is the call's last work: not an argument of a call after it,
+        # `return jnp.einsum("btnh,btnh->bt", q * k, v)`'s `mul`; and of several
+        # equations: one, `return y * 3.0`'s `mul`, shows the value the call's stage shows)
+        lo, hi = line_run(i)
+        call = names[i][: len(scope)]
+        last = not any(names[m][: len(call)] == call for m in range(hi + 1, len(out)))
+        return last and len(drawn(lo, hi)) > 1
+
+    def restates_primitive(lo: int, hi: int) -> bool:
+        # The line's one library call is named like one of its equations
+        # (`lax.dynamic_update_slice`: its index clamp `lt`, `add`, `select_n`, then the
+        # update): no box of the call's is made (`long_run`), so the line's is
+        # (`k_cache`, `v_cache`, not loose primitives or two boxes both
+        # `dynamic_update_slice`)
+        # (a plain equation: not a stage such as `lax.scan`'s, whose box is its own)
+        what = calls(lo)[:1]
+        return bool(what) and any(
+            m < len(primitives) and primitives[m] == what[0] and not (m < len(stages) and stages[m])
+            for m in range(lo, hi + 1)
+        )
+
+    def assignment_line(i: int) -> str | None:
+        # A line assigning a name (`amplitude = jnp.exp(...)`, `delta = r + g * v - v`,
+        # `state = jax.tree.map(lambda r, s: jnp.where(d, r, s), ...)`) is one box named
+        # by what it assigns, at a level of any size, as a big level's line folds are:
+        # its primitives were loose boxes (`exp`; `sub`, `mul`, `add`; `where` per
+        # leaf), and with no data at a big top level. A line that is one library call
+        # of several equations keeps its call's box (`mask = make_causal_mask(t)`:
+        # `make_causal_mask`; `m = jnp.mean(x)`: `mean`). The key's marks: `_LINE`,
+        # `_LEAVES` for a lambda's calls, each a stage (`take` per leaf).
+        loc, scope = locs[i], scope_of(i)
+        if scope and not scope[-1].startswith(CALL):
+            return None  # a named scope's or a module's work is its stage's (README)
+        if loc is None:
+            return None
+        if assigned(loc.file, loc.line) is None and not returned_in_call(i):
+            return None
+        if at_module_call is not None and at_module_call(i):
+            return None
+        first = statement_line(loc.file, loc.line)  # (a statement over two lines: one run)
+        lo, hi = line_run(i)
+        if any(construct_in(m) or calls(m)[:1] in _PLUMBING for m in range(lo, hi + 1)):
+            return None
+        if line_runs()[loc] > 1 and loop_with_stages(i):
+            return None  # a Python loop's line, once per pass: `repeats` stacks the passes
+        lam = loc.function.endswith("<lambda>")
+        per_leaf = lam and called_again(lo, hi)
+        last = hi  # (the axes `vmap` moves after it are no work of the line's)
+        while last > lo and last < len(primitives) and primitives[last] in _LAYOUT:
+            last -= 1
+        if not per_leaf and last < len(stages) and stages[last] and not activation(lo, last):
+            return None  # a stage makes the line's value (`xf = vmap(rfft)(x * w)`): its box
+        whats = {calls(m)[:1] for m in range(lo, hi + 1)}
+        if hi > lo and len(whats) == 1 and whats != {()} and not per_leaf:
+            if not restates_primitive(lo, hi):
+                return None
+        own = function_label(loc.function)[0]
+        again = f"\x04{passes[i]}" if not lam and i < len(passes) and passes[i] else ""
+        return f"{own}:{first}\x02{'/'.join(scope_of(i))}{again}{_LINE}" + (
+            _LEAVES if per_leaf else ""
+        )
+
     def plumbed_line(i: int) -> bool:
         # `i`'s line (its run there: one scope, one pass) holds an operation of the
         # user's that made SMALL_LEVEL_RUN or more equations no call names, integer work
@@ -1007,6 +1210,10 @@ def _fold(
                 if not library and loc.function.endswith("<lambda>") and lambda_run(i):
                     own = function_label(loc.function)[0]
                     return f"{own}:{loc.line}\x02{'/'.join(scope)}"
+                if not library:
+                    line = assignment_line(i)
+                    if line is not None:
+                        return line
                 if not library and plumbed_line(i):  # (`\x03`: a small level's least run)
                     if at_module_call is None or not at_module_call(i):
                         own = function_label(loc.function)[0]
@@ -1025,6 +1232,10 @@ def _fold(
                 return None  # inside a library call's group, its lines are no news
             if not library and at_module_call is not None and at_module_call(i):
                 return None  # the module's stage is that line's call: its calls say more
+            if not library:
+                named = assignment_line(i)  # (from one equation on, as at a small level)
+                if named is not None:
+                    return named
             again = f"\x04{passes[i]}" if i < len(passes) and passes[i] else ""
             line = statement_line(loc.file, loc.line)  # (a statement over two lines: one run)
             # a library transform's plumbing (`hk.vmap`'s RNG split) is a run of its own:
@@ -1057,10 +1268,23 @@ def _fold(
             # does not (`_per_leaf`).
             known = [k for k in range(len(run)) if keys[k] is not None]
             prims = [primitives[m] if m < len(primitives) else "" for m in run]
+            # (directly below your code, a call is also its line's: `k = jnp.repeat(k, 2)`
+            # then `v = jnp.repeat(v, 2)` are two calls, not one box `repeat` of both; and
+            # a loop's `buf = roll(buf)` then `acc = acc + buf` is no `tree.map` per leaf)
+            lines = [locs[m] if depth == 0 and path(m).below_user else None for m in run]
             for a, b in itertools.pairwise(known):
-                if b > a + 1 and keys[a] == keys[b] and _per_leaf(prims, keys, a, b):
+                if (
+                    b > a + 1
+                    and keys[a] == keys[b]
+                    and len(set(lines[a : b + 1])) == 1
+                    and _per_leaf(prims, keys, a, b)
+                ):
                     keys[a + 1 : b] = [keys[a]] * (b - a - 1)
-            starts = [0] + [k for k in range(1, len(run)) if keys[k] != keys[k - 1]]
+            starts = [0] + [
+                k
+                for k in range(1, len(run))
+                if keys[k] != keys[k - 1] or (keys[k] is not None and lines[k] != lines[k - 1])
+            ]
             # a group named like the scope or fold around it would restate it too
             around = fold_label(scope_of(run[0])[-1]) if scope_of(run[0]) else None
             if len(starts) == 1 and keys[0] is not None and (whole or keys[0] == around):

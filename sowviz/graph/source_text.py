@@ -10,6 +10,7 @@ them there), and is parsed once per file text.
 from __future__ import annotations
 
 import ast
+import copy
 import functools
 import linecache
 import re
@@ -36,6 +37,19 @@ def assigned_by_call(file: str, line: int, function: str) -> str | None:
     if not statements or not all(_assigns_call(st, function) for st in statements):
         return None
     return assigned(file, line)
+
+
+def calls_from_module(file: str, line: int, function: str) -> bool:
+    """Whether the statement at `file:line` calls `function` as an attribute of a module
+    or object (`jax.nn.relu(...)`, `nn.relu(...)`): a library's function, not one of the
+    user's own defined beside the line (`relu(...)` may be either)."""
+    return any(
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == function
+        for st in _statements_at("".join(linecache.getlines(file)), line)
+        for node in ast.walk(st)
+    )
 
 
 def _assigns_call(st: ast.stmt, function: str) -> bool:
@@ -490,7 +504,40 @@ def returned_label(file: str, line: int) -> str | None:
         name = called.attr if isinstance(called, ast.Attribute) else getattr(called, "id", None)
         if name:
             return name
-    return _written(source, value)
+    return _written(source, value) or _keyed_short(value)
+
+
+class _KeysAsNames(ast.NodeTransformer):
+    """`params[-1]["w"]` as `w`: an entry of a dict of parameters read by its key, the
+    name its pytree path ends with."""
+
+    def visit_Subscript(self, node: ast.Subscript) -> ast.AST:
+        key = node.slice
+        if (
+            isinstance(key, ast.Constant)
+            and isinstance(key.value, str)
+            and key.value.isidentifier()
+        ):
+            return ast.Name(id=key.value, ctx=ast.Load())
+        return self.generic_visit(node)
+
+
+def _keyed_short(expr: ast.expr) -> str | None:
+    """`expr` too long as written, with its string-keyed entries named by their keys
+    (`x @ params[-1]["w"] + params[-1]["b"]` is `x @ w + b`), if that fits a label."""
+    short = ast.unparse(_KeysAsNames().visit(copy.deepcopy(expr)))
+    return short if len(short) <= _MOST else None
+
+
+def returns_expression(file: str, line: int) -> bool:
+    """Whether the `return` statement at `file:line` returns one value computed by an
+    expression written there (`x @ w + b`, `w - 0.1 * g`), not by a call (`jnp.tanh(x
+    @ w)`, whose box would read as the call alone), nor several values."""
+    statements = _statements_at("".join(linecache.getlines(file)), line)
+    if len(statements) != 1 or not isinstance(statements[0], ast.Return):
+        return False
+    value = statements[0].value
+    return isinstance(value, (ast.BinOp, ast.UnaryOp))
 
 
 def _holds(expr: ast.expr, span: Span) -> bool:
