@@ -147,7 +147,10 @@ def test_numpyro_potential_energy_names_constraints_and_densities():
     _assert_stats(site_obs["cotangent"], -jnp.ones(J))
 
 
-def test_numpyro_elbo_tells_the_guide_from_the_model():
+def inspected_elbo(seed: int):
+    """`Trace_ELBO().loss` of `eight_schools` with an `AutoNormal` guide, inspected in
+    mode grad, its value and gradients checked against NumPyro's own: the inspection,
+    the guide, its parameters and the key."""
     from numpyro.infer import Trace_ELBO
     from numpyro.infer.autoguide import AutoNormal
 
@@ -161,19 +164,22 @@ def test_numpyro_elbo_tells_the_guide_from_the_model():
         .items()
         if site["type"] == "param"
     }
-    rng = jax.random.PRNGKey(1)
+    rng = jax.random.PRNGKey(seed)
 
     def elbo_loss(params, rng):
         return Trace_ELBO().loss(rng, params, eight_schools, guide, J, SIGMA, SCHOOLS_Y)
 
     value, grads = jax.value_and_grad(elbo_loss)(params, rng)
     ins = sowviz.inspect(elbo_loss, params, rng, mode="grad")
-
     got_value, got_grads = ins.result
     np.testing.assert_allclose(got_value, value, rtol=1e-5)
     for k in grads:
         np.testing.assert_allclose(got_grads[k], grads[k], rtol=1e-4, atol=1e-5)
+    return ins, guide, params, rng
 
+
+def test_numpyro_elbo_tells_the_guide_from_the_model():
+    ins, guide, params, rng = inspected_elbo(1)
     labels = _labels(ins)
     assert "guide: AutoNormal" in labels and "eight_schools" in labels, labels
     for site in ("mu", "tau", "theta"):

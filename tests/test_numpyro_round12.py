@@ -15,21 +15,9 @@ numpyro = pytest.importorskip("numpyro")
 dist = pytest.importorskip("numpyro.distributions")
 infer_util = pytest.importorskip("numpyro.infer.util")
 handlers = pytest.importorskip("numpyro.handlers")
-from numpyro.infer import Trace_ELBO  # noqa: E402
-from numpyro.infer.autoguide import AutoNormal  # noqa: E402
+from test_numpyro import SCHOOLS_Y, SIGMA, J, eight_schools, inspected_elbo  # noqa: E402
 
-J = 8
-SCHOOLS_Y = jnp.array([28.0, 8.0, -3.0, 7.0, -1.0, 1.0, 18.0, 12.0])
-SIGMA = jnp.array([15.0, 10.0, 16.0, 11.0, 9.0, 11.0, 10.0, 18.0])
 LATENT = ("mu", "tau", "theta")
-
-
-def eight_schools(J, sigma, y=None):
-    mu = numpyro.sample("mu", dist.Normal(0, 5))
-    tau = numpyro.sample("tau", dist.HalfCauchy(5))
-    with numpyro.plate("J", J):
-        theta = numpyro.sample("theta", dist.Normal(mu, tau))
-        numpyro.sample("obs", dist.Normal(theta, sigma), obs=y)
 
 
 def _children(ins, label: str) -> list[str]:
@@ -47,27 +35,8 @@ def _primitives_inside(ins, node) -> set[str]:
     return {n.primitive for n in ins.graph.nodes if n.parent == node.id and n.primitive}
 
 
-def _guide_params(guide):
-    with handlers.seed(rng_seed=0):
-        guide(J, SIGMA, SCHOOLS_Y)
-    trace = handlers.trace(handlers.seed(guide, 0)).get_trace(J, SIGMA, SCHOOLS_Y)
-    return {name: site["value"] for name, site in trace.items() if site["type"] == "param"}
-
-
 def test_numpyro_elbo_names_the_models_sample_sites_like_the_guides():
-    guide = AutoNormal(eight_schools)
-    params = _guide_params(guide)
-    rng = jax.random.PRNGKey(2)
-
-    def elbo_loss(params, rng):
-        return Trace_ELBO().loss(rng, params, eight_schools, guide, J, SIGMA, SCHOOLS_Y)
-
-    value, grads = jax.value_and_grad(elbo_loss)(params, rng)
-    ins = sowviz.inspect(elbo_loss, params, rng, mode="grad")
-    got_value, got_grads = ins.result
-    np.testing.assert_allclose(got_value, value, rtol=1e-5)
-    for k in grads:
-        np.testing.assert_allclose(got_grads[k], grads[k], rtol=1e-4, atol=1e-5)
+    ins, guide, params, rng = inspected_elbo(2)  # (value and gradients: NumPyro's)
 
     # the model's latent sites (replayed: the key its seed splits is all their code)
     # read as the guide's draws do, in the model's order; the observed site splits none
