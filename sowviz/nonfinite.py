@@ -1027,19 +1027,13 @@ def with_equations(
     `LayerNorm_0` at models.py:112"), each origin's stage path, and `located` set."""
     ix = _Index(graph)
 
-    def stage(origin: Origin, eq: Equation) -> Any:
-        if not origin.node:
-            return None
-        box = _drawn(ix, ix.nodes[origin.node])
-        # a line's box (`y = jnp.sqrt(x)`: `y`) is the line the message gives: named by
-        # the stage holding it ("`sqrt` in `clip_id` at …:195", not "in `y`")
-        line = box.kind == "scope" and eq.source is not None and box.source == eq.source
-        return _drawn(ix, ix.nodes[box.parent]) if line and box.parent in ix.nodes else box
+    def stage(origin: Origin) -> Any:
+        return _drawn(ix, ix.nodes[origin.node]) if origin.node else None
 
     fwd, bwd = o.forward, o.backward
     if fwd is not None and forward is not None:
         loops = [ix.nodes[lp] for lp in ix.loops(forward.node)]
-        msg = f"first made by {equation_name(stage(fwd, forward), forward)}"
+        msg = f"first made by {equation_name(stage(fwd), forward)}"
         msg += at_iteration(loops, fwd.iteration)
         # kept: what follows the name (the NaN it led to, the loop's carry, what came
         # before it, a masked value, `IN_TANGENT`), from the first of them on
@@ -1054,7 +1048,7 @@ def with_equations(
         at = at_iteration(loops, bwd.iteration)
         reach = f", reaching {stage_name(ix.nodes[target])}{at}" if target else ""
         from_forward = bwd.message.startswith(FROM_FORWARD)
-        name = equation_name(stage(bwd, backward), backward)
+        name = equation_name(stage(bwd), backward)
         msg = backward_sentence(name, reach, from_forward, in_rule=bool(backward.within))
         _, grads, said = bwd.message.partition(NONFINITE_GRADS)  # kept, as `EARLIER` is
         msg += grads + said

@@ -230,7 +230,9 @@ def test_a_nan_made_in_a_custom_functions_body_is_named_at_the_bodys_line(
     # stage, by the probes of its equations: the message says where alike)
     assert eq.primitive == primitive and eq.within in (f"`{name}`", ""), eq
     _at(eq, marker)
-    assert found.forward.message.startswith(f"first made by `{primitive}` in `{name}` at ")
+    # in the function's stage, or in its line's box there (`y = jnp.sqrt(x)`: `y`)
+    assert found.forward.message.startswith(f"first made by `{primitive}` in `"), found.forward
+    assert name in found.forward.path, found.forward.path
 
 
 # -- inside a loop: the iteration holding it -------------------------------------------
