@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .. import _compat
-from .names import path_label, shape_str
+from .names import path_label, shape_str, typed
 
 #: Per flat input of the program being drawn, the mesh axes its argument lies along
 #: (`_compat.placement_axes`), or None; set by `placed_inputs`.
@@ -47,11 +47,7 @@ def placed_shape(aval: Any, axes: _compat.MeshAxes | None) -> str:
     shape = getattr(aval, "shape", None)
     if not axes or shape is None or len(axes) != len(shape) or _compat.explicit_axes(aval):
         return shape_str(aval)
-    dims = [
-        f"{d}@{a[0]}" if len(a) == 1 else f"{d}@({','.join(a)})" if a else str(d)
-        for d, a in zip(shape, axes, strict=True)
-    ]
-    return f"{aval.dtype}[{','.join(dims)}]"
+    return typed(aval.dtype, shape, axes)
 
 
 def constrained_shapes(eqn: Any) -> tuple[str, ...] | None:

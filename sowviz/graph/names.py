@@ -1593,16 +1593,18 @@ def shape_str(aval: Any) -> str:
     axes = _compat.explicit_axes(aval) if key[1] else None
     s = _shape_cache.get((*key, axes))
     if s is None:
-        if key[0] is None or key[1] is None:
-            s = str(aval)
-        else:
-            dims = [
-                f"{d}@{a[0]}" if len(a) == 1 else f"{d}@({','.join(a)})" if a else str(d)
-                for d, a in zip(key[1], axes or ((),) * len(key[1]), strict=True)
-            ]
-            s = f"{key[0]}[{','.join(dims)}]"
+        s = str(aval) if key[0] is None or key[1] is None else typed(key[0], key[1], axes)
         _shape_cache[(*key, axes)] = s
     return s
+
+
+def typed(dtype: Any, shape: Sequence[int], axes: Sequence[Sequence[str]] | None) -> str:
+    """`float32[64@data,32]`: a type with, per dimension, the mesh axes splitting it."""
+    dims = [
+        f"{d}@{a[0]}" if len(a) == 1 else f"{d}@({','.join(a)})" if a else str(d)
+        for d, a in zip(shape, axes or ((),) * len(shape), strict=True)
+    ]
+    return f"{dtype}[{','.join(dims)}]"
 
 
 def is_floating(aval: Any) -> bool:
