@@ -2234,3 +2234,15 @@ def constraint_axes(eqn: JaxprEqn) -> MeshAxes | None:
         return None
     ndim = len(getattr(eqn.outvars[0].aval, "shape", ()))
     return named_axes(eqn.params.get("sharding"), ndim)
+
+
+def body_source(body: Any) -> tuple[str, int, str] | None:
+    """Where the user's function `body` was traced from: its file, the first line of
+    its definition (a decorated function's first decorator) and its name, from JAX's
+    `debug_info.func_src_info` ("step at /path/file.py:3", JAX 0.10 to 0.12); None when
+    JAX recorded none (a lambda's name is `<lambda>`)."""
+    jaxpr, _ = jaxpr_and_consts(body)
+    src = getattr(getattr(jaxpr, "debug_info", None), "func_src_info", None) or ""
+    name, _, where = src.partition(" at ")
+    file, _, line = where.rpartition(":")
+    return (file, int(line), name) if file and line.isdigit() else None

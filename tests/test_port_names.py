@@ -54,11 +54,12 @@ def test_a_scan_names_its_carry_and_xs_as_its_body_does():
     ports = _ports(ins)
     # the carry's first value comes from `jnp.zeros` (a `broadcast_in_dim`), xs is the input
     assert ports["scan(step)"] == {"broadcast_in_dim": "h", "xs": "x"}
-    # a tuple carry both of whose parts one value fills: their common name (in mode
-    # "jvp": "grad"'s forward loop reads `c[1]` only, `a * 2.0` moving to the backward)
+    # a tuple carry both of whose parts one value fills, unpacked by the body as
+    # `a, b = c`: both names (in mode "jvp": "grad"'s forward loop reads `b` only,
+    # `a * 2.0` moving to the backward)
     assert list(
         _ports(sowviz.inspect(_rnn, params, xs, mode="jvp"))["fori_loop(body)"].values()
-    ) == ["c"]
+    ) == ["a, b"]
     # the values are what plain JAX computes (naming changes no number)
     loss, grads = jax.value_and_grad(_rnn)(params, xs)
     np.testing.assert_allclose(ins.result[0], loss, rtol=1e-6)
@@ -112,5 +113,36 @@ def test_a_key_carried_through_a_loop_enters_by_its_port():
     into = {label[e["source"]]: {label[t] for _, t in e.get("ends", [])} for e in m["edges"]}
     assert [e for e in m["edges"] if e["target"] == loop and label[e["source"]] == "key"]
     assert into["key"] == {"random_split"} and into["x"] == {"add"}
-    assert _ports(ins)["while(body)"] == {"key": "carry[2]", "x": "carry[1]"}
+    # the body unpacks its carry (`i, x, key = carry`): the ports read its names
+    assert _ports(ins)["while(body)"] == {"key": "key", "x": "x"}
     np.testing.assert_allclose(ins.result, run(x, key), rtol=1e-6)
+
+
+def test_a_body_unpacking_its_tuple_names_the_ports_as_it_unpacks():
+    def step(carry, x):
+        h, stats = carry  # JAX records `carry[0]`, `carry[1]['mu']`
+        h = jnp.tanh(h + x)
+        return (h, {"mu": stats["mu"] * 0.9 + h.mean()}), h
+
+    def reassigned(carry, x):
+        carry = (carry[0] * 2.0, carry[1])  # from here `carry` is another tuple
+        a, b = carry
+        return (a + x, b), a
+
+    def run(xs):
+        init = (jnp.sin(xs[0]), {"mu": jnp.cos(xs[0]).sum()})
+        (h, stats), hs = jax.lax.scan(step, init, xs)
+        (a, _), _ = jax.lax.scan(reassigned, (jnp.exp(xs[0]), jnp.tanh(xs[0])), xs)
+        return jnp.sum(hs**2) + stats["mu"] + a.sum()
+
+    xs = jnp.linspace(-1.0, 1.0, 12).reshape(4, 3)
+    ins = sowviz.inspect(run, xs)
+    ports = _ports(ins)
+    assert ports["scan(step)"]["sin"] == "h"
+    assert "stats['mu']" in ports["scan(step)"].values()
+    assert not [n for n in ports["scan(step)"].values() if n.startswith("carry")]
+    # a parameter assigned before it is unpacked keeps JAX's names
+    assert set(ports["scan(reassigned)"].values()) <= {"carry[0]", "carry[1]", "x"}
+    loss, grad = jax.value_and_grad(run)(xs)
+    np.testing.assert_allclose(ins.result[0], loss, rtol=1e-6)
+    np.testing.assert_allclose(ins.result[1], grad, rtol=1e-5, atol=1e-6)

@@ -66,7 +66,7 @@ from .saved import (
     saved_note,
     unread_constants,
 )
-from .source_text import returned_place
+from .source_text import returned_place, unpacked_arg_names
 from .tesseract import output_names, tesseract_label
 
 _CAPTURES = ("sows", "stages", "all")
@@ -1265,7 +1265,11 @@ class _Builder(InputsMixin):
         operands = _body_operands(eqn, param, inner)
         into = {v: reads.setdefault(p, []) for v, p in operands.items()}
         if not _compat.defined_in_library(val):  # (a library's names are not yours)
-            self.name_operands(eqn, operands, _compat.body_arg_names(val))
+            names = _compat.body_arg_names(val)
+            where = _compat.body_source(val)
+            if where is not None:  # `h, c = carry` names `carry[0]`, `carry[1]`
+                names = unpacked_arg_names(names, *where)
+            self.name_operands(eqn, operands, names)
         at = (*path, (i, param, index))
         prod = self.walk(inner, rec, at, {}, probe=probe, in_custom=in_custom, into=into)
         # a call's, a loop's, a branch's results (a while's condition makes its test only)

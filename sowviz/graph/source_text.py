@@ -561,3 +561,65 @@ def _written(source: str, expr: ast.expr) -> str | None:
         return None
     text = " ".join(text.split())
     return text if len(text) <= _MOST else None
+
+
+_INDEXED = re.compile(r"^([A-Za-z_]\w*)\[(\d+)\](.*)$")
+
+
+def unpacked_arg_names(
+    names: tuple[str, ...], file: str, line: int, function: str
+) -> tuple[str, ...]:
+    """`names` (JAX's names of a body's inputs: `carry[0]`, `carry[1]`, `x`) with each
+    element of a tuple parameter the function unpacks at its top level (`h, c = carry`)
+    named as it unpacks it (`h`, `c`): JAX records the parameter's path, the user reads
+    the names the body's lines use. A nested element keeps its path under the new name
+    (`carry[0]['w']` -> `h['w']`); a starred or nested target leaves the names as JAX
+    gives them."""
+    if not any(_INDEXED.match(n) for n in names):
+        return names
+    unpacked = _unpackings(file, line, function)
+    out = []
+    for n in names:
+        m = _INDEXED.match(n)
+        targets = unpacked.get(m.group(1)) if m else None
+        k = int(m.group(2)) if m else -1
+        out.append(f"{targets[k]}{m.group(3)}" if targets and k < len(targets) else n)
+    return tuple(out)
+
+
+def _unpackings(file: str, line: int, function: str) -> dict[str, tuple[str, ...]]:
+    """For the function `function` defined at `file:line` (its `def` or its first
+    decorator), each parameter its body unpacks into plain names by a top-level
+    statement (`h, c = carry`) before anything assigns the parameter."""
+    tree = _parsed("".join(linecache.getlines(file)))
+    if tree is None:
+        return {}
+    fn = next(
+        (
+            node
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.name == function
+            and min([node.lineno, *(d.lineno for d in node.decorator_list)]) == line
+        ),
+        None,
+    )
+    if fn is None:
+        return {}
+    params = {a.arg for a in (*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs)}
+    out: dict[str, tuple[str, ...]] = {}
+    for st in fn.body:
+        if not isinstance(st, ast.Assign):
+            continue
+        value = st.value
+        if isinstance(value, ast.Name) and value.id in params and value.id not in out:
+            targets = st.targets[0] if len(st.targets) == 1 else None
+            if isinstance(targets, (ast.Tuple, ast.List)) and all(
+                isinstance(t, ast.Name) for t in targets.elts
+            ):
+                out[value.id] = tuple(t.id for t in targets.elts)  # type: ignore[union-attr]
+        for t in st.targets:  # a parameter assigned anew names something else from here
+            for node in ast.walk(t):
+                if isinstance(node, ast.Name) and node.id in params:
+                    out.setdefault(node.id, ())
+    return {k: v for k, v in out.items() if v}
