@@ -46,8 +46,35 @@ export function ellipsis(text, n) {
   // (`neg_log_likelihood:31`), a reuse index (`critic#2`), a stack's count (` (×24)`)
   const cut = Math.max(...[".", "/", ":", "#", " (×"].map((c) => t.lastIndexOf(c)));
   const tail = cut > 0 ? t.slice(cut) : "";
+  const head = cut > 0 ? t.slice(0, cut) : t;
+  const index = head.match(INDEX_END)?.[0] ?? "";
+  if (index && index.length < head.length) return keepingIndex(head, index, tail, n);
   if (tail && tail.length <= Math.floor(n / 2)) return `${t.slice(0, n - 1 - tail.length)}…${tail}`;
   return `${t.slice(0, n - 1)}…`;
+}
+
+// The indices ending a path (`attention_blocks[0]`, `blocks[0–2]`, `down[1][0]`).
+const INDEX_END = /(\[\d+(?:[–-]\d+)?\])+$/;
+// The fewest characters of a path kept before its index and tail.
+const PATH_KEPT = 4;
+
+/**
+ * `ellipsis` of a label whose path ends in an index (`head`, ending in `index`),
+ * before its `tail`: the index is never cut, as it is all that tells a stack's
+ * children apart (`attention_blocks[0]: AttentionBlock` and `[1]` both read
+ * `attention_blocks…: AttentionBlock`). The path's middle goes first
+ * (`attention_blo…[0]: AttentionBlock`), then the tail's end, which siblings share
+ * (`layers[0]: Con…`), then the path's end before its index.
+ * @param {string} head @param {string} index @param {string} tail @param {number} n
+ */
+function keepingIndex(head, index, tail, n) {
+  const path = head.slice(0, head.length - index.length);
+  const kept = index + tail;
+  // (with a few of the path's characters: `d…[1][0].resnet` said little)
+  if (tail.length <= Math.floor(n / 2) && kept.length + 1 + PATH_KEPT <= n) return `${path.slice(0, n - 1 - kept.length)}…${kept}`;
+  if (head.length + 2 <= n) return `${head}${tail.slice(0, n - 1 - head.length)}…`;
+  if (index.length + 2 <= n) return `${path.slice(0, n - 1 - index.length)}…${index}`;
+  return `${head.slice(0, n - 1)}…`;
 }
 
 /** A stored message split at backticks: [{code: false, text}, {code: true, text}, ...]. */

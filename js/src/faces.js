@@ -1,7 +1,7 @@
 // What each node face shows: the statistic, its colour, a sparkline and the flags.
 // Pure: computed from the index and the chosen statistic.
 
-import { nodeStat, nodeHoldsFill, logScale, fmt } from "./stats.js";
+import { STATS, nodeStat, nodeHoldsFill, logScale, fmt } from "./stats.js";
 import { nonfiniteText } from "./nonfinite.js";
 
 /** Counts of a histogram merged down to at most `n` bins. */
@@ -177,6 +177,29 @@ export function nonfiniteCounts(probes, mode) {
   return { text, finite, kind, total };
 }
 
+/**
+ * The characters of the longest face a stage can show holding NaN/Inf beside finite
+ * values, its statistic and the counts (`‖grad‖₂ = 0.1973 · 2 NaN`), over every mode
+ * its probes hold and every statistic (`computeFaces` picks the same output and
+ * counts); 0 when no mode mixes them. The layout makes the box that wide.
+ * @param {any[]|undefined} probes @param {any} [node]
+ */
+export function countedFaceChars(probes, node) {
+  const own = ownOutputs(probes);
+  const modes = new Set(own.flatMap((p) => Object.keys(p.summaries ?? {})));
+  let most = 0;
+  for (const mode of modes) {
+    const shown = faceOutputs(probes, node, mode);
+    const bad = nonfiniteCounts(own.length > 1 ? shown : probes, mode);
+    if (!bad.text || bad.finite === 0) continue;
+    for (const stat of Object.keys(STATS)) {
+      const v = nodeStat(shown, mode, stat);
+      if (v != null) most = Math.max(most, `${statSymbol(mode, stat)} = ${fmt(v)} · ${bad.text}`.length);
+    }
+  }
+  return most;
+}
+
 const MODE_WORDS = { primal: "x", tangent: "tan", cotangent: "grad" };
 
 /** What a face value is, e.g. `‖grad‖₂` for the l2 norm of the cotangent. */
@@ -197,9 +220,10 @@ export function statSymbol(mode, stat) {
  *
  * A face holding non-finite values beside finite ones keeps both, the statistic and
  * the count, as long as they fit (one count of several kinds: "‖grad‖₂ = 5.71e+25 ·
- * 2 NaN/Inf"), then the statistic alone (the box's NaN mark and its tooltip say the
- * counts), then the counts alone ("grad: 1 NaN, 1 −Inf", "1 NaN, 1 −Inf", "2
- * NaN/Inf"). A `std` face said "grad: 1 NaN" where its sibling showed the norm, and a
+ * 2 NaN/Inf"), then the counts alone ("grad: 1 NaN, 1 −Inf", "1 NaN, 1 −Inf", "2
+ * NaN/Inf"); never the statistic without the counts: it is over the finite values
+ * only, and `denoiser`'s "‖grad‖₂ = 0.1973" read as the norm of a gradient holding 2
+ * NaN (the layout makes such boxes wide enough for both, `countedFaceChars`). A
  * softmax's NaN and −Inf cotangent left its face blank.
  * @param {{text: string, short?: string, bad?: string, total?: string, which?: string}} face
  *   `which`: the output named at the start of `text` (`computeFaces`), when it names one
@@ -219,13 +243,12 @@ export function fitted(face, room) {
   const named = counted
     ? [face.text, `${text} · ${total}`, `${bare} · ${bad}`, `${bare} · ${total}`]
     : statistic ? [text, bare] : [];
-  const alone = counted ? [bare] : [];
   const digits = (forms) => [...forms, ...forms.map((t) => fewerDigits(t, 3)), ...forms.map((t) => fewerDigits(t, 2))];
   // a face naming no statistic: the counts ("[1] grad: 80 NaN"), "0 values"
   const other = statistic ? [] : [text, bare];
   const short = face.short && face.short !== text ? [face.short] : [];
   const counts = bad ? [bad, total] : [];
-  const tried = [...digits(named), ...digits(alone), ...other, ...short, ...counts];
+  const tried = [...digits(named), ...other, ...short, ...counts];
   return tried.find((t) => t.length <= room) ?? "";
 }
 

@@ -6,7 +6,7 @@ import { select } from "d3-selection";
 import { zoom, zoomIdentity } from "d3-zoom";
 import { h, s, clear, ellipsis } from "./dom.js";
 import { fitted, sparklinePath } from "./faces.js";
-import { HEADER, SHAPE_CHAR, SHAPE_X, SPARK_ROOM, kindWidth, shapeText, stageHead } from "./layout.js";
+import { HEADER, SHAPE_CHAR, SHAPE_X, SPARK_ROOM, kindWidth, shapeText, stageHead, toggleText, toggleWidth, valueRoom } from "./layout.js";
 import { fitTransform, hiddenSides, moreText, showBoxTransform } from "./viewport.js";
 
 let instances = 0;
@@ -188,14 +188,12 @@ export class GraphView {
       g.append(kind, s("text", { class: "sv-shape", x: SHAPE_X + kw, y: 39, text: ellipsis(shapeText(node), Math.max(4, typeRoom)) }));
       if (spark) g.append(s("path", { class: "sv-spark", d: spark, transform: `translate(${w - 64},8)` }));
       // a group of inputs holds no equations: say how many things it holds instead
-      const k = node.n_eqns || (this.index?.children.get(node.id)?.length ?? 0);
-      const t = node.repeats ? `+ ${node.repeats} blocks` : node.n_eqns ? `+ ${k} eqn${k === 1 ? "" : "s"}` : `+ ${k} inside`;
-      const tw = 10 + t.length * 6;
+      const t = toggleText(node, this.index?.children.get(node.id)?.length ?? 0);
+      const tw = toggleWidth(t);
       if (face?.text) {
         // right of the expand button: a narrow face says only its non-finite counts
-        // (the full text is in the tooltip); 6.35 px per character of .sv-value
-        const room = Math.floor((w - 8 - (canExpand ? 14 + tw + 6 : 14)) / 6.35);
-        const text = fitted(face, room);
+        // (the full text is in the tooltip)
+        const text = fitted(face, valueRoom(w, canExpand ? t : ""));
         if (text) g.append(s("text", { class: "sv-value", x: w - 8, y: h - 8, "text-anchor": "end", text }));
       }
       if (canExpand) {

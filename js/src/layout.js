@@ -7,6 +7,7 @@
 
 import dagre from "@dagrejs/dagre";
 import { visibleLevels } from "./levels.js";
+import { countedFaceChars } from "./faces.js";
 
 export const NODE_W = 204;
 export const NODE_H = 62;
@@ -57,13 +58,50 @@ export function shapeText(node) {
  * A collapsed node's width: its label's (`leafWidth`), widened to its type beside the
  * sparkline. A sharded type (`f32[64@data,32@model]`, what a `reshard` box is for) ran
  * under the sparkline, or lost its `@model`. At most MAX_W, past which the type is cut.
+ * `valueChars`: characters of face value it must also hold right of its expand button
+ * (`toggle`, "" for none).
  * @param {{label?: string, kind?: string, shapes?: string[]} | undefined} node
+ * @param {number} [valueChars] @param {string} [toggle]
  */
-export function leafNodeWidth(node) {
+export function leafNodeWidth(node, valueChars = 0, toggle = "") {
   const label = leafWidth(node?.label);
   if (!node) return label;
   const type = SHAPE_X + kindWidth(node.kind ?? "") + SHAPE_CHAR * shapeText(node).length + SPARK_ROOM;
-  return Math.min(MAX_W, Math.max(label, Math.ceil(type)));
+  const value = valueChars > 0 ? valueRight(toggle) + VALUE_CHAR * valueChars + 1 : 0;
+  return Math.min(MAX_W, Math.max(label, Math.ceil(type), Math.ceil(value)));
+}
+
+/** Pixels a character of a collapsed node's face value takes (.sv-value). */
+export const VALUE_CHAR = 6.35;
+
+/**
+ * A collapsed node's expand button: `+ 24 blocks`, `+ 11 eqns`, or, for a group of
+ * inputs (no equations), `+ 3 inside`.
+ * @param {{repeats?: number, n_eqns?: number}} node @param {number} inside its children
+ */
+export function toggleText(node, inside) {
+  const k = node.n_eqns || inside;
+  return node.repeats ? `+ ${node.repeats} blocks` : node.n_eqns ? `+ ${k} eqn${k === 1 ? "" : "s"}` : `+ ${k} inside`;
+}
+
+/** The expand button's width. @param {string} text */
+export function toggleWidth(text) {
+  return 10 + text.length * 6;
+}
+
+/** Pixels of a collapsed node's bottom row that are not its face value: the margins
+ * and the expand button when there is one (`toggle`). @param {string} toggle */
+function valueRight(toggle) {
+  return 8 + (toggle ? 14 + toggleWidth(toggle) + 6 : 14);
+}
+
+/**
+ * How many characters of face value fit in a collapsed node `w` wide, right of its
+ * expand button (`toggle`, "" when there is none).
+ * @param {number} w @param {string} toggle
+ */
+export function valueRoom(w, toggle) {
+  return Math.floor((w - valueRight(toggle)) / VALUE_CHAR);
 }
 
 // An expanded stage's header: the toggle, then its label (7.6 px a character from
@@ -372,6 +410,21 @@ function portAnchors(ids, sizes, local) {
 }
 
 /**
+ * A collapsed node's width (`leafNodeWidth`), widened so that a face holding NaN/Inf
+ * beside finite values says both, the statistic and the counts, whatever statistic
+ * colours it ("‖grad‖₂ = 0.1973 · 2 NaN"): at 204 px beside "+ 11 eqns" the counts
+ * were cut and the norm of the finite values read as the whole value's. Fixed per
+ * model, so boxes do not move when the statistic changes.
+ * @param {import("./model.js").ModelIndex} index @param {string} id
+ */
+function leafWidthWithValue(index, id) {
+  const node = index.nodes.get(id);
+  const inside = index.children.get(id)?.length ?? 0;
+  const chars = countedFaceChars(index.probesByNode.get(id), node);
+  return leafNodeWidth(node, chars, inside > 0 ? toggleText(node, inside) : "");
+}
+
+/**
  * Lays out every visible level and returns absolute boxes.
  * @param {import("./model.js").ModelIndex} index
  * @param {Set<string>} expanded
@@ -395,7 +448,7 @@ export function layoutView(index, expanded, levelEdges, cache = new Map(), level
         // (and where its ports are: the edges into it meet them)
         sig.push(`${id}:${inner.w}x${inner.h}:${(inner.ports ?? []).map((q) => Math.round(q.x)).join("/")}`);
       } else {
-        sizes.set(id, { w: leafNodeWidth(index.nodes.get(id)), h: NODE_H });
+        sizes.set(id, { w: leafWidthWithValue(index, id), h: NODE_H });
       }
     }
     const key = `${L}|${sig.join(",")}`;

@@ -99,9 +99,39 @@ export function holdsFillValue(s) {
   return m >= FILL_FRACTION * top * (1 - FILL_SLACK) || Math.abs(m - jaxFill64) <= jaxFill64 * FILL_SLACK;
 }
 
-/** Whether any of a node's probes holds a fill value in `mode` (see `holdsFillValue`). */
+// The smallest normal magnitude of the floating dtypes whose normal range reaches far
+// below any measured quantity (`jnp.finfo(dtype).tiny`). float16's (6.1e-5) is left
+// out: float16 gradients that small are real values (underflow is what loss scaling
+// is about), not sentinels.
+const TINY = {
+  bfloat16: 1.1754943508222875e-38,
+  float32: 1.1754943508222875e-38,
+  float64: 2.2250738585072014e-308,
+  complex64: 1.1754943508222875e-38,
+  complex128: 2.2250738585072014e-308,
+};
+
+/**
+ * Whether a summary's non-zero values are no larger than its dtype's smallest normal
+ * number: a sentinel, not a measure (diffrax's `prevbefore(0.0)`, `jnp.nextafter` of
+ * 0, is -FLT_MIN under flush-to-zero). A reverse-time solve held 300 such stages among
+ * 362: the colour scale ran from 1.175e-38 and every other stage came out one colour.
+ * @param {any} s a summary
+ */
+export function holdsTinyValue(s) {
+  const tiny = TINY[s?.dtype];
+  if (!tiny) return false;
+  const m = s.absmax ?? Math.max(Math.abs(s.min ?? 0), Math.abs(s.max ?? 0));
+  return typeof m === "number" && m > 0 && m <= tiny * (1 + FILL_SLACK);
+}
+
+/**
+ * Whether any of a node's probes holds a fill value (`holdsFillValue`) or only
+ * sentinels of the smallest magnitude (`holdsTinyValue`) in `mode`: statistics that
+ * are coloured but never set the colour scale's range.
+ */
 export function nodeHoldsFill(probes, mode) {
-  return (probes ?? []).some((p) => holdsFillValue(p.summaries?.[mode]));
+  return (probes ?? []).some((p) => holdsFillValue(p.summaries?.[mode]) || holdsTinyValue(p.summaries?.[mode]));
 }
 
 /** From this many values on, a colour scale cuts outliers past its `ROBUST_Q` quantiles. */
@@ -116,7 +146,8 @@ export const ROBUST_Q = 0.02;
  * whether an end was cut.
  *
  * `aside`: values that are coloured but never set the range (the statistics of fill
- * values, `holdsFillValue`), however many there are: the percentile cut missed four
+ * values, `holdsFillValue`, and of smallest-magnitude sentinels, `holdsTinyValue`),
+ * however many there are: the percentile cut missed four
  * masked-logit stages among 144, and the scale ran to 3.4e38. They set it only when
  * nothing else does.
  * @param {Iterable<number|null>} values

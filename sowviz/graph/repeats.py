@@ -412,17 +412,41 @@ def open_model(recs: Sequence[Any], root: Any) -> None:
     is a call of the user's own function or a loop holding at least half the program's
     equations (`predict`, `graph.calls`; a decoder's `fori_loop(body)` over the model,
     which started as one closed box beside its set-up's primitives). Call with final
-    `n_eqns`."""
+    `n_eqns`.
+
+    Both kinds open, the stages holding more equations first, while the top level draws
+    at most `FIRST_VIEW` nodes: a PINN's boundary-term `PINN` call (16 equations) opened
+    and its `residual` (140 of 164) stayed closed. A top level whose work is one stage
+    (`@jax.jit def train_step`, 336 of 336 equations, between its inputs and outputs)
+    opens it, and the rule applies inside it as it would to the program unwrapped."""
     top = [r for r in recs if r.parent == root.id]
+    sole = _sole_stage(recs, top)
+    if sole is not None:
+        sole.collapsed = False
+        open_model(recs, sole)
+        return
     linen = frameworks.linen_module_names()  # Linen pushes its modules' scopes itself
     names = frameworks.pushed() | linen
     mods = [r for r in top if r.kind == "scope" and not r.made and r.label in names]
     # (the one model is opened whatever its share: a small CNN's 26 equations beside its
     # loss's 31, `optax`'s cross-entropy, started as one closed box)
-    if not mods:  # a plain-function program: its one call holding half of it, if any
-        mods = [r for r in top if (r.called or r.kind in _LOOPS) and 2 * r.n_eqns >= root.n_eqns]
-    if len(mods) != 1:
-        return
-    inside = sum(1 for r in recs if r.parent == mods[0].id)
-    if len(top) - 1 + inside <= FIRST_VIEW:
-        mods[0].collapsed = False
+    halves = [r for r in top if (r.called or r.kind in _LOOPS) and 2 * r.n_eqns >= root.n_eqns]
+    ranked = sorted(
+        (mods if len(mods) == 1 else []) + [r for r in halves if r not in mods],
+        key=lambda r: -r.n_eqns,
+    )
+    drawn = len(top)
+    for r in ranked:
+        inside = sum(1 for c in recs if c.parent == r.id)
+        if drawn - 1 + inside <= FIRST_VIEW:
+            r.collapsed = False
+            drawn += inside - 1
+
+
+def _sole_stage(recs: Sequence[Any], top: Sequence[Any]) -> Any:
+    """The one stage among `top` holding equations, when no other does (the rest are the
+    program's inputs and outputs) and it holds nodes to show; else None."""
+    working = [r for r in top if r.n_eqns > 0]
+    if len(working) != 1 or working[0].kind not in STAGE_KINDS:
+        return None
+    return working[0] if any(r.parent == working[0].id for r in recs) else None
