@@ -1,5 +1,5 @@
 """Command line: `python -m sowviz demo -o report.html`,
-`python -m sowviz report LOG_DIR -o report.html`, `python -m sowviz --help`."""
+`python -m sowviz report LOG_DIR [LOG_DIR ...] -o report.html`, `python -m sowviz --help`."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ commands:
           self-contained HTML report you can open in any browser.
   report  write the offline HTML report of a Monitor's run log (the
           `log_dir` of `sowviz.Monitor(..., log_dir=...)`): the whole run,
-          thinned to a bounded size, from step 0 on.
+          thinned to a bounded size, from step 0 on. Several LOG_DIRs are one
+          run resumed from checkpoints (`report runs/exp1 runs/exp1-resumed`).
 """
 
 
@@ -44,15 +45,21 @@ def _report(args: argparse.Namespace) -> int:
 
     from .runlog import LogWarning, load
 
-    log_dir = pathlib.Path(args.log_dir)
-    if not log_dir.is_dir():
-        print(
-            f"sowviz report: {log_dir} is not a directory (a Monitor's `log_dir`)", file=sys.stderr
-        )
-        return 2
+    log_dirs = [pathlib.Path(d) for d in args.log_dir]
+    for log_dir in log_dirs:
+        if not log_dir.is_dir():
+            print(
+                f"sowviz report: {log_dir} is not a directory (a Monitor's `log_dir`)",
+                file=sys.stderr,
+            )
+            return 2
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", LogWarning)
-        view = load(log_dir, history=args.history)
+        try:
+            view = load(*log_dirs, history=args.history)
+        except ValueError as err:  # logs that do not join into one run: one line
+            print(f"sowviz report: {str(err).removeprefix('sowviz.load: ')}", file=sys.stderr)
+            return 2
     for w in caught:
         print(f"warning: {w.message}", file=sys.stderr)
     try:
@@ -94,7 +101,13 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--mode", default="all", choices=MODES, help="inspection mode (default: all)")
     demo.set_defaults(run=_demo)
     report = sub.add_parser("report", help="write the HTML report of a Monitor's run log")
-    report.add_argument("log_dir", metavar="LOG_DIR", help="the Monitor's `log_dir`")
+    report.add_argument(
+        "log_dir",
+        metavar="LOG_DIR",
+        nargs="+",
+        help="the Monitor's `log_dir`; several: one run resumed from checkpoints (its "
+        "logs in step order, joined into one history)",
+    )
     report.add_argument(
         "-o", "--output", default="report.html", help="report path (default: report.html)"
     )

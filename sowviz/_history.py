@@ -15,9 +15,54 @@ anyone read it is never converted.
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
+
+#: Runs of non-finite steps kept by `NonfiniteSteps` (a run that diverges stays
+#: non-finite: one run; a loss that flickers makes one per flicker). Past this many,
+#: later steps are counted, not listed.
+MAX_RANGES = 10_000
+
+
+class NonfiniteSteps:
+    """Every step found non-finite, recorded or not, as runs `[first, last]` (inclusive),
+    never thinned: a Monitor checks every step (`every=5` records one in five, and its
+    running flag names the bad ones in between), so the report can say "8 non-finite
+    steps", not the 2 its history holds."""
+
+    def __init__(self) -> None:
+        self.ranges: list[list[int]] = []
+        self.count = 0  # distinct steps added
+        self.unlisted = 0  # of them, those past `MAX_RANGES` runs (counted only)
+
+    def add(self, step: int) -> None:
+        r = self.ranges
+        i = bisect.bisect_right(r, step, key=lambda run: run[0]) - 1
+        if i >= 0 and r[i][1] >= step:
+            return  # known (a re-run step, a record an interrupt made twice)
+        joins_left = i >= 0 and r[i][1] == step - 1
+        joins_right = i + 1 < len(r) and r[i + 1][0] == step + 1
+        if joins_left and joins_right:
+            r[i][1] = r.pop(i + 1)[1]
+        elif joins_left:
+            r[i][1] = step
+        elif joins_right:
+            r[i + 1][0] = step
+        elif len(r) < MAX_RANGES:
+            r.insert(i + 1, [step, step])
+        else:
+            self.unlisted += 1
+        self.count += 1
+
+    def update(self, steps: Iterable[int]) -> None:
+        for s in steps:
+            self.add(int(s))
+
+    @property
+    def first(self) -> int | None:
+        return self.ranges[0][0] if self.ranges else None
 
 
 class History:
@@ -32,8 +77,12 @@ class History:
         self._pinned: list[dict[str, Any]] = []
         self.stride = 1
         self.count = 0  # entries ever added
+        #: every non-finite step, recorded or not (`mark_nonfinite`), whatever the thinning
+        self.nonfinite = NonfiniteSteps()
 
     def add(self, entry: dict[str, Any], *, pin: bool = False) -> None:
+        if not _finite(entry):
+            self.nonfinite.add(entry["step"])
         if pin:
             self._pinned.append(entry)
             return
@@ -68,6 +117,11 @@ class History:
     def __getitem__(self, i: int) -> dict[str, Any]:
         return self._entries()[i]
 
+    def mark_nonfinite(self, steps: Iterable[int]) -> None:
+        """Steps found non-finite that were not recorded (`Monitor(every=N)` checks every
+        step; a run log's `N` records): counted with the recorded ones."""
+        self.nonfinite.update(steps)
+
     @property
     def steps(self) -> list[int]:
         return [e["step"] for e in self._raw()]
@@ -88,8 +142,20 @@ class History:
             "program": [e.get("program") for e in entries],
             "probes": probes,
             "nonfinite": nonfinite,
+            # every step found non-finite, recorded or not, never thinned: runs
+            # [first, last]; the count includes steps past the listed runs
+            "nonfinite_steps": [list(r) for r in self.nonfinite.ranges],
+            "nonfinite_count": self.nonfinite.count,
             "limit": self.limit,
         }
+
+
+def _finite(entry: Any) -> bool:
+    # A `_entry.LazyEntry` knows its flag without converting its summaries.
+    flag = getattr(entry, "finite", None)
+    if flag is None and isinstance(entry, dict):
+        flag = entry.get("finite", True)
+    return flag is not False
 
 
 def _as_dict(entry: Any) -> dict[str, Any]:

@@ -419,18 +419,23 @@ def restored(out: Any, inputs: Any) -> Any:
     return jax.tree_util.tree_unflatten(out.treedef, full)
 
 
-#: A fresh running flag for `Runner.run(..., chain=)`: (runs so far, first bad run or -1).
-CHAIN_START = (0, -1)
+#: A fresh running flag for `Runner.run(..., chain=)`: (runs so far, first bad run or -1,
+#: which of the last 32 runs were bad: bit `run % 32`).
+CHAIN_START = (0, -1, 0)
 
 
 def chain_flags(chain: Any, finite: Any) -> Any:
-    """The running flag after one more run: ``[n + 1, first]`` from ``[n, first]``, where
-    `first` becomes n if this run's `finite` vector has a False and no run had before.
+    """The running flag after one more run: ``[n + 1, first, bits]`` from ``[n, first,
+    bits]``, where `first` becomes n if this run's `finite` vector has a False and no run
+    had before, and bit ``n % 32`` of `bits` says whether this run's had one (so a read
+    names every bad run among the last 32, not only the first: `Monitor` counts them).
     Chained from step to step on the device, it answers for every step since the last
     read in one transfer (a read is a round trip: ~200 µs on a GPU)."""
-    n, first = chain[0], chain[1]
+    n, first, bits = chain[0], chain[1], chain[2]
     bad = ~jnp.all(finite)
-    return jnp.stack([n + 1, jnp.where((first < 0) & bad, n, first)])
+    bit = jnp.left_shift(jnp.int32(1), n % 32)
+    bits = jnp.where(bad, bits | bit, bits & ~bit)
+    return jnp.stack([n + 1, jnp.where((first < 0) & bad, n, first), bits])
 
 
 #: Leaves of at most this many elements are stacked with like leaves (same shape,

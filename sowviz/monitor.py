@@ -58,6 +58,7 @@ lazily when `mon` is displayed) and sinks (`log_dir`, TensorBoard, W&B, from
 from __future__ import annotations
 
 import atexit
+import operator
 import sys
 import threading
 import time
@@ -89,11 +90,20 @@ _KEEP = object()
 _MAX_PENDING = 4  # recorded steps left on the device before one read takes them all
 _MAX_FLAGS = 2  # unrecorded steps whose finite flag may still be in flight
 _FLAG_BATCH = 4  # unrecorded steps answered by one read of the running flag
+_CHAIN_BITS = 32  # unrecorded steps one read can name bad (`_program.chain_flags`)
 # On an accelerator a recorded step runs ONE program, its small arrays' summaries
 # inline: a second dispatch cost more than the shared program saves in compiling
 # (H100, 8x256 MLP, every=1: 1.26-1.30x -> 1.11-1.13x of a plain step). On a CPU
 # the shared summary program stays (XLA:CPU compiles the two apart faster).
 _INLINE_SUMMARIES = True
+
+
+_STEP_BACK = (
+    "sowviz.Monitor.step: `step={n}` goes back: this Monitor's steps so far end at "
+    "{last} (the next is {next}). Step numbers only go up (the history, the run log "
+    "and the charts keep steps in order). A run started again from a checkpoint makes "
+    "a new Monitor, with a `log_dir` of its own and `start_step=` the checkpoint's step."
+)
 
 
 class NonFiniteError(FloatingPointError):
@@ -145,7 +155,10 @@ class Monitor:
     (`sowviz.runlog`); `mon.close()` (or the end of the process) closes them.
     `start_step` numbers the first step (a run resumed at step 5000 from a checkpoint
     passes `start_step=5000`): the history and the loggers count on from it, and
-    `every=N` records the steps whose number is a multiple of N.
+    `every=N` records the steps whose number is a multiple of N. `mon.step(*args,
+    step=n)` numbers one step (an eval Monitor stepped every other training step
+    takes the training's numbers). Every step's NaN/Inf counts, recorded or not
+    (`mon.history.nonfinite`; a run log's `N` records).
 
     A recorded step's results come from the instrumented program, which XLA fuses
     otherwise than the plain one: a float32 loss can differ from `jax.jit`'s in its
@@ -255,18 +268,25 @@ class Monitor:
 
     # -- the training step -------------------------------------------------------
 
-    def step(self, *args: Any, **kwargs: Any) -> Any:
+    def step(self, *args: Any, step: int | None = None, **kwargs: Any) -> Any:
         """One training step: returns `jax.value_and_grad(fn, argnums)(*args)` (for the
         default mode "grad"), with every probe summarised in the same program. State
         that `fn` assigns in its arguments (a Flax NNX model's BatchNorm statistics,
         its dropout RNG counters) is written back, as `nnx.value_and_grad` does.
         Arguments are positional: bind keyword arguments into `fn` with
-        `functools.partial` when making the Monitor."""
+        `functools.partial` when making the Monitor.
+
+        `step=n` numbers this step n (later calls count on from n + 1), as
+        TensorBoard's `global_step` does: an eval Monitor stepped every other training
+        step passes the training step's number, and its charts line up with the
+        training's. Numbers only go up (`ValueError` otherwise); with `every=N` the
+        steps whose number is a multiple of N are recorded."""
         if kwargs:
             names = ", ".join(f"`{k}`" for k in kwargs)
             raise TypeError(
                 f"sowviz.Monitor.step: got keyword argument(s) {names}; a step's arguments "
-                "are positional (they are the program's inputs, traced once per shape). "
+                "are positional (they are the program's inputs, traced once per shape; "
+                "the one keyword is `step=`, the step's number). "
                 f"Pass them positionally, or make the Monitor of "
                 f"`functools.partial(fn, {next(iter(kwargs))}=...)` for a fixed value."
             )
@@ -278,6 +298,8 @@ class Monitor:
                     "new Monitor (with a new `log_dir`) to go on recording, or step this "
                     "one only before closing it."
                 )
+            if step is not None:
+                self.steps = self._numbered(step)
             step = self.steps
             record = step % self.every == 0
             chained = not (record or self.stop_on_nonfinite)
@@ -317,6 +339,22 @@ class Monitor:
             if given.state:
                 _state.write_back(args, given.traced.state, given.state)
             return given.user_result(self._options.mode)
+
+    def _numbered(self, step: Any) -> int:
+        """`step(..., step=n)`'s n, checked: an int no smaller than the next step's
+        number (steps are recorded, logged and charted in order)."""
+        try:
+            n = None if isinstance(step, bool) else operator.index(step)
+        except TypeError:
+            n = None
+        if n is None:
+            raise TypeError(
+                f"sowviz.Monitor.step: `step` must be an int (the training step's number), "
+                f"got {type(step).__name__}."
+            )
+        if n < self.steps:
+            raise ValueError(_STEP_BACK.format(n=n, last=self.steps - 1, next=self.steps))
+        return n
 
     def _plain_twin(self, args: tuple, out: Out) -> Out:
         """A recorded step's results as the caller gets them: `out`'s, or, with
@@ -372,8 +410,10 @@ class Monitor:
         """The whole run, thinned to `history` entries (step 0 and the first non-finite
         step kept), up to the last step taken: steps still waiting to be read (a
         recorded step is read with the next few, off the step's path) are read first.
-        It held none of a Linen ResNet's first 3 steps until `flush()`."""
-        if self._pending and not self._draining:
+        It held none of a Linen ResNet's first 3 steps until `flush()`. Its
+        `nonfinite` counts every non-finite step, recorded or not (`every=N` checks every
+        step)."""
+        if (self._pending or self._flags) and not self._draining:
             self.flush()
         return self._history
 
@@ -457,26 +497,39 @@ class Monitor:
             upto = len(self._flags) - keep if len(self._flags) >= keep + _FLAG_BATCH else 0
         if upto <= 0:
             return
-        if self._nonfinite is None and self._first_flagged is None:
-            # (else an earlier step is already the first non-finite one)
-            read = [self._flags[i] for i in range(upto)]
-            first = int(np.asarray(read[-1][1])[1])  # the one device→host read
-            bad = next((r for r in read if r[3] == first), None) if first >= 0 else None
-            if bad is not None:
-                # First non-finite step, unrecorded: re-run it with the probes (same args).
-                step, _, args, _ = bad
-                if args is None:
-                    warnings.warn(
-                        f"sowviz.Monitor: could not re-run step {step}: its arguments were "
-                        "not kept",
-                        stacklevel=3,
-                    )
-                    self._nonfinite = _nonfinite.NonFinite(step, None, None)
-                else:
-                    self._enqueue(step, args)
-                self._first_flagged = step
-        for _ in range(upto):
-            self._flags.popleft()
+        # (runs of more than `_CHAIN_BITS` steps, which a read answers for, in parts)
+        while upto > 0:
+            part = min(upto, _CHAIN_BITS)
+            self._read_flags([self._flags[i] for i in range(part)])
+            for _ in range(part):
+                self._flags.popleft()
+            upto -= part
+
+    def _read_flags(self, read: list[tuple[int, Any, tuple | None, int]]) -> None:
+        """One device→host read of the running flag after the last of `read` (at most
+        `_CHAIN_BITS` unrecorded steps in a row): every bad step among them is counted
+        (the history, and the sinks' `nonfinite_steps`: a run log's `N` record), and the
+        run's first one is re-run with the probes."""
+        n, first, bits = (int(v) for v in np.asarray(read[-1][1]))  # the one read
+        bad = [r for r in read if n - r[3] <= _CHAIN_BITS and (bits >> (r[3] % _CHAIN_BITS)) & 1]
+        if not bad:
+            return
+        steps = [r[0] for r in bad]
+        self._history.mark_nonfinite(steps)
+        self._each("nonfinite_steps", steps)
+        if self._nonfinite is not None or self._first_flagged is not None:
+            return  # an earlier step is already the first non-finite one
+        step, _, args, _ = next((r for r in bad if r[3] == first), bad[0])
+        # First non-finite step, unrecorded: re-run it with the probes (same args).
+        if args is None:
+            warnings.warn(
+                f"sowviz.Monitor: could not re-run step {step}: its arguments were not kept",
+                stacklevel=4,
+            )
+            self._nonfinite = _nonfinite.NonFinite(step, None, None)
+        else:
+            self._enqueue(step, args)
+        self._first_flagged = step
 
     def _enqueue(self, step: int, args: tuple) -> None:
         # A re-run joins the recorded steps in step order: the first non-finite step

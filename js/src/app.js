@@ -16,7 +16,7 @@ import { READABLE_SCALE } from "./viewport.js";
 import { DetailPanel } from "./detail.js";
 import { drawLines, purge } from "./charts.js";
 import { watchTheme, chartColours } from "./theme.js";
-import { HistoryStore, nonfiniteSteps, shownStep, withStep } from "./history.js";
+import { HistoryStore, nonfiniteCount, nonfiniteSteps, shownStep, withStep } from "./history.js";
 
 export const MODES = ["primal", "grad", "jvp", "vjp", "all"];
 /** The first picture fits the whole graph unless its text would get smaller than readable. */
@@ -541,7 +541,8 @@ export class App {
     }
     const c = chartColours(this.root);
     const bad = nonfiniteSteps(hist);
-    this.lossTitle.textContent = bad.length ? `loss · ${bad.length} non-finite step${bad.length > 1 ? "s" : ""} (first: ${bad[0]})` : "loss";
+    const nBad = nonfiniteCount(hist, bad);
+    this.lossTitle.textContent = bad.length ? `loss · ${nBad} non-finite step${nBad > 1 ? "s" : ""} (first: ${bad[0]})` : "loss";
     this.lossTitle.classList.toggle("sv-bad", bad.length > 0);
     const shown = this.viewStep ?? hist.steps[hist.steps.length - 1];
     const plot = drawLines(this.lossChart, hist.steps, [{ name: "loss", y: hist.loss, colour: c.accent }], { colours: c, width: LOSS_W, height: LOSS_H, yTitle: "", nonfinite: bad, marker: shown });

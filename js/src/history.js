@@ -24,6 +24,8 @@ export function copyHistory(h) {
     program: (h.steps ?? []).map((_, i) => h.program?.[i] ?? null),
     probes,
     nonfinite: h.nonfinite ?? null,
+    nonfinite_steps: h.nonfinite_steps ?? null,
+    nonfinite_count: h.nonfinite_count ?? null,
     limit: h.limit ?? DEFAULT_LIMIT,
   };
 }
@@ -74,11 +76,25 @@ export function appendStep(h, step) {
 export function nonfiniteSteps(h) {
   if (!h?.steps?.length) return [];
   const scalar = (h.loss ?? []).some((v) => typeof v === "number");
-  return h.steps.filter((_, i) => {
+  const flagged = h.steps.filter((_, i) => {
     const flag = h.finite?.[i];
     if (typeof flag === "boolean") return !flag;
     return scalar && h.loss?.[i] == null;
   });
+  // every step found non-finite, recorded or not (a Monitor with every=N checks each):
+  // runs [first, last]
+  const runs = Array.isArray(h.nonfinite_steps) ? h.nonfinite_steps : [];
+  if (!runs.length) return flagged;
+  const all = new Set(flagged);
+  for (const [a, b] of runs) for (let s = a; s <= b && all.size < MAX_MARKED; s++) all.add(s);
+  return [...all].sort((x, y) => x - y);
+}
+
+const MAX_MARKED = 10000; // steps marked on a chart (a run NaN for good: the count says the rest)
+
+/** How many steps were non-finite: the Monitor's count of every step, else those marked. */
+export function nonfiniteCount(h, marked) {
+  return Math.max(typeof h?.nonfinite_count === "number" ? h.nonfinite_count : 0, marked.length);
 }
 
 /** Steps at which one probe's summaries (per step, aligned with `steps`) count NaN/Inf. */

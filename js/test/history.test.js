@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { appendStep, copyHistory, emptyHistory, HistoryStore, latestSummaries, nonfiniteSteps, probeNonfiniteSteps, shownStep, stepAt, withLatest, withStep } from "../src/history.js";
+import { appendStep, copyHistory, emptyHistory, HistoryStore, latestSummaries, nonfiniteCount, nonfiniteSteps, probeNonfiniteSteps, shownStep, stepAt, withLatest, withStep } from "../src/history.js";
 import { smallModel } from "./helpers.js";
 
 test("steps append aligned; a probe missing from a step gets null", () => {
@@ -149,4 +149,16 @@ test("a step is drawn with the shapes of the program it ran (a ragged last batch
   const old = smallModel();
   assert.deepEqual(withStep(old, h, 0).probes[0].summaries.primal.shape, [4]);
   assert.deepEqual(withStep(m, copyHistory({ steps: [0, 1], loss: [1, 2], probes: {} }), 0).nodes, m.nodes);
+});
+
+test("every non-finite step the Monitor found counts, recorded or not (runs of steps)", () => {
+  // every=5: steps 0, 5, ... recorded; 17 re-run; 17..24 non-finite (20 recorded)
+  const h = copyHistory({ steps: [15, 17, 20], loss: [1, null, null], finite: [true, false, false], probes: {}, nonfinite_steps: [[17, 24]], nonfinite_count: 8 });
+  const bad = nonfiniteSteps(h);
+  assert.deepEqual(bad, [17, 18, 19, 20, 21, 22, 23, 24]);
+  assert.equal(nonfiniteCount(h, bad), 8);
+  // an old model without the runs: the steps it holds
+  const old = copyHistory({ steps: [15, 17, 20], loss: [1, null, null], finite: [true, false, false], probes: {} });
+  assert.deepEqual(nonfiniteSteps(old), [17, 20]);
+  assert.equal(nonfiniteCount(old, nonfiniteSteps(old)), 2);
 });

@@ -2,7 +2,10 @@
 
 A record is a 12-byte header and a payload::
 
-    magic  b"SV" + version byte (1) + kind byte (b"S" a step, b"E" the clean end)
+    magic  b"SV" + version byte + kind byte (b"S" a step, b"E" the clean end, b"N"
+           unrecorded steps found non-finite); the version byte is the format version
+           that brought the record's kind (1 for S and E, 2 for N), so a reader of an
+           older version reads every record it knows and skips the others
     u32    payload length (little-endian)
     u32    CRC-32 of kind byte + payload (zlib.crc32, little-endian)
     payload  zlib-compressed: u32 JSON length, the JSON, then the array bytes
@@ -28,9 +31,15 @@ from typing import Any
 
 import numpy as np
 
-VERSION = 1
-MAGIC = b"SV" + bytes([VERSION])
-STEP, END = b"S", b"E"
+VERSION = 2  # the newest record kind this module reads and writes (`KINDS`)
+SIGNATURE = b"SV"
+STEP, END, NONFINITE = b"S", b"E", b"N"
+#: The version byte each kind is written with: the format version that brought it.
+#: Steps and the end are version 1's, byte for byte, so a version-1 reader (sowviz
+#: before session 38) still reads a new log's steps, and skips its `N` records as
+#: unreadable bytes (a warning) rather than refusing the whole log.
+KINDS = {STEP: 1, END: 1, NONFINITE: 2}
+MAGIC = SIGNATURE + bytes([1])  # a version-1 record's first three bytes
 HEADER = struct.Struct("<4sII")  # magic+kind, payload length, crc32
 # A payload over this is taken for a corrupt length field, not a record.
 MAX_PAYLOAD = 32 << 20
@@ -155,7 +164,17 @@ def decode(payload: bytes) -> dict[str, Any]:
 
 def frame(kind: bytes, payload: bytes) -> bytes:
     crc = zlib.crc32(kind + payload)
-    return HEADER.pack(MAGIC + kind, len(payload), crc) + payload
+    return HEADER.pack(SIGNATURE + bytes([KINDS[kind]]) + kind, len(payload), crc) + payload
+
+
+def _plausible(magic: bytes, length: int) -> bool:
+    """A header this reader knows (`KINDS`), or one of a newer format version (a
+    newer sowviz wrote the log: its record is yielded, for the reader to skip with a
+    warning that says so, rather than taken for corrupt bytes)."""
+    if magic[:2] != SIGNATURE or length > MAX_PAYLOAD:
+        return False
+    version, kind = magic[2], magic[3:]
+    return KINDS.get(kind) == version or version > VERSION
 
 
 @dataclass(frozen=True)
@@ -164,6 +183,7 @@ class Record:
     end: int  # byte offset just past the record
     kind: bytes
     payload: bytes
+    version: int = 1  # the header's version byte (`KINDS`)
 
 
 @dataclass(frozen=True)
@@ -185,13 +205,13 @@ def scan(data: bytes, base: int) -> Iterator[Record | Corrupt | int]:
         if n - pos < HEADER.size:
             break
         magic, length, crc = HEADER.unpack_from(data, pos)
-        if magic[:3] == MAGIC and magic[3:] in (STEP, END) and length <= MAX_PAYLOAD:
+        if _plausible(magic, length):
             end = pos + HEADER.size + length
             if end > n:
                 break  # incomplete: wait for more bytes
             payload = bytes(data[pos + HEADER.size : end])
             if zlib.crc32(magic[3:] + payload) == crc:
-                yield Record(base + pos, base + end, magic[3:], payload)
+                yield Record(base + pos, base + end, magic[3:], payload, magic[2])
                 pos = end
                 continue
         nxt = _resync(data, pos + 1)
@@ -206,12 +226,12 @@ def _resync(data: bytes, start: int) -> int | None:
     """The next offset >= start where a complete record with a valid checksum begins."""
     pos = start
     while True:
-        pos = data.find(MAGIC, pos)
+        pos = data.find(SIGNATURE, pos)
         if pos < 0 or len(data) - pos < HEADER.size:
             return None
         magic, length, crc = HEADER.unpack_from(data, pos)
         end = pos + HEADER.size + length
-        if magic[3:] in (STEP, END) and length <= MAX_PAYLOAD and end <= len(data):
+        if _plausible(magic, length) and end <= len(data):
             if zlib.crc32(magic[3:] + bytes(data[pos + HEADER.size : end])) == crc:
                 return pos
         pos += 1

@@ -48,6 +48,11 @@ class LogReader:
             raise FileNotFoundError(_MISSING.format(path=str(self.path), what="the directory"))
         self.offset = 0  # where the next unread record starts
         self.finished = False  # the writer closed the log cleanly
+        #: Unrecorded steps found non-finite (`N` records) read and not yet taken (a
+        #: reader takes them by emptying the list: `RunLogView` counts them): a Monitor
+        #: with `every=N` checks every step, and the log says which were bad. Steps
+        #: yielded by `steps()` say their own (`"finite"`).
+        self.nonfinite_steps: list[int] = []
         self._warned: set[int] = set()
         self._tail = 0  # offset of the last incomplete record seen
 
@@ -115,17 +120,28 @@ class LogReader:
         for item in fmt.scan(data, base):
             if isinstance(item, fmt.Record):
                 self.offset = item.end
-                if item.kind != fmt.STEP:
+                if item.kind == fmt.END:
                     self.finished = True
+                    continue
+                if fmt.KINDS.get(item.kind) != item.version:
+                    self._warn(
+                        -1,  # (said once per log)
+                        f"{self.steps_path} holds records of a newer format (version "
+                        f"{item.version}, first at byte offset {item.offset}), written "
+                        "by a newer sowviz: skipped. Upgrade sowviz to read them",
+                    )
                     continue
                 try:
                     entry = fmt.decode(item.payload)
                 except Exception as err:  # a checksum fine, a payload not: skip it
                     self._warn(
                         item.offset,
-                        f"a step record at byte offset {item.offset} that does not "
+                        f"a record at byte offset {item.offset} that does not "
                         f"decode ({type(err).__name__}: {err}); skipped",
                     )
+                    continue
+                if item.kind == fmt.NONFINITE:
+                    self.nonfinite_steps += [int(s) for s in entry.get("steps", [])]
                     continue
                 yield entry
             elif isinstance(item, fmt.Corrupt):

@@ -29,7 +29,7 @@ from .._caller import user_stacklevel
 # step, so a writer that falls behind slows the loop rather than drop steps).
 QUEUE_STEPS = 256
 
-_OPEN, _WRITE, _CLOSE = "open", "write", "close"
+_OPEN, _WRITE, _CLOSE, _NONFINITE = "open", "write", "close", "nonfinite"
 _live: weakref.WeakSet[Sink] = weakref.WeakSet()
 
 
@@ -83,6 +83,11 @@ class Sink:
 
     def write(self, entry: dict[str, Any]) -> None:
         self._put(_WRITE, entry)
+
+    def nonfinite_steps(self, steps: list[int]) -> None:
+        """Unrecorded steps found non-finite (`Monitor(every=N)` checks every step), as
+        one read of its running flag names them: a few at a time."""
+        self._put(_NONFINITE, list(steps))
 
     def flush(self) -> None:
         """Wait until everything handed over so far is written."""
@@ -139,6 +144,8 @@ class Sink:
                         self._open(item)
                     elif op == _WRITE:
                         self._write_timed(item)
+                    elif op == _NONFINITE:
+                        self._nonfinite_steps(item)
                     else:
                         self._close()
             except Exception as err:  # reported on the caller's thread
@@ -166,6 +173,9 @@ class Sink:
 
     def _write(self, entry: dict[str, Any]) -> None:
         raise NotImplementedError
+
+    def _nonfinite_steps(self, steps: list[int]) -> None:
+        pass  # (a sink that logs only recorded steps)
 
     def _close(self) -> None:
         pass

@@ -21,6 +21,7 @@ import threading
 from typing import Any
 
 from .._history import History
+from . import join as _join
 from .reader import LogReader
 from .writer import MODEL_FILE, STEPS_FILE
 
@@ -38,11 +39,29 @@ class RunLogView:
         >>> run.save_html("exp1.html")          # doctest: +SKIP
     """
 
-    def __init__(self, log_dir: str | os.PathLike, *, history: int = 200) -> None:
-        self.reader = LogReader(log_dir)
-        self.log_dir = self.reader.path
+    def __init__(
+        self, log_dir: str | os.PathLike, *more: str | os.PathLike, history: int = 200
+    ) -> None:
         if not isinstance(history, int) or isinstance(history, bool) or history < 2:
             raise ValueError(f"sowviz.load: `history` must be an int >= 2, got {history!r}.")
+        # A resumed run's logs after the one it resumes (`join`): read in step order,
+        # the last one followed live, its graph drawn.
+        found = [LogReader(d).path for d in (log_dir, *more)]
+        twice = next((d for i, d in enumerate(found) if d.resolve() in _resolved(found[:i])), None)
+        if twice is not None:
+            raise ValueError(
+                f"sowviz.load: the run log {str(twice)!r} is named twice: name each part "
+                "of a resumed run once."
+            )
+        self.readers = [LogReader(d) for d in _join.in_step_order(found)]
+        self.reader = self.readers[-1]
+        self.log_dir = self.reader.path
+        self.log_dirs = [r.path for r in self.readers]
+        self._programs = _join.Programs(len(self.readers))
+        self._earlier_models = [r.model() for r in self.readers[:-1]]
+        for i, m in enumerate(self._earlier_models):
+            self._programs.set(i, (m or {}).get("programs") or [])
+        self._last: tuple[int, int] | None = None  # (part, step) of the last step read
         self.history = History(history)
         self.steps_read = 0
         self.nonfinite: dict[str, Any] | None = None  # the first step with NaN/Inf
@@ -59,10 +78,12 @@ class RunLogView:
 
     def __repr__(self) -> str:
         state = "finished" if self.finished else "open"
-        return (
-            f"<sowviz run log {str(self.log_dir)!r}: {self.steps_read} steps read "
-            f"({len(self.history)} kept), {state}>"
+        where = (
+            f"run log {str(self.log_dir)!r}"
+            if len(self.log_dirs) == 1
+            else f"run logs {', '.join(repr(str(d)) for d in self.log_dirs)}"
         )
+        return f"<sowviz {where}: {self.steps_read} steps read ({len(self.history)} kept), {state}>"
 
     @property
     def finished(self) -> bool:
@@ -83,7 +104,7 @@ class RunLogView:
         with self._lock:
             self._load_model()
             n = 0
-            for e in self.reader.steps():
+            for e in self._new_steps():
                 first_bad = self.nonfinite is None and bool(e.get("nonfinite"))
                 if first_bad:
                     self.nonfinite = {"step": e["step"], **e["nonfinite"]}
@@ -100,7 +121,27 @@ class RunLogView:
                         self._sent_model = False
                 if also is not None:
                     also(e)
+            for reader in self.readers:
+                # (the unrecorded steps found non-finite: counted, not kept as steps)
+                unrecorded, reader.nonfinite_steps = reader.nonfinite_steps, []
+                self.history.mark_nonfinite(unrecorded)
             return n
+
+    def _new_steps(self) -> Any:
+        """Every step appended since the last read, part by part; a
+        part's step numbers its program in the joined list, and comes after every step
+        of the parts before it (`join.check_overlap`)."""
+        for part, reader in enumerate(self.readers):
+            for e in reader.steps():
+                step = e.get("step")
+                if self._last is not None and self._last[0] != part and isinstance(step, int):
+                    earlier = self.readers[self._last[0]].path
+                    _join.check_overlap(earlier, self._last[1], reader.path, step)
+                if isinstance(step, int):
+                    self._last = (part, step)
+                if len(self.readers) > 1 and "program" in e:
+                    e["program"] = self._programs.index(part, e["program"])
+                yield e
 
     def _load_model(self) -> None:
         """(Re)read model.json when it changed: the Monitor writes it when the graph is
@@ -113,6 +154,10 @@ class RunLogView:
         if stamp != self._base_stamp:
             model = self.reader.model()
             if model is not None:
+                if len(self.readers) > 1:
+                    parts = [*self._earlier_models, model]
+                    _join.check_compatible(list(zip(self.log_dirs, parts, strict=True)))
+                    self._programs.set(len(self.readers) - 1, model.get("programs") or [])
                 self._base, self._base_stamp = model, stamp
                 self._sent_model = False  # a displayed widget gets the new model whole
 
@@ -131,6 +176,8 @@ class RunLogView:
                     if latest:
                         p["summaries"] = _merge(p.get("summaries", {}), latest)
             d["history"] = self._history_dict()
+            if len(self.readers) > 1:
+                d["programs"] = list(self._programs.joined)
             d["nonfinite"] = self._drawn_record(d.get("nonfinite"))
             return d
 
@@ -224,6 +271,10 @@ class RunLogView:
         return len(new)
 
 
+def _resolved(paths: list[pathlib.Path]) -> set[pathlib.Path]:
+    return {p.resolve() for p in paths}
+
+
 def _merge(full: dict[str, dict], latest: dict[str, dict]) -> dict[str, dict]:
     """Latest per-step summaries over the model's first full ones: shape and dtype kept,
     statistics replaced, and fields the step lacks (the log-histogram) dropped rather
@@ -254,12 +305,17 @@ def _no_model(log_dir: pathlib.Path) -> str:
     return what + ". Pass the `log_dir` given to `sowviz.Monitor(..., log_dir=...)`."
 
 
-def load(log_dir: str | os.PathLike, *, history: int = 200) -> RunLogView:
+def load(log_dir: str | os.PathLike, *more: str | os.PathLike, history: int = 200) -> RunLogView:
     """A live view of the run log a `Monitor(..., log_dir=...)` writes.
 
     `history` bounds the steps kept in memory (thinned, never losing step 0); the log
     on disk keeps every step. Displayed in Jupyter, the view is the widget and follows
     the log as the script appends to it. The format: docs/log-format.md.
+
+    Several logs are one run resumed from checkpoints (`load("runs/exp1",
+    "runs/exp1-resumed")`: the resumed Monitor was given `start_step=`): read in the
+    order of their first steps, the last one followed; `ValueError` if their steps
+    overlap or they ran different programs (`sowviz.runlog.join`).
 
     Example:
         >>> mon = sowviz.Monitor(loss, log_dir="runs/exp1")   # doctest: +SKIP
@@ -269,7 +325,7 @@ def load(log_dir: str | os.PathLike, *, history: int = 200) -> RunLogView:
         [0, 1, 2]
         >>> run.save_html("exp1.html")         # the whole run's report  # doctest: +SKIP
     """
-    return RunLogView(log_dir, history=history)
+    return RunLogView(log_dir, *more, history=history)
 
 
 def encode_steps(steps: list[dict[str, Any]]) -> bytes:

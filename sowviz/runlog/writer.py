@@ -31,7 +31,8 @@ _EXISTS = (
     "`log_dir` for a new run, or delete the old log first; sowviz never appends one run "
     "to another's log. Resuming from a checkpoint? Give the resumed part a `log_dir` of "
     "its own beside the first (e.g. '{path}-resumed') and pass `start_step=` the "
-    "checkpoint's step: its steps are numbered on from there."
+    "checkpoint's step: its steps are numbered on from there, and `python -m sowviz "
+    "report {path} {path}-resumed` (or `sowviz.load` of both) reads the two as one run."
 )
 _BUSY = (
     "sowviz: `log_dir` {path!r} is being written by another Monitor (in this process or "
@@ -211,6 +212,12 @@ class LogSink(Sink):
         self._check_still_there(f"at step {entry.get('step')}")
         self._append(fmt.frame(fmt.STEP, fmt.encode(entry)))
         self.steps_written += 1
+
+    def _nonfinite_steps(self, steps: list[int]) -> None:
+        # Unrecorded steps found non-finite, as one read of the Monitor's running flag
+        # named them (a few a record: one per read, never one per step).
+        self._check_still_there(f"at step {steps[-1]}")
+        self._append(fmt.frame(fmt.NONFINITE, fmt.encode({"steps": steps})))
 
     def _append(self, record: bytes) -> None:
         assert self._fd is not None
