@@ -82,6 +82,11 @@ class MonitorView(Inspector):
     def push(self) -> None:
         self._push(force=True)
 
+    def renew(self) -> None:
+        """Send the whole model on the next update (what only it carries changed)."""
+        self._need_model = True
+        self._push(force=False)
+
     def _push(self, *, force: bool) -> None:
         now = self.clock()
         if self._quiet() != self._quiet_sent:
@@ -145,3 +150,8 @@ class _Listener:
 
     def flush(self) -> None:
         self.view.push()
+
+    def nonfinite_steps(self, steps: list[int]) -> None:
+        # Unrecorded steps found non-finite: only the whole model carries the count
+        # (`history.nonfinite_steps`), sent on the next (throttled) update.
+        self.view.renew()

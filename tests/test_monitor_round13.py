@@ -212,3 +212,20 @@ def test_step_numbers_given_only_go_up():
     mon.step(jnp.ones(3), jnp.ones(3), step=np.int64(6))
     mon.step(jnp.ones(3), jnp.ones(3), step=7)  # not a multiple of every=2: not recorded
     assert mon.history.steps == [4, 6]
+
+
+def test_the_live_widget_counts_the_unrecorded_nonfinite_steps():
+    # the Monitor's widget learns of an unrecorded bad step from the whole model it is
+    # sent next (its steps-only updates carry recorded steps)
+    mon = sowviz.Monitor(_loss, every=5)
+    view = mon.view()
+    view.send = lambda msg, buffers=None: None  # (no front end: the model is what is sent)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sowviz.NonFiniteWarning)
+        for s in range(N_STEPS):
+            mon.step(jnp.ones(4), _batch(s))
+        mon.flush()
+    history = view.model["history"]
+    assert history["nonfinite_steps"] == _runs(_expected_bad())
+    assert history["nonfinite_count"] == len(_expected_bad())
+    mon.close()
