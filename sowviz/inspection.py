@@ -17,6 +17,7 @@ registers in `_model`.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import json
 import re
@@ -327,6 +328,10 @@ class Inspection:
     mode: Mode
     device: str
     title: str
+    #: every note the model shows (`to_dict()["notes"]`, the report's "notes"): the
+    #: graph's (what a stage cannot show: a custom rule's body, ...; in mode "primal"
+    #: none about differentiation) and then the run's. Notes given to the constructor
+    #: are added to the graph's.
     notes: list[dict[str, Any]] = field(default_factory=list)
     created: str | None = field(default_factory=_model.now)
     history: dict[str, Any] | None = None
@@ -334,6 +339,13 @@ class Inspection:
     nonfinite: Any = None
     #: (fn, args, options) for `locate_nonfinite`, set by `inspect`
     _rerun: Any = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # (the graph's notes were the model's alone: `ins.notes` was [] while the
+        # report said "1 note")
+        primal = Mode(self.mode) is Mode.PRIMAL
+        said = [n.to_dict() for n in self.graph.notes if not (primal and n.derivatives)]
+        self.notes = merged_notes([*said, *self.notes])
 
     @property
     def modes(self) -> list[str]:
@@ -364,7 +376,7 @@ class Inspection:
             "nodes": g["nodes"],
             "edges": g["edges"],
             "probes": probes,
-            "notes": merged_notes([*g["notes"], *self.notes]),
+            "notes": copy.deepcopy(self.notes),
             "history": self.history,
             "nonfinite": None if self.nonfinite is None else self.nonfinite.to_dict(),
         }
@@ -393,6 +405,18 @@ class Inspection:
         parts, node = [], self.graph.node(probe.node)
         while node is not None and node.id != self.graph.root:
             parts.append(labels[node.id])
+            node = self.graph.node(node.parent) if node.parent is not None else None
+        return "/".join(reversed(parts))
+
+    def _plain_path(self, probe: Probe) -> str:
+        """`probe_path` without the repeat groups sowviz draws around identical blocks
+        (`transformer/block_0–1 (×2)/block_0/fc` is `transformer/block_0/fc`): the path
+        as Haiku, Flax and the user's code name the module."""
+        labels = self._path_labels()
+        parts, node = [], self.graph.node(probe.node)
+        while node is not None and node.id != self.graph.root:
+            if not node.repeats:
+                parts.append(labels[node.id])
             node = self.graph.node(node.parent) if node.parent is not None else None
         return "/".join(reversed(parts))
 
@@ -445,6 +469,9 @@ class Inspection:
             leaf = next((f for f in (f"['{leaf}']", f".{leaf}") if f in given), leaf)
         same = [p for p in self.probes if p.leaf == leaf]
         paths = {p.id: self.probe_path(p) for p in same}
+        # (a path without repeat groups is worked out only where the graph has some)
+        grouped = any(n.repeats for n in self.graph.nodes)
+        plain = {p.id: self._plain_path(p) for p in same} if grouped else paths
         found = [p for p in same if p.name == name]
         sown = [p for p in found if self.graph.node(p.node).kind == "sow"]
         if len(sown) == 1:
@@ -460,8 +487,8 @@ class Inspection:
             ]
         if not found:
             _refuse_numbered_sows(name, [p for p in same if self.graph.node(p.node).kind == "sow"])
-            found = [p for p in same if paths[p.id] == name] or [
-                p for p in same if name in _aliases(paths[p.id])
+            found = [p for p in same if name in (paths[p.id], plain[p.id])] or [
+                p for p in same if name in _path_aliases(paths[p.id], plain[p.id])
             ]
         if found and not leaf:
             # A stage of several outputs with that name too: the name is not one probe's
@@ -469,7 +496,7 @@ class Inspection:
             several = {
                 self.probe_path(p)
                 for p in self.probes
-                if p.leaf and (p.name == name or self.probe_path(p) == name)
+                if p.leaf and (p.name == name or name in (self.probe_path(p), self._plain_path(p)))
             }
             several -= {paths[p.id] for p in found}
             if several:
@@ -497,7 +524,7 @@ class Inspection:
             for p in self.probes
             if p.leaf
             and p.leaf != leaf
-            and (p.name == name or name == (path := self.probe_path(p)) or name in _aliases(path))
+            and (p.name == name or name in _path_aliases(self.probe_path(p), self._plain_path(p)))
         ]
         stages = sorted({self.probe_path(p) for p in others})
         if len(stages) == 1 and len(others) == 1 and not leaf:
@@ -511,7 +538,11 @@ class Inspection:
         if stages:
             raise KeyError(_several_stages(name, others, self.probe_path))
         known = sorted({p.name for p in self.probes})
-        close = difflib.get_close_matches(name, sorted({*known, *paths.values()}), n=3)
+        # the paths as written without repeat groups first: `Net/block_0/fc` is nearer
+        # `Net/block_0/fcc` than `Net/block_0–1 (×2)/block_1/fc`
+        close = difflib.get_close_matches(
+            name, sorted({*known, *paths.values(), *plain.values()}), n=3
+        )
         hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
         raise KeyError(f"no probe named {name!r}{leaf}{hint}; probes: {', '.join(known[:20])}")
 
@@ -575,6 +606,12 @@ def _slash_path(name: str) -> str:
     while (joined := _AFTER_SLASH_KEY.sub(r"\1/", name)) != name:
         name = joined
     return name
+
+
+def _path_aliases(path: str, plain: str) -> set[str]:
+    """`_aliases` of a probe's path and of its path without repeat groups
+    (`Inspection._plain_path`)."""
+    return _aliases(path) if plain == path else _aliases(path) | _aliases(plain)
 
 
 def _aliases(path: str) -> set[str]:
@@ -674,9 +711,11 @@ def merged_notes(notes: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if note.get("probe") is not None:
                 seen[key] = note
             continue
-        same.setdefault("nodes", [same["probe"]])
-        if note["probe"] not in same["nodes"]:
-            same["nodes"].append(note["probe"])
+        # (a note merged before, as `Inspection.notes` holds them, merges alike)
+        nodes = list(same.get("nodes", [same["probe"]]))
+        nodes += [n for n in note.get("nodes", [note["probe"]]) if n not in nodes]
+        if len(nodes) > 1:
+            same["nodes"] = nodes
     return out
 
 

@@ -298,10 +298,11 @@ def forward_error(
     """JAX's refusal to take a `custom_vjp` forward (raised when the program is traced
     or, in JAX 0.12, lowered), said in sowviz's words; None for any other error. A
     forward mode's other `TypeError` or `RuntimeError` on a program that
-    `calls_custom_vjp` is said so too, the error below: mode "all" reaches a custom
-    rule's backward first, and there a library's rule may fail otherwise (Equinox's
-    under diffrax's `BacksolveAdjoint`: "'type' object is not iterable", "Unexpected
-    tangent")."""
+    `calls_custom_vjp` is said so too: mode "all" reaches a custom rule's backward
+    first, and there a library's rule may fail otherwise (Equinox's under diffrax's
+    `BacksolveAdjoint`: "'type' object is not iterable", "Unexpected tangent"). That
+    error, from inside the library, names no part of the user's program: the caller
+    chains it as the `__cause__`, out of the message."""
     mode = Mode(mode)
     forward = mode in (Mode.JVP, Mode.ALL)
     if not (forward and isinstance(err, TypeError | RuntimeError)):
@@ -314,10 +315,8 @@ def forward_error(
     msg = _FORWARD_THROUGH_CUSTOM_VJP.format(mode=mode.value)
     if "diffrax" in sys.modules:  # its default adjoint is a custom_vjp; it has another
         msg += _DIFFRAX_FORWARD
-    return TypeError(msg if direct else msg + _JAX_SAID.format(err=err))
+    return TypeError(msg)
 
-
-_JAX_SAID = " (The error raised on the way:\n{err})"
 
 # JAX's refusal to transpose a `while_loop` (JAX 0.10-0.12: `_while_transpose_error`).
 _JAX_NO_REVERSE_WHILE = "Reverse-mode differentiation does not work for lax.while_loop"

@@ -98,12 +98,12 @@ class InputsMixin:
             if len(sub) == 1:
                 k, tokens = sub[0]
                 holder, here = parent, chain
-                if kind == "input" and len(tokens) > 1:
+                if len(tokens) > 1:
                     # A module's lone parameter is drawn in its module's group, as a
                     # module's several are: `FourierEmbs_0` > `kernel` beside `Dense_0` >
                     # `kernel`, so `probe("FourierEmbs_0/kernel")` finds it (it read
-                    # `FourierEmbs_0.kernel`, a path of its own). (Outputs keep one label:
-                    # `new model/dropout.rngs.count`.)
+                    # `FourierEmbs_0.kernel`, a path of its own). An output alike: the
+                    # step's new `ln/scale` is spelled as its input is (it read `ln.scale`).
                     group = self.new("scope", path_label(tokens[:-1]), parent.id)
                     group.shapes = (_leaf_shape(vars_, k, kind),)
                     holder, here, tokens = group, (*chain, group.id), tokens[-1:]

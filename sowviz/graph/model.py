@@ -199,6 +199,9 @@ class Note:
     level: Literal["info", "warning"]
     node: str
     message: str
+    #: it says what differentiation hides (a custom rule's body): a model of mode
+    #: "primal", where nothing is differentiated, leaves it out
+    derivatives: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         # `probe` is the model's field name: a stage probe is named by its node id.
