@@ -1729,7 +1729,11 @@ def lax_map_batching() -> str | None:
     rule is called straight from `sowviz.sow` (no other transformation between), and
     the innermost `vmap` around that call is called by `lax.map` itself."""
     frame = sys._getframe(2)  # the rule's caller
-    while frame is not None and frame.f_code.co_filename.startswith(_JAX_DIR):
+    while frame is not None and (
+        frame.f_code.co_filename.startswith(_JAX_DIR)
+        # (`sow_p.bind`, the primitive's own, between JAX's frames and `sow`)
+        or (frame.f_code.co_filename.endswith(_SOW_FILE) and frame.f_code.co_name == "bind")
+    ):
         frame = frame.f_back
     if frame is None or not (
         frame.f_code.co_filename.endswith(_SOW_FILE) and frame.f_code.co_name == "sow"
@@ -2246,3 +2250,102 @@ def body_source(body: Any) -> tuple[str, int, str] | None:
     name, _, where = src.partition(" at ")
     file, _, line = where.rpartition(":")
     return (file, int(line), name) if file and line.isdigit() else None
+
+
+#: The tracers whose contents `read_on_through` replaces, with the slots it copies:
+#: the JVP and linearize tracers of differentiation, the batch tracer of `vmap`
+#: (JAX 0.10 to 0.12 name and lay them out alike). A `jit` tracer is never among them:
+#: its equations read their operands' `val` only when the jaxpr is built, so a
+#: replaced `val` would rewrite reads made *before* the sow too.
+_READ_ON_SLOTS = (
+    (_ad.JVPTracer, ("primal", "tangent")),
+    (_ad.LinearizeTracer, ("primal", "tangent")),
+    (_batching.BatchTracer, ("val", "batch_dim")),
+)
+
+
+def read_on_through(tracer: Any, out: Any) -> None:
+    """Make every *later* read of `tracer` (an operand of an identity primitive) read
+    `out`, the primitive's result of the same trace, by giving `tracer` its contents.
+
+    A `sow` whose result the program drops (`sowviz.sow(h, "h")` as a statement) is
+    otherwise off the data flow: the program reads on `h`, so no tangent or cotangent
+    reaches the sown copy, and `jax.grad` records zeros for it. Reads already made keep
+    what they read. Any other pair (constants, a `jit` tracer) is left as it is."""
+    if type(out) is not type(tracer) or getattr(out, "_trace", None) is not getattr(
+        tracer, "_trace", None
+    ):
+        return
+    for cls, slots in _READ_ON_SLOTS:
+        if type(tracer) is cls:
+            for slot in slots:
+                setattr(tracer, slot, getattr(out, slot))
+            return
+
+
+def draws_from_key(eqn: JaxprEqn) -> bool:
+    """Whether `eqn` draws values from a PRNG key: an operand is a typed key
+    (`key<fry>[]`; a raw `uint32[2]` key is wrapped into one first) and no result is
+    one. `jax.random.normal`'s jit, `randint`'s, `bernoulli`'s, not `split` or
+    `fold_in`, which make keys. (`jax.dtypes.prng_key`: JAX 0.4.16 and later.)"""
+
+    def is_key(v: Any) -> bool:
+        dtype = getattr(getattr(v, "aval", None), "dtype", None)
+        try:
+            return dtype is not None and bool(jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key))
+        except TypeError:  # (a dtype NumPy cannot compare, such as `float0`)
+            return False
+
+    return any(map(is_key, eqn.invars)) and not any(map(is_key, eqn.outvars))
+
+
+def read_already(value: Any) -> bool:
+    """Whether an equation already reads the tangent of `value` (a tracer of `jvp` or
+    `linearize`, about to be sown): the program read the value before sowing it, and
+    those reads bypass the sow, whose cotangent leaves them out. The tangent is a `jit`
+    tracer of the linearized or JVP program being built; that trace's equations are
+    searched from the last back to the one making the tangent (its `parent`): a sow
+    right after its value is made looks at one or two. JAX 0.10 to 0.12 keep a trace's
+    equations in `frame.tracing_eqns` (weak references to pure ones: a read nothing
+    uses is gone), each with its `in_tracers`. (Not from `sow`'s JVP rule: JAX
+    linearizes a primitive without a linearization rule in a trace of its own.)"""
+    import weakref  # (appended here: the module's imports are others' to edit)
+
+    if not isinstance(value, _ad.JVPTracer | _ad.LinearizeTracer):
+        return False
+    tangent = value.tangent
+    if not isinstance(tangent, _pe.DynamicJaxprTracer):
+        return False
+    frame = getattr(getattr(tangent, "_trace", None), "frame", None)
+    made_by = getattr(tangent, "parent", None)
+    for entry in reversed(getattr(frame, "tracing_eqns", ())):
+        eqn = entry() if isinstance(entry, weakref.ReferenceType) else entry
+        if eqn is None:
+            continue
+        if eqn is made_by:
+            return False
+        if any(t is tangent for t in getattr(eqn, "in_tracers", ())):
+            return True
+    return False
+
+
+_traced_lambda_cache: dict = {}
+
+
+def on_traced_lambda_line(eqn: JaxprEqn) -> bool:
+    """Whether `eqn` was made on the line of a lambda that is the outermost user frame of
+    its traceback: the function sowviz traced is that lambda (`ins =
+    sowviz.inspect(lambda w, x: ..., w, x)`), and the statement on its line (which
+    assigns `ins`) ran outside the program. A `jax.tree.map` lambda inside your
+    function has that function's frame around it; a `def`'s lines are no lambda's."""
+    return bool(_by_traceback(_traced_lambda_cache, eqn, _on_traced_lambda_line))
+
+
+def _on_traced_lambda_line(codes: Any, lastis: Any) -> bool:
+    user = [(c, k) for c, k in zip(codes, lastis, strict=True) if _is_user_code(c)]
+    if not user or not user[-1][0].co_name.startswith("<lambda"):
+        return False
+    inner, outer = _location(*user[0]), _location(*user[-1])
+    if inner is None or outer is None:
+        return False
+    return (inner.file, inner.line) == (outer.file, outer.line)

@@ -34,6 +34,11 @@ made outside every loop and carried into one (diffrax's output buffer, optimisti
 first `f = inf`, a "best so far"), they are a library's fill values: no origin (the
 front end draws no "starts here"), listed in `expected`, said in the message.
 
+Reduction identities. An empty max's -Inf (a min's +Inf) is that reduction's identity,
+by design: `jax.ops.segment_max` gives it to a segment no element reaches (a node of
+in-degree 0 in every GAT's segment softmax). Like a constant's fill, it is no origin
+while nothing non-finite reads it and no result holds it (`_identity_fills`).
+
 Backward pass. Cotangents exist in reverse order: the first non-finite cotangent is
 the one of the latest node (the shallower on a tie, a stage's output cotangent
 exists before its children's). That node's cotangent is the sum of what its
@@ -324,17 +329,46 @@ class _Index:
             cur = self.nodes[cur].parent
         return [], None
 
+    def reads_input(self, reader: str, node: str) -> bool:
+        """Whether `reader`, one of `consumers(node)`, reads `node` itself when `node` is
+        an input: the arguments' edges leave their group (`parameters`), so every stage
+        reading a parameter is drawn reading all of them, and only the one reading
+        `pos` can have made `pos`'s gradient NaN. From the graph's `input_readers`
+        (the equations reading it), else its nodes' `reads`; True when neither says."""
+        if self.nodes[node].kind != "input":
+            return True
+        known = getattr(self.graph, "input_readers", None) or {}
+        if known.get(node):
+            return any(
+                r == reader or (r in self.nodes and reader in self.ancestors(r))
+                for r in known[node]
+            )
+        if not any(n.reads for n in self.graph.nodes if hasattr(n, "reads")):
+            return True  # (a model that does not say who reads an input)
+        return any(
+            node in getattr(n, "reads", ()) and (n.id == reader or reader in self.ancestors(n.id))
+            for n in self.graph.nodes
+        )
+
     def unprobed_before(self, node: str, probed: set[str], limit: int = 2) -> list[str]:
         """The unprobed equations whose values `node` reads, directly or through other
         unprobed equations (at most `limit`, the nearest first): one of them may have
-        made a value `node` is the first probe to see."""
+        made a value `node` is the first probe to see. Only one that can make NaN/Inf
+        is named: an integer one holds none (a loop's `t = S - 1 - i`: nor does what it
+        reads pass any on), and a move (`broadcast_in_dim`, `squeeze`) makes none of
+        finite values, so the equations before it are looked at in its place."""
         out: list[str] = []
+        seen: set[str] = set()
         todo = list(self.into.get(node, ()))
         while todo and len(out) < limit:
             src = todo.pop(0)
-            if src in probed or src in out or self.nodes[src].kind != "eqn":
+            if src in probed or src in seen or self.nodes[src].kind != "eqn":
                 continue
-            out.append(src)
+            seen.add(src)
+            if not _inexact(self.nodes[src]):
+                continue
+            if self.nodes[src].primitive not in _MAKES_NONE:
+                out.append(src)
             todo += self.into.get(src, ())
         return out
 
@@ -435,11 +469,16 @@ def find(
     # constants: the fill value broadcast) is a fill value its library masks
     # (`jnp.var`'s `where(dof > 0, var, nan)`): never an origin.
     masked = {n for n in getattr(graph, "constant_nodes", ()) if n in flags}
+    # So is an empty max's -Inf (min's +Inf), that reduction's identity: a node no edge
+    # reaches in `jax.ops.segment_max`, as every GAT's segment softmax has.
+    identity = _identity_fills(ix, flags)
+    masked |= identity
     while True:
         read = {
             n
             for n in masked
             if any(c in flags and flags[c].fwd and c not in masked for c in ix.consumers(n))
+            or (n in identity and _identity_read(ix, flags, probed, n, results_finite))
         }
         if not read:
             break
@@ -503,6 +542,8 @@ def find(
             for c in ix.consumers(reach)
             if not cotangent_bad_before(ix, flags, c, reach) and _inexact(ix.nodes[c])
         ]
+        # (of an argument, those reading it: its group's edges name every reader of any)
+        cands = [c for c in cands if ix.reads_input(c, reach)] or cands
         # the latest runs first backward; an equation whose backward only multiplies
         # and moves finite values (`mul`, `add`, reshapes) comes after those that can
         # make a NaN of them (`norm`'s `sqrt` at 0), unless its own values are not finite
@@ -707,7 +748,11 @@ def _carried(
     for n in sorted(body, key=lambda n: ix.nodes[n].order):
         if n in mine or n in fills or ix.exit[n] <= ix.exit[node]:
             continue
-        if n not in probed and ix.nodes[n].kind == "eqn" and _inexact(ix.nodes[n]):
+        if (
+            n not in probed
+            and _may_make(ix, n)
+            and not _inside_finite(ix, n, loop, fwd, probed, at)
+        ):
             out.append(n)
         elif n in fwd and n != node and not _known(fwd[n].fwd_iter, loops)[k:]:
             out.append(n)
@@ -720,6 +765,42 @@ def _carried(
     # `locate`'s re-run decides: it probes every equation and keeps every iteration
     unknown = not math.isfinite(at[k])
     return out, bool(out) and (unknown or any(n not in probed for n in out))
+
+
+def _may_make(ix: _Index, n: str) -> bool:
+    """Whether an unprobed node can make NaN/Inf of finite values: a floating equation
+    that is no move (a `broadcast_in_dim` of the sampler's noise makes none)."""
+    node = ix.nodes[n]
+    return node.kind == "eqn" and _inexact(node) and node.primitive not in _MAKES_NONE
+
+
+def _inside_finite(
+    ix: _Index, n: str, loop: str, fwd: Mapping[str, _Flags], probed: set[str], its: Sequence[float]
+) -> bool:
+    """Whether `n` lies in a stage of `loop`'s body that is probed and was finite at every
+    iteration before `its` (the producer's, per loop, the outermost first): its values
+    left that stage finite (`jax.random.normal`'s `bitcast_convert_type` inside
+    `normal`; a line whose NaN came at the producer's own iteration, read from it), so
+    they made nothing the carry brought the producer."""
+    depth = len(ix.loops(loop)) + 1  # (the loops up to `loop`, `loop` included)
+    for a in ix.ancestors(n):
+        if a == loop:
+            return False
+        if a in probed and _finite_before(fwd.get(a), its[:depth], depth):
+            return True
+    return False
+
+
+def _finite_before(f: _Flags | None, its: Sequence[float], depth: int) -> bool:
+    """Whether a node whose flags are `f` (None: finite) held only finite values at every
+    iteration before `its` of the `depth` outermost loops holding it: nested loops run
+    their iterations in lexicographic order. An iteration unknown (a while loop keeps
+    its last): it may not have."""
+    if f is None or not f.fwd:
+        return True
+    first = tuple(f.fwd_iter[:depth])
+    known = len(first) == depth == len(its) and all(map(math.isfinite, (*first, *its)))
+    return known and first >= tuple(its)
 
 
 def _fresh(ix: _Index, fwd: Mapping[str, _Flags], n: str, loop: str) -> int:
@@ -811,6 +892,9 @@ _MOVES = frozenset(
         "abs", "sort", "iota", "stop_gradient", "optimization_barrier",
     }
 )  # fmt: skip
+#: Of those, the ones that make no NaN/Inf of finite values: a `gather` does (`jnp.take`
+#: fills an out-of-bounds index with NaN).
+_MAKES_NONE = _MOVES - {"gather"}
 
 
 def _producer(
@@ -913,6 +997,80 @@ def _is_fill(ix: _Index, n: str) -> bool:
     constant (`-jnp.inf` made a float32) or an equation that only moves or selects
     (`select_n` of a literal `-inf`)."""
     return ix.nodes[n].primitive in _MOVES or n in getattr(ix.graph, "constant_nodes", ())
+
+
+#: Reductions whose identity is an Inf, what an empty segment or axis gives by design:
+#: -Inf for a max (`jax.ops.segment_max`, `lax.reduce_max`), +Inf for a min.
+_IDENTITY = {
+    "scatter-max": "neginf",
+    "reduce_max": "neginf",
+    "scatter-min": "posinf",
+    "reduce_min": "posinf",
+}
+
+
+def _identity_kinds(ix: _Index, n: str) -> frozenset[str]:
+    """The Inf kinds `n`'s values may hold as an empty max/min reduction's identity: of
+    such an equation, or of a stage of such equations and moves only (`segment_max`:
+    a broadcast `-inf`, the segment ids, `scatter-max`); none for a stage that computes
+    (a `log` beside the max may have made the -Inf)."""
+    node = ix.nodes[n]
+    eqns = [node] if node.kind == "eqn" else [c for c in ix.graph.nodes if c.parent == n]
+    if not eqns or any(c.kind != "eqn" for c in eqns):
+        return frozenset()
+    if any(
+        _inexact(c) and c.primitive not in _MOVES and c.primitive not in _IDENTITY for c in eqns
+    ):
+        return frozenset()
+    return frozenset(_IDENTITY[c.primitive] for c in eqns if c.primitive in _IDENTITY)
+
+
+def _identity_fills(ix: _Index, flags: Mapping[str, _Flags]) -> set[str]:
+    """The nodes whose non-finite values are all an empty reduction's identity
+    (`_identity_kinds`) and read no non-finite value but a constant's (the `-inf` the
+    reduction starts from): not made of data holding -Inf, a fill, as a constant's. So
+    is a stage whose values are such a node's (the line `m = jax.ops.segment_min(x * w,
+    ...)` once `locate` probed its `scatter-min`: its `mul` made nothing)."""
+    constants = getattr(ix.graph, "constant_nodes", ())
+    out: set[str] = set()
+    for n in sorted(flags, key=lambda n: -ix.depth[n]):  # (the deepest first)
+        f = flags[n]
+        if not f.fwd:
+            continue
+        sources = ix.into.get(n, ())
+        if any(s in flags and flags[s].fwd and s not in constants for s in sources):
+            continue
+        if f.fwd_kinds <= _identity_kinds(ix, n) or _holds_only(ix, flags, n, out):
+            out.add(n)
+    return out
+
+
+def _holds_only(ix: _Index, flags: Mapping[str, _Flags], n: str, fills: set[str]) -> bool:
+    """Whether stage `n`'s non-finite values are those of `fills` among its children:
+    every child holding non-finite values is one, or is read inside `n` by one only."""
+    bad = [c.id for c in ix.graph.nodes if c.parent == n and c.id in flags and flags[c.id].fwd]
+    read_by_fills = [c for c in bad if ix.out.get(c) and set(ix.out[c]) <= fills]
+    if not bad or not all(c in fills or c in read_by_fills for c in bad):
+        return False
+    return any(c in fills and c not in ix.out for c in bad)  # (one holds its values)
+
+
+def _identity_read(
+    ix: _Index,
+    flags: Mapping[str, _Flags],
+    probed: set[str],
+    n: str,
+    results_finite: bool | None,
+) -> bool:
+    """Whether an identity fill's value (`_identity_fills`) is read on towards a result:
+    by an output (the -Inf of an isolated node's features returned), or, the results not
+    all finite, by a reader not known finite (unprobed: it may have passed it on)."""
+    targets, holder = ix._readers(n)
+    if any(t in ix.outputs for t in ix.out.get(holder or n, ())):
+        return True
+    if results_finite is True:
+        return False
+    return any(t not in probed and _inexact(ix.nodes[t]) for t in targets)
 
 
 class _Reach:

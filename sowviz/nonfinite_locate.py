@@ -27,12 +27,14 @@ from .nonfinite import (
     with_equations,
 )
 from .nonfinite_messages import (
+    NONFINITE_GRADS,
     derivative_times_zero_hint,
     masked_branch_hint,
     masked_derivative_hint,
     not_reproduced,
     with_message,
     with_step_grads,
+    zero_derivative_hint,
 )
 from .nonfinite_record import Equation, NonFinite, Origins
 from .nonfinite_replay import finite
@@ -298,6 +300,29 @@ class _Dataflow:
         made = (e for e in range(i) if any(id(v) in reads for v in j.eqns[e].outvars))
         return [self.at[(p.path, e)] for e in made if (p.path, e) in self.at]
 
+    def literal_operand(self, node: str, k: int) -> float | None:
+        """The value of the equation `node`'s operand `k` when it is a scalar literal or
+        constant (`x ** 0.5`'s exponent); None otherwise."""
+        p = self.points.get(node)
+        if (
+            p is None
+            or p.kind in ("scope", "input", "output")
+            or len({i for i, _ in p.values}) != 1
+        ):
+            return None
+        j, consts = self._level(p.path)
+        invars = j.eqns[p.values[0][0]].invars
+        if k >= len(invars):
+            return None
+        v = invars[k]
+        if isinstance(v, self._compat.Literal):
+            value = np.asarray(self._compat.literal_value(v))
+        elif v in j.constvars:
+            value = np.asarray(consts[j.constvars.index(v)])
+        else:
+            return None
+        return float(value) if value.size == 1 else None
+
     def fills(
         self, graph: Any, flags: Mapping[str, Any], ix: _Index | None = None
     ) -> frozenset[str]:
@@ -500,10 +525,45 @@ def locate(
             bwd = replace(bwd, node=_stage_of(g, n.id), reaching=_stage_of(g, reach))
             bwd = replace(bwd, candidates=tuple(_stage_of(g, c) for c in cands))
     out = with_equations(replace(fine, forward=fwd, backward=bwd), g, fwd_eq, bwd_eq)
+    flags = node_flags(ins.probes)
+    if out.backward is not None and bwd_eq is not None:
+        msg = out.backward.message
+        hint = _backward_hint(ins, traced, opts, flow, flags, fwd_eq, bwd_eq)
+        if hint:
+            msg += hint
+        elif not out.backward.follows_forward and not bwd_eq.within:
+            # `sqrt`'s backward at exactly 0, no `jnp.where` masking it (`jnp.linalg.norm`
+            # of a point's distance to itself): why and the fix, before the gradients
+            head, grads, said = msg.partition(NONFINITE_GRADS)
+            msg = head + _zero_derivative(flow, g, bwd_eq, held=False) + grads + said
+        out = with_message(replace(out, backward=replace(out.backward, message=msg)))
+    if out.forward is not None and fwd_eq is not None:
+        # A `jax.grad` inside the program (forces as -grad(energy)): the forward values
+        # hold the derivative, and a masked `sqrt` at 0 makes the NaN there (0 × Inf);
+        # unmasked, the +Inf derivative at 0 times a zero tangent does.
+        hint = _derivative_times_zero(flow, g, flags, fwd_eq) or _inf_derivative_at_zero(
+            flow, g, flags, fwd_eq
+        )
+        if hint:
+            fwd_o = replace(out.forward, message=out.forward.message + hint)
+            out = with_message(replace(out, forward=fwd_o))
+    return out
+
+
+def _backward_hint(
+    ins: Any,
+    traced: Any,
+    opts: Any,
+    flow: _Dataflow,
+    flags: Any,
+    fwd_eq: Equation | None,
+    bwd_eq: Equation,
+) -> str:
+    """What a located backward origin's message ends with: why, and the fix, where the
+    cause is a `jnp.where` trap; "" elsewhere."""
+    g = ins.graph
     if (
-        out.backward is not None
-        and fwd_eq is not None
-        and bwd_eq is not None
+        fwd_eq is not None
         and fwd_eq.node == bwd_eq.node
         and _mode(opts) == "grad"
         and isinstance(ins.result, tuple)
@@ -511,32 +571,15 @@ def locate(
     ):
         # The classic trap: `jnp.where(x > 0, jnp.sqrt(x), 0.0)` is finite, its gradient
         # is not (the masked branch's backward is 0 × NaN).
-        hint = masked_branch_hint(fwd_eq.primitive)
-        out = with_message(
-            replace(out, backward=replace(out.backward, message=out.backward.message + hint))
-        )
-    elif (
-        out.backward is not None
-        and bwd_eq is not None
-        and _mode(opts) == "grad"
-        and not (bwd_eq.node in node_flags(ins.probes) and node_flags(ins.probes)[bwd_eq.node].fwd)
-    ):
+        return masked_branch_hint(fwd_eq.primitive)
+    value_bad = bwd_eq.node in flags and flags[bwd_eq.node].fwd
+    if _mode(opts) == "grad" and not value_bad:
         # Its value is finite, its derivative is not (`sqrt` at exactly 0) and a
         # `jnp.where` masks the value: the masked branch's backward is 0 × Inf = NaN.
         where = _masked_by(traced, g, bwd_eq.node)
         if where is not None:
-            hint = masked_derivative_hint(bwd_eq.primitive, where.source or _src(g, where))
-            out = with_message(
-                replace(out, backward=replace(out.backward, message=out.backward.message + hint))
-            )
-    if out.forward is not None and fwd_eq is not None:
-        # A `jax.grad` inside the program (forces as -grad(energy)): the forward values
-        # hold the derivative, and a masked `sqrt` at 0 makes the NaN there (0 × Inf).
-        hint = _derivative_times_zero(flow, g, node_flags(ins.probes), fwd_eq)
-        if hint:
-            fwd_o = replace(out.forward, message=out.forward.message + hint)
-            out = with_message(replace(out, forward=fwd_o))
-    return out
+            return masked_derivative_hint(bwd_eq.primitive, where.source or _src(g, where))
+    return ""
 
 
 def _in_custom(
@@ -635,6 +678,40 @@ def _derivative_times_zero(flow: _Dataflow, graph: Any, flags: Any, eq: Equation
                 eq.primitive, of, eq.source, where.source or _src(graph, where)
             )
     return ""
+
+
+def _zero_derivative(flow: _Dataflow, graph: Any, eq: Equation, held: bool) -> str:
+    """`zero_derivative_hint` for a backward origin at `eq` (`held` False) whose derivative
+    is infinite only at 0 (`sqrt`, `cbrt`, `pow` by an exponent in (0, 1)): its forward
+    value finite and its cotangent finite, only an input of exactly 0 makes its backward
+    non-finite. "" for any other equation."""
+    exponent = None
+    if eq.primitive == "pow":
+        exponent = flow.literal_operand(eq.node, 1)
+        if exponent is None or not 0 < exponent < 1:
+            return ""
+    elif eq.primitive not in ("sqrt", "cbrt"):
+        return ""
+    return zero_derivative_hint(eq.primitive, exponent, _in_norm(graph, eq.node), held)
+
+
+def _inf_derivative_at_zero(flow: _Dataflow, graph: Any, flags: Any, eq: Equation) -> str:
+    """`zero_derivative_hint` for a forward origin that made +Inf first (before any NaN)
+    computing the derivative of a `sqrt` or `cbrt` on its line (`div` reads `sqrt`'s
+    value in `0.5 / sqrt(x)`): a `jax.grad` inside the program at an input of 0 (forces
+    as -grad(energy) of `jnp.linalg.norm` distances). "" when that is not the case."""
+    f = flags.get(eq.node)
+    if f is None or f.first_kinds() != frozenset({"posinf"}):
+        return ""
+    of = _steep_before(flow, graph, eq)
+    if of not in ("sqrt", "cbrt"):
+        return ""
+    return zero_derivative_hint(of, None, _in_norm(graph, eq.node), held=True)
+
+
+def _in_norm(graph: Any, node: str) -> bool:
+    """Whether an equation lies in a call of `jnp.linalg.norm` (its stage `norm`)."""
+    return any(graph.node(a).label == "norm" for a in _above(graph, graph.node(node)))
 
 
 def _select_before(flow: _Dataflow, graph: Any, node: str, avoid: str, hops: int = 6) -> Any:
@@ -770,9 +847,14 @@ def kept_record(stored: Origins | None, found: Origins | None) -> Origins | None
     program's arithmetic otherwise (a value each probe reads is rounded before the
     next equation reads it, where a fusion may skip that rounding), and values near
     overflow decide on it: then `stored`, saying so. An alarm is never dropped, nor is
-    a record replaced by None. The gradients it names are the step's (`with_step_grads`)."""
+    its record replaced by None; a record without one is, when the re-run finds only
+    fills. The gradients it names are the step's (`with_step_grads`)."""
     if stored is not None and stored.alarm and (found is None or not found.alarm):
         return replace(not_reproduced(stored), not_reproduced=True)
+    if stored is not None and found is None:
+        # (no alarm, and every equation probed found only fills, as an empty
+        # `segment_min`'s +Inf the step's stage could not tell from its `mul`'s)
+        return None
     return stored if found is None else with_step_grads(stored, found)
 
 

@@ -258,6 +258,45 @@ def derivative_times_zero_hint(maker: str, of: str | None, at: Any, where: Any) 
     )
 
 
+#: The double-where trick, the fix for any input where a derivative is infinite.
+DOUBLE_WHERE = (
+    "the double-where trick: `jnp.where(ok, x, 1.0)` before it as well as "
+    "`jnp.where(ok, ..., 0.0)` after it"
+)
+
+
+def zero_derivative_hint(
+    primitive: str, exponent: float | None = None, in_norm: bool = False, held: bool = False
+) -> str:
+    """What to say when a NaN/Inf is the derivative of `primitive` (`sqrt`, `cbrt`, `pow`
+    with an `exponent` below 1) at an input of exactly 0, the only finite input where
+    it is infinite: its backward made it of a finite cotangent (`held` False), or a
+    `jax.grad` inside the program computed it as a forward value (`held`: the +Inf
+    the message says the origin held). `in_norm`: it is `jnp.linalg.norm`'s `sqrt`, at
+    a zero vector (a point's distance to itself). One line of why, then the fix."""
+    if primitive == "pow":
+        what = f"`x ** {exponent:g}`'s derivative {exponent:g} * x ** {exponent - 1:g}"
+        fix = f"`jnp.maximum(x, eps) ** {exponent:g}`, or "
+    elif primitive == "cbrt":
+        what, fix = "`cbrt`'s derivative 1 / (3 * cbrt(x) ** 2)", ""
+    else:
+        what, fix = "`sqrt`'s derivative 0.5 / sqrt(x)", "`jnp.sqrt(jnp.maximum(x, eps))`, or "
+    if in_norm:
+        fix = (
+            "`jnp.sqrt(jnp.maximum(jnp.sum(d ** 2, axis=-1), eps))` in place of "
+            "`jnp.linalg.norm(d, axis=-1)`, or "
+        )
+    at = " (`norm` of a zero vector: a distance of 0, as a point's to itself)" if in_norm else ""
+    if held:
+        why = (
+            f"that +Inf is {what} at x = 0{at}, computed for a `jax.grad` or `jax.jvp` "
+            "inside the program, and 0 × Inf = NaN"
+        )
+    else:
+        why = f"{what} is infinite at x = 0, and only there: its input is exactly 0{at}"
+    return f"; {why}. Fix: {fix}{DOUBLE_WHERE}"
+
+
 def loop_fill_message(n: Any, kinds: frozenset[str]) -> str:
     """What a finite run's loop-carried fill values are: first made by `n` before a loop,
     carried in its state (diffrax's +Inf output buffer), reaching no result."""

@@ -46,15 +46,16 @@ def test_a_raw_key_draws_one_box_per_random_call():
     ins = sowviz.inspect(_diffusion_noise, w, x0, key)
     labels = [n.label for n in ins.graph.nodes]
     assert not {"random_wrap", "random_unwrap"} & set(labels), labels
-    # `random_wrap` (`key<fry>[]`, no data) was drawn before `randint` and `normal`
-    assert _top(ins.graph) == ["k1, k2", "randint", "normal", "xt", "mean"]
-    (normal,) = (n for n in ins.graph.nodes if n.label == "normal")
+    # `random_wrap` (`key<fry>[]`, no data) was drawn before `randint` and `normal`; the
+    # draws' lines are named by what they assign (round 13), the draws inside
+    assert _top(ins.graph) == ["k1, k2", "t", "noise", "xt", "mean"]
+    (normal,) = (n for n in ins.graph.nodes if n.label == "noise")
     (key_in,) = (n for n in ins.graph.nodes if n.label == "key")
     split = next(n for n in ins.graph.nodes if n.label == "k1, k2")
     edges = {(e.source, e.target) for e in ins.graph.edges}
     assert (key_in.id, split.id) in edges and (split.id, normal.id) in edges
     want = jax.random.normal(jax.random.split(key)[1], x0.shape)
-    got = ins.probe("normal").summaries["primal"]
+    got = ins.probe("noise").summaries["primal"]
     np.testing.assert_allclose(got["mean"], float(want.mean()), rtol=1e-5)
     np.testing.assert_allclose(got["max"], float(want.max()), rtol=1e-6)
 

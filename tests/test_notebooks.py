@@ -177,8 +177,10 @@ def check_nan_hunting(nb, text, env):
     # and names the gradients it reached: dense_0's two, as the notebook's count says
     assert re.search(
         r"^NonFiniteError: non-finite values at step 0; backward pass: born in the backward"
-        r" of `sqrt` in `rms_norm` at \S+:\d+, reaching `mean` \(\S+:\d+\); non-finite"
-        r" gradient of `parameters/dense_0/b`, `parameters/dense_0/w`$",
+        r" of `sqrt` in `rms_norm` at \S+:\d+, reaching `mean` \(\S+:\d+\); `sqrt`'s"
+        r" derivative 0\.5 / sqrt\(x\) is infinite at x = 0, and only there: its input is"
+        r" exactly 0\. Fix: `jnp\.sqrt\(jnp\.maximum\(x, eps\)\)`, or the double-where trick:"
+        r" .*; non-finite gradient of `parameters/dense_0/b`, `parameters/dense_0/w`$",
         text,
         re.M,
     )

@@ -331,7 +331,9 @@ export class App {
     const rec = this.origins.stored;
     this.banner.hidden = !rec;
     if (!rec) {
-      this.root.removeAttribute("data-nonfinite-quiet");
+      // a record of null (Python's rule ran) over non-finite values: only fills that
+      // reach no result (an empty `segment_max`'s -Inf), marked in the muted colour
+      this.root.toggleAttribute("data-nonfinite-quiet", this.model?.nonfinite === null);
       return;
     }
     this.banner.classList.toggle("sv-banner-quiet", !rec.alarm);

@@ -28,10 +28,10 @@ from .. import _compat, _outputs
 from .._caller import user_stacklevel
 from .._gc import gc_paused
 from . import rules as _rules  # noqa: F401  (registers the rules)
-from .interpret import evaluate_closed, with_barriers
+from .interpret import _sow_eqns, evaluate_closed, sow_location, with_barriers
 from .mapped import rows_in_order
 from .packing import Packed
-from .primitive import RESERVED_TAG_PREFIX, sows_called
+from .primitive import READ_BEFORE_SOWN, RESERVED_TAG_PREFIX, sow_p, sows_called
 from .record import Capture, Options, Recorder, Site
 from .summaries import summarize_packed
 
@@ -200,6 +200,7 @@ class SaveIntermediates:
         with with_barriers(self._barriers):
             outs = evaluate_closed(closed, flat, rec)
         self.notes = list(rec.notes) + self._unreached(called, rec)
+        self.notes += read_before_sown(closed.jaxpr, self._options.tags)
         notes = self.notes  # assemble adds what it leaves out
         result = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), outs)
         axes: dict = {}  # {(tag?, name): {mode: Site.axes}}, for per-iteration summaries
@@ -313,6 +314,41 @@ NOT_REACHED = (
     "rule does not call the function), so nothing was captured there. Sow the custom "
     "function's output instead."
 )
+
+
+READ_BEFORE_SOW = (
+    "sowviz.save_intermediates: the cotangent of sow {name!r}{where} is all zeros because "
+    "the program read the value before sowing it: the gradient flows through those "
+    "earlier reads, which bypass the sow, and nothing after it reads the value. If those "
+    "reads reach the loss, this is no gradient of the value. Sow it where it is made, "
+    "before any use: `h = sowviz.sow(h, {name!r})`."
+)
+
+
+def read_before_sown(jaxpr: Any, tags: frozenset[str]) -> list[str]:
+    """A note (and a warning) per sow whose cotangent is a symbolic zero, all leaves, and
+    whose value the program read before the sow (`primitive.READ_BEFORE_SOWN`): the
+    zeros it records are not the value's gradient. A value sown for the record only
+    (`sow(jnp.linalg.norm(w), "wnorm")`, read by nothing else) truly has a zero
+    gradient and gets none."""
+    notes: dict[int, str] = {}
+    for eqn in _sow_eqns(jaxpr, tags):
+        p = eqn.params
+        if (
+            eqn.primitive is not sow_p
+            or p["index"] not in READ_BEFORE_SOWN
+            or p["index"] in notes
+            or eqn.invars  # (some leaf has a cotangent)
+            or p["mode"][-1:] != ("C",)
+            or any(untangent for *_, untangent in p["zeros"])
+        ):
+            continue
+        loc = sow_location(eqn)
+        where = f" ({loc.file}:{loc.line})" if loc is not None else ""
+        notes[p["index"]] = READ_BEFORE_SOW.format(name=p["name"], where=where)
+    for note in notes.values():
+        warnings.warn(note, stacklevel=user_stacklevel())
+    return list(notes.values())
 
 
 def _python_number_as_array(x: Any) -> Any:

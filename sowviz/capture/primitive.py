@@ -48,7 +48,31 @@ from .. import _compat
 Roles = tuple[str, ...]
 _ROLE_NAMES = {"P": "primal", "T": "tangent", "C": "cotangent"}
 
-sow_p = _compat.Primitive("sow")
+
+class _SowPrimitive(_compat.Primitive):
+    """The `sow` primitive, whose result is what the program reads on: after a sow of
+    roles `()`, later reads of its operand read its result, as though the program had
+    written `h = sow(h, "h")`. A sow written as a statement (`sowviz.sow(h, "h")`, as
+    Flax users write `self.sow(...)`) is then on the data flow, and its cotangent is
+    dL/dh, not the zeros of a copy nothing reads. Redirected as `sow` is bound: the
+    tracers the user holds, and those JAX gives a `jit`, `scan` or `checkpoint` body's
+    equations when it evaluates the body to differentiate it
+    (`_compat.read_on_through`). Not the binds of sow's own JVP, transpose (roles `P`,
+    `T`, `C`): the other readers of their operands are JAX's derivative rules. Reads
+    made before the sow keep reading the operand; `READ_BEFORE_SOWN` notes them."""
+
+    def bind(self, *args: Any, **params: Any) -> Any:
+        users = not str(params.get("tag")).startswith(RESERVED_TAG_PREFIX)  # (not probes)
+        if not params.get("mode") and users and any(map(_compat.read_already, args)):
+            READ_BEFORE_SOWN.add(params["index"])
+        outs = super().bind(*args, **params)
+        if not params.get("mode"):
+            for arg, out in zip(args, outs, strict=True):
+                _compat.read_on_through(arg, out)
+        return outs
+
+
+sow_p = _SowPrimitive("sow")
 sow_p.multiple_results = True
 
 
@@ -106,6 +130,12 @@ def _jvp(primals, tangents, *, mode, leaves, zeros, **params):
         return outs, list(tangents)
     tans = _bind_part(tangents, keep, leaves, zeros + new_zeros, mode=(*mode, "T"), **params)
     return outs, tans
+
+
+#: The `sow` calls (their `index`) whose value the program read before sowing it, as
+#: their JVP saw (`_compat.read_already`): reads that bypass the sow. A cotangent that
+#: is all zeros there is no gradient of the value (`api.read_before_sown` warns).
+READ_BEFORE_SOWN: set[int] = set()
 
 
 def _transpose(cts, *operands, name, tag, mode, treedef, leaves, zeros, index, vmapped):

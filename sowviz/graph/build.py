@@ -356,6 +356,39 @@ def _is_type_cast(eqn: Any) -> bool:
     return eqn.primitive.name in casts and len(eqn.invars) == len(eqn.outvars)
 
 
+def _jvp_twin(before: Any, eqn: Any) -> bool:
+    """Whether `eqn` is the tangent equation JAX's JVP emitted right after the primal
+    `before` of a linear or bilinear primitive (`x @ w`, then `v @ w`): the same
+    primitive, parameters and output types on other operands."""
+    if eqn.primitive is not before.primitive or eqn.invars == before.invars:
+        return False
+    if [v.aval for v in eqn.outvars] != [v.aval for v in before.outvars]:
+        return False
+    try:
+        return bool(eqn.params == before.params)
+    except (TypeError, ValueError):  # (parameters holding arrays: not comparable so)
+        return False
+
+
+def _jvp_tangents(eqns: Sequence[Any]) -> set[Any]:
+    """The values of a level that a `jax.jvp` of the user's makes as tangents: those of
+    a primitive's tangent equation (`_jvp_twin`), and whatever JVP equations compute
+    from them (a `tanh`'s tangent, `mul(t, 1 - y**2)`). JAX records no mark of its own:
+    a tangent and its primal, made on one line (`h @ w.T + b`), were ordered by where
+    each was made, and `+ b`, which adds nothing to the tangent, made the primal last."""
+    out: set[Any] = set()
+    before = None
+    for eqn in eqns:
+        if not _compat.under_jvp(eqn):
+            before = None
+            continue
+        reads = any(isinstance(v, _compat.Var) and v in out for v in eqn.invars)
+        if reads or (before is not None and _jvp_twin(before, eqn)):
+            out.update(eqn.outvars)
+        before = eqn
+    return out
+
+
 def _small(eqn: Any) -> bool:
     """Whether `eqn`'s outputs hold at most `SMALL_TOP_LEVEL_VALUES` values each."""
     return all(
@@ -414,11 +447,44 @@ def _whole_program_jit(jaxpr: Any, title: str) -> Any | None:
     return eqn.params["jaxpr"]
 
 
+def _made_inside(jaxpr: Any, at: tuple[int, int]) -> tuple[tuple[Step, ...], tuple[int, int]]:
+    """Where the output `at` of `jaxpr`'s equation is made: through the bodies of calls
+    (`jit`, `checkpoint`) and a scan's stacked outputs (per iteration), the path to the
+    innermost equation making it and its place there. Probed there, a program's output
+    that only its aux returns (Flax Linen's `self.sow` in an `nn.scan`, stacked by the
+    scan and read by nothing) carries its gradient: the loss reads the value inside,
+    the stacked copy outside has none."""
+    path: tuple[Step, ...] = ()
+    for _ in range(64):  # (one step per nested call)
+        eqn = jaxpr.eqns[at[0]]
+        construct = construct_of(eqn.primitive.name)
+        if construct not in (*_CALLS, Construct.SCAN):
+            break
+        if construct is Construct.SCAN and at[1] < _compat.scan_layout(eqn.params).num_carry:
+            break  # (a carry: the body's value is each iteration's, not the last one)
+        param = spec_of(eqn.primitive.name).bodies[0].param  # type: ignore[union-attr]
+        body = eqn.params[param]
+        inner = body.jaxpr if isinstance(body, _compat.ClosedJaxpr) else body
+        out = inner.outvars[at[1]]
+        made = [
+            (i, k)
+            for i, e in enumerate(inner.eqns)
+            for k, o in enumerate(e.outvars)
+            if isinstance(out, _compat.Var) and o is out
+        ]
+        if not made:  # (an operand passed through: made outside)
+            break
+        path, jaxpr, at = (*path, (at[0], param, None)), inner, made[0]
+    return path, at
+
+
 #: Constructs labelled by the function they run (`scan(step)`), not by their caller.
 _NAMED_BY_BODY = frozenset({Construct.SCAN, Construct.WHILE, Construct.COND})
 
 #: Loops, by the param of the body they run.
 _LOOPS = {Construct.SCAN: "jaxpr", Construct.WHILE: "body_jaxpr"}
+#: ... and their nodes' kinds
+_LOOP_KINDS = frozenset({"scan", "while"})
 
 #: JAX's functions that build the seed they differentiate along from constants, by the
 #: name `_compat.call_path` gives their equations (`jax.hessian` is `jacfwd` of `jacrev`).
@@ -497,6 +563,10 @@ def _name_wrappers(recs: Sequence[_Rec]) -> None:
         elif inner.kind == "remat" and inner.label.endswith(")"):
             # (its function, not its policy: `scan(block)` of `checkpoint(block, save dots)`)
             name = unqualified(inner.label, inner.qualifier).partition("(")[2][:-1]
+        elif rec.kind == "remat" and inner.kind == "scan" and inner.label.endswith(")"):
+            # (the scan's function, not its `reverse`)
+            name = unqualified(inner.label, inner.qualifier).partition("(")[2][:-1]
+            name = name.partition(", ")[0]
         else:
             continue
         bare = unqualified(rec.label, rec.qualifier)  # (`scan(reverse)` is a bare scan)
@@ -505,7 +575,9 @@ def _name_wrappers(recs: Sequence[_Rec]) -> None:
             rec.kind == "remat"
             and inner.kind == "scope"
             and (inner.label in frameworks.pushed() or not paren)
-        ):
+        ) or (rec.kind == "remat" and inner.kind == "scan" and not paren):
+            # (Linen's `nn.remat_scan(Block, lengths=(2, 3))(name="blocks")`: a scan of a
+            # checkpoint of a scan: `scan(blocks)` > `checkpoint(blocks)` > `scan(blocks)`)
             rec.label = qualified(f"{construct}({name})", rec.qualifier)
         elif rec.kind == "scan" and bare in ("scan", "map"):
             # (tesseract-jax's `vmap_method="sequential"` maps a Tesseract: `map(vectoradd)`)
@@ -626,6 +698,10 @@ class _Builder(InputsMixin):
         self.operand_names: dict[int, dict[int, str]] = {}
         #: (stage, deepest producer outside it) -> what the stage's body calls the value
         self.port_names: dict[tuple[_Rec, _Rec], str] = {}
+        #: per list of a body operand's readers (`body_reads`, by `id`; the list kept
+        #: alive): each reader -> the stages around it inside the body that name the
+        #: value themselves (a jitted function of yours called in a loop's body)
+        self.inner_names: dict[int, tuple[list[_Rec], dict[_Rec, dict[_Rec, str]]]] = {}
         #: a variable a body's node made -> those nodes (`body_makes`), for `Edge.ends`
         self.leaf_made: dict[Any, list[_Rec]] = {}
         self.points: list[tuple[int, ProbePoint]] = []
@@ -646,6 +722,8 @@ class _Builder(InputsMixin):
         self.top_loc: dict[Any, tuple[int, int]] = {}
         #: variables some equation reads (`shown_first`)
         self.read: set[Any] = set()
+        #: tangents a `jax.jvp` in the program makes (`_jvp_tangents`): shown after primals
+        self.jvp_tangents: set[Any] = set()
         #: (scope id, variable): an equation outside the scope reads the variable
         self.read_after: set[tuple[str, Any]] = set()
         #: per scope of several outputs, its values the program after it reads from
@@ -704,7 +782,8 @@ class _Builder(InputsMixin):
                     # whatever else reads it: sown at the end, an aux output the loss
                     # also read (`has_aux`'s predictions) showed the aux's zero cotangent.
                     if probe and at is not None:
-                        self.point(rec, (), [at], [v])
+                        path, at = _made_inside(jaxpr, at)
+                        self.point(rec, path, [at], [v])
         return self.finish(root, title)
 
     # -- one jaxpr level ---------------------------------------------------------
@@ -737,6 +816,7 @@ class _Builder(InputsMixin):
         used = {v for e in jaxpr.eqns for v in e.invars if isinstance(v, _compat.Var)}
         used.update(v for v in jaxpr.outvars if isinstance(v, _compat.Var))
         self.used = used  # this level's (`eqn_node` orders a call's outputs by it)
+        self.jvp_tangents.update(_jvp_tangents(jaxpr.eqns))
         scoped = [scope_names(e) for e in jaxpr.eqns]
         if self.renamed:
             at = tuple(path)
@@ -780,6 +860,8 @@ class _Builder(InputsMixin):
             stages=named_stage,
             by_lambda=[f is not None and f.by_lambda for f in frames],
             transforms=transforms,
+            # (a loop's body: a function it calls alone is a stage unless it names the loop)
+            named_by=_restated(container) if container.kind in _LOOP_KINDS else None,
         )
         self.call_sites.update(call_sites)
         scoped = split_einsum_calls(scoped, locs)
@@ -813,6 +895,8 @@ class _Builder(InputsMixin):
             out_types=lambda i: tuple(shape_str(v.aval) for v in jaxpr.eqns[i].outvars),
             operations=[_user_operation(f, e) for f, e in zip(frames, jaxpr.eqns, strict=True)],
             span=lambda i: _compat.user_span(jaxpr.eqns[stand_in[i]]),
+            draws=[_compat.draws_from_key(e) for e in jaxpr.eqns],
+            outside=[_compat.on_traced_lambda_line(jaxpr.eqns[m]) for m in stand_in],
         )
         # The top level of a small program: its own equations (a loss's `(y - t) ** 2`,
         # `mean`) carry data as stages do, instead of boxes with none.
@@ -898,6 +982,7 @@ class _Builder(InputsMixin):
                     src = prod.get(v)
                     if src is None and v in into:  # the body's operand: read here
                         into[v].extend(reads.get(p) or [rec])
+                        self.name_within(into[v], rec, reads.get(p), operand_names.get(p))
                     if src is not None:
                         made = self.recs[int(src[-1][1:])]
                         holder = parent if rec.kind == "eqn" else rec
@@ -943,7 +1028,7 @@ class _Builder(InputsMixin):
                             parent.called
                             or parent.scope in frameworks.pushed()
                             # (Linen pushes its own: `MLP`'s `nn.tanh` between `Dense`s)
-                            or self.linen_scope_of(parent, locs[i])
+                            or self.linen_scope_of(parent, locs[i], frames[i])
                             or (parent is container and container.user_body)
                             # `jax.named_call(block)`: a scope named as your function
                             # whose code made the equation, which is that call
@@ -1341,12 +1426,21 @@ class _Builder(InputsMixin):
 
         return layer_call
 
-    def linen_scope_of(self, scope: _Rec, loc: _compat.SourceLocation | None) -> bool:
+    def linen_scope_of(
+        self,
+        scope: _Rec,
+        loc: _compat.SourceLocation | None,
+        frames: _compat.UserFrames | None = None,
+    ) -> bool:
         """Whether `scope` is the one Flax Linen pushed around a call of the module
         whose own method made the equation at `loc` (`MLP` around `MLP.__call__`'s
         `nn.tanh`; `MLP.encode` around `MLP.encode`'s): Linen names it `module.name or
         class` and a method's name after it, no wrapper of ours. Not a scope Linen
-        pushed for another module (a callback of yours run inside `Dense_0`)."""
+        pushed for another module (a callback of yours run inside `Dense_0`). With the
+        equation's `frames`, also a plain function of yours that the method called
+        (`jraph.GAT`'s closure `_ApplyGAT` in `GATLayer.__call__`): its call, which every
+        equation of the stage shares, is no stage of its own, and its `messages =
+        sent_attributes * weights` was a `mul` with no data among boxes with some."""
         if scope.scope is None or scope.made or scope.called or loc is None:
             return False
         # (its qualified name: `MLP.__call__`, `train.<locals>.MLP.__call__`, a closure
@@ -1354,7 +1448,8 @@ class _Builder(InputsMixin):
         parts = loc.function.split(".")
         owned = [k for k in range(len(parts) - 1) if parts[k] in self.linen_modules]
         if not owned:
-            return False
+            site = frames.calls[-1].site() if frames is not None and frames.calls else None
+            return site is not None and site != loc and self.linen_scope_of(scope, site)
         owner, method = parts[owned[-1]], parts[owned[-1] + 1]
         base = scope.scope
         if method != "__call__":
@@ -1442,12 +1537,50 @@ class _Builder(InputsMixin):
                 if name and readers:
                     key = (reader, made)
                     self.port_names[key] = joined_name(self.port_names.get(key), name)
+                    self.name_ports_inside(reader, readers, made, name)
         key = (src[k], dst[k])
         if key not in self.edges:
             self.edges[key] = Edge(
                 key[0], key[1], typ[0], str(getattr(aval, "dtype", type(aval).__name__))
             )
         return k
+
+    def name_within(
+        self, outer: list[_Rec], stage: _Rec, inner: list[_Rec] | None, name: str | None
+    ) -> None:
+        """Record, for the readers `inner` of a body's operand inside `stage` (a call or
+        loop in a body, reading the body's input whose readers are `outer`), that
+        `stage` calls the value `name`, beside what the stages inside it call it."""
+        if inner is None:  # (`stage` reads it itself: no stage inside it takes it)
+            return
+        deeper = self.inner_names.get(id(inner), (inner, {}))[1]
+        named = self.inner_names.setdefault(id(outer), (outer, {}))[1]
+        for r in inner:
+            at = named.setdefault(r, {})
+            at.update(deeper.get(r, {}))
+            if name:
+                at[stage] = joined_name(at.get(stage), name)
+
+    def name_ports_inside(self, stage: _Rec, readers: list[_Rec], made: _Rec, name: str) -> None:
+        """Name the ports of the stages inside the body of `stage` through which the
+        value `made` made outside reaches its `readers`: by the innermost name it has
+        there, a nested call's own parameter (`name_within`), else the name of the body
+        around (`name`). Unnamed, a module's stage in a `lax.scan` body read its input
+        as `encoder: Linear`, what made the loop's first carry outside the loop."""
+        own = self.inner_names.get(id(readers), (readers, {}))[1]
+        for r in readers:
+            around: list[_Rec] = []  # r's ancestors inside `stage`, innermost first
+            up = r.parent
+            while up is not None and up != stage.id:
+                around.append(self.recs[int(up[1:])])
+                up = around[-1].parent
+            if up is None:
+                continue
+            current = name
+            for a in reversed(around):
+                current = own.get(r, {}).get(a, current)
+                key = (a, made)
+                self.port_names[key] = joined_name(self.port_names.get(key), current)
 
     def mark_scope_outputs(self, chain: tuple[str, ...], start: int, v: Any, at) -> None:
         """`v` leaves the scopes chain[start:-1] (the producer's enclosing scopes)."""
@@ -1495,13 +1628,15 @@ class _Builder(InputsMixin):
         BatchNorm's activations, not its new running mean, only handed back as state;
         a Dropout's output, not its RNG counter; `_feeding_after`: Haiku's `hk.BatchNorm`
         reads its EMA's `hidden` only for its `average`, and the card said `f32[1,8]`
-        beside the logits' histogram), floating values before others, then program
-        order. The card's type is then the output its face shows."""
+        beside the logits' histogram), floating values before others, a `jax.jvp`'s
+        primal before its tangent (`_jvp_tangents`), then program order. The card's type
+        is then the output its face shows."""
         v, at = kv
         return (
             v in rec.saved,
             not is_floating(v.aval),
             self.returned_at(rec, v),
+            v in self.jvp_tangents,  # (primal first, as `jax.jvp` returns them)
             (rec.id, v) not in self.read_after and v not in self.feeding.get(rec.id, ()),
             v not in self.read,
             at,
@@ -1640,7 +1775,7 @@ class _Builder(InputsMixin):
         for (prim, label, small), ids in self.custom_calls.items():
             note = _CUSTOM_OUTPUTS_NOTE if small else _CUSTOM_NOTE
             msg = note.format(n=len(ids), prim=prim, label=label, where=call_places(recs, ids))
-            notes.append(Note("info", ids[0], msg))
+            notes.append(Note("info", ids[0], msg, derivatives=True))
         points = sorted(self.points, key=lambda p: int(p.node[1:]))
         edges = tuple(
             replace(e, source=echoes.get(e.source, e.source), target=echoes.get(e.target, e.target))

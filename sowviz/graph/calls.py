@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from .. import _compat
 from .names import BACKWARD, CALL, CALLED_BACK, fold_label, function_label, user_call_label
@@ -346,6 +346,7 @@ def group_calls(
     stages: Sequence[str | None] = (),
     by_lambda: Sequence[bool] = (),
     transforms: Sequence[Transforms] = (),
+    named_by: Collection[str] | None = None,
 ) -> tuple[list[tuple[str, ...]], dict[str, _compat.SourceLocation | None]]:
     """`names` (each equation's scope names, outermost first) with the user calls that
     runs of nodes share inserted as scopes (`CALL` names, unique per `tag`), and each
@@ -361,7 +362,11 @@ def group_calls(
     only wrap; `by_lambda` (`_compat.UserFrames.by_lambda`): the equation was made in a
     lambda of the user's, no library's work on its caller's line; `transforms`: each
     equation's (`_compat.name_stack_transforms`), which tell the work of a transform a
-    callee takes itself (`jax.linearize`) from a new call (`_instances`)."""
+    callee takes itself (`jax.linearize`) from a new call (`_instances`); `named_by`: for
+    a loop's body, the function names its label gives (`scan(step)`: `step`), and a
+    call all of the body's equations share is a stage unless it is one of them
+    (`step`'s `p_sample`, which a `fori_loop`'s counter, made in no call, kept a stage
+    there and the scan's body flattened)."""
     out = list(names)
     calls, roots = _inlined_bodies(calls, roots)
     if not any(calls):  # no call below the outermost frame (or none known)
@@ -496,6 +501,9 @@ def group_calls(
         # (equations of no known call, a backward pass's, neither share nor break it)
         known = [c for c in (ids[m] for m in eqns) if c is not None]
         shared = len(_common(known)) if known else 0
+        if depth == 0 and shared and named_by is not None:
+            if user_call_label(by_id[known[0][0]]) not in named_by:
+                shared = 0  # (a loop's body calling one function: its label says `step`)
         keys = []
         for members, _ in items:
             chains = [ids[m] for m in members]

@@ -23,7 +23,9 @@ Equinox module runs inside `jax.named_scope(<its path>)`:
   (identical blocks, each through `eqx.filter_checkpoint`) are told apart after
   the trace by the parameters the copy's stage reads (`graph.copies`, from the
   `Copy` records `named`'s wrapper keeps in `.sowviz_calls`); else it is named by its
-  class, numbered per object (`Linear`, `Linear#2`);
+  class, numbered per object (`Linear`, `Linear#2`). A model `eqx.combine`d from
+  the halves of `eqx.partition(model, eqx.is_array)` is a copy of the array half,
+  whose None stand for the functions of the other (`_leaf_kinds`): `d: Model`;
 * a module's other public methods are stages too (`embed.attend`, the tied
   unembedding of Flax's language models; `encoder.encode: Encoder`): on the
   module whose call is running, by the method's name alone (a VAE's `encode`
@@ -67,6 +69,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import jax
+import numpy as np
 
 from .. import _compat
 from .._args import positional_names
@@ -257,11 +260,13 @@ def _nnx_parts(module: Any) -> list[tuple[Path, Any]]:
 def _signature(module: Any) -> Any:
     """What a copy of `module` rebuilt by a transform has in common with it: for NNX
     the types of its submodules and variables at their paths, for Equinox its pytree
-    structure (fields and static values); never the arrays, which a scan slices."""
+    structure (fields and static values) with a None counted as a leaf; never the
+    arrays, which a scan slices. `_leaf_kinds` then rules out the halves of
+    `eqx.partition` that cannot be the copy."""
     nnx_module = _nnx()
     if nnx_module is not None and isinstance(module, nnx_module):
         return tuple((path, type(v)) for path, v in _nnx_parts(module))
-    treedef = jax.tree_util.tree_structure(module)
+    treedef = jax.tree_util.tree_structure(module, is_leaf=_is_none)
     try:
         hash(treedef)
     except TypeError:  # an unhashable static field (a list): no copy is matched to it
@@ -269,13 +274,55 @@ def _signature(module: Any) -> Any:
     return treedef
 
 
+def _is_none(x: Any) -> bool:
+    return x is None
+
+
+def _is_array(x: Any) -> bool:
+    """`eqx.is_array`: what `eqx.partition(model, eqx.is_array)` puts in the array half."""
+    return isinstance(x, (jax.Array, np.ndarray, np.generic))
+
+
+def _leaf_kinds(module: Any) -> tuple[str, ...] | None:
+    """Per leaf of an Equinox module (a None counted as one): `array`, `none` or
+    `other` (a function, `eqx.nn.Shared`'s placeholder); None for NNX.
+
+    Equinox's freezing idiom passes `eqx.partition(model, eqx.is_array)` and calls
+    `eqx.combine(diff, static)`: the array half holds None where the model holds a
+    function (`eqx.nn.Shared`'s `where` and `get`, an MLP's activation), the other
+    half None where it holds an array. The combined model is a copy of the array half
+    the arguments name (`_kinds_fit`), never of the other."""
+    nnx_module = _nnx()
+    if nnx_module is not None and isinstance(module, nnx_module):
+        return None
+    leaves = jax.tree_util.tree_leaves(module, is_leaf=_is_none)
+    return tuple("none" if x is None else "array" if _is_array(x) else "other" for x in leaves)
+
+
+def _kinds_fit(a: tuple[str, ...] | None, b: tuple[str, ...] | None) -> bool:
+    """Whether modules of one `_signature` with leaf kinds `a` and `b` can be a module
+    and its copy: never where one holds an array and the other None in its place (the
+    other half of `eqx.partition`). A function where the other holds None (the array
+    half), or an array where it holds `eqx.nn.Shared`'s placeholder, fits."""
+    if a is None or b is None:
+        return True
+    return all({x, y} != {"array", "none"} for x, y in zip(a, b, strict=True))
+
+
+def _shapes_fit(copy: list, known: list) -> bool:
+    """Whether a copy's array shapes are a module's, whole or without the leading axis
+    a scan or vmap slices off."""
+    return copy in (known, [x[1:] for x in known])
+
+
 def _shapes(module: Any) -> list[tuple[int, ...]]:
+    """The shapes of `module`'s arrays, in order (its functions and Nones left out: the
+    array half of `eqx.partition` has the shapes of the model)."""
     nnx_module = _nnx()
     if nnx_module is not None and isinstance(module, nnx_module):
         leaves = [v for _, v in _nnx_parts(module) if not isinstance(v, nnx_module)]
-    else:
-        leaves = jax.tree_util.tree_leaves(module)
-    return [tuple(getattr(x, "shape", ())) for x in leaves]
+        return [tuple(getattr(x, "shape", ())) for x in leaves]
+    return [tuple(x.shape) for x in jax.tree_util.tree_leaves(module) if _is_array(x)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,8 +365,9 @@ class _Context:
         #: copies matching no single module: their labels, and how many per class
         self.unnamed: dict[int, str] = {}
         self.unnamed_count: dict[str, int] = {}
-        #: known modules by `_signature`: (path, `_shapes`), made when first needed
-        self.index: dict[Any, list[tuple[Path, list]]] | None = None
+        #: known modules by `_signature`: (path, `_shapes`, `_leaf_kinds`), made when
+        #: first needed
+        self.index: dict[Any, list[tuple[Path, list, Any]]] | None = None
         self.stack: list[tuple[Any, Path]] = []
         #: (scope label, jaxpr variable) -> the variable's place among the leaves a call
         #: under that label returned (`note_returns`)
@@ -355,20 +403,43 @@ class _Context:
         for p, x in reversed(roots.values()):  # in argument order, each object once
             self.add_module(x, (_Root(_argument(p, names)),) if len(roots) > 1 else ())
 
-    def add_module(self, module: Any, prefix: Path) -> None:
+    def add_module(self, module: Any, prefix: Path) -> list[int]:
+        """Name `module` and its submodules from `prefix`; the ids of those newly named."""
         nnx_module = _nnx()
         if nnx_module is not None and isinstance(module, nnx_module):
             from flax import nnx
 
-            for path, value in nnx.iter_graph(module):
-                if isinstance(value, nnx_module) and id(value) not in self.paths:
-                    self.paths[id(value)] = ("nnx", (*prefix, *path))
-                    self.objects[id(value)] = value
+            found = [
+                ("nnx", (*prefix, *path), value)
+                for path, value in nnx.iter_graph(module)
+                if isinstance(value, nnx_module)
+            ]
         else:
-            for path, value in _eqx_modules(module, prefix, set()):
-                if id(value) not in self.paths:
-                    self.paths[id(value)] = ("eqx", path)
-                    self.objects[id(value)] = value
+            found = [("eqx", path, value) for path, value in _eqx_modules(module, prefix, set())]
+        added = []
+        for framework, path, value in found:
+            if id(value) not in self.paths:
+                self.paths[id(value)] = (framework, path)
+                self.objects[id(value)] = value
+                added.append(id(value))
+        return added
+
+    def add_copy(self, module: Any, original: Path) -> None:
+        """Name a copy `module` as the module at `original`, and match the copies made
+        of its own submodules against them too: `eqx.nn.Shared` called in an
+        `eqx.combine`d model rebuilds its layers from the combined model's, whose
+        placeholder of the tied weight the array half of `eqx.partition` lacks."""
+        added = self.add_module(module, original)
+        if self.index is not None:
+            for mid in added:
+                self._index_add(mid)
+
+    def _index_add(self, mid: int) -> None:
+        obj = self.objects[mid]
+        sig = _signature(obj)
+        if sig is not None and self.index is not None:
+            entry = (self.paths[mid][1], _shapes(obj), _leaf_kinds(obj))
+            self.index.setdefault(sig, []).append(entry)
 
     def original_path(self, module: Any) -> tuple[Path | None, tuple[Path, ...]]:
         """The path of the module in the arguments that `module` is a copy of, or None
@@ -386,27 +457,35 @@ class _Context:
         candidates for `graph.copies`)."""
         if self.index is None:
             self.index = {}
-            for mid, (_, path) in list(self.paths.items()):  # the modules known so far
-                obj = self.objects[mid]
-                sig = _signature(obj)
-                if sig is not None:
-                    self.index.setdefault(sig, []).append((path, _shapes(obj)))
+            for mid in list(self.paths):  # the modules known so far
+                self._index_add(mid)
         parent = self.stack[-1][1] if self.stack else ()
-        found = {
-            path: shapes
-            for path, shapes in self.index.get(_signature(module), [])
-            if path[: len(parent)] == parent
-        }
+        kinds = _leaf_kinds(module)
+        found: dict[Path, list[list]] = {}  # path -> the shapes of the modules there
+        for path, shapes, known_kinds in self.index.get(_signature(module), []):
+            if self._under_caller(path, parent) and _kinds_fit(kinds, known_kinds):
+                found.setdefault(path, []).append(shapes)
         if len(found) > 1:
             # Shapes that fit, whole or without the leading axis a scan or vmap slices
             # off. One layer's shapes are also an unstacked module's: then both fit, and
             # the parameters the copy reads decide (`graph.copies`).
             shapes = _shapes(module)
-            fits = [p for p, s in found.items() if shapes in (s, [x[1:] for x in s])]
+            fits = [p for p, known in found.items() if any(_shapes_fit(shapes, s) for s in known)]
             found = dict.fromkeys(fits) if fits else found
         if len(found) == 1:
             return next(iter(found)), ()
         return None, tuple(found)
+
+    def _under_caller(self, path: Path, parent: Path) -> bool:
+        """Whether the module at `path` can be called by the module at `parent`: it is
+        under it. A caller at the root path that is a module's, not the top level, is a
+        model made inside `fn` (`eqx.combine` of halves neither of which it is) or the
+        one model of the arguments: never under one of several models' arguments
+        (`s.shared`, the static half of `eqx.partition`, which it would match too)."""
+        if path[: len(parent)] != parent:
+            return False
+        in_arguments_root = bool(path) and isinstance(path[0], _Root)
+        return bool(parent) or not self.stack or not in_arguments_root
 
     def method_scope(self, module: Any, method: str) -> tuple[str, Path] | None:
         """The scope to push for a call of `module`'s public `method` (not `__call__`),
@@ -438,7 +517,7 @@ class _Context:
         if known is None:  # a copy a transform rebuilt (`nnx.scan`, `lax.scan` + `eqx.combine`)
             original, alike = self.original_path(module)
             if original is not None:
-                self.add_module(module, original)
+                self.add_copy(module, original)
                 known = self.paths.get(id(module))
         if known is None and not self.stack and not alike:
             # a root made inside fn (`nnx.merge(graphdef, state)`): name its tree from

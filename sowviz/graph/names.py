@@ -375,6 +375,9 @@ _LINE = "\x06"
 #: ... and of a lambda's calls on that line (`jax.tree.map`'s, per leaf): one box even
 #: when each call is a stage of its own (`take`)
 _LEAVES = "\x07"
+#: ... and of a line whose value is one random draw (`_fold`'s `draw_run`): one box even
+#: around its one stage (`noise` holding `normal`), kept though its key's wrap is a cast
+_DRAW = "\x0e"
 #: Equations that only lay a value out: after a stage on an assignment line (`vmap`'s
 #: transposes around `rfft`), the stage still makes the line's value
 _LAYOUT = frozenset({"transpose", "reshape", "squeeze", "expand_dims", "broadcast_in_dim"})
@@ -423,6 +426,8 @@ def fold_names(
     out_types: Callable[[int], tuple[str, ...]] | None = None,
     operations: Sequence[Any] = (),
     span: Callable[[int], Span | None] | None = None,
+    draws: Sequence[bool] = (),
+    outside: Sequence[bool] = (),
 ) -> list[tuple[str, ...]]:
     """Scope names with runs of unscoped equations folded. A level with more than
     `line_limit` nodes folds runs of 3 or more equations from one source line, labelled
@@ -469,7 +474,15 @@ def fold_names(
     wrote once. (A derivative's extra equations, `x ** 2`'s `mul` by 2, are floats.)
     `span`: where on its line each equation was made (`_compat.user_span`): a line's
     run that computes an argument of the call the line assigns is named by that
-    argument (`tokens[:, pos]`), not by the call's targets (`logits, caches`)."""
+    argument (`tokens[:, pos]`), not by the call's targets (`logits, caches`).
+    `draws`: whether each equation draws from a PRNG key (`_compat.draws_from_key`): a
+    line assigning one draw (`noise = jax.random.normal(k, shape)`) is a box named by
+    what it assigns, holding the draw's stage (`normal`), as the same line drawing from
+    an `nnx.Rngs` stream is. `outside`: whether each equation was made on the line of
+    the lambda sowviz traced (`_compat.on_traced_lambda_line`): that line's statement
+    (`ins = sowviz.inspect(lambda w, x: ..., w, x)`) ran outside the program, and its
+    target (`ins`, or a bare call's `sowviz.show`) names none of the lambda's work, which
+    is drawn as a function's own lines are."""
     facts = _Facts(
         call_path,
         at_module_call,
@@ -481,6 +494,8 @@ def fold_names(
         out_types,
         operations,
         span,
+        draws,
+        outside,
     )
     folded = _fold_level(names, locs, limit, line_limit, facts)
     return _without_cast_folds(folded, primitives)
@@ -501,6 +516,8 @@ class _Facts:
     out_types: Callable[[int], tuple[str, ...]] | None = None
     operations: Sequence[Any] = ()
     span: Callable[[int], Span | None] | None = None
+    draws: Sequence[bool] = ()
+    outside: Sequence[bool] = ()
 
     def run(self, start: int, stop: int) -> _Facts:
         """The facts of equations `[start, stop)`, as a level of their own numbers them."""
@@ -515,6 +532,8 @@ class _Facts:
             _shifted(self.out_types, start),
             self.operations[start:stop],
             _shifted(self.span, start),
+            self.draws[start:stop],
+            self.outside[start:stop],
         )
 
 
@@ -545,7 +564,8 @@ def _without_cast_folds(names: list[tuple[str, ...]], primitives: Sequence[str])
     """`names` without the folds that hold one drawn equation: the others were a PRNG
     key's retyping (`_compat.KEY_CASTS`), drawn as edges (`build._is_type_cast`). A raw
     key's `k = jax.random.fold_in(key, 3)` line (wrap, `random_fold_in`, unwrap) was
-    else a box `k` around its one `random_fold_in`, where a typed key's is that box."""
+    else a box `k` around its one `random_fold_in`, where a typed key's is that box. A
+    line's one random draw (`_DRAW`) keeps its box, a typed key's as a raw key's."""
     casts = [p in _compat.KEY_CASTS for p in primitives]
     if not any(casts):
         return names
@@ -557,7 +577,7 @@ def _without_cast_folds(names: list[tuple[str, ...]], primitives: Sequence[str])
             j = i + 1
             while j < len(out) and out[j][: d + 1] == out[i][: d + 1]:
                 j += 1
-            fold = len(out[i]) > d and out[i][d].startswith(FOLD)
+            fold = len(out[i]) > d and out[i][d].startswith(FOLD) and _DRAW not in out[i][d]
             if fold and j - i > 1 and sum(not casts[k] for k in range(i, j)) == 1:
                 for k in range(i, j):
                     out[k] = out[k][:d] + out[k][d + 1 :]
@@ -619,15 +639,23 @@ def _user_calls_in_body(
         at = min(len(t) for t in names[i:j])  # the scopes the whole run is in
         while any(t[:at] != names[i][:at] for t in names[i:j]):
             at -= 1
-        around = fold_label(names[i][at - 1]) if at else ""
-        if label in (around.removesuffix(BACKWARD), around.rpartition(": ")[2]):
-            continue  # a stage says it already (optimistix's module `fn: rosenbrock`)
+        if any(_says(label, fold_label(scope)) for scope in names[i][:at]):
+            # a stage around says it already (optimistix's module `fn: rosenbrock`; a
+            # diffrax `vector_field: Func` around its `mlp: MLP`, whose work is all of
+            # `Func.__call__`'s line `self.mlp(y)`)
+            continue
         for m in range(i, j):
             back = m < len(backward) and backward[m]
             part = f"{label}{BACKWARD}" if back else label
             name = f"{CALL}{part}\x01body{i}{'b' if back else ''}"
             out[m] = (*out[m][:at], name, *out[m][at:])
     return out
+
+
+def _says(label: str, stage: str) -> bool:
+    """Whether a stage's label names the function `label`: as its call (`f`, `f
+    (backward)`) or its module's class (`fn: rosenbrock`, `vector_field: Func`)."""
+    return label in (stage.removesuffix(BACKWARD), stage.rpartition(": ")[2])
 
 
 def _fold_around_calls_back(
@@ -854,17 +882,19 @@ def _fold(
             while j + 1 < len(out) and k is not None and key(j + 1) == k:
                 j += 1
             named = inner and all(m < len(stages) and stages[m] for m in range(i, j + 1))
-            named = named and (k is None or _LEAVES not in k)
-            # `whole=False`: a run that is all its scope holds would only restate it
+            named = named and (k is None or (_LEAVES not in k and _DRAW not in k))
+            # `whole=False`: a run that is all its scope holds would only restate it; not a
+            # lambda's calls per leaf, whose leaves are one box, alike, wherever they are
+            leaves = k is not None and _LEAVES in k
             if (
                 k is not None
                 and not named
                 and (
-                    assignment_box(i, j)
+                    assignment_box(i, j, k)
                     if _LINE in k
                     else j + 1 - i >= (small if small is not None and "\x03" in k else least)
                 )
-                and (whole or j + 1 - i < direct.get(scope_of(i), 0))
+                and (whole or leaves or j + 1 - i < direct.get(scope_of(i), 0))
             ):
                 name = FOLD + (f"{label(i, j, k)}\x01{k}" if label else k)
                 if restated(range(i, j + 1), fold_label(name)):
@@ -884,11 +914,11 @@ def _fold(
                         and b + 1 - a >= max(least, 3)
                         and not any(m < len(stages) and stages[m] for m in range(a, b + 1))
                     ):
-                        loc, line = locs[a], k.split("\x02", 1)[0]
+                        line = k.split("\x02", 1)[0]
                         apart = (
                             f"{fold_label(stages[b + 1])} setup"
                             if a == i
-                            else (assigned(loc.file, loc.line) if loc is not None else None) or line
+                            else line_assigns(a) or line
                         )
                         for m in range(a, b + 1):
                             at = len(scope_of(m)) if inner else 0
@@ -916,9 +946,7 @@ def _fold(
         # (nor is a call named like one of its equations, `lax.dynamic_update_slice`: the
         # line's name tells K's update from V's)
         single = single or (
-            restates_primitive(i, j)
-            and locs[i] is not None
-            and bool(assigned(locs[i].file, locs[i].line))
+            restates_primitive(i, j) and locs[i] is not None and bool(line_assigns(i))
         )
         if what and what != own.rsplit(":", 1)[0] and what not in _TRANSFORMS and not single:
             return what
@@ -933,7 +961,7 @@ def _fold(
         operand = argument(i, j, loc)
         if operand:
             return operand
-        named = assigned(loc.file, loc.line)
+        named = line_assigns(i)
         if named:
             return named
         sc = scope_of(i)
@@ -942,7 +970,20 @@ def _fold(
         )
         if last and is_return(loc.file, loc.line):  # what it computes (`mean`), not `return`
             return returned_label(loc.file, loc.line) or own
+        if outside_at(i):  # (`sowviz.show(lambda w, x: ...)`: not `sowviz.show`)
+            return own
         return called_alone(loc.file, loc.line) or own  # a bare call: `jax.debug.print`
+
+    def outside_at(m: int) -> bool:
+        # made on the line of the lambda sowviz traced, whose statement ran outside the
+        # program (`ins = sowviz.inspect(lambda w, x: ...)`: `fold_names`' `outside`)
+        return m < len(facts.outside) and facts.outside[m]
+
+    def line_assigns(m: int) -> str | None:
+        # what `m`'s line assigns (`source_text.assigned`), when its statement is the
+        # program's: not `ins` of `ins = sowviz.inspect(lambda w, x: ...)` (`outside_at`)
+        loc = locs[m]
+        return None if loc is None or outside_at(m) else assigned(loc.file, loc.line)
 
     def argument(i: int, j: int, loc: _compat.SourceLocation) -> str | None:
         # the argument of the line's call that the run computes, as written
@@ -988,15 +1029,25 @@ def _fold(
             hi += 1
         return hi - lo + 1 >= 3 and not calls(i)
 
+    def draw_run(lo: int, hi: int) -> bool:
+        # The run's one drawn equation draws from a PRNG key (`jax.random.normal`'s jit,
+        # after a raw key's wrap): its value is what the line names (`noise`), not the
+        # distribution's function (`normal`), which the box holds
+        boxes = drawn(lo, hi)
+        return len(boxes) == 1 and boxes[0] < len(facts.draws) and facts.draws[boxes[0]]
+
     def drawn(i: int, j: int) -> list[int]:
         # the equations of `[i, j]` drawn as boxes: not a cast drawn as an edge
         casts = _compat.KEY_CASTS | _compat.TYPE_CASTS
         return [m for m in range(i, j + 1) if m >= len(primitives) or primitives[m] not in casts]
 
-    def assignment_box(i: int, j: int) -> bool:
+    def assignment_box(i: int, j: int, key: str) -> bool:
         # An assignment line's run is one box from one drawn equation on, when it has a
         # value to show: a key's or an index's one equation keeps its primitive's name
-        # (`k = jax.random.fold_in(key, 3)`: `random_fold_in`, raw key or typed alike).
+        # (`k = jax.random.fold_in(key, 3)`: `random_fold_in`, raw key or typed alike);
+        # a random draw's is its value, integers too (`t = jax.random.randint(...)`).
+        if _DRAW in key:
+            return True
         boxes = drawn(i, j)
         if len(boxes) != 1:
             return len(boxes) > 1
@@ -1110,6 +1161,16 @@ def _fold(
         last = not any(names[m][: len(call)] == call for m in range(hi + 1, len(out)))
         return last and len(drawn(lo, hi)) > 1
 
+    def returned_leaves(i: int) -> bool:
+        # `i`'s line returns a lambda's calls per leaf (`return jax.tree.map(lambda a: a -
+        # lr * jnp.mean(x) * a, p)`): one box, as the same line assigning a name is. Its
+        # `jnp.mean` per leaf had split it: a box `mean` held two leaves' update and the
+        # third's mean, that leaf's `mul`, `mul`, `sub` loose after it.
+        loc = locs[i]
+        if loc is None or not loc.function.endswith("<lambda>") or outside_at(i):
+            return False
+        return is_return(loc.file, loc.line) and called_again(*line_run(i))
+
     def restates_primitive(lo: int, hi: int) -> bool:
         # The line's one library call is named like one of its equations
         # (`lax.dynamic_update_slice`: its index clamp `lt`, `add`, `select_n`, then the
@@ -1137,7 +1198,7 @@ def _fold(
             return None  # a named scope's or a module's work is its stage's (README)
         if loc is None:
             return None
-        if assigned(loc.file, loc.line) is None and not returned_in_call(i):
+        if line_assigns(i) is None and not returned_in_call(i) and not returned_leaves(i):
             return None
         if at_module_call is not None and at_module_call(i):
             return None
@@ -1149,20 +1210,25 @@ def _fold(
             return None  # a Python loop's line, once per pass: `repeats` stacks the passes
         lam = loc.function.endswith("<lambda>")
         per_leaf = lam and called_again(lo, hi)
+        draw = not per_leaf and draw_run(lo, hi)
         last = hi  # (the axes `vmap` moves after it are no work of the line's)
         while last > lo and last < len(primitives) and primitives[last] in _LAYOUT:
             last -= 1
-        if not per_leaf and last < len(stages) and stages[last] and not activation(lo, last):
+        if (
+            not (per_leaf or draw)
+            and last < len(stages)
+            and stages[last]
+            and not activation(lo, last)
+        ):
             return None  # a stage makes the line's value (`xf = vmap(rfft)(x * w)`): its box
         whats = {calls(m)[:1] for m in range(lo, hi + 1)}
-        if hi > lo and len(whats) == 1 and whats != {()} and not per_leaf:
+        if hi > lo and len(whats) == 1 and whats != {()} and not (per_leaf or draw):
             if not restates_primitive(lo, hi):
                 return None
         own = function_label(loc.function)[0]
         again = f"\x04{passes[i]}" if not lam and i < len(passes) and passes[i] else ""
-        return f"{own}:{first}\x02{'/'.join(scope_of(i))}{again}{_LINE}" + (
-            _LEAVES if per_leaf else ""
-        )
+        mark = _LEAVES if per_leaf else _DRAW if draw else ""
+        return f"{own}:{first}\x02{'/'.join(scope_of(i))}{again}{_LINE}{mark}"
 
     def plumbed_line(i: int) -> bool:
         # `i`'s line (its run there: one scope, one pass) holds an operation of the
@@ -1207,7 +1273,13 @@ def _fold(
                 # seven integer equations beside the model's layers), and a lambda's
                 # run on one line (`jax.tree.map(lambda g: g / S, grads)`: a `div` box
                 # per leaf), nothing else.
-                if not library and loc.function.endswith("<lambda>") and lambda_run(i):
+                # (not a lambda that is the program itself, `sowviz.inspect(lambda w, x:
+                # ...)`: its work is boxed by its own operations, as a function's is)
+                lam = loc.function.endswith("<lambda>") and not outside_at(i)
+                line = None if library or not lam else assignment_line(i)
+                if line is not None and _LEAVES in line:
+                    return line  # (its calls per leaf: one box, not a run per library call)
+                if not library and lam and lambda_run(i):
                     own = function_label(loc.function)[0]
                     return f"{own}:{loc.line}\x02{'/'.join(scope)}"
                 if not library:
@@ -1272,7 +1344,11 @@ def _fold(
             # then `v = jnp.repeat(v, 2)` are two calls, not one box `repeat` of both; and
             # a loop's `buf = roll(buf)` then `acc = acc + buf` is no `tree.map` per leaf)
             lines = [locs[m] if depth == 0 and path(m).below_user else None for m in run]
-            for a, b in itertools.pairwise(known):
+            # (inside a line's box of a lambda's calls per leaf, the box is the `tree.map`:
+            # joined, the leaves were a box named by the one call, `mean`, that left the
+            # last leaf's own work after that call outside it)
+            in_leaves = bool(scope_of(run[0])) and _LEAVES in scope_of(run[0])[-1]
+            for a, b in itertools.pairwise(() if in_leaves else known):
                 if (
                     b > a + 1
                     and keys[a] == keys[b]
@@ -1382,6 +1458,7 @@ def _fold(
                 users = not runs[i] and all(path(m).below_user for m in range(i, j + 1))
                 split_by_calls(list(range(i, j + 1)), 0, size == level and not users)
             i = j + 1
+        _alike_calls_grouped(out, runs, calls, group)
         own = lambda i, j, where: where.split("\x02", 1)[0]  # noqa: E731  (`_do_update:381`)
         fold_runs(line_key(True), least=3, label=own, inner=True, whole=False)
     # (a Python loop's passes, which `repeats` stacks, are no reason to fold)
@@ -1430,6 +1507,41 @@ def _fold(
             if c is not None and len(labels[c]) > 1:  # one item needs no chunk
                 out[i] = (f"{FOLD}{names_of[c]}\x01c{c}", *out[i])
     return out
+
+
+def _alike_calls_grouped(
+    out: list[tuple[str, ...]],
+    runs: Sequence[tuple[str, ...]],
+    calls: Callable[[int], tuple[str, ...]],
+    group: Callable[[list[int], str], None],
+) -> None:
+    """Group, as `split_by_calls` grouped one call of a library function out of a long
+    run, that function's other calls in the same scope left in runs too short to split
+    (`runs`: each equation's scope before): of Equinox's `MultiheadAttention`, the third
+    `_project` (in a run with the attention) was a box, the first two, two equations
+    each between the projections' stages, loose `transpose` and `reshape`."""
+    made = {
+        (runs[m], fold_label(out[m][len(runs[m])]))
+        for m in range(len(out))
+        if len(out[m]) > len(runs[m]) and out[m][len(runs[m])].startswith(FOLD)
+    }
+    if not made:
+        return
+    i = 0
+    while i < len(out):
+        j = i
+        while j + 1 < len(out) and runs[j + 1] == runs[i] and out[j + 1] == runs[i]:
+            j += 1
+        first = calls(i)[:1]
+        if (
+            j > i
+            and out[i] == runs[i]
+            and first
+            and (runs[i], first[0]) in made
+            and all(calls(m)[:1] == first for m in range(i, j + 1))
+        ):
+            group(list(range(i, j + 1)), first[0])
+        i = j + 1
 
 
 def _looped(
