@@ -1761,12 +1761,14 @@ def test_a_function_under_jacfwd_says_it_holds_the_tangent_and_the_basis_is_no_b
     ins = sowviz.inspect(_pinn_loss, p, xs, ts)
     (res,) = (n for n in ins.graph.nodes if n.label == "_residual")
     labels = [n.label for n in ins.graph.children(res.id)]
-    assert labels[:2] == ["_net", "_net (tangent)"], labels
+    assert labels[:2] == ["_net", "u_t"], labels  # (`u_t`'s line: a box holding its `_net`)
+    (box,) = (n for n in ins.graph.children(res.id) if n.label == "u_t")
+    assert next(n.label for n in ins.graph.children(box.id)) == "_net (tangent)"
     assert "jacfwd" not in [n.label for n in ins.graph.nodes], labels
     u = jax.vmap(_net, (None, 0, 0))(p, xs, ts)
     u_t = jax.vmap(jax.jacfwd(_net, argnums=2), (None, 0, 0))(p, xs, ts)
     got_u = ins.probe("_residual/_net").summaries["primal"]
-    got_t = ins.probe("_residual/_net (tangent)").summaries["primal"]
+    got_t = ins.probe("_residual/u_t/_net (tangent)").summaries["primal"]
     np.testing.assert_allclose(got_u["mean"], float(u.mean()), rtol=1e-5)
     np.testing.assert_allclose(got_t["mean"], float(u_t.mean()), rtol=1e-5)
     np.testing.assert_allclose(got_t["l2"], float(jnp.linalg.norm(u_t)), rtol=1e-5)

@@ -41,6 +41,7 @@ from .names import (
     _count_eqns,
     call_places,
     construct_label,
+    fold_derivative_lines,
     fold_names,
     function_label,
     input_groups,
@@ -897,6 +898,11 @@ class _Builder(InputsMixin):
             span=lambda i: _compat.user_span(jaxpr.eqns[stand_in[i]]),
             draws=[_compat.draws_from_key(e) for e in jaxpr.eqns],
             outside=[_compat.on_traced_lambda_line(jaxpr.eqns[m]) for m in stand_in],
+        )
+        # (`u_t = jax.grad(model)(t, x)`: one box `u_t` around the calls the grad made)
+        level_names = fold_derivative_lines(
+            level_names,
+            lambda i: (*(c.site() for c in frames[i].calls), locs[i]) if frames[i] else (locs[i],),
         )
         # The top level of a small program: its own equations (a loss's `(y - t) ** 2`,
         # `mean`) carry data as stages do, instead of boxes with none.

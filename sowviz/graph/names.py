@@ -28,6 +28,7 @@ from .source_text import (
     Span,
     assigned,
     assigned_by_call,
+    assigned_by_transform,
     called_alone,
     calls_from_module,
     is_return,
@@ -1855,3 +1856,102 @@ def call_places(recs: Sequence[Any], ids: Sequence[str]) -> str:
     shown = ", ".join(f"`{p}`" for p in list(places)[:_PLACES_SHOWN])
     more = len(places) - _PLACES_SHOWN
     return f" (in {shown}{f' and {more} more' if more > 0 else ''})"
+
+
+def fold_derivative_lines(
+    names: list[tuple[str, ...]],
+    sites: Callable[[int], Sequence[_compat.SourceLocation | None]],
+) -> list[tuple[str, ...]]:
+    """`names` with each line that takes a derivative of a function (`u_t =
+    jax.grad(model, argnums=0)(t, x)`: `source_text.assigned_by_transform`) one box
+    named by what it assigns (`u_t`), around the work the transform made of it
+    (`PINN`, `PINN (backward)`) and the line's own equations (`jacfwd`'s unravelling).
+    That work is made in the called function's lines, so no fold by line saw the
+    line: the calls of `u_t`'s and `u_x`'s lines lay side by side, and the picture did
+    not say which was d/dt and which d/dx. `sites(i)`: the user lines equation `i` was
+    made from, outermost first (each call's site, then its own line). A line of one
+    box's work alone (`y = jax.vmap(f)(x)`, `h = self.layer(x)`) is left as it is: its
+    box is named already. Such a line inside such a call is a box inside its box."""
+    out = list(names)
+    memo: dict[_compat.SourceLocation, tuple[tuple[str, str, int], str] | None] = {}
+    lines = [_derivative_lines(sites(i), memo) for i in range(len(names))]
+    for rank in range(max(map(len, lines), default=0)):
+        i = 0
+        while i < len(out):
+            if len(lines[i]) <= rank:
+                i += 1
+                continue
+            j = i + 1
+            while j < len(out) and lines[j][: rank + 1] == lines[i][: rank + 1]:
+                j += 1
+            _box_run(out, range(i, j), lines[i][rank][1], i)
+            i = j
+    return out
+
+
+def _derivative_lines(
+    sites: Sequence[_compat.SourceLocation | None],
+    memo: dict[_compat.SourceLocation, tuple[tuple[str, str, int], str] | None],
+) -> tuple[tuple[tuple[str, str, int], str], ...]:
+    """The lines among `sites` that take a derivative, with what each assigns; `memo`:
+    each site's answer so far (a level's equations share a few sites, and reading one
+    joins its file's lines)."""
+    found = []
+    for site in sites:
+        if site is None:
+            continue
+        if site not in memo:
+            line = statement_line(site.file, site.line)
+            label = assigned_by_transform(site.file, line)
+            # (a call's site has the file's full path, an equation's own line may not)
+            key = (os.path.basename(site.file), site.function, line)
+            memo[site] = None if label is None else (key, label)
+        if memo[site] is not None:
+            found.append(memo[site])
+    return tuple(found)
+
+
+def _box_run(out: list[tuple[str, ...]], run: range, label: str, tag: int) -> None:
+    """Wrap the equations of `run` in one box `label`, below the scopes they all share,
+    around the items under them; not when it holds one item alone (the box would
+    restate it), nor when no other work there evaluates the functions it calls: a
+    train step's `loss`, `loss (backward)` say what they are without a box `loss,
+    grads` around them. The line's own fold, labelled alike, is the box itself."""
+    prefix = _common_prefix([out[m] for m in run])
+    depth = len(prefix)
+    items = {out[m][depth] if len(out[m]) > depth else m for m in run}
+    if len(items) < 2 or not _called_elsewhere(out, run, prefix):
+        return
+    box = f"{FOLD}{label}\x01d{tag}"
+    for m in run:
+        t = out[m]
+        own = len(t) > depth and t[depth].startswith(FOLD) and fold_label(t[depth]) == label
+        out[m] = (*t[:depth], box, *t[depth + own :])
+
+
+def _common_prefix(names: Sequence[tuple[str, ...]]) -> tuple[str, ...]:
+    first = names[0]
+    n = len(first)
+    for t in names[1:]:
+        k = 0
+        while k < min(n, len(t)) and t[k] == first[k]:
+            k += 1
+        n = k
+    return first[:n]
+
+
+def _called_elsewhere(out: Sequence[tuple[str, ...]], run: range, prefix: tuple[str, ...]) -> bool:
+    """Whether a function the run's calls evaluate is evaluated by other work directly
+    under `prefix` too (`u = model(t, x)`, `u_x = jax.grad(model, argnums=1)(t, x)`
+    beside `u_t`'s line): then their boxes, `PINN#2` beside `PINN#3`, need the line's
+    name."""
+    depth = len(prefix)
+
+    def called(m: int) -> str | None:
+        t = out[m]
+        if len(t) <= depth or t[:depth] != prefix or t[depth].startswith(FOLD):
+            return None
+        return fold_label(t[depth]).replace(BACKWARD, "").replace(TANGENT, "")
+
+    mine = {c for m in run if (c := called(m)) is not None}
+    return any(called(m) in mine for m in range(len(out)) if m not in run)

@@ -623,3 +623,41 @@ def _unpackings(file: str, line: int, function: str) -> dict[str, tuple[str, ...
                 if isinstance(node, ast.Name) and node.id in params:
                     out.setdefault(node.id, ())
     return {k: v for k, v in out.items() if v}
+
+
+#: JAX transforms whose call on a line evaluates the function several times (its
+#: forward and backward passes, `jacfwd`'s basis): `u_t = jax.grad(model)(t, x)`
+_DERIVATIVES = frozenset(
+    {"grad", "value_and_grad", "jacfwd", "jacrev", "jacobian", "hessian", "jvp", "vjp", "linearize"}
+)
+#: Transforms that only pass a derivative through (`jax.vmap(jax.grad(f))(x)`)
+_WRAPPERS = frozenset({"vmap", "jit", "checkpoint", "remat"})
+
+
+def assigned_by_transform(file: str, line: int) -> str | None:
+    """What the statement at `file:line` assigns when its value is a derivative JAX
+    takes of a function on that line (`u_t = jax.grad(model, argnums=0)(t, x)`, `y, dy =
+    jax.jvp(f, (x,), (v,))`, `jax.vmap(jax.grad(f))(x)`): the box of that line holds the
+    function's forward and backward evaluations, named by the derivative asked for.
+    None for any other line (`h = self.layer(x)`, `y = jax.vmap(f)(x)`)."""
+    statements = _statements_at("".join(linecache.getlines(file)), line)
+    if len(statements) != 1 or not isinstance(statements[0], (ast.Assign, ast.AnnAssign)):
+        return None
+    value = statements[0].value
+    if not isinstance(value, ast.Call):
+        return None
+    if not (_takes_derivative(value) or _takes_derivative(value.func)):
+        return None
+    return assigned(file, line)
+
+
+def _takes_derivative(expr: ast.expr) -> bool:
+    """Whether `expr` is a call of a derivative transform (`jax.grad(f)`), possibly
+    inside pass-through ones (`jax.vmap(jax.grad(f))`)."""
+    if not isinstance(expr, ast.Call):
+        return False
+    func = expr.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    if name in _DERIVATIVES:
+        return True
+    return name in _WRAPPERS and bool(expr.args) and _takes_derivative(expr.args[0])
