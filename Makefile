@@ -100,7 +100,11 @@ test-py: $(TEST_STAMP) chromium
 
 test-oldest: $(OLD_STAMP)
 	$(PY_OLD) -c 'import jax, sys; print("oldest:", sys.version.split()[0], "jax", jax.__version__)'
-	$(PY_OLD) $(PYTEST) -m "not browser" $(OLDEST_TESTS)
+	# two processes (the zoo's real models apart): one process compiling every program
+	# of the list once crashed inside XLA's CPU compiler (a segfault in a test that
+	# passes alone), so neither holds the other's compiled programs
+	$(PY_OLD) $(PYTEST) -m "not browser" $(filter-out tests/zoo,$(OLDEST_TESTS))
+	$(PY_OLD) $(PYTEST) -m "not browser" tests/zoo
 
 test-jax011: $(MID_STAMP)
 	$(PY_MID) -c 'import jax, sys; print("jax 0.11:", sys.version.split()[0], "jax", jax.__version__)'
