@@ -28,7 +28,7 @@ from .. import _compat, _outputs
 from .._caller import user_stacklevel
 from .._gc import gc_paused
 from . import rules as _rules  # noqa: F401  (registers the rules)
-from .interpret import _sow_eqns, evaluate_closed, sow_location, with_barriers
+from .interpret import evaluate_closed, sow_eqns, sow_location, with_barriers
 from .mapped import rows_in_order
 from .packing import Packed
 from .primitive import READ_BEFORE_SOWN, RESERVED_TAG_PREFIX, sow_p, sows_called
@@ -332,7 +332,7 @@ def read_before_sown(jaxpr: Any, tags: frozenset[str]) -> list[str]:
     (`sow(jnp.linalg.norm(w), "wnorm")`, read by nothing else) truly has a zero
     gradient and gets none."""
     notes: dict[int, str] = {}
-    for eqn in _sow_eqns(jaxpr, tags):
+    for eqn in sow_eqns(jaxpr, tags):
         p = eqn.params
         if (
             eqn.primitive is not sow_p

@@ -254,12 +254,12 @@ def _sow_names(jaxpr, tags: frozenset[str]) -> list[str]:
     return names
 
 
-def _sow_eqns(jaxpr, tags: frozenset[str]) -> list:
+def sow_eqns(jaxpr, tags: frozenset[str]) -> list:
     """The collected sow equations of `jaxpr` and its sub-programs."""
     found = [eqn for eqn in jaxpr.eqns if _captured_here(eqn, tags)]
     for eqn in jaxpr.eqns:
         for _, _, sub in _compat.sub_jaxprs(eqn):
-            found.extend(_sow_eqns(sub, tags))
+            found.extend(sow_eqns(sub, tags))
     return found
 
 
@@ -279,7 +279,7 @@ def _derivative_solve(eqn, tags: frozenset[str]) -> bool:
     of the user's own function) is a value the solve computes: refused as before."""
     if eqn.primitive.name not in DERIVATIVE_SOLVES:
         return False
-    sows = [e for _, _, sub in _compat.sub_jaxprs(eqn) for e in _sow_eqns(sub, tags)]
+    sows = [e for _, _, sub in _compat.sub_jaxprs(eqn) for e in sow_eqns(sub, tags)]
     return bool(sows) and all(site_of(e).mode != "primal" for e in sows)
 
 
@@ -295,7 +295,7 @@ SKIPPED_SOLVE = (
 def _skip_derivative_solve(eqn, invals: list, rec: Recorder) -> list:
     """Re-bind a `_derivative_solve` untouched, noting the user's sows it holds."""
     subs = [sub for _, _, sub in _compat.sub_jaxprs(eqn)]
-    sites = [site_of(e) for sub in subs for e in _sow_eqns(sub, rec.options.tags)]
+    sites = [site_of(e) for sub in subs for e in sow_eqns(sub, rec.options.tags)]
     names = sorted({s.name for s in sites if not s.tag.startswith(RESERVED_TAG_PREFIX)})
     if names:
         note = SKIPPED_SOLVE.format(
