@@ -21,7 +21,7 @@ import copy
 import difflib
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import Any
@@ -485,12 +485,21 @@ class Inspection:
             found = [p for p in found if paths[p.id] == name] or [
                 p for p in found if p.id not in inner
             ]
+        if not sown and not any(paths[p.id] == name for p in found):
+            # the user's sow of that name, sown several times and so numbered, wins over a
+            # stage of the bare name (a line `u = ...` beside `sow(u, "u")` in an RK4 `rhs`);
+            # a stage's whole path stays its own
+            _refuse_numbered_sows(
+                name,
+                [p for p in same if self.graph.node(p.node).kind == "sow"],
+                [paths[p.id] for p in found],
+            )
         if not found:
-            _refuse_numbered_sows(name, [p for p in same if self.graph.node(p.node).kind == "sow"])
             found = [p for p in same if name in (paths[p.id], plain[p.id])] or [
                 p for p in same if name in _path_aliases(paths[p.id], plain[p.id])
             ]
-        if found and not leaf:
+        if found and not leaf and not any(paths[p.id] == name for p in found):
+            # (a whole path is one stage's: `energy` beside `forces/energy`'s outputs)
             # A stage of several outputs with that name too: the name is not one probe's
             # (it was the single-output one, silently).
             several = {
@@ -793,10 +802,12 @@ def prepare(
 __all__ = ["Inspection", "Probe", "inspect", "inspection_of", "join_probes", "prepare"]
 
 
-def _refuse_numbered_sows(name: str, sows: list[Probe]) -> None:
+def _refuse_numbered_sows(name: str, sows: list[Probe], stages: Sequence[str] = ()) -> None:
     """A name sown more than once (a Python decode loop's `sow(logits, "logits")` per
     token) is numbered, `logits_0` … `logits_14`: `probe("logits")` answered with the
-    first, whose node alone is drawn `logits`. Say the numbered names instead."""
+    first, whose node alone is drawn `logits`, or with a stage of that name (`stages`,
+    their paths: a line `u = ...` beside the numbered sows `u`). Say the numbered names
+    instead, and the stages'."""
     numbered = sorted(
         (p.name for p in sows if re.fullmatch(re.escape(name) + r"_\d+", p.name)), key=_natural
     )
@@ -804,5 +815,11 @@ def _refuse_numbered_sows(name: str, sows: list[Probe]) -> None:
         shown = ", ".join(repr(n) for n in numbered[:4]) + (", ..." if len(numbered) > 4 else "")
         raise KeyError(
             f"{name!r} was sown {len(numbered)} times, so each sow has a number: {shown} "
-            f"(the last {numbered[-1]!r}). Name one of them."
+            f"(the last {numbered[-1]!r}). Name one of them"
+            + (
+                f"; the stage{'s' if len(stages) > 1 else ''} called {name!r} "
+                f"({', '.join(repr(s) for s in stages[:4])}) by {'their' if len(stages) > 1 else 'its'} path."
+                if stages
+                else "."
+            )
         )
