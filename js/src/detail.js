@@ -275,7 +275,9 @@ export class DetailPanel {
         drawSignedLog(b.target, b.s.loghist, { colours, mode: b.mode, logY: this.logY, width });
       } else {
         const hist = this.scale === "linear" ? b.s?.hist : b.s?.loghist;
-        drawHistogram(b.target, hist ?? null, { colours, mode: b.mode, scale: this.scale === "linear" ? "linear" : "log", logY: this.logY, width });
+        // a complex value's statistics are of |x| (its summary's `complex`): the axis says so
+        const title = b.s?.complex && this.scale === "linear" ? `|${b.mode}|` : null;
+        drawHistogram(b.target, hist ?? null, { colours, mode: b.mode, scale: this.scale === "linear" ? "linear" : "log", logY: this.logY, width, title });
       }
       if (!this.charts.includes(b.target)) this.charts.push(b.target);
       b.counts.replaceChildren(...specialCounts(b.s, this.scale));
@@ -308,7 +310,9 @@ export class DetailPanel {
   }
 
   statsTable(probe, modes) {
-    const head = h("tr", {}, [h("th", { text: "" }), ...modes.map((m) => h("th", { text: m }))]);
+    // (a complex value's min, max, mean, ... are of |x|: "min 0.5" of values whose real parts
+    // are all -0.5 read wrong under a bare "primal")
+    const head = h("tr", {}, [h("th", { text: "" }), ...modes.map((m) => h("th", { text: probe.summaries[m]?.complex ? `|${m}|` : m }))]);
     const rows = TABLE_ROWS.map(([key, label]) => h("tr", { "data-stat": key }, [
       h("th", { text: label }),
       ...modes.map((m) => {
