@@ -73,6 +73,8 @@ def _report(args: argparse.Namespace) -> int:
         f"wrote {path.resolve()} ({size / 1e6:.2f} MB): {_steps(view.steps_read)} read, "
         f"{kept} kept; the log is {state}"
     )
+    for r in view.replaced:  # a run resumed from before its log's last step
+        print(f"note: {r.message}")
     return 0
 
 

@@ -168,13 +168,17 @@ def test_report_cli_takes_several_log_dirs(resumed, tmp_path, capsys):
     assert '"steps":[0,1,2,3,4,5,6,7,8]' in out.read_text()
 
 
-def test_overlapping_logs_are_refused(resumed, tmp_path, capsys):
+def test_overlapping_logs_join_the_later_replacing(resumed, tmp_path, capsys):
+    # (round 14: they were refused; a resumed run's log replaces the steps from its
+    # first on, as TensorBoard's purge_step: tests/test_runlog_resume_round14.py)
     root, _ = resumed
     _train(tmp_path / "again", range(3, 6), 3)  # resumed from an older checkpoint
-    with pytest.raises(ValueError, match=r"overlap: .*again' holds step 3.* went to step 4"):
-        sowviz.load(root / "exp", tmp_path / "again")
-    assert main(["report", str(root / "exp"), str(tmp_path / "again"), "-o", "x.html"]) == 2
-    assert "overlap" in capsys.readouterr().err
+    run = sowviz.load(root / "exp", tmp_path / "again")
+    assert run.history.steps == list(range(6))
+    assert [(r.first, r.last, r.count) for r in run.replaced] == [(3, 4, 2)]
+    out = tmp_path / "x.html"
+    assert main(["report", str(root / "exp"), str(tmp_path / "again"), "-o", str(out)]) == 0
+    assert "replace steps 3-4 of " in capsys.readouterr().out
 
 
 def test_logs_of_different_programs_are_refused(resumed, tmp_path):

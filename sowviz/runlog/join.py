@@ -1,30 +1,46 @@
 """One history from several run logs: a run resumed from a checkpoint.
 
 A resumed run writes a log of its own (a `log_dir` holding a log is never appended
-to): `runs/exp1` holds steps 0-9999, `runs/exp1-resumed` steps 10000 on
-(`Monitor(..., start_step=10000)`). `sowviz.load("runs/exp1", "runs/exp1-resumed")`
-and `python -m sowviz report runs/exp1 runs/exp1-resumed` read them as one run: the
-parts in the order of their first steps, each step after every step of the parts
-before it, all of one program (the same probes); the graph drawn is the last
-part's. Each part's `programs` (its steps' shapes) join one list, and a step names
-its shapes in that list.
+to): `runs/exp1` holds steps 0-10149, `runs/exp1-resumed` steps 10000 on
+(`Monitor(..., start_step=10000)`: the process died after its step-10000
+checkpoint, still logging). `sowviz.load("runs/exp1", "runs/exp1-resumed")` and
+`python -m sowviz report runs/exp1 runs/exp1-resumed` read them as one run: the
+parts in the order of their first steps, each part's steps from the next part's
+first step on replaced by that part's (TensorBoard's `purge_step`: the resumed run
+is the one that went on), all of one program (the same probes); the graph drawn is
+the last part's. The history's `notes` name the steps replaced. Each part's
+`programs` (its steps' shapes) join one list, and a step names its shapes in that
+list.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import pathlib
 from typing import Any
 
 from .reader import LogReader
 
-_OVERLAP = (
-    "sowviz.load: the run logs {earlier!r} and {later!r} overlap: {later!r} holds "
-    "step {step}, and {earlier!r} already went to step {last}. Logs join into one run "
-    "only when each one's steps come after every step of the one before (a run resumed "
-    "from a checkpoint at step N, logged with `start_step=N`, after a log that stopped "
-    "before step N). Was the run resumed from an older checkpoint than its last "
-    "logged step? Report the logs apart (`python -m sowviz report {later}`)."
+_SAME_START = (
+    "sowviz.load: the run logs {earlier!r} and {later!r} both begin at step {step}. A "
+    "later log replaces the steps of the logs before it from its own first step on (a "
+    "run resumed from a checkpoint goes on from there), so one of these would replace "
+    "the other whole, and the logs do not say which ran later. Leave out the log the "
+    "other one replaced (load the others)."
+)
+_LATE_START = (
+    "sowviz.load: the run log {later!r} held no step when it was loaded, read after "
+    "{earlier!r}, and its first step is {step}, not after {earlier!r}'s first ({first}). "
+    "The logs are read in the order of their first steps: load them again "
+    "(`sowviz.load` / `python -m sowviz report` with the same logs)."
+)
+_INTERLEAVED = (
+    "sowviz.load: the run log {earlier!r} gained step {step} after the steps of "
+    "{later!r}, which comes after it (read to step {last}): were two runs writing at "
+    "once? The logs of a resumed run follow each other (each one's steps replace the "
+    "earlier logs' from its first step on). Report the logs apart (`python -m sowviz "
+    "report {earlier}`)."
 )
 _MODES = (
     "sowviz.load: the run logs {a!r} and {b!r} were recorded in different modes "
@@ -47,18 +63,92 @@ def first_step(log_dir: pathlib.Path) -> int | None:
 def in_step_order(log_dirs: list[pathlib.Path]) -> list[pathlib.Path]:
     """The logs in the order of their first steps (a log with no step last): a resumed
     run's log named before the one it resumes is read after it all the same."""
+    return [d for d, _ in step_order(log_dirs)]
+
+
+def step_order(log_dirs: list[pathlib.Path]) -> list[tuple[pathlib.Path, int | None]]:
+    """`in_step_order`, each log with its first step (None: none yet); `ValueError`
+    (`check_starts`) if two begin at one step."""
     if len(log_dirs) == 1:
-        return log_dirs
+        return [(log_dirs[0], None)]  # (alone, nothing replaces its steps)
     firsts = [first_step(d) for d in log_dirs]
     order = sorted(range(len(log_dirs)), key=lambda i: (firsts[i] is None, firsts[i] or 0, i))
-    return [log_dirs[i] for i in order]
+    parts = [(log_dirs[i], firsts[i]) for i in order]
+    for i in range(1, len(parts)):
+        check_starts([p for p, _ in parts], [f for _, f in parts], i)
+    return parts
 
 
-def check_overlap(earlier: pathlib.Path, last: int | None, later: pathlib.Path, step: int) -> None:
-    """`later`'s `step` must come after every step of the logs before it (up to `last`)."""
-    if last is not None and step <= last:
+def check_starts(logs: list[pathlib.Path], firsts: list[int | None], part: int) -> None:
+    """Part `part` begins (`firsts`; None: no step yet) after every part before it
+    and before every part after it: each part replaces the steps of the parts before
+    it from its first step on, so a part beginning at another's step would replace
+    it whole (which ran later, the logs do not say)."""
+    step = firsts[part]
+    if step is None:
+        return
+    for i, first in enumerate(firsts):
+        if first is None or i == part or (first < step if i < part else first > step):
+            continue
+        earlier, later = (i, part) if i < part else (part, i)
+        if first == step:
+            raise ValueError(
+                _SAME_START.format(earlier=str(logs[earlier]), later=str(logs[later]), step=step)
+            )
         raise ValueError(
-            _OVERLAP.format(earlier=str(earlier), later=str(later), step=step, last=last)
+            _LATE_START.format(
+                earlier=str(logs[earlier]),
+                later=str(logs[later]),
+                step=firsts[later],
+                first=firsts[earlier],
+            )
+        )
+
+
+def cut_at(
+    logs: list[pathlib.Path], firsts: list[int | None], part: int
+) -> tuple[int, pathlib.Path] | None:
+    """Where part `part`'s steps end, as the first step of the next part that has one
+    (and that part's log): its steps from there on are replaced. None: nothing after
+    it has begun."""
+    for i in range(part + 1, len(firsts)):
+        if firsts[i] is not None:
+            return firsts[i], logs[i]
+    return None
+
+
+def check_in_order(earlier: pathlib.Path, step: int, later: pathlib.Path, last: int) -> None:
+    """`earlier`'s `step`, read after `later`'s steps (up to `last`), must come after them."""
+    if step <= last:
+        raise ValueError(
+            _INTERLEAVED.format(earlier=str(earlier), later=str(later), step=step, last=last)
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Replaced:
+    """The steps `first`-`last` (`count` recorded) of the run log `log`, replaced by those
+    of `by`, the log that resumed the run, from `at`, its first step logged (the log
+    does not say the Monitor's `start_step`: with `every=N`, `at` is the first
+    recorded step from it on)."""
+
+    log: pathlib.Path
+    by: pathlib.Path
+    at: int
+    first: int
+    last: int
+    count: int
+
+    @property
+    def message(self) -> str:
+        span = (
+            f"step {self.first}" if self.first == self.last else f"steps {self.first}-{self.last}"
+        )
+        recorded = "1 recorded step" if self.count == 1 else f"{self.count} recorded steps"
+        return (
+            f"{str(self.by)!r} resumed the run (its first step logged: {self.at}): its "
+            f"steps replace {span} of {str(self.log)!r} ({recorded}), which the history "
+            "leaves out"
         )
 
 

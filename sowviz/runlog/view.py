@@ -45,6 +45,7 @@ class RunLogView:
         if not isinstance(history, int) or isinstance(history, bool) or history < 2:
             raise ValueError(f"sowviz.load: `history` must be an int >= 2, got {history!r}.")
         # A resumed run's logs after the one it resumes (`join`): read in step order,
+        # each one's steps from the next one's first step on replaced by the next one's,
         # the last one followed live, its graph drawn.
         found = [LogReader(d).path for d in (log_dir, *more)]
         twice = next((d for i, d in enumerate(found) if d.resolve() in _resolved(found[:i])), None)
@@ -53,15 +54,20 @@ class RunLogView:
                 f"sowviz.load: the run log {str(twice)!r} is named twice: name each part "
                 "of a resumed run once."
             )
-        self.readers = [LogReader(d) for d in _join.in_step_order(found)]
+        parts = _join.step_order(found)
+        self.readers = [LogReader(d) for d, _ in parts]
         self.reader = self.readers[-1]
         self.log_dir = self.reader.path
         self.log_dirs = [r.path for r in self.readers]
+        self._firsts = [first for _, first in parts]  # each part's first step (None: none yet)
         self._programs = _join.Programs(len(self.readers))
         self._earlier_models = [r.model() for r in self.readers[:-1]]
         for i, m in enumerate(self._earlier_models):
             self._programs.set(i, (m or {}).get("programs") or [])
         self._last: tuple[int, int] | None = None  # (part, step) of the last step read
+        self._read_to: list[int | None] = [None] * len(self.readers)  # each part's last step
+        # each part's steps replaced by a later part's: [first, last, how many]
+        self._replaced: dict[int, list[int]] = {}
         self.history = History(history)
         self.steps_read = 0
         self.nonfinite: dict[str, Any] | None = None  # the first step with NaN/Inf
@@ -103,45 +109,120 @@ class RunLogView:
         """Read the new steps one at a time into the history (and `also`); how many."""
         with self._lock:
             self._load_model()
-            n = 0
-            for e in self._new_steps():
-                first_bad = self.nonfinite is None and bool(e.get("nonfinite"))
-                if first_bad:
-                    self.nonfinite = {"step": e["step"], **e["nonfinite"]}
-                self.history.add(e, pin=first_bad)  # as the Monitor does
-                self._latest = e
-                self.steps_read += 1
-                n += 1
-                if self._widget is not None and self._sent_model:
-                    self._outbox.append(e)
-                    if len(self._outbox) > self.history.limit:
-                        # More than the history holds: the widget gets the model whole
-                        # (the thinned history) instead of every step.
-                        self._outbox.clear()
-                        self._sent_model = False
-                if also is not None:
-                    also(e)
-            for reader in self.readers:
-                # (the unrecorded steps found non-finite: counted, not kept as steps)
-                unrecorded, reader.nonfinite_steps = reader.nonfinite_steps, []
-                self.history.mark_nonfinite(unrecorded)
-            return n
+            seen = [r.offset for r in self.readers]  # what earlier reads took
+            took: list[dict[str, Any]] = []
+            while True:
+                try:
+                    return self._take(also if also is None else took.append, seen)
+                except _ReadAgain:
+                    # A log that held no step when loaded began at a step the logs
+                    # before it were already read past: the history is read again
+                    # without their steps it replaces (once per such log). What `also`
+                    # gets is the steps new since the last read, as they now stand.
+                    self._restart()
+                    took.clear()
+                finally:
+                    if also is not None:
+                        for e in took:
+                            also(e)
+                        took.clear()
+
+    def _take(self, also: Any, seen: list[int]) -> int:
+        """`_read`'s work: the new steps (those past `seen`, each reader's offset before
+        this read) also go to `also`."""
+        n = 0
+        for part, e in self._new_steps():
+            first_bad = self.nonfinite is None and bool(e.get("nonfinite"))
+            if first_bad:
+                self.nonfinite = {"step": e["step"], **e["nonfinite"]}
+            self.history.add(e, pin=first_bad)  # as the Monitor does
+            self._latest = e
+            self.steps_read += 1
+            if self.readers[part].offset <= seen[part]:
+                continue  # read before a `_restart`: not new
+            n += 1
+            if self._widget is not None and self._sent_model:
+                self._outbox.append(e)
+                if len(self._outbox) > self.history.limit:
+                    # More than the history holds: the widget gets the model whole
+                    # (the thinned history) instead of every step.
+                    self._outbox.clear()
+                    self._sent_model = False
+            if also is not None:
+                also(e)
+        for part, reader in enumerate(self.readers):
+            # (the unrecorded steps found non-finite: counted, not kept as steps;
+            # those a later part replaced, left out)
+            unrecorded, reader.nonfinite_steps = reader.nonfinite_steps, []
+            cut = _join.cut_at(self.log_dirs, self._firsts, part)
+            self.history.mark_nonfinite(s for s in unrecorded if cut is None or s < cut[0])
+        return n
+
+    def _restart(self) -> None:
+        """Forget every step read (`_ReadAgain`): the logs are read again from their
+        starts, each part's first step now known."""
+        readers = []
+        for old in self.readers:
+            reader = LogReader(old.path)
+            reader._warned = old._warned  # (a corrupt span is reported once)
+            readers.append(reader)
+        self.readers, self.reader = readers, readers[-1]
+        self._last = None
+        self._read_to = [None] * len(readers)
+        self._replaced = {}
+        self.history = History(self.history.limit)
+        self.steps_read = 0
+        self.nonfinite = None
+        self._latest = None
+        self._outbox.clear()
+        self._sent_model = False  # a displayed widget gets the model whole
 
     def _new_steps(self) -> Any:
-        """Every step appended since the last read, part by part; a
-        part's step numbers its program in the joined list, and comes after every step
-        of the parts before it (`join.check_overlap`)."""
+        """Every step appended since the last read, part by part, with its part; a
+        part's step numbers its program in the joined list. A part's steps from the
+        next part's first step on are replaced (left out, counted in `replaced`);
+        those kept come after every step of the parts before it."""
         for part, reader in enumerate(self.readers):
             for e in reader.steps():
                 step = e.get("step")
-                if self._last is not None and self._last[0] != part and isinstance(step, int):
-                    earlier = self.readers[self._last[0]].path
-                    _join.check_overlap(earlier, self._last[1], reader.path, step)
                 if isinstance(step, int):
+                    if self._firsts[part] is None:
+                        self._begins(part, step)
+                    cut = _join.cut_at(self.log_dirs, self._firsts, part)
+                    if cut is not None and step >= cut[0]:
+                        got = self._replaced.setdefault(part, [step, step, 0])
+                        got[1], got[2] = step, got[2] + 1
+                        continue
+                    if self._last is not None and self._last[0] != part:
+                        later = self.log_dirs[self._last[0]]
+                        _join.check_in_order(reader.path, step, later, self._last[1])
                     self._last = (part, step)
+                    self._read_to[part] = step
                 if len(self.readers) > 1 and "program" in e:
                     e["program"] = self._programs.index(part, e["program"])
-                yield e
+                yield part, e
+
+    def _begins(self, part: int, step: int) -> None:
+        """Part `part`, which held no step when loaded, begins at `step`: it replaces
+        the steps of the parts before it from there on (`_ReadAgain` if some were read)."""
+        firsts = [*self._firsts[:part], step, *self._firsts[part + 1 :]]
+        _join.check_starts(self.log_dirs, firsts, part)  # (refused: the parts stay as read)
+        self._firsts = firsts
+        if any(last is not None and last >= step for last in self._read_to[:part]):
+            raise _ReadAgain
+
+    @property
+    def replaced(self) -> list[_join.Replaced]:
+        """The steps of each log that a later log replaced (the run resumed from a
+        checkpoint before the earlier log's last step), oldest first."""
+        out = []
+        with self._lock:
+            for part, (first, last, count) in sorted(self._replaced.items()):
+                cut = _join.cut_at(self.log_dirs, self._firsts, part)
+                assert cut is not None  # (only a part with a later one has steps replaced)
+                at, by = cut
+                out.append(_join.Replaced(self.log_dirs[part], by, at, first, last, count))
+        return out
 
     def _load_model(self) -> None:
         """(Re)read model.json when it changed: the Monitor writes it when the graph is
@@ -178,6 +259,12 @@ class RunLogView:
             d["history"] = self._history_dict()
             if len(self.readers) > 1:
                 d["programs"] = list(self._programs.joined)
+            replaced = self.replaced
+            if replaced:  # the history says which steps of which log it left out
+                d["notes"] = [
+                    *(d.get("notes") or []),
+                    *({"level": "info", "message": r.message} for r in replaced),
+                ]
             d["nonfinite"] = self._drawn_record(d.get("nonfinite"))
             return d
 
@@ -271,6 +358,10 @@ class RunLogView:
         return len(new)
 
 
+class _ReadAgain(Exception):
+    """`RunLogView._read`: the history must be read again (`_begins`)."""
+
+
 def _resolved(paths: list[pathlib.Path]) -> set[pathlib.Path]:
     return {p.resolve() for p in paths}
 
@@ -314,8 +405,11 @@ def load(log_dir: str | os.PathLike, *more: str | os.PathLike, history: int = 20
 
     Several logs are one run resumed from checkpoints (`load("runs/exp1",
     "runs/exp1-resumed")`: the resumed Monitor was given `start_step=`): read in the
-    order of their first steps, the last one followed; `ValueError` if their steps
-    overlap or they ran different programs (`sowviz.runlog.join`).
+    order of their first steps, the last one followed, each log's steps from the next
+    log's first step on replaced by the next log's (a run resumed from a checkpoint
+    older than the log's last step: the model's `notes` and the view's `replaced` say
+    which); `ValueError` if two begin at one step or they ran different programs
+    (`sowviz.runlog.join`).
 
     Example:
         >>> mon = sowviz.Monitor(loss, log_dir="runs/exp1")   # doctest: +SKIP
