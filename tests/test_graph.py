@@ -416,6 +416,8 @@ def test_model_json_shape():
     # the optional `reads`: the encoder's own equations read the inputs `x` and `w`
     label = {n["id"]: n["label"] for n in d["nodes"]}
     assert [label[r] for r in node.pop("reads")] == ["in0", "in1"]
+    # and per read, the order of the equation making it: one of the encoder's own
+    assert [label[f"n{at}"] for at in node.pop("read_at")] == ["dot_general"] * 2
     assert set(node) == {
         "id",
         "label",

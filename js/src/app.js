@@ -21,10 +21,11 @@ import { HistoryStore, nonfiniteCount, nonfiniteSteps, shownStep, withStep } fro
 export const MODES = ["primal", "grad", "jvp", "vjp", "all"];
 /** The first picture fits the whole graph unless its text would get smaller than readable. */
 export const FIT_MIN_SCALE = READABLE_SCALE;
-// The loss chart's size (px), in the strip under the graph: short, as the strip takes its
-// height from the graph's view.
-const LOSS_W = 300;
-const LOSS_H = 104;
+// The loss chart's size (px), beside the legend in the strip under the graph: the strip
+// is as tall as the chart, and its height comes from the graph's view (104 px left a
+// blank band the width of the view under a one-line legend).
+const LOSS_W = 320;
+const LOSS_H = 54;
 const EMPTY = "Nothing to show yet: the model has no nodes.";
 const FAILED = "Nothing to draw: the program did not run (the error above says why).";
 /** Phases in which Python is working (`phase` trait of the widget). */
@@ -544,10 +545,13 @@ export class App {
     const c = chartColours(this.root);
     const bad = nonfiniteSteps(hist);
     const nBad = nonfiniteCount(hist, bad);
-    this.lossTitle.textContent = bad.length ? `loss · ${nBad} non-finite step${nBad > 1 ? "s" : ""} (first: ${bad[0]})` : "loss";
+    // (beside the chart, in a narrow column: `non-finite` is not cut at its hyphen)
+    this.lossTitle.replaceChildren(...(bad.length
+      ? ["loss · ", h("span", { class: "sv-nowrap", text: `${nBad} non-finite` }), ` step${nBad > 1 ? "s" : ""} (first: ${bad[0]})`]
+      : ["loss"]));
     this.lossTitle.classList.toggle("sv-bad", bad.length > 0);
     const shown = this.viewStep ?? hist.steps[hist.steps.length - 1];
-    const plot = drawLines(this.lossChart, hist.steps, [{ name: "loss", y: hist.loss, colour: c.accent }], { colours: c, width: LOSS_W, height: LOSS_H, yTitle: "", nonfinite: bad, marker: shown });
+    const plot = drawLines(this.lossChart, hist.steps, [{ name: "loss", y: hist.loss, colour: c.accent }], { colours: c, width: LOSS_W, height: LOSS_H, yTitle: "", nonfinite: bad, marker: shown, compact: true });
     if (!this.lossClicks) {
       // a click on the chart draws the values of the step clicked (the nearest recorded one)
       this.lossClicks = true;

@@ -136,7 +136,7 @@ export function drawHistoryHeatmap(el, steps, hists, { colours, mode, width, hei
  * `nonfinite` lists the steps whose values held NaN/Inf (JSON brings them as null, so a
  * line would just stop): each gets a red band and a red × at the top of the chart.
  */
-export function drawLines(el, steps, series, { colours, width, height = 130, yTitle = "", logY = true, xTitle = "step", nonfinite = [], legend = true, marker = null }) {
+export function drawLines(el, steps, series, { colours, width, height = 130, yTitle = "", logY = true, xTitle = "step", nonfinite = [], legend = true, marker = null, compact = false }) {
   const positive = series.every((s) => s.y.every((v) => v == null || v > 0));
   const traces = series.map((s) => ({
     type: "scatter", mode: steps.length > 60 ? "lines" : "lines+markers", name: s.name,
@@ -155,6 +155,13 @@ export function drawLines(el, steps, series, { colours, width, height = 130, yTi
   layout.showlegend = legend && series.length > 1;
   layout.legend = { orientation: "h", y: 1.15, x: 0, font: { size: 9 } };
   layout.margin.t = layout.showlegend ? 18 : 6;
+  if (compact) {
+    // a strip's chart (the Monitor's loss under the graph): the x axis's title and its
+    // room go (the hover still says `step 3`); tick labels only, fewer on y
+    layout.xaxis.title = { text: "" };
+    layout.margin = { ...layout.margin, t: 4, b: 18 };
+    layout.yaxis.nticks = 3;
+  }
   if (nonfinite.length) {
     layout.shapes = nonfiniteBands(steps, nonfinite, colours);
     // The markers sit on a hidden [0, 1] axis: a NaN step has no y on the real one.

@@ -52,8 +52,22 @@ function normaliseNode(n, i) {
     repeats: num(n.repeats, 0),
     blocks: Array.isArray(n.blocks) ? n.blocks.map(String) : [],
     reads: Array.isArray(n.reads) ? n.reads.map(String) : [],
+    read_at: readAt(n),
     port_names: portNames(n.port_names),
   };
+}
+
+/**
+ * A node's `read_at` (per input in `reads`, the order of the equation first reading it),
+ * or [] when it does not pair up with `reads` (a model saved before it: its reads are
+ * then placed at the node's own `order`).
+ * @param {Partial<Node>} n
+ * @returns {number[]}
+ */
+function readAt(n) {
+  const at = n.read_at;
+  if (!Array.isArray(at) || !Array.isArray(n.reads) || at.length !== n.reads.length) return [];
+  return at.every((x) => typeof x === "number" && Number.isFinite(x)) ? at : [];
 }
 
 /**

@@ -30,40 +30,56 @@ export function paramRows(index, id) {
 const reading = new WeakMap();
 
 /**
- * Per input node, its rank among the inputs in the order the program first reads them
- * (by the `order` of the node whose own equations read it, then as that node lists them).
+ * Per input node, its rank among the inputs in the order the program first reads them.
  * @param {import("./model.js").ModelIndex} index
  * @returns {Map<string, number>}
  */
 function firstReads(index) {
   let at = reading.get(index);
   if (!at) {
-    at = new Map();
-    for (const n of [...index.nodes.values()].sort((a, b) => a.order - b.order)) {
-      for (const r of n.reads ?? []) if (!at.has(r)) at.set(r, at.size);
-    }
+    at = new Map([...readOrder(index, index.nodes.keys())].map(([r], k) => [r, k]));
     reading.set(index, at);
   }
   return at;
 }
 
 /**
+ * The inputs the nodes `ids` read, each at its first read, in program order: by the
+ * `order` of the equation reading it (`read_at`; a model without it: the reading node's
+ * own `order`, its reads before its stages'), ties as the nodes list them.
+ * @param {import("./model.js").ModelIndex} index
+ * @param {Iterable<string>} ids
+ * @returns {Map<string, number>}
+ */
+function readOrder(index, ids) {
+  /** @type {Map<string, number>} */
+  const first = new Map();
+  const nodes = [...ids].map((i) => index.nodes.get(i)).filter((n) => n?.reads?.length);
+  for (const n of nodes.sort((a, b) => a.order - b.order)) {
+    n.reads.forEach((r, k) => {
+      const at = n.read_at?.[k] ?? n.order;
+      if (!first.has(r) || at < /** @type {number} */ (first.get(r))) first.set(r, at);
+    });
+  }
+  return new Map([...first].sort((a, b) => a[1] - b[1]));
+}
+
+/**
  * Rows for the inputs a stage reads (its own and its stages', `node.reads`): a layer's
- * parameters, named as in the parameters' table (`layers[0].weight`).
+ * parameters, named as in the parameters' table (`layers[0].weight`), in the order the
+ * program first reads them (a block's `bn1.bias` before its `conv2.kernel`).
  * @param {import("./model.js").ModelIndex} index
  * @param {string} id
  */
 export function readRows(index, id) {
-  const ids = [];
-  const seen = new Set();
+  const below = [];
   const todo = [id];
   while (todo.length) {
-    const n = /** @type {string} */ (todo.shift());
-    for (const r of index.nodes.get(n)?.reads ?? []) {
-      if (!seen.has(r) && index.nodes.get(r)?.kind === "input") { seen.add(r); ids.push(r); }
-    }
+    const n = /** @type {string} */ (todo.pop());
+    below.push(n);
     todo.push(...(index.children.get(n) ?? []));
   }
+  const ids = [...readOrder(index, below).keys()].filter((r) => index.nodes.get(r)?.kind === "input");
   return ids.map((c) => {
     // its path below its top-level group (`parameters`), or its own label
     const labels = [];

@@ -111,6 +111,8 @@ export interface Node {
   blocks?: string[];
   /** the input nodes (parameters) its own equations read */
   reads?: string[];
+  /** per input in `reads`, the `order` of the equation that first reads it */
+  read_at?: number[];
   /** what its body calls a value entering it, by the value's producer (an edge end) */
   port_names?: Record<string, string>;
 }

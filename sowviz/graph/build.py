@@ -614,6 +614,7 @@ class _Rec:
         "parent",
         "primitive",
         "qualifier",
+        "read_by",
         "reads",
         "repeats",
         "saved",
@@ -651,6 +652,9 @@ class _Rec:
         self.site: tuple[Any, int, Any] | None = None
         self.constant = False  # an equation reading only constants (see `_Builder.const`)
         self.reads: list[_Rec] = []  # the inputs its own equations read (parameters)
+        #: per input in `reads`, the equation that first reads it: its `order` places the
+        #: read in program order among its stages' (`Node.read_at`)
+        self.read_by: list[_Rec] = []
         #: the types of the values it reads from outside itself (`repeats`: blocks alike)
         self.takes: set[tuple[tuple[int, ...], str]] = set()
         self.forward = False  # a scope holding an equation of no backward pass
@@ -996,6 +1000,7 @@ class _Builder(InputsMixin):
                             self.input_readers.setdefault(made.id, set()).add(rec.id)
                             if made not in holder.reads:
                                 holder.reads.append(made)  # the stage's own parameters
+                                holder.read_by.append(rec)
                         k = self.edge(src, chain, v, reads.get(p), operand_names.get(p))
                         if k < len(src) - 1 and v in loc:
                             self.mark_scope_outputs(src, k, v, loc[v])
@@ -1757,6 +1762,8 @@ class _Builder(InputsMixin):
                 repeats=r.repeats,
                 blocks=tuple(b.id for b in r.blocks),
                 reads=tuple([i.id for i in r.reads]) if r.reads else (),
+                # (after `repeats.merge` renumbered every record: final orders)
+                read_at=tuple(e.order for e in r.read_by),
                 port_names=tuple(port_names.get(r.id, {}).items()),
             )
             for r in recs

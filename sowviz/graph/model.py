@@ -53,6 +53,10 @@ class Node:
     blocks: tuple[str, ...] = ()
     #: the input nodes (parameters) its own equations read, not its stages' inside it
     reads: tuple[str, ...] = ()
+    #: per input in `reads`, the `order` of the equation that first reads it: a stage's
+    #: reads and its stages' in program order (a module's own weight read after its
+    #: sublayer's comes after the sublayer's)
+    read_at: tuple[int, ...] = ()
     #: (producer outside it, name): what its body calls a value it takes in, where the
     #: user's function named it (a loop's `step(h, x)`: `h` for the carry's initial
     #: value), the producer being an `Edge.ends` source
@@ -88,6 +92,7 @@ class Node:
             d["blocks"] = list(self.blocks)
         if self.reads:
             d["reads"] = list(self.reads)
+            d["read_at"] = list(self.read_at)
         if self.port_names:
             d["port_names"] = dict(self.port_names)
         return d
