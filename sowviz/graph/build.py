@@ -736,6 +736,9 @@ class _Builder(InputsMixin):
         self.used: set[Any] = set()  # the variables the level being walked reads
         #: ids of equations drawn as edges: `jax.pmap`'s plumbing (`_compat.pmap_body`)
         self.passed: set[int] = set()
+        #: a `with_sharding_constraint`'s result -> its type with the sharding it asks
+        #: (`constrained_shapes`), which a scope giving it out shows as well
+        self.constrained: dict[Any, str] = {}
 
     # -- nodes -----------------------------------------------------------------
     def new(self, kind, label, parent, source=None, shapes=(), primitive=None) -> _Rec:
@@ -1180,7 +1183,10 @@ class _Builder(InputsMixin):
         outs = range(len(eqn.outvars))
         order = sorted(outs, key=shown_first) if len(outs) > 1 else outs
         # (`with_sharding_constraint` by the sharding it asks: `float32[64@data,64@model]`)
-        shapes = constrained_shapes(eqn) or tuple(shape_str(eqn.outvars[k].aval) for k in order)
+        constrained = constrained_shapes(eqn)
+        if constrained:
+            self.constrained[eqn.outvars[0]] = constrained[0]
+        shapes = constrained or tuple(shape_str(eqn.outvars[k].aval) for k in order)
         src = self.source(eqn, parent)
         spec = spec_of(name)
         if spec is None:  # an ordinary equation (its sub-programs, if any, are counted)
@@ -1727,7 +1733,10 @@ class _Builder(InputsMixin):
         for rec in recs:
             if rec.out_vars is not None:  # scopes: their outputs as `shown_first` orders them
                 items = sorted(rec.out_vars.items(), key=lambda kv: self.shown_first(kv, rec))
-                rec.shapes = tuple(shape_str(v.aval) for v, _ in items)
+                # (a line's box `h = with_sharding_constraint(h, ...)` shows the placement
+                # its equation asks: on an Auto mesh no type says it, and the box read
+                # `f32[32,64]` where its one equation read `f32[32@data,64@model]`)
+                rec.shapes = tuple(self.constrained.get(v) or shape_str(v.aval) for v, _ in items)
         _name_wrappers(recs)
         seen: dict[tuple[str | None, str], int] = {}
         # A stage's label used again among its siblings: `mlp#2`, and `block#2` for a

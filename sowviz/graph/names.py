@@ -387,6 +387,25 @@ _LAYOUT = frozenset({"transpose", "reshape", "squeeze", "expand_dims", "broadcas
 _TRANSFORMS = frozenset(
     {"jacfwd", "jacrev", "jacobian", "hessian", "grad", "value_and_grad", "jvp", "vjp", "vmap"}
 )
+#: `jax.lax` collectives: a line assigning one (`g = jax.lax.pmean(g, "batch")`) is one
+#: box named by what it assigns (`g`), not by the call (`pmean`), as `l = psum(l)` of
+#: one equation is. The value is the same quantity, reduced or moved across devices;
+#: `pmean`'s `psum` and `div` per leaf were a box `pmean`, or loose `psum` and `div`
+#: at a level that only JAX's pmap plumbing made big.
+_COLLECTIVES = frozenset(
+    {
+        "pmean",
+        "psum",
+        "pmax",
+        "pmin",
+        "all_gather",
+        "psum_scatter",
+        "all_to_all",
+        "ppermute",
+        "pshuffle",
+        "pswapaxes",
+    }
+)
 
 
 def line_passes(
@@ -884,6 +903,8 @@ def _fold(
                 j += 1
             named = inner and all(m < len(stages) and stages[m] for m in range(i, j + 1))
             named = named and (k is None or (_LEAVES not in k and _DRAW not in k))
+            whole_call = named and k is not None and one_call_stages(i, j, k)
+            named = named and not whole_call
             # `whole=False`: a run that is all its scope holds would only restate it; not a
             # lambda's calls per leaf, whose leaves are one box, alike, wherever they are
             leaves = k is not None and _LEAVES in k
@@ -898,7 +919,7 @@ def _fold(
                 and (whole or leaves or j + 1 - i < direct.get(scope_of(i), 0))
             ):
                 name = FOLD + (f"{label(i, j, k)}\x01{k}" if label else k)
-                if restated(range(i, j + 1), fold_label(name)):
+                if not whole_call and restated(range(i, j + 1), fold_label(name)):
                     # The stage apart, the line's other work around it is still a group
                     # (`jax.vmap` batching a scan's unbatched carry: a broadcast per
                     # leaf of an optimiser state, 32 loose boxes before `scan(step)`).
@@ -934,6 +955,16 @@ def _fold(
                         out[m] = (name, *out[m])
             i = j + 1
 
+    def one_call_stages(i: int, j: int, key: str) -> bool:
+        # The run's stages are one library call's small jits, one of them named like the
+        # call (`jnp.fft.irfft(x, n=16)`: JAX's `jnp.pad` jit, then the `fft` jit
+        # labelled `irfft`): one box named by the call, holding both, as the call
+        # without `n` is one box `irfft` (a `pad` box read as a line of the user's)
+        what = key.rpartition("\x03")[2] if "\x03" in key else ""
+        if not what or j == i or any(construct_in(m) for m in range(i, j + 1)):
+            return False
+        return any(stages[m] == what for m in range(i, j + 1))
+
     def line_label(i: int, j: int, where: str) -> str:
         # The function the line called when it called one (`make_causal_mask`); not
         # the line's own function, first in a path that starts there (a cond branch).
@@ -949,6 +980,8 @@ def _fold(
         single = single or (
             restates_primitive(i, j) and locs[i] is not None and bool(line_assigns(i))
         )
+        # (nor a collective's, `g = jax.lax.pmean(g, "batch")`: still `g`, `_COLLECTIVES`)
+        single = single or (_LINE in where and what in _COLLECTIVES)
         if what and what != own.rsplit(":", 1)[0] and what not in _TRANSFORMS and not single:
             return what
         # (a transform's own work, `jacfwd` unravelling du/dt, is what the line assigns:
@@ -1224,7 +1257,8 @@ def _fold(
             return None  # a stage makes the line's value (`xf = vmap(rfft)(x * w)`): its box
         whats = {calls(m)[:1] for m in range(lo, hi + 1)}
         if hi > lo and len(whats) == 1 and whats != {()} and not (per_leaf or draw):
-            if not restates_primitive(lo, hi):
+            (what,) = whats
+            if not restates_primitive(lo, hi) and what[0] not in _COLLECTIVES:
                 return None
         own = function_label(loc.function)[0]
         again = f"\x04{passes[i]}" if not lam and i < len(passes) and passes[i] else ""
