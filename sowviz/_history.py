@@ -126,9 +126,15 @@ class History:
     def steps(self) -> list[int]:
         return [e["step"] for e in self._raw()]
 
-    def to_dict(self, nonfinite: Any) -> dict[str, Any]:
-        """Column form for the model: steps, loss, finite flags and per-probe series."""
+    def to_dict(self, nonfinite: Any = None) -> dict[str, Any]:
+        """Column form for the model: steps, loss, finite flags and per-probe series.
+        `nonfinite`: the run's first non-finite step's record (its owner's, a
+        `Monitor`'s or a run log's, passes it); by default the one the history's own
+        entries carry (the first non-finite step's entry holds the whole record), or
+        None when no entry does."""
         entries = self._entries()
+        if nonfinite is None:
+            nonfinite = _first_record(entries)
         probes: dict[str, dict[str, list]] = {}
         for i, e in enumerate(entries):
             for pid, by_mode in e["probes"].items():
@@ -148,6 +154,16 @@ class History:
             "nonfinite_count": self.nonfinite.count,
             "limit": self.limit,
         }
+
+
+def _first_record(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
+    # As a run log's reader finds it (`runlog.view`): the first entry that says where
+    # its NaN/Inf came from; a step's own `nonfinite` says it without its step number.
+    for e in entries:
+        record = e.get("nonfinite")
+        if record:
+            return {"step": e["step"], **record}
+    return None
 
 
 def _finite(entry: Any) -> bool:

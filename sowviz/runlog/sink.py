@@ -28,6 +28,15 @@ from .._caller import user_stacklevel
 # Steps waiting for the writer thread; past this `write` blocks (the log keeps every
 # step, so a writer that falls behind slows the loop rather than drop steps).
 QUEUE_STEPS = 256
+# Steps handed over and not yet written, at most: once this many wait, `write` waits
+# until the writer is down to `LAG_STEPS // 2` (one wake-up), then hands its step over.
+# A killed process loses what waits here (and the few steps its Monitor has not read
+# yet), so a writer slower than the loop slows the loop: with the queue's 256 steps
+# of slack, a 1 ms step killed at step 300 left a log ending at step 43-190 (building
+# and encoding a step took its thread 0.5-1.5 ms, sharing the GIL with the loop). A
+# Monitor's read hands 5 recorded steps over at once: a writer that keeps up never
+# makes the loop wait.
+LAG_STEPS = 8
 
 _OPEN, _WRITE, _CLOSE, _NONFINITE = "open", "write", "close", "nonfinite"
 _live: weakref.WeakSet[Sink] = weakref.WeakSet()
@@ -56,6 +65,10 @@ class Sink:
 
     def __init__(self) -> None:
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=QUEUE_STEPS)
+        # `write`s handed over and not yet done (`LAG_STEPS`), and the writer's signal
+        # that there is room again
+        self._backlog = 0
+        self._room = threading.Condition()
         self._error: BaseException | None = None
         self._reported = False
         self.disabled = False
@@ -117,7 +130,22 @@ class Sink:
         self._report(handing=True)
         if self.disabled or self.closed:
             return
+        if op == _WRITE:
+            # Waits before handing over, not after: a Ctrl-C in the wait hands nothing
+            # over, and the Monitor's next attempt writes the step once.
+            self._wait_for_room()
+            with self._room:
+                self._backlog += 1
         self._queue.put((op, item))
+
+    def _wait_for_room(self) -> None:
+        """Back-pressure (`LAG_STEPS`): the loop waits while the writer trails."""
+        with self._room:
+            if self._backlog < LAG_STEPS:
+                return
+            # (the timeout: a writer thread that ended is noticed)
+            while self._backlog > LAG_STEPS // 2 and not self.disabled and self._thread.is_alive():
+                self._room.wait(0.5)
 
     def _report(self, *, handing: bool = False) -> None:
         err = self._error
@@ -156,6 +184,12 @@ class Sink:
                 except Exception:
                     pass
             finally:
+                if op == _WRITE or self.disabled:
+                    with self._room:
+                        self._backlog -= op == _WRITE
+                        # one wake-up for a waiting loop, once it may hand over again
+                        if self._backlog <= LAG_STEPS // 2 or self.disabled:
+                            self._room.notify_all()
                 self._queue.task_done()
             if op == _CLOSE:
                 return
