@@ -37,6 +37,7 @@ from ._runtime_errors import library_errors
 from .capture.api import META_KEYS, nest
 from .graph.model import StageGraph, part_of, sibling_labels
 from .graph.names import key_path_label, sows_named_as_captured
+from .graph.saved import NEW
 from .options import Capture, InspectOptions
 from .summary import Summary
 from .summary_data import SummaryRow
@@ -120,7 +121,8 @@ def join_probes(
                     "flowed through it. Sow the custom function's output instead."
                 )
     order = {n.id: n.order for n in graph.nodes}
-    found.sort(key=lambda f: (order.get(f[2], 0), not f[3], f[0], _leaf_key(f[1])))
+    # (a stage's state writes after what its call returns: the panel opens on its first)
+    found.sort(key=lambda f: (order.get(f[2], 0), not f[3], f[0], _written(f[1]), _leaf_key(f[1])))
     probes = [Probe(f"p{i}", *f) for i, f in enumerate(found)]
     for p in probes:
         missing = [m for m in mode.keys if m not in p.typed_summaries]
@@ -131,6 +133,12 @@ def join_probes(
                 "that computes it."
             )
     return probes, notes
+
+
+def _written(leaf: str) -> bool:
+    """Whether a stage's output `leaf` is the new value of a module's variable, which
+    its call wrote and does not return (a BatchNorm's `['mean (new)']`, `saved.NEW`)."""
+    return leaf.endswith(f"{NEW}']")
 
 
 def _natural(leaf: str) -> tuple:
@@ -420,6 +428,28 @@ class Inspection:
             node = self.graph.node(node.parent) if node.parent is not None else None
         return "/".join(reversed(parts))
 
+    def _module_path(self, probe: Probe) -> str | None:
+        """The path by which Python reaches the module whose stage holds `probe`, from its
+        model (`layers[1].mlp.layers[0]` for `model.layers[1].mlp.layers[0]`;
+        `teacher.encoder` for one of several models): the labels of the stages from its
+        model's root stage (`StageGraph.module_roots`) down, without repeat groups and
+        modules' classes. None when no model's root stage holds it."""
+        graph, parts = self.graph, []
+        node = graph.node(probe.node)
+        while node.id not in graph.module_roots:
+            if not node.repeats:
+                parts.append(node.label.split(": ", 1)[0])
+            if node.parent is None:
+                return None
+            node = graph.node(node.parent)
+        head, sep, _ = node.label.partition(": ")
+        if sep:  # one of several models: its argument's name (`teacher: MLP`)
+            parts.append(head)
+        dotted = ""
+        for label in reversed(parts):
+            dotted += label if not dotted or label.startswith("[") else "." + label
+        return dotted
+
     def _path_labels(self) -> dict[str, str]:
         """`sibling_labels` of this inspection's graph, made once per graph: `probe`
         asks for the path of every probe (30,000 on a 10,000-equation program)."""
@@ -435,10 +465,12 @@ class Inspection:
         output), or whose path (`probe_path`) is `name` or ends with "/" + `name`
         ("conv2/weight"). A module's stage answers to its name without its class too
         (`"conv1"` for `conv1: Conv2d`, `"down[1][0]/conv1"`) and to its path as Python
-        reaches it (`"blocks[1].attn"`), and a parameter to its name in the parameter
+        reaches it (`"blocks[1].attn"`; that whole path from the model wins over the
+        modules whose paths end with it), and a parameter to its name in the parameter
         table (`"down[1][0].conv1.weight"`). A stage of several outputs named without
         `leaf` is a KeyError listing its leaves (several such stages: their paths and
-        leaves, and a call naming one). A `sow`'s name is the user's: their sow wins over
+        leaves, and a call naming one); but a module's call that writes its variables (a
+        BatchNorm's `mean (new)`) and returns one array is that array. A `sow`'s name is the user's: their sow wins over
         stages of that name (`"mean"` beside a `jnp.mean`). A name that several
         probes share is a KeyError listing their paths, never the first of them; a
         stage wins over what it holds of the same name (a scope `cholesky` over the
@@ -478,6 +510,10 @@ class Inspection:
             # the name the user gave their `sow` is theirs, whatever the program's stages
             # are called: `probe("mean")` answered with a library's `jnp.mean` stage
             return sown[0]
+        if len(found) > 1:
+            # the module Python reaches by that whole path (`model.layers[0]`) wins over
+            # those whose paths end with it (`model.layers[1].mlp.layers[0]`)
+            found = [p for p in found if self._module_path(p) == name] or found
         if len(found) > 1:  # `cholesky` in a scope `cholesky`: the scope is the one
             inner = {
                 p.id for p in found for q in found if paths[p.id].startswith(paths[q.id] + "/")
@@ -498,6 +534,8 @@ class Inspection:
             found = [p for p in same if name in (paths[p.id], plain[p.id])] or [
                 p for p in same if name in _path_aliases(paths[p.id], plain[p.id])
             ]
+            if len(found) > 1:  # (as above: `layers[0].mlp` beside `layers[1].layers[0].mlp`)
+                found = [p for p in found if self._module_path(p) == name] or found
         if found and not leaf and not any(paths[p.id] == name for p in found):
             # (a whole path is one stage's: `energy` beside `forces/energy`'s outputs)
             # A stage of several outputs with that name too: the name is not one probe's
@@ -538,6 +576,20 @@ class Inspection:
         stages = sorted({self.probe_path(p) for p in others})
         if len(stages) == 1 and len(others) == 1 and not leaf:
             return others[0]  # a stage of one named output (a Tesseract's field)
+        results = [p for p in others if not _written(p.leaf)]
+        results = [p for p in results if self._module_path(p) == name] or results
+        if not leaf and results and len({self.probe_path(p) for p in results}) == len(results):
+            # A module's call that writes its variables (a BatchNorm's running statistics,
+            # `mean (new)`) and returns one array: its name is that array, `bn(x)`.
+            if len(results) == 1:
+                return results[0]
+            hits = [self.probe_path(p) for p in results]
+            raise KeyError(
+                f"{len(hits)} probes are called {name!r}: "
+                f"{', '.join(repr(h) for h in hits[:8])}{', ...' if len(hits) > 8 else ''}. "
+                "Name one by its path, or by the end of it that only it has (e.g. "
+                f"{_unique_end(hits[-1], [*hits[:-1], name])!r})."
+            )
         if len(stages) == 1:
             leaves = sorted({p.leaf for p in others}, key=_natural)
             raise KeyError(
@@ -661,7 +713,8 @@ def _several_stages(name: str, probes: list[Probe], path_of: Callable[[Probe], s
     more = ", ..." if len(paths) > 8 else ""
     last = paths[-1]
     example = _unique_end(last, [*paths[:-1], name])
-    first_leaf = min(leaves[last], key=_natural)
+    # (what the call returns before the state it writes: `mean (new)`)
+    first_leaf = min(leaves[last], key=lambda x: (_written(x), _natural(x)))
     return (
         f"{len(paths)} stages are called {name!r}, each with several outputs: "
         f"{listed}{more}. Name one by its path (or the end of it that only it has) and "

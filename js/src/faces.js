@@ -145,12 +145,17 @@ export function isEmpty(p, mode) {
  * The probes of a stage's own outputs: a function differentiated inside the program
  * also keeps values for its backward pass (`saved for backward`, graph/saved.py), which
  * are no result of it; its face's statistic and sparkline describe its outputs (a train
- * step's `loss_fn` showed the norm of 20 leaves, 16 of them saved for backward). A stage
- * with saved values only keeps them. Non-finite counts still cover every probe.
+ * step's `loss_fn` showed the norm of 20 leaves, 16 of them saved for backward). So
+ * does a module's call that writes its variables (a BatchNorm's `mean (new)`,
+ * `saved.NEW`): its face is its activation's, not "output ‖grad‖₂". A stage with such
+ * values only keeps them. Non-finite counts still cover every probe.
  * @param {any[]|undefined} probes
  */
 export function ownOutputs(probes) {
-  const own = (probes ?? []).filter((p) => !String(p.leaf ?? "").includes("saved for backward"));
+  const own = (probes ?? []).filter((p) => {
+    const leaf = String(p.leaf ?? "");
+    return !leaf.includes("saved for backward") && !leaf.endsWith(" (new)']");
+  });
   return own.length ? own : probes ?? [];
 }
 

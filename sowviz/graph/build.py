@@ -59,6 +59,7 @@ from .names import (
     user_call_label,
 )
 from .saved import (
+    NEW,
     REUSED,
     SAVED,
     leaf_names,
@@ -307,7 +308,14 @@ def build_graph(
     # module stages, the copies' new labels as the labels they replace
     scopes = (calls.scopes if calls else frozenset()) | set(renamed.values())
     with frameworks.drawing(scopes):
-        return _Builder(capture, tesseract_names, renamed, calls.returns if calls else None).build(
+        return _Builder(
+            capture,
+            tesseract_names,
+            renamed,
+            calls.returns if calls else None,
+            calls.writes if calls else None,
+            calls.roots if calls else frozenset(),
+        ).build(
             jaxpr,
             _parted(groups, frozenset(parameters), frozenset(state_inputs)),
             list(out_names),
@@ -669,6 +677,8 @@ class _Builder(InputsMixin):
         tesseract_names: Any,
         renamed: Mapping[Any, str],
         returns: Mapping[tuple[str, Any], int] | None = None,
+        writes: Mapping[tuple[str, Any], str] | None = None,
+        roots: frozenset[str] = frozenset(),
     ) -> None:
         self.capture = capture
         self.renamed = renamed  # scope names given by `copies.renames`, by (path, name)
@@ -683,6 +693,12 @@ class _Builder(InputsMixin):
         self.moved: dict[Any, Any] = {}
         for (name, var), k in (returns or {}).items():
             self.returns.setdefault(var, {})[name] = k
+        #: a variable -> {scope name: the path of the module variable that call wrote it
+        #: to} (`written_as`)
+        self.writes: dict[Any, dict[str, str]] = {}
+        for (name, var), path in (writes or {}).items():
+            self.writes.setdefault(var, {})[name] = path
+        self.roots = roots  # the scope labels of root modules' calls (`module_roots`)
         self.forwarding: dict = {}  # `_forwarding`'s memo
         #: Flax Linen's module classes, yours among them (`linen_scope_of`)
         self.linen_modules = frameworks.linen_module_names()
@@ -1120,7 +1136,8 @@ class _Builder(InputsMixin):
                 if not items:
                     continue
                 vars_ = [v for v, _ in items]
-                names = leaf_names(vars_, rec.saved) if rec.saved else ()
+                written = self.written(rec, vars_)
+                names = leaf_names(vars_, rec.saved, written) if rec.saved or written else ()
                 if reads is None:
                     reads = _reads(jaxpr)
                 apart = _read_before_last(items, reads)
@@ -1620,11 +1637,15 @@ class _Builder(InputsMixin):
         names = tuple(n for n, f in zip(names, floating, strict=False) if f) if names else ()
         if len(names) == len(chosen) > 1:  # sown as a dict, whose leaves come sorted by key
             names, chosen = map(tuple, zip(*sorted(zip(names, chosen, strict=True)), strict=True))
-        elif not (len(names) == len(chosen) and (rec.kind == "tesseract" or names == (SAVED,))):
+        elif not (
+            len(names) == len(chosen)
+            and (rec.kind == "tesseract" or names == (SAVED,) or names[0].endswith(NEW))
+        ):
             # a Tesseract's one output read keeps its field's name (the panel said
             # "captured [3]", never which of its outputs that was); so does a stage's one
-            # value kept for its backward pass (`saved.SAVED`): bare, it read as the
-            # stage's result (`f32[3]` for a function returning a scalar)
+            # value kept for its backward pass (`saved.SAVED`), or one written to a
+            # module's variable (`mean (new)`): bare, it read as the stage's result
+            # (`f32[3]` for a function returning a scalar)
             names = ()
         self.points.append(
             ProbePoint(
@@ -1673,6 +1694,8 @@ class _Builder(InputsMixin):
                 origin = _compat.eqn_origin(jaxpr.eqns[at[0]], at[1])
                 if origin in self.returns:
                     self.returns[v] = self.returns[origin]
+                if v not in self.writes and origin in self.writes:
+                    self.writes[v] = self.writes[origin]
             readers = reads.get(v, ())
             if len(readers) == 1 and _compat.moves_batch_axis(move := jaxpr.eqns[readers[0]]):
                 self.moved[move.outvars[0]] = v
@@ -1691,6 +1714,23 @@ class _Builder(InputsMixin):
                 if name in places:
                     return places[name]
         return self.call_places.get(rec.id, {}).get(self.moved.get(v, v), math.inf)
+
+    def written(self, rec: _Rec, values: Sequence[Any]) -> dict[Any, str]:
+        """Those of `values` (outputs of `rec`'s stage) that its module call left in the
+        module's variables and does not return, each with its variable's path in the
+        module (`frameworks.named` records them): a BatchNorm's new running statistics
+        (`mean`, `bn1.var` for a block holding it), state, not the call's result."""
+        out = {}
+        names = (rec.scope, self.unrenamed.get(rec.scope))
+        for v in values:
+            key = self.moved.get(v, v)
+            if any(n in self.returns.get(key, ()) for n in names):
+                continue  # (a value a call assigns and returns too is its result)
+            paths = self.writes.get(key, {})
+            path = next((paths[n] for n in names if n in paths), None)
+            if path is not None:
+                out[v] = path
+        return out
 
     def call_order(self, jaxpr: Any, rec: _Rec) -> None:
         """Where each output of the user's function call `rec` sits in what the function
@@ -1733,6 +1773,10 @@ class _Builder(InputsMixin):
         for rec in recs:
             if rec.out_vars is not None:  # scopes: their outputs as `shown_first` orders them
                 items = sorted(rec.out_vars.items(), key=lambda kv: self.shown_first(kv, rec))
+                # what a module's call returns, not the state it writes (a BatchNorm's
+                # `f32[16,8] +2` said nothing of its new statistics: its probes name them)
+                written = self.written(rec, [v for v, _ in items])
+                items = [kv for kv in items if kv[0] not in written] or items
                 # (a line's box `h = with_sharding_constraint(h, ...)` shows the placement
                 # its equation asks: on an Auto mesh no type says it, and the box read
                 # `f32[32,64]` where its one equation read `f32[32@data,64@model]`)
@@ -1819,4 +1863,7 @@ class _Builder(InputsMixin):
             input_readers={
                 k: frozenset(echoes.get(r, r) for r in v) for k, v in self.input_readers.items()
             },
+            module_roots=frozenset(
+                echoes.get(r.id, r.id) for r in recs if r.kind == "scope" and r.scope in self.roots
+            ),
         )

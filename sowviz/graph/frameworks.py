@@ -37,6 +37,10 @@ Equinox module runs inside `jax.named_scope(<its path>)`:
   (`_Context.note_returns`: the jaxpr variable of each traced leaf of its result,
   which `build` orders the stage's outputs by), not in the order the program makes
   them (an Equinox `LSTMCell` returns `(h, c)` and computes `c` first);
+* the new values an NNX module's call assigns to its variables (a BatchNorm's running
+  statistics) are outputs of its stage too, returned by no call: `_Context.note_writes`
+  names each after its variable's path in the module (`mean`, `bn1.var`), so the stage
+  names them (`mean (new)`) apart from what the call returns;
 * the hook is a temporary wrapper of `__call__` (and of NNX modules' public
   methods) on every NNX / Equinox module class that defines one. Installing it
   is reference counted under a lock; the wrapper looks up a `contextvars`
@@ -115,6 +119,12 @@ class ModuleCalls:
     copies: Mapping[str, Copy]
     returns: Mapping[tuple[str, Any], int]
     scopes: frozenset[str]
+    #: (scope label, jaxpr variable) -> the path in that call's module of the variable
+    #: the call assigned it to (`bn1.mean`: `_Context.note_writes`)
+    writes: Mapping[tuple[str, Any], str] = dataclasses.field(default_factory=dict)
+    #: the scope labels of calls of a model's root module (`Net`, `teacher: MLP`): where
+    #: the paths Python reaches its modules by start (`Inspection.probe`)
+    roots: frozenset[str] = frozenset()
 
 
 Path = tuple[Any, ...]
@@ -182,7 +192,7 @@ def named(fn: Callable) -> Callable:
             _uninstall()
             # what `build_graph` needs of this (the last) call
             with_names.sowviz_calls = ModuleCalls(  # type: ignore[attr-defined]
-                ctx.copies, ctx.returns, frozenset(ctx.pushed)
+                ctx.copies, ctx.returns, frozenset(ctx.pushed), ctx.writes, frozenset(ctx.roots)
             )
 
     return with_names
@@ -372,7 +382,11 @@ class _Context:
         #: (scope label, jaxpr variable) -> the variable's place among the leaves a call
         #: under that label returned (`note_returns`)
         self.returns: dict[tuple[str, Any], int] = {}
+        #: (scope label, jaxpr variable) -> the variable's path in the module of the call
+        #: under that label that assigned it (`note_writes`)
+        self.writes: dict[tuple[str, Any], str] = {}
         self.pushed: set[str] = set()  # every scope label a module call pushed
+        self.roots: set[str] = set()  # those of calls of a root module (`ModuleCalls.roots`)
 
     def note_returns(self, label: str, out: Any) -> None:
         """Remember where each traced leaf of a module call's result `out` sits in it,
@@ -388,6 +402,24 @@ class _Context:
                 origin = _compat.traced_origin(leaf)
                 if origin is not None:
                     self.returns.setdefault((label, origin), k)
+
+    def note_writes(self, label: str, before: list[tuple[Path, Any, Any]]) -> None:
+        """Remember the traced values a module call under `label` left in its variables
+        (`before`: `_variables` of its module as the call began): a BatchNorm's new
+        running statistics, which its stage hands on beside what the call returns, are
+        named after their variables (`mean`, `bn1.var`), not numbered as if the call
+        returned them."""
+        for path, variable, old in before:
+            leaves = jax.tree_util.tree_leaves(variable)
+            if len(leaves) != 1 or leaves[0] is old:
+                continue
+            var = _compat.traced_var(leaves[0])
+            if var is not None:
+                name = _fmt_nnx(path)
+                self.writes[(label, var)] = name
+                origin = _compat.traced_origin(leaves[0])
+                if origin is not None:  # (retraced under `jax.vmap`: `note_returns`)
+                    self.writes.setdefault((label, origin), name)
 
     def add_roots(self, args: tuple, kwargs: dict, names: list[str]) -> None:
         """Name the modules anywhere in the arguments from their roots: one model's
@@ -615,6 +647,9 @@ def _wrap(raw: Any, method: str = "__call__") -> Callable:
         scope = ctx.scope_name(owner) if name == "__call__" else ctx.method_scope(owner, name)
         if scope is None:
             return bound(*args, **kwargs)
+        path = scope[1]
+        if name == "__call__" and (not path or (len(path) == 1 and isinstance(path[0], _Root))):
+            ctx.roots.add(scope[0])  # a model's own call: `model.layers[0]` starts below it
         return _in_scope(ctx, owner, scope, bound, args, kwargs)
 
     __call__.__sowviz_wrapped__ = raw  # type: ignore[attr-defined]
@@ -628,6 +663,7 @@ def _in_scope(ctx: _Context, owner: Any, scope: tuple[str, Path], bound, args, k
     `Pool.__call__`, whose stage was then sourced inside Equinox)."""
     label, path = scope
     ctx.pushed.add(label)
+    before = _variables(owner)
     ctx.stack.append((owner, path))
     try:
         with jax.named_scope(label):
@@ -635,6 +671,26 @@ def _in_scope(ctx: _Context, owner: Any, scope: tuple[str, Path], bound, args, k
     finally:
         ctx.stack.pop()
     ctx.note_returns(label, out)
+    if before:
+        ctx.note_writes(label, before)
+    return out
+
+
+def _variables(module: Any) -> list[tuple[Path, Any, Any]]:
+    """An NNX module's variables of one array each, with their paths in it and their
+    values now (`_Context.note_writes` compares them after the call); none for
+    Equinox, whose modules are never assigned to."""
+    nnx_module = _nnx()
+    if nnx_module is None or not isinstance(module, nnx_module):
+        return []
+    from flax import nnx
+
+    out = []
+    for path, v in nnx.iter_graph(module):
+        if isinstance(v, nnx.Variable):
+            leaves = jax.tree_util.tree_leaves(v)
+            if len(leaves) == 1:
+                out.append((path, v, leaves[0]))
     return out
 
 

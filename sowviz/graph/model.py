@@ -233,6 +233,10 @@ class StageGraph:
     #: an input's id -> the nodes whose equations read it (the edges leave from its
     #: group): which gradients a backward NaN origin can reach. Not saved with a model.
     input_readers: dict[str, frozenset[str]] = field(default_factory=dict)
+    #: the stages of calls of a model's root module (`Net`), where the module paths as
+    #: Python reaches them start (`model.layers[0]`: `Inspection.probe`). Not saved with
+    #: a model.
+    module_roots: frozenset[str] = frozenset()
 
     def node(self, node_id: str) -> Node:
         return self._by_id()[node_id]

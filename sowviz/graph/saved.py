@@ -20,6 +20,9 @@ from .names import BACKWARD
 
 #: The leaf name of a stage's value that only a backward pass reads.
 SAVED = "saved for backward"
+#: After the path of the module variable a stage's value is the new value of (a
+#: BatchNorm's `mean (new)`): state it writes, not what its call returns.
+NEW = " (new)"
 
 _NOTE = (
     "`{label}` is differentiated inside the program{unused}: {what} what its forward pass "
@@ -73,11 +76,17 @@ def unread_constants(jaxpr: _compat.Jaxpr, used: Collection[Any]) -> list[int]:
     ]
 
 
-def leaf_names(values: Sequence[Any], saved: frozenset) -> tuple[str, ...]:
+def leaf_names(
+    values: Sequence[Any], saved: frozenset, written: Mapping[Any, str] | None = None
+) -> tuple[str, ...]:
     """Probe leaf names for a stage's output `values` (its outputs first) when some are
-    `saved`: ``output``/``output[k]`` and ``saved for backward``/``saved for
-    backward[k]`` (a sow of a dict sorts them by name: the outputs still come first)."""
-    kinds = ["output" if v not in saved else SAVED for v in values]
+    `saved` or `written` (the path of the module variable each holds the new value
+    of): ``output``/``output[k]``, ``saved for backward``/``saved for backward[k]`` and
+    ``mean (new)`` (a sow of a dict sorts them by name: the outputs still come first)."""
+    written = written or {}
+    kinds = [
+        SAVED if v in saved else written[v] + NEW if v in written else "output" for v in values
+    ]
     seen: dict[str, int] = {}
     names = []
     for kind in kinds:
