@@ -201,6 +201,8 @@ _SPLIT = "\x01s"
 _OWN = "\x01o"
 #: a scope `jnp.einsum` pushes: its subscripts (`BTNH,BSNH->BNTS`)
 _EINSUM = re.compile(r"^[A-Za-z.\u2026]+(,[A-Za-z.\u2026]+)*->[A-Za-z.\u2026]*$")
+#: ends the name of a scope `graph.calls` made around one pass of a loop (`cell · readout`)
+_PASS = re.compile(r"\x01[^\x01]*\.p\d+$")
 
 #: Prefix of the synthetic scope names that fold runs of unscoped equations
 #: (never a user's: named_scope names are printable).
@@ -1160,9 +1162,30 @@ def _fold(
         # `broadcast_in_dim`, `add`, `relu` per pass).
         # (`graph.calls` may have put each pass in a scope of its own: another scope;
         # the scopes as given, before this walk's folds)
-        loc = locs[i]
-        ms = [m for m in range(len(out)) if locs[m] == loc]
-        return any(names[m] != names[i] or construct_in(m) for m in range(ms[0], ms[-1] + 1))
+        # Only the runs of one call of the line's function count: `forward` called
+        # under `jax.grad` and then again (MAML's query loss), or a helper each layer
+        # calls, runs its lines again in another call, which no loop of theirs stacks.
+        loc, own = locs[i], invocation(i)
+        ms = [m for m in range(len(out)) if locs[m] == loc and invocation(m) == own]
+        return any(
+            names[m] != names[i] or construct_in(m)
+            for m in range(ms[0], ms[-1] + 1)
+            if names[m][: len(own)] == own
+        )
+
+    def invocation(m: int) -> tuple[str, ...]:
+        # The scopes down to the one run of the function that made `m`: its innermost
+        # scope that is a call of the user's (not a loop's pass, which `graph.calls`
+        # wraps inside the call looping) or a module's or named scope's
+        scope = names[m]
+        k = len(scope)
+        while k and (
+            scope[k - 1].startswith(FOLD)
+            or _PASS.search(scope[k - 1])
+            or _EINSUM.match(scope[k - 1].split(_AGAIN, 1)[0])
+        ):
+            k -= 1
+        return scope[:k]
 
     def activation(lo: int, last: int) -> bool:
         # The stage making the line's value is a library's activation with a custom
@@ -1227,17 +1250,26 @@ def _fold(
         # of several equations keeps its call's box (`mask = make_causal_mask(t)`:
         # `make_causal_mask`; `m = jnp.mean(x)`: `mean`). The key's marks: `_LINE`,
         # `_LEAVES` for a lambda's calls, each a stage (`take` per leaf).
+        # In a module's or a named scope's stage, which carries the data, a line of one
+        # equation stays its primitive; a line of two or more assigning a name is its
+        # box too, whatever the level's size (a big level's folds of three had made
+        # `deltaA` a box beside `A = -jnp.exp(...)`'s loose `exp`, `neg`).
         loc, scope = locs[i], scope_of(i)
-        if scope and not scope[-1].startswith(CALL):
-            return None  # a named scope's or a module's work is its stage's (README)
+        staged = bool(scope) and not scope[-1].startswith(CALL)
+        if staged and (scope[-1].startswith(FOLD) or _EINSUM.match(scope[-1].split(_AGAIN, 1)[0])):
+            return None  # (a fold's or an einsum's work: its box names it)
         if loc is None:
             return None
+        if staged and line_assigns(i) is None:
+            return None  # (what a stage returns is the stage's value)
         if line_assigns(i) is None and not returned_in_call(i) and not returned_leaves(i):
             return None
         if at_module_call is not None and at_module_call(i):
             return None
         first = statement_line(loc.file, loc.line)  # (a statement over two lines: one run)
         lo, hi = line_run(i)
+        if staged and len(drawn(lo, hi)) < 2:
+            return None
         if any(construct_in(m) or calls(m)[:1] in _PLUMBING for m in range(lo, hi + 1)):
             return None
         if line_runs()[loc] > 1 and loop_with_stages(i):
