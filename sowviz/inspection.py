@@ -29,7 +29,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import _model
+from . import _compat, _model
 from ._gc import gc_paused
 from ._model import KEY_ORDER, SCHEMA, Mode
 from ._program import PROBE_TAG, Out, Traced, runner_for
@@ -39,6 +39,7 @@ from .graph.model import StageGraph, part_of, sibling_labels
 from .graph.names import key_path_label, sows_named_as_captured
 from .graph.saved import NEW
 from .options import Capture, InspectOptions
+from .primitives import spec_of
 from .summary import Summary
 from .summary_data import SummaryRow
 
@@ -96,7 +97,7 @@ def join_probes(
     for name, entry in summaries.get(options.tag, {}).items():
         node = _sow_node(graph, name)
         if node is None:
-            notes.append(f"sow {name!r} has no node in the primal program; it is not drawn.")
+            notes.append(_undrawn_sow_note(traced, name))
             continue
         for inner, part in _by_inner_role(entry, Mode(options.mode)):
             leaf = f"['inner {inner}']" if inner != "primal" else ""
@@ -251,6 +252,51 @@ def _rows_joined(graph: StageGraph, nodes: tuple[str, ...], node: str, reached: 
     return src is not None and any(
         n != node and n in reached and graph.node(n).source == src for n in nodes
     )
+
+
+def _undrawn_sow_note(traced: Traced, name: str) -> str:
+    """The note for sow `name`, captured but with no node: where it is and why not
+    drawn. A JAX >= 0.12 `lax.custom_root` is one box whose solver the graph does not
+    open; "no node in the primal program" said neither that nor where the values are."""
+    base, _, idx = name.rpartition("_")  # (`dup_1`: the second sow named `dup`)
+    holder = _undrawn_holder(traced.closed.jaxpr, *((name, base) if idx.isdigit() else (name,)))
+    if holder is None:
+        return (
+            f"sow {name!r} was captured, but the program's graph has no node for it, so it "
+            "is not drawn. `sowviz.save_intermediates` returns its values."
+        )
+    return (
+        f"sow {name!r} is inside `{holder}`, which the graph draws as one box without "
+        "opening the programs it holds (a solver's loop), so the sow has no node and is "
+        "not drawn. Its values are still captured: `sowviz.save_intermediates` returns "
+        "them."
+    )
+
+
+def _undrawn_holder(jaxpr: Any, *names: str) -> str | None:
+    """The primitive (as `_compat.primitive_label` names it) of the equation holding a
+    sow of one of `names` in a sub-program the graph does not draw, or None."""
+    for eqn in jaxpr.eqns:
+        spec = spec_of(eqn.primitive.name)
+        drawn = {b.param for b in spec.bodies} if spec is not None else set()
+        for param, _, sub in _compat.sub_jaxprs(eqn):
+            if not _holds_sow(sub, names):
+                continue
+            if param not in drawn:
+                return _compat.primitive_label(eqn)
+            inner = _undrawn_holder(sub, *names)
+            if inner is not None:
+                return inner
+    return None
+
+
+def _holds_sow(jaxpr: Any, names: Sequence[str]) -> bool:
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in _compat.SOW_NAMES and eqn.params.get("name") in names:
+            return True
+        if any(_holds_sow(sub, names) for _, _, sub in _compat.sub_jaxprs(eqn)):
+            return True
+    return False
 
 
 def _sow_node(graph: StageGraph, name: str) -> str | None:

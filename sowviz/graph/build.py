@@ -39,6 +39,7 @@ from .names import (
     FOLD,
     TANGENT,
     _count_eqns,
+    call_labels,
     call_places,
     construct_label,
     fold_derivative_lines,
@@ -403,6 +404,17 @@ def _small(eqn: Any) -> bool:
     return all(
         math.prod(getattr(v.aval, "shape", ())) <= SMALL_TOP_LEVEL_VALUES for v in eqn.outvars
     )
+
+
+def _library_call(eqn: Any) -> str | None:
+    """The function of a library other than JAX's that `eqn`'s user line called
+    (`inner_opt.update(...)`: `chain`; `optax.apply_updates`), as a fold names it;
+    None for JAX's own (`jnp.tanh`, a `jax.grad`'s seed) or a private helper."""
+    path = _compat.call_path(eqn)
+    if not path.below_user or path.package in (None, "jax", "jaxlib"):
+        return None
+    names = call_labels(path.names)
+    return names[0] if names and not names[0].startswith("_") else None
 
 
 def _user_operation(frames: _compat.UserFrames | None, eqn: Any) -> tuple[Any, bool] | None:
@@ -886,6 +898,7 @@ class _Builder(InputsMixin):
             transforms=transforms,
             # (a loop's body: a function it calls alone is a stage unless it names the loop)
             named_by=_restated(container) if container.kind in _LOOP_KINDS else None,
+            library=lambda i: _library_call(jaxpr.eqns[stand_in[i]]),
         )
         self.call_sites.update(call_sites)
         scoped = split_einsum_calls(scoped, locs)

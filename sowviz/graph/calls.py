@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from .. import _compat
 from .names import BACKWARD, CALL, CALLED_BACK, fold_label, function_label, user_call_label
@@ -347,6 +347,7 @@ def group_calls(
     by_lambda: Sequence[bool] = (),
     transforms: Sequence[Transforms] = (),
     named_by: Collection[str] | None = None,
+    library: Callable[[int], str | None] | None = None,
 ) -> tuple[list[tuple[str, ...]], dict[str, _compat.SourceLocation | None]]:
     """`names` (each equation's scope names, outermost first) with the user calls that
     runs of nodes share inserted as scopes (`CALL` names, unique per `tag`), and each
@@ -366,7 +367,9 @@ def group_calls(
     a loop's body, the function names its label gives (`scan(step)`: `step`), and a
     call all of the body's equations share is a stage unless it is one of them
     (`step`'s `p_sample`, which a `fori_loop`'s counter, made in no call, kept a stage
-    there and the scan's body flattened)."""
+    there and the scan's body flattened); `library`: the library function (not JAX's)
+    an equation's line called, if any (`chain`, `apply_updates`), which a pass's label
+    names too (`pass_label`)."""
     out = list(names)
     calls, roots = _inlined_bodies(calls, roots)
     if not any(calls):  # no call below the outermost frame (or none known)
@@ -448,7 +451,7 @@ def group_calls(
                 each = two_passes(k)
                 called = [c for _, c in each[0] if c is not None and c in sites] if each else []
             if len(each) > 1 and len(called) >= 2:  # one call alone would name a pass like itself
-                label = " · ".join(dict.fromkeys(fold_label(c) for c in called))
+                label = pass_label(each[0])
                 # the first pass begins, and the last ends, with the work around the loop
                 n = len(each[0])
                 if j > k and k > 0 and shape(runs[k - 1][-n:]) == shapes[k]:
@@ -464,6 +467,22 @@ def group_calls(
                     wrap([ms for ms, _ in run], name, depth)
                     taken.update(m for ms, _ in run for m in ms)
             k = j + 1
+
+    def pass_label(run: list[tuple[list[int], str | None]]) -> str:
+        # The pass's calls in its order, and the library calls its own lines made
+        # (`mse · chain · apply_updates`: an optax step's update and its apply went
+        # unnamed). A call's backward pass beside the call is its gradient, which the
+        # call says (`mse · mse (backward) · lopt_upda…` was cut off), unless the call
+        # would then name the pass alone.
+        parts = []
+        for ms, child in run:
+            if child is not None and child in sites:
+                parts.append(fold_label(child))
+            elif child is None and library is not None:
+                parts.append(library(ms[0]))
+        parts = list(dict.fromkeys(p for p in parts if p))
+        forward = [p for p in parts if not (p.endswith(BACKWARD) and p[: -len(BACKWARD)] in parts)]
+        return " · ".join(forward if len(forward) > 1 else parts)
 
     def made_at(m: int, shared: int) -> tuple[int, int] | None:
         # Where the function around this scope's calls had got to when it made `m`

@@ -268,6 +268,9 @@ _GENERIC = frozenset(
         "wrapped_transform",
     }
 )
+#: ... of which these make a state (optax's `chain.<locals>.init_fn`): labelled
+#: `chain.init`, told from the update the same function made (`chain`)
+_INIT = frozenset({"init_fn", "init"})
 #: Frames that only pass a call on: decorators' wrappers, optax's extra-args adapter.
 _PASS_THROUGH = frozenset(
     {
@@ -300,24 +303,28 @@ def function_label(qualname: str) -> tuple[str, bool]:
     """A readable name for a function from its `__qualname__`, and whether it only
     passes the call on (a decorator's wrapper). A lambda or comprehension is named by
     the function it is written in (`tree_update_moment`), a generic closure by the
-    one that made it (`scale_by_adam`), a method by its class (`Optimizer.update`).
+    one that made it (`scale_by_adam`; its state's maker `scale_by_adam.init`), a
+    method by its class (`Optimizer.update`).
     (A private closure its maker handed out is named by the maker already in
     `_compat.call_path`: jraph's `_ApplyGCN` is `GraphConvolution`.)"""
     if qualname in _LIBRARY_CLOSURES:
         return _LIBRARY_CLOSURES[qualname], False
     parts = qualname.split(".")
+    init = False
     while (
         len(parts) > 2
         and parts[-2] == "<locals>"
         and (parts[-1].startswith("<") or parts[-1] in _GENERIC)
     ):
+        init = init or parts[-1] in _INIT
         parts = parts[:-2]
     name = parts[-1]
     through = name.startswith("<") or name in _PASS_THROUGH or name.endswith("_wrapper")
     if len(parts) > 1 and parts[-2] != "<locals>":
         # a method, by its class; a special one (`__init__`) by its class alone
         name = parts[-2] if name.startswith("__") else f"{parts[-2]}.{name}"
-    return name, through
+    # (`opt_state = tx.init(params)` and `tx.update(...)` were both `chain`)
+    return (f"{name}.init" if init else name), through
 
 
 #: JAX functions that lower to a `scan`, `cond` or `while` loop, by the name a user
@@ -372,6 +379,14 @@ LAYER_PACKAGES = frozenset({"flax", "equinox", "haiku"})
 #: many equations into a box named by the call: `jnp.mean` (2), `jax.ops.segment_sum`
 #: (3), `gelu` (8); they were drawn as `reduce_sum`, `div` beside folded neighbours.
 SMALL_LEVEL_RUN = 2
+#: ... and, before a loop its line's call made, this many of that call's broadcasts
+#: (`jax.vmap` batching the loop's carry, per leaf) into one `scan(step) setup` box, as
+#: a big level does
+LOOP_SETUP_RUN = 3
+_BROADCAST = frozenset({"broadcast_in_dim"})
+#: Marks the fold key of such a run and its loop: parted even when they are all their
+#: scope holds (`jax.vmap(adapt)`, `adapt` only a scan): the setup box is not the scope
+_SETUP = "\x08"
 #: Marks a fold key of a line assigning names (`fold_names`' `assignment_line`): one box
 #: from one drawn equation on, named by what the line assigns
 _LINE = "\x06"
@@ -908,8 +923,9 @@ def _fold(
             whole_call = named and k is not None and one_call_stages(i, j, k)
             named = named and not whole_call
             # `whole=False`: a run that is all its scope holds would only restate it; not a
-            # lambda's calls per leaf, whose leaves are one box, alike, wherever they are
-            leaves = k is not None and _LEAVES in k
+            # lambda's calls per leaf, whose leaves are one box, alike, wherever they are;
+            # nor a loop's setup, parted from the loop below
+            leaves = k is not None and (_LEAVES in k or _SETUP in k)
             if (
                 k is not None
                 and not named
@@ -1297,6 +1313,35 @@ def _fold(
         mark = _LEAVES if per_leaf else _DRAW if draw else ""
         return f"{own}:{first}\x02{'/'.join(scope_of(i))}{again}{_LINE}{mark}"
 
+    def loop_setup(i: int, what: str) -> bool:
+        # `i` is the loop stage its line's call made (`lax.scan`'s `scan(step)`), or one
+        # of LOOP_SETUP_RUN or more `broadcast_in_dim`s of that call right before it:
+        # `jax.vmap` batching the loop's unbatched carry, a broadcast per leaf (the
+        # parameters a batched MAML's inner loop starts from), which the user never
+        # wrote. A small level drew each as a box of its own in a row beside the loop.
+        def same(m: int) -> bool:
+            return (
+                0 <= m < len(out)
+                and locs[m] == locs[i]
+                and scope_of(m) == scope_of(i)
+                and calls(m)[:1] == (what,)
+            )
+
+        def broadcast(m: int) -> bool:
+            own = stages[m] if m < len(stages) else None
+            return same(m) and not own and m < len(primitives) and primitives[m] in _BROADCAST
+
+        loop = i
+        while broadcast(loop):
+            loop += 1
+        own = stages[loop] if same(loop) and loop < len(stages) else None
+        if not own or not (own == what or own.startswith(what + "(")):
+            return False
+        first = loop
+        while broadcast(first - 1):
+            first -= 1
+        return loop - first >= LOOP_SETUP_RUN
+
     def plumbed_line(i: int) -> bool:
         # `i`'s line (its run there: one scope, one pass) holds an operation of the
         # user's that made SMALL_LEVEL_RUN or more equations no call names, integer work
@@ -1359,6 +1404,11 @@ def _fold(
                         again = f"\x04{passes[i]}" if i < len(passes) and passes[i] else ""
                         return f"{own}:{loc.line}\x02{'/'.join(scope)}{again}\x03"
                 what = calls(i)[:1]
+                if not library and what and loop_setup(i, what[0]):
+                    # (one key for the broadcasts and the loop: `fold_runs` parts them
+                    # into `scan(step) setup` beside the loop's stage, as a big level does)
+                    own = function_label(loc.function)[0]
+                    return f"{own}:{loc.line}\x02{'/'.join(scope)}\x03{what[0]}{_SETUP}"
                 if library or not what or (i < len(primitives) and what[0] == primitives[i]):
                     return None
                 if what[0].startswith("_") or not long_run(i, what[0]):
