@@ -686,7 +686,8 @@ class Runner:
         # `_placements` (the first call's, for arguments placed otherwise now)
         o = self.options
         traced = self.family.traced(o, spec, dyn)
-        placed = None if as_plain is not None else self._placements()
+        placements = self._placements()
+        placed = None if as_plain is not None else placements
         fn = self._transformed(traced, traced.probed_for(o.mode), placed)
         capture = SaveIntermediates(
             fn,
@@ -700,6 +701,8 @@ class Runner:
             # a Monitor's program runs at every step: faster summaries for a longer
             # compile; `inspect` pays every compile at its first call
             once=not steps,
+            # on a CPU mesh, the layout too is left to `finish` (one device of it)
+            apart=placements is not None and jax.default_backend() == "cpu",
         )
         # inline: a nested jit hides aliases
         (result, (state, aux)), packed = capture.traced(dyn, extra)

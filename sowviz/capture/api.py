@@ -144,6 +144,7 @@ class SaveIntermediates:
         defer=False,
         once=False,
         barriers=True,
+        apart=False,
     ):
         tags, loops = _check_options(fn, tag, duplicates, loops, strict)
         self.fn = fn
@@ -161,6 +162,9 @@ class SaveIntermediates:
         # Internal (locate's count re-run): captured values without optimization
         # barriers, so XLA fuses the program as it does the plain one (`interpret._BARRIERS`).
         self._barriers = barriers
+        # Internal (a Monitor on a CPU mesh): with `defer`, the small arrays' layout
+        # left to `summaries.finish` too (`summaries.summarize_packed`'s `apart`).
+        self._apart = apart
         self._summary = _summary_options(summarize)
         self.notes: list[str] = []
         self.trace_count = 0
@@ -227,6 +231,7 @@ class SaveIntermediates:
             axes=axes,
             defer=self._defer,
             once=self._once,
+            apart=self._apart,
         )
 
     def _unreached(self, called: set, rec: Recorder) -> list[str]:
@@ -390,6 +395,7 @@ def _summarize_entries(
     axes: dict | None = None,
     defer: bool = False,
     once: bool = False,
+    apart: bool = False,
 ) -> Packed:
     """Pack summaries of the mode entries of every name, with meta kept raw.
 
@@ -407,7 +413,7 @@ def _summarize_entries(
     walk(inter, ())
     values = {p: {k: v for k, v in e.items() if k not in META_KEYS} for p, e in entries.items()}
     meta = {p: {k: v for k, v in e.items() if k in META_KEYS} for p, e in entries.items()}
-    return summarize_packed(values, meta, options.bins, axes or {}, defer, once)
+    return summarize_packed(values, meta, options.bins, axes or {}, defer, once, apart)
 
 
 def nest(summaries: dict, meta: dict) -> dict:

@@ -70,6 +70,7 @@ over that axis (`Summary.per_iteration`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import threading
 from collections.abc import Callable
@@ -423,6 +424,9 @@ class Parts:
     #: then the view's buffer, which leaves the program once, however many values it
     #: holds (one output each was a copy kernel each), cut where it is laid out.
     cuts: tuple = dataclasses.field(default=(), metadata={"static": True})
+    #: Laid out in `coarse_bucket`'s classes (`inspect`), or in `bucket`'s (a `Monitor`
+    #: on a CPU mesh, `summarize_packed`'s `apart`: its layout runs at every step).
+    coarse: bool = dataclasses.field(default=True, metadata={"static": True})
 
     def values(self, members: Any = None) -> list:
         """The members' values, cut from their buffers (`members`: NumPy views of them,
@@ -529,24 +533,25 @@ def _layout(leaves: list, sized: bool, coarse: bool = False) -> Rows:
     return Rows(flat.reshape(-1, plan.width), jnp.asarray(seg), jnp.asarray(plan.pads, jnp.int32))
 
 
-def _parts(members: list) -> Parts:
+def _parts(members: list, coarse: bool = True) -> Parts:
     # a sown literal is a number, not an array
     arrays = tuple(x if isinstance(x, jax.Array) else jnp.asarray(x) for x in members)
     shapes = tuple((x.shape, str(x.dtype)) for x in arrays)
     views = [view_of(x) for x in arrays]
     if not any(views):
-        return Parts(arrays, shapes)
+        return Parts(arrays, shapes, coarse=coarse)
     return Parts(
         tuple(x if v is None else v.buffer for x, v in zip(arrays, views, strict=True)),
         shapes,
         tuple(None if v is None else (v.lead, v.offset, v.shape) for v in views),
+        coarse,
     )
 
 
 def _rows_spec(parts: Parts) -> Rows:
-    """The shapes of `_layout(parts.members, sized=True, coarse=True)`, computed from the
-    sizes alone."""
-    plan = _plan([math.prod(shape) for shape, _ in parts.shapes], sized=True, coarse=True)
+    """The shapes of `_layout(parts.members, sized=True, coarse=parts.coarse)`, computed
+    from the sizes alone."""
+    plan = _plan([math.prod(shape) for shape, _ in parts.shapes], sized=True, coarse=parts.coarse)
     acc = _summary._value_dtype(np.dtype(parts.shapes[0][1]))[0]
     return Rows(
         jax.ShapeDtypeStruct((plan.total, plan.width), acc),
@@ -877,6 +882,7 @@ def summarize_packed(
     axes: dict | None = None,
     defer: bool = False,
     once: bool = False,
+    apart: bool = False,
 ) -> Packed:
     """Summarise every array leaf of `values` (`{entry: {mode: tree}}`, None leaves stay
     None), pack them with the raw `meta` arrays; `Packed.unpack()` returns
@@ -901,7 +907,14 @@ def summarize_packed(
     `once`: a program compiled for its first call (`inspect`), where one run at every
     step has been the rule: on a CPU only arrays of `MIN_GROUPED_ONCE` elements or
     more are summarised in blocks (each group is a loop to compile), and with `defer`
-    the segmented groups are not even laid out here (`Parts`)."""
+    the segmented groups are not even laid out here (`Parts`).
+
+    `apart` (with `defer`: a program run at every step on a CPU mesh, `_program`): the
+    segmented groups are not laid out here either (`Parts`, in `bucket`'s classes);
+    `finish` lays them out (`_on_one_device`). XLA partitioned the layout's
+    concatenation over the mesh: every part sliced, then gathered (26 all-gathers in
+    an MLP's capture program on 8 host devices, none in plain JAX's; 9.5 ms against
+    2.8 ms), and a placement asked of it here spread into the user's computation."""
     axes = axes or {}
     min_grouped = MIN_GROUPED_ONCE if once else MIN_GROUPED
     cpu = jax.default_backend() == "cpu"
@@ -992,7 +1005,7 @@ def summarize_packed(
             where[idx[0]] = (g, None)
             continue
         if key[0] == "segments" and defer:
-            laid = _parts(members) if once else _layout(members, sized=True)
+            laid = _parts(members, coarse=once) if once or apart else _layout(members, sized=True)
             pending[Rows].append((g, laid))  # `Parts` are `Rows` once `finish` lays them out
             out.append(None)
         elif key[0] == "segments":
@@ -1150,20 +1163,97 @@ def join_precompiles() -> None:
 def finish(packed: Packed, clean: Any) -> tuple[Packed, Any]:
     """Run the deferred summaries of `packed` (a dispatch per second program, `_programs`,
     after the layout program's if `Parts` wait); returns the `Packed` of all summaries
-    and `clean` (no probe counts a NaN/Inf) updated with theirs."""
+    and `clean` (no probe counts a NaN/Inf) updated with theirs.
+
+    On a CPU mesh the second programs run on one of its devices (`_on_one_device`),
+    and their results go back beside `clean` (the capture program's placement), so
+    that a `Monitor` gathers a step's parts from one placement."""
     if not packed.pending:
         return packed, clean
     bins = packed.regroup.bins
-    done = packed
-    for part in _programs(_laid_out(packed.pending)):
+    pending, home = packed.pending, None
+    one = _on_one_device(pending, clean)
+    if one is not None:
+        (pending, clean), home = one, clean.sharding
+    seconds = []
+    for part in _programs(_laid_out(pending)):
         key = _key(part, bins)
         compiled = _compiled(key, lambda: _compile(key, part, bins))  # noqa: B023
         try:
             second, clean = compiled(part, clean)
         except ValueError:  # compiled for the default device; a mesh's arrays take the jit
             second, clean = _finish(part, clean, bins=bins)
+        seconds.append(second)
+    if home is not None:
+        seconds, clean = jax.device_put((seconds, clean), home)
+    done = packed
+    for second in seconds:
         done = done.joined(second)
     return done, clean
+
+
+def _on_one_device(pending: tuple[Any, ...], clean: Any) -> tuple[Any, Any] | None:
+    """`(pending, clean)` on the device the second programs were compiled for, when
+    they lie on several devices of a CPU backend (a mesh, all of them in this
+    process); else None (the programs run where their inputs are, as `jax.jit` puts
+    them). A CPU mesh's devices share the host's cores, and a second program run over
+    the mesh was partitioned by XLA, its reductions joined by all-reduces (57 for an
+    MLP's two programs on 8 host devices: 5.4 ms against 0.84 ms on one device). The
+    `Parts` are laid out, and the arrays split over the mesh gathered, by a program of
+    their own (`_whole`), not in the capture program: a replicated placement there
+    changed how XLA partitioned the user's computation (a gradient's matmul then ran
+    whole on every device, 5e-8 away from plain JAX's). Each device then holds them
+    whole, and `jax.device_put` to one device takes its copy: no transfer, and no wait
+    (a split array is read whole only once the capture program is done).
+
+    Not for `inspect`'s work (coarse `Parts`, laid out on the host, `_laid_out`): a
+    program of their own would compile at its first call. Nor for arrays split over
+    Explicit mesh axes (`with_sharding_constraint` refuses them)."""
+    if jax.default_backend() != "cpu" or jax.device_count() == 1:
+        return None
+    if any(isinstance(p, Parts) and p.coarse for p in pending):
+        return None
+    arrays = [x for x in jax.tree_util.tree_leaves((pending, clean)) if isinstance(x, jax.Array)]
+    if all(len(x.sharding.device_set) == 1 for x in arrays):
+        return None
+    device = _default_device()
+    mesh = next((getattr(x.sharding, "mesh", None) for x in arrays), None)
+    devices = set(mesh.devices.flat) if isinstance(mesh, jax.sharding.Mesh) else set()
+    if device not in devices or not all(
+        x.is_fully_addressable and x.sharding.device_set == devices for x in arrays
+    ):
+        return None
+    split = [x for x in arrays if not x.sharding.is_fully_replicated]
+    if any(_compat.explicit_sharding(x) is not None for x in split):
+        return None
+    if split or any(isinstance(p, Parts) for p in pending):
+        pending = _whole(jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))(pending)
+    return jax.device_put((pending, clean), device)
+
+
+@functools.cache
+def _whole(sharding: Any) -> Any:
+    """A program of `pending`: its `Parts` laid out, every array placed by `sharding`
+    (replicated on the mesh; `_on_one_device`). Each array is gathered first: left to
+    XLA, the layout's concatenation was split over the mesh, every part sliced and
+    then gathered (29 all-gathers for an MLP's 20 members)."""
+
+    def whole(pending: tuple[Any, ...]) -> tuple[Any, ...]:
+        placed = jax.tree_util.tree_map(
+            lambda x: jax.lax.with_sharding_constraint(x, sharding), pending
+        )
+        return tuple(
+            _layout(p.values(), sized=True, coarse=p.coarse) if isinstance(p, Parts) else p
+            for p in placed
+        )
+
+    return jax.jit(whole, out_shardings=sharding)
+
+
+def _default_device() -> Any:
+    """The device a program lowered without shardings (`_compile`) runs on."""
+    default = jax.config.jax_default_device
+    return default if isinstance(default, jax.Device) else jax.devices()[0]
 
 
 def _compile(key: tuple, pending: tuple[Any, ...], bins: int) -> Any:
@@ -1184,7 +1274,7 @@ def _specs(tree: Any) -> Any:
 
 
 def _lay_out_program(parts: tuple[Parts, ...]) -> tuple[Rows, ...]:
-    return tuple(_layout(p.values(), sized=True, coarse=True) for p in parts)
+    return tuple(_layout(p.values(), sized=True, coarse=p.coarse) for p in parts)
 
 
 _lay_out = jax.jit(_lay_out_program)
@@ -1193,7 +1283,8 @@ _lay_out = jax.jit(_lay_out_program)
 def _layout_key(parts: tuple[Parts, ...]) -> tuple:
     # a member cut from a buffer: the buffer's shape and the cut key it too
     cut = tuple((p.cuts, tuple(jnp.shape(x) for x in p.members)) for p in parts if p.cuts)
-    return ("layout", *(p.shapes for p in parts), *cut, ("x64", _compat.x64_enabled()))
+    coarse = tuple(p.coarse for p in parts)
+    return ("layout", *(p.shapes for p in parts), *cut, coarse, ("x64", _compat.x64_enabled()))
 
 
 def _compile_layout(key: tuple, parts: tuple[Parts, ...]) -> Any:
@@ -1218,7 +1309,7 @@ def _host_laid(parts: tuple[Parts, ...]) -> bool:
 
 
 def _host_layout(parts: Parts) -> Rows | None:
-    """`_layout(parts.members, sized=True, coarse=True)` with NumPy (the same rows, the
+    """`_layout(parts.members, sized=True, coarse=parts.coarse)` with NumPy (the same rows, the
     padding NaN), or None when a member is not in this process's memory whole (a
     multi-process array). No program to compile: on XLA:CPU the layout program of a
     model's shapes compiled for 0.05-0.25 s beside its capture program (a new
@@ -1229,7 +1320,7 @@ def _host_layout(parts: Parts) -> Rows | None:
     )
     if not all(concrete):  # traced, or a multi-process array: the layout program
         return None
-    plan = _plan([math.prod(shape) for shape, _ in parts.shapes], sized=True, coarse=True)
+    plan = _plan([math.prod(shape) for shape, _ in parts.shapes], sized=True, coarse=parts.coarse)
     acc = _summary._value_dtype(np.dtype(parts.shapes[0][1]))[0]
     flat = np.full(plan.total * plan.width, np.nan, acc)
     at = 0
