@@ -326,6 +326,12 @@ class Out:
     a NaN/Inf; None for the plain program) and `state`, the new values of the argument
     leaves `fn` assigns in place (`Traced.state`); its `Traced` rides as static aux."""
 
+    #: The call's arguments as `Runner.run` split them, `(ArgSpec, array leaves)`, set on
+    #: its result (None otherwise): `spec.merge(leaves)` rebuilds them as the program got
+    #: them, even after the caller changed its objects in place (a Flax NNX model
+    #: updated by `nnx.Optimizer.update`), at no cost per call (`Monitor`'s re-run).
+    split: tuple[Any, list] | None = None
+
     def __init__(
         self,
         result: Any,
@@ -750,7 +756,9 @@ class Runner:
             extra = self._extra(spec, dyn, tangents, cotangents, where)
             with gc_paused():  # a first call traces, lowers and compiles
                 if not instrumented:
-                    return self._with_statics(self._plain(spec, dyn, extra, chain))
+                    out = self._with_statics(self._plain(spec, dyn, extra, chain))
+                    out.split = (spec, dyn)
+                    return out
                 placed = self._as_plain(spec, dyn, extra, plain_chain) if steps else None
                 at = placement_key(dyn)
                 out = self._instrumented(spec, dyn, extra, inline, steps, placed, at)
@@ -781,7 +789,9 @@ class Runner:
                 out.state,
                 out.aux,
             )
-        return self._with_statics(out)
+        out = self._with_statics(out)
+        out.split = (spec, dyn)
+        return out
 
     def _as_plain(self, spec: ArgSpec, dyn: list, extra: tuple, chain: Any) -> tuple | None:
         """Where the plain program puts its results (result, state and aux leaves; None on

@@ -217,10 +217,11 @@ class Monitor:
         self._quiet: _nonfinite.Origins | None = None
         self.steps = start_step  # the next step's number
         self._lock = threading.RLock()
-        # In flight: (step, out, args, parts); args only until the first non-finite
-        # step is located (None after), to re-run and locate that step on its own
-        # arguments. `parts`: what the host reads of a recorded step (`_parts`); `out`
-        # keeps no result (a step's gradients are not held for the read).
+        # In flight: (step, out, args, parts); args (`Out.split`, rebuilt by
+        # `spec.merge`) only until the first non-finite step is located (None after),
+        # to re-run and locate that step on its own arguments. `parts`: what the host
+        # reads of a recorded step (`_parts`); `out` keeps no result (a step's gradients
+        # are not held for the read).
         self._pending: deque[tuple[int, Out, tuple | None, Any]] = deque()
         self._draining = False  # (`history` read by a listener while steps are recorded)
         # Unrecorded steps: (step, the running flag after it, args, its index in the
@@ -315,8 +316,12 @@ class Monitor:
                 raise
             if out.traced is not self._traced:
                 self._new_graph(out.traced)
-            # references, not copies (a snapshot if state is written back below)
-            kept = None if self._located else (_state.snapshot(args) if out.state else args)
+            # The step's own split of its arguments (`Out.split`: their tree and array
+            # leaves, no copy), rebuilt for a re-run: not `args`, whose objects the caller
+            # may change before then (`nnx.Optimizer.update` assigns a Flax NNX model's
+            # parameters in place, and state is written back below), and the re-run
+            # blamed the NaN of a batch on the parameters updated after the step.
+            kept = None if self._located else out.split
             if record:
                 if not self._pending:
                     self._waiting_since = time.monotonic()
@@ -331,7 +336,7 @@ class Monitor:
             self.steps += 1
             if self.stop_on_nonfinite:
                 if not (np.asarray(out.finite).all() and np.asarray(given.finite).all()):
-                    self._stop(step, out, args, record)
+                    self._stop(step, out, record)
                 self._flags.clear()
             else:
                 self._check_flags(keep=_MAX_FLAGS)
@@ -467,10 +472,10 @@ class Monitor:
                 f"were not recorded: {type(err).__name__}: {str(err)[:300]}\n"
             )
 
-    def _stop(self, step: int, out: Out, args: tuple, recorded: bool) -> None:
+    def _stop(self, step: int, out: Out, recorded: bool) -> None:
         self._flags.clear()  # every earlier step was checked (this mode reads each flag)
         if not recorded:  # the plain program ran: re-run this step instrumented, for the origin
-            self._enqueue(step, args)
+            self._enqueue(step, out.split)
         self._drain(keep=0)  # records this step and locates its equation (`_record`)
         nf = self._nonfinite
         self._each("flush")
@@ -531,12 +536,13 @@ class Monitor:
             self._enqueue(step, args)
         self._first_flagged = step
 
-    def _enqueue(self, step: int, args: tuple) -> None:
+    def _enqueue(self, step: int, kept: tuple) -> None:
         # A re-run joins the recorded steps in step order: the first non-finite step
         # recorded is then the first of the run.
         if any(s == step for s, *_ in self._pending):
             return  # queued by a call that was interrupted before it marked its flags read
-        leaves = jax.tree_util.tree_leaves(args)
+        spec, leaves = kept
+        args = spec.merge(leaves)  # the step's arguments as it got them
         if any(isinstance(x, jax.Array) and x.is_deleted() for x in leaves):
             warnings.warn(
                 f"sowviz.Monitor: could not re-run step {step} to find where its NaN/Inf "
@@ -557,7 +563,7 @@ class Monitor:
         at = sum(1 for s, *_ in self._pending if s < step)
         if not self._pending:
             self._waiting_since = time.monotonic()
-        self._pending.insert(at, (step, _light(rerun), args, _parts(rerun, self._primal, args)))
+        self._pending.insert(at, (step, _light(rerun), kept, _parts(rerun, self._primal, args)))
 
     def _drain(self, *, keep: int) -> None:
         """Record the pending steps once more than `keep` wait, or the oldest has waited
@@ -693,7 +699,10 @@ class Monitor:
                 self._nonfinite = _nonfinite.NonFinite(step, fwd, bwd, origins)
                 if not self._located and args is not None and not self._interrupted_exit:
                     # Once per run: the count-only re-run on this step's arguments.
-                    self._nonfinite = _locate_step(self.fn, args, self._options, self._nonfinite)
+                    spec, leaves = args  # (`Out.split`: rebuilt as the step got them)
+                    self._nonfinite = _locate_step(
+                        self.fn, spec.merge(leaves), self._options, self._nonfinite
+                    )
                     self._located = True
                     self._drop_args()
                 # The first non-finite step's entry carries the whole record (the run

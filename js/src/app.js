@@ -470,14 +470,9 @@ export class App {
       if (this.destroyed) return;
       this.rebuildIndex();
       const { faces, scale } = computeFaces(this.index, this.faceIds, this.stat);
-      for (const [id, f] of faces) {
-        const el = this.graph.els.get(id);
-        el?.querySelector(":scope > .sv-chip")?.setAttribute("fill", f.colour ?? "none");
-        const v = el?.querySelector(".sv-value");
-        if (v) v.textContent = f.text;
-        if (el && this.index.subtreeNonfinite.has(id)) el.dataset.nonfinite = "true";
-        else el?.removeAttribute("data-nonfinite");
-      }
+      // in place (the layout is the same): sparklines, texts and NaN badges follow the
+      // step, as a fresh drawing of it would show them
+      this.graph.updateFaces(this.index, faces);
       this.drawLegend(scale);
       this.markOrigins();
       this.drawLoss();

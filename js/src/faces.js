@@ -71,7 +71,7 @@ export function computeFaces(index, ids, { mode, stat }) {
     // `short`: what a narrow face shows instead of `text` (the counts alone)
     let short = null;
     if (bad.text) {
-      short = `${MODE_WORDS[mode] ?? mode}: ${bad.text}`;
+      short = `${COUNT_WORDS[mode] ?? mode}: ${bad.text}`;
       text = bad.finite === 0 ? `${which}${short}` : `${text} · ${bad.text}`;
     }
     // The program's scalar output (the loss) shows its value, whatever colours the nodes.
@@ -206,6 +206,10 @@ export function countedFaceChars(probes, node) {
 }
 
 const MODE_WORDS = { primal: "x", tangent: "tan", cotangent: "grad" };
+// What a face's non-finite counts are of ("grad: 128 NaN"). Not `x` for primal
+// values: "x: 1024 NaN" on a stage of a program whose input is `x` read as "the input
+// x holds 1024 NaN" (the parameter table says ‖value‖ too).
+const COUNT_WORDS = { ...MODE_WORDS, primal: "value" };
 
 /** What a face value is, e.g. `‖grad‖₂` for the l2 norm of the cotangent. */
 export function statSymbol(mode, stat) {

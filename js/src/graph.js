@@ -139,29 +139,33 @@ export class GraphView {
         s("title", { text: "collapse" }),
       ]),
     );
+    const head = this.stageHead(node, box, face);
+    g.append(...[head.label, head.kind].filter(Boolean));
+    return g;
+  }
+
+  /** An open stage's label (its tooltip says the statistic) and, when it fits, its kind
+   * and face value. */
+  stageHead(node, box, face) {
     const head = stageHead(node, box.w, face?.text ?? "");
     const tip = [`${node.label} (${node.kind} · ${node.n_eqns} eqns)`];
     if (face?.text) tip.push(`statistic: ${face.text}`);
     if (face?.outputs) tip.push(`the face shows ${face.shown ?? "the first"} of ${face.outputs.length} outputs:`, ...face.outputs.map((o) => `  ${o}`));
-    g.append(...[
-      s("text", { class: "sv-stage-label", x: 38, y: 18, text: ellipsis(node.label, head.labelChars) }, [
+    return {
+      label: s("text", { class: "sv-stage-label", x: 38, y: 18, text: ellipsis(node.label, head.labelChars) }, [
         s("title", { text: tip.join("\n") }),
       ]),
-      head.showKind ? s("text", { class: "sv-stage-kind", x: box.w - 10, y: 18, "text-anchor": "end" }, [
+      kind: head.showKind ? s("text", { class: "sv-stage-kind", x: box.w - 10, y: 18, "text-anchor": "end" }, [
         head.kindText,
         head.showValue ? s("tspan", { class: "sv-value", dx: 8, text: face?.text ?? "" }) : null,
       ]) : null,
-    ].filter(Boolean));
-    return g;
+    };
   }
 
   nodeFace(node, box, face, canExpand, compact) {
     const { w, h } = box;
     const g = s("g", { class: `sv-node sv-kind-${safeKind(node.kind)}`, transform: `translate(${box.x},${box.y})` });
-    const tip = [node.label, `${node.kind}${node.primitive ? ` · ${node.primitive}` : ""}`, ...(node.shapes ?? [])];
-    if (node.repeats) tip.splice(1, 0, `${node.repeats} identical blocks: expand to see each`);
-    if (face?.text) tip.push(`statistic: ${face.text}`);
-    if (face?.outputs) tip.push(`the face shows ${face.shown ?? "the first"} of ${face.outputs.length} outputs:`, ...face.outputs.map((o) => `  ${o}`));
+    const parts = this.faceParts(node, box, face, canExpand, compact);
     if (node.repeats) {
       // A stack of cards: the blocks behind the first one (inside the layout's gaps).
       g.dataset.repeats = String(node.repeats);
@@ -171,40 +175,118 @@ export class GraphView {
       s("rect", { class: "sv-node-bg", width: w, height: h, rx: 8 }),
       s("rect", { class: "sv-chip", x: 1.5, y: 1.5, width: 6, height: h - 3, rx: 3, fill: face?.colour ?? "none" }),
       chipLift({ x: 1.5, y: 1.5, width: 6, height: h - 3, rx: 3 }),
-      s("title", { text: tip.join("\n") }),
+      s("title", { text: parts.tip }),
     );
-    const spark = !compact && face?.hist ? sparklinePath(face.hist, 56, 22) : "";
-    // a group's "(×24)" is said by its stack of cards and its "+ 24 blocks" button
-    const label = node.repeats ? node.label.replace(/ \(×\d+\)$/, "") : node.label;
-    g.append(s("text", { class: "sv-label", x: 16, y: 20, text: ellipsis(label, spark ? Math.floor((w - 92) / 7.4) : Math.floor((w - 30) / 7.4)) }));
+    g.append(s("text", { class: "sv-label", x: 16, y: 20, text: parts.label }));
     if (compact) {
       g.append(s("text", { class: "sv-shape", x: 16, y: 40, text: `${node.kind} ${ellipsis(shapeText(node), 18)}` }));
     } else {
       const kind = s("g", { class: "sv-badge", transform: "translate(14,28)" });
       const kw = kindWidth(node.kind);
       kind.append(s("rect", { width: kw, height: 15, rx: 7.5 }), s("text", { x: kw / 2, y: 11, "text-anchor": "middle", text: node.kind }));
-      // the type ends before the sparkline: under it, `32@model` was unreadable
-      const typeRoom = Math.floor((w - SHAPE_X - kw - (spark ? SPARK_ROOM : 14)) / SHAPE_CHAR);
-      g.append(kind, s("text", { class: "sv-shape", x: SHAPE_X + kw, y: 39, text: ellipsis(shapeText(node), Math.max(4, typeRoom)) }));
-      if (spark) g.append(s("path", { class: "sv-spark", d: spark, transform: `translate(${w - 64},8)` }));
-      // a group of inputs holds no equations: say how many things it holds instead
-      const t = toggleText(node, this.index?.children.get(node.id)?.length ?? 0);
-      const tw = toggleWidth(t);
-      if (face?.text) {
-        // right of the expand button: a narrow face says only its non-finite counts
-        // (the full text is in the tooltip)
-        const text = fitted(face, valueRoom(w, canExpand ? t : ""));
-        if (text) g.append(s("text", { class: "sv-value", x: w - 8, y: h - 8, "text-anchor": "end", text }));
-      }
+      g.append(kind, s("text", { class: "sv-shape", x: SHAPE_X + kw, y: 39, text: parts.type }));
+      if (parts.spark) g.append(sparkEl(parts.spark, w));
+      if (parts.value) g.append(valueEl(parts.value, box));
       if (canExpand) {
+        const tw = toggleWidth(parts.toggle);
         g.append(s("g", { class: "sv-toggle", "data-role": "toggle", transform: `translate(14,${h - 19})` }, [
           s("rect", { width: tw, height: 15, rx: 4 }),
-          s("text", { x: tw / 2, y: 11, "text-anchor": "middle", text: t }),
+          s("text", { x: tw / 2, y: 11, "text-anchor": "middle", text: parts.toggle }),
           s("title", { text: "expand (or double-click the node)" }),
         ]));
       }
     }
     return g;
+  }
+
+  /**
+   * What of a collapsed node's face its values decide: its tooltip, its sparkline's
+   * path ("" for none), its label and type (cut shorter beside a sparkline), and the
+   * face value that fits beside the expand button (`toggle`).
+   */
+  faceParts(node, box, face, canExpand, compact) {
+    const { w } = box;
+    const tip = [node.label, `${node.kind}${node.primitive ? ` · ${node.primitive}` : ""}`, ...(node.shapes ?? [])];
+    if (node.repeats) tip.splice(1, 0, `${node.repeats} identical blocks: expand to see each`);
+    if (face?.text) tip.push(`statistic: ${face.text}`);
+    if (face?.outputs) tip.push(`the face shows ${face.shown ?? "the first"} of ${face.outputs.length} outputs:`, ...face.outputs.map((o) => `  ${o}`));
+    const spark = !compact && face?.hist ? sparklinePath(face.hist, 56, 22) : "";
+    // a group's "(×24)" is said by its stack of cards and its "+ 24 blocks" button
+    const name = node.repeats ? node.label.replace(/ \(×\d+\)$/, "") : node.label;
+    const label = ellipsis(name, spark ? Math.floor((w - 92) / 7.4) : Math.floor((w - 30) / 7.4));
+    // the type ends before the sparkline: under it, `32@model` was unreadable
+    const typeRoom = Math.floor((w - SHAPE_X - kindWidth(node.kind) - (spark ? SPARK_ROOM : 14)) / SHAPE_CHAR);
+    const type = ellipsis(shapeText(node), Math.max(4, typeRoom));
+    // a group of inputs holds no equations: say how many things it holds instead
+    const toggle = toggleText(node, this.index?.children.get(node.id)?.length ?? 0);
+    // right of the expand button: a narrow face says only its non-finite counts
+    // (the full text is in the tooltip)
+    const value = !compact && face?.text ? fitted(face, valueRoom(w, canExpand ? toggle : "")) : "";
+    return { tip: tip.join("\n"), spark, label, type, value, toggle };
+  }
+
+  /**
+   * Shows the faces' new values (a live Monitor's step) on the nodes drawn, in place:
+   * the elements stay, so a hover's tooltip, a click in progress and the selection and
+   * search marks are kept. Everything a face's values decide changes with them: the
+   * colour, the sparkline (removed when the values have no histogram: an all-NaN
+   * stage kept the bell curve of an earlier finite step), the text, the tooltip and
+   * the NaN/Inf badge.
+   * @param {any} index the model's index for the step drawn
+   * @param {Map<string, any>} faces `computeFaces` of the ids drawn
+   */
+  updateFaces(index, faces) {
+    this.index = index;
+    for (const [id, face] of faces) {
+      const el = this.els.get(id);
+      const box = this.boxes?.get(id);
+      const node = index.nodes.get(id);
+      if (!el || !box || !node) continue;
+      el.querySelector(":scope > .sv-chip")?.setAttribute("fill", face.colour ?? "none");
+      if (box.expanded) this.updateStageHead(el, node, box, face);
+      else this.updateNodeFace(el, node, box, face);
+      // the badge is replaced only when it changes (its tooltip stays under a hover)
+      const bad = index.subtreeNonfinite.has(id);
+      const icon = el.querySelector(":scope > .sv-nan-icon");
+      const own = index.nonfinite.has(id);
+      if (icon && (!bad || icon.dataset.own !== String(own))) icon.remove();
+      if (bad) el.dataset.nonfinite = "true";
+      else el.removeAttribute("data-nonfinite");
+      if (bad && !el.querySelector(":scope > .sv-nan-icon")) el.append(nanIcon(box.w, own));
+    }
+  }
+
+  /** `updateFaces` for a collapsed node: what `nodeFace` draws from the values. */
+  updateNodeFace(el, node, box, face) {
+    const compact = !el.querySelector(":scope > .sv-badge");
+    const parts = this.faceParts(node, box, face, el.dataset.expandable === "true", compact);
+    setText(el.querySelector(":scope > title"), parts.tip);
+    setText(el.querySelector(":scope > .sv-label"), parts.label);
+    if (compact) return;
+    const shape = el.querySelector(":scope > .sv-shape");
+    setText(shape, parts.type);
+    let spark = el.querySelector(":scope > .sv-spark");
+    if (!parts.spark) spark?.remove();
+    else if (spark) spark.setAttribute("d", parts.spark);
+    else shape?.after((spark = sparkEl(parts.spark, box.w)));
+    const value = el.querySelector(":scope > .sv-value");
+    if (!parts.value) value?.remove();
+    else if (value) value.textContent = parts.value;
+    else (spark ?? shape)?.after(valueEl(parts.value, box));
+  }
+
+  /** `updateFaces` for an open stage: its header's label, tooltip, kind and value. */
+  updateStageHead(el, node, box, face) {
+    const head = this.stageHead(node, box, face);
+    const label = el.querySelector(":scope > .sv-stage-label");
+    if (!label) return;
+    // in place: the label holds the tooltip (its <title>), which a hover keeps
+    if (label.firstChild?.nodeType === 3) label.firstChild.nodeValue = head.label.firstChild.nodeValue;
+    setText(label.querySelector(":scope > title"), head.label.querySelector(":scope > title").textContent);
+    const kind = el.querySelector(":scope > .sv-stage-kind");
+    if (kind && head.kind) { if (kind.textContent !== head.kind.textContent) kind.replaceWith(head.kind); }
+    else if (head.kind) label.after(head.kind);
+    else kind?.remove();
   }
 
   /** Marks nodes holding or hiding the NaN/Inf origins, with a flag above them. */
@@ -348,9 +430,24 @@ export class GraphView {
   }
 }
 
+/** A collapsed node's sparkline (`sparklinePath`), at its top right. */
+function sparkEl(d, w) {
+  return s("path", { class: "sv-spark", d, transform: `translate(${w - 64},8)` });
+}
+
+/** A collapsed node's face value, at its bottom right. */
+function valueEl(text, box) {
+  return s("text", { class: "sv-value", x: box.w - 8, y: box.h - 8, "text-anchor": "end", text });
+}
+
+/** Sets an element's text unless it is already that (a hovered tooltip is left alone). */
+function setText(el, text) {
+  if (el && el.textContent !== text) el.textContent = text;
+}
+
 /** The red badge of a node holding NaN/Inf (hollow when only a descendant does). */
 function nanIcon(w, own) {
-  return s("g", { class: "sv-nan-icon", transform: `translate(${w - 2},2)` }, [
+  return s("g", { class: "sv-nan-icon", transform: `translate(${w - 2},2)`, "data-own": String(own) }, [
     s("circle", { r: 9, "fill-opacity": own ? 1 : 0.75 }),
     s("text", { y: 4, "text-anchor": "middle", text: "!" }),
     s("title", { text: own ? "NaN/Inf in this node's values" : "NaN/Inf inside this stage" }),

@@ -9,6 +9,14 @@
  * the rest is a drag away. The Fit button still shows the whole graph when asked.
  */
 export const READABLE_SCALE = 0.9;
+/**
+ * The least zoom an opened stage zooms out to, to show it across whole when it is a
+ * little wider than the view at READABLE_SCALE (labels 9.4 px, the smallest text 7.9
+ * px). A notebook's `parameters` of three layers side by side, opened in a view the
+ * detail panel narrowed, started at the view's left and ran past its right: its last
+ * layer cut off, and the graph it belongs to pushed out to the left.
+ */
+export const ACROSS_SCALE = 0.75;
 export const MAX_FIT_SCALE = 1.25;
 const PAD = 28;
 
@@ -36,7 +44,9 @@ export function fitTransform(b, W, H, { minScale = 0, pad = PAD } = {}) {
  * it fits at the current zoom; otherwise zoomed out until it fits, but never below
  * `minScale` (a view zoomed out further, as after Fit, zooms in to it), and then its
  * top-left (the header with its name and the collapse button) in view. Moves as
- * little as it can: `t` already keeps the box where the user clicked it.
+ * little as it can: `t` already keeps the box where the user clicked it. A stage a
+ * little wider than the view at `minScale` zooms out further, to `acrossScale`
+ * (ACROSS_SCALE), when that shows it across whole; a wider one keeps `minScale`.
  *
  * `around`: the other boxes drawn. Its neighbours, those beside it in the rows the view
  * then shows, come into view too: zoomed out to their width (not below `minScale`),
@@ -45,12 +55,15 @@ export function fitTransform(b, W, H, { minScale = 0, pad = PAD } = {}) {
  * @param {{x: number, y: number, w: number, h: number}} box
  * @param {{k: number, x: number, y: number}} t the current transform
  * @param {number} W @param {number} H
- * @param {{minScale?: number, pad?: number, around?: Iterable<{x: number, y: number, w: number, h: number}>}} [options]
+ * @param {{minScale?: number, acrossScale?: number, pad?: number, around?: Iterable<{x: number, y: number, w: number, h: number}>}} [options]
  * @returns {{k: number, x: number, y: number}}
  */
-export function showBoxTransform(box, t, W, H, { minScale = READABLE_SCALE, pad = 16, around = [] } = {}) {
+export function showBoxTransform(box, t, W, H, { minScale = READABLE_SCALE, acrossScale = Math.min(minScale, ACROSS_SCALE), pad = 16, around = [] } = {}) {
   const fitK = Math.min((W - 2 * pad) / box.w, (H - 2 * pad) / box.h);
-  const k = Math.max(minScale, Math.min(t.k, fitK));
+  let k = Math.max(minScale, Math.min(t.k, fitK));
+  // across only: a stage taller than the view starts at its top, as reading does
+  const acrossK = (W - 2 * pad) / box.w;
+  if (acrossK < k && acrossK >= acrossScale) k = acrossK;
   const shown = placeBox(box, t, k, W, H, pad);
   const row = spanAcross(box, around, shown, H);
   if (row.w <= box.w) return shown;
