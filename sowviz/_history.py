@@ -8,6 +8,10 @@ is a multiple of every stride, so the start of the run is never forgotten.
 A pinned entry (the first non-finite step) is never dropped. The run log on disk
 (`log_dir=`) keeps every step.
 
+Beside the entries, `losses` holds every step's loss, recorded or not (a Monitor with
+`every=10` computes the loss at every step: its chart, like the user's own logging,
+has them all), thinned by the same rule to `max(limit, LOSS_POINTS)` points.
+
 Entries are dicts or `_entry.LazyEntry`s (a Monitor's recorded steps, converted to
 dicts on first read): reading the history gives dicts; a step thinned away before
 anyone read it is never converted.
@@ -24,6 +28,9 @@ from typing import Any
 #: non-finite: one run; a loss that flickers makes one per flicker). Past this many,
 #: later steps are counted, not listed.
 MAX_RANGES = 10_000
+#: Points of the every-step loss series kept at least (`LossSeries`): a loss chart
+#: a few hundred pixels wide shows no more, and the model stays small (≈ 50 KB).
+LOSS_POINTS = 2000
 
 
 class NonfiniteSteps:
@@ -65,6 +72,53 @@ class NonfiniteSteps:
         return self.ranges[0][0] if self.ranges else None
 
 
+class LossSeries:
+    """Every step's loss, recorded or not, in step order, thinned like `History`'s
+    entries: the newest `limit // 2` all kept, older ones every 2nd, 4th, ... point
+    (the first point always). A value is a float, or None (no one-number loss)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._recent_max = max(1, limit // 2)
+        self._older_max = max(1, limit - self._recent_max)
+        self._recent: deque[tuple[int, int, float | None]] = deque()  # (index, step, loss)
+        self._older: list[tuple[int, int, float | None]] = []
+        self.stride = 1
+        self.count = 0  # points ever added
+        self.last: int | None = None  # the newest step added
+
+    def add(self, step: int, loss: float | None) -> None:
+        # Steps come in order (`Monitor` hands unrecorded steps' losses over before
+        # the next recorded step); a step again (a record an interrupt made twice, a
+        # re-run non-finite step) or an older one is dropped, not drawn twice.
+        if self.last is not None and step <= self.last:
+            return
+        self.last = step
+        self._recent.append((self.count, step, loss))
+        self.count += 1
+        if len(self._recent) > self._recent_max:
+            old = self._recent.popleft()
+            if old[0] % self.stride == 0:
+                self._older.append(old)
+            while len(self._older) > self._older_max:
+                self.stride *= 2
+                self._older = [p for p in self._older if p[0] % self.stride == 0]
+
+    def __len__(self) -> int:
+        return len(self._older) + len(self._recent)
+
+    @property
+    def steps(self) -> list[int]:
+        return [p[1] for p in self._older] + [p[1] for p in self._recent]
+
+    @property
+    def values(self) -> list[float | None]:
+        return [p[2] for p in self._older] + [p[2] for p in self._recent]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, "loss": self.values, "limit": self.limit}
+
+
 class History:
     """Entries (dicts with a `"step"`), iterated in step order; at most `limit` + pinned."""
 
@@ -79,10 +133,13 @@ class History:
         self.count = 0  # entries ever added
         #: every non-finite step, recorded or not (`mark_nonfinite`), whatever the thinning
         self.nonfinite = NonfiniteSteps()
+        #: every step's loss, recorded (`add`) or not (`add_losses`), thinned
+        self.losses = LossSeries(max(limit, LOSS_POINTS))
 
     def add(self, entry: dict[str, Any], *, pin: bool = False) -> None:
         if not _finite(entry):
             self.nonfinite.add(entry["step"])
+        self.losses.add(entry["step"], _loss(entry))
         if pin:
             self._pinned.append(entry)
             return
@@ -122,6 +179,12 @@ class History:
         step; a run log's `N` records): counted with the recorded ones."""
         self.nonfinite.update(steps)
 
+    def add_losses(self, steps: Iterable[int], losses: Iterable[float | None]) -> None:
+        """Unrecorded steps' losses (`Monitor(every=N)` computes one at every step; a
+        run log's `L` records), in step order, before the next recorded step's entry."""
+        for step, loss in zip(steps, losses, strict=True):
+            self.losses.add(int(step), loss)
+
     @property
     def steps(self) -> list[int]:
         return [e["step"] for e in self._raw()]
@@ -152,8 +215,17 @@ class History:
             # [first, last]; the count includes steps past the listed runs
             "nonfinite_steps": [list(r) for r in self.nonfinite.ranges],
             "nonfinite_count": self.nonfinite.count,
+            # every step's loss, recorded or not (`every=N`), thinned: the loss chart's
+            "losses": self.losses.to_dict(),
             "limit": self.limit,
         }
+
+
+def losses_item(steps: list[int], losses: list[float | None]) -> dict[str, Any]:
+    """Unrecorded steps' losses as an item of a front-end update's list of steps (a
+    Monitor's view, a followed run log): the front end adds them to the loss chart's
+    every-step series (`history.losses`), not as recorded steps."""
+    return {"kind": "losses", "steps": list(steps), "loss": list(losses)}
 
 
 def _first_record(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -172,6 +244,13 @@ def _finite(entry: Any) -> bool:
     if flag is None and isinstance(entry, dict):
         flag = entry.get("finite", True)
     return flag is not False
+
+
+def _loss(entry: Any) -> float | None:
+    # A `_entry.LazyEntry` knows its loss without converting its summaries.
+    if isinstance(entry, dict):
+        return entry.get("loss")
+    return getattr(entry, "loss", None)
 
 
 def _as_dict(entry: Any) -> dict[str, Any]:

@@ -20,7 +20,12 @@ read brings them to the host (or at `flush()`). On unrecorded steps (`every > 1`
 the plain program runs and advances a running flag on the device
 (`_program.chain_flags`: the first non-finite step so far); it is read once per
 `_FLAG_BATCH` unrecorded steps, `_MAX_FLAGS` steps behind the newest (the device
-is not stalled), and one read answers for all of them. With
+is not stalled), and one read answers for all of them. An unrecorded step's loss
+(one number) is charted and logged too: its copy to the host starts as the step
+returns (`copy_to_host_async`, nothing waits), and it is taken with the flags, so
+the chart and TensorBoard's `loss` have every step while the summaries stay at the
+recorded ones; the listeners get the losses in step order, each before the next
+recorded step (`_emit_losses`: TensorBoard drops a tag's steps that go back). With
 `stop_on_nonfinite=True` the flag is read on every step (one small device→host
 sync per step: the price of exactness), and `NonFiniteError` is raised before
 `step` returns, so the caller never applies that update.
@@ -143,11 +148,13 @@ class Monitor:
 
     `mon.step(*args)` returns `jax.value_and_grad(fn, argnums)(*args)` (mode
     "grad") for every call, whatever the shapes. Every `every` steps the summaries join
-    `mon.history` (the whole run, thinned to `history` entries; step 0 is kept).
-    Non-finite values in the loss and gradients are detected on every step: the first
-    is `mon.nonfinite`, located down to the equation and its source line by one re-run
-    of that step (seconds, once per run, on the training thread; `locate_nonfinite()`
-    returns it); with `stop_on_nonfinite=True`, `step` raises `NonFiniteError`.
+    `mon.history` (the whole run, thinned to `history` entries; step 0 is kept); the
+    loss of every step, recorded or not, joins `mon.history.losses` (and the loggers'
+    `loss`), read batched with the NaN flags. Non-finite values in the loss and
+    gradients are detected on every step: the first is `mon.nonfinite`, located down
+    to the equation and its source line by one re-run of that step (seconds, once per
+    run, on the training thread; `locate_nonfinite()` returns it); with
+    `stop_on_nonfinite=True`, `step` raises `NonFiniteError`.
 
     Works with no notebook; displaying `mon` in Jupyter shows the live widget, and
     `mon.save_html(path)` writes a report with the history. `log_dir=`,
@@ -229,6 +236,17 @@ class Monitor:
         self._flags: deque[tuple[int, Any, tuple | None, int]] = deque()
         self._chain: Any = None  # the running flag (`_program.chain_flags`), on the device
         self._chain_runs = 0  # unrecorded steps it has counted
+        # Unrecorded steps' losses: (step, the loss on the device, its copy to the host
+        # started) until read with the flags, then (step, float) until handed over in
+        # step order (`_emit_losses`)
+        self._losses: deque[tuple[int, Any]] = deque()
+        self._losses_read: deque[tuple[int, float | None]] = deque()
+        self._losses_last = -1  # the last step whose loss was handed over
+        # where each program's result holds its loss (`_loss_at`): found once, since
+        # `_loss` flattens a train step's whole result (420 µs a step on 500 leaves)
+        self._loss_of: weakref.WeakKeyDictionary[Traced, Any] = weakref.WeakKeyDictionary()
+        # On a CPU a read of a loss costs ~1 µs: no copy is started ahead of it.
+        self._copy_losses = jax.default_backend() != "cpu"
         self._waiting_since = 0.0  # when the oldest pending recorded step was queued
         self._first_flagged: int | None = None  # first unrecorded step whose flag was bad
         self._located = False  # the first non-finite step was located (done once)
@@ -331,6 +349,8 @@ class Monitor:
                 self._chain = out.chain
                 self._flags.append((step, out.chain, kept, self._chain_runs))
                 self._chain_runs += 1
+            if not record:
+                self._keep_loss(step, out, args)
             # Counted once it is queued: a step interrupted before (Ctrl-C while it
             # compiles or runs) never returned, and its number is the next step's.
             self.steps += 1
@@ -338,6 +358,7 @@ class Monitor:
                 if not (np.asarray(out.finite).all() and np.asarray(given.finite).all()):
                     self._stop(step, out, record)
                 self._flags.clear()
+                self._check_losses(keep=_MAX_FLAGS)
             else:
                 self._check_flags(keep=_MAX_FLAGS)
             self._drain(keep=_MAX_PENDING)
@@ -418,7 +439,8 @@ class Monitor:
         It held none of a Linen ResNet's first 3 steps until `flush()`. Its
         `nonfinite` counts every non-finite step, recorded or not (`every=N` checks every
         step)."""
-        if (self._pending or self._flags) and not self._draining:
+        waiting = self._pending or self._flags or self._losses or self._losses_read
+        if waiting and not self._draining:
             self.flush()
         return self._history
 
@@ -429,6 +451,7 @@ class Monitor:
             try:
                 self._check_flags(keep=0)
                 self._drain(keep=0)
+                self._check_losses(keep=0)  # (stop_on_nonfinite: no flags to read)
             finally:
                 self._draining = was
             self._each("flush")
@@ -500,8 +523,6 @@ class Monitor:
             upto = len(self._flags)
         else:
             upto = len(self._flags) - keep if len(self._flags) >= keep + _FLAG_BATCH else 0
-        if upto <= 0:
-            return
         # (runs of more than `_CHAIN_BITS` steps, which a read answers for, in parts)
         while upto > 0:
             part = min(upto, _CHAIN_BITS)
@@ -509,6 +530,67 @@ class Monitor:
             for _ in range(part):
                 self._flags.popleft()
             upto -= part
+        self._check_losses(keep=keep, before=before)
+
+    # -- every step's loss -----------------------------------------------------------
+
+    def _keep_loss(self, step: int, out: Out, args: tuple) -> None:
+        """An unrecorded step's loss, kept on the device for the next batched read; its
+        copy to the host starts now (asynchronous: the step does not wait, and the read
+        a few steps later finds it there, not one round trip per loss)."""
+        if not self._primal:
+            loss = _loss(out.result, False)
+        else:
+            at = self._loss_of.get(out.traced, _KEEP)
+            if at is _KEEP:
+                at = self._loss_of[out.traced] = _loss_at(out.result, args)
+            loss = at(out.result) if callable(at) else _loss(out.result, True, args)
+        if loss is None:
+            return
+        if self._copy_losses:
+            try:
+                loss.copy_to_host_async()
+            except Exception:  # (an array that cannot: read as it is, with the others)
+                pass
+        self._losses.append((step, loss))
+
+    def _check_losses(self, *, keep: int, before: int | None = None) -> None:
+        """Read the kept losses as `_check_flags` reads flags (`keep`, `before`: the
+        same rule), then hand over those in step order (`_emit_losses`).
+        Interrupt-safe: a loss leaves `_losses` only once read."""
+        if before is not None:
+            upto = sum(1 for s, _ in self._losses if s < before)
+        elif keep == 0:
+            upto = len(self._losses)
+        else:
+            upto = len(self._losses) - keep if len(self._losses) >= keep + _FLAG_BATCH else 0
+        if upto > 0:
+            read = [(s, _host_float(v)) for s, v in (self._losses[i] for i in range(upto))]
+            self._losses_read.extend(read)
+            for _ in range(upto):
+                self._losses.popleft()
+        self._emit_losses()
+
+    def _emit_losses(self, before: int | None = None) -> None:
+        """Hand the read losses over (the history, then the listeners), in step order:
+        those before the oldest recorded step still waiting (and before `before`, the
+        step `_record` is about to write). TensorBoard drops a tag's earlier steps when
+        a step goes back, and the history keeps its series in order."""
+        if not self._losses_read:
+            return
+        bound = self._pending[0][0] if self._pending else None
+        if before is not None:
+            bound = before if bound is None else min(bound, before)
+        ready = [p for p in self._losses_read if bound is None or p[0] < bound]
+        # (a read an interrupt cut short, done again: its steps once)
+        new = [p for p in ready if p[0] > self._losses_last]
+        if new:
+            steps, values = [s for s, _ in new], [v for _, v in new]
+            self._history.add_losses(steps, values)
+            self._each("losses", steps, values)
+            self._losses_last = steps[-1]
+        for _ in ready:
+            self._losses_read.popleft()
 
     def _read_flags(self, read: list[tuple[int, Any, tuple | None, int]]) -> None:
         """One device→host read of the running flag after the last of `read` (at most
@@ -563,6 +645,9 @@ class Monitor:
         at = sum(1 for s, *_ in self._pending if s < step)
         if not self._pending:
             self._waiting_since = time.monotonic()
+        # recorded now: its loss comes with its entry, not twice
+        self._losses = deque(p for p in self._losses if p[0] != step)
+        self._losses_read = deque(p for p in self._losses_read if p[0] != step)
         self._pending.insert(at, (step, _light(rerun), kept, _parts(rerun, self._primal, args)))
 
     def _drain(self, *, keep: int) -> None:
@@ -621,6 +706,7 @@ class Monitor:
             read.entry = entry
         entry = read.entry
         if not read.added:
+            self._emit_losses(before=step)  # the unrecorded steps before it, first
             self._set_latest(out.traced, entry)
             if self._sinks_traced is not out.traced:
                 # Sinks open with the probe list (they name tags and read logs by it),
@@ -902,6 +988,45 @@ def _loss(result: Any, primal: bool, args: tuple = ()) -> jax.Array | None:
     return new[0] if new else None
 
 
+def _loss_at(result: Any, args: tuple) -> Any:
+    """Where `_loss` finds a train step's loss in `result` (mode "primal"), as a
+    function of a result of the same program (`_loss` decides by the structure and the
+    arguments' shapes and dtypes, which a program fixes): `result[2]` of `(params,
+    opt_state, loss)` rather than flattening 500 parameter leaves at every step.
+    `_no_loss` when it finds none, None when the path has a key of a custom pytree
+    (then `_loss` runs at every step)."""
+    loss = _loss(result, True, args)
+    if loss is None:
+        return _no_loss
+    found = [p for p, x in jax.tree_util.tree_flatten_with_path(result)[0] if x is loss]
+    getters = []
+    for key in found[0] if len(found) == 1 else ():
+        if isinstance(key, jax.tree_util.SequenceKey):
+            getters.append(operator.itemgetter(key.idx))
+        elif isinstance(key, jax.tree_util.DictKey):
+            getters.append(operator.itemgetter(key.key))
+        elif isinstance(key, jax.tree_util.GetAttrKey):
+            getters.append(operator.attrgetter(key.name))
+        else:
+            return None
+    if len(found) != 1:
+        return None
+
+    def at(r: Any) -> Any:
+        for get in getters:
+            r = get(r)
+        return r
+
+    try:
+        return at if at(result) is loss else None
+    except Exception:  # (a pytree whose keys do not index it)
+        return None
+
+
+def _no_loss(result: Any) -> None:
+    return None
+
+
 def _same_type(value: jax.Array, arg: Any) -> bool:
     """`arg` is an array of `value`'s shape and dtype (a parameter returned updated)."""
     return (
@@ -959,6 +1084,14 @@ class _Read:
         self.entry: LazyEntry | None = None
         self.added = False
         self.written: list[Any] = []
+
+
+def _host_float(loss: Any) -> float | None:
+    """A loss read to the host (its copy started at its step: `Monitor._keep_loss`)."""
+    try:
+        return float(np.asarray(loss).reshape(()))
+    except (TypeError, ValueError):
+        return None
 
 
 def _light(out: Out) -> Out:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _model
-from ._history import _as_dict
+from ._history import _as_dict, losses_item
 from ._progress import Phase
 from .widget import Inspector
 
@@ -78,6 +78,11 @@ class MonitorView(Inspector):
             self._need_model = True  # too far behind: the model carries the history
         self._outbox.append(entry)
         self._push(force=False)
+
+    def add_losses(self, steps: list[int], losses: list[float | None]) -> None:
+        """Unrecorded steps' losses (`every=N`): one outbox item per read (a few steps),
+        drawn on the loss chart only."""
+        self.add(losses_item(steps, losses))
 
     def push(self) -> None:
         self._push(force=True)
@@ -150,6 +155,9 @@ class _Listener:
 
     def flush(self) -> None:
         self.view.push()
+
+    def losses(self, steps: list[int], losses: list[float | None]) -> None:
+        self.view.add_losses(steps, losses)
 
     def nonfinite_steps(self, steps: list[int]) -> None:
         # Unrecorded steps found non-finite: only the whole model carries the count

@@ -84,8 +84,9 @@ def test_the_log_names_the_unrecorded_nonfinite_steps(every5):
     assert sorted(set(reader.nonfinite_steps)) == sorted(set(want) - (recorded - {3}))
     data = (log / "steps.log").read_bytes()
     kinds = [(r.kind, r.version) for r in fmt.scan(data, 0) if isinstance(r, fmt.Record)]
-    # steps and the end keep format 1's header (an older reader reads them); N is format 2
-    assert {k for k in kinds} == {(b"S", 1), (b"N", 2), (b"E", 1)}
+    # steps and the end keep format 1's header (an older reader reads them); N is format 2,
+    # L (the unrecorded steps' losses) format 3
+    assert {k for k in kinds} == {(b"S", 1), (b"N", 2), (b"L", 3), (b"E", 1)}
     # batched: one record per read of the running flag, never one per step
     assert kinds.count((b"N", 2)) < len(set(want) - recorded)
     hist = sowviz.load(log).model["history"]
@@ -111,7 +112,8 @@ def test_a_record_of_a_newer_format_is_skipped_with_a_warning(every5, tmp_path):
 
     newer[8:12] = zlib.crc32(b"Z" + bytes(newer[12:])).to_bytes(4, "little")
     (tmp_path / "steps.log").write_bytes(bytes(newer) + data)
-    with pytest.warns(LogWarning, match="newer format .*version 3.*Upgrade sowviz"):
+    newest = fmt.VERSION + 1
+    with pytest.warns(LogWarning, match=f"newer format .*version {newest}.*Upgrade sowviz"):
         steps = LogReader(tmp_path).read()
     assert [e["step"] for e in steps] == [e["step"] for e in LogReader(log).read()]
 

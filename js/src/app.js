@@ -16,7 +16,7 @@ import { READABLE_SCALE } from "./viewport.js";
 import { DetailPanel } from "./detail.js";
 import { drawLines, purge } from "./charts.js";
 import { watchTheme, chartColours } from "./theme.js";
-import { HistoryStore, nonfiniteCount, nonfiniteSteps, shownStep, withStep } from "./history.js";
+import { HistoryStore, lossSeries, nearestStep, nonfiniteCount, nonfiniteSteps, shownStep, withStep } from "./history.js";
 
 export const MODES = ["primal", "grad", "jvp", "vjp", "all"];
 /** The first picture fits the whole graph unless its text would get smaller than readable. */
@@ -523,7 +523,9 @@ export class App {
   drawLoss() {
     this.drawStepNote();
     const hist = this.store.history;
-    const has = hist?.steps?.length && (hist.loss.some((v) => v != null) || nonfiniteSteps(hist).length > 0);
+    // every step's loss (`history.losses`), the recorded steps' in an older model
+    const series = lossSeries(hist);
+    const has = hist?.steps?.length && (series.loss.some((v) => v != null) || nonfiniteSteps(hist).length > 0);
     const appeared = has && this.lossBox.hidden;
     this.lossBox.hidden = !has;
     if (!has) return;
@@ -546,13 +548,14 @@ export class App {
       : ["loss"]));
     this.lossTitle.classList.toggle("sv-bad", bad.length > 0);
     const shown = this.viewStep ?? hist.steps[hist.steps.length - 1];
-    const plot = drawLines(this.lossChart, hist.steps, [{ name: "loss", y: hist.loss, colour: c.accent }], { colours: c, width: LOSS_W, height: LOSS_H, yTitle: "", nonfinite: bad, marker: shown, compact: true });
+    const plot = drawLines(this.lossChart, series.steps, [{ name: "loss", y: series.loss, colour: c.accent }], { colours: c, width: LOSS_W, height: LOSS_H, yTitle: "", nonfinite: bad, marker: shown, compact: true });
     if (!this.lossClicks) {
-      // a click on the chart draws the values of the step clicked (the nearest recorded one)
+      // a click on the chart draws the values of the step clicked (the nearest recorded
+      // one: with `every=N` the line has every step, the summaries the recorded ones)
       this.lossClicks = true;
       Promise.resolve(plot).then((gd) => gd?.on?.("plotly_click", (ev) => {
         const x = ev?.points?.[0]?.x;
-        if (typeof x === "number") this.showStep(x);
+        if (typeof x === "number") this.showStep(nearestStep(this.store.history, x));
       }));
     }
   }

@@ -3,10 +3,16 @@
 // Pure apart from the listener callbacks.
 
 export const DEFAULT_LIMIT = 1000;
+/** Points of the every-step loss series kept (Python's `_history.LOSS_POINTS`). */
+export const LOSS_LIMIT = 2000;
 
 /** An empty history in the model's shape. */
 export function emptyHistory(limit = DEFAULT_LIMIT) {
-  return { steps: [], loss: [], finite: [], program: [], probes: {}, nonfinite: null, limit };
+  return { steps: [], loss: [], finite: [], program: [], probes: {}, nonfinite: null, losses: emptyLosses(), limit };
+}
+
+function emptyLosses(limit = LOSS_LIMIT) {
+  return { steps: [], loss: [], limit };
 }
 
 /** A deep enough copy of a model's history, so appending never mutates the model. */
@@ -26,14 +32,62 @@ export function copyHistory(h) {
     nonfinite: h.nonfinite ?? null,
     nonfinite_steps: h.nonfinite_steps ?? null,
     nonfinite_count: h.nonfinite_count ?? null,
+    // every step's loss, recorded or not (`every=N`); null: an older model, whose
+    // chart is the recorded steps' `loss`
+    losses: h.losses ? { steps: [...(h.losses.steps ?? [])], loss: [...(h.losses.loss ?? [])], limit: h.losses.limit ?? LOSS_LIMIT } : null,
     limit: h.limit ?? DEFAULT_LIMIT,
   };
 }
 
-/** Appends one step, keeping every series aligned with `steps`; drops the oldest past `limit`. */
+/**
+ * The loss chart's series: every step's loss (`history.losses`: a Monitor with
+ * `every=N` computes one at every step), else the recorded steps' (an older model).
+ * @param {any} h @returns {{steps: number[], loss: (number|null)[]}}
+ */
+export function lossSeries(h) {
+  if (h?.losses?.steps?.length) return h.losses;
+  return { steps: h?.steps ?? [], loss: h?.loss ?? [] };
+}
+
+/**
+ * Adds losses of steps after the series' last (older or repeated steps are dropped:
+ * they come in step order); past its limit, every other point of its older half goes
+ * (the first point stays), as Python thins it.
+ */
+export function appendLosses(h, steps, losses) {
+  const ls = (h.losses ??= emptyLosses());
+  for (let i = 0; i < steps.length; i++) {
+    const n = ls.steps.length;
+    if (typeof steps[i] !== "number" || (n && steps[i] <= ls.steps[n - 1])) continue;
+    ls.steps.push(steps[i]);
+    ls.loss.push(typeof losses?.[i] === "number" ? losses[i] : null);
+  }
+  while (ls.steps.length > Math.max(ls.limit ?? LOSS_LIMIT, 2)) {
+    const half = Math.floor(ls.steps.length / 2);
+    const keep = (_, i) => i >= half || i % 2 === 0;
+    ls.steps = ls.steps.filter(keep);
+    ls.loss = ls.loss.filter(keep);
+  }
+  return h;
+}
+
+/** The recorded step of `h` nearest to step `x` (a click on the every-step loss chart). */
+export function nearestStep(h, x) {
+  let best = null;
+  for (const s of h?.steps ?? []) if (best == null || Math.abs(s - x) < Math.abs(best - x)) best = s;
+  return best;
+}
+
+/**
+ * Appends one step, keeping every series aligned with `steps`; drops the oldest past
+ * `limit`. An item `{kind: "losses", steps, loss}` (unrecorded steps' losses) goes to
+ * the every-step loss series only.
+ */
 export function appendStep(h, step) {
+  if (step?.kind === "losses") return appendLosses(h, step.steps ?? [], step.loss ?? []);
   const n = h.steps.length;
   h.steps.push(step.step ?? (n ? h.steps[n - 1] + 1 : 0));
+  if (h.losses) appendLosses(h, [h.steps[n]], [step.loss]);
   h.loss.push(typeof step.loss === "number" ? step.loss : null);
   h.finite.push(typeof step.finite === "boolean" ? step.finite : null);
   h.program.push(typeof step.program === "number" ? step.program : null);
@@ -214,6 +268,9 @@ export class HistoryStore {
     const n = this.history.steps.length;
     const last = n ? this.history.steps[n - 1] : -Infinity;
     before?.steps?.forEach((s, i) => { if (s > last) appendStep(this.history, stepAt(before, i)); });
+    // (and the unrecorded steps' losses after the model's own: `appendLosses` keeps
+    // the newer ones only)
+    if (before?.losses && this.history.losses) appendLosses(this.history, before.losses.steps, before.losses.loss);
     this.emit();
   }
   push(step) {

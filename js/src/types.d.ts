@@ -137,6 +137,8 @@ export interface History {
   program?: (number | null)[];
   probes: Record<string, Record<string, SummaryLite[]>>;
   nonfinite: { step: number; forward: string | null; backward: string | null } | null;
+  /** optional: every step's loss, recorded or not (`every=N`), thinned; null/absent: an older model */
+  losses?: { steps: number[]; loss: (number | null)[]; limit?: number } | null;
   /** optional: most steps the front end keeps (Monitor's `history`) */
   limit?: number;
 }

@@ -3,9 +3,10 @@
 A record is a 12-byte header and a payload::
 
     magic  b"SV" + version byte + kind byte (b"S" a step, b"E" the clean end, b"N"
-           unrecorded steps found non-finite); the version byte is the format version
-           that brought the record's kind (1 for S and E, 2 for N), so a reader of an
-           older version reads every record it knows and skips the others
+           unrecorded steps found non-finite, b"L" unrecorded steps' losses); the
+           version byte is the format version that brought the record's kind (1 for S
+           and E, 2 for N, 3 for L), so a reader of an older version reads every
+           record it knows and skips the others
     u32    payload length (little-endian)
     u32    CRC-32 of kind byte + payload (zlib.crc32, little-endian)
     payload  zlib-compressed: u32 JSON length, the JSON, then the array bytes
@@ -31,14 +32,14 @@ from typing import Any
 
 import numpy as np
 
-VERSION = 2  # the newest record kind this module reads and writes (`KINDS`)
+VERSION = 3  # the newest record kind this module reads and writes (`KINDS`)
 SIGNATURE = b"SV"
-STEP, END, NONFINITE = b"S", b"E", b"N"
+STEP, END, NONFINITE, LOSSES = b"S", b"E", b"N", b"L"
 #: The version byte each kind is written with: the format version that brought it.
 #: Steps and the end are version 1's, byte for byte, so a version-1 reader (sowviz
 #: before session 38) still reads a new log's steps, and skips its `N` records as
 #: unreadable bytes (a warning) rather than refusing the whole log.
-KINDS = {STEP: 1, END: 1, NONFINITE: 2}
+KINDS = {STEP: 1, END: 1, NONFINITE: 2, LOSSES: 3}
 MAGIC = SIGNATURE + bytes([1])  # a version-1 record's first three bytes
 HEADER = struct.Struct("<4sII")  # magic+kind, payload length, crc32
 # A payload over this is taken for a corrupt length field, not a record.

@@ -53,6 +53,11 @@ class LogReader:
         #: with `every=N` checks every step, and the log says which were bad. Steps
         #: yielded by `steps()` say their own (`"finite"`).
         self.nonfinite_steps: list[int] = []
+        #: Unrecorded steps' losses (`L` records: `every=N` computes one at every step),
+        #: `(step, loss)` in step order, read and not yet taken (`RunLogView` takes
+        #: those before each step it yields, then the rest). A record's losses come
+        #: before the next recorded step's own record in the file.
+        self.losses: list[tuple[int, float | None]] = []
         self._warned: set[int] = set()
         self._tail = 0  # offset of the last incomplete record seen
 
@@ -142,6 +147,10 @@ class LogReader:
                     continue
                 if item.kind == fmt.NONFINITE:
                     self.nonfinite_steps += [int(s) for s in entry.get("steps", [])]
+                    continue
+                if item.kind == fmt.LOSSES:
+                    steps, losses = entry.get("steps", []), entry.get("loss", [])
+                    self.losses += [(int(s), v) for s, v in zip(steps, losses, strict=False)]
                     continue
                 yield entry
             elif isinstance(item, fmt.Corrupt):

@@ -1,11 +1,13 @@
 """Sinks: where a Monitor's recorded steps go besides the widget.
 
 A sink has `open(model)` (the sowviz/1 graph model, once; a later call replaces it),
-`write(entry)` (one recorded step: the dict the Monitor appends to its history) and
-`close()`. The training loop only hands an entry to a queue: the encoding and the
-writing happen on the sink's own thread, off the step's critical path. A failure
-there (a full disk, a closed run) never raises into the training step: the sink
-warns once, on the caller's thread at its next call, and turns itself off.
+`write(entry)` (one recorded step: the dict the Monitor appends to its history),
+`losses(steps, losses)` (unrecorded steps' losses, in step order, each batch before
+the next recorded step's `write`) and `close()`. The training loop only hands an
+entry to a queue: the encoding and the writing happen on the sink's own thread, off
+the step's critical path. A failure there (a full disk, a closed run) never raises
+into the training step: the sink warns once, on the caller's thread at its next
+call, and turns itself off.
 
 A sink may also be retired from outside (`retire`): a newer Monitor given the same
 `log_dir` takes the log of one whose first step failed (it holds no step), or of one
@@ -38,7 +40,7 @@ QUEUE_STEPS = 256
 # makes the loop wait.
 LAG_STEPS = 8
 
-_OPEN, _WRITE, _CLOSE, _NONFINITE = "open", "write", "close", "nonfinite"
+_OPEN, _WRITE, _CLOSE, _NONFINITE, _LOSSES = "open", "write", "close", "nonfinite", "losses"
 _live: weakref.WeakSet[Sink] = weakref.WeakSet()
 
 
@@ -101,6 +103,11 @@ class Sink:
         """Unrecorded steps found non-finite (`Monitor(every=N)` checks every step), as
         one read of its running flag names them: a few at a time."""
         self._put(_NONFINITE, list(steps))
+
+    def losses(self, steps: list[int], losses: list[float | None]) -> None:
+        """Unrecorded steps' losses (`Monitor(every=N)` computes one at every step), a
+        few at a time as one read takes them, in step order with the `write`s."""
+        self._put(_LOSSES, (list(steps), list(losses)))
 
     def flush(self) -> None:
         """Wait until everything handed over so far is written."""
@@ -174,6 +181,8 @@ class Sink:
                         self._write_timed(item)
                     elif op == _NONFINITE:
                         self._nonfinite_steps(item)
+                    elif op == _LOSSES:
+                        self._losses(*item)
                     else:
                         self._close()
             except Exception as err:  # reported on the caller's thread
@@ -209,6 +218,9 @@ class Sink:
         raise NotImplementedError
 
     def _nonfinite_steps(self, steps: list[int]) -> None:
+        pass  # (a sink that logs only recorded steps)
+
+    def _losses(self, steps: list[int], losses: list[float | None]) -> None:
         pass  # (a sink that logs only recorded steps)
 
     def _close(self) -> None:

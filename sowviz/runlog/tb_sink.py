@@ -73,8 +73,9 @@ def _library():
 
 
 class TensorBoardSink(Sink):
-    """Writes `loss`, per-probe `l2` / `nonfinite` scalars and histograms per stage and
-    mode into `logdir` (default `log_dir/tensorboard`)."""
+    """Writes `loss` (every step's, recorded or not), per-probe `l2` / `nonfinite`
+    scalars and histograms per stage and mode (recorded steps) into `logdir` (default
+    `log_dir/tensorboard`)."""
 
     name = "TensorBoard writer"
 
@@ -116,6 +117,21 @@ class TensorBoardSink(Sink):
         event = self._event_pb2.Event(wall_time=time.time(), step=int(entry["step"]))
         _add_values(event.summary.value, list(step_items(entry, self._tags)))
         self._writer.write_event(event)
+        if time.monotonic() - self._flushed >= FLUSH_SECS:
+            self._flush_file()
+
+    def _losses(self, steps: list[int], losses: list[float | None]) -> None:
+        # Unrecorded steps' `loss` (`every=N`): one event per step, in step order
+        # before the next recorded step's (TensorBoard drops a tag's later steps when
+        # a step goes back).
+        self._check_still_there(f"at step {steps[-1]}")
+        now = time.time()
+        for step, loss in zip(steps, losses, strict=True):
+            if loss is None:
+                continue
+            event = self._event_pb2.Event(wall_time=now, step=int(step))
+            event.summary.value.add(tag="loss", simple_value=float(loss))
+            self._writer.write_event(event)
         if time.monotonic() - self._flushed >= FLUSH_SECS:
             self._flush_file()
 

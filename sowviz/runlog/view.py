@@ -20,7 +20,7 @@ import pathlib
 import threading
 from typing import Any
 
-from .._history import History
+from .._history import History, losses_item
 from . import join as _join
 from .reader import LogReader
 from .writer import MODEL_FILE, STEPS_FILE
@@ -132,6 +132,9 @@ class RunLogView:
         this read) also go to `also`."""
         n = 0
         for part, e in self._new_steps():
+            for earlier in range(part):  # (a part's last losses: before the next's steps)
+                self._take_losses(earlier, None)
+            self._take_losses(part, e.get("step"))  # the unrecorded steps before it
             first_bad = self.nonfinite is None and bool(e.get("nonfinite"))
             if first_bad:
                 self.nonfinite = {"step": e["step"], **e["nonfinite"]}
@@ -150,6 +153,8 @@ class RunLogView:
                     self._sent_model = False
             if also is not None:
                 also(e)
+        for part in range(len(self.readers)):
+            self._take_losses(part, None)
         for part, reader in enumerate(self.readers):
             # (the unrecorded steps found non-finite: counted, not kept as steps;
             # those a later part replaced, left out)
@@ -157,6 +162,29 @@ class RunLogView:
             cut = _join.cut_at(self.log_dirs, self._firsts, part)
             self.history.mark_nonfinite(s for s in unrecorded if cut is None or s < cut[0])
         return n
+
+    def _take_losses(self, part: int, before: Any) -> None:
+        """Part `part`'s unrecorded steps' losses read so far (`L` records), those
+        before step `before` (None: all), into the history's every-step loss series
+        (and the widget's outbox), in step order; those a later part replaced, left
+        out."""
+        reader = self.readers[part]
+        if not reader.losses:
+            return
+        if isinstance(before, int):
+            k = next((i for i, (s, _) in enumerate(reader.losses) if s >= before), None)
+        else:
+            k = None
+        taken = reader.losses if k is None else reader.losses[:k]
+        reader.losses = [] if k is None else reader.losses[k:]
+        cut = _join.cut_at(self.log_dirs, self._firsts, part)
+        taken = [(s, v) for s, v in taken if cut is None or s < cut[0]]
+        if not taken:
+            return
+        steps, losses = [s for s, _ in taken], [v for _, v in taken]
+        self.history.add_losses(steps, losses)
+        if self._widget is not None and self._sent_model:
+            self._outbox.append(losses_item(steps, losses))
 
     def _restart(self) -> None:
         """Forget every step read (`_ReadAgain`): the logs are read again from their

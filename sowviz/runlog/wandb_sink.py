@@ -4,7 +4,7 @@ Each recorded step becomes one `run.log({...})` with a
 `wandb.Histogram(np_histogram=(counts, edges))` per probe and mode (sowviz's own
 on-device bins, not re-binned on the host) and the `loss`, `…/l2` and
 `…/nonfinite` scalars, under the tags TensorBoard gets (see `naming.py`), each
-prefixed `sowviz/`.
+prefixed `sowviz/`. An unrecorded step (`every=N`) is a row of its `loss` alone.
 
 The Monitor's step numbers are the metric `sowviz/step`, every `sowviz/*` metric's
 x-axis (`run.define_metric`), not W&B's own `step`: a recorded step reaches the host
@@ -74,3 +74,9 @@ class WandbSink(Sink):
             else:
                 data[PREFIX + item.tag] = item.value
         self.run.log(data)
+
+    def _losses(self, steps: list[int], losses: list[float | None]) -> None:
+        # Unrecorded steps' `loss` (`every=N`): a row each, at its `sowviz/step`.
+        for step, loss in zip(steps, losses, strict=True):
+            if loss is not None:
+                self.run.log({STEP: int(step), PREFIX + "loss": float(loss)})

@@ -219,6 +219,12 @@ class LogSink(Sink):
         self._check_still_there(f"at step {steps[-1]}")
         self._append(fmt.frame(fmt.NONFINITE, fmt.encode({"steps": steps})))
 
+    def _losses(self, steps: list[int], losses: list[float | None]) -> None:
+        # Unrecorded steps' losses (`every=N`), as one read of the Monitor took them (a
+        # few a record); the recorded steps' are in their own step records.
+        self._check_still_there(f"at step {steps[-1]}")
+        self._append(fmt.frame(fmt.LOSSES, fmt.encode({"steps": steps, "loss": losses})))
+
     def _append(self, record: bytes) -> None:
         assert self._fd is not None
         view = memoryview(record)
