@@ -273,9 +273,7 @@ def test_equations_between_a_linen_modules_layers_carry_data():
     b = jax.nn.relu(dense(p["Dense_1"], a))
     y = jnp.sin(dense(p["head"]["Dense_0"], b))
     dy = 2 * y / y.size
-    # (`a = jnp.squeeze(nn.tanh(...), 1)`, two equations of the module's own, is one box
-    # named by the line since round 14, as in a function of yours)
-    for name, value, grad in (("a", a, da), ("sin", y, dy)):
+    for name, value, grad in (("tanh", t, da[:, None]), ("squeeze", a, da), ("sin", y, dy)):
         got = ins.probe(name).summaries
         np.testing.assert_allclose(got["primal"]["mean"], np.mean(value), rtol=1e-5)
         np.testing.assert_allclose(got["cotangent"]["l2"], np.linalg.norm(grad), rtol=1e-5)

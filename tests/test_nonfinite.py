@@ -1708,7 +1708,9 @@ def test_in_nested_scans_the_stage_level_candidates_name_the_origin_in_the_inner
     ins = sowviz.inspect(f_epochs_of_minibatches, w, batches, mode="primal")
     msg = ins.nonfinite.forward.message
     assert "at an earlier iteration of its loop, what follows it in the body made it (" in msg
-    assert f"(`log` (tests/test_nonfinite.py:{line})" in msg, msg  # named first
+    # named first, by its line's box (`logp = jnp.log(p)`, a box since round 14: the
+    # function's lines read alike in every call of it)
+    assert f"(`logp` (tests/test_nonfinite.py:{line})" in msg, msg
     assert msg.endswith("`locate_nonfinite()` names the equation"), msg
     o = ins.locate_nonfinite()
     assert (o.forward.equation.primitive, _line(o.forward)) == (prim, line), o.message

@@ -50,7 +50,7 @@ def test_banner_names_the_equation_and_links_to_it(page, nan_report):
     pg = page.open_report(path)
     banner = pg.locator('[data-role="nonfinite-banner"]')
     text = banner.inner_text()
-    assert "rsqrt in h" in text and f":{LINE}" in text
+    assert "rsqrt in norm" in text and f":{LINE}" in text
     assert banner.locator("code", has_text="rsqrt").count() >= 1
     link = banner.locator('[data-origin="forward"]')
     assert link.get_attribute("data-node") == eq["node"]

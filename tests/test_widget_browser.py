@@ -339,7 +339,7 @@ def test_locate_button_round_trip(monkeypatch, browser, scheme):
             "() => !document.querySelector('[data-role=nonfinite-banner] [data-role=locate]')"
         )
         text = banner.inner_text()
-        assert "log in z" in text and f":{line}" in text
+        assert "log in feat" in text and f":{line}" in text
         assert banner.locator('[data-origin="forward"]').get_attribute("data-node") == eq["node"]
         assert status.is_hidden()
         pg.locator(".sowviz").screenshot(path=str(ARTIFACTS / f"widget_located_{scheme}.png"))
@@ -361,7 +361,7 @@ def test_report_locate_button_is_disabled_with_the_reason(page, tmp_path):
     ins.locate_nonfinite()
     pg = page.open_report(ins.save_html(tmp_path / "nan2.html"))
     assert pg.locator('[data-role="locate"]').count() == 0
-    assert "log in z" in pg.locator('[data-role="nonfinite-banner"]').inner_text()
+    assert "log in feat" in pg.locator('[data-role="nonfinite-banner"]').inner_text()
     assert page.errors == []
 
 

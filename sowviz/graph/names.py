@@ -1266,26 +1266,17 @@ def _fold(
         # of several equations keeps its call's box (`mask = make_causal_mask(t)`:
         # `make_causal_mask`; `m = jnp.mean(x)`: `mean`). The key's marks: `_LINE`,
         # `_LEAVES` for a lambda's calls, each a stage (`take` per leaf).
-        # In a module's or a named scope's stage, which carries the data, a line of one
-        # equation stays its primitive; a line of two or more assigning a name is its
-        # box too, whatever the level's size (a big level's folds of three had made
-        # `deltaA` a box beside `A = -jnp.exp(...)`'s loose `exp`, `neg`).
         loc, scope = locs[i], scope_of(i)
-        staged = bool(scope) and not scope[-1].startswith(CALL)
-        if staged and (scope[-1].startswith(FOLD) or _EINSUM.match(scope[-1].split(_AGAIN, 1)[0])):
-            return None  # (a fold's or an einsum's work: its box names it)
+        if scope and not scope[-1].startswith(CALL):
+            return None  # a named scope's or a module's work is its stage's (README)
         if loc is None:
             return None
-        if staged and line_assigns(i) is None:
-            return None  # (what a stage returns is the stage's value)
         if line_assigns(i) is None and not returned_in_call(i) and not returned_leaves(i):
             return None
         if at_module_call is not None and at_module_call(i):
             return None
         first = statement_line(loc.file, loc.line)  # (a statement over two lines: one run)
         lo, hi = line_run(i)
-        if staged and len(drawn(lo, hi)) < 2:
-            return None
         if any(construct_in(m) or calls(m)[:1] in _PLUMBING for m in range(lo, hi + 1)):
             return None
         if line_runs()[loc] > 1 and loop_with_stages(i):
