@@ -23,9 +23,15 @@ export function repeatStats(index, id, leaf = null) {
   const named = index.nodes.get(id)?.blocks ?? [];
   const kids = named.length ? named
     : (index.children.get(id) ?? []).filter((c) => index.nodes.get(c)?.kind !== "eqn");
+  // A block without that leaf charts the value of the group's own type: a Python loop's
+  // last pass, its new cache read by no one, shows its one value with no leaf (`[1]` in
+  // the passes before it), which is no reason to chart their caches instead.
+  const own = index.probesByNode.get(id)?.find((p) => p.leaf === leaf);
+  const want = typeOf(own);
   const blocks = kids.map((c) => {
     const ps = index.probesByNode.get(c) ?? [];
     const probe = (leaf != null ? ps.find((p) => p.auto && p.leaf === leaf) : null)
+      ?? (want != null ? ps.find((p) => p.auto && typeOf(p) === want) : null)
       ?? ps.find((p) => p.auto) ?? ps[0] ?? null;
     return { id: c, label: index.nodes.get(c)?.label ?? c, probe };
   });
@@ -41,4 +47,13 @@ export function repeatStats(index, id, leaf = null) {
     series[mode].nonfinite = blocks.map((b) => nonfiniteCount(b.probe?.summaries?.[mode]));
   }
   return { blocks, modes, series };
+}
+
+/**
+ * A probe's value type as its first summary gives it (`float32[4]`), or null.
+ * @param {any} probe
+ */
+function typeOf(probe) {
+  const s = Object.values(probe?.summaries ?? {})[0];
+  return s && s.dtype != null && Array.isArray(s.shape) ? `${s.dtype}[${s.shape.join(",")}]` : null;
 }

@@ -62,6 +62,23 @@ test("a block without the statistic gives null, not a made-up number", () => {
   assert.equal(st.blocks[2].probe, null);
 });
 
+test("a last block whose values leave it only in part charts the group's value, as the others do", () => {
+  // A Python loop's passes hand on `[0]` a cache and `[1]` a token; the last pass's cache
+  // is read by no one, so it has one value, leaf "", which the group shows as its own.
+  const m = groupModel();
+  const typed = (dtype, shape, l2) => ({ ...summary({ l2 }), dtype, shape });
+  m.probes = [];
+  for (const [i, n] of ["n2", "n3"].entries()) {
+    m.probes.push({ id: `c${i}`, name: n, leaf: "[0]", node: n, auto: true, summaries: { primal: typed("float32", [6, 4], 100 + i) } });
+    m.probes.push({ id: `t${i}`, name: n, leaf: "[1]", node: n, auto: true, summaries: { primal: typed("float32", [4], 1 + i) } });
+  }
+  m.probes.push({ id: "t2", name: "n4", leaf: "", node: "n4", auto: true, summaries: { primal: typed("float32", [4], 3) } });
+  m.probes.push({ id: "g", name: "group", leaf: "", node: "n1", auto: true, summaries: { primal: typed("float32", [4], 3) } });
+  const st = repeatStats(indexModel(m), "n1", "");
+  assert.deepEqual(st.blocks.map((b) => b.probe?.id), ["t0", "t1", "t2"]);
+  assert.deepEqual(st.series.primal.l2, [1, 2, 3]);
+});
+
 test("blocks are numbered as their labels number them", () => {
   assert.deepEqual(blockNumbers(["BottleneckResNetBlock_8", "BottleneckResNetBlock_9", "BottleneckResNetBlock_10"]), [8, 9, 10]);
   assert.deepEqual(blockNumbers(["layers[0]: Block", "layers[1]: Block"]), [0, 1]);

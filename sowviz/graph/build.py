@@ -417,6 +417,19 @@ def _library_call(eqn: Any) -> str | None:
     return names[0] if names and not names[0].startswith("_") else None
 
 
+def _library_jit(eqn: Any) -> bool:
+    """Whether `eqn` is a `jit` of a library's own function (`jnp.argsort`, `jnp.tril`:
+    JAX's, or an installed package's), not one of the user's (`fold_names`)."""
+    if eqn.primitive.name not in _compat.JIT:
+        return False
+    if eqn.params.get("name") == "_where":
+        # `gate = jnp.where(g > 0, jnp.sqrt(g), 0.0)` keeps its `sqrt` a stage of its
+        # own: a NaN masked there is what the NaN messages name ("before it, a NaN in
+        # `sqrt`"), the double-where trap's hint with it
+        return False
+    return _compat.defined_in_library(eqn.params["jaxpr"])
+
+
 def _user_operation(frames: _compat.UserFrames | None, eqn: Any) -> tuple[Any, bool] | None:
     """The Python operation of the user's that made `eqn`, as its innermost user frame's
     code and instruction (`p["embed"][idx]` makes five equations at one), and whether
@@ -934,6 +947,7 @@ class _Builder(InputsMixin):
             span=lambda i: _compat.user_span(jaxpr.eqns[stand_in[i]]),
             draws=[_compat.draws_from_key(e) for e in jaxpr.eqns],
             outside=[_compat.on_traced_lambda_line(jaxpr.eqns[m]) for m in stand_in],
+            library_jits=[_library_jit(e) for e in jaxpr.eqns],
         )
         # (`u_t = jax.grad(model)(t, x)`: one box `u_t` around the calls the grad made)
         level_names = fold_derivative_lines(

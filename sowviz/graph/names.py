@@ -35,6 +35,7 @@ from .source_text import (
     names_string,
     operand_text,
     returned_label,
+    returned_values,
     returns_expression,
     rule_owner,
     scope_opened_at,
@@ -465,6 +466,7 @@ def fold_names(
     span: Callable[[int], Span | None] | None = None,
     draws: Sequence[bool] = (),
     outside: Sequence[bool] = (),
+    library_jits: Sequence[bool] = (),
 ) -> list[tuple[str, ...]]:
     """Scope names with runs of unscoped equations folded. A level with more than
     `line_limit` nodes folds runs of 3 or more equations from one source line, labelled
@@ -519,7 +521,10 @@ def fold_names(
     the lambda sowviz traced (`_compat.on_traced_lambda_line`): that line's statement
     (`ins = sowviz.inspect(lambda w, x: ..., w, x)`) ran outside the program, and its
     target (`ins`, or a bare call's `sowviz.show`) names none of the lambda's work, which
-    is drawn as a function's own lines are."""
+    is drawn as a function's own lines are. `library_jits`: whether each equation is a
+    `jit` of a library's own function (`jnp.argsort`, `jnp.tril`), not one of the user's:
+    a line assigning a name from its own work and such a call (`order =
+    jnp.argsort(-scores)`) is one box named by it, not `neg` beside `argsort`."""
     facts = _Facts(
         call_path,
         at_module_call,
@@ -533,6 +538,7 @@ def fold_names(
         span,
         draws,
         outside,
+        library_jits,
     )
     folded = _fold_level(names, locs, limit, line_limit, facts)
     return _without_cast_folds(folded, primitives)
@@ -555,6 +561,7 @@ class _Facts:
     span: Callable[[int], Span | None] | None = None
     draws: Sequence[bool] = ()
     outside: Sequence[bool] = ()
+    library_jits: Sequence[bool] = ()
 
     def run(self, start: int, stop: int) -> _Facts:
         """The facts of equations `[start, stop)`, as a level of their own numbers them."""
@@ -571,6 +578,7 @@ class _Facts:
             _shifted(self.span, start),
             self.draws[start:stop],
             self.outside[start:stop],
+            self.library_jits[start:stop],
         )
 
 
@@ -1021,7 +1029,13 @@ def _fold(
             scope_of(m)[: len(sc)] == sc and not replayed(m, loc) for m in range(j + 1, len(out))
         )
         if last and is_return(loc.file, loc.line):  # what it computes (`mean`), not `return`
-            return returned_label(loc.file, loc.line) or own
+            # (of several values, those the run computes: `toks[order], s[order]`)
+            spans = [facts.span(m) for m in range(i, j + 1)] if facts.span is not None else []
+            known = [s for s in spans if s is not None]
+            several = None
+            if len(known) == len(spans):
+                several = returned_values(loc.file, loc.line, known)
+            return returned_label(loc.file, loc.line) or several or own
         if outside_at(i):  # (`sowviz.show(lambda w, x: ...)`: not `sowviz.show`)
             return own
         return called_alone(loc.file, loc.line) or own  # a bare call: `jax.debug.print`
@@ -1163,6 +1177,11 @@ def _fold(
         small = prim in _compat.JIT or prim == _compat.CUSTOM_JVP or prim in _compat.CUSTOM_VJP
         return not (small and (calls(m) or library_custom(m)))
 
+    def library_jit(m: int) -> bool:
+        # a library's jitted function the line calls (`jnp.argsort`, `jnp.tril`), whose
+        # traceback names no call (its `jit` binds from JAX's own frames), not yours
+        return m < len(facts.library_jits) and facts.library_jits[m]
+
     def library_custom(m: int) -> bool:
         # a custom-derivative stage the user's line calls from a library (`jax.nn.relu`)
         loc, prim = locs[m], primitives[m] if m < len(primitives) else ""
@@ -1208,10 +1227,12 @@ def _fold(
         # derivative (`jax.nn.relu`: its traceback names no call, so the line says
         # whose it is), after work of the line's own (`x @ w + b`): the line's
         # elementwise step, as `jnp.tanh` is, not its one call (`probs =
-        # jax.nn.softmax(logits)` keeps its box `softmax`)
+        # jax.nn.softmax(logits)` keeps its box `softmax`); so is a library's jitted
+        # function after such work (`order = jnp.argsort(-scores)`: `order`, not `neg`
+        # beside `argsort`; `causal = jnp.tril(jnp.ones((T, T), bool))`: `causal`)
         if len(drawn(lo, last)) < 2:
             return False
-        return library_custom(last)
+        return library_custom(last) or library_jit(last)
 
     def returned_in_call(i: int) -> bool:
         # `i`'s line returns one value from a call of your function (`return x @
@@ -1277,16 +1298,22 @@ def _fold(
             return None
         first = statement_line(loc.file, loc.line)  # (a statement over two lines: one run)
         lo, hi = line_run(i)
-        if any(construct_in(m) or calls(m)[:1] in _PLUMBING for m in range(lo, hi + 1)):
+        last = hi  # (the axes `vmap` moves after it are no work of the line's)
+        while last > lo and last < len(primitives) and primitives[last] in _LAYOUT:
+            last -= 1
+        # (a library's jitted function making the line's value, `jnp.argsort` of `order =
+        # jnp.argsort(-scores)`, is no construct to keep apart: `activation`; one before
+        # it, an argument's `%`, still is, the line's value then made elsewhere)
+        if any(
+            (construct_in(m) and not (m == last and library_jit(m))) or calls(m)[:1] in _PLUMBING
+            for m in range(lo, hi + 1)
+        ):
             return None
         if line_runs()[loc] > 1 and loop_with_stages(i):
             return None  # a Python loop's line, once per pass: `repeats` stacks the passes
         lam = loc.function.endswith("<lambda>")
         per_leaf = lam and called_again(lo, hi)
         draw = not per_leaf and draw_run(lo, hi)
-        last = hi  # (the axes `vmap` moves after it are no work of the line's)
-        while last > lo and last < len(primitives) and primitives[last] in _LAYOUT:
-            last -= 1
         if (
             not (per_leaf or draw)
             and last < len(stages)

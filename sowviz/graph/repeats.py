@@ -115,6 +115,10 @@ class _Signatures:
     ) -> None:
         self.table: dict[tuple, int] = {}
         self.of: dict[str, int] = {}
+        # Alike but for the values leaving a scope (`shapes`, and the names they show): a
+        # Python loop's last pass, whose new cache nobody reads, makes what the others
+        # make; only what leaves it differs (`_dead_outputs`).
+        self.loose: dict[str, int] = {}
         pos = {r.id: i for rs in kids.values() for i, r in enumerate(rs)}
         inner: dict[str, list[tuple]] = {}  # parent id -> edges among its children
         parent = {r.id: r.parent for r in recs}
@@ -131,6 +135,12 @@ class _Signatures:
             # (`Block(4, 16)`, then `Block(16, 16)`) are no repeats
             key += (names.get(r.id, ()), tuple(sorted(r.takes)))
             self.of[r.id] = self.table.setdefault(key, len(self.table))
+            inside = kids.get(r.id, ())
+            ch = tuple((_inner_label(c.label, r.label), self.loose[c.id]) for c in inside)
+            leaving = () if r.kind == "scope" and inside else (r.shapes, names.get(r.id, ()))
+            loose = ("loose", r.kind, r.primitive, r.n_eqns, ch, tuple(inner.get(r.id, ())))
+            loose += (leaving, tuple(sorted(r.takes)))
+            self.loose[r.id] = self.table.setdefault(loose, len(self.table))
 
 
 def merge(builder: Any) -> list[Any]:
@@ -149,7 +159,8 @@ def merge(builder: Any) -> list[Any]:
         if r.id in with_inputs and r.parent is not None:
             with_inputs.add(r.parent)
     shown = {p.node: p.names for p in builder.points if p.names}
-    sig = _Signatures(recs, kids, builder.edges.values(), shown).of
+    signatures = _Signatures(recs, kids, builder.edges.values(), shown)
+    sig = signatures.of
 
     def member(r: Any) -> bool:
         return r.kind in STAGE_KINDS and not r.made and r.id not in with_inputs
@@ -178,9 +189,15 @@ def merge(builder: Any) -> list[Any]:
                 key = _key(siblings[i], sig)
                 while j < len(siblings) and member(siblings[j]) and _key(siblings[j], sig) == key:
                     j += 1
+                if (
+                    j < len(siblings)
+                    and member(siblings[j])
+                    and _dead_outputs(siblings[j], siblings[j - 1], signatures)
+                ):
+                    j += 1
                 if j - i < MIN_RUN:
                     blocks, between, end = _separated(
-                        siblings, i, key, sig, member, builder.edges, on_the_way
+                        siblings, i, key, signatures, member, builder.edges, on_the_way
                     )
                     if len(blocks) >= MIN_RUN:
                         runs.append(blocks)
@@ -196,8 +213,29 @@ def merge(builder: Any) -> list[Any]:
     return builder.recs
 
 
+def _dead_outputs(r: Any, prev: Any, signatures: _Signatures) -> bool:
+    """Whether block `r`, after `prev`, is a pass like it whose values leave it only in
+    part: a Python loop's last pass (`h, cache = step(w, x, cache, i)`, the last new
+    cache read by no one) makes what the others make, fewer of its outputs read. Its
+    structure is `prev`'s but for the values leaving its scopes, which are `prev`'s less
+    some (`float32[4]` of `float32[6,4]`, `float32[4]`)."""
+    loose = signatures.loose
+    if loose[r.id] != loose[prev.id] or pattern(r.label) != pattern(prev.label):
+        return False
+    if (r.source if r.called else None) != (prev.source if prev.called else None):
+        return False  # (two calls alike from two lines are two stages: `_key`)
+    rest = iter(prev.shapes)  # (in order: a sub-sequence of what `prev` hands on)
+    return len(r.shapes) < len(prev.shapes) and all(s in rest for s in r.shapes)
+
+
 def _separated(
-    siblings: list, i: int, key: tuple, sig: dict, member: Any, edges: dict, on_the_way: Any
+    siblings: list,
+    i: int,
+    key: tuple,
+    signatures: _Signatures,
+    member: Any,
+    edges: dict,
+    on_the_way: Any,
 ) -> tuple:
     """A run of alike blocks from ``siblings[i]`` with the same few equations between
     each two (a Python loop's `x[:, t]` before each call of a layer; a fold of one line,
@@ -206,7 +244,9 @@ def _separated(
     equations (with a like run of them just before the first block, unless they read
     a block's output: then just after the last) and the index past the run. Two
     blocks each have their whole gap in the run (passes do the same work). Fewer than
-    two blocks when there is no such run."""
+    two blocks when there is no such run. The last block may leave some of its values
+    unread (`_dead_outputs`)."""
+    sig = signatures.of
 
     def eqn(r: Any) -> tuple | None:
         if r.kind == "eqn" and not r.made:
@@ -229,12 +269,17 @@ def _separated(
         if len(gap) != period - 1 or None in gap:
             continue
         blocks, between, k, last = [siblings[i]], [], i + period, i
-        while k < len(siblings) and member(siblings[k]) and _key(siblings[k], sig) == key:
+        while k < len(siblings) and member(siblings[k]):
+            dead = _key(siblings[k], sig) != key
+            if dead and not _dead_outputs(siblings[k], blocks[-1], signatures):
+                break
             if [eqn(r) for r in siblings[k - period + 1 : k]] != gap:
                 break
             between += siblings[k - period + 1 : k]
             blocks.append(siblings[k])
             last, k = k, k + period
+            if dead:
+                break  # (the pass whose values go no further ends the run)
         if len(blocks) >= MIN_RUN:
             # the like equations around the run: before its first block (a loop slicing
             # before each call), else after its last (`logdet = logdet + ld` after each)

@@ -14,6 +14,7 @@ import copy
 import functools
 import linecache
 import re
+from collections.abc import Sequence
 
 #: Longest label made of target names; longer lists keep their first names.
 _MOST = 28
@@ -527,6 +528,32 @@ def _keyed_short(expr: ast.expr) -> str | None:
     (`x @ params[-1]["w"] + params[-1]["b"]` is `x @ w + b`), if that fits a label."""
     short = ast.unparse(_KeysAsNames().visit(copy.deepcopy(expr)))
     return short if len(short) <= _MOST else None
+
+
+def returned_values(file: str, line: int, spans: Sequence[Span]) -> str | None:
+    """What the `return` statement at `file:line` computes at `spans` when it returns
+    several values (`return toks[order], s[order]`): those values as written, in order
+    (`toks[order], s[order]`; `x + o` of `return x + o, cache`), if that fits a label.
+    None when a span lies in no one value, or the statement returns one value
+    (`returned_label`). (The line's place, `rerank:9`, says nothing of them.)"""
+    source = "".join(linecache.getlines(file))
+    statements = _statements_at(source, line)
+    if len(statements) != 1 or not isinstance(statements[0], ast.Return):
+        return None
+    value = statements[0].value
+    if not isinstance(value, (ast.Tuple, ast.List)) or not spans:
+        return None
+    made: set[int] = set()
+    for span in spans:
+        k = next((k for k, v in enumerate(value.elts) if _holds(v, span)), None)
+        if k is None:
+            return None
+        made.add(k)
+    texts = [ast.get_source_segment(source, value.elts[k]) for k in sorted(made)]
+    if None in texts:
+        return None
+    text = ", ".join(" ".join(t.split()) for t in texts if t is not None)
+    return text if len(text) <= _MOST else None
 
 
 def returns_expression(file: str, line: int) -> bool:
