@@ -14,7 +14,7 @@ import inspect
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jax
@@ -301,6 +301,9 @@ class Layout:
     #: the arguments `argnums` selects (None: not given): the others' leaves are not
     #: in `floating` (a jvp pushes no tangent into them)
     selected: tuple[int, ...] | None = None
+    #: the static leaves `(index among all leaves, value)` (`ArgSpec.static`), for
+    #: messages (`opaque`)
+    static: tuple = field(default=(), compare=False, repr=False)
 
     def input_trees(self, nums: tuple[int, ...], values: dict[int, Any]) -> tuple:
         """One tree per argument in `nums`: `values[j]` at array input j, None elsewhere."""
@@ -316,6 +319,14 @@ class Layout:
         start, n = self.offsets[i], self.arg_trees[i].num_leaves
         kinds = self.kinds[start : start + n]
         return ", ".join(kinds[:6]) + (", ..." if len(kinds) > 6 else "") if kinds else "none"
+
+    def opaque(self, i: int) -> tuple[str, str]:
+        """`opaque_leaf` of the first static leaf of argument `i` it names, or ("", "")."""
+        start, n = self.offsets[i], self.arg_trees[i].num_leaves
+        for k, leaf in self.static:
+            if start <= k < start + n and opaque_leaf(leaf)[0]:
+                return opaque_leaf(leaf)
+        return "", ""
 
 
 def _layout(
@@ -358,7 +369,30 @@ def _layout(
         arg_trees=arg_trees,
         offsets=tuple(offsets),
         selected=selected,
+        static=spec.static,
     )
+
+
+def opaque_leaf(leaf: Any) -> tuple[str, str]:
+    """What a static leaf is when it is what hides an argument's arrays from JAX:
+    ("function", its name) for a function given where arrays belong; ("object", its
+    class) for an instance of a class that is not a pytree but holds arrays in its
+    attributes (`self.w = jnp.ones(...)`: JAX sees one opaque leaf); else ("", "")."""
+    if inspect.isroutine(leaf) or isinstance(leaf, functools.partial):
+        name = getattr(leaf, "__name__", None) or type(leaf).__name__
+        return "function", name
+    return ("object", type(leaf).__name__) if _holds_arrays(leaf) else ("", "")
+
+
+def _holds_arrays(obj: Any, depth: int = 3) -> bool:
+    """Whether `obj`'s attributes (or theirs: `self.layer.w`, `depth` levels) hold an array."""
+    attrs = getattr(obj, "__dict__", None)
+    if depth == 0 or isinstance(obj, type) or inspect.ismodule(obj) or not isinstance(attrs, dict):
+        return False
+    for x in jax.tree_util.tree_leaves(list(attrs.values())):
+        if isinstance(x, (jax.Array, np.ndarray)) or _holds_arrays(x, depth - 1):
+            return True
+    return False
 
 
 def module_tangents(args: tuple, tangents: Any) -> Any:

@@ -2349,3 +2349,71 @@ def _on_traced_lambda_line(codes: Any, lastis: Any) -> bool:
     if inner is None or outer is None:
         return False
     return (inner.file, inner.line) == (outer.file, outer.line)
+
+
+def api_boundary(fn: Any) -> Any:
+    """`fn` (a public entry: `show`, `inspect`) with sowviz's frames taken out of the
+    traceback of any error it raises, as JAX takes its own out of `jax.jit`'s: a bad
+    input then ends at the user's call, not 8 frames deep in sowviz; the user's own
+    frames (their function's line that failed) stay. JAX's machinery, so its setting
+    decides (`JAX_TRACEBACK_FILTERING=off` shows every frame): in IPython the frames
+    are hidden with `__tracebackhide__` ("[... skipping hidden N frame]"), elsewhere
+    cut, with JAX's note saying so. sowviz's directory is excluded at the top of this
+    module. `traceback_util.api_boundary`, `_filtering_mode` and `include_frame`: the
+    same in JAX 0.10 and 0.12."""
+    boundary = _traceback_util.api_boundary(fn)
+
+    @functools.wraps(fn)
+    def entry(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # read by IPython and pytest
+        try:
+            return boundary(*args, **kwargs)
+        except Exception as err:
+            mode = _traceback_util._filtering_mode()
+            if mode != "off":
+                # the error and the ones it chains (`raise said from err`): JAX filters
+                # only the error's own traceback
+                seen: set[int] = set()
+                link: BaseException | None = err
+                while link is not None and id(link) not in seen:
+                    seen.add(id(link))
+                    link.with_traceback(_filtered(link.__traceback__, mode))
+                    link = link.__cause__ or (
+                        None if link.__suppress_context__ else link.__context__
+                    )
+            raise  # a bare raise adds no frame of this function
+
+    return entry
+
+
+def _filtered(tb: types.TracebackType | None, mode: str) -> types.TracebackType | None:
+    """`tb` without JAX's and sowviz's frames. IPython ("tracebackhide") hides them
+    itself but shows the innermost frame even when hidden: sowviz's `raise` line would
+    end the traceback of every bad input, so the traceback ends at the last frame of the
+    user's (or of a library's that JAX does not hide); the frames before it are marked.
+    None if no frame is left: Python adds the caller's as the error leaves the call."""
+    kept = []
+    node = tb
+    while node is not None:
+        if _shown(node.tb_frame):
+            kept.append(node)
+        elif mode == "tracebackhide":
+            node.tb_frame.f_locals["__tracebackhide__"] = True  # as JAX marks its own
+        node = node.tb_next
+    if not kept:
+        return None
+    if mode == "tracebackhide":
+        kept[-1].tb_next = None  # writable since Python 3.7
+        return tb
+    out = None
+    for node in reversed(kept):
+        out = types.TracebackType(out, node.tb_frame, node.tb_lasti, node.tb_lineno)
+    return out
+
+
+def _shown(frame: types.FrameType) -> bool:
+    """Whether a frame stays in a public entry's traceback: not JAX's nor sowviz's,
+    nor `contextlib`'s `__exit__` that re-raised an error of sowviz's
+    `@contextmanager` (`library_errors`)."""
+    name = frame.f_code.co_filename
+    return _traceback_util.include_frame(frame) and name != contextlib.__file__

@@ -835,6 +835,7 @@ def _note(note: Any) -> dict[str, Any]:
     return {"level": "warning", "probe": None, "message": note}
 
 
+@_compat.api_boundary  # a bad input's traceback ends at the user's call
 def inspect(
     fn: Callable, *args: Any, mode: Mode | str = "grad", capture: Capture = "stages", **options: Any
 ) -> Inspection:

@@ -54,11 +54,39 @@ _NO_FLOAT = (
     "leaves to differentiate (its leaves: {kinds}). Pass the parameters as arrays "
     "(jnp.asarray(...)), or choose another `argnums`."
 )
+_NO_FLOAT_OBJECT = (
+    "sowviz: `argnums`={argnums!r} selects argument {i}, whose `{name}` object JAX cannot "
+    "see into: `{name}` is not a pytree, so JAX takes the whole object as one opaque leaf, "
+    "and the arrays in its attributes are no inputs to differentiate (`jax.grad` refuses "
+    "it too). Make the class a pytree: subclass `equinox.Module` or `flax.nnx.Module`, "
+    "decorate it with `@jax.tree_util.register_pytree_node_class` (with `tree_flatten` "
+    "and `tree_unflatten` methods) or, for a dataclass, register it with "
+    "`jax.tree_util.register_dataclass`; or pass its arrays (a dict of them) as the "
+    "argument. Or choose another `argnums`."
+)
+_NO_FLOAT_FUNCTION = (
+    "sowviz: `argnums`={argnums!r} selects argument {i}, which is a function (`{name}`): "
+    "a function is not a differentiable input; JAX differentiates arrays and pytrees of "
+    "them. Pass the arrays to differentiate as that argument (`fn(params, x)`) and call "
+    "the function inside `fn` (or close over it), or choose another `argnums`."
+)
 _COTANGENTS = (
     "sowviz: `cotangents` must have the structure and shapes of the function's output "
     "({want}); got {got}. Pass e.g. cotangents=jax.tree.map(jnp.ones_like, fn(*args)), "
     "or leave it out for ones."
 )
+
+
+def _no_float(argnums: Any, i: int, layout: Layout) -> str:
+    """Why argument `i` has nothing to differentiate, and the fix: a plain class's
+    object or a function hides no float arrays JAX could see, so "pass arrays" would
+    be the wrong advice for them."""
+    what, name = layout.opaque(i)
+    if what == "object":
+        return _NO_FLOAT_OBJECT.format(argnums=argnums, i=i, name=name)
+    if what == "function":
+        return _NO_FLOAT_FUNCTION.format(argnums=argnums, i=i, name=name)
+    return _NO_FLOAT.format(argnums=argnums, i=i, kinds=layout.describe_arg(i))
 
 
 def _is_float(x: Any) -> bool:
@@ -449,9 +477,7 @@ def transform(
         pos = tuple(j for j in layout.floating if layout.arg_of[j] in nums)
         for i in nums:
             if not any(layout.arg_of[j] == i for j in pos):
-                raise TypeError(
-                    _NO_FLOAT.format(argnums=argnums, i=i, kinds=layout.describe_arg(i))
-                )
+                raise TypeError(_no_float(argnums, i, layout))
 
         def grad(dyn: list, extra: tuple) -> Any:
             def f(vals):
@@ -492,7 +518,7 @@ def transform(
     nums = tuple(range(layout.n_args)) if argnums is None else check_argnums(argnums, layout.n_args)
     for i in nums if argnums is not None else ():
         if not any(layout.arg_of[j] == i for j in fpos):
-            raise TypeError(_NO_FLOAT.format(argnums=argnums, i=i, kinds=layout.describe_arg(i)))
+            raise TypeError(_no_float(argnums, i, layout))
 
     def cotangent_trees(cts: tuple) -> Any:
         trees = layout.input_trees(nums, dict(zip(fpos, cts, strict=True)))

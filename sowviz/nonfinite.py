@@ -88,6 +88,7 @@ from .nonfinite_messages import (
     grads_sentence,
     input_path,
     loop_fill_message,
+    mask_fill_message,
     message,
     stage_name,
     with_message,
@@ -590,6 +591,14 @@ def find(
         # in a healthy run: no origin of anything, said apart, drawn as expected values.
         fill = loop_fill_message(ix.nodes[fwd_origin.node], _held(fwd))
         fwd_origin, expected = None, expected | fwd.keys()
+    elif fwd_origin is not None and results_finite is True and _mask_in_loop(ix, fwd, fwd_origin):
+        # A mask made in a loop's step (a KV-cache decoder's causal mask, which depends on
+        # the position), masked before any result: as one made outside the loop (a loop
+        # fill), no origin and no "starts here" flag; said, drawn as expected values.
+        node = fwd_origin.node
+        at = at_iteration([ix.nodes[lp] for lp in ix.loops(node)], fwd_origin.iteration)
+        fill = mask_fill_message(ix.nodes[node], _held(fwd), at)
+        fwd_origin, expected = None, expected | fwd.keys()
     origin_ids = {o.node for o in (fwd_origin, bwd_origin) if o is not None and o.node}
     holders = {a for o in origin_ids for a in ix.ancestors(o)} | origin_ids
     nonfinite = sorted(
@@ -639,6 +648,26 @@ def _loop_fill(ix: _Index, fwd: Mapping[str, _Flags], node: str) -> bool:
         if any(ix.nodes[t].kind in _STACKED or t in holding_loops for t in reads):
             return True
     return False
+
+
+def _mask_in_loop(ix: _Index, fwd: Mapping[str, _Flags], origin: Origin) -> bool:
+    """Whether the forward non-finite values of a run whose results are all finite are a
+    mask's fill made inside a loop's body: ±Inf only, first put by a fill (`_fill_stage`:
+    `jnp.where(mask, s, -jnp.inf)`, whose -Inf is the literal's, no overflow's) in a loop.
+    An overflow there (`jnp.exp` at +Inf, masked) or a NaN keeps its origin."""
+    node = origin.node
+    if node is None or "nan" in _held(fwd) or ix.loop[node] is None:
+        return False
+    return _fill_stage(ix, node)
+
+
+def _fill_stage(ix: _Index, n: str) -> bool:
+    """`_is_fill` of a node or, for a call or a line's box (`where`, a `jit`), of every
+    equation it holds: it only moves and selects values and constants."""
+    if ix.nodes[n].kind == "eqn" or n in getattr(ix.graph, "constant_nodes", ()):
+        return _is_fill(ix, n)
+    inside = [m.id for m in ix.graph.nodes if m.kind == "eqn" and n in ix.ancestors(m.id)]
+    return bool(inside) and all(_is_fill(ix, m) for m in inside)
 
 
 def cotangent_bad_before(ix: _Index, flags: Mapping[str, _Flags], c: str, reach: str) -> bool:
@@ -748,6 +777,8 @@ def _carried(
     for n in sorted(body, key=lambda n: ix.nodes[n].order):
         if n in mine or n in fills or ix.exit[n] <= ix.exit[node]:
             continue
+        if _same_code(ix, n, node) or _leaves_exact(ix, n, loop):
+            continue  # (the origin's own line again; or its values leave as integers)
         if (
             n not in probed
             and _may_make(ix, n)
@@ -765,6 +796,32 @@ def _carried(
     # `locate`'s re-run decides: it probes every equation and keeps every iteration
     unknown = not math.isfinite(at[k])
     return out, bool(out) and (unknown or any(n not in probed for n in out))
+
+
+def _same_code(ix: _Index, n: str, node: str) -> bool:
+    """Whether `n` is, or lies in, another call of the producer `node`'s own line (a
+    second layer's `where` at the same source; `helper#2` of `helper(helper(x))`):
+    naming it names the origin's code again."""
+    b = ix.nodes[node]
+    if b.source is None:
+        return False
+    key = (re.sub(r"#\d+$", "", b.label), b.source)
+    return any(
+        (re.sub(r"#\d+$", "", ix.nodes[a].label), ix.nodes[a].source) == key
+        for a in (n, *ix.ancestors(n))
+    )
+
+
+def _leaves_exact(ix: _Index, n: str, loop: str) -> bool:
+    """Whether `n`'s values leave a stage of `loop`'s body holding only integers or
+    booleans (`jax.random.categorical`'s `add` of its Gumbel noise, read by an
+    `argmax`): no NaN/Inf of it reaches the carry."""
+    for a in ix.ancestors(n):
+        if a == loop:
+            return False
+        if not _inexact(ix.nodes[a]):
+            return True
+    return False
 
 
 def _may_make(ix: _Index, n: str) -> bool:

@@ -29,6 +29,7 @@ from .nonfinite import (
 from .nonfinite_messages import (
     NONFINITE_GRADS,
     derivative_times_zero_hint,
+    fully_masked_row_hint,
     masked_branch_hint,
     masked_derivative_hint,
     not_reproduced,
@@ -541,8 +542,10 @@ def locate(
         # A `jax.grad` inside the program (forces as -grad(energy)): the forward values
         # hold the derivative, and a masked `sqrt` at 0 makes the NaN there (0 × Inf);
         # unmasked, the +Inf derivative at 0 times a zero tangent does.
-        hint = _derivative_times_zero(flow, g, flags, fwd_eq) or _inf_derivative_at_zero(
-            flow, g, flags, fwd_eq
+        hint = (
+            _derivative_times_zero(flow, g, flags, fwd_eq)
+            or _inf_derivative_at_zero(flow, g, flags, fwd_eq)
+            or _fully_masked_row(flow, g, flags, fwd_eq)
         )
         if hint:
             fwd_o = replace(out.forward, message=out.forward.message + hint)
@@ -707,6 +710,46 @@ def _inf_derivative_at_zero(flow: _Dataflow, graph: Any, flags: Any, eq: Equatio
     if of not in ("sqrt", "cbrt"):
         return ""
     return zero_derivative_hint(of, None, _in_norm(graph, eq.node), held=True)
+
+
+def _fully_masked_row(flow: _Dataflow, graph: Any, flags: Any, eq: Equation) -> str:
+    """`fully_masked_row_hint` for a forward origin that made NaN of a `jnp.where`'s
+    -Inf in a softmax: the `sub` of `x - max(x)` (-Inf - (-Inf) where every entry of a
+    row is masked), or the `div` of `exp(x) / sum(exp(x))` without it (0 / 0). ""
+    when that is not the case."""
+    f = flags.get(eq.node)
+    if eq.within or f is None or "nan" not in f.first_kinds():
+        return ""
+    if eq.primitive == "sub":
+        shape = _made_before(flow, graph, eq.node, {"reduce_max"})
+    elif eq.primitive == "div":
+        shape = _made_before(flow, graph, eq.node, {"exp"}, hops=1) and _made_before(
+            flow, graph, eq.node, {"reduce_sum"}
+        )
+    else:
+        return ""
+    where = _select_before(flow, graph, eq.node, avoid="") if shape else None
+    if where is None:
+        return ""
+    held = [flags.get(a) for a in (where.id, *_above(graph, where))]
+    if not any(h is not None and "neginf" in h.fwd_kinds for h in held):
+        return ""  # (its select held no -Inf: the NaN came of something else)
+    return fully_masked_row_hint(eq.primitive, where.source or _src(graph, where))
+
+
+def _made_before(flow: _Dataflow, graph: Any, node: str, prims: set[str], hops: int = 4) -> bool:
+    """Whether `node` reads, through at most `hops` equations (a broadcast, the
+    `stop_gradient` of `jax.nn.softmax`'s max), a value one of `prims` made."""
+    todo, seen = [(node, 0)], {node}
+    while todo:
+        cur, depth = todo.pop(0)
+        for c in flow.producers(cur):
+            if graph.node(c).primitive in prims:
+                return True
+            if c not in seen and depth + 1 < hops:
+                seen.add(c)
+                todo.append((c, depth + 1))
+    return False
 
 
 def _in_norm(graph: Any, node: str) -> bool:

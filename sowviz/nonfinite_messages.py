@@ -258,6 +258,28 @@ def derivative_times_zero_hint(maker: str, of: str | None, at: Any, where: Any) 
     )
 
 
+def fully_masked_row_hint(primitive: str, where: Any = None) -> str:
+    """What to say when a softmax made NaN of the -Inf a `jnp.where` (`where`: its source
+    location) filled masked scores with: a row whose every entry is masked (a padding
+    query, left padding under a causal mask) has max -Inf, and `x - max(x)` is
+    -Inf - (-Inf) = NaN (`primitive` "sub"), or, with no max taken, `exp` gives 0 / 0
+    ("div"). The fixes the attention code people write uses, each tested to give finite
+    values and gradients."""
+    why = (
+        "-Inf - (-Inf) = NaN in the softmax's `x - max(x)`"
+        if primitive == "sub"
+        else "`exp` gives 0 / 0 = NaN in the softmax's normalisation"
+    )
+    at = f" at {where.file}:{where.line}" if where is not None else ""
+    return (
+        f"; a fully masked row: the `jnp.where`{at} put -Inf in every entry of a row (a "
+        f"padding query, or left padding under a causal mask), and {why}. Fix: fill masked "
+        "scores with a large finite negative, `jnp.where(mask, s, jnp.finfo(s.dtype).min)`, "
+        "not `-jnp.inf` (the row becomes uniform and finite: ignore its output), or pass the "
+        "mask to the softmax, `jax.nn.softmax(s, where=mask)`, which gives such a row zeros"
+    )
+
+
 #: The double-where trick, the fix for any input where a derivative is infinite.
 DOUBLE_WHERE = (
     "the double-where trick: `jnp.where(ok, x, 1.0)` before it as well as "
@@ -304,6 +326,17 @@ def loop_fill_message(n: Any, kinds: frozenset[str]) -> str:
         f"Only {_held(kinds)} fill values, first made by {stage_name(n)} before a loop and "
         'carried in its state (a buffer or a "best so far" that starts at Inf), as the '
         "library means them"
+    )
+
+
+def mask_fill_message(n: Any, kinds: frozenset[str], at: str = "") -> str:
+    """What a finite run's mask values made inside a loop are: first put by `n` (a
+    `jnp.where` of a literal `-jnp.inf`) in the loop's body, `at` that iteration
+    (`at_iteration`), and masked before any result, as a decoder's causal mask is."""
+    return (
+        f"Only {_held(kinds)} mask values, first put by {stage_name(n)}{at or ' in a loop'} "
+        "(a mask made per step, `jnp.where(mask, s, -jnp.inf)` before a softmax, as a "
+        "decoder's causal mask is), as the program means them"
     )
 
 

@@ -251,10 +251,13 @@ def stack_rows(stack: Summary) -> StackRows | None:
 
 @dataclasses.dataclass(frozen=True)
 class SummaryRow:
-    """Row `index` of a stacked `Summary`, for its JSON only (`to_json`, what `inspect`
+    """Row `index` of a stacked `Summary`, made for its JSON (`to_json`, what `inspect`
     and a Monitor's history read): no `Summary` object with a NumPy view per field is
     made for it. The 10,000-equation program's 10,000 summaries took 0.39 s to convert
-    one by one, and their views as long again to make and drop."""
+    one by one, and their views as long again to make and drop. A `Summary`'s other
+    fields and properties (`l2`, `mean`, `hist_counts`, `bins`, `nbytes`, ...) read
+    the row's own `Summary` (`summary()`, made when one is asked for), so a probe's
+    `typed_summaries` read alike whether or not they are rows."""
 
     rows: StackRows
     index: int
@@ -274,6 +277,21 @@ class SummaryRow:
         """`to_json()`'s `STAT_KEYS` and ``hist`` alone (a plain dict): what a Monitor's
         history and sinks keep of each step."""
         return self.rows.stats(self.index)
+
+    def summary(self) -> Summary:
+        """This row as a `Summary` of its own: the stack's fields at row `index` (as a
+        stack's member that is no row is cut), with this row's shape and dtype."""
+        one = jax.tree_util.tree_map(lambda a: a[self.index], self.rows._stack)
+        return dataclasses.replace(
+            one, shape=self.shape, dtype=self.dtype, is_complex=self.is_complex
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        # only for names not found on the row: a `Summary`'s (a while loop's sow is a
+        # row, a scan's a `Summary`: `probe.typed_summaries["primal"].l2` reads both)
+        if name in _SUMMARY_NAMES:
+            return getattr(self.summary(), name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 class StackRows:
@@ -484,3 +502,10 @@ def _finite_float(v: Any) -> float:
         return 0.0
     big = float(np.finfo(a.dtype).max)
     return big if a > 0 else -big
+
+
+#: What a `SummaryRow` reads from its row's `Summary`: the fields and public members.
+_SUMMARY_NAMES = frozenset(
+    [f.name for f in dataclasses.fields(Summary)]
+    + [n for n in vars(Summary) if not n.startswith("_")]
+)

@@ -360,6 +360,7 @@ class Inspector(anywidget.AnyWidget):
         return _model.write("html", model, path)
 
 
+@_compat.api_boundary  # a bad input's traceback ends at the user's call
 def show(
     fn: Callable,
     *args: Any,
