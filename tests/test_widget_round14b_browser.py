@@ -9,28 +9,15 @@
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import pytest
 from conftest import Page
 from test_widget_browser import ARTIFACTS, Bridge
+from test_widget_monitor import PARAMS, X, loss
 
 import sowviz
 from sowviz import report
 
-
-def loss(params, x):
-    h = x
-    for i, p in enumerate(params):
-        with jax.named_scope(f"layer_{i}"):
-            h = jnp.tanh(h @ p["w"] + p["b"])
-    return jnp.mean(h**2)
-
-
-PARAMS = [
-    {"w": jax.random.normal(jax.random.PRNGKey(i), (4, 4)) / 2, "b": jnp.zeros(4)} for i in range(3)
-]
-X = jax.random.normal(jax.random.PRNGKey(9), (5, 4))
 X_NAN = jnp.full_like(X, jnp.nan)
 
 # What each drawn face shows, by node id: everything its values decide.
