@@ -131,12 +131,6 @@ def new_value_label(name: str) -> str:
     return "new " + name.removesuffix(".value")
 
 
-def snapshot(args: Any) -> Any:
-    """`args` as they are now: a new tree over the same (immutable) array leaves, so
-    that values written back later do not reach it (new module objects for NNX)."""
-    return jax.tree_util.tree_map(lambda x: x, args)
-
-
 def write_back(args: Any, positions: tuple[int, ...], new: tuple) -> None:
     """Assign `new` to the variables of `args` holding the leaves at `positions`."""
     held = holders(args)
