@@ -433,6 +433,13 @@ export class App {
     this.detail.open(this.index, id, { history: this.store.history, origins: this.origins });
   }
 
+  /** The open panel drawn again from the current index, where it was scrolled to. */
+  reopenDetail() {
+    const top = this.detail.el.scrollTop;
+    this.openDetail(this.selected);
+    this.detail.el.scrollTop = top;
+  }
+
   /**
    * What Python is doing (widget traits `phase` and `status`): a status line with a
    * spinner while it works, the message as an alert on an error, nothing when ready.
@@ -476,9 +483,14 @@ export class App {
       this.drawLegend(scale);
       this.markOrigins();
       this.drawLoss();
+      // a search (`is:nan`) asks the step drawn: its marks and matches follow it
+      if (this.query.trim()) this.applySearch();
       if (this.detail.isOpen && this.selected) {
-        if (this.detail.history) this.detail.refreshHistory(this.store.history);
-        else this.openDetail(this.selected);
+        // Following the latest step, the whole panel is of it (its table and histograms
+        // kept the step it was opened at), kept where it was scrolled to; on a past
+        // step only the history charts grow.
+        if (this.detail.history && this.viewStep != null) this.detail.refreshHistory(this.store.history);
+        else this.reopenDetail();
       }
     };
     (globalThis.requestAnimationFrame ?? setTimeout)(run);
