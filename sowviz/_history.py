@@ -24,6 +24,8 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import numpy as np
+
 #: Runs of non-finite steps kept by `NonfiniteSteps` (a run that diverges stays
 #: non-finite: one run; a loss that flickers makes one per flicker). Past this many,
 #: later steps are counted, not listed.
@@ -106,6 +108,28 @@ class LossSeries:
 
     def __len__(self) -> int:
         return len(self._older) + len(self._recent)
+
+    # The series reads as its losses (`mon.history.losses`, as the README names it):
+    # `list(losses)`, `losses[-1]`, `np.asarray(losses)` (None, no one-number loss, is
+    # NaN there); `steps` says which step each is.
+    def __iter__(self) -> Iterator[float | None]:
+        return iter(self.values)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self.values[i]
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        values = [np.nan if v is None else v for v in self.values]
+        return np.asarray(values, dtype=np.float64 if dtype is None else dtype)
+
+    def __repr__(self) -> str:
+        steps, values = self.steps, self.values
+        if len(values) > 6:  # (2000 points: the ends say enough)
+            shown = ", ".join(map(repr, values[:3])) + ", ..., " + ", ".join(map(repr, values[-3:]))
+        else:
+            shown = ", ".join(map(repr, values))
+        span = f"steps {steps[0]}..{steps[-1]}" if steps else "no steps"
+        return f"LossSeries({len(values)} losses, {span}: [{shown}])"
 
     @property
     def steps(self) -> list[int]:

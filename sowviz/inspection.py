@@ -619,6 +619,10 @@ class Inspection:
             and p.leaf != leaf
             and (p.name == name or name in _path_aliases(self.probe_path(p), self._plain_path(p)))
         ]
+        # a stage's whole path names it beside deeper stages of that name, as for one
+        # output above: `chain` is optax's top-level chain, not `inject_hyperparams/chain`
+        # (whose path ends with it, so no end of `chain`'s own path told them apart)
+        others = [p for p in others if name in (self.probe_path(p), self._plain_path(p))] or others
         stages = sorted({self.probe_path(p) for p in others})
         if len(stages) == 1 and len(others) == 1 and not leaf:
             return others[0]  # a stage of one named output (a Tesseract's field)

@@ -439,10 +439,18 @@ class Monitor:
         It held none of a Linen ResNet's first 3 steps until `flush()`. Its
         `nonfinite` counts every non-finite step, recorded or not (`every=N` checks every
         step)."""
+        self._catch_up()
+        return self._history
+
+    def _catch_up(self) -> None:
+        """Read the steps still waiting (recorded steps, flags, losses), so that every
+        reader of this Monitor (`history`, `graph`, `to_dict()`, `save_html`, `view()`)
+        sees the same steps, up to the last one taken: `to_dict()` once gave a history
+        ending at step 16 beside step 20's graph. Not while steps are being recorded
+        (a listener reading `history` or the model mid-record gets what is recorded)."""
         waiting = self._pending or self._flags or self._losses or self._losses_read
         if waiting and not self._draining:
             self.flush()
-        return self._history
 
     def flush(self) -> None:
         """Read every pending summary and flag and hand them to the views and sinks now."""
@@ -716,7 +724,7 @@ class Monitor:
                 self._sinks_traced = out.traced
                 for listener in self._listeners:
                     if listener is not self._view_listener:
-                        self._call(listener, "open", self.to_dict(with_history=False))
+                        self._call(listener, "open", self._model(with_history=False))
             # The first non-finite step stays in the history whatever the thinning.
             first_bad = self._nonfinite is not None and self._nonfinite.step == step
             self._history.add(entry, pin=first_bad)
@@ -725,7 +733,7 @@ class Monitor:
                 # A step of a program the view's model lacks: the model travels whole
                 # (with this step in its history), so the step's shapes are there.
                 self._view_programs = len(self._programs)
-                self._call(self._view_listener, "open", self.to_dict())
+                self._call(self._view_listener, "open", self._model())
         for listener in list(self._listeners):
             if any(w is listener for w in read.written):
                 continue
@@ -862,7 +870,7 @@ class Monitor:
             warnings.warn(msg, stacklevel=3)
         self._set_latest(traced, None)
         if self._view_listener is not None:
-            self._call(self._view_listener, "open", self.to_dict())
+            self._call(self._view_listener, "open", self._model())
 
     def _each(self, method: str, *args: Any) -> None:
         for listener in list(self._listeners):
@@ -887,6 +895,7 @@ class Monitor:
     def view(self) -> Any:
         """The live widget of this monitor (created on first use; needs anywidget)."""
         with self._lock:
+            self._catch_up()  # (the view opens on every step taken, as `to_dict()` does)
             if self._view is None:
                 from .monitor_view import MonitorView  # the recording path imports no view
 
@@ -903,11 +912,22 @@ class Monitor:
 
     @property
     def graph(self) -> Any:
-        """The stage graph of the latest step's program (None before the first step)."""
+        """The stage graph of the latest recorded step's program (None before the first
+        step): the one `to_dict()` draws (steps still waiting are read first)."""
+        self._catch_up()
         return None if self._traced is None else self._traced.graph
 
     def to_dict(self, *, with_history: bool = True, created: Any = _KEEP) -> dict[str, Any]:
-        """The model: the graph, the latest summaries and (by default) the whole history."""
+        """The model: the graph, the latest summaries and (by default) the whole history,
+        up to the last step taken (steps still waiting are read first, as `history`
+        and `save_html` read them)."""
+        with self._lock:
+            self._catch_up()
+            return self._model(with_history=with_history, created=created)
+
+    def _model(self, *, with_history: bool = True, created: Any = _KEEP) -> dict[str, Any]:
+        """`to_dict()` as recorded so far, reading nothing: what the listeners get while
+        steps are recorded (they receive the steps still waiting as they are written)."""
         if self._traced is None:
             raise RuntimeError(
                 "sowviz.Monitor: nothing recorded yet; call `mon.step(...)` once first."

@@ -107,7 +107,8 @@ class MonitorView(Inspector):
             # only new steps do.
             self._need_model = False
             self._quiet_sent = self._quiet()
-            self.model = self._monitor.to_dict()
+            # (as recorded: the steps still waiting come to this listener as written)
+            self.model = self._monitor._model()
         else:
             self.send(
                 {"type": "steps", "encoding": "gzip-json", "count": len(self._outbox)},

@@ -430,7 +430,7 @@ export class App {
   }
 
   openDetail(id) {
-    this.detail.open(this.index, id, { history: this.store.history, origins: this.origins });
+    this.detail.open(this.index, id, { history: this.store.history, origins: this.origins, faceMode: this.stat?.mode });
   }
 
   /** The open panel drawn again from the current index, where it was scrolled to. */

@@ -10,7 +10,7 @@ import { fmt } from "./stats.js";
 import { parentPath } from "./search.js";
 import { nonfiniteCount, nonfiniteText } from "./nonfinite.js";
 import { orderModes } from "./model.js";
-import { outputLabel } from "./faces.js";
+import { faceOutputs, outputLabel } from "./faces.js";
 import { gradHistory, paramRows, paramTable, readRows } from "./params.js";
 import { iterationBlock } from "./iterations.js";
 import { repeatBlock } from "./repeatview.js";
@@ -59,7 +59,8 @@ export class DetailPanel {
   /**
    * @param {import("./model.js").ModelIndex} index
    * @param {string} id
-   * @param {{history: any, origins: {forward: string|null, backward: string|null}}} ctx
+   * @param {{history: any, origins: {forward: string|null, backward: string|null}, faceMode?: string}} ctx
+   *   `faceMode`: the mode the faces show (the colouring's), whose output the panel opens on
    */
   open(index, id, ctx) {
     this.index = index;
@@ -74,7 +75,10 @@ export class DetailPanel {
     if (!node) return this.close();
     const probes = index.probesByNode.get(id) ?? [];
     let pid = this.probeByNode.get(id);
-    if (!probes.some((p) => p.id === pid)) pid = probes[0]?.id;
+    // unpicked: the output the node's face describes (a chain's `[1]` when its `[0]`,
+    // an injected learning rate, has no gradient), not its first, which the face did
+    // not show
+    if (!probes.some((p) => p.id === pid)) pid = (faceOutputs(probes, node, ctx.faceMode)[0] ?? probes[0])?.id;
     const probe = probes.find((p) => p.id === pid) ?? null;
     // the rows about the values (dtype, output, captured) follow the probe picked
     this.metaEl = this.meta(index, node, probes, probe);

@@ -205,6 +205,32 @@ export function countedFaceChars(probes, node) {
   return most;
 }
 
+/**
+ * The characters of the shortest face naming the output it shows that a stage of
+ * several outputs must fit: that output's name and statistic, its number to 2
+ * significant digits (`[1] ‖grad‖₂ = 0.28`), over every mode its probes hold and
+ * every statistic; 0 for a stage of one output. The layout makes the box that wide: at
+ * 204 px beside "+ 220 eqns" an optax chain's face dropped its `[1]` and read as the
+ * `[0]` its shape and panel named.
+ * @param {any[]|undefined} probes @param {any} [node]
+ */
+export function namedFaceChars(probes, node) {
+  const own = ownOutputs(probes);
+  if (own.length < 2) return 0;
+  const modes = new Set(own.flatMap((p) => Object.keys(p.summaries ?? {})));
+  let most = 0;
+  for (const mode of modes) {
+    const shown = faceOutputs(probes, node, mode);
+    const name = outputLabel(shown[0]);
+    if (!name) continue;
+    for (const stat of Object.keys(STATS)) {
+      const v = nodeStat(shown, mode, stat);
+      if (v != null) most = Math.max(most, fewerDigits(`${name} ${statSymbol(mode, stat)} = ${fmt(v)}`, 2).length);
+    }
+  }
+  return most;
+}
+
 const MODE_WORDS = { primal: "x", tangent: "tan", cotangent: "grad" };
 // What a face's non-finite counts are of ("grad: 128 NaN"). Not `x` for primal
 // values: "x: 1024 NaN" on a stage of a program whose input is `x` read as "the input
@@ -221,9 +247,9 @@ export function statSymbol(mode, stat) {
 
 /**
  * What of a face's text fits in `room` characters beside the expand button: the text,
+ * its number to 3 and to 2 significant digits ("‖grad‖₂ = 0.00903", "[1] ‖grad‖₂ = 12"),
  * else the statistic without the output it names (`‖grad‖₂ = 12.41`; the tooltip says
- * which), its number to 3 and to 2 significant digits ("‖grad‖₂ = 0.00903"), else its
- * short form (the non-finite counts); nothing rather than a number cut short, and never
+ * which), its number to 3 and to 2 digits again, else its short form (the non-finite counts); nothing rather than a number cut short, and never
  * a number without the statistic's name: `[1] = 0.389` read as the output's value, and
  * `= 0.3892 · 3 NaN` beside its neighbours' `‖grad‖₂ = …` said nothing of what it was.
  *
@@ -249,15 +275,17 @@ export function fitted(face, room) {
   // the forms naming the statistic, with the counts while they fit, then with their
   // number to 3 and to 2 significant digits, before any form without it: a character
   // or two short (a "+ 215 eqns" button), a face lost its statistic
-  const named = counted
-    ? [face.text, `${text} · ${total}`, `${bare} · ${bad}`, `${bare} · ${total}`]
-    : statistic ? [text, bare] : [];
   const digits = (forms) => [...forms, ...forms.map((t) => fewerDigits(t, 3)), ...forms.map((t) => fewerDigits(t, 2))];
+  // the output shown stays named while its number to 2 digits fits (`[1] ‖grad‖₂ = 7`):
+  // a chain's face said "‖grad‖₂ = 7.002" of its `[1]` beside its shape's `[0]`
+  const named = counted
+    ? digits([face.text, `${text} · ${total}`, `${bare} · ${bad}`, `${bare} · ${total}`])
+    : statistic ? [...digits([text]), ...digits([bare])] : [];
   // a face naming no statistic: the counts ("[1] grad: 80 NaN"), "0 values"
   const other = statistic ? [] : [text, bare];
   const short = face.short && face.short !== text ? [face.short] : [];
   const counts = bad ? [bad, total] : [];
-  const tried = [...digits(named), ...other, ...short, ...counts];
+  const tried = [...named, ...other, ...short, ...counts];
   return tried.find((t) => t.length <= room) ?? "";
 }
 

@@ -7,7 +7,7 @@
 
 import dagre from "@dagrejs/dagre";
 import { visibleLevels } from "./levels.js";
-import { countedFaceChars } from "./faces.js";
+import { countedFaceChars, namedFaceChars } from "./faces.js";
 
 export const NODE_W = 204;
 export const NODE_H = 62;
@@ -413,14 +413,17 @@ function portAnchors(ids, sizes, local) {
  * A collapsed node's width (`leafNodeWidth`), widened so that a face holding NaN/Inf
  * beside finite values says both, the statistic and the counts, whatever statistic
  * colours it ("‖grad‖₂ = 0.1973 · 2 NaN"): at 204 px beside "+ 11 eqns" the counts
- * were cut and the norm of the finite values read as the whole value's. Fixed per
- * model, so boxes do not move when the statistic changes.
+ * were cut and the norm of the finite values read as the whole value's. So that a face
+ * of several outputs names the one it shows (`namedFaceChars`). Fixed per model, so
+ * boxes do not move when the statistic changes.
  * @param {import("./model.js").ModelIndex} index @param {string} id
  */
 function leafWidthWithValue(index, id) {
   const node = index.nodes.get(id);
   const inside = index.children.get(id)?.length ?? 0;
-  const chars = countedFaceChars(index.probesByNode.get(id), node);
+  const probes = index.probesByNode.get(id);
+  // (and a stage of several outputs names the one its face shows: `[1] ‖grad‖₂ = 0.28`)
+  const chars = Math.max(countedFaceChars(probes, node), namedFaceChars(probes, node));
   return leafNodeWidth(node, chars, inside > 0 ? toggleText(node, inside) : "");
 }
 

@@ -166,7 +166,10 @@ test("a face's text never runs over the expand button: shorter forms, never a cu
   assert.equal(fitted(face, 14), "‖x‖₂ = 0.00835");
   assert.equal(fitted(face, 13), "‖x‖₂ = 0.0084");
   assert.equal(fitted(face, 10), ""); // never a number without its statistic's name
-  assert.equal(fitted({ text: "[1] ‖grad‖₂ = 12.41" }, 17), "‖grad‖₂ = 12.41");
+  // the output stays named while its number to 2 digits fits (round 15: a chain's
+  // face said "‖grad‖₂ = 7.002" of its `[1]`, the panel opened on its `[0]`)
+  assert.equal(fitted({ text: "[1] ‖grad‖₂ = 12.41" }, 17), "[1] ‖grad‖₂ = 12");
+  assert.equal(fitted({ text: "[1] ‖grad‖₂ = 12.41" }, 15), "‖grad‖₂ = 12.41");
   // one character short: the number to 3 digits, not the statistic dropped
   assert.equal(fitted({ text: "‖grad‖₂ = 0.009034" }, 17), "‖grad‖₂ = 0.00903");
   assert.equal(fitted({ text: "‖grad‖₂ = 3.657e+6" }, 17), "‖grad‖₂ = 3.66e+6");
