@@ -20,7 +20,8 @@ non-finite is a gradient), the earliest is named, as before. A ±Inf that an
 equation made from finite values (an overflow) and that a later NaN the results
 hold came of stays the origin ("it held +Inf, which led to the NaN first made by
 ..."); at a ±Inf fill (`jnp.where(mask, s, -jnp.inf)`, `jnp.full(n, jnp.inf)`) the
-NaN is the origin, the fill named before it. No arithmetic makes ±Inf of a NaN: ±Inf
+NaN is the origin, the fill named before it, whether or not the results hold it (a
+padded GAT's masked loss is finite, its gradients NaN). No arithmetic makes ±Inf of a NaN: ±Inf
 results after a NaN are a fill put in its place (`jnp.where(jnp.isfinite(ll), ll,
 -jnp.inf)` after a failed `cholesky`: the NaN is the origin, the fill named after it)
 or an overflow apart from it (the origin). Inside a loop, a node holding the
@@ -973,7 +974,8 @@ def _producer(
     iteration (Equinox's `while_loop` selects it every iteration) and writes the NaN
     `sqrt` made at the 7th came after that `sqrt`, not at iteration 0. When the results
     hold none (what is non-finite is a gradient), the earliest node not in `fills` (a
-    literal's ±Inf: `jnp.clip(dt, max=jnp.inf)` in `odeint`'s loop) is the origin.
+    literal's ±Inf: `jnp.clip(dt, max=jnp.inf)` in `odeint`'s loop) is the origin, or,
+    when that is a ±Inf fill, the first NaN after it (`_nan_after_fill`).
     Returns (origin, earlier node passed over, later node it led to, the origin's first
     iteration holding what made it the origin)."""
     order = sorted(among, key=lambda n: ix.key(n, among[n].fwd_iter))
@@ -995,6 +997,9 @@ def _producer(
         # (a literal's ±Inf, read by every iteration of a loop, held its Inf from the
         # first: it is no place a problem was born, the first value made non-finite is)
         first = next((n for n in order if n not in fills), first)
+        nan = _nan_after_fill(ix, fwd, order, first, kinds)
+        if nan is not None:
+            return nan, _named_earlier(ix, order, order[0], nan), None, fwd[nan].first_of(["nan"])
         return first, None, None, fwd[first].first_of(raw)
     if kinds(first) & results and when(first) <= when(holding[0]):
         return first, None, None, fwd[first].first_of(raw)  # (no `raw`: its first of any)
@@ -1010,6 +1015,25 @@ def _producer(
         if "nan" in results or _is_fill(ix, n):
             return first, None, n, fwd[first].fwd_iter
     return n, _named_earlier(ix, order, first, n), None, fwd[n].first_of(raw)
+
+
+def _nan_after_fill(
+    ix: _Index,
+    fwd: Mapping[str, _Flags],
+    order: Sequence[str],
+    first: str,
+    kinds: Callable[[str], frozenset[str]],
+) -> str | None:
+    """With no non-finite result to go by (a padded GNN's loss masks its padding nodes:
+    finite, its gradients NaN), the first node holding NaN when `first` is a ±Inf fill
+    (`jnp.where(edge_mask, s, -jnp.inf)`), not an overflow: the fill made nothing, the
+    NaN (`s - segment_max(s)[ids]` at a node with no unmasked edge) is where the value
+    went wrong, as when the results hold it. None when `first` holds NaN, computed its
+    ±Inf (an overflow stays the origin of the NaN made of it), or no NaN follows."""
+    if "nan" in kinds(first) or (_computes(ix, first) and not _is_fill(ix, first)):
+        return None
+    nans = [n for n in order if "nan" in kinds(n) and n not in ix.outputs]
+    return min(nans, key=lambda n: ix.key(n, fwd[n].first_of(["nan"])), default=None)
 
 
 def _named_earlier(ix: _Index, order: Sequence[str], first: str, origin: str) -> str:

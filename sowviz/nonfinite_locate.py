@@ -29,6 +29,7 @@ from .nonfinite import (
 from .nonfinite_messages import (
     NONFINITE_GRADS,
     derivative_times_zero_hint,
+    empty_segment_hint,
     fully_masked_row_hint,
     masked_branch_hint,
     masked_derivative_hint,
@@ -715,13 +716,18 @@ def _inf_derivative_at_zero(flow: _Dataflow, graph: Any, flags: Any, eq: Equatio
 def _fully_masked_row(flow: _Dataflow, graph: Any, flags: Any, eq: Equation) -> str:
     """`fully_masked_row_hint` for a forward origin that made NaN of a `jnp.where`'s
     -Inf in a softmax: the `sub` of `x - max(x)` (-Inf - (-Inf) where every entry of a
-    row is masked), or the `div` of `exp(x) / sum(exp(x))` without it (0 / 0). ""
-    when that is not the case."""
+    row is masked), or the `div` of `exp(x) / sum(exp(x))` without it (0 / 0);
+    `empty_segment_hint` for the `sub` of `s - segment_max(s)[ids]`. "" when that is
+    not the case."""
     f = flags.get(eq.node)
     if eq.within or f is None or "nan" not in f.first_kinds():
         return ""
+    segment = False
     if eq.primitive == "sub":
         shape = _made_before(flow, graph, eq.node, {"reduce_max"})
+        # (a GAT's segment softmax: the max of a node's incoming edges, gathered back)
+        segment = not shape and _made_before(flow, graph, eq.node, {"scatter-max"})
+        shape = shape or segment
     elif eq.primitive == "div":
         shape = _made_before(flow, graph, eq.node, {"exp"}, hops=1) and _made_before(
             flow, graph, eq.node, {"reduce_sum"}
@@ -734,6 +740,8 @@ def _fully_masked_row(flow: _Dataflow, graph: Any, flags: Any, eq: Equation) -> 
     held = [flags.get(a) for a in (where.id, *_above(graph, where))]
     if not any(h is not None and "neginf" in h.fwd_kinds for h in held):
         return ""  # (its select held no -Inf: the NaN came of something else)
+    if segment:
+        return empty_segment_hint(where.source or _src(graph, where))
     return fully_masked_row_hint(eq.primitive, where.source or _src(graph, where))
 
 

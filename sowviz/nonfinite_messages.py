@@ -280,6 +280,25 @@ def fully_masked_row_hint(primitive: str, where: Any = None) -> str:
     )
 
 
+def empty_segment_hint(where: Any = None) -> str:
+    """The segment counterpart of `fully_masked_row_hint` (a GAT's segment softmax): a
+    node all of whose incoming edges a `jnp.where` (`where`: its source location) masked
+    with -Inf (a padding node) gets -Inf from `jax.ops.segment_max`, and
+    `s - segment_max(s)[ids]` is -Inf - (-Inf) = NaN. Guarding the max alone leaves
+    `exp` 0 / 0 in the normalisation: both fixes named are tested to give finite values
+    and gradients equal to plain JAX's."""
+    at = f" at {where.file}:{where.line}" if where is not None else ""
+    return (
+        f"; a node with no unmasked incoming edge: the `jnp.where`{at} put -Inf in every "
+        "edge of its segment (a padding node), `jax.ops.segment_max` gave it -Inf, and -Inf "
+        "- (-Inf) = NaN in the segment softmax's `s - segment_max(s)[ids]`. Fix: fill masked "
+        "edges with a large finite negative, `jnp.where(mask, s, jnp.finfo(s.dtype).min)`, "
+        "not `-jnp.inf` (its edges' weights become uniform and finite: ignore its output), or "
+        "keep -Inf and guard both the max and the sum, `m = jnp.where(jnp.isfinite(m), m, 0)` "
+        "and `den = jnp.where(den > 0, den, 1)`, which gives its edges zeros"
+    )
+
+
 #: The double-where trick, the fix for any input where a derivative is infinite.
 DOUBLE_WHERE = (
     "the double-where trick: `jnp.where(ok, x, 1.0)` before it as well as "

@@ -186,8 +186,15 @@ export class DetailPanel {
       lines.push("Passes on non-finite values made upstream.");
     }
     // Masked before any result (a solver's buffer pre-filled with Inf): said, not alarmed.
-    const quiet = stored != null && !stored.alarm;
+    let quiet = stored != null && !stored.alarm;
     if (quiet) lines.push("Masked before any result: no result is non-finite (no alarm).");
+    // A record of null (Python's rule ran, as app.js `markOrigins` reads it): only fill
+    // values reaching no result, which the faces draw muted; said why, not alarmed (an
+    // empty `segment_max`'s -Inf read the same red as a NaN, and GNN users chased it).
+    if (stored == null && index.model.nonfinite === null) {
+      quiet = true;
+      lines.push(fillNote(index, id));
+    }
     return h("div", { class: quiet ? "sv-alert sv-alert-quiet" : "sv-alert", role: quiet ? "note" : "alert" },
       lines.map((t) => h("div", { text: t })));
   }
@@ -367,6 +374,28 @@ export class DetailPanel {
     const title = this.history.querySelector(".sv-section");
     if (title) title.textContent = `over ${hist.steps.length} steps`;
   }
+}
+
+/** Why a node's NaN/Inf raises no alarm when Python's rule found no origin: an empty
+ * max's -Inf (min's +Inf) is that reduction's identity, what `jax.ops.segment_max` gives
+ * a segment no element reaches; any other is a library's fill value (`jnp.var`'s NaN).
+ * @param {import("./model.js").ModelIndex} index @param {string} id */
+export function fillNote(index, id) {
+  const prims = new Set();
+  const stack = [id];
+  while (stack.length) {
+    const c = stack.pop();
+    const prim = index.nodes.get(c)?.primitive;
+    if (prim) prims.add(prim);
+    stack.push(...(index.children.get(c) ?? []));
+  }
+  const max = prims.has("scatter-max") || prims.has("reduce_max");
+  const min = prims.has("scatter-min") || prims.has("reduce_min");
+  const what = max || min
+    ? `${max ? "−Inf is the max's" : "+Inf is the min's"} identity: \`jax.ops.segment_${max ? "max" : "min"}\` `
+      + "gives it to an empty segment (a node with no incoming edge), by design"
+    : "a fill value the program masks (a library's `-inf`/`nan` placeholder)";
+  return `Expected, harmless: ${what}. It reaches no result and every result is finite (no alarm).`;
 }
 
 /**
