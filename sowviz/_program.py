@@ -243,6 +243,9 @@ class Traced:
                 state_inputs=state_inputs,
                 calls=getattr(named, "sowviz_calls", None) if named is not fn else None,
             )
+        #: the names of the sows sowviz's NumPyro hooks made (`numpyro_sites.own_sows`):
+        #: the checks of a user's `sow` say nothing of them (`inspection.join_probes`)
+        self.own_sows: frozenset[str] = getattr(named, "sowviz_own_sows", frozenset())
         #: the instrumented program, per kind ("forward": every value in the data flow;
         #: "reverse": dead values beside it, `probed_for`), rewritten when first needed
         self._instrumented: dict[str, Callable[..., list]] = {}

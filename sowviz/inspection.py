@@ -109,11 +109,14 @@ def join_probes(
     # (`duplicates="stack"`, a `cond`'s branches), drawn on the first
     whole = set(summaries.get(options.tag, {}))
     mode = Mode(options.mode)
+    own = _own_sow(getattr(traced, "own_sows", frozenset()))
     for name, nodes in graph.sow_nodes_all.items():
         if name in whole and len(nodes) > 1 and reached.intersection(nodes):
             continue
         for node in nodes:
-            if node not in reached and not _rows_joined(graph, nodes, node, reached):
+            if node in reached or _same_call(graph, node, reached) or own(name):
+                continue
+            if not _rows_joined(graph, nodes, node, reached):
                 where = graph.node(node).source
                 notes.append(
                     f"sow {name!r}{f' at {where}' if where else ''} was not reached under "
@@ -127,13 +130,24 @@ def join_probes(
     probes = [Probe(f"p{i}", *f) for i, f in enumerate(found)]
     for p in probes:
         missing = [m for m in mode.keys if m not in p.typed_summaries]
-        if missing and not p.auto:
+        if missing and not p.auto and not own(p.name):
             notes.append(
                 f"{p.name}{p.leaf}: no {', '.join(missing)} — the value does not depend on "
                 "the differentiated inputs, or a custom derivative rule replaced the code "
                 "that computes it."
             )
     return probes, notes
+
+
+def _own_sow(names: frozenset[str]) -> Callable[[str], bool]:
+    """Whether a sow's name (`log|J| (tau)`, or a call of it: `log|J| (tau)_1`) is one
+    of sowviz's own captures (`Traced.own_sows`), which the user wrote no `sow` for."""
+
+    def own(name: str) -> bool:
+        base, _, idx = name.rpartition("_")
+        return name in names or (idx.isdigit() and base in names)
+
+    return own
 
 
 def _written(leaf: str) -> bool:
@@ -304,9 +318,30 @@ def _sow_node(graph: StageGraph, name: str) -> str | None:
         return graph.sow_nodes[name]
     base, _, idx = name.rpartition("_")
     if idx.isdigit() and base in graph.sow_nodes_all:
-        nodes = graph.sow_nodes_all[base]
+        nodes = _first_of_calls(graph, graph.sow_nodes_all[base])
         return nodes[int(idx)] if int(idx) < len(nodes) else None
     return None
+
+
+def _first_of_calls(graph: StageGraph, nodes: tuple[str, ...]) -> tuple[str, ...]:
+    """The first node of each `sow` call among `nodes`, in the order of the calls: the
+    capture's `name_0`, `name_1`. A sow under a `jax.grad` that `fn` takes is drawn in
+    the forward and the backward pass, one call: counting nodes put `name_1` (the
+    function called again) on the backward pass's copy, and said the second call was
+    "not reached". Sows with no call number (`tesseract_jax.sow`) count as nodes."""
+    calls = [graph.sow_calls.get(n, -1) for n in nodes]
+    if -1 in calls:
+        return nodes
+    first: dict[int, str] = {}
+    for call, node in zip(calls, nodes, strict=True):
+        first.setdefault(call, node)
+    return tuple(first[c] for c in sorted(first))
+
+
+def _same_call(graph: StageGraph, node: str, reached: set[str]) -> bool:
+    """Whether sow `node` is a copy of a reached one's call (its backward pass's)."""
+    call = graph.sow_calls.get(node, -1)
+    return call >= 0 and any(graph.sow_calls.get(n) == call for n in reached)
 
 
 #: A probe before its id: name, leaf, node, auto, typed summaries per capture key.

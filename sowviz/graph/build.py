@@ -752,6 +752,8 @@ class _Builder(InputsMixin):
         self.leaf_made: dict[Any, list[_Rec]] = {}
         self.points: list[tuple[int, ProbePoint]] = []
         self.sows: dict[str, list[str]] = {}
+        #: a sow's record -> its call (`StageGraph.sow_calls`; by record: ids are renumbered)
+        self.sow_calls: dict[_Rec, int] = {}
         #: custom-rule calls whose bodies hold probes, by (primitive, label, small: the
         #: body is too small to be probed beside the program)
         self.custom_calls: dict[tuple[str, str, bool], list[str]] = {}
@@ -1272,6 +1274,7 @@ class _Builder(InputsMixin):
             rec.user_body = not _compat.defined_in_library(eqn.params[spec.bodies[0].param])
         if spec.construct is Construct.SOW:
             self.sows.setdefault(label, []).append(rec.id)
+            self.sow_calls[rec] = eqn.params.get("index", -1)
         n_before = len(self.points)
         # A custom rule's body is probed beside the program (`graph.instrument`): its
         # stages get primal values only, which the note says once per custom call.
@@ -1885,6 +1888,7 @@ class _Builder(InputsMixin):
             probe_points=tuple(points),
             sow_nodes={k: v[0] for k, v in self.sows.items()},
             sow_nodes_all={k: tuple(v) for k, v in self.sows.items()},
+            sow_calls={r.id: call for r, call in self.sow_calls.items()},
             notes=tuple(notes),
             constant_nodes=frozenset(r.id for r in recs if r.constant),
             input_readers={

@@ -184,12 +184,17 @@ def named(fn: Callable) -> Callable:
         ctx.add_roots(args, kwargs, names)
         token = _ACTIVE.set(ctx)
         _install()
+        run = None
         try:
-            with numpyro_sites.tracing():
+            with numpyro_sites.tracing() as run:
                 return fn(*args, **kwargs)
         finally:
             _ACTIVE.reset(token)
             _uninstall()
+            # the sows NumPyro's hooks made: not the user's (`Traced.own_sows`)
+            with_names.sowviz_own_sows = (  # type: ignore[attr-defined]
+                numpyro_sites.own_sows(run) if run is not None else frozenset()
+            )
             # what `build_graph` needs of this (the last) call
             with_names.sowviz_calls = ModuleCalls(  # type: ignore[attr-defined]
                 ctx.copies, ctx.returns, frozenset(ctx.pushed), ctx.writes, frozenset(ctx.roots)

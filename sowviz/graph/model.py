@@ -226,6 +226,11 @@ class StageGraph:
     sow_nodes: dict[str, str] = field(default_factory=dict)
     #: user sow name -> ids of every `sow` node with that name, in program order
     sow_nodes_all: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    #: a `sow` node's id -> the number of the `sow` call it belongs to (its `index`; -1:
+    #: none known). A sow under a `jax.grad` that `fn` takes is drawn twice, in the
+    #: forward pass and in the backward one, as one call: the capture numbers a name's
+    #: calls (`name_0`, `name_1`), not its nodes. Not saved with a model.
+    sow_calls: dict[str, int] = field(default_factory=dict)
     notes: tuple[Note, ...] = ()
     #: equations (and calls) computed from literals alone, whatever the inputs: a
     #: non-finite value there is a library's fill value (`jnp.var`'s `nan`)

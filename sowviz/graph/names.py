@@ -1038,7 +1038,8 @@ def _fold(
             return returned_label(loc.file, loc.line) or several or own
         if outside_at(i):  # (`sowviz.show(lambda w, x: ...)`: not `sowviz.show`)
             return own
-        return called_alone(loc.file, loc.line) or own  # a bare call: `jax.debug.print`
+        # a bare call (`jax.debug.print`), or an argument and its call's first work
+        return called_alone(loc.file, loc.line) or argument_before_call(i, j, loc) or own
 
     def outside_at(m: int) -> bool:
         # made on the line of the lambda sowviz traced, whose statement ran outside the
@@ -1059,6 +1060,28 @@ def _fold(
         start = min((s[0], s[1]) for s in spans if s is not None)
         end = max((s[2], s[3]) for s in spans if s is not None)
         return operand_text(loc.file, loc.line, (*start, *end))
+
+    def argument_before_call(i: int, j: int, loc: _compat.SourceLocation) -> str | None:
+        # A run computing one argument of the line's call, then the first work of that
+        # call before its stages (NumPyro's `elbo.loss(key, svi.constrain_fn(params),
+        # ...)`: the parameters' `transform_fn`, then the ELBO's key split): named by that
+        # argument, as the argument alone is. Together their spans are the whole call,
+        # which is no argument, and the box read `loss_fn:14`.
+        spans = [facts.span(m) for m in range(i, j + 1)] if facts.span is not None else []
+        if not spans or None in spans:
+            return None
+        texts = {s: operand_text(loc.file, loc.line, s) for s in set(spans)}
+        args = {s for s, t in texts.items() if t}
+        if len(args) != 1 or len(texts) == 1:
+            return None
+        (arg,) = args
+        # (the rest is the call around the argument, not another argument unnamed)
+        around = all(
+            (s[0], s[1]) <= (arg[0], arg[1]) and (s[2], s[3]) >= (arg[2], arg[3])
+            for s in texts
+            if s != arg
+        )
+        return texts[arg] if around else None
 
     def replayed(m: int, ret: _compat.SourceLocation) -> bool:
         # An equation of the returning function's lines up to its return, after it: its

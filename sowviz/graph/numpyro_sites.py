@@ -91,6 +91,9 @@ class _Run:
     #: the factor sites that add a constrained site's log-Jacobian (`_tau_log_det`), and
     #: the site (`tau`)
     jacobians: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: the names this module sowed (`log|J| (tau)`, a deterministic site's): sowviz's
+    #: own captures, which the user wrote no `sow` for (`own_sows`)
+    sown: set[str] = dataclasses.field(default_factory=set)
 
 
 _ACTIVE: contextvars.ContextVar[_Run | None] = contextvars.ContextVar(
@@ -105,13 +108,24 @@ def present() -> bool:
 
 
 @contextlib.contextmanager
-def tracing() -> Iterator[None]:
-    """The hooks push their scopes while this is open (in this context only)."""
-    token = _ACTIVE.set(_Run())
+def tracing() -> Iterator[_Run]:
+    """The hooks push their scopes while this is open (in this context only); the run
+    it gives says what they did (`own_sows`)."""
+    run = _Run()
+    token = _ACTIVE.set(run)
     try:
-        yield
+        yield run
     finally:
         _ACTIVE.reset(token)
+
+
+def own_sows(run: _Run) -> frozenset[str]:
+    """The names of the sows the hooks made in `run`. The checks of a user's `sow`
+    ("not reached: sow the custom function's output instead", "no cotangent") would
+    give advice about code the user never wrote: a `log|J| (tau)` whose inner cotangent
+    is the constant 1 under a leapfrog's `jax.grad` of the potential has no gradient
+    for a reason of NumPyro's, not a mistake of theirs."""
+    return frozenset(run.sown)
 
 
 # ---------------------------------------------------------------------------
@@ -198,6 +212,7 @@ def _sites_class(messenger: type) -> type:
             if msg.get("type") == "deterministic" and isinstance(name, str) and _traced(value):
                 # the model and the trace both hold the sown value: its cotangent is
                 # the whole gradient
+                self.run.sown.add(name)
                 msg["value"] = sow_value(value, name)
 
     return _Sites
@@ -300,6 +315,9 @@ def _jacobian_term(term: Any, of: str) -> Any:
     if not _traced(term):
         return term
     label = jacobian_label(of)
+    run = _ACTIVE.get()
+    if run is not None:
+        run.sown.add(label)
     return _scoped(label, sow_value, term, label)
 
 
