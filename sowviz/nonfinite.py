@@ -574,7 +574,13 @@ def find(
         iteration = ix.indices(reach, bwd[reach].bwd_iter)
         at = at_iteration([n[lp] for lp in ix.loops(reach)], iteration)
         msg = backward_message(made_node, n[reach], [n[c] for c in cands[1:]], from_forward, at)
-        mine, other = _grads_split(ix, bwd, _upstream(ix, reach))
+        # The origin's backward makes the gradients of what it reads itself as well: the
+        # weights of `x = gelu(x @ w)` whose backward made the NaN (parameters get no
+        # edge, so nothing upstream of `reach` reads them) were blamed on another origin.
+        near = _upstream(ix, reach)
+        if made is not None:
+            near |= {k for k in ix.nodes if k == made or made in ix.ancestors(k)}
+        mine, other = _grads_split(ix, bwd, near)
         msg += grads_sentence(mine, other)
         bwd_origin = Origin(
             "backward",

@@ -9,6 +9,7 @@ program's output; `locate(fn, args, options)` re-runs the same step with
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -516,6 +517,7 @@ def locate(
         fwd_eq = Equation(n.id, n.primitive or n.label, n.source or _src(g, n), None, n.label)
         made = "value" if node_flags(ins.probes)[n.id].fwd_value else "tangent"
         fwd_eq = _in_custom(fn, args, opts, traced, g, fwd_eq, made, fwd.iteration)
+        fwd_eq = _with_call(flow, g, fwd_eq)
         fwd = replace(fwd, node=_stage_of(g, n.id))
     if bwd is not None and bwd.reaching is not None:
         reach = bwd.reaching
@@ -524,6 +526,7 @@ def locate(
             n = g.node(cands[0])
             bwd_eq = Equation(n.id, n.primitive or n.label, n.source or _src(g, n), reach, n.label)
             bwd_eq = _in_custom(fn, args, opts, traced, g, bwd_eq, "cotangent", bwd.iteration)
+            bwd_eq = _with_call(flow, g, bwd_eq)
             bwd = replace(bwd, node=_stage_of(g, n.id), reaching=_stage_of(g, reach))
             bwd = replace(bwd, candidates=tuple(_stage_of(g, c) for c in cands))
     out = with_equations(replace(fine, forward=fwd, backward=bwd), g, fwd_eq, bwd_eq)
@@ -622,6 +625,33 @@ def _in_custom(
         return eq
     source = inner.source or eq.source
     return replace(eq, primitive=inner.primitive, source=source, label="", within=inner.where())
+
+
+def _with_call(flow: _Dataflow, graph: Any, eq: Equation) -> Equation:
+    """`eq` with the JAX function the user's line called that bound it (`Equation.call`):
+    an fp16 overflow located to "`integer_pow` in `x#5`" said neither `jax.nn.gelu`
+    (its `x ** 3`) nor anything the line reads as. Not when a box on its way up is named
+    by that call already (a `gelu` box), nor when the call is named as the primitive
+    (`jnp.sqrt`), nor for a custom function's equation (`within` says where)."""
+    from . import _compat
+    from .graph.names import call_labels
+
+    p = flow.points.get(eq.node)
+    if eq.within or (eq.label and eq.label != eq.primitive) or p is None:
+        return eq
+    if p.kind in ("scope", "input", "output") or len({i for i, _ in p.values}) != 1:
+        return eq
+    path = _compat.call_path(flow._jaxpr(p.path).eqns[p.values[0][0]])
+    # (a framework's layer, `nn.LayerNorm`, is a stage named by its module already)
+    labels = call_labels(path.names) if path.package == "jax" else ()
+    if not labels or labels[0] == eq.primitive:
+        return eq
+    n = graph.node(eq.node)
+    while n is not None:
+        if re.sub(r"#\d+$", "", n.label) == labels[0]:
+            return eq
+        n = graph.node(n.parent) if n.parent is not None else None
+    return replace(eq, call=labels[0])
 
 
 def _probed(

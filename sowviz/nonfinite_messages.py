@@ -205,7 +205,9 @@ def backward_sentence(name: str, reach: str, from_forward: bool, in_rule: bool =
 
 
 def equation_name(stage: Any, eq: Equation) -> str:
-    """ "`rsqrt` in `LayerNorm_0` at models.py:112" (`stage`: the node holding it, or None)."""
+    """ "`rsqrt` in `LayerNorm_0` at models.py:112" (`stage`: the node holding it, or None);
+    "`integer_pow` in the call of `gelu` in `x#5` at ...": the JAX function the line
+    called, when no box is named by it (`Equation.call`)."""
     at = f" at {eq.source.file}:{eq.source.line}" if eq.source is not None else ""
     inside = f" in {_quoted(stage.label)}" if stage is not None and stage.id != eq.node else ""
     if eq.within:  # an equation of a custom function or its rules: "in the JVP rule of `f`"
@@ -213,6 +215,8 @@ def equation_name(stage: Any, eq: Equation) -> str:
     name = f"`{eq.primitive}`"
     if eq.label and eq.label != eq.primitive:
         name = f"`{eq.label}` ({eq.primitive})"
+    elif eq.call and not eq.within:
+        name += f" in the call of `{eq.call}`"
     return f"{name}{inside}{at}"
 
 

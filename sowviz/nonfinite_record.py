@@ -24,6 +24,9 @@ class Equation:
     # inside the custom function `node` calls: what holds it ("the backward rule of
     # `my_log`"); `primitive` and `source` are then that equation's (`nonfinite_custom`)
     within: str = ""
+    #: the JAX function the user's line called that bound it (`gelu` for the `integer_pow`
+    #: of `jax.nn.gelu`), when no box is named by it: the line called no `integer_pow`
+    call: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {

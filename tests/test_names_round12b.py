@@ -122,11 +122,14 @@ def test_a_cache_update_line_is_named_by_what_it_assigns():
     ins = sowviz.inspect(_kv_step, *r, k, v, tokens, i, mode="primal")
     g = ins.graph
     top = [n.label for n in g.children(g.root) if n.source is not None]
-    assert top == ["tok", "k_cache", "v_cache"], top
-    assert _kids(g, "k_cache")[-1] == "dynamic_update_slice"
+    # (numbered after the argument it rebinds, as its probe path is: round 15)
+    assert top == ["tok", "k_cache#2", "v_cache#2"], top
+    assert _kids(g, "k_cache#2")[-1] == "dynamic_update_slice"
     want = lax.dynamic_update_slice(r[1], v, (0, 3, 0, 0))
-    (box,) = (n for n in g.children(g.root) if n.label == "v_cache" and n.kind == "scope")
-    (got,) = (p.summaries["primal"] for p in ins.probes if p.node == box.id)
+    (box,) = (n for n in g.children(g.root) if n.label == "v_cache#2" and n.kind == "scope")
+    (probe,) = (p for p in ins.probes if p.node == box.id)
+    assert ins.probe_path(probe) == "v_cache#2"
+    got = probe.summaries["primal"]
     np.testing.assert_allclose(got["mean"], float(want.mean()), rtol=1e-5)
 
 

@@ -207,7 +207,16 @@ export class DetailPanel {
       if (index.probesByNode.has(c)) inside.push(c);
       stack.push(...(index.children.get(c) ?? []));
     }
-    if (!inside.length) return h("p", { class: "sv-muted", text: "No values were captured at this node." });
+    if (!inside.length) {
+      // An equation inside a stage (where `locate_nonfinite()` opens the graph: an
+      // fp16 overflow's `integer_pow` in a line's box) has none: its stage has them.
+      const at = carrierOf(index, id);
+      if (!at) return h("p", { class: "sv-muted", text: "No values were captured at this node." });
+      return h("p", { class: "sv-muted", "data-role": "carrier" }, [
+        h("span", { text: "No values were captured at this equation (capture=\"all\" captures every equation's). Its stage carries them: " }),
+        h("button", { type: "button", class: "sv-link", text: index.nodes.get(at).label, onclick: () => this.handlers.onReveal(at) }),
+      ]);
+    }
     return h("div", {}, [
       h("p", { class: "sv-muted", text: "No values captured on the stage itself. Probes inside:" }),
       h("ul", { class: "sv-probe-list" }, inside.map((c) => h("li", {}, [
@@ -458,6 +467,22 @@ function probeOption(p) {
 /** Where a node sits below the program: `in TransformerLM › layers[1]` ("" at the top level). */
 export function placeOf(index, id) {
   return parentPath(index, id).trim();
+}
+
+/**
+ * The nearest stage holding equation `id` that carries values (probes), or null: where
+ * to look for what an equation no probe saw computed.
+ * @param {import("./model.js").ModelIndex} index
+ * @param {string} id
+ */
+export function carrierOf(index, id) {
+  const node = index.nodes.get(id);
+  if (!node || node.kind !== "eqn") return null;
+  // (not the whole program's box, the root: that says nothing of the equation)
+  for (let at = node.parent; at != null && index.nodes.get(at)?.parent != null; at = index.nodes.get(at).parent) {
+    if (index.probesByNode.has(at)) return at;
+  }
+  return null;
 }
 
 /** A probe's leaf as a user reads it: `vector_add.normed_result` for `['vector_add.normed_result']`. */

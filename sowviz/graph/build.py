@@ -1813,11 +1813,17 @@ class _Builder(InputsMixin):
                 rec.shapes = tuple(self.constrained.get(v) or shape_str(v.aval) for v, _ in items)
         _name_wrappers(recs)
         seen: dict[tuple[str | None, str], int] = {}
+        # A line rebinding an argument drawn beside it counts after it: `x = x.astype(...)`
+        # was drawn `x` like the argument `x`, its probe path `x#5` (the paths number
+        # every sibling: after a loop's passes `x#2`..`x#4`). A scope the user named
+        # (`jax.named_scope("mask")`) keeps its name: `expect_nonfinite` names it so.
+        args = {(rec.parent, rec.label) for rec in recs if rec.kind == "input"}
         # A stage's label used again among its siblings: `mlp#2`, and `block#2` for a
         # `jax.jit` or `jax.checkpoint` called again (so each can be named, `probe`).
         for rec in recs:
             if rec.kind in STAGE_KINDS:
-                k = seen[rec.parent, rec.label] = seen.get((rec.parent, rec.label), 0) + 1
+                key = (rec.parent, rec.label)
+                k = seen[key] = seen.get(key, 1 if rec.made and key in args else 0) + 1
                 if k > 1:
                     rec.label = f"{rec.label}#{k}"
         recs = repeats.merge(self)  # identical blocks in a row: one stacked node each
