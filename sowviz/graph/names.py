@@ -37,6 +37,7 @@ from .source_text import (
     returned_label,
     returned_values,
     returns_expression,
+    returns_one_value,
     rule_owner,
     scope_opened_at,
     statement_line,
@@ -1288,6 +1289,41 @@ def _fold(
             return False
         return is_return(loc.file, loc.line) and called_again(*line_run(i))
 
+    def returned_line(i: int) -> bool:
+        # `i`'s line returns one value as the last work of its level's own equations (not
+        # a call's: `returned_in_call`), and reads as one box named by what it returns, as
+        # an assignment reads by its target: one operation of the user's made its several
+        # equations (`return logits[:, -1]`: `slice`, `squeeze`), or its work counts in
+        # integers beside its floats (a padded loss's
+        # `jnp.sum(jnp.where(mask, nll, 0.0)) / jnp.sum(mask)`: the mask's count and
+        # cast, a row of primitives at a small level, one box at a big one). A small
+        # level's own arithmetic (`jnp.mean((y - t) ** 2)`: `sub`, `integer_pow`, `mean`)
+        # stays its boxes, each with its data.
+        loc, scope = locs[i], scope_of(i)
+        if loc is None or scope or outside_at(i) or loc.function.endswith("<lambda>"):
+            return False
+        if not returns_one_value(loc.file, loc.line):
+            return False
+        lo, hi = line_run(i)
+        if any(scope_of(m) == scope and not replayed(m, loc) for m in range(hi + 1, len(out))):
+            return False  # (not the level's last work: an argument of a call after it)
+        boxes = drawn(lo, hi)
+        ops = [operations[m] if m < len(operations) else None for m in range(lo, hi + 1)]
+        if None in ops or not boxes:
+            return False
+        if len(boxes) < 2:
+            return False  # (one equation is its own box already, with its data)
+        if boxes[-1] < len(stages) and stages[boxes[-1]]:
+            return False  # a stage makes the value, named already (`segment_max`, `mean`)
+        if len({op[0] for op in ops}) == 1:
+            return True
+        # (integers, not booleans: a mask's count, not the `isfinite` a `where` reads)
+        types = facts.out_types
+        counts = types is not None and any(
+            all(t.startswith(("int", "uint")) for t in types(m)) for m in boxes
+        )
+        return counts and not all(ops[m - lo][1] for m in boxes)
+
     def restates_primitive(lo: int, hi: int) -> bool:
         # The line's one library call is named like one of its equations
         # (`lax.dynamic_update_slice`: its index clamp `lt`, `add`, `select_n`, then the
@@ -1315,7 +1351,12 @@ def _fold(
             return None  # a named scope's or a module's work is its stage's (README)
         if loc is None:
             return None
-        if line_assigns(i) is None and not returned_in_call(i) and not returned_leaves(i):
+        if (
+            line_assigns(i) is None
+            and not returned_in_call(i)
+            and not returned_leaves(i)
+            and not returned_line(i)
+        ):
             return None
         if at_module_call is not None and at_module_call(i):
             return None
@@ -1324,11 +1365,12 @@ def _fold(
         last = hi  # (the axes `vmap` moves after it are no work of the line's)
         while last > lo and last < len(primitives) and primitives[last] in _LAYOUT:
             last -= 1
-        # (a library's jitted function making the line's value, `jnp.argsort` of `order =
-        # jnp.argsort(-scores)`, is no construct to keep apart: `activation`; one before
-        # it, an argument's `%`, still is, the line's value then made elsewhere)
+        # (a library's jitted function in the line, `jnp.argsort` of `order =
+        # jnp.argsort(-scores)` or `jnp.take_along_axis` of `nll =
+        # -jnp.take_along_axis(logp, y[:, None], 1)[:, 0]`, is no construct to keep
+        # apart, as a big level's line fold holds it: `activation`)
         if any(
-            (construct_in(m) and not (m == last and library_jit(m))) or calls(m)[:1] in _PLUMBING
+            (construct_in(m) and not library_jit(m)) or calls(m)[:1] in _PLUMBING
             for m in range(lo, hi + 1)
         ):
             return None

@@ -459,7 +459,8 @@ def operand_text(file: str, line: int, span: Span) -> str | None:
     `file:line` assigns or returns a call's result and `span` lies inside one argument
     of that call: `tokens[:, pos]` in `logits, caches = forward_token(params, tokens[:,
     pos], caches, pos)`. The line's targets name the call's result, not its argument's.
-    None otherwise, or when the argument's text is longer than a label."""
+    A span over several arguments of one call reads as them (`next_token[:, None], P +
+    i`: `_arguments_written`). None otherwise, or when the text is longer than a label."""
     source = "".join(linecache.getlines(file))
     statements = _statements_at(source, line)
     if len(statements) != 1:
@@ -475,13 +476,51 @@ def operand_text(file: str, line: int, span: Span) -> str | None:
         for arg in (*c.args, *(k.value for k in c.keywords))
         if _holds(arg, span)
     ]
-    if not holding:
-        return None
     # (a lambda's body is the call's own work: `jax.tree.map(lambda g: g / 4, gs)`; so
     # is a generator's, `sum(jnp.sum(g) for g in gs)`)
     if any(isinstance(n, _FUNCTIONS) and _holds(n, span) for n in ast.walk(call)):
         return None
+    if not holding:
+        return _arguments_written(source, call, span)
     return _written(source, min(holding, key=_size))
+
+
+def _arguments_written(source: str, call: ast.Call, span: Span) -> str | None:
+    """Consecutive positional arguments of one call in `call` (the innermost) that
+    together hold `span`, from where it starts to where it ends, as written: `next_token[:,
+    None], P + i` in `logits = decode_step(model, next_token[:, None], P + i)`, a run
+    computing two of the call's arguments. None when the span starts or ends outside an
+    argument (the call itself), or the text is longer than a label."""
+    found: list[tuple[tuple[int, int], str]] = []
+    for c in ast.walk(call):
+        if not isinstance(c, ast.Call):
+            continue
+        args = [a for a in c.args if a.end_lineno is not None and a.end_col_offset is not None]
+        first = next((k for k, a in enumerate(args) if _starts_in(a, span)), None)
+        last = next((k for k, a in enumerate(args) if _ends_in(a, span)), None)
+        if first is None or last is None or last <= first:
+            continue
+        texts = [ast.get_source_segment(source, a) for a in args[first : last + 1]]
+        if None in texts:
+            continue
+        text = ", ".join(" ".join(t.split()) for t in texts if t is not None)
+        found.append((_size(c), text))
+    if not found:
+        return None
+    text = min(found)[1]
+    return text if len(text) <= _MOST else None
+
+
+def _starts_in(expr: ast.expr, span: Span) -> bool:
+    """Whether `span` starts inside `expr`'s source."""
+    start = (span[0], span[1])
+    return (expr.lineno, expr.col_offset) <= start < (expr.end_lineno, expr.end_col_offset)
+
+
+def _ends_in(expr: ast.expr, span: Span) -> bool:
+    """Whether `span` ends inside `expr`'s source."""
+    end = (span[2], span[3])
+    return (expr.lineno, expr.col_offset) < end <= (expr.end_lineno, expr.end_col_offset)
 
 
 #: Expressions whose code runs as a function of its own, called by the call around them
@@ -688,3 +727,13 @@ def _takes_derivative(expr: ast.expr) -> bool:
     if name in _DERIVATIVES:
         return True
     return name in _WRAPPERS and bool(expr.args) and _takes_derivative(expr.args[0])
+
+
+def returns_one_value(file: str, line: int) -> bool:
+    """Whether the `return` statement at `file:line` returns one value (`logits[:, -1]`,
+    `jnp.sum(nll * mask) / jnp.sum(mask)`), not several (`toks[order], s[order]`)."""
+    statements = _statements_at("".join(linecache.getlines(file)), line)
+    if len(statements) != 1 or not isinstance(statements[0], ast.Return):
+        return False
+    value = statements[0].value
+    return value is not None and not isinstance(value, (ast.Tuple, ast.List, ast.Dict))
