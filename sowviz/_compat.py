@@ -2417,3 +2417,39 @@ def _shown(frame: types.FrameType) -> bool:
     `@contextmanager` (`library_errors`)."""
     name = frame.f_code.co_filename
     return _traceback_util.include_frame(frame) and name != contextlib.__file__
+
+
+# ---------------------------------------------------------------------------
+# Haiku's module calls and state writes (graph/frameworks). `hk.intercept_methods`
+# pushes onto `haiku._src.module.interceptor_stack` and `hk.custom_setter` onto
+# `haiku._src.base.state_setter_stack` (Haiku 0.0.10 to 0.0.17); sowviz pushes onto them
+# itself because `hk.custom_setter` must run inside `hk.transform`, and sowviz's hook
+# is entered outside it, around the function that calls `apply`. Every Haiku module
+# method runs inside the one nested function `wrap_method.<locals>.wrapped`: the frame
+# just outside it is the module's call site.
+
+
+@contextlib.contextmanager
+def haiku_hooks(interceptor: Any, setter: Any) -> Iterator[None]:
+    """`interceptor` (a method interceptor, `hk.intercept_methods`) and `setter` (a state
+    setter, `hk.custom_setter`) active in this thread while the block runs."""
+    from haiku._src import base, module
+
+    with module.interceptor_stack(interceptor), base.state_setter_stack(setter):
+        yield
+
+
+@functools.cache
+def _haiku_wrapped_code() -> Any:
+    try:
+        from haiku._src import module
+    except ImportError:
+        return None
+    return module.wrap_method("__call__", lambda self: None, lambda: None).__code__
+
+
+def haiku_call_sites(eqn: JaxprEqn) -> list[SourceLocation]:
+    """Where each Haiku module method call the equation was made in was made, innermost
+    first (the line of `self.block(x)`, not where `block` was built)."""
+    code = _haiku_wrapped_code()
+    return call_sites(eqn, code) if code is not None else []

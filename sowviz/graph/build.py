@@ -308,7 +308,7 @@ def build_graph(
     renamed = renames(jaxpr, in_names, calls.copies if calls else {})
     # module stages, the copies' new labels as the labels they replace
     scopes = (calls.scopes if calls else frozenset()) | set(renamed.values())
-    with frameworks.drawing(scopes):
+    with frameworks.drawing(scopes, calls.haiku if calls else ()):
         return _Builder(
             capture,
             tesseract_names,
@@ -1549,6 +1549,15 @@ class _Builder(InputsMixin):
             # frame they lack; the stage around it says where it is
             if around is not None and around.source is not None:
                 return around.source
+        if names[j] in frameworks.haiku_pushed():
+            # Haiku pushed it: the frame outside the matching call of Haiku's method
+            # wrapper (`self.transformer(x)`, not the line that built the module, nor its
+            # first equation's); a call in a library's module (`hk.nets.ResNet`'s
+            # blocks) is found as before
+            r = sum(1 for n in names[j + 1 :] if n in frameworks.haiku_pushed())
+            sites = _compat.haiku_call_sites(eqn)
+            if r < len(sites) and not _compat.is_library_file(sites[r].file):
+                return self.location(sites[r])
         opened = scope_opened(eqn, names[j])
         return self.location(opened) if opened is not None else self.source(eqn, around)
 

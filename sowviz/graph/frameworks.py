@@ -92,6 +92,11 @@ _PATCHES = Patches()
 _DRAWN: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
     "sowviz_module_scopes", default=frozenset()
 )
+#: The scope labels Haiku's module calls pushed (Haiku pushes them itself, as a
+#: `jax.named_call` of the module's name), per drawing as `_DRAWN`.
+_HAIKU_DRAWN: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
+    "sowviz_haiku_scopes", default=frozenset()
+)
 
 
 def pushed() -> frozenset[str]:
@@ -99,13 +104,21 @@ def pushed() -> frozenset[str]:
     return _DRAWN.get()
 
 
+def haiku_pushed() -> frozenset[str]:
+    """The scope labels Haiku's module calls pushed in the program being drawn."""
+    return _HAIKU_DRAWN.get()
+
+
 @contextlib.contextmanager
-def drawing(scopes: Iterable[str]) -> Iterator[None]:
-    """`pushed()` is `scopes` while a graph of the program is built."""
+def drawing(scopes: Iterable[str], haiku: Iterable[str] = ()) -> Iterator[None]:
+    """`pushed()` is `scopes` (and `haiku_pushed()` is `haiku`) while a graph of the
+    program is built."""
     token = _DRAWN.set(frozenset(scopes))
+    haiku_token = _HAIKU_DRAWN.set(frozenset(haiku))
     try:
         yield
     finally:
+        _HAIKU_DRAWN.reset(haiku_token)
         _DRAWN.reset(token)
 
 
@@ -125,6 +138,8 @@ class ModuleCalls:
     #: the scope labels of calls of a model's root module (`Net`, `teacher: MLP`): where
     #: the paths Python reaches its modules by start (`Inspection.probe`)
     roots: frozenset[str] = frozenset()
+    #: the scope labels Haiku's module calls pushed (`linear_1`; `haiku_pushed`)
+    haiku: frozenset[str] = frozenset()
 
 
 Path = tuple[Any, ...]
@@ -169,11 +184,16 @@ def linen_plumbing_scope(name: str) -> bool:
     return name.endswith(_LINEN_PLUMBING_METHODS)
 
 
+def _haiku() -> bool:
+    return "haiku" in sys.modules
+
+
 def named(fn: Callable) -> Callable:
     """`fn` whose NNX / Equinox module calls run inside named scopes of their paths, and
     whose NumPyro models, sites and distributions inside scopes of their names
-    (`numpyro_sites`)."""
-    if _nnx() is None and _eqx() is None and not numpyro_sites.present():
+    (`numpyro_sites`); Haiku's module calls, which push their scopes themselves, are
+    recorded (`_Context.haiku_call`)."""
+    if _nnx() is None and _eqx() is None and not numpyro_sites.present() and not _haiku():
         return fn
 
     names = positional_names(fn)
@@ -186,7 +206,7 @@ def named(fn: Callable) -> Callable:
         _install()
         run = None
         try:
-            with numpyro_sites.tracing() as run:
+            with numpyro_sites.tracing() as run, _haiku_hooks(ctx):
                 return fn(*args, **kwargs)
         finally:
             _ACTIVE.reset(token)
@@ -197,7 +217,12 @@ def named(fn: Callable) -> Callable:
             )
             # what `build_graph` needs of this (the last) call
             with_names.sowviz_calls = ModuleCalls(  # type: ignore[attr-defined]
-                ctx.copies, ctx.returns, frozenset(ctx.pushed), ctx.writes, frozenset(ctx.roots)
+                ctx.copies,
+                ctx.returns,
+                frozenset(ctx.pushed),
+                ctx.writes,
+                frozenset(ctx.roots),
+                frozenset(ctx.haiku),
             )
 
     return with_names
@@ -392,6 +417,9 @@ class _Context:
         self.writes: dict[tuple[str, Any], str] = {}
         self.pushed: set[str] = set()  # every scope label a module call pushed
         self.roots: set[str] = set()  # those of calls of a root module (`ModuleCalls.roots`)
+        self.haiku: set[str] = set()  # every scope label a Haiku module call pushed
+        #: (full name, value) of each `hk.set_state` so far, in order (`haiku_set`)
+        self.haiku_sets: list[tuple[str, Any]] = []
 
     def note_returns(self, label: str, out: Any) -> None:
         """Remember where each traced leaf of a module call's result `out` sits in it,
@@ -425,6 +453,43 @@ class _Context:
                 origin = _compat.traced_origin(leaves[0])
                 if origin is not None:  # (retraced under `jax.vmap`: `note_returns`)
                     self.writes.setdefault((label, origin), name)
+
+    def haiku_call(self, next_f: Callable, args: tuple, kwargs: dict, context: Any) -> Any:
+        """Haiku's method interceptor (`hk.intercept_methods`): a Haiku module's method
+        call runs inside the scope of its module's name, which Haiku pushes itself; its
+        label is a module stage's, and the state the call sets (`hk.BatchNorm`'s EMAs)
+        is named after its Haiku path below the module (`mean_ema/average`), as an NNX
+        module's variables are (`note_writes`), not numbered `[3]` after the activation."""
+        name = getattr(context.module, "module_name", None)
+        if not isinstance(name, str) or not name or context.method_name == "__init__":
+            return next_f(*args, **kwargs)  # (no scope: Haiku names a module after `__init__`)
+        label = name.rpartition("/")[2]  # the name Haiku's `jax.named_call` pushes
+        self.haiku.add(label)
+        start = len(self.haiku_sets)
+        out = next_f(*args, **kwargs)
+        last = dict(self.haiku_sets[start:])  # (set twice: the last value is the state)
+        # (a value the call returns too is its result: `hk.ExponentialMovingAverage`
+        # returns the `average` it sets)
+        returned = {_compat.traced_var(leaf) for leaf in jax.tree_util.tree_leaves(out)}
+        for full, value in last.items():
+            if not full.startswith(name + "/"):
+                continue
+            path = full[len(name) + 1 :].removeprefix("~/")  # (`bn/~/mean_ema/average`)
+            for leaf in jax.tree_util.tree_leaves(value):
+                var = _compat.traced_var(leaf)
+                if var is not None and var not in returned:
+                    self.writes[(label, var)] = path
+                    origin = _compat.traced_origin(leaf)
+                    if origin is not None:  # (retraced under `jax.vmap`: `note_returns`)
+                        self.writes.setdefault((label, origin), path)
+        return out
+
+    def haiku_set(self, next_setter: Callable, value: Any, context: Any) -> Any:
+        """Haiku's state setter (`hk.custom_setter`): remember the value each
+        `hk.set_state` stores, by its full name (`bn/~/mean_ema/average`)."""
+        value = next_setter(value)
+        self.haiku_sets.append((context.full_name, value))
+        return value
 
     def add_roots(self, args: tuple, kwargs: dict, names: list[str]) -> None:
         """Name the modules anywhere in the arguments from their roots: one model's
@@ -773,6 +838,14 @@ def _tagging(raw: Any) -> Callable:
 
     method.__sowviz_wrapped__ = raw  # type: ignore[attr-defined]
     return functools.wraps(raw)(method)
+
+
+def _haiku_hooks(ctx: _Context) -> contextlib.AbstractContextManager:
+    """`ctx`'s Haiku interceptor and state setter, active while `fn` runs (Haiku's
+    stacks are per thread); nothing without Haiku imported."""
+    if not _haiku():
+        return contextlib.nullcontext()
+    return _compat.haiku_hooks(ctx.haiku_call, ctx.haiku_set)
 
 
 def _install() -> None:

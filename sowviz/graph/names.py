@@ -285,6 +285,7 @@ _PASS_THROUGH = frozenset(
         "with_extra_args_support",
         "fun_wrapped",  # `eqx.filter_jit`'s (diffrax's `diffeqsolve`, its helpers)
         "run_interceptors",  # Haiku's around every module method (`hk.LSTM`'s gates)
+        "next_fun",  # (and its closure calling a method interceptor, sowviz's among them)
         # Flax Linen's lifted `nn.scan` (`nn.RNN`): its body, and the function it scans
         "body_fn",
         "scan_fn",

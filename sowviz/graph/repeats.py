@@ -471,7 +471,7 @@ def open_model(recs: Sequence[Any], root: Any) -> None:
         open_model(recs, sole)
         return
     linen = frameworks.linen_module_names()  # Linen pushes its modules' scopes itself
-    names = frameworks.pushed() | linen
+    names = frameworks.pushed() | linen | frameworks.haiku_pushed()  # (and Haiku)
     mods = [r for r in top if r.kind == "scope" and not r.made and r.label in names]
     # (the one model is opened whatever its share: a small CNN's 26 equations beside its
     # loss's 31, `optax`'s cross-entropy, started as one closed box)
