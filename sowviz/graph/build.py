@@ -316,6 +316,7 @@ def build_graph(
             calls.returns if calls else None,
             calls.writes if calls else None,
             calls.roots if calls else frozenset(),
+            params=calls.params if calls else None,
         ).build(
             jaxpr,
             _parted(groups, frozenset(parameters), frozenset(state_inputs)),
@@ -704,6 +705,7 @@ class _Builder(InputsMixin):
         returns: Mapping[tuple[str, Any], int] | None = None,
         writes: Mapping[tuple[str, Any], str] | None = None,
         roots: frozenset[str] = frozenset(),
+        params: Mapping[tuple[str, Any], str] | None = None,
     ) -> None:
         self.capture = capture
         self.renamed = renamed  # scope names given by `copies.renames`, by (path, name)
@@ -714,6 +716,9 @@ class _Builder(InputsMixin):
         self.input_readers: dict[str, set[str]] = {}
         #: a user call's stage id -> its outputs' places in what it returns (`call_order`)
         self.call_places: dict[str, dict[Any, int]] = {}
+        #: a user call's stage id -> those of its outputs that a module call inside it
+        #: left in the module's variables, each with its path there (`call_writes_in`)
+        self.call_writes: dict[str, dict[Any, str]] = {}
         #: a scope's output as `vmap` returns it -> the value it moved (`batch_first`)
         self.moved: dict[Any, Any] = {}
         for (name, var), k in (returns or {}).items():
@@ -723,6 +728,10 @@ class _Builder(InputsMixin):
         self.writes: dict[Any, dict[str, str]] = {}
         for (name, var), path in (writes or {}).items():
             self.writes.setdefault(var, {})[name] = path
+        #: a variable -> {scope name: the parameter of that module call it was passed as}
+        self.params: dict[Any, dict[str, str]] = {}
+        for (name, var), param in (params or {}).items():
+            self.params.setdefault(var, {})[name] = param
         self.roots = roots  # the scope labels of root modules' calls (`module_roots`)
         self.forwarding: dict = {}  # `_forwarding`'s memo
         #: Flax Linen's module classes, yours among them (`linen_scope_of`)
@@ -1152,6 +1161,7 @@ class _Builder(InputsMixin):
             if rec.forward:
                 rec.saved = saved.get(rec.id, frozenset())
             if rec.scope.startswith(CALL) and len(rec.out_vars) > 1:
+                self.call_writes_in(rec, chains)
                 self.call_order(jaxpr, rec)
             if capture_stages and rec.out_vars:
                 if reads is None:
@@ -1418,7 +1428,7 @@ class _Builder(InputsMixin):
             where = _compat.body_source(val)
             if where is not None:  # `h, c = carry` names `carry[0]`, `carry[1]`
                 names = unpacked_arg_names(names, *where)
-            self.name_operands(eqn, operands, names)
+            self.name_operands(eqn, operands, [frameworks.lifted_name(n) for n in names])
         at = (*path, (i, param, index))
         prod = self.walk(inner, rec, at, {}, probe=probe, in_custom=in_custom, into=into)
         # a call's, a loop's, a branch's results (a while's condition makes its test only)
@@ -1604,8 +1614,21 @@ class _Builder(InputsMixin):
         for node_id in dst[k:]:  # each reads `v` from outside itself
             self.recs[int(node_id[1:])].takes.add(typ)
         reader = self.recs[int(dst[-1][1:])]
+        # the module stages it enters, each calling it by its `__call__`'s parameter
+        # (`positions`) where a box made it, which names a primitive (a one-equation
+        # line: `broadcast_in_dim`); a stage or an input names it as well as the
+        # parameter does
+        params = self.params.get(v, {})
+        entered = [
+            (r, p)
+            for node_id in (dst[k:] if params else ())
+            if (r := self.recs[int(node_id[1:])]).kind == "scope"
+            and (p := params.get(r.scope) or params.get(self.unrenamed.get(r.scope)))
+        ]
         for made in self.leaf_made.get(v) or [self.recs[int(src[-1][1:])]]:
             if made not in self.weights:
+                for r, p in entered if made.kind == "eqn" else ():
+                    self.port_names.setdefault((r, made), p)
                 self.ends += [(made, r) for r in readers or [reader]]
                 if name and readers:
                     key = (reader, made)
@@ -1711,6 +1734,7 @@ class _Builder(InputsMixin):
         v, at = kv
         return (
             v in rec.saved,
+            self.moved.get(v, v) in self.call_writes.get(rec.id, ()),
             not is_floating(v.aval),
             self.returned_at(rec, v),
             v in self.jvp_tangents,  # (primal first, as `jax.jvp` returns them)
@@ -1760,6 +1784,9 @@ class _Builder(InputsMixin):
         module (`frameworks.named` records them): a BatchNorm's new running statistics
         (`mean`, `bn1.var` for a block holding it), state, not the call's result."""
         out = {}
+        if rec.id in self.call_writes:  # a function of the user's calling the module
+            writes = self.call_writes[rec.id]
+            return {v: writes[k] for v in values if (k := self.moved.get(v, v)) in writes}
         names = (rec.scope, self.unrenamed.get(rec.scope))
         for v in values:
             key = self.moved.get(v, v)
@@ -1770,6 +1797,34 @@ class _Builder(InputsMixin):
             if path is not None:
                 out[v] = path
         return out
+
+    def call_writes_in(self, rec: _Rec, chains: Sequence[tuple[str, ...]]) -> None:
+        """Record, into `call_writes`, the outputs of the user's function call `rec` that
+        a module call inside it left in its module's variables and did not return: a KV
+        cache that `decode_step(model, token, pos)` has `model` write. They are state,
+        not what the function returns, so its stage names them as the module's stage
+        does, by the path of the outermost module inside the call
+        (`layers[0].attn.cached_key (new)`), after what it returns: numbered in program
+        order, the cache writes came first and the stage's face showed a mostly unwritten
+        cache instead of its logits."""
+        recs = self.recs
+        out: dict[Any, str] = {}
+        for v, (i, _) in rec.out_vars.items():
+            paths = self.writes.get(v)
+            if not paths or i < 0:
+                continue
+            chain = chains[i]
+            inner = chain[chain.index(rec.id) + 1 :] if rec.id in chain else ()
+            for node in inner:  # outermost first: its path names the variable whole
+                scope = recs[int(node[1:])].scope
+                if any(n in self.returns.get(v, ()) for n in (scope, self.unrenamed.get(scope))):
+                    break  # (a value the module call returns is its result, not state)
+                path = paths.get(scope) or paths.get(self.unrenamed.get(scope))
+                if path is not None:
+                    out[v] = path
+                    break
+        if out:
+            self.call_writes[rec.id] = out
 
     def call_order(self, jaxpr: Any, rec: _Rec) -> None:
         """Where each output of the user's function call `rec` sits in what the function

@@ -67,6 +67,7 @@ import contextvars
 import dataclasses
 import functools
 import inspect
+import re
 import sys
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -140,6 +141,9 @@ class ModuleCalls:
     roots: frozenset[str] = frozenset()
     #: the scope labels Haiku's module calls pushed (`linear_1`; `haiku_pushed`)
     haiku: frozenset[str] = frozenset()
+    #: (scope label, jaxpr variable) -> the name of the parameter of that call's
+    #: `__call__` it was passed as (`positions`: `_Context.note_params`)
+    params: Mapping[tuple[str, Any], str] = dataclasses.field(default_factory=dict)
 
 
 Path = tuple[Any, ...]
@@ -223,6 +227,7 @@ def named(fn: Callable) -> Callable:
                 ctx.writes,
                 frozenset(ctx.roots),
                 frozenset(ctx.haiku),
+                params=ctx.params,
             )
 
     return with_names
@@ -257,6 +262,29 @@ def _fmt_nnx(path: Path) -> str:
     for p in path:
         out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
     return out
+
+
+#: NNX's lifted-state carry in a body's parameter path: a transform (`nnx.fori_loop`,
+#: `nnx.scan`) hands its body a module's state as `NodeStates`, whose `states[k]` are
+#: nested dicts of `Variable`s, each read through `.value`
+_LIFTED = re.compile(r"\.states\[\d+\]((?:\[(?:'[^'\]]*'|\d+)\])+)\.value$")
+_LIFTED_KEY = re.compile(r"\[(?:'([^'\]]*)'|(\d+))\]")
+
+
+def lifted_name(name: str) -> str:
+    """A body parameter's name (`model.states[0]['layers'][0]['attn']['cached_key'].value`,
+    as JAX records the path of an NNX transform's carry) spelled as the user reaches the
+    variable: `model.layers[0].attn.cached_key`. NNX's own carry structure (`states[0]`,
+    `.value`) is no name of the user's; the port of `fori_loop(body)` read it. Any other
+    name is returned as it is."""
+    m = _LIFTED.search(name)
+    if m is None:
+        return name
+    path = "".join(
+        f".{key}" if key.isidentifier() else f"[{key!r}]" if key else f"[{index}]"
+        for key, index in _LIFTED_KEY.findall(m.group(1))
+    )
+    return name[: m.start()] + path
 
 
 def _fmt_eqx(path: Path) -> str:
@@ -415,6 +443,9 @@ class _Context:
         #: (scope label, jaxpr variable) -> the variable's path in the module of the call
         #: under that label that assigned it (`note_writes`)
         self.writes: dict[tuple[str, Any], str] = {}
+        #: (scope label, jaxpr variable) -> the parameter of the call under that label it
+        #: was passed as (`note_params`)
+        self.params: dict[tuple[str, Any], str] = {}
         self.pushed: set[str] = set()  # every scope label a module call pushed
         self.roots: set[str] = set()  # those of calls of a root module (`ModuleCalls.roots`)
         self.haiku: set[str] = set()  # every scope label a Haiku module call pushed
@@ -435,6 +466,25 @@ class _Context:
                 origin = _compat.traced_origin(leaf)
                 if origin is not None:
                     self.returns.setdefault((label, origin), k)
+
+    def note_params(self, label: str, bound: Any, args: tuple, kwargs: dict) -> None:
+        """Remember the parameter of the module call under `label` that each traced leaf
+        of its arguments was passed as (`positions`, `cache[0]`): the module stage's
+        ports are named by them. Made by a one-equation line (`positions =
+        jnp.full((B, 1), pos)`), whose box stays its primitive, a port read
+        `broadcast_in_dim`, `broadcast_in_dim #2`. Only a module of the user's: a
+        library's layer names what it is given generically (`nnx.Linear`'s `inputs`)."""
+        if not _compat.is_user_function(getattr(bound, "__func__", bound)):
+            return
+        try:
+            given = inspect.signature(bound).bind(*args, **kwargs).arguments
+        except (TypeError, ValueError):  # (no signature, or a call Python refuses)
+            return
+        for name, value in given.items():
+            for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
+                var = _compat.traced_var(leaf)
+                if var is not None:
+                    self.params.setdefault((label, var), name + jax.tree_util.keystr(path))
 
     def note_writes(self, label: str, before: list[tuple[Path, Any, Any]]) -> None:
         """Remember the traced values a module call under `label` left in its variables
@@ -734,6 +784,7 @@ def _in_scope(ctx: _Context, owner: Any, scope: tuple[str, Path], bound, args, k
     label, path = scope
     ctx.pushed.add(label)
     before = _variables(owner)
+    ctx.note_params(label, bound, args, kwargs)
     ctx.stack.append((owner, path))
     try:
         with jax.named_scope(label):
