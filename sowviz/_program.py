@@ -63,6 +63,8 @@ from .modes import (
     check_argnums,
     forward_error,
     leaked_trace_error,
+    refused_tangent,
+    refused_tangent_error,
     tangent_inputs,
     transform,
     with_aux,
@@ -768,7 +770,10 @@ class Runner:
                 out = restored(out, (dyn, extra))
         except (TypeError, RuntimeError) as err:
             calls_vjp = lambda: self._calls_custom_vjp(spec, dyn)  # noqa: E731
-            said = forward_error(self.options.mode, err, calls_vjp) or leaked_trace_error(err)
+            said, named = self._refused_tangent(spec, dyn, err, tangents is None)
+            if not named:  # (mode all through a `custom_vjp`: `forward_error` says it)
+                said = forward_error(self.options.mode, err, calls_vjp) or said
+            said = said or leaked_trace_error(err)
             if said is None:
                 raise
             raise said from err
@@ -825,6 +830,50 @@ class Runner:
             return _compat.calls_custom_vjp(self.family.traced(self.options, spec, dyn).closed)
         except Exception:
             return False
+
+    def _refused_tangent(
+        self, spec: ArgSpec, dyn: list, err: Exception, default: bool
+    ) -> tuple[RuntimeError | None, bool]:
+        """Equinox's refusal of a tangent (`refused_tangent`) said in sowviz's words,
+        and whether it names the arguments whose tangent alone is refused (one JVP trace
+        each, no compile: an error's cost); None for another error. `default`: the
+        tangents are sowviz's defaults."""
+        if not refused_tangent(err):
+            return None, False
+        names = positional_names(self.family._get_fn() or (lambda: None))
+        try:
+            traced = self.family.traced(self.options, spec, dyn)
+        except Exception:  # (then the words without the argument)
+            return refused_tangent_error(self.options.mode, err, names, [], [], default), False
+        layout, closed = traced.layout, traced.closed
+        args = sorted({layout.arg_of[j] for j in layout.floating})
+        refused = [i for i in args if self._refuses(closed, layout, dyn, i)]
+        names = names[: layout.n_args] + [f"arg{i}" for i in range(len(names), layout.n_args)]
+        said = refused_tangent_error(self.options.mode, err, names, refused, args, default)
+        return said, bool(refused)
+
+    @staticmethod
+    def _refuses(closed: Any, layout: Any, dyn: list, i: int) -> bool:
+        """Whether a tangent on argument `i` alone makes `fn`'s JVP raise Equinox's
+        refusal (traced abstractly, `jax.eval_shape`)."""
+        pos = [j for j in layout.floating if layout.arg_of[j] == i]
+
+        def jvp(*flat: Any) -> Any:
+            def f(*vals: Any) -> Any:
+                merged = list(flat)
+                for j, v in zip(pos, vals, strict=True):
+                    merged[j] = v
+                return _compat.eval_jaxpr(closed.jaxpr, closed.consts, *merged)
+
+            vals = tuple(flat[j] for j in pos)
+            return jax.jvp(f, vals, vals)
+
+        avals = [jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)) for x in dyn]
+        try:
+            jax.eval_shape(jvp, *avals)
+        except Exception as err:  # (another failure: not this argument's refusal)
+            return refused_tangent(err)
+        return False
 
     def _with_statics(self, out: Out) -> Out:
         """`out` with the non-JAX leaves of `fn`'s output put back into its result and aux."""

@@ -341,9 +341,83 @@ def forward_error(
     if not (direct or calls_custom_vjp()):
         return None
     msg = _FORWARD_THROUGH_CUSTOM_VJP.format(mode=mode.value)
-    if "diffrax" in sys.modules:  # its default adjoint is a custom_vjp; it has another
-        msg += _DIFFRAX_FORWARD
+    if "diffrax" in sys.modules:  # its default adjoint is a custom_vjp; it has others
+        msg += _DIFFRAX_FORWARD[mode.value]
     return TypeError(msg)
+
+
+# Equinox's `nondifferentiable` (`eqx.internal`; diffrax's Brownian paths mark their
+# `t0` and `t1` so) raises "Unexpected tangent. t0 cannot be autodifferentiated." from
+# its JVP rule, in every mode that differentiates the value.
+_EQX_NOT_DIFFERENTIABLE = "cannot be autodifferentiated"
+
+_REFUSED_TANGENT = (
+    "sowviz: mode '{mode}' {how}, and the {kind}tangent on {which} reaches a value that `fn` "
+    "marks as not differentiable (Equinox's `nondifferentiable`, as a diffrax Brownian "
+    "path marks its `t0` and `t1`: `VirtualBrownianTree(ts[0], ts[-1], ...)` made of a "
+    "time grid `ts` given as an argument). {fix} Equinox said: {err}"
+)
+
+
+def refused_tangent(err: Exception) -> bool:
+    """Whether `err` is Equinox's refusal of a tangent (`eqxi.nondifferentiable`)."""
+    return isinstance(err, RuntimeError) and _EQX_NOT_DIFFERENTIABLE in str(err)
+
+
+def refused_tangent_error(
+    mode: Mode | str,
+    err: Exception,
+    names: Sequence[str],
+    refused: Sequence[int],
+    differentiated: Sequence[int],
+    default_tangents: bool,
+) -> RuntimeError:
+    """Equinox's refusal of a tangent said in sowviz's words: which argument's tangent
+    (`refused`, by position; `names` per position) reached the value it guards, and the
+    `argnums` that differentiates the others (`differentiated`: the arguments the mode
+    differentiated). Mode jvp and all put a default tangent on every floating argument,
+    a time grid `ts` too, which `jax.jvp` would only do if asked."""
+    mode = Mode(mode)
+
+    def name(i: int) -> str:
+        return f"`{names[i]}`" if i < len(names) else f"argument {i}"
+
+    default = mode in (Mode.JVP, Mode.ALL) and default_tangents
+    if default:
+        how = (
+            "puts sowviz's default tangent (a fixed-seed normal direction: `tangents` not "
+            "given) on every floating-point argument of `fn` (`argnums` not given)"
+        )
+    else:
+        how = f"differentiates `fn` with respect to {', '.join(map(name, differentiated))}"
+    keep = [i for i in differentiated if i not in refused]
+    if not refused:
+        which = "one of its arguments"
+        fix = (
+            "Pass `argnums` naming only the arguments to differentiate, without the one "
+            "that reaches it (a time grid), or wrap it in `jax.lax.stop_gradient` in `fn`."
+        )
+    elif keep:
+        which = ", ".join(f"argument {name(i)}" for i in refused)
+        nums = str(keep[0]) if len(keep) == 1 else str(tuple(keep))
+        fix = f"Differentiate the other arguments only: `argnums={nums}`"
+        if mode in (Mode.JVP, Mode.ALL):
+            ts = ", ".join(f"t_{names[i]}" if i in keep else "None" for i in range(len(names)))
+            fix += f" (your own tangents then: `argnums={nums}, tangents=({ts})`)"
+        fix += "; or wrap it in `jax.lax.stop_gradient` in `fn`."
+    else:
+        which = ", ".join(f"argument {name(i)}" for i in refused)
+        fix = "Wrap it in `jax.lax.stop_gradient` in `fn`, or close over it."
+    return RuntimeError(
+        _REFUSED_TANGENT.format(
+            mode=mode.value,
+            how=how,
+            kind="default " if default else "",
+            which=which,
+            fix=fix,
+            err=err,
+        )
+    )
 
 
 # JAX's refusal to transpose a `while_loop` (JAX 0.10-0.12: `_while_transpose_error`).
@@ -364,8 +438,10 @@ _HOW_REVERSE = {
 }
 _DIFFRAX_REVERSE = (
     " With diffrax, `adjoint=diffrax.ForwardMode()` makes a `diffeqsolve` such a loop: "
-    "keep it for mode='jvp', and use an adjoint made for reverse mode (the default "
-    "`diffrax.RecursiveCheckpointAdjoint()`) for modes 'grad', 'vjp' and 'all'."
+    "keep it for mode='jvp', and use an adjoint made for reverse mode for modes 'grad' "
+    "and 'vjp' (the default `diffrax.RecursiveCheckpointAdjoint()`) and for mode 'all', "
+    "which takes the solve forward too, `diffrax.DirectAdjoint()` (the default's "
+    "`custom_vjp` cannot be taken forward)."
 )
 
 
@@ -394,10 +470,20 @@ _TESSERACT_NO_JVP = (
     "tesseract_api.py. The Tesseract said: {err}"
 )
 
-_DIFFRAX_FORWARD = (
-    " With diffrax, a `diffeqsolve`'s default adjoint is one: pass "
-    "`adjoint=diffrax.ForwardMode()` to take the solve forward."
-)
+# Per forward mode: mode all also takes the solve backward, which `ForwardMode`'s
+# `while_loop` cannot be; `DirectAdjoint`'s bounded loop can be taken both ways.
+_DIFFRAX_FORWARD = {
+    "jvp": (
+        " With diffrax, a `diffeqsolve`'s default adjoint is one: pass "
+        "`adjoint=diffrax.ForwardMode()` to take the solve forward."
+    ),
+    "all": (
+        " With diffrax, a `diffeqsolve`'s default adjoint is one: pass "
+        "`adjoint=diffrax.DirectAdjoint()`, which mode 'all' can take forward and "
+        "backward (`diffrax.ForwardMode()` is forward only: mode 'all' would then fail "
+        "backward), or run mode 'jvp' with `ForwardMode()` and mode 'grad' apart."
+    ),
+}
 
 _LEAKED_FROM_TRACE = (
     "sowviz: a value of sowviz's trace of `fn` was used after that trace ended. sowviz "

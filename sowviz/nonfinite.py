@@ -596,7 +596,12 @@ def find(
     if fwd_origin is not None and results_finite is True and _loop_fill(ix, fwd, fwd_origin.node):
         # A library's fill values (diffrax's output buffer, optimistix's first `f = inf`)
         # in a healthy run: no origin of anything, said apart, drawn as expected values.
-        fill = loop_fill_message(ix.nodes[fwd_origin.node], _held(fwd))
+        tested = _tested_nans(ix, fwd)
+        rest = {n: f for n, f in fwd.items() if n not in tested}
+        named = [n for n in tested if not set(ix.ancestors(n)) & set(tested)]  # outermost
+        fill = loop_fill_message(
+            ix.nodes[fwd_origin.node], _held(rest), [ix.nodes[n] for n in named]
+        )
         fwd_origin, expected = None, expected | fwd.keys()
     elif fwd_origin is not None and results_finite is True and _mask_in_loop(ix, fwd, fwd_origin):
         # A mask made in a loop's step (a KV-cache decoder's causal mask, which depends on
@@ -644,8 +649,10 @@ def _loop_fill(ix: _Index, fwd: Mapping[str, _Flags], node: str) -> bool:
     optimistix starts `f` and the step size at +Inf, a "best so far" starts at +Inf):
     ±Inf only, first made (`node`) outside every loop, and carried into one: a loop
     holds them, or a value holding them is read by a loop or by a stage holding one.
-    A masked NaN, or an overflow inside a loop's body, is no fill."""
-    if "nan" in _held(fwd) or ix.loop[node] is not None or ix.nodes[node].kind in _STACKED:
+    A masked NaN, or an overflow inside a loop's body, is no fill; but a NaN a loop's
+    step makes and only tests (`_tested_nans`) may come with them."""
+    rest = {n: f for n, f in fwd.items() if n not in _tested_nans(ix, fwd)}
+    if "nan" in _held(rest) or ix.loop[node] is not None or ix.nodes[node].kind in _STACKED:
         return False
     holding_loops = {a for n in ix.nodes.values() if n.kind in _STACKED for a in ix.ancestors(n.id)}
     for n in fwd:
@@ -655,6 +662,39 @@ def _loop_fill(ix: _Index, fwd: Mapping[str, _Flags], node: str) -> bool:
         if any(ix.nodes[t].kind in _STACKED or t in holding_loops for t in reads):
             return True
     return False
+
+
+def _tested_nans(ix: _Index, fwd: Mapping[str, _Flags]) -> list[str]:
+    """The forward nodes holding NaN that a loop's body makes and only tests: every
+    stage reading them returns booleans alone, so the NaN becomes no value (diffrax's
+    implicit solvers: `VeryChord.terminate` divides its starting `diffsize = inf` and
+    compares the NaN it gets in its convergence test, masked by `step >= 2`). Empty
+    unless every NaN held is such: one NaN that reaches a float value keeps them all."""
+    nans = [n for n, f in fwd.items() if "nan" in f.fwd_kinds]
+    for n in nans:
+        readers = _reading_equations(ix, n)
+        if ix.loop[n] is None or not readers or not all(_tests(ix.nodes[r]) for r in readers):
+            return []
+    return nans
+
+
+def _reading_equations(ix: _Index, n: str) -> list[str]:
+    """`ix.consumers(n)`, each edge's lifted readers in its place where it has them (its
+    `ends`: the comparison inside a line's box `jnp.where((f > 0) & ok, 0.0, s)`,
+    whose own output is a float)."""
+    targets, holder = ix._readers(n)
+    out: list[str] = []
+    for e in ix.graph.edges:
+        if e.source == holder and e.target in targets:
+            ends = getattr(e, "ends", ())
+            out += [r for _, r in ends if r in ix.nodes] if ends else [e.target]
+    return out
+
+
+def _tests(node: Any) -> bool:
+    """Whether a node returns booleans only (a comparison, `jnp.isfinite`, a test)."""
+    shapes = getattr(node, "shapes", ()) or ()
+    return bool(shapes) and all(str(s).startswith("bool") for s in shapes)
 
 
 def _mask_in_loop(ix: _Index, fwd: Mapping[str, _Flags], origin: Origin) -> bool:
@@ -1035,10 +1075,14 @@ def _nan_after_fill(
     (`jnp.where(edge_mask, s, -jnp.inf)`), not an overflow: the fill made nothing, the
     NaN (`s - segment_max(s)[ids]` at a node with no unmasked edge) is where the value
     went wrong, as when the results hold it. None when `first` holds NaN, computed its
-    ±Inf (an overflow stays the origin of the NaN made of it), or no NaN follows."""
+    ±Inf (an overflow stays the origin of the NaN made of it), or no NaN follows but
+    those a loop only tests (`_tested_nans`)."""
     if "nan" in kinds(first) or (_computes(ix, first) and not _is_fill(ix, first)):
         return None
-    nans = [n for n in order if "nan" in kinds(n) and n not in ix.outputs]
+    # (NaNs a loop's step makes and only tests become no value: the fill stays first,
+    # for `_loop_fill` to call it the library's)
+    tested = set(_tested_nans(ix, fwd))
+    nans = [n for n in order if "nan" in kinds(n) and n not in ix.outputs and n not in tested]
     return min(nans, key=lambda n: ix.key(n, fwd[n].first_of(["nan"])), default=None)
 
 

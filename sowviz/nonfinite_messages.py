@@ -342,13 +342,21 @@ def zero_derivative_hint(
     return f"; {why}. Fix: {fix}{DOUBLE_WHERE}"
 
 
-def loop_fill_message(n: Any, kinds: frozenset[str]) -> str:
+def loop_fill_message(n: Any, kinds: frozenset[str], tested: Sequence[Any] = ()) -> str:
     """What a finite run's loop-carried fill values are: first made by `n` before a loop,
-    carried in its state (diffrax's +Inf output buffer), reaching no result."""
+    carried in its state (diffrax's +Inf output buffer), reaching no result; `tested`:
+    the stages of a loop's body that made a NaN only tests read (`_tested_nans`)."""
+    also = ""
+    if tested:
+        names = ", ".join(stage_name(t) for t in tested[:3])
+        also = (
+            f", and a NaN in {names} that only comparisons read (a solver's convergence "
+            "test on its starting Inf): it becomes no value"
+        )
     return (
         f"Only {_held(kinds)} fill values, first made by {stage_name(n)} before a loop and "
         'carried in its state (a buffer or a "best so far" that starts at Inf), as the '
-        "library means them"
+        f"library means them{also}"
     )
 
 

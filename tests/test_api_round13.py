@@ -187,10 +187,11 @@ def test_a_backsolve_diffrax_solve_in_mode_all_says_the_fix_alone():
         )
         return jnp.sum(sol.ys)
 
-    with pytest.raises(TypeError, match=r"adjoint=diffrax\.ForwardMode\(\)") as info:
+    # mode all takes the solve backward too: DirectAdjoint, not ForwardMode (round 15)
+    with pytest.raises(TypeError, match=r"adjoint=diffrax\.DirectAdjoint\(\)") as info:
         sowviz.inspect(loss, jnp.ones(3), jnp.ones(3), mode="all")
     msg = str(info.value)
-    assert msg.endswith("to take the solve forward."), msg
+    assert msg.endswith("and mode 'grad' apart."), msg
     assert "raised on the way" not in msg and "not iterable" not in msg
     assert isinstance(info.value.__cause__, TypeError | RuntimeError)  # kept, chained
 
