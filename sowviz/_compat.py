@@ -2453,3 +2453,29 @@ def haiku_call_sites(eqn: JaxprEqn) -> list[SourceLocation]:
     first (the line of `self.block(x)`, not where `block` was built)."""
     code = _haiku_wrapped_code()
     return call_sites(eqn, code) if code is not None else []
+
+
+# ---------------------------------------------------------------------------
+# Haiku's mixed precision (for graph/build): a policy set with
+# `hk.mixed_precision.set_policy` casts a module's inputs and the parameters it reads
+# (`hk.get_parameter`) to its compute dtype in `haiku/_src/mixed_precision.py`'s
+# interceptor and getter. Same traceback internals as `call_path`.
+_HAIKU_PRECISION_FILE = os.path.join("haiku", "_src", "mixed_precision.py")
+_haiku_casts: dict = {}
+
+
+def haiku_policy_cast(eqn: JaxprEqn) -> bool:
+    """Whether `eqn` is a cast a Haiku mixed-precision policy made: a dtype change
+    (`convert_element_type`) bound below a frame of Haiku's `mixed_precision.py`."""
+    if eqn.primitive.name != "convert_element_type":
+        return False
+    return bool(_by_traceback(_haiku_casts, eqn, _haiku_policy_cast))
+
+
+def _haiku_policy_cast(codes: Any, lastis: Any) -> bool:
+    for code in codes:
+        if code.co_filename.endswith(_HAIKU_PRECISION_FILE):
+            return True
+        if _is_user_code(code):
+            return False
+    return False

@@ -362,9 +362,21 @@ def _is_type_cast(eqn: Any) -> bool:
     an operand made outside the level (a body's parameter) then meets its reader as a
     body's parameters do, at the stage. So is a PRNG key's wrap (`_compat.KEY_CASTS`):
     `jax.random.normal(key, ...)` on a raw key drew an empty `random_wrap` box before
-    `normal`."""
+    `normal`. So is a Haiku mixed-precision policy's cast of a module's input or
+    parameter to its compute dtype (`_compat.haiku_policy_cast`): the policy's, written
+    nowhere in the module, it drew boxes named by Haiku's `get_parameter` (not by `w`,
+    `b`), and the first of three identical `hk.remat` blocks, the one casting the f32
+    input, a level of its own (`block_0 > Block > fc`) that kept it out of their stack."""
     casts = _compat.TYPE_CASTS | _compat.KEY_CASTS
-    return eqn.primitive.name in casts and len(eqn.invars) == len(eqn.outvars)
+    if eqn.primitive.name in casts and len(eqn.invars) == len(eqn.outvars):
+        return True
+    return _compat.haiku_policy_cast(eqn)
+
+
+def _value_type(v: Any) -> tuple[tuple[int, ...], str]:
+    """A value's shape and dtype, as `_Rec.takes` holds them."""
+    aval = v.aval
+    return tuple(int(d) for d in getattr(aval, "shape", ())), str(getattr(aval, "dtype", ""))
 
 
 def _jvp_twin(before: Any, eqn: Any) -> bool:
@@ -757,6 +769,11 @@ class _Builder(InputsMixin):
         #: alive): each reader -> the stages around it inside the body that name the
         #: value themselves (a jitted function of yours called in a loop's body)
         self.inner_names: dict[int, tuple[list[_Rec], dict[_Rec, dict[_Rec, str]]]] = {}
+        #: per list of a body operand's readers (`body_reads`, by `id`; the list kept
+        #: alive): the type a Haiku policy's cast in the body made of the operand, which
+        #: the stage takes (`_Rec.takes`): the first `hk.remat` block cast its f32 input
+        #: to bf16, the next ones were given bf16, and the three were no repeats
+        self.retyped: dict[int, tuple[list[_Rec], tuple[tuple[int, ...], str]]] = {}
         #: a variable a body's node made -> those nodes (`body_makes`), for `Edge.ends`
         self.leaf_made: dict[Any, list[_Rec]] = {}
         self.points: list[tuple[int, ProbePoint]] = []
@@ -908,6 +925,22 @@ class _Builder(InputsMixin):
                 scoped[i], locs[i], frames[i] = scoped[i + 1], locs[i + 1], frames[i + 1]
                 backward[i], stand_in[i] = backward[i + 1], stand_in[i + 1]
                 transforms[i] = transforms[i + 1]
+        # A Haiku policy's cast (drawn as an edge: `_is_type_cast`) takes the place of
+        # what follows it in its module (or, casting the module's result, of what comes
+        # before): the cast of a module's f32 input, made on the line that calls the
+        # module, was a level of its own around the module's own lines (`block_0 >
+        # Block > fc`; the next blocks, given bf16, cast nothing)
+        n = len(jaxpr.eqns)
+        for i in reversed(range(n)):
+            if not _compat.haiku_policy_cast(jaxpr.eqns[i]):
+                continue
+            at = len(scoped[i])
+            for j in (i + 1, i - 1):
+                if 0 <= j < n and scoped[j][:at] == scoped[i]:
+                    scoped[i], locs[i], frames[i] = scoped[j], locs[j], frames[j]
+                    backward[i], stand_in[i] = backward[j], stand_in[j]
+                    transforms[i] = transforms[j]
+                    break
         for i, j in inlined_into(frames).items():  # (a vmapped switch's branches: its own)
             locs[i], stand_in[i] = locs[j], stand_in[j]
         scoped, call_sites = group_calls(
@@ -1029,6 +1062,8 @@ class _Builder(InputsMixin):
                         # a body's operand passed on (a loop's key, wrapped): its readers
                         # read the operand (the loop's port for it)
                         into[v] = into[o]
+                        if _compat.haiku_policy_cast(eqn):
+                            self.retyped[id(into[o])] = (into[o], _value_type(v))
                     loc[v] = (i, k)
                     if id(eqn) in self.passed:
                         through[v] = o
@@ -1610,7 +1645,10 @@ class _Builder(InputsMixin):
         if k == n:  # one node contains the other: not an edge of any level
             return k
         aval = v.aval
-        typ = (tuple(int(d) for d in getattr(aval, "shape", ())), str(getattr(aval, "dtype", "")))
+        typ = _value_type(v)
+        retyped = self.retyped.get(id(readers))
+        if retyped is not None and retyped[0] is readers:
+            typ = retyped[1]  # (what the stage's work reads: the policy's cast of `v`)
         for node_id in dst[k:]:  # each reads `v` from outside itself
             self.recs[int(node_id[1:])].takes.add(typ)
         reader = self.recs[int(dst[-1][1:])]

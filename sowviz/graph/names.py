@@ -286,6 +286,9 @@ _PASS_THROUGH = frozenset(
         "fun_wrapped",  # `eqx.filter_jit`'s (diffrax's `diffeqsolve`, its helpers)
         "run_interceptors",  # Haiku's around every module method (`hk.LSTM`'s gates)
         "next_fun",  # (and its closure calling a method interceptor, sowviz's among them)
+        # Haiku's mixed-precision interceptor: installed for every module call once any
+        # `hk.mixed_precision.set_policy` ran in the process, policy or not
+        "_mixed_precision_interceptor",
         # Flax Linen's lifted `nn.scan` (`nn.RNN`): its body, and the function it scans
         "body_fn",
         "scan_fn",
@@ -299,7 +302,36 @@ _PASS_THROUGH = frozenset(
 #: Haiku's `hk.vmap` splits the RNG per member in its `mapped_fun`.
 _LIBRARY_CLOSURES = {"vmap.<locals>.mapped_fun": "hk.vmap"}
 #: `call_labels` of those closures' work, as `fold_names` reads them.
-_PLUMBING = frozenset((label,) for label in _LIBRARY_CLOSURES.values())
+#: Haiku's lifted loops split their per-layer or per-step keys from its `PRNGSequence`
+#: before the loop: `hk.layer_stack(4)(block)` in its `wrapped` (kept in the path, so
+#: that its keys are told from the user's own `hk.maybe_next_rng_key()`), `hk.scan`,
+#: `hk.cond`, `hk.fori_loop`, ... in `reserve_up_to_full_rng_block`. That split is the
+#: loop's plumbing, a run of its own named by the API (`hk.layer_stack`, `hk.scan`),
+#: as `hk.vmap`'s is: a wrapper box named by the line's `x` held five `random_split`,
+#: `unstack` boxes above `scan(block)`, and `hk.scan`'s were loose beside its loop.
+_HAIKU_LAYER_STACK = "layer_stack.<locals>.iterate.<locals>.wrapped"
+_HAIKU_RESERVE = "reserve_up_to_full_rng_block"
+_HAIKU_LOOPS = ("scan", "cond", "switch", "fori_loop", "while_loop")
+#: ... the frames of that split (`_get_rng_stack`'s own `jax.random.split` included)
+_HAIKU_KEY_SPLIT = frozenset({"PRNGSequence.reserve", "_get_rng_stack"})
+_LIBRARY_CLOSURES[_HAIKU_LAYER_STACK] = "hk.layer_stack"
+_PLUMBING = frozenset(
+    (label,) for label in (*_LIBRARY_CLOSURES.values(), *(f"hk.{f}" for f in _HAIKU_LOOPS))
+)
+
+
+def _haiku_key_plumbing(path: tuple[str, ...]) -> tuple[str, ...] | None:
+    """`call_labels` of a Haiku loop's key split (`_HAIKU_LAYER_STACK`): its API's name;
+    of the layer stack's other work (its `scan`), the labels without its wrapper,
+    which only passes the call on; None for any other path."""
+    if path[:1] == (_HAIKU_LAYER_STACK,):
+        split = not _HAIKU_KEY_SPLIT.isdisjoint(path)
+        return ("hk.layer_stack",) if split else call_labels(path[1:])
+    if path[:1] == (_HAIKU_RESERVE,):
+        return ("hk.scan",)  # (its `scan` frame left out with the loop's: `_inside`)
+    if len(path) > 1 and path[1] == _HAIKU_RESERVE and path[0] in _HAIKU_LOOPS:
+        return (f"hk.{path[0]}",)
+    return None
 
 
 def function_label(qualname: str) -> tuple[str, bool]:
@@ -365,6 +397,10 @@ def call_labels(path: tuple[str, ...]) -> tuple[str, ...]:
     if out is None:
         if len(_labels) > 100_000:  # a long session of many programs
             _labels.clear()
+        haiku = _haiku_key_plumbing(path)
+        if haiku is not None:
+            _labels[path] = haiku
+            return haiku
         labels: list[str] = []
         for q in path:
             name, through = function_label(q)
