@@ -1110,7 +1110,9 @@ def _fold(
             return None
         texts = {s: operand_text(loc.file, loc.line, s) for s in set(spans)}
         args = {s for s, t in texts.items() if t}
-        if len(args) != 1 or len(texts) == 1:
+        # (two spans: the argument and the call; more is an expression around the
+        # argument, `jnp.concatenate([h, -h], -1) * 2.0 + 1.0`, not the call's first work)
+        if len(args) != 1 or len(texts) != 2:
             return None
         (arg,) = args
         # (the rest is the call around the argument, not another argument unnamed)
