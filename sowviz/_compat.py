@@ -2479,3 +2479,34 @@ def _haiku_policy_cast(codes: Any, lastis: Any) -> bool:
         if _is_user_code(code):
             return False
     return False
+
+
+# ---------------------------------------------------------------------------
+# --- added by graph (round 15): an `nnx.scan`'s `lax.scan`. Flax NNX 0.12.8 to 0.12.12
+# call `jax.lax.scan` from `scan_wrapper` (graph updates on, the default: the body
+# `ScanFn(carry, scan_in)` gets `(pure_carry_arg, carry_deque, broadcast_deque,
+# broadcast_arrays)` and `(graphdefs, pure_args)`) or from `simple_scan_wrapper`
+# (`graph_updates=False`: `SimpleScanFn((carry, broadcasts), args)`). Both are
+# `functools.update_wrapper`ed to the user's function, so JAX names NNX's two
+# arguments by the user's first two parameters.
+_NNX_ITERATION = os.path.join("flax", "nnx", "transforms", "iteration.py")
+_NNX_SCAN_WRAPPERS = {"scan_wrapper": "graph", "simple_scan_wrapper": "simple"}
+_nnx_scans: dict[tuple, tuple[Any, str | None]] = {}
+
+
+def nnx_scan_kind(eqn: JaxprEqn) -> str | None:
+    """Which NNX wrapper made the `scan` equation `eqn` ("graph" or "simple", as above),
+    or None for any other scan (a `lax.scan` of the user's, another library's)."""
+    if eqn.primitive.name != "scan":
+        return None
+    return _by_traceback(_nnx_scans, eqn, _nnx_scan_kind)
+
+
+def _nnx_scan_kind(codes: Any, lastis: Any) -> str | None:
+    for code in codes:  # the first frame outside JAX called `lax.scan`
+        if code.co_filename.startswith(_JAX_DIR):
+            continue
+        if code.co_filename.endswith(_NNX_ITERATION):
+            return _NNX_SCAN_WRAPPERS.get(code.co_name)
+        return None
+    return None

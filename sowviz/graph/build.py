@@ -69,7 +69,7 @@ from .saved import (
     saved_note,
     unread_constants,
 )
-from .source_text import returned_place, unpacked_arg_names
+from .source_text import parameters_and_unpackings, returned_place, unpacked_arg_names
 from .tesseract import output_names, tesseract_label
 
 _CAPTURES = ("sows", "stages", "all")
@@ -1461,6 +1461,10 @@ class _Builder(InputsMixin):
         if not _compat.defined_in_library(val):  # (a library's names are not yours)
             names = _compat.body_arg_names(val)
             where = _compat.body_source(val)
+            kind = _compat.nnx_scan_kind(eqn) if where is not None else None
+            found = parameters_and_unpackings(*where) if kind else None
+            if found is not None:  # NNX's own carry, named by the user's parameters
+                names = frameworks.nnx_scan_names(names, kind, *found)
             if where is not None:  # `h, c = carry` names `carry[0]`, `carry[1]`
                 names = unpacked_arg_names(names, *where)
             self.name_operands(eqn, operands, [frameworks.lifted_name(n) for n in names])

@@ -70,7 +70,7 @@ import inspect
 import re
 import sys
 import types
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -285,6 +285,126 @@ def lifted_name(name: str) -> str:
         for key, index in _LIFTED_KEY.findall(m.group(1))
     )
     return name[: m.start()] + path
+
+
+#: One step of a parameter path as JAX records it: `[0]`, `['key']`, `.attr`
+_PATH_STEP = re.compile(r"\[(\d+)\]|\['([^'\]]*)'\]|\.(\w+)")
+_PATH_HEAD = re.compile(r"^([A-Za-z_]\w*)((?:\[(?:\d+|'[^'\]]*')\]|\.\w+)*)$")
+
+
+def _path_steps(path: str) -> list[int | str] | None:
+    steps: list[int | str] = []
+    for m in _PATH_STEP.finditer(path):
+        index, key, attr = m.groups()
+        steps.append(int(index) if index is not None else key if key is not None else "." + attr)
+    return steps if "".join(m.group(0) for m in _PATH_STEP.finditer(path)) == path else None
+
+
+def _spelled(steps: Sequence[int | str]) -> str:
+    """A path's steps as Python reaches them: a module's state (`.__state__`, NNX's
+    dicts of variables) by attributes, its variables without `.value`."""
+    out, in_state = "", False
+    for step in steps:
+        if step in (".__state__", ".states"):
+            in_state = True
+        elif isinstance(step, int):
+            out += f"[{step}]"
+        elif step.startswith("."):
+            out += "" if step == ".value" else step
+        else:
+            out += f".{step}" if in_state and step.isidentifier() else f"[{step!r}]"
+    return out
+
+
+def nnx_scan_names(
+    names: Sequence[str],
+    kind: str,
+    params: Sequence[str],
+    unpacked: Mapping[str, Sequence[str]],
+) -> tuple[str, ...]:
+    """The names of an `nnx.scan` body's inputs (JAX names NNX's own two arguments by
+    the user's first two parameters: `carry[0][1]` is the user's `carry[1]`, `i[1][1]`
+    the user's `i`; see `_compat.nnx_scan_kind`) as the user's function reads them,
+    `carry[1]`, `i`, a carried module's variable `carry[0].lin.kernel` (`unpacked_arg_names`
+    then says `logits`, `model.lin.kernel`). What cannot be told (a variable of which of
+    several modules, NNX's broadcasts) is named by its path in its module alone, or
+    not at all: never by another input's name. `kind`: "graph" or "simple"."""
+    parsed: list[tuple[int, list[int | str]] | None] = []
+    for name in names:
+        m = _PATH_HEAD.match(name)
+        steps = _path_steps(m.group(2)) if m else None
+        if not steps or m is None:
+            parsed.append(None)
+        elif len(params) >= 2 and m.group(1) in params[:2]:
+            parsed.append((params.index(m.group(1)), steps))
+        elif m.group(1) == "args" and steps[0] in (0, 1):
+            parsed.append((int(steps[0]), steps[1:]))
+        else:
+            parsed.append(None)
+    # the user's carry is the parameter that NNX's pure arguments leave out
+    # (graph: `i[1][k]` is the user's parameter k; simple: `i[k]`)
+    given = {
+        p[1][1] if kind == "graph" else p[1][0]
+        for p in parsed
+        if p and p[0] == 1 and (p[1][0] == 1 and len(p[1]) > 1 if kind == "graph" else True)
+    }
+    left = [k for k in range(len(params)) if k not in given]
+    carry = params[left[0]] if len(left) == 1 else None
+    nodes = _scan_nodes(parsed, carry, unpacked) if kind == "graph" else {}
+    out = []
+    for p in parsed:
+        name = ""
+        if p is not None:
+            arg, steps = p
+            head = steps[0] if steps else None
+            if arg == 0 and head == 0 and carry is not None:
+                name = carry + _spelled(steps[1:])
+            elif kind == "graph" and arg == 0 and head in (1, 2) and len(steps) > 3:
+                node = nodes.get(steps[1])
+                path = _spelled([".__state__", *steps[3:]])
+                name = node + path if node else path.lstrip(".")
+            elif arg == 1 and kind == "graph" and head == 1 and len(steps) > 1:
+                k = steps[1]
+                name = (
+                    params[k] + _spelled(steps[2:])
+                    if isinstance(k, int) and k < len(params)
+                    else ""
+                )
+            elif arg == 1 and kind == "simple" and isinstance(head, int) and head < len(params):
+                name = params[head] + _spelled(steps[1:])
+        out.append(name)
+    return tuple(out)
+
+
+def _scan_nodes(
+    parsed: Sequence[tuple[int, list[int | str]] | None],
+    carry: str | None,
+    unpacked: Mapping[str, Sequence[str]],
+) -> dict[int, str]:
+    """Which element of the user's carry each module `j` of NNX's carry deque is
+    (`carry[0]`): NNX splits the modules out of the carry in order, leaving no arrays
+    at their places, so the elements without arrays of an unpacked carry are the modules
+    when there are as many; a carry without arrays of its own is the one module. Empty
+    where that cannot be told (a module broadcast or split by `StateAxes`)."""
+    if carry is None:
+        return {}
+    deques = {
+        (p[1][0], p[1][1])
+        for p in parsed
+        if p and p[0] == 0 and p[1][:1] in ([1], [2]) and len(p[1]) > 3
+    }
+    js = sorted({j for _, j in deques})
+    if any(d != 1 for d, _ in deques) or js != list(range(len(js))) or not js:
+        return {}
+    own = [p[1][1:] for p in parsed if p and p[0] == 0 and p[1][:1] == [0]]
+    targets = unpacked.get(carry)
+    if targets:
+        arrays = {steps[0] for steps in own if steps}
+        places = [k for k in range(len(targets)) if k not in arrays]
+        if len(places) == len(js):
+            return {j: f"{carry}[{k}]" for j, k in zip(js, places, strict=True)}
+        return {}
+    return {0: carry} if not own and js == [0] else {}
 
 
 def _fmt_eqx(path: Path) -> str:

@@ -657,19 +657,7 @@ def _unpackings(file: str, line: int, function: str) -> dict[str, tuple[str, ...
     """For the function `function` defined at `file:line` (its `def` or its first
     decorator), each parameter its body unpacks into plain names by a top-level
     statement (`h, c = carry`) before anything assigns the parameter."""
-    tree = _parsed("".join(linecache.getlines(file)))
-    if tree is None:
-        return {}
-    fn = next(
-        (
-            node
-            for node in ast.walk(tree)
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and node.name == function
-            and min([node.lineno, *(d.lineno for d in node.decorator_list)]) == line
-        ),
-        None,
-    )
+    fn = _function_def(file, line, function)
     if fn is None:
         return {}
     params = {a.arg for a in (*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs)}
@@ -689,6 +677,39 @@ def _unpackings(file: str, line: int, function: str) -> dict[str, tuple[str, ...
                 if isinstance(node, ast.Name) and node.id in params:
                     out.setdefault(node.id, ())
     return {k: v for k, v in out.items() if v}
+
+
+def _function_def(
+    file: str, line: int, function: str
+) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    """The definition of the function `function` at `file:line` (its `def` or its first
+    decorator), or None when the source cannot be read or parsed."""
+    tree = _parsed("".join(linecache.getlines(file)))
+    if tree is None:
+        return None
+    return next(
+        (
+            node
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.name == function
+            and min([node.lineno, *(d.lineno for d in node.decorator_list)]) == line
+        ),
+        None,
+    )
+
+
+def parameters_and_unpackings(
+    file: str, line: int, function: str
+) -> tuple[tuple[str, ...], dict[str, tuple[str, ...]]] | None:
+    """The positional parameters of the function `function` defined at `file:line`, and
+    the tuple parameters its body unpacks (`model, x, key = carry`), as
+    `unpacked_arg_names` reads them; None when its source is not found."""
+    fn = _function_def(file, line, function)
+    if fn is None:
+        return None
+    params = tuple(a.arg for a in (*fn.args.posonlyargs, *fn.args.args))
+    return params, _unpackings(file, line, function)
 
 
 #: JAX transforms whose call on a line evaluates the function several times (its
