@@ -14,6 +14,8 @@ with a comment naming the version that changed it:
   `eval_jaxpr` (same `call_jaxpr` param).
 * `_patch_scan_zero_ys_cotangents`: up to JAX 0.10 scan's transpose mishandles a
   symbolic-zero cotangent of a stacked output (JAX 0.12 handles it).
+* `linear_transpose_call`: up to JAX 0.10 `jax.linear_transpose` refuses a map
+  with float0 outputs (the tangents of integer outputs); JAX 0.12 takes them.
 * `varying_axes`: JAX 0.9 moved a shard_map value's varying axes from
   `aval.vma` to `aval.mat.varying`.
 
@@ -2510,3 +2512,29 @@ def _nnx_scan_kind(codes: Any, lastis: Any) -> str | None:
             return _NNX_SCAN_WRAPPERS.get(code.co_name)
         return None
     return None
+
+
+# ---------------------------------------------------------------------------
+# `jax.linear_transpose` of a linear map with integer/bool outputs (mode 'all' of a step
+# returning an optimizer state's step count). Their tangents are `float0`; up to JAX
+# 0.10 `linear_transpose` refuses any float0 output ("[float or complex] -> [float or
+# complex] ... functions"), JAX 0.12 accepts them (as symbolic-zero cotangents).
+
+
+def linear_transpose_call(lin: Any, primals: tuple, cotangent: Any) -> tuple:
+    """`jax.linear_transpose(lin, *primals)(cotangent)` on every supported JAX, where some
+    of `lin`'s outputs are float0 tangents (of integer or bool outputs): those outputs
+    are left out of the transposed map, and their (float0, necessarily zero) cotangents
+    with them, which is what JAX 0.12 does with them (a symbolic zero)."""
+    cts = jax.tree_util.tree_leaves(cotangent)
+    keep = [getattr(c, "dtype", None) != jax.dtypes.float0 for c in cts]
+    if all(keep):
+        return jax.linear_transpose(lin, *primals)(cotangent)
+
+    def floating(*xs: Any) -> list:
+        outs = jax.tree_util.tree_leaves(lin(*xs))
+        return [o for o, k in zip(outs, keep, strict=True) if k]
+
+    return jax.linear_transpose(floating, *primals)(
+        [c for c, k in zip(cts, keep, strict=True) if k]
+    )

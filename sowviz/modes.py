@@ -639,7 +639,7 @@ def transform(
         y, lin, state = jax.linearize(g_of(dyn), *primals, has_aux=True)
         t = lin(*tangents_of(dyn, extra))
         with _reverse_mode(mode):
-            cts = jax.linear_transpose(lin, *primals)(seed_of(y, extra))
+            cts = _compat.linear_transpose_call(lin, primals, seed_of(y, extra))
         return (y, t, cotangent_trees(cts)), state
 
     return both

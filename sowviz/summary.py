@@ -24,8 +24,16 @@ Conventions (reproduced by the tests in NumPy):
   every finite value stays finite and is zero or a normal float32; otherwise
   `summarize` raises a ValueError naming ``jax_enable_x64``. ``dtype`` reports
   the input's own dtype.
-* Subnormal input values count as zeros (backends flush them inconsistently;
-  doing it explicitly keeps every statistic consistent with the others).
+* Values subnormal in the dtype they are summarised in count as zeros: below
+  ``finfo(float32).tiny`` (1.2e-38) for float32 and bfloat16 (which has float32's
+  exponent range) and complex64 magnitudes, below 2.2e-308 in float64. Backends
+  flush them inconsistently (XLA:CPU's sums drop 1e-40, its elementwise operations
+  may keep it); doing it explicitly keeps every statistic consistent with the
+  others. float16 subnormals (6e-8 <= |v| < 6.1e-5, where float16 gradients
+  underflow without loss scaling) are normal in float32: they count as the
+  non-zero values they are (in ``min``, ``max``, the moments and both histograms,
+  ``loghist`` at their own magnitudes), and a float16 array's ``zeros`` are its
+  exact zeros.
   Results below the smallest normal number (a mean of 1e-39, an edge between
   two tiny values) may be flushed to 0 by the backend: compare with an absolute
   tolerance of ``finfo.tiny``.

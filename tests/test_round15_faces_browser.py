@@ -36,11 +36,6 @@ def _optax_step_inspection():
 
 
 @pytest.mark.browser
-@pytest.mark.skipif(
-    tuple(int(v) for v in jax.__version__.split(".")[:2]) < (0, 11),
-    # (JAX 0.10's linear_transpose refuses the float0 tangents of the step count)
-    reason="mode 'all' of an optax step with an integer count needs JAX >= 0.11",
-)
 def test_a_chain_s_face_names_the_output_it_shows_and_the_panel_opens_on_it(page, tmp_path):
     ins = _optax_step_inspection()
     chain = [p for p in ins.probes if ins.probe_path(p) == "chain"]
