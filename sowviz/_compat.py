@@ -29,6 +29,7 @@ from __future__ import annotations
 
 # No public home: effects (to keep tagged values alive through DCE and partial
 # evaluation), source locations and name stacks of equations.
+import collections
 import contextlib
 import functools
 import inspect
@@ -2538,3 +2539,35 @@ def linear_transpose_call(lin: Any, primals: tuple, cotangent: Any) -> tuple:
     return jax.linear_transpose(floating, *primals)(
         [c for c, k in zip(cts, keep, strict=True) if k]
     )
+
+
+# ---------------------------------------------------------------------------
+def handed_loop_body(eqns: Sequence[JaxprEqn], package: str | None) -> str | None:
+    """The qualified name of the function that a library's loop body (a lambda of
+    `package`'s, which made the loop: Equinox's `lambda x: body_fun(x)`) runs for another
+    package, from its equations' tracebacks: the outermost frame that is neither JAX's
+    nor `package`'s, the one most of them were made in (diffrax's `loop.<locals>.body_fun`
+    for the `while` of a `diffeqsolve`; Equinox's body also runs the `cond_fun` it was
+    handed). An equation whose traceback reaches the user's code (not cut at the body)
+    says nothing. None without such a function, or for a tie."""
+    if not package:
+        return None
+    own = os.sep + package + os.sep
+    found: collections.Counter[str] = collections.Counter()
+    for eqn in eqns:
+        tb = eqn.source_info.traceback
+        if tb is None:
+            continue
+        try:
+            codes, _ = tb.raw_frames()
+        except Exception:  # best effort: no traceback, no name
+            return None
+        for code in reversed(codes):  # outermost first
+            file = code.co_filename
+            if file.startswith((_JAX_DIR, _SOWVIZ_DIR + os.sep)) or own in file:
+                continue
+            if not _is_user_file(file):
+                found[code.co_qualname] += 1
+            break  # (a user's frame: a traceback not cut at the body)
+    top = found.most_common(2)
+    return top[0][0] if top and (len(top) == 1 or top[0][1] > top[1][1]) else None

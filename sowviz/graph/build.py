@@ -1176,7 +1176,8 @@ class _Builder(InputsMixin):
         for v in jaxpr.outvars:
             if isinstance(v, _compat.Var) and through:
                 v = through.get(v, v)
-            if isinstance(v, _compat.Var) and v in loc:
+            # (not an input handed on by a cast drawn as an edge: no stage made it)
+            if isinstance(v, _compat.Var) and v in loc and v in prod:
                 self.mark_scope_outputs(prod[v], 0, v, loc[v])
         self.probe_result_lines(jaxpr, module_boxes, carrying, locs, path)
         if not path:
@@ -1237,6 +1238,15 @@ class _Builder(InputsMixin):
                 label = f"{label}({body or _only_users_jit(eqns) or ''})".removesuffix("()")
             else:  # a library's body running a function of yours: `hk.layer_stack(3)(block)`
                 body = library_loop_body(eqn, eqns)
+                if body is None and spec.construct is Construct.WHILE:
+                    # else by the body function another library handed the loop's maker
+                    # (diffrax's `body_fun`, in Equinox's `lambda x: body_fun(x)`), or
+                    # by the library's own one, as JAX's are (`while(body_fun)`): a bare
+                    # `while` (a diffrax solve) did not say which loop it was
+                    package = _compat.call_path(eqn).package
+                    handed = _compat.handed_loop_body(eqns, package)
+                    name = function_label(handed)[0] if handed else function_name(sub)
+                    body = (name or "").lstrip("_") or None
                 label = f"{label}({body})" if body else label
         if spec.construct is Construct.REMAT and "(" not in label:
             # `jax.checkpoint(lambda h, p: (block(p, h), None))`, the scan-over-layers
