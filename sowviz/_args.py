@@ -271,7 +271,9 @@ def _hashable(v: Any) -> bool:
 
 def positional_names(fn: Callable) -> list[str]:
     """The names of `fn`'s positional parameters (none when it has no signature): how
-    arguments are named in the graph (`params['w']`, `teacher: MLP`)."""
+    arguments are named in the graph (`params['w']`, `teacher: MLP`). A function that
+    `checkify.checkify` wraps is named by its own (`params`, `x`, not `arg0`, `arg1`)."""
+    fn = _compat.checkify_wrapped(fn) or fn
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):  # a builtin, or a callable without a signature

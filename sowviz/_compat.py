@@ -2571,3 +2571,28 @@ def handed_loop_body(eqns: Sequence[JaxprEqn], package: str | None) -> str | Non
             break  # (a user's frame: a traceback not cut at the body)
     top = found.most_common(2)
     return top[0][0] if top and (len(top) == 1 or top[0][1] > top[1][1]) else None
+
+
+# ---------------------------------------------------------------------------
+def checkify_wrapped(fn: Any) -> Any | None:
+    """The function `jax.experimental.checkify.checkify(f)` wraps (`f`), or None.
+    checkify's `checked_fun` (JAX 0.10 to 0.12: a closure over `f`, under
+    `traceback_util.api_boundary`, which `functools.wraps` it alone) copies neither
+    `f`'s name nor its signature: a report of it read `checked_fun`, its arguments
+    `arg0`, `arg1`."""
+    inner = getattr(fn, "__wrapped__", fn)
+    if getattr(inner, "__qualname__", None) != "checkify.<locals>.checked_fun":
+        return None
+    code, cells = getattr(inner, "__code__", None), getattr(inner, "__closure__", None)
+    if code is None or not cells or "f" not in code.co_freevars:
+        return None
+    try:
+        f = cells[code.co_freevars.index("f")].cell_contents
+    except ValueError:  # (an empty cell)
+        return None
+    return f if callable(f) else None
+
+
+#: The primitive `checkpoint_name` binds (`checkpoint_name_of`), as `graph.names` reads
+#: an equation's primitive.
+CHECKPOINT_NAME = _CHECKPOINT_NAME

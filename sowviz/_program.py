@@ -144,7 +144,11 @@ def _title(fn: Callable) -> str:
     """`fn`'s name; a `functools.partial` of a named function (a step with its static
     arguments bound) by that function's, as `partial(step)`; a callable instance (a
     class with `__call__`, an Equinox or Flax NNX module) by its class, as `Loss`, or
-    by the function it wraps (`__wrapped__`: Equinox's `filter_jit` of a function)."""
+    by the function it wraps (`__wrapped__`: Equinox's `filter_jit` of a function; what
+    `checkify.checkify` wraps, not its `checked_fun`)."""
+    checked = _compat.checkify_wrapped(fn)
+    if checked is not None:
+        return _title(checked)
     name = getattr(fn, "__name__", None)
     if isinstance(name, str) and name:
         return name

@@ -435,6 +435,9 @@ _LEAVES = "\x07"
 #: ... and of a line whose value is one random draw (`_fold`'s `draw_run`): one box even
 #: around its one stage (`noise` holding `normal`), kept though its key's wrap is a cast
 _DRAW = "\x0e"
+#: ... and of a library call's one equation made per leaf (`mapped_call`): one box from
+#: that one on, as the call's several leaves are (`optax.apply_updates`)
+_MAPPED = "\x0f"
 #: Equations that only lay a value out: after a stage on an assignment line (`vmap`'s
 #: transposes around `rfft`), the stage still makes the line's value
 _LAYOUT = frozenset({"transpose", "reshape", "squeeze", "expand_dims", "broadcast_in_dim"})
@@ -964,6 +967,9 @@ def _fold(
             j = i
             while j + 1 < len(out) and k is not None and key(j + 1) == k:
                 j += 1
+            need = small if small is not None and k is not None and "\x03" in k else least
+            if k is not None and _MAPPED in k:
+                need = 1  # (a library call's one equation per leaf: `mapped_call`)
             named = inner and all(m < len(stages) and stages[m] for m in range(i, j + 1))
             named = named and (k is None or (_LEAVES not in k and _DRAW not in k))
             whole_call = named and k is not None and one_call_stages(i, j, k)
@@ -975,15 +981,14 @@ def _fold(
             if (
                 k is not None
                 and not named
-                and (
-                    assignment_box(i, j, k)
-                    if _LINE in k
-                    else j + 1 - i >= (small if small is not None and "\x03" in k else least)
-                )
+                and (assignment_box(i, j, k) if _LINE in k else j + 1 - i >= need)
                 and (whole or leaves or j + 1 - i < direct.get(scope_of(i), 0))
             ):
                 name = FOLD + (f"{label(i, j, k)}\x01{k}" if label else k)
-                if not whole_call and restated(range(i, j + 1), fold_label(name)):
+                again_named = not whole_call and restated(range(i, j + 1), fold_label(name))
+                if again_named and library_cond_line(i, j, k):
+                    name = f"{FOLD}{line_assigns(i)}\x01{k}"  # (the cond inside it, whole)
+                elif again_named:
                     # The stage apart, the line's other work around it is still a group
                     # (`jax.vmap` batching a scan's unbatched carry: a broadcast per
                     # leaf of an optimiser state, 32 loose boxes before `scan(step)`).
@@ -1001,9 +1006,12 @@ def _fold(
                         and not any(m < len(stages) and stages[m] for m in range(a, b + 1))
                     ):
                         line = k.split("\x02", 1)[0]
+                        # (before the stage named like the group, though another stage,
+                        # `isinf`, comes first: still its setup)
+                        before = b < j and restated((b + 1,), fold_label(name))
                         apart = (
                             f"{fold_label(stages[b + 1])} setup"
-                            if a == i
+                            if a == i or before
                             else line_assigns(a) or line
                         )
                         for m in range(a, b + 1):
@@ -1018,6 +1026,23 @@ def _fold(
                     else:
                         out[m] = (name, *out[m])
             i = j + 1
+
+    def library_cond_line(i: int, j: int, key: str) -> bool:
+        # The line assigns what a library's `lax.cond` makes, named like the call
+        # (optax's `value_and_grad_from_state`: `isinf` and `isnan` of the state's value,
+        # then the cond returning `value, grad`): one box named by what the line assigns,
+        # holding the predicate's work and the cond. Parted, the box `value, grad` held
+        # only the cond's int32 branch index, the value and gradient in the cond beside
+        # it and `isinf` loose. (A loop, or JAX's own `lax.switch`, stays apart: a line's
+        # box would hide it.)
+        last = j
+        while last > i and last < len(primitives) and primitives[last] in _LAYOUT:
+            last -= 1
+        if _SETUP in key or last >= len(stages) or not stages[last]:
+            return False
+        if last >= len(primitives) or primitives[last] != _compat.COND:
+            return False
+        return path(last).package not in (None, "jax") and line_assigns(i) is not None
 
     def one_call_stages(i: int, j: int, key: str) -> bool:
         # The run's stages are one library call's small jits, one of them named like the
@@ -1149,6 +1174,22 @@ def _fold(
         named = any(m < len(primitives) and primitives[m] == what for m in range(lo, hi + 1))
         return hi - lo + 1 >= SMALL_LEVEL_RUN and not named
 
+    def mapped_call(i: int) -> bool:
+        # `i` is all that a library's call on its line made (not JAX's: `jnp.exp` is its
+        # `exp`), made in the library's lambda per leaf (`optax.apply_updates`'s
+        # `jax.tree.map`): the call's box, as for several leaves, not a bare `add` for
+        # one array, nor a box named by the line (`w = optax.apply_updates(w, updates)`
+        # beside the input `w`)
+        p, what = path(i), calls(i)[:1]
+        if not what or p.package in (None, "jax") or not p.below_user:
+            return False
+        if (i < len(stages) and stages[i]) or (i < len(primitives) and what[0] == primitives[i]):
+            return False
+        for m in (i - 1, i + 1):  # (one equation: a longer run is `long_run`'s)
+            if 0 <= m < len(out) and locs[m] == locs[i] and calls(m)[:1] == what:
+                return False
+        return any(q.rsplit(".", 1)[-1] == "<lambda>" for q in p.names[1:])
+
     def lambda_run(i: int) -> bool:
         # at least 3 equations around `i` from its line, in no library call
         lo = hi = i
@@ -1175,11 +1216,16 @@ def _fold(
         # value to show: a key's or an index's one equation keeps its primitive's name
         # (`k = jax.random.fold_in(key, 3)`: `random_fold_in`, raw key or typed alike);
         # a random draw's is its value, integers too (`t = jax.random.randint(...)`).
+        # A `checkpoint_name`'s one equation keeps the name it gives (`h =
+        # checkpoint_name(h, "pre_act")`: `pre_act`, the name a remat policy saves; the
+        # line's box read `h#2`, and `pre_act` was nowhere).
         if _DRAW in key:
             return True
         boxes = drawn(i, j)
         if len(boxes) != 1:
             return len(boxes) > 1
+        if boxes[0] < len(primitives) and primitives[boxes[0]] == _compat.CHECKPOINT_NAME:
+            return False
         op = operations[boxes[0]] if boxes[0] < len(operations) else None
         return op is not None and not op[1]
 
@@ -1426,7 +1472,8 @@ def _fold(
         ):
             return None  # a stage makes the line's value (`xf = vmap(rfft)(x * w)`): its box
         whats = {calls(m)[:1] for m in range(lo, hi + 1)}
-        if hi > lo and len(whats) == 1 and whats != {()} and not (per_leaf or draw):
+        call_box = hi > lo or mapped_call(lo)  # (one leaf of a call per leaf: `line_key`)
+        if call_box and len(whats) == 1 and whats != {()} and not (per_leaf or draw):
             (what,) = whats
             if not restates_primitive(lo, hi) and what[0] not in _COLLECTIVES:
                 return None
@@ -1533,11 +1580,14 @@ def _fold(
                     return f"{own}:{loc.line}\x02{'/'.join(scope)}\x03{what[0]}{_SETUP}"
                 if library or not what or (i < len(primitives) and what[0] == primitives[i]):
                     return None
-                if what[0].startswith("_") or not long_run(i, what[0]):
+                long = not what[0].startswith("_") and long_run(i, what[0])
+                mapped = not what[0].startswith("_") and not long and mapped_call(i)
+                if not (long or mapped):
                     # a library's private helper (Flax's `_normalize`) names nothing
                     return None
                 own = function_label(loc.function)[0]
-                return f"{own}:{loc.line}\x02{'/'.join(scope)}\x03{what[0]}"
+                one = _MAPPED if mapped else ""
+                return f"{own}:{loc.line}\x02{'/'.join(scope)}\x03{what[0]}{one}"
             lib = bool(path(i).names) and not path(i).below_user
             if lib != library or (library and scope and _SPLIT in scope[-1]):
                 return None  # inside a library call's group, its lines are no news
@@ -1592,6 +1642,7 @@ def _fold(
                     b > a + 1
                     and keys[a] == keys[b]
                     and len(set(lines[a : b + 1])) == 1
+                    and (lines[a] is None or made_again(run[a], run[b]))
                     and _per_leaf(prims, keys, a, b)
                 ):
                     keys[a + 1 : b] = [keys[a]] * (b - a - 1)
@@ -1617,6 +1668,21 @@ def _fold(
                     if b - a > line_limit:
                         split_by_calls(run[a:b], depth + 1, True)
             return
+
+    def made_again(a: int, b: int) -> bool:
+        # Your line's own work between two calls of one function on it is per leaf only
+        # when the line runs it again: a lambda (`jax.tree.map(lambda g: clip(g * 2), ...)`),
+        # a generator expression, or a loop on the line (a comprehension). One expression
+        # calling `jnp.mean` three times (`jnp.mean(r ** 2) + jnp.mean((u0 + s) ** 2) +
+        # jnp.mean(bc ** 2)`) had its 2nd and 3rd mean in one box `mean#2`, `+` and
+        # `bc ** 2` between them.
+        def inner(m: int) -> bool:  # (`<lambda>`, `<genexpr>`, `<listcomp>`)
+            loc = locs[m]
+            return loc is not None and loc.function.rsplit(".", 1)[-1].startswith("<")
+
+        again = any(inner(m) for m in range(a, b + 1))
+        pa, pb = (passes[m] if m < len(passes) else 0 for m in (a, b))
+        return again or pa != pb
 
     def repeated_stage(run: list[int]) -> bool:
         # Each a stage, named alike (`checkpoint(block_0)`, `checkpoint(block_1)`: a Python
