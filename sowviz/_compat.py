@@ -841,6 +841,8 @@ class CallPath:
     #: the installed package the first of them comes from (`flax` for `nn.avg_pool`,
     #: `jax` for `jnp.mean`), or None when unknown
     package: str | None = None
+    #: the package of each of `names` (`haiku` for `hk.max_pool` in `ResNet.__call__`)
+    packages: tuple[str | None, ...] = ()
 
 
 def _package(filename: str) -> str | None:
@@ -925,6 +927,7 @@ def call_path(eqn: JaxprEqn, body: str = "") -> CallPath:
             if len(_paths) > 100_000:  # a long session of many programs
                 _paths.clear()
             names: list[str] = []
+            packages: list[str | None] = []
             package: str | None = None
             api: str | None = ""  # "": the frame before was not JAX's
             # A body JAX traced itself (`jax.image.resize` jits `_resize`; its traceback
@@ -932,6 +935,8 @@ def call_path(eqn: JaxprEqn, body: str = "") -> CallPath:
             # > `compute_weight_mat`), as a library's do, not chunks of bare equations.
             own = (*_JAX_ALGORITHMS, body) if body and user == len(codes) else _JAX_ALGORITHMS
             method = False  # the line called an array's method (`x.mean(0)`)
+            # a handed-out closure's locals' prefix, and its maker's
+            inside: tuple[str, str] | None = None
             for k in range(user - 1, -1, -1):
                 c = codes[k]
                 if (
@@ -953,7 +958,16 @@ def call_path(eqn: JaxprEqn, body: str = "") -> CallPath:
                     # (a maker is seen not running only below a user's frame: JAX cuts
                     # long tracebacks, and a loop body's may start in the library)
                     handed = _handed_out_by(c, codes[k + 1 :]) if user < len(codes) else None
-                    names.append(handed or c.co_qualname)
+                    qualname = c.co_qualname
+                    if handed:
+                        inside = (f"{qualname}.<locals>.", f"{handed}.<locals>.")
+                    elif inside and qualname.startswith(inside[0]):
+                        # a lambda in that closure (jraph's `tree_map(lambda g:
+                        # jnp.repeat(...))` in `_ApplyGraphNet`) is named by its maker
+                        # too, not read as `_ApplyGraphNet` again
+                        qualname = inside[1] + qualname[len(inside[0]) :]
+                    names.append(handed or qualname)
+                    packages.append(_package(c.co_filename))
                     api = ""
                 elif api == "":  # the JAX function that code called (`softmax`, `norm`)
                     # (or the transform whose function it is: `jax.jacfwd(f)(x)` runs
@@ -966,7 +980,8 @@ def call_path(eqn: JaxprEqn, body: str = "") -> CallPath:
                 if not names:
                     package = "jax"
                 names.append(api)
-            path = CallPath(tuple(names), user < len(codes), package)
+                packages.append("jax")
+            path = CallPath(tuple(names), user < len(codes), package, tuple(packages))
             _paths[key] = (codes, path)
         return path
     except Exception:  # best effort, as user_location

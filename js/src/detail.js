@@ -284,6 +284,8 @@ export class DetailPanel {
       return { mode, target, s, counts, iter };
     });
     this.blocks = blocks;
+    const why = noCotangentNote(this.index.model, probe);
+    if (why) this.body.append(h("p", { class: "sv-muted", "data-role": "no-cotangent", text: why }));
     this.body.append(this.statsTable(probe, modes));
     this.drawCharts(colours, width);
     this.drawHistory(probe, modes, colours, width);
@@ -383,6 +385,21 @@ export class DetailPanel {
     const title = this.history.querySelector(".sv-section");
     if (title) title.textContent = `over ${hist.steps.length} steps`;
   }
+}
+
+/**
+ * Why a floating value of a run that computes gradients shows no cotangent ("" when it
+ * has one, or the run computes none): the gradient sends nothing back to a value the
+ * differentiated arguments do not reach (a forces model's `pair_distance`, of the
+ * positions only, under a gradient w.r.t. the parameters). Its box was grey with only
+ * "primal" in the panel, and nothing said why.
+ * @param {{modes?: string[]}} model @param {{summaries: Record<string, any>}} probe */
+export function noCotangentNote(model, probe) {
+  const primal = probe.summaries.primal;
+  if (!model.modes?.includes("cotangent") || probe.summaries.cotangent || !primal) return "";
+  if (primal.dtype && !/^(float|bfloat|complex)/.test(primal.dtype)) return "";
+  return "No cotangent: this value does not depend on the differentiated arguments " +
+    "(or a custom derivative rule replaced the code that computes it), so the gradient sends nothing back to it.";
 }
 
 /** Why a node's NaN/Inf raises no alarm when Python's rule found no origin: an empty

@@ -128,7 +128,12 @@ def _inside(restated: frozenset[str], path: _compat.CallPath) -> _compat.CallPat
         names[k].rpartition(".")[2] in restated or function_label(names[k])[1]
     ):
         k += 1
-    return path if k == 0 else _compat.CallPath(names[k:], path.below_user)
+    if k == 0:
+        return path
+    # (the package is the first call left's: `hk.max_pool` in `hk.nets.ResNet`, its
+    # method passed over, is Haiku's layer, a box of its own as at the user's line)
+    packages = path.packages[k:]
+    return _compat.CallPath(names[k:], path.below_user, packages[0] if packages else None, packages)
 
 
 def _reads(jaxpr: _compat.Jaxpr) -> dict[Any, list[int]]:

@@ -792,7 +792,8 @@ def _fold_around_calls_back(
                 lambda ps: len(set(ps)) == 1, zip(*(p.names for p in paths), strict=False)
             )
         )
-        return dataclasses.replace(paths[0], names=tuple(ps[0] for ps in shared))
+        names = tuple(ps[0] for ps in shared)
+        return dataclasses.replace(paths[0], names=names, packages=paths[0].packages[: len(names)])
 
     def outer_pass(i: int) -> int:
         a = around[i][0] if hidden[i] else i
@@ -1587,6 +1588,11 @@ def _fold(
                     return None
                 own = function_label(loc.function)[0]
                 one = _MAPPED if mapped else ""
+                key = f"{own}:{loc.line}\x02{'/'.join(scope[:-1])}\x03{what[0]}"
+                if scope and scope[-1].endswith((f"\x01{key}", f"\x01{key}{one}")):
+                    # already in this call's box (`layer_key`'s): `hk.dropout` in a Haiku
+                    # module was a box `dropout` holding another `dropout`
+                    return None
                 return f"{own}:{loc.line}\x02{'/'.join(scope)}\x03{what[0]}{one}"
             lib = bool(path(i).names) and not path(i).below_user
             if lib != library or (library and scope and _SPLIT in scope[-1]):
