@@ -114,8 +114,9 @@ def test_a_missing_loss_is_nan_in_the_array():
     np.testing.assert_array_equal(np.asarray(h.losses), [1.5, np.nan, 0.5])
 
 
-@pytest.fixture(scope="module")
-def optax_step():
+def optax_program():
+    """An optax step whose chain injects a scheduled learning rate (made from the step
+    count: no gradient): (step, its arguments, the schedule)."""
     optax = pytest.importorskip("optax")
     sched = optax.linear_schedule(1e-2, 1e-3, 10)
     opt = optax.chain(
@@ -133,8 +134,13 @@ def optax_step():
         updates, state = opt.update(grads, state, params)
         return optax.apply_updates(params, updates), state, value
 
-    state = opt.init(params)
-    return sowviz.inspect(step, params, state, x, mode="primal"), float(sched(0))
+    return step, (params, opt.init(params), x), sched
+
+
+@pytest.fixture(scope="module")
+def optax_step():
+    step, args, sched = optax_program()
+    return sowviz.inspect(step, *args, mode="primal"), float(sched(0))
 
 
 def test_probe_chain_is_the_top_level_chain(optax_step):

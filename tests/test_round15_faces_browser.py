@@ -6,33 +6,15 @@ from __future__ import annotations
 
 import os
 
-import jax
-import jax.numpy as jnp
 import pytest
+from test_round15_api import optax_program
 
 import sowviz
 
 
 def _optax_step_inspection():
-    optax = pytest.importorskip("optax")
-    # a schedule: the injected learning rate is made from the step count, no gradient
-    sched = optax.linear_schedule(1e-2, 1e-3, 10)
-    opt = optax.chain(
-        optax.clip_by_global_norm(1.0),
-        optax.inject_hyperparams(optax.adam)(learning_rate=sched),
-    )
-    params = {"w": jnp.linspace(-0.5, 0.5, 6).reshape(3, 2), "b": jnp.zeros(2)}
-    x = jnp.linspace(-1, 1, 12).reshape(4, 3)
-
-    def loss(p, x):
-        return jnp.mean(jnp.tanh(x @ p["w"] + p["b"]) ** 2)
-
-    def step(params, state, x):
-        value, grads = jax.value_and_grad(loss)(params, x)
-        updates, state = opt.update(grads, state, params)
-        return optax.apply_updates(params, updates), state, value
-
-    return sowviz.inspect(step, params, opt.init(params), x, mode="all")
+    step, args, _ = optax_program()
+    return sowviz.inspect(step, *args, mode="all")
 
 
 @pytest.mark.browser
