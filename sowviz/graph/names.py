@@ -1401,6 +1401,11 @@ def _fold(
             return False  # (one equation is its own box already, with its data)
         if boxes[-1] < len(stages) and stages[boxes[-1]]:
             return False  # a stage makes the value, named already (`segment_max`, `mean`)
+        if calls(hi)[:1] and calls(hi)[:1] not in _PLUMBING:
+            # a library call makes the value (`return jax.ops.segment_max(x * w, ids, n)`):
+            # its group names it; a box of the whole line went around it and, the
+            # level's only work, was unwrapped with it
+            return False
         if len({op[0] for op in ops}) == 1:
             return True
         # (integers, not booleans: a mask's count, not the `isfinite` a `where` reads)
