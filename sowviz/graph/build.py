@@ -131,9 +131,13 @@ def _inside(restated: frozenset[str], path: _compat.CallPath) -> _compat.CallPat
     if k == 0:
         return path
     # (the package is the first call left's: `hk.max_pool` in `hk.nets.ResNet`, its
-    # method passed over, is Haiku's layer, a box of its own as at the user's line)
+    # method passed over, is Haiku's layer, a box of its own as at the user's line;
+    # but only when that call goes into another package than the frame passed over:
+    # Equinox's `MultiheadAttention._project` from its own `__call__` is the library's
+    # inside, read as before, its projections boxes of their own)
     packages = path.packages[k:]
-    return _compat.CallPath(names[k:], path.below_user, packages[0] if packages else None, packages)
+    package = packages[0] if packages and packages[0] != path.packages[k - 1] else None
+    return _compat.CallPath(names[k:], path.below_user, package, packages)
 
 
 def _reads(jaxpr: _compat.Jaxpr) -> dict[Any, list[int]]:
@@ -1674,11 +1678,16 @@ class _Builder(InputsMixin):
         # the module stages it enters, each calling it by its `__call__`'s parameter
         # (`positions`) where a box made it, which names a primitive (a one-equation
         # line: `broadcast_in_dim`); a stage or an input names it as well as the
-        # parameter does
+        # parameter does, so only a box outside any stage but a line's fold counts:
+        # `Net/stem/add` is seen as `stem` from the block it enters, and its port says so
         params = self.params.get(v, {})
+        bare = all(
+            rec.kind == "eqn" or (rec.kind == "scope" and (rec.scope or "").startswith(FOLD))
+            for rec in (self.recs[int(node_id[1:])] for node_id in src[k:])
+        )
         entered = [
             (r, p)
-            for node_id in (dst[k:] if params else ())
+            for node_id in (dst[k:] if params and bare else ())
             if (r := self.recs[int(node_id[1:])]).kind == "scope"
             and (p := params.get(r.scope) or params.get(self.unrenamed.get(r.scope)))
         ]
