@@ -165,7 +165,10 @@ def test_an_empty_segment_max_panel_says_it_is_the_identity_and_harmless(page, t
     alert = pg.locator('[data-role="detail"] .sv-alert')
     text = alert.inner_text()
     assert "primal: 1 −Inf" in text, text
-    assert "−Inf is the max's identity" in text and "`jax.ops.segment_max`" in text
+    assert "−Inf is the max's identity" in text and "jax.ops.segment_max gives" in text
+    # code is set as code, as the banner sets it, not between literal backticks
+    assert "`" not in text
+    assert alert.locator("code").all_inner_texts() == ["jax.ops.segment_max"]
     assert "reaches no result" in text and "no alarm" in text
     assert alert.get_attribute("role") == "note"
     assert "sv-alert-quiet" in alert.get_attribute("class")

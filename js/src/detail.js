@@ -196,7 +196,8 @@ export class DetailPanel {
       lines.push(fillNote(index, id));
     }
     return h("div", { class: quiet ? "sv-alert sv-alert-quiet" : "sv-alert", role: quiet ? "note" : "alert" },
-      lines.map((t) => h("div", { text: t })));
+      // Python's messages and `fillNote` mark code with backticks, as the banner reads them.
+      lines.map((t) => h("div", {}, said(t))));
   }
 
   noProbes(index, id) {
