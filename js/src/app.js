@@ -237,6 +237,9 @@ export class App {
         this.statSel.append(h("option", { value: `${mode}\u0000${stat}`, text: `${mode} ${def.label}`, selected: mode === keep.mode && stat === keep.stat }));
       }
     }
+    // Nothing to colour by yet (a Monitor before its first step's values): a placeholder,
+    // not an empty box.
+    if (!modes.length) this.statSel.append(h("option", { value: "", text: "no values", selected: true }));
     this.statSel.disabled = !modes.length;
   }
 
@@ -302,7 +305,7 @@ export class App {
         h("span", { class: "sv-legend-tick", text: `${scale.clippedLo ? "≤ " : ""}${fmt(10 ** scale.lo)}` }),
         h("span", { class: "sv-legend-bar", style: `background: ${grad}` }),
         h("span", { class: "sv-legend-tick", text: `${scale.clippedHi ? "≥ " : ""}${fmt(10 ** scale.hi)}` }),
-      ]) : null,
+      ]) : h("span", { class: "sv-legend-scale sv-muted", "data-role": "legend-empty", text: "no values to colour by" }),
       h("span", { class: "sv-legend-keys" }, [
         h("span", { class: "sv-key sv-key-nan", text: "NaN/Inf" }),
         h("span", { class: "sv-key sv-key-none", text: "no data" }),
