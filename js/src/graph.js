@@ -9,6 +9,9 @@ import { fitted, sparklinePath } from "./faces.js";
 import { HEADER, SHAPE_CHAR, SHAPE_X, SPARK_ROOM, kindWidth, shapeText, stageHead, toggleText, toggleWidth, valueRoom } from "./layout.js";
 import { fitTransform, hiddenSides, moreText, showBoxTransform } from "./viewport.js";
 
+/** px: a view narrower says where more lies but not how to get there (the line was cut). */
+const NARROW_HINT = 520;
+
 let instances = 0;
 
 /** Smooth path through dagre's edge points. */
@@ -121,9 +124,11 @@ export class GraphView {
     const W = this.svg.clientWidth;
     const H = this.svg.clientHeight;
     const sides = W && H ? hiddenSides(this.bounds, this.transform, W, H) : [];
-    this.more.hidden = !sides.length;
+    // Said until the user pans or zooms (then they know; it covered the nodes under it),
+    // and in a narrow view without the instructions.
+    this.more.hidden = !sides.length || this.moved;
     this.more.dataset.sides = sides.join(" ");
-    this.more.textContent = moreText(sides);
+    this.more.textContent = moreText(sides, W < NARROW_HINT);
   }
 
   stageBox(node, box, face) {

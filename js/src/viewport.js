@@ -146,9 +146,12 @@ export function hiddenSides(b, t, W, H, slack = 12) {
   return out;
 }
 
-/** The hint's text: "more below · drag to pan, Fit shows all" ("" when nothing is hidden). */
-export function moreText(sides) {
+/** The hint's text: "more below · drag to pan, Fit shows all" ("" when nothing is hidden);
+ * `short`: "more below ↓" (a narrow view, where the whole line was cut and covered nodes). */
+export function moreText(sides, short = false) {
   if (!sides.length) return "";
   const words = { above: "above", below: "below", left: "to the left", right: "to the right" };
+  const arrows = { above: "↑", below: "↓", left: "←", right: "→" };
+  if (short) return `more ${sides.map((s) => arrows[s]).join(" ")}`;
   return `more ${sides.map((s) => words[s]).join(", ")} · drag to pan, Fit shows all`;
 }
