@@ -958,8 +958,23 @@ class Monitor:
         return quiet if quiet.step == latest.step else None
 
     def save_html(self, path: Any, *, created: Any = _KEEP) -> Any:
-        """Write a report with the graph, the latest summaries and the history (atomically)."""
+        """Write a report with the graph, the latest summaries and the history (atomically),
+        and return its path. With no step taken there is nothing to draw: a warning, no
+        file (None), since a script's last line should not fail a run resumed at its
+        final checkpoint, which takes no step."""
         self.flush()
+        with self._lock:
+            self._catch_up()
+            empty = self._traced is None
+        if empty:
+            warnings.warn(
+                f"sowviz.Monitor.save_html: no step was taken, so there is no program to "
+                f"draw; {str(path)!r} was not written. (A run resumed at its final "
+                "checkpoint takes none: `python -m sowviz report <log_dir> ...` reports "
+                "the run from its logs.)",
+                stacklevel=2,
+            )
+            return None
         return _model.write("html", self.to_dict(created=created), path)
 
 

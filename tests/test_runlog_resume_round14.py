@@ -152,7 +152,9 @@ def test_the_replaced_steps_nonfinite_ones_are_left_out(tmp_path):
     assert run.nonfinite["step"] == 3  # (the first bad step: re-run, then recorded)
     assert history["steps"] == [0, 2, 3, 4, 6, 8]
     assert history["finite"] == [True, True, False, True, True, True]
-    assert [(r.at, r.first, r.last, r.count) for r in run.replaced] == [(6, 6, 8, 2)]
+    # from step 5, the resumed run's first (its loss logged unrecorded), not 6, its first
+    # recorded: step 5's loss is the resumed run's (round 16)
+    assert [(r.at, r.first, r.last, r.count) for r in run.replaced] == [(5, 5, 8, 2)]
 
 
 def test_a_resumed_log_that_begins_while_followed_replaces_the_steps_read(crashed, tmp_path):

@@ -54,10 +54,17 @@ _PROBES = (
 
 
 def first_step(log_dir: pathlib.Path) -> int | None:
-    """The first step a log holds (None: no step yet), from its first record alone."""
-    for entry in LogReader(log_dir).steps(settle=False):
-        return entry.get("step")
-    return None
+    """The first step a log holds (None: no step yet): its first recorded step's, or
+    the first loss or non-finite flag of an unrecorded step before it. A run resumed
+    with `every=N` records its first step at the next multiple of N, and the losses of
+    the steps before it, in `L` records written ahead of it, are the resumed run's:
+    taken from the first recorded step, the run it replaced kept them (a resumed run
+    at a new learning rate read the killed run's losses for 24 steps)."""
+    reader = LogReader(log_dir)
+    firsts = [entry.get("step") for entry in itertools.islice(reader.steps(settle=False), 1)]
+    firsts += [s for s, _ in reader.losses[:1]] + reader.nonfinite_steps[:1]
+    firsts = [s for s in firsts if s is not None]
+    return min(firsts) if firsts else None
 
 
 def in_step_order(log_dirs: list[pathlib.Path]) -> list[pathlib.Path]:
@@ -127,10 +134,10 @@ def check_in_order(earlier: pathlib.Path, step: int, later: pathlib.Path, last: 
 
 @dataclasses.dataclass(frozen=True)
 class Replaced:
-    """The steps `first`-`last` (`count` recorded) of the run log `log`, replaced by those
-    of `by`, the log that resumed the run, from `at`, its first step logged (the log
-    does not say the Monitor's `start_step`: with `every=N`, `at` is the first
-    recorded step from it on)."""
+    """The steps `first`-`last` (`count` of them recorded, the others' losses logged) of
+    the run log `log`, replaced by those of `by`, the log that resumed the run, from
+    `at`, its first step logged (recorded, or an unrecorded step's loss: the Monitor's
+    `start_step`)."""
 
     log: pathlib.Path
     by: pathlib.Path
@@ -144,7 +151,9 @@ class Replaced:
         span = (
             f"step {self.first}" if self.first == self.last else f"steps {self.first}-{self.last}"
         )
-        recorded = "1 recorded step" if self.count == 1 else f"{self.count} recorded steps"
+        recorded = {0: "no recorded step", 1: "1 recorded step"}.get(
+            self.count, f"{self.count} recorded steps"
+        )
         return (
             f"{str(self.by)!r} resumed the run (its first step logged: {self.at}): its "
             f"steps replace {span} of {str(self.log)!r} ({recorded}), which the history "

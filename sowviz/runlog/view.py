@@ -178,6 +178,10 @@ class RunLogView:
         taken = reader.losses if k is None else reader.losses[:k]
         reader.losses = [] if k is None else reader.losses[k:]
         cut = _join.cut_at(self.log_dirs, self._firsts, part)
+        gone = [s for s, _ in taken if cut is not None and s >= cut[0]]
+        if gone:  # (the note's span counts them: the losses of the steps replaced)
+            got = self._replaced.setdefault(part, [gone[0], gone[-1], 0])
+            got[0], got[1] = min(got[0], gone[0]), max(got[1], gone[-1])
         taken = [(s, v) for s, v in taken if cut is None or s < cut[0]]
         if not taken:
             return
@@ -219,7 +223,7 @@ class RunLogView:
                     cut = _join.cut_at(self.log_dirs, self._firsts, part)
                     if cut is not None and step >= cut[0]:
                         got = self._replaced.setdefault(part, [step, step, 0])
-                        got[1], got[2] = step, got[2] + 1
+                        got[0], got[1], got[2] = min(got[0], step), max(got[1], step), got[2] + 1
                         continue
                     if self._last is not None and self._last[0] != part:
                         later = self.log_dirs[self._last[0]]

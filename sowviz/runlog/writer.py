@@ -37,7 +37,7 @@ _EXISTS = (
 _BUSY = (
     "sowviz: `log_dir` {path!r} is being written by another Monitor (in this process or "
     "another one): close that one first (`mon.close()`), or give each Monitor its own "
-    "`log_dir` (e.g. 'runs/exp1/train' and 'runs/exp1/eval'). Two writers would "
+    "`log_dir` (e.g. '{path}-eval' for the second). Two writers would "
     "interleave their steps in one log."
 )
 _EMPTY = (
