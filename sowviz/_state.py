@@ -26,6 +26,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def _variable_type() -> Any:
@@ -140,3 +141,43 @@ def write_back(args: Any, positions: tuple[int, ...], new: tuple) -> None:
             var.set_value(value)
         else:
             var.value = value
+
+
+def snapshot(args: tuple) -> tuple:
+    """`args` as they are now, kept apart from the caller's objects: what `show`'s widget
+    re-runs on when its mode changes. A Flax NNX module is trained in place
+    (`nnx.Optimizer.update` assigns its variables), so a widget re-running on the caller's
+    module showed the gradients of parameters trained since, under the same picture: each
+    NNX object is cloned (`nnx.clone`: its own variables, holding the same arrays, its
+    sharing kept), a NumPy array (which `-=` changes) copied, and every container rebuilt.
+    JAX arrays are immutable: they are kept, not copied."""
+    nnx = sys.modules.get("flax.nnx")
+    is_node = getattr(getattr(nnx, "graph", None), "is_graph_node", None)
+
+    def is_leaf(x: Any) -> bool:
+        return is_node is not None and is_node(x)
+
+    def copy(x: Any) -> Any:
+        if is_leaf(x):
+            return nnx.clone(x)
+        return np.array(x, copy=True) if isinstance(x, np.ndarray) else x
+
+    return tuple(jax.tree_util.tree_map(copy, a, is_leaf=is_leaf) for a in args)
+
+
+DELETED = (
+    "The arguments `show()` was given hold an array deleted since (`{path}`): it was "
+    "donated to a jitted step (`donate_argnums`, `nnx.jit(..., donate_argnums=...)`) or "
+    "deleted by hand, so this widget cannot re-run its inspection in mode '{mode}' on the "
+    "arguments it has shown. Call `sowviz.show(...)` again with the current arguments, or "
+    "train without donating them."
+)
+
+
+def deleted_leaf(args: tuple) -> str | None:
+    """The path of a deleted JAX array among `args`' leaves (`DELETED`), or None."""
+    for path, x in jax.tree_util.tree_flatten_with_path(args)[0]:
+        is_deleted = getattr(x, "is_deleted", None)
+        if isinstance(x, jax.Array) and callable(is_deleted) and is_deleted():
+            return jax.tree_util.keystr(path)
+    return None

@@ -428,7 +428,7 @@ class Monitor:
         """The record of the run's first non-finite step (None: none yet), up to the
         last step taken: steps and flags still waiting to be read are read first."""
         if (self._pending or self._flags) and not self._draining:
-            self.flush()
+            self._flush()
         return self._nonfinite
 
     @property
@@ -450,10 +450,18 @@ class Monitor:
         (a listener reading `history` or the model mid-record gets what is recorded)."""
         waiting = self._pending or self._flags or self._losses or self._losses_read
         if waiting and not self._draining:
-            self.flush()
+            self._flush()
 
     def flush(self) -> None:
         """Read every pending summary and flag and hand them to the views and sinks now."""
+        with self._lock:
+            self._flush()
+            # The user's own flush (a loop's end; not a read of `history` mid-loop): the
+            # view's synced model, what a reloaded page draws, catches up too.
+            if self._view_listener is not None:
+                self._call(self._view_listener, "settle")
+
+    def _flush(self) -> None:
         with self._lock, library_errors("Monitor.flush"):
             was, self._draining = self._draining, True  # (a listener reading `history`)
             try:

@@ -87,6 +87,7 @@ from .nonfinite_messages import (
     equation_name,
     forward_message,
     grads_sentence,
+    input_of,
     input_path,
     loop_fill_message,
     mask_fill_message,
@@ -1310,10 +1311,17 @@ class _Reach:
 
 
 def with_equations(
-    o: Origins, graph: Any, forward: Equation | None, backward: Equation | None
+    o: Origins,
+    graph: Any,
+    forward: Equation | None,
+    backward: Equation | None,
+    into: Any = None,
 ) -> Origins:
     """`o` with the equations `locate` found, named in the messages ("`rsqrt` in
-    `LayerNorm_0` at models.py:112"), each origin's stage path, and `located` set."""
+    `LayerNorm_0` at models.py:112"), each origin's stage path, and `located` set.
+    `into`: the library call (`norm`) holding both the backward origin and the equation
+    its cotangent reaches, which the message names by the call's input, what the user's
+    line passed it, not by that equation (`norm`'s `reduce_sum`)."""
     ix = _Index(graph)
 
     def stage(origin: Origin) -> Any:
@@ -1336,6 +1344,8 @@ def with_equations(
         loops = [ix.nodes[lp] for lp in ix.loops(backward.reaching or target)] if target else []
         at = at_iteration(loops, bwd.iteration)
         reach = f", reaching {stage_name(ix.nodes[target])}{at}" if target else ""
+        if target and into is not None:
+            reach = f", reaching {input_of(into)}{at}"
         from_forward = bwd.message.startswith(FROM_FORWARD)
         name = equation_name(stage(bwd), backward)
         msg = backward_sentence(name, reach, from_forward, in_rule=bool(backward.within))

@@ -24,11 +24,14 @@ from .nonfinite import (
     backward_suspicion,
     cotangent_bad_before,
     find,
+    is_backward_key,
+    is_bad,
     node_flags,
     with_equations,
 )
 from .nonfinite_messages import (
     NONFINITE_GRADS,
+    clipped_derivative_hint,
     derivative_times_zero_hint,
     empty_segment_hint,
     fully_masked_row_hint,
@@ -529,7 +532,10 @@ def locate(
             bwd_eq = _with_call(flow, g, bwd_eq)
             bwd = replace(bwd, node=_stage_of(g, n.id), reaching=_stage_of(g, reach))
             bwd = replace(bwd, candidates=tuple(_stage_of(g, c) for c in cands))
-    out = with_equations(replace(fine, forward=fwd, backward=bwd), g, fwd_eq, bwd_eq)
+    into = None
+    if bwd_eq is not None and bwd_eq.reaching is not None:
+        into = _library_call(flow, g, bwd_eq.reaching, bwd_eq.node)
+    out = with_equations(replace(fine, forward=fwd, backward=bwd), g, fwd_eq, bwd_eq, into)
     flags = node_flags(ins.probes)
     if out.backward is not None and bwd_eq is not None:
         msg = out.backward.message
@@ -581,12 +587,77 @@ def _backward_hint(
         return masked_branch_hint(fwd_eq.primitive)
     value_bad = bwd_eq.node in flags and flags[bwd_eq.node].fwd
     if _mode(opts) == "grad" and not value_bad:
+        kinds = _cotangent_kinds(ins.probes, bwd_eq.reaching)
+        if kinds and "nan" not in kinds:
+            # Its backward made ±Inf only (a nonzero cotangent times sqrt'(0)): no mask
+            # after it zeroed its cotangent, so no `jnp.where` reading its value made the
+            # NaN (jnp.trace's own `where` reads it too); a clip before it did, whose
+            # derivative is 0 where it clipped (0 × Inf): a PSD square root's
+            # `jnp.sqrt(jnp.clip(w, 0.0))` of eigenvalues.
+            clip = _clipped_by(flow, g, bwd_eq.node) if bwd_eq.primitive in _STEEP else None
+            if clip is None:
+                return ""
+            exponent = flow.literal_operand(bwd_eq.node, 1) if bwd_eq.primitive == "pow" else None
+            return clipped_derivative_hint(
+                bwd_eq.primitive, _clip_name(clip), clip.source or _src(g, clip), exponent
+            )
         # Its value is finite, its derivative is not (`sqrt` at exactly 0) and a
         # `jnp.where` masks the value: the masked branch's backward is 0 × Inf = NaN.
         where = _masked_by(traced, g, bwd_eq.node)
         if where is not None:
-            return masked_derivative_hint(bwd_eq.primitive, where.source or _src(g, where))
+            return masked_derivative_hint(
+                bwd_eq.primitive, where.source or _src(g, where), _in_norm(g, bwd_eq.node)
+            )
     return ""
+
+
+def _cotangent_kinds(probes: Sequence[Any], node: str | None) -> frozenset[str]:
+    """Which of NaN, +Inf and -Inf the cotangents probed at `node` hold."""
+    out: set[str] = set()
+    for p in probes:
+        if p.node != node:
+            continue
+        for key, s in p.summaries.items():
+            if is_backward_key(key) and is_bad(s):
+                out |= {k for k in ("nan", "posinf", "neginf") if s.get(k)}
+    return frozenset(out)
+
+
+#: What a clip is made of: `jnp.clip` and `jnp.maximum`/`jnp.minimum` bind `max`/`min`,
+#: whose derivative multiplies the cotangent by a 0/1 mask (0 × Inf = NaN); `lax.clamp`
+#: and `jax.nn.relu` select instead, which drops the Inf.
+_CLIPS = {"max": "jnp.maximum", "min": "jnp.minimum"}
+
+
+def _clipped_by(flow: _Dataflow, graph: Any, node: str, hops: int = 2) -> Any:
+    """The clip (`_CLIPS`, or a call of `jnp.clip` holding one) whose values `node` reads
+    directly or through at most `hops` floating equations; None when there is none."""
+    todo, seen = [(node, 0)], {node}
+    while todo:
+        cur, depth = todo.pop(0)
+        for c in flow.producers(cur):
+            n = graph.node(c)
+            if n.primitive in _CLIPS:
+                # `jnp.clip`'s own `max`: name the call the user's line made
+                parent = graph.node(n.parent) if n.parent is not None else None
+                clip = parent is not None and re.sub(r"#\d+$", "", parent.label) == "clip"
+                return parent if clip else n
+            if n.kind != "eqn" and any(
+                m.primitive in _CLIPS and m.parent == c for m in graph.nodes
+            ):
+                return n  # (a call: `jnp.clip` is a `jit`)
+            if c not in seen and depth < hops and n.kind == "eqn" and _inexact(n):
+                seen.add(c)
+                todo.append((c, depth + 1))
+    return None
+
+
+def _clip_name(clip: Any) -> str:
+    """How the user's line called a clip: `jnp.clip`, `jnp.maximum`, or its box's label."""
+    label = re.sub(r"#\d+$", "", clip.label)
+    if label == "clip":
+        return "jnp.clip"
+    return _CLIPS.get(clip.primitive or "", label)
 
 
 def _in_custom(
@@ -625,6 +696,26 @@ def _in_custom(
         return eq
     source = inner.source or eq.source
     return replace(eq, primitive=inner.primitive, source=source, label="", within=inner.where())
+
+
+def _library_call(flow: _Dataflow, graph: Any, reach: str, made: str) -> Any:
+    """The call of a JAX function the user's line made (`jnp.linalg.norm`) that holds
+    both the equation `reach` and the origin `made`: the cotangent a library's own
+    equation (`norm`'s `reduce_sum`) holds is one of no line the user wrote, so the
+    message names the input of that call instead; None otherwise."""
+    from . import _compat
+    from .graph.names import call_labels
+
+    stage = _stage_of(graph, reach)
+    p = flow.points.get(reach)
+    if stage == reach or stage != _stage_of(graph, made) or p is None:
+        return None
+    if p.kind in ("scope", "input", "output") or len({i for i, _ in p.values}) != 1:
+        return None
+    path = _compat.call_path(flow._jaxpr(p.path).eqns[p.values[0][0]])
+    labels = call_labels(path.names) if path.package == "jax" else ()
+    call = graph.node(stage)
+    return call if labels and re.sub(r"#\d+$", "", call.label) == labels[0] else None
 
 
 def _with_call(flow: _Dataflow, graph: Any, eq: Equation) -> Equation:
@@ -848,9 +939,9 @@ def _masked_by(traced: Any, graph: Any, node: str, hops: int = 3) -> Any:
             if n.primitive == "select_n":
                 return n
             if n.kind != "eqn":  # a call (`jnp.where` is a `jit`): the select inside it
-                inner = [
-                    m for m in graph.nodes if m.primitive == "select_n" and c in _above(graph, m)
-                ]
+                # (its own, not one of a library call it makes: `jnp.trace` masks the
+                # off-diagonal with a `where` that zeroes no cotangent of `node`'s)
+                inner = [m for m in graph.nodes if m.primitive == "select_n" and m.parent == c]
                 if inner:
                     return inner[0]
             if c not in seen and depth < hops and n.kind == "eqn" and _inexact(n):

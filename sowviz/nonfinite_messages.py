@@ -26,6 +26,11 @@ def stage_name(n: Any, label: str | None = None) -> str:
     return f"{_quoted(n.label if label is None else label)}{at}"
 
 
+def input_of(call: Any) -> str:
+    """ "the input of `norm` (file:line)": what a library call's line passed it."""
+    return f"the input of {stage_name(call)}"
+
+
 def _quoted(label: str) -> str:
     return f"`{label}`"
 
@@ -231,11 +236,20 @@ def masked_branch_hint(primitive: str) -> str:
     )
 
 
-def masked_derivative_hint(primitive: str, where: Any = None) -> str:
+def masked_derivative_hint(primitive: str, where: Any = None, in_norm: bool = False) -> str:
     """What to say when an equation's value is finite but its derivative is not (`sqrt`
     at exactly 0) and a `jnp.where` (`where`: its source location) masks the value: the
-    masked branch's cotangent is 0, and 0 × Inf = NaN."""
+    masked branch's cotangent is 0, and 0 × Inf = NaN. `in_norm`: it is
+    `jnp.linalg.norm`'s `sqrt` at a zero vector, which the user never wrote: the fix
+    replaces the `norm` call (as `zero_derivative_hint` says for an unmasked one)."""
     at = f" at {where.file}:{where.line}" if where is not None else ""
+    if in_norm:
+        return (
+            "; the value of `norm` is finite but its derivative is not at a zero vector (a "
+            "distance of 0, as a point's to itself: its `sqrt`'s derivative 0.5 / sqrt(x) is "
+            f"infinite at x = 0), and a `jnp.where`{at} masks the value, not its backward "
+            f"(0 × Inf = NaN). Fix: {NORM_FIX}, or {DOUBLE_WHERE}"
+        )
     return (
         f"; the value of `{primitive}` is finite but its derivative is not (`sqrt`'s at 0, "
         f"`arcsin`'s at 1), and a `jnp.where`{at} masks the value, not its backward "
@@ -310,6 +324,62 @@ DOUBLE_WHERE = (
 )
 
 
+#: The fix for `jnp.linalg.norm` at a zero vector: its `sqrt` is the library's, so the
+#: user replaces the call (tested to give finite gradients equal to plain JAX's wherever
+#: the distance exceeds sqrt(eps)).
+NORM_FIX = (
+    "`jnp.sqrt(jnp.maximum(jnp.sum(d ** 2, axis=-1), eps))` in place of "
+    "`jnp.linalg.norm(d, axis=-1)`"
+)
+
+#: Per primitive whose derivative is infinite at a point where its value is finite: that
+#: derivative and the point, and the clip that keeps its input off that point, as
+#: `clipped_derivative_hint` says them.
+_STEEP_AT = {
+    "sqrt": (
+        "`sqrt`'s derivative 0.5 / sqrt(x) is infinite at x = 0",
+        "`jnp.sqrt(jnp.maximum(x, eps))`",
+    ),
+    "cbrt": (
+        "`cbrt`'s derivative 1 / (3 * cbrt(x) ** 2) is infinite at x = 0",
+        "`jnp.cbrt(jnp.maximum(x, eps))`",
+    ),
+    "asin": (
+        "`arcsin`'s derivative 1 / sqrt(1 - x ** 2) is infinite at x = ±1",
+        "`jnp.arcsin(jnp.clip(x, -1 + eps, 1 - eps))`",
+    ),
+    "acos": (
+        "`arccos`'s derivative -1 / sqrt(1 - x ** 2) is infinite at x = ±1",
+        "`jnp.arccos(jnp.clip(x, -1 + eps, 1 - eps))`",
+    ),
+}
+
+
+def clipped_derivative_hint(
+    primitive: str, clip: str, where: Any = None, exponent: float | None = None
+) -> str:
+    """What to say when an equation's derivative is infinite where its value is finite
+    (`sqrt` at 0) and a clip before it (`clip`: how the user called it, `jnp.clip` or
+    `jnp.maximum`; `where`: its source location) put its input at exactly that point: the
+    clip's backward passes 0 for what it clipped, and 0 × Inf = NaN (`max`'s derivative is
+    a mask times the cotangent). `exponent`: a `pow`'s. The fix clips to a point where the
+    derivative is finite."""
+    at = f" at {where.file}:{where.line}" if where is not None else ""
+    if primitive == "pow" and exponent is not None:
+        what = (
+            f"`x ** {exponent:g}`'s derivative {exponent:g} * x ** {exponent - 1:g} is "
+            "infinite at x = 0"
+        )
+        fix = f"`jnp.maximum(x, eps) ** {exponent:g}`"
+    else:
+        what, fix = _STEEP_AT.get(primitive, _STEEP_AT["sqrt"])
+    return (
+        f"; {what}, where `{clip}`{at} put the values it clipped, and it masks the value, "
+        f"not its backward: its derivative is 0 there, and 0 × Inf = NaN. Fix: clip to where "
+        f"the derivative is finite, {fix}"
+    )
+
+
 def zero_derivative_hint(
     primitive: str, exponent: float | None = None, in_norm: bool = False, held: bool = False
 ) -> str:
@@ -327,10 +397,7 @@ def zero_derivative_hint(
     else:
         what, fix = "`sqrt`'s derivative 0.5 / sqrt(x)", "`jnp.sqrt(jnp.maximum(x, eps))`, or "
     if in_norm:
-        fix = (
-            "`jnp.sqrt(jnp.maximum(jnp.sum(d ** 2, axis=-1), eps))` in place of "
-            "`jnp.linalg.norm(d, axis=-1)`, or "
-        )
+        fix = f"{NORM_FIX}, or "
     at = " (`norm` of a zero vector: a distance of 0, as a point's to itself)" if in_norm else ""
     if held:
         why = (

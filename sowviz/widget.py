@@ -29,7 +29,7 @@ from typing import Any
 import anywidget
 import traitlets
 
-from . import _compat, _model
+from . import _compat, _model, _state
 from ._model import Mode
 from ._program import _title as program_title  # the title `inspect` gives
 from ._progress import Phase, phases
@@ -375,7 +375,9 @@ def show(
     running) and fills in when the model is ready; an error is shown there too, and
     raised. Click a stage for histograms of its primal values, tangents and
     cotangents; switch the mode in the widget to re-run (each mode compiles once;
-    switching back is a cache lookup). `.save_html(path)` exports it.
+    switching back is a cache lookup). Every mode runs on the arguments as they were
+    given (a Flax NNX model trained in place since is not read again; to see it as it
+    is now, call `show` again). `.save_html(path)` exports it.
 
     Once the picture is drawn, the modes in `warm` (default `WARM_MODES`: "all")
     compile in a background thread, so the first switch to one costs a run; `warm=()`
@@ -392,9 +394,15 @@ def show(
     # A mode switch or a background compile runs later, or in another thread, where a
     # `with jax.enable_x64(True):` around this call no longer holds: they re-enter it.
     x64 = _compat.x64_enabled()
+    # Every mode shows the arguments as they are now, not a Flax NNX model trained in
+    # place since (the same mode's picture changed after a few optimizer steps).
+    args = _state.snapshot(args)
 
     # (`show` takes `tangents`, `cotangents` and `argnums` for whichever mode uses them)
     def rerun(new_mode: str) -> Inspection:
+        gone = _state.deleted_leaf(args)
+        if gone is not None:
+            raise ValueError(_state.DELETED.format(path=f"args{gone}", mode=new_mode))
         with _compat.x64(x64), options_for_every_mode():
             return inspect(fn, *args, mode=new_mode, capture=capture, **options)
 

@@ -535,29 +535,50 @@ def _duplicate_message(name: str, a: Site, b: Site, calls: int) -> str:
 
 
 def _first_evaluations(caps: list[Capture], notes: list[str]) -> list[Capture]:
-    """`caps` with one capture per `sow` call and key: the first in program order, the
-    forward pass's. A call captured again with the same key is one traced `sow` that a
-    library evaluates again: a custom derivative rule re-running the function for its
-    derivatives (optimistix's implicit adjoint at the solution), not a second call, so
-    no duplicate name either. Said in `notes` for the user's own sows."""
+    """`caps` with one capture per `sow` call and key, all of one evaluation. A call
+    captured again is one traced `sow` that a library evaluates again (a custom
+    derivative rule re-running the function for its derivatives: optimistix's implicit
+    adjoint at the solution, the adjoint solve of `jax.experimental.ode.odeint`), not a
+    second call, so no duplicate name either. Its primal and derivatives are kept from
+    one evaluation (`Site.evaluation`, `_evaluation_kept`), the first in program order
+    within it; a cotangent is never paired with another evaluation's primal. Said in
+    `notes` for the user's own sows."""
+    groups: dict[int, dict[int, list[Capture]]] = {}
+    for c in caps:
+        if c.site.call >= 0:  # tesseract_jax.sow's calls have no number
+            groups.setdefault(c.site.call, {}).setdefault(c.site.evaluation, []).append(c)
+    chosen = {call: _evaluation_kept(by_eval) for call, by_eval in groups.items()}
     kept: list[Capture] = []
     seen: set[tuple[int, str]] = set()
     again = 0
     for c in caps:
         key = (c.site.call, c.site.mode)
-        if c.site.call >= 0 and key in seen:  # tesseract_jax.sow's calls have no number
+        if c.site.call >= 0 and (key in seen or c.site.evaluation != chosen[c.site.call]):
             again += 1
             continue
         seen.add(key)
         kept.append(c)
     site = caps[0].site
     if again and not site.tag.startswith(RESERVED_TAG_PREFIX):
-        note = EVALUATED_AGAIN.format(
+        later = any(next(iter(groups[k])) != e for k, e in chosen.items())
+        note = (DIFFERENTIATED_AGAIN if later else EVALUATED_AGAIN).format(
             name=site.name, where=site.location or "unknown location", n=again
         )
         if note not in notes:
             notes.append(note)
     return kept
+
+
+def _evaluation_kept(by_eval: dict[int, list[Capture]]) -> int:
+    """The evaluation of one `sow` call whose values its name holds: the first in
+    program order with a cotangent (a gradient reached the value there), else the
+    first. A library's backward rule can evaluate the function again to differentiate
+    it (`odeint`'s adjoint solve), where the forward pass's evaluations have no
+    cotangent: its primal values are then that evaluation's, the cotangent's own."""
+    with_cotangent = [
+        e for e, caps in by_eval.items() if any("cotangent" in c.site.mode for c in caps)
+    ]
+    return with_cotangent[0] if with_cotangent else next(iter(by_eval))
 
 
 EVALUATED_AGAIN = (
@@ -566,6 +587,18 @@ EVALUATED_AGAIN = (
     "(optimistix's implicit adjoint at the solution, an implicit solver for its "
     "Jacobian). Those re-evaluations are left out: {name!r} holds the first one's "
     "values, the forward pass's, and their derivatives."
+)
+
+DIFFERENTIATED_AGAIN = (
+    "sowviz: the sow {name!r} (from {where}) was evaluated more than once by one traced "
+    "call: a library ran the function holding it again to differentiate it (a custom "
+    "derivative rule: the adjoint solve of `jax.experimental.ode.odeint`, optimistix's "
+    "implicit adjoint at the solution). Its cotangent exists only there, so {name!r} "
+    "holds that evaluation: primal values where the library evaluated the function for "
+    "the derivatives (not the forward pass's), and their cotangents. The forward "
+    "pass's evaluations, which have no cotangent, and any other re-evaluations ({n} "
+    "captured value(s)) are left out. To see the forward pass's values, capture "
+    "without differentiating."
 )
 
 

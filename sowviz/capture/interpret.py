@@ -119,6 +119,7 @@ def site_of(eqn) -> Site:
             call=p["index"],
             location=sow_location(eqn),
             vmapped=p.get("vmapped", ()),
+            evaluation=p.get("evaluation", 0),
         )
     import jax  # tesseract_jax.sow: one leaf per operand, its treedef recorded aside
 

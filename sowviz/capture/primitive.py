@@ -121,14 +121,31 @@ def _bind_part(xs, keep, leaves, zeros, **params) -> list:
     return out
 
 
-def _jvp(primals, tangents, *, mode, leaves, zeros, **params):
-    outs = sow_p.bind(*primals, mode=(*mode, "P"), leaves=leaves, zeros=zeros, **params)
+def _jvp(primals, tangents, *, mode, leaves, zeros, evaluation=0, **params):
+    # The first JVP to reach this bind numbers the evaluation its primal and tangent
+    # (and so the cotangent, which transpose keeps it for) belong to; an outer one
+    # keeps it. A traced `sow` a library evaluates again for its derivatives (a
+    # `custom_vjp`'s backward rule re-running `jax.vjp` of the function) gets a number
+    # of its own there, so `api` never pairs its cotangent with another evaluation's
+    # primal.
+    evaluation = evaluation or _next_index()
+    outs = sow_p.bind(
+        *primals, mode=(*mode, "P"), leaves=leaves, zeros=zeros, evaluation=evaluation, **params
+    )
     keep, new_zeros = _split_zeros(tangents, leaves, untangent=True)
     if not keep:
         # No leaf is perturbed: JAX itself skips the JVP of such values, so no
         # tangent is recorded (as for a sow of `lax.stop_gradient(x)`).
         return outs, list(tangents)
-    tans = _bind_part(tangents, keep, leaves, zeros + new_zeros, mode=(*mode, "T"), **params)
+    tans = _bind_part(
+        tangents,
+        keep,
+        leaves,
+        zeros + new_zeros,
+        mode=(*mode, "T"),
+        evaluation=evaluation,
+        **params,
+    )
     return outs, tans
 
 
@@ -138,7 +155,9 @@ def _jvp(primals, tangents, *, mode, leaves, zeros, **params):
 READ_BEFORE_SOWN: set[int] = set()
 
 
-def _transpose(cts, *operands, name, tag, mode, treedef, leaves, zeros, index, vmapped):
+def _transpose(
+    cts, *operands, name, tag, mode, treedef, leaves, zeros, index, vmapped, evaluation=0
+):
     del operands
     if "T" not in mode:  # a primal sow is not linear; JAX never asks for this
         raise ValueError(f"sow {name!r}: transpose of a non-tangent value (roles {mode})")
@@ -156,6 +175,7 @@ def _transpose(cts, *operands, name, tag, mode, treedef, leaves, zeros, index, v
         treedef=treedef,
         index=index,
         vmapped=vmapped,
+        evaluation=evaluation,
     )
 
 
@@ -279,6 +299,7 @@ def sow(value: Any, name: str, *, tag: str = "intermediates") -> Any:
         zeros=(),
         index=_next_index(),
         vmapped=(),
+        evaluation=0,  # not differentiated (yet): `_jvp` numbers it
     )
     _compat.sow_traced()
     return jax.tree_util.tree_unflatten(treedef, outs)

@@ -32,6 +32,9 @@ class Site:
     axes: tuple[str, ...] = ()  # leading axes added by enclosing constructs, outermost first
     # the vmaps that batched the value, outermost first (`primitive.sow_p`'s `vmapped`)
     vmapped: tuple[str, ...] = ()
+    # the differentiated evaluation of the `sow` call the values come from (its primal
+    # and derivatives share it; `primitive._jvp`), 0 for one never differentiated
+    evaluation: int = 0
 
 
 @dataclass

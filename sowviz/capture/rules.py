@@ -336,7 +336,11 @@ def _backward_kept(captures: list) -> list:
     for c in captures:
         if "cotangent" not in c.site.mode.split("."):
             continue
-        kept.append(replace(c, meta={k: v for k, v in c.meta.items() if k != "taken"}))
+        # row i is the forward loop's step i: one evaluation with the forward loop's
+        # rows (a `custom_vjp`'s forward pass, never differentiated), which `api`
+        # pairs with these cotangents (`api._first_evaluations`)
+        site = replace(c.site, evaluation=0)
+        kept.append(replace(c, site=site, meta={k: v for k, v in c.meta.items() if k != "taken"}))
     return kept
 
 
