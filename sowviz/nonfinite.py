@@ -1274,21 +1274,27 @@ class _Reach:
         out = n in ix.outputs or any(self.bad_for(t, n) and self(t) for t in targets)
         parent = ix.nodes[n].parent
         if not out and parent is not None and parent != ix.graph.root:
-            explained = targets and any(c != n for c in self.explaining(parent))
-            out = not self.finite(parent) and not explained and self(parent)
+            # (in a loop, judged at `n`'s first non-finite iteration: a stage finite then
+            # did not pass `n`'s values on, and a sibling non-finite only later does not
+            # explain the stage's: a NaN from iteration 1 does not explain the +Inf that a
+            # `jax.grad` in the loop's body made at iteration 0, `norm`'s derivative at 0)
+            explained = targets and any(
+                c != n and self.bad_for(c, n) for c in self.explaining(parent)
+            )
+            out = self.bad_for(parent, n) and not explained and self(parent)
         elif not out and not targets:
             out = True  # read by nothing we know of at the top level: unknown
         self.memo[n] = out
         return out
 
     def explaining(self, parent: str) -> list[str]:
-        """Two of `parent`'s children (at most) holding non-finite values that nothing
-        inside it reads: its values, which explain its own being non-finite."""
+        """`parent`'s children holding non-finite values that nothing inside it reads:
+        its values, which explain its own being non-finite (in a loop, from each one's
+        first non-finite iteration on)."""
         if parent not in self.explain:
             flags, out = self.flags, self.ix.out
             holds = (c for c in self.children.get(parent, ()) if c not in out)
-            bad = (c for c in holds if c in flags and flags[c].fwd)
-            self.explain[parent] = [c for _, c in zip(range(2), bad, strict=False)]
+            self.explain[parent] = [c for c in holds if c in flags and flags[c].fwd]
         return self.explain[parent]
 
     def masker(self, n: str) -> str | None:
@@ -1346,8 +1352,15 @@ def with_equations(
         reach = f", reaching {stage_name(ix.nodes[target])}{at}" if target else ""
         if target and into is not None:
             reach = f", reaching {input_of(into)}{at}"
+        box = stage(bwd)
+        inside = bwd.reaching == bwd.node and box is not None and box.id != backward.node
+        if inside and box.label == backward.primitive:
+            # (the box of a `jnp.linalg.eigh` call, named as its primitive: the equation
+            # reached is that call's plumbing, `(a + a.T) / 2`, no line of the program;
+            # the gradients named after it say where the NaN lands)
+            reach = at
         from_forward = bwd.message.startswith(FROM_FORWARD)
-        name = equation_name(stage(bwd), backward)
+        name = equation_name(box, backward)
         msg = backward_sentence(name, reach, from_forward, in_rule=bool(backward.within))
         _, grads, said = bwd.message.partition(NONFINITE_GRADS)  # kept, as `EARLIER` is
         msg += grads + said

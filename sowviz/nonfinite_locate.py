@@ -32,6 +32,7 @@ from .nonfinite import (
 from .nonfinite_messages import (
     NONFINITE_GRADS,
     clipped_derivative_hint,
+    degenerate_spectrum_hint,
     derivative_times_zero_hint,
     empty_segment_hint,
     fully_masked_row_hint,
@@ -545,8 +546,12 @@ def locate(
         elif not out.backward.follows_forward and not bwd_eq.within:
             # `sqrt`'s backward at exactly 0, no `jnp.where` masking it (`jnp.linalg.norm`
             # of a point's distance to itself): why and the fix, before the gradients
+            # (`eigh`/`svd` of repeated eigenvalues: their vectors' 1 / (λi − λj))
+            why = _zero_derivative(flow, g, bwd_eq, held=False) or degenerate_spectrum_hint(
+                bwd_eq.primitive
+            )
             head, grads, said = msg.partition(NONFINITE_GRADS)
-            msg = head + _zero_derivative(flow, g, bwd_eq, held=False) + grads + said
+            msg = head + why + grads + said
         out = with_message(replace(out, backward=replace(out.backward, message=msg)))
     if out.forward is not None and fwd_eq is not None:
         # A `jax.grad` inside the program (forces as -grad(energy)): the forward values

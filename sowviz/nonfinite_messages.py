@@ -215,6 +215,8 @@ def equation_name(stage: Any, eq: Equation) -> str:
     called, when no box is named by it (`Equation.call`)."""
     at = f" at {eq.source.file}:{eq.source.line}" if eq.source is not None else ""
     inside = f" in {_quoted(stage.label)}" if stage is not None and stage.id != eq.node else ""
+    if stage is not None and stage.label == eq.primitive and eq.label in ("", eq.primitive):
+        inside = ""  # (the box of a `jnp.linalg.eigh` call holding its `eigh`: no "X in X")
     if eq.within:  # an equation of a custom function or its rules: "in the JVP rule of `f`"
         inside = f" in {eq.within}"
     name = f"`{eq.primitive}`"
@@ -436,6 +438,36 @@ def mask_fill_message(n: Any, kinds: frozenset[str], at: str = "") -> str:
         "(a mask made per step, `jnp.where(mask, s, -jnp.inf)` before a softmax, as a "
         "decoder's causal mask is), as the program means them"
     )
+
+
+def degenerate_spectrum_hint(primitive: str) -> str:
+    """What to say when the backward of `eigh` or `svd` made the NaN/Inf of a finite
+    cotangent: its vectors' derivative divides by the differences of the eigenvalues,
+    1 / (λi − λj) (`svd`: of the squared singular values), infinite where two are equal
+    (`eigh` of the identity), the classic trap. Each fix named is tested to give finite
+    gradients equal to plain JAX's; a loss invariant to the basis of a repeated
+    eigenvalue's eigenspace is no fix: JAX's rule still multiplies its 0 by Inf. "" for
+    any other equation."""
+    if primitive == "eigh":
+        return (
+            "; the gradient of `eigh`'s eigenvectors divides by the differences of its "
+            "eigenvalues, 1 / (λi − λj), and two are equal (repeated eigenvalues: the "
+            "identity's, or a matrix's with a symmetry), so it is undefined there. Fix: if the "
+            "loss needs only the eigenvalues, `jnp.linalg.eigvalsh(a)` (their gradient is "
+            "defined there); else break the tie with a small distinct diagonal, "
+            "`jnp.linalg.eigh(a + jnp.diag(eps * jnp.arange(a.shape[-1])))`, or give the "
+            "eigendecomposition a `jax.custom_jvp` whose 1 / (λi − λj) is 0 where λi = λj"
+        )
+    if primitive == "svd":
+        return (
+            "; the gradient of `svd`'s singular vectors divides by the differences of the "
+            "squared singular values, 1 / (σj² − σi²), and two are equal (repeated singular "
+            "values, as an orthogonal matrix's, or two zero ones), so it is undefined there. "
+            "Fix: if the loss needs only the singular values, `jnp.linalg.svdvals(x)` (their "
+            "gradient is defined there); else break the tie with a small distinct diagonal, "
+            "`jnp.linalg.svd(x + jnp.diag(eps * jnp.arange(x.shape[-1])), full_matrices=False)`"
+        )
+    return ""
 
 
 def with_message(o: Origins) -> Origins:

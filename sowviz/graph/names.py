@@ -31,6 +31,7 @@ from .source_text import (
     assigned_by_transform,
     called_alone,
     calls_from_module,
+    derivative_alone,
     is_return,
     names_string,
     operand_text,
@@ -799,11 +800,23 @@ def _fold_around_calls_back(
         a = around[i][0] if hidden[i] else i
         return facts.passes[a] if a is not None and a < len(facts.passes) else 0
 
-    # outside, a called-back equation is no module call, primitive, re-entry nor stage
+    def outer_module_call(i: int) -> bool:
+        # A called-back equation is on its neighbours' line (`outer_loc`), so it is at
+        # the call of their module when they are: Equinox's `MultiheadAttention` calling
+        # the user's `process_heads` back was else folded by the caller's line (`x = x +
+        # self.attn(...)`), a box `x` inside `attn` around `process_heads`.
+        assert at_module_call is not None
+        if not hidden[i]:
+            return at_module_call(i)
+        a, b = around[i]
+        m = a if a is not None else b
+        return m is not None and at_module_call(m)
+
+    # outside, a called-back equation is no primitive, re-entry nor stage
     outside = dataclasses.replace(
         facts,
         call_path=outer_path if call_path is not None else None,
-        at_module_call=at_module_call and (lambda i: not hidden[i] and at_module_call(i)),
+        at_module_call=at_module_call and outer_module_call,
         primitives=[("" if hidden[i] else p) for i, p in enumerate(facts.primitives)],
         reentry=reentry and (lambda i: None if hidden[i] else reentry(i)),
         stages=[(None if hidden[i] else s) for i, s in enumerate(facts.stages)],
@@ -2188,7 +2201,7 @@ def fold_derivative_lines(
     box's work alone (`y = jax.vmap(f)(x)`, `h = self.layer(x)`) is left as it is: its
     box is named already. Such a line inside such a call is a box inside its box."""
     out = list(names)
-    memo: dict[_compat.SourceLocation, tuple[tuple[str, str, int], str] | None] = {}
+    memo: dict[_compat.SourceLocation, tuple[tuple[str, str, int], str, bool] | None] = {}
     lines = [_derivative_lines(sites(i), memo) for i in range(len(names))]
     for rank in range(max(map(len, lines), default=0)):
         i = 0
@@ -2199,16 +2212,18 @@ def fold_derivative_lines(
             j = i + 1
             while j < len(out) and lines[j][: rank + 1] == lines[i][: rank + 1]:
                 j += 1
-            _box_run(out, range(i, j), lines[i][rank][1], i)
+            _, label, alone = lines[i][rank]
+            _box_run(out, range(i, j), label, i, alone)
             i = j
     return out
 
 
 def _derivative_lines(
     sites: Sequence[_compat.SourceLocation | None],
-    memo: dict[_compat.SourceLocation, tuple[tuple[str, str, int], str] | None],
-) -> tuple[tuple[tuple[str, str, int], str], ...]:
-    """The lines among `sites` that take a derivative, with what each assigns; `memo`:
+    memo: dict[_compat.SourceLocation, tuple[tuple[str, str, int], str, bool] | None],
+) -> tuple[tuple[tuple[str, str, int], str, bool], ...]:
+    """The lines among `sites` that take a derivative, with what each assigns and
+    whether it gets the derivative alone (`source_text.derivative_alone`); `memo`:
     each site's answer so far (a level's equations share a few sites, and reading one
     joins its file's lines)."""
     found = []
@@ -2220,28 +2235,57 @@ def _derivative_lines(
             label = assigned_by_transform(site.file, line)
             # (a call's site has the file's full path, an equation's own line may not)
             key = (os.path.basename(site.file), site.function, line)
-            memo[site] = None if label is None else (key, label)
+            alone = label is not None and derivative_alone(site.file, line)
+            memo[site] = None if label is None else (key, label, alone)
         if memo[site] is not None:
             found.append(memo[site])
     return tuple(found)
 
 
-def _box_run(out: list[tuple[str, ...]], run: range, label: str, tag: int) -> None:
+def _box_run(out: list[tuple[str, ...]], run: range, label: str, tag: int, alone: bool) -> None:
     """Wrap the equations of `run` in one box `label`, below the scopes they all share,
     around the items under them; not when it holds one item alone (the box would
     restate it), nor when no other work there evaluates the functions it calls: a
     train step's `loss`, `loss (backward)` say what they are without a box `loss,
-    grads` around them. The line's own fold, labelled alike, is the box itself."""
+    grads` around them. The line's own fold, labelled alike, is the box itself. A line
+    that gets the derivative alone (`alone`: `jax.grad`, not `jax.value_and_grad`)
+    and whose own fold has the functions' work after it is always a box
+    (`_own_fold_inside`)."""
     prefix = _common_prefix([out[m] for m in run])
     depth = len(prefix)
     items = {out[m][depth] if len(out[m]) > depth else m for m in run}
-    if len(items) < 2 or not _called_elsewhere(out, run, prefix):
+
+    def own(t: tuple[str, ...]) -> bool:
+        return len(t) > depth and t[depth].startswith(FOLD) and fold_label(t[depth]) == label
+
+    if len(items) < 2:
+        return
+    inside = alone and _own_fold_inside(out, run, own)
+    if not inside and not _called_elsewhere(out, run, prefix):
         return
     box = f"{FOLD}{label}\x01d{tag}"
     for m in run:
         t = out[m]
-        own = len(t) > depth and t[depth].startswith(FOLD) and fold_label(t[depth]) == label
-        out[m] = (*t[:depth], box, *t[depth + own :])
+        out[m] = (*t[:depth], box, *t[depth + own(t) :])
+
+
+def _own_fold_inside(
+    out: Sequence[tuple[str, ...]], run: range, own: Callable[[tuple[str, ...]], bool]
+) -> bool:
+    """Whether the line's own fold (`own`) has work of the line's calls after it: it is
+    then the differentiated function's own work (a lambda's), not the derivative the
+    line assigns. `force = jax.grad(lambda R: -energy(R))` folds the lambda's `neg`
+    (and its transpose) by that line, between `energy` and `energy (backward)`: a box
+    `force` of the scalar -E stood beside the forces, which came out of `energy
+    (backward)`. A Hessian's unravelling (`H = jax.hessian(loss)(...)`) comes last: it
+    is the derivative, and its `loss`, `loss (backward)` stay beside it."""
+    seen = False
+    for m in run:
+        if own(out[m]):
+            seen = True
+        elif seen:
+            return True
+    return False
 
 
 def _common_prefix(names: Sequence[tuple[str, ...]]) -> tuple[str, ...]:

@@ -750,6 +750,31 @@ def _takes_derivative(expr: ast.expr) -> bool:
     return name in _WRAPPERS and bool(expr.args) and _takes_derivative(expr.args[0])
 
 
+#: Derivative transforms whose result is the derivative alone (`jax.value_and_grad`,
+#: `jax.jvp`, `jax.vjp` and `jax.linearize` return the function's value with it)
+_DERIVATIVE_ALONE = frozenset({"grad", "jacfwd", "jacrev", "jacobian", "hessian"})
+
+
+def derivative_alone(file: str, line: int) -> bool:
+    """Whether the derivative the statement at `file:line` takes (`assigned_by_transform`)
+    is all it gets: `force = jax.grad(lambda R: -energy(R))` gets no value of the
+    lambda, `loss, g = jax.value_and_grad(lambda q: f(q) + h(q))(q)` gets `loss`."""
+    statements = _statements_at("".join(linecache.getlines(file)), line)
+    if len(statements) != 1 or not isinstance(statements[0], (ast.Assign, ast.AnnAssign)):
+        return False
+    value = statements[0].value
+    if not isinstance(value, ast.Call):
+        return False
+    expr: ast.expr = value if _takes_derivative(value) else value.func
+    while isinstance(expr, ast.Call):
+        func = expr.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if name not in _WRAPPERS or not expr.args:
+            return name in _DERIVATIVE_ALONE
+        expr = expr.args[0]  # (`jax.vmap(jax.grad(f))`: the transform it passes through)
+    return False
+
+
 def returns_one_value(file: str, line: int) -> bool:
     """Whether the `return` statement at `file:line` returns one value (`logits[:, -1]`,
     `jnp.sum(nll * mask) / jnp.sum(mask)`), not several (`toks[order], s[order]`)."""
