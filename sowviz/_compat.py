@@ -2611,3 +2611,26 @@ def checkify_wrapped(fn: Any) -> Any | None:
 #: The primitive `checkpoint_name` binds (`checkpoint_name_of`), as `graph.names` reads
 #: an equation's primitive.
 CHECKPOINT_NAME = _CHECKPOINT_NAME
+
+
+# ---------------------------------------------------------------------------
+@contextlib.contextmanager
+def linen_hooks(record: Any) -> Iterator[None]:
+    """`record(label, out)` for the result `out` of each Flax Linen module method call
+    while the block runs (a method interceptor, `nn.intercept_methods`, in this thread),
+    `label` being the scope Linen pushes around the call: the module's name or class,
+    and the method's name after it but for `__call__` (Flax 0.10-0.12's
+    `_derive_profiling_name`)."""
+    from flax import linen
+
+    def interceptor(next_fun: Any, args: tuple, kwargs: dict, context: Any) -> Any:
+        out = next_fun(*args, **kwargs)
+        method = context.method_name
+        if method != "setup":  # (returns nothing; Linen pushes no scope of it either)
+            module = context.module
+            label = module.name or type(module).__name__
+            record(label if method == "__call__" else f"{label}.{method}", out)
+        return out
+
+    with linen.intercept_methods(interceptor):
+        yield

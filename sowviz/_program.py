@@ -298,14 +298,19 @@ class Traced:
     def _rewritten(self, kind: str) -> Callable[..., list]:
         found = self._instrumented.get(kind)
         if found is None:  # two threads may both build it: the same program either way
-            live = None
-            if kind == "reverse":
-                n_outs = len(self.closed.out_avals)
-                live = live_values(self.closed, [k < self.n_out for k in range(n_outs)])
+            live = self.live if kind == "reverse" else None
             points = self.graph.probe_points
             found = instrument(self.closed, points, tag=PROBE_TAG, detached=live)
             self._instrumented[kind] = found
         return found
+
+    @functools.cached_property
+    def live(self) -> dict | None:
+        """Per sub-program path, the values that reach `fn`'s output (`_liveness`): the
+        probes of the others are sown beside the data flow in grad and vjp modes, and
+        their panels say so (`inspection.no_cotangent_reasons`)."""
+        n_outs = len(self.closed.out_avals)
+        return live_values(self.closed, [k < self.n_out for k in range(n_outs)])
 
     def probed_for(self, mode: Mode | str) -> Callable[[list], Any]:
         """`probed` for a program of `mode`. In grad and vjp modes the values that do not

@@ -62,6 +62,9 @@ class Probe:
     auto: bool
     #: per capture key: a `Summary`, or a `SummaryRow` (a row of a stacked one)
     typed_summaries: dict[str, Summary | SummaryRow]
+    #: why a stage probe has no cotangent in a mode that computes them
+    #: (`no_cotangent_reasons`): `"unreached"` or `"independent"`; None otherwise
+    no_cotangent: str | None = None
 
     @cached_property
     def summaries(self) -> dict[str, dict[str, Any]]:
@@ -69,7 +72,7 @@ class Probe:
         return {k: s.to_json() for k, s in self.typed_summaries.items()}
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "id": self.id,
             "name": self.name,
             "leaf": self.leaf,
@@ -77,6 +80,9 @@ class Probe:
             "auto": self.auto,
             "summaries": self.summaries,
         }
+        if self.no_cotangent is not None:
+            d["no_cotangent"] = self.no_cotangent
+        return d
 
 
 def join_probes(
@@ -127,7 +133,8 @@ def join_probes(
     order = {n.id: n.order for n in graph.nodes}
     # (a stage's state writes after what its call returns: the panel opens on its first)
     found.sort(key=lambda f: (order.get(f[2], 0), not f[3], f[0], _written(f[1]), _leaf_key(f[1])))
-    probes = [Probe(f"p{i}", *f) for i, f in enumerate(found)]
+    why = no_cotangent_reasons(traced, found, mode)
+    probes = [Probe(f"p{i}", *f, no_cotangent=why.get((f[2], f[1]))) for i, f in enumerate(found)]
     for p in probes:
         missing = [m for m in mode.keys if m not in p.typed_summaries]
         if missing and not p.auto and not own(p.name):
@@ -137,6 +144,55 @@ def join_probes(
                 "that computes it."
             )
     return probes, notes
+
+
+def no_cotangent_reasons(traced: Traced, found: Sequence[_Found], mode: Mode) -> dict:
+    """Why each stage probe of `found` that has no cotangent in `mode` has none, by
+    (node, leaf): `"unreached"`, its value does not reach the differentiated output (an
+    aux the loss never reads: its gradient is zero, and it is probed beside the data
+    flow, `Traced.probed_for`), or `"independent"`, it does (no tangent reaches it: it
+    does not depend on the differentiated arguments, or a custom derivative rule
+    replaced the code that computes it). The panel said the latter of both: a Flax
+    Linen encoder's sown outputs, which depend on every parameter, read as detached."""
+    if "cotangent" not in mode.keys:
+        return {}
+    lacking = {(f[2], f[1]) for f in found if f[3] and "cotangent" not in f[4]}
+    live = traced.live if lacking else None
+    if live is None:  # (none lacks one, or a program of mutable references: not known)
+        return {}
+    points = {p.node: p for p in traced.graph.probe_points}
+    levels: dict[tuple, Any] = {}
+    out = {}
+    for node, leaf in lacking:
+        p = points.get(node)
+        leaves = _point_leaves(p) if p is not None else []
+        if leaf not in leaves:
+            continue
+        i, k = p.values[leaves.index(leaf)]
+        if p.path not in levels:
+            levels[p.path] = _level(traced.closed, p.path)
+        j = levels[p.path]
+        made = j.invars if i == -1 else j.eqns[i].outvars
+        out[(node, leaf)] = "independent" if made[k] in live.get(p.path, ()) else "unreached"
+    return out
+
+
+def _point_leaves(p: Any) -> list[str]:
+    """The leaf paths of a probe point's values, in order, as its probes name them: a
+    bare array's `""`, a list's `[k]`, a dict's `['name']` (`graph.instrument`'s sow;
+    `_whole_points` for a point sown `apart`)."""
+    if p.names:
+        return [jax.tree_util.keystr((jax.tree_util.DictKey(n),)) for n in p.names]
+    return [""] if len(p.values) == 1 else [f"[{k}]" for k in range(len(p.values))]
+
+
+def _level(closed: Any, path: tuple) -> Any:
+    """The jaxpr a probe point's `path` leads to."""
+    j = _compat.jaxpr_and_consts(closed)[0]
+    for i, param, index in path:
+        val = j.eqns[i].params[param]
+        j = _compat.jaxpr_and_consts(val if index is None else val[index])[0]
+    return j
 
 
 def _own_sow(names: frozenset[str]) -> Callable[[str], bool]:

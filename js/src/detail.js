@@ -393,12 +393,20 @@ export class DetailPanel {
  * has one, or the run computes none): the gradient sends nothing back to a value the
  * differentiated arguments do not reach (a forces model's `pair_distance`, of the
  * positions only, under a gradient w.r.t. the parameters). Its box was grey with only
- * "primal" in the panel, and nothing said why.
- * @param {{modes?: string[]}} model @param {{summaries: Record<string, any>}} probe */
+ * "primal" in the panel, and nothing said why. Python says which of two reasons it is
+ * (`no_cotangent`): a value that does not reach the differentiated output (an aux the
+ * loss never reads, a Flax Linen `self.sow` of an encoder's outputs) depends on the
+ * arguments all the same, and read as detached from them; an older model says neither.
+ * @param {{modes?: string[]}} model
+ * @param {{summaries: Record<string, any>, no_cotangent?: string}} probe */
 export function noCotangentNote(model, probe) {
   const primal = probe.summaries.primal;
   if (!model.modes?.includes("cotangent") || probe.summaries.cotangent || !primal) return "";
   if (primal.dtype && !/^(float|bfloat|complex)/.test(primal.dtype)) return "";
+  if (probe.no_cotangent === "unreached") {
+    return "No cotangent: this value does not reach the differentiated output, so its gradient is zero " +
+      "(it may still depend on the differentiated arguments; it is probed beside the program's data flow).";
+  }
   return "No cotangent: this value does not depend on the differentiated arguments " +
     "(or a custom derivative rule replaced the code that computes it), so the gradient sends nothing back to it.";
 }

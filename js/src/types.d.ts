@@ -126,6 +126,10 @@ export interface Edge {
 export interface Probe {
   id: string; name: string; leaf: string; node: string; auto: boolean;
   summaries: Record<string, Summary>;
+  /** optional: why a stage probe has no cotangent in a mode computing them: "unreached"
+   * (its value does not reach the differentiated output: its gradient is zero) or
+   * "independent" (no tangent reaches it); absent otherwise, and in older models */
+  no_cotangent?: "unreached" | "independent";
 }
 
 export interface History {

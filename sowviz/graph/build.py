@@ -1167,6 +1167,10 @@ class _Builder(InputsMixin):
                     for k in range(len(eqn.outvars))
                     if vjp or forwarded_operand(eqn, k, self.forwarding) is None
                 ]
+                # numbered as its type lists them (`eqn_node`: what the program reads
+                # first): a scan's panel read "shape float32[4,2], float32[5], …" beside
+                # "output [1]", which was its second carry, not the `float32[5]` values
+                made.sort(key=lambda k: eqn.outvars[k] not in used)
                 if made:
                     self.point(rec, path, [(i, k) for k in made], [eqn.outvars[k] for k in made])
             if rec.kind == "eqn" and len(self.points) > points_before:

@@ -192,12 +192,23 @@ def _haiku() -> bool:
     return "haiku" in sys.modules
 
 
+def _linen() -> bool:
+    return "flax.linen" in sys.modules
+
+
 def named(fn: Callable) -> Callable:
     """`fn` whose NNX / Equinox module calls run inside named scopes of their paths, and
     whose NumPyro models, sites and distributions inside scopes of their names
     (`numpyro_sites`); Haiku's module calls, which push their scopes themselves, are
-    recorded (`_Context.haiku_call`)."""
-    if _nnx() is None and _eqx() is None and not numpyro_sites.present() and not _haiku():
+    recorded (`_Context.haiku_call`), and so are the results of Flax Linen's, which push
+    theirs too (`_linen_hooks`)."""
+    if (
+        _nnx() is None
+        and _eqx() is None
+        and not numpyro_sites.present()
+        and not _haiku()
+        and not _linen()
+    ):
         return fn
 
     names = positional_names(fn)
@@ -210,7 +221,7 @@ def named(fn: Callable) -> Callable:
         _install()
         run = None
         try:
-            with numpyro_sites.tracing() as run, _haiku_hooks(ctx):
+            with numpyro_sites.tracing() as run, _haiku_hooks(ctx), _linen_hooks(ctx):
                 return fn(*args, **kwargs)
         finally:
             _ACTIVE.reset(token)
@@ -1017,6 +1028,18 @@ def _haiku_hooks(ctx: _Context) -> contextlib.AbstractContextManager:
     if not _haiku():
         return contextlib.nullcontext()
     return _compat.haiku_hooks(ctx.haiku_call, ctx.haiku_set)
+
+
+def _linen_hooks(ctx: _Context) -> contextlib.AbstractContextManager:
+    """A Flax Linen method interceptor noting each module call's result under the scope
+    Linen pushes for it (`_Context.note_returns`), active while `fn` runs; nothing without
+    Linen imported. With `capture_intermediates=True` (or a `self.sow` in a submodule)
+    every submodule's result leaves the module's stage too, made before its own: in
+    program order `self_attn`'s output `[0]` was its `query` projection, not the
+    attention it returns."""
+    if not _linen():
+        return contextlib.nullcontext()
+    return _compat.linen_hooks(ctx.note_returns)
 
 
 def _install() -> None:
