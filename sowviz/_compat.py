@@ -2634,3 +2634,34 @@ def linen_hooks(record: Any) -> Iterator[None]:
 
     with linen.intercept_methods(interceptor):
         yield
+
+
+# ---------------------------------------------------------------------------
+# --- added by graph (round 16): PRNG key plumbing nothing reads (graph/saved.py's
+# `dead_keys`). Typed keys (`key<fry>[]`, `jax.dtypes.prng_key`: JAX 0.4.16 and later)
+# and the primitives that make, split or retype keys.
+_KEY_MAKERS = frozenset({"random_seed", "random_split", "random_fold_in", *KEY_CASTS})
+
+
+def handles_keys(eqn: JaxprEqn, keyed: Any = ()) -> bool:
+    """Whether `eqn` only makes, splits, retypes or reshapes PRNG keys: a key primitive
+    (`random_seed`, `random_split`, `random_fold_in`, a wrap or unwrap), an equation all
+    of whose results are typed keys (`unstack` of a split's keys), or one whose operands
+    are all such equations' results (`keyed`: a raw `uint32[2]` key's slices). Not a
+    draw (`draws_from_key`), nor anything with an effect or a body."""
+    if eqn.effects or next(sub_jaxprs(eqn), None) is not None or draws_from_key(eqn):
+        return False
+    if eqn.primitive.name in _KEY_MAKERS:
+        return True
+
+    def is_key(v: Any) -> bool:
+        dtype = getattr(getattr(v, "aval", None), "dtype", None)
+        try:
+            return dtype is not None and bool(jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key))
+        except TypeError:  # (a dtype NumPy cannot compare, such as `float0`)
+            return False
+
+    if eqn.outvars and all(map(is_key, eqn.outvars)):
+        return True
+    operands = [v for v in eqn.invars if isinstance(v, Var)]
+    return bool(operands) and all(v in keyed for v in operands)

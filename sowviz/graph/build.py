@@ -63,13 +63,20 @@ from .saved import (
     NEW,
     REUSED,
     SAVED,
+    dead_keys,
     leaf_names,
     readers,
     saved_for_backward,
     saved_note,
     unread_constants,
+    written_label,
 )
-from .source_text import parameters_and_unpackings, returned_place, unpacked_arg_names
+from .source_text import (
+    parameters_and_unpackings,
+    returned_place,
+    statement_line,
+    unpacked_arg_names,
+)
 from .tesseract import output_names, tesseract_label
 
 _CAPTURES = ("sows", "stages", "all")
@@ -927,7 +934,7 @@ class _Builder(InputsMixin):
             backward[i], transforms[i] = backward[j], transforms[j]
         # Not drawn: constants nobody reads, and the seeds that `jax.jacfwd` / `jax.hessian`
         # build (`seeds`); each takes the place of what follows it.
-        unread = sorted({*unread_constants(jaxpr, used), *self.seeds(jaxpr)})
+        unread = sorted({*unread_constants(jaxpr, used), *self.seeds(jaxpr), *dead_keys(jaxpr)})
         stand_in = list(range(len(jaxpr.eqns)))  # whose library calls each one's are
         for i in reversed(unread):
             if i + 1 < len(scoped):
@@ -1001,6 +1008,7 @@ class _Builder(InputsMixin):
             draws=[_compat.draws_from_key(e) for e in jaxpr.eqns],
             outside=[_compat.on_traced_lambda_line(jaxpr.eqns[m]) for m in stand_in],
             library_jits=[_library_jit(e) for e in jaxpr.eqns],
+            writes=self.write_lines(jaxpr, scoped),
         )
         # (`u_t = jax.grad(model)(t, x)`: one box `u_t` around the calls the grad made)
         level_names = fold_derivative_lines(
@@ -1866,6 +1874,44 @@ class _Builder(InputsMixin):
             path = next((paths[n] for n in names if n in paths), None)
             if path is not None:
                 out[v] = path
+        return out
+
+    def write_lines(self, jaxpr: Any, scoped: Sequence[tuple[str, ...]]) -> list[str | None]:
+        """Per equation of `jaxpr`'s level, the run it is in of a module's own statement
+        making a value that the module, whose scope holds the statement directly,
+        assigns to one of its variables (`frameworks.named` records them): the label of
+        that run's box, its variable's name (`mean (new)`: Flax's `ra_mean.value =
+        momentum * ra_mean.value + (1 - momentum) * mean`), and the run's key; else None.
+        The run ends at the equation making the value and goes back over the equations
+        of the same statement in the same scope (`fold_names`' `writes`)."""
+        out: list[str | None] = [None] * len(jaxpr.eqns)
+        if not self.writes:
+            return out
+
+        def statement(m: int) -> tuple[str, int] | None:
+            loc = _compat.user_location(jaxpr.eqns[m])  # (the library's own line)
+            return None if loc is None else (loc.file, statement_line(loc.file, loc.line))
+
+        for i, eqn in enumerate(jaxpr.eqns):
+            scope = scoped[i]
+            if not scope or out[i] is not None:
+                continue
+            names = (scope[-1], self.unrenamed.get(scope[-1]))
+            path = None
+            for v in eqn.outvars:
+                paths = self.writes.get(v, {})
+                path = next((paths[n] for n in names if n in paths), None)
+                if path is not None and not any(n in self.returns.get(v, ()) for n in names):
+                    break  # (a value the call returns too is its result: `written`)
+                path = None
+            line = statement(i) if path is not None else None
+            if path is None or line is None:
+                continue
+            key = f"{written_label(path)}\x01{i}"
+            j = i
+            while j >= 0 and out[j] is None and scoped[j] == scope and statement(j) == line:
+                out[j] = key
+                j -= 1
         return out
 
     def call_writes_in(self, rec: _Rec, chains: Sequence[tuple[str, ...]]) -> None:

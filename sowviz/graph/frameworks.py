@@ -192,22 +192,22 @@ def _haiku() -> bool:
     return "haiku" in sys.modules
 
 
-def _linen() -> bool:
-    return "flax.linen" in sys.modules
+def _linen() -> Any:
+    return sys.modules.get("flax.linen")
 
 
 def named(fn: Callable) -> Callable:
     """`fn` whose NNX / Equinox module calls run inside named scopes of their paths, and
     whose NumPyro models, sites and distributions inside scopes of their names
     (`numpyro_sites`); Haiku's module calls, which push their scopes themselves, are
-    recorded (`_Context.haiku_call`), and so are the results of Flax Linen's, which push
-    theirs too (`_linen_hooks`)."""
+    recorded (`_Context.haiku_call`), and so are the results and variable writes of
+    Flax Linen's, which push theirs too (`_linen_hooks`)."""
     if (
         _nnx() is None
         and _eqx() is None
         and not numpyro_sites.present()
         and not _haiku()
-        and not _linen()
+        and _linen() is None
     ):
         return fn
 
@@ -665,6 +665,39 @@ class _Context:
                         self.writes.setdefault((label, origin), path)
         return out
 
+    def linen_call(self, next_fun: Callable, args: tuple, kwargs: dict, context: Any) -> Any:
+        """Flax Linen's method interceptor (`nn.intercept_methods`): the values a module's
+        method call leaves in its variables (a `BatchNorm`'s new running statistics, in
+        `mutable=["batch_stats"]`) are named after their Linen paths below the module
+        (`batch_stats.mean`, `batch_stats.bn.mean` from the model's), as an NNX module's
+        are (`note_writes`): they were its stage's outputs `[1]`, `[2]`. Linen pushes the
+        scope itself, labelled `module.name or class` (`.method` for another method)."""
+        module, method = context.module, context.method_name
+        if method == "setup":
+            return next_fun(*args, **kwargs)
+        before = _linen_variables(module)
+        out = next_fun(*args, **kwargs)
+        if not before:
+            return out
+        after = _linen_variables(module)
+        label = (module.name or type(module).__name__) + (
+            "" if method == "__call__" else f".{method}"
+        )
+        # (a value the call returns too is its result, not state)
+        returned = {_compat.traced_var(leaf) for leaf in jax.tree_util.tree_leaves(out)}
+        for path, leaf in after.items():
+            old = before.get(path)
+            if old is None or old is leaf:
+                continue  # (made by this call, `init`'s, or unchanged)
+            var = _compat.traced_var(leaf)
+            if var is not None and var not in returned:
+                name = _fmt_linen(path)
+                self.writes[(label, var)] = name
+                origin = _compat.traced_origin(leaf)
+                if origin is not None:  # (retraced under `jax.vmap`: `note_returns`)
+                    self.writes.setdefault((label, origin), name)
+        return out
+
     def haiku_set(self, next_setter: Callable, value: Any, context: Any) -> Any:
         """Haiku's state setter (`hk.custom_setter`): remember the value each
         `hk.set_state` stores, by its full name (`bn/~/mean_ema/average`)."""
@@ -946,6 +979,46 @@ def _variables(module: Any) -> list[tuple[Path, Any, Any]]:
     return out
 
 
+#: Linen collections whose writes are no module state: `self.sow`'s and
+#: `capture_intermediates`' values (aux the user asked for, shown as such)
+_LINEN_CAPTURES = frozenset({"intermediates"})
+
+
+def _linen_variables(module: Any) -> dict[Path, Any]:
+    """A bound Linen module's variables in its mutable collections (its submodules'
+    among them), by path (`("batch_stats", "bn", "mean")`); empty when Linen cannot say
+    (an unbound module), or none is mutable (`apply` without `mutable=`)."""
+    try:
+        scope = module.scope
+        variables = module.variables
+        mutable = [c for c in variables if c not in _LINEN_CAPTURES]
+        mutable = [c for c in mutable if scope.is_mutable_collection(c)]
+    except Exception:  # (best effort, as the other names: never fail the user's call)
+        return {}
+    out: dict[Path, Any] = {}
+    for col in mutable:
+        for path, leaf in jax.tree_util.tree_flatten_with_path(variables[col])[0]:
+            out[(col, *(_linen_key(k) for k in path))] = leaf
+    return out
+
+
+def _linen_key(key: Any) -> Any:
+    """A Linen variables tree's key: a dict key's name, a sequence's index."""
+    for attr in ("key", "idx", "name"):
+        if hasattr(key, attr):
+            return getattr(key, attr)
+    return str(key)
+
+
+def _fmt_linen(path: Path) -> str:
+    """`batch_stats.bn.mean`: a variable's collection, then its path (`variables[...]`'s
+    keys, as `apply`'s updated collections hold it)."""
+    out = ""
+    for k in path:
+        out += f"[{k}]" if isinstance(k, int) else f".{k}" if out else str(k)
+    return out
+
+
 CALL_CODE = _in_scope.__code__
 
 #: Flax's own NNX layer methods that compute with the layer's parameters (a stage
@@ -1031,15 +1104,19 @@ def _haiku_hooks(ctx: _Context) -> contextlib.AbstractContextManager:
 
 
 def _linen_hooks(ctx: _Context) -> contextlib.AbstractContextManager:
-    """A Flax Linen method interceptor noting each module call's result under the scope
-    Linen pushes for it (`_Context.note_returns`), active while `fn` runs; nothing without
-    Linen imported. With `capture_intermediates=True` (or a `self.sow` in a submodule)
-    every submodule's result leaves the module's stage too, made before its own: in
-    program order `self_attn`'s output `[0]` was its `query` projection, not the
-    attention it returns."""
-    if not _linen():
+    """Flax Linen method interceptors, active while `fn` runs (nothing without Linen
+    imported): one noting each module call's result under the scope Linen pushes for it
+    (`_Context.note_returns`; with `capture_intermediates=True`, or a `self.sow` in a
+    submodule, every submodule's result leaves the module's stage too, made before its
+    own: in program order `self_attn`'s output `[0]` was its `query` projection), one
+    naming the values a call leaves in its variables (`_Context.linen_call`)."""
+    linen = _linen()
+    if linen is None or not hasattr(linen, "intercept_methods"):
         return contextlib.nullcontext()
-    return _compat.linen_hooks(ctx.note_returns)
+    stack = contextlib.ExitStack()
+    stack.enter_context(_compat.linen_hooks(ctx.note_returns))
+    stack.enter_context(linen.intercept_methods(ctx.linen_call))
+    return stack
 
 
 def _install() -> None:

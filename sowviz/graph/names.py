@@ -509,6 +509,7 @@ def fold_names(
     draws: Sequence[bool] = (),
     outside: Sequence[bool] = (),
     library_jits: Sequence[bool] = (),
+    writes: Sequence[str | None] = (),
 ) -> list[tuple[str, ...]]:
     """Scope names with runs of unscoped equations folded. A level with more than
     `line_limit` nodes folds runs of 3 or more equations from one source line, labelled
@@ -566,7 +567,11 @@ def fold_names(
     is drawn as a function's own lines are. `library_jits`: whether each equation is a
     `jit` of a library's own function (`jnp.argsort`, `jnp.tril`), not one of the user's:
     a line assigning a name from its own work and such a call (`order =
-    jnp.argsort(-scores)`) is one box named by it, not `neg` beside `argsort`."""
+    jnp.argsort(-scores)`) is one box named by it, not `neg` beside `argsort`.
+    `writes`: per equation, the label (`mean (new)`) and key of the run it is in of the
+    statement making a value that the module whose scope holds it assigns to its
+    variables (`build.write_lines`): Flax's `ra_mean.value = momentum * ra_mean.value +
+    ...` is one box with the new running mean, not loose `mul`, `mul`, `add`."""
     facts = _Facts(
         call_path,
         at_module_call,
@@ -581,6 +586,7 @@ def fold_names(
         draws,
         outside,
         library_jits,
+        writes,
     )
     folded = _fold_level(names, locs, limit, line_limit, facts)
     return _without_cast_folds(folded, primitives)
@@ -604,6 +610,7 @@ class _Facts:
     draws: Sequence[bool] = ()
     outside: Sequence[bool] = ()
     library_jits: Sequence[bool] = ()
+    writes: Sequence[str | None] = ()
 
     def run(self, start: int, stop: int) -> _Facts:
         """The facts of equations `[start, stop)`, as a level of their own numbers them."""
@@ -621,6 +628,7 @@ class _Facts:
             self.draws[start:stop],
             self.outside[start:stop],
             self.library_jits[start:stop],
+            self.writes[start:stop],
         )
 
 
@@ -1751,6 +1759,21 @@ def _fold(
                 m += step
         return False
 
+    def written_lines() -> None:
+        # A module's own statement assigning one of its variables (a BatchNorm's running
+        # mean): one box named after the variable, holding its new value. Its `mul`,
+        # `mul`, `add` were loose boxes with no data, the value only the stage's output.
+        # (After the library calls' groups: the statement's run is what they left
+        # directly in the module's stage; one equation too, as a box with its data.)
+        writes = facts.writes
+
+        def key(i: int) -> str | None:
+            w = writes[i] if i < len(writes) else None
+            return None if w is None else f"{w}\x02{'/'.join(scope_of(i))}"
+
+        if any(writes):
+            fold_runs(key, least=1, inner=True, whole=False)
+
     if call_path is not None:
         fold_runs(layer_key, least=1, label=line_label, inner=True, whole=False)
     before, big = [scope_of(i) for i in range(len(out))], levels()
@@ -1789,7 +1812,10 @@ def _fold(
             i = j + 1
         _alike_calls_grouped(out, runs, calls, group)
         own = lambda i, j, where: where.split("\x02", 1)[0]  # noqa: E731  (`_do_update:381`)
+        written_lines()
         fold_runs(line_key(True), least=3, label=own, inner=True, whole=False)
+    else:
+        written_lines()
     # (a Python loop's passes, which `repeats` stacks, are no reason to fold)
     looped = _top_count(out) > limit and _looped(out, locs, facts) <= limit
     if _top_count(out) > limit and not looped:

@@ -76,6 +76,38 @@ def unread_constants(jaxpr: _compat.Jaxpr, used: Collection[Any]) -> list[int]:
     ]
 
 
+def dead_keys(jaxpr: _compat.Jaxpr) -> list[int]:
+    """The equations of `jaxpr`'s level that only make, split or reshape PRNG keys that
+    nothing reads (`_compat.handles_keys`), however many steps before the value no one
+    reads: Flax's `nn.RNN` makes `jax.random.key(0)` for its cell's `initialize_carry`,
+    which an LSTM splits in two for two carries that start at zeros. Its
+    `random_seed`, `random_split`, `unstack` were boxes beside `zeros` and the cell's
+    `scan` (a GRU's one `random_seed` is an `unread_constants` constant). A key read
+    by anything else (a draw, a loop's operand) keeps every step that made it."""
+    keyed: set[Any] = set()  # the results of key plumbing, in program order
+    plumbing = []
+    for i, e in enumerate(jaxpr.eqns):
+        if _compat.handles_keys(e, keyed):
+            keyed.update(e.outvars)
+            plumbing.append(i)
+    if not plumbing:
+        return []
+    ours = set(plumbing)
+    # what anything that stays reads (its body's reads are its operands), and the results
+    needed = {v for v in jaxpr.outvars if isinstance(v, _compat.Var)}
+    for i, e in enumerate(jaxpr.eqns):
+        if i not in ours:
+            needed.update(v for v in e.invars if isinstance(v, _compat.Var))
+    dead = []
+    for i in reversed(plumbing):  # (last first: a split is dead once its readers are)
+        e = jaxpr.eqns[i]
+        if any(v in needed for v in e.outvars):
+            needed.update(v for v in e.invars if isinstance(v, _compat.Var))
+        else:
+            dead.append(i)
+    return sorted(dead)
+
+
 def leaf_names(
     values: Sequence[Any], saved: frozenset, written: Mapping[Any, str] | None = None
 ) -> tuple[str, ...]:
@@ -93,6 +125,13 @@ def leaf_names(
         k = seen[kind] = seen.get(kind, -1) + 1
         names.append(kind if kinds.count(kind) == 1 else f"{kind}[{k}]")
     return tuple(names)
+
+
+def written_label(path: str) -> str:
+    """The label of the box of the statement making the new value of the module
+    variable at `path` in the module (`mean (new)` for Linen's `batch_stats.mean`, NNX's
+    `mean`): the variable's own name, the module's stage around it says whose."""
+    return re.split(r"[./]", path)[-1] + NEW
 
 
 def saved_note(label: str, n_saved: int, n_values: int, labels: Collection[str] = ()) -> str:
