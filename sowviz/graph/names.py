@@ -35,6 +35,7 @@ from .source_text import (
     is_return,
     names_string,
     operand_text,
+    returned_calls,
     returned_label,
     returned_values,
     returns_expression,
@@ -199,9 +200,12 @@ def short_path(file: str) -> str:
 
 
 #: Marks a fold's name as a group of one library call's equations (`split_by_calls`).
-_SPLIT = "\x01s"
+#: (A byte no name holds: `\x01o` was found in a line's fold of a function `outer`,
+#: `\x01outer:10`, whose library calls were then left unsplit, `res = minimize(...)`'s
+#: box 19 loose primitives; `\x01s` would be in a function `solve`'s likewise.)
+_SPLIT = "\x01\x10"
 #: ... and a `_compat.REENTRANT` call's own work between its calls back
-_OWN = "\x01o"
+_OWN = "\x01\x11"
 #: a scope `jnp.einsum` pushes: its subscripts (`BTNH,BSNH->BNTS`)
 _EINSUM = re.compile(r"^[A-Za-z.\u2026]+(,[A-Za-z.\u2026]+)*->[A-Za-z.\u2026]*$")
 #: ends the name of a scope `graph.calls` made around one pass of a loop (`cell · readout`)
@@ -410,6 +414,11 @@ def call_labels(path: tuple[str, ...]) -> tuple[str, ...]:
         out = _labels[path] = tuple(labels)
     return out
 
+
+#: A value's types that are floats (`shape_str`'s): the work a return line is named by
+_FLOATS = ("float", "bfloat", "complex")
+#: The equation a Python operator ends with, where not named like it (`@`: `matmul`)
+_OPERATOR_MAKES = {"matmul": ("dot_general",), "pow": ("pow", "integer_pow")}
 
 #: Packages whose functions called from a user's line are each a box of their own
 #: (`fold_names`' `layer_key`): the frameworks' functional layers, such as pooling.
@@ -1120,11 +1129,39 @@ def _fold(
             several = None
             if len(known) == len(spans):
                 several = returned_values(loc.file, loc.line, known)
-            return returned_label(loc.file, loc.line) or several or own
+            made, label = returned_work(i, j, loc), returned_label(loc.file, loc.line)
+            if len(made) > 1 and (label is None or label in made):
+                return " · ".join(made)  # (`mean` alone hid the cross-entropy before it)
+            return label or several or " · ".join(made) or own
         if outside_at(i):  # (`sowviz.show(lambda w, x: ...)`: not `sowviz.show`)
             return own
         # a bare call (`jax.debug.print`), or an argument and its call's first work
         return called_alone(loc.file, loc.line) or argument_before_call(i, j, loc) or own
+
+    def returned_work(i: int, j: int, loc: _compat.SourceLocation) -> list[str]:
+        # What a return line's run computes, by the library calls written on the line
+        # that make its floats, in the order they ran (`log_softmax`, `mean`; not
+        # `jnp.arange`'s index), then the operator making the value (`sum`, `div` of
+        # `return jnp.sum(nll * mask) / jnp.sum(mask)`): the line's place (`loss:7`) says
+        # none of it, its outermost call alone (`mean`) not the call it wraps
+        found = returned_calls(loc.file, loc.line)
+        if found is None:
+            return []
+        written, operator = found
+        types = facts.out_types
+        made: list[str] = []
+        for m in range(i, j + 1):
+            # (a library's jit is a stage of its own, named: `log_softmax`)
+            own = stages[m] if m < len(stages) else None
+            call = (own.split("(", 1)[0],) if own else calls(m)[:1]
+            if not call or call[0] not in written or call[0] in made:
+                continue
+            if types is None or any(t.startswith(_FLOATS) for t in types(m)):
+                made.append(call[0])
+        if operator is not None and j < len(primitives):
+            if primitives[j] in _OPERATOR_MAKES.get(operator, (operator,)):
+                made.append(operator)
+        return made
 
     def outside_at(m: int) -> bool:
         # made on the line of the lambda sowviz traced, whose statement ran outside the

@@ -561,12 +561,79 @@ class _KeysAsNames(ast.NodeTransformer):
             return ast.Name(id=key.value, ctx=ast.Load())
         return self.generic_visit(node)
 
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        # a module built and called on the line by the name it gives it:
+        # `nn.Dense(3, name="lm_head")(x)` is `lm_head(x)`, its stage's name
+        made = node.func
+        if isinstance(made, ast.Call):
+            given = [
+                k.value.value
+                for k in made.keywords
+                if k.arg == "name" and isinstance(k.value, ast.Constant)
+            ]
+            if given and isinstance(given[0], str) and given[0].isidentifier():
+                node.func = ast.Name(id=given[0], ctx=ast.Load())
+        return self.generic_visit(node)
+
 
 def _keyed_short(expr: ast.expr) -> str | None:
     """`expr` too long as written, with its string-keyed entries named by their keys
     (`x @ params[-1]["w"] + params[-1]["b"]` is `x @ w + b`), if that fits a label."""
     short = ast.unparse(_KeysAsNames().visit(copy.deepcopy(expr)))
     return short if len(short) <= _MOST else None
+
+
+#: The operators whose work makes a value, by the name of the equation they make
+_OPERATORS = {
+    ast.Add: "add",
+    ast.Sub: "sub",
+    ast.Mult: "mul",
+    ast.Div: "div",
+    ast.FloorDiv: "floor_divide",
+    ast.Mod: "remainder",
+    ast.Pow: "pow",
+    ast.MatMult: "matmul",
+}
+
+
+def returned_calls(file: str, line: int) -> tuple[tuple[str, ...], str | None] | None:
+    """The functions the `return` statement at `file:line` calls by name, in the order
+    Python calls them (`log_softmax`, `arange`, `mean` of `return
+    -jnp.mean(jax.nn.log_softmax(x)[jnp.arange(n), y])`;
+    `softmax_cross_entropy_with_integer_labels`, `mean` of `return
+    optax.softmax_cross_entropy_with_integer_labels(x, y).mean()`), and the binary
+    operator that makes the value when one does (`add` of `return head(x) + 0.1 *
+    aux.sum()`). None for a return of several values or none, or when the source cannot
+    be read."""
+    source = "".join(linecache.getlines(file))
+    statements = _statements_at(source, line)
+    if len(statements) != 1 or not isinstance(statements[0], ast.Return):
+        return None
+    value = statements[0].value
+    if value is None or isinstance(value, (ast.Tuple, ast.List, ast.Dict)):
+        return None
+    names: list[str] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, _FUNCTIONS):
+            return  # (its code runs when the call around it calls it: no work of the line's)
+        if isinstance(node, ast.Call):
+            # (`f(a).mean()`: `f`, then `mean`; a call's arguments before the call)
+            called = node.func
+            visit(called.value if isinstance(called, ast.Attribute) else called)
+            for arg in [*node.args, *(k.value for k in node.keywords)]:
+                visit(arg)
+            if isinstance(called, ast.Attribute):
+                names.append(called.attr)
+            elif isinstance(called, ast.Name):
+                names.append(called.id)
+            return
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(value)
+    operator = _OPERATORS.get(type(value.op)) if isinstance(value, ast.BinOp) else None
+    return tuple(names), operator
 
 
 def returned_values(file: str, line: int, spans: Sequence[Span]) -> str | None:
