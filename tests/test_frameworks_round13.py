@@ -79,7 +79,7 @@ def test_a_shared_model_partitioned_and_combined_keeps_its_module_paths(checkpoi
     combined = sowviz.inspect(_loss_combined, *eqx.partition(model, eqx.is_array), TOKENS)
 
     blocks = "checkpoint(blocks[0–1]: Block) (×2)" if checkpointed else "blocks[0–1]: Block (×2)"
-    inner = ("shared.pytree[0]: Embedding", "shared.pytree[1]: Linear", blocks)
+    inner = ("shared[0]: Embedding", "shared[1]: Linear", blocks)
     assert {f"TiedLM/{x}" for x in inner} <= _stages(whole, 2)
     # the combined model is the array half's, named by its argument as without Shared
     assert {"d: TiedLM", *(f"d: TiedLM/{x}" for x in inner)} <= _stages(combined, 2)
@@ -93,7 +93,7 @@ def test_a_shared_model_partitioned_and_combined_keeps_its_module_paths(checkpoi
 
     # the head is the tied unembedding: its stage carries its values, per token
     want = _head_output(model)
-    got = combined.probe("d: TiedLM/shared.pytree[1]: Linear").summaries["primal"]
+    got = combined.probe("d: TiedLM/shared[1]: Linear").summaries["primal"]
     np.testing.assert_allclose(got["max"], want.max(), rtol=1e-5)
     np.testing.assert_allclose(got["l2"], np.linalg.norm(want), rtol=1e-5)
 
@@ -106,7 +106,7 @@ def test_a_frozen_part_of_a_combined_model_is_still_named_from_the_model():
     spec = eqx.tree_at(lambda m: m.blocks, spec, replace=[True, True])
     ins = sowviz.inspect(_loss_combined, *eqx.partition(model, spec), TOKENS)
     stages = _stages(ins, 2)
-    assert {"TiedLM/shared.pytree[0]: Embedding", "TiedLM/shared.pytree[1]: Linear"} <= stages
+    assert {"TiedLM/shared[0]: Embedding", "TiedLM/shared[1]: Linear"} <= stages
     assert not any(p.startswith(("d: ", "s: ")) for p in stages)
 
 

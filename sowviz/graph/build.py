@@ -63,6 +63,7 @@ from .saved import (
     NEW,
     REUSED,
     SAVED,
+    dead_boxes,
     dead_keys,
     leaf_names,
     readers,
@@ -1033,7 +1034,14 @@ class _Builder(InputsMixin):
             sizes[None] = len(level_names)
             return sizes
 
+        # A line's box whose equations' results all reach nothing (XLA drops them) is
+        # not drawn, nor are they: it had no data, named by the line (`pred, _ =
+        # jax.vmap(model)(x, state)`: the discarded state's broadcasts; `dead_boxes`)
+        dead = dead_boxes(jaxpr, level_names)
         for i, eqn in enumerate(jaxpr.eqns):
+            if i in dead:
+                chains.append(chain_here)
+                continue
             names = level_names[i]
             # Close the scopes that end here, open the ones that start.
             keep = 0

@@ -418,9 +418,17 @@ def _scan_nodes(
     return {0: carry} if not own and js == [0] else {}
 
 
+class _Unsaid(str):
+    """A step of an Equinox module's path that its stage labels leave out: a library's
+    private field (`eqx.nn.Shared`'s `pytree`). It stays in the path, which the leaves'
+    names hold (`shared.pytree[0].weight`: `graph.copies` matches paths against them)."""
+
+
 def _fmt_eqx(path: Path) -> str:
     out = ""
     for p in path:
+        if isinstance(p, _Unsaid):
+            continue
         if isinstance(p, int):
             out += f"[{p}]"
         elif isinstance(p, tuple):  # dict key
@@ -437,14 +445,25 @@ def _eqx_modules(obj: Any, path: Path, seen: set[int]) -> Iterator[tuple[Path, A
     if eqx_module is not None and isinstance(obj, eqx_module):
         seen.add(id(obj))
         yield path, obj
+        shared = _is_eqx_shared(obj)
         for f in dataclasses.fields(obj):
-            yield from _eqx_modules(getattr(obj, f.name, None), (*path, f.name), seen)
+            # `eqx.nn.Shared` keeps the layers it ties in its own field `pytree`: the
+            # user wrote `embedding, linear = self.shared()`, so its layers are
+            # `shared[0]: Embedding`, not `shared.pytree[0]: Embedding` (`_Unsaid`)
+            step = _Unsaid(f.name) if shared and f.name == "pytree" else f.name
+            yield from _eqx_modules(getattr(obj, f.name, None), (*path, step), seen)
     elif isinstance(obj, (list, tuple)):
         for i, v in enumerate(obj):
             yield from _eqx_modules(v, (*path, i), seen)
     elif isinstance(obj, dict):
         for k, v in obj.items():
             yield from _eqx_modules(v, (*path, (k,)), seen)
+
+
+def _is_eqx_shared(obj: Any) -> bool:
+    """Whether `obj` is an `eqx.nn.Shared` (tied layers, its field `pytree` private)."""
+    cls = getattr(getattr(sys.modules.get("equinox"), "nn", None), "Shared", None)
+    return cls is not None and isinstance(obj, cls)
 
 
 def _nnx_parts(module: Any) -> list[tuple[Path, Any]]:
@@ -590,7 +609,8 @@ class _Context:
         numbered `c` first)."""
         for k, leaf in enumerate(jax.tree_util.tree_leaves(out)):
             var = _compat.traced_var(leaf)
-            if var is not None:
+            if var is not None and (label, var) not in self.writes:
+                # (a value the call wrote as state is named so: `note_state_writes`)
                 self.returns.setdefault((label, var), k)
                 # a loop's body under `jax.vmap` is traced again, with new variables:
                 # where the value was made still finds it (`build.batch_first`)
@@ -634,6 +654,37 @@ class _Context:
                 origin = _compat.traced_origin(leaves[0])
                 if origin is not None:  # (retraced under `jax.vmap`: `note_returns`)
                     self.writes.setdefault((label, origin), name)
+
+    def note_state_writes(self, label: str, before: _EqxState | None, out: Any) -> None:
+        """Remember the values an Equinox module call under `label` set in the
+        `eqx.nn.State` it returns (`before`: `_eqx_state` as the call began): a
+        BatchNorm's new running statistics, which it returns as `(out, state)`, are named
+        after their `StateIndex` in the module (`ema_state_index[0]`, as the `state`
+        input group names them), as an NNX module's variables are (`note_writes`), not
+        numbered `[1]`, `[2]` as if they were its result."""
+        if before is None:
+            return
+        state_cls, indices, old = before
+        states = [
+            s
+            for s in jax.tree_util.tree_leaves(out, is_leaf=lambda x: isinstance(x, state_cls))
+            if isinstance(s, state_cls)
+        ]
+        for state in states:
+            for name, index in indices:
+                try:
+                    value = state.get(index)
+                except (KeyError, ValueError):  # (a substate without it; an old state)
+                    continue
+                for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
+                    var = _compat.traced_var(leaf)
+                    if var is None or id(leaf) in old:
+                        continue  # (unchanged: the state it was given)
+                    at = name + jax.tree_util.keystr(path)
+                    self.writes[(label, var)] = at
+                    origin = _compat.traced_origin(leaf)
+                    if origin is not None:  # (retraced under `jax.vmap`: `note_returns`)
+                        self.writes.setdefault((label, origin), at)
 
     def haiku_call(self, next_f: Callable, args: tuple, kwargs: dict, context: Any) -> Any:
         """Haiku's method interceptor (`hk.intercept_methods`): a Haiku module's method
@@ -948,6 +999,7 @@ def _in_scope(ctx: _Context, owner: Any, scope: tuple[str, Path], bound, args, k
     label, path = scope
     ctx.pushed.add(label)
     before = _variables(owner)
+    state = _eqx_state(owner, args, kwargs)
     ctx.note_params(label, bound, args, kwargs)
     ctx.stack.append((owner, path))
     try:
@@ -955,6 +1007,7 @@ def _in_scope(ctx: _Context, owner: Any, scope: tuple[str, Path], bound, args, k
             out = bound(*args, **kwargs)
     finally:
         ctx.stack.pop()
+    ctx.note_state_writes(label, state, out)  # (first: what it writes, it does not return)
     ctx.note_returns(label, out)
     if before:
         ctx.note_writes(label, before)
@@ -1017,6 +1070,39 @@ def _fmt_linen(path: Path) -> str:
     for k in path:
         out += f"[{k}]" if isinstance(k, int) else f".{k}" if out else str(k)
     return out
+
+
+#: What `_Context.note_state_writes` compares an Equinox call's returned state with: the
+#: `eqx.nn.State` class, the module's `StateIndex`es with their paths in it, and the
+#: state values it was given, by id (held: `State.set` lets go of them).
+_EqxState = tuple[type, list[tuple[str, Any]], dict[int, Any]]
+
+
+def _eqx_state(module: Any, args: tuple, kwargs: dict) -> _EqxState | None:
+    """For an Equinox module holding `eqx.nn.StateIndex`es (a BatchNorm, a block
+    holding one) and called with an `eqx.nn.State`: what `note_state_writes` needs; else
+    None. Read before the call: `State.set` makes the state it was given unreadable."""
+    nn = getattr(sys.modules.get("equinox"), "nn", None)
+    index_cls, state_cls = getattr(nn, "StateIndex", None), getattr(nn, "State", None)
+    if index_cls is None or state_cls is None or not isinstance(module, _eqx() or ()):
+        return None
+    indices = [
+        (_fmt_eqx(path), x)
+        for path, x in _eqx_modules(module, (), set())
+        if isinstance(x, index_cls)
+    ]
+    if not indices:
+        return None
+    old: dict[int, Any] = {}
+    flat = jax.tree_util.tree_leaves((args, kwargs), is_leaf=lambda x: isinstance(x, state_cls))
+    given = [x for x in flat if isinstance(x, state_cls)]
+    for state in given:
+        for _, index in indices:
+            try:
+                old.update((id(v), v) for v in jax.tree_util.tree_leaves(state.get(index)))
+            except (KeyError, ValueError):  # (a substate without it; an old state)
+                continue
+    return (state_cls, indices, old) if given else None
 
 
 CALL_CODE = _in_scope.__code__

@@ -2023,6 +2023,14 @@ def fold_label(name: str) -> str:
     return name.split(_AGAIN, 1)[0]
 
 
+def fold_named_by_call(name: str) -> bool:
+    """Whether the fold `name` is labelled by the library call its line made (`hk.vmap`,
+    `make_causal_mask`), not by what the line assigns (`pred, _`) or by the line itself."""
+    label, _, key = name[len(FOLD) :].partition("\x01")
+    what = key.rpartition("\x03")[2] if "\x03" in key else ""
+    return bool(what) and what.rstrip("".join(map(chr, range(32)))) == label
+
+
 #: Marks a later `jnp.einsum` call's scope (`split_einsum_calls`): a name of its own
 _AGAIN = "\x05"
 

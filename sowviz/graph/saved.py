@@ -16,7 +16,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from .. import _compat
-from .names import BACKWARD
+from .names import BACKWARD, FOLD, fold_named_by_call
 
 #: The leaf name of a stage's value that only a backward pass reads.
 SAVED = "saved for backward"
@@ -106,6 +106,52 @@ def dead_keys(jaxpr: _compat.Jaxpr) -> list[int]:
         else:
             dead.append(i)
     return sorted(dead)
+
+
+def _writes_state(fold: str) -> bool:
+    """Whether the fold `fold` is a module's state write (`cache (new)`, `mean (new)`):
+    drawn even when the program drops it (a module broadcast into `nnx.scan`, whose
+    cache write its ports are named by)."""
+    return fold[len(FOLD) :].partition("\x01")[0].endswith(" (new)")
+
+
+def dead_boxes(jaxpr: _compat.Jaxpr, level_names: Sequence[tuple[str, ...]]) -> set[int]:
+    """The equations of `jaxpr`'s level in a box named by a line (a fold, `FOLD`, named
+    by what the line assigns, not by a call: `fold_named_by_call`) all of whose
+    equations are dead: their results reach neither the level's outputs nor an
+    equation with an effect, and each is one primitive (no sub-program). XLA drops them;
+    drawn, the box had no data and was named as if it made the line's value: `pred, _ =
+    jax.vmap(model)(x, state)` broadcast the discarded state (`vmap`'s `out_axes=0`), a
+    box `pred, _` beside the model. Dead work in any other box is drawn as it was (the
+    `hk.vmap` box of an RNG split that nothing draws from, a decode loop's last pass)."""
+    live = {v for v in jaxpr.outvars if isinstance(v, _compat.Var)}
+    dead = set()
+    for i in reversed(range(len(jaxpr.eqns))):
+        e = jaxpr.eqns[i]
+        if e.effects or any(v in live for v in e.outvars) or next(_compat.sub_jaxprs(e), None):
+            live.update(v for v in e.invars if isinstance(v, _compat.Var))
+        else:
+            dead.add(i)
+    if not dead:
+        return dead
+    alive = {
+        names[: k + 1]
+        for i, names in enumerate(level_names)
+        if i not in dead
+        for k in range(len(names))
+    }
+    out = set()
+    for i in dead:
+        names = level_names[i]
+        if any(
+            n.startswith(FOLD)
+            and not fold_named_by_call(n)
+            and not _writes_state(n)
+            and names[: k + 1] not in alive
+            for k, n in enumerate(names)
+        ):
+            out.add(i)
+    return out
 
 
 def leaf_names(
