@@ -370,6 +370,9 @@ def function_label(qualname: str) -> tuple[str, bool]:
 #: JAX functions that lower to a `scan`, `cond` or `while` loop, by the name a user
 #: called (`lax.fori_loop` with static bounds is a scan, `lax.switch` a cond).
 _LOWERED = frozenset({"fori_loop", "map", "switch", "associative_scan"})
+#: ... and the control flow a line may call: its box holds its branches or body
+#: (`library_call_line`)
+_CONTROL = frozenset({*_HAIKU_LOOPS, *_LOWERED})
 
 
 def construct_label(label: str, path: _compat.CallPath) -> str:
@@ -445,6 +448,9 @@ _LEAVES = "\x07"
 #: ... and of a line whose value is one random draw (`_fold`'s `draw_run`): one box even
 #: around its one stage (`noise` holding `normal`), kept though its key's wrap is a cast
 _DRAW = "\x0e"
+#: ... and of a line assigning a library call's value (`fold_names`' `library_call_line`):
+#: one box even around the call's one stage (`safe` holding `jnp.where`'s `where`)
+_CALLED = "\x12"
 #: ... and of a library call's one equation made per leaf (`mapped_call`): one box from
 #: that one on, as the call's several leaves are (`optax.apply_updates`)
 _MAPPED = "\x0f"
@@ -1002,8 +1008,11 @@ def _fold(
             if k is not None and _MAPPED in k:
                 need = 1  # (a library call's one equation per leaf: `mapped_call`)
             named = inner and all(m < len(stages) and stages[m] for m in range(i, j + 1))
-            named = named and (k is None or (_LEAVES not in k and _DRAW not in k))
-            whole_call = named and k is not None and one_call_stages(i, j, k)
+            named = named and (k is None or not any(c in k for c in (_LEAVES, _DRAW, _CALLED)))
+            # (a call's stages with the layout its `axis=` adds around them, `irfft`'s
+            # `transpose`, `pad`, `irfft`, `transpose`: one box named by the call too)
+            laid = inner and k is not None and _LINE not in k and _laid_out(i, j)
+            whole_call = (named or laid) and k is not None and one_call_stages(i, j, k)
             named = named and not whole_call
             # `whole=False`: a run that is all its scope holds would only restate it; not a
             # lambda's calls per leaf, whose leaves are one box, alike, wherever they are;
@@ -1016,6 +1025,10 @@ def _fold(
                 and (whole or leaves or j + 1 - i < direct.get(scope_of(i), 0))
             ):
                 name = FOLD + (f"{label(i, j, k)}\x01{k}" if label else k)
+                if whole_call and not named and line_assigns(i):
+                    # (`xf = jnp.fft.rfft(x, axis=1)`: `xf` holding `rfft`, not a box
+                    # `rfft` around the stage `rfft`, saying it twice)
+                    name = f"{FOLD}{line_assigns(i)}\x01{k}"
                 again_named = not whole_call and restated(range(i, j + 1), fold_label(name))
                 if again_named and library_cond_line(i, j, k):
                     name = f"{FOLD}{line_assigns(i)}\x01{k}"  # (the cond inside it, whole)
@@ -1058,6 +1071,13 @@ def _fold(
                         out[m] = (name, *out[m])
             i = j + 1
 
+    def _laid_out(i: int, j: int) -> bool:
+        # `[i, j]` is stages, one at least, and equations that only lay a value out
+        return any(m < len(stages) and stages[m] for m in range(i, j + 1)) and all(
+            (m < len(stages) and stages[m]) or (m < len(primitives) and primitives[m] in _LAYOUT)
+            for m in range(i, j + 1)
+        )
+
     def library_cond_line(i: int, j: int, key: str) -> bool:
         # The line assigns what a library's `lax.cond` makes, named like the call
         # (optax's `value_and_grad_from_state`: `isinf` and `isnan` of the state's value,
@@ -1095,6 +1115,8 @@ def _fold(
         # per leaf, is the line's, not a call of several equations named by it: `mean`,
         # `make_causal_mask`)
         single = _LINE in where and (len(drawn(i, j)) == 1 or _LEAVES in where)
+        # (nor a line assigning a library call's value: `e_atom`, `library_call_line`)
+        single = single or _CALLED in where
         # (nor is a call named like one of its equations, `lax.dynamic_update_slice`: the
         # line's name tells K's update from V's)
         single = single or (
@@ -1486,15 +1508,16 @@ def _fold(
             for m in range(lo, hi + 1)
         )
 
-    def assignment_line(i: int) -> str | None:
+    def assignment_line(i: int, big: bool = False) -> str | None:
         # A line assigning a name (`amplitude = jnp.exp(...)`, `delta = r + g * v - v`,
         # `state = jax.tree.map(lambda r, s: jnp.where(d, r, s), ...)`) is one box named
         # by what it assigns, at a level of any size, as a big level's line folds are:
         # its primitives were loose boxes (`exp`; `sub`, `mul`, `add`; `where` per
         # leaf), and with no data at a big top level. A line that is one library call
         # of several equations keeps its call's box (`mask = make_causal_mask(t)`:
-        # `make_causal_mask`; `m = jnp.mean(x)`: `mean`). The key's marks: `_LINE`,
-        # `_LEAVES` for a lambda's calls, each a stage (`take` per leaf).
+        # `make_causal_mask`; `m = jnp.mean(x)`: `mean`), but at a `big` level
+        # (`library_call_line`). The key's marks: `_LINE`, `_LEAVES` for a lambda's
+        # calls, each a stage (`take` per leaf), `_CALLED` for `library_call_line`'s.
         loc, scope = locs[i], scope_of(i)
         if scope and not scope[-1].startswith(CALL):
             return None  # a named scope's or a module's work is its stage's (README)
@@ -1528,8 +1551,9 @@ def _fold(
         lam = loc.function.endswith("<lambda>")
         per_leaf = lam and called_again(lo, hi)
         draw = not per_leaf and draw_run(lo, hi)
+        target = big and library_call_line(i, lo, last)
         if (
-            not (per_leaf or draw)
+            not (per_leaf or draw or target)
             and last < len(stages)
             and stages[last]
             and not activation(lo, last)
@@ -1537,14 +1561,42 @@ def _fold(
             return None  # a stage makes the line's value (`xf = vmap(rfft)(x * w)`): its box
         whats = {calls(m)[:1] for m in range(lo, hi + 1)}
         call_box = hi > lo or mapped_call(lo)  # (one leaf of a call per leaf: `line_key`)
-        if call_box and len(whats) == 1 and whats != {()} and not (per_leaf or draw):
+        if call_box and len(whats) == 1 and whats != {()} and not (per_leaf or draw or target):
             (what,) = whats
             if not restates_primitive(lo, hi) and what[0] not in _COLLECTIVES:
                 return None
         own = function_label(loc.function)[0]
         again = f"\x04{passes[i]}" if not lam and i < len(passes) and passes[i] else ""
-        mark = _LEAVES if per_leaf else _DRAW if draw else ""
+        mark = _LEAVES if per_leaf else _DRAW if draw else _CALLED if target else ""
         return f"{own}:{first}\x02{'/'.join(scope_of(i))}{again}{_LINE}{mark}"
+
+    def library_call_line(i: int, lo: int, last: int) -> bool:
+        # At a big level, `i`'s line assigns a plain name the value of JAX's own call
+        # (`safe = jnp.where(mask, dr2, 1.0)`, `dr = jnp.where(mask,
+        # jnp.sqrt(safe), 0.0)`, `e_atom = jax.ops.segment_sum(...)`, `dr =
+        # jnp.linalg.norm(...)`): one box named by what it assigns, holding the call's
+        # stage or equations, as its other lines are (`dr2`). Named by the call
+        # (`where`, `sqrt` beside `where#2`, `segment_sum`), the names an MD user probes
+        # and clicks were nowhere among them. (A loop or a jit of the user's keeps its
+        # box: `construct_in`; a `return` line is named by what it computes; a small
+        # level keeps the call's box, `m = jnp.mean(x)`: `mean`, README.)
+        target = line_assigns(i)
+        if target is None or not target.isidentifier():
+            return False  # (`updates, state = tx.update(...)`, `self.h = ...`: a call's box)
+        own = last < len(stages) and stages[last] and construct_in(last) and not library_jit(last)
+        # (an activation's custom-derivative stage keeps its box: `logp =
+        # jax.nn.log_softmax(h)` is `log_softmax`, `activation`)
+        nn_call = last < len(stages) and bool(stages[last]) and hasattr(jax.nn, stages[last])
+        own = own or nn_call or (last < len(stages) and bool(stages[last]) and library_custom(last))
+        # (JAX's own calls alone, beside the line's own primitives (`jnp.sqrt`'s
+        # `sqrt`): another library's function keeps its box, README, `optax.apply_updates`
+        # of one array `apply_updates`, `tx.update` `chain`, jraph's `GraphNetwork`, as
+        # a function of yours does; and so does control flow, which holds its branches:
+        # `y = lax.switch(i, fs, v)`)
+        run = range(lo, last + 1)
+        if any(calls(m) and (path(m).package != "jax" or calls(m)[0] in _CONTROL) for m in run):
+            return False
+        return not own and any(calls(m)[:1] or library_jit(m) for m in run)
 
     def loop_setup(i: int, what: str) -> bool:
         # `i` is the loop stage its line's call made (`lax.scan`'s `scan(step)`), or one
@@ -1663,7 +1715,7 @@ def _fold(
             if not library and at_module_call is not None and at_module_call(i):
                 return None  # the module's stage is that line's call: its calls say more
             if not library:
-                named = assignment_line(i)  # (from one equation on, as at a small level)
+                named = assignment_line(i, True)  # (from one equation on, as at a small level)
                 if named is not None:
                     return named
             again = f"\x04{passes[i]}" if i < len(passes) and passes[i] else ""
