@@ -2301,20 +2301,22 @@ def read_on_through(tracer: Any, out: Any) -> None:
             return
 
 
+def _is_typed_key(v: Any) -> bool:
+    """Whether the variable `v` holds a typed PRNG key (`key<fry>[]`)."""
+    dtype = getattr(getattr(v, "aval", None), "dtype", None)
+    try:
+        return dtype is not None and bool(jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key))
+    except TypeError:  # (a dtype NumPy cannot compare, such as `float0`)
+        return False
+
+
 def draws_from_key(eqn: JaxprEqn) -> bool:
     """Whether `eqn` draws values from a PRNG key: an operand is a typed key
     (`key<fry>[]`; a raw `uint32[2]` key is wrapped into one first) and no result is
     one. `jax.random.normal`'s jit, `randint`'s, `bernoulli`'s, not `split` or
     `fold_in`, which make keys. (`jax.dtypes.prng_key`: JAX 0.4.16 and later.)"""
 
-    def is_key(v: Any) -> bool:
-        dtype = getattr(getattr(v, "aval", None), "dtype", None)
-        try:
-            return dtype is not None and bool(jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key))
-        except TypeError:  # (a dtype NumPy cannot compare, such as `float0`)
-            return False
-
-    return any(map(is_key, eqn.invars)) and not any(map(is_key, eqn.outvars))
+    return any(map(_is_typed_key, eqn.invars)) and not any(map(_is_typed_key, eqn.outvars))
 
 
 def read_already(value: Any) -> bool:
@@ -2654,14 +2656,7 @@ def handles_keys(eqn: JaxprEqn, keyed: Any = ()) -> bool:
     if eqn.primitive.name in _KEY_MAKERS:
         return True
 
-    def is_key(v: Any) -> bool:
-        dtype = getattr(getattr(v, "aval", None), "dtype", None)
-        try:
-            return dtype is not None and bool(jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key))
-        except TypeError:  # (a dtype NumPy cannot compare, such as `float0`)
-            return False
-
-    if eqn.outvars and all(map(is_key, eqn.outvars)):
+    if eqn.outvars and all(map(_is_typed_key, eqn.outvars)):
         return True
     operands = [v for v in eqn.invars if isinstance(v, Var)]
     return bool(operands) and all(v in keyed for v in operands)

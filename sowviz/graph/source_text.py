@@ -527,11 +527,9 @@ def _ends_in(expr: ast.expr, span: Span) -> bool:
 _FUNCTIONS = (ast.Lambda, ast.GeneratorExp, ast.ListComp, ast.SetComp, ast.DictComp)
 
 
-def returned_label(file: str, line: int) -> str | None:
-    """What the `return` statement at `file:line` computes, as a label: the function its
-    value calls (`mean` for `return jnp.mean((h @ w - y) ** 2)`), else its expression
-    as written when short (`x + o`); None for a return of several values, or when the
-    source cannot be read. (`return` is no name the user gave anything.)"""
+def _returned_value(file: str, line: int) -> ast.expr | None:
+    """The one value the `return` statement at `file:line` returns (None for a return
+    of several values or none, or when the source cannot be read)."""
     source = "".join(linecache.getlines(file))
     statements = _statements_at(source, line)
     if len(statements) != 1 or not isinstance(statements[0], ast.Return):
@@ -539,12 +537,23 @@ def returned_label(file: str, line: int) -> str | None:
     value = statements[0].value
     if value is None or isinstance(value, (ast.Tuple, ast.List, ast.Dict)):
         return None
+    return value
+
+
+def returned_label(file: str, line: int) -> str | None:
+    """What the `return` statement at `file:line` computes, as a label: the function its
+    value calls (`mean` for `return jnp.mean((h @ w - y) ** 2)`), else its expression
+    as written when short (`x + o`); None for a return of several values, or when the
+    source cannot be read. (`return` is no name the user gave anything.)"""
+    value = _returned_value(file, line)
+    if value is None:
+        return None
     if isinstance(value, ast.Call):
         called = value.func
         name = called.attr if isinstance(called, ast.Attribute) else getattr(called, "id", None)
         if name:
             return name
-    return _written(source, value) or _keyed_short(value)
+    return _written("".join(linecache.getlines(file)), value) or _keyed_short(value)
 
 
 class _KeysAsNames(ast.NodeTransformer):
@@ -605,12 +614,8 @@ def returned_calls(file: str, line: int) -> tuple[tuple[str, ...], str | None] |
     operator that makes the value when one does (`add` of `return head(x) + 0.1 *
     aux.sum()`). None for a return of several values or none, or when the source cannot
     be read."""
-    source = "".join(linecache.getlines(file))
-    statements = _statements_at(source, line)
-    if len(statements) != 1 or not isinstance(statements[0], ast.Return):
-        return None
-    value = statements[0].value
-    if value is None or isinstance(value, (ast.Tuple, ast.List, ast.Dict)):
+    value = _returned_value(file, line)
+    if value is None:
         return None
     names: list[str] = []
 
@@ -788,17 +793,23 @@ _DERIVATIVES = frozenset(
 _WRAPPERS = frozenset({"vmap", "jit", "checkpoint", "remat"})
 
 
+def _assigned_call(file: str, line: int) -> ast.Call | None:
+    """The call whose value the one assignment at `file:line` assigns, or None."""
+    statements = _statements_at("".join(linecache.getlines(file)), line)
+    if len(statements) != 1 or not isinstance(statements[0], (ast.Assign, ast.AnnAssign)):
+        return None
+    value = statements[0].value
+    return value if isinstance(value, ast.Call) else None
+
+
 def assigned_by_transform(file: str, line: int) -> str | None:
     """What the statement at `file:line` assigns when its value is a derivative JAX
     takes of a function on that line (`u_t = jax.grad(model, argnums=0)(t, x)`, `y, dy =
     jax.jvp(f, (x,), (v,))`, `jax.vmap(jax.grad(f))(x)`): the box of that line holds the
     function's forward and backward evaluations, named by the derivative asked for.
     None for any other line (`h = self.layer(x)`, `y = jax.vmap(f)(x)`)."""
-    statements = _statements_at("".join(linecache.getlines(file)), line)
-    if len(statements) != 1 or not isinstance(statements[0], (ast.Assign, ast.AnnAssign)):
-        return None
-    value = statements[0].value
-    if not isinstance(value, ast.Call):
+    value = _assigned_call(file, line)
+    if value is None:
         return None
     if not (_takes_derivative(value) or _takes_derivative(value.func)):
         return None
@@ -826,11 +837,8 @@ def derivative_alone(file: str, line: int) -> bool:
     """Whether the derivative the statement at `file:line` takes (`assigned_by_transform`)
     is all it gets: `force = jax.grad(lambda R: -energy(R))` gets no value of the
     lambda, `loss, g = jax.value_and_grad(lambda q: f(q) + h(q))(q)` gets `loss`."""
-    statements = _statements_at("".join(linecache.getlines(file)), line)
-    if len(statements) != 1 or not isinstance(statements[0], (ast.Assign, ast.AnnAssign)):
-        return False
-    value = statements[0].value
-    if not isinstance(value, ast.Call):
+    value = _assigned_call(file, line)
+    if value is None:
         return False
     expr: ast.expr = value if _takes_derivative(value) else value.func
     while isinstance(expr, ast.Call):
