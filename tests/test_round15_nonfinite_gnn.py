@@ -160,7 +160,8 @@ def test_an_empty_segment_max_panel_says_it_is_the_identity_and_harmless(page, t
     ins = sowviz.inspect(_segment_softmax_loss, W, x)
     assert ins.nonfinite is None
     pg = page.open_report(ins.save_html(tmp_path / "segmax.html"))
-    (seg,) = [n.id for n in ins.graph.nodes if n.label == "segment_max"]
+    # the line `maxs = jax.ops.segment_max(...)`, named by what it assigns (round 16)
+    (seg,) = [n.id for n in ins.graph.nodes if n.label == "maxs"]
     pg.click(f'[data-node-id="{seg}"]')
     alert = pg.locator('[data-role="detail"] .sv-alert')
     text = alert.inner_text()
