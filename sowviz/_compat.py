@@ -1733,7 +1733,6 @@ def bind_keeping_sources(eqn: JaxprEqn, invals: list) -> list:
 # is `vmap(f)` (called from a lambda inside `map`), then `vmap(f)` called from `map`
 # itself on the remainder `xs[n*B:]`, the two results concatenated.
 
-_JAX_DIR = os.path.dirname(jax.__file__) + os.sep
 _LOOPS_FILE = os.path.join("jax", "_src", "lax", "control_flow", "loops.py")
 _VMAP_FILE = os.path.join("jax", "_src", "api.py")
 _SOW_FILE = os.path.join("sowviz", "capture", "primitive.py")
@@ -2660,3 +2659,23 @@ def handles_keys(eqn: JaxprEqn, keyed: Any = ()) -> bool:
         return True
     operands = [v for v in eqn.invars if isinstance(v, Var)]
     return bool(operands) and all(v in keyed for v in operands)
+
+
+# ---------------------------------------------------------------------------
+# `jax.nn`'s functions (`relu`, a `custom_jvp`; `log_softmax`, `silu`, jits) are traced
+# from `jax/_src/nn/`; the sub-program's `debug_info.func_src_info` names that file
+# (JAX 0.10-0.12).
+_NN_DIR = os.path.join(_JAX_DIR, "_src", "nn") + os.sep
+
+
+def is_jax_nn_call(eqn: JaxprEqn) -> bool:
+    """Whether `eqn` is the call of one of `jax.nn`'s functions (`relu`, `log_softmax`):
+    a `jit` or custom-derivative call of a function defined under `jax/_src/nn/`."""
+    name = eqn.primitive.name
+    if name in JIT:
+        sub = eqn.params.get("jaxpr")
+    elif name == CUSTOM_JVP or name in CUSTOM_VJP:
+        sub = eqn.params.get("call_jaxpr") or eqn.params.get("fun_jaxpr")
+    else:
+        return False
+    return sub is not None and _traced_from(sub).startswith(_NN_DIR)

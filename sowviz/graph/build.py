@@ -1010,6 +1010,7 @@ class _Builder(InputsMixin):
             outside=[_compat.on_traced_lambda_line(jaxpr.eqns[m]) for m in stand_in],
             library_jits=[_library_jit(e) for e in jaxpr.eqns],
             writes=self.write_lines(jaxpr, scoped),
+            nn_calls=[_compat.is_jax_nn_call(e) for e in jaxpr.eqns],
         )
         # (`u_t = jax.grad(model)(t, x)`: one box `u_t` around the calls the grad made)
         level_names = fold_derivative_lines(

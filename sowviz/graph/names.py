@@ -525,6 +525,7 @@ def fold_names(
     outside: Sequence[bool] = (),
     library_jits: Sequence[bool] = (),
     writes: Sequence[str | None] = (),
+    nn_calls: Sequence[bool] = (),
 ) -> list[tuple[str, ...]]:
     """Scope names with runs of unscoped equations folded. A level with more than
     `line_limit` nodes folds runs of 3 or more equations from one source line, labelled
@@ -586,7 +587,10 @@ def fold_names(
     `writes`: per equation, the label (`mean (new)`) and key of the run it is in of the
     statement making a value that the module whose scope holds it assigns to its
     variables (`build.write_lines`): Flax's `ra_mean.value = momentum * ra_mean.value +
-    ...` is one box with the new running mean, not loose `mul`, `mul`, `add`."""
+    ...` is one box with the new running mean, not loose `mul`, `mul`, `add`.
+    `nn_calls`: whether each equation is the call of one of `jax.nn`'s functions
+    (`_compat.is_jax_nn_call`): a line assigning an activation's value (`logp =
+    jax.nn.log_softmax(h)`) keeps the activation's box, named by it."""
     facts = _Facts(
         call_path,
         at_module_call,
@@ -602,6 +606,7 @@ def fold_names(
         outside,
         library_jits,
         writes,
+        nn_calls,
     )
     folded = _fold_level(names, locs, limit, line_limit, facts)
     return _without_cast_folds(folded, primitives)
@@ -626,6 +631,7 @@ class _Facts:
     outside: Sequence[bool] = ()
     library_jits: Sequence[bool] = ()
     writes: Sequence[str | None] = ()
+    nn_calls: Sequence[bool] = ()
 
     def run(self, start: int, stop: int) -> _Facts:
         """The facts of equations `[start, stop)`, as a level of their own numbers them."""
@@ -644,6 +650,7 @@ class _Facts:
             self.outside[start:stop],
             self.library_jits[start:stop],
             self.writes[start:stop],
+            self.nn_calls[start:stop],
         )
 
 
@@ -1586,7 +1593,7 @@ def _fold(
         own = last < len(stages) and stages[last] and construct_in(last) and not library_jit(last)
         # (an activation's custom-derivative stage keeps its box: `logp =
         # jax.nn.log_softmax(h)` is `log_softmax`, `activation`)
-        nn_call = last < len(stages) and bool(stages[last]) and hasattr(jax.nn, stages[last])
+        nn_call = last < len(facts.nn_calls) and facts.nn_calls[last]
         own = own or nn_call or (last < len(stages) and bool(stages[last]) and library_custom(last))
         # (JAX's own calls alone, beside the line's own primitives (`jnp.sqrt`'s
         # `sqrt`): another library's function keeps its box, README, `optax.apply_updates`

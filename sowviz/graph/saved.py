@@ -112,7 +112,7 @@ def _writes_state(fold: str) -> bool:
     """Whether the fold `fold` is a module's state write (`cache (new)`, `mean (new)`):
     drawn even when the program drops it (a module broadcast into `nnx.scan`, whose
     cache write its ports are named by)."""
-    return fold[len(FOLD) :].partition("\x01")[0].endswith(" (new)")
+    return fold[len(FOLD) :].partition("\x01")[0].endswith(NEW)
 
 
 def dead_boxes(jaxpr: _compat.Jaxpr, level_names: Sequence[tuple[str, ...]]) -> set[int]:
