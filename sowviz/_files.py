@@ -8,19 +8,39 @@ import errno
 import os
 import pathlib
 import tempfile
+from collections.abc import Callable
 
 
-def atomic_write(path: str | os.PathLike, data: bytes, *, what: str = "the file") -> pathlib.Path:
+def atomic_write(
+    path: str | os.PathLike,
+    data: bytes,
+    *,
+    what: str = "the file",
+    may_replace: Callable[[pathlib.Path], None] | None = None,
+) -> pathlib.Path:
     """Write `data` to `path` (`~` expanded) through a temporary file in the same
     directory, fsynced, then renamed over `path` (`os.replace`): a failed write leaves
-    any previous file intact and removes the temporary one. Returns the path written.
+    any previous file intact and removes the temporary one. Returns `path` (expanded).
+
+    An existing file is replaced only where `open(path, "w")` would write it: a
+    write-protected one raises `PermissionError` (a rename needs only the directory's
+    permission, and replaced a `chmod 444` file), and a symlink is written through
+    (the temporary file beside its target), not replaced. `may_replace(target)`, when
+    given, is called with an existing target first and raises to refuse it.
 
     A failure raises the `OSError` subclass the system gave, with a message naming
     the path (not the temporary file's), why, and the fix: `what` names the file in
     it ("the report"). The system's error is its `__cause__`."""
-    out = pathlib.Path(path).expanduser()
+    out = named = pathlib.Path(path).expanduser()
+    if out.is_symlink():  # `open(link, "w")` writes the target; a rename would replace the link
+        out = pathlib.Path(os.path.realpath(out))
     if out.is_dir():  # before writing a temporary file beside it
         raise _cannot_write(out, IsADirectoryError(errno.EISDIR, "Is a directory"), what)
+    if os.path.lexists(out):
+        if not _writable(out):
+            raise _cannot_write(out, PermissionError(errno.EACCES, "Permission denied"), what)
+        if may_replace is not None:
+            may_replace(out)
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
@@ -37,7 +57,7 @@ def atomic_write(path: str | os.PathLike, data: bytes, *, what: str = "the file"
         if isinstance(err, OSError):
             raise _cannot_write(out, err, what) from err
         raise
-    return out
+    return named
 
 
 def _cannot_write(out: pathlib.Path, err: OSError, what: str = "the file") -> OSError:
@@ -50,11 +70,25 @@ def _cannot_write(out: pathlib.Path, err: OSError, what: str = "the file") -> OS
         why = f"the directory {parent} does not exist (create it first, e.g. `mkdir -p {parent}`)"
     elif not parent.is_dir():
         why = f"{parent} is a file, not a directory (choose another path)"
+    elif isinstance(err, PermissionError) and os.path.lexists(out) and not _writable(out):
+        why = (
+            "the file is write-protected, and sowviz does not replace a file you cannot "
+            "write (`open(path, 'w')` would fail too): choose another path, or make it "
+            f"writable first (`chmod u+w {out}`)"
+        )
     elif isinstance(err, PermissionError):
         why = f"permission denied in {parent} (choose a directory you can write to)"
     else:
         why = err.strerror or str(err)
     return type(err)(f"sowviz: cannot write {what} to {out}: {why}")
+
+
+def _writable(out: pathlib.Path) -> bool:
+    """Whether this process may write the existing file `out`, as `open(out, "w")`
+    checks it (mode bits, ACLs, root's CAP_DAC_OVERRIDE; effective ids where the system
+    can check them)."""
+    effective = os.access in os.supports_effective_ids
+    return os.access(out, os.W_OK, effective_ids=effective)
 
 
 def _example_name(what: str) -> str:

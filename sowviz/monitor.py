@@ -159,7 +159,8 @@ class Monitor:
     Works with no notebook; displaying `mon` in Jupyter shows the live widget, and
     `mon.save_html(path)` writes a report with the history. `log_dir=`,
     `tensorboard=True`, `wandb=True` also write every recorded step there
-    (`sowviz.runlog`); `mon.close()` (or the end of the process) closes them.
+    (`sowviz.runlog`); `mon.close()` (or the end of the process) closes them, as does
+    the end of a `with sowviz.Monitor(...) as mon:` block (also when it raises).
     `start_step` numbers the first step (a run resumed at step 5000 from a checkpoint
     passes `start_step=5000`): the history and the loggers count on from it, and
     `every=N` records the steps whose number is a multiple of N. `mon.step(*args,
@@ -480,6 +481,30 @@ class Monitor:
             self.flush()
             self._closed = True
             self._each("close")
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        """`with sowviz.Monitor(...) as mon:` closes `mon` at the block's end, also when
+        the block raises; then the block's exception is the one that propagates."""
+        if exc is None:
+            self.close()
+            return
+        if isinstance(exc, KeyboardInterrupt):  # as at a Ctrl-C's exit: no re-run of seconds
+            self._interrupted_exit = True  # to locate a NaN once the user asked to stop
+        try:
+            self.close()
+        except Exception as err:  # (a device gone with the block's error fails the read too)
+            self._closed = True
+            self._each("close")
+            warnings.warn(
+                f"sowviz.Monitor: the steps in flight when the `with` block raised "
+                f"{type(exc).__name__} could not be read, and were not recorded: "
+                f"{type(err).__name__}: {str(err)[:300]}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     def _close_at_exit(self) -> None:
         """`close()` at the end of the process (the sinks' `atexit` hook). After a Ctrl-C

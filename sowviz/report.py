@@ -17,8 +17,11 @@ from __future__ import annotations
 import base64
 import gzip
 import html
+import os
 import pathlib
 import re
+import stat
+import sys
 from importlib import resources
 
 from . import _model
@@ -121,8 +124,60 @@ def write_html(model: dict, path: str | pathlib.Path, *, title: str | None = Non
     The page goes to a temporary file in the same directory, which then replaces
     ``path`` (:func:`os.replace`): a failed write leaves any previous report intact.
     ``~`` is expanded; an unwritable path raises an ``OSError`` naming ``path`` and the
-    fix (a missing directory: create it)."""
-    return atomic_write(path, render_html(model, title=title).encode("utf-8"), what="the report")
+    fix (a missing directory: create it). An existing file is replaced only when it is
+    an earlier sowviz report (:func:`replaceable`), writable, and a symlink is written
+    through."""
+    page = render_html(model, title=title).encode("utf-8")
+    return atomic_write(path, page, what="the report", may_replace=replaceable)
+
+
+# Every report sowviz has written says so in its head (`render_html`'s generator meta),
+# a few hundred bytes in; reading this much finds it in any of them.
+_MARKER = b'<meta name="generator" content="sowviz'
+_MARKER_WITHIN = 4096
+
+_NOT_A_REPORT = (
+    "sowviz: will not write the report to {path}: that file exists and is not a sowviz "
+    "HTML report ({kind}), and writing would replace it. `save_html` replaces only an "
+    "earlier sowviz report (as `savefig` replaces a figure). Choose another path (e.g. "
+    "{example!r}), or delete the file first if it should go."
+)
+_LIVE_LOG = (
+    "sowviz: will not write the report to {path}: it is a file of the run log a Monitor "
+    "is writing in `log_dir` {log_dir!r}, and the report would replace it (the logged "
+    "steps would be lost). Write the report beside the log instead (e.g. to {example!r})."
+)
+
+
+def replaceable(target: pathlib.Path) -> None:
+    """Raise `FileExistsError` unless the existing file `target` may be replaced by a
+    report: an earlier sowviz report, or an empty file. `save_html("train.py")` (or a
+    run's own `steps.log`, a tab completion away from `steps.html`) replaced the user's
+    file without a word."""
+    # A Monitor of this process writing a run log has imported its writer.
+    writer = sys.modules.get("sowviz.runlog.writer")
+    log_dir = writer.writing_log_dir(target) if writer is not None else None
+    if log_dir is not None:
+        example = str(log_dir.parent / f"{log_dir.name}.html")
+        raise FileExistsError(_LIVE_LOG.format(path=target, log_dir=str(log_dir), example=example))
+    try:
+        st = os.stat(target)
+        if stat.S_ISREG(st.st_mode) and st.st_size == 0:
+            return  # `touch report.html`: nothing to lose
+        if stat.S_ISREG(st.st_mode):  # (reading a FIFO or a device could block)
+            with open(target, "rb") as f:
+                if _MARKER in f.read(_MARKER_WITHIN):
+                    return
+            kind = f"a file of {st.st_size:,} bytes not written by sowviz"
+        else:
+            kind = "not a regular file"
+    except OSError as err:  # unreadable: it cannot be told from a report
+        kind = f"it cannot be read: {err.strerror or err}"
+    if target.suffix.lower() in (".html", ".htm"):
+        example = str(target.with_name(f"{target.stem}-sowviz.html"))
+    else:
+        example = str(target.with_suffix(".html"))
+    raise FileExistsError(_NOT_A_REPORT.format(path=target, kind=kind, example=example))
 
 
 _model.register_writer("html", write_html)

@@ -445,7 +445,17 @@ def _summary_options(summarize):
     if isinstance(summarize, SummaryOptions):
         return summarize
     if isinstance(summarize, int) and not isinstance(summarize, bool):
-        return SummaryOptions(bins=summarize)
+        try:
+            return SummaryOptions(bins=summarize)
+        except ValueError:  # its message names `bins`, which the caller never wrote
+            from ..summary import MAX_BINS
+
+            raise ValueError(
+                f"sowviz.save_intermediates: `summarize={summarize!r}` asks for "
+                f"{summarize} histogram bins; a number of bins is from 1 to {MAX_BINS}. "
+                "Pass summarize=True (64 bins), a number such as summarize=32, or "
+                "sowviz.SummaryOptions(...); None or False for no summaries."
+            ) from None
     raise TypeError(
         f"sowviz.save_intermediates: `summarize` must be True, a number of bins or "
         f"sowviz.SummaryOptions(...), got {summarize!r}."

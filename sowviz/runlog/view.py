@@ -319,15 +319,13 @@ class RunLogView:
 
     def save_html(self, path: str | os.PathLike, *, title: str | None = None) -> pathlib.Path:
         """Write the whole run's report (read to the end of the log first); atomic."""
-        from .._files import atomic_write
-        from ..report import render_html
+        from ..report import write_html
 
         self._read()
         model = self.model
         if not model:
             raise FileNotFoundError(_no_model(pathlib.Path(self.log_dir)))
-        page = render_html(model, title=title).encode("utf-8")
-        return atomic_write(path, page, what="the report")
+        return write_html(model, path, title=title)
 
     # -- the live widget ------------------------------------------------------------------
 

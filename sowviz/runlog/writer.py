@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -45,6 +46,11 @@ _EMPTY = (
     "directory. Pass a directory (e.g. `log_dir='runs/exp1'`), or `log_dir=None` for no "
     "run log (e.g. `log_dir=os.environ.get('LOG_DIR') or None`)."
 )
+_NOT_A_PATH = (
+    "sowviz: `log_dir` must be a directory path, a str or an os.PathLike such as "
+    "pathlib.Path (e.g. `log_dir='runs/exp1'`), or None for no run log; got {type} "
+    "{value!r}."
+)
 _REMOVED = (
     "sowviz: the run log {file!r} was deleted while this Monitor wrote it (its `log_dir` "
     "{path!r} removed, or the file itself): the steps it held went with it, and no "
@@ -72,7 +78,10 @@ def model_bytes(model: dict[str, Any]) -> bytes:
 
 def check_log_dir(log_dir: str | os.PathLike) -> None:
     """Refuse `log_dir=""` (`os.environ.get("LOG_DIR", "")` unset): `pathlib.Path("")`
-    is the current directory, where the run log would land unasked."""
+    is the current directory, where the run log would land unasked. Refuse what is no
+    path (`log_dir=3`: Python's own error named neither `log_dir` nor sowviz)."""
+    if not isinstance(log_dir, (str, os.PathLike)):
+        raise TypeError(_NOT_A_PATH.format(type=type(log_dir).__name__, value=log_dir))
     if isinstance(log_dir, (str, bytes)) and not log_dir:
         raise ValueError(_EMPTY)
 
@@ -248,3 +257,23 @@ class LogSink(Sink):
         with _holders_lock:
             if _holders.get(self._key) is self:
                 del _holders[self._key]
+
+
+def writing_log_dir(path: pathlib.Path) -> pathlib.Path | None:
+    """The `log_dir` of a run log this process is writing that the existing file `path`
+    belongs to: its `steps.log` (by any name that reaches it), or any file directly in
+    that directory (`model.json`). None when it belongs to none. (`save_html` onto one
+    replaced the log under its Monitor.)"""
+    try:
+        key = os.stat(path)
+    except OSError:
+        return None
+    with _holders_lock:
+        holders = list(_holders.items())
+    for held, sink in holders:
+        if held == (key.st_dev, key.st_ino):
+            return sink.path
+        with contextlib.suppress(OSError):
+            if os.path.samefile(pathlib.Path(path).parent, sink.path):
+                return sink.path
+    return None
