@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from . import _compat
 from .capture.api import SaveIntermediates
 from .capture.primitive import check_user_tag
 from .capture.primitive import sow as _sow
@@ -13,6 +14,7 @@ from .summary import Summary, SummaryOptions
 from .summary import summarize as _summarize
 
 
+@_compat.api_boundary  # a bad input's traceback ends at the user's call
 def sow(value: Any, name: str, *, tag: str = "intermediates") -> Any:
     """Tag `value` (any pytree of arrays) for capture; returns it unchanged.
 
@@ -29,6 +31,7 @@ def sow(value: Any, name: str, *, tag: str = "intermediates") -> Any:
     return _sow(value, name, tag=tag)
 
 
+@_compat.api_boundary  # a bad input's traceback ends at the user's call
 def save_intermediates(
     fn: Callable,
     *,
@@ -71,8 +74,7 @@ def save_intermediates(
         >>> inter["s"]["cotangent"].tolist()
         [0.0, 0.0]
     """
-    if isinstance(tag, (str, tuple, list)):  # anything else: SaveIntermediates explains
-        check_user_tag(tag, "sowviz.save_intermediates")
+    check_user_tag(tag, "sowviz.save_intermediates", many=True)
     return SaveIntermediates(
         fn, tag=tag, duplicates=duplicates, loops=loops, summarize=summarize, strict=strict
     )

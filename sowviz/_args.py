@@ -31,6 +31,14 @@ _TRACER = (
     "program itself; call it outside the transformation (e.g. call `mon.step(params, "
     "batch)` in place of your jitted value-and-grad, and jit only the update)."
 )
+CLOSED_TRACER = (
+    "sowviz: a value your function closes over is traced (a JAX tracer, {kind}): "
+    "`inspect`, `show` or `Monitor.step` runs inside `jax.jit`, `vmap`, `grad` or another "
+    "transformation, and the function uses one of that transformation's values. sowviz "
+    "compiles the program itself; call it outside the transformation, and pass that value "
+    "as an argument (e.g. `inspect(lambda w, s: loss(w * s), w, s)`, not a lambda "
+    "closing over `s`)."
+)
 _UNHASHABLE = (
     "sowviz.{where}: the argument leaf `{path}` (a {type}) is neither an array nor "
     "hashable, so it can be neither traced nor used as a static cache key. Mark it "

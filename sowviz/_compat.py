@@ -2679,3 +2679,13 @@ def is_jax_nn_call(eqn: JaxprEqn) -> bool:
     else:
         return False
     return sub is not None and _traced_from(sub).startswith(_NN_DIR)
+
+
+# ---------------------------------------------------------------------------
+def closed_over_tracer(closed: ClosedJaxpr) -> Any | None:
+    """The first of `closed`'s constants that is a tracer of an outer transformation
+    (the function closes over a value traced by a `jit`, `vmap` or `grad` around the
+    call), or None. `jax.make_jaxpr` under such a trace keeps the outer tracer as a
+    constant (JAX 0.10 to 0.12); a compiled program then refuses it as an argument,
+    with "Cannot apply JAX transformations to a function lowered and compiled"."""
+    return next((c for c in closed.consts if isinstance(c, _core.Tracer)), None)

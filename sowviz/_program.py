@@ -39,6 +39,8 @@ import numpy as np
 from . import _compat, _concat, _outputs, _state
 from . import summary_ops as _ops
 from ._args import (
+    CLOSED_TRACER,
+    TRACED_NUMBERS,
     ArgSpec,
     _is_float,
     _layout,
@@ -162,6 +164,22 @@ def _title(fn: Callable) -> str:
     return type(fn).__name__ if callable(fn) else "program"
 
 
+PYTHON_NUMBER = (
+    "{listed} {kind} inside a differentiated argument: sowviz keeps Python numbers in a "
+    "pytree static, as `equinox.filter_jit` does, so {its} gradient is None and no "
+    "tangent flows into {its} (`jax.grad` would differentiate it). To differentiate it, "
+    "pass an array: `jnp.asarray({value!r})`."
+)
+
+
+def _arg_at(layout: Any, k: int) -> int:
+    """The positional argument holding leaf `k` (among all the arguments' leaves)."""
+    return next(
+        (i for i in range(layout.n_args) if k < layout.offsets[i] + layout.arg_trees[i].num_leaves),
+        layout.n_args - 1,
+    )
+
+
 class Traced:
     """`fn` traced once at one argument spec and shapes: jaxpr, stage graph, probes."""
 
@@ -217,12 +235,23 @@ class Traced:
             self.closed, (out_shape, extra_shape) = jax.make_jaxpr(flat_fn, return_shape=True)(
                 *avals
             )
+        leaked = _compat.closed_over_tracer(self.closed)
+        if leaked is not None:  # (the compiled program would refuse it, in JAX's words)
+            raise TypeError(CLOSED_TRACER.format(kind=type(leaked).__name__))
         #: `fn` makes or writes a mutable array (`modes.transform` differentiates it so)
         self.refs = _compat.has_refs(self.closed)
         if self.state:
             extra_shape = self._drop_unchanged(spec, out_shape, extra_shape)
         self.out_tree = jax.tree_util.tree_structure((out_shape, extra_shape))
         names = _arg_names(fn, args, paths)
+        #: `(argument, name, value)` of each Python float or complex leaf kept static
+        #: inside an argument (`{"log_scale": 0.5}`): no input, so no gradient
+        #: (`python_number_note`)
+        self.static_numbers = tuple(
+            (_arg_at(self.layout, k), names[k], v)
+            for k, v in self.layout.static
+            if type(v) in TRACED_NUMBERS and k < len(names)
+        )
         title = options.title or _title(fn)
         tn = options.tesseract_names
         state_inputs = [j for j, leaf in enumerate(spec.dynamic) if leaf in constant]
@@ -256,6 +285,30 @@ class Traced:
         #: "reverse": dead values beside it, `probed_for`), rewritten when first needed
         self._instrumented: dict[str, Callable[..., list]] = {}
         self.n_out = len(jax.tree_util.tree_leaves(out_shape))
+
+    def python_number_note(self, mode: Any, argnums: Any) -> str | None:
+        """A note naming the Python numbers inside the arguments `mode` differentiates
+        (argument 0 in grad by default, every argument in jvp, vjp and all): static,
+        as documented, so their gradient is None where `jax.grad` gives one."""
+        mode = Mode(mode)
+        if mode is Mode.PRIMAL or not self.static_numbers:
+            return None
+        n = self.layout.n_args
+        chosen = (0 if mode is Mode.GRAD else None) if argnums is None else argnums
+        nums = None if chosen is None else set(check_argnums(chosen, n))
+        found = [(name, v) for i, name, v in self.static_numbers if nums is None or i in nums]
+        if not found:
+            return None
+        listed = ", ".join(f"`{name}`" for name, _ in found[:4]) + (
+            ", ..." if len(found) > 4 else ""
+        )
+        one = len(found) == 1
+        return PYTHON_NUMBER.format(
+            listed=listed,
+            kind="is a Python number" if one else "are Python numbers",
+            its="its" if one else "their",
+            value=found[0][1],
+        )
 
     def _drop_unchanged(self, spec: ArgSpec, out_shape: Any, extra_shape: Any) -> Any:
         """Leave out of `state` (and of the program's outputs) the leaves `fn` returned

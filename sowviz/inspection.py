@@ -136,7 +136,7 @@ def join_probes(
     why = no_cotangent_reasons(traced, found, mode)
     probes = [Probe(f"p{i}", *f, no_cotangent=why.get((f[2], f[1]))) for i, f in enumerate(found)]
     for p in probes:
-        missing = [m for m in mode.keys if m not in p.typed_summaries]
+        missing = [m for m in mode.keys if not _has_role(p.typed_summaries, m)]
         if missing and not p.auto and not own(p.name):
             notes.append(
                 f"{p.name}{p.leaf}: no {', '.join(missing)} — the value does not depend on "
@@ -144,6 +144,16 @@ def join_probes(
                 "that computes it."
             )
     return probes, notes
+
+
+def _has_role(summaries: dict, role: str) -> bool:
+    """Whether capture keys hold the mode's `role` ("cotangent"): as a key, or as the
+    last part of one. A sow under differentiation `fn` takes itself (an HVP's
+    `jax.jvp(jax.grad(f))`) keeps its inner levels in its keys, innermost first, so
+    its value's outer gradient is `primal.cotangent` (and its tangent's
+    `tangent.cotangent`); the note said it had no cotangent, that it did not depend
+    on the differentiated inputs, for a value the loss reads."""
+    return any(k == role or k.endswith(f".{role}") for k in summaries)
 
 
 def no_cotangent_reasons(traced: Traced, found: Sequence[_Found], mode: Mode) -> dict:
@@ -748,6 +758,7 @@ class Inspection:
         hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
         raise KeyError(f"no probe named {name!r}{leaf}{hint}; probes: {', '.join(known[:20])}")
 
+    @_compat.api_boundary  # a bad input's traceback ends at the user's call
     def save_html(self, path: Any, *, created: Any = _KEEP) -> Any:
         """Write a self-contained, offline HTML report (atomically); returns its path.
         `created=None` leaves the timestamp out, so equal inspections give equal bytes."""
@@ -885,6 +896,9 @@ def _inspection_of(out: Out, options: InspectOptions) -> Inspection:
     summaries = nest(*out.packed.unpack(rows=True))
     probes, notes = join_probes(out.traced, summaries, options)
     notes.extend(out.notes)
+    number = out.traced.python_number_note(options.mode, options.argnums)
+    if number is not None:
+        notes.append(number)
     from .nonfinite_locate import origins_of
 
     return Inspection(

@@ -89,6 +89,29 @@ def _no_float(argnums: Any, i: int, layout: Layout) -> str:
     return _NO_FLOAT.format(argnums=argnums, i=i, kinds=layout.describe_arg(i))
 
 
+_NO_FLOAT_ANY = (
+    "sowviz: mode '{mode}' differentiates every argument (`argnums` not given), and none "
+    "has a floating-point array leaf to differentiate ({kinds}): its tangent would be "
+    "zero and its gradients None. Pass the parameters as arrays (jnp.asarray(...)), "
+    "or use mode='primal' to see the values alone."
+)
+
+
+def _no_float_any(mode: Mode, layout: Layout) -> str:
+    """Why modes jvp, vjp and all have nothing to differentiate in any argument (as
+    grad's `_no_float` says of its one), and the fix; a plain class's object or a
+    function in argument i gets `_no_float`'s advice for it."""
+    for i in range(layout.n_args):
+        if layout.opaque(i)[0]:
+            return _no_float(i, i, layout).replace(
+                f"`argnums`={i!r} selects argument {i}",
+                f"mode '{mode.value}' differentiates every argument; argument {i}",
+                1,
+            )
+    kinds = "; ".join(f"argument {i}: {layout.describe_arg(i)}" for i in range(layout.n_args))
+    return _NO_FLOAT_ANY.format(mode=mode.value, kinds=kinds or "no arguments")
+
+
 def _is_float(x: Any) -> bool:
     return jnp.issubdtype(jnp.result_type(x), jnp.inexact)
 
@@ -605,6 +628,10 @@ def transform(
     for i in nums if argnums is not None else ():
         if not any(layout.arg_of[j] == i for j in fpos):
             raise TypeError(_no_float(argnums, i, layout))
+    # every argument, none differentiable: a zero tangent and None gradients, said by
+    # no error (a function of no argument is differentiated so, as `jax.jvp(f, (), ())`)
+    if not fpos and layout.n_args:
+        raise TypeError(_no_float_any(mode, layout))
 
     def cotangent_trees(cts: tuple) -> Any:
         trees = layout.input_trees(nums, dict(zip(fpos, cts, strict=True)))

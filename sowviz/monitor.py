@@ -76,7 +76,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import _model, _state, _wire
+from . import _compat, _model, _state, _wire
 from . import nonfinite as _nonfinite
 from ._caller import user_stacklevel
 from ._entry import LazyEntry, program_shapes
@@ -185,6 +185,7 @@ class Monitor:
         (12.0, (2, 1), 1)
     """
 
+    @_compat.api_boundary  # a bad input's traceback ends at the user's call
     def __init__(
         self,
         fn: Callable,
@@ -288,6 +289,7 @@ class Monitor:
 
     # -- the training step -------------------------------------------------------
 
+    @_compat.api_boundary  # a bad input's traceback ends at the user's call
     def step(self, *args: Any, step: int | None = None, **kwargs: Any) -> Any:
         """One training step: returns `jax.value_and_grad(fn, argnums)(*args)` (for the
         default mode "grad"), with every probe summarised in the same program. State
@@ -453,6 +455,7 @@ class Monitor:
         if waiting and not self._draining:
             self._flush()
 
+    @_compat.api_boundary  # a bad input's traceback ends at the user's call
     def flush(self) -> None:
         """Read every pending summary and flag and hand them to the views and sinks now."""
         with self._lock:
@@ -473,6 +476,7 @@ class Monitor:
                 self._draining = was
             self._each("flush")
 
+    @_compat.api_boundary  # a bad input's traceback ends at the user's call
     def close(self) -> None:
         """Flush, then close the sinks (log files, TensorBoard, W&B)."""
         with self._lock:
@@ -652,7 +656,7 @@ class Monitor:
         if args is None:
             warnings.warn(
                 f"sowviz.Monitor: could not re-run step {step}: its arguments were not kept",
-                stacklevel=4,
+                stacklevel=user_stacklevel(),
             )
             self._nonfinite = _nonfinite.NonFinite(step, None, None)
         else:
@@ -680,7 +684,10 @@ class Monitor:
         try:
             rerun = self._run(args, True)
         except Exception as err:
-            warnings.warn(f"sowviz.Monitor: could not re-run step {step}: {err}", stacklevel=4)
+            warnings.warn(
+                f"sowviz.Monitor: could not re-run step {step}: {err}",
+                stacklevel=user_stacklevel(),
+            )
             self._nonfinite = _nonfinite.NonFinite(step, None, None)
             return
         at = sum(1 for s, *_ in self._pending if s < step)
@@ -900,7 +907,7 @@ class Monitor:
         if traced.state_added:
             paths = ", ".join(f"`{p}`" for p in traced.state_added[:4])
             msg = _state.ADDED.format(n=len(traced.state_added), paths=paths)
-            warnings.warn(msg, stacklevel=3)
+            warnings.warn(msg, stacklevel=user_stacklevel())
         self._set_latest(traced, None)
         if self._view_listener is not None:
             self._call(self._view_listener, "open", self._model())
@@ -922,7 +929,7 @@ class Monitor:
                     f"sowviz.Monitor: {type(listener).__name__}.{method} failed ({err!r}); "
                     "training goes on, this sink may miss steps.",
                     RuntimeWarning,
-                    stacklevel=4,
+                    stacklevel=user_stacklevel(),
                 )
 
     def view(self) -> Any:
@@ -990,6 +997,7 @@ class Monitor:
             return None
         return quiet if quiet.step == latest.step else None
 
+    @_compat.api_boundary  # a bad input's traceback ends at the user's call
     def save_html(self, path: Any, *, created: Any = _KEEP) -> Any:
         """Write a report with the graph, the latest summaries and the history (atomically),
         and return its path. With no step taken there is nothing to draw: a warning, no
@@ -1005,7 +1013,7 @@ class Monitor:
                 f"draw; {str(path)!r} was not written. (A run resumed at its final "
                 "checkpoint takes none: `python -m sowviz report <log_dir> ...` reports "
                 "the run from its logs.)",
-                stacklevel=2,
+                stacklevel=user_stacklevel(),
             )
             return None
         return _model.write("html", self.to_dict(created=created), path)

@@ -401,7 +401,10 @@ export class DetailPanel {
  * @param {{summaries: Record<string, any>, no_cotangent?: string}} probe */
 export function noCotangentNote(model, probe) {
   const primal = probe.summaries.primal;
-  if (!model.modes?.includes("cotangent") || probe.summaries.cotangent || !primal) return "";
+  // (a sow under a derivative `fn` takes itself keeps its inner levels in its keys,
+  // innermost first: its outer gradient is `primal.cotangent`, and read as missing)
+  const hasCotangent = Object.keys(probe.summaries).some((k) => k === "cotangent" || k.endsWith(".cotangent"));
+  if (!model.modes?.includes("cotangent") || hasCotangent || !primal) return "";
   if (primal.dtype && !/^(float|bfloat|complex)/.test(primal.dtype)) return "";
   if (probe.no_cotangent === "unreached") {
     return "No cotangent: this value does not reach the differentiated output, so its gradient is zero " +

@@ -28,7 +28,7 @@ from .. import _compat, _outputs
 from .._caller import user_stacklevel
 from .._gc import gc_paused
 from . import rules as _rules  # noqa: F401  (registers the rules)
-from .interpret import evaluate_closed, sow_eqns, sow_location, with_barriers
+from .interpret import evaluate_closed, sow_eqns, sow_location, sows_by_tag, with_barriers
 from .mapped import rows_in_order
 from .packing import Packed
 from .primitive import READ_BEFORE_SOWN, RESERVED_TAG_PREFIX, sow_p, sows_called
@@ -167,6 +167,7 @@ class SaveIntermediates:
         self._apart = apart
         self._summary = _summary_options(summarize)
         self.notes: list[str] = []
+        self._warned_tags = False  # (`_other_tags`: said once)
         self.trace_count = 0
         self._jitted = jax.jit(self._traced)
         self._static_cache: dict[Hashable, Callable] = {}
@@ -205,6 +206,8 @@ class SaveIntermediates:
             outs = evaluate_closed(closed, flat, rec)
         self.notes = list(rec.notes) + self._unreached(called, rec)
         self.notes += read_before_sown(closed.jaxpr, self._options.tags)
+        if not rec.captures:
+            self.notes += self._other_tags(closed.jaxpr, called)
         notes = self.notes  # assemble adds what it leaves out
         result = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), outs)
         axes: dict = {}  # {(tag?, name): {mode: Site.axes}}, for per-iteration summaries
@@ -250,6 +253,40 @@ class SaveIntermediates:
             warnings.warn(note, stacklevel=user_stacklevel())
         return notes
 
+    def _other_tags(self, jaxpr: Any, called: set) -> list[str]:
+        """A note (and a warning, once) when nothing was captured though `fn` sows under
+        other tags than the ones collected (`sow(h, "hidden", tag="debug")` under the
+        default `tag`): the result would be `{}`, with no word of why. Not for sowviz's
+        own captures (a reserved tag: `inspect` says what it does not draw itself)."""
+        tags = self._options.tags
+        if any(t.startswith(RESERVED_TAG_PREFIX) for t in tags):
+            return []
+        other = sows_by_tag(jaxpr)
+        for tag, name in called:
+            other.setdefault(tag, set()).add(name)
+        other = {
+            t: names
+            for t, names in other.items()
+            if t not in tags and not t.startswith(RESERVED_TAG_PREFIX)
+        }
+        if not other:
+            return []
+        sown = "; ".join(
+            f"tag {t!r}: {', '.join(map(repr, sorted(names)[:4]))}"
+            + (", ..." if len(names) > 4 else "")
+            for t, names in sorted(other.items())
+        )
+        want = sorted(tags)
+        note = OTHER_TAGS.format(
+            want=want[0] if len(want) == 1 else tuple(want),
+            sown=sown,
+            fix=repr(next(iter(sorted(other)))) if len(other) == 1 else repr(tuple(sorted(other))),
+        )
+        if not self._warned_tags:  # once per wrapped function
+            self._warned_tags = True
+            warnings.warn(note, stacklevel=user_stacklevel())
+        return [note]
+
     def traced(self, *args, **kwargs):
         """Under a trace (a program that calls this one): `run`'s result, traced in
         place instead of as a nested program (non-array leaves are constants of the
@@ -258,6 +295,7 @@ class SaveIntermediates:
         its inputs or one of its other results (`_program.shared`)."""
         return self._traced(*args, **kwargs)
 
+    @_compat.api_boundary  # a bad input's traceback ends at the user's call
     def __call__(self, *args, **kwargs):
         """Run `fn`; return `(result, intermediates)` (summaries on the host if summarising)."""
         result, inter = self.run(*args, **kwargs)
@@ -265,6 +303,7 @@ class SaveIntermediates:
             inter = nest(*inter.unpack())
         return result, inter
 
+    @_compat.api_boundary  # a bad input's traceback ends at the user's call
     def run(self, *args, **kwargs):
         """Like calling, but summaries stay packed on the device (`Packed`): start their
         transfer with `.fetch_async()` and read them with `.unpack()` when needed."""
@@ -311,6 +350,13 @@ class SaveIntermediates:
             return self._traced(*a, **k)
 
         return call
+
+
+OTHER_TAGS = (
+    "sowviz.save_intermediates: no sow has the tag {want!r}, so nothing was captured; "
+    "`fn` sows under other tags ({sown}). Collect them with "
+    "`save_intermediates(fn, tag={fix})` (a tuple collects several tags)."
+)
 
 
 NOT_REACHED = (

@@ -264,6 +264,17 @@ def sow_eqns(jaxpr, tags: frozenset[str]) -> list:
     return found
 
 
+def sows_by_tag(jaxpr, found: dict[str, set[str]] | None = None) -> dict[str, set[str]]:
+    """Every sow of `jaxpr` and its sub-programs, whatever its tag: `{tag: {name}}`."""
+    found = {} if found is None else found
+    for eqn in jaxpr.eqns:
+        if eqn.primitive is sow_p or _is_foreign_sow(eqn):
+            found.setdefault(eqn.params["tag"], set()).add(eqn.params["name"])
+        for _, _, sub in _compat.sub_jaxprs(eqn):
+            sows_by_tag(sub, found)
+    return found
+
+
 #: Primitives of a library's linear solve, which an implicit derivative runs on the
 #: Jacobian of the user's function: lineax's `linear_solve` (lineax 0.1), which
 #: optimistix's `ImplicitAdjoint` and lineax's own derivative rules bind. JAX's

@@ -252,9 +252,22 @@ RESERVED_TAG = (
 )
 
 
-def check_user_tag(tag: Any, where: str) -> None:
-    """Refuse a user's `tag` (a string or a sequence of them) in sowviz's own namespace."""
-    for t in (tag,) if isinstance(tag, str) else tuple(tag):
+def check_user_tag(tag: Any, where: str, many: bool = False) -> None:
+    """Refuse a user's `tag` (a string, or with `many` a tuple, list or set of them) of
+    another type (`tag=3` failed as "'int' object is not iterable"), or in sowviz's
+    own namespace."""
+    if isinstance(tag, str):
+        tags: tuple = (tag,)
+    elif many and isinstance(tag, (tuple, list, set, frozenset)):
+        tags = tuple(tag)  # (each a string: `capture.api._check_options` says so)
+    else:
+        raise TypeError(
+            f"{where}: `tag` must be a non-empty string"
+            + (" (or a tuple of them, to collect several tags)" if many else "")
+            + f", got {tag!r} ({type(tag).__name__}). Pass e.g. tag='intermediates' "
+            "(the default) or tag='acts'."
+        )
+    for t in tags:
         if isinstance(t, str) and t.startswith(RESERVED_TAG_PREFIX):
             raise ValueError(RESERVED_TAG.format(where=where, tag=t))
 

@@ -42,6 +42,7 @@ from .names import (
     call_labels,
     call_places,
     construct_label,
+    derivative_site,
     fold_derivative_lines,
     fold_names,
     function_label,
@@ -1647,7 +1648,7 @@ class _Builder(InputsMixin):
             sites = _compat.haiku_call_sites(eqn)
             if r < len(sites) and not _compat.is_library_file(sites[r].file):
                 return self.location(sites[r])
-        opened = scope_opened(eqn, names[j])
+        opened = scope_opened(eqn, names[j]) or derivative_site(eqn, names, j)
         return self.location(opened) if opened is not None else self.source(eqn, around)
 
     def source(self, eqn, around: _Rec | None = None) -> _compat.SourceLocation | None:

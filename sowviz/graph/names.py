@@ -217,6 +217,8 @@ FOLD = "\x00fold:"
 #: Prefix of the scope names of the user's own function calls (`graph.calls`): stages
 #: of the program's own, unlike folds.
 CALL = "\x00call:"
+#: the key ending a box `_box_run` makes of a line taking a derivative
+_DERIVATIVE_BOX = re.compile(r"\x01d\d+$")
 #: Ends the name of a call of the user's function that a library called back
 #: (`minimize(f, x0)` evaluating `f`: `calls.group_calls`, or in a loop body the library
 #: traced, `fold_names`): drawn inside the library call's group, not splitting it.
@@ -2372,6 +2374,29 @@ def _derivative_lines(
     return tuple(found)
 
 
+def derivative_site(eqn: Any, names: Sequence[str], j: int) -> _compat.SourceLocation | None:
+    """The line that takes the derivative a box `names[j]` of `fold_derivative_lines`
+    is named by (`u_t = jax.grad(u, argnums=1)(params, t, x)`), among `eqn`'s user
+    frames; None for any other scope. The box was sourced at its first equation's line,
+    inside the differentiated function (`u`'s first line), as a fold by line is."""
+    name = names[j]
+    if not name.startswith(FOLD) or _DERIVATIVE_BOX.search(name) is None:
+        return None
+    label = fold_label(name)
+    # (the same label taken again inside such a line: the k-th box is the k-th line)
+    k = sum(
+        1
+        for n in names[:j]
+        if n.startswith(FOLD) and _DERIVATIVE_BOX.search(n) and fold_label(n) == label
+    )
+    found = [
+        loc
+        for loc in reversed(_compat.user_frame_locations(eqn))  # (outermost first)
+        if assigned_by_transform(loc.file, statement_line(loc.file, loc.line)) == label
+    ]
+    return found[k] if k < len(found) else None
+
+
 def _box_run(out: list[tuple[str, ...]], run: range, label: str, tag: int, alone: bool) -> None:
     """Wrap the equations of `run` in one box `label`, below the scopes they all share,
     around the items under them; not when it holds one item alone (the box would
@@ -2393,7 +2418,7 @@ def _box_run(out: list[tuple[str, ...]], run: range, label: str, tag: int, alone
     inside = alone and _own_fold_inside(out, run, own)
     if not inside and not _called_elsewhere(out, run, prefix):
         return
-    box = f"{FOLD}{label}\x01d{tag}"
+    box = f"{FOLD}{label}\x01d{tag}"  # (`_DERIVATIVE_BOX`)
     for m in run:
         t = out[m]
         out[m] = (*t[:depth], box, *t[depth + own(t) :])

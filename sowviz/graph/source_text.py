@@ -813,7 +813,60 @@ def assigned_by_transform(file: str, line: int) -> str | None:
         return None
     if not (_takes_derivative(value) or _takes_derivative(value.func)):
         return None
-    return assigned(file, line)
+    return _with_applied_map(file, line, value) or assigned(file, line)
+
+
+#: derivative transforms returning a function the program applies later (`y, f_jvp =
+#: jax.linearize(g, w)`, `out, pullback = jax.vjp(g, w)`)
+_RETURNS_MAP = frozenset({"linearize", "vjp"})
+
+
+def _with_applied_map(file: str, line: int, value: ast.Call) -> str | None:
+    """`y, lin` for `y, f_jvp = jax.linearize(g, w)` whose map a later statement of
+    the same block applies (`lin = f_jvp(v)`; `f_jvp(…)` when that statement assigns
+    no call of it alone, `return y + f_jvp(v).sum()`); None for any other line. JAX
+    records the applied map's equations at the `linearize` (`vjp`) line, so that
+    line's box holds `lin` (`ct` of `(ct,) = pullback(ones)`): labelled `y, f_jvp`, it
+    said it held `y` while its value was `lin`."""
+    func = value.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    tree = _parsed("".join(linecache.getlines(file)))
+    if name not in _RETURNS_MAP or tree is None:
+        return None
+    for block in (b for node in ast.walk(tree) for b in _bodies(node) if b):
+        at = [k for k, st in enumerate(block) if st.lineno == line]
+        if not at:
+            continue
+        st = block[at[0]]
+        if not isinstance(st, ast.Assign) or len(st.targets) != 1:
+            return None
+        target = st.targets[0]
+        if not isinstance(target, ast.Tuple) or len(target.elts) != 2:
+            return None
+        first, fn = target.elts
+        if not isinstance(fn, ast.Name):
+            return None
+        for later in block[at[0] + 1 :]:
+            calls = [
+                c
+                for c in ast.walk(later)
+                if isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id == fn.id
+            ]
+            if not calls:
+                continue
+            if isinstance(later, ast.Assign) and later.value is calls[0]:
+                applied = assigned(file, later.lineno)
+            else:
+                applied = None
+            applied = applied or f"{fn.id}(…)"
+            # (a value the block never reads again is handed on by no box: `lin` alone)
+            rest = block[at[0] + 1 :]
+            read = {n.id for st in rest for n in ast.walk(st) if isinstance(n, ast.Name)}
+            if isinstance(first, ast.Name) and first.id not in read:
+                return applied
+            return f"{ast.unparse(first)}, {applied}"
+        return None
+    return None
 
 
 def _takes_derivative(expr: ast.expr) -> bool:

@@ -15,6 +15,7 @@ import warnings
 from collections.abc import Generator, Iterator
 from typing import Any
 
+from .._caller import user_stacklevel
 from . import format as fmt
 from .writer import MODEL_FILE, STEPS_FILE
 
@@ -187,4 +188,4 @@ class LogReader:
         if offset in self._warned:
             return
         self._warned.add(offset)
-        warnings.warn(f"sowviz.load: {message}.", LogWarning, stacklevel=4)
+        warnings.warn(f"sowviz.load: {message}.", LogWarning, stacklevel=user_stacklevel())

@@ -22,6 +22,7 @@ import time
 import warnings
 from typing import Any
 
+from .._caller import user_stacklevel
 from .._files import unlinked
 from .naming import Hist, Scalar, probe_tags
 from .naming import items as step_items
@@ -68,7 +69,7 @@ def _library():
     try:
         import crc32c  # noqa: F401  (tensorboardX picks it up by itself)
     except ImportError:
-        warnings.warn(_SLOW, RuntimeWarning, stacklevel=4)
+        warnings.warn(_SLOW, RuntimeWarning, stacklevel=user_stacklevel())
     return event_pb2, EventsWriter
 
 

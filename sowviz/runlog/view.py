@@ -20,6 +20,7 @@ import pathlib
 import threading
 from typing import Any
 
+from .. import _compat
 from .._history import History, losses_item
 from . import join as _join
 from .reader import LogReader
@@ -426,6 +427,7 @@ def _no_model(log_dir: pathlib.Path) -> str:
     return what + ". Pass the `log_dir` given to `sowviz.Monitor(..., log_dir=...)`."
 
 
+@_compat.api_boundary  # a bad input's traceback ends at the user's call
 def load(log_dir: str | os.PathLike, *more: str | os.PathLike, history: int = 200) -> RunLogView:
     """A live view of the run log a `Monitor(..., log_dir=...)` writes.
 
