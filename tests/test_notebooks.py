@@ -274,3 +274,43 @@ def test_notebook_runs(path, kernel_env, monkeypatch):
     assert "Traceback" not in stderr_of(nb)
     CHECKS[path.name](nb, text, kernel_env)
     print(f"{path.name}: {elapsed:.1f}s")
+
+
+MLP_CELL = """import jax, jax.numpy as jnp, sowviz
+def mlp(params, x):
+    h = jax.nn.relu(x @ params["w1"] + params["b1"])
+    return h @ params["w2"] + params["b2"]
+def loss(params, x, y):
+    return jnp.mean((mlp(params, x) - y) ** 2)
+k1, k2, k3 = jax.random.split(jax.random.PRNGKey(0), 3)
+params = {"w1": jax.random.normal(k1, (8, 32)) * 0.3, "b1": jnp.zeros(32),
+          "w2": jax.random.normal(k2, (32, 1)) * 0.3, "b2": jnp.zeros(1)}
+x = jax.random.normal(k3, (64, 8)); y = jnp.sin(x[:, :1])
+ins = sowviz.inspect(loss, params, x, y)
+mlp_id = [n.id for n in ins.graph.nodes if n.label == "mlp"][0]
+print("MLP-BOXES", [n.label for n in ins.graph.nodes if n.parent == mlp_id])
+h = [n for n in ins.graph.nodes if n.label == "h"][0]
+print("H-SOURCE", h.source.file, h.source.line)
+expected = jax.nn.relu(x @ params["w1"] + params["b1"])
+print("H-L2-MATCHES", bool(jnp.allclose(ins.probe("h").summaries["primal"]["l2"],
+                                        jnp.linalg.norm(expected), rtol=1e-5)))
+"""
+
+
+def test_a_notebook_cells_lines_are_boxes_named_by_the_code(tmp_path, kernel_env):
+    """In a real kernel, a cell's function is drawn by its lines (`h`, `h @ w2 + b2`),
+    as the same code in a file is. ipykernel names a cell's code
+    `/tmp/ipykernel_<pid>/<hash>.py`; the graph's locations carry IPython's short name
+    for it (`In [1]`), which is no file `linecache` knows: every line read as
+    unreadable, and `mlp` was drawn as its seven primitives."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(MLP_CELL)]
+    path = tmp_path / "mlp.ipynb"
+    nbformat.write(nb, path)
+    ran, _ = run_notebook(path, kernel_env)
+    text = text_of(ran)
+    assert "MLP-BOXES ['h', 'h @ w2 + b2']" in text, text
+    assert re.search(r"^H-SOURCE In ?\[\d+\] 3$", text, re.M), text
+    assert "H-L2-MATCHES True" in text, text

@@ -35,6 +35,7 @@ from .source_text import (
     is_return,
     names_string,
     operand_text,
+    remember_path,
     returned_calls,
     returned_label,
     returned_values,
@@ -183,6 +184,12 @@ def short_path(file: str) -> str:
     package's file from its package (`diffrax/_integrate.py`, not the virtualenv's
     `lib/python3.12/site-packages/…`); a notebook cell's temporary file as IPython
     names it (`In [3]`)."""
+    short = _shortened_path(file)
+    remember_path(short, file)  # (the source is read by the short name too)
+    return short
+
+
+def _shortened_path(file: str) -> str:
     for packages in ("/site-packages/", "/dist-packages/"):
         if packages in file:
             return file.rsplit(packages, 1)[1]

@@ -19,6 +19,25 @@ from collections.abc import Sequence
 #: Longest label made of target names; longer lists keep their first names.
 _MOST = 28
 
+#: The file each shortened name stands for (`In [3]` for ipykernel's
+#: `/tmp/ipykernel_71/2878708385.py`, `model.py` for `<cwd>/model.py`): the graph's
+#: locations carry the short names users read, and a cell's short name is no file
+#: `linecache` knows (a notebook's lines were all read as unreadable, its functions
+#: drawn as primitives).
+_FULL_PATHS: dict[str, str] = {}
+
+
+def remember_path(short: str, full: str) -> None:
+    """Record that the location name `short` stands for the file `full`."""
+    if short != full:
+        _FULL_PATHS[short] = full
+
+
+def _lines(file: str) -> list[str]:
+    """The lines of `file` (its full path when `file` is a short name), as `linecache`
+    holds them."""
+    return linecache.getlines(_FULL_PATHS.get(file, file))
+
 
 def assigned(file: str, line: int) -> str | None:
     """The targets the simple statements at `file:line` assign, as the source spells
@@ -34,7 +53,7 @@ def assigned_by_call(file: str, line: int, function: str) -> str | None:
     value. None when the line assigns a value computed from the call's (`As =
     jnp.tanh(jnp.einsum(...)) * 0.3`, `y += jnp.einsum(...)`): the name belongs to the
     box of the line's last work, not to the call's."""
-    statements = _statements_at("".join(linecache.getlines(file)), line)
+    statements = _statements_at("".join(_lines(file)), line)
     if not statements or not all(_assigns_call(st, function) for st in statements):
         return None
     return assigned(file, line)
@@ -48,7 +67,7 @@ def calls_from_module(file: str, line: int, function: str) -> bool:
         isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
         and node.func.attr == function
-        for st in _statements_at("".join(linecache.getlines(file)), line)
+        for st in _statements_at("".join(_lines(file)), line)
         for node in ast.walk(st)
     )
 
@@ -63,7 +82,7 @@ def _assigns_call(st: ast.stmt, function: str) -> bool:
 
 
 def _targets(file: str, line: int, column: int | None = None) -> list[str] | None:
-    statements = _statements_at("".join(linecache.getlines(file)), line)
+    statements = _statements_at("".join(_lines(file)), line)
     if column is not None and len(statements) > 1:  # `kc = ...; vc = ...`: the one there
         statements = [
             st
@@ -94,7 +113,7 @@ def _targets(file: str, line: int, column: int | None = None) -> list[str] | Non
 
 def is_return(file: str, line: int) -> bool:
     """Whether `file:line` is (part of) a `return` statement."""
-    statements = _statements_at("".join(linecache.getlines(file)), line)
+    statements = _statements_at("".join(_lines(file)), line)
     return len(statements) == 1 and isinstance(statements[0], ast.Return)
 
 
@@ -102,13 +121,13 @@ def called_alone(file: str, line: int) -> str | None:
     """The function a line that is only a call names, as written (`jax.debug.print` for
     `jax.debug.print("mean {m}", m=h.mean())`); None for any other line. Such a line
     assigns nothing and returns nothing: its run was named by its place (`mlp:35`)."""
-    statements = _statements_at("".join(linecache.getlines(file)), line)
+    statements = _statements_at("".join(_lines(file)), line)
     if len(statements) != 1 or not isinstance(statements[0], ast.Expr):
         return None
     call = statements[0].value
     if not isinstance(call, ast.Call):
         return None
-    return _written("".join(linecache.getlines(file)), call.func)
+    return _written("".join(_lines(file)), call.func)
 
 
 def statement_line(file: str, line: int) -> int:
@@ -116,7 +135,7 @@ def statement_line(file: str, line: int) -> int:
     the source cannot be read or the line is a compound statement's header). The
     equations of one statement written over two lines (`total = total + ce(\n logits,
     t).mean()`) come from both: they are one line's run."""
-    lines = linecache.getlines(file)
+    lines = _lines(file)
     key = (file, line)
     hit = _statement_lines.get(key)
     if hit is not None and hit[0] is lines:  # (linecache's list: new when the file changes)
@@ -193,7 +212,7 @@ def returned_place(file: str, line: int, column: int | None = None) -> int | Non
     element that is no name (0). None when the source does not say: several returns
     unlike each other, a line assigning two returned names, a return of two
     expressions. `column` tells apart the statements of a line of several."""
-    tree = _parsed("".join(linecache.getlines(file)))
+    tree = _parsed("".join(_lines(file)))
     if tree is None:
         return None
     fn = None
@@ -352,7 +371,7 @@ def scope_opened_at(file: str, line: int, name: str) -> int | None:
     read. A scope's first equation may be deep inside a function called in the block
     (`norm(x)`): the block is where the user named it."""
     found = None
-    for node in _withs("".join(linecache.getlines(file))):
+    for node in _withs("".join(_lines(file))):
         if not node.body[0].lineno <= line <= (node.body[-1].end_lineno or node.lineno):
             continue
         if any(_opens_scope(item.context_expr, name) for item in node.items):
@@ -400,7 +419,7 @@ def names_string(file: str, line: int, text: str) -> bool:
     `jax.named_call(attention, name="attn")(w, x)`)."""
     return any(
         isinstance(node, ast.Constant) and node.value == text
-        for st in _statements_at("".join(linecache.getlines(file)), line)
+        for st in _statements_at("".join(_lines(file)), line)
         for node in ast.walk(st)
     )
 
@@ -415,7 +434,7 @@ def rule_owner(file: str, line: int, function: str) -> str | None:
     `row_scale` for `@row_scale.def_vmap` above `def _rs_rule`, or for a
     `row_scale.def_vmap(_rs_rule)` anywhere in the file; None otherwise. Under
     `jax.vmap(row_scale)` JAX runs the rule, and the stage is `row_scale`'s."""
-    decorated, called = _rule_owners("".join(linecache.getlines(file)))
+    decorated, called = _rule_owners("".join(_lines(file)))
     for start, end, owner in decorated.get(function, ()):
         if start <= line <= end:
             return owner
@@ -461,7 +480,7 @@ def operand_text(file: str, line: int, span: Span) -> str | None:
     pos], caches, pos)`. The line's targets name the call's result, not its argument's.
     A span over several arguments of one call reads as them (`next_token[:, None], P +
     i`: `_arguments_written`). None otherwise, or when the text is longer than a label."""
-    source = "".join(linecache.getlines(file))
+    source = "".join(_lines(file))
     statements = _statements_at(source, line)
     if len(statements) != 1:
         return None
@@ -530,7 +549,7 @@ _FUNCTIONS = (ast.Lambda, ast.GeneratorExp, ast.ListComp, ast.SetComp, ast.DictC
 def _returned_value(file: str, line: int) -> ast.expr | None:
     """The one value the `return` statement at `file:line` returns (None for a return
     of several values or none, or when the source cannot be read)."""
-    source = "".join(linecache.getlines(file))
+    source = "".join(_lines(file))
     statements = _statements_at(source, line)
     if len(statements) != 1 or not isinstance(statements[0], ast.Return):
         return None
@@ -553,7 +572,7 @@ def returned_label(file: str, line: int) -> str | None:
         name = called.attr if isinstance(called, ast.Attribute) else getattr(called, "id", None)
         if name:
             return name
-    return _written("".join(linecache.getlines(file)), value) or _keyed_short(value)
+    return _written("".join(_lines(file)), value) or _keyed_short(value)
 
 
 class _KeysAsNames(ast.NodeTransformer):
@@ -647,7 +666,7 @@ def returned_values(file: str, line: int, spans: Sequence[Span]) -> str | None:
     (`toks[order], s[order]`; `x + o` of `return x + o, cache`), if that fits a label.
     None when a span lies in no one value, or the statement returns one value
     (`returned_label`). (The line's place, `rerank:9`, says nothing of them.)"""
-    source = "".join(linecache.getlines(file))
+    source = "".join(_lines(file))
     statements = _statements_at(source, line)
     if len(statements) != 1 or not isinstance(statements[0], ast.Return):
         return None
@@ -671,7 +690,7 @@ def returns_expression(file: str, line: int) -> bool:
     """Whether the `return` statement at `file:line` returns one value computed by an
     expression written there (`x @ w + b`, `w - 0.1 * g`), not by a call (`jnp.tanh(x
     @ w)`, whose box would read as the call alone), nor several values."""
-    statements = _statements_at("".join(linecache.getlines(file)), line)
+    statements = _statements_at("".join(_lines(file)), line)
     if len(statements) != 1 or not isinstance(statements[0], ast.Return):
         return False
     value = statements[0].value
@@ -756,7 +775,7 @@ def _function_def(
 ) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
     """The definition of the function `function` at `file:line` (its `def` or its first
     decorator), or None when the source cannot be read or parsed."""
-    tree = _parsed("".join(linecache.getlines(file)))
+    tree = _parsed("".join(_lines(file)))
     if tree is None:
         return None
     return next(
@@ -795,7 +814,7 @@ _WRAPPERS = frozenset({"vmap", "jit", "checkpoint", "remat"})
 
 def _assigned_call(file: str, line: int) -> ast.Call | None:
     """The call whose value the one assignment at `file:line` assigns, or None."""
-    statements = _statements_at("".join(linecache.getlines(file)), line)
+    statements = _statements_at("".join(_lines(file)), line)
     if len(statements) != 1 or not isinstance(statements[0], (ast.Assign, ast.AnnAssign)):
         return None
     value = statements[0].value
@@ -830,7 +849,7 @@ def _with_applied_map(file: str, line: int, value: ast.Call) -> str | None:
     said it held `y` while its value was `lin`."""
     func = value.func
     name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
-    tree = _parsed("".join(linecache.getlines(file)))
+    tree = _parsed("".join(_lines(file)))
     if name not in _RETURNS_MAP or tree is None:
         return None
     for block in (b for node in ast.walk(tree) for b in _bodies(node) if b):
@@ -906,7 +925,7 @@ def derivative_alone(file: str, line: int) -> bool:
 def returns_one_value(file: str, line: int) -> bool:
     """Whether the `return` statement at `file:line` returns one value (`logits[:, -1]`,
     `jnp.sum(nll * mask) / jnp.sum(mask)`), not several (`toks[order], s[order]`)."""
-    statements = _statements_at("".join(linecache.getlines(file)), line)
+    statements = _statements_at("".join(_lines(file)), line)
     if len(statements) != 1 or not isinstance(statements[0], ast.Return):
         return False
     value = statements[0].value
