@@ -760,19 +760,20 @@ _foreign_treedefs: dict[str, Any] = {}
 
 
 @contextlib.contextmanager
-def recording_foreign_sow_treedefs() -> Iterator[None]:
-    """While tracing: record the tree structure of every `tesseract_jax.sow`."""
+def recording_foreign_sow_treedefs() -> Iterator[dict[str, Any]]:
+    """While tracing: record the tree structure of every `tesseract_jax.sow`. Yields
+    {name: Tesseract client} of those called inside a Tesseract (`tesseract_tracing`)."""
     import sys
 
     module = sys.modules.get("tesseract_jax.sow")  # never import it ourselves
     store_var = getattr(module, "_sow_treedefs", None)
     if store_var is None:
-        yield
+        yield {}
         return
-    store: dict[str, Any] = {}
+    store = _SowStore()
     token = store_var.set(store)
     try:
-        yield
+        yield store.inside
     finally:
         store_var.reset(token)
         _foreign_treedefs.update(store)
@@ -2689,3 +2690,88 @@ def closed_over_tracer(closed: ClosedJaxpr) -> Any | None:
     constant (JAX 0.10 to 0.12); a compiled program then refuses it as an argument,
     with "Cannot apply JAX transformations to a function lowered and compiled"."""
     return next((c for c in closed.consts if isinstance(c, _core.Tracer)), None)
+
+
+# ---------------------------------------------------------------------------
+# tesseract-jax (0.4 and 0.5) refuses a derivative endpoint a Tesseract lacks in
+# `_raise_if_unimplemented(eval_func, client)`, from its JVP rule, transpose rule or
+# lowering; its message names no Tesseract. The refusing frame's locals do.
+_TESSERACT_REFUSAL = re.compile(r"Endpoint '(\w+)' not implemented for this Tesseract")
+
+
+def tesseract_missing_endpoint(err: BaseException) -> tuple[str, Any] | None:
+    """(the endpoint, the `Jaxeract` client or None) when `err` (or an exception it
+    was raised from) is tesseract-jax's refusal of an endpoint a Tesseract lacks."""
+    seen: set[int] = set()
+    e: BaseException | None = err
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        found = _TESSERACT_REFUSAL.search(str(e))
+        if found and isinstance(e, NotImplementedError):
+            tb = e.__traceback__
+            while tb is not None:
+                frame = tb.tb_frame
+                if frame.f_code.co_name == "_raise_if_unimplemented":
+                    return found.group(1), frame.f_locals.get("client")
+                tb = tb.tb_next
+            return found.group(1), None
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def tesseract_endpoints(client: Any) -> tuple[str, ...] | None:
+    """The endpoints a `Jaxeract` client's Tesseract serves, or None when unknown."""
+    methods = getattr(client, "available_methods", None)
+    if methods is None:
+        methods = getattr(getattr(client, "client", None), "available_endpoints", None)
+    try:
+        return tuple(str(m) for m in methods) if methods is not None else None
+    except TypeError:
+        return None
+
+
+# ---------------------------------------------------------------------------
+# An in-process Tesseract (`Tesseract.from_tesseract_api`) runs its `apply_jit` in
+# a program of its own, through tesseract-jax's host callback; Python calls it while
+# the user's program is traced only for the output shapes: tesseract-jax's
+# `Jaxeract.abstract_eval` (from `apply_tesseract`, and from the primitive's
+# `tesseract_dispatch_abstract_eval`) runs the Tesseract's `abstract_eval` endpoint,
+# whose jax_recipes version is `jax.eval_shape(apply_jit)` (tesseract-jax 0.4, 0.5).
+# A sow called there never reaches the traced program.
+_TESSERACT_EVALS = frozenset({"abstract_eval", "tesseract_dispatch_abstract_eval"})
+
+
+def tesseract_tracing() -> Any | None:
+    """The `Jaxeract` client of the Tesseract whose shapes tesseract-jax is working out
+    on this thread right now (the caller runs inside it), else None."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name in _TESSERACT_EVALS and str(
+            frame.f_globals.get("__name__", "")
+        ).startswith("tesseract_jax"):
+            local = frame.f_locals
+            for client in (
+                local.get("self"),
+                local.get("client"),
+                getattr(local.get("params"), "client", None),
+            ):
+                if hasattr(client, "available_methods"):
+                    return client
+        frame = frame.f_back
+    return None
+
+
+class _SowStore(dict):
+    """tesseract-jax's store of `tesseract_jax.sow` tree structures, which also notes
+    the names sown inside a Tesseract (`tesseract_tracing`): those never reach the
+    program."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inside: dict[str, Any] = {}
+
+    def __setitem__(self, name: str, treedef: Any) -> None:
+        client = tesseract_tracing()
+        if client is not None:
+            self.inside[name] = client
+        super().__setitem__(name, treedef)

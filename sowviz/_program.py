@@ -68,6 +68,7 @@ from .modes import (
     refused_tangent,
     refused_tangent_error,
     tangent_inputs,
+    tesseract_endpoint_error,
     transform,
     with_aux,
     with_output_leaves,
@@ -793,6 +794,13 @@ class Runner:
         chain = None if chain is None else chain_flags(chain, finite)
         return Out(result, None, finite, None, traced, (), chain, state, aux)
 
+    def _tesseract(self, client: Any) -> str:
+        """The label of a Tesseract stage (the graph's `tesseract_names` applied)."""
+        from .graph.tesseract import tesseract_label
+
+        tn = self.options.tesseract_names
+        return tesseract_label(client, dict(tn) if isinstance(tn, tuple) else tn)
+
     def run(
         self,
         args: tuple,
@@ -833,6 +841,7 @@ class Runner:
         except (TypeError, RuntimeError) as err:
             calls_vjp = lambda: self._calls_custom_vjp(spec, dyn)  # noqa: E731
             said, named = self._refused_tangent(spec, dyn, err, tangents is None)
+            said = said or tesseract_endpoint_error(self.options.mode, err, self._tesseract)
             if not named:  # (mode all through a `custom_vjp`: `forward_error` says it)
                 said = forward_error(self.options.mode, err, calls_vjp) or said
             said = said or leaked_trace_error(err)

@@ -358,8 +358,6 @@ def forward_error(
     forward = mode in (Mode.JVP, Mode.ALL)
     if not (forward and isinstance(err, TypeError | RuntimeError)):
         return None
-    if isinstance(err, NotImplementedError) and "'jacobian_vector_product'" in str(err):
-        return NotImplementedError(_TESSERACT_NO_JVP.format(mode=mode.value, err=err))
     direct = isinstance(err, TypeError) and "custom_vjp" in str(err)
     if not (direct or calls_custom_vjp()):
         return None
@@ -485,13 +483,82 @@ def _reverse_mode(mode: Mode) -> Iterator[None]:
         raise ValueError(msg) from err
 
 
-_TESSERACT_NO_JVP = (
-    "sowviz: mode '{mode}' takes `fn` forward (a JVP: mode 'all' linearizes it once), and "
-    "a Tesseract it calls has no `jacobian_vector_product` endpoint, which tesseract-jax "
-    "needs for `jax.jvp` too. Use mode='grad' or 'vjp' (they take its "
-    "`vector_jacobian_product`), or implement `jacobian_vector_product` in its "
-    "tesseract_api.py. The Tesseract said: {err}"
+_TESSERACT_NO_ENDPOINT = (
+    "sowviz: mode '{mode}' {how}, and {who} has no "
+    "`{endpoint}` endpoint, which tesseract-jax needs for {needs} too. {works} {fix} "
+    "The Tesseract said: {err}"
 )
+_TESSERACT_HOW = {
+    "jvp": "takes `fn` forward (a JVP, as `jax.jvp`)",
+    "all": "takes `fn` forward (it linearizes `fn` once, a JVP) and transposes that "
+    "for the cotangents (a VJP)",
+    "grad": "takes `fn` backward (a gradient, as `jax.grad`)",
+    "vjp": "takes `fn` backward (a pullback, as `jax.vjp`)",
+    "primal": "runs `fn`",
+}
+_TESSERACT_NEEDS = {
+    "jacobian_vector_product": "`jax.jvp`",
+    "vector_jacobian_product": "`jax.grad` and `jax.vjp`",
+}
+
+
+def _tesseract_modes(endpoints: Sequence[str]) -> list[str]:
+    """The modes a Tesseract with these endpoints allows: tesseract-jax takes it
+    forward with `jacobian_vector_product` and back with `vector_jacobian_product`
+    (never with `jacobian`, which serves only `vmap`); mode "all" needs both."""
+    jvp = "jacobian_vector_product" in endpoints
+    vjp = "vector_jacobian_product" in endpoints
+    return ["primal"] + ["jvp"] * jvp + ["grad", "vjp"] * vjp + ["all"] * (jvp and vjp)
+
+
+def _either(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+
+
+def tesseract_endpoint_error(
+    mode: Mode | str, err: Exception, label_of: Callable[[Any], str]
+) -> Exception | None:
+    """tesseract-jax's refusal of a derivative endpoint a Tesseract lacks, said with
+    the Tesseract's label (`label_of(client)`), the endpoints it has and the modes
+    those allow; None for any other error."""
+    found = _compat.tesseract_missing_endpoint(err)
+    if found is None:
+        return None
+    mode = Mode(mode)
+    endpoint, client = found
+    label = label_of(client) if client is not None else None
+    endpoints = _compat.tesseract_endpoints(client) if client is not None else None
+    if endpoints is None:
+        works = ""
+    else:
+        modes = [m for m in _tesseract_modes(endpoints) if m != mode.value]
+        shown = [e for e in endpoints if e not in ("health", "abstract_eval", "test")]
+        works = (
+            f"`{label}` has the endpoints {', '.join(shown)}: "
+            + ("use mode=" + _either([f"'{m}'" for m in modes]) if modes else "")
+            + (
+                " (its `jacobian` serves only `jax.vmap`)."
+                if "jacobian" in endpoints and "primal" in modes and len(modes) == 1
+                else "."
+            )
+        )
+    fix = (
+        f"To take mode '{mode.value}', implement `{endpoint}` in its tesseract_api.py "
+        "(for an `apply_jit` written in JAX, `tesseract_core.runtime.jax_recipes` has it)."
+    )
+    return NotImplementedError(
+        _TESSERACT_NO_ENDPOINT.format(
+            mode=mode.value,
+            how=_TESSERACT_HOW.get(mode.value, "differentiates `fn`"),
+            who=f"the Tesseract `{label}` that `fn` calls" if label else "a Tesseract `fn` calls",
+            endpoint=endpoint,
+            needs=_TESSERACT_NEEDS.get(endpoint, f"`{endpoint}`"),
+            works=works,
+            fix=fix,
+            err=err,
+        )
+    )
+
 
 # Per forward mode: mode all also takes the solve backward, which `ForwardMode`'s
 # `while_loop` cannot be; `DirectAdjoint`'s bounded loop can be taken both ways.

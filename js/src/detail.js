@@ -102,6 +102,8 @@ export class DetailPanel {
       ? paramTable(reads, (c) => this.handlers.onReveal(c), `arguments read here: ${reads.length}`)
       : null;
     readTable?.setAttribute("data-role", "stage-params");
+    const fields = node.kind === "tesseract" ? tesseractInputs(index, node) : null;
+    if (fields) this.el.append(fields);
     if (!probes.length) {
       if (!rows.length) this.el.append(this.noProbes(index, id));
       if (readTable) this.el.append(readTable);
@@ -517,4 +519,25 @@ export function carrierOf(index, id) {
 /** A probe's leaf as a user reads it: `vector_add.normed_result` for `['vector_add.normed_result']`. */
 export function leafLabel(leaf) {
   return String(leaf).replace(/\['([^']*)'\]/g, ".$1").replace(/^\./, "");
+}
+
+/**
+ * A Tesseract's inputs by schema field: each array field with what feeds it (its
+ * `port_names`: producer -> field), then its static fields (`solver = 'dense'`), which
+ * are no edge. Text nodes only: field names and values come from the user's schema.
+ * @param {import("./model.js").ModelIndex} index
+ * @param {import("./types").Node} node
+ */
+export function tesseractInputs(index, node) {
+  const ports = Object.entries(node.port_names ?? {});
+  const statics = Object.entries(node.static_inputs ?? {});
+  if (!ports.length && !statics.length) return null;
+  const rows = [
+    ...ports.map(([maker, field]) => h("li", { text: `${field} \u2190 ${index.nodes.get(maker)?.label ?? maker}` })),
+    ...statics.map(([field, value]) => h("li", { text: `${field} = ${value} (static)` })),
+  ];
+  return h("section", { "data-role": "tesseract-inputs" }, [
+    h("h4", { class: "sv-section", text: `schema inputs: ${ports.length + statics.length}` }),
+    h("ul", { class: "sv-tesseract-inputs" }, rows),
+  ]);
 }

@@ -54,6 +54,7 @@ function normaliseNode(n, i) {
     reads: Array.isArray(n.reads) ? n.reads.map(String) : [],
     read_at: readAt(n),
     port_names: portNames(n.port_names),
+    static_inputs: portNames(n.static_inputs),
   };
 }
 

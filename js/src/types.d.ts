@@ -115,6 +115,8 @@ export interface Node {
   read_at?: number[];
   /** what its body calls a value entering it, by the value's producer (an edge end) */
   port_names?: Record<string, string>;
+  /** a Tesseract's static inputs: schema field -> value as Python writes it */
+  static_inputs?: Record<string, string>;
 }
 
 export interface Edge {

@@ -197,14 +197,14 @@ class SaveIntermediates:
         _compat.name_trace_after(flat_fn, self.fn)  # a leaked tracer's error names `fn`
         with (
             _compat.capture_tracing(),
-            _compat.recording_foreign_sow_treedefs(),
+            _compat.recording_foreign_sow_treedefs() as foreign_inside,
             sows_called() as called,
         ):
             closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*flat)
         rec = Recorder(self._options)
         with with_barriers(self._barriers):
             outs = evaluate_closed(closed, flat, rec)
-        self.notes = list(rec.notes) + self._unreached(called, rec)
+        self.notes = list(rec.notes) + self._unreached(called, rec, foreign_inside)
         self.notes += read_before_sown(closed.jaxpr, self._options.tags)
         if not rec.captures:
             self.notes += self._other_tags(closed.jaxpr, called)
@@ -237,14 +237,26 @@ class SaveIntermediates:
             apart=self._apart,
         )
 
-    def _unreached(self, called: set, rec: Recorder) -> list[str]:
+    def _unreached(self, called: set, rec: Recorder, foreign: dict) -> list[str]:
         """A note (and a warning) per sow that Python called while tracing `fn` but that
         never reached the program: a `custom_vjp`/`custom_jvp` rule that does not call
-        the function replaced the code around it, so nothing was captured there."""
+        the function replaced the code around it, so nothing was captured there; or it
+        is inside an in-process Tesseract's `apply_jit` (`INSIDE_TESSERACT`), which
+        `foreign` ({name: client}) also says of `tesseract_jax.sow`s."""
+        from ..graph.tesseract import tesseract_label
+
         captured = {(c.site.tag, c.site.name) for c in rec.captures}
+        inside = dict(getattr(called, "inside", {}))
+        inside.update({("intermediates", n): c for n, c in foreign.items()})
         notes = [
-            NOT_REACHED.format(name=name)
-            for tag, name in sorted(called)
+            INSIDE_TESSERACT.format(
+                name=name,
+                how="sowviz.sow" if (tag, name) in called else "tesseract_jax.sow",
+                label=tesseract_label(inside[tag, name], None),
+            )
+            if (tag, name) in inside
+            else NOT_REACHED.format(name=name)
+            for tag, name in sorted(called | set(inside))
             if tag in self._options.tags
             and (tag, name) not in captured
             and name not in rec.dropped  # already said (`interpret.UNSUPPORTED`)
@@ -364,6 +376,15 @@ NOT_REACHED = (
     "reached the program: a custom_jvp/custom_vjp rule replaced the code around it (the "
     "rule does not call the function), so nothing was captured there. Sow the custom "
     "function's output instead."
+)
+
+
+INSIDE_TESSERACT = (
+    "sowviz.save_intermediates: `{how}({name!r})` is inside Tesseract `{label}`, which "
+    "runs outside the traced program (tesseract-jax calls it through a host callback; "
+    "its `apply_jit` is traced only to find its output shapes), so nothing was captured "
+    "there, by `sowviz.sow` or `tesseract_jax.sow` alike. Sow the Tesseract's outputs in "
+    "your program instead: `out = sowviz.sow(apply_tesseract(...), 'out')`."
 )
 
 

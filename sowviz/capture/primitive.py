@@ -302,6 +302,9 @@ def sow(value: Any, name: str, *, tag: str = "intermediates") -> Any:
     seen = getattr(_SEEN, "names", None)
     if seen is not None:
         seen.add((tag, name))
+        client = _compat.tesseract_tracing()
+        if client is not None:  # never reaches the program: `capture.api.INSIDE_TESSERACT`
+            seen.inside[(tag, name)] = client
     outs = sow_p.bind(
         *arrays,
         name=name,
@@ -322,6 +325,15 @@ def sow(value: Any, name: str, *, tag: str = "intermediates") -> Any:
 _SEEN = threading.local()
 
 
+class _Called(set):
+    """`sows_called`'s set; `.inside` maps those called inside a Tesseract's own
+    program (`_compat.tesseract_tracing`) to its tesseract-jax client."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inside: dict[tuple[str, str], Any] = {}
+
+
 @contextlib.contextmanager
 def sows_called() -> Iterator[set]:
     """The (tag, name) pairs of the `sow` calls Python makes while tracing. A sow inside
@@ -329,7 +341,7 @@ def sows_called() -> Iterator[set]:
     reaches the program; comparing this set with what was captured finds it. A nested
     block keeps its calls to itself (sowviz's own template sow, an inner capture)."""
     outer = getattr(_SEEN, "names", None)
-    _SEEN.names = names = set()
+    _SEEN.names = names = _Called()
     try:
         yield names
     finally:

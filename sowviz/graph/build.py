@@ -79,7 +79,7 @@ from .source_text import (
     statement_line,
     unpacked_arg_names,
 )
-from .tesseract import output_names, tesseract_label
+from .tesseract import eval_func, input_fields, output_names, tesseract_label
 
 _CAPTURES = ("sows", "stages", "all")
 #: A level with more nodes than this folds its runs of unscoped equations (names.py).
@@ -686,6 +686,7 @@ class _Rec:
         "shapes",
         "site",
         "source",
+        "statics",
         "takes",
         "user_body",
     )
@@ -719,6 +720,7 @@ class _Rec:
         #: per input in `reads`, the equation that first reads it: its `order` places the
         #: read in program order among its stages' (`Node.read_at`)
         self.read_by: list[_Rec] = []
+        self.statics: tuple[tuple[str, str], ...] = ()  # a Tesseract's (`Node.static_inputs`)
         #: the types of the values it reads from outside itself (`repeats`: blocks alike)
         self.takes: set[tuple[tuple[int, ...], str]] = set()
         self.forward = False  # a scope holding an equation of no backward pass
@@ -1104,6 +1106,9 @@ class _Builder(InputsMixin):
             chain = (*chain_here, rec.id)
             reads = self.body_reads.pop(id(eqn), {})
             operand_names = self.operand_names.pop(id(eqn), {})
+            if rec.kind == "tesseract":  # its ports are its schema's fields (`conductivity`)
+                operand_names, rec.statics = input_fields(eqn.params, len(eqn.invars))
+                reads = {p: [rec] for p in operand_names}
             for k, made in self.body_makes.pop(id(eqn), {}).items():
                 self.leaf_made[eqn.outvars[k]] = made
             for p, v in enumerate(eqn.invars):
@@ -1293,6 +1298,10 @@ class _Builder(InputsMixin):
             label = construct_label(label, _compat.call_path(eqn))
         if spec.construct is Construct.TESSERACT:
             label = tesseract_label(_compat.tesseract_client(eqn.params), self.tesseract_names)
+            # (a program that differentiates itself calls its derivative endpoints too)
+            func = eval_func(eqn.params)
+            suffix = {"vector_jacobian_product": "vjp", "jacobian_vector_product": "jvp"}
+            label = f"{label} ({suffix[func]})" if func in suffix else label
         # last, as what restates the function (`checkpoint(block)`) matched it bare
         return qualified(label, spec.qualifier(eqn.params) if spec.qualifier else None)
 
@@ -2044,6 +2053,7 @@ class _Builder(InputsMixin):
                 # (after `repeats.merge` renumbered every record: final orders)
                 read_at=tuple(e.order for e in r.read_by),
                 port_names=tuple(port_names.get(r.id, {}).items()),
+                static_inputs=r.statics,
             )
             for r in recs
             if r.id not in echoes

@@ -61,6 +61,9 @@ class Node:
     #: user's function named it (a loop's `step(h, x)`: `h` for the carry's initial
     #: value), the producer being an `Edge.ends` source
     port_names: tuple[tuple[str, str], ...] = ()
+    #: a Tesseract's static inputs, (schema field, value as Python writes it): not
+    #: operands of its call, so no edge shows them (`solver`, `'dense'`)
+    static_inputs: tuple[tuple[str, str], ...] = ()
 
     def to_dict(self, *, compact: bool = False, parent_source: Any = None) -> dict[str, Any]:
         """The node as in docs/model.md.
@@ -95,6 +98,8 @@ class Node:
             d["read_at"] = list(self.read_at)
         if self.port_names:
             d["port_names"] = dict(self.port_names)
+        if self.static_inputs:
+            d["static_inputs"] = dict(self.static_inputs)
         return d
 
 

@@ -1153,6 +1153,10 @@ def _fold(
         operand = argument(i, j, loc)
         if operand:
             return operand
+        after = j + 1  # (a Tesseract is never in a line's run: `line_key`)
+        if after < len(primitives) and primitives[after] == _compat.TESSERACT:
+            if locs[after] == loc and after < len(stages) and stages[after]:
+                return f"{stages[after]} inputs"  # not `u`, which the Tesseract makes
         named = line_assigns(i)
         if named:
             return named
@@ -1681,6 +1685,8 @@ def _fold(
             loc, scope = locs[i], scope_of(i)
             if loc is None or (scope and _OWN in scope[-1]):
                 return None
+            if i < len(primitives) and primitives[i] == _compat.TESSERACT:
+                return None  # a Tesseract, the external solver, is always a stage of its own
             if direct.get(scope, 0) <= line_limit:
                 # A small level still folds one library call's run (`make_causal_mask`:
                 # seven integer equations beside the model's layers), and a lambda's

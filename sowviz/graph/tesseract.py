@@ -109,3 +109,73 @@ def output_names(params: Mapping[str, Any], n_out: int) -> tuple[str, ...] | Non
         if not (i < len(mask) and mask[i])
     ]
     return tuple(names) if len(names) == n_out else None
+
+
+def _param(params: Mapping[str, Any], name: str, *old: str) -> Any:
+    """A `tesseract_dispatch` param: tesseract-jax 0.5 bundles them in `params`; 0.4
+    passes each as a param of its own (`is_static_mask` for 0.5's `static_input_mask`)."""
+    holder = params.get("params")
+    for key in (name, *old):
+        value = getattr(holder, key, None) if holder is not None else None
+        if value is None:
+            value = params.get(key)
+        if value is not None:
+            return value
+    return None
+
+
+def _path_names(treedef: Any) -> list[str] | None:
+    import jax
+
+    try:
+        tree = jax.tree_util.tree_unflatten(treedef, list(range(treedef.num_leaves)))
+        paths = jax.tree_util.tree_flatten_with_path(tree)[0]
+    except Exception:  # an SDK whose tree we cannot rebuild
+        return None
+    return [
+        ".".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+        for path, _ in paths
+    ]
+
+
+def eval_func(params: Mapping[str, Any]) -> str:
+    """The endpoint a `tesseract_dispatch` equation calls: `apply`, or in a program that
+    differentiates itself `jacobian_vector_product` / `vector_jacobian_product`."""
+    return str(_param(params, "eval_func") or "apply")
+
+
+def input_fields(
+    params: Mapping[str, Any], n_in: int
+) -> tuple[dict[int, str], tuple[tuple[str, str], ...]]:
+    """The schema field each operand of a `tesseract_dispatch` equation feeds ({operand
+    position: `conductivity`, `a.v`}; a JVP's tangents `conductivity (tangent)`, a
+    VJP's cotangents by output field, `temperature (cotangent)`), and its static
+    inputs, (field, value as written: `solver`, `'dense'`). Empty when the params do not
+    say."""
+    treedef = _param(params, "input_pytreedef")
+    mask = tuple(_param(params, "static_input_mask", "is_static_mask") or ())
+    statics = tuple(_param(params, "static_args") or ())
+    paths = _path_names(treedef) if treedef is not None else None
+    if paths is None or (mask and len(mask) != len(paths)):
+        return {}, ()
+    arrays = [p for k, p in enumerate(paths) if not (k < len(mask) and mask[k])]
+    static_paths = [p for k, p in enumerate(paths) if k < len(mask) and mask[k]]
+    shown = tuple((p, repr(v)) for p, v in zip(static_paths, statics, strict=False) if _plain(v))
+    names = dict(enumerate(arrays))
+    func = eval_func(params)
+    n = len(arrays)
+    if func == "jacobian_vector_product":
+        has = tuple(_param(params, "has_tangent") or (True,) * n)
+        tangent = [p for p, h in zip(arrays, has, strict=False) if h]
+        names.update({n + k: f"{p} (tangent)" for k, p in enumerate(tangent)})
+    elif func == "vector_jacobian_product":
+        outs = output_names(params, len(_param(params, "output_avals") or ())) or ()
+        has = tuple(_param(params, "has_cotangent") or (True,) * len(outs))
+        cot = [p for p, h in zip(outs, has, strict=False) if h]
+        names.update({n + k: f"{p} (cotangent)" for k, p in enumerate(cot)})
+    return {k: v for k, v in names.items() if k < n_in}, shown
+
+
+def _plain(value: Any) -> bool:
+    # a number, a string or a flag the user wrote, not an object whose repr is noise
+    return isinstance(value, str | int | float | bool) or value is None

@@ -242,7 +242,7 @@ def test_a_tesseract_without_a_jvp_endpoint_says_which_modes_work():
     for mode in ("jvp", "all"):
         with pytest.raises(
             NotImplementedError,
-            match=rf"mode '{mode}' takes `fn` forward.*Use mode='grad' or 'vjp'",
+            match=rf"mode '{mode}' takes `fn` forward.*Tesseract `scale_vjp_only`.*use mode='primal', 'grad' or 'vjp'",
         ):
             sowviz.inspect(loss, x, a, mode=mode)
 
