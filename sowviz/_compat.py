@@ -2775,3 +2775,34 @@ class _SowStore(dict):
         if client is not None:
             self.inside[name] = client
         super().__setitem__(name, treedef)
+
+
+# ---------------------------------------------------------------------------
+# --- sharded seeds and inputs (JAX 0.10-0.12) ------------------------------------------
+def explicitly_placed_like(v: Any, like: Any) -> Any:
+    """`v` placed as the type of `like` says when that type carries Explicit mesh axes
+    (`float32[16@data,8@model]`), else `v` as it is. A differentiation seed made apart
+    from its primal (`jnp.ones(y.shape)`, a NumPy array) is replicated, and a
+    `shard_map` whose in_spec splits that value refuses it in its transpose or JVP
+    (blaming the user's `in_specs`); `jax.jit`'s own rules reshard it, as this does."""
+    want = explicit_sharding(like)
+    if want is None or getattr(jax.typeof(v), "sharding", None) == want:
+        return v
+    return jax.sharding.reshard(v, want)
+
+
+def jit_input_placements(closed: ClosedJaxpr) -> list[MeshAxes | None]:
+    """Per input of `closed`, the mesh axes an outermost `jax.jit`'s `in_shardings`
+    split it along when the input goes straight into that jit (`jax.jit(loss,
+    in_shardings=(rep, NamedSharding(mesh, P("data"))))` called with NumPy arrays: the
+    jit places them, and no argument's `.sharding` says so); None elsewhere."""
+    jaxpr = closed.jaxpr
+    out: dict[Any, MeshAxes | None] = {}
+    for eqn in jaxpr.eqns:
+        shardings = eqn.params.get("in_shardings") if eqn.primitive.name in JIT else None
+        if shardings is None:
+            continue
+        for v, s in zip(eqn.invars, shardings, strict=False):
+            if isinstance(v, Var) and out.get(v) is None:
+                out[v] = named_axes(s, len(getattr(v.aval, "shape", ())))
+    return [out.get(v) for v in jaxpr.invars]

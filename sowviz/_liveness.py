@@ -146,3 +146,124 @@ def _carries(v: Any) -> bool:
         return False
     dtype = getattr(v.aval, "dtype", None)
     return dtype is not None and jnp.issubdtype(dtype, jnp.inexact)
+
+
+# -- why a value that reaches the output has no cotangent -----------------------------
+# A value the output reads has no cotangent when no tangent reaches it. Either it does
+# not depend on the differentiated arguments at all, or it does through the primal data
+# flow but every path is cut by an equation whose derivative is zero by definition: the
+# user's `jax.lax.stop_gradient` (a TD or GAE target), `floor`/`round`/`sign`, or an
+# integer result (`argmax`'s index). The panel said the former of both, which sent a
+# user debugging "why does my critic not learn from the target" the wrong way.
+
+
+class Cut:
+    """The equation nearest a value that cut its arguments' tangent: `name` its
+    primitive's, `eqn` it (its source line). Equal by identity: the fixed point of a
+    loop compares states, and an equation's own equality walks its params."""
+
+    __slots__ = ("eqn", "name")
+
+    def __init__(self, name: str, eqn: Any):
+        self.name, self.eqn = name, eqn
+
+
+#: a value carries a tangent from the differentiated arguments
+_TANGENT = "tangent"
+
+
+def stopped_values(jaxpr: Any, differentiated: Sequence[bool]) -> dict[Path, dict] | None:
+    """Per sub-program path (as `live_values`), the variables that depend on the
+    inputs marked `differentiated` through the primal data flow but carry no tangent
+    from them, each with the `Cut` nearest it (a `stop_gradient` preferred); None for a
+    program holding mutable references."""
+    out: dict[Path, dict] = {}
+    try:
+        _flow(jaxpr, [_TANGENT if d else None for d in differentiated], (), out)
+    except _Refs:
+        return None
+    return {p: {v: s for v, s in got.items() if s is not _TANGENT} for p, got in out.items()}
+
+
+def _merge(states: Sequence[Any]) -> Any:
+    """A tangent wins over a cut, a `stop_gradient`'s cut over another's; None: none."""
+    found = [s for s in states if s is not None]
+    if not found:
+        return None
+    if _TANGENT in found:
+        return _TANGENT
+    return next((s for s in found if s.name == "stop_gradient"), found[0])
+
+
+def _flow(jaxpr: Any, ins: list, path: Path, out: dict[Path, dict], custom: bool = False) -> list:
+    """Marks the state of `jaxpr`'s variables (`_TANGENT`, a `Cut`, absent: independent)
+    in `out[path]`, given its inputs'; returns its outputs'."""
+    jaxpr, _ = _compat.jaxpr_and_consts(jaxpr)
+    state: dict = out.setdefault(path, {})
+    for v, s in zip(jaxpr.invars, ins, strict=True):
+        if s is not None:
+            state[v] = _merge([state.get(v), s])
+
+    def of(v: Any) -> Any:
+        return state.get(v) if isinstance(v, _compat.Var) else None
+
+    for i, eqn in enumerate(jaxpr.eqns):
+        if any(_compat.is_ref(v.aval) for v in (*eqn.invars, *eqn.outvars)):
+            raise _Refs
+        got = _results(eqn, i, [of(v) for v in eqn.invars], path, out, custom)
+        for v, s in zip(eqn.outvars, got, strict=True):
+            if s is _TANGENT and not _carries(v):  # an integer result carries none
+                s = Cut(eqn.primitive.name, eqn)
+            if s is not None:
+                state[v] = _merge([state.get(v), s])
+    return [of(v) for v in jaxpr.outvars]
+
+
+def _results(eqn: Any, i: int, ins: list, path: Path, out: dict, custom: bool) -> list:
+    """The states of `eqn`'s results, given its operands' `ins`."""
+    construct = construct_of(eqn.primitive.name)
+    params = eqn.params
+    n_out = len(eqn.outvars)
+    param = spec(construct).bodies[0].param if construct in _CALLS else None
+    if param is not None and param in params:
+        inside = custom or construct in (Construct.CUSTOM_JVP, Construct.CUSTOM_VJP)
+        body = params[param]
+        if len(_compat.jaxpr_and_consts(body)[0].invars) == len(ins):
+            return _flow(body, ins, (*path, (i, param, None)), out, inside)
+    elif construct is Construct.COND:  # operand 0 is the branch index
+        got = [
+            _flow(b, ins[1:], (*path, (i, "branches", k)), out, custom)
+            for k, b in enumerate(params["branches"])
+        ]
+        return [_merge([*row, ins[0]]) for row in zip(*got, strict=True)]
+    elif construct is Construct.SCAN:
+        layout = _compat.scan_layout(params)
+        c0, nc = layout.num_consts, layout.num_carry
+        carry = list(ins[c0 : c0 + nc])
+        while True:  # a carry's state feeds the next iteration's: to a fixed point
+            got = _flow(
+                params["jaxpr"], [*ins[:c0], *carry, *ins[c0 + nc :]],
+                (*path, (i, "jaxpr", None)), out, custom,
+            )  # fmt: skip
+            grown = [_merge([a, b]) for a, b in zip(carry, got[:nc], strict=True)]
+            if grown == carry:
+                return got
+            carry = grown
+    elif construct is Construct.WHILE:
+        cn, bn = params["cond_nconsts"], params["body_nconsts"]
+        carry = list(ins[cn + bn :])
+        while True:
+            body_path = (*path, (i, "body_jaxpr", None))
+            got = _flow(params["body_jaxpr"], [*ins[cn : cn + bn], *carry], body_path, out, custom)
+            grown = [_merge([a, b]) for a, b in zip(carry, got, strict=True)]
+            if grown == carry:
+                return carry
+            carry = grown
+    merged = _merge(ins)
+    if merged is _TANGENT and construct is None and not custom:
+        if _compat.zero_derivative(eqn.primitive):
+            merged = Cut(eqn.primitive.name, eqn)
+    elif merged is not None and merged is not _TANGENT and construct is None and not custom:
+        if eqn.primitive.name == "stop_gradient":  # the user's own cut, nearest the value
+            merged = Cut(eqn.primitive.name, eqn)
+    return [merged] * n_out

@@ -263,8 +263,13 @@ class Traced:
             for a in (self.layout.arg_of[j], self.layout.arg_of[j] - len(args))
         }
         drawn = {a % len(args) for a in options.drawn_parameters(parted)} if args else set()
-        # inputs drawn as their arguments lie: on an Auto mesh no type says it
-        with placed_inputs([_compat.placement_axes(x) for x in dyn]):
+        # inputs drawn as their arguments lie: on an Auto mesh no type says it; a host
+        # array lies where a jit `fn` places it (its `in_shardings`)
+        by_jit = _compat.jit_input_placements(self.closed)
+        placed = [_compat.placement_axes(x) for x in dyn]
+        with placed_inputs(
+            [a if a is not None else j for a, j in zip(placed, by_jit, strict=True)]
+        ):
             self.graph = build_graph(
                 self.closed,
                 in_names=[names[i] for i in spec.dynamic],

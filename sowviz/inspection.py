@@ -22,7 +22,7 @@ import difflib
 import json
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 from typing import Any
 
@@ -31,13 +31,15 @@ import numpy as np
 
 from . import _compat, _model
 from ._gc import gc_paused
+from ._liveness import Cut, stopped_values
 from ._model import KEY_ORDER, SCHEMA, Mode
 from ._program import PROBE_TAG, Out, Traced, runner_for
 from ._runtime_errors import library_errors
 from .capture.api import META_KEYS, nest
 from .graph.model import StageGraph, part_of, sibling_labels
-from .graph.names import key_path_label, sows_named_as_captured
+from .graph.names import key_path_label, short_path, sows_named_as_captured
 from .graph.saved import NEW
+from .modes import check_argnums
 from .options import Capture, InspectOptions
 from .primitives import spec_of
 from .summary import Summary
@@ -63,8 +65,12 @@ class Probe:
     #: per capture key: a `Summary`, or a `SummaryRow` (a row of a stacked one)
     typed_summaries: dict[str, Summary | SummaryRow]
     #: why a stage probe has no cotangent in a mode that computes them
-    #: (`no_cotangent_reasons`): `"unreached"` or `"independent"`; None otherwise
+    #: (`no_cotangent_reasons`): `"unreached"`, `"independent"` or `"stopped"`; None
+    #: otherwise
     no_cotangent: str | None = None
+    #: for `"stopped"`: the equation that cut its tangent, `{"primitive": "stop_gradient",
+    #: "source": {"file", "line", "function"} or None}`
+    stopped_by: dict[str, Any] | None = None
 
     @cached_property
     def summaries(self) -> dict[str, dict[str, Any]]:
@@ -82,6 +88,8 @@ class Probe:
         }
         if self.no_cotangent is not None:
             d["no_cotangent"] = self.no_cotangent
+        if self.stopped_by is not None:
+            d["stopped_by"] = self.stopped_by
         return d
 
 
@@ -133,11 +141,17 @@ def join_probes(
     order = {n.id: n.order for n in graph.nodes}
     # (a stage's state writes after what its call returns: the panel opens on its first)
     found.sort(key=lambda f: (order.get(f[2], 0), not f[3], f[0], _written(f[1]), _leaf_key(f[1])))
-    why = no_cotangent_reasons(traced, found, mode)
-    probes = [Probe(f"p{i}", *f, no_cotangent=why.get((f[2], f[1]))) for i, f in enumerate(found)]
+    why = no_cotangent_reasons(traced, found, mode, options.argnums)
+    probes = [Probe(f"p{i}", *f, *why.get((f[2], f[1]), (None, None))) for i, f in enumerate(found)]
     for p in probes:
         missing = [m for m in mode.keys if not _has_role(p.typed_summaries, m)]
-        if missing and not p.auto and not own(p.name):
+        if missing and not p.auto and not own(p.name) and p.stopped_by is not None:
+            notes.append(
+                f"{p.name}{p.leaf}: no {', '.join(missing)} — {stopped_text(p.stopped_by)}: "
+                "the value depends on the differentiated inputs; its cotangent is cut "
+                "by design."
+            )
+        elif missing and not p.auto and not own(p.name):
             notes.append(
                 f"{p.name}{p.leaf}: no {', '.join(missing)} — the value does not depend on "
                 "the differentiated inputs, or a custom derivative rule replaced the code "
@@ -156,14 +170,20 @@ def _has_role(summaries: dict, role: str) -> bool:
     return any(k == role or k.endswith(f".{role}") for k in summaries)
 
 
-def no_cotangent_reasons(traced: Traced, found: Sequence[_Found], mode: Mode) -> dict:
+def no_cotangent_reasons(
+    traced: Traced, found: Sequence[_Found], mode: Mode, argnums: Any = None
+) -> dict:
     """Why each stage probe of `found` that has no cotangent in `mode` has none, by
-    (node, leaf): `"unreached"`, its value does not reach the differentiated output (an
-    aux the loss never reads: its gradient is zero, and it is probed beside the data
-    flow, `Traced.probed_for`), or `"independent"`, it does (no tangent reaches it: it
-    does not depend on the differentiated arguments, or a custom derivative rule
-    replaced the code that computes it). The panel said the latter of both: a Flax
-    Linen encoder's sown outputs, which depend on every parameter, read as detached."""
+    (node, leaf), as `(reason, stopped_by)`: `"unreached"`, its value does not reach the
+    differentiated output (an aux the loss never reads: its gradient is zero, and it is
+    probed beside the data flow, `Traced.probed_for`); `"stopped"`, it does, and it
+    depends on the differentiated arguments (`argnums`) through the primal data flow,
+    but an equation of zero derivative cut every path (`jax.lax.stop_gradient` around a
+    TD target; `stopped_by` names it, `_liveness.stopped_values`); or `"independent"`
+    (no tangent reaches it: it does not depend on the differentiated arguments, or a
+    custom derivative rule replaced the code that computes it). The panel said the
+    latter of all: a Flax Linen encoder's sown outputs, which depend on every parameter,
+    read as detached, and so did a `stop_gradient`'ed target of the critic."""
     if "cotangent" not in mode.keys:
         return {}
     lacking = {(f[2], f[1]) for f in found if f[3] and "cotangent" not in f[4]}
@@ -172,6 +192,7 @@ def no_cotangent_reasons(traced: Traced, found: Sequence[_Found], mode: Mode) ->
         return {}
     points = {p.node: p for p in traced.graph.probe_points}
     levels: dict[tuple, Any] = {}
+    stopped: dict | None = None
     out = {}
     for node, leaf in lacking:
         p = points.get(node)
@@ -183,8 +204,41 @@ def no_cotangent_reasons(traced: Traced, found: Sequence[_Found], mode: Mode) ->
             levels[p.path] = _level(traced.closed, p.path)
         j = levels[p.path]
         made = j.invars if i == -1 else j.eqns[i].outvars
-        out[(node, leaf)] = "independent" if made[k] in live.get(p.path, ()) else "unreached"
+        if made[k] not in live.get(p.path, ()):
+            out[(node, leaf)] = ("unreached", None)
+            continue
+        if stopped is None:
+            stopped = _stopped(traced, mode, argnums)
+        cut = stopped.get(p.path, {}).get(made[k])
+        out[(node, leaf)] = ("independent", None) if cut is None else ("stopped", _cut_dict(cut))
     return out
+
+
+def _stopped(traced: Traced, mode: Mode, argnums: Any) -> dict:
+    """`_liveness.stopped_values` from the inputs `mode` differentiates (`modes.transform`:
+    argument 0 by default in grad, every floating leaf otherwise, `argnums` if given)."""
+    layout = traced.layout
+    pos = set(layout.floating)
+    if mode is Mode.GRAD:
+        nums = set(check_argnums(0 if argnums is None else argnums, layout.n_args))
+        pos = {j for j in pos if layout.arg_of[j] in nums}
+    n = len(_compat.jaxpr_and_consts(traced.closed)[0].invars)
+    return stopped_values(traced.closed, [j in pos for j in range(n)]) or {}
+
+
+def _cut_dict(cut: Cut) -> dict[str, Any]:
+    """A `_liveness.Cut` as the model's `stopped_by` (docs/model.md)."""
+    loc = _compat.user_location_outside_libraries(cut.eqn)
+    source = None if loc is None else replace(loc, file=short_path(loc.file)).to_dict()
+    return {"primitive": cut.name, "source": source}
+
+
+def stopped_text(stopped_by: dict[str, Any]) -> str:
+    """`gradient stopped by `jax.lax.stop_gradient` at dqn.py:17`: a `stopped_by`'s words."""
+    name = stopped_by["primitive"]
+    what = "`jax.lax.stop_gradient`" if name == "stop_gradient" else f"`{name}`"
+    src = stopped_by.get("source")
+    return f"gradient stopped by {what}" + (f" at {src['file']}:{src['line']}" if src else "")
 
 
 def _point_leaves(p: Any) -> list[str]:

@@ -162,11 +162,46 @@ def _check_scalar(y: Any) -> None:
 
 
 def _seed_like(y: Any) -> Any:
-    """Ones for floating outputs; float0 zeros for integer/bool outputs."""
+    """Ones for floating outputs, placed like them (`_placed_seed`); float0 zeros for
+    integer/bool outputs."""
     return jax.tree_util.tree_map(
-        lambda v: jnp.ones_like(v) if _is_float(v) else np.zeros(jnp.shape(v), jax.dtypes.float0),
+        lambda v: (
+            _placed_seed(jnp.ones_like(v), v, "cotangent", "output")
+            if _is_float(v)
+            else np.zeros(jnp.shape(v), jax.dtypes.float0)
+        ),
         y,
     )
+
+
+_SEED_PLACEMENT = (
+    "sowviz: the {kind} of {what} `{path}` ({got}) could not be placed like that "
+    "{primal} ({want}), which a `shard_map` splitting it needs: {err}. Pass a {kind} "
+    "placed like it, e.g. `jax.reshard(c, jax.typeof(v).sharding)` or "
+    "`jnp.ones_like(v)`."
+)
+
+
+def _placed_seed(seed: Any, like: Any, kind: str, what: str, path: str = "") -> Any:
+    """`seed` (a tangent or cotangent) placed like its primal `like` on an Explicit mesh
+    (`_compat.explicitly_placed_like`), as `jax.jvp` and `jax.vjp` of a jitted `fn`
+    take it: a replicated seed (`jnp.ones(y.shape)`, a NumPy array, sowviz's default
+    ones) met a `shard_map` whose specs split that value, which refused it with an
+    error about the user's `in_specs`. A ValueError naming the seed if it cannot be."""
+    try:
+        return _compat.explicitly_placed_like(seed, like)
+    except (ValueError, TypeError) as err:
+        raise ValueError(
+            _SEED_PLACEMENT.format(
+                kind=kind,
+                what=what,
+                path=path or what,
+                got=getattr(jax.typeof(seed), "sharding", None),
+                want=jax.typeof(like).sharding,
+                primal="argument" if kind == "tangent" else "output",
+                err=err,
+            )
+        ) from err
 
 
 def _user_seed(ct: Any, y: Any) -> Any:
@@ -182,9 +217,15 @@ def _user_seed(ct: Any, y: Any) -> Any:
         jax.tree_util.tree_leaves_with_path(ct), jax.tree_util.tree_leaves(y), strict=True
     ):
         _check_seed_dtype(jax.tree_util.keystr(path), c, v)
-    return jax.tree_util.tree_map(
-        lambda c, v: (
-            jnp.asarray(c, jnp.result_type(v))
+    return jax.tree_util.tree_map_with_path(
+        lambda path, c, v: (
+            _placed_seed(
+                jnp.asarray(c, jnp.result_type(v)),
+                v,
+                "cotangent",
+                "output leaf",
+                jax.tree_util.keystr(path),
+            )
             if _is_float(v)
             else np.zeros(jnp.shape(v), jax.dtypes.float0)
         ),
@@ -631,10 +672,11 @@ def transform(
     `(dyn, extra)` returning `(result, state)`: `extra` is `(tangents, cotangents)`
     (each None for the default; tangents one per floating leaf, in `layout.floating`
     order). `state` is carried as JAX's `has_aux` carries auxiliary outputs: never
-    differentiated. `placed` (per dyn leaf, a sharding or None): grad mode returns each
-    gradient placed like its argument, as `jax.jit` does for a plain program (an
-    instrumented one, with its probes as outputs too, was partitioned otherwise: the
-    gradients of replicated parameters came back split over the batch's axis). `refs`:
+    differentiated. `placed` (per dyn leaf, a sharding or None): grad, vjp and all
+    return each gradient placed like its argument, as `jax.jit` does for a plain
+    program (an instrumented one, with its probes as outputs too, was partitioned
+    otherwise: the gradients of replicated parameters came back split over the batch's
+    axis; FSDP-split ones, in vjp and all, lost their FSDP axis). `refs`:
     the program makes or writes a mutable array (`_compat.has_refs`), whose linearization
     JAX cannot transpose: grad takes `jax.vjp`, and mode all is refused."""
     mode = Mode(mode)
@@ -646,6 +688,16 @@ def transform(
         for j, v in zip(pos, vals, strict=True):
             merged[j] = v
         return merged
+
+    def placed_like_args(pos: Sequence[int], gs: Sequence[Any]) -> tuple:
+        # the same in every mode: switching modes (the widget) moved the gradients of
+        # FSDP-split parameters to XLA's choice for the instrumented program
+        if placed is None:
+            return tuple(gs)
+        return tuple(
+            g if placed[j] is None else jax.lax.with_sharding_constraint(g, placed[j])
+            for j, g in zip(pos, gs, strict=True)
+        )
 
     if mode is Mode.GRAD:
         argnums = 0 if argnums is None else argnums  # as `jax.grad`
@@ -667,11 +719,7 @@ def transform(
                 else:
                     value, pull, state = _compat.vjp_by_jvp(f, primals, _check_scalar, has_aux=True)
                 (gs,) = pull(jax.lax.full_like(value, 1))
-            if placed is not None:
-                gs = tuple(
-                    g if placed[j] is None else jax.lax.with_sharding_constraint(g, placed[j])
-                    for j, g in zip(pos, gs, strict=True)
-                )
+            gs = placed_like_args(pos, gs)
             trees = layout.input_trees(nums, dict(zip(pos, gs, strict=True)))
             return (value, (trees[0] if isinstance(argnums, int) else trees)), state
 
@@ -680,7 +728,14 @@ def transform(
     fpos = layout.floating
 
     def tangents_of(dyn: list, extra: tuple) -> tuple:
-        return extra[0] if extra[0] is not None else default_tangents(layout, dyn)
+        if extra[0] is None:
+            return default_tangents(layout, dyn)
+        # a user's tangent placed like its argument (`_placed_seed`): `jnp.ones(w.shape)`
+        # for a split `w`, which `jax.jvp` takes
+        return tuple(
+            t if t is None else _placed_seed(t, dyn[j], "tangent", "argument", layout.paths[j])
+            for t, j in zip(extra[0], fpos, strict=True)
+        )
 
     def seed_of(y: Any, extra: tuple) -> Any:
         return _seed_like(y) if extra[1] is None else _user_seed(extra[1], y)
@@ -717,7 +772,7 @@ def transform(
         def vjp(dyn: list, extra: tuple) -> Any:
             with _reverse_mode(mode):
                 y, pull, state = jax.vjp(g_of(dyn), *(dyn[j] for j in fpos), has_aux=True)
-                cts = pull(seed_of(y, extra))
+                cts = placed_like_args(fpos, pull(seed_of(y, extra)))
             return (y, cotangent_trees(cts)), state
 
         return vjp
@@ -734,6 +789,7 @@ def transform(
         t = lin(*tangents_of(dyn, extra))
         with _reverse_mode(mode):
             cts = _compat.linear_transpose_call(lin, primals, seed_of(y, extra))
+        cts = placed_like_args(fpos, cts)
         return (y, t, cotangent_trees(cts)), state
 
     return both

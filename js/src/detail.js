@@ -398,9 +398,12 @@ export class DetailPanel {
  * "primal" in the panel, and nothing said why. Python says which of two reasons it is
  * (`no_cotangent`): a value that does not reach the differentiated output (an aux the
  * loss never reads, a Flax Linen `self.sow` of an encoder's outputs) depends on the
- * arguments all the same, and read as detached from them; an older model says neither.
+ * arguments all the same, and read as detached from them; a value behind the user's
+ * `jax.lax.stop_gradient` (a TD or GAE target, `"stopped"`) depends on them too, and its
+ * note names the cut and its line (`stopped_by`); an older model says none of these.
  * @param {{modes?: string[]}} model
- * @param {{summaries: Record<string, any>, no_cotangent?: string}} probe */
+ * @param {{summaries: Record<string, any>, no_cotangent?: string,
+ *   stopped_by?: {primitive: string, source?: {file: string, line: number} | null}}} probe */
 export function noCotangentNote(model, probe) {
   const primal = probe.summaries.primal;
   // (a sow under a derivative `fn` takes itself keeps its inner levels in its keys,
@@ -412,8 +415,23 @@ export function noCotangentNote(model, probe) {
     return "No cotangent: this value does not reach the differentiated output, so its gradient is zero " +
       "(it may still depend on the differentiated arguments; it is probed beside the program's data flow).";
   }
+  if (probe.no_cotangent === "stopped") {
+    const by = probe.stopped_by;
+    return `No cotangent: gradient stopped by ${stoppedByText(by)}: it depends on the differentiated ` +
+      "arguments; its cotangent is cut by design.";
+  }
   return "No cotangent: this value does not depend on the differentiated arguments " +
     "(or a custom derivative rule replaced the code that computes it), so the gradient sends nothing back to it.";
+}
+
+/** The equation that cut a value's tangent, in words: "`jax.lax.stop_gradient` at dqn.py:17"
+ * (an integer result's primitive, `argmax`, or one of zero derivative, `floor`, by name).
+ * @param {{primitive?: string, source?: {file: string, line: number} | null} | undefined} by */
+export function stoppedByText(by) {
+  const name = by?.primitive ?? "stop_gradient";
+  const what = name === "stop_gradient" ? "`jax.lax.stop_gradient`" : `\`${name}\``;
+  const src = by?.source;
+  return src ? `${what} at ${src.file}:${src.line}` : what;
 }
 
 /** Why a node's NaN/Inf raises no alarm when Python's rule found no origin: an empty

@@ -130,8 +130,12 @@ export interface Probe {
   summaries: Record<string, Summary>;
   /** optional: why a stage probe has no cotangent in a mode computing them: "unreached"
    * (its value does not reach the differentiated output: its gradient is zero) or
-   * "independent" (no tangent reaches it); absent otherwise, and in older models */
-  no_cotangent?: "unreached" | "independent";
+   * "independent" (no tangent reaches it), "stopped" (it depends on the differentiated
+   * arguments, but an equation of zero derivative, `stop_gradient`, cut its tangent);
+   * absent otherwise, and in older models */
+  no_cotangent?: "unreached" | "independent" | "stopped";
+  /** with "stopped": the equation that cut it and its line */
+  stopped_by?: { primitive: string; source: { file: string; line: number; function: string } | null };
 }
 
 export interface History {
