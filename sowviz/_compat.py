@@ -1214,11 +1214,14 @@ class UserFrames:
     instruction offset): the function sowviz traced, when it traces in a thread of
     its own; `by_lambda`: the innermost of those frames, below a call, is a lambda's or
     a comprehension's (a layer list's `lambda p, x: jax.nn.relu(x)`), whose work is
-    the user's own, not a library's on the caller's line."""
+    the user's own, not a library's on the caller's line; `comprehension`: the
+    outermost comprehension that Python inlined into the innermost call's code (or the
+    root's) that made the equation (`inlined_comprehension`), None outside one."""
 
     calls: tuple[UserCall, ...]
     root: tuple[int, int] | None
     by_lambda: bool = False
+    comprehension: tuple[int, int] | None = None
 
 
 def user_frames(eqn: JaxprEqn) -> UserFrames | None:
@@ -1254,7 +1257,11 @@ def _user_frames(codes: Any, lastis: Any) -> UserFrames:
         through = False
     root = (id(frames[0][0]), frames[0][1]) if frames else None
     by_lambda = len(frames) > 1 and frames[-1][0].co_name.startswith("<")
-    return UserFrames(_user_calls(frames), root, by_lambda)
+    # (the frame whose offset `calls[-1].lasti`, else `root`, says: a lambda's or a
+    # comprehension's own frame passes the call on)
+    inner = [f for f in frames[1:] if not f[0].co_name.startswith("<")] or frames[:1]
+    comprehension = inlined_comprehension(*inner[-1]) if inner else None
+    return UserFrames(_user_calls(frames), root, by_lambda, comprehension)
 
 
 def _user_calls(frames: list[tuple[Any, int]]) -> tuple[UserCall, ...]:
@@ -2806,3 +2813,49 @@ def jit_input_placements(closed: ClosedJaxpr) -> list[MeshAxes | None]:
             if isinstance(v, Var) and out.get(v) is None:
                 out[v] = named_axes(s, len(getattr(v.aval, "shape", ())))
     return [out.get(v) for v in jaxpr.invars]
+
+
+# ---------------------------------------------------------------------------
+# Python >= 3.12 inlines a list, set or dict comprehension into the function that holds
+# it (PEP 709): its loop runs in that function's own frame, whose instruction offset
+# goes back at every element, as a `for` loop's does. (Before, and for a generator
+# still, the comprehension runs in a frame of its own, `<listcomp>`, `<genexpr>`.)
+_COMPREHENSION_LOOPS: dict[int, tuple[Any, tuple[tuple[int, int], ...]]] = {}
+
+
+def inlined_comprehension(code: Any, lasti: int) -> tuple[int, int] | None:
+    """The outermost comprehension inlined into `code` whose loop holds the instruction
+    at offset `lasti`, as (the code's id, the loop's offset); None when there is none.
+    `norms = [jnp.linalg.norm(g) for g in leaves]` is one statement: its loop is no
+    Python loop running that line again (`names.line_passes`)."""
+    hit = _COMPREHENSION_LOOPS.get(id(code))
+    if hit is None:
+        try:
+            loops = _comprehension_loops(code)
+        except Exception:  # unreadable bytecode or source: no comprehension known
+            loops = ()
+        hit = _COMPREHENSION_LOOPS[id(code)] = (code, loops)  # (keeps the code, its id, alive)
+    for start, end in hit[1]:  # (by offset: an outer loop before the loops it holds)
+        if start <= lasti < end:
+            return id(code), start
+    return None
+
+
+def _comprehension_loops(code: Any) -> tuple[tuple[int, int], ...]:
+    """The (start, end) offsets of the `FOR_ITER` loops of `code` that are inlined
+    comprehensions: the loop's source position starts at the comprehension's bracket,
+    `[` or `{` (a `for` statement's at `for`)."""
+    import dis
+    import linecache
+
+    out = []
+    for ins in dis.get_instructions(code):
+        if ins.opname != "FOR_ITER" or not isinstance(ins.argval, int):
+            continue
+        pos = ins.positions
+        if pos is None or pos.lineno is None or pos.col_offset is None:
+            continue
+        text = linecache.getline(code.co_filename, pos.lineno).encode()
+        if text[pos.col_offset : pos.col_offset + 1] in (b"[", b"{"):
+            out.append((ins.offset, ins.argval))
+    return tuple(out)

@@ -263,6 +263,9 @@ class Traced:
             for a in (self.layout.arg_of[j], self.layout.arg_of[j] - len(args))
         }
         drawn = {a % len(args) for a in options.drawn_parameters(parted)} if args else set()
+        # (each leaf's NNX variable type: a LoRA model's frozen `Param` and trained
+        # `LoRAParam` read alike in the parameters' table)
+        held = [None if v is None else type(v).__name__ for v in _state.holders(args)]
         # inputs drawn as their arguments lie: on an Auto mesh no type says it; a host
         # array lies where a jit `fn` places it (its `in_shardings`)
         by_jit = _compat.jit_input_placements(self.closed)
@@ -283,6 +286,7 @@ class Traced:
                 parameters=drawn,
                 state_inputs=state_inputs,
                 calls=getattr(named, "sowviz_calls", None) if named is not fn else None,
+                in_types=[held[i] for i in spec.dynamic],
             )
         #: the names of the sows sowviz's NumPyro hooks made (`numpyro_sites.own_sows`):
         #: the checks of a user's `sow` say nothing of them (`inspection.join_probes`)

@@ -759,7 +759,7 @@ def _smallest_text_px(pg):
 def test_a_tall_graph_in_a_widget_sized_view_stays_readable(page, nnx, nnx_report):
     """A notebook cell's 620 px: the first picture is not shrunk until its text is
     unreadable; it starts at the top (the inputs) and says there is more below. Fit
-    still shows the whole graph; opening a stage from there zooms back to readable
+    zooms out to 9 px labels; opening a stage from there zooms back to readable
     with the stage's header in view."""
     page.page.set_viewport_size({"width": 1000, "height": 620})
     pg = page.open_report(nnx_report)
@@ -771,7 +771,9 @@ def test_a_tall_graph_in_a_widget_sized_view_stays_readable(page, nnx, nnx_repor
     assert more.is_visible() and "more below" in more.inner_text()
     pg.screenshot(path=str(ARTIFACTS / "nnx_widget_sized_first.png"))
     pg.locator('[data-role="fit"]').click()
-    assert _scale(pg) < 0.9 and more.is_hidden()  # asked for: the whole graph
+    # asked for: as much as stays readable (round 17: node labels 9 px; it showed the
+    # whole graph at 3-5 px text), from the top, the rest a drag away
+    assert 0.72 <= _scale(pg) < 0.9 and "more below" in more.inner_text()
     lm = _by_label(nnx, "TransformerLM")
     layer = _by_label(nnx, "layers[1]", lm)
     node(pg, layer).locator('[data-role="toggle"]').first.click()
@@ -1301,12 +1303,18 @@ def test_a_note_names_its_node_by_label_and_shows_it(page, tmp_path):
 
     import sowviz
 
+    @jax.custom_jvp
+    def relu(x):  # the user's own rule: `jax.nn.relu`'s makes no note (round 17)
+        return jnp.maximum(x, 0.0)
+
+    relu.defjvps(lambda t, ans, x: t * (x > 0))
+
     def f(w, x):
         with jax.named_scope("layer"):
-            h = jax.nn.relu(x @ w)
+            h = relu(x @ w)
         return jnp.sum(h**2)
 
-    ins = sowviz.inspect(f, jnp.ones((3, 4)), jnp.ones((2, 3)))
+    ins = sowviz.inspect(f, jnp.ones((3, 4)), jnp.ones((2, 3)), capture="all")
     (note,) = [n for n in ins.to_dict()["notes"] if "relu" in n["message"]]
     target = ins.graph.node(note["probe"])
     pg = page.open_report(ins.save_html(tmp_path / "notes.html"))

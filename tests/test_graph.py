@@ -1823,7 +1823,10 @@ def test_a_vmapped_rfft_is_labelled_rfft():
     (fn,) = (n for n in ins.graph.nodes if n.label == "_spectral")
     # (round 14: `irfft(..., n=...)` is one box `irfft` holding JAX's `pad` jit and its own)
     labels = [n.label for n in ins.graph.children(fn.id) if n.kind in ("jit", "scope")]
-    assert labels[0] == "rfft" and labels[-1] == "irfft", labels
+    # (round 17: `xh = jnp.fft.rfft(x)` is a box named by what it assigns at any level)
+    assert labels[0] == "xh" and labels[-1] == "irfft", labels
+    (xh,) = (n for n in ins.graph.children(fn.id) if n.label == "xh")
+    assert [n.label for n in ins.graph.children(xh.id)] == ["rfft"]
     assert not [n.label for n in ins.graph.nodes if n.label.startswith("fft")]
     want = jax.vmap(_spectral, (None, 0))(w, x)
     got = ins.probe("_spectral/irfft").summaries["primal"]

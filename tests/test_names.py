@@ -282,9 +282,10 @@ def test_a_small_function_s_short_library_call_is_one_box_named_by_it():
     # as `broadcast_in_dim`, `broadcast_in_dim`, `scatter-add`: the function's nodes were
     # miscounted (the call's run left out), so the run seemed all the function held.
     h, gid = jnp.ones((6, 4)), jnp.array([0, 0, 0, 1, 1, 1])
+    # (named by what the line assigns, as at a big level, since round 17)
     g = graph_of(lambda w, h, gid: jnp.sum(_pool(w, h, gid)), jnp.eye(4), h, gid)
-    assert children(g, "_pool") == ["segment_sum", "_dense"]
-    assert children(g, "segment_sum") == ["broadcast_in_dim", "broadcast_in_dim", "scatter-add"]
+    assert children(g, "_pool") == ["pooled", "_dense"]
+    assert children(g, "pooled") == ["broadcast_in_dim", "broadcast_in_dim", "scatter-add"]
 
 
 def _qkv(p, x):
@@ -363,15 +364,19 @@ def _two_means(w, x):
 
 
 def test_an_array_method_is_named_as_the_function_it_forwards_to():
-    # `p.mean(0)` was drawn as `reduce_sum` and `div`, `jnp.mean(p, 0)` as `mean`
+    # `p.mean(0)` was drawn as `reduce_sum` and `div`, `jnp.mean(p, 0)` as `mean`; both
+    # lines are boxes named by what they assign (round 17: `a`, `b`, as at a big level),
+    # each holding the mean's equations
     w, x = jnp.ones((3, 2)), jnp.arange(12.0).reshape(4, 3) / 10
     ins = sowviz.inspect(_two_means, w, x)
     top = [n.label for n in ins.graph.nodes if n.parent == ins.graph.root]
-    assert "mean" in top and "mean#2" in top and "div" not in top, top
+    assert "a" in top and "b" in top and "div" not in top, top
+    assert children(ins.graph, "a") == children(ins.graph, "b") == ["reduce_sum", "div"]
     want = jnp.tanh(x @ w).mean(0)
-    np.testing.assert_allclose(
-        ins.probe("mean").summaries["primal"]["l2"], float(jnp.linalg.norm(want)), rtol=1e-6
-    )
+    for name in ("a", "b"):
+        np.testing.assert_allclose(
+            ins.probe(name).summaries["primal"]["l2"], float(jnp.linalg.norm(want)), rtol=1e-6
+        )
 
 
 def test_an_nnx_cond_is_one_cond_box():
@@ -671,6 +676,10 @@ def test_a_vmapped_scan_s_carry_broadcasts_are_one_group_beside_it():
     ins = sowviz.inspect(jax.vmap(_vmapped_train), rngs, mode="primal")
     g = ins.graph
     top = g.children(g.root)
+    # (inside the stage of the function `jax.vmap` calls, as for any function of yours
+    # under it: the generator making `state` no longer parts its run, round 17)
+    stage = [n for n in top if n.kind == "scope" and n.label == "_vmapped_train"]
+    top = g.children(stage[0].id) if stage else top
     assert not [n for n in top if n.label == "broadcast_in_dim"], [n.label for n in top]
     (group,) = [n for n in top if n.kind == "scope" and n.label == "scan(update) setup"]
     inside = [n for n in g.children(group.id)]

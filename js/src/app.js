@@ -2,17 +2,17 @@
 // curve, wired to the view state (expanded stages, selection, search, statistic).
 // Used by the widget (index.js render) and the report (index.js mount) alike.
 
-import { h, clear, said } from "./dom.js";
+import { h, clear, noteClass, said } from "./dom.js";
 import { indexModel, isExpandable, soleChain, STAGE_KINDS } from "./model.js";
 import { edgesByLevel, portsByLevel, visibleRepresentative, pathToReveal } from "./levels.js";
 import { layoutView } from "./layout.js";
 import { computeFaces } from "./faces.js";
 import { nonfiniteRoles, originNodes, originsOnStep, storedOrigins } from "./nonfinite.js";
 import { bannerParts } from "./banner.js";
-import { parentPath, searchNodes } from "./search.js";
+import { parentPath, rankHits, searchNodes } from "./search.js";
 import { defaultStat, STATS, fmt, VIRIDIS_STOPS } from "./stats.js";
 import { GraphView } from "./graph.js";
-import { READABLE_SCALE } from "./viewport.js";
+import { FIT_BUTTON_SCALE, READABLE_SCALE, widgetHeight } from "./viewport.js";
 import { DetailPanel } from "./detail.js";
 import { drawLines, purge } from "./charts.js";
 import { watchTheme, chartColours } from "./theme.js";
@@ -75,6 +75,8 @@ export class App {
     let sized = this.canvas.clientWidth > 0;
     const ro = new ResizeObserver(() => {
       const now = this.canvas.clientWidth > 0;
+      // the widget's height follows a narrow/wide switch (the panel stacked or beside)
+      if (now) this.fitHeight();
       if (now && (!sized || !this.graph.moved)) {
         this.graph.fit({ minScale: FIT_MIN_SCALE });
         // the whole graph at its least scale may leave the selected node out of view
@@ -134,8 +136,8 @@ export class App {
       h("label", { class: "sv-field" }, [h("span", { class: "sv-muted", text: "mode" }), this.modeSel]),
       h("label", { class: "sv-field" }, [h("span", { class: "sv-muted", text: "colour" }), this.statSel]),
       h("div", { class: "sv-search-box" }, [this.search, this.searchCount, this.results]),
-      // asked for: the whole graph, however small its text gets (a first picture stops at readable)
-      h("button", { type: "button", class: "sv-btn", "data-role": "fit", text: "Fit", title: "show the whole graph (a tall one gets small: zoom in to read it)", onclick: () => this.graph.fit() }),
+      // asked for: the whole graph, as small as keeps its labels readable (9 px; the wheel zooms out further)
+      h("button", { type: "button", class: "sv-btn", "data-role": "fit", text: "Fit", title: "show the whole graph, or as much as stays readable (the wheel zooms out further)", onclick: () => this.graph.fit({ minScale: FIT_BUTTON_SCALE }) }),
       h("button", { type: "button", class: "sv-btn", "data-role": "collapse-all", text: "Collapse all", onclick: () => this.collapseAll() }),
       this.notesBtn,
       this.busy,
@@ -153,7 +155,7 @@ export class App {
     const foot = h("div", { class: "sv-foot", "data-role": "foot" }, [this.legend, this.lossBox]);
     this.levelNote = h("div", { class: "sv-level-note sv-muted", hidden: true });
     this.detail = new DetailPanel(this.root, {
-      onClose: () => this.select(null),
+      onClose: () => this.closeDetail(),
       onReveal: (id) => this.reveal(id),
     });
     this.graph = new GraphView(this.canvas, {
@@ -162,9 +164,29 @@ export class App {
     });
     this.empty = h("div", { class: "sv-empty sv-muted", "data-role": "empty", text: EMPTY, hidden: true });
     this.canvas.append(this.levelNote, this.empty);
+    // "more below · drag to pan" in the strip too: over the drawing's corner it covered
+    // the node drawn there
+    foot.insertBefore(this.graph.more, this.lossBox);
     this.graphBox.append(this.canvas, foot);
     this.root.append(toolbar, this.notesList, this.errorBox, this.banner, h("div", { class: "sv-body" }, [this.graphBox, this.detail.el]));
     this.el.append(this.root);
+    // Escape closes the stage panel, from the graph or the panel, and the focus goes back
+    // to its stage (the search box's Escape clears the query instead; an open <select>'s
+    // list takes its own Escape). Stopped here: a notebook's Escape leaves the cell.
+    this.root.addEventListener("keydown", (ev) => {
+      if (ev.key !== "Escape" || !this.detail.isOpen || ev.target === this.search) return;
+      ev.preventDefault();
+      ev.stopPropagation();
+      this.closeDetail();
+    });
+  }
+
+  /** Closes the panel; the focus, when it was in the widget, returns to the stage shown. */
+  closeDetail() {
+    const id = this.selected;
+    const inside = this.root.contains(document.activeElement) || document.activeElement === document.body;
+    this.select(null);
+    if (id != null && inside) this.graph.focusNode(visibleRepresentative(this.index, this.expanded, id));
   }
 
   /** Installs a (new) model, keeping what the user opened and selected when ids persist. */
@@ -264,7 +286,7 @@ export class App {
         })]),
         ")",
       ]) : null;
-      this.notesList.append(h("li", { class: `sv-note sv-note-${n.level === "error" ? "error" : "warning"}` }, [
+      this.notesList.append(h("li", { class: `sv-note sv-note-${noteClass(n.level)}` }, [
         head, more, head ? ": " : null, ...said(n.message ?? ""),
       ]));
     }
@@ -284,6 +306,7 @@ export class App {
     this.showLevelNote();
     this.empty.hidden = this.layout.boxes.size > 0;
     this.legend.hidden = this.layout.boxes.size === 0; // nothing drawn: no colour scale to explain
+    this.fitHeight(); // before a fit: it fits into the new height
     if (fit) this.graph.fit({ minScale: FIT_MIN_SCALE });
     else if (before) this.graph.anchor(this.layout.boxes.get(anchorId), before);
   }
@@ -373,7 +396,7 @@ export class App {
       this.results.hidden = true;
       return;
     }
-    this.hits = searchNodes(this.index, q, this.searchCache);
+    this.hits = rankHits(this.index, searchNodes(this.index, q, this.searchCache));
     const drawn = new Set();
     const inside = new Map();
     for (const id of this.hits) {
@@ -425,8 +448,9 @@ export class App {
   select(id) {
     this.selected = id;
     this.graph.setSelected(id);
-    if (id == null) { this.detail.close(); return; }
+    if (id == null) { this.detail.close(); this.fitHeight(); return; }
     this.openDetail(id);
+    this.fitHeight(); // stacked under the graph (a narrow widget), the panel gets room
     // The panel narrows the graph: keep the selected node in view.
     const box = this.layout?.boxes.get(id);
     if (box) this.graph.ensureVisible(box);
@@ -465,10 +489,43 @@ export class App {
     const failed = phase === "error" && empty;
     this.empty.replaceChildren(h("span", {}, said(working && empty ? text || `${phase}…` : failed ? FAILED : EMPTY)));
     // a program that never ran: the error, not 600 px of empty canvas above the traceback
-    this.root.style.height = failed ? "160px" : "";
-    this.root.style.minHeight = failed ? "0" : "";
+    if (failed || this.failedHeight) {
+      this.root.style.height = failed ? "160px" : "";
+      this.root.style.minHeight = failed ? "0" : "";
+      this.failedHeight = failed;
+      this.autoHeight = "";
+      if (!failed) this.fitHeight();
+    }
     this.empty.classList.toggle("sv-empty-working", working && empty);
     if ((was === "locating") !== (phase === "locating")) this.markOrigins();
+  }
+
+  /**
+   * The notebook widget's height follows the graph and, stacked in a narrow widget,
+   * the open panel (`viewport.widgetHeight`). Not the report, which fills its window,
+   * nor a widget the user resized with its handle (its height is then theirs), nor a
+   * program that failed (its error box is short).
+   */
+  fitHeight() {
+    const r = this.root;
+    const b = this.graph.bounds;
+    if (r.classList.contains("sv-standalone") || this.failedHeight || !r.clientWidth) return;
+    if (r.style.height && r.style.height !== this.autoHeight) return; // resized by the user
+    const body = this.graphBox.parentElement;
+    const stacked = body ? getComputedStyle(body).flexDirection === "column" : false;
+    const border = r.offsetHeight - r.clientHeight;
+    const { height, drawing } = widgetHeight({
+      chrome: (body?.offsetTop ?? 0) + border,
+      foot: this.graphBox.offsetHeight - this.canvas.offsetHeight,
+      graphH: b?.h && this.layout?.boxes.size ? b.h : 0,
+      windowH: globalThis.innerHeight || 900,
+      stacked,
+      panelH: this.detail.isOpen ? this.detail.el.scrollHeight : 0,
+    });
+    // stacked, the graph keeps its share: the panel's rest scrolls in the widget
+    this.graphBox.style.minHeight = drawing ? `${drawing}px` : "";
+    this.autoHeight = `${height}px`;
+    if (r.style.height !== this.autoHeight) r.style.height = this.autoHeight;
   }
 
   /** Coalesces Monitor steps into one redraw per animation frame. */

@@ -28,8 +28,10 @@ function baseLayout(c, { width, height, xTitle, yTitle, logY = false }) {
     margin: { l: 44, r: 8, t: 6, b: 34 },
     paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
     font: { family: c.font, size: 10, color: c.fg },
-    xaxis: axis(xTitle),
-    yaxis: { ...axis(yTitle), type: logY ? "log" : "linear", nticks: logY ? 4 : 6, exponentformat: "power" },
+    // e-notation, as the tables write numbers (`5e-4`, not an SI `500μ` that reads as
+    // a unit, nor `5×10⁻⁴`); log axes have their own ticks (`logTicks`)
+    xaxis: { ...axis(xTitle), exponentformat: "e" },
+    yaxis: { ...axis(yTitle), type: logY ? "log" : "linear", nticks: logY ? 4 : 6, exponentformat: "e" },
     bargap: 0, showlegend: false,
   };
 }
@@ -136,7 +138,7 @@ export function drawHistoryHeatmap(el, steps, hists, { colours, mode, width, hei
  * `nonfinite` lists the steps whose values held NaN/Inf (JSON brings them as null, so a
  * line would just stop): each gets a red band and a red × at the top of the chart.
  */
-export function drawLines(el, steps, series, { colours, width, height = 130, yTitle = "", logY = true, xTitle = "step", nonfinite = [], legend = true, marker = null, compact = false }) {
+export function drawLines(el, steps, series, { colours, width, height = 130, yTitle = "", logY = true, xTitle = "step", nonfinite = [], legend = true, marker = null, compact = false, noise = false }) {
   const positive = series.every((s) => s.y.every((v) => v == null || v > 0));
   const traces = series.map((s) => ({
     type: "scatter", mode: steps.length > 60 ? "lines" : "lines+markers", name: s.name,
@@ -182,8 +184,40 @@ export function drawLines(el, steps, series, { colours, width, height = 130, yTi
     el.dataset.marker = String(marker);
   }
   el.dataset.nonfiniteSteps = nonfinite.join(",");
+  el.dataset.noise = String(noise);
+  if (noise) {
+    // rounding noise (`roundingNoise`): drawn flat at 0 and said so; the hover keeps
+    // each value
+    for (const t of traces) {
+      if (t.yaxis) continue;
+      t.customdata = t.y;
+      t.y = t.y.map((v) => (v == null ? null : 0));
+      t.hovertemplate = t.hovertemplate.replace("%{y:.4g}", "%{customdata:.4g}");
+    }
+    Object.assign(layout.yaxis, { type: "linear", range: [-1, 1], tickvals: [0], ticktext: ["0"], tickmode: "array" });
+    layout.annotations = [...(layout.annotations ?? []), {
+      text: "≈ 0 (rounding noise)", showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.9,
+      font: { size: 10, color: colours.muted },
+    }];
+  }
   return Plotly.react(el, traces, layout, CONFIG);
 }
+
+/**
+ * Whether `values` are rounding noise next to `scale` (the largest |value| they are
+ * made from): every finite one within NOISE_SHARE of it, or all zero. A LayerNorm's
+ * per-block cotangent mean (zero in exact arithmetic) came out ~1e-11 beside values
+ * ~1e-2, and its chart autoscaled that noise into a curve that read as a signal.
+ * @param {Array<number|null>} values @param {Array<number|null>} scale
+ */
+export function roundingNoise(values, scale) {
+  const fin = values.filter((v) => v != null && Number.isFinite(v));
+  if (!fin.length) return false;
+  const top = Math.max(0, ...scale.filter((v) => v != null && Number.isFinite(v)).map(Math.abs));
+  const most = Math.max(...fin.map(Math.abs));
+  return most === 0 || (top > 0 && most <= NOISE_SHARE * top);
+}
+export const NOISE_SHARE = 1e-6;
 
 /** Red bands over runs of consecutive non-finite steps, halfway to their neighbours. */
 export function nonfiniteBands(steps, nonfinite, colours) {

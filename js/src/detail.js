@@ -1,7 +1,7 @@
 // The detail panel [data-role="detail"]: metadata, one histogram per captured mode,
 // the statistics table, and for a Monitor the history of the selected probe.
 
-import { h, clear, said } from "./dom.js";
+import { h, clear, noteClass, said } from "./dom.js";
 import { drawHistogram, drawHistoryHeatmap, drawLines, drawSignedLog, modeColour, purge } from "./charts.js";
 import { hasSigned, signedLog } from "./loghist.js";
 import { probeNonfiniteSteps } from "./history.js";
@@ -11,7 +11,7 @@ import { parentPath } from "./search.js";
 import { nonfiniteCount, nonfiniteText } from "./nonfinite.js";
 import { orderModes } from "./model.js";
 import { faceOutputs, outputLabel } from "./faces.js";
-import { gradHistory, paramRows, paramTable, readRows } from "./params.js";
+import { gradHistory, gradNote, paramRows, paramTable, readRows } from "./params.js";
 import { iterationBlock } from "./iterations.js";
 import { repeatBlock } from "./repeatview.js";
 
@@ -94,7 +94,7 @@ export class DetailPanel {
     const rows = node.kind === "input" ? [] : paramRows(index, id);
     if (rows.length) {
       this.drawGradHistory(rows, ctx.history); // above the table: a run has many leaves
-      this.el.append(paramTable(rows, (c) => this.handlers.onReveal(c)));
+      this.el.append(paramTable(rows, (c) => this.handlers.onReveal(c), undefined, gradNote(index, id, rows)));
     }
     // a stage's own parameters (what its equations read), below its own statistics
     const reads = rows.length || node.kind === "input" ? [] : readRows(index, id);
@@ -162,7 +162,9 @@ export class DetailPanel {
     // (named as its face names it: `outputLabel`)
     if (probe?.leaf) rows.push(["output", outputLabel(probe) + (probes.length > 1 ? ` (${probes.indexOf(probe) + 1} of ${probes.length})` : "")]);
     if (s0?.shape) rows.push(["captured", `[${s0.shape.join(", ")}] · ${s0.size ?? "?"} values`]);
-    if (node.n_eqns > 1 || (index.children.get(node.id)?.length ?? 0) > 0) rows.push(["equations", String(node.n_eqns)]);
+    // a group of an argument's leaves holds none: "equations 0" said nothing of it
+    if (node.leaves) rows.push(["leaves", `${node.leaves.count} ${node.leaves.kind}${node.leaves.count === 1 ? "" : "s"}`]);
+    else if (node.n_eqns > 1 || (index.children.get(node.id)?.length ?? 0) > 0) rows.push(["equations", String(node.n_eqns)]);
     if (index.model.device) rows.push(["device", index.model.device]);
     if (src?.file) {
       // the file's name and the line, which a cut-off path hid; the whole path on hover
@@ -173,7 +175,7 @@ export class DetailPanel {
     const notes = (index.model.notes ?? []).filter((n) => n.probe === node.id || n.nodes?.includes(node.id) || probes.some((p) => p.name === n.probe));
     return h("div", {}, [
       h("dl", { class: "sv-meta" }, rows.flatMap(([k, v, full]) => [h("dt", { text: k }), h("dd", { text: v, title: full ?? v, "data-meta": k })])),
-      ...notes.map((n) => h("p", { class: `sv-note sv-note-${n.level === "error" ? "error" : "warning"}` }, said(n.message))),
+      ...notes.map((n) => h("p", { class: `sv-note sv-note-${noteClass(n.level)}` }, said(n.message))),
     ]);
   }
 

@@ -17,6 +17,15 @@ function apply(el, attrs, children) {
   return el;
 }
 
+/**
+ * A note's class suffix by its level: an "info" note (what was probed how) is no alarm,
+ * so it has no ⚠ as a warning has.
+ * @param {string} level
+ */
+export function noteClass(level) {
+  return level === "error" ? "error" : level === "info" ? "info" : "warning";
+}
+
 /** An HTML element: h("div", {class: "x", text: "hi"}, [children]). */
 export function h(tag, attrs, children) {
   return apply(document.createElement(tag), attrs, children);

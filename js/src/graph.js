@@ -8,6 +8,7 @@ import { h, s, clear, ellipsis } from "./dom.js";
 import { fitted, sparklinePath } from "./faces.js";
 import { HEADER, SHAPE_CHAR, SHAPE_X, SPARK_ROOM, kindWidth, shapeText, stageHead, toggleText, toggleWidth, valueRoom } from "./layout.js";
 import { fitTransform, hiddenSides, moreText, showBoxTransform } from "./viewport.js";
+import { leafSummary } from "./params.js";
 
 /** px: a view narrower says where more lies but not how to get there (the line was cut). */
 const NARROW_HINT = 520;
@@ -36,7 +37,9 @@ export class GraphView {
     this.container = container;
     this.handlers = handlers;
     this.uid = `sv${++instances}`;
-    this.svg = s("svg", { class: "sv-svg", role: "img", "aria-label": "stage graph" });
+    // a group of buttons, one a stage (role "img" hid every stage from assistive tech)
+    // (tabindex -1: Chrome made the <svg> a Tab stop of its own before the stage's)
+    this.svg = s("svg", { class: "sv-svg", tabindex: "-1", role: "group", "aria-label": "stage graph: arrow keys move between stages, Enter opens a stage's panel, + and − open and close a stage" });
     const defs = s("defs", {}, [
       s("marker", { id: `${this.uid}-arrow`, viewBox: "0 0 10 10", refX: "9", refY: "5", markerWidth: "7", markerHeight: "7", orient: "auto-start-reverse" }, [
         s("path", { d: "M0,0L10,5L0,10z", class: "sv-arrow" }),
@@ -68,6 +71,25 @@ export class GraphView {
       const g = ev.target.closest?.("[data-node-id]");
       this.handlers.onSelect(g ? g.dataset.nodeId : null);
     });
+    // Keyboard: one stage is in the Tab order at a time (a roving tabindex: a graph of
+    // hundreds of stages is one Tab stop, not hundreds); arrows move to the nearest
+    // stage that way, Enter or Space opens its panel, + and − open and close it.
+    this.focusId = null;
+    this.svg.addEventListener("keydown", (ev) => this.onKey(ev));
+    this.svg.addEventListener("focusin", (ev) => {
+      const g = /** @type {Element} */ (ev.target).closest?.("[data-node-id]");
+      if (!g) return;
+      const id = g.getAttribute("data-node-id");
+      this.setRoving(id);
+      // (a click focuses the stage too: no ring then, and no pan under the pointer)
+      if (g.matches(":focus-visible")) {
+        g.append(focusRing(this.boxes?.get(id)));
+        if (!this.restoring) this.ensureVisible(this.boxes?.get(id));
+      }
+    });
+    this.svg.addEventListener("focusout", (ev) => {
+      /** @type {Element} */ (ev.target).querySelector?.(":scope > .sv-focus-ring")?.remove();
+    });
     this.svg.addEventListener("dblclick", (ev) => {
       const g = ev.target.closest?.("[data-node-id]");
       if (g && g.dataset.expandable === "true" && !ev.target.closest("[data-role=toggle]")) this.handlers.onToggle(g.dataset.nodeId);
@@ -80,6 +102,9 @@ export class GraphView {
    */
   draw({ index, layout, faces, expandable }) {
     this.index = index;
+    // a stage focused before (opened with +): focused again once drawn anew
+    const active = this.svg.ownerDocument?.activeElement;
+    const hadFocus = active instanceof Element && this.svg.contains(active) ? active.closest("[data-node-id]")?.getAttribute("data-node-id") ?? null : null;
     clear(this.viewport);
     this.els = new Map();
     this.edgeEls = [];
@@ -100,6 +125,10 @@ export class GraphView {
       }
       el.dataset.expandable = String(expandable(id));
       if (expandable(id)) el.dataset.expanded = String(box.expanded);
+      el.setAttribute("tabindex", "-1");
+      el.setAttribute("role", "button");
+      el.setAttribute("aria-label", stageName(node));
+      if (expandable(id)) el.setAttribute("aria-expanded", String(box.expanded));
       (box.expanded ? stages : nodesG).append(el);
       this.els.set(id, el);
     }
@@ -116,7 +145,46 @@ export class GraphView {
     }
     this.bounds = layout.bounds;
     this.boxes = layout.boxes;
+    this.setRoving(this.focusId);
+    if (hadFocus && this.els.has(hadFocus)) this.focusNode(hadFocus);
     this.updateMore();
+  }
+
+  /** Puts stage `id` (else the first drawn) in the Tab order, and no other. */
+  setRoving(id) {
+    const now = id != null && this.els.has(id) ? id : this.els.keys().next().value ?? null;
+    const was = this.focusId != null ? this.els.get(this.focusId) : null;
+    if (was && this.focusId !== now) was.setAttribute("tabindex", "-1");
+    this.focusId = now;
+    if (now != null) this.els.get(now)?.setAttribute("tabindex", "0");
+  }
+
+  /** Focuses stage `id` without scrolling the page (the view pans to it instead). */
+  focusNode(id) {
+    const el = this.els.get(id);
+    if (!el) return;
+    this.setRoving(id);
+    this.restoring = true;
+    try { el.focus({ preventScroll: true }); } finally { this.restoring = false; }
+  }
+
+  /** A key on a focused stage (the keys it handles go no further: not to a notebook's
+   * command mode, whose Enter edits the cell and whose arrows move between cells). */
+  onKey(ev) {
+    const g = ev.target.closest?.("[data-node-id]");
+    if (!g || ev.altKey || ev.ctrlKey || ev.metaKey) return;
+    const id = g.dataset.nodeId;
+    let to = null;
+    if (ev.key === "Enter" || ev.key === " ") this.handlers.onSelect(id);
+    else if ((ev.key === "+" || ev.key === "=") && g.dataset.expanded === "false") this.handlers.onToggle(id);
+    else if ((ev.key === "-" || ev.key === "−") && g.dataset.expanded === "true") this.handlers.onToggle(id);
+    else if (ev.key === "Home" || ev.key === "End") to = ev.key === "Home" ? this.els.keys().next().value : [...this.els.keys()].pop();
+    else if (ev.key.startsWith("Arrow")) to = nearestStage(this.boxes, id, ev.key.slice(5).toLowerCase()) ?? id;
+    else return;
+    ev.preventDefault();
+    ev.stopPropagation();
+    if (to != null) this.focusNode(to);
+    if (to != null) this.ensureVisible(this.boxes?.get(to));
   }
 
   /** Shows or hides the hint that part of the drawing lies outside the view. */
@@ -124,11 +192,13 @@ export class GraphView {
     const W = this.svg.clientWidth;
     const H = this.svg.clientHeight;
     const sides = W && H ? hiddenSides(this.bounds, this.transform, W, H) : [];
-    // Said until the user pans or zooms (then they know; it covered the nodes under it),
-    // and in a narrow view without the instructions.
+    // Said until the user pans or zooms (then they know), and in a narrow view without
+    // the instructions. Its place in the strip under the graph (app.js) stays taken while
+    // it is hidden, the last text kept: the strip's height never changes with it (that
+    // resized the view, which fitted again, which changed the hint).
     this.more.hidden = !sides.length || this.moved;
     this.more.dataset.sides = sides.join(" ");
-    this.more.textContent = moreText(sides, W < NARROW_HINT);
+    if (sides.length) this.more.textContent = moreText(sides, W < NARROW_HINT);
   }
 
   stageBox(node, box, face) {
@@ -153,7 +223,7 @@ export class GraphView {
    * and face value. */
   stageHead(node, box, face) {
     const head = stageHead(node, box.w, face?.text ?? "");
-    const tip = [`${node.label} (${node.kind} · ${node.n_eqns} eqns)`];
+    const tip = [`${node.label} (${node.kind} · ${node.leaves ? `${node.leaves.count} ${node.leaves.kind} leaves` : `${node.n_eqns} eqns`})`];
     if (face?.text) tip.push(`statistic: ${face.text}`);
     if (face?.outputs) tip.push(`the face shows ${face.shown ?? "the first"} of ${face.outputs.length} outputs:`, ...face.outputs.map((o) => `  ${o}`));
     return {
@@ -211,7 +281,9 @@ export class GraphView {
    */
   faceParts(node, box, face, canExpand, compact) {
     const { w } = box;
-    const tip = [node.label, `${node.kind}${node.primitive ? ` · ${node.primitive}` : ""}`, ...(node.shapes ?? [])];
+    // a group of leaves: a summary (its shapes, one a line, were taller than the screen)
+    const tip = [node.label, `${node.kind}${node.primitive ? ` · ${node.primitive}` : ""}`,
+      ...(node.leaves && this.index ? leafSummary(this.index, node.id) : node.shapes ?? [])];
     if (node.repeats) tip.splice(1, 0, `${node.repeats} identical blocks: expand to see each`);
     if (face?.text) tip.push(`statistic: ${face.text}`);
     if (face?.outputs) tip.push(`the face shows ${face.shown ?? "the first"} of ${face.outputs.length} outputs:`, ...face.outputs.map((o) => `  ${o}`));
@@ -433,6 +505,50 @@ export class GraphView {
     this.sel.on(".zoom", null);
     this.svg.remove();
   }
+}
+
+/** A stage as assistive tech names it: its label and kind (`attn: MultiheadAttention, scope`). */
+function stageName(node) {
+  const what = node.leaves ? `group of ${node.leaves.count} ${node.leaves.kind} leaves` : node.repeats ? `${node.kind}, ${node.repeats} identical blocks` : node.kind;
+  return `${node.label}, ${what}`;
+}
+
+/** The keyboard focus's ring, just outside a stage's box (the selection's is on it). */
+function focusRing(box) {
+  const w = box?.w ?? 0;
+  // an open stage: its header (the ring round a whole open stage is far from the keys' target)
+  const hh = box?.expanded ? HEADER - 6 : box?.h ?? 0;
+  return s("rect", { class: "sv-focus-ring", x: -4, y: -4, width: w + 8, height: hh + 8, rx: 11, "aria-hidden": "true" });
+}
+
+/**
+ * The drawn stage nearest to `from` in direction `dir` (up, down, left, right), or null:
+ * of those whose centre lies that way (within 45° either side), the least distance, a
+ * step aside counted twice. An open stage counts by its header, where its name is.
+ * @param {Map<string, any>|undefined} boxes @param {string} from @param {string} dir
+ */
+export function nearestStage(boxes, from, dir) {
+  const a = boxes?.get(from);
+  if (!a) return null;
+  const centre = (/** @type {any} */ b) => ({ x: b.x + b.w / 2, y: b.expanded ? b.y + HEADER / 2 : b.y + b.h / 2 });
+  const c0 = centre(a);
+  const [ux, uy] = { up: [0, -1], down: [0, 1], left: [-1, 0], right: [1, 0] }[dir] ?? [0, 0];
+  // within 45° first; none there: anything that way at all
+  for (const cone of [1, Infinity]) {
+    let best = null;
+    let bestD = Infinity;
+    for (const [id, b] of boxes) {
+      if (id === from) continue;
+      const c = centre(b);
+      const along = (c.x - c0.x) * ux + (c.y - c0.y) * uy;
+      const aside = Math.abs((c.x - c0.x) * uy - (c.y - c0.y) * ux);
+      if (along <= 0 || aside > cone * along) continue;
+      const d = along + 2 * aside;
+      if (d < bestD) { bestD = d; best = id; }
+    }
+    if (best != null) return best;
+  }
+  return null;
 }
 
 /** A collapsed node's sparkline (`sparklinePath`), at its top right. */

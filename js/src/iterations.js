@@ -46,7 +46,7 @@ export function iterationBlock(mode, s) {
         // definition, which the line would draw as a value
         { name: "‖·‖₂", y: (it.l2 ?? []).map((v, i) => ((it.count?.[i] ?? 1) > 0 ? v : null)), colour: col },
         { name: "mean", y: it.mean ?? [], colour: colours.accent, dash: "dash" },
-        { name: "max|·|", y: it.absmax ?? [], colour: colours.muted, dash: "dot" },
+        { name: "max|·|", y: it.absmax ?? [], colour: colours.fg, dash: "dot" },
       ], { colours, width, xTitle: "iteration", yTitle: "", logY: false });
       drawHist();
     },

@@ -114,8 +114,10 @@ const HEAD_RIGHT_CHAR = 6.6;
 const HEAD_GAP = 14;
 export const MAX_HEAD_W = 440;
 
-/** @param {{kind?: string, n_eqns?: number} | undefined} node */
+/** @param {{kind?: string, n_eqns?: number, leaves?: {kind: string, count: number}} | undefined} node */
 function headKind(node) {
+  // a group of an argument's leaves holds no equations: what it holds instead
+  if (node?.leaves) return `${node.leaves.kind}s · ${node.leaves.count} lea${node.leaves.count === 1 ? "f" : "ves"}`;
   return `${node?.kind ?? ""} · ${node?.n_eqns ?? 0} eqns`;
 }
 

@@ -145,6 +145,8 @@ export function indexModel(model) {
     }
   }
 
+  markLeafGroups(nodes, children);
+
   const probes = new Map();
   const probesByNode = new Map();
   const modeSet = new Set(Array.isArray(model?.modes) ? model.modes : []);
@@ -172,6 +174,39 @@ export function indexModel(model) {
     }
   }
   return { model, root, nodes, children, depth, exit, probesByNode, probes, modes, subtreeProbe, nonfinite, subtreeNonfinite };
+}
+
+/**
+ * Marks each group of an argument's or a returned value's leaves (a "scope" with no
+ * equations holding only input, or only output, nodes: `parameters`, `blocks[0]`) with
+ * `leaves`: what its leaves are and how many. Its header and panel said "scope · 0 eqns"
+ * and "equations 0", which told nothing of a pytree of parameters.
+ * @param {Map<string, Node>} nodes @param {Map<string, string[]>} children
+ */
+function markLeafGroups(nodes, children) {
+  /** @type {Map<string, {kind: string, count: number} | null>} */
+  const memo = new Map();
+  /** @param {string} id @returns {{kind: string, count: number} | null} */
+  const of = (id) => {
+    if (memo.has(id)) return memo.get(id) ?? null;
+    memo.set(id, null); // (a cycle reads as no group)
+    const n = nodes.get(id);
+    /** @type {{kind: string, count: number} | null} */
+    let out = null;
+    if (n?.kind === "input" || n?.kind === "output") out = { kind: n.kind, count: 1 };
+    else if (n?.kind === "scope" && !n.n_eqns && children.get(id)?.length) {
+      const kids = (children.get(id) ?? []).map(of);
+      const kind = kids[0]?.kind;
+      if (kind && kids.every((k) => k?.kind === kind)) out = { kind, count: kids.reduce((a, k) => a + (k?.count ?? 0), 0) };
+    }
+    memo.set(id, out);
+    return out;
+  };
+  for (const n of nodes.values()) {
+    if (n.kind !== "scope" || n.n_eqns) continue;
+    const g = of(n.id);
+    if (g) n.leaves = g;
+  }
 }
 
 /** Adds `id` and its ancestors to `set`, stopping at the first one already there. */

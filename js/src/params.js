@@ -109,7 +109,34 @@ function leafRow(index, id, name) {
   const p = (index.probesByNode.get(id) ?? [])[0];
   const value = p?.summaries?.primal?.l2 ?? null;
   const grad = p?.summaries?.cotangent?.l2 ?? null;
-  return { id, probe: p?.id ?? null, name, shape: n?.shapes?.[0] ?? "", value, grad, ratio: value && grad != null ? grad / value : null };
+  // (`type`: the Flax NNX variable holding it, `LoRAParam` beside a frozen `Param`;
+  // `noGrad`: why a mode computing gradients gave it none, the probe's `no_cotangent`)
+  return {
+    id, probe: p?.id ?? null, name, shape: n?.shapes?.[0] ?? "", type: n?.var_type ?? "", value, grad,
+    ratio: value && grad != null ? grad / value : null, noGrad: grad == null ? p?.no_cotangent ?? null : null,
+  };
+}
+
+/**
+ * Why a group's ‖grad‖ column reads "—", in a mode computing gradients: a Flax NNX
+ * model's state (`<argument> state`: BatchNorm statistics, RNG counts, counters, never
+ * differentiated, as `nnx.grad` leaves them) or an argument that is not differentiated
+ * (`frozen` of `trained, frozen = nnx.split(model, nnx.LoRAParam, ...)`); null when
+ * some leaf has a gradient or no reason is known.
+ * @param {import("./model.js").ModelIndex} index
+ * @param {string} id the group's node
+ * @param {{grad: number|null, noGrad: string|null}[]} rows
+ */
+export function gradNote(index, id, rows) {
+  if (!index.modes.includes("cotangent") || !rows.length) return null;
+  // (a BatchNorm's running mean in training is "unreached": only its new value is read)
+  if (!rows.every((r) => r.grad == null && r.noGrad) || !rows.some((r) => r.noGrad === "independent")) return null;
+  let top = index.nodes.get(id);
+  while (top?.parent != null && index.nodes.get(top.parent)?.parent != null) top = index.nodes.get(top.parent);
+  if (top?.label?.endsWith(" state")) {
+    return "no gradient: a model's state (variables other than nnx.Param), which sowviz does not differentiate, as nnx.grad does not";
+  }
+  return "no gradient: not differentiated (an argument outside argnums; mode grad takes argument 0 unless argnums= says otherwise)";
 }
 
 /**
@@ -156,15 +183,21 @@ export function breakable(name) {
 
 const COLUMNS = [["name", "name"], ["shape", "shape"], ["value", "‖value‖₂"], ["grad", "‖grad‖₂"], ["ratio", "grad/value"]];
 
-/** The sortable table; clicking a row reveals its leaf. */
-export function paramTable(rows, onReveal, title = `${rows.length} leaves`) {
+/**
+ * The sortable table; clicking a row reveals its leaf. A `type` column when a leaf is a
+ * Flax NNX variable's; `note` (`gradNote`) under the title.
+ * @param {string|null} [note]
+ */
+export function paramTable(rows, onReveal, title = `${rows.length} leaves`, note = null) {
   let key = ""; // as given (model order) until a column is picked
   let dir = 1;
+  const typed = rows.some((r) => r.type);
+  const columns = typed ? [COLUMNS[0], ["type", "type"], ...COLUMNS.slice(1)] : COLUMNS;
   const body = h("tbody");
-  const head = h("tr", {}, COLUMNS.map(([k, label]) => {
+  const head = h("tr", {}, columns.map(([k, label]) => {
     const th = h("th", { "data-sort": k, title: "sort", text: label, tabindex: "0" });
     const click = () => {
-      dir = key === k ? -dir : k === "name" || k === "shape" ? 1 : -1;
+      dir = key === k ? -dir : k === "name" || k === "shape" || k === "type" ? 1 : -1;
       key = k;
       fill();
     };
@@ -178,6 +211,7 @@ export function paramTable(rows, onReveal, title = `${rows.length} leaves`) {
         // whole, breakable after its path's dots (`layers[0].attn.key.bias` and
         // `layers[0].attn.query.bias` differ in the middle: no cut keeps both apart)
         h("td", {}, [h("button", { type: "button", class: "sv-link", text: breakable(r.name), title: r.name, onclick: () => onReveal(r.id) })]),
+        ...(typed ? [h("td", { class: "sv-muted", text: r.type, "data-role": "var-type" })] : []),
         h("td", { class: "sv-muted", text: shortShape(r.shape), title: r.shape }),
         h("td", { text: fmt(r.value) }), h("td", { text: fmt(r.grad) }), h("td", { text: fmt(r.ratio) }),
       ]);
@@ -188,6 +222,7 @@ export function paramTable(rows, onReveal, title = `${rows.length} leaves`) {
   fill();
   return h("div", { class: "sv-params" }, [
     h("h4", { class: "sv-section", text: title }),
+    ...(note ? [h("p", { class: "sv-muted", text: note, "data-role": "grad-note" })] : []),
     h("table", { class: "sv-stats sv-param-table", "data-role": "param-table" }, [h("thead", {}, [head]), body]),
   ]);
 }
@@ -195,4 +230,53 @@ export function paramTable(rows, onReveal, title = `${rows.length} leaves`) {
 /** `f32[4,8]` for `float32[4,8]`: the table is narrow. */
 function shortShape(shape) {
   return String(shape).replace(/^float/, "f").replace(/^bfloat/, "bf").replace(/^int/, "i");
+}
+
+/** The number of values of a type as the model writes it (`float32[64@data,32]`: 2048;
+ * `float32[]`: 1), or null when it is not one. @param {string} shape */
+export function shapeSize(shape) {
+  const m = /\[([^\]]*)\]\s*$/.exec(String(shape));
+  if (!m) return null;
+  if (!m[1].trim()) return 1;
+  let n = 1;
+  for (const d of m[1].split(",")) {
+    const v = Number.parseInt(d, 10);
+    if (!Number.isFinite(v)) return null;
+    n *= v;
+  }
+  return n;
+}
+
+/**
+ * A group of leaves' tooltip lines (a node with `leaves`): how many, how many values in
+ * all, and its `top` largest leaves by name, then "+N more". It listed every leaf's bare
+ * type, 53 lines of `float32[32]` for a small transformer, taller than the screen.
+ * @param {import("./model.js").ModelIndex} index @param {string} id @param {number} [top]
+ * @returns {string[]}
+ */
+export function leafSummary(index, id, top = 5) {
+  /** @type {{name: string, shape: string, size: number | null, order: number}[]} */
+  const leaves = [];
+  /** @param {string} nid @param {string} prefix */
+  const walk = (nid, prefix) => {
+    for (const c of index.children.get(nid) ?? []) {
+      const n = index.nodes.get(c);
+      if (!n) continue;
+      const name = joinPath(prefix, n.label);
+      if (n.kind === "input" || n.kind === "output") {
+        const shape = n.shapes?.[0] ?? "";
+        leaves.push({ name, shape, size: shapeSize(shape), order: leaves.length });
+      } else walk(c, name);
+    }
+  };
+  walk(id, "");
+  const known = leaves.filter((l) => l.size != null);
+  const total = known.reduce((a, l) => a + /** @type {number} */ (l.size), 0);
+  const kind = index.nodes.get(id)?.leaves?.kind ?? "input";
+  const head = `${leaves.length} ${kind} lea${leaves.length === 1 ? "f" : "ves"}`
+    + (known.length ? ` · ${total.toLocaleString("en-US")} values${known.length < leaves.length ? " (of those with a known shape)" : ""}` : "");
+  const big = [...leaves].sort((a, b) => (b.size ?? -1) - (a.size ?? -1) || a.order - b.order).slice(0, top);
+  const lines = [head, leaves.length > big.length ? "largest:" : "leaves:", ...big.map((l) => `  ${l.name}  ${l.shape}`)];
+  if (leaves.length > big.length) lines.push(`  +${leaves.length - big.length} more${kind === "input" ? " (its panel lists them all)" : ""}`);
+  return lines;
 }

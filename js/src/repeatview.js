@@ -1,7 +1,7 @@
 // The detail panel's section for a group of identical blocks (statistics in repeats.js).
 
 import { h } from "./dom.js";
-import { drawHistogram, drawLines, modeColour } from "./charts.js";
+import { drawHistogram, drawLines, modeColour, roundingNoise } from "./charts.js";
 import { repeatStats } from "./repeats.js";
 import { rangeLabel } from "./stats.js";
 
@@ -29,7 +29,12 @@ export function repeatBlock(index, id, onReveal) {
   const first = st.blocks[0]?.label ?? "";
   const last = st.blocks[n - 1]?.label ?? "";
   const el = h("section", { class: "sv-iter", "data-role": "repeats" }, [
-    h("h4", { class: "sv-section", text: `${n} identical blocks (${first} … ${last}): statistics per block` }),
+    // the blocks' names as the user wrote them: the heading's capitals are its own words'
+    // only (they read `BLOCKS[0]: BLOCK` for Equinox's `blocks[0]: Block`)
+    h("h4", { class: "sv-section" }, [
+      `${n} identical blocks (`, h("code", { class: "sv-name", text: first }), " … ",
+      h("code", { class: "sv-name", text: last }), "): statistics per block",
+    ]),
     per.length ? null : h("p", { class: "sv-muted", "data-role": "repeats-empty", text: "No values were captured on the blocks (capture=\"sows\" probes only your sows); the slider still finds each block." }),
     ...per.flatMap((p) => [h("h4", { class: "sv-chart-title", text: `${p.mode}: per block` }), p.lines, p.mean]),
     h("label", { class: "sv-row" }, [h("span", { class: "sv-muted", text: "block" }), slider, label, show]),
@@ -60,10 +65,11 @@ export function repeatBlock(index, id, onReveal) {
         // norms on a log axis (they span decades across a deep stack); the mean apart, linear
         drawLines(p.lines, x, [
           { name: "‖·‖₂", y: s.l2, colour: modeColour(colours, p.mode) },
-          { name: "max|·|", y: s.absmax, colour: colours.muted, dash: "dot" },
+          { name: "max|·|", y: s.absmax, colour: colours.fg, dash: "dot" },
         ], { colours, width, xTitle: "block", yTitle: "norm", logY: true, nonfinite });
+        // a mean that is rounding noise next to the values (a LayerNorm's cotangent) is drawn flat
         drawLines(p.mean, x, [{ name: "mean", y: s.mean, colour: colours.accent, dash: "dash" }],
-          { colours, width, height: 100, xTitle: "block", yTitle: "mean", logY: false, nonfinite });
+          { colours, width, height: 100, xTitle: "block", yTitle: "mean", logY: false, nonfinite, noise: roundingNoise(s.mean, s.absmax) });
       }
       drawHists();
     },

@@ -68,3 +68,20 @@ export function parentPath(index, id) {
   }
   return out.length ? ` in ${out.reverse().join(" › ")}` : "";
 }
+
+/**
+ * `hits` with the stages a user means first: stages that hold work (a module, a scan,
+ * a call), then equations and other nodes, then argument leaves and their groups
+ * (`parameters › blocks[0] › attn`), each in program order. Enter opens the first:
+ * "attn" opened the parameter group `attn`, not the `attn: MultiheadAttention` module.
+ * @param {import("./model.js").ModelIndex} index @param {string[]} hits
+ */
+export function rankHits(index, hits) {
+  const tier = (/** @type {string} */ id) => {
+    const n = index.nodes.get(id);
+    if (!n || n.leaves || n.kind === "input" || n.kind === "output") return 2;
+    return (index.children.get(id)?.length ?? 0) > 0 ? 0 : 1;
+  };
+  // (Array sort is stable: program order within a tier)
+  return hits.map((id) => [tier(id), id]).sort((a, b) => Number(a[0]) - Number(b[0])).map((p) => String(p[1]));
+}

@@ -117,6 +117,8 @@ export interface Node {
   port_names?: Record<string, string>;
   /** a Tesseract's static inputs: schema field -> value as Python writes it */
   static_inputs?: Record<string, string>;
+  /** a group of an argument's (or a result's) leaves: their kind and number (model.js) */
+  leaves?: { kind: string; count: number };
 }
 
 export interface Edge {

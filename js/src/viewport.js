@@ -146,12 +146,53 @@ export function hiddenSides(b, t, W, H, slack = 12) {
   return out;
 }
 
-/** The hint's text: "more below · drag to pan, Fit shows all" ("" when nothing is hidden);
+/** The hint's text: "more below · drag to pan" ("" when nothing is hidden; Fit no longer
+ * shows every graph whole: it stops at FIT_BUTTON_SCALE);
  * `short`: "more below ↓" (a narrow view, where the whole line was cut and covered nodes). */
 export function moreText(sides, short = false) {
   if (!sides.length) return "";
   const words = { above: "above", below: "below", left: "to the left", right: "to the right" };
   const arrows = { above: "↑", below: "↓", left: "←", right: "→" };
   if (short) return `more ${sides.map((s) => arrows[s]).join(" ")}`;
-  return `more ${sides.map((s) => words[s]).join(", ")} · drag to pan, Fit shows all`;
+  return `more ${sides.map((s) => words[s]).join(", ")} · drag to pan`;
+}
+
+/**
+ * The least zoom the Fit button goes to: node labels 9 px, the smallest text 7.2 px.
+ * Fit showed any graph whole, however small: a 15-node MLP beside the panel in a
+ * notebook cell came out at 5 px text, a nested scan at 3 px. A taller graph is shown
+ * across at this zoom from its top; the rest is a drag (or a wheel zoom) away.
+ */
+export const FIT_BUTTON_SCALE = 0.72;
+/** A notebook widget's least height (px), and the share of the window it may grow to. */
+export const WIDGET_MIN_HEIGHT = 620;
+export const WIDGET_WINDOW_SHARE = 0.85;
+/** Stacked (a narrow widget, `styles.css` @container): the graph's least height and the panel's. */
+export const STACKED_GRAPH_MIN = 380;
+export const STACKED_PANEL_MIN = 340;
+
+/**
+ * The notebook widget's height (px) for what it shows. It followed nothing: a fixed
+ * 620 px left a tall graph below the fold (or fitted at unreadable sizes) and gave the
+ * detail panel, stacked under the graph in a narrow widget, ~85 px.
+ * Side by side: as tall as shows the whole graph at READABLE_SCALE, between
+ * WIDGET_MIN_HEIGHT and WIDGET_WINDOW_SHARE of the window. Stacked with the panel
+ * open: the graph half the window (at least STACKED_GRAPH_MIN) and the panel its
+ * content's height, at least STACKED_PANEL_MIN and at most 60 % of the window (a longer
+ * one scrolls in the widget); the notebook
+ * scrolls past a widget taller than the window, as past any tall output.
+ * @param {{chrome: number, foot: number, graphH: number, windowH: number, stacked?: boolean, panelH?: number}} m
+ *   chrome: the toolbar, notes, banners and borders; foot: the legend strip under the
+ *   graph; graphH: the drawing's height in graph units; panelH: the open panel's
+ *   content height (0: closed)
+ * @returns {{height: number, drawing: number}} drawing: the graph's height when stacked
+ *   with the panel open (0: the layout's own)
+ */
+export function widgetHeight({ chrome, foot, graphH, windowH, stacked = false, panelH = 0 }) {
+  const cap = Math.max(WIDGET_MIN_HEIGHT, Math.round(windowH * WIDGET_WINDOW_SHARE));
+  const graph = Math.ceil(graphH * READABLE_SCALE + 2 * PAD) + foot;
+  if (!stacked || !panelH) return { height: Math.round(Math.min(cap, Math.max(WIDGET_MIN_HEIGHT, chrome + graph))), drawing: 0 };
+  const drawing = Math.max(STACKED_GRAPH_MIN, Math.min(graph, Math.round(windowH * 0.5)));
+  const panel = Math.max(STACKED_PANEL_MIN, Math.min(panelH, Math.round(windowH * 0.6)));
+  return { height: Math.round(Math.max(WIDGET_MIN_HEIGHT, chrome + drawing + panel)), drawing };
 }

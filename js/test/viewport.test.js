@@ -54,7 +54,7 @@ test("the view says which sides of the drawing lie outside it", () => {
   assert.deepEqual(hiddenSides(b, { k: 1, x: 100, y: 28 }, 900, 550), ["below"]);
   assert.deepEqual(hiddenSides(b, { k: 1, x: 100, y: -800 }, 900, 550), ["above", "below"]);
   assert.deepEqual(hiddenSides(b, { k: 0.2, x: 100, y: 28 }, 900, 550), []);
-  assert.equal(moreText(["below"]), "more below · drag to pan, Fit shows all");
+  assert.equal(moreText(["below"]), "more below · drag to pan");
   assert.equal(moreText([]), "");
   assert.equal(moreText(["below", "right"], true), "more ↓ →");
   assert.equal(moreText([], true), "");

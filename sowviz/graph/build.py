@@ -58,6 +58,7 @@ from .names import (
     shape_str,
     short_path,
     split_einsum_calls,
+    statement_function,
     user_call_label,
 )
 from .saved import (
@@ -70,6 +71,7 @@ from .saved import (
     readers,
     saved_for_backward,
     saved_note,
+    unravelled_boxes,
     unread_constants,
     written_label,
 )
@@ -287,6 +289,7 @@ def build_graph(
     parameters: Collection[int] = (),
     state_inputs: Collection[int] = (),
     calls: frameworks.ModuleCalls | None = None,
+    in_types: Sequence[str | None] = (),
 ) -> StageGraph:
     """The stage graph of the primal program `closed_jaxpr` (from `jax.make_jaxpr`).
 
@@ -307,7 +310,8 @@ def build_graph(
     output is probed too (an input's cotangent is its gradient). `calls`: what
     `frameworks.named` recorded of the program's NNX / Equinox module calls (the scopes
     they pushed, the copies it could not name, `graph.copies`, and the order of each
-    call's results); without it, no scope is a module's.
+    call's results); without it, no scope is a module's. `in_types`: per flat input, the
+    type of the Flax NNX variable holding it (`LoRAParam`), or None (`Node.var_type`).
     """
     if capture not in _CAPTURES:
         raise ValueError(_BAD_CAPTURE.format(capture))
@@ -327,7 +331,7 @@ def build_graph(
     # module stages, the copies' new labels as the labels they replace
     scopes = (calls.scopes if calls else frozenset()) | set(renamed.values())
     with frameworks.drawing(scopes, calls.haiku if calls else ()):
-        return _Builder(
+        builder = _Builder(
             capture,
             tesseract_names,
             renamed,
@@ -335,7 +339,9 @@ def build_graph(
             calls.writes if calls else None,
             calls.roots if calls else frozenset(),
             params=calls.params if calls else None,
-        ).build(
+        )
+        builder.in_types = tuple(in_types)
+        return builder.build(
             jaxpr,
             _parted(groups, frozenset(parameters), frozenset(state_inputs)),
             list(out_names),
@@ -610,6 +616,7 @@ def _name_wrappers(recs: Sequence[_Rec]) -> None:
     for rec in recs:
         if rec.parent is not None:
             kids.setdefault(rec.parent, []).append(rec)
+    by_id = {rec.id: rec for rec in recs}
     for rec in reversed(recs):  # a scan's checkpoint is named before the scan
         only = kids.get(rec.id, [])
         if len(only) == 1 and rec.kind == "jit" and rec.label == _FLAX_JIT:
@@ -635,11 +642,22 @@ def _name_wrappers(recs: Sequence[_Rec]) -> None:
         else:
             continue
         bare = unqualified(rec.label, rec.qualifier)  # (`scan(reverse)` is a bare scan)
-        construct, paren, _ = bare.partition("(")
+        construct, paren, fn = bare.partition("(")
+        # (not the body of a scan named by the same function of yours, which both
+        # trace: `nnx.scan(nnx.remat(forward))` read `scan(forward)` > `checkpoint(blocks)`;
+        # a checkpoint per layer keeps the layer it calls, `checkpoint(blocks[1])`)
+        outer = by_id.get(rec.parent) if paren else None
+        same_body = (
+            outer is not None
+            and outer.kind == "scan"
+            and unqualified(outer.label, outer.qualifier).partition("(")[2][:-1].partition(", ")[0]
+            == fn[:-1]
+        )
         if (
             rec.kind == "remat"
             and inner.kind == "scope"
             and (inner.label in frameworks.pushed() or not paren)
+            and not same_body
         ) or (rec.kind == "remat" and inner.kind == "scan" and not paren):
             # (Linen's `nn.remat_scan(Block, lengths=(2, 3))(name="blocks")`: a scan of a
             # checkpoint of a scan: `scan(blocks)` > `checkpoint(blocks)` > `scan(blocks)`)
@@ -689,6 +707,7 @@ class _Rec:
         "statics",
         "takes",
         "user_body",
+        "var_type",
     )
 
     def __init__(self, order, kind, label, parent, source=None, shapes=(), primitive=None):
@@ -706,6 +725,7 @@ class _Rec:
         self.n_eqns = 0 if kind in ("scope", "input", "output") else 1
         self.collapsed = kind in STAGE_KINDS
         self.out_vars: dict[Any, tuple[int, int]] | None = None  # scopes: output var -> loc
+        self.var_type: str | None = None  # an input's NNX variable type (`Node.var_type`)
         self.made = False  # a scope sowviz made: a fold (names.fold_names), a branch
         self.called = False  # a call of the user's own function (`calls.group_calls`)
         #: a loop or call whose body is the user's code (`scan(layer)`, `jit(block)`)
@@ -823,6 +843,7 @@ class _Builder(InputsMixin):
         #: per scope of several outputs, its values the program after it reads from
         self.feeding: dict[str, set[Any]] = {}
         self.used: set[Any] = set()  # the variables the level being walked reads
+        self.in_types: tuple[str | None, ...] = ()  # `build_graph`'s
         #: ids of equations drawn as edges: `jax.pmap`'s plumbing (`_compat.pmap_body`)
         self.passed: set[int] = set()
         #: a `with_sharding_constraint`'s result -> its type with the sharding it asks
@@ -847,6 +868,8 @@ class _Builder(InputsMixin):
             for k, chain in self.leaf_tree(root, group, label, jaxpr.invars, nest=nest):
                 v = jaxpr.invars[k]
                 inputs[v] = chain
+                if k < len(self.in_types):
+                    self.recs[int(chain[-1][1:])].var_type = self.in_types[k]
                 if weights:
                     self.weights.add(self.recs[int(chain[-1][1:])])
                 if probe:  # sown before the first equation: its cotangent is the gradient
@@ -1042,6 +1065,11 @@ class _Builder(InputsMixin):
         # not drawn, nor are they: it had no data, named by the line (`pred, _ =
         # jax.vmap(model)(x, state)`: the discarded state's broadcasts; `dead_boxes`)
         dead = dead_boxes(jaxpr, level_names)
+        # A derivative line's box holding only the transform's unravelling of its value
+        # (`u_xx = jax.hessian(u, 2)(p, t, x)`'s `split`, `reshape`): those are the box's
+        # own work, no boxes of their own (every equation drawn, `capture="all"`, keeps
+        # them)
+        unravelled = set() if capture_eqns else unravelled_boxes(jaxpr, level_names, dead)
         for i, eqn in enumerate(jaxpr.eqns):
             if i in dead:
                 chains.append(chain_here)
@@ -1079,6 +1107,8 @@ class _Builder(InputsMixin):
                 continue  # the branch `platform_dependent` lowers: its cond shows only it
             if i in unread_set:
                 self.const_vars.update(id(v) for v in eqn.outvars)  # (a seed's readers: constants)
+                continue
+            if i in unravelled and scopes and self.within_box(eqn, i, chain_here, prod, into, loc):
                 continue
             if as_edge:  # drawn as the edges it is, from its operands' producers
                 # (a counter's `i + 1` passes its `i`: the operands past the results are
@@ -1126,7 +1156,9 @@ class _Builder(InputsMixin):
                                 holder.reads.append(made)  # the stage's own parameters
                                 holder.read_by.append(rec)
                         k = self.edge(src, chain, v, reads.get(p), operand_names.get(p))
-                        if k < len(src) - 1 and v in loc:
+                        # (a box whose own work made `v`, `within_box`, is left too)
+                        boxed = self.recs[int(src[-1][1:])].kind == "scope"
+                        if (k < len(src) - 1 or boxed) and v in loc:
                             self.mark_scope_outputs(src, k, v, loc[v])
                             self.read_after.update((s, v) for s in src[k:-1])
             for k, v in enumerate(eqn.outvars):
@@ -1296,6 +1328,14 @@ class _Builder(InputsMixin):
                 label = f"{label}({body})" if body else label
         if spec.construct in (Construct.SCAN, Construct.COND, Construct.WHILE):
             label = construct_label(label, _compat.call_path(eqn))
+        if (
+            spec.construct is Construct.JIT
+            and ("transform", "transpose") in _compat.name_stack_kinds(eqn)
+            and not label.endswith(BACKWARD)
+        ):
+            # a jitted function's backward pass, which JAX binds as a `jit` of the same
+            # name: `loss (backward)`, as a call of the user's is (it read `loss#2`)
+            label = f"{label}{BACKWARD}"
         if spec.construct is Construct.TESSERACT:
             label = tesseract_label(_compat.tesseract_client(eqn.params), self.tesseract_names)
             # (a program that differentiates itself calls its derivative endpoints too)
@@ -1323,6 +1363,12 @@ class _Builder(InputsMixin):
 
         outs = range(len(eqn.outvars))
         order = sorted(outs, key=shown_first) if len(outs) > 1 else outs
+        # ... and not those at all while it makes something: they are its inputs, not
+        # its results (`nnx.scan(nnx.remat(forward))` hands each layer's parameters
+        # back, which JAX's own scan forwarding drops without the remat: the box said
+        # `f32[4,8,32] +16`, the carry and the 16 stacked parameters)
+        made = [k for k in order if not shown_first(k)[1]]
+        order = made if made and len(made) < len(order) else order
         # (`with_sharding_constraint` by the sharding it asks: `float32[64@data,64@model]`)
         constrained = constrained_shapes(eqn)
         if constrained:
@@ -1391,7 +1437,8 @@ class _Builder(InputsMixin):
             small = body_size < CUSTOM_PROBED_MIN and not kinds & {"scope", "scan", "while"}
             if small:  # an activation's rule: its outputs say it all
                 del self.points[n_before:]
-            if in_custom is None:
+            # (not `jax.nn.relu`'s: the most common activation said so on every model)
+            if in_custom is None and not (small and _compat.is_jax_nn_call(eqn)):
                 self.custom_calls.setdefault((name, label, small), []).append(rec.id)
         return rec
 
@@ -1675,7 +1722,7 @@ class _Builder(InputsMixin):
         cached = self.sources.get(key)
         if cached is None:  # one object per location; files relative to the cwd
             cached = self.sources[key] = _compat.SourceLocation(
-                short_path(loc.file), loc.line, loc.function
+                short_path(loc.file), loc.line, statement_function(loc.function)
             )
         return cached
 
@@ -1776,12 +1823,45 @@ class _Builder(InputsMixin):
                 self.port_names[key] = joined_name(self.port_names.get(key), current)
 
     def mark_scope_outputs(self, chain: tuple[str, ...], start: int, v: Any, at) -> None:
-        """`v` leaves the scopes chain[start:-1] (the producer's enclosing scopes)."""
+        """`v` leaves the scopes chain[start:-1] (the producer's enclosing scopes), and
+        the producer itself when it is a box whose own work made `v` (`within_box`)."""
         recs = self.recs
-        for node_id in chain[start:-1]:
+        last = recs[int(chain[-1][1:])] if chain else None
+        inside = chain[start:] if last is not None and last.kind == "scope" else chain[start:-1]
+        for node_id in inside:
             out = recs[int(node_id[1:])].out_vars
             if out is not None and v not in out:
                 out[v] = at
+
+    def within_box(
+        self, eqn: Any, i: int, chain: tuple[str, ...], prod: dict, into: Mapping, loc: dict
+    ) -> bool:
+        """Draw `eqn` (the level's `i`-th) as work of the innermost box open around it,
+        `chain` (`unravelled_boxes`), not as a box of its own: its operands' edges go
+        into the box, and the box makes its results. False, drawing nothing, when it
+        reads a body's operand (whose readers are boxes)."""
+        operands = [v for v in eqn.invars if isinstance(v, _compat.Var)]
+        if any(v not in prod and v in into for v in operands):
+            return False
+        box = self.recs[int(chain[-1][1:])]
+        box.n_eqns += 1
+        for v in operands:
+            src = prod.get(v)
+            if src is None or src == chain:
+                continue
+            if src[: len(chain)] == chain:  # made inside the box (`u (backward)`): its output
+                if v in loc:
+                    self.mark_scope_outputs(src, len(chain), v, loc[v])
+                continue
+            k = self.edge(src, chain, v)
+            boxed = self.recs[int(src[-1][1:])].kind == "scope"  # (another such box's)
+            if (k < len(src) - 1 or boxed) and v in loc:
+                self.mark_scope_outputs(src, k, v, loc[v])
+                self.read_after.update((s, v) for s in src[k:-1])
+        for k, v in enumerate(eqn.outvars):
+            prod[v] = chain
+            loc[v] = (i, k)
+        return True
 
     # -- probes ----------------------------------------------------------------
     def point(
@@ -2054,6 +2134,7 @@ class _Builder(InputsMixin):
                 read_at=tuple(e.order for e in r.read_by),
                 port_names=tuple(port_names.get(r.id, {}).items()),
                 static_inputs=r.statics,
+                var_type=r.var_type,
             )
             for r in recs
             if r.id not in echoes

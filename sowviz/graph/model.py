@@ -57,6 +57,9 @@ class Node:
     #: reads and its stages' in program order (a module's own weight read after its
     #: sublayer's comes after the sublayer's)
     read_at: tuple[int, ...] = ()
+    #: an input leaf a Flax NNX variable holds: its type (`Param`, `LoRAParam`,
+    #: `BatchStat`): a LoRA model's frozen `Param`s and trained `LoRAParam`s read alike
+    var_type: str | None = None
     #: (producer outside it, name): what its body calls a value it takes in, where the
     #: user's function named it (a loop's `step(h, x)`: `h` for the carry's initial
     #: value), the producer being an `Edge.ends` source
@@ -100,6 +103,8 @@ class Node:
             d["port_names"] = dict(self.port_names)
         if self.static_inputs:
             d["static_inputs"] = dict(self.static_inputs)
+        if self.var_type:
+            d["var_type"] = self.var_type
         return d
 
 

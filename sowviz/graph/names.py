@@ -492,26 +492,56 @@ _COLLECTIVES = frozenset(
 )
 
 
+#: The code objects a comprehension runs in (before Python 3.12 a list's too; a
+#: generator's still): `f.<locals>.<genexpr>`.
+_COMPREHENSIONS = ("<genexpr>", "<listcomp>", "<setcomp>", "<dictcomp>")
+
+
+def statement_function(qualname: str) -> str:
+    """The function whose statement a comprehension in it belongs to (`grad_norms` for
+    `grad_norms.<locals>.<genexpr>`): `norms = jnp.sqrt(sum(jnp.sum(g ** 2) for g in
+    leaves))` is one line of `grad_norms`, its generator's work and the `sum`'s adds one
+    box `norms`, not a box per leaf and per add (the generator's equations were located
+    in a function of their own, parting the line's run at every leaf). A lambda keeps its
+    own name (a `jax.tree.map(lambda ...)` line's body is read as a lambda's)."""
+    while True:
+        head, sep, last = qualname.rpartition(".<locals>.")
+        if not sep or last not in _COMPREHENSIONS:
+            return qualname
+        qualname = head
+
+
 def line_passes(
     locs: Sequence[_compat.SourceLocation | None], frames: Sequence[_compat.UserFrames | None]
 ) -> list[int]:
     """Per equation, which pass over its line made it: in a run of equations of one line,
     a new pass starts where the innermost user frame goes back (a loop on that line);
-    `frames`: each equation's (`_compat.user_frames`)."""
+    `frames`: each equation's (`_compat.user_frames`). Not where it goes back within one
+    comprehension that Python inlined (3.12: `total = jnp.linalg.norm(jnp.array(
+    [jnp.linalg.norm(g) for g in leaves]))` is one statement, one box `total`, as a
+    generator's frame of its own makes it in 3.11; it read `total`, `total#2`, ...)."""
     out: list[int] = []
     prev_loc: Any = None
     prev: tuple[int, int] | None = None
+    prev_comp: Any = None
     n = 0
     for loc, f in zip(locs, frames, strict=True):
-        pos = None
+        pos = comp = None
         if f is not None:
             pos = (f.calls[-1].key[2], f.calls[-1].lasti) if f.calls else f.root
+            comp = f.comprehension
         if loc is None or loc != prev_loc:
             n = 0
-        elif pos is not None and prev is not None and pos[0] == prev[0] and pos[1] < prev[1]:
+        elif (
+            pos is not None
+            and prev is not None
+            and pos[0] == prev[0]
+            and pos[1] < prev[1]
+            and (comp is None or comp != prev_comp)
+        ):
             n += 1
         out.append(n)
-        prev_loc, prev = loc, pos
+        prev_loc, prev, prev_comp = loc, pos, comp
     return out
 
 
@@ -1528,15 +1558,15 @@ def _fold(
             for m in range(lo, hi + 1)
         )
 
-    def assignment_line(i: int, big: bool = False) -> str | None:
+    def assignment_line(i: int) -> str | None:
         # A line assigning a name (`amplitude = jnp.exp(...)`, `delta = r + g * v - v`,
         # `state = jax.tree.map(lambda r, s: jnp.where(d, r, s), ...)`) is one box named
         # by what it assigns, at a level of any size, as a big level's line folds are:
         # its primitives were loose boxes (`exp`; `sub`, `mul`, `add`; `where` per
         # leaf), and with no data at a big top level. A line that is one library call
         # of several equations keeps its call's box (`mask = make_causal_mask(t)`:
-        # `make_causal_mask`; `m = jnp.mean(x)`: `mean`), but at a `big` level
-        # (`library_call_line`). The key's marks: `_LINE`, `_LEAVES` for a lambda's
+        # `make_causal_mask`), but JAX's own (`m = jnp.mean(x)`: `m`, at any level, as
+        # `library_call_line` says). The key's marks: `_LINE`, `_LEAVES` for a lambda's
         # calls, each a stage (`take` per leaf), `_CALLED` for `library_call_line`'s.
         loc, scope = locs[i], scope_of(i)
         if scope and not scope[-1].startswith(CALL):
@@ -1571,7 +1601,7 @@ def _fold(
         lam = loc.function.endswith("<lambda>")
         per_leaf = lam and called_again(lo, hi)
         draw = not per_leaf and draw_run(lo, hi)
-        target = big and library_call_line(i, lo, last)
+        target = library_call_line(i, lo, last)
         if (
             not (per_leaf or draw or target)
             and last < len(stages)
@@ -1591,15 +1621,16 @@ def _fold(
         return f"{own}:{first}\x02{'/'.join(scope_of(i))}{again}{_LINE}{mark}"
 
     def library_call_line(i: int, lo: int, last: int) -> bool:
-        # At a big level, `i`'s line assigns a plain name the value of JAX's own call
+        # `i`'s line assigns a plain name the value of JAX's own call
         # (`safe = jnp.where(mask, dr2, 1.0)`, `dr = jnp.where(mask,
         # jnp.sqrt(safe), 0.0)`, `e_atom = jax.ops.segment_sum(...)`, `dr =
         # jnp.linalg.norm(...)`): one box named by what it assigns, holding the call's
         # stage or equations, as its other lines are (`dr2`). Named by the call
         # (`where`, `sqrt` beside `where#2`, `segment_sum`), the names an MD user probes
         # and clicks were nowhere among them. (A loop or a jit of the user's keeps its
-        # box: `construct_in`; a `return` line is named by what it computes; a small
-        # level keeps the call's box, `m = jnp.mean(x)`: `mean`, README.)
+        # box: `construct_in`; a `return` line is named by what it computes.) At a small
+        # level too: `x = jnp.mean(r)` read `mean` in a function of few lines and `x` in
+        # one of more, the same line named by what the function's other lines did.
         target = line_assigns(i)
         if target is None or not target.isidentifier():
             return False  # (`updates, state = tx.update(...)`, `self.h = ...`: a call's box)
@@ -1737,7 +1768,7 @@ def _fold(
             if not library and at_module_call is not None and at_module_call(i):
                 return None  # the module's stage is that line's call: its calls say more
             if not library:
-                named = assignment_line(i, True)  # (from one equation on, as at a small level)
+                named = assignment_line(i)  # (from one equation on, as at a small level)
                 if named is not None:
                     return named
             again = f"\x04{passes[i]}" if i < len(passes) and passes[i] else ""

@@ -154,6 +154,48 @@ def dead_boxes(jaxpr: _compat.Jaxpr, level_names: Sequence[tuple[str, ...]]) -> 
     return out
 
 
+#: What a derivative transform's own code does to a result it unravels
+_UNRAVELLING = frozenset(
+    {"split", "reshape", "squeeze", "expand_dims", "transpose", "concatenate", "slice"}
+)
+#: The transforms that unravel what they compute (`jax.hessian` is `jacfwd` of `jacrev`)
+_UNRAVELLED_BY = frozenset({"jacfwd", "jacrev", "jacobian", "hessian"})
+
+
+def unravelled_boxes(
+    jaxpr: _compat.Jaxpr, level_names: Sequence[tuple[str, ...]], skip: Iterable[int] = ()
+) -> set[int]:
+    """The equations of `jaxpr`'s level in a box named by a line (a fold, not named by a
+    call) whose work there is only a derivative transform's unravelling of its result:
+    `u_xx = jax.hessian(u, argnums=2)(params, t, x)` of a scalar `x` made `split` and
+    `reshape` boxes with no data in `u_xx` (two of them dead ends), while the box holds
+    the line's value and `u`, `u (backward)` beside it (or inside it) do the work. Drawn
+    as the box's own work (no boxes of their own), the box is the line's value.
+    `skip`: the equations drawn nowhere (`dead_boxes`)."""
+    skipped = set(skip)
+    members: dict[str, list[int]] = {}
+    for i, names in enumerate(level_names):
+        if i in skipped or not names:
+            continue
+        for n in names:
+            members.setdefault(n, []).append(i)
+    out: set[int] = set()
+    for n, at in members.items():
+        if not n.startswith(FOLD) or fold_named_by_call(n):
+            continue
+        # (the box may hold the transform's evaluations too, `u`, `u (backward)`, when
+        # another line evaluates `u`: its own equations are the unravelling alone)
+        own = [i for i in at if level_names[i][-1] == n]
+        if own and all(
+            jaxpr.eqns[i].primitive.name in _UNRAVELLING
+            and not jaxpr.eqns[i].effects
+            and _compat.call_path(jaxpr.eqns[i]).names[:1] in {(t,) for t in _UNRAVELLED_BY}
+            for i in own
+        ):
+            out.update(own)
+    return out
+
+
 def leaf_names(
     values: Sequence[Any], saved: frozenset, written: Mapping[Any, str] | None = None
 ) -> tuple[str, ...]:

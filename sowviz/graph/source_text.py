@@ -568,11 +568,74 @@ def returned_label(file: str, line: int) -> str | None:
     if value is None:
         return None
     if isinstance(value, ast.Call):
+        mapped = _mapped_body(value)
+        if mapped is not None:
+            short = _keyed_short(mapped) or _compact(mapped)
+            if short is not None:
+                return short
         called = value.func
         name = called.attr if isinstance(called, ast.Attribute) else getattr(called, "id", None)
         if name:
             return name
-    return _written("".join(_lines(file)), value) or _keyed_short(value)
+    source = "".join(_lines(file))
+    return _written(source, value) or _keyed_short(value) or _compact(value)
+
+
+def _mapped_body(call: ast.Call) -> ast.expr | None:
+    """What a `jax.tree.map` of a lambda computes, written over the trees it maps: `grads
+    / divisor` for `jax.tree.map(lambda g: g / divisor, grads)` (its call's name, `map`,
+    says nothing of it); None for any other call, or a lambda of other parameters."""
+    called = call.func
+    chain = []
+    while isinstance(called, ast.Attribute):
+        chain.append(called.attr)
+        called = called.value
+    if isinstance(called, ast.Name):
+        chain.append(called.id)
+    if (
+        not chain
+        or chain[0] not in ("map", "tree_map")
+        or (chain[0] == "map" and chain[1:2] != ["tree"])
+    ):
+        return None
+    if not call.args or call.keywords or not isinstance(call.args[0], ast.Lambda):
+        return None
+    fn, trees = call.args[0], call.args[1:]
+    params = fn.args
+    if params.vararg or params.kwarg or params.kwonlyargs or params.posonlyargs:
+        return None
+    if len(params.args) != len(trees) or params.defaults:
+        return None
+    if not all(isinstance(t, (ast.Name, ast.Attribute)) for t in trees):
+        return None
+    by = {a.arg: t for a, t in zip(params.args, trees, strict=True)}
+
+    class _Trees(ast.NodeTransformer):
+        def visit_Name(self, node: ast.Name) -> ast.AST:
+            return copy.deepcopy(by[node.id]) if node.id in by else node
+
+        def visit_Lambda(self, node: ast.Lambda) -> ast.AST:
+            return node  # (its own parameters may shadow the names)
+
+    return _Trees().visit(copy.deepcopy(fn.body))
+
+
+#: Operators written closer than `+`, `-` by `_compact`
+_TIGHT = re.compile(r" (\*\*|\*|/|//|@|%) ")
+
+
+def _compact(expr: ast.expr) -> str | None:
+    """`expr` written as its terms' products closer than its sums (`u_t + u_val*u_x -
+    nu*u_xx` for `u_t + u_val * u_x - nu * u_xx`, a PINN's residual, one character too
+    long to be a label as written: its last operator alone, `sub`, said nothing of it),
+    with string-keyed entries by their keys (`_keyed_short`), if that fits a label."""
+    if not (isinstance(expr, ast.BinOp) and isinstance(expr.op, (ast.Add, ast.Sub))):
+        return None
+    text = ast.unparse(_KeysAsNames().visit(copy.deepcopy(expr)))
+    if "'" in text or '"' in text:
+        return None  # (a string's own spaces are no operator's)
+    short = _TIGHT.sub(r"\1", text)
+    return short if len(short) <= _MOST else None
 
 
 class _KeysAsNames(ast.NodeTransformer):
