@@ -9,6 +9,7 @@ are switched off.
 from __future__ import annotations
 
 import pathlib
+import re
 
 import pytest
 from lab_session import failed, jupyter_lab, open_notebook, run_all_cells
@@ -62,7 +63,9 @@ def test_quickstart_runs_in_jupyterlab(browser, tmp_path):
             assert "input" in kinds and "scope" in kinds
             # a layer (the "parameters" group opens its table of leaves, not charts; the
             # two identical hidden layers are one merged node, the output layer is not)
-            stage = first.locator('[data-has-probe="true"][data-kind="scope"]', has_text="dense_2")
+            # (by its card's label: the parameters group's tooltip names `dense_2.w` too)
+            label = page.locator("text.sv-label", has_text=re.compile(r"^dense_2$"))
+            stage = first.locator('[data-has-probe="true"][data-kind="scope"]').filter(has=label)
             stage = stage.first
             stage.click()
             detail = first.locator('[data-role="detail"]')

@@ -206,6 +206,12 @@ def _shortened_path(file: str) -> str:
     return file
 
 
+#: What a `jnp.where`'s line computes for its test, not a value it masks (`masking_where`)
+_MASK_TESTS = frozenset(
+    {"gt", "ge", "lt", "le", "eq", "ne", "and", "or", "not", "is_finite", "convert_element_type"}
+    | {"broadcast_in_dim", "reshape", "squeeze", "expand_dims"}
+)
+
 #: Marks a fold's name as a group of one library call's equations (`split_by_calls`).
 #: (A byte no name holds: `\x01o` was found in a line's fold of a function `outer`,
 #: `\x01outer:10`, whose library calls were then left unsplit, `res = minimize(...)`'s
@@ -1558,7 +1564,7 @@ def _fold(
             for m in range(lo, hi + 1)
         )
 
-    def assignment_line(i: int) -> str | None:
+    def assignment_line(i: int, big: bool = False) -> str | None:
         # A line assigning a name (`amplitude = jnp.exp(...)`, `delta = r + g * v - v`,
         # `state = jax.tree.map(lambda r, s: jnp.where(d, r, s), ...)`) is one box named
         # by what it assigns, at a level of any size, as a big level's line folds are:
@@ -1601,7 +1607,10 @@ def _fold(
         lam = loc.function.endswith("<lambda>")
         per_leaf = lam and called_again(lo, hi)
         draw = not per_leaf and draw_run(lo, hi)
-        target = library_call_line(i, lo, last)
+        # (at a small level, not the double-where line `gate = jnp.where(g > 0,
+        # jnp.sqrt(g), 0.0)`: the `sqrt` whose NaN the `where` masks stays a stage, which
+        # the NaN messages name, "before it, a NaN in `sqrt` ... was masked by `where`")
+        target = library_call_line(i, lo, last) and (big or not masking_where(lo, hi))
         if (
             not (per_leaf or draw or target)
             and last < len(stages)
@@ -1619,6 +1628,16 @@ def _fold(
         again = f"\x04{passes[i]}" if not lam and i < len(passes) and passes[i] else ""
         mark = _LEAVES if per_leaf else _DRAW if draw else _CALLED if target else ""
         return f"{own}:{first}\x02{'/'.join(scope_of(i))}{again}{_LINE}{mark}"
+
+    def masking_where(lo: int, hi: int) -> bool:
+        # a `jnp.where` on the line choosing between a value the line computes (`jnp.sqrt(g)`)
+        # and others, beyond its test (`g > 0`)
+        run = range(lo, hi + 1)
+        if ("where",) not in {calls(m)[:1] for m in run}:
+            return False
+        return any(
+            not calls(m) and m < len(primitives) and primitives[m] not in _MASK_TESTS for m in run
+        )
 
     def library_call_line(i: int, lo: int, last: int) -> bool:
         # `i`'s line assigns a plain name the value of JAX's own call
@@ -1768,7 +1787,7 @@ def _fold(
             if not library and at_module_call is not None and at_module_call(i):
                 return None  # the module's stage is that line's call: its calls say more
             if not library:
-                named = assignment_line(i)  # (from one equation on, as at a small level)
+                named = assignment_line(i, big=True)  # (from one equation on, as at a small level)
                 if named is not None:
                     return named
             again = f"\x04{passes[i]}" if i < len(passes) and passes[i] else ""
