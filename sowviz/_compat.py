@@ -2859,3 +2859,26 @@ def _comprehension_loops(code: Any) -> tuple[tuple[int, int], ...]:
         if text[pos.col_offset : pos.col_offset + 1] in (b"[", b"{"):
             out.append((ins.offset, ins.argval))
     return tuple(out)
+
+
+# ---------------------------------------------------------------------------
+# --- added by graph (round 17): the lines a module's call was made from, to tell
+# apart calls of one module from several lines (double DQN's three `net.apply`s).
+_user_lines: dict = {}
+
+
+def user_lines_from(eqn: JaxprEqn, site: SourceLocation) -> tuple | None:
+    """The user's frames of the equation's traceback from the one at `site` (a module's
+    call site, `haiku_call_sites`/`call_sites`) outward, as (file, line, function),
+    innermost first; None when no user frame is there (or no traceback)."""
+    lines = _by_traceback(_user_lines, eqn, _user_frame_lines)
+    if not lines:
+        return None
+    at = (site.file, site.line, site.function)
+    return lines[lines.index(at) :] if at in lines else None
+
+
+def _user_frame_lines(codes: Any, lastis: Any) -> tuple:
+    pairs = zip(codes, lastis, strict=True)
+    found = (_location(code, lasti) for code, lasti in pairs if _is_user_code(code))
+    return tuple((loc.file, loc.line, loc.function) for loc in found if loc is not None)

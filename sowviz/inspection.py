@@ -71,6 +71,10 @@ class Probe:
     #: for `"stopped"`: the equation that cut its tangent, `{"primitive": "stop_gradient",
     #: "source": {"file", "line", "function"} or None}`
     stopped_by: dict[str, Any] | None = None
+    #: per capture key, the leading axes of its summary's `shape` that enclosing
+    #: constructs added (`Site.axes`: ``"mesh:<axis>"`` for a `shard_map`'s mesh axis,
+    #: ``"scan"``/``"while"`` for a loop's iterations), outermost first; None: none
+    axes: dict[str, tuple[str, ...]] | None = None
 
     @cached_property
     def summaries(self) -> dict[str, dict[str, Any]]:
@@ -90,6 +94,8 @@ class Probe:
             d["no_cotangent"] = self.no_cotangent
         if self.stopped_by is not None:
             d["stopped_by"] = self.stopped_by
+        if self.axes:
+            d["axes"] = {k: list(v) for k, v in self.axes.items()}
         return d
 
 
@@ -101,18 +107,23 @@ def join_probes(
     found: list[_Found] = []
     notes: list[Any] = []
     untaken: set[str] = set()
+    stacked: dict[tuple[str, str], dict] = {}  # (node, name) -> mode -> `Site.axes`
     for node, entry in _whole_points(graph, summaries.get(PROBE_TAG, {})).items():
         taken = entry.get("taken")
         if taken is not None and not np.any(np.asarray(taken)):
             untaken.add(node)  # its zeros are no values: it did not run
             continue
         found += _probes_of(graph.node(node).label, node, entry, True)
+        if "axes" in entry:
+            stacked[(node, graph.node(node).label)] = entry["axes"]
     notes += _untaken_notes(graph, untaken)
     for name, entry in summaries.get(options.tag, {}).items():
         node = _sow_node(graph, name)
         if node is None:
             notes.append(_undrawn_sow_note(traced, name))
             continue
+        if "axes" in entry:
+            stacked[(node, name)] = entry["axes"]
         for inner, part in _by_inner_role(entry, Mode(options.mode)):
             leaf = f"['inner {inner}']" if inner != "primal" else ""
             found += [
@@ -142,7 +153,15 @@ def join_probes(
     # (a stage's state writes after what its call returns: the panel opens on its first)
     found.sort(key=lambda f: (order.get(f[2], 0), not f[3], f[0], _written(f[1]), _leaf_key(f[1])))
     why = no_cotangent_reasons(traced, found, mode, options.argnums)
-    probes = [Probe(f"p{i}", *f, *why.get((f[2], f[1]), (None, None))) for i, f in enumerate(found)]
+    probes = [
+        Probe(
+            f"p{i}",
+            *f,
+            *why.get((f[2], f[1]), (None, None)),
+            axes=_axes_of(f, stacked.get((f[2], f[0]))),
+        )
+        for i, f in enumerate(found)
+    ]
     for p in probes:
         missing = [m for m in mode.keys if not _has_role(p.typed_summaries, m)]
         if missing and not p.auto and not own(p.name) and p.stopped_by is not None:
@@ -158,6 +177,20 @@ def join_probes(
                 "that computes it."
             )
     return probes, notes
+
+
+def _axes_of(found: _Found, per_mode: dict | None) -> dict[str, tuple[str, ...]] | None:
+    """A probe's `Probe.axes`: its entry's stacking axes (`Regroup.axes`) per capture
+    key it shows, where they lead its summary's shape (keys renamed for an inner role
+    do not match, and keep none)."""
+    if not per_mode:
+        return None
+    out = {}
+    for key, s in found[4].items():
+        axes = tuple(per_mode.get(key, ()))
+        if axes and len(getattr(s, "shape", ())) >= len(axes):
+            out[key] = axes
+    return out or None
 
 
 def _has_role(summaries: dict, role: str) -> bool:
@@ -881,6 +914,10 @@ def _path_aliases(path: str, plain: str) -> set[str]:
     return _aliases(path) if plain == path else _aliases(path) | _aliases(plain)
 
 
+#: an unpacked element's label, `[4] (log_prob)` (`graph.build.unpacked_leaves`)
+_UNPACKED = re.compile(r"(\[\d+\]) \(([A-Za-z_]\w*)\)")
+
+
 def _aliases(path: str) -> set[str]:
     """Other names of the probe at `path`: each "/"-end of it, with modules' classes
     left out (`conv1: Conv2d` is `conv1`), and the parameter table's dotted name of
@@ -889,6 +926,14 @@ def _aliases(path: str) -> set[str]:
     parts = path.split("/")
     bare = [p.split(": ", 1)[0] if ": " in p and "(" not in p else p for p in parts]
     out = set()
+    # an argument's element the function unpacks (`traj[4] (log_prob)`): its index
+    # alone (`traj[4]`), and the name the code gives it (`log_prob`)
+    unpacked = [_UNPACKED.fullmatch(p) for p in parts]
+    if any(unpacked):
+        plain = (m.group(1) if m else p for m, p in zip(unpacked, parts, strict=True))
+        out |= _aliases("/".join(plain))
+        if unpacked[-1]:
+            out.add(unpacked[-1].group(2))
     for labels in (parts, bare):
         out.update("/".join(labels[-k:]) for k in range(1, len(labels) + 1))
     # dotted as Python reaches a module (`blocks[0].attn`), every end of the path

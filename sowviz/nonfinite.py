@@ -84,6 +84,7 @@ from .nonfinite_messages import (
     at_iteration,
     backward_message,
     backward_sentence,
+    devices_said,
     equation_name,
     forward_message,
     grads_sentence,
@@ -92,6 +93,7 @@ from .nonfinite_messages import (
     loop_fill_message,
     mask_fill_message,
     message,
+    on_devices,
     stage_name,
     with_message,
 )
@@ -190,6 +192,9 @@ class _Flags:
     # per kind it holds (NaN, +Inf, -Inf), the first iteration holding it: a loop that
     # carries a +Inf fill from iteration 0 holds the NaN it makes only from its 7th
     fwd_kind_iter: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    # inside a shard_map (`locate`'s count run): the mesh axes, their sizes and which
+    # devices' forward values hold non-finite ones (row-major indices)
+    fwd_devices: tuple[tuple[str, ...], tuple[int, ...], tuple[int, ...]] | None = None
 
     def first_kinds(self) -> frozenset[str]:
         """The kinds held at the first iteration holding any: what a loop's equation made
@@ -230,6 +235,10 @@ def node_flags(
                     f.fwd_iter = min(f.fwd_iter, its[0])
                 for k, it in _kind_iterations(s, when).items():
                     f.fwd_kind_iter[k] = min(f.fwd_kind_iter.get(k, (_INF,)), it)
+                per = s.get("per_shard")
+                if per and f.fwd_devices is None and any(per.get("kinds") or ()):
+                    bad = tuple(i for i, k in enumerate(per["kinds"]) if k)
+                    f.fwd_devices = (tuple(per["axes"]), tuple(per["shape"]), bad)
     return out
 
 
@@ -530,7 +539,8 @@ def find(
             unseen,
             led,
             masked_note,
-            at_iteration([ix.nodes[lp] for lp in ix.loops(node)], iteration),
+            at_iteration([ix.nodes[lp] for lp in ix.loops(node)], iteration)
+            + on_devices(fwd[node].fwd_devices),
         )
         if not fwd[node].fwd_value:  # jvp: a NaN tangent of a finite value
             msg += IN_TANGENT
@@ -1338,6 +1348,7 @@ def with_equations(
         loops = [ix.nodes[lp] for lp in ix.loops(forward.node)]
         msg = f"first made by {equation_name(stage(fwd), forward)}"
         msg += at_iteration(loops, fwd.iteration)
+        msg += devices_said(fwd.message)  # kept: which devices of a shard_map made them
         # kept: what follows the name (the NaN it led to, the loop's carry, what came
         # before it, a masked value, `IN_TANGENT`), from the first of them on
         tails = [fwd.message.find(m) for m in (LED_TO, LOOP_CARRIED, EARLIER, MASKED, IN_TANGENT)]

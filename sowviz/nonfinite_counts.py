@@ -117,6 +117,21 @@ def _program(traced: Any, options: Any, tag: str, barriers: bool = True) -> Any:
                     if inside:
                         row_bytes += sum(x.size * x.dtype.itemsize for x in _leaves(tree))
                     arrays = [x for x in _leaves(tree) if _inexact(x)]
+                    site = tuple((getattr(cap, "axes", None) or {}).get((t, name), {}).get(key, ()))
+                    mesh = [i for i, a in enumerate(site) if a.startswith("mesh:")]
+                    if mesh and arrays:
+                        # per device (the mesh axes of the shard_maps around it)
+                        counts[(t, name, key, "shards")] = [
+                            _mask(_first(x, mesh), len(mesh)) for x in arrays
+                        ]
+                        shapes[(t, name, key, "shards")] = (
+                            tuple(site[i][5:] for i in mesh),
+                            tuple(int(arrays[0].shape[i]) for i in mesh),
+                        )
+                        # the loops' axes first: inside a shard_map they follow its mesh axes
+                        loops = [i for i, a in enumerate(site) if not a.startswith("mesh:")]
+                        if len(loops) == stacked:
+                            arrays = [_first(x, loops) for x in arrays]
                     leaves = [_mask(x, stacked) for x in arrays]
                     if leaves:
                         counts[(t, name, key)] = leaves
@@ -127,6 +142,13 @@ def _program(traced: Any, options: Any, tag: str, barriers: bool = True) -> Any:
 
     program = jax.jit(run)
     return program, sizes
+
+
+def _first(x: Any, axes: list[int]) -> Any:
+    """`x` with its `axes` moved first, in order (no copy when they are already)."""
+    if axes == list(range(len(axes))):
+        return x
+    return jnp.moveaxis(x, axes, list(range(len(axes))))
 
 
 def _in_while(graph: Any) -> set[str]:
@@ -162,6 +184,21 @@ def _looped(graph: Any, loops: Any) -> dict[str, int]:
         elif parent.kind == "while":
             outside.add(n.id)
     return inside
+
+
+def _add_shards(per_node: dict, node: str, key: str, masks: list, mesh: tuple) -> None:
+    """Record in the node's count summary under `key` which devices' values hold
+    non-finite ones (`per_shard`: the mesh `axes` and their `shape`, and per device, in
+    row-major order, its `kinds` bit mask), for `locate`'s message to name them."""
+    names, shape = mesh
+    kinds = np.zeros(math.prod(shape), np.int32)
+    for m in masks:
+        kinds |= np.atleast_1d(np.asarray(m, np.int32)).reshape(-1)[: kinds.size]
+    s = per_node.setdefault(node, {}).setdefault(key, {"nan": 0, "posinf": 0, "neginf": 0})
+    got = s.get("per_shard")
+    if got is not None and got["shape"] == list(shape):
+        kinds |= np.asarray(got["kinds"], np.int32)
+    s["per_shard"] = {"axes": list(names), "shape": list(shape), "kinds": kinds.tolist()}
 
 
 @dataclass
@@ -204,7 +241,12 @@ def count_run(
     result, counts = host_tree(program(dyn, extra))
     per_node: dict[str, dict[str, dict[str, Any]]] = {}
     iterations = 0
-    for (t, name, key), leaves in counts.items():
+    for (t, name, key, *shards), leaves in counts.items():
+        if shards:
+            node = part_of(name)[0] if t == P.PROBE_TAG else _sow_node(traced.graph, name)
+            if node is not None:
+                _add_shards(per_node, node, key, leaves, sizes["shapes"][(t, name, key, *shards)])
+            continue
         if key == "iterations":
             iterations = max(iterations, int(leaves))
             continue

@@ -8,9 +8,13 @@ Pure text from typed nodes (anything with `label`, `kind`, `source`) and the rec
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
+
+import numpy as np
 
 from .nonfinite_record import Equation, Origin, Origins
 
@@ -587,3 +591,37 @@ def with_step_grads(step: Origins | None, found: Origins) -> Origins:
             continue
         return with_message(replace(out, **{name: replace(o, message=text)}))
     return replace(out, message=out.message + said)  # (no origin: the record's sentence)
+
+
+def on_devices(devices: tuple | None) -> str:
+    """ ", on the device at `batch`=6": which devices of the mesh of a `shard_map` around
+    the origin made its non-finite values (`_Flags.fwd_devices`: the mesh axes, their
+    sizes, the devices' row-major indices), by their coordinates along its axes. ""
+    when not known (outside a shard_map), or when every device made them."""
+    if not devices:
+        return ""
+    axes, shape, bad = devices
+    total = math.prod(shape)
+    if not bad or (len(bad) == total and total > 1):
+        return ""
+    at = [
+        ", ".join(f"`{a}`={int(i)}" for a, i in zip(axes, np.unravel_index(b, shape), strict=True))
+        for b in bad[:3]
+    ]
+    if len(bad) == 1:
+        return f", on the device at {at[0]}"
+    more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+    return f", on {len(bad)} of {total} devices ({'; '.join(at)}{more})"
+
+
+#: What `on_devices` says, found again in a message (`devices_said`).
+_ON_DEVICES = re.compile(
+    r", on (?:the device at `[^`]+`=\d+(?:, `[^`]+`=\d+)*|\d+ of \d+ devices \([^)]*\))"
+)
+
+
+def devices_said(message: str) -> str:
+    """The `on_devices` part of a `forward_message`, or "": kept when `locate` names the
+    equation in a new message (`with_equations`)."""
+    found = _ON_DEVICES.search(message)
+    return found.group(0) if found else ""

@@ -161,7 +161,10 @@ export class DetailPanel {
     // Tesseract's field read alone)
     // (named as its face names it: `outputLabel`)
     if (probe?.leaf) rows.push(["output", outputLabel(probe) + (probes.length > 1 ? ` (${probes.indexOf(probe) + 1} of ${probes.length})` : "")]);
-    if (s0?.shape) rows.push(["captured", `[${s0.shape.join(", ")}] · ${s0.size ?? "?"} values`]);
+    if (s0?.shape) rows.push(capturedRow(probe, s0));
+    if (node.collectives?.length) {
+      rows.push(["communicates", node.collectives.join(", "), `collectives its equations call (values moved between devices): ${node.collectives.join(", ")}`]);
+    }
     // a group of an argument's leaves holds none: "equations 0" said nothing of it
     if (node.leaves) rows.push(["leaves", `${node.leaves.count} ${node.leaves.kind}${node.leaves.count === 1 ? "" : "s"}`]);
     else if (node.n_eqns > 1 || (index.children.get(node.id)?.length ?? 0) > 0) rows.push(["equations", String(node.n_eqns)]);
@@ -560,4 +563,40 @@ export function tesseractInputs(index, node) {
     h("h4", { class: "sv-section", text: `schema inputs: ${ports.length + statics.length}` }),
     h("ul", { class: "sv-tesseract-inputs" }, rows),
   ]);
+}
+
+/**
+ * The "captured" row: the shape of the values summarised, its leading axes named by
+ * what made them (`probe.axes`: a shard_map's mesh axes, one slice per device; a loop's
+ * iterations), and over what the statistics pool.
+ * @param {any} probe
+ * @param {any} s0 the probe's first summary (the row's values)
+ * @returns {[string, string, string]}
+ */
+export function capturedRow(probe, s0) {
+  const shape = s0.shape ?? [];
+  const size = s0.size ?? shape.reduce((a, b) => a * b, 1);
+  const count = `${size} value${size === 1 ? "" : "s"}`;
+  const key = Object.keys(probe?.summaries ?? {})[0];
+  const axes = (probe?.axes?.[key] ?? []).slice(0, shape.length);
+  if (!axes.length) {
+    const text = shape.length ? `[${shape.join(", ")}] · ${count}` : `a scalar · ${count}`;
+    return ["captured", text, text];
+  }
+  const local = `${s0.dtype ?? ""}[${shape.slice(axes.length).join(",")}]`;
+  const named = axes.map((a, i) => `${String(a).replace(/^mesh:/, "")}(${shape[i]})`);
+  const mesh = axes.map((a, i) => [String(a), shape[i]]).filter(([a]) => a.startsWith("mesh:"));
+  const shards = mesh.reduce((n, [, k]) => n * k, 1);
+  const loops = axes.filter((a) => !String(a).startsWith("mesh:")).length;
+  const text = `${mesh.length ? "per device: " : ""}${[...named, local].join(" × ")} · ${count}` +
+    (mesh.length ? ` · statistics over all ${shards} shards` : "");
+  const tip = [text];
+  if (mesh.length) {
+    tip.push(
+      `The leading ${mesh.map(([a]) => a.slice(5)).join(", ")} ax${mesh.length > 1 ? "es are" : "is is"} the mesh of the shard_map around it: one slice per device, each of the local shape.`,
+      "The statistics pool every shard: a value identical on several devices (an all_gather's or a psum's result) counts once per device.",
+    );
+  }
+  if (loops) tip.push(`Iteration ax${loops > 1 ? "es" : "is"}: ${axes.filter((a) => !String(a).startsWith("mesh:")).join(", ")} (per-iteration statistics${mesh.length ? " pool the shards" : ""}).`);
+  return ["captured", text, tip.join("\n")];
 }

@@ -252,6 +252,7 @@ export class GraphView {
       chipLift({ x: 1.5, y: 1.5, width: 6, height: h - 3, rx: 3 }),
       s("title", { text: parts.tip }),
     );
+    if (node.collectives?.length) g.append(commBadge(node));
     g.append(s("text", { class: "sv-label", x: 16, y: 20, text: parts.label }));
     if (compact) {
       g.append(s("text", { class: "sv-shape", x: 16, y: 40, text: `${node.kind} ${ellipsis(shapeText(node), 18)}` }));
@@ -564,6 +565,22 @@ function valueEl(text, box) {
 /** Sets an element's text unless it is already that (a hovered tooltip is left alone). */
 function setText(el, text) {
   if (el && el.textContent !== text) el.textContent = text;
+}
+
+/**
+ * A pill on a card's top edge naming the collectives its equations call (the first,
+ * and how many more): where a sharded program communicates, which a line's box
+ * (`w = all_gather(w, ...)`, a box `w`) hid. An equation's own label names it: a glyph.
+ */
+function commBadge(node) {
+  const calls = node.collectives;
+  const text = node.kind === "eqn" ? "⇄" : `⇄ ${calls[0]}${calls.length > 1 ? ` +${calls.length - 1}` : ""}`;
+  const tw = Math.ceil(text.length * 6.2) + 10;
+  return s("g", { class: "sv-comm", "data-role": "collectives", transform: "translate(16,-7)" }, [
+    s("rect", { width: tw, height: 14, rx: 7 }),
+    s("text", { x: tw / 2, y: 10.5, "text-anchor": "middle", text }),
+    s("title", { text: `communicates between devices: ${calls.join(", ")}` }),
+  ]);
 }
 
 /** The red badge of a node holding NaN/Inf (hollow when only a descendant does). */

@@ -55,6 +55,7 @@ function normaliseNode(n, i) {
     read_at: readAt(n),
     port_names: portNames(n.port_names),
     static_inputs: portNames(n.static_inputs),
+    collectives: Array.isArray(n.collectives) ? n.collectives.map(String) : [],
   };
 }
 

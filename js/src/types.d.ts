@@ -119,6 +119,8 @@ export interface Node {
   static_inputs?: Record<string, string>;
   /** a group of an argument's (or a result's) leaves: their kind and number (model.js) */
   leaves?: { kind: string; count: number };
+  /** optional: the collectives its equations call, its stages' included (`psum`, `all_gather`) */
+  collectives?: string[];
 }
 
 export interface Edge {
@@ -138,6 +140,10 @@ export interface Probe {
   no_cotangent?: "unreached" | "independent" | "stopped";
   /** with "stopped": the equation that cut it and its line */
   stopped_by?: { primitive: string; source: { file: string; line: number; function: string } | null };
+  /** optional: per capture key, the leading axes of its summary's shape that enclosing
+   * constructs added, outermost first: "mesh:<axis>" (a shard_map's mesh axis: one
+   * slice per device), "scan" or "while" (a loop's iterations) */
+  axes?: Record<string, string[]>;
 }
 
 export interface History {

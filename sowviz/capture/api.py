@@ -37,7 +37,7 @@ from .summaries import summarize_packed
 
 DuplicatePolicy = Literal["error", "suffix", "stack"]
 _DUPLICATES = ("error", "suffix", "stack")
-META_KEYS = ("iterations", "taken")
+META_KEYS = ("iterations", "taken", "axes")
 
 
 def _check_options(fn, tag, duplicates, loops, strict) -> tuple[frozenset[str], Any]:
@@ -167,6 +167,8 @@ class SaveIntermediates:
         self._apart = apart
         self._summary = _summary_options(summarize)
         self.notes: list[str] = []
+        #: {(tag?, name): {mode: Site.axes}} of the last trace (`_traced`)
+        self.axes: dict = {}
         self._warned_tags = False  # (`_other_tags`: said once)
         self.trace_count = 0
         self._jitted = jax.jit(self._traced)
@@ -211,6 +213,8 @@ class SaveIntermediates:
         notes = self.notes  # assemble adds what it leaves out
         result = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), outs)
         axes: dict = {}  # {(tag?, name): {mode: Site.axes}}, for per-iteration summaries
+        # (and kept for a reader of the raw captures: `nonfinite_counts`, per device)
+        self.axes = axes
         if self._by_tag:
             inter = {
                 t: assemble(

@@ -191,6 +191,12 @@ class Regroup:
     # Leaves whose zeros where nothing ran were summarised as NaN (`_values_mask`): the
     # packed tree's "masked" holds, per leaf, how many, in all and per row of axis 0.
     masked: tuple[int, ...] = ()
+    # Leaves summarised with their iteration axis moved first (`_iteration_first`):
+    # (leaf, its shape as captured), which their summaries show.
+    captured: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    # Per entry path whose captures enclosing constructs stacked: ((mode, `Site.axes`),
+    # ...), put in the entry's meta as ``"axes"`` for `inspect`'s model (`rows`).
+    axes: tuple[tuple[tuple, tuple[tuple[str, tuple[str, ...]], ...]], ...] = ()
 
     def apply(self, tree: dict, *finished: Any, rows: bool = False) -> Any:
         """`(values, meta)`: each value leaf's `Summary`. With `rows`, a member of a
@@ -250,8 +256,25 @@ class Regroup:
             None if w is None else groups[w[0]] if w[1] is None else cut(i, *w)
             for i, w in enumerate(self.where)
         ]
+        for i, shape in self.captured:
+            if leaves[i] is not None:
+                leaves[i] = _with_shape(leaves[i], shape)
         values = jax.tree_util.tree_unflatten(self.treedef, leaves)
-        return values, tree["meta"]
+        meta = tree["meta"]
+        if rows and self.axes and isinstance(meta, dict):
+            meta = {p: dict(m) for p, m in meta.items()}
+            for p, per_mode in self.axes:
+                if p in meta:
+                    meta[p]["axes"] = dict(per_mode)
+        return values, meta
+
+
+def _with_shape(summary: Any, shape: tuple[int, ...]) -> Any:
+    """`summary` (a `Summary` or `SummaryRow`) showing `shape`: a copy, as a group's
+    summary may stand for several leaves."""
+    out = object.__new__(type(summary))
+    object.__setattr__(out, "__dict__", {**summary.__dict__, "shape": shape})
+    return out
 
 
 def _json_rows(stack: Any) -> tuple[StackRows, tuple] | None:
@@ -360,11 +383,50 @@ _SUMMARY_DATA = tuple(
 def _per_iteration(path: tuple, axes: dict) -> bool:
     """Whether the leaf at `path` (``(DictKey(entry), DictKey(mode), ...)``) is stacked
     by an iteration construct, per `axes` (`api.assemble`'s record)."""
+    return _iteration_axis(path, axes) is not None
+
+
+def _iteration_axis(path: tuple, axes: dict) -> int | None:
+    """The position of the iteration axis of the leaf at `path`, or None: the first of
+    its `Site.axes` past the mesh axes of enclosing `shard_map`s (``"mesh:<name>"``,
+    `rules._shard_map`, outermost), when that is a scan's or a loop's. A scan inside a
+    `shard_map` body is captured as ``(*mesh, iteration, *local)``: its per-iteration
+    statistics pool the shards (`_iteration_first` moves that axis first)."""
     if len(path) < 2:
-        return False
+        return None
     entry, mode = getattr(path[0], "key", None), getattr(path[1], "key", None)
     site_axes = axes.get(entry, {}).get(mode, ())
-    return bool(site_axes) and site_axes[0] in ITERATION_AXES
+    k = 0
+    while k < len(site_axes) and site_axes[k].startswith("mesh:"):
+        k += 1
+    return k if k < len(site_axes) and site_axes[k] in ITERATION_AXES else None
+
+
+def _stacking_axes(axes: dict) -> tuple:
+    """`Regroup.axes` of `axes` (entry path -> mode -> `Site.axes`): the entries with any."""
+    return tuple(
+        (p, tuple((m, tuple(a)) for m, a in per_mode.items() if a))
+        for p, per_mode in axes.items()
+        if any(per_mode.values())
+    )
+
+
+def _iteration_first(leaf: Any, mask: Any, k: int, memo: dict) -> tuple[Any, Any]:
+    """`leaf` (and its `_values_mask`, None or over its leading axes) with axis `k`, the
+    iteration axis behind `k` mesh axes, moved first: the per-iteration statistics are
+    those of axis 0. The pooled ones do not depend on the order. The moved mask is
+    kept in `memo` (masks and counts are memoised by `id`: a temporary's id is reused)."""
+    moved = jnp.moveaxis(leaf, k, 0)
+    if mask is None:
+        return moved, None
+    key = ("iteration first", id(mask), k, tuple(jnp.shape(leaf)))
+    if key not in memo:
+        m = mask
+        if m.ndim <= k:  # a mask over the mesh axes only: one value per iteration too
+            m = m.reshape(m.shape + (1,) * (k + 1 - m.ndim))
+            m = jnp.broadcast_to(m, tuple(jnp.shape(leaf))[: k + 1])
+        memo[key] = (mask, jnp.moveaxis(m, k, 0))  # (the original kept alive: its id)
+    return moved, memo[key][1]
 
 
 @jax.tree_util.register_dataclass
@@ -933,18 +995,25 @@ def summarize_packed(
     repeats: dict[int, int] = {}
     lay_large = once and defer and cpu and _lays_out_large(flat, axes, min_grouped)
     trims: dict[int, int | None] = {}  # deferred group: its iterations, if padded
+    shapes: dict[int, tuple[int, ...]] = {}  # leaf -> its shape as captured, if moved
     masked: dict[int, tuple[Any, Any]] = {}  # leaf -> its masked counts (`_masked_leaf`)
     memo: dict = {}  # masks, counts and masked buffers made once (`_masked_leaf`)
     for i, (path, leaf) in enumerate(flat):
         if leaf is None:
             continue
-        rows[i] = _per_iteration(path, axes) and jnp.ndim(leaf) >= 1
+        at = _iteration_axis(path, axes)
+        rows[i] = at is not None and jnp.ndim(leaf) > at
         mask = _values_mask(path, meta, leaf, axes, memo)
         # a value recorded twice in one place has one mask: the repeat reads its summary
         seen = first.setdefault((id(leaf), mask is None), i)
         if seen != i and rows[seen] == rows[i]:
             repeats[i] = seen
             continue
+        captured = tuple(jnp.shape(leaf))
+        if rows[i] and at:  # behind mesh axes: summarised iteration first, shown as captured
+            leaf, mask = _iteration_first(leaf, mask, at, memo)
+            flat[i] = (path, leaf)
+            shapes[i] = captured
         if mask is not None:  # zeros where nothing ran: NaN, taken off on the host
             leaf, masked[i] = _masked_leaf(leaf, mask, memo)
             flat[i] = (path, leaf)
@@ -1030,6 +1099,8 @@ def summarize_packed(
             where[i] = (g, j)
     for i, seen in repeats.items():
         where[i], static[i] = where[seen], static[seen]
+        if seen in shapes:
+            shapes[i] = shapes[seen]
     work = [item for kind in _PROGRAM_KINDS for item in pending[kind]]
     if PRECOMPILE:
         items = tuple(item for _, item in work)
@@ -1045,7 +1116,15 @@ def summarize_packed(
     deferred = tuple(g for g, _ in work)
     iterations = tuple(trims.get(g) for g in deferred)
     regroup = Regroup(
-        treedef, tuple(where), tuple(static), deferred, bins, iterations, tuple(masked)
+        treedef,
+        tuple(where),
+        tuple(static),
+        deferred,
+        bins,
+        iterations,
+        tuple(masked),
+        tuple(shapes.items()),
+        _stacking_axes(axes),
     )
     return Packed(packed.buffers, packed.layout, regroup, tuple(item for _, item in work))
 

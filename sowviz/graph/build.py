@@ -76,6 +76,7 @@ from .saved import (
     written_label,
 )
 from .source_text import (
+    assigned,
     parameters_and_unpackings,
     returned_place,
     statement_line,
@@ -326,7 +327,7 @@ def build_graph(
         raise ValueError(
             _BAD_NAMES.format(arg="in_args", got=len(in_args), want=len(in_names), what="inputs")
         )
-    groups = input_groups(in_names, in_args)
+    groups = unpacked_leaves(input_groups(in_names, in_args), _compat.body_source(jaxpr))
     renamed = renames(jaxpr, in_names, calls.copies if calls else {})
     # module stages, the copies' new labels as the labels they replace
     scopes = (calls.scopes if calls else frozenset()) | set(renamed.values())
@@ -849,6 +850,8 @@ class _Builder(InputsMixin):
         #: a `with_sharding_constraint`'s result -> its type with the sharding it asks
         #: (`constrained_shapes`), which a scope giving it out shows as well
         self.constrained: dict[Any, str] = {}
+        #: the last equation `module_call` read the module call sites of, and them
+        self.sites_of: tuple[Any, dict[bool, list]] = (None, {})
 
     # -- nodes -----------------------------------------------------------------
     def new(self, kind, label, parent, source=None, shapes=(), primitive=None) -> _Rec:
@@ -928,6 +931,9 @@ class _Builder(InputsMixin):
         prod: dict[Any, tuple[str, ...]] = dict(known)
         loc: dict[Any, tuple[int, int]] = {}
         scopes: list[tuple[str, _Rec]] = []  # open named scopes, outermost first
+        opened_by: dict[str, tuple] = {}  # a module scope's id -> `module_call` it opened at
+        # (the parent's id, the scope's name) -> the last such module scope and its call
+        last_call: dict[tuple[str, str], tuple[_Rec, tuple]] = {}
         chain_here: tuple[str, ...] = ()  # their ids
         level_scopes: list[_Rec] = []
         chains: list[tuple[str, ...]] = []  # the scopes around each equation
@@ -1078,6 +1084,14 @@ class _Builder(InputsMixin):
             # Close the scopes that end here, open the ones that start.
             keep = 0
             while keep < len(scopes) and keep < len(names) and scopes[keep][0] == names[keep]:
+                # A module called again from another line (`q_t_target = net.apply(
+                # target, obs)` after `q_tm1 = net.apply(online, obs)`) is another stage,
+                # named by each line; calls from one line (a Python loop's) stay one
+                # stage, as they were.
+                before = opened_by.get(scopes[keep][1].id)
+                now = self.module_call(eqn, names, keep) if before is not None else None
+                if now is not None and now != before:
+                    break
                 keep += 1
             as_edge = _is_type_cast(eqn) or id(eqn) in self.passed  # (drawn as edges, below)
             if as_edge:  # opens no scope: one of casts alone (`pcast((a, b))`) held nothing
@@ -1095,6 +1109,15 @@ class _Builder(InputsMixin):
                 rec.scope = name
                 rec.made = name.startswith(FOLD)
                 rec.called = name in self.call_sites
+                call = self.module_call(eqn, names, j)
+                if call is not None:
+                    opened_by[rec.id] = call
+                    last = last_call.get((parent.id, name))
+                    if last is not None and last[1] != call:
+                        # (both: `q_tm1: q_network`, `q_t_target: q_network`)
+                        name_by_line(last[0], last[1], call, self.location)
+                        name_by_line(rec, call, last[1], self.location)
+                    last_call[(parent.id, name)] = (rec, call)
                 scopes.append((name, rec))
                 level_scopes.append(rec)
                 chain_here = (*chain_here, rec.id)
@@ -1670,6 +1693,30 @@ class _Builder(InputsMixin):
         other = auto.group(1) if auto else base
         return other == owner or other not in self.linen_modules
 
+    def module_call(self, eqn, names: tuple[str, ...], j: int) -> tuple | None:
+        """Where the module call that pushed scope `names[j]` was made: the user's lines
+        from its call site outward (`q_t_target = net.apply(...)` in the loss, then the
+        `hk.transform`ed function's line calling the module), innermost first; None when
+        `names[j]` is no module's scope or its call site is unknown."""
+        haiku = names[j] not in frameworks.pushed()
+        pushed = frameworks.haiku_pushed() if haiku else frameworks.pushed()
+        if names[j] not in pushed:
+            return None
+        r = sum(1 for n in names[j + 1 :] if n in pushed)
+        # (read once per equation: asked again for each module scope it is in)
+        if self.sites_of[0] is not eqn:
+            self.sites_of = (eqn, {})
+        sites = self.sites_of[1].get(haiku)
+        if sites is None:
+            sites = self.sites_of[1][haiku] = (
+                _compat.haiku_call_sites(eqn)
+                if haiku
+                else _compat.call_sites(eqn, frameworks.CALL_CODE)
+            )
+        if r >= len(sites) or _compat.is_library_file(sites[r].file):
+            return None  # (a library module's own call of its layers: one line)
+        return _compat.user_lines_from(eqn, sites[r])
+
     def scope_source(
         self, eqn, names: tuple[str, ...], j: int, around: _Rec | None = None
     ) -> _compat.SourceLocation | None:
@@ -2185,3 +2232,50 @@ class _Builder(InputsMixin):
                 echoes.get(r.id, r.id) for r in recs if r.kind == "scope" and r.scope in self.roots
             ),
         )
+
+
+def name_by_line(rec: _Rec, call: tuple, other: tuple, locate: Callable) -> None:
+    """Label a module's stage by what the line calling it assigns (`q_t_target:
+    q_network`), its source that line: the outermost of its `call`'s lines that differs
+    from `other`'s (the same module's call from another line); unchanged when that line
+    assigns nothing (`return net.apply(...)`), or when it is already so named."""
+    if ": " in rec.label:
+        return
+    mine, theirs = call[::-1], other[::-1]  # outermost first
+    k = 0
+    while k < min(len(mine), len(theirs)) and mine[k] == theirs[k]:
+        k += 1
+    if k == len(mine):
+        return
+    target = assigned(mine[k][0], mine[k][1])
+    if target:
+        rec.label = f"{target}: {rec.label}"
+        rec.source = locate(_compat.SourceLocation(*mine[k]))
+
+
+_INDEX_TOKEN = re.compile(r"\[(\d+)\]")
+
+
+def unpacked_leaves(groups: list, where: tuple[str, int, str] | None) -> list:
+    """`input_groups`' groups with each element of a tuple argument that the function
+    unpacks on its top lines (`done, action, value, reward, log_prob, obs = traj`)
+    named by its index and the name it unpacks to: `traj[4] (log_prob)`, as a loop's
+    ports are (`unpacked_arg_names`), the index kept (it is the argument's path)."""
+    if where is None:
+        return groups
+    file, line, function = where
+    # (JAX records the traced function as `loss_fn (traced by sowviz)`)
+    found = parameters_and_unpackings(file, line, function.partition(" (")[0])
+    if not found or not found[1]:
+        return groups
+    out = []
+    for arg, items in groups:
+        renamed = []
+        for k, name, tokens in items:
+            targets = found[1].get(name)
+            m = _INDEX_TOKEN.fullmatch(tokens[0]) if targets and tokens else None
+            if m is not None and int(m.group(1)) < len(targets):
+                tokens = [f"{tokens[0]} ({targets[int(m.group(1))]})", *tokens[1:]]
+            renamed.append((k, name, tokens))
+        out.append((arg, renamed))
+    return out

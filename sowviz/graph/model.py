@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .._compat import SourceLocation
+from .._compat import COLLECTIVE_CALLS, SourceLocation
 
 NodeKind = Literal[
     "input",
@@ -266,6 +266,10 @@ class StageGraph:
     def children(self, node_id: str | None) -> list[Node]:
         return [n for n in self.nodes if n.parent == node_id]
 
+    def collectives(self) -> list[tuple[str, ...]]:
+        """Per node, the collectives its equations call (`_collectives`)."""
+        return _collectives(self)
+
     def to_dict(self, *, compact: bool = False) -> dict[str, Any]:
         """`title`, `root`, `nodes`, `edges`, `notes` of the inspection model (docs/model.md).
 
@@ -279,6 +283,9 @@ class StageGraph:
             ]
         else:
             nodes = [n.to_dict() for n in self.nodes]
+        for d, calls in zip(nodes, self.collectives(), strict=True):
+            if calls:
+                d["collectives"] = list(calls)
         return {
             "title": self.title,
             "root": self.root,
@@ -286,6 +293,49 @@ class StageGraph:
             "edges": [e.to_dict() for e in self.edges],
             "notes": [n.to_dict() for n in self.notes],
         }
+
+
+def collective_call(primitive: str | None) -> str | None:
+    """The `jax.lax` collective an equation of `primitive` is, by the name a user calls
+    (`reduce_scatter`: `psum_scatter`), or None: it moves no data between devices."""
+    if primitive is None:
+        return None
+    name = COLLECTIVE_CALLS.get(primitive, primitive)
+    return name if name in COLLECTIVES else None
+
+
+def _collectives(self: StageGraph) -> list[tuple[str, ...]]:
+    """Per node (in `nodes` order), the collectives among its equations, its stages'
+    included, by first occurrence in program order: where a sharded program
+    communicates, which a collapsed card hides (a line `w = all_gather(w, ...)` is a
+    box `w`)."""
+    found: dict[str, list[str]] = {}
+    parent = {n.id: n.parent for n in self.nodes}
+    for n in sorted(self.nodes, key=lambda n: n.order):
+        call = collective_call(n.primitive) if n.kind == "eqn" else None
+        at: str | None = n.id
+        while call is not None and at is not None:
+            got = found.setdefault(at, [])
+            if call not in got:
+                got.append(call)
+            at = parent.get(at)
+    return [tuple(found.get(n.id, ())) for n in self.nodes]
+
+
+#: The collectives `collective_call` names (`jax.lax`'s functions; `pmean` binds `psum`).
+COLLECTIVES = frozenset(
+    {
+        "psum",
+        "pmax",
+        "pmin",
+        "all_gather",
+        "psum_scatter",
+        "all_to_all",
+        "ragged_all_to_all",
+        "ppermute",
+        "pbroadcast",
+    }
+)
 
 
 def sibling_labels(nodes: Sequence[Any]) -> dict[str, str]:
