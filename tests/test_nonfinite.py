@@ -1377,7 +1377,8 @@ def test_an_input_holding_inf_before_the_nan_is_named_by_its_path():
     assert np.isnan(h).any()
     msg = sowviz.inspect(_mse_of_batch, params, (jnp.asarray(x), jnp.zeros((6, 1))))
     msg = msg.nonfinite.forward.message
-    assert "before it, the input `batch/[0]` held +Inf" in msg, msg
+    # (the leaf named by the line unpacking it, `x, y = batch`)
+    assert "before it, the input `batch/[0] (x)` held +Inf" in msg, msg
 
 
 _Y_OBS = jnp.array([0.5, -0.3, 1.2, 0.1])
