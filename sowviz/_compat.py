@@ -2205,6 +2205,13 @@ COLLECTIVE_CALLS: dict[str, str] = {
     "unreduced_reduce_scatter": "psum_scatter",
 }
 
+#: `jax.lax`'s collectives by the names users call them (`pmean`, which binds `psum`),
+#: and the names `COLLECTIVE_CALLS` gives their primitives.
+COLLECTIVE_FUNCTIONS = frozenset(
+    {"pmean", "psum", "pmax", "pmin", "all_gather", "psum_scatter", "all_to_all"}
+    | {"ragged_all_to_all", "ppermute", "pbroadcast", "pshuffle", "pswapaxes"}
+)
+
 #: Per dimension of a value, the mesh axes that split it: `(("data",), ())`.
 MeshAxes = tuple[tuple[str, ...], ...]
 

@@ -1179,11 +1179,7 @@ class _Builder(InputsMixin):
                                 holder.reads.append(made)  # the stage's own parameters
                                 holder.read_by.append(rec)
                         k = self.edge(src, chain, v, reads.get(p), operand_names.get(p))
-                        # (a box whose own work made `v`, `within_box`, is left too)
-                        boxed = self.recs[int(src[-1][1:])].kind == "scope"
-                        if (k < len(src) - 1 or boxed) and v in loc:
-                            self.mark_scope_outputs(src, k, v, loc[v])
-                            self.read_after.update((s, v) for s in src[k:-1])
+                        self.leave_scopes(src, k, v, loc)
             for k, v in enumerate(eqn.outvars):
                 prod[v] = chain
                 loc[v] = (i, k)
@@ -1869,6 +1865,15 @@ class _Builder(InputsMixin):
                 key = (a, made)
                 self.port_names[key] = joined_name(self.port_names.get(key), current)
 
+    def leave_scopes(self, src: tuple[str, ...], k: int, v: Any, loc: dict) -> None:
+        """`v`, made at `src` and read from the edge's `k`-th scope up, leaves the scopes
+        below: each marks it an output. A box whose own work made `v` (`within_box`) is
+        left too."""
+        boxed = self.recs[int(src[-1][1:])].kind == "scope"
+        if (k < len(src) - 1 or boxed) and v in loc:
+            self.mark_scope_outputs(src, k, v, loc[v])
+            self.read_after.update((s, v) for s in src[k:-1])
+
     def mark_scope_outputs(self, chain: tuple[str, ...], start: int, v: Any, at) -> None:
         """`v` leaves the scopes chain[start:-1] (the producer's enclosing scopes), and
         the producer itself when it is a box whose own work made `v` (`within_box`)."""
@@ -1901,10 +1906,7 @@ class _Builder(InputsMixin):
                     self.mark_scope_outputs(src, len(chain), v, loc[v])
                 continue
             k = self.edge(src, chain, v)
-            boxed = self.recs[int(src[-1][1:])].kind == "scope"  # (another such box's)
-            if (k < len(src) - 1 or boxed) and v in loc:
-                self.mark_scope_outputs(src, k, v, loc[v])
-                self.read_after.update((s, v) for s in src[k:-1])
+            self.leave_scopes(src, k, v, loc)  # (another such box's)
         for k, v in enumerate(eqn.outvars):
             prod[v] = chain
             loc[v] = (i, k)

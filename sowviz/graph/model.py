@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .._compat import COLLECTIVE_CALLS, SourceLocation
+from .._compat import COLLECTIVE_CALLS, COLLECTIVE_FUNCTIONS, SourceLocation
 
 NodeKind = Literal[
     "input",
@@ -301,7 +301,7 @@ def collective_call(primitive: str | None) -> str | None:
     if primitive is None:
         return None
     name = COLLECTIVE_CALLS.get(primitive, primitive)
-    return name if name in COLLECTIVES else None
+    return name if name in COLLECTIVE_FUNCTIONS else None
 
 
 def _collectives(self: StageGraph) -> list[tuple[str, ...]]:
@@ -320,22 +320,6 @@ def _collectives(self: StageGraph) -> list[tuple[str, ...]]:
                 got.append(call)
             at = parent.get(at)
     return [tuple(found.get(n.id, ())) for n in self.nodes]
-
-
-#: The collectives `collective_call` names (`jax.lax`'s functions; `pmean` binds `psum`).
-COLLECTIVES = frozenset(
-    {
-        "psum",
-        "pmax",
-        "pmin",
-        "all_gather",
-        "psum_scatter",
-        "all_to_all",
-        "ragged_all_to_all",
-        "ppermute",
-        "pbroadcast",
-    }
-)
 
 
 def sibling_labels(nodes: Sequence[Any]) -> dict[str, str]:

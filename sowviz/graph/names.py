@@ -482,20 +482,7 @@ _TRANSFORMS = frozenset(
 #: one equation is. The value is the same quantity, reduced or moved across devices;
 #: `pmean`'s `psum` and `div` per leaf were a box `pmean`, or loose `psum` and `div`
 #: at a level that only JAX's pmap plumbing made big.
-_COLLECTIVES = frozenset(
-    {
-        "pmean",
-        "psum",
-        "pmax",
-        "pmin",
-        "all_gather",
-        "psum_scatter",
-        "all_to_all",
-        "ppermute",
-        "pshuffle",
-        "pswapaxes",
-    }
-)
+_COLLECTIVES = _compat.COLLECTIVE_FUNCTIONS
 
 
 #: The code objects a comprehension runs in (before Python 3.12 a list's too; a
