@@ -865,7 +865,9 @@ class Runner:
         finally:
             self.family.local.args = None
         if out.packed.pending:
-            packed, clean = _summaries.finish(out.packed, out.clean)
+            # (a Monitor's step leaves a CPU mesh's summaries on the device they ran on:
+            # its gather takes the step's other parts there, `_wire.gather`)
+            packed, clean = _summaries.finish(out.packed, out.clean, home=not steps)
             out = Out(
                 out.result,
                 packed,

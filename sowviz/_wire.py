@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import _compat
+
 
 @dataclass(frozen=True)
 class Slot:
@@ -107,11 +109,34 @@ def gather(tree: Any) -> tuple[jax.Array, WireLayout]:
     None), and the layout `split` needs. One dispatch; start the copy with
     ``buf.copy_to_host_async()``."""
     leaves, treedef = _leaves(tree)
+    device = _one_of(leaves)
+    if device is not None:
+        tree = jax.tree_util.tree_unflatten(
+            treedef, [v if v is None else _compat.copy_on(v, device) for v in leaves]
+        )
     key = (
         treedef,
         tuple(None if v is None else (tuple(v.shape), np.dtype(v.dtype)) for v in leaves),
     )
     return _gather(tree), _layout(*key)
+
+
+def _one_of(leaves: list[Any]) -> Any:
+    """The device of the first committed leaf on one device when others lie on several
+    (a Monitor's step on a CPU mesh: its second programs' summaries on one device of
+    it, `summaries.finish(..., home=False)`, the capture program's parts replicated
+    over it), where the gather runs; None when the leaves need no move."""
+    one, several = None, False
+    for v in leaves:
+        if isinstance(v, jax.Array):
+            devices = v.sharding.device_set
+            if len(devices) > 1:
+                if not v.is_fully_addressable:  # (several processes: left to the gather)
+                    return None
+                several = True
+            elif one is None and v.committed:  # (an uncommitted one goes where jit puts it)
+                one = next(iter(devices))
+    return one if several else None
 
 
 @functools.lru_cache(maxsize=256)

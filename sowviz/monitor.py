@@ -238,6 +238,7 @@ class Monitor:
         self._flags: deque[tuple[int, Any, tuple | None, int]] = deque()
         self._chain: Any = None  # the running flag (`_program.chain_flags`), on the device
         self._chain_runs = 0  # unrecorded steps it has counted
+        self._chain_start: Any = None  # a fresh flag for the plain program (`_plain_chain`)
         # Unrecorded steps' losses: (step, the loss on the device, its copy to the host
         # started) until read with the flags, then (step, float) until handed over in
         # step order (`_emit_losses`)
@@ -422,9 +423,11 @@ class Monitor:
         (`Runner._as_plain`), which compiles it with the same arguments."""
         if self.stop_on_nonfinite:
             return None
-        if self._chain is None:
-            return jax.numpy.asarray(CHAIN_START, jax.numpy.int32)
-        return self._chain
+        if self._chain is not None:
+            return self._chain
+        if self._chain_start is None:  # made once: an array made per step cost 20-30 µs
+            self._chain_start = jax.numpy.asarray(CHAIN_START, jax.numpy.int32)
+        return self._chain_start
 
     @property
     def nonfinite(self) -> _nonfinite.NonFinite | None:
@@ -745,8 +748,10 @@ class Monitor:
                 loss = None
             finite = bool(np.all(finite))
             packed = Packed(tuple(host), out.packed.layout, out.packed.regroup)
-            # where the step ran, as `inspect` says it (a sharded step: `cpu:0 +7 more`)
-            self._device = device_of(out.packed.buffers)
+            # where the step ran, as `inspect` says it (a sharded step: `cpu:0 +7 more`):
+            # its finite flags' placement, the capture program's (on a CPU mesh the second
+            # programs' summaries stay on one device of it, `summaries.finish`)
+            self._device = device_of((out.finite, *out.packed.buffers))
             program = self._program(out.traced, packed)
             entry = LazyEntry(step, loss, finite, (out.traced, packed, self._options), program)
             if not (finite and bool(clean)):
