@@ -2911,3 +2911,81 @@ def copy_on(x: Any, device: Any) -> Any:
             if shard.device == device:
                 return shard.data
     return jax.device_put(x, device)
+
+# --- added by graph (round 18): Flax Linen module calls' own frames. Linen pushes a
+# module's scope itself (`jax.named_scope` in `Module._call_wrapped_method`), so calls of
+# one module in a row (`h = self.dense(x)` then `y = self.dense(h)`; three
+# `network.apply`s) share one scope, which tells nothing of where each call was made.
+# `linen_call_marks` runs each call that pushes a scope inside `_in_linen_call`, whose
+# frames in an equation's traceback are those calls, innermost first, and
+# `linen_call_sites` reads where each was made. Flax 0.10 to 0.12: a call passes through
+# `flax/linen/module.py` (`Module.apply`, `wrapped_module_method`,
+# `_call_wrapped_method`, `run_interceptors`) and `flax/core/` (`scope.apply`) between
+# the caller's line and the method.
+_LINEN_CALL_PLUMBING = (
+    os.sep + os.path.join("flax", "linen", "module.py"),
+    os.sep + os.path.join("flax", "core") + os.sep,
+)
+_linen_sites: dict = {}
+
+
+def _in_linen_call(next_fun: Any, args: tuple, kwargs: dict) -> Any:
+    # (its code object marks a Linen module call in a traceback: `linen_call_sites`)
+    return next_fun(*args, **kwargs)
+
+
+def _linen_plumbing(code: Any) -> bool:
+    """A frame between a Linen module call's line and the method: JAX's, sowviz's (its
+    interceptors), or Flax's call machinery (`_LINEN_CALL_PLUMBING`)."""
+    file = code.co_filename
+    return (
+        not _source_info.is_user_filename(file)
+        or file.startswith(_SOWVIZ_DIR + os.sep)
+        or any(part in file for part in _LINEN_CALL_PLUMBING)
+    )
+
+
+@contextlib.contextmanager
+def linen_call_marks(record: Any, unscoped: Any) -> Iterator[None]:
+    """While the block runs (a Linen method interceptor, in this thread), run each Linen
+    module method call that pushes a scope inside `_in_linen_call`, and
+    `record(label, site)` it: the scope's label (as `linen_hooks` gives it) and the line
+    that made the call (`linen_call_sites`), or None. Not `setup` (Linen pushes no scope
+    around it), nor a method whose label `unscoped(label)` says the graph drops (Flax's
+    own `scan_fn`, a lambda run as a method), which would stand for no scope."""
+    from flax import linen
+
+    def interceptor(next_fun: Any, args: tuple, kwargs: dict, context: Any) -> Any:
+        method = context.method_name
+        if method == "setup":
+            return next_fun(*args, **kwargs)
+        module = context.module
+        label = module.name or type(module).__name__
+        label = label if method == "__call__" else f"{label}.{method}"
+        if unscoped(label):
+            return next_fun(*args, **kwargs)
+        frame = sys._getframe(1)
+        while frame is not None and _linen_plumbing(frame.f_code):
+            frame = frame.f_back
+        record(label, _location(frame.f_code, frame.f_lasti) if frame is not None else None)
+        return _in_linen_call(next_fun, args, kwargs)
+
+    with linen.intercept_methods(interceptor):
+        yield
+
+
+def linen_call_sites(eqn: JaxprEqn) -> tuple[SourceLocation | None, ...]:
+    """Where each Linen module call (`linen_call_marks`) the equation was made in was
+    made, innermost first: the line calling the module (`y = self.dense(h)`,
+    `q_t_target = network.apply(target_params, obs_t)`), past Flax's call machinery; None
+    for one with no such frame. Empty without a traceback."""
+    return _by_traceback(_linen_sites, eqn, _linen_call_sites) or ()
+
+
+def _linen_call_sites(codes: Any, lastis: Any) -> tuple[SourceLocation | None, ...]:
+    code = _in_linen_call.__code__
+    out = []
+    for k, c in enumerate(codes):
+        if c is code:
+            out.append(_callers(codes, lastis, k, lambda c: not _linen_plumbing(c)))
+    return tuple(out)

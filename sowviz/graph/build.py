@@ -331,7 +331,7 @@ def build_graph(
     renamed = renames(jaxpr, in_names, calls.copies if calls else {})
     # module stages, the copies' new labels as the labels they replace
     scopes = (calls.scopes if calls else frozenset()) | set(renamed.values())
-    with frameworks.drawing(scopes, calls.haiku if calls else ()):
+    with frameworks.drawing(scopes, calls.haiku if calls else (), calls.linen if calls else None):
         builder = _Builder(
             capture,
             tesseract_names,
@@ -683,6 +683,7 @@ class _Rec:
 
     __slots__ = (
         "blocks",
+        "by_line",
         "called",
         "collapsed",
         "constant",
@@ -729,6 +730,8 @@ class _Rec:
         self.var_type: str | None = None  # an input's NNX variable type (`Node.var_type`)
         self.made = False  # a scope sowviz made: a fold (names.fold_names), a branch
         self.called = False  # a call of the user's own function (`calls.group_calls`)
+        #: a module's call named by the line that made it (`name_by_line`: `q_tm1: QNet`)
+        self.by_line = False
         #: a loop or call whose body is the user's code (`scan(layer)`, `jit(block)`)
         self.user_body = False
         self.repeats = 0  # a group of identical blocks: how many (repeats.py)
@@ -992,6 +995,11 @@ class _Builder(InputsMixin):
                     break
         for i, j in inlined_into(frames).items():  # (a vmapped switch's branches: its own)
             locs[i], stand_in[i] = locs[j], stand_in[j]
+        # (calls of one Linen module from several lines, one scope: apart while the user's
+        # calls are found, else each would be a call inside that one scope)
+        scoped = split_linen_calls(
+            scoped, lambda i, names, j: self.module_call(jaxpr.eqns[stand_in[i]], names, j)
+        )
         scoped, call_sites = group_calls(
             scoped,
             [f.calls if f is not None else None for f in frames],
@@ -1006,6 +1014,7 @@ class _Builder(InputsMixin):
             named_by=_restated(container) if container.kind in _LOOP_KINDS else None,
             library=lambda i: _library_call(jaxpr.eqns[stand_in[i]]),
         )
+        scoped = [tuple(n.split(_LINEN_AGAIN, 1)[0] for n in names) for names in scoped]
         self.call_sites.update(call_sites)
         scoped = split_einsum_calls(scoped, locs)
         layer_call = self.layer_calls(jaxpr, scoped, locs)
@@ -1694,6 +1703,8 @@ class _Builder(InputsMixin):
         from its call site outward (`q_t_target = net.apply(...)` in the loss, then the
         `hk.transform`ed function's line calling the module), innermost first; None when
         `names[j]` is no module's scope or its call site is unknown."""
+        if names[j] not in frameworks.pushed() and names[j] not in frameworks.haiku_pushed():
+            return self.linen_call(eqn, names, j)
         haiku = names[j] not in frameworks.pushed()
         pushed = frameworks.haiku_pushed() if haiku else frameworks.pushed()
         if names[j] not in pushed:
@@ -1712,6 +1723,25 @@ class _Builder(InputsMixin):
         if r >= len(sites) or _compat.is_library_file(sites[r].file):
             return None  # (a library module's own call of its layers: one line)
         return _compat.user_lines_from(eqn, sites[r])
+
+    def linen_call(self, eqn, names: tuple[str, ...], j: int) -> tuple | None:
+        """`module_call` of a scope Flax Linen pushed (`_linen_label`): the user's lines
+        from the line that made its call (`y = self.dense(h)`) outward; None when that
+        call was made in a library (`nn.Sequential`'s layers, a lifted `nn.remat`), or
+        its frame is not the one that pushed `names[j]` (the scopes and the calls'
+        frames not matching one to one)."""
+        label = _linen_label(names, j)
+        if label is None:
+            return None
+        # the innermost call frame is the innermost Linen scope's call
+        r = sum(1 for k in range(j + 1, len(names)) if _linen_label(names, k) is not None)
+        sites = _compat.linen_call_sites(eqn)
+        site = sites[r] if r < len(sites) else None
+        if site is None or site not in frameworks.linen_pushed()[label]:
+            return None
+        if _compat.is_library_file(site.file):
+            return None  # (a library module's own call of its layers: one line)
+        return _compat.user_lines_from(eqn, site)
 
     def scope_source(
         self, eqn, names: tuple[str, ...], j: int, around: _Rec | None = None
@@ -2236,6 +2266,51 @@ class _Builder(InputsMixin):
         )
 
 
+def _linen_label(names: tuple[str, ...], j: int) -> str | None:
+    """The label of the Flax Linen module call whose scope `names[j]` is
+    (`frameworks.linen_pushed`), or None."""
+    return names[j] if names[j] in frameworks.linen_pushed() else None
+
+
+#: Marks a later call's scope of a Linen module called from several lines in a row
+#: (`split_linen_calls`), while `group_calls` runs
+_LINEN_AGAIN = "\x13"
+
+
+def split_linen_calls(scoped: list[tuple[str, ...]], call: Callable) -> list[tuple[str, ...]]:
+    """`scoped` with the scope of each call of a Flax Linen module named apart from the
+    call before it when the two were made from different lines (`call(i, names, j)`:
+    `_Builder.module_call` of equation `i`'s scope `names[j]`; None, unknown, continues
+    the call): `h = self.dense(x)` then `y = self.dense(h)` push one scope `dense` twice
+    in a row, one run, within which `group_calls` would find two calls of yours
+    (`Block`, `Block#2` inside one `block`). Calls from one line (a Python loop's) keep
+    one scope. Marked with `_LINEN_AGAIN`, which the caller takes off after."""
+    if not frameworks.linen_pushed():
+        return scoped
+    out = list(scoped)
+    # depth -> (the run's scope names so far, its call, how many calls it had)
+    runs: dict[int, tuple[tuple[str, ...], tuple, int]] = {}
+    for i, names in enumerate(scoped):
+        new: list[str] = []
+        for j, name in enumerate(names):
+            now = call(i, names, j) if name in frameworks.linen_pushed() else None
+            run = runs.get(j)
+            if run is not None and run[0] == names[: j + 1]:
+                k = run[2]
+                if now is not None and run[1] is not None and now != run[1]:
+                    k += 1  # another call, from another line
+                    runs = {d: r for d, r in runs.items() if d < j}
+                runs[j] = (names[: j + 1], now if now is not None else run[1], k)
+            else:
+                runs = {d: r for d, r in runs.items() if d < j}
+                runs[j] = (names[: j + 1], now, 1)
+            k = runs[j][2]
+            new.append(name if k == 1 else f"{name}{_LINEN_AGAIN}{k}")
+        runs = {d: r for d, r in runs.items() if d < len(names)}
+        out[i] = tuple(new)
+    return out
+
+
 def name_by_line(rec: _Rec, call: tuple, other: tuple, locate: Callable) -> None:
     """Label a module's stage by what the line calling it assigns (`q_t_target:
     q_network`), its source that line: the outermost of its `call`'s lines that differs
@@ -2253,6 +2328,7 @@ def name_by_line(rec: _Rec, call: tuple, other: tuple, locate: Callable) -> None
     if target:
         rec.label = f"{target}: {rec.label}"
         rec.source = locate(_compat.SourceLocation(*mine[k]))
+        rec.by_line = True
 
 
 _INDEX_TOKEN = re.compile(r"\[(\d+)\]")

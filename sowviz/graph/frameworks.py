@@ -98,6 +98,11 @@ _DRAWN: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
 _HAIKU_DRAWN: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
     "sowviz_haiku_scopes", default=frozenset()
 )
+#: The scope labels Flax Linen's module calls pushed, each with the lines those calls
+#: were made from (`_compat.linen_call_marks`), per drawing as `_DRAWN`.
+_LINEN_DRAWN: contextvars.ContextVar[Mapping[str, frozenset]] = contextvars.ContextVar(
+    "sowviz_linen_scopes", default=types.MappingProxyType({})
+)
 
 
 def pushed() -> frozenset[str]:
@@ -110,15 +115,25 @@ def haiku_pushed() -> frozenset[str]:
     return _HAIKU_DRAWN.get()
 
 
+def linen_pushed() -> Mapping[str, frozenset]:
+    """The scope labels Flax Linen's module calls pushed in the program being drawn,
+    each with the lines its calls were made from (`_compat.SourceLocation`s)."""
+    return _LINEN_DRAWN.get()
+
+
 @contextlib.contextmanager
-def drawing(scopes: Iterable[str], haiku: Iterable[str] = ()) -> Iterator[None]:
-    """`pushed()` is `scopes` (and `haiku_pushed()` is `haiku`) while a graph of the
-    program is built."""
+def drawing(
+    scopes: Iterable[str], haiku: Iterable[str] = (), linen: Mapping[str, frozenset] | None = None
+) -> Iterator[None]:
+    """`pushed()` is `scopes` (and `haiku_pushed()` is `haiku`, `linen_pushed()`
+    `linen`) while a graph of the program is built."""
     token = _DRAWN.set(frozenset(scopes))
     haiku_token = _HAIKU_DRAWN.set(frozenset(haiku))
+    linen_token = _LINEN_DRAWN.set(types.MappingProxyType(dict(linen or {})))
     try:
         yield
     finally:
+        _LINEN_DRAWN.reset(linen_token)
         _HAIKU_DRAWN.reset(haiku_token)
         _DRAWN.reset(token)
 
@@ -144,6 +159,9 @@ class ModuleCalls:
     #: (scope label, jaxpr variable) -> the name of the parameter of that call's
     #: `__call__` it was passed as (`positions`: `_Context.note_params`)
     params: Mapping[tuple[str, Any], str] = dataclasses.field(default_factory=dict)
+    #: the scope labels Flax Linen's module calls pushed, each with the lines its calls
+    #: were made from (`linen_pushed`)
+    linen: Mapping[str, frozenset] = dataclasses.field(default_factory=dict)
 
 
 Path = tuple[Any, ...]
@@ -239,6 +257,7 @@ def named(fn: Callable) -> Callable:
                 frozenset(ctx.roots),
                 frozenset(ctx.haiku),
                 params=ctx.params,
+                linen={k: frozenset(v) for k, v in ctx.linen.items()},
             )
 
     return with_names
@@ -601,6 +620,13 @@ class _Context:
         self.haiku: set[str] = set()  # every scope label a Haiku module call pushed
         #: (full name, value) of each `hk.set_state` so far, in order (`haiku_set`)
         self.haiku_sets: list[tuple[str, Any]] = []
+        #: every scope label a Linen module call pushed -> the lines the calls were made
+        #: from (`note_linen_call`)
+        self.linen: dict[str, set[Any]] = {}
+
+    def note_linen_call(self, label: str, site: Any) -> None:
+        """Remember that a Linen module call pushed the scope `label`, made at `site`."""
+        self.linen.setdefault(label, set()).add(site)
 
     def note_returns(self, label: str, out: Any) -> None:
         """Remember where each traced leaf of a module call's result `out` sits in it,
@@ -1202,7 +1228,16 @@ def _linen_hooks(ctx: _Context) -> contextlib.AbstractContextManager:
     stack = contextlib.ExitStack()
     stack.enter_context(_compat.linen_hooks(ctx.note_returns))
     stack.enter_context(linen.intercept_methods(ctx.linen_call))
+    # (each call's own frame, which tells calls sharing one scope apart: `build`)
+    stack.enter_context(_compat.linen_call_marks(ctx.note_linen_call, _linen_unscoped))
     return stack
+
+
+def _linen_unscoped(label: str) -> bool:
+    """Whether the scope Linen pushes as `label` is one `names.scope_names` drops: a
+    lambda Linen runs as a module's method (`Model.<lambda>`), Flax's own closures
+    (`linen_plumbing_scope`)."""
+    return label.endswith(".<lambda>") or linen_plumbing_scope(label)
 
 
 def _install() -> None:

@@ -323,8 +323,9 @@ def _separated(
 def _key(r: Any, sig: dict) -> tuple:
     """What blocks of one run share: the signature and the label's pattern, and for
     calls of the user's own function the line that made them (a loop's one line, not
-    two heads `mu = dense(h)`, `logvar = dense(h)` that only look alike)."""
-    site = r.source if r.called else None
+    two heads `mu = dense(h)`, `logvar = dense(h)` that only look alike); so for a
+    module's calls named by their lines (`z1: dense`, `z2: dense`: `build.name_by_line`)."""
+    site = r.source if r.called or getattr(r, "by_line", False) else None
     return (sig[r.id], pattern(r.label), site)
 
 
