@@ -2912,6 +2912,7 @@ def copy_on(x: Any, device: Any) -> Any:
                 return shard.data
     return jax.device_put(x, device)
 
+
 # --- added by graph (round 18): Flax Linen module calls' own frames. Linen pushes a
 # module's scope itself (`jax.named_scope` in `Module._call_wrapped_method`), so calls of
 # one module in a row (`h = self.dense(x)` then `y = self.dense(h)`; three
