@@ -2990,3 +2990,27 @@ def _linen_call_sites(codes: Any, lastis: Any) -> tuple[SourceLocation | None, .
         if c is code:
             out.append(_callers(codes, lastis, k, lambda c: not _linen_plumbing(c)))
     return tuple(out)
+
+
+# -- which custom derivative rule encloses a value (inspection.no_cotangent_reasons) --------
+# A `custom_jvp_call`/`custom_vjp_call` body's `debug_info.func_src_info` reads
+# "fn at /path/file.py:12" on JAX 0.10.2 to 0.12 ("fn_wrapped at .../equinox/_ad.py:1001"
+# for Equinox's `filter_custom_vjp`); no debug info: the rule's function is unknown.
+
+
+def custom_rule_of(eqn: JaxprEqn) -> tuple[str, str | None, str | None, int | None] | None:
+    """`("custom_vjp" | "custom_jvp", function, file, line)` of a custom-derivative call
+    equation (the function as written, where it was defined; each None when JAX kept
+    no debug info); None for any other equation."""
+    name = eqn.primitive.name
+    if name != CUSTOM_JVP and name not in CUSTOM_VJP:
+        return None
+    kind = "custom_jvp" if name == CUSTOM_JVP else "custom_vjp"
+    body = eqn.params.get("call_jaxpr")
+    jaxpr = getattr(body, "jaxpr", body)
+    info = getattr(getattr(jaxpr, "debug_info", None), "func_src_info", None)
+    if not isinstance(info, str) or " at " not in info:
+        return kind, None, None, None
+    fn, _, where = info.partition(" at ")
+    file, _, line = where.rpartition(":")
+    return kind, fn, file or None, int(line) if line.isdigit() else None

@@ -65,12 +65,15 @@ class Probe:
     #: per capture key: a `Summary`, or a `SummaryRow` (a row of a stacked one)
     typed_summaries: dict[str, Summary | SummaryRow]
     #: why a stage probe has no cotangent in a mode that computes them
-    #: (`no_cotangent_reasons`): `"unreached"`, `"independent"` or `"stopped"`; None
-    #: otherwise
+    #: (`no_cotangent_reasons`): `"unreached"`, `"independent"`, `"stopped"` or
+    #: `"custom_rule"`; None otherwise
     no_cotangent: str | None = None
     #: for `"stopped"`: the equation that cut its tangent, `{"primitive": "stop_gradient",
     #: "source": {"file", "line", "function"} or None}`
     stopped_by: dict[str, Any] | None = None
+    #: for `"custom_rule"`: the custom derivative rule around the value, `{"kind":
+    #: "custom_vjp" | "custom_jvp", "function", "source": {"file", "line"} or None}`
+    custom_rule: dict[str, Any] | None = None
     #: per capture key, the leading axes of its summary's `shape` that enclosing
     #: constructs added (`Site.axes`: ``"mesh:<axis>"`` for a `shard_map`'s mesh axis,
     #: ``"scan"``/``"while"`` for a loop's iterations), outermost first; None: none
@@ -94,6 +97,8 @@ class Probe:
             d["no_cotangent"] = self.no_cotangent
         if self.stopped_by is not None:
             d["stopped_by"] = self.stopped_by
+        if self.custom_rule is not None:
+            d["custom_rule"] = self.custom_rule
         if self.axes:
             d["axes"] = {k: list(v) for k, v in self.axes.items()}
         return d
@@ -157,7 +162,7 @@ def join_probes(
         Probe(
             f"p{i}",
             *f,
-            *why.get((f[2], f[1]), (None, None)),
+            *why.get((f[2], f[1]), (None, None, None)),
             axes=_axes_of(f, stacked.get((f[2], f[0]))),
         )
         for i, f in enumerate(found)
@@ -169,6 +174,10 @@ def join_probes(
                 f"{p.name}{p.leaf}: no {', '.join(missing)} — {stopped_text(p.stopped_by)}: "
                 "the value depends on the differentiated inputs; its cotangent is cut "
                 "by design."
+            )
+        elif missing and not p.auto and not own(p.name) and p.custom_rule is not None:
+            notes.append(
+                f"{p.name}{p.leaf}: no {', '.join(missing)} — {custom_rule_text(p.custom_rule)}."
             )
         elif missing and not p.auto and not own(p.name):
             notes.append(
@@ -207,16 +216,19 @@ def no_cotangent_reasons(
     traced: Traced, found: Sequence[_Found], mode: Mode, argnums: Any = None
 ) -> dict:
     """Why each stage probe of `found` that has no cotangent in `mode` has none, by
-    (node, leaf), as `(reason, stopped_by)`: `"unreached"`, its value does not reach the
+    (node, leaf), as `(reason, stopped_by, custom_rule)`: `"unreached"`, its value does not reach the
     differentiated output (an aux the loss never reads: its gradient is zero, and it is
     probed beside the data flow, `Traced.probed_for`); `"stopped"`, it does, and it
     depends on the differentiated arguments (`argnums`) through the primal data flow,
     but an equation of zero derivative cut every path (`jax.lax.stop_gradient` around a
-    TD target; `stopped_by` names it, `_liveness.stopped_values`); or `"independent"`
-    (no tangent reaches it: it does not depend on the differentiated arguments, or a
-    custom derivative rule replaced the code that computes it). The panel said the
-    latter of all: a Flax Linen encoder's sown outputs, which depend on every parameter,
-    read as detached, and so did a `stop_gradient`'ed target of the critic."""
+    TD target; `stopped_by` names it, `_liveness.stopped_values`); `"custom_rule"`, it
+    is computed inside a `jax.custom_vjp`/`custom_jvp` function, whose derivative is its
+    rule's, not this code's (`custom_rule` names the function: diffrax's vector field
+    inside Equinox's checkpointed `while`); or `"independent"` (no tangent reaches it:
+    it does not depend on the differentiated arguments). The panel said the latter of
+    all: a Flax Linen encoder's sown outputs, which depend on every parameter, read as
+    detached, so did a `stop_gradient`'ed target of the critic, and so did a neural
+    ODE's vector field, which every gradient flows through."""
     if "cotangent" not in mode.keys:
         return {}
     lacking = {(f[2], f[1]) for f in found if f[3] and "cotangent" not in f[4]}
@@ -238,13 +250,46 @@ def no_cotangent_reasons(
         j = levels[p.path]
         made = j.invars if i == -1 else j.eqns[i].outvars
         if made[k] not in live.get(p.path, ()):
-            out[(node, leaf)] = ("unreached", None)
+            out[(node, leaf)] = ("unreached", None, None)
+            continue
+        rule = _custom_rule(traced.closed, p.path)
+        if rule is not None:
+            out[(node, leaf)] = ("custom_rule", None, rule)
             continue
         if stopped is None:
             stopped = _stopped(traced, mode, argnums)
         cut = stopped.get(p.path, {}).get(made[k])
-        out[(node, leaf)] = ("independent", None) if cut is None else ("stopped", _cut_dict(cut))
+        out[(node, leaf)] = (
+            ("independent", None, None) if cut is None else ("stopped", _cut_dict(cut), None)
+        )
     return out
+
+
+def _custom_rule(closed: Any, path: tuple) -> dict[str, Any] | None:
+    """The outermost custom derivative call on a probe point's `path`, as the model's
+    `custom_rule` (docs/model.md); None when the point is in no custom function's body.
+    (The outermost: its rule is the one the gradient of the whole program takes.)"""
+    j = _compat.jaxpr_and_consts(closed)[0]
+    for i, param, index in path:
+        eqn = j.eqns[i]
+        rule = _compat.custom_rule_of(eqn)
+        if rule is not None:
+            kind, fn, file, line = rule
+            source = None if file is None else {"file": short_path(file), "line": line}
+            return {"kind": kind, "function": fn, "source": source}
+        val = eqn.params[param]
+        j = _compat.jaxpr_and_consts(val if index is None else val[index])[0]
+    return None
+
+
+def custom_rule_text(rule: dict[str, Any]) -> str:
+    """`computed inside the `jax.custom_vjp` function `fn_wrapped` (equinox/_ad.py:1001):
+    its gradient is the rule's, not this code's`: a `custom_rule`'s words."""
+    fn = rule.get("function")
+    src = rule.get("source")
+    where = f" ({src['file']}:{src['line']})" if src else ""
+    what = f"the `jax.{rule['kind']}` function" + (f" `{fn}`{where}" if fn else where)
+    return f"computed inside {what}: its gradient is that rule's, not this code's"
 
 
 def _stopped(traced: Traced, mode: Mode, argnums: Any) -> dict:

@@ -292,7 +292,7 @@ export class DetailPanel {
       return { mode, target, s, counts, iter };
     });
     this.blocks = blocks;
-    const why = noCotangentNote(this.index.model, probe);
+    const why = noCotangentNote(this.index.model, probe, this.index);
     if (why) this.body.append(h("p", { class: "sv-muted", "data-role": "no-cotangent", text: why }));
     this.body.append(this.statsTable(probe, modes));
     this.drawCharts(colours, width);
@@ -405,11 +405,19 @@ export class DetailPanel {
  * loss never reads, a Flax Linen `self.sow` of an encoder's outputs) depends on the
  * arguments all the same, and read as detached from them; a value behind the user's
  * `jax.lax.stop_gradient` (a TD or GAE target, `"stopped"`) depends on them too, and its
- * note names the cut and its line (`stopped_by`); an older model says none of these.
+ * note names the cut and its line (`stopped_by`); a value computed inside a custom
+ * derivative rule (diffrax's vector field, inside Equinox's checkpointed `while`, a
+ * `jax.custom_vjp`) has its gradient taken by the rule, not through this code
+ * (`"custom_rule"`): the note names the rule and the stage where the gradient is seen
+ * again; an older model says none of these.
  * @param {{modes?: string[]}} model
- * @param {{summaries: Record<string, any>, no_cotangent?: string,
- *   stopped_by?: {primitive: string, source?: {file: string, line: number} | null}}} probe */
-export function noCotangentNote(model, probe) {
+ * @param {{summaries: Record<string, any>, no_cotangent?: string, node?: string,
+ *   stopped_by?: {primitive: string, source?: {file: string, line: number} | null},
+ *   custom_rule?: {kind: string, function?: string | null, source?: {file: string, line: number | null} | null}}} probe
+ * @param {{nodes: Map<string, {label: string, parent?: string | null}>,
+ *   probesByNode: Map<string, {summaries: Record<string, any>}[]>}} [index] the model's
+ *   index, to name the stage around the rule whose gradient is shown */
+export function noCotangentNote(model, probe, index) {
   const primal = probe.summaries.primal;
   // (a sow under a derivative `fn` takes itself keeps its inner levels in its keys,
   // innermost first: its outer gradient is `primal.cotangent`, and read as missing)
@@ -425,8 +433,31 @@ export function noCotangentNote(model, probe) {
     return `No cotangent: gradient stopped by ${stoppedByText(by)}: it depends on the differentiated ` +
       "arguments; its cotangent is cut by design.";
   }
+  if (probe.no_cotangent === "custom_rule" && probe.custom_rule) {
+    const rule = probe.custom_rule;
+    const src = rule.source ? ` (${rule.source.file}${rule.source.line == null ? "" : `:${rule.source.line}`})` : "";
+    const fn = rule.function ? ` \`${rule.function}\`` : "";
+    const seen = index && probe.node ? gradientSeenAt(index, probe.node) : null;
+    return `No cotangent here: this value is computed inside the \`jax.${rule.kind}\` function${fn}${src}, ` +
+      "whose gradient is its own rule's (a separate backward program), not this code's, so no cotangent " +
+      "flows through it" + (seen ? `; the gradient is seen at ${seen}, around it.` : ".");
+  }
   return "No cotangent: this value does not depend on the differentiated arguments " +
     "(or a custom derivative rule replaced the code that computes it), so the gradient sends nothing back to it.";
+}
+
+/** The label of the nearest stage around `nodeId` with a captured cotangent, or null.
+ * @param {{nodes: Map<string, {label: string, parent?: string | null}>,
+ *   probesByNode: Map<string, {summaries: Record<string, any>}[]>}} index
+ * @param {string} nodeId */
+function gradientSeenAt(index, nodeId) {
+  for (let id = index.nodes.get(nodeId)?.parent; id != null; id = index.nodes.get(id)?.parent) {
+    const probes = index.probesByNode.get(id) ?? [];
+    if (probes.some((p) => Object.keys(p.summaries ?? {}).some((k) => k === "cotangent" || k.endsWith(".cotangent")))) {
+      return index.nodes.get(id)?.label ?? null;
+    }
+  }
+  return null;
 }
 
 /** The equation that cut a value's tangent, in words: "`jax.lax.stop_gradient` at dqn.py:17"

@@ -135,11 +135,14 @@ export interface Probe {
   /** optional: why a stage probe has no cotangent in a mode computing them: "unreached"
    * (its value does not reach the differentiated output: its gradient is zero) or
    * "independent" (no tangent reaches it), "stopped" (it depends on the differentiated
-   * arguments, but an equation of zero derivative, `stop_gradient`, cut its tangent);
-   * absent otherwise, and in older models */
-  no_cotangent?: "unreached" | "independent" | "stopped";
+   * arguments, but an equation of zero derivative, `stop_gradient`, cut its tangent),
+   * "custom_rule" (it is computed inside a `jax.custom_vjp`/`custom_jvp` function, whose
+   * gradient is its rule's); absent otherwise, and in older models */
+  no_cotangent?: "unreached" | "independent" | "stopped" | "custom_rule";
   /** with "stopped": the equation that cut it and its line */
   stopped_by?: { primitive: string; source: { file: string; line: number; function: string } | null };
+  /** with "custom_rule": the outermost custom derivative function around the value */
+  custom_rule?: { kind: "custom_vjp" | "custom_jvp"; function: string | null; source: { file: string; line: number | null } | null };
   /** optional: per capture key, the leading axes of its summary's shape that enclosing
    * constructs added, outermost first: "mesh:<axis>" (a shard_map's mesh axis: one
    * slice per device), "scan" or "while" (a loop's iterations) */
