@@ -131,12 +131,13 @@ def _one_of(leaves: list[Any]) -> Any:
     summaries on a CPU mesh come out of their program uncommitted, on the mesh's
     first device, and the gather, left to `jax.jit`, moved them onto the mesh and
     ran partitioned over its 8 devices (0.6-1.0 ms per read of a 2-D tensor-parallel
-    step's parts, against 0.06-0.09 ms on one device).
+    step's parts, against 0.09-0.16 ms on one device).
 
-    Not cached on the leaves' placements (as `_layout` is on their shapes): the key
-    (each leaf's sharding and committed flag, hashed) cost as much as this walk, about
-    1.5 µs a leaf, once per read of `_MAX_PENDING` steps (`benchmarks/monitor_fixed_cost.py`
-    `--wire`)."""
+    Not cached on the leaves' placements (as `_layout` is on their shapes): building
+    and hashing that key (each leaf's sharding and committed flag) took 3.1-5.7 µs for
+    a read's 8 parts against this walk's 3.0-7.2 µs, once per read of `_MAX_PENDING`
+    steps (`benchmarks/monitor_fixed_cost.py --wire`): under 0.4 µs per recorded
+    step, for a cache that would keep meshes alive."""
     committed = uncommitted = None
     several = False
     for v in leaves:

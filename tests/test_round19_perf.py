@@ -160,13 +160,20 @@ def test_arrays_split_every_way_are_gathered_whole_by_one_collective():
         np.testing.assert_array_equal(np.asarray(got), want)
 
 
-def test_only_evenly_split_arrays_of_the_mesh_are_gathered_at_once():
+def test_only_small_evenly_split_arrays_of_the_mesh_are_gathered_at_once():
     mesh = tp_mesh()
-    whole = jax.device_put(np.ones(8, np.float32), NamedSharding(mesh, P()))
-    split = jax.device_put(np.ones(8, np.float32), NamedSharding(mesh, P("data")))
-    specs = summaries._gathered_specs(mesh, (whole, split))
-    assert specs[0] is None
+
+    def put(n, spec, on=mesh):
+        return jax.device_put(np.ones(n, np.float32), NamedSharding(on, spec))
+
+    whole, split, other_split = put(8, P()), put(8, P("data")), put(16, P("model"))
+    big = put(summaries.GATHER_ONCE_MAX_ELEMENTS * 2, P("data"))
+    specs = summaries._gathered_specs(mesh, (whole, split, big, other_split))
+    assert specs[0] is None and specs[2] is None  # replicated; large (a constraint each)
     assert specs[1] == (P("data"), (8,), np.dtype(np.float32))
+    assert specs[3] == (P("model"), (16,), np.dtype(np.float32))
+    # one small split array alone: its own constraint is one collective already
+    assert summaries._gathered_specs(mesh, (whole, split, big)) == (None,) * 3
     other = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
-    elsewhere = jax.device_put(np.ones(8, np.float32), NamedSharding(other, P("data")))
-    assert summaries._gathered_specs(mesh, (elsewhere,)) == (None,)
+    elsewhere = put(8, P("data"), other)
+    assert summaries._gathered_specs(mesh, (elsewhere, split, other_split))[0] is None

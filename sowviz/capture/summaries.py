@@ -81,7 +81,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _compat, _concat, _disk_cache
+from .. import _compat, _concat, _disk_cache, _wire
 from .. import summary as _summary
 from .. import summary_blocks as _blocks
 from .. import summary_ops as _ops
@@ -1333,7 +1333,7 @@ def _whole(sharding: Any) -> Any:
     others each by a sharding constraint: left to XLA, the layout's concatenation was
     split over the mesh, every part sliced and then gathered (29 all-gathers for an
     MLP's 20 members), and a constraint per array was an all-gather each (15 for a 2-D
-    tensor-parallel step's 19 members: 1.5 ms on 8 host devices, against 0.6 ms)."""
+    tensor-parallel step's 19 members: 1.5 ms on 8 host devices, against 0.84-0.96 ms)."""
 
     def whole(pending: tuple[Any, ...], specs: tuple) -> tuple[Any, ...]:
         leaves, treedef = jax.tree_util.tree_flatten(pending)
@@ -1353,13 +1353,24 @@ def _whole(sharding: Any) -> Any:
     return jax.jit(whole, out_shardings=sharding, static_argnums=1)
 
 
+#: `_whole` gathers the split arrays of at most this many elements in one collective;
+#: larger ones each by a constraint. One all-gather for the 2-D TP step's 15 small
+#: arrays (at most 256 elements): 1.5 -> 0.84-0.96 ms; for all of a data-parallel
+#: step's 6 arrays of 256-64K elements it was slower (3.9 -> 4.4 ms: copying them into
+#: words and back, on every device, costs more than the collectives it saves).
+GATHER_ONCE_MAX_ELEMENTS = 1 << 12
+
+
 def _gathered_specs(mesh: Any, pending: tuple[Any, ...]) -> tuple:
-    """Per array leaf of `pending`: its `PartitionSpec` when it is split over `mesh` by
-    a `NamedSharding` of it, evenly (`_gather_once` gathers it), else None."""
+    """Per array leaf of `pending`: its `PartitionSpec`, shape and dtype when it is small
+    (`GATHER_ONCE_MAX_ELEMENTS`) and split over `mesh` evenly by a `NamedSharding` of it
+    (`_gather_once` gathers it), else None."""
 
     def spec(x: Any) -> Any:
         s = x.sharding
         if s.is_fully_replicated or not isinstance(s, jax.sharding.NamedSharding):
+            return None
+        if x.size > GATHER_ONCE_MAX_ELEMENTS:
             return None
         if s.mesh != mesh:
             return None
@@ -1368,15 +1379,15 @@ def _gathered_specs(mesh: Any, pending: tuple[Any, ...]) -> tuple:
             return None  # (uneven or empty blocks: a constraint gathers it)
         return (s.spec, x.shape, np.dtype(x.dtype))
 
-    return tuple(spec(x) for x in jax.tree_util.tree_leaves(pending))
+    specs = tuple(spec(x) for x in jax.tree_util.tree_leaves(pending))
+    # (one such array: its own constraint is already one collective)
+    return specs if sum(s is not None for s in specs) > 1 else (None,) * len(specs)
 
 
 def _gather_once(mesh: Any, xs: list, specs: list) -> list:
     """Traced: the arrays `xs`, split over `mesh` as `specs` say, whole (replicated), by
     ONE all-gather of every device's blocks as uint32 words (`_wire.words`), each array
     then put together from its blocks (static slices, no collective)."""
-    from .. import _wire
-
     axes = tuple(mesh.axis_names)
     parts = [jax.sharding.PartitionSpec(*spec) for spec, _, _ in specs]
 
