@@ -17,7 +17,9 @@ blocks. Printed: the ratio to the plain step and the host cost per step over it 
 µs. Targets: ≤ 1.2x and ≤ 100 µs per step.
 
 Run it in a process of its own: `python benchmarks/monitor_fixed_cost.py [--quick]`
-(`--profile` prints a cProfile of the recorded steps of each model).
+(`--profile` prints a cProfile of the recorded steps of each model, `--wire` times the
+read's gather of their parts). The TP model is `tests/_tp_model.py`, which the tests
+check against NumPy.
 """
 
 from __future__ import annotations
@@ -31,17 +33,18 @@ os.environ["XLA_FLAGS"] = (
 import cProfile
 import functools
 import pstats
-from functools import partial
+import sys
+import timeit
 
 import _bench
 import jax
 import jax.numpy as jnp
-import numpy as np
 from _mlp import interleaved_medians
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
 
 import sowviz
+
+sys.path.insert(0, str(_bench.ROOT / "tests"))  # the model the tests check
+from _tp_model import tp_mesh, tp_model
 
 #: Steps per timed block.
 BLOCK = 10
@@ -62,35 +65,9 @@ def mlp_case():
 
 
 def tp_case():
-    """The 2-D tensor-parallel `shard_map` MLP, its arguments placed on the mesh."""
-    mesh = Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("data", "model"))
-
-    @partial(
-        jax.shard_map,
-        mesh=mesh,
-        in_specs=(P(None, "model"), P("model", None), P("data")),
-        out_specs=P(),
-    )
-    def tp_loss(w1, w2, x):
-        with jax.named_scope("up"):
-            h = jnp.tanh(x @ w1)
-        with jax.named_scope("down"):
-            y = jax.lax.psum(h @ w2, "model")
-        return jax.lax.psum(jnp.sum(y**2), "data") / (16 * 8)
-
-    def loss(params, x):
-        return tp_loss(params["w1"], params["w2"], x)
-
-    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(0), 3)
-    params = {
-        "w1": jax.device_put(
-            jax.random.normal(k1, (8, 16)) / 3, NamedSharding(mesh, P(None, "model"))
-        ),
-        "w2": jax.device_put(
-            jax.random.normal(k2, (16, 8)) / 4, NamedSharding(mesh, P("model", None))
-        ),
-    }
-    x = jax.device_put(jax.random.normal(k3, (16, 8)), NamedSharding(mesh, P("data", None)))
+    """The 2-D tensor-parallel `shard_map` MLP (`tests/_tp_model.py`, which the tests
+    check against NumPy), its arguments placed on the mesh."""
+    loss, params, x = tp_model(tp_mesh())
     return loss, (params, x)
 
 
@@ -138,7 +115,51 @@ def profile(make, steps: int) -> None:
     pstats.Stats(pr).sort_stats("cumtime").print_stats(30)
 
 
-def main(quick: bool = False, prof: bool = False) -> list[_bench.Row]:
+def wire(make, label: str, rows: _bench.Rows) -> None:
+    """The read's own host work (`--wire`): `_wire.gather` of the parts a read of
+    recorded steps takes, where its buffer lies, and `_wire._one_of`'s walk of their
+    leaves against building (and hashing) a cache key of their placements."""
+    from sowviz import _wire
+
+    gathered = []
+    real = _wire.gather
+
+    def spy(tree):
+        gathered.append(tree)
+        return real(tree)
+
+    loss, args = make()
+    mon = sowviz.Monitor(loss, every=1, history=8)
+    _wire.gather = spy
+    try:
+        for _ in range(12):
+            _waited(mon.step, args)
+        mon.flush()
+    finally:
+        _wire.gather = real
+        mon.close()
+    tree = gathered[-1]
+    leaves = _wire._leaves(tree)[0]
+    buf, _ = real(tree)
+
+    def key():
+        return hash(tuple((v.sharding, v.committed) for v in leaves if isinstance(v, jax.Array)))
+
+    for name, fn in (
+        ("gather", lambda: jax.block_until_ready(real(tree)[0])),
+        ("_one_of", lambda: _wire._one_of(leaves)),
+        ("a placement key instead", key),
+    ):
+        t = min(timeit.repeat(fn, number=200, repeat=7)) / 200
+        rows.add(
+            f"{name} of a read's {len(leaves)} parts, {label}",
+            t * 1e6,
+            "µs",
+            detail=f"(buffer on {len(buf.devices())} device(s))" if name == "gather" else "",
+        )
+
+
+def main(quick: bool = False, prof: bool = False, wires: bool = False) -> list[_bench.Row]:
     print(_bench.platform())
     if jax.device_count() < 8:
         raise RuntimeError(
@@ -151,6 +172,8 @@ def main(quick: bool = False, prof: bool = False) -> list[_bench.Row]:
         if prof:
             print(f"--- cProfile, {label}, every=1")
             profile(make, steps)
+        if wires:
+            wire(make, label, rows)
         med = measure(make, steps)
         plain = med["plain"]
         for name in ("recorded", "unrecorded"):
@@ -171,7 +194,10 @@ def main(quick: bool = False, prof: bool = False) -> list[_bench.Row]:
 
 
 if __name__ == "__main__":
-    ns = _bench.args(
-        __doc__, lambda ap: ap.add_argument("--profile", action="store_true", help="cProfile")
-    )
-    main(ns.quick, ns.profile)
+
+    def extra(ap):
+        ap.add_argument("--profile", action="store_true", help="cProfile")
+        ap.add_argument("--wire", action="store_true", help="the read's gather, timed")
+
+    ns = _bench.args(__doc__, extra)
+    main(ns.quick, ns.profile, ns.wire)

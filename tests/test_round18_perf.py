@@ -8,61 +8,20 @@ and NumPy's. (Speed itself is measured in `benchmarks/monitor_fixed_cost.py`.)""
 
 from __future__ import annotations
 
-from functools import partial
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, NamedSharding
+from _tp_model import np_loss as _np_loss
+from _tp_model import tp_mesh as _mesh
+from _tp_model import tp_model as _tp_model
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import sowviz
 from sowviz import _compat, _wire
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 host devices")
-
-
-def _mesh() -> Mesh:
-    return Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("data", "model"))
-
-
-def _tp_model(mesh: Mesh):
-    """A 2-D tensor-parallel `shard_map` MLP and its arguments placed on `mesh`."""
-
-    @partial(
-        jax.shard_map,
-        mesh=mesh,
-        in_specs=(P(None, "model"), P("model", None), P("data")),
-        out_specs=P(),
-    )
-    def tp_loss(w1, w2, x):
-        with jax.named_scope("up"):
-            h = jnp.tanh(x @ w1)
-        with jax.named_scope("down"):
-            y = jax.lax.psum(h @ w2, "model")
-        return jax.lax.psum(jnp.sum(y**2), "data") / (16 * 8)
-
-    def loss(params, x):
-        return tp_loss(params["w1"], params["w2"], x)
-
-    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(0), 3)
-    params = {
-        "w1": jax.device_put(
-            jax.random.normal(k1, (8, 16)) / 3, NamedSharding(mesh, P(None, "model"))
-        ),
-        "w2": jax.device_put(
-            jax.random.normal(k2, (16, 8)) / 4, NamedSharding(mesh, P("model", None))
-        ),
-    }
-    x = jax.device_put(jax.random.normal(k3, (16, 8)), NamedSharding(mesh, P("data", None)))
-    return loss, params, x
-
-
-def _np_loss(params, x) -> float:
-    w1, w2, x = (np.asarray(a, np.float64) for a in (params["w1"], params["w2"], x))
-    y = np.tanh(x @ w1) @ w2
-    return float((y**2).sum() / (16 * 8))
 
 
 def test_copy_on_takes_a_replicated_arrays_own_copy_and_moves_a_split_one():
