@@ -106,13 +106,14 @@ def test_inspect_statistics_over_all_rows_in_order():
 
 class _EqxMap(eqx.Module):
     lin: eqx.nn.Linear
+    batch_size: int | None = eqx.field(static=True, default=3)
 
     def __call__(self, xs):
         @eqx.filter_jit
         def one(x):
             return jnp.sum(sowviz.sow(jnp.tanh(self.lin(x)), "ragged") ** 2)
 
-        return jnp.sum(jax.lax.map(one, xs, batch_size=3))
+        return jnp.sum(jax.lax.map(one, xs, batch_size=self.batch_size))
 
 
 class _NnxMap(nnx.Module):
@@ -159,3 +160,88 @@ def test_a_users_vmap_inside_the_jitted_f_keeps_the_captured_layout():
         "ragged_0": (2, 3, 1, 5),
         "ragged_1": (2, 1, 5),
     }
+
+
+# --- the graph: one stage for the map, its statistics over every row -----------------
+
+
+def _map_program(f, batch_size):
+    return lambda xs: jnp.sum(jnp.sin(jax.lax.map(f, xs, batch_size=batch_size)))
+
+
+def _stages_at_top(ins):
+    top = [n for n in ins.graph.nodes if n.parent is not None and n.kind != "input"]
+    top = [n for n in top if ins.graph.node(n.parent).parent is None]
+    return [(n.kind, n.label) for n in top if n.kind not in ("eqn", "output", "sow")]
+
+
+def _stats(summary, want):
+    want = np.asarray(want, np.float64)
+    assert summary["count"] == want.size and summary["shape"] == list(want.shape)
+    np.testing.assert_allclose(summary["min"], want.min(), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(summary["max"], want.max(), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(summary["mean"], want.mean(), rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("capture", ["stages", "all"])
+@pytest.mark.parametrize("f", [_jitted_f, _f], ids=["jit-f", "plain-f"])
+def test_one_map_stage_with_every_row(f, capture):
+    ins = sowviz.inspect(_map_program(f, 3), XS, capture=capture)
+    plain = sowviz.inspect(_map_program(f, None), XS, capture=capture)
+    assert _stages_at_top(ins) == _stages_at_top(plain)  # one `map`/`map(f)`, no `f` beside
+    (node,) = [n for n in ins.graph.nodes if n.kind == "scan"]
+    ys = np.asarray(jax.vmap(_f)(XS))  # f per row
+    s = next(p for p in ins.probes if p.node == node.id).summaries
+    _stats(s["primal"], ys)
+    _stats(s["cotangent"], np.cos(ys))  # d sum(sin(ys)) / d ys
+    # a stage inside f: every row, in order, one iteration per row
+    h = next(p for p in ins.probes if p.name == "_h").summaries
+    _stats(h["primal"], _rows(XS))
+    np.testing.assert_allclose(
+        h["primal"]["per_iteration"]["mean"], _rows(XS).mean(axis=1), rtol=1e-4, atol=1e-6
+    )
+    notes = [n["message"] for n in ins.to_dict()["notes"] if n["probe"] == node.id]
+    assert len(notes) == 1 and "batch_size=3" in notes[0]
+    assert "2 chunks of 3 rows" in notes[0] and "2 remaining rows" in notes[0]
+    assert "all 8 rows" in notes[0]
+    assert not [n for n in plain.to_dict()["notes"] if "batched map" in n["message"]]
+
+
+def test_one_map_stage_tangents_of_every_row():
+    ins = sowviz.inspect(_map_program(_f, 3), XS, mode="jvp", tangents=(TXS,))
+    (node,) = [n for n in ins.graph.nodes if n.kind == "scan"]
+    ys, ys_dot = jax.jvp(jax.vmap(_f), (XS,), (TXS,))
+    s = next(p for p in ins.probes if p.node == node.id).summaries
+    _stats(s["primal"], ys)
+    _stats(s["tangent"], ys_dot)
+    h = next(p for p in ins.probes if p.name == "_h").summaries
+    _stats(h["tangent"], _row_tangents(XS, TXS))
+
+
+def test_one_map_stage_in_a_module():
+    model = _EqxMap(eqx.nn.Linear(4, 5, key=jax.random.PRNGKey(4)))
+
+    ins = sowviz.inspect(lambda m, xs: m(xs), model, XS)
+    plain = sowviz.inspect(lambda m, xs: m(xs), _EqxMap(model.lin, None), XS)
+
+    def labels(i):  # (the chunks' and the remainder's slices of `xs`: `map setup`)
+        return sorted(
+            (n.kind, n.label) for n in i.graph.nodes if n.kind != "eqn" and n.label != "map setup"
+        )
+
+    assert labels(ins) == labels(plain)  # one `map` holding `one`, no `one` nor `map#2` beside
+    z = np.asarray(XS) @ np.asarray(model.lin.weight.T) + np.asarray(model.lin.bias)
+    h = np.tanh(z)
+    (node,) = [n for n in ins.graph.nodes if n.kind == "scan"]
+    _stats(next(p for p in ins.probes if p.node == node.id).summaries["primal"], (h**2).sum(1))
+    _stats(ins.probe("lin").summaries["primal"], z)  # the Linear's output, every row
+    _stats(ins.probe("lin").summaries["cotangent"], 2 * h * (1 - h**2))
+
+
+def test_a_map_inside_a_vmap_keeps_its_remainder_stage():
+    """Not joined in the graph (the vmap's axis comes first in the remainder's stages);
+    its sow is (`test_inside_a_vmap_rows_then_the_vmap_axis`)."""
+    xss = jnp.stack([XS, 2 * XS])
+    ins = sowviz.inspect(lambda xss: jnp.sum(jax.vmap(_loss(_f, 3))(xss)), xss)
+    assert not [n for n in ins.to_dict()["notes"] if "batched map" in n["message"]]
+    _stats(ins.probe("ragged").summaries["primal"], np.stack([_rows(x) for x in xss], axis=1))

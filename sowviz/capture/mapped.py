@@ -24,6 +24,7 @@ from dataclasses import replace
 
 import jax.numpy as jnp
 
+from .primitive import RESERVED_TAG_PREFIX
 from .record import Capture
 
 CHUNKS = ("lax.map:chunks",)
@@ -97,7 +98,10 @@ def _rest_rows(rest: Capture, v):
 
 def _line(caps: list[Capture]) -> tuple:
     s = caps[0].site
-    return (s.name, s.tag, s.location)
+    # (a stage's probe is named by its node, one per program: its two halves' equations
+    # may say different lines, a jitted `f` the map's inside the scan and none apart)
+    own = str(s.tag).startswith(RESERVED_TAG_PREFIX)
+    return (s.name, s.tag, None if own else s.location)
 
 
 def _same_key(caps: list[Capture], like: Capture) -> Capture:
