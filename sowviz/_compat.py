@@ -2992,6 +2992,7 @@ def _linen_call_sites(codes: Any, lastis: Any) -> tuple[SourceLocation | None, .
     return tuple(out)
 
 
+<<<<<<< HEAD
 # -- which custom derivative rule encloses a value (inspection.no_cotangent_reasons) --------
 # A `custom_jvp_call`/`custom_vjp_call` body's `debug_info.func_src_info` reads
 # "fn at /path/file.py:12" on JAX 0.10.2 to 0.12 ("fn_wrapped at .../equinox/_ad.py:1001"
@@ -3014,3 +3015,40 @@ def custom_rule_of(eqn: JaxprEqn) -> tuple[str, str | None, str | None, int | No
     fn, _, where = info.partition(" at ")
     file, _, line = where.rpartition(":")
     return kind, fn, file or None, int(line) if line.isdigit() else None
+=======
+# ---------------------------------------------------------------------------
+# `jax.lax.map(f, xs, batch_size=B)` of an `f` whose `sow` was traced before `lax.map`'s
+# vmap reached it: `f` is a `jax.jit` (`eqx.filter_jit`, `nnx.jit`) function, so the
+# vmap batches the jit's program and the `sow`'s batching rule runs from JAX's
+# `batch_jaxpr`, not from `sowviz.sow` (`lax_map_batching` above then says None).
+
+_CONTROL_FLOW_DIR = os.path.join(_JAX_DIR, "_src", "lax", "control_flow") + os.sep
+
+
+def lax_map_batching_of_traced() -> str | None:
+    """As `lax_map_batching`, for a `sow` traced earlier (inside a jit) and batched now
+    by `lax.map`'s vmap: the innermost `vmap` on the stack is `lax.map`'s and no loop or
+    `cond` of JAX's is between it and the rule (their batching rules would add axes, or
+    flags, of their own: such a `sow` is left as captured)."""
+    frame = sys._getframe(2)  # the rule's caller
+    while frame is not None and not (
+        frame.f_code.co_filename.endswith(_VMAP_FILE) and frame.f_code.co_name == "vmap_f"
+    ):
+        if frame.f_code.co_filename.startswith(_CONTROL_FLOW_DIR) or (
+            # (another vmap's rule binding the `sow` again: that vmap is the nearer one;
+            # `sowviz.sow` itself: a vmap `lax_map_batching` did not recognise)
+            frame.f_code.co_filename.endswith(_SOW_FILE) and frame.f_code.co_name != "bind"
+        ):
+            return None
+        frame = frame.f_back
+    if frame is None:
+        return None
+    while frame is not None and frame.f_code.co_filename.startswith(_JAX_DIR):
+        if frame.f_code.co_filename.endswith(_LOOPS_FILE):
+            name = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
+            return {"map": "lax.map:rest", "map.<locals>.<lambda>": "lax.map:chunks"}.get(name)
+        if not frame.f_code.co_filename.endswith((_VMAP_FILE, "traceback_util.py")):
+            return None
+        frame = frame.f_back
+    return None
+>>>>>>> r19-ragged

@@ -189,7 +189,8 @@ def _batch(args, dims, *, zeros, vmapped, **params):
     if sizes:  # the zeros are batched like the arrays they stand beside
         (size,) = sizes
         zeros = tuple((i, (size, *shape), dtype, u) for i, shape, dtype, u in zeros)
-        vmapped = (_compat.lax_map_batching() or "vmap", *vmapped)
+        label = _compat.lax_map_batching() or _compat.lax_map_batching_of_traced()
+        vmapped = (label or "vmap", *vmapped)
     return sow_p.bind(*moved, zeros=zeros, vmapped=vmapped, **params), out_dims
 
 

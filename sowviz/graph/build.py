@@ -29,6 +29,7 @@ from ..primitives import (
     unqualified,
 )
 from . import frameworks, repeats
+from .batched_map import joined_maps
 from .calls import body_call, group_calls, hoisted_from_bodies, inlined_into
 from .copies import renames
 from .inputs import InputsMixin, constrained_shapes
@@ -342,11 +343,13 @@ def build_graph(
             params=calls.params if calls else None,
         )
         builder.in_types = tuple(in_types)
-        return builder.build(
-            jaxpr,
-            _parted(groups, frozenset(parameters), frozenset(state_inputs)),
-            list(out_names),
-            title,
+        return joined_maps(
+            builder.build(
+                jaxpr,
+                _parted(groups, frozenset(parameters), frozenset(state_inputs)),
+                list(out_names),
+                title,
+            )
         )
 
 

@@ -242,6 +242,8 @@ def _sow_eqns(p: ProbePoint, jaxpr, at: int, read, subst, tag: str, source_info,
     template, effects = _template(tag, len(ins), p.names)
     params = dict(template)
     params["name"] = p.node
+    if p.mapped:  # (joined with its twin as one row per element: `graph.batched_map`)
+        params["vmapped"] = (p.mapped,)
     if "index" in params and hasattr(_sow, "_next_index"):
         params["index"] = _sow._next_index()
     return [*made, _compat.new_eqn(ins, outs, _sow.sow_p, params, effects, source_info)]

@@ -164,6 +164,10 @@ class ProbePoint:
     #: (`part_name`): the stage reads one of them after making it, and a sow at `at`
     #: would see only the cotangent of the reads after `at`
     apart: bool = False
+    #: "lax.map:chunks" / "lax.map:rest": sown inside a batched `lax.map`'s scan, or in
+    #: its remainder under its twin's name (`graph.batched_map`), for the capture to join
+    #: as one row per element; "" otherwise
+    mapped: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         d = {
@@ -186,7 +190,15 @@ class ProbePoint:
         if not self.apart:
             return (self,)
         return tuple(
-            ProbePoint(part_name(self.node, k), self.path, i, ((i, j),), (shape,), self.kind)
+            ProbePoint(
+                part_name(self.node, k),
+                self.path,
+                i,
+                ((i, j),),
+                (shape,),
+                self.kind,
+                mapped=self.mapped,
+            )
             for k, ((i, j), shape) in enumerate(zip(self.values, self.shapes, strict=True))
         )
 
