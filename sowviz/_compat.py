@@ -2992,7 +2992,6 @@ def _linen_call_sites(codes: Any, lastis: Any) -> tuple[SourceLocation | None, .
     return tuple(out)
 
 
-<<<<<<< HEAD
 # -- which custom derivative rule encloses a value (inspection.no_cotangent_reasons) --------
 # A `custom_jvp_call`/`custom_vjp_call` body's `debug_info.func_src_info` reads
 # "fn at /path/file.py:12" on JAX 0.10.2 to 0.12 ("fn_wrapped at .../equinox/_ad.py:1001"
@@ -3015,7 +3014,8 @@ def custom_rule_of(eqn: JaxprEqn) -> tuple[str, str | None, str | None, int | No
     fn, _, where = info.partition(" at ")
     file, _, line = where.rpartition(":")
     return kind, fn, file or None, int(line) if line.isdigit() else None
-=======
+
+
 # ---------------------------------------------------------------------------
 # `jax.lax.map(f, xs, batch_size=B)` of an `f` whose `sow` was traced before `lax.map`'s
 # vmap reached it: `f` is a `jax.jit` (`eqx.filter_jit`, `nnx.jit`) function, so the
@@ -3051,4 +3051,3 @@ def lax_map_batching_of_traced() -> str | None:
             return None
         frame = frame.f_back
     return None
->>>>>>> r19-ragged
