@@ -844,6 +844,9 @@ class CallPath:
     package: str | None = None
     #: the package of each of `names` (`haiku` for `hk.max_pool` in `ResNet.__call__`)
     packages: tuple[str | None, ...] = ()
+    #: where the library's handed-out closure the equation was made in had got to
+    #: (`_handed_out_by`: jraph's `_ApplyGraphNet` at `sent_attributes = ...`), if any
+    closure_at: SourceLocation | None = None
 
 
 def _package(filename: str) -> str | None:
@@ -913,10 +916,11 @@ def call_path(eqn: JaxprEqn, body: str = "") -> CallPath:
     if tb is None:
         return CallPath()
     try:
-        codes, _ = tb.raw_frames()
+        codes, lastis = tb.raw_frames()
         # Keyed by the code objects' ids (hashing a code object hashes its bytecode:
-        # 16 µs an equation); the entry keeps them alive, so no id is reused.
-        key = (*map(id, codes), body)
+        # 16 µs an equation); the entry keeps them alive, so no id is reused. (And by
+        # the offsets: a handed-out closure's calls are named by where it makes them.)
+        key = (*map(id, codes), *lastis, body)
         hit = _paths.get(key)
         path = hit[1] if hit is not None else None
         if path is None:
@@ -938,6 +942,8 @@ def call_path(eqn: JaxprEqn, body: str = "") -> CallPath:
             method = False  # the line called an array's method (`x.mean(0)`)
             # a handed-out closure's locals' prefix, and its maker's
             inside: tuple[str, str] | None = None
+            api_at: int | None = None  # the frame of `api`
+            closure_at: SourceLocation | None = None
             for k in range(user - 1, -1, -1):
                 c = codes[k]
                 if (
@@ -962,11 +968,16 @@ def call_path(eqn: JaxprEqn, body: str = "") -> CallPath:
                     qualname = c.co_qualname
                     if handed:
                         inside = (f"{qualname}.<locals>.", f"{handed}.<locals>.")
+                        closure_at = closure_at or _location(c, lastis[k])
                     elif inside and qualname.startswith(inside[0]):
                         # a lambda in that closure (jraph's `tree_map(lambda g:
                         # jnp.repeat(...))` in `_ApplyGraphNet`) is named by its maker
                         # too, not read as `_ApplyGraphNet` again
                         qualname = inside[1] + qualname[len(inside[0]) :]
+                    if inside and not handed and k + 1 < len(codes):
+                        # a function the closure's maker was given, called by the closure
+                        # (jraph's `aggregate_nodes_fn`, `segment_sum` by default)
+                        qualname = via_free_variable(qualname, codes[k + 1], lastis[k + 1], inside)
                     names.append(handed or qualname)
                     packages.append(_package(c.co_filename))
                     api = ""
@@ -977,12 +988,16 @@ def call_path(eqn: JaxprEqn, body: str = "") -> CallPath:
                     name = outer if rest and "." not in outer else c.co_qualname
                     public = "." not in name and not name.startswith("_")
                     api = name if public and not _is_tree_util(c) else None
+                    api_at = k
             if api:
                 if not names:
                     package = "jax"
+                if inside and api_at is not None and api_at + 1 < len(codes):
+                    # (a JAX function the closure's maker was given: `jax.ops.segment_sum`)
+                    api = via_free_variable(api, codes[api_at + 1], lastis[api_at + 1], inside)
                 names.append(api)
                 packages.append("jax")
-            path = CallPath(tuple(names), user < len(codes), package, tuple(packages))
+            path = CallPath(tuple(names), user < len(codes), package, tuple(packages), closure_at)
             _paths[key] = (codes, path)
         return path
     except Exception:  # best effort, as user_location
@@ -1118,6 +1133,9 @@ class UserCall:
     _caller: Any
     _caller_lasti: int
     _callee: Any = None
+    #: the maker's parameter a library's handed-out closure called this function as
+    #: (`update_edge_fn`, for jraph's `GraphNetwork(update_edge_fn=edge_mlp)`), or ""
+    via: str = ""
 
     def site(self) -> SourceLocation | None:
         return _location(self._caller, self._caller_lasti)
@@ -1245,8 +1263,12 @@ def _stax_layer(code: Any) -> str | None:
 def _user_frames(codes: Any, lastis: Any) -> UserFrames:
     frames: list[tuple[Any, int]] = []  # outermost first
     through = False  # library frames since the last user frame
-    for c, k in zip(reversed(codes), reversed(lastis), strict=True):
+    for n, (c, k) in enumerate(zip(reversed(codes), reversed(lastis), strict=True)):
         if not _is_user_code(c) and not (frames and c.co_filename == _STAX_FILE):
+            if frames and handed_closure(c, codes[len(codes) - n :]):
+                frames.append((c, k))  # (a call of the maker's, `handed_closure`)
+                through = False
+                continue
             through = True
             continue
         # A function JAX runs again from inside itself is one call: a `custom_jvp` rule
@@ -1267,13 +1289,14 @@ def _user_frames(codes: Any, lastis: Any) -> UserFrames:
 def _user_calls(frames: list[tuple[Any, int]]) -> tuple[UserCall, ...]:
     return tuple(
         UserCall(
-            _stax_layer(callee) or callee.co_qualname,
+            _stax_layer(callee) or handed_closure(callee) or callee.co_qualname,
             (id(caller), caller_lasti, id(callee)),
             lasti,
             _has_loop(callee),
             caller,
             caller_lasti,
             callee,
+            called_as(caller, caller_lasti) if handed_closure(caller) else "",
         )
         for (caller, caller_lasti), (callee, lasti) in itertools.pairwise(frames)
         if not callee.co_name.startswith("<")
@@ -3051,3 +3074,87 @@ def lax_map_batching_of_traced() -> str | None:
             return None
         frame = frame.f_back
     return None
+
+
+# --- library closures the user calls (jraph's `GraphNetwork(...)`, `GraphConvolution(...)`)
+
+
+def handed_closure(code: Any, outer: Sequence[Any] = ()) -> str | None:
+    """The maker of a library's private closure handed out to the user (`_handed_out_by`:
+    jraph's `GraphNetwork(...)` returns `_ApplyGraphNet`), when `code` is one and its
+    maker is not among the `outer` frames; else None. `_user_frames` takes such a
+    closure's frame for a call of the user's, named by its maker: the equations of its
+    own work and of the functions it calls back (the user's `update_edge_fn`, a Haiku
+    MLP) are one stage, `GraphNetwork`, where Haiku's module scopes cut it in three."""
+    if _is_user_code(code) or not _source_info.is_user_filename(code.co_filename):
+        return None  # (JAX's own closures are JAX's work)
+    if code.co_filename.startswith(_SOWVIZ_DIR + os.sep):
+        return None
+    return _handed_out_by(code, outer)
+
+
+_called_as: dict[tuple[int, int], tuple[Any, str]] = {}
+
+
+def called_as(code: Any, lasti: int) -> str:
+    """The free variable the call at offset `lasti` of the closure `code` calls: the
+    function its maker was given (`update_edge_fn(edges, sent, ...)` in jraph's
+    `_ApplyGraphNet`), which names the user's function it calls back; "" for any other
+    call (`tree.tree_map(...)`) or when the bytecode says nothing."""
+    hit = _called_as.get((id(code), lasti))
+    if hit is None:
+        try:
+            name = _called_free_variable(code, lasti)
+        except Exception:  # unreadable bytecode: nothing said
+            name = ""
+        hit = _called_as[(id(code), lasti)] = (code, name)  # (keeps the code, its id, alive)
+    return hit[1]
+
+
+def _called_free_variable(code: Any, lasti: int) -> str:
+    import dis
+
+    ins = list(dis.get_instructions(code))
+    # (a traceback's offset may point into the call's inline cache, after its `CALL`)
+    at = next((i for i in reversed(ins) if i.offset <= lasti), None)
+    if at is None or at.positions is None or at.positions.col_offset is None:
+        return ""
+    start = (at.positions.lineno, at.positions.col_offset)
+    # the callable is loaded at the call expression's start: `update_edge_fn` in
+    # `update_edge_fn(edges, ...)` (a method's `obj.f(...)` starts at `obj`: no name)
+    for i in ins:
+        if i.offset >= lasti:
+            break
+        pos = i.positions
+        if (
+            i.opname == "LOAD_DEREF"
+            and pos is not None
+            and (pos.lineno, pos.col_offset) == start
+            and i.argval in code.co_freevars
+        ):
+            end = (pos.end_lineno, pos.end_col_offset)
+            if end[0] == start[0] and end[1] == start[1] + len(i.argval):
+                return i.argval
+    return ""
+
+
+def via_free_variable(qualname: str, caller: Any, lasti: int, inside: tuple[str, str]) -> str:
+    """`qualname`, said as the free variable it was called as (`aggregate_nodes_fn:
+    segment_sum`) when `caller`, the handed-out closure whose locals start `inside[0]` or
+    a lambda in it, called it through one (`called_as`); a pass-through (Haiku's method
+    wrapper, whose module names its own scope) is left as it is."""
+    closure = inside[0][: -len(".<locals>.")]
+    if caller.co_qualname != closure and not caller.co_qualname.startswith(inside[0]):
+        return qualname
+    via = called_as(caller, lasti)
+    if not via or qualname.rsplit(".", 1)[-1] in ("wrapped", "wrapper") or "<" in qualname:
+        return qualname
+    name = qualname.rsplit(".<locals>.", 1)[-1]
+    return f"{via}: {name}" if name != via else name
+
+
+def defined_at(code: Any) -> SourceLocation | None:
+    """Where the function of `code` is written: its first line (a decorator's, if any)."""
+    if code is None:
+        return None
+    return SourceLocation(code.co_filename, code.co_firstlineno, code.co_qualname)

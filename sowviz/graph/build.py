@@ -37,6 +37,7 @@ from .model import STAGE_KINDS, Capture, Edge, Node, Note, ProbePoint, StageGrap
 from .names import (
     BACKWARD,
     CALL,
+    CLOSURE,
     FOLD,
     TANGENT,
     _count_eqns,
@@ -1028,6 +1029,10 @@ class _Builder(InputsMixin):
             names = scoped[i]
             if names and _compat.made_by_library_haiku_module(jaxpr.eqns[i]):
                 return True  # (Haiku pushes its modules' scopes itself: `hk.LSTM`'s gates)
+            if names and names[-1].endswith(CLOSURE) and locs[i] is not None:
+                # a library's closure called on the line (jraph's `GraphNetwork`,
+                # `calls.group_calls`): its own work, not a fold of the line inside it
+                return self.location(self.call_sites.get(names[-1])) == locs[i]
             if not names or names[-1] not in frameworks.pushed():
                 return False
             return self.scope_source(jaxpr.eqns[i], names, len(names) - 1) == locs[i]

@@ -34,7 +34,7 @@ import itertools
 from collections.abc import Callable, Collection, Sequence
 
 from .. import _compat
-from .names import BACKWARD, CALL, CALLED_BACK, fold_label, function_label, user_call_label
+from .names import BACKWARD, CALL, CALLED_BACK, CLOSURE, fold_label, function_label, user_call_label
 
 Chain = tuple[_compat.UserCall, ...] | None
 Transforms = tuple[str, ...]  # an equation's transforms, outermost first
@@ -328,6 +328,12 @@ def _inlined(calls: Sequence[Chain], roots: Sequence[tuple[int, int] | None]) ->
     return out
 
 
+def _library_closure(call: _compat.UserCall) -> bool:
+    # a library's closure handed out to the user (`_compat.handed_closure`), not the
+    # user's own function
+    return call._callee is not None and _compat.handed_closure(call._callee) is not None
+
+
 def _goes_on(before: Chain, after: Chain) -> bool:
     # the same call, made from where it was or further on: no new call of the function
     if not before or not after or len(before) != len(after):
@@ -383,6 +389,7 @@ def group_calls(
         for c, i in zip(chain or (), idc or (), strict=True):
             by_id.setdefault(i, c)
     sites: dict[str, _compat.SourceLocation | None] = {}
+    made: set[int] = set()  # the calls made stages
 
     def wrap(members: list[list[int]], name: str, depth: int) -> None:
         # the scope `name` goes in at `depth`, around what these equations were in there
@@ -523,6 +530,17 @@ def group_calls(
         if depth == 0 and shared and named_by is not None:
             if user_call_label(by_id[known[0][0]]) not in named_by:
                 shared = 0  # (a loop's body calling one function: its label says `step`)
+        # A library's closure the user called (jraph's `GraphNetwork`) is a stage even
+        # when it is all its caller does (`net_fn` returning `net(graph)`): its name says
+        # what the work is, the caller's only where it is.
+        shared = next(
+            (
+                d
+                for d in range(shared)
+                if known[0][d] not in made and _library_closure(by_id[known[0][d]])
+            ),
+            shared,
+        )
         keys = []
         for members, _ in items:
             chains = [ids[m] for m in members]
@@ -538,8 +556,10 @@ def group_calls(
             # probe; `embed` holding the `jit` of its `jnp.take`), unless it is a stage
             # named like the call already (`jax.nn.relu` in a `relu` of the user's); one
             # scope alone would only be wrapped again
-            one = j == k and items[k][1] is None
             call = by_id[keys[k]] if keys[k] is not None else None
+            # (one scope alone is wrapped when the call says what it is for: a Haiku
+            # MLP as `update_edge_fn: edge_mlp`)
+            one = j == k and (items[k][1] is None or (call is not None and bool(call.via)))
             label = user_call_label(call) if call is not None else ""
             if one and stages[items[k][0][0]] == label:
                 one = False
@@ -552,7 +572,12 @@ def group_calls(
                     work = library_work(eqns, shared)
                 if called_back(call, members, work):
                     name += CALLED_BACK  # (`names.fold_names` draws it in the library's call)
-                sites[name] = call.site()
+                elif _library_closure(call):
+                    name += CLOSURE  # (`names.fold_names` splits its own work by its calls)
+                # (a function a library's closure called back is sourced where the user
+                # wrote it: its call is a line of the library's)
+                sites[name] = _compat.defined_at(call._callee) if call.via else call.site()
+                made.add(keys[k])
                 wrap([ms for ms, _ in items[k : j + 1]], name, depth)
             k = j + 1
         if primitives and (shared or roots):

@@ -236,6 +236,9 @@ _DERIVATIVE_BOX = re.compile(r"\x01d\d+$")
 #: (`minimize(f, x0)` evaluating `f`: `calls.group_calls`, or in a loop body the library
 #: traced, `fold_names`): drawn inside the library call's group, not splitting it.
 CALLED_BACK = "\x01b"
+#: Ends the name of a call of a library's closure handed out to the user (jraph's
+#: `GraphNetwork`: `calls.group_calls`), whose own work `fold_names` splits by its calls.
+CLOSURE = "\x01h"
 
 
 def call_label(qualname: str) -> str:
@@ -251,11 +254,14 @@ def call_label(qualname: str) -> str:
 def user_call_label(call: _compat.UserCall) -> str:
     """`call_label` of a call of the user's function, or of the function it is a rule
     of when JAX called it in that function's place (`row_scale`, not its batching
-    rule `_rs_rule`: `source_text.rule_owner`)."""
+    rule `_rs_rule`: `source_text.rule_owner`); one a library's closure called back is
+    said as what it was given as (`update_edge_fn: edge_mlp` in jraph's `GraphNetwork`:
+    `_compat.called_as`)."""
     here = call.here()
     name = call.function.rsplit(".", 1)[-1]
     owner = rule_owner(here.file, here.line, name) if here is not None else None
-    return owner or call_label(call.function)
+    label = owner or call_label(call.function)
+    return f"{call.via}: {label}" if call.via and call.via != label else label
 
 
 def _top_count(names: Sequence[tuple[str, ...]]) -> int:
@@ -1836,7 +1842,22 @@ def _fold(
             if len(starts) == 1 and keys[0] is not None and (whole or keys[0] == around):
                 depth += 1
                 continue
-            if len(starts) > line_limit or (len(starts) == 1 and keys[0] is None):
+            # (a library closure's stage, `GraphConvolution`, may still halve its loose
+            # equations: its `segment_sum`s are its readable steps)
+            closure = around is not None and scope_of(run[0])[-1].endswith(CLOSURE)
+            if closure and depth == 1:
+                # its own work by what its statement assigns (jraph's `sent_attributes =
+                # tree.tree_map(lambda n: n[senders], nodes)`, `sender_degree =
+                # count_edges(conv_senders)`), but for the functions it was given
+                # (`aggregate_nodes_fn: segment_sum`)
+                keys = [
+                    k if k is not None and ": " in k else _closure_statement(path(m)) or k
+                    for k, m in zip(keys, run, strict=True)
+                ]
+                starts = [0] + [k for k in range(1, len(run)) if keys[k] != keys[k - 1]]
+            if len(starts) > (max(line_limit, len(run) // 2) if closure else line_limit) or (
+                len(starts) == 1 and keys[0] is None
+            ):
                 return  # as many boxes as equations, or no call: no clearer
             for a, b in zip(starts, [*starts[1:], len(run)], strict=True):
                 if keys[a] is None or b - a < 2 or keys[a] == around:
@@ -2124,6 +2145,15 @@ def _direct(names: Sequence[tuple[str, ...]]) -> dict[tuple[str, ...], int]:
                     direct[t[:d]] = direct.get(t[:d], 0) + 1
         prev = t
     return direct
+
+
+def _closure_statement(path: _compat.CallPath) -> str | None:
+    """What the statement of a library's handed-out closure assigns, where it made an
+    equation (`sent_attributes`), or None."""
+    at = path.closure_at
+    if at is None:
+        return None
+    return assigned(at.file, statement_line(at.file, at.line))
 
 
 def fold_label(name: str) -> str:

@@ -487,6 +487,13 @@ def open_model(recs: Sequence[Any], root: Any) -> None:
         if drawn - 1 + inside <= FIRST_VIEW:
             r.collapsed = False
             drawn += inside - 1
+            # a call whose work is one stage (`net_fn` returning jraph's `GraphNetwork`
+            # of the graph) opens that too: else the first picture is one closed box
+            sole = _sole_stage(recs, [c for c in recs if c.parent == r.id])
+            inner = sum(1 for c in recs if sole is not None and c.parent == sole.id)
+            if sole is not None and sole.called and drawn - 1 + inner <= FIRST_VIEW:
+                sole.collapsed = False
+                drawn += inner - 1
 
 
 def _sole_stage(recs: Sequence[Any], top: Sequence[Any]) -> Any:
