@@ -51,6 +51,7 @@ from .names import (
     input_groups,
     is_floating,
     library_loop_body,
+    library_step,
     line_passes,
     output_groups,
     restating_body,
@@ -1341,7 +1342,10 @@ class _Builder(InputsMixin):
                 body = body_call(_compat.user_frames(eqn), [_compat.user_frames(e) for e in eqns])
                 label = f"{label}({body or _only_users_jit(eqns) or ''})".removesuffix("()")
             else:  # a library's body running a function of yours: `hk.layer_stack(3)(block)`
-                body = library_loop_body(eqn, eqns)
+                # (or the library's own step around your function: BlackJAX's leapfrog
+                # `one_step` around your `logdensity_fn` is `fori_loop(one_step)`)
+                own = function_name(sub)
+                body = library_step(eqn, eqns, own) or library_loop_body(eqn, eqns, own)
                 if body is None and spec.construct is Construct.WHILE:
                     # else by the body function another library handed the loop's maker
                     # (diffrax's `body_fun`, in Equinox's `lambda x: body_fun(x)`), or
@@ -1442,7 +1446,8 @@ class _Builder(InputsMixin):
             # (or a library's body doing nothing but call yours: `hk.layer_stack(block)`)
             rec.user_body = (
                 _body_is_users(eqn, sub)
-                or library_loop_body(eqn, _compat.jaxpr_and_consts(sub)[0].eqns) is not None
+                or library_loop_body(eqn, _compat.jaxpr_and_consts(sub)[0].eqns, function_name(sub))
+                is not None
             )
         elif spec.construct in (*_CALLS, Construct.SHARD_MAP) and len(spec.bodies) == 1:
             # your function under `jax.jit`, `jax.checkpoint`, `jax.named_call` or

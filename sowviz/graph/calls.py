@@ -514,12 +514,28 @@ def group_calls(
         return out
 
     def called_back(
-        call: _compat.UserCall, members: list[int], work: dict[tuple[int, int], tuple[int, int]]
+        call: _compat.UserCall,
+        members: list[int],
+        work: dict[tuple[int, int], tuple[int, int]],
+        shared: int,
     ) -> bool:
         # A library called on the line made work of its own before and after the call
         # (`minimize(f, x0)`: `eye`, then `f`'s value and gradient, then the loop): the
         # library called the function back, and the call is part of the library's.
         around = work.get((call.key[0], call.key[1]))
+        if around is None and call._caller.co_name.startswith("<"):
+            # called from a lambda the library called (`minimize(lambda w: nll(w, X, y),
+            # w0)`): the library's work is around the line that passed the lambda, where
+            # this scope's function had got to (`made_at`); `nll` stood apart, before
+            # the rest of `minimize`
+            chain, m = calls[members[0]], members[0]
+            if chain is not None and len(chain) > shared:
+                outer = (
+                    (chain[shared - 1].key[2], chain[shared - 1].lasti)
+                    if shared
+                    else (roots[m] if m < len(roots) else None)
+                )
+                around = work.get(outer) if outer is not None else None
         return around is not None and around[0] < min(members) and around[1] > max(members)
 
     def visit(eqns: list[int], depth: int) -> None:
@@ -570,7 +586,7 @@ def group_calls(
                 members = [m for ms, _ in items[k : j + 1] for m in ms]
                 if work is None:
                     work = library_work(eqns, shared)
-                if called_back(call, members, work):
+                if called_back(call, members, work, shared):
                     name += CALLED_BACK  # (`names.fold_names` draws it in the library's call)
                 elif _library_closure(call):
                     name += CLOSURE  # (`names.fold_names` splits its own work by its calls)

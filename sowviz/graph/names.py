@@ -408,8 +408,10 @@ def construct_label(label: str, path: _compat.CallPath) -> str:
         and len(path.names) == 2
     ):
         # a library method whose work is one `lax.cond` (`optax.MultiSteps.update`): a
-        # bare `cond` box did not say it was the optimizer's update
-        return path.names[0]
+        # bare `cond` box did not say it was the optimizer's update. Named as a call is:
+        # BlackJAX's NUTS closure read `dynamic_multiplicative_expansion.<locals>.expand.
+        # <locals>.expand_once`, a qualname no one wrote; it is `expand_once`
+        return function_label(path.names[0])[0]
     if api not in _LOWERED:
         return label
     _, paren, body = label.partition("(")
@@ -799,12 +801,38 @@ def _user_calls_in_body(
             # diffrax `vector_field: Func` around its `mlp: MLP`, whose work is all of
             # `Func.__call__`'s line `self.mlp(y)`)
             continue
+        inside = CALLED_BACK if _called_from_within(call_path, i, j, len(names)) else ""
         for m in range(i, j):
             back = m < len(backward) and backward[m]
             part = f"{label}{BACKWARD}" if back else label
-            name = f"{CALL}{part}\x01body{i}{'b' if back else ''}"
+            name = f"{CALL}{part}\x01body{i}{'b' if back else ''}{inside}"
             out[m] = (*out[m][:at], name, *out[m][at:])
     return out
+
+
+def _called_from_within(
+    call_path: Callable[[int], _compat.CallPath], i: int, j: int, n: int
+) -> bool:
+    """Whether the user's run `[i, j)` in a body a library traced was called from inside
+    one of the library's calls below the body's own function: the library's equations
+    right before and right after it share at least two functions. BlackJAX's NUTS body
+    `add_one_state` calls its integrator's `one_step`, which evaluates your
+    `logdensity_fn` between its momentum and position updates: the call is drawn inside
+    `add_one_state` > `one_step` (a call back, `CALLED_BACK`), where it parted
+    `add_one_state` in two around a loose `logdensity_fn`. Not in JAX's own algorithms
+    (BFGS's line search keeps `body`, `f`, `body#2`: the library's work around `f` is
+    hundreds of equations that no call of it names)."""
+    if i == 0 or j >= n:
+        return False
+    before, after = call_path(i - 1), call_path(j)
+    if before.below_user or after.below_user or before.package in (None, "jax"):
+        return False
+    shared = 0
+    for a, b in zip(before.names, after.names, strict=False):
+        if a != b:
+            break
+        shared += 1
+    return shared >= 2
 
 
 def _says(label: str, stage: str) -> bool:
@@ -2321,12 +2349,42 @@ def scope_opened(eqn: Any, name: str) -> _compat.SourceLocation | None:
     return None
 
 
-def library_loop_body(eqn: Any, body_eqns: Sequence[Any]) -> str | None:
+def library_loop_body(eqn: Any, body_eqns: Sequence[Any], own: str | None = None) -> str | None:
     """The plain function of yours that a loop body a library traced runs
     (`hk.layer_stack(3)(block)` scans Haiku's own `layer`, which calls `block`): the
     outermost user frame of every equation of the body, when JAX began the body's
     tracebacks there (not at the loop's own frames). None for a method (a Linen
-    module's, named by its scope: `scan(blocks)`), a lambda, or a body of several."""
+    module's, named by its scope: `scan(blocks)`), a lambda, a body of several, or a
+    library's own step around your function (`library_step`; `own`: the body
+    function's name)."""
+    if library_step(eqn, body_eqns, own) is not None:
+        return None
+    return _users_body_function(eqn, body_eqns)
+
+
+#: The names of loop bodies that say nothing of what a step does (JAX's, Equinox's)
+_BODY_NAMES = frozenset({"body", "body_fun", "body_fn", "scanned_fun", "loop_body"})
+
+
+def library_step(eqn: Any, body_eqns: Sequence[Any], own: str | None) -> str | None:
+    """`own`, the name of a loop body a library traced, when that body is the library's
+    own step calling a plain function of yours amid arithmetic of its own on the loop's
+    floats: BlackJAX's leapfrog `one_step` moves momentum and position around your
+    `logdensity_fn`, so the loop is `fori_loop(one_step)`, your function a stage inside
+    it (it read `fori_loop(logdensity_fn)`, as if that were all it ran). None for a
+    body named by no specific function (a lambda, `body_fun`: a diffrax solve's loop
+    stays `while(_drift)`, named by your vector field), or one not around yours."""
+    own = (own or "").lstrip("_")
+    if not own or own in _BODY_NAMES or own.startswith("<"):
+        return None
+    if _users_body_function(eqn, body_eqns) is None or not _library_arithmetic(body_eqns):
+        return None
+    return own
+
+
+def _users_body_function(eqn: Any, body_eqns: Sequence[Any]) -> str | None:
+    """The name of the one plain function of yours whose frame is outermost in every
+    equation of a library's loop body that has a user frame (`library_loop_body`)."""
     own = _compat.outermost_user_location(eqn)
     loop_root = (own.file, own.function) if own else None
     found: tuple[str, str] | None = None
@@ -2342,6 +2400,21 @@ def library_loop_body(eqn: Any, body_eqns: Sequence[Any]) -> str | None:
     if parts[-1].startswith("<") or (len(parts) > 1 and parts[-2] != "<locals>"):
         return None  # (a lambda; a method)
     return parts[-1]
+
+
+#: The primitives of a library's own arithmetic on a loop's floats (`library_step`):
+#: they change values, where Haiku's `hk.layer_stack` only splits keys and slices
+_ARITHMETIC = frozenset({"add", "sub", "mul", "div", "neg", "dot_general", "exp", "log"})
+
+
+def _library_arithmetic(body_eqns: Sequence[Any]) -> bool:
+    """Whether a loop body holds floating arithmetic (`_ARITHMETIC`) no user frame made."""
+    return any(
+        e.primitive.name in _ARITHMETIC
+        and any(is_floating(v.aval) for v in e.outvars)
+        and _compat.outermost_user_location(e) is None
+        for e in body_eqns
+    )
 
 
 def sows_named_as_captured(graph: Any, probes: Iterable[Any]) -> Any:
