@@ -3057,12 +3057,12 @@ def named_call_names(code: Any) -> frozenset[str]:
     return frozenset(_NAMED_BY_CALLER.get(code, ()))
 
 
-def user_call_site(frame: Any) -> SourceLocation | None:
+def user_call_site(frame: Any, *, direct: bool = False) -> SourceLocation | None:
     """The line of the user's code that `frame` (a live frame) or a frame outside it is
     at: where a library's hook, called from there, was called (`dist.Normal(mu, tau)`
-    in the model, past NumPyro's metaclass and sowviz's own frames)."""
+    in the model, past sowviz's own frames). `direct`: `frame` itself or None."""
     while frame is not None and not _is_user_code(frame.f_code):
-        frame = frame.f_back
+        frame = None if direct else frame.f_back
     return None if frame is None else _location(frame.f_code, frame.f_lasti)
 
 

@@ -64,6 +64,34 @@ def regression_log_density(params):
     return log_density(regression, (REG_X,), {"y": REG_Y}, params)[0]
 
 
+def svi_model(y=None):
+    import numpyro
+    import numpyro.distributions as dist
+
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))  # <-- svi mu
+    sig = numpyro.sample("sig", dist.HalfNormal(1.0))
+    with numpyro.plate("n", 5):
+        numpyro.sample("obs", dist.Normal(mu, sig), obs=y)  # <-- svi obs
+
+
+def svi_setup():
+    """An `AutoNormal` guide's parameters after `SVI.init`, as NumPyro's SVI tutorial
+    makes them, and the ELBO loss of them."""
+    import numpyro
+    from numpyro.infer import SVI, Trace_ELBO
+    from numpyro.infer.autoguide import AutoNormal
+
+    y = jnp.arange(5.0)
+    guide = AutoNormal(svi_model)
+    svi = SVI(svi_model, guide, numpyro.optim.Adam(0.01), Trace_ELBO())
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), y=y))
+
+    def loss(params, key):
+        return Trace_ELBO().loss(key, params, svi_model, guide, y=y)
+
+    return loss, params
+
+
 # ---------------------------------------------------------------------------
 # `jax.named_call` and `@jax.named_scope` wrappers, called where the name is not written.
 

@@ -94,6 +94,25 @@ def test_numpyro_wrapped_distribution_is_named_by_its_site():
     np.testing.assert_allclose(float(ins.result), want, rtol=1e-5)
 
 
+def test_numpyro_autoguide_constructions_are_named_by_site_where_they_are():
+    pytest.importorskip("numpyro")
+    loss, params = prog.svi_setup()
+    key = jax.random.PRNGKey(1)
+    ins = sowviz.inspect(loss, params, key, mode="primal")
+    by_id = {n.id: n for n in _nodes(ins)}
+    (guide,) = _by_label(ins, "guide: AutoNormal")
+    inside = {n.label: n for n in _nodes(ins) if n.parent == guide.id}
+    # the guide's own `dist.Normal(loc, scale)` per site, in NumPyro's code: named by the
+    # site, sourced where the guide's stage is (not at the model's `mu` line)
+    assert {"mu: Normal", "sig: Normal"} <= set(inside), sorted(inside)
+    assert inside["mu: Normal"].source.line != prog.marked_line("svi mu")
+    assert inside["mu: Normal"].source == guide.source
+    (obs,) = _by_label(ins, "obs: Normal")
+    assert by_id[obs.parent].label == "svi_model"
+    assert obs.source.line == prog.marked_line("svi obs")
+    np.testing.assert_allclose(float(ins.result), float(loss(params, key)), rtol=1e-5)
+
+
 # ---------------------------------------------------------------------------
 # jax.named_call
 

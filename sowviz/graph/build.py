@@ -803,7 +803,7 @@ class _Builder(InputsMixin):
         #: NumPyro's constructions named by their sites, (model, `Normal#2`) ->
         #: `theta: Normal`, and where each was built (`numpyro_sites.relabeled`)
         self.sited: Mapping[tuple[str, str], str] = {}
-        self.built_at: Mapping[str, _compat.SourceLocation] = {}
+        self.built_at: Mapping[tuple[str, str], _compat.SourceLocation] = {}
         #: a user call's scope name -> the id of its function's code (`group_calls`)
         self.callees: dict[str, int] = {}
         #: a variable -> {id of a `jax.vmap`ped function's code: the parameter it was
@@ -1798,9 +1798,13 @@ class _Builder(InputsMixin):
             site = self.call_sites[names[j]]
             if site is not None:
                 return self.location(site)
-        if names[j] in self.built_at:  # (its first equation may be another line's:
-            # a plate's `arange`, which JAX stages where it is first read)
-            return self.location(self.built_at[names[j]])
+        built = next(
+            (self.built_at[m, names[j]] for m in names[:j] if (m, names[j]) in self.built_at),
+            None,
+        )
+        if built is not None:  # (its first equation may be another line's: a plate's
+            # `arange`, which JAX stages where it is first read)
+            return self.location(built)
         if names[j] in frameworks.pushed():
             # The innermost wrapper frame is the innermost module scope's call.
             r = sum(1 for n in names[j + 1 :] if n in frameworks.pushed())

@@ -32,6 +32,11 @@ push `jax.named_scope`s (`_Run` keeps what they learn):
   log-density (the private `_validate_sample`) is `support(<site>)`, inside it;
 * a **distribution's construction** is a scope named by its class, numbered per
   run (`Normal`, `Normal#2`: two in a row stay two stages), not by the metaclass;
+  it is built before `numpyro.sample` gets it, so once `_Sites` sees which site it
+  went to (or a distribution wrapping it, `.to_event(1)`), the graph names it by the
+  site, `theta: Normal` (`relabeled`, applied by `build`), sourced at the user's line
+  that built it (the first equation may be a plate's `arange`, staged where first
+  read: the `with numpyro.plate` line above);
 * a `numpyro.deterministic` site's value is a `sowviz.sow` point named by the site
   (`logits`), with its primal, tangent and cotangent.
 
@@ -110,8 +115,9 @@ class _Run:
     #: (model's label, construction's label) -> the construction's stage label named by
     #: the site its distribution was given to (`theta: Normal`, not `Normal#2`)
     relabel: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
-    #: a construction's stage label (`relabel`'s) -> the user's line that built it
-    built_at: dict[str, SourceLocation] = dataclasses.field(default_factory=dict)
+    #: (model's label, construction's stage label, `relabel`'s) -> the user's line that
+    #: built it
+    built_at: dict[tuple[str, str], SourceLocation] = dataclasses.field(default_factory=dict)
     #: the names this module sowed (`log|J| (tau)`, a deterministic site's): sowviz's
     #: own captures, which the user wrote no `sow` for (`own_sows`)
     sown: set[str] = dataclasses.field(default_factory=set)
@@ -252,13 +258,19 @@ def _name_construction(run: _Run, site: str, fn: Any) -> None:
         if found is not None and found[1] is fn:
             built = found[0]
             label = f"{site}: {built.cls}"
-            run.relabel[built.model, built.label] = label
-            if built.site is not None:
-                run.built_at[label] = built.site
+            key = (built.model, built.label)
+            if run.relabel.setdefault(key, label) != label:
+                # (one label given to constructions for several sites: runs of one model
+                # that built in another order; none is named)
+                run.relabel[key] = built.label
+            elif built.site is not None:
+                run.built_at[built.model, label] = built.site
         fn = getattr(fn, "base_dist", None)
 
 
-def relabeled(run: _Run | None) -> tuple[dict[tuple[str, str], str], dict[str, SourceLocation]]:
+def relabeled(
+    run: _Run | None,
+) -> tuple[dict[tuple[str, str], str], dict[tuple[str, str], SourceLocation]]:
     """The constructions' stage labels named by their sites, by (model's label,
     construction's label), and where the user built each (`_name_construction`)."""
     if run is None:
@@ -413,7 +425,10 @@ def _wrap_construct(raw: Callable) -> Callable:
         model.built[cls.__name__] += 1
         n = model.built[cls.__name__]
         label = cls.__name__ if n == 1 else f"{cls.__name__}#{n}"
-        site = user_call_site(sys._getframe(1))  # (its stage's source: `_name_construction`)
+        # where the user built it (its stage's source): the frame calling the class, when
+        # it is the user's (an autoguide's own `dist.Normal(loc, scale)` keeps its first
+        # equation's line)
+        site = user_call_site(sys._getframe(1), direct=True)
         run.building = True
         try:
             made = _scoped(label, raw, cls, *args, **kwargs)
