@@ -1706,6 +1706,9 @@ def named_call_sites(eqn: JaxprEqn) -> list[tuple[str, SourceLocation]]:
             loc = _callers(codes, lastis, k, _is_user_code)
             if loc is not None:
                 out.append((codes[k - 1].co_name if k else "", loc))
+                # the names such a call from here pushed (`recording_named_calls`)
+                pushed = named_call_names(codes[k + 1]) if k + 1 < len(codes) else ()
+                out.extend((name, loc) for name in sorted(pushed))
         return out
 
     return _of_traceback(eqn, sites, [])
@@ -3158,3 +3161,142 @@ def defined_at(code: Any) -> SourceLocation | None:
     if code is None:
         return None
     return SourceLocation(code.co_filename, code.co_firstlineno, code.co_qualname)
+
+
+# ---------------------------------------------------------------------------
+# The names `jax.named_call` wrappers push, by the code that called them.
+
+import threading  # noqa: E402
+
+#: (code object calling a `jax.named_call` / `@jax.named_scope(...)` wrapper) -> the
+#: scope names such calls pushed: what `named_call_sites` matches a wrapper frame of a
+#: traceback by, when neither the wrapped function's name nor its call's line says the
+#: name (`attn = jax.named_call(attention, name="attn")` called as `attn(w, x)`; a
+#: decorated `feed_forward`'s `"mlp"`; `name=f"layer{i}"`). Facts about code, kept
+#: across traces (one caller's names are the same each time).
+_NAMED_BY_CALLER: dict[Any, set[str]] = {}
+_NAMED_BY_CALLER_MAX = 10_000
+_named_call_depth = [0]
+_named_call_lock = threading.Lock()
+
+
+def _wrapper_code() -> Any:
+    """The code of JAX's wrapper that a `named_call` runs its function in (JAX 0.10 to
+    0.12: `source_info_util.ExtendNameStackContextManager.__call__`'s `wrapper`)."""
+    return _source_info.extend_name_stack("_")(lambda: None).__code__
+
+
+_NAMED_CALL_WRAPPER = _wrapper_code()
+
+
+@contextlib.contextmanager
+def recording_named_calls() -> Iterator[None]:
+    """While open, each scope a `jax.named_call` wrapper pushes is recorded with the
+    code that called the wrapper (`_NAMED_BY_CALLER`). Reference counted: the original
+    `__enter__` is put back when the last user leaves."""
+    cls = _source_info.ExtendNameStackContextManager
+    with _named_call_lock:
+        _named_call_depth[0] += 1
+        if _named_call_depth[0] == 1:
+            raw = cls.__enter__
+
+            def __enter__(self: Any) -> Any:
+                frame = sys._getframe(1)
+                if frame.f_code is _NAMED_CALL_WRAPPER and frame.f_back is not None:
+                    if len(_NAMED_BY_CALLER) > _NAMED_BY_CALLER_MAX:
+                        _NAMED_BY_CALLER.clear()
+                    names = _NAMED_BY_CALLER.setdefault(frame.f_back.f_code, set())
+                    names.add(self.name)
+                return raw(self)
+
+            __enter__.sowviz_original = raw  # type: ignore[attr-defined]
+            cls.__enter__ = __enter__
+    try:
+        yield
+    finally:
+        with _named_call_lock:
+            _named_call_depth[0] -= 1
+            if _named_call_depth[0] == 0:
+                cls.__enter__ = cls.__enter__.sowviz_original
+
+
+def named_call_names(code: Any) -> frozenset[str]:
+    """The scope names the `jax.named_call` wrappers called from `code` pushed."""
+    return frozenset(_NAMED_BY_CALLER.get(code, ()))
+
+
+def user_call_site(frame: Any, *, direct: bool = False) -> SourceLocation | None:
+    """The line of the user's code that `frame` (a live frame) or a frame outside it is
+    at: where a library's hook, called from there, was called (`dist.Normal(mu, tau)`
+    in the model, past sowviz's own frames). `direct`: `frame` itself or None."""
+    while frame is not None and not _is_user_code(frame.f_code):
+        frame = None if direct else frame.f_back
+    return None if frame is None else _location(frame.f_code, frame.f_lasti)
+
+
+# ---------------------------------------------------------------------------
+# The parameters a `jax.vmap`ped function of the user's was given its values as.
+
+import contextvars  # noqa: E402
+
+from jax._src import api as _api  # noqa: E402
+
+_vmap_params: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
+    "sowviz_vmap_params", default=None
+)
+_vmap_depth = [0]
+
+
+@contextlib.contextmanager
+def recording_vmap_params() -> Iterator[dict[tuple[int, Var], str]]:
+    """While open (in this context), each `jax.vmap`ped call records, per traced leaf
+    of its arguments, the parameter of the user's function it was passed as, by the id
+    of the function's code and the leaf's jaxpr variable: `(id(loss.__code__), x) ->
+    "x"`. The function's stage names its ports by them, as a `jit`'s body names its
+    operands. JAX 0.10-0.12's `vmap` asks `api.debug_info("vmap", fun, args, kwargs)`
+    with the arguments as given (the variables outside), whichever way the user reached
+    `vmap` (`jax.vmap`, `from jax import vmap`, Equinox's `filter_vmap`)."""
+    found: dict[tuple[int, Var], str] = {}
+    token = _vmap_params.set(found)
+    with _named_call_lock:
+        _vmap_depth[0] += 1
+        if _vmap_depth[0] == 1:
+            raw = _api.debug_info
+
+            def debug_info(traced_for: str, fun: Any, args: Any, kwargs: Any, *a: Any, **k: Any):
+                into = _vmap_params.get()
+                if into is not None and traced_for == "vmap":
+                    _note_vmap_params(into, fun, args, kwargs)
+                return raw(traced_for, fun, args, kwargs, *a, **k)
+
+            debug_info.sowviz_original = raw  # type: ignore[attr-defined]
+            _api.debug_info = debug_info
+    try:
+        yield found
+    finally:
+        _vmap_params.reset(token)
+        with _named_call_lock:
+            _vmap_depth[0] -= 1
+            if _vmap_depth[0] == 0:
+                _api.debug_info = _api.debug_info.sowviz_original
+
+
+def _note_vmap_params(into: dict, fun: Any, args: Any, kwargs: Any) -> None:
+    """`recording_vmap_params`' record of one call of the user's `fun` (through
+    `jax.grad`'s and `functools.partial`'s wrappers) with `args` and `kwargs`."""
+    inner = fun
+    while isinstance(inner, functools.partial):
+        inner = inner.func
+    inner = inspect.unwrap(inner)
+    code = getattr(inner, "__code__", None)
+    if code is None or not _is_user_code(code):
+        return
+    try:
+        given = inspect.signature(fun).bind(*args, **kwargs).arguments
+    except (TypeError, ValueError):  # (no signature, or a call Python refuses)
+        return
+    for name, value in given.items():
+        for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
+            var = traced_var(leaf)
+            if var is not None:
+                into.setdefault((id(code), var), name + jax.tree_util.keystr(path))

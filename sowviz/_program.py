@@ -231,6 +231,8 @@ class Traced:
         with (
             _compat.capture_tracing(),
             _compat.recording_foreign_sow_treedefs(),  # `tesseract_jax.sow`'s tree
+            _compat.recording_named_calls(),  # where `jax.named_call`s were called
+            _compat.recording_vmap_params() as vmapped,  # `jax.vmap(loss)`'s ports
             _compat.traced_as(flat_fn, fn, dyn_names),
         ):
             self.closed, (out_shape, extra_shape) = jax.make_jaxpr(flat_fn, return_shape=True)(
@@ -287,6 +289,7 @@ class Traced:
                 state_inputs=state_inputs,
                 calls=getattr(named, "sowviz_calls", None) if named is not fn else None,
                 in_types=[held[i] for i in spec.dynamic],
+                vmapped=vmapped,
             )
         #: the names of the sows sowviz's NumPyro hooks made (`numpyro_sites.own_sows`):
         #: the checks of a user's `sow` say nothing of them (`inspection.join_probes`)

@@ -100,9 +100,9 @@ def test_numpyro_log_density_draws_the_model_and_its_sites():
         assert want in labels, (want, labels)
     assert not [lab for lab in labels if any(s in lab for s in _NUMPYRO_NOISE)], labels
     # the user's code is in the model's stage: its construction of the prior (by the
-    # class, not the metaclass) and the deterministic site, sown
+    # class, not the metaclass, named by its site) and the deterministic site, sown
     inside = _inside(ins, "logreg")
-    assert "Normal" in inside and "logits" in inside, inside
+    assert "w: Normal" in inside and "logits" in inside, inside
     assert any(lab.startswith("support(") for lab in _inside(ins, "log_prob(y)"))
 
     # each site's log-density, as NumPyro computes it alone, with d logp / d it

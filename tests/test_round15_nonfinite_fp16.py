@@ -3,6 +3,8 @@ pass stays finite through `tanh`, the backward is 0 * Inf = NaN): the gradients 
 stage itself makes, the names of a loop's passes after a line rebinding the argument, and
 the located equation named by the call the user wrote."""
 
+import inspect
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,6 +18,13 @@ def _mlp(params, x):
     for p in params:
         x = jax.nn.gelu(x @ p.astype(jnp.float16))
     return jnp.sum(x.astype(jnp.float32))
+
+
+# The boxes of the lines rebinding `x`: the cast, then the loop's passes, named by their
+# lines (the loop's line runs again: not `x#2`..`x#5`, numbers across lines and passes)
+_START = inspect.getsourcelines(_mlp)[1]
+_CAST, _LOOP = f"x (line {_START + 1})", f"x (line {_START + 3})"
+_PASSES = [_CAST, _LOOP, f"{_LOOP}#2", f"{_LOOP}#3"]
 
 
 def _args():
@@ -45,8 +54,8 @@ def test_a_parameter_the_origin_stage_reads_has_its_gradient_made_by_that_origin
     assert not any(bool(jnp.all(jnp.isfinite(g))) for g in grads)  # all three NaN
     assert bool(jnp.isfinite(_mlp(params, x)))  # the forward pass is finite
     o = ins.nonfinite
-    assert o.backward is not None and o.backward.path == ("x#5",)
-    # `parameters/[2]` is read by `x#5` itself, whose backward made the NaN: no second
+    assert o.backward is not None and o.backward.path == (_PASSES[-1],)
+    # `parameters/[2]` is read by the last pass itself, whose backward made the NaN: no second
     # origin to fix (it was "another origin made the non-finite gradient of ...")
     assert "another origin" not in o.backward.message, o.backward.message
     assert o.other_grads == ()
@@ -56,13 +65,13 @@ def test_a_parameter_the_origin_stage_reads_has_its_gradient_made_by_that_origin
 def test_a_line_rebinding_an_argument_is_numbered_after_it_as_its_probe_path(ins):
     labels = {n.id: n.label for n in ins.graph.nodes}
     top = [n.label for n in ins.graph.nodes if n.parent == ins.graph.root]
-    assert top[:6] == ["parameters", "x", "x#2", "x#3", "x#4", "x#5"], top
+    assert top[:6] == ["parameters", "x", *_PASSES], top
     for p in ins.probes:
         path = ins.probe_path(p)
         assert path.split("/")[-1] == labels[p.node], (path, labels[p.node])
     # in program order: the argument, the cast line, the loop's passes (layer 2 last)
     want = _layers(*_args())
-    for name, value in zip(["x#2", "x#3", "x#4", "x#5"], want, strict=True):
+    for name, value in zip(_PASSES, want, strict=True):
         got = ins.probe(name).summaries["primal"]
         v = np.asarray(value, np.float64)
         np.testing.assert_allclose(got["max"], v.max(), rtol=2e-3)
@@ -95,8 +104,9 @@ def test_the_located_overflow_is_named_by_the_library_call_the_line_made(ins):
     pre = _layers(params, x)[2] @ params[2].astype(jnp.float16)
     assert bool(jnp.all(jnp.isfinite(pre))) and not bool(jnp.all(jnp.isfinite(pre**3)))
     assert (eq.primitive, eq.call) == ("integer_pow", "gelu")
-    assert o.forward.path == ("x#5",)
-    assert "`integer_pow` in the call of `gelu` in `x#5`" in o.forward.message, o.forward.message
+    assert o.forward.path == (_PASSES[-1],)
+    want = f"`integer_pow` in the call of `gelu` in `{_PASSES[-1]}`"
+    assert want in o.forward.message, o.forward.message
     assert "another origin" not in o.message
 
 

@@ -294,6 +294,7 @@ def build_graph(
     state_inputs: Collection[int] = (),
     calls: frameworks.ModuleCalls | None = None,
     in_types: Sequence[str | None] = (),
+    vmapped: Mapping[tuple[int, Any], str] | None = None,
 ) -> StageGraph:
     """The stage graph of the primal program `closed_jaxpr` (from `jax.make_jaxpr`).
 
@@ -316,6 +317,9 @@ def build_graph(
     they pushed, the copies it could not name, `graph.copies`, and the order of each
     call's results); without it, no scope is a module's. `in_types`: per flat input, the
     type of the Flax NNX variable holding it (`LoRAParam`), or None (`Node.var_type`).
+    `vmapped`: the parameter of each `jax.vmap`ped function of the user's each variable
+    was passed as, by the id of the function's code and the variable
+    (`_compat.recording_vmap_params`): its stage's ports are named by them.
     """
     if capture not in _CAPTURES:
         raise ValueError(_BAD_CAPTURE.format(capture))
@@ -345,6 +349,10 @@ def build_graph(
             params=calls.params if calls else None,
         )
         builder.in_types = tuple(in_types)
+        if calls is not None:
+            builder.sited, builder.built_at = calls.numpyro
+        for (code, var), param in (vmapped or {}).items():
+            builder.vmapped.setdefault(var, {})[code] = param
         return joined_maps(
             builder.build(
                 jaxpr,
@@ -610,6 +618,32 @@ def _rejitted(eqn: Any, spec: Any) -> Any | None:
     return inner if same else None
 
 
+def _sited(names: tuple[str, ...], sited: Mapping[tuple[str, str], str]) -> tuple[str, ...]:
+    """A name stack with NumPyro's constructions named by their sites: `model/Normal#2`
+    is `model/theta: Normal` (`numpyro_sites`), found by the model scope around it."""
+    out = list(names)
+    for i, name in enumerate(names):
+        for model in reversed(names[:i]):
+            new = sited.get((model, name))
+            if new is not None:
+                out[i] = new
+                break
+    return tuple(out)
+
+
+def _line_label(rec: _Rec) -> str | None:
+    """A line's box named by its line as well: `h (line 17)`, for a label that boxes of
+    several lines share among siblings, a loop running one of them again. Its label says what the line assigns (`h`), so
+    a number after it (`h#3`) counted every line assigning `h`; the line says which one
+    it is. None for a stage of another kind, or a box named otherwise (by the function
+    its line called, `Convolution`, `Convolution#2`, as calls are numbered)."""
+    if not (rec.made and (rec.scope or "").startswith(FOLD)) or rec.source is None:
+        return None
+    if assigned(rec.source.file, rec.source.line) != rec.label:
+        return None
+    return f"{rec.label} (line {rec.source.line})"
+
+
 def _name_wrappers(recs: Sequence[_Rec]) -> None:
     """A `jax.checkpoint` whose body is one module's call is labelled by it,
     `checkpoint(blocks[1]: Block)`: a column of `checkpoint`s per layer
@@ -771,6 +805,15 @@ class _Builder(InputsMixin):
         self.capture = capture
         self.renamed = renamed  # scope names given by `copies.renames`, by (path, name)
         self.unrenamed = {new: old for (_, old), new in renamed.items()}
+        #: NumPyro's constructions named by their sites, (model, `Normal#2`) ->
+        #: `theta: Normal`, and where each was built (`numpyro_sites.relabeled`)
+        self.sited: Mapping[tuple[str, str], str] = {}
+        self.built_at: Mapping[tuple[str, str], _compat.SourceLocation] = {}
+        #: a user call's scope name -> the id of its function's code (`group_calls`)
+        self.callees: dict[str, int] = {}
+        #: a variable -> {id of a `jax.vmap`ped function's code: the parameter it was
+        #: passed as} (`_compat.recording_vmap_params`)
+        self.vmapped: dict[Any, dict[int, str]] = {}
         #: a variable -> {scope name: its place in the result of that module call}
         self.returns: dict[Any, dict[str, int]] = {}
         #: an input's id -> the nodes whose equations read it (`StageGraph.input_readers`)
@@ -955,6 +998,8 @@ class _Builder(InputsMixin):
         if self.renamed:
             at = tuple(path)
             scoped = [tuple(self.renamed.get((at, n), n) for n in names) for names in scoped]
+        if self.sited:
+            scoped = [_sited(names, self.sited) for names in scoped]
         locs = [self.source(e) for e in jaxpr.eqns]
         # the user's own functions (`predict` > `layer_norm`), before any fold
         prims = [e.primitive.name for e in jaxpr.eqns]
@@ -1018,6 +1063,7 @@ class _Builder(InputsMixin):
             # (a loop's body: a function it calls alone is a stage unless it names the loop)
             named_by=_restated(container) if container.kind in _LOOP_KINDS else None,
             library=lambda i: _library_call(jaxpr.eqns[stand_in[i]]),
+            callees=self.callees,
         )
         scoped = [tuple(n.split(_LINEN_AGAIN, 1)[0] for n in names) for names in scoped]
         self.call_sites.update(call_sites)
@@ -1765,6 +1811,13 @@ class _Builder(InputsMixin):
             site = self.call_sites[names[j]]
             if site is not None:
                 return self.location(site)
+        built = next(
+            (self.built_at[m, names[j]] for m in names[:j] if (m, names[j]) in self.built_at),
+            None,
+        )
+        if built is not None:  # (its first equation may be another line's: a plate's
+            # `arange`, which JAX stages where it is first read)
+            return self.location(built)
         if names[j] in frameworks.pushed():
             # The innermost wrapper frame is the innermost module scope's call.
             r = sum(1 for n in names[j + 1 :] if n in frameworks.pushed())
@@ -1855,9 +1908,20 @@ class _Builder(InputsMixin):
             if (r := self.recs[int(node_id[1:])]).kind == "scope"
             and (p := params.get(r.scope) or params.get(self.unrenamed.get(r.scope)))
         ]
+        # the user's `jax.vmap`ped functions it enters, each calling it by its parameter,
+        # as a `jit`'s body names what it takes (`jax.vmap(loss)(params, xs)`: `x`)
+        passed = self.vmapped.get(v, {})
+        vmapped = [
+            (r, p)
+            for node_id in (dst[k:] if passed else ())
+            if (r := self.recs[int(node_id[1:])]).kind == "scope"
+            and (p := passed.get(self.callees.get(r.scope or "", -1)))
+        ]
         for made in self.leaf_made.get(v) or [self.recs[int(src[-1][1:])]]:
             if made not in self.weights:
                 for r, p in entered if made.kind == "eqn" else ():
+                    self.port_names.setdefault((r, made), p)
+                for r, p in vmapped:
                     self.port_names.setdefault((r, made), p)
                 self.ends += [(made, r) for r in readers or [reader]]
                 if name and readers:
@@ -2191,9 +2255,27 @@ class _Builder(InputsMixin):
         args = {(rec.parent, rec.label) for rec in recs if rec.kind == "input"}
         # A stage's label used again among its siblings: `mlp#2`, and `block#2` for a
         # `jax.jit` or `jax.checkpoint` called again (so each can be named, `probe`).
+        # Boxes of lines of one label (what the lines assign) from several lines, one of
+        # them run again (a loop's), are named by their lines: `h = layer(h)` in a loop
+        # with casts between read `h`, `h#2`..`h#4`, a number counting the line before
+        # the loop and the loop's passes alike; now `h (line 12)`, `h (line 17)`, `h
+        # (line 17)#2` (a line's next pass, so a loop's passes stay alike: `repeats`).
+        # Lines each run once keep the index (`h`, `h#2`), as calls do.
+        by_line: dict[tuple[str | None, str], Counter[int]] = {}
+        for rec in recs:
+            if rec.kind in STAGE_KINDS and _line_label(rec) is not None:
+                key = (rec.parent, rec.label)
+                by_line.setdefault(key, Counter())[rec.source.line] += 1  # type: ignore[union-attr]
+        lined_keys = {k for k, c in by_line.items() if len(c) > 1 and max(c.values()) > 1}
         for rec in recs:
             if rec.kind in STAGE_KINDS:
                 key = (rec.parent, rec.label)
+                lined = _line_label(rec) if key in lined_keys else None
+                if lined is not None:
+                    key = (rec.parent, lined)
+                    k = seen[key] = seen.get(key, 0) + 1
+                    rec.label = lined if k == 1 else f"{lined}#{k}"
+                    continue
                 k = seen[key] = seen.get(key, 1 if rec.made and key in args else 0) + 1
                 if k > 1:
                     rec.label = f"{rec.label}#{k}"

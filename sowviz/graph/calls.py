@@ -354,6 +354,7 @@ def group_calls(
     transforms: Sequence[Transforms] = (),
     named_by: Collection[str] | None = None,
     library: Callable[[int], str | None] | None = None,
+    callees: dict[str, int] | None = None,
 ) -> tuple[list[tuple[str, ...]], dict[str, _compat.SourceLocation | None]]:
     """`names` (each equation's scope names, outermost first) with the user calls that
     runs of nodes share inserted as scopes (`CALL` names, unique per `tag`), and each
@@ -375,7 +376,8 @@ def group_calls(
     (`step`'s `p_sample`, which a `fori_loop`'s counter, made in no call, kept a stage
     there and the scan's body flattened); `library`: the library function (not JAX's)
     an equation's line called, if any (`chain`, `apply_updates`), which a pass's label
-    names too (`pass_label`)."""
+    names too (`pass_label`); `callees`, when given, receives the id of each call's
+    function's code, by its scope name."""
     out = list(names)
     calls, roots = _inlined_bodies(calls, roots)
     if not any(calls):  # no call below the outermost frame (or none known)
@@ -593,6 +595,8 @@ def group_calls(
                 # (a function a library's closure called back is sourced where the user
                 # wrote it: its call is a line of the library's)
                 sites[name] = _compat.defined_at(call._callee) if call.via else call.site()
+                if callees is not None:  # (the id of the function's code: `UserCall.key`)
+                    callees[name] = call.key[2]
                 made.add(keys[k])
                 wrap([ms for ms, _ in items[k : j + 1]], name, depth)
             k = j + 1

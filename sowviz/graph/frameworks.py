@@ -162,6 +162,10 @@ class ModuleCalls:
     #: the scope labels Flax Linen's module calls pushed, each with the lines its calls
     #: were made from (`linen_pushed`)
     linen: Mapping[str, frozenset] = dataclasses.field(default_factory=dict)
+    #: NumPyro's distributions' construction scopes named by their sites, by (model's
+    #: label, construction's label), and the user's lines that built them
+    #: (`numpyro_sites.relabeled`)
+    numpyro: tuple[Mapping[tuple[str, str], str], Mapping[str, Any]] = ({}, {})
 
 
 Path = tuple[Any, ...]
@@ -258,6 +262,7 @@ def named(fn: Callable) -> Callable:
                 frozenset(ctx.haiku),
                 params=ctx.params,
                 linen={k: frozenset(v) for k, v in ctx.linen.items()},
+                numpyro=numpyro_sites.relabeled(run),
             )
 
     return with_names

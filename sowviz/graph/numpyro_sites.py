@@ -32,6 +32,11 @@ push `jax.named_scope`s (`_Run` keeps what they learn):
   log-density (the private `_validate_sample`) is `support(<site>)`, inside it;
 * a **distribution's construction** is a scope named by its class, numbered per
   run (`Normal`, `Normal#2`: two in a row stay two stages), not by the metaclass;
+  it is built before `numpyro.sample` gets it, so once `_Sites` sees which site it
+  went to (or a distribution wrapping it, `.to_event(1)`), the graph names it by the
+  site, `theta: Normal` (`relabeled`, applied by `build`), sourced at the user's line
+  that built it (the first equation may be a plate's `arange`, staged where first
+  read: the `with numpyro.plate` line above);
 * a `numpyro.deterministic` site's value is a `sowviz.sow` point named by the site
   (`logits`), with its primal, tangent and cotangent.
 
@@ -56,6 +61,7 @@ from typing import Any
 
 import jax
 
+from .._compat import SourceLocation, user_call_site
 from ..capture.primitive import sow as sow_value
 from .patches import Patches
 
@@ -67,6 +73,19 @@ class _Model:
 
     guide: bool = False
     built: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    #: its stage's label (`model_label`)
+    label: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Built:
+    """A distribution built in a run of a model: the run's label, the construction's
+    scope label (`Normal#2`), its class, and the user's line that built it."""
+
+    model: str
+    label: str
+    cls: str
+    site: SourceLocation | None
 
 
 @dataclasses.dataclass
@@ -91,6 +110,14 @@ class _Run:
     #: the factor sites that add a constrained site's log-Jacobian (`_tau_log_det`), and
     #: the site (`tau`)
     jacobians: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: id(distribution) -> how it was built, and the distribution (kept alive)
+    built: dict[int, tuple[_Built, Any]] = dataclasses.field(default_factory=dict)
+    #: (model's label, construction's label) -> the construction's stage label named by
+    #: the site its distribution was given to (`theta: Normal`, not `Normal#2`)
+    relabel: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
+    #: (model's label, construction's stage label, `relabel`'s) -> the user's line that
+    #: built it
+    built_at: dict[tuple[str, str], SourceLocation] = dataclasses.field(default_factory=dict)
     #: the names this module sowed (`log|J| (tau)`, a deterministic site's): sowviz's
     #: own captures, which the user wrote no `sow` for (`own_sows`)
     sown: set[str] = dataclasses.field(default_factory=set)
@@ -202,6 +229,7 @@ def _sites_class(messenger: type) -> type:
             if msg.get("type") == "sample" and isinstance(name, str) and msg.get("fn") is not None:
                 guide = self.run.models[-1].guide
                 self.run.sites[id(msg["fn"])] = (name, guide, msg["fn"])
+                _name_construction(self.run, name, msg["fn"])
                 of = self.run.constraining
                 if of not in (None, name) and _is_factor(msg["fn"]):
                     # `numpyro.factor` of the log-Jacobian, inside `constrain(<of>)`
@@ -216,6 +244,38 @@ def _sites_class(messenger: type) -> type:
                 msg["value"] = sow_value(value, name)
 
     return _Sites
+
+
+def _name_construction(run: _Run, site: str, fn: Any) -> None:
+    """Name the constructions of site `site`'s distribution `fn` (and of those it wraps,
+    `dist.Normal(0, 1).expand([J]).to_event(1)`'s) by the site: `theta: Normal`. A
+    distribution is built before `numpyro.sample` receives it, so its scope was pushed
+    numbered (`Normal#2`), which told no reader which site it was."""
+    seen: set[int] = set()
+    while fn is not None and id(fn) not in seen:
+        seen.add(id(fn))
+        found = run.built.get(id(fn))
+        if found is not None and found[1] is fn:
+            built = found[0]
+            label = f"{site}: {built.cls}"
+            key = (built.model, built.label)
+            if run.relabel.setdefault(key, label) != label:
+                # (one label given to constructions for several sites: runs of one model
+                # that built in another order; none is named)
+                run.relabel[key] = built.label
+            elif built.site is not None:
+                run.built_at[built.model, label] = built.site
+        fn = getattr(fn, "base_dist", None)
+
+
+def relabeled(
+    run: _Run | None,
+) -> tuple[dict[tuple[str, str], str], dict[tuple[str, str], SourceLocation]]:
+    """The constructions' stage labels named by their sites, by (model's label,
+    construction's label), and where the user built each (`_name_construction`)."""
+    if run is None:
+        return {}, {}
+    return dict(run.relabel), dict(run.built_at)
 
 
 def _is_factor(fn: Any) -> bool:
@@ -247,9 +307,10 @@ def _wrap_call(raw: Callable) -> Callable:
         fn = getattr(self, "fn", None)
         if fn is None or isinstance(fn, _messenger()):
             return raw(self, *args, **kwargs)  # a handler passing the call on
-        run.models.append(_Model(guide=is_guide(fn)))
+        label = model_label(fn)
+        run.models.append(_Model(guide=is_guide(fn), label=label))
         try:
-            return _scoped(model_label(fn), raw, self, *args, **kwargs)
+            return _scoped(label, raw, self, *args, **kwargs)
         finally:
             run.models.pop()
 
@@ -360,16 +421,21 @@ def _wrap_construct(raw: Callable) -> Callable:
         run = _ACTIVE.get()
         if run is None or run.building:
             return raw(cls, *args, **kwargs)
-        built = run.models[-1].built
-        built[cls.__name__] += 1
-        n = built[cls.__name__]
+        model = run.models[-1]
+        model.built[cls.__name__] += 1
+        n = model.built[cls.__name__]
+        label = cls.__name__ if n == 1 else f"{cls.__name__}#{n}"
+        # where the user built it (its stage's source): the frame calling the class, when
+        # it is the user's (an autoguide's own `dist.Normal(loc, scale)` keeps its first
+        # equation's line)
+        site = user_call_site(sys._getframe(1), direct=True)
         run.building = True
         try:
-            return _scoped(
-                cls.__name__ if n == 1 else f"{cls.__name__}#{n}", raw, cls, *args, **kwargs
-            )
+            made = _scoped(label, raw, cls, *args, **kwargs)
         finally:
             run.building = False
+        run.built[id(made)] = (_Built(model.label, label, cls.__name__, site), made)
+        return made
 
     return __call__
 

@@ -346,9 +346,14 @@ def _group_label(run: list[Any], between: list[Any], leading: frozenset[str] = f
     if not folds:
         return label
     head, _, count = label.rpartition(" (")
-    before = [pattern(r.label) for r in folds if r.id in leading]
-    parts = [*before, head, *(pattern(r.label) for r in folds if r.id not in leading)]
-    return f"{' · '.join(dict.fromkeys(parts))} ({count}"
+    # each work once, as its first pass names it (`h (line 17)`, not its digits
+    # masked: `h (line #)`)
+    named: dict[str, str] = {}
+    for r in folds:
+        named.setdefault(pattern(r.label), _INDEX.sub("", r.label))
+    before = [named[pattern(r.label)] for r in folds if r.id in leading]
+    after = [named[pattern(r.label)] for r in folds if r.id not in leading]
+    return f"{' · '.join(dict.fromkeys([*before, head, *after]))} ({count}"
 
 
 def _output(run: list[Any], members: list[Any], edges: dict) -> Any | None:
