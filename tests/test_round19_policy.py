@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 import sowviz
+import sowviz.nonfinite_casts
 from sowviz.monitor import NonFiniteError, NonFiniteWarning
 
 hk = pytest.importorskip("haiku")
@@ -31,9 +32,12 @@ import _round19_policy_programs as prog  # noqa: E402
 
 @pytest.fixture
 def hand_policy():
-    hk.mixed_precision.set_policy(prog.HandMLP, prog.HandPolicy())
+    classes = (prog.HandMLP, prog.HandSqrtMLP)  # (a policy is set per class)
+    for cls in classes:
+        hk.mixed_precision.set_policy(cls, prog.HandPolicy())
     yield
-    hk.mixed_precision.clear_policy(prog.HandMLP)
+    for cls in classes:
+        hk.mixed_precision.clear_policy(cls)
 
 
 @pytest.fixture
@@ -119,10 +123,13 @@ def test_a_reader_s_own_float32_overflow_after_the_cast_is_not_blamed_on_the_cas
     # `sqrt` of the policy's float32 output at 0 (the final ReLU): +Inf made in float32
     params, x = prog.sqrt_args()
     y = prog.mlp_net(prog.HandSqrtMLP).apply(params, None, x)
-    assert bool(jnp.any(y == 0))
+    assert y.dtype == jnp.float32 and bool(jnp.any(y == 0))
+    ins = sowviz.inspect(prog.sqrt_loss, params, x)
+    widened = sowviz.nonfinite_casts.widened_reads(ins.graph)
+    assert widened and all(v[:2] == ("float16", "float32") for v in widened.values()), widened
     g = jax.grad(lambda y: jnp.sum(jnp.sqrt(y)))(y)
     assert not bool(jnp.all(jnp.isfinite(g)))  # already in float32
-    o = sowviz.inspect(prog.sqrt_loss, params, x).locate_nonfinite()
+    o = ins.locate_nonfinite()
     assert o.backward.equation.primitive == "sqrt", o.backward.message
     assert "cast of the output" not in o.message, o.message
 
