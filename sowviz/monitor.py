@@ -911,10 +911,22 @@ class Monitor:
             if self._interrupted_exit and not self._located
             else "Training goes on"
         )
+        # gradients alone: loss scaling's overflow, which a guarded update skips
+        guarded = (
+            nf.origins is not None
+            and nf.origins.forward is None
+            and nf.origins.backward is not None
+        )
+        hint = (
+            " If the update is guarded (dynamic loss scaling skips such steps), "
+            "`expect_nonfinite=('gradients',)` counts them as skipped, with no alarm."
+            if guarded
+            else ""
+        )
         warnings.warn(
             f"sowviz.Monitor: {_nonfinite.message(graph, nf.step, where)}. {then}; "
             "`Monitor(..., stop_on_nonfinite=True)` stops at the first such step, "
-            "before its update is applied.",
+            f"before its update is applied.{hint}",
             NonFiniteWarning,
             stacklevel=user_stacklevel(),
         )

@@ -65,10 +65,11 @@ def widened_reads(graph: Any) -> dict[str, tuple[str, str, tuple[str, ...]]]:
     nodes = {n.id: n for n in graph.nodes}
     out: dict[str, tuple[str, str, tuple[str, ...]]] = {}
     for e in graph.edges:
-        wide_bits = _float_bits(e.dtype)
+        # (a saved model's edges, `nonfinite_json.JsonEdge`, say no dtype: no cast seen)
+        wide_bits = _float_bits(getattr(e, "dtype", ""))
         if not wide_bits:
             continue
-        for p, r in e.ends or ((e.source, e.target),):
+        for p, r in getattr(e, "ends", ()) or ((e.source, e.target),):
             narrow = _made_dtype(nodes.get(p)) if p in nodes else None
             if narrow is None or _float_bits(narrow) >= wide_bits:
                 continue

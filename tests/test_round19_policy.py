@@ -169,6 +169,8 @@ def test_without_the_declaration_the_same_steps_raise_the_alarm():
     want = prog.plain_skipped()
     mon, _, alarms = _run(every=1)
     assert len(alarms) == 1 and mon.nonfinite.step == want[0]
+    # the warning says how to declare them
+    assert "expect_nonfinite=('gradients',)" in str(alarms[0].message), alarms[0].message
     assert mon.history.nonfinite.count == len(want) and mon.history.skipped.count == 0
 
 
