@@ -29,6 +29,7 @@ class LazyEntry:
         "finite",
         "loss",
         "program",
+        "skipped",
         "step",
     )
 
@@ -37,6 +38,9 @@ class LazyEntry:
     ) -> None:
         self.step, self.loss, self.finite = step, loss, finite
         self.program = program  # which of the Monitor's programs ran it (`programs`)
+        # non-finite gradients only, declared expected: a step a guarded update skipped
+        # (`nonfinite_expect`), counted apart from the non-finite steps
+        self.skipped = False
         self._src: tuple | None = src  # (traced, Packed of host buffers, options)
         self._entry: dict[str, Any] | None = None
         self._probes: list | None = None

@@ -157,12 +157,15 @@ class History:
         self.count = 0  # entries ever added
         #: every non-finite step, recorded or not (`mark_nonfinite`), whatever the thinning
         self.nonfinite = NonfiniteSteps()
+        #: every step skipped (non-finite gradients only, declared expected:
+        #: `expect_nonfinite=("gradients",)`, a guarded update), recorded or not
+        self.skipped = NonfiniteSteps()
         #: every step's loss, recorded (`add`) or not (`add_losses`), thinned
         self.losses = LossSeries(max(limit, LOSS_POINTS))
 
     def add(self, entry: dict[str, Any], *, pin: bool = False) -> None:
         if not _finite(entry):
-            self.nonfinite.add(entry["step"])
+            (self.skipped if _skipped(entry) else self.nonfinite).add(entry["step"])
         self.losses.add(entry["step"], _loss(entry))
         if pin:
             self._pinned.append(entry)
@@ -203,6 +206,11 @@ class History:
         step; a run log's `N` records): counted with the recorded ones."""
         self.nonfinite.update(steps)
 
+    def mark_skipped(self, steps: Iterable[int]) -> None:
+        """Unrecorded steps whose gradients alone were non-finite, declared expected
+        (`expect_nonfinite=("gradients",)`): counted as skipped, not as non-finite."""
+        self.skipped.update(steps)
+
     def add_losses(self, steps: Iterable[int], losses: Iterable[float | None]) -> None:
         """Unrecorded steps' losses (`Monitor(every=N)` computes one at every step; a
         run log's `L` records), in step order, before the next recorded step's entry."""
@@ -231,6 +239,8 @@ class History:
             "steps": [e["step"] for e in entries],
             "loss": [e["loss"] for e in entries],
             "finite": [e.get("finite", True) for e in entries],
+            # a step a guarded update skipped (`expect_nonfinite=("gradients",)`)
+            "skipped": [bool(e.get("skipped", False)) for e in entries],
             # which of the model's `programs` (shapes) each step ran; null: not said
             "program": [e.get("program") for e in entries],
             "probes": probes,
@@ -239,6 +249,9 @@ class History:
             # [first, last]; the count includes steps past the listed runs
             "nonfinite_steps": [list(r) for r in self.nonfinite.ranges],
             "nonfinite_count": self.nonfinite.count,
+            # the steps a guarded update skipped (`expect_nonfinite=("gradients",)`)
+            "skipped_steps": [list(r) for r in self.skipped.ranges],
+            "skipped_count": self.skipped.count,
             # every step's loss, recorded or not (`every=N`), thinned: the loss chart's
             "losses": self.losses.to_dict(),
             "limit": self.limit,
@@ -268,6 +281,13 @@ def _finite(entry: Any) -> bool:
     if flag is None and isinstance(entry, dict):
         flag = entry.get("finite", True)
     return flag is not False
+
+
+def _skipped(entry: Any) -> bool:
+    flag = getattr(entry, "skipped", None)
+    if flag is None and isinstance(entry, dict):
+        flag = entry.get("skipped", False)
+    return bool(flag)
 
 
 def _loss(entry: Any) -> float | None:

@@ -40,6 +40,7 @@ from .graph.model import StageGraph, part_of, sibling_labels
 from .graph.names import key_path_label, short_path, sows_named_as_captured
 from .graph.saved import NEW
 from .modes import check_argnums
+from .nonfinite_expect import check_expected
 from .options import Capture, InspectOptions
 from .primitives import spec_of
 from .summary import Summary
@@ -678,7 +679,10 @@ class Inspection:
         where NaN/Inf were born (stored in `self.nonfinite` and the model); None when
         every value is finite. A re-run that finds no alarm where this run raised one
         (XLA's fusion made NaN/Inf the probed program's rounding does not) keeps this
-        run's record and says so in its message. See `sowviz.nonfinite_locate.locate`."""
+        run's record and says so in its message. The inspection's `expect_nonfinite`
+        applies: a node it names is no origin, and with `"gradients"` a step whose
+        gradients alone are non-finite is skipped (`nonfinite.skipped`, no alarm), not
+        located. See `sowviz.nonfinite_locate.locate`."""
         from .nonfinite_locate import locate_inspection
 
         return locate_inspection(self)
@@ -1117,7 +1121,10 @@ def inspect(
     Options: argnums, tangents (a tuple, one per argument), cotangents (shaped like
     the output), bins (≤ 4096), title, tag, duplicates (default "suffix"), loops,
     strict, tesseract_names, expect_nonfinite (stage labels or sow names where NaN/Inf
-    are expected, e.g. ("mask",): see docs/model.md, NonFinite), has_aux (`fn` returns
+    are expected, e.g. ("mask",): no alarm for what they hold and pass on when it
+    reaches no result; or "gradients": non-finite gradients of finite forward values
+    are a guarded update's skipped step, `nonfinite.skipped`, no alarm; any other name
+    is a ValueError listing the valid ones; see docs/model.md, NonFinite), has_aux (`fn` returns
     `(output, aux)`: the aux is never differentiated and `result` holds it where JAX's
     `has_aux` puts it, e.g. `((value, aux), grads)` in mode grad).
 
@@ -1135,6 +1142,7 @@ def inspect(
         out = runner_for(fn, opts).run(
             args, where="inspect", tangents=opts.tangents, cotangents=opts.cotangents
         )
+        check_expected("inspect", out.traced.graph, opts.expect_nonfinite)
         ins = inspection_of(out, opts)
     ins._rerun = (fn, args, opts)
     return ins

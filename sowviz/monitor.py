@@ -87,6 +87,7 @@ from .capture.api import nest
 from .capture.packing import Packed
 from .graph.names import sows_named_as_captured
 from .inspection import Inspection, Probe, device_of, join_probes
+from .nonfinite_expect import check_expected, gradients_expected, is_finite_loss
 from .nonfinite_locate import locate_step as _locate_step
 from .nonfinite_locate import reversed_loops as _reversed_loops
 from .options import InspectOptions, check_bool, check_int, check_number
@@ -167,6 +168,22 @@ class Monitor:
     step=n)` numbers one step (an eval Monitor stepped every other training step
     takes the training's numbers). Every step's NaN/Inf counts, recorded or not
     (`mon.history.nonfinite`; a run log's `N` records).
+
+    `expect_nonfinite` names where NaN/Inf are expected, a name or a tuple of them; a
+    name that is none of these is a ValueError at the first step, listing the valid
+    names:
+
+    - a stage label or a sow name (`("mask",)`: an attention mask's -inf): that node
+      and everything inside it are expected, with the kinds of values they pass on;
+      a non-finite value they hold raises no alarm when it never reaches a result.
+    - `"gradients"`: the update is guarded (dynamic loss scaling: `jmp.DynamicLossScale`,
+      optax's `apply_if_finite`, a `jnp.where(all_finite, new, old)` of your own), so
+      non-finite gradients are expected: a step whose loss (and, recorded, every
+      forward value) is finite while a gradient is not is a *skipped* step, counted in
+      `mon.history.skipped` (the model's `history.skipped_count`), with no warning,
+      no `NonFiniteError` and no re-run. It silences nothing else: a non-finite loss
+      (a non-finite parameter makes one) or forward value is the alarm it always
+      was; an unrecorded step with no one-number loss to read is judged non-finite.
 
     A recorded step's results come from the instrumented program, which XLA fuses
     otherwise than the plain one: a float32 loss can differ from `jax.jit`'s in its
@@ -549,6 +566,8 @@ class Monitor:
             self._enqueue(step, out.split)
         self._drain(keep=0)  # records this step and locates its equation (`_record`)
         nf = self._nonfinite
+        if (nf is None or nf.step != step) and self._skipped_step(step):
+            return  # a guarded update's skipped step (`expect_nonfinite=("gradients",)`)
         self._each("flush")
         where = (
             nf.origins
@@ -556,6 +575,11 @@ class Monitor:
             else ((nf.forward, nf.backward) if nf is not None else (None, None))
         )
         raise NonFiniteError(_nonfinite.message(out.traced.graph, step, where))
+
+    def _skipped_step(self, step: int) -> bool:
+        """Whether `step`, just recorded, was one a guarded update skipped."""
+        runs = self._history.skipped.ranges
+        return any(a <= step <= b for a, b in runs)
 
     # One read of the running flag answers for every unrecorded step up to the one
     # read. `keep`: how many newer steps stay unread (their programs may still run);
@@ -650,6 +674,17 @@ class Monitor:
         if not bad:
             return
         steps = [r[0] for r in bad]
+        if gradients_expected(self._options.expect_nonfinite):
+            # `expect_nonfinite=("gradients",)`: a step whose loss is finite is one a
+            # guarded update skipped (its gradients alone are non-finite); one with no
+            # finite loss to tell is a non-finite step, as without it
+            losses = self._unrecorded_losses(steps)
+            skipped = [s for s in steps if is_finite_loss(losses.get(s))]
+            self._history.mark_skipped(skipped)
+            bad = [r for r in bad if r[0] not in skipped]
+            steps = [r[0] for r in bad]
+            if not bad:
+                return
         self._history.mark_nonfinite(steps)
         self._each("nonfinite_steps", steps)
         if self._nonfinite is not None or self._first_flagged is not None:
@@ -665,6 +700,16 @@ class Monitor:
         else:
             self._enqueue(step, args)
         self._first_flagged = step
+
+    def _unrecorded_losses(self, steps: list[int]) -> dict[int, float | None]:
+        """The losses of unrecorded `steps` (read already, or read now: their flags
+        were, so they are computed)."""
+        want = set(steps)
+        out = {s: v for s, v in self._losses_read if s in want}
+        for s, v in self._losses:
+            if s in want and s not in out:
+                out[s] = _host_float(v)
+        return out
 
     def _enqueue(self, step: int, kept: tuple) -> None:
         # A re-run joins the recorded steps in step order: the first non-finite step
@@ -829,6 +874,10 @@ class Monitor:
                 message="the returned values or gradients are non-finite",
             )
         self._quiet = origins if origins is not None and not origins.alarm else None
+        if origins is not None and origins.skipped:
+            # a guarded update's skipped step (`expect_nonfinite=("gradients",)`):
+            # counted apart (`history.skipped`), no alarm
+            lazy.skipped = entry["skipped"] = True
         if origins is not None and origins.alarm:
             fwd = origins.forward.node if origins.forward else None
             bwd = (origins.backward.node or origins.backward.reaching) if origins.backward else None
@@ -862,10 +911,22 @@ class Monitor:
             if self._interrupted_exit and not self._located
             else "Training goes on"
         )
+        # gradients alone: loss scaling's overflow, which a guarded update skips
+        guarded = (
+            nf.origins is not None
+            and nf.origins.forward is None
+            and nf.origins.backward is not None
+        )
+        hint = (
+            " If the update is guarded (dynamic loss scaling skips such steps), "
+            "`expect_nonfinite=('gradients',)` counts them as skipped, with no alarm."
+            if guarded
+            else ""
+        )
         warnings.warn(
             f"sowviz.Monitor: {_nonfinite.message(graph, nf.step, where)}. {then}; "
             "`Monitor(..., stop_on_nonfinite=True)` stops at the first such step, "
-            "before its update is applied.",
+            f"before its update is applied.{hint}",
             NonFiniteWarning,
             stacklevel=user_stacklevel(),
         )
@@ -907,6 +968,7 @@ class Monitor:
 
     def _new_graph(self, traced: Traced) -> None:
         # A new program (first step, or a new shape): the view redraws its graph.
+        check_expected("Monitor", traced.graph, self._options.expect_nonfinite)
         if self._traced is None:  # the first step ran: the sinks are this run's now
             _sinks_takeable(self._listeners, False)
         if traced.state_added:

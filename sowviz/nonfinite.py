@@ -70,6 +70,8 @@ from typing import Any
 
 import numpy as np
 
+from .nonfinite_casts import cast_message, narrowed_cotangent
+from .nonfinite_expect import SKIPPED, gradients_expected
 from .nonfinite_json import JsonGraph, json_probes
 from .nonfinite_messages import (
     EARLIER,
@@ -497,6 +499,12 @@ def find(
         masked -= read
     fwd = {n: f for n, f in flags.items() if f.fwd and n not in expected and n not in masked}
     bwd = _without_outputs(ix, {n: f for n, f in flags.items() if f.bwd and n not in expected})
+    # Non-finite gradients of finite forward values, declared expected (a guarded
+    # update: dynamic loss scaling skips the step): a skipped step, no origin
+    skipped = bool(bwd) and not fwd and gradients_expected(expect_nonfinite)
+    if skipped:
+        expected |= bwd.keys()
+        bwd = {}
     if not fwd and not bwd and not expected & flags.keys():
         return None  # only masked fill values
     fwd_origin = bwd_origin = None
@@ -571,6 +579,11 @@ def find(
             cands.sort(key=lambda c: not (c in later and _value_bad(flags.get(c))))
         made = cands[0] if cands else None
         n = ix.nodes
+        # A widening cast's backward (a float16 layer's output cast to float32 by a
+        # mixed-precision policy) is no stage: the layer whose output it cast is the origin
+        cast = narrowed_cotangent(graph, flags, reach, cands, probed, ix.ancestors)
+        if cast is not None:
+            made = cands[0] = _holding_stage(ix, cast.producer)
         made_node = n[made] if made is not None else None
         # Its forward values are non-finite: seen, or (an unprobed equation) read from
         # `reach`, whose values are. Values, not tangents: a backward pass never reads a
@@ -585,6 +598,8 @@ def find(
         iteration = ix.indices(reach, bwd[reach].bwd_iter)
         at = at_iteration([n[lp] for lp in ix.loops(reach)], iteration)
         msg = backward_message(made_node, n[reach], [n[c] for c in cands[1:]], from_forward, at)
+        if cast is not None:
+            from_forward, msg = False, cast_message(stage_name(n[made]), cast) + at
         # The origin's backward makes the gradients of what it reads itself as well: the
         # weights of `x = gelu(x @ w)` whose backward made the NaN (parameters get no
         # edge, so nothing upstream of `reach` reads them) were blamed on another origin.
@@ -593,6 +608,8 @@ def find(
             near |= {k for k in ix.nodes if k == made or made in ix.ancestors(k)}
         mine, other = _grads_split(ix, bwd, near)
         msg += grads_sentence(mine, other)
+        if cast is not None:  # (reaching the value cast: the stage's, or the equation's)
+            reach = cast.producer if cast.producer in probed else made
         bwd_origin = Origin(
             "backward",
             made,
@@ -622,6 +639,8 @@ def find(
         at = at_iteration([ix.nodes[lp] for lp in ix.loops(node)], fwd_origin.iteration)
         fill = mask_fill_message(ix.nodes[node], _held(fwd), at)
         fwd_origin, expected = None, expected | fwd.keys()
+    if skipped:
+        fill = SKIPPED
     origin_ids = {o.node for o in (fwd_origin, bwd_origin) if o is not None and o.node}
     holders = {a for o in origin_ids for a in ix.ancestors(o)} | origin_ids
     nonfinite = sorted(
@@ -646,8 +665,17 @@ def find(
         fill=fill,
         grads=mine,
         other_grads=other,
+        skipped=skipped,
     )
     return with_message(out)
+
+
+def _holding_stage(ix: _Index, node: str) -> str:
+    """`node`, or the stage holding it when it is an equation (the layer of a bias `add`)."""
+    parent = ix.nodes[node].parent
+    if ix.nodes[node].kind == "eqn" and parent is not None and parent != ix.graph.root:
+        return parent
+    return node
 
 
 def _held(fwd: Mapping[str, _Flags]) -> frozenset[str]:

@@ -29,6 +29,7 @@ from .nonfinite import (
     node_flags,
     with_equations,
 )
+from .nonfinite_casts import CAST_BACKWARD
 from .nonfinite_messages import (
     NONFINITE_GRADS,
     clipped_derivative_hint,
@@ -523,7 +524,15 @@ def locate(
         fwd_eq = _in_custom(fn, args, opts, traced, g, fwd_eq, made, fwd.iteration)
         fwd_eq = _with_call(flow, g, fwd_eq)
         fwd = replace(fwd, node=_stage_of(g, n.id))
-    if bwd is not None and bwd.reaching is not None:
+    cast_eq = None
+    if bwd is not None and bwd.reaching is not None and bwd.message.startswith(CAST_BACKWARD):
+        # born in a widening cast's backward (`nonfinite_casts`): that cast is the
+        # equation, at the output of the equation `reach` (its stage: the origin)
+        n = g.node(bwd.reaching)
+        src = n.source or _src(g, n)
+        cast_eq = Equation(n.id, "convert_element_type", src, n.id, "convert_element_type")
+        bwd = replace(bwd, node=_stage_of(g, n.id), reaching=_stage_of(g, n.id))
+    elif bwd is not None and bwd.reaching is not None:
         reach = bwd.reaching
         cands = _culprit(ins, traced, reach) or bwd.candidates
         if cands:
@@ -553,6 +562,8 @@ def locate(
             head, grads, said = msg.partition(NONFINITE_GRADS)
             msg = head + why + grads + said
         out = with_message(replace(out, backward=replace(out.backward, message=msg)))
+    if out.backward is not None and cast_eq is not None:
+        out = replace(out, backward=replace(out.backward, equation=cast_eq))
     if out.forward is not None and fwd_eq is not None:
         # A `jax.grad` inside the program (forces as -grad(energy)): the forward values
         # hold the derivative, and a masked `sqrt` at 0 makes the NaN there (0 × Inf);

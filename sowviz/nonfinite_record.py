@@ -100,6 +100,9 @@ class Origins:
     # re-run may round otherwise and break, or spare, another leaf.
     grads: tuple[str, ...] = field(default=(), repr=False)
     other_grads: tuple[str, ...] = field(default=(), repr=False)
+    # only gradients are non-finite, and `expect_nonfinite=("gradients",)` declared them
+    # expected (a guarded update skips the step: `nonfinite_expect`): no alarm
+    skipped: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -112,6 +115,7 @@ class Origins:
             "alarm": self.alarm,
             "located": self.located,
             "not_reproduced": self.not_reproduced,
+            "skipped": self.skipped,
             "message": self.message,
         }
 

@@ -16,7 +16,7 @@ import { FIT_BUTTON_SCALE, READABLE_SCALE, widgetHeight } from "./viewport.js";
 import { DetailPanel } from "./detail.js";
 import { drawLines, purge } from "./charts.js";
 import { watchTheme, chartColours } from "./theme.js";
-import { HistoryStore, lossSeries, nearestStep, nonfiniteCount, nonfiniteSteps, shownStep, withStep } from "./history.js";
+import { HistoryStore, lossSeries, nearestStep, nonfiniteCount, nonfiniteSteps, shownStep, skippedCount, withStep } from "./history.js";
 
 export const MODES = ["primal", "grad", "jvp", "vjp", "all"];
 /** The first picture fits the whole graph unless its text would get smaller than readable. */
@@ -615,9 +615,12 @@ export class App {
     const bad = nonfiniteSteps(hist);
     const nBad = nonfiniteCount(hist, bad);
     // (beside the chart, in a narrow column: `non-finite` is not cut at its hyphen)
+    const nSkipped = skippedCount(hist);
+    // (steps a guarded update skipped, declared expected: said, muted, not an alarm)
+    const skipped = nSkipped ? [" · ", h("span", { class: "sv-nowrap sv-muted", "data-role": "skipped", text: `${nSkipped} skipped` }), ` step${nSkipped > 1 ? "s" : ""}`] : [];
     this.lossTitle.replaceChildren(...(bad.length
-      ? ["loss · ", h("span", { class: "sv-nowrap", text: `${nBad} non-finite` }), ` step${nBad > 1 ? "s" : ""} (first: ${bad[0]})`]
-      : ["loss"]));
+      ? ["loss · ", h("span", { class: "sv-nowrap", text: `${nBad} non-finite` }), ` step${nBad > 1 ? "s" : ""} (first: ${bad[0]})`, ...skipped]
+      : ["loss", ...skipped]));
     this.lossTitle.classList.toggle("sv-bad", bad.length > 0);
     const shown = this.viewStep ?? hist.steps[hist.steps.length - 1];
     const plot = drawLines(this.lossChart, series.steps, [{ name: "loss", y: series.loss, colour: c.accent }], { colours: c, width: LOSS_W, height: LOSS_H, yTitle: "", nonfinite: bad, marker: shown, compact: true });

@@ -8,7 +8,7 @@ export const LOSS_LIMIT = 2000;
 
 /** An empty history in the model's shape. */
 export function emptyHistory(limit = DEFAULT_LIMIT) {
-  return { steps: [], loss: [], finite: [], program: [], probes: {}, nonfinite: null, losses: emptyLosses(), limit };
+  return { steps: [], loss: [], finite: [], skipped: [], program: [], probes: {}, nonfinite: null, losses: emptyLosses(), limit };
 }
 
 function emptyLosses(limit = LOSS_LIMIT) {
@@ -27,11 +27,16 @@ export function copyHistory(h) {
     steps: [...(h.steps ?? [])],
     loss: [...(h.loss ?? [])],
     finite: (h.steps ?? []).map((_, i) => h.finite?.[i] ?? null),
+    // a step a guarded update skipped (`expect_nonfinite=("gradients",)`): its
+    // gradients alone were non-finite, expected; no alarm
+    skipped: (h.steps ?? []).map((_, i) => h.skipped?.[i] === true),
     program: (h.steps ?? []).map((_, i) => h.program?.[i] ?? null),
     probes,
     nonfinite: h.nonfinite ?? null,
     nonfinite_steps: h.nonfinite_steps ?? null,
     nonfinite_count: h.nonfinite_count ?? null,
+    skipped_steps: h.skipped_steps ?? null,
+    skipped_count: h.skipped_count ?? null,
     // every step's loss, recorded or not (`every=N`); null: an older model, whose
     // chart is the recorded steps' `loss`
     losses: h.losses ? { steps: [...(h.losses.steps ?? [])], loss: [...(h.losses.loss ?? [])], limit: h.losses.limit ?? LOSS_LIMIT } : null,
@@ -90,6 +95,7 @@ export function appendStep(h, step) {
   if (h.losses) appendLosses(h, [h.steps[n]], [step.loss]);
   h.loss.push(typeof step.loss === "number" ? step.loss : null);
   h.finite.push(typeof step.finite === "boolean" ? step.finite : null);
+  (h.skipped ??= new Array(n).fill(false)).push(step.skipped === true);
   h.program.push(typeof step.program === "number" ? step.program : null);
   const seen = new Set();
   for (const [pid, byMode] of Object.entries(step.probes ?? {})) {
@@ -115,6 +121,7 @@ export function appendStep(h, step) {
     h.steps.splice(0, extra);
     h.loss.splice(0, extra);
     h.finite.splice(0, extra);
+    h.skipped?.splice(0, extra);
     h.program.splice(0, extra);
     for (const byMode of Object.values(h.probes)) for (const list of Object.values(byMode)) list.splice(0, extra);
   }
@@ -131,6 +138,7 @@ export function nonfiniteSteps(h) {
   if (!h?.steps?.length) return [];
   const scalar = (h.loss ?? []).some((v) => typeof v === "number");
   const flagged = h.steps.filter((_, i) => {
+    if (h.skipped?.[i] === true) return false; // skipped by a guarded update: no alarm
     const flag = h.finite?.[i];
     if (typeof flag === "boolean") return !flag;
     return scalar && h.loss?.[i] == null;
@@ -149,6 +157,15 @@ const MAX_MARKED = 10000; // steps marked on a chart (a run NaN for good: the co
 /** How many steps were non-finite: the Monitor's count of every step, else those marked. */
 export function nonfiniteCount(h, marked) {
   return Math.max(typeof h?.nonfinite_count === "number" ? h.nonfinite_count : 0, marked.length);
+}
+
+/**
+ * How many steps a guarded update skipped (`expect_nonfinite=("gradients",)`): the
+ * Monitor's count of every step, else the recorded ones marked.
+ */
+export function skippedCount(h) {
+  const marked = (h?.skipped ?? []).filter((v) => v === true).length;
+  return Math.max(typeof h?.skipped_count === "number" ? h.skipped_count : 0, marked);
 }
 
 /** Steps at which one probe's summaries (per step, aligned with `steps`) count NaN/Inf. */
@@ -250,7 +267,7 @@ export function stepAt(h, i) {
     }
   }
   const nonfinite = h.nonfinite?.step === h.steps[i] ? h.nonfinite : undefined;
-  return { step: h.steps[i], loss: h.loss[i], finite: h.finite?.[i] ?? null, program: h.program?.[i] ?? null, probes, nonfinite };
+  return { step: h.steps[i], loss: h.loss[i], finite: h.finite?.[i] ?? null, skipped: h.skipped?.[i] === true, program: h.program?.[i] ?? null, probes, nonfinite };
 }
 
 /** A store with listeners; one per widget model (shared by all its views). */
