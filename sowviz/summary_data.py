@@ -194,13 +194,9 @@ class Summary:
         return Float32Json(out) if float32 and _norms_fit_float32(out) else out
 
     def stats_json(self) -> dict[str, Any]:
-        """`to_json()`'s `STAT_KEYS` and ``hist`` alone (a `Float32Json` as `to_json`'s):
-        what a Monitor's history and sinks keep of each step (not its loghist nor
-        per-iteration JSON)."""
-        host = self._one_on_host("stats_json")
-        out = _stats_json(host)
-        float32 = np.asarray(host.absmax).dtype == np.float32
-        return Float32Json(out) if float32 and _norms_fit_float32(out) else out
+        """`to_json()`'s `STAT_KEYS` and ``hist`` alone (a plain dict): what a Monitor's
+        history and sinks keep of each step (not its loghist nor per-iteration JSON)."""
+        return _stats_json(self._one_on_host("stats_json"))
 
     def _one_on_host(self, method: str) -> Summary:
         """This summary with NumPy leaves; an error for a stacked one."""
@@ -278,8 +274,8 @@ class SummaryRow:
         return self.rows.member(self.index, self)
 
     def stats_json(self) -> dict[str, Any]:
-        """`to_json()`'s `STAT_KEYS` and ``hist`` alone (a `Float32Json` as `to_json`'s):
-        what a Monitor's history and sinks keep of each step."""
+        """`to_json()`'s `STAT_KEYS` and ``hist`` alone (a plain dict): what a Monitor's
+        history and sinks keep of each step."""
         return self.rows.stats(self.index)
 
     def summary(self) -> Summary:
@@ -331,16 +327,10 @@ class StackRows:
             "absmax": _where_seen(seen, c["absmax"], None),
             "hist": map(dict, hist),
         }
-        # `dict` of each row's (key, value) pairs, called by `map`: no Python line per row.
-        # A float32 stack's rows are `Float32Json`, as `member`'s: a report then writes
-        # their floats in float32's shortest decimals (a 200-step Monitor's history of
-        # a small MLP wrote 17-digit histogram edges: 6.7 MB of report, now 4.5 MB).
+        # `dict` of each row's (key, value) pairs, called by `map`: no Python line per row
         pairs = (zip(repeat(k), v) for k, v in fields.items())
-        rows = list(map(dict, zip(*pairs, strict=True)))
-        if c["float32"]:
-            rows = [Float32Json(r) if _norms_fit_float32(r) else r for r in rows]
-        self._stat_rows = rows
-        return rows
+        self._stat_rows = list(map(dict, zip(*pairs, strict=True)))
+        return self._stat_rows
 
     def member(self, j: int, s: Summary | SummaryRow) -> dict[str, Any]:
         """Row j as `s.to_json()` gives it (its shape, dtype and size are `s`'s)."""
