@@ -2420,8 +2420,9 @@ def api_boundary(fn: Any) -> Any:
     are hidden with `__tracebackhide__` ("[... skipping hidden N frame]"), elsewhere
     cut, with JAX's note saying so. sowviz's directory is excluded at the top of this
     module. `traceback_util.api_boundary`, `_filtering_mode` and `include_frame`: the
-    same in JAX 0.10 and 0.12."""
-    boundary = _traceback_util.api_boundary(fn)
+    same in JAX 0.10 and 0.12. An error sowviz raises itself reads as sowviz's, without
+    JAX's note (`own_errors_marked`)."""
+    boundary = _traceback_util.api_boundary(own_errors_marked(fn))
 
     @functools.wraps(fn)
     def entry(*args: Any, **kwargs: Any) -> Any:
@@ -2441,6 +2442,8 @@ def api_boundary(fn: Any) -> Any:
                     link = link.__cause__ or (
                         None if link.__suppress_context__ else link.__context__
                     )
+            if getattr(err, _OWN_ERROR, False):
+                without_jax_note(err)
             raise  # a bare raise adds no frame of this function
 
     return entry
@@ -3300,3 +3303,59 @@ def _note_vmap_params(into: dict, fun: Any, args: Any, kwargs: Any) -> None:
             var = traced_var(leaf)
             if var is not None:
                 into.setdefault((id(code), var), name + jax.tree_util.keystr(path))
+
+
+# An error raised by sowviz's own code (a refused overwrite, a bad argument) is marked
+# so by `own_errors_marked`; `api_boundary` then takes JAX's note off it.
+_OWN_ERROR = "_sowviz_raised"
+_JAX_NOTE = "--------------------\n" + getattr(_traceback_util, "_simplified_tb_msg", "")
+
+
+def own_errors_marked(fn: Any) -> Any:
+    """`fn`, marking an error whose innermost frame is sowviz's (raised by sowviz, not
+    by the user's function or by JAX) for `api_boundary`. JAX's boundary, which sowviz's
+    entries pass through, ends every error it filters with "For simplicity, JAX has
+    removed its internal frames ..." (or chains a `jax.errors.UnfilteredStackTrace` under
+    `JAX_TRACEBACK_FILTERING=remove_frames`): on `save_html`'s refusal to overwrite a
+    file it made sowviz's `FileExistsError` read as a JAX error. Costs a call frame
+    (sowviz's, hidden from tracebacks) when nothing is raised."""
+
+    @functools.wraps(fn)
+    def marked(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # read by IPython and pytest
+        try:
+            return fn(*args, **kwargs)
+        except Exception as err:
+            tb = err.__traceback__
+            while tb is not None and tb.tb_next is not None:
+                tb = tb.tb_next
+            if tb is not None and _is_sowviz_file(tb.tb_frame.f_code.co_filename):
+                try:
+                    setattr(err, _OWN_ERROR, True)
+                except (AttributeError, TypeError):  # an error class with __slots__
+                    pass
+            raise
+
+    return marked
+
+
+def _is_sowviz_file(filename: str) -> bool:
+    return filename.startswith(_SOWVIZ_DIR + os.sep)
+
+
+def without_jax_note(err: BaseException) -> None:
+    """Take off `err` what JAX's boundary added to it: its note, or (mode
+    `remove_frames`) the `UnfilteredStackTrace` it put in as the cause, whose own cause
+    and context are the error's."""
+    notes = getattr(err, "__notes__", None)
+    if notes and _JAX_NOTE in notes:
+        kept = [n for n in notes if n != _JAX_NOTE]
+        if kept:
+            err.__notes__ = kept
+        else:
+            del err.__notes__
+    cause = err.__cause__
+    if isinstance(cause, _traceback_util.UnfilteredStackTrace):
+        err.__cause__ = cause.__cause__
+        err.__context__ = cause.__context__
+        err.__suppress_context__ = cause.__suppress_context__

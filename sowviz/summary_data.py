@@ -76,7 +76,7 @@ class IterationStats:
         for k in ("min", "max", "mean", "std", "absmax"):
             out[k] = col(k)
         out["l2"] = [
-            norm_json(x, c, m, s) if c > 0 else 0.0
+            norm_json(x, c, m, s) if c > 0 else None
             for x, c, m, s in zip(h.l2, cnt, h.mean, h.std, strict=True)
         ]
         out["hist_counts"] = np.asarray(h.hist_counts).astype(int).tolist()
@@ -168,8 +168,8 @@ class Summary:
     def to_json(self) -> dict[str, Any]:
         """The JSON-ready dict of docs/model.md ("Summary"), with plain Python types.
 
-        Statistics over finite values are ``None`` when there are none (``l2`` is
-        then 0.0); no NaN or infinity ever appears. An ``l2`` past the dtype's range
+        Statistics over finite values (``l2`` too) are ``None`` when there are none:
+        an all-NaN gradient has no norm, not one of 0; no NaN or infinity ever appears. An ``l2`` past the dtype's range
         (``inf`` on the device) is the float64 norm `norm_json` gives; such a summary's
         JSON is a plain dict, not `Float32Json` (its ``l2`` is no float32). Fetches
         the leaves from the device if needed (prefer `to_host` on a whole tree first:
@@ -230,7 +230,7 @@ def _stats_json(host: Summary) -> dict[str, Any]:
         "max": stat(host.max),
         "mean": stat(host.mean),
         "std": stat(host.std),
-        "l2": norm_json(host.l2, count, host.mean, host.std) if count > 0 else 0.0,
+        "l2": norm_json(host.l2, count, host.mean, host.std) if count > 0 else None,
         "absmax": stat(host.absmax),
         "hist": {
             "edges": _finite_floats(host.hist_edges),
@@ -323,8 +323,7 @@ class StackRows:
         )
         fields = {
             **{k: c[k] for k in ("count", "nan", "posinf", "neginf", "zeros")},
-            **{k: _where_seen(seen, c[k], None) for k in ("min", "max", "mean", "std")},
-            "l2": _where_seen(seen, c["l2"], 0.0),
+            **{k: _where_seen(seen, c[k], None) for k in ("min", "max", "mean", "std", "l2")},
             "absmax": _where_seen(seen, c["absmax"], None),
             "hist": map(dict, hist),
         }
@@ -346,7 +345,7 @@ class StackRows:
             "count": count,
             **{k: c[k][j] for k in ("nan", "posinf", "neginf", "zeros")},
             **{k: c[k][j] if count > 0 else None for k in ("min", "max", "mean", "std")},
-            "l2": c["l2"][j] if count > 0 else 0.0,
+            "l2": c["l2"][j] if count > 0 else None,
             "absmax": c["absmax"][j] if count > 0 else None,
             "hist": {"edges": c["hist_edges"][j].tolist(), "counts": c["hist_counts"][j].tolist()},
             "loghist": {
@@ -489,7 +488,7 @@ def _norms_fit_float32(out: dict[str, Any]) -> bool:
     float32 value: one past float32's range is a float64 (`norm_json`), which
     `Float32Json` would round back to float32, an infinity."""
     rows = out.get("per_iteration", {}).get("l2", [])
-    return all(abs(v) <= _F32_MAX for v in (out["l2"], *rows))
+    return all(v is None or abs(v) <= _F32_MAX for v in (out["l2"], *rows))
 
 
 def _finite_float(v: Any) -> float:

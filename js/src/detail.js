@@ -8,7 +8,7 @@ import { probeNonfiniteSteps } from "./history.js";
 import { chartColours } from "./theme.js";
 import { fmt } from "./stats.js";
 import { parentPath } from "./search.js";
-import { nonfiniteCount, nonfiniteText } from "./nonfinite.js";
+import { chartNorm, nonfiniteCount, nonfiniteText } from "./nonfinite.js";
 import { orderModes } from "./model.js";
 import { faceOutputs, outputLabel } from "./faces.js";
 import { gradHistory, gradNote, paramRows, paramTable, readRows } from "./params.js";
@@ -347,12 +347,18 @@ export class DetailPanel {
       h("th", { text: label }),
       ...modes.map((m) => {
         const s = probe.summaries[m];
-        // with no finite value, l2 (over the finite values) is 0: shown as "—", as the
-        // other statistics over them, not as if the values were zeros
-        // (nor of no values at all: an empty slice's l2 of 0 is no gradient of 0)
-        const v = key === "l2" && s?.count === 0 ? null : s?.[key];
-        const bad = ["nan", "posinf", "neginf"].includes(key) && v > 0;
-        return h("td", { class: bad ? "sv-bad" : null, text: fmt(v) });
+        // with no finite value, the statistics over the finite values (l2 too: null;
+        // 0.0 from older writers) are "—", not as if the values were zeros (nor of no
+        // values at all: an empty slice's l2 is no gradient of 0); marked as NaN/Inf
+        // when that is why
+        const over = !["count", "nan", "posinf", "neginf", "zeros"].includes(key);
+        const v = over && s?.count === 0 ? null : s?.[key];
+        const none = over && s?.count === 0 && nonfiniteCount(s) > 0;
+        const bad = (["nan", "posinf", "neginf"].includes(key) && v > 0) || none;
+        return h("td", {
+          class: bad ? "sv-bad" : null, text: fmt(v),
+          title: none ? `no finite value (${nonfiniteText(s)})` : null, "data-nonfinite": none ? "true" : null,
+        });
       }),
     ]));
     return h("table", { class: "sv-stats", "data-role": "stats" }, [h("thead", {}, [head]), h("tbody", {}, rows)]);
@@ -386,7 +392,7 @@ export class DetailPanel {
       drawHistoryHeatmap(c.heat, hist.steps, list.map((s) => s?.hist ?? null), { colours, mode: c.mode, width });
       const col = modeColour(colours, c.mode);
       drawLines(c.lines, hist.steps, [
-        { name: "l2", y: list.map((s) => s?.l2 ?? null), colour: col },
+        { name: "l2", y: list.map(chartNorm), colour: col },
         { name: "absmax", y: list.map((s) => s?.absmax ?? null), colour: colours.muted, dash: "dot" },
       ], { colours, width, yTitle: "norm", nonfinite: probeNonfiniteSteps(hist.steps, list) });
     }

@@ -4,6 +4,7 @@
 import { h } from "./dom.js";
 import { drawHistogram, drawLines, modeColour } from "./charts.js";
 import { iterationHist, rangeLabel } from "./stats.js";
+import { chartNorm } from "./nonfinite.js";
 
 /**
  * A block for one capture key; returns {el, draw(colours, width), charts}.
@@ -42,9 +43,9 @@ export function iterationBlock(mode, s) {
       const x = index;
       const col = modeColour(colours, mode);
       drawLines(lines, x, [
-        // a row without values (all NaN or infinite) is a gap: its l2 is 0 by
-        // definition, which the line would draw as a value
-        { name: "‖·‖₂", y: (it.l2 ?? []).map((v, i) => ((it.count?.[i] ?? 1) > 0 ? v : null)), colour: col },
+        // a row with NaN/Inf is a gap (`chartNorm`): the l2 of its finite part alone
+        // (0 with none) would draw as a value
+        { name: "‖·‖₂", y: (it.l2 ?? []).map((v, i) => chartNorm({ l2: v, count: it.count?.[i] ?? 1, nan: it.nonfinite?.[i] ?? 0 })), colour: col },
         { name: "mean", y: it.mean ?? [], colour: colours.accent, dash: "dash" },
         { name: "max|·|", y: it.absmax ?? [], colour: colours.fg, dash: "dot" },
       ], { colours, width, xTitle: "iteration", yTitle: "", logY: false });

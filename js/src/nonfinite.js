@@ -14,6 +14,19 @@ export function nonfiniteCount(s) {
   return (s.nan | 0) + (s.posinf | 0) + (s.neginf | 0);
 }
 
+/**
+ * A summary's l2 norm as a chart over steps or iterations plots it: null (a gap, under
+ * the chart's NaN/Inf band) when any value is NaN/Inf. Such values have no norm
+ * (`jnp.linalg.norm` gives NaN or inf); the l2 over their finite part alone (0 for a
+ * gradient that is NaN wherever ReLU let it through, 0.0 for an all-NaN one in logs of
+ * older writers) drew the bad step as a dip to 0.
+ * @param {{l2?: number|null, count?: number, nan?: number, posinf?: number, neginf?: number}|null|undefined} s
+ */
+export function chartNorm(s) {
+  if (!s || typeof s.l2 !== "number" || nonfiniteCount(s) > 0 || s.count === 0) return null;
+  return s.l2;
+}
+
 /** A summary's non-finite counts in words: "3 NaN, 1 +Inf" ("" when none). */
 export function nonfiniteText(s) {
   return [["nan", "NaN"], ["posinf", "+Inf"], ["neginf", "−Inf"]]

@@ -3,6 +3,7 @@
 
 import { h } from "./dom.js";
 import { fmt } from "./stats.js";
+import { chartNorm, nonfiniteText } from "./nonfinite.js";
 
 /**
  * Rows for the input leaves under `id`: name (path below the group), shape, ‖value‖₂,
@@ -108,12 +109,17 @@ function leafRow(index, id, name) {
   const n = index.nodes.get(id);
   const p = (index.probesByNode.get(id) ?? [])[0];
   const value = p?.summaries?.primal?.l2 ?? null;
-  const grad = p?.summaries?.cotangent?.l2 ?? null;
+  const cot = p?.summaries?.cotangent;
+  // (no finite value: no norm, "—" marked as NaN/Inf; older writers wrote 0.0)
+  const grad = cot?.count === 0 ? null : cot?.l2 ?? null;
   // (`type`: the Flax NNX variable holding it, `LoRAParam` beside a frozen `Param`;
   // `noGrad`: why a mode computing gradients gave it none, the probe's `no_cotangent`)
   return {
     id, probe: p?.id ?? null, name, shape: n?.shapes?.[0] ?? "", type: n?.var_type ?? "", value, grad,
-    ratio: value && grad != null ? grad / value : null, noGrad: grad == null ? p?.no_cotangent ?? null : null,
+    ratio: value && grad != null && !nonfiniteText(cot) ? grad / value : null, noGrad: grad == null ? p?.no_cotangent ?? null : null,
+    // the gradient's NaN/Inf counts ("3 NaN"), "" when finite: its ‖grad‖₂ is over the
+    // finite values only, or "—" with none
+    gradBad: nonfiniteText(cot),
   };
 }
 
@@ -153,7 +159,7 @@ export function gradHistory(rows, hist, limit = 8) {
   for (const r of rows) {
     const list = r.probe ? hist?.probes?.[r.probe]?.cotangent : null;
     if (!list) continue;
-    const y = steps.map((_, i) => (typeof list[i]?.l2 === "number" ? list[i].l2 : null));
+    const y = steps.map((_, i) => chartNorm(list[i]));
     list.forEach((s, i) => { if (s && ((s.nan ?? 0) > 0 || (s.posinf ?? 0) > 0 || (s.neginf ?? 0) > 0)) bad.add(i); });
     const last = [...y].reverse().find((v) => v != null) ?? null;
     all.push({ id: r.id, name: r.name, y, last });
@@ -213,7 +219,12 @@ export function paramTable(rows, onReveal, title = `${rows.length} leaves`, note
         h("td", {}, [h("button", { type: "button", class: "sv-link", text: breakable(r.name), title: r.name, onclick: () => onReveal(r.id) })]),
         ...(typed ? [h("td", { class: "sv-muted", text: r.type, "data-role": "var-type" })] : []),
         h("td", { class: "sv-muted", text: shortShape(r.shape), title: r.shape }),
-        h("td", { text: fmt(r.value) }), h("td", { text: fmt(r.grad) }), h("td", { text: fmt(r.ratio) }),
+        h("td", { text: fmt(r.value) }),
+        h("td", r.gradBad ? {
+          class: "sv-bad", text: fmt(r.grad), "data-nonfinite": "true",
+          title: r.grad == null ? `no finite value (${r.gradBad})` : `${r.gradBad}: the norm of the finite values`,
+        } : { text: fmt(r.grad) }),
+        h("td", { text: fmt(r.ratio) }),
       ]);
       return tr;
     }));

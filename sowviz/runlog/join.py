@@ -23,11 +23,15 @@ from typing import Any
 from .reader import LogReader
 
 _SAME_START = (
-    "sowviz.load: the run logs {earlier!r} and {later!r} both begin at step {step}. A "
-    "later log replaces the steps of the logs before it from its own first step on (a "
-    "run resumed from a checkpoint goes on from there), so one of these would replace "
-    "the other whole, and the logs do not say which ran later. Leave out the log the "
-    "other one replaced (load the others)."
+    "sowviz.load: the run logs {earlier!r} and {later!r} both begin at step {step}. They "
+    "cannot be joined as one run. Logs are joined as a run resumed from "
+    "checkpoints: a later log replaces the earlier logs' steps from its own first step "
+    "on, so one of these would replace the other whole, and the logs do not say which "
+    "ran later. Two separate runs? Load or report each apart (`sowviz.load({later!r})`, "
+    "`python -m sowviz report {later} -o report.html`). A resumed run whose Monitor "
+    "counted from {step} again? Leave out the log the other replaced; when resuming, "
+    "give the resumed Monitor a `log_dir` of its own (e.g. '{earlier}-resumed') and "
+    "`start_step=` the checkpoint's step, so that its steps follow the first log's."
 )
 _LATE_START = (
     "sowviz.load: the run log {later!r} held no step when it was loaded, read after "

@@ -173,9 +173,12 @@ def items(entry: dict[str, Any], tags: dict[str, str]) -> Iterator[Hist | Scalar
             if edges and counts and len(edges) == len(counts) + 1 and sum(counts) > 0:
                 yield Hist(tag, list(edges), list(counts), s)
             bad = sum(int(s.get(k) or 0) for k in ("nan", "posinf", "neginf"))
-            if s.get("l2") is not None:
-                # the l2 of no finite value is no number: NaN, which TensorBoard marks,
-                # not the 0.0 of an empty sum (the curve dipped to 0 at the bad step)
-                all_bad = bad and bad >= int(s.get("count") or 0)
-                yield Scalar(f"{tag}/l2", math.nan if all_bad else float(s["l2"]))
+            if bad:
+                # values with NaN/Inf have no norm (`jnp.linalg.norm` gives NaN or inf):
+                # NaN, which TensorBoard marks, not the summary's l2 of the finite ones
+                # alone (null with none, 0.0 in logs of older writers; 0 for a gradient
+                # NaN wherever ReLU let it through), which the curve dipped to
+                yield Scalar(f"{tag}/l2", math.nan)
+            elif s.get("l2") is not None:
+                yield Scalar(f"{tag}/l2", float(s["l2"]))
             yield Scalar(f"{tag}/nonfinite", float(bad))

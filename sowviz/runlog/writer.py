@@ -137,9 +137,11 @@ def _lock(fd: int, path: pathlib.Path) -> None:
         return
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError as err:
+    except BlockingIOError:
         if not _take(fd):
-            raise FileExistsError(_BUSY.format(path=str(path))) from err
+            # (`from None`: the lock's BlockingIOError, "Resource temporarily
+            # unavailable", says nothing the message does not)
+            raise FileExistsError(_BUSY.format(path=str(path))) from None
     except OSError:  # a file system without locks (some network mounts): write unlocked
         pass
 
