@@ -27,6 +27,7 @@ from importlib import resources
 from . import _model
 from ._files import atomic_write
 from ._model import model_json as model_json
+from .summary_data import Float32Json, as_float32_row
 
 __all__ = ["model_json", "render_html", "write_html"]
 
@@ -110,12 +111,39 @@ COMPRESS_ABOVE = 1_000_000
 
 
 def _model_script(model: dict) -> str:
-    text = model_json(model)
+    text = model_json(_float32_history(model))
     attrs = 'type="application/json" data-sowviz-model data-target="sowviz-root"'
     if len(text) > COMPRESS_ABOVE:
         packed = base64.b64encode(gzip.compress(text.encode("utf-8"), mtime=0)).decode("ascii")
         return f'<script {attrs} data-encoding="gzip-base64">{packed}</script>'
     return f"<script {attrs}>{text}</script>"
+
+
+def _float32_history(model: dict) -> dict:
+    """`model` with the history rows of its float32 summaries marked float32
+    (`as_float32_row`): a 200-step Monitor run of a small MLP was a 6.6 MB report, its
+    history's floats written with 17 digits (`-0.0960800051689148` for `-0.09608`), 3.4 MB
+    of the 4 MB of gzip. Only summaries marked float32 (`Float32Json`) qualify: a model
+    read back from JSON keeps every digit it has."""
+    history = model.get("history") if isinstance(model, dict) else None
+    if not isinstance(history, dict) or not history.get("probes"):
+        return model
+    float32 = {
+        (p.get("id"), mode)
+        for p in model.get("probes") or ()
+        for mode, s in (p.get("summaries") or {}).items()
+        if isinstance(s, Float32Json)
+    }
+    if not float32:
+        return model
+    probes = {
+        pid: {
+            mode: [as_float32_row(r) for r in rows] if (pid, mode) in float32 else rows
+            for mode, rows in by_mode.items()
+        }
+        for pid, by_mode in history["probes"].items()
+    }
+    return {**model, "history": {**history, "probes": probes}}
 
 
 def write_html(model: dict, path: str | pathlib.Path, *, title: str | None = None) -> pathlib.Path:

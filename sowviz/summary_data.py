@@ -483,6 +483,16 @@ def _norms(l2: Any, count: Any, mean: Any, std: Any) -> np.ndarray:
     return _saturated(np.where(np.isinf(a) & (n > 0), rebuilt, a.astype(np.float64)))
 
 
+def as_float32_row(row: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A history row (`SummaryRow` statistics) of a summary that was float32 on the
+    device, marked so (`Float32Json`) for a report's JSON: its floats written as the
+    shortest decimals that read back as the same float32s. The rows stay plain dicts in
+    the Monitor (its view and the run log read them as they are)."""
+    if row is None or isinstance(row, Float32Json) or not _norms_fit_float32(row):
+        return row
+    return Float32Json(row)
+
+
 def _norms_fit_float32(out: dict[str, Any]) -> bool:
     """Whether every ``l2`` of a summary's JSON `out` (its per-iteration ones too) is a
     float32 value: one past float32's range is a float64 (`norm_json`), which

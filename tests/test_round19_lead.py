@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import pathlib
 
 import diffrax
 import equinox as eqx
@@ -137,3 +138,60 @@ def test_a_neural_odes_vector_field_says_the_adjoints_rule_takes_its_gradient():
     assert p["no_cotangent"] == "custom_rule"
     assert p["custom_rule"]["kind"] == "custom_vjp"
     assert p["custom_rule"]["source"]["file"].startswith("equinox")
+
+
+# -- a report's history: float32 statistics in their shortest decimals ---------------------
+
+
+def _report_model(path):
+    import base64
+    import gzip
+    import json
+    import re
+
+    text = pathlib.Path(path).read_text(encoding="utf-8")
+    packed = re.search(r'data-encoding="gzip-base64">([^<]+)</script>', text)
+    if packed is not None:
+        return json.loads(gzip.decompress(base64.b64decode(packed.group(1))))
+    return json.loads(re.search(r"data-sowviz-model[^>]*>(.*?)</script>", text, re.S).group(1))
+
+
+def _floats(x, path=""):
+    if isinstance(x, dict):
+        for k, v in x.items():
+            yield from _floats(v, f"{path}/{k}")
+    elif isinstance(x, list):
+        for v in x:
+            yield from _floats(v, path)
+    elif isinstance(x, float):
+        yield path, x
+
+
+def test_a_reports_history_writes_float32_statistics_in_their_shortest_decimals(tmp_path):
+    def loss(p, x, y):
+        h = jnp.tanh(x @ p["w1"])
+        return jnp.mean((h @ p["w2"] - y) ** 2)
+
+    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(3), 3)
+    params = {"w1": jax.random.normal(k1, (8, 16)) * 0.3, "w2": jax.random.normal(k2, (16, 1))}
+    x = jax.random.normal(k3, (12, 8))
+    y = jnp.sin(x[:, :1])
+    mon = sowviz.Monitor(loss, every=1)
+    for _ in range(6):
+        _, g = mon.step(params, x, y)
+        params = jax.tree.map(lambda p, d: p - 0.1 * d, params, g)
+    want = mon.to_dict()["history"]
+    got = _report_model(mon.save_html(tmp_path / "run.html"))["history"]
+    assert got["steps"] == want["steps"]
+    pid = next(iter(want["probes"]))
+    for mode, rows in want["probes"][pid].items():
+        for r_want, r_got in zip(rows, got["probes"][pid][mode], strict=True):
+            for key in ("l2", "absmax", "min", "max"):
+                assert np.float32(r_got[key]) == np.float32(r_want[key])
+    # every float of the history reads back as a float32 in at most 9 significant digits
+    history_floats = [v for p, v in _floats(got["probes"]) if "loghist" not in p]
+    assert history_floats
+    assert all(
+        len(repr(v).replace("-", "").replace(".", "").lstrip("0").split("e")[0]) <= 9
+        for v in history_floats
+    )
