@@ -90,31 +90,8 @@ def test_a_value_that_does_not_depend_on_the_arguments_stays_independent():
 # -- diffrax's neural ODE, as its example writes it ---------------------------------------
 
 
-class _Func(eqx.Module):
-    mlp: eqx.nn.MLP
-
-    def __init__(self, key):
-        self.mlp = eqx.nn.MLP(2, 2, 8, 2, activation=jnp.tanh, key=key)
-
-    def __call__(self, t, y, args):
-        return self.mlp(y)
-
-
-class _NeuralODE(eqx.Module):
-    func: _Func
-
-    def __call__(self, ts, y0):
-        sol = diffrax.diffeqsolve(
-            diffrax.ODETerm(self.func),
-            diffrax.Tsit5(),
-            t0=ts[0],
-            t1=ts[-1],
-            dt0=ts[1] - ts[0],
-            y0=y0,
-            stepsize_controller=diffrax.PIDController(rtol=1e-3, atol=1e-6),
-            saveat=diffrax.SaveAt(ts=ts),
-        )
-        return sol.ys
+# (the zoo's neural ODE: diffrax's example with an Equinox MLP vector field)
+from tests.zoo.test_diffrax import Func, NeuralODE  # noqa: E402
 
 
 def _ode_loss(model, ts, y0, yi):
@@ -122,7 +99,7 @@ def _ode_loss(model, ts, y0, yi):
 
 
 def test_a_neural_odes_vector_field_says_the_adjoints_rule_takes_its_gradient():
-    model = _NeuralODE(_Func(jax.random.PRNGKey(0)))
+    model = NeuralODE(Func(jax.random.PRNGKey(0)), diffrax.RecursiveCheckpointAdjoint())
     ts = jnp.linspace(0.0, 1.0, 6)
     y0 = jnp.array([1.0, 0.5])
     yi = jnp.ones((6, 2))
