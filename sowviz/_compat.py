@@ -1794,6 +1794,13 @@ def lax_map_batching() -> str | None:
         frame.f_code.co_filename.endswith(_VMAP_FILE) and frame.f_code.co_name == "vmap_f"
     ):
         frame = frame.f_back
+    return _lax_map_vmap(frame)
+
+
+def _lax_map_vmap(frame: Any) -> str | None:
+    """Which of `lax.map`'s vmaps the `vmap` at `frame` is ("lax.map:chunks" inside its
+    scan, "lax.map:rest" on the remainder): the first frame outside `vmap`'s own and
+    JAX's traceback filtering is `lax.map`'s; None when it is anything else."""
     while frame is not None and frame.f_code.co_filename.startswith(_JAX_DIR):
         if frame.f_code.co_filename.endswith(_LOOPS_FILE):
             name = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
@@ -3072,14 +3079,7 @@ def lax_map_batching_of_traced() -> str | None:
         frame = frame.f_back
     if frame is None:
         return None
-    while frame is not None and frame.f_code.co_filename.startswith(_JAX_DIR):
-        if frame.f_code.co_filename.endswith(_LOOPS_FILE):
-            name = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
-            return {"map": "lax.map:rest", "map.<locals>.<lambda>": "lax.map:chunks"}.get(name)
-        if not frame.f_code.co_filename.endswith((_VMAP_FILE, "traceback_util.py")):
-            return None
-        frame = frame.f_back
-    return None
+    return _lax_map_vmap(frame)
 
 
 # --- library closures the user calls (jraph's `GraphNetwork(...)`, `GraphConvolution(...)`)
