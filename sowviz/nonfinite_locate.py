@@ -483,6 +483,11 @@ class _Dataflow:
                 node = self.at.get((path, e))
                 if node is not None:
                     out.append(node)
+                elif results:
+                    # (an equation with no probe of its own, a call drawn as a stage of
+                    # several values: what reads its outputs may read these, as diffrax's
+                    # Runge-Kutta stages reach the step's `y1` through one)
+                    vs = vs | {id(v) for v in j.eqns[e].outvars}
         if path and any(id(v) in vs for v in j.outvars):
             up, (i, _, _) = path[:-1], path[-1]
             parent = self._jaxpr(up)

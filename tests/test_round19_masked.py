@@ -136,3 +136,70 @@ def test_blackjax_nuts_step_is_located_at_the_log_density_log():
     # before it, a NaN in `log` (...) was masked afterwards (not the origin)"
     assert (eq.primitive, eq.source.line) == ("log", line), o.forward.message
     assert "was masked" not in o.forward.message, o.forward.message
+
+
+# ---------------------------------------------------------------------------
+# diffrax: dy/dt = y**2 from y(0) = 1 blows up at t = 1. With `dtmin` forced the
+# solver steps past it: the vector field overflows (y**2 = +Inf at y ~ 1e37), the
+# step's +Inf/NaN is accepted and interpolated into the saved `ys`. Before its +Inf,
+# the solve filled its output buffer with +Inf (`_allocate_output`, a literal
+# `jnp.inf` times the direction of time): a fill, not where the value went wrong.
+
+diffrax = pytest.importorskip("diffrax")
+
+TS = np.linspace(0.0, 2.0, 9)
+
+
+def blow_up(t, y, args):
+    return y**2
+
+
+BLOW_UP_LINE = blow_up.__code__.co_firstlineno + 1
+
+
+def solve(y0, vector_field=blow_up):
+    sol = diffrax.diffeqsolve(
+        diffrax.ODETerm(vector_field),
+        diffrax.Tsit5(),
+        t0=0.0,
+        t1=2.0,
+        dt0=0.1,
+        y0=y0,
+        saveat=diffrax.SaveAt(ts=jnp.asarray(TS)),
+        stepsize_controller=diffrax.PIDController(
+            rtol=1e-5, atol=1e-5, dtmin=0.05, force_dtmin=True
+        ),
+        throw=False,
+        max_steps=64,
+    )
+    return jnp.sum(sol.ys)
+
+
+def first_overflow() -> tuple[int, int]:
+    """(solver step, Runge-Kutta stage) of the first vector field call returning a
+    non-finite value, from the calls recorded in plain JAX: Tsit5 evaluates the field
+    once before the first step (first same as last), then at its 6 later stages."""
+    calls: list[float] = []
+
+    def recorded(t, y, args):
+        out = blow_up(t, y, args)
+        jax.debug.callback(lambda o: calls.append(float(o)), out)
+        return out
+
+    jax.block_until_ready(jax.jit(lambda y0: solve(y0, recorded))(jnp.array(1.0)))
+    k = next(i for i, o in enumerate(calls) if not np.isfinite(o))
+    assert np.isfinite(calls[:k]).all() and k > 0
+    return divmod(k - 1, 6)
+
+
+@pytest.mark.slow
+def test_diffrax_blow_up_is_located_at_the_vector_field_not_the_output_fill():
+    # was "first made by `_fn#2` at diffrax/_integrate.py:373, in iteration 18 of
+    # `while(body_fun)`; before it, `copy` ... held +Inf"
+    assert not np.isfinite(jax.jit(solve)(jnp.array(1.0)))
+    step, stage = first_overflow()
+    o = sowviz.inspect(solve, jnp.array(1.0), mode="primal").locate_nonfinite()
+    eq = o.forward.equation
+    assert (eq.primitive, eq.source.line) == ("integer_pow", BLOW_UP_LINE), o.forward.message
+    assert o.forward.iteration[:2] == (step, stage), o.forward.message
+    assert "_allocate_output" not in eq.label + eq.within, o.forward.message
