@@ -1033,6 +1033,9 @@ _MOVES = frozenset(
         "copy", "copy_p", "concatenate", "slice", "dynamic_slice", "dynamic_update_slice",
         "pad", "gather", "scatter", "rev", "reduce_max", "reduce_min", "max", "min", "neg",
         "abs", "sort", "iota", "stop_gradient", "optimization_barrier",
+        # Equinox's conditional `dynamic_update_slice` and `select`: diffrax writes its
+        # +Inf-filled output buffer with them
+        "maybe_set", "select_if_vmap",
     }
 )  # fmt: skip
 #: Of those, the ones that make no NaN/Inf of finite values: a `gather` does (`jnp.take`
@@ -1053,7 +1056,10 @@ def _producer(
     the earlier node it passed over. An equation that made the ±Inf from finite values
     (an overflow: `mul`, `exp`; not a fill that `select_n` or `broadcast_in_dim` moves)
     stays the origin, with the node holding the results' kind that it led to; one made
-    from literals alone (`-jnp.inf` as a float32) is a fill.
+    from literals alone (`-jnp.inf` as a float32) is a fill. When the earliest node is
+    a fill (diffrax's `jnp.full(n, direction * jnp.inf)` buffer, moved into its loop),
+    the first node computing a non-finite value after it, before the results' kind, is
+    that overflow (the vector field's `y ** 2` at y ~ 1e37), the fill named before it.
     Nodes holding the results' kind compare by the first iteration holding that kind
     (when `locate`'s count run knows it): a loop that carries a +Inf fill from its first
     iteration (Equinox's `while_loop` selects it every iteration) and writes the NaN
@@ -1089,16 +1095,24 @@ def _producer(
     if kinds(first) & results and when(first) <= when(holding[0]):
         return first, None, None, fwd[first].first_of(raw)  # (no `raw`: its first of any)
     n = holding[0]
+    # (a ±Inf fill first, diffrax's output buffer `jnp.full(n, direction * jnp.inf)`
+    # moved into its loop: the first value computed non-finite after it, before what the
+    # results hold, is where they went wrong, the vector field's overflow)
+    made = first
+    if first in fills or _fill_stage(ix, first):
+        before = order[: order.index(n)] if n in order else order
+        made = next((m for m in before if _overflow(ix, fwd, m, fills)), first)
     # (an overflow at its first iteration holds the NaN it led to later: a `div` in a
     # loop that makes +Inf at iteration 0 holds NaN from iteration 1, the positions
     # the `mul` its +Inf became made NaN)
-    if _computes(ix, first) and not _is_fill(ix, first) and not kinds(first, True) & results:
+    if _computes(ix, made) and not _is_fill(ix, made) and not kinds(made, True) & results:
         # No arithmetic makes ±Inf of a NaN: ±Inf results after a NaN were put in its
         # place (tinygp's `jnp.where(jnp.isfinite(ll), ll, -jnp.inf)` after a failed
         # `cholesky`: the NaN is the origin) or made apart from it by an overflow, then
         # the origin of what the results hold.
         if "nan" in results or _is_fill(ix, n):
-            return first, None, n, fwd[first].fwd_iter
+            earlier = None if made == first else _named_earlier(ix, order, first, made)
+            return made, earlier, n, fwd[made].fwd_iter
     return n, _named_earlier(ix, order, first, n), None, fwd[n].first_of(raw)
 
 
@@ -1160,6 +1174,29 @@ def _computes(ix: _Index, n: str) -> bool:
         and all(c.kind == "eqn" for c in inside)
         and any(c.primitive not in _MOVES for c in inside)
     )
+
+
+def _overflow(ix: _Index, fwd: Mapping[str, _Flags], n: str, fills: frozenset[str]) -> bool:
+    """Whether `n` computed its non-finite values from finite ones: it computes, holds no
+    fill, and reads no node non-finite before it (a GAT's `segment_max` of a fully
+    masked node's -Inf scores passes the fill on)."""
+    if not _computes(ix, n) or _filled(ix, n, fills):
+        return False
+    at = ix.key(n, fwd[n].fwd_iter)
+    return not any(s in fwd and ix.key(s, fwd[s].fwd_iter) <= at for s in ix.into.get(n, ()))
+
+
+def _filled(ix: _Index, n: str, fills: frozenset[str]) -> bool:
+    """Whether a node only holds a fill: a literal's (`fills`), a constant's, or what
+    floating equations that only move and select put (`_fill_stage`; an index's integer
+    arithmetic beside them makes no Inf: diffrax's `_BufferItem.set`)."""
+    if n in fills or _fill_stage(ix, n):
+        return True
+    if ix.nodes[n].kind == "eqn":
+        return False
+    inside = [m for m in ix.graph.nodes if m.kind == "eqn" and n in ix.ancestors(m.id)]
+    floats = [m.id for m in inside if _inexact(m)]
+    return bool(floats) and all(m in fills or _is_fill(ix, m) for m in floats)
 
 
 def _is_fill(ix: _Index, n: str) -> bool:

@@ -131,7 +131,7 @@ def analyse(
     fills: frozenset[str] = frozenset(),
 ) -> Origins | None:
     """The origins of one run's non-finite values (None when all are finite); `readers`:
-    a node's readers read off the jaxpr (`_Dataflow.consumers`), and `fills`: its
+    a node's readers read off the jaxpr (`_Dataflow.reaching`), and `fills`: its
     constants holding a literal's NaN/Inf (`_Dataflow.fills`), for `find`."""
     if expect_nonfinite is None:
         expect_nonfinite = getattr(options, "expect_nonfinite", ()) or ()
@@ -266,6 +266,16 @@ class _Dataflow:
                 continue
             if len({i for i, _ in p.values}) == 1:
                 self.at[(p.path, p.values[0][0])] = p.node
+        # The program's results, by the variable making them where they are made (an
+        # output's probe point): a value a loop carries out to a result reaches it, as
+        # surely as one an equation reads (BlackJAX's NUTS returns its `while_loop`'s
+        # trajectory state, whose NaN `log` made in the body).
+        self.results: dict[tuple, dict[int, list[str]]] = {}
+        for p in traced.graph.probe_points:
+            if p.kind == "output" and len(p.values) == 1 and p.values[0][0] >= 0:
+                (i, k) = p.values[0]
+                var = self._jaxpr(p.path).eqns[i].outvars[k]
+                self.results.setdefault(p.path, {}).setdefault(id(var), []).append(p.node)
 
     def _jaxpr(self, path) -> Any:
         return self._level(path)[0]
@@ -280,18 +290,24 @@ class _Dataflow:
             j, consts = self._compat.jaxpr_and_consts(val)
         return j, list(consts)
 
-    def consumers(self, node: str) -> list[str]:
+    def consumers(self, node: str, results: bool = False) -> list[str]:
         """Node ids of the equations reading `node`'s values (leaving a sub-program: the
-        enclosing equation's readers)."""
+        enclosing equation's readers); with `results`, the output nodes of the program's
+        results they are too (`reaching`)."""
         if node in self.inputs:  # an argument: the top-level jaxpr's input
             j = self._jaxpr(())
-            return self._readers((), j, {id(j.invars[self.inputs.index(node)])}, 0)
+            return self._readers((), j, {id(j.invars[self.inputs.index(node)])}, 0, results)
         p = self.points.get(node)
         if p is None or p.kind in ("input", "output"):
             return []
         j = self._jaxpr(p.path)
         vs = {id(j.eqns[i].outvars[k]) for i, k in p.values}
-        return self._readers(p.path, j, vs, min(i for i, _ in p.values) + 1)
+        return self._readers(p.path, j, vs, min(i for i, _ in p.values) + 1, results)
+
+    def reaching(self, node: str) -> list[str]:
+        """`consumers(node)` and the results its values are: what `find`'s `readers`
+        asks, whether a value goes on to a result (out of a `while_loop` too)."""
+        return self.consumers(node, results=True)
 
     def producers(self, node: str) -> list[str]:
         """Node ids of the equations of its own sub-program whose values the equation
@@ -460,18 +476,24 @@ class _Dataflow:
         operand = call.invars[j.invars.index(v)]
         return self._constant_kinds(up, outer, outer_consts, operand, fills, flags)
 
-    def _readers(self, path, j, vs: set[int], start: int) -> list[str]:
-        out = []
+    def _readers(self, path, j, vs: set[int], start: int, results: bool = False) -> list[str]:
+        made_here = self.results.get(path, {}) if results else {}
+        out = [node for v in vs for node in made_here.get(v, ())]
         for e in range(start, len(j.eqns)):
             if any(id(v) in vs for v in j.eqns[e].invars):
                 node = self.at.get((path, e))
                 if node is not None:
                     out.append(node)
+                elif results:
+                    # (an equation with no probe of its own, a call drawn as a stage of
+                    # several values: what reads its outputs may read these, as diffrax's
+                    # Runge-Kutta stages reach the step's `y1` through one)
+                    vs = vs | {id(v) for v in j.eqns[e].outvars}
         if path and any(id(v) in vs for v in j.outvars):
             up, (i, _, _) = path[:-1], path[-1]
             parent = self._jaxpr(up)
             outs = {id(v) for v in parent.eqns[i].outvars}
-            out += self._readers(up, parent, outs, i + 1)
+            out += self._readers(up, parent, outs, i + 1, results)
         return out
 
 
@@ -788,11 +810,11 @@ def _probed(
     flow = _Dataflow(traced)
     ix = _Index(ins.graph, reversed_loops(traced))
     fills = flow.fills(ins.graph, node_flags(ins.probes, ix.times), ix)
-    fine = analyse(ins, traced, opts, args, step, expect_nonfinite, flow.consumers, fills)
+    fine = analyse(ins, traced, opts, args, step, expect_nonfinite, flow.reaching, fills)
     if alarmed and (fine is None or not fine.alarm):
         ins, traced, opts = _run_all(fn, args, options, traced=traced, barriers=False)
         fills = flow.fills(ins.graph, node_flags(ins.probes, ix.times), ix)
-        fine = analyse(ins, traced, opts, args, step, expect_nonfinite, flow.consumers, fills)
+        fine = analyse(ins, traced, opts, args, step, expect_nonfinite, flow.reaching, fills)
     return ins, traced, opts, flow, fine
 
 
