@@ -1101,7 +1101,10 @@ def _producer(
     made = first
     if first in fills or _fill_stage(ix, first):
         before = order[: order.index(n)] if n in order else order
-        made = next((m for m in before if _overflow(ix, fwd, m, fills)), first)
+        # (not a stage holding the fill itself: the line box `m = segment_max(x * w, ...)`
+        # around an empty segment's -Inf computes `x * w`, and made no Inf)
+        around = set(ix.ancestors(first))
+        made = next((m for m in before if m not in around and _overflow(ix, fwd, m, fills)), first)
     # (an overflow at its first iteration holds the NaN it led to later: a `div` in a
     # loop that makes +Inf at iteration 0 holds NaN from iteration 1, the positions
     # the `mul` its +Inf became made NaN)
