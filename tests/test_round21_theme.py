@@ -88,7 +88,8 @@ def _rgba(c: str) -> tuple[float, float, float, float]:
     """A computed CSS colour (`rgb(...)`, `rgba(...)`, `#rrggbb`) as 0-255 channels, alpha."""
     c = c.strip()
     if c.startswith("#"):
-        return (*(int(c[i : i + 2], 16) for i in (1, 3, 5)), 1.0)
+        h = "".join(ch * 2 for ch in c[1:]) if len(c) == 4 else c[1:]
+        return (*(int(h[i : i + 2], 16) for i in (0, 2, 4)), 1.0)
     m = re.fullmatch(r"rgba?\(([^)]*)\)", c)
     assert m, f"not a colour: {c!r}"
     parts = [float(v) for v in re.split(r"[\s,/]+", m.group(1).strip()) if v]
@@ -128,6 +129,8 @@ def test_contrast_arithmetic_matches_wcag_reference_values():
     assert _contrast(_rgba("#000000"), _rgba("#ffffff")) == pytest.approx(21.0)
     assert _contrast(_rgba("#767676"), _rgba("#ffffff")) == pytest.approx(4.54, abs=0.01)
     assert _contrast(_rgba("#777777"), _rgba("#ffffff")) == pytest.approx(4.48, abs=0.01)
+    assert _rgba("#0f8") == (0, 255, 136, 1.0)
+    assert _rgba("rgba(1, 2, 3, 0.5)") == (1, 2, 3, 0.5)
     # half-transparent black over white is mid grey (127.5)
     assert _over("rgba(0, 0, 0, 0.5)", 1.0, (255, 255, 255, 1))[:3] == (127.5, 127.5, 127.5)
 
@@ -348,3 +351,116 @@ def test_stopped_note_shows_names_as_code_and_user_markup_as_text(browser, theme
         assert p.errors == []
     finally:
         p.close()
+
+
+# --- the widget in a real JupyterLab ---------------------------------------------------
+
+LAB_CELL = """import jax, jax.numpy as jnp, sowviz
+print("SOWVIZ", sowviz.__file__)
+
+def loss(params, x):
+    with jax.named_scope("outer"):
+        with jax.named_scope("inner"):
+            with jax.named_scope("core"):
+                h = jnp.tanh(x @ params["w"] + params["b"])
+        with jax.named_scope("target"):
+            t = jax.lax.stop_gradient(h * 2.0)
+    return jnp.mean((h - t) ** 2)
+
+params = {"w": jax.random.normal(jax.random.PRNGKey(0), (8, 8)) / 3, "b": jnp.zeros(8)}
+x = jax.random.normal(jax.random.PRNGKey(1), (16, 8))
+sowviz.show(loss, params, x, mode="all", warm=())"""
+
+WIDGET = ".jp-OutputArea-output .sowviz"
+
+
+def _lab_measure(page):
+    return page.evaluate(
+        MEASURE.replace("document.querySelector('.sowviz')", f"document.querySelector('{WIDGET}')")
+    )
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_widget_follows_jupyterlab_theme(browser, theme_report, tmp_path):
+    """JupyterLab Dark while the system prefers light: the widget is dark; Settings >
+    Theme > JupyterLab Light while the system prefers dark: the widget turns light. Both
+    pass the contrast checks on JupyterLab's own backgrounds."""
+    import nbformat
+    from lab_session import failed, jupyter_lab, open_notebook, run_all_cells, write_json
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(LAB_CELL)])
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    path = tmp_path / "theme.ipynb"
+    nbformat.write(nb, path)
+    base = tmp_path / "lab"
+    write_json(
+        base / "settings" / "@jupyterlab" / "apputils-extension" / "themes.jupyterlab-settings",
+        {"theme": "JupyterLab Dark"},
+    )
+    ARTIFACTS.mkdir(exist_ok=True)
+    errors: list[str] = []
+    # the kernel imports this checkout's sowviz (and its widget's script)
+    with jupyter_lab(base, [path], env={"PYTHONPATH": str(ROOT)}) as (url, log):
+        context = browser.new_context(
+            viewport={"width": 1500, "height": 1100}, color_scheme="light"
+        )
+        page = context.new_page()
+        page.set_default_timeout(30_000)
+        try:
+            open_notebook(page, url, path.name, errors, blocked := [])
+            assert page.evaluate("() => document.body.dataset.jpThemeLight") == "false"
+            run_all_cells(page)
+            page.wait_for_function(
+                f"() => document.querySelector('{WIDGET} [data-node-id]')", timeout=240_000
+            )
+            out = page.locator(".jp-OutputArea-output", has_text="SOWVIZ").inner_text()
+            assert str(ROOT / "sowviz") in out, out
+            # the notebook's program is the report's: its stages have the same ids
+            open_three_deep(page, theme_report[0])
+            dark = _lab_measure(page)
+            assert (dark["theme"], dark["host"]) == ("dark", "jupyter")
+            assert_readable(dark)
+            assert_series_apart(dark["modes"])
+            page.locator(WIDGET).first.screenshot(
+                path=str(ARTIFACTS / "round21_jupyterlab_dark.png")
+            )
+
+            # the system turns dark, JupyterLab is switched to its light theme by menu
+            page.emulate_media(color_scheme="dark")
+            page.locator(".lm-MenuBar-itemLabel", has_text="Settings").first.click()
+            page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Theme$")).first.hover()
+            page.locator(
+                '.lm-Menu-item[data-command="apputils:change-theme"]', has_text="JupyterLab Light"
+            ).first.click()
+            page.wait_for_function("() => document.body.dataset.jpThemeLight === 'true'")
+            page.wait_for_function(
+                f"() => document.querySelector('{WIDGET}').dataset.svTheme === 'light'"
+            )
+            page.wait_for_timeout(1500)  # the theme's stylesheet, then the charts redrawn
+            light = page.evaluate(
+                MEASURE.replace(
+                    "document.querySelector('.sowviz')", f"document.querySelector('{WIDGET}')"
+                )
+            )
+            assert (light["theme"], light["host"]) == ("light", "jupyter")
+            assert_readable(light)
+            # the charts took the light theme's colours (not the dark theme's white text)
+            fonts = page.evaluate(
+                f"""() => [...document.querySelectorAll('{WIDGET} .sv-detail .js-plotly-plot')]
+                         .map(g => g._fullLayout.font.color)"""
+            )
+            assert fonts and all(_luminance(_rgba(f)) < 0.2 for f in fonts), fonts
+            page.locator(WIDGET).first.screenshot(
+                path=str(ARTIFACTS / "round21_jupyterlab_light.png")
+            )
+        except Exception as err:
+            raise failed(err, page, log, ARTIFACTS / "round21_jupyterlab_failure.png") from err
+        finally:
+            context.close()
+    assert blocked == []
+    assert errors == [], errors
