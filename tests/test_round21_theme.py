@@ -1,7 +1,7 @@
 """Readable colours in the light and dark themes (round 21), measured in Chromium.
 
 A report of a program run in mode "all" (primal, tangent and cotangent), its stages opened
-three deep, opens from file:// with the page's colour scheme light, then dark. The test
+five deep, opens from file:// with the page's colour scheme light, then dark. The test
 reads the computed colours of what is drawn (edges, arrowheads, ports, face sparklines, the
 detail panel's histogram bars and series swatches, text) and of what lies under each (the
 widget's background, the translucent stage boxes nested above it, the node, the panel),
@@ -56,7 +56,7 @@ def _program():
     def loss(params, x):
         with jax.named_scope("outer"):
             with jax.named_scope("inner"):
-                with jax.named_scope("core"):
+                with jax.named_scope("mid"), jax.named_scope("deep"), jax.named_scope("core"):
                     h = jnp.tanh(x @ params["w"] + params["b"])
             with jax.named_scope("target"):
                 t = target_of(h)
@@ -266,9 +266,9 @@ def assert_series_apart(modes):
                 assert min(d, 360 - d) >= 60, (a, b, modes)
 
 
-def open_three_deep(pg, model):
-    """Opens outer > inner > core (three nested stage boxes) and selects `core`."""
-    for label in ("outer", "inner", "core"):
+def open_five_deep(pg, model):
+    """Opens outer > inner > mid > deep > core (five nested stage boxes), selects `core`."""
+    for label in ("outer", "inner", "mid", "deep", "core"):
         nid = _id(model, label)
         g = pg.locator(f'[data-node-id="{nid}"]')
         if g.get_attribute("data-expanded") != "true":
@@ -286,13 +286,13 @@ def test_report_colours_reach_wcag_contrast(browser, theme_report, scheme):
     p = Page(browser, color_scheme=scheme)
     try:
         pg = p.open_report(path)
-        open_three_deep(pg, model)
+        open_five_deep(pg, model)
         measured = pg.evaluate(MEASURE)
         assert measured["theme"] == scheme and measured["host"] == "standalone"
         rows = assert_readable(measured)
-        # the edges were measured inside three nested stage boxes too
+        # the edges were measured inside five nested stage boxes too
         deepest = max(len(r["layers"]) for r in rows if r["what"] == "edge")
-        assert deepest >= 4, deepest  # widget background + outer + inner + core
+        assert deepest >= 6, deepest  # widget background + outer, inner, mid, deep, core
         modes = {r["what"].split(" ")[-1] for r in rows if r["what"].startswith("histogram bar")}
         assert modes == {"primal", "tangent", "cotangent"}
         assert_series_apart(measured["modes"])
@@ -315,7 +315,7 @@ def test_a_broken_colour_is_caught(browser, theme_report):
             content=".sowviz { --sv-edge: #9aa3b2; --sv-tangent: #54a24b; }"
             " .sv-edge { opacity: 0.85; }"
         )
-        open_three_deep(pg, model)
+        open_five_deep(pg, model)
         rows = _ratios(pg.evaluate(MEASURE))
         edges = [r["ratio"] for r in rows if r["what"] == "edge"]
         tangent = [r["ratio"] for r in rows if r["what"] == "histogram bar tangent"]
@@ -361,7 +361,7 @@ print("SOWVIZ", sowviz.__file__)
 def loss(params, x):
     with jax.named_scope("outer"):
         with jax.named_scope("inner"):
-            with jax.named_scope("core"):
+            with jax.named_scope("mid"), jax.named_scope("deep"), jax.named_scope("core"):
                 h = jnp.tanh(x @ params["w"] + params["b"])
         with jax.named_scope("target"):
             t = jax.lax.stop_gradient(h * 2.0)
@@ -421,7 +421,7 @@ def test_widget_follows_jupyterlab_theme(browser, theme_report, tmp_path):
             out = page.locator(".jp-OutputArea-output", has_text="SOWVIZ").inner_text()
             assert str(ROOT / "sowviz") in out, out
             # the notebook's program is the report's: its stages have the same ids
-            open_three_deep(page, theme_report[0])
+            open_five_deep(page, theme_report[0])
             dark = _lab_measure(page)
             assert (dark["theme"], dark["host"]) == ("dark", "jupyter")
             assert_readable(dark)
