@@ -1,7 +1,7 @@
 // The detail panel [data-role="detail"]: metadata, one histogram per captured mode,
 // the statistics table, and for a Monitor the history of the selected probe.
 
-import { h, clear, noteClass, said } from "./dom.js";
+import { h, clear, noteClass, said, withCode } from "./dom.js";
 import { drawHistogram, drawHistoryHeatmap, drawLines, drawSignedLog, modeColour, purge } from "./charts.js";
 import { hasSigned, signedLog } from "./loghist.js";
 import { probeNonfiniteSteps } from "./history.js";
@@ -293,7 +293,8 @@ export class DetailPanel {
     });
     this.blocks = blocks;
     const why = noCotangentNote(this.index.model, probe, this.index);
-    if (why) this.body.append(h("p", { class: "sv-muted", "data-role": "no-cotangent", text: why }));
+    // (its names in backticks, `jax.lax.stop_gradient`, shown as code: `withCode`, text nodes only)
+    if (why) this.body.append(h("p", { class: "sv-muted", "data-role": "no-cotangent" }, withCode(why)));
     this.body.append(this.statsTable(probe, modes));
     this.drawCharts(colours, width);
     this.drawHistory(probe, modes, colours, width);

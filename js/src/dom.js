@@ -36,6 +36,32 @@ export function s(tag, attrs, children) {
   return apply(document.createElementNS(SVG_NS, tag), attrs, children);
 }
 
+/**
+ * A message's `backticked` names as code: its parts, each `{code, text}`, split at the
+ * backticks (a lone one stays as written). Nothing is parsed as HTML: `withCode` makes
+ * each part a text node, so a user's `<b>` in a file name shows as those characters.
+ * @param {string} text
+ * @returns {{code: boolean, text: string}[]}
+ */
+export function codeSpans(text) {
+  const parts = [];
+  const re = /`([^`]+)`/g;
+  let last = 0;
+  for (let m = re.exec(text); m; m = re.exec(text)) {
+    if (m.index > last) parts.push({ code: false, text: text.slice(last, m.index) });
+    parts.push({ code: true, text: m[1] });
+    last = re.lastIndex;
+  }
+  if (last < text.length) parts.push({ code: false, text: text.slice(last) });
+  return parts;
+}
+
+/** `codeSpans` as DOM children: text nodes and `<code>` elements (textContent only).
+ * @param {string} text */
+export function withCode(text) {
+  return codeSpans(text).map((p) => (p.code ? h("code", { text: p.text }) : p.text));
+}
+
 /** Removes every child. */
 export function clear(el) {
   while (el.firstChild) el.removeChild(el.firstChild);

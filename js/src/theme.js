@@ -127,9 +127,9 @@ export function chartColours(root) {
     font: v("--sv-font", "system-ui, sans-serif"),
     modes: {
       primal: v("--sv-primal", "#4c78a8"),
-      tangent: v("--sv-tangent", "#59a14f"),
-      cotangent: v("--sv-cotangent", "#e45756"),
-      other: v("--sv-other", "#b279a2"),
+      tangent: v("--sv-tangent", "#3f8a37"),
+      cotangent: v("--sv-cotangent", "#d9423f"),
+      other: v("--sv-other", "#a0628f"),
     },
   };
 }
