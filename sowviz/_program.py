@@ -366,6 +366,8 @@ class Traced:
         if found is None:  # two threads may both build it: the same program either way
             live = self.live if kind == "reverse" else None
             points = self.graph.probe_points
+            if kind == "reverse":  # (a Tesseract's VJP per input field: only with cotangents)
+                points = (*points, *self.graph.operand_points)
             found = instrument(self.closed, points, tag=PROBE_TAG, detached=live)
             self._instrumented[kind] = found
         return found
