@@ -785,7 +785,7 @@ class Inspection:
 
         `input="x"` names the input field `x` of a Tesseract's stage (`probe("solve",
         input="x")`; a nested field by the schema's path, `input="scale.a"`), in modes
-        "grad" and "vjp": its `primal` is the value the call got for the field, its
+        "grad", "vjp" and "all": its `primal` is the value the call got for the field, its
         `cotangent` what the Tesseract's own VJP handed back for it, the Tesseract's
         part of the gradient, beside the total of a value the program also reads
         elsewhere (the probe of the value itself, `probe("x")`). Its leaf is
@@ -830,7 +830,7 @@ class Inspection:
         raise KeyError(
             f"no Tesseract stage {name!r} with probed inputs in mode {self.mode.value!r}: "
             "a Tesseract's input fields are probed where cotangents are computed, in modes "
-            "'grad' and 'vjp' (their cotangent is the Tesseract's own VJP). Name the stage "
+            "'grad', 'vjp' and 'all' (their cotangent is the Tesseract's own VJP). Name the stage "
             "by its label (`tesseract_names=` sets it) or its path."
         ) from None
 

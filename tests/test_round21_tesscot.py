@@ -4,13 +4,13 @@ input=field)`), its cotangent what the Tesseract's VJP alone hands back for the 
 (as `jax.vjp` of the call alone says, and the closed form of the fixture), not the
 total gradient of a value the program also reads elsewhere (which the value's own
 probe keeps, as `jax.grad` of the whole function says); a nested field by its schema
-path; inside a `jit` and per iteration of a `scan`; none in modes primal and jvp. And
+path; inside a `jit` and per iteration of a `scan`; in mode all too; none in modes
+primal and jvp. And
 a small program's Tesseract line computing its input in the call (`{"x": x**2 + 1}`)
 draws that arithmetic as one box `<stage> inputs`, not loose `integer_pow`, `add`.
 
-Gaps: the panel's table (‖Tesseract VJP‖₂ beside ‖total‖₂) is not built; mode "all"
-(linearized) probes no input fields; a field the call gets as a literal or a
-non-differentiable one has no probe."""
+Gaps: the panel's table (‖Tesseract VJP‖₂ beside ‖total‖₂) is not built; a field the
+call gets as a literal, or a non-differentiable one, has no probe."""
 
 from __future__ import annotations
 
@@ -137,7 +137,7 @@ def test_no_input_probe_where_no_cotangent_is_computed(scale, mode):
     ins = sowviz.inspect(loss, x, a, mode=mode, tesseract_names={scale: "solve"})
     node = ins.probe("solve", "y").node
     assert [p.leaf for p in ins.probes if p.node == node] == ["['y']"]
-    with pytest.raises(KeyError, match=rf"in mode '{mode}': .* modes 'grad' and 'vjp'"):
+    with pytest.raises(KeyError, match=rf"in mode '{mode}': .* modes 'grad', 'vjp' and 'all'"):
         ins.probe("solve", input="x")
 
 
@@ -217,3 +217,19 @@ def test_a_small_programs_tesseract_line_draws_its_input_arithmetic_as_one_box(s
     _check(ins.probe("solve inputs").summaries["primal"], u)
     _check(ins.probe("solve inputs").summaries["cotangent"], 2.0 * 2.0 * y)
     _check(ins.probe("solve", input="x").summaries["cotangent"], 2.0 * 2.0 * y)
+
+
+def test_mode_all_probes_the_fields_too(scale):
+    loss = _shared_loss(scale)
+    x, a = jnp.linspace(-1.0, 1.0, 5, dtype=jnp.float32), jnp.float32(1.5)
+    ins = sowviz.inspect(loss, x, a, mode="all", tesseract_names={scale: "solve"})
+    call = lambda x: apply_tesseract(scale, {"x": x, "a": a, "b": jnp.float32(0.5)})["y"]  # noqa: E731
+    y, pull = jax.vjp(call, x)
+    (want,) = pull(2.0 * y)
+    got = ins.probe("solve", input="x").summaries
+    _check(got["cotangent"], want)
+    _check(got["primal"], x)
+    # its tangent is the input's own: a copy carries the tangent unchanged
+    tangent = ins.probe("x").summaries["tangent"]
+    for key in ("l2", "mean", "min", "max"):
+        assert got["tangent"][key] == pytest.approx(tangent[key], rel=1e-6), key
