@@ -94,6 +94,11 @@ def test_each_input_fields_cotangent_is_the_tesseracts_own_vjp(scale):
     # and the model carries them as probes of the stage
     d = ins.to_dict()
     assert {p["leaf"] for p in d["probes"] if p["node"] == px.node} == set(leaves)
+    # its fields are named by what feeds them, a differentiated argument too (`x`), for
+    # the panel's table of each field's VJP beside the value's total
+    (stage,) = [n for n in d["nodes"] if n["id"] == px.node]
+    by_id = {n["id"]: n for n in d["nodes"]}
+    assert {by_id[m]["label"]: f for m, f in stage["port_names"].items()} == {"x": "x", "a": "a"}
 
 
 def test_a_nested_field_is_named_by_its_schema_path():
@@ -233,3 +238,29 @@ def test_mode_all_probes_the_fields_too(scale):
     tangent = ins.probe("x").summaries["tangent"]
     for key in ("l2", "mean", "min", "max"):
         assert got["tangent"][key] == pytest.approx(tangent[key], rel=1e-6), key
+
+
+@pytest.mark.browser
+def test_the_panel_shows_the_vjp_beside_the_total(page, tmp_path, scale):
+    loss = _shared_loss(scale)
+    x, a = jnp.linspace(-1.0, 1.0, 5, dtype=jnp.float32), jnp.float32(1.5)
+    ins = sowviz.inspect(loss, x, a, mode="grad", tesseract_names={scale: "solve"})
+    node = ins.probe("solve").node
+    pg = page.open_report(ins.save_html(tmp_path / "t.html"))
+    pg.locator(f'[data-node-id="{node}"]').click()
+    table = pg.locator('[data-role="detail"] [data-role="tesseract-vjp"]')
+    table.wait_for(state="visible")
+    row = table.locator('tr[data-field="x"] td').all_inner_texts()
+    assert row[:2] == ["x", "x"]
+    vjp, total = (float(v) for v in row[2:])
+    call = lambda x: apply_tesseract(scale, {"x": x, "a": a, "b": jnp.float32(0.5)})["y"]  # noqa: E731
+    y, pull = jax.vjp(call, x)
+    assert vjp == pytest.approx(float(jnp.linalg.norm(pull(2.0 * y)[0])), rel=1e-3)
+    assert total == pytest.approx(float(jnp.linalg.norm(jax.grad(loss)(x, a))), rel=1e-3)
+    # `a` is not differentiated (argument 0 only): no row
+    assert table.locator('tr[data-field="a"]').count() == 0
+    # the stage's face is its output's, not named among its inputs
+    face = pg.locator(f'[data-node-id="{node}"]').text_content()
+    # (an input among its outputs, the face named the one it shows: `y ‖grad‖₂ = …`)
+    assert "‖grad‖₂ = " in face and "y ‖grad‖₂" not in face and "input" not in face, face
+    assert page.errors == []

@@ -1947,6 +1947,10 @@ class _Builder(InputsMixin):
                     key = (reader, made)
                     self.port_names[key] = joined_name(self.port_names.get(key), name)
                     self.name_ports_inside(reader, readers, made, name)
+            elif name and reader.kind == "tesseract":
+                # a Tesseract's field fed by a differentiated argument (`x` in `parameters`)
+                # is named too: its panel lists the field beside its VJP (`x ← x`)
+                self.port_names[(reader, made)] = name
         key = (src[k], dst[k])
         if key not in self.edges:
             self.edges[key] = Edge(
