@@ -366,6 +366,24 @@ def stop_gradient_eqn(x: Var, source_info=None) -> tuple[JaxprEqn, Var]:
 _STOP_GRADIENT: tuple[Primitive, dict] | None = None
 
 
+def copy_eqn(x: Var, source_info=None) -> tuple[JaxprEqn, Var]:
+    """An equation `y = copy(x)` and its output `y` (the primitive `jnp.copy` binds,
+    found by tracing it: `copy` in JAX 0.10-0.12). A value sown through a copy that
+    one equation alone reads gets that equation's cotangent alone: a `sow` hands its
+    result to every read of its operand (`read_on_through`), the copy's has none."""
+    global _COPY
+    if _COPY is None:
+        closed = jax.make_jaxpr(jax.numpy.copy)(jax.ShapeDtypeStruct((), "float32"))
+        (eqn,) = closed.jaxpr.eqns
+        _COPY = (eqn.primitive, dict(eqn.params))
+    prim, params = _COPY
+    y = new_var(x.aval)
+    return new_eqn([x], [y], prim, params, set(), source_info), y
+
+
+_COPY: tuple[Primitive, dict] | None = None
+
+
 def closed_call_eqn(closed: ClosedJaxpr, invars: list, source_info=None) -> JaxprEqn:
     """An equation calling `closed` on `invars` (`core.closed_call_p`: "closed_call" up
     to JAX 0.11, "eval_jaxpr" in 0.12), with fresh output variables."""

@@ -295,7 +295,8 @@ class Traced:
         #: the checks of a user's `sow` say nothing of them (`inspection.join_probes`)
         self.own_sows: frozenset[str] = getattr(named, "sowviz_own_sows", frozenset())
         #: the instrumented program, per kind ("forward": every value in the data flow;
-        #: "reverse": dead values beside it, `probed_for`), rewritten when first needed
+        #: "reverse": dead values beside it, `probed_for`; "reverse" and "all" also sow
+        #: the graph's `operand_points`), rewritten when first needed
         self._instrumented: dict[str, Callable[..., list]] = {}
         self.n_out = len(jax.tree_util.tree_leaves(out_shape))
 
@@ -366,6 +367,8 @@ class Traced:
         if found is None:  # two threads may both build it: the same program either way
             live = self.live if kind == "reverse" else None
             points = self.graph.probe_points
+            if kind != "forward":  # (a Tesseract's VJP per input field: with cotangents)
+                points = (*points, *self.graph.operand_points)
             found = instrument(self.closed, points, tag=PROBE_TAG, detached=live)
             self._instrumented[kind] = found
         return found
@@ -382,7 +385,11 @@ class Traced:
         """`probed` for a program of `mode`. In grad and vjp modes the values that do not
         reach `fn`'s output are probed beside the data flow, their primal only
         (`_liveness`): their cotangent is zero, and keeping their tangent alive hands
-        a symbolic-zero cotangent to rules that plain JAX never gives one."""
+        a symbolic-zero cotangent to rules that plain JAX never gives one. In grad, vjp
+        and all modes a Tesseract's input fields are probed too (`operand_points`)."""
+        if Mode(mode) is Mode.ALL:  # (every value in the data flow, as `probed`)
+            linear = self._rewritten("all")
+            return lambda dyn: self._outputs(linear(*dyn))
         if Mode(mode) not in (Mode.GRAD, Mode.VJP):
             return self.probed
         probed = self._rewritten("reverse")

@@ -36,7 +36,7 @@ from ._model import KEY_ORDER, SCHEMA, Mode
 from ._program import PROBE_TAG, Out, Traced, runner_for
 from ._runtime_errors import library_errors
 from .capture.api import META_KEYS, nest
-from .graph.model import StageGraph, part_of, sibling_labels
+from .graph.model import INPUT, StageGraph, operands_of, part_of, sibling_labels
 from .graph.names import key_path_label, short_path, sows_named_as_captured
 from .graph.saved import NEW
 from .modes import check_argnums
@@ -114,7 +114,14 @@ def join_probes(
     notes: list[Any] = []
     untaken: set[str] = set()
     stacked: dict[tuple[str, str], dict] = {}  # (node, name) -> mode -> `Site.axes`
-    for node, entry in _whole_points(graph, summaries.get(PROBE_TAG, {})).items():
+    entries = dict(summaries.get(PROBE_TAG, {}))
+    # a Tesseract's input fields (`ProbePoint.operands`): more leaves of its stage
+    for name in [n for n in entries if operands_of(n) is not None]:
+        entry, node = entries.pop(name), operands_of(name)
+        taken = entry.get("taken")
+        if node in graph._by_id() and (taken is None or np.any(np.asarray(taken))):
+            found += _probes_of(graph.node(node).label, node, entry, True)
+    for node, entry in _whole_points(graph, entries).items():
         taken = entry.get("taken")
         if taken is not None and not np.any(np.asarray(taken)):
             untaken.add(node)  # its zeros are no values: it did not run
@@ -157,7 +164,15 @@ def join_probes(
                 )
     order = {n.id: n.order for n in graph.nodes}
     # (a stage's state writes after what its call returns: the panel opens on its first)
-    found.sort(key=lambda f: (order.get(f[2], 0), not f[3], f[0], _written(f[1]), _leaf_key(f[1])))
+    found.sort(
+        key=lambda f: (
+            order.get(f[2], 0),
+            not f[3],
+            f[0],
+            _written(f[1]) or _an_input(f[1]),
+            _leaf_key(f[1]),
+        )
+    )
     why = no_cotangent_reasons(traced, found, mode, options.argnums)
     probes = [
         Probe(
@@ -353,6 +368,12 @@ def _written(leaf: str) -> bool:
     """Whether a stage's output `leaf` is the new value of a module's variable, which
     its call wrote and does not return (a BatchNorm's `['mean (new)']`, `saved.NEW`)."""
     return leaf.endswith(f"{NEW}']")
+
+
+def _an_input(leaf: str) -> bool:
+    """Whether a stage's `leaf` is one of its inputs (a Tesseract's `['x (input)']`,
+    `ProbePoint.operands`): listed after what the stage makes, which its panel opens on."""
+    return leaf.endswith(f"{INPUT}']")
 
 
 def _natural(leaf: str) -> tuple:
@@ -742,7 +763,7 @@ class Inspection:
             self.__dict__["_path_labels_of"] = cached
         return cached[1]
 
-    def probe(self, name: str, leaf: str = "") -> Probe:
+    def probe(self, name: str, leaf: str = "", *, input: str = "") -> Probe:
         """The probe called `name` (a sow name, a stage label, a parameter's name) with
         the output leaf `leaf` ("" for a single array, "[1]" for a stage's second
         output), or whose path (`probe_path`) is `name` or ends with "/" + `name`
@@ -760,8 +781,19 @@ class Inspection:
         `cholesky` inside it). JAX's own key paths are names too:
         `jax.tree_util.keystr(path)` of a parameter, `[1]['log_nu']`, is `[1].log_nu`;
         and so are the run log's TensorBoard tags (`CNN/conv1:_Conv2d`, spaces written
-        as underscores)."""
+        as underscores).
+
+        `input="x"` names the input field `x` of a Tesseract's stage (`probe("solve",
+        input="x")`; a nested field by the schema's path, `input="scale.a"`), in modes
+        "grad", "vjp" and "all": its `primal` is the value the call got for the field, its
+        `cotangent` what the Tesseract's own VJP handed back for it, the Tesseract's
+        part of the gradient, beside the total of a value the program also reads
+        elsewhere (the probe of the value itself, `probe("x")`). Its leaf is
+        `"['x (input)']"`. Only the schema's differentiable fields that the call gets as
+        traced arrays are probed."""
         _check_probe_query(name, leaf)
+        if input:
+            return self._input_probe(name, leaf, input)
         try:
             return self._probe(name, leaf)
         except KeyError:
@@ -777,6 +809,30 @@ class Inspection:
                 except KeyError:
                     pass
             raise
+
+    def _input_probe(self, name: str, leaf: str, field: str) -> Probe:
+        """`probe(name, input=field)`: the stage's leaf `['<field> (input)']`."""
+        if not isinstance(field, str) or leaf:
+            raise TypeError(_PROBE_INPUT.format(value=field, leaf=leaf))
+        want = f"['{field}{INPUT}']"
+        try:
+            return self.probe(name, want)
+        except KeyError:
+            pass
+        stages = [p for p in self.probes if p.name == name and _an_input(p.leaf)]
+        fields = sorted({p.leaf[2 : -len(f"{INPUT}']")] for p in stages}, key=_natural)
+        if fields:
+            raise KeyError(
+                f"stage {name!r} has no input field {field!r} probed; it has "
+                f"{', '.join(repr(f) for f in fields)} (its schema's differentiable fields "
+                "that the call gets as traced arrays)."
+            ) from None
+        raise KeyError(
+            f"no Tesseract stage {name!r} with probed inputs in mode {self.mode.value!r}: "
+            "a Tesseract's input fields are probed where cotangents are computed, in modes "
+            "'grad', 'vjp' and 'all' (their cotangent is the Tesseract's own VJP). Name the stage "
+            "by its label (`tesseract_names=` sets it) or its path."
+        ) from None
 
     def _probe(self, name: str, leaf: str) -> Probe:
         if leaf and not leaf.startswith(("[", ".")):  # `leaf="output"` for "['output']"
@@ -863,7 +919,8 @@ class Inspection:
         stages = sorted({self.probe_path(p) for p in others})
         if len(stages) == 1 and len(others) == 1 and not leaf:
             return others[0]  # a stage of one named output (a Tesseract's field)
-        results = [p for p in others if not _written(p.leaf)]
+        # (nor a Tesseract's inputs, `['x (input)']`: `probe("solve")` is its one output)
+        results = [p for p in others if not _written(p.leaf) and not _an_input(p.leaf)]
         results = [p for p in results if self._module_path(p) == name] or results
         if not leaf and results and len({self.probe_path(p) for p in results}) == len(results):
             # A module's call that writes its variables (a BatchNorm's running statistics,
@@ -916,6 +973,10 @@ _PROBE_NAME = (
     "Got {value!r} ({kind}).{hint}"
 )
 _PATH_HINT = " A path is one string, its parts joined by '/': `{joined!r}`."
+_PROBE_INPUT = (
+    "probe()'s `input` is the name of a Tesseract's input field (`input='x'`), given "
+    "without `leaf`; got input={value!r}, leaf={leaf!r}."
+)
 _PROBE_LEAF = (
     "probe()'s `leaf` is a str (`''` for a single array, `'[1]'` for a stage's second "
     "output); got {value!r} ({kind})."

@@ -10,7 +10,7 @@ import { fmt } from "./stats.js";
 import { parentPath } from "./search.js";
 import { chartNorm, nonfiniteCount, nonfiniteText } from "./nonfinite.js";
 import { orderModes } from "./model.js";
-import { faceOutputs, outputLabel } from "./faces.js";
+import { faceOutputs, isInputLeaf, outputLabel, ownOutputs } from "./faces.js";
 import { gradHistory, gradNote, paramRows, paramTable, readRows } from "./params.js";
 import { iterationBlock } from "./iterations.js";
 import { repeatBlock } from "./repeatview.js";
@@ -160,7 +160,7 @@ export class DetailPanel {
     // which output the values are (a scan's carry [0] or its stacked ys [1]; a
     // Tesseract's field read alone)
     // (named as its face names it: `outputLabel`)
-    if (probe?.leaf) rows.push(["output", outputLabel(probe) + (probes.length > 1 ? ` (${probes.indexOf(probe) + 1} of ${probes.length})` : "")]);
+    if (probe?.leaf) rows.push([isInputLeaf(probe.leaf) ? "input" : "output", outputLabel(probe) + (probes.length > 1 ? ` (${probes.indexOf(probe) + 1} of ${probes.length})` : "")]);
     if (s0?.shape) rows.push(capturedRow(probe, s0));
     if (node.collectives?.length) {
       rows.push(["communicates", node.collectives.join(", "), `collectives its equations call (values moved between devices): ${node.collectives.join(", ")}`]);
@@ -597,9 +597,49 @@ export function tesseractInputs(index, node) {
     ...ports.map(([maker, field]) => h("li", { text: `${field} \u2190 ${index.nodes.get(maker)?.label ?? maker}` })),
     ...statics.map(([field, value]) => h("li", { text: `${field} = ${value} (static)` })),
   ];
+  const vjp = tesseractVjpRows(index, node);
   return h("section", { "data-role": "tesseract-inputs" }, [
     h("h4", { class: "sv-section", text: `schema inputs: ${ports.length + statics.length}` }),
     h("ul", { class: "sv-tesseract-inputs" }, rows),
+    vjp.length ? tesseractVjpTable(vjp) : null,
+  ]);
+}
+
+/**
+ * Per input field a Tesseract's stage probes (`['x (input)']`, modes grad, vjp, all):
+ * ‖its own VJP‖₂ for the field, and ‖the total cotangent‖₂ of the value feeding it (its
+ * maker's one output: null where the maker has several, or none with a cotangent).
+ * Where the value is also read elsewhere (a regulariser) the two differ.
+ * @param {import("./model.js").ModelIndex} index
+ * @param {import("./types").Node} node
+ * @returns {{field: string, from: string, vjp: number|null, total: number|null}[]}
+ */
+export function tesseractVjpRows(index, node) {
+  const makers = new Map(Object.entries(node.port_names ?? {}).map(([maker, field]) => [field, maker]));
+  const out = [];
+  for (const p of index.probesByNode.get(node.id) ?? []) {
+    if (!isInputLeaf(p.leaf) || !p.summaries?.cotangent) continue;
+    const field = String(p.leaf).slice(2, -" (input)']".length);
+    const maker = makers.get(field);
+    const own = maker == null ? [] : ownOutputs(index.probesByNode.get(maker) ?? []);
+    const total = own.length === 1 ? own[0].summaries?.cotangent?.l2 ?? null : null;
+    out.push({ field, from: maker == null ? "" : index.nodes.get(maker)?.label ?? maker, vjp: p.summaries.cotangent.l2 ?? null, total });
+  }
+  return out;
+}
+
+/** `tesseractVjpRows` as a table (text nodes only: field names are the user's schema's). */
+function tesseractVjpTable(rows) {
+  const cell = (v) => h("td", { text: v == null ? "\u2014" : fmt(v) });
+  return h("table", { class: "sv-param-table", "data-role": "tesseract-vjp" }, [
+    h("caption", { class: "sv-muted", text: "its own VJP per input field, beside the total gradient of the value" }),
+    h("thead", {}, [h("tr", {}, [
+      h("th", { text: "field" }), h("th", { text: "from" }),
+      h("th", { text: "\u2016Tesseract VJP\u2016\u2082" }), h("th", { text: "\u2016total\u2016\u2082" }),
+    ])]),
+    h("tbody", {}, rows.map((r) => h("tr", { "data-field": r.field }, [
+      h("td", { text: r.field }), h("td", { text: r.from }), cell(r.vjp), cell(r.total),
+    ]))),
   ]);
 }
 

@@ -142,19 +142,30 @@ export function isEmpty(p, mode) {
 }
 
 /**
+ * Whether a probe's leaf is a Tesseract's input field (`['x (input)']`, modes grad, vjp
+ * and all): the cotangent its own VJP handed back for the field, not an output.
+ * @param {string|undefined} leaf
+ */
+export function isInputLeaf(leaf) {
+  return String(leaf ?? "").endsWith(" (input)']");
+}
+
+/**
  * The probes of a stage's own outputs: a function differentiated inside the program
  * also keeps values for its backward pass (`saved for backward`, graph/saved.py), which
  * are no result of it; its face's statistic and sparkline describe its outputs (a train
  * step's `loss_fn` showed the norm of 20 leaves, 16 of them saved for backward). So
  * does a module's call that writes its variables (a BatchNorm's `mean (new)`,
- * `saved.NEW`): its face is its activation's, not "output ‖grad‖₂". A stage with such
- * values only keeps them. Non-finite counts still cover every probe.
+ * `saved.NEW`): its face is its activation's, not "output ‖grad‖₂"; and a Tesseract's
+ * input fields (`isInputLeaf`). A stage with such values only keeps them. Non-finite
+ * counts still cover every probe.
  * @param {any[]|undefined} probes
  */
 export function ownOutputs(probes) {
   const own = (probes ?? []).filter((p) => {
     const leaf = String(p.leaf ?? "");
-    return !leaf.includes("saved for backward") && !leaf.endsWith(" (new)']");
+    // (nor a Tesseract's input fields, `['x (input)']`: what its VJP handed back)
+    return !leaf.includes("saved for backward") && !leaf.endsWith(" (new)']") && !isInputLeaf(leaf);
   });
   return own.length ? own : probes ?? [];
 }

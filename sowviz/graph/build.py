@@ -33,7 +33,17 @@ from .batched_map import joined_maps
 from .calls import body_call, group_calls, hoisted_from_bodies, inlined_into
 from .copies import renames
 from .inputs import InputsMixin, constrained_shapes
-from .model import STAGE_KINDS, Capture, Edge, Node, Note, ProbePoint, StageGraph, Step
+from .model import (
+    INPUT,
+    STAGE_KINDS,
+    Capture,
+    Edge,
+    Node,
+    Note,
+    ProbePoint,
+    StageGraph,
+    Step,
+)
 from .names import (
     BACKWARD,
     CALL,
@@ -85,7 +95,13 @@ from .source_text import (
     statement_line,
     unpacked_arg_names,
 )
-from .tesseract import eval_func, input_fields, output_names, tesseract_label
+from .tesseract import (
+    differentiable_fields,
+    eval_func,
+    input_fields,
+    output_names,
+    tesseract_label,
+)
 
 _CAPTURES = ("sows", "stages", "all")
 #: A level with more nodes than this folds its runs of unscoped equations (names.py).
@@ -869,6 +885,7 @@ class _Builder(InputsMixin):
         #: a variable a body's node made -> those nodes (`body_makes`), for `Edge.ends`
         self.leaf_made: dict[Any, list[_Rec]] = {}
         self.points: list[tuple[int, ProbePoint]] = []
+        self.operand_points: list[ProbePoint] = []  # (`operand_point`)
         self.sows: dict[str, list[str]] = {}
         #: a sow's record -> its call (`StageGraph.sow_calls`; by record: ids are renumbered)
         self.sow_calls: dict[_Rec, int] = {}
@@ -1258,6 +1275,8 @@ class _Builder(InputsMixin):
                     [eqn.outvars[k] for k in live],
                     names=tuple(fields[k] for k in live) if fields else (),
                 )
+                if in_custom is None and eval_func(eqn.params) == "apply":
+                    self.operand_point(rec, path, i, eqn, operand_names)
             elif (rec.kind in STAGE_KINDS and capture_stages) or (
                 rec.kind == "eqn"
                 and not _compat.touches_ref(eqn)
@@ -1928,6 +1947,10 @@ class _Builder(InputsMixin):
                     key = (reader, made)
                     self.port_names[key] = joined_name(self.port_names.get(key), name)
                     self.name_ports_inside(reader, readers, made, name)
+            elif name and reader.kind == "tesseract":
+                # a Tesseract's field fed by a differentiated argument (`x` in `parameters`)
+                # is named too: its panel lists the field beside its VJP (`x ← x`)
+                self.port_names[(reader, made)] = name
         key = (src[k], dst[k])
         if key not in self.edges:
             self.edges[key] = Edge(
@@ -2054,6 +2077,34 @@ class _Builder(InputsMixin):
                 apart=apart,
             )
         )
+
+    def operand_point(self, rec: _Rec, path, i: int, eqn: Any, fields: dict[int, str]) -> None:
+        """The point of a Tesseract's differentiable input fields (`fields`: operand
+        position -> field), sown right before its call and read by it alone
+        (`ProbePoint.operands`): their cotangent is the Tesseract's own VJP, beside the
+        total gradient of a value the program also reads elsewhere. A field the call
+        gets as a literal has no cotangent to show."""
+        diff = differentiable_fields(eqn.params)
+        chosen = sorted(  # (sown as a dict, whose leaves come sorted by key)
+            (f"{field}{INPUT}", k)
+            for k, field in fields.items()
+            if field in diff
+            and isinstance(eqn.invars[k], _compat.Var)
+            and is_floating(eqn.invars[k].aval)
+        )
+        if chosen:
+            self.operand_points.append(
+                ProbePoint(
+                    node=rec.id,
+                    path=tuple(path),
+                    at=i,
+                    values=tuple((i, k) for _, k in chosen),
+                    shapes=tuple(shape_str(eqn.invars[k].aval) for _, k in chosen),
+                    kind=rec.kind,
+                    names=tuple(name for name, _ in chosen),
+                    operands=True,
+                )
+            )
 
     def shown_first(self, kv: tuple, rec: _Rec) -> tuple:
         """The order of a scope's outputs: its outputs before what it keeps for a
@@ -2347,6 +2398,7 @@ class _Builder(InputsMixin):
             nodes=nodes,
             edges=_with_ends(edges, ends, {n.id: n.parent for n in nodes}),
             probe_points=tuple(points),
+            operand_points=tuple(self.operand_points),
             sow_nodes={k: v[0] for k, v in self.sows.items()},
             sow_nodes_all={k: tuple(v) for k, v in self.sows.items()},
             sow_calls={r.id: call for r, call in self.sow_calls.items()},

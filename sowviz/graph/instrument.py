@@ -27,7 +27,7 @@ import jax
 from .. import _compat
 from ..capture import primitive as _sow
 from ..primitives import spec_of
-from .model import ProbePoint
+from .model import ProbePoint, operands_name
 
 #: per sub-program path, the values that reach the differentiated outputs
 #: (`_liveness.live_values`); None: every value is sown in the data flow
@@ -105,9 +105,10 @@ def _rewrite(
 ):
     here: dict[int, list[ProbePoint]] = {}
     below: dict[int, dict[tuple[str, int | None], list[ProbePoint]]] = {}
+    before: dict[int, list[ProbePoint]] = {}  # operands, sown right before their reader
     for p in points:
         if len(p.path) == depth:
-            here.setdefault(p.at, []).append(p)
+            (before if p.operands else here).setdefault(p.at, []).append(p)
         else:
             i, param, index = p.path[depth]
             below.setdefault(i, {}).setdefault((param, index), []).append(p)
@@ -132,6 +133,9 @@ def _rewrite(
                 new_eqns += _beside_custom(eqn, below[i], depth, tag)
             else:
                 eqn = _rewrite_eqn(eqn, below[i], depth, tag, detached)
+        for p in before.get(i, ()):
+            made, eqn = _operand_sows(p, eqns[i], eqn, tag, live)
+            new_eqns += made
         new_eqns.append(eqn)
         if eqn.primitive is _sow.sow_p and not eqn.params["mode"]:
             # A sow whose value the program reads on unsown (Flax NNX's `self.sow(...,
@@ -147,14 +151,14 @@ def _rewrite(
                     subst[v] = out
         for p in here.get(i, ()):
             new_eqns += _sow_eqns(p, jaxpr, i, read, subst, tag, eqn.source_info, live)
-    if not here and not below and not subst:
+    if not here and not below and not before and not subst:
         return jaxpr
     return _compat.replace_jaxpr(
         jaxpr,
         eqns=new_eqns,
         outvars=[read(v) for v in jaxpr.outvars],
         # (a level whose only change is reading on a user's sow gains no sow of ours)
-        effects=jaxpr.effects | _sow_effects(tag) if here or below else jaxpr.effects,
+        effects=jaxpr.effects | _sow_effects(tag) if here or below or before else jaxpr.effects,
         debug_info=jaxpr.debug_info,
     )
 
@@ -239,14 +243,46 @@ def _sow_eqns(p: ProbePoint, jaxpr, at: int, read, subst, tag: str, source_info,
             ins.append(read(old))
             subst[old] = new
         outs.append(new)
+    return [*made, _sow_eqn(p, ins, outs, tag, source_info)]
+
+
+def _operand_sows(p: ProbePoint, original, eqn, tag: str, live) -> tuple[list, Any]:
+    """The `sow` of operands `p.values` of `eqn` (equation `p.at`, as `original` read
+    them before any rewrite), and `eqn` reading the sown copies (`_compat.copy_eqn`)
+    in their place. No other equation reads them, so the cotangent each copy gets is `eqn`'s alone (a
+    Tesseract's VJP for that input field). An operand outside `live` is sown beside the
+    program (`_sow_eqns`), and `eqn` reads on the original."""
+    invars = list(eqn.invars)
+    made, ins, outs = [], [], []
+    for _, k in p.values:
+        old, now = original.invars[k], invars[k]
+        new = _compat.new_var(old.aval)
+        if live is not None and old not in live:
+            stop, held = _compat.stop_gradient_eqn(now, eqn.source_info)
+            made.append(stop)
+            ins.append(held)
+        else:
+            # (through a copy: a sow of `now` itself hands its cotangent to every read
+            # of `now`, `_compat.read_on_through`, the total gradient again)
+            copy, held = _compat.copy_eqn(now, eqn.source_info)
+            made.append(copy)
+            ins.append(held)
+            invars[k] = new
+        outs.append(new)
+    sow = _sow_eqn(p, ins, outs, tag, eqn.source_info)
+    return [*made, sow], _compat.replace_eqn(eqn, invars=invars)
+
+
+def _sow_eqn(p: ProbePoint, ins: list, outs: list, tag: str, source_info):
+    """The `sow` equation of point `p`, of values `ins` made anew as `outs`."""
     template, effects = _template(tag, len(ins), p.names)
     params = dict(template)
-    params["name"] = p.node
+    params["name"] = operands_name(p.node) if p.operands else p.node
     if p.mapped:  # (joined with its twin as one row per element: `graph.batched_map`)
         params["vmapped"] = (p.mapped,)
     if "index" in params and hasattr(_sow, "_next_index"):
         params["index"] = _sow._next_index()
-    return [*made, _compat.new_eqn(ins, outs, _sow.sow_p, params, effects, source_info)]
+    return _compat.new_eqn(ins, outs, _sow.sow_p, params, effects, source_info)
 
 
 def _sow_effects(tag: str) -> Any:

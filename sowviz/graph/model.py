@@ -168,6 +168,12 @@ class ProbePoint:
     #: its remainder under its twin's name (`graph.batched_map`), for the capture to join
     #: as one row per element; "" otherwise
     mapped: str = ""
+    #: `values` are (`at`, operand position) pairs: operands of equation `at`, sown
+    #: right before it and read on by it alone, under `operands_name(node)`. A
+    #: Tesseract's input fields are so probed: the cotangent of such a sown copy is what
+    #: the Tesseract's own VJP hands back for the field, not the total gradient of a
+    #: value the program reads elsewhere too (`x` also feeding a regulariser).
+    operands: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         d = {
@@ -182,6 +188,8 @@ class ProbePoint:
             d["names"] = list(self.names)
         if self.apart:
             d["apart"] = True
+        if self.operands:
+            d["operands"] = True
         return d
 
     def parts(self) -> tuple[ProbePoint, ...]:
@@ -212,9 +220,29 @@ def part_name(node: str, k: int) -> str:
     return f"{node}{_PART}{k}"
 
 
+#: Ends the sow name of a stage's operands (`ProbePoint.operands`): `n5\x01operands`.
+_OPERANDS = "\x01operands"
+#: Ends the name of each operand a Tesseract's stage probes (`['x (input)']`): its
+#: outputs are `['y']`, so an input and an output of one name stay apart.
+INPUT = " (input)"
+
+
+def operands_name(node: str) -> str:
+    """The sow name of the operands of `node` (a point with `ProbePoint.operands`)."""
+    return node + _OPERANDS
+
+
+def operands_of(name: str) -> str | None:
+    """The node whose operands sow `name` holds (`operands_name`), else None."""
+    return name[: -len(_OPERANDS)] if name.endswith(_OPERANDS) else None
+
+
 def part_of(name: str) -> tuple[str, int | None]:
     """The node and value position a stage probe's sow name says (`part_name`), the
-    position None for a point sown whole."""
+    position None for a point sown whole (or its operands, `operands_name`)."""
+    node = operands_of(name)
+    if node is not None:
+        return node, None
     node, sep, k = name.partition(_PART)
     return (node, int(k)) if sep else (node, None)
 
@@ -264,6 +292,10 @@ class StageGraph:
     #: Python reaches them start (`model.layers[0]`: `Inspection.probe`). Not saved with
     #: a model.
     module_roots: frozenset[str] = frozenset()
+    #: points sown only where cotangents are computed (modes grad and vjp), each of a
+    #: stage's operands (`ProbePoint.operands`): a Tesseract's input fields, whose
+    #: cotangent there is the Tesseract's own VJP. Not saved with a model.
+    operand_points: tuple[ProbePoint, ...] = ()
 
     def node(self, node_id: str) -> Node:
         return self._by_id()[node_id]

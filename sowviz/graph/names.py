@@ -1718,6 +1718,16 @@ def _fold(
             first -= 1
         return loop - first >= LOOP_SETUP_RUN
 
+    def feeds_tesseract(i: int) -> bool:
+        # `i` is in the run of its line's equations (one scope) that ends right before a
+        # Tesseract's call on that line: the call's input arithmetic
+        m = i
+        while m + 1 < len(out) and locs[m + 1] == locs[i] and scope_of(m + 1) == scope_of(i):
+            m += 1
+            if m < len(primitives) and primitives[m] == _compat.TESSERACT:
+                return True
+        return False
+
     def plumbed_line(i: int) -> bool:
         # `i`'s line (its run there: one scope, one pass) holds an operation of the
         # user's that made SMALL_LEVEL_RUN or more equations no call names, integer work
@@ -1776,6 +1786,14 @@ def _fold(
                     line = assignment_line(i)
                     if line is not None:
                         return line
+                if not library and feeds_tesseract(i):
+                    # (`\x03`: a small level's least run) the arithmetic of a Tesseract's
+                    # inputs written in its call (`apply_tesseract(t, {"x": x**2 + 1})`):
+                    # one box `<tesseract> inputs`, as at a big level (`line_label`), not
+                    # loose `integer_pow`, `add` beside the stage
+                    own = function_label(loc.function)[0]
+                    again = f"\x04{passes[i]}" if i < len(passes) and passes[i] else ""
+                    return f"{own}:{loc.line}\x02{'/'.join(scope)}{again}\x03"
                 if not library and plumbed_line(i):  # (`\x03`: a small level's least run)
                     if at_module_call is None or not at_module_call(i):
                         own = function_label(loc.function)[0]

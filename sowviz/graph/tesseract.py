@@ -179,3 +179,18 @@ def input_fields(
 def _plain(value: Any) -> bool:
     # a number, a string or a flag the user wrote, not an object whose repr is noise
     return isinstance(value, str | int | float | bool) or value is None
+
+
+def differentiable_fields(params: Mapping[str, Any]) -> frozenset[str]:
+    """The input fields a `tesseract_dispatch` equation's Tesseract differentiates
+    (its schema's `Differentiable` arrays, by path as `input_fields` names them:
+    `scale.a`); empty when the client does not say. tesseract-jax refuses a tangent
+    for any other input, so only these may be probed in the data flow."""
+    from .. import _compat
+
+    client = _compat.tesseract_client(params)
+    paths = getattr(client, "differentiable_input_paths", None)
+    try:
+        return frozenset(str(p) for p in paths or ())
+    except TypeError:  # (an SDK that keeps them otherwise)
+        return frozenset()
