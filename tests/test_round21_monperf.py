@@ -37,15 +37,15 @@ def _np_tp(params, x):
     return (y**2).sum() / n, {"w1": x.T @ dz, "w2": h.T @ dy}, h
 
 
-def _recorded(mon, shape):
-    """The latest recorded step's primal summaries of the probes of `shape`."""
+def _recorded(mon, shape, kind="primal"):
+    """The latest recorded step's `kind` summaries of the probes of `shape`."""
     probes = [
         p["id"]
         for p in mon.to_dict(with_history=False)["probes"]
-        if p["summaries"].get("primal", {}).get("shape") == list(shape)
+        if p["summaries"].get(kind, {}).get("shape") == list(shape)
     ]
     assert probes, shape
-    return [list(mon.history)[-1]["probes"][p]["primal"] for p in probes]
+    return [list(mon.history)[-1]["probes"][p][kind] for p in probes]
 
 
 def _check_stats(got, want):
@@ -54,6 +54,15 @@ def _check_stats(got, want):
     np.testing.assert_allclose(got["min"], want.min(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got["mean"], want.mean(), rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(got["l2"], np.sqrt((want * want).sum()), rtol=1e-5)
+
+
+def _same_stats(got, want):
+    return (
+        got["count"] == want.size
+        and np.isclose(got["mean"], want.mean(), rtol=1e-4, atol=1e-7)
+        and np.isclose(got["max"], want.max(), rtol=1e-5, atol=1e-7)
+        and np.isclose(got["l2"], np.sqrt((want * want).sum()), rtol=1e-5)
+    )
 
 
 class _Decisions:
@@ -78,9 +87,21 @@ def _tp_step_checked(mon, params, x):
     np.testing.assert_allclose(float(value), want_loss, rtol=1e-5)
     for k, g in want_grads.items():
         np.testing.assert_allclose(np.asarray(grads[k]), g, rtol=1e-4, atol=1e-6)
-    hidden = _recorded(mon, h.shape)
-    for got in hidden:
+    # the hidden layer inside the shard_map: per device (data, model) its block, whose
+    # statistics over all blocks are the whole layer's
+    data, model = tp_mesh().devices.shape
+    rows, cols = h.shape
+    for got in _recorded(mon, (data, model, rows // data, cols // model)):
         _check_stats(got, h)
+    # the batch (at BATCH rows w2 has its shape too): one probe holds its statistics
+    xs = np.asarray(x, np.float64)
+    assert any(
+        np.isclose(got["mean"], xs.mean(), rtol=1e-5) and np.isclose(got["max"], xs.max())
+        for got in _recorded(mon, x.shape)
+    )
+    for k in ("w1", "w2"):  # a weight's cotangent: its gradient
+        for got in _recorded(mon, params[k].shape, "cotangent"):
+            _check_stats(got, want_grads[k])
     return grads
 
 
@@ -121,8 +142,9 @@ def test_a_tp_monitor_whose_weights_are_placed_otherwise_decides_again(monkeypat
         _, want = plain(p, x)
         for k in ("w1", "w2"):  # placed as plain JAX places them, for each layout
             assert grads[k].sharding.is_equivalent_to(want[k].sharding, 2)
-    keys = len(summaries._PLANS)
-    assert decided.n == keys >= 1
+    # one plan per placement (the capture program's outputs lie otherwise), each found
+    # again when its placement comes back
+    assert decided.n == len(summaries._PLANS) == 2
     mon.close()
 
 
@@ -170,13 +192,11 @@ def test_a_data_parallel_monitor_whose_parameter_tree_changes_structure_matches(
             np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-7)
         np_loss, hs = _np_mlp(params, x)
         np.testing.assert_allclose(float(value), np_loss, rtol=1e-5)
-        # every layer's output (all of one shape): the recorded statistics are NumPy's
+        # every layer's output (of one shape, as the batch and pre-activations): one
+        # probe of that shape holds its statistics
         recorded = _recorded(mon, hs[0].shape)
         for h in hs:
-            assert any(got["count"] == h.size and np.isclose(got["mean"], h.mean(), rtol=1e-4)
-                       for got in recorded), (depth, h.mean())
-        for got in recorded:
-            assert any(np.isclose(got["l2"], np.sqrt((h * h).sum()), rtol=1e-5) for h in hs)
+            assert any(_same_stats(got, h) for got in recorded), (depth, h.mean())
         seen.add(depth)
         assert decided.n == len(seen)  # one plan per tree, found again when it comes back
     mon.close()
@@ -216,12 +236,11 @@ def test_a_plan_is_keyed_by_shape_dtype_sharding_and_tree():
 
 
 def test_a_monitor_whose_arguments_move_onto_a_mesh_places_gradients_as_plain_jax():
-    # `_as_plain` keeps "nothing placed" (arguments on one device) under its key too:
-    # the same shapes placed on a mesh must not find it
+    # `Runner._as_plain` keeps "nothing placed" (arguments on one device) under its key
+    # too: the same shapes placed on a mesh must not find it
     mesh = Mesh(np.array(jax.devices()[:8]), ("data",))
     params, x = _mlp(mesh, 2)
-    local = (jax.device_get(params), np.asarray(x))
-    local = (jax.tree.map(jnp.asarray, local[0]), jnp.asarray(local[1]))
+    local = (jax.tree.map(jnp.asarray, jax.device_get(params)), jnp.asarray(np.asarray(x)))
     plain = jax.jit(jax.value_and_grad(_mlp_loss))
     mon = sowviz.Monitor(_mlp_loss, every=1, history=8)
     for args in (local, (params, x), local, (params, x)):
@@ -231,4 +250,13 @@ def test_a_monitor_whose_arguments_move_onto_a_mesh_places_gradients_as_plain_ja
         for g, w in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads), strict=True):
             np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-7)
             assert g.sharding.is_equivalent_to(w.sharding, g.ndim)
+    # one layout each: "nothing placed" for the local arguments, and for the mesh's the
+    # plain program's own output shardings (as `jax.jit` reports them)
+    kept = list(mon._runner._plain_placed.values())
+    assert len(kept) == 2 and kept.count(None) == 1
+    (found,) = [k for k in kept if k is not None]
+    want = jax.tree.leaves(plain(params, x))
+    assert len(found) == len(want)
+    for got, w in zip(found, want, strict=True):
+        assert got.is_equivalent_to(w.sharding, w.ndim)
     mon.close()
