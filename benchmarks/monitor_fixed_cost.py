@@ -219,6 +219,56 @@ def breakdown(make, label: str, steps: int, rows: _bench.Rows) -> None:
     )
 
 
+def plan_cost(make, label: str, rows: _bench.Rows) -> None:
+    """`--breakdown`: the host Python of `summaries._on_one_device` on a recorded step's
+    real inputs, its plan found in the cache (`_one_device_plan`, session 46) against
+    decided at every call (as before), the gather program's call left out (it returns
+    its real output, computed once)."""
+    from sowviz.capture import summaries
+
+    seen = []
+    real, real_whole = summaries._on_one_device, summaries._whole
+
+    def spy(pending, clean):
+        seen.append((pending, clean))
+        return real(pending, clean)
+
+    loss, args = make()
+    mon = sowviz.Monitor(loss, every=1, history=8)
+    summaries._on_one_device = spy
+    try:
+        for _ in range(3):
+            _waited(mon.step, args)
+        mon.flush()
+    finally:
+        summaries._on_one_device = real
+        mon.close()
+    pending, clean = seen[-1]
+    plan = summaries._one_device_plan(pending, clean, *reversed(jax.tree.flatten((pending, clean))))
+    if plan is None:  # (one device: nothing to decide)
+        return
+    out = jax.block_until_ready(plan.whole(pending, plan.specs) if plan.whole else pending)
+    summaries._whole = lambda _: lambda *a: out
+    try:
+
+        def decided():
+            summaries._PLANS.clear()
+            return real(pending, clean)
+
+        t = {
+            name: min(timeit.repeat(fn, number=200, repeat=7)) / 200
+            for name, fn in (("decided", decided), ("found", lambda: real(pending, clean)))
+        }
+    finally:
+        summaries._whole = real_whole
+        summaries._PLANS.clear()
+    rows.add(
+        f"_on_one_device host Python, plan found / decided, {label}",
+        t["found"] / t["decided"],
+        detail=f"({t['found'] * 1e6:.1f} vs {t['decided'] * 1e6:.1f} µs)",
+    )
+
+
 def main(
     quick: bool = False, prof: bool = False, wires: bool = False, split: bool = False
 ) -> list[_bench.Row]:
@@ -238,6 +288,7 @@ def main(
             wire(make, label, rows)
         if split:
             breakdown(make, label, steps, rows)
+            plan_cost(make, label, rows)
         med = measure(make, steps)
         plain = med["plain"]
         for name in ("recorded", "unrecorded"):
