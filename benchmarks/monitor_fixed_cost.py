@@ -18,7 +18,8 @@ blocks. Printed: the ratio to the plain step and the host cost per step over it 
 
 Run it in a process of its own: `python benchmarks/monitor_fixed_cost.py [--quick]`
 (`--profile` prints a cProfile of the recorded steps of each model, `--wire` times the
-read's gather of their parts). The TP model is `tests/_tp_model.py`, which the tests
+read's gather of their parts, `--breakdown` splits a recorded step's time between the
+programs it runs and the host Python around them). The TP model is `tests/_tp_model.py`, which the tests
 check against NumPy.
 """
 
@@ -30,10 +31,12 @@ os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 
+import collections
 import cProfile
 import functools
 import pstats
 import sys
+import time
 import timeit
 
 import _bench
@@ -159,7 +162,116 @@ def wire(make, label: str, rows: _bench.Rows) -> None:
         )
 
 
-def main(quick: bool = False, prof: bool = False, wires: bool = False) -> list[_bench.Row]:
+def breakdown(make, label: str, steps: int, rows: _bench.Rows) -> None:
+    """Where a recorded step's time goes (`--breakdown`, session 46): per step, the
+    capture program's call, the program gathering a CPU mesh's summaries onto one
+    device (`summaries._whole`), the summary programs (`summaries.finish`), the read
+    (one per `_MAX_PENDING` steps: gather, transfer, record), and the rest: host
+    Python. On a CPU backend a program's call runs much of its work before it returns
+    (its "device" is these cores), so the calls are device work here, not dispatch."""
+    from sowviz.capture import summaries
+
+    loss, args = make()
+    mon = sowviz.Monitor(loss, every=1, history=8)
+    for _ in range(10):  # compiled, and the one-device plans decided
+        _waited(mon.step, args)
+    mon.flush()
+    spent: collections.Counter = collections.Counter()
+
+    def timed(fn, what):
+        def call(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[what] += time.perf_counter() - t
+
+        return call
+
+    runner, plans, compiled = mon._runner, dict(summaries._PLANS), dict(summaries._COMPILED)
+    real_run = runner._instrumented
+    runner._instrumented = timed(real_run, "capture program")
+    for key, plan in plans.items():
+        if plan is not None and plan.whole is not None:
+            whole = timed(plan.whole, "one-device gather program")
+            summaries._PLANS[key] = summaries._OneDevicePlan(plan.device, whole, plan.specs)
+    for key, c in compiled.items():
+        summaries._COMPILED[key] = timed(c, "summary programs")
+    mon._drain_now = timed(mon._drain_now, "read")
+    try:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            _waited(mon.step, args)
+        mon.flush()
+        total = time.perf_counter() - t0
+    finally:
+        runner._instrumented = real_run  # (the next Monitor of `loss` shares `runner`)
+        summaries._PLANS.update(plans)
+        summaries._COMPILED.update(compiled)
+        mon.close()
+    for what in ("capture program", "one-device gather program", "summary programs", "read"):
+        rows.add(f"recorded step: {what}, {label}", spent[what] / steps * 1e6, "µs")
+    rows.add(
+        f"recorded step: host Python and the wait, {label}",
+        (total - sum(spent.values())) / steps * 1e6,
+        "µs",
+        detail=f"(of {total / steps * 1e6:.0f} µs a step)",
+    )
+
+
+def plan_cost(make, label: str, rows: _bench.Rows) -> None:
+    """`--breakdown`: the host Python of `summaries._on_one_device` on a recorded step's
+    real inputs, its plan found in the cache (`_one_device_plan`, session 46) against
+    decided at every call (as before), the gather program's call left out (it returns
+    its real output, computed once)."""
+    from sowviz.capture import summaries
+
+    seen = []
+    real, real_whole = summaries._on_one_device, summaries._whole
+
+    def spy(pending, clean):
+        seen.append((pending, clean))
+        return real(pending, clean)
+
+    loss, args = make()
+    mon = sowviz.Monitor(loss, every=1, history=8)
+    summaries._on_one_device = spy
+    try:
+        for _ in range(3):
+            _waited(mon.step, args)
+        mon.flush()
+    finally:
+        summaries._on_one_device = real
+        mon.close()
+    pending, clean = seen[-1]
+    plan = summaries._one_device_plan(pending, clean, *reversed(jax.tree.flatten((pending, clean))))
+    if plan is None:  # (one device: nothing to decide)
+        return
+    out = jax.block_until_ready(plan.whole(pending, plan.specs) if plan.whole else pending)
+    summaries._whole = lambda _: lambda *a: out
+    try:
+
+        def decided():
+            summaries._PLANS.clear()
+            return real(pending, clean)
+
+        t = {
+            name: min(timeit.repeat(fn, number=200, repeat=7)) / 200
+            for name, fn in (("decided", decided), ("found", lambda: real(pending, clean)))
+        }
+    finally:
+        summaries._whole = real_whole
+        summaries._PLANS.clear()
+    rows.add(
+        f"_on_one_device host Python, plan found / decided, {label}",
+        t["found"] / t["decided"],
+        detail=f"({t['found'] * 1e6:.1f} vs {t['decided'] * 1e6:.1f} µs)",
+    )
+
+
+def main(
+    quick: bool = False, prof: bool = False, wires: bool = False, split: bool = False
+) -> list[_bench.Row]:
     print(_bench.platform())
     if jax.device_count() < 8:
         raise RuntimeError(
@@ -174,6 +286,9 @@ def main(quick: bool = False, prof: bool = False, wires: bool = False) -> list[_
             profile(make, steps)
         if wires:
             wire(make, label, rows)
+        if split:
+            breakdown(make, label, steps, rows)
+            plan_cost(make, label, rows)
         med = measure(make, steps)
         plain = med["plain"]
         for name in ("recorded", "unrecorded"):
@@ -198,6 +313,7 @@ if __name__ == "__main__":
     def extra(ap):
         ap.add_argument("--profile", action="store_true", help="cProfile")
         ap.add_argument("--wire", action="store_true", help="the read's gather, timed")
+        ap.add_argument("--breakdown", action="store_true", help="a recorded step, split")
 
     ns = _bench.args(__doc__, extra)
-    main(ns.quick, ns.profile, ns.wire)
+    main(ns.quick, ns.profile, ns.wire, ns.breakdown)

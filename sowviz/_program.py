@@ -736,7 +736,7 @@ class Runner:
         self._instrumented = jax.jit(self._instrumented_program, static_argnums=(0, 3, 4, 5, 6))
         self._plain = jax.jit(self._plain_program, static_argnums=0)
         #: the plain program's output shardings per argument layout (`_as_plain`)
-        self._plain_placed: collections.OrderedDict[Any, tuple] = collections.OrderedDict()
+        self._plain_placed: collections.OrderedDict[Any, tuple | None] = collections.OrderedDict()
 
     def _transformed(self, traced: Traced, run: Callable, placed: Any = None) -> Callable:
         return transform(
@@ -902,17 +902,24 @@ class Runner:
         'fsdp') from the instrumented one): with `every=2` the layouts alternated, and
         a jitted optimizer update compiled twice. The plain program is compiled for this
         (once per layout, and the Monitor's unrecorded steps then find it compiled)."""
-        if self._placements() is None:
+        if _one_device():
             return None
+        # (keyed first: `_placements` splits the arguments again, ~35 µs per recorded
+        # step of a TP Monitor; what it finds depends only on what `_placed_key` says
+        # of each leaf, its type and sharding, so "none placed" is kept under it too)
         key = (spec, tuple(_placed_key(x) for x in dyn), chain is None)
-        found = self._plain_placed.get(key)
-        if found is None:
+        try:
+            return self._plain_placed[key]
+        except KeyError:
+            pass
+        found = None
+        if self._placements() is not None:
             compiled = self._plain.lower(spec, dyn, extra, chain).compile()
             out = compiled.output_shardings
             found = tuple(jax.tree_util.tree_leaves((out.result, out.state, out.aux)))
-            self._plain_placed[key] = found
-            while len(self._plain_placed) > _MAX_TRACED:
-                self._plain_placed.popitem(last=False)
+        self._plain_placed[key] = found
+        while len(self._plain_placed) > _MAX_TRACED:
+            self._plain_placed.popitem(last=False)
         return found
 
     def _calls_custom_vjp(self, spec: ArgSpec, dyn: list) -> bool:

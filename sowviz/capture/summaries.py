@@ -73,6 +73,7 @@ import dataclasses
 import functools
 import math
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -1298,9 +1299,76 @@ def _on_one_device(pending: tuple[Any, ...], clean: Any) -> tuple[Any, Any] | No
 
     Not for `inspect`'s work (coarse `Parts`, laid out on the host, `_laid_out`): a
     program of their own would compile at its first call. Nor for arrays split over
-    Explicit mesh axes (`with_sharding_constraint` refuses them)."""
-    if jax.default_backend() != "cpu" or jax.device_count() == 1:
+    Explicit mesh axes (`with_sharding_constraint` refuses them).
+
+    What it decides depends only on the tree, shapes, dtypes and placements of its
+    inputs (and the default device): decided once per such key (`_one_device_plan`),
+    it cost a Monitor's recorded TP step ~0.2 ms of host Python (session 46)."""
+    if jax.default_backend() != "cpu" or _one_device():
         return None
+    leaves, treedef = jax.tree_util.tree_flatten((pending, clean))
+    plan = _one_device_plan(pending, clean, treedef, leaves)
+    if plan is None:
+        return None
+    if plan.whole is not None:
+        pending = plan.whole(pending, plan.specs)
+        leaves, treedef = jax.tree_util.tree_flatten((pending, clean))
+    # (each replicated array's own copy on `device`: `jax.device_put` cost 0.4 ms of
+    # host work per call, at every recorded step of a Monitor)
+    device = plan.device
+    return jax.tree_util.tree_unflatten(treedef, [_compat.copy_on(x, device) for x in leaves])
+
+
+@functools.cache
+def _one_device() -> bool:
+    return jax.device_count() == 1
+
+
+@dataclasses.dataclass(frozen=True)
+class _OneDevicePlan:
+    """What `_on_one_device` does with inputs of one key: the device, and the program
+    laying them out whole (`_whole`, None when none is needed) with its `specs`."""
+
+    device: Any
+    whole: Any
+    specs: tuple
+
+
+#: `_on_one_device`'s decisions by (tree, default device, each leaf's type, shape,
+#: dtype and sharding): a batch of another shape, or arrays placed otherwise, is
+#: another key, never a stale plan. Bounded: a Monitor's shapes are few, but an
+#: `inspect` of ever new shapes must not grow it without end.
+_PLANS: OrderedDict[tuple, _OneDevicePlan | None] = OrderedDict()
+_MAX_PLANS = 64
+
+
+def _leaf_key(x: Any) -> tuple:
+    if isinstance(x, jax.Array):
+        return (x.shape, x.dtype, x.sharding)
+    return (type(x), getattr(x, "shape", None), getattr(x, "dtype", None))
+
+
+def _one_device_plan(
+    pending: tuple[Any, ...], clean: Any, treedef: Any, leaves: list
+) -> _OneDevicePlan | None:
+    """`_decide_one_device(pending, clean)`, decided once per key (`_PLANS`); `treedef`
+    and `leaves` are those of ``(pending, clean)``."""
+    key = (treedef, jax.config.jax_default_device, *map(_leaf_key, leaves))
+    try:
+        return _PLANS[key]
+    except KeyError:
+        pass
+    plan = _decide_one_device(pending, clean)
+    with _LOCK:  # (Monitors stepped from several threads)
+        _PLANS[key] = plan
+        while len(_PLANS) > _MAX_PLANS:
+            _PLANS.popitem(last=False)
+    return plan
+
+
+def _decide_one_device(pending: tuple[Any, ...], clean: Any) -> _OneDevicePlan | None:
+    """`_on_one_device`'s decision for inputs like `pending` and `clean` (None: they
+    stay where they are)."""
     if any(isinstance(p, Parts) and p.coarse for p in pending):
         return None
     arrays = [x for x in jax.tree_util.tree_leaves((pending, clean)) if isinstance(x, jax.Array)]
@@ -1317,12 +1385,9 @@ def _on_one_device(pending: tuple[Any, ...], clean: Any) -> tuple[Any, Any] | No
     if any(_compat.explicit_sharding(x) is not None for x in split):
         return None
     if split or any(isinstance(p, Parts) for p in pending):
-        pending = _whole(jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))(
-            pending, _gathered_specs(mesh, pending)
-        )
-    # (each replicated array's own copy on `device`: `jax.device_put` cost 0.4 ms of
-    # host work per call, at every recorded step of a Monitor)
-    return jax.tree_util.tree_map(lambda x: _compat.copy_on(x, device), (pending, clean))
+        replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        return _OneDevicePlan(device, _whole(replicated), _gathered_specs(mesh, pending))
+    return _OneDevicePlan(device, None, ())
 
 
 @functools.cache
