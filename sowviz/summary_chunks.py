@@ -45,31 +45,34 @@ import numpy as np
 from . import summary_blocks as _blocks
 from . import summary_ops as _ops
 
-#: The largest chunk (4 MB of float32); smaller arrays take the largest power of two
-#: that fits them, so a chunk never needs padding.
+#: The chunk (4 MB of float32): one size for every array, so one pair of programs
+#: serves every model. (A chunk size per power of two compiled a pair per class: the
+#: 4x960 MLP's 960x960 gradients took 2**19 where the 4x1024's took 2**20.)
 CHUNK_MAX = 1 << 20
 
 
 def chunk_for(n: int) -> int:
-    """The chunk size an array of `n` values is walked in (0: too small, see `usable`)."""
-    if n < _blocks.GROUP_BLOCK:
-        return 0
-    return min(CHUNK_MAX, 1 << (n.bit_length() - 1))
+    """The chunk size an array of `n` values is walked in."""
+    return CHUNK_MAX
 
 
 def usable(shape: tuple[int, ...], dtype: Any) -> bool:
     """Whether an array of `shape` and `dtype` can be walked in chunks: a real float its
-    own accumulation dtype (float32, float64), of at least one chunk."""
-    return np.dtype(dtype) in (np.float32, np.float64) and chunk_for(int(np.prod(shape))) > 0
+    own accumulation dtype (float32, float64), not empty."""
+    return np.dtype(dtype) in (np.float32, np.float64) and int(np.prod(shape)) > 0
 
 
-def schedule(n: int, chunk: int) -> list[tuple[int, int]]:
-    """``(start, lo)`` of every chunk of an array of `n` values: values before ``lo`` of a
-    chunk were read by the chunk before (only the last chunk has any)."""
-    out = [(s, 0) for s in range(0, n - chunk + 1, chunk)]
+def schedule(n: int, chunk: int) -> list[tuple[int, int, int]]:
+    """``(start, lo, hi)`` of every chunk of an array of `n` values: the chunk's values
+    ``lo:hi`` are its own (before ``lo``: read by the chunk before, only in the last
+    chunk; from ``hi``: past the array, only when it is shorter than a chunk, then
+    copied into one)."""
+    if n < chunk:
+        return [(0, 0, n)]
+    out = [(s, 0, chunk) for s in range(0, n - chunk + 1, chunk)]
     end = out[-1][0] + chunk
     if end < n:
-        out.append((n - chunk, end - (n - chunk)))
+        out.append((n - chunk, end - (n - chunk), chunk))
     return out
 
 
@@ -82,47 +85,60 @@ def lower(k: tuple) -> Any:
     """The lowered program of `key` `k` (`capture.summaries` compiles and caches it)."""
     _, kind, chunk, dtype, bins = k
     spec = jax.ShapeDtypeStruct((chunk,), np.dtype(dtype))
-    if kind == "first":
-        return _chunk_first.lower(spec, jax.ShapeDtypeStruct((), np.int32))
     acc = np.dtype(dtype)
     vec = lambda n, dt: jax.ShapeDtypeStruct((n,), dt)  # noqa: E731
-    return _chunk_second.lower(spec, vec(2, np.int32), vec(3, acc), vec(4, acc), bins=bins)
+    if kind == "first":
+        return _chunk_first.lower(spec, vec(2, np.int32))
+    return _chunk_second.lower(spec, vec(3, np.int32), vec(3, acc), vec(4, acc), bins=bins)
 
 
-def _kept(t: jax.Array, lo: jax.Array, block: int) -> jax.Array:
-    return t * block + jnp.arange(block, dtype=jnp.int32) >= lo
+def _kept(t: jax.Array, lo: jax.Array, hi: jax.Array, block: int) -> jax.Array:
+    at = t * block + jnp.arange(block, dtype=jnp.int32)
+    return (at >= lo) & (at < hi)
+
+
+def _blocks_to(hi: jax.Array, block: int) -> jax.Array:
+    """How many blocks hold the values before `hi` (a loop's trip count: a short array's
+    chunk walks its own blocks only)."""
+    return (hi + block - 1) // block
 
 
 @jax.jit
-def _chunk_first(chunk: jax.Array, lo: jax.Array) -> jax.Array:
-    """``[min, max, sum, weight, count, finite]`` of a chunk (see the module docstring):
-    weight is what the sum is the sum of (the unmasked sum reads the shared part too)."""
+def _chunk_first(chunk: jax.Array, bounds: jax.Array) -> jax.Array:
+    """``[min, max, sum, weight, count, finite]`` of a chunk's values ``lo:hi``
+    (`bounds`; see the module docstring): weight is what the sum is the sum of (the
+    unmasked sum reads the shared part too)."""
     n, acc = chunk.shape[0], chunk.dtype
     block = min(n, _blocks.GROUP_BLOCK)
-    total = jnp.sum(chunk)
-    finite = jnp.isfinite(total)
+    lo, hi = bounds[0], bounds[1]
 
-    def raw() -> jax.Array:
+    def whole() -> jax.Array:
+        total = jnp.sum(chunk)
+        return jax.lax.cond(jnp.isfinite(total), lambda: raw(total), masked)
+
+    def raw(total: jax.Array) -> jax.Array:
         mn, mx = _ops.flushed(jnp.min(chunk))[0], _ops.flushed(jnp.max(chunk))[0]
-        return jnp.stack([mn, mx, total, jnp.asarray(n, acc), (n - lo).astype(acc)])
+        one = jnp.ones((), acc)
+        return jnp.stack([mn, mx, total, jnp.asarray(n, acc), (n - lo).astype(acc), one])
 
     def masked() -> jax.Array:
         def body(t, carry):
             mn, mx, cnt, s, sc = carry
             v = jax.lax.dynamic_slice(chunk, (t * block,), (block,))
-            v = jnp.where(_kept(t, lo, block), v, jnp.nan)
+            v = jnp.where(_kept(t, lo, hi, block), v, jnp.nan)
             _, _, (min_b, max_b, sum_b, cnt_b) = _ops._first_pass(v, (0,))
             (s,), (sc,) = _blocks._kahan((s,), (sc,), (sum_b,))
             return jnp.minimum(mn, min_b), jnp.maximum(mx, max_b), cnt + cnt_b, s, sc
 
         z = jnp.zeros((), acc)
         init = (jnp.asarray(jnp.inf, acc), jnp.asarray(-jnp.inf, acc), jnp.int32(0), z, z)
-        mn, mx, cnt, s, sc = jax.lax.fori_loop(0, n // block, body, init)
+        mn, mx, cnt, s, sc = jax.lax.fori_loop(0, _blocks_to(hi, block), body, init)
         c = cnt.astype(acc)
-        return jnp.stack([mn, mx, _blocks._total(s, sc), c, c])
+        every = (c == (hi - lo).astype(acc)).astype(acc)  # every value finite
+        return jnp.stack([mn, mx, _blocks._total(s, sc), c, c, every])
 
-    out = jax.lax.cond(finite, raw, masked)
-    return jnp.concatenate([out, finite.astype(acc)[None]])
+    # a whole chunk is read in place; the one chunk of a short array block by block
+    return jax.lax.cond(hi == n, whole, masked)
 
 
 @functools.partial(jax.jit, static_argnames="bins")
@@ -130,12 +146,13 @@ def _chunk_second(
     chunk: jax.Array, meta: jax.Array, params: jax.Array, carry: jax.Array, bins: int
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One chunk's centred sums added to `carry` (``[s1, s2, comp1, comp2]``, Kahan) and
-    its joint tally (`summary_blocks._second`'s, one member). `meta`: ``[lo, finite]``;
+    its joint tally (`summary_blocks._second`'s, one member). `meta`: ``[lo, hi,
+    finite]``;
     `params`: its member's ``[min, max, shift]``. Returns (carry, shift in units of the
     scale, tally)."""
     n, acc = chunk.shape[0], chunk.dtype
     block = min(n, _blocks.GROUP_BLOCK)
-    lo, finite = meta[0], meta[1] > 0
+    lo, hi, finite = meta[0], meta[1], meta[2] > 0
     vmin, vmax, shift = params[0:1], params[1:2], params[2:3]  # one member, as a group's
     zero = jnp.zeros((), acc)
     absmax = jnp.maximum(jnp.abs(vmin), jnp.abs(vmax))
@@ -150,7 +167,7 @@ def _chunk_second(
         def body(t, c):
             sums, comp, table = c
             v = jax.lax.dynamic_slice(chunk, (t * block,), (block,))
-            keep = _kept(t, lo, block)
+            keep = _kept(t, lo, hi, block)
             if masked:
                 v, ok = _ops.flushed(jnp.where(keep, v, jnp.nan))
             else:  # XLA:CPU computes with subnormals as zeros (DAZ): no flush needed
@@ -165,7 +182,7 @@ def _chunk_second(
             return sums, comp, _ops.tally_add(table, [jnp.where(keep, joint, dump)])
 
         init = ((carry[0], carry[1]), (carry[2], carry[3]), jnp.zeros(2 * (dump + 1), jnp.int32))
-        return jax.lax.fori_loop(0, n // block, body, init)
+        return jax.lax.fori_loop(0, _blocks_to(hi, block), body, init)
 
     sums, comp, table = jax.lax.cond(finite, lambda: walk(False), lambda: walk(True))
     return jnp.stack([*sums, *comp]), ms[0], _ops.untally(table, dump + 1)[:dump]
@@ -181,11 +198,19 @@ def stats(members: list, bins: int, compiled: Any) -> dict:
     as NumPy (a member per row); `compiled(key)` gives the compiled programs of `key`."""
     views = [host_view(x) for x in members]
     acc = views[0].dtype
-    plans = [(v, chunk_for(v.size), schedule(v.size, chunk_for(v.size))) for v in views]
-    firsts = []
-    for v, c, sched in plans:
-        run = compiled(key("first", c, acc, bins))
-        firsts.append([run(v[s : s + c], np.int32(lo)) for s, lo in sched])
+    c = chunk_for(0)
+    plans = []  # per member: its chunks (views; a short array copied into one) and bounds
+    for v in views:
+        sched = schedule(v.size, c)
+        if v.size < c:
+            buf = np.zeros(c, acc)  # (a new buffer each: the programs read it in place)
+            buf[: v.size] = v
+            plans.append(([buf], [np.asarray([0, v.size], np.int32)]))
+        else:
+            chunks = [v[s : s + c] for s, _, _ in sched]
+            plans.append((chunks, [np.asarray([lo, hi], np.int32) for _, lo, hi in sched]))
+    run = compiled(key("first", c, acc, bins))
+    firsts = [[run(x, b) for x, b in zip(*plan, strict=True)] for plan in plans]
     k = len(views)
     vmin, vmax, shift = np.zeros(k, acc), np.zeros(k, acc), np.zeros(k, acc)
     cnt = np.zeros(k, np.int32)
@@ -201,13 +226,13 @@ def stats(members: list, bins: int, compiled: Any) -> dict:
         shift[j] = np.clip(mean if np.isfinite(total) else 0, vmin[j], vmax[j])
         fin.append([bool(x) for x in f[:, 5]])
     seconds = []
-    for j, (v, c, sched) in enumerate(plans):
-        run = compiled(key("second", c, acc, bins))
+    run = compiled(key("second", c, acc, bins))
+    for j, (chunks, bounds) in enumerate(plans):
         params = np.asarray([vmin[j], vmax[j], shift[j]], acc)
         carry: Any = np.zeros(4, acc)
         tables = []
-        for (s, lo), ok in zip(sched, fin[j], strict=True):
-            carry, ms, table = run(v[s : s + c], np.asarray([lo, ok], np.int32), params, carry)
+        for x, b, ok in zip(chunks, bounds, fin[j], strict=True):
+            carry, ms, table = run(x, np.asarray([b[0], b[1], ok], np.int32), params, carry)
             tables.append(table)
         seconds.append((carry, ms, tables))
     n_lin, n_log = bins + 3, 2 * _ops.LOG_SLOTS
