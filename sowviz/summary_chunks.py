@@ -2,35 +2,40 @@
 
 A group of large arrays (`capture.summaries.Blocks`) was summarised by one program
 whose inputs are the arrays themselves, so it was keyed by their shapes: a user's
-next model of other widths compiled it again (the 4x1024 MLP's 25 arrays of 1-2M
-values: 1.3 s of a 2.1 s first `inspect`, against a plain first call of 0.6 s).
-Here each array is walked from the host as a sequence of chunks of `chunk_for(n)`
-values (a power of two, 64K to `CHUNK_MAX`), each a NumPy view of the array's own
-buffer (no copy: XLA:CPU takes a 64-byte aligned view as it is), by two programs
-keyed only by the chunk size, dtype and bins (`lower`), so they are compiled once
-and then read from disk (`sowviz._disk_cache`) by every model:
+next model of other widths compiled it again (the 4x960 MLP after the 4x1024, 25
+arrays of 1-2M values: 1.3 s of a 2.1 s first `inspect`, against a plain first call
+of 0.6 s). Here each array is walked from the host as a sequence of chunks of
+`CHUNK_MAX` values, each a NumPy view of the array's own buffer (no copy: XLA:CPU
+takes a 64-byte aligned view as it is), by two programs keyed only by the chunk
+size, dtype and bins (`key`, `lower`), so one pair is compiled once and then read
+from disk (`sowviz._disk_cache`) by every model:
 
 * ``first`` (per chunk): the min, max and sum read straight from the chunk (XLA:CPU
   reduces it in place); when that sum is not finite (a NaN or an infinity in the
-  chunk), the finite min, max, sum and count by a masked walk over blocks of
-  `summary_blocks.GROUP_BLOCK` (`lax.cond`). The host combines the chunks: min of
-  mins, max of maxes, counts added (exact), and the centring shift as
-  `summary_blocks` takes it (the mean estimate, clipped into [min, max]).
+  chunk), or the chunk is a short array's, the finite min, max, sum and count by a
+  masked walk over blocks of `summary_blocks.GROUP_BLOCK` (`lax.cond`). The host
+  combines the chunks: min of mins, max of maxes, counts added (exact), and the
+  centring shift as `summary_blocks` takes it (a mean estimate, clipped into
+  [min, max]).
 * ``second`` (per chunk, given its member's min, max and shift): the centred sums,
   compensated (Kahan) across blocks AND across chunks (the carry goes in and out of
   each call, so a member's blocks are added in one running order), and the joint
-  tally of the linear and log histograms (integer counts, added on the host).
+  tally of the linear and log histograms (integer counts, added on the host), with
+  `stats`' masks only where the chunk holds a NaN or an infinity.
 
-An array's last chunk starts at ``n - chunk`` (it fits; XLA:CPU copies it when that
-start is not a multiple of 16 float32 values, the one copy per array); the part it shares with the chunk before is left out of every sum and
-tally by a mask (``lo``). Min and max read it twice, which changes neither.
+A chunk's own values are ``lo:hi`` (`schedule`): an array's last chunk starts at
+``n - chunk`` (it fits; XLA:CPU copies it when that start is not 64-byte aligned),
+and the part it shares with the chunk before is left out of every sum and tally (its
+whole blocks are not walked; min and max read it twice, which changes neither). An
+array shorter than a chunk is copied into a zeroed one, its end left out likewise.
 
 Against `summary_blocks.grouped_stats` (the group program, still used by `Monitor`
-and wherever this path does not apply): count, min, max, NaN/±Inf counts and both
-histograms are identical (the histogram's range and log window depend on min and max
-only); the shift is the mean of other partial sums, so c1/c2 and the mean, std and
-l2 made of them differ by float reduction order (a few ulps; the blocks of an
-array's last chunk also start elsewhere).
+and wherever this path does not apply): count, min, max, NaN/±Inf counts, zeros and
+both histograms are identical (the histogram's range and log window depend on min and
+max only); the shift is a mean of other partial sums, so c1/c2 and the mean, std and
+l2 made of them differ by float32 reduction order (a few ulps of the values' scale;
+the blocks of an array's last chunk also start elsewhere). Checked against NumPy in
+`tests/test_round21_nextmodel.py`. Run time: `benchmarks/chunked_summaries.py`.
 """
 
 from __future__ import annotations

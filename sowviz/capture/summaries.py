@@ -56,10 +56,15 @@ kept apart from the shared one), unless they hold more than
 `DEFER_BLOCKS_MAX_BYTES` in all: then they are summarised where they are, and
 no large activation outlives the capture program for its summary. All are
 kept on disk (`sowviz._disk_cache`): the 4x1024 MLP's first `inspect` in a new
-process went 3.6-3.9x -> 1.8-2.2x of plain. The per-iteration stacks go to a
-program of their own too (`Iterated`, rounded up to a size class of members and
-width): in the capture program their summary compiled for 0.5 s, and the first
-`inspect` of an edited RK4 `lax.scan` took 0.80 s against 0.24 s with it apart
+process went 3.6-3.9x -> 1.8-2.2x of plain. `inspect`'s groups of float arrays
+(`Blocks.chunked`) are not given to that program: `finish` walks them from the host
+in chunks of one size (`summary_chunks`, NumPy views of the arrays, no copy), by two
+programs keyed by the chunk size, dtype and bins only, so a user's next model of
+other widths loads them from disk where it compiled the group program again (the
+4x960 MLP after the 4x1024: 1.3 s of its 2.1 s first `inspect`). The per-iteration
+stacks go to a program of their own too (`Iterated`, rounded up to a size class of
+members and width): in the capture program their summary compiled for 0.5 s, and the
+first `inspect` of an edited RK4 `lax.scan` took 0.80 s against 0.24 s with it apart
 (plain JAX: 0.13 s).
 
 A capture stacked by an enclosing scan or while loop (outermost of its
