@@ -1,7 +1,8 @@
 """Run time of `inspect`'s large-array summaries: chunks from the host vs the group program.
 
 The 4x1024 MLP's (batch 2048) large arrays, as `inspect` defers them (`Blocks`): 17
-of 2048x1024 and 8 of 1024x1024 float32 values (34M in all). Summarised by the group
+of 2048x1024 and 8 of 1024x1024 float32 values (44M in all), and the 4x960's (its
+960x960 gradients are shorter than a chunk: each is copied into one). Summarised by the group
 program (`summary_blocks.grouped_stats`, keyed by the arrays' shapes: what a next
 model of other widths compiles again) and by the chunk programs
 (`summary_chunks.stats`, keyed by the chunk size: compiled once), each compiled
@@ -28,7 +29,13 @@ def main(quick: bool = False, reps: int = 9) -> list[_bench.Row]:
     if jax.default_backend() != "cpu":
         print("chunked_summaries | skipped: the chunks serve a CPU backend")
         return rows
-    batch, width = (512, 512) if quick else (2048, 1024)
+    for batch, width in ((512, 512),) if quick else ((2048, 1024), (2048, 960)):
+        rows += _case(batch, width, 2 if quick else reps)
+    return rows
+
+
+def _case(batch: int, width: int, reps: int) -> list[_bench.Row]:
+    rows = _bench.Rows("chunked_summaries")
     keys = jax.random.split(jax.random.PRNGKey(0), 25)
     shapes = [(batch, width)] * 17 + [(width, width)] * 8
     members = tuple(jax.random.normal(k, s) for k, s in zip(keys, shapes, strict=True))
@@ -49,12 +56,13 @@ def main(quick: bool = False, reps: int = 9) -> list[_bench.Row]:
     for chunked in (False, True):  # compile (or load) both
         once(chunked)
     group, chunks = [], []
-    for _ in range(2 if quick else reps):
+    for _ in range(reps):
         group.append(once(False))
         chunks.append(once(True))
     ratios = [c / g for c, g in zip(chunks, group, strict=True)]
     rows.add(
-        f"chunked / group program, {len(members)} arrays ({sum(m.size for m in members):,} values)",
+        f"chunked / group program, the 4x{width} MLP's {len(members)} arrays "
+        f"({sum(m.size for m in members):,} values)",
         statistics.median(ratios),
         detail=f"(median of {len(ratios)} alternated pairs; chunks {min(chunks) * 1e3:.1f} ms "
         f"min, {statistics.median(chunks) * 1e3:.1f} median; group {min(group) * 1e3:.1f} "
