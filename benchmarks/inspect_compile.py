@@ -52,6 +52,10 @@ EVENTS = {
 }
 
 
+#: sowviz's summary programs (the shared one, and the chunk programs of large arrays).
+SUMMARY_PROGRAMS = ("_finish_program", "_chunk_first", "_chunk_second")
+
+
 @contextmanager
 def timed_parts():
     parts: dict[str, float] = defaultdict(float)
@@ -61,8 +65,11 @@ def timed_parts():
             parts[EVENTS[event]] += secs
             # the shared summary program's part of it (compiled in a thread, beside
             # the capture program: the parts can add up to more than the total)
-            if EVENTS[event] == "compile" and "_finish_program" in str(kw.get("fun_name", "")):
+            name = str(kw.get("fun_name", ""))
+            if EVENTS[event] == "compile" and any(n in name for n in SUMMARY_PROGRAMS):
                 parts["summary compile"] += secs
+            if EVENTS[event] == "compile":  # by program (`--one`'s breakdown)
+                parts["compile:" + name] += secs
 
     monitoring.register_event_duration_secs_listener(listen)
     t0 = time.perf_counter()
@@ -71,6 +78,9 @@ def timed_parts():
     finally:
         parts["total"] = time.perf_counter() - t0
         parts["other"] = parts["total"] - sum(parts[k] for k in EVENTS.values())
+        parts["by program"] = ", ".join(  # type: ignore[assignment]
+            f"{k[8:]} {v:.2f}" for k, v in sorted(parts.items()) if k.startswith("compile:")
+        )
         unregister = getattr(monitoring, "unregister_event_duration_listener", None)
         if unregister is not None:
             unregister(listen)
@@ -264,6 +274,7 @@ def one_process(key: str, quick: bool, other: bool = False) -> None:
     with timed_parts() as first:
         sowviz.inspect(loss, *args)
     print(f"  plain   [{_fmt(plain)}]\n  inspect [{_fmt(first)}]", file=sys.stderr)
+    print(f"  inspect's compiles: {first['by program']}", file=sys.stderr)
     print(json.dumps({"name": name, "plain": plain["total"], "inspect": first["total"]}))
 
 

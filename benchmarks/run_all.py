@@ -21,6 +21,7 @@ BENCHMARKS = [
     "monitor_overhead",
     "inspect_memory",
     "inspect_compile",
+    "chunked_summaries",
     "widget_switch",
     "show_notebook",
     "graph_scale",

@@ -28,6 +28,9 @@ summarises many large arrays compiles the summary once, not once per array. In
 `inspect`'s capture program, 27 arrays of 1-2M elements compiled in 4.6 s one
 summary each and 0.9-1.5 s grouped (`sowviz.capture.summaries.GROUP_MAX_BYTES`).
 
+`inspect`'s groups take `sowviz.summary_chunks` instead (the same passes, walked from
+the host by programs keyed by a chunk size, not by the members' shapes).
+
 Used on a CPU backend for arrays that are not on a mesh (blocks of a flattened
 sharded array would gather it): by `summarize` from `MIN_BLOCKED` elements, by
 the capture program's groups from its `MIN_GROUPED`; elsewhere the one-piece

@@ -204,6 +204,33 @@ def pack(tree: Any) -> Packed:
     return Packed(() if buf is None else (buf,), Layout(treedef, slots, total))
 
 
+def pack_host(tree: Any) -> Packed:
+    """`pack` of a tree of NumPy leaves, with NumPy (the same layout and words): the
+    summaries the host combined (`summary_chunks`), joined to a program's."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=lambda x: x is None)
+    leaves = [None if v is None else np.asarray(v) for v in leaves]
+    avals = [None if v is None else (tuple(v.shape), v.dtype) for v in leaves]
+    starts, total = _wire.offsets(avals)
+    slots = tuple(
+        None if a is None else (start, a[0], a[1].name)
+        for a, start in zip(avals, starts, strict=True)
+    )
+    buf = np.empty(total, np.uint32)
+    for v, start in zip(leaves, starts, strict=True):
+        if v is not None:
+            n = _wire.word_count(v.shape, v.dtype)
+            buf[start : start + n] = _host_words(v)
+    return Packed((buf,) if total else (), Layout(treedef, slots, total))
+
+
+def _host_words(v: np.ndarray) -> np.ndarray:
+    """`_wire.words` of a NumPy array (what `_wire.from_words` reads back)."""
+    v = np.ascontiguousarray(v).reshape(-1)
+    if v.dtype == np.bool_ or v.dtype.itemsize < 4:
+        return v.view(np.dtype(f"u{v.dtype.itemsize}")).astype(np.uint32)
+    return v.view(np.uint32)
+
+
 # -- captures carried by a loop --------------------------------------------------------
 
 #: Captured values of at most this many elements share one carried buffer per dtype

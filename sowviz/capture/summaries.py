@@ -56,10 +56,15 @@ kept apart from the shared one), unless they hold more than
 `DEFER_BLOCKS_MAX_BYTES` in all: then they are summarised where they are, and
 no large activation outlives the capture program for its summary. All are
 kept on disk (`sowviz._disk_cache`): the 4x1024 MLP's first `inspect` in a new
-process went 3.6-3.9x -> 1.8-2.2x of plain. The per-iteration stacks go to a
-program of their own too (`Iterated`, rounded up to a size class of members and
-width): in the capture program their summary compiled for 0.5 s, and the first
-`inspect` of an edited RK4 `lax.scan` took 0.80 s against 0.24 s with it apart
+process went 3.6-3.9x -> 1.8-2.2x of plain. `inspect`'s groups of float arrays
+(`Blocks.chunked`) are not given to that program: `finish` walks them from the host
+in chunks of one size (`summary_chunks`, NumPy views of the arrays, no copy), by two
+programs keyed by the chunk size, dtype and bins only, so a user's next model of
+other widths loads them from disk where it compiled the group program again (the
+4x960 MLP after the 4x1024: 1.3 s of its 2.1 s first `inspect`). The per-iteration
+stacks go to a program of their own too (`Iterated`, rounded up to a size class of
+members and width): in the capture program their summary compiled for 0.5 s, and the
+first `inspect` of an edited RK4 `lax.scan` took 0.80 s against 0.24 s with it apart
 (plain JAX: 0.13 s).
 
 A capture stacked by an enclosing scan or while loop (outermost of its
@@ -85,9 +90,10 @@ import numpy as np
 from .. import _compat, _concat, _disk_cache, _wire
 from .. import summary as _summary
 from .. import summary_blocks as _blocks
+from .. import summary_chunks as _chunks
 from .. import summary_ops as _ops
 from ..summary_data import StackRows, SummaryRow, stack_rows
-from .packing import Packed, View, as_view, pack, view_of
+from .packing import Packed, View, as_view, pack, pack_host, view_of
 from .tallied import Tallied, TalliedRows
 from .tallied import finished as finished_stacks
 
@@ -170,6 +176,9 @@ ONCE_SEGMENT_MAX_BYTES = 1 << 26
 DEFER_SEGMENTS = True
 #: ... compiled in a thread while the capture program compiles (`precompile`).
 PRECOMPILE = True
+#: On a CPU, `inspect`'s groups of large float arrays are walked in chunks from the host
+#: (`Blocks.chunked`, `summary_chunks`), by programs its next model finds on disk.
+CHUNKED = True
 #: On a CPU, `inspect` lays its small float arrays out with NumPy (`_host_layout`),
 #: where a program keyed by their shapes would compile for each new model.
 HOST_LAYOUT = True
@@ -452,6 +461,9 @@ class Blocks:
 
     members: tuple[Any, ...]
     block: int = dataclasses.field(metadata={"static": True})
+    #: `inspect`'s (CPU): walked in chunks from the host by programs keyed by the chunk
+    #: size, not by the members' shapes (`summary_chunks`), when they are concrete then.
+    chunked: bool = dataclasses.field(default=False, metadata={"static": True})
 
 
 @jax.tree_util.register_dataclass
@@ -1081,7 +1093,8 @@ def summarize_packed(
         elif key[0] == "segments":
             out.append(_segmented(members, bins))
         elif key[0] == "blocks" and defer_blocks:
-            pending[Blocks].append((g, Blocks(tuple(members), key[2])))
+            chunked = once and CHUNKED and all(_chunks.usable(x.shape, x.dtype) for x in members)
+            pending[Blocks].append((g, Blocks(tuple(members), key[2], chunked)))
             out.append(None)
         elif key[0] == "blocks":
             out.append(_blocked(members, bins, key[2]))
@@ -1172,7 +1185,7 @@ def _key(pending: tuple[Any, ...], bins: int) -> tuple:
             if isinstance(r, Rows)
             else ("iterated", *map(_typed, (r.stack, r.pads, r.fill)))
             if isinstance(r, Iterated)
-            else ("blocks", r.block, *map(_typed, r.members))
+            else ("blocks", r.block, r.chunked, *map(_typed, r.members))
             for r in pending
         ),
         ("x64", _compat.x64_enabled()),
@@ -1196,8 +1209,63 @@ def precompile(pending: tuple[Any, ...], bins: int) -> None:
     """Start compiling `finish`'s program for `pending`'s shapes in a thread (once per
     shapes): XLA compiles it beside the capture program, on another core. A process
     that compiled it before loads it from disk instead (`sowviz._disk_cache`)."""
+    if _all_chunked(pending):
+        for k in _chunk_keys(pending, bins):
+            _in_thread(k, lambda k=k: _compile_chunks(k))
+        return
     key = _key(pending, bins)
     _in_thread(key, lambda: _compile(key, pending, bins))
+
+
+def _all_chunked(pending: tuple[Any, ...]) -> bool:
+    return all(isinstance(p, Blocks) and p.chunked for p in pending)
+
+
+def _chunk_keys(pending: tuple[Any, ...], bins: int) -> list[tuple]:
+    """The `summary_chunks` programs `pending`'s (chunked) `Blocks` take."""
+    keys = {
+        _chunks.key(kind, _chunks.chunk_for(math.prod(x.shape)), x.dtype, bins)
+        for p in pending
+        for x in p.members
+        for kind in ("first", "second")
+    }
+    return sorted(keys)
+
+
+def _compile_chunks(key: tuple) -> Any:
+    """A `summary_chunks` program, compiled (or loaded from disk) and kept under `key`."""
+    _COMPILED[key] = compiled = _disk_cache.compile_cached(
+        lambda: _chunks.lower(key), ("summary_chunks", key, ("x64", _compat.x64_enabled()))
+    )
+    return compiled
+
+
+def _on_host(pending: tuple[Any, ...]) -> bool:
+    """Whether chunked `Blocks` can be walked from the host: every member a concrete
+    array of this process on one CPU device."""
+    return _all_chunked(pending) and all(
+        isinstance(x, jax.Array)
+        and not isinstance(x, jax.core.Tracer)
+        and x.is_fully_addressable
+        and len(x.sharding.device_set) == 1
+        and next(iter(x.sharding.device_set)).platform == "cpu"
+        for p in pending
+        for x in p.members
+    )
+
+
+def _chunked_finish(pending: tuple[Any, ...], clean: Any, bins: int) -> tuple[Packed, Any]:
+    """`_finish_program` of chunked `Blocks` (`summary_chunks`), its result packed on the
+    host (`pack_host`)."""
+    compiled = lambda k: _compiled(k, lambda: _compile_chunks(k))  # noqa: E731
+    sums = []
+    for p in pending:
+        stats = _chunks.stats(list(p.members), bins, compiled)
+        acc = np.dtype(p.members[0].dtype).name
+        sums.append(TalliedRows(stats, None, stats["lin"][:, bins], None, acc, bins, ()))
+    if any((s.nan | s.posinf | s.neginf).any() for s in sums):
+        clean = jnp.logical_and(clean, False)
+    return pack_host(sums), clean
 
 
 def _precompile_layout(pending: tuple[Any, ...]) -> None:
@@ -1268,6 +1336,10 @@ def finish(packed: Packed, clean: Any, *, home: bool = True) -> tuple[Packed, An
         (pending, clean), placed = one, clean.sharding
     seconds = []
     for part in _programs(_laid_out(pending)):
+        if _on_host(part):
+            second, clean = _chunked_finish(part, clean, bins)
+            seconds.append(second)
+            continue
         key = _key(part, bins)
         compiled = _compiled(key, lambda: _compile(key, part, bins))  # noqa: B023
         try:
