@@ -70,6 +70,7 @@ from .saved import (
     SAVED,
     dead_boxes,
     dead_keys,
+    folded_constants,
     leaf_names,
     readers,
     saved_for_backward,
@@ -1021,6 +1022,8 @@ class _Builder(InputsMixin):
         # Not drawn: constants nobody reads, and the seeds that `jax.jacfwd` / `jax.hessian`
         # build (`seeds`); each takes the place of what follows it.
         unread = sorted({*unread_constants(jaxpr, used), *self.seeds(jaxpr), *dead_keys(jaxpr)})
+        if not capture_eqns:  # (every equation drawn: constants too)
+            unread = sorted({*unread, *folded_constants(jaxpr)})
         stand_in = list(range(len(jaxpr.eqns)))  # whose library calls each one's are
         for i in reversed(unread):
             if i + 1 < len(scoped):
