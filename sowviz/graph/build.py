@@ -1022,8 +1022,11 @@ class _Builder(InputsMixin):
         # Not drawn: constants nobody reads, and the seeds that `jax.jacfwd` / `jax.hessian`
         # build (`seeds`); each takes the place of what follows it.
         unread = sorted({*unread_constants(jaxpr, used), *self.seeds(jaxpr), *dead_keys(jaxpr)})
-        if not capture_eqns:  # (every equation drawn: constants too)
-            unread = sorted({*unread, *folded_constants(jaxpr)})
+        # Constants made of literals alone are work of the box reading them (`folded`):
+        # each one's equations count in its first reader's (`held`, by result)
+        folded = set() if capture_eqns else set(folded_constants(jaxpr))
+        held: dict[Any, int] = {}
+        unread = sorted({*unread, *folded})
         stand_in = list(range(len(jaxpr.eqns)))  # whose library calls each one's are
         for i in reversed(unread):
             if i + 1 < len(scoped):
@@ -1195,6 +1198,10 @@ class _Builder(InputsMixin):
             parent = scopes[-1][1] if scopes else container
             if eqn.primitive.name in _compat.PLATFORM_INDEX:
                 continue  # the branch `platform_dependent` lowers: its cond shows only it
+            if i in folded:
+                # (its own equation, and those of the constants it reads)
+                count = 1 + sum(held.pop(v, 0) for v in eqn.invars if isinstance(v, _compat.Var))
+                held.update((v, count) for v in eqn.outvars[:1])
             if i in unread_set:
                 self.const_vars.update(id(v) for v in eqn.outvars)  # (a seed's readers: constants)
                 continue
@@ -1205,6 +1212,8 @@ class _Builder(InputsMixin):
                 # literals)
                 passed_on = eqn.invars[: len(eqn.outvars)]
                 for k, (o, v) in enumerate(zip(passed_on, eqn.outvars, strict=True)):
+                    if isinstance(o, _compat.Var) and o in held:  # (a folded constant cast)
+                        held[v] = held.pop(o)
                     if isinstance(o, _compat.Var) and o in prod:
                         prod[v] = prod[o]
                     elif isinstance(o, _compat.Var) and o in into:
@@ -1218,6 +1227,8 @@ class _Builder(InputsMixin):
                         through[v] = o
                 continue
             rec = self.eqn_node(eqn, i, parent, path, probe, in_custom)
+            if held:
+                rec.n_eqns += sum(held.pop(v, 0) for v in eqn.invars if isinstance(v, _compat.Var))
             points_before = len(self.points)
             self.used = used  # again: the call's body was walked
             self.carry_tangents(eqn)
