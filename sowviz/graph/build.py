@@ -1022,11 +1022,6 @@ class _Builder(InputsMixin):
         # Not drawn: constants nobody reads, and the seeds that `jax.jacfwd` / `jax.hessian`
         # build (`seeds`); each takes the place of what follows it.
         unread = sorted({*unread_constants(jaxpr, used), *self.seeds(jaxpr), *dead_keys(jaxpr)})
-        # Constants made of literals alone are work of the box reading them (`folded`):
-        # each one's equations count in its first reader's (`held`, by result)
-        folded = set() if capture_eqns else set(folded_constants(jaxpr))
-        held: dict[Any, int] = {}
-        unread = sorted({*unread, *folded})
         stand_in = list(range(len(jaxpr.eqns)))  # whose library calls each one's are
         for i in reversed(unread):
             if i + 1 < len(scoped):
@@ -1141,6 +1136,11 @@ class _Builder(InputsMixin):
         # not drawn, nor are they: it had no data, named by the line (`pred, _ =
         # jax.vmap(model)(x, state)`: the discarded state's broadcasts; `dead_boxes`)
         dead = dead_boxes(jaxpr, level_names)
+        # Constants made of literals alone, loose in the scope of the box reading them,
+        # are its work (`folded`): each one's equations count in its first reader's
+        # (`held`, by result)
+        folded = set() if capture_eqns else self.folded(jaxpr, level_names, {*unread_set, *dead})
+        held: dict[Any, int] = {}
         # A derivative line's box holding only the transform's unravelling of its value
         # (`u_xx = jax.hessian(u, 2)(p, t, x)`'s `split`, `reshape`): those are the box's
         # own work, no boxes of their own (every equation drawn, `capture="all"`, keeps
@@ -1148,6 +1148,13 @@ class _Builder(InputsMixin):
         unravelled = set() if capture_eqns else unravelled_boxes(jaxpr, level_names, dead)
         for i, eqn in enumerate(jaxpr.eqns):
             if i in dead:
+                chains.append(chain_here)
+                continue
+            if i in folded:  # (opens no scope: drawn as part of its reader)
+                # (its own equation, and those of the constants it reads)
+                count = 1 + sum(held.pop(v, 0) for v in eqn.invars if isinstance(v, _compat.Var))
+                held.update((v, count) for v in eqn.outvars[:1])
+                self.const_vars.update(id(v) for v in eqn.outvars)
                 chains.append(chain_here)
                 continue
             names = level_names[i]
@@ -1198,10 +1205,6 @@ class _Builder(InputsMixin):
             parent = scopes[-1][1] if scopes else container
             if eqn.primitive.name in _compat.PLATFORM_INDEX:
                 continue  # the branch `platform_dependent` lowers: its cond shows only it
-            if i in folded:
-                # (its own equation, and those of the constants it reads)
-                count = 1 + sum(held.pop(v, 0) for v in eqn.invars if isinstance(v, _compat.Var))
-                held.update((v, count) for v in eqn.outvars[:1])
             if i in unread_set:
                 self.const_vars.update(id(v) for v in eqn.outvars)  # (a seed's readers: constants)
                 continue
@@ -1632,6 +1635,38 @@ class _Builder(InputsMixin):
             return
         if all(v in self.tangents and _compat.under_jvp(e) for v, e in values.items()):
             rec.label += TANGENT
+
+    def folded(
+        self, jaxpr: Any, level_names: Sequence[tuple[str, ...]], unread: Collection[int]
+    ) -> set[int]:
+        """The equations of `jaxpr`'s level making a constant of literals alone
+        (`saved.folded_constants`) that are work of the box reading them: each of their
+        readers is drawn (no cast drawn as an edge) in the same scope, or is such a
+        constant. Not one alone in a box of its own (`init = jnp.zeros(4)`, a `vmap`'s
+        `scan(update) setup`), nor one a stage hands on (a value saved for a backward
+        pass): those boxes are the user's steps, or carry data."""
+        found = folded_constants(jaxpr)
+        if not found:
+            return set()
+        candidates = set(found)
+        readers: dict[int, list[int]] = {i: [] for i in found}
+        made = {v: i for i in found for v in jaxpr.eqns[i].outvars}
+        for j, e in enumerate(jaxpr.eqns):
+            for v in e.invars:
+                if isinstance(v, _compat.Var) and v in made:
+                    readers[made[v]].append(j)
+        out: set[int] = set()
+        for i in reversed(found):  # (readers first: a cast of a constant is one too)
+            ok = bool(readers[i]) and all(
+                level_names[j] == level_names[i]
+                and j not in unread
+                and (j in out or j not in candidates)
+                and not (_is_type_cast(jaxpr.eqns[j]) or id(jaxpr.eqns[j]) in self.passed)
+                for j in readers[i]
+            )
+            if ok:
+                out.add(i)
+        return out
 
     def const(self, eqn) -> bool:
         """Whether `eqn` reads only constants (then its outputs are constants too)."""
