@@ -19,7 +19,9 @@ Each test checks the values the affected stages capture against plain `jax.jvp` 
 `jax.grad` / NumPy. Gaps: the applied map's stage is sourced at the `linearize` line
 (where JAX records it), not at the line applying the map; a `jax.jvp` seed written in
 the call (`jax.jvp(f, (w,), (jnp.ones_like(w),))`) is still a box named by its text
-holding one `broadcast_in_dim` (a box of its own, so not folded).
+holding one `broadcast_in_dim` (a box of its own, so not folded), and a cast of a
+named constant (`scale = jnp.full(shape, 2.0)` read as `scale * h`) stays a loose
+`convert_element_type` box.
 """
 
 from __future__ import annotations
@@ -162,11 +164,14 @@ def test_constants_fold_into_the_box_reading_them():
     ins = sowviz.inspect(const_loss, w, x, mode="grad")
     box = _one(ins, "layer")
     inside = _children(ins, box.id)
-    # the loose constants (`jnp.ones(n)`, the maximum's `0.0`, the cast of `scale`'s
-    # weak-typed 2.0) are no boxes; the lines you named (`bias = jnp.zeros(...)`) stay
+    # the loose constant (`jnp.ones(n)`, broadcast twice) is no box; the lines you
+    # named (`bias = jnp.zeros(...)`) stay, and so does the cast of `scale` (it reads a
+    # box drawn, whose value it hands on)
     labels = [n.label for n in inside]
-    assert labels == ["bias", "scale", "dot_general", "mul", "add", "add", "max"], labels
-    assert not {"broadcast_in_dim", "convert_element_type"} & {n.primitive for n in inside}
+    want = ["bias", "scale", "dot_general", "convert_element_type", "mul", "add", "add", "max"]
+    assert labels == want, labels
+    assert "broadcast_in_dim" not in {n.primitive for n in inside}
+    assert [n.n_eqns for n in inside if n.label == "add"] == [1, 3]  # (`+ jnp.ones(n)`)
     # the constants' equations count in their readers': every equation drawn once
     assert _eqns_drawn(ins) == _count(jax.make_jaxpr(const_loss)(w, x).jaxpr)
     # the values read through the folded constants: layer's output and its gradient

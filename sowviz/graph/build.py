@@ -1642,9 +1642,9 @@ class _Builder(InputsMixin):
         """The equations of `jaxpr`'s level making a constant of literals alone
         (`saved.folded_constants`) that are work of the box reading them: each of their
         readers is drawn (no cast drawn as an edge) in the same scope, or is such a
-        constant. Not one alone in a box of its own (`init = jnp.zeros(4)`, a `vmap`'s
-        `scan(update) setup`), nor one a stage hands on (a value saved for a backward
-        pass): those boxes are the user's steps, or carry data."""
+        constant folded too. Not one alone in a box of its own (`init = jnp.zeros(4)`,
+        a `vmap`'s `scan(update) setup`), nor one a stage hands on (a value saved for a
+        backward pass): those boxes are the user's steps, or carry data."""
         found = folded_constants(jaxpr)
         if not found:
             return set()
@@ -1666,6 +1666,12 @@ class _Builder(InputsMixin):
             )
             if ok:
                 out.add(i)
+        # (nor one reading a constant drawn: its box would hand its value to nothing,
+        # `scale = jnp.full(...)` then a cast of it)
+        for i in found:
+            operands = [made.get(v) for v in jaxpr.eqns[i].invars if isinstance(v, _compat.Var)]
+            if any(m is not None and m not in out for m in operands):
+                out.discard(i)
         return out
 
     def const(self, eqn) -> bool:
