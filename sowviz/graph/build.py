@@ -80,6 +80,7 @@ from .saved import (
     SAVED,
     dead_boxes,
     dead_keys,
+    folded_constants,
     leaf_names,
     readers,
     saved_for_backward,
@@ -1152,6 +1153,11 @@ class _Builder(InputsMixin):
         # not drawn, nor are they: it had no data, named by the line (`pred, _ =
         # jax.vmap(model)(x, state)`: the discarded state's broadcasts; `dead_boxes`)
         dead = dead_boxes(jaxpr, level_names)
+        # Constants made of literals alone, loose in the scope of the box reading them,
+        # are its work (`folded`): each one's equations count in its first reader's
+        # (`held`, by result)
+        folded = set() if capture_eqns else self.folded(jaxpr, level_names, {*unread_set, *dead})
+        held: dict[Any, int] = {}
         # A derivative line's box holding only the transform's unravelling of its value
         # (`u_xx = jax.hessian(u, 2)(p, t, x)`'s `split`, `reshape`): those are the box's
         # own work, no boxes of their own (every equation drawn, `capture="all"`, keeps
@@ -1159,6 +1165,13 @@ class _Builder(InputsMixin):
         unravelled = set() if capture_eqns else unravelled_boxes(jaxpr, level_names, dead)
         for i, eqn in enumerate(jaxpr.eqns):
             if i in dead:
+                chains.append(chain_here)
+                continue
+            if i in folded:  # (opens no scope: drawn as part of its reader)
+                # (its own equation, and those of the constants it reads)
+                count = 1 + sum(held.pop(v, 0) for v in eqn.invars if isinstance(v, _compat.Var))
+                held.update((v, count) for v in eqn.outvars[:1])
+                self.const_vars.update(id(v) for v in eqn.outvars)
                 chains.append(chain_here)
                 continue
             names = level_names[i]
@@ -1219,6 +1232,8 @@ class _Builder(InputsMixin):
                 # literals)
                 passed_on = eqn.invars[: len(eqn.outvars)]
                 for k, (o, v) in enumerate(zip(passed_on, eqn.outvars, strict=True)):
+                    if isinstance(o, _compat.Var) and o in held:  # (a folded constant cast)
+                        held[v] = held.pop(o)
                     if isinstance(o, _compat.Var) and o in prod:
                         prod[v] = prod[o]
                     elif isinstance(o, _compat.Var) and o in into:
@@ -1232,6 +1247,8 @@ class _Builder(InputsMixin):
                         through[v] = o
                 continue
             rec = self.eqn_node(eqn, i, parent, path, probe, in_custom)
+            if held:
+                rec.n_eqns += sum(held.pop(v, 0) for v in eqn.invars if isinstance(v, _compat.Var))
             points_before = len(self.points)
             self.used = used  # again: the call's body was walked
             self.carry_tangents(eqn)
@@ -1637,6 +1654,44 @@ class _Builder(InputsMixin):
             return
         if all(v in self.tangents and _compat.under_jvp(e) for v, e in values.items()):
             rec.label += TANGENT
+
+    def folded(
+        self, jaxpr: Any, level_names: Sequence[tuple[str, ...]], unread: Collection[int]
+    ) -> set[int]:
+        """The equations of `jaxpr`'s level making a constant of literals alone
+        (`saved.folded_constants`) that are work of the box reading them: each of their
+        readers is drawn (no cast drawn as an edge) in the same scope, or is such a
+        constant folded too. Not one alone in a box of its own (`init = jnp.zeros(4)`,
+        a `vmap`'s `scan(update) setup`), nor one a stage hands on (a value saved for a
+        backward pass): those boxes are the user's steps, or carry data."""
+        found = folded_constants(jaxpr)
+        if not found:
+            return set()
+        candidates = set(found)
+        readers: dict[int, list[int]] = {i: [] for i in found}
+        made = {v: i for i in found for v in jaxpr.eqns[i].outvars}
+        for j, e in enumerate(jaxpr.eqns):
+            for v in e.invars:
+                if isinstance(v, _compat.Var) and v in made:
+                    readers[made[v]].append(j)
+        out: set[int] = set()
+        for i in reversed(found):  # (readers first: a cast of a constant is one too)
+            ok = bool(readers[i]) and all(
+                level_names[j] == level_names[i]
+                and j not in unread
+                and (j in out or j not in candidates)
+                and not (_is_type_cast(jaxpr.eqns[j]) or id(jaxpr.eqns[j]) in self.passed)
+                for j in readers[i]
+            )
+            if ok:
+                out.add(i)
+        # (nor one reading a constant drawn: its box would hand its value to nothing,
+        # `scale = jnp.full(...)` then a cast of it)
+        for i in found:
+            operands = [made.get(v) for v in jaxpr.eqns[i].invars if isinstance(v, _compat.Var)]
+            if any(m is not None and m not in out for m in operands):
+                out.discard(i)
+        return out
 
     def const(self, eqn) -> bool:
         """Whether `eqn` reads only constants (then its outputs are constants too)."""

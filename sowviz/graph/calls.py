@@ -34,7 +34,17 @@ import itertools
 from collections.abc import Callable, Collection, Sequence
 
 from .. import _compat
-from .names import BACKWARD, CALL, CALLED_BACK, CLOSURE, fold_label, function_label, user_call_label
+from .names import (
+    BACKWARD,
+    CALL,
+    CALLED_BACK,
+    CLOSURE,
+    TANGENT,
+    fold_label,
+    function_label,
+    user_call_label,
+)
+from .source_text import applied_map
 
 Chain = tuple[_compat.UserCall, ...] | None
 Transforms = tuple[str, ...]  # an equation's transforms, outermost first
@@ -248,6 +258,44 @@ def _instances(
     return [None if ids is None else tuple(_resolved(state.alias, i) for i in ids) for ids in out]
 
 
+def _applied_maps(
+    ids: Sequence[tuple[int, ...] | None],
+    backward: Sequence[bool],
+    by_id: dict[int, _compat.UserCall],
+) -> dict[int, Callable[[str], str]]:
+    """The calls that are a `jax.linearize`'s map (a `jax.vjp`'s pullback) applied lines
+    after the call, each with how its label reads: `t: mlp` for `y, f_jvp =
+    jax.linearize(lambda q: mlp(q, x), p)` then `t = f_jvp(v)` (`mlp (tangent)` when
+    the applying line assigns no name). JAX records the map's equations with the
+    tracebacks of the `linearize` line, inside `mlp`'s frames: they made a second call
+    of `mlp` from that line, `mlp#2`, which the program never made. Of the forward
+    calls made from such a line, in program order, every second one is the map's (the
+    line run again in a loop alternates: the call, then its map)."""
+    order: dict[tuple, list[int]] = {}  # per call site and function, its calls in order
+    seen: set[int] = set()
+    for idc, back in zip(ids, backward, strict=True):
+        if back:
+            continue
+        for i in idc or ():
+            if i not in seen:
+                seen.add(i)
+                order.setdefault(by_id[i].key, []).append(i)
+    out: dict[int, Callable[[str], str]] = {}
+    for found in order.values():
+        if len(found) < 2:
+            continue
+        site = by_id[found[0]].site()
+        name = applied_map(site.file, site.line) if site is not None else None
+        if name is None:
+            continue
+        name = name if name.isidentifier() else None
+        for i in found[1::2]:
+            out[i] = (
+                (lambda label, n=name: f"{n}: {label}") if name else (lambda label: label + TANGENT)
+            )
+    return out
+
+
 def _resolved(alias: dict[int, int], i: int) -> int:
     while i in alias:
         i = alias[i]
@@ -390,6 +438,7 @@ def group_calls(
     for chain, idc in zip(calls, ids, strict=True):
         for c, i in zip(chain or (), idc or (), strict=True):
             by_id.setdefault(i, c)
+    applied = _applied_maps(ids, backward, by_id)
     sites: dict[str, _compat.SourceLocation | None] = {}
     made: set[int] = set()  # the calls made stages
 
@@ -579,6 +628,8 @@ def group_calls(
             # MLP as `update_edge_fn: edge_mlp`)
             one = j == k and (items[k][1] is None or (call is not None and bool(call.via)))
             label = user_call_label(call) if call is not None else ""
+            if keys[k] in applied:
+                label = applied[keys[k]](label)
             if one and stages[items[k][0][0]] == label:
                 one = False
             if call is not None and (j > k or one):

@@ -76,6 +76,35 @@ def unread_constants(jaxpr: _compat.Jaxpr, used: Collection[Any]) -> list[int]:
     ]
 
 
+#: primitives that make a constant array of literals alone (`jnp.zeros_like(h)`,
+#: `jnp.full(shape, 2.0)`, `jnp.ones(n)`, an `arange`), or reshape or cast one
+_CONSTANT_MAKERS = frozenset(
+    {"broadcast_in_dim", "iota", "convert_element_type", "reshape", "squeeze", "expand_dims"}
+)
+
+
+def folded_constants(jaxpr: _compat.Jaxpr) -> list[int]:
+    """The equations of `jaxpr`'s level that make a constant the level's equations read
+    (`_CONSTANT_MAKERS`, from literals and such constants alone, no effect), none of
+    them the level's result: `jnp.zeros_like(h) + ...`, `jnp.maximum(x, 0.0)`'s
+    broadcast zero, a `fori_loop`'s `jnp.zeros(4)` carry. They are part of the box
+    reading them, as a literal is: drawn, they were loose `broadcast_in_dim` boxes
+    with no data beside the user's stages (a constant's stage carries none)."""
+    results = {v for v in jaxpr.outvars if isinstance(v, _compat.Var)}
+    made: set[Any] = set()
+    found = []
+    for i, e in enumerate(jaxpr.eqns):
+        if e.effects or e.primitive.name not in _CONSTANT_MAKERS:
+            continue
+        if not all(not isinstance(v, _compat.Var) or v in made for v in e.invars):
+            continue
+        if any(v in results for v in e.outvars):
+            continue
+        made.update(e.outvars)
+        found.append(i)
+    return found
+
+
 def dead_keys(jaxpr: _compat.Jaxpr) -> list[int]:
     """The equations of `jaxpr`'s level that only make, split or reshape PRNG keys that
     nothing reads (`_compat.handles_keys`), however many steps before the value no one

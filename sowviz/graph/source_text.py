@@ -910,9 +910,32 @@ def _with_applied_map(file: str, line: int, value: ast.Call) -> str | None:
     records the applied map's equations at the `linearize` (`vjp`) line, so that
     line's box holds `lin` (`ct` of `(ct,) = pullback(ones)`): labelled `y, f_jvp`, it
     said it held `y` while its value was `lin`."""
+    found = _applied_map(file, line, value)
+    if found is None:
+        return None
+    first, applied = found
+    return applied if first is None else f"{first}, {applied}"
+
+
+def applied_map(file: str, line: int) -> str | None:
+    """What a later statement assigns by applying the map that the `jax.linearize`
+    (`jax.vjp`) at `file:line` returns: `t` for `y, f_jvp = jax.linearize(...)` then
+    `t = f_jvp(v)` (`f_jvp(…)` when it assigns no call of it alone); None for any other
+    line. JAX records the applied map's equations at the `linearize` line, inside the
+    linearized function's calls: they are the tangent of that function's stages."""
+    value = _assigned_call(file, line)
+    if value is None:
+        return None
+    found = _applied_map(file, line, value)
+    return found[1] if found is not None else None
+
+
+def _applied_map(file: str, line: int, value: ast.Call) -> tuple[str | None, str] | None:
+    # (the value the line assigns first, if the block reads it again; what the map's
+    # application assigns), as `_with_applied_map` says
     func = value.func
     name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
-    tree = _parsed("".join(_lines(file)))
+    tree = _parsed("".join(linecache.getlines(file)))
     if name not in _RETURNS_MAP or tree is None:
         return None
     for block in (b for node in ast.walk(tree) for b in _bodies(node) if b):
@@ -945,8 +968,8 @@ def _with_applied_map(file: str, line: int, value: ast.Call) -> str | None:
             rest = block[at[0] + 1 :]
             read = {n.id for st in rest for n in ast.walk(st) if isinstance(n, ast.Name)}
             if isinstance(first, ast.Name) and first.id not in read:
-                return applied
-            return f"{ast.unparse(first)}, {applied}"
+                return None, applied
+            return ast.unparse(first), applied
         return None
     return None
 
