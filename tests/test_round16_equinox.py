@@ -172,6 +172,9 @@ def test_a_batchnorm_stage_names_its_new_running_statistics():
     # the stage's card shows its activation alone
     (node,) = [n for n in ins.to_dict()["nodes"] if n["label"] == "bn: BatchNorm"]
     assert node["shapes"] == ["float32[16,8]"]  # (was `f32[16,8] +2`: its statistics)
-    # the state sowviz returns is Equinox's
+    # the state sowviz returns is Equinox's (to float32 rounding: the instrumented
+    # program's fusions sum the batch in another order, 1-2 ulp on jax 0.12.0.1)
     aux = ins.result[0][1]
-    np.testing.assert_allclose(np.asarray(aux.get(model2.bn.ema_state_index)[0]), np.asarray(mean))
+    np.testing.assert_allclose(
+        np.asarray(aux.get(model2.bn.ema_state_index)[0]), np.asarray(mean), rtol=1e-6, atol=1e-7
+    )
