@@ -31,6 +31,7 @@ BENCHMARKS = [
     "runlog_load_memory",
     "explicit_mesh",
     "loops_compile",
+    "compat_patches",
 ]
 
 
