@@ -32,6 +32,7 @@ BENCHMARKS = [
     "runlog_load_memory",
     "explicit_mesh",
     "loops_compile",
+    "compat_patches",
 ]
 
 

@@ -3187,18 +3187,82 @@ def defined_at(code: Any) -> SourceLocation | None:
 # ---------------------------------------------------------------------------
 # The names `jax.named_call` wrappers push, by the code that called them.
 
+import contextvars  # noqa: E402
 import threading  # noqa: E402
+import weakref  # noqa: E402
 
 #: (code object calling a `jax.named_call` / `@jax.named_scope(...)` wrapper) -> the
 #: scope names such calls pushed: what `named_call_sites` matches a wrapper frame of a
 #: traceback by, when neither the wrapped function's name nor its call's line says the
 #: name (`attn = jax.named_call(attention, name="attn")` called as `attn(w, x)`; a
 #: decorated `feed_forward`'s `"mlp"`; `name=f"layer{i}"`). Facts about code, kept
-#: across traces (one caller's names are the same each time).
-_NAMED_BY_CALLER: dict[Any, set[str]] = {}
-_NAMED_BY_CALLER_MAX = 10_000
-_named_call_depth = [0]
-_named_call_lock = threading.Lock()
+#: across traces (one caller's names are the same each time). Weakly keyed: an entry
+#: lives as long as its code does, so the names of a trace are there as long as its
+#: jaxpr (whose tracebacks hold that code) can be read, and code that is gone
+#: (`exec`'d, a reloaded module) takes its entry with it. (A size bound cleared
+#: wholesale lost the names of the trace in progress when it struck mid-trace.)
+_NAMED_BY_CALLER: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+#: Whether this context (thread, task) is tracing for sowviz: another thread's plain
+#: JAX goes through the shared wrapper untouched and records nothing.
+_recording_names: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "sowviz_recording_names", default=False
+)
+_swap_lock = threading.Lock()
+
+
+class _Swap:
+    """One JAX attribute (`owner.name`, a class's method or a module's function)
+    swapped for a wrapper while anyone records, the original put back by the last to
+    leave. Reference counted under a lock: threads and nested traces share one install.
+
+    The original is kept here, not on the wrapper: another library may have wrapped
+    sowviz's wrapper in turn while it was installed (its wrapper has no attribute of
+    ours, or copies them with `functools.wraps`). Then the last to leave puts nothing
+    back, which would drop that library's patch: ours stays inside its chain, made a
+    pass-through (`live` false). A later install that finds such a dead wrapper of
+    ours in place (the other library put back what it found) installs over the
+    original it held, so the next leave restores JAX's own attribute."""
+
+    def __init__(self, owner: Any, name: str, wrap: Any) -> None:
+        self.owner, self.name, self.wrap = owner, name, wrap  # wrap(raw, live) -> wrapper
+        self.users = 0
+        self.original: Any = None  # what was in `vars(owner)` before the install
+        self.installed: Any = None  # the wrapper put there
+        self.live: list[bool] = [False]  # the installed wrapper's switch
+        #: dead wrappers of ours -> the original each wraps (by identity: another
+        #: library's `functools.wraps` copies attributes, not identity)
+        self.dead: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+    def enter(self) -> None:
+        with _swap_lock:
+            if self.users == 0:
+                raw = vars(self.owner)[self.name]
+                while raw in self.dead:  # (put back by a library that had wrapped it)
+                    raw = self.dead[raw]
+                live = [True]
+                wrapper = self.wrap(raw, live)
+                setattr(self.owner, self.name, wrapper)
+                self.original, self.installed, self.live = raw, wrapper, live
+            self.users += 1
+
+    def leave(self) -> None:
+        with _swap_lock:
+            self.users -= 1
+            if self.users:
+                return
+            if vars(self.owner).get(self.name) is self.installed:
+                setattr(self.owner, self.name, self.original)
+            self.live[0] = False  # (if still in another library's chain: passes through)
+            self.dead[self.installed] = self.original
+            self.original = self.installed = None
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        self.enter()
+        try:
+            yield
+        finally:
+            self.leave()
 
 
 def _wrapper_code() -> Any:
@@ -3210,35 +3274,35 @@ def _wrapper_code() -> Any:
 _NAMED_CALL_WRAPPER = _wrapper_code()
 
 
+def _recording_enter(raw: Any, live: list[bool]) -> Any:
+    """`ExtendNameStackContextManager.__enter__` that notes, when this context records
+    and JAX's `named_call` wrapper called it, the name it pushes by the wrapper's caller."""
+
+    @functools.wraps(raw)
+    def __enter__(self: Any) -> Any:
+        if live[0] and _recording_names.get():
+            frame = sys._getframe(1)
+            if frame.f_code is _NAMED_CALL_WRAPPER and frame.f_back is not None:
+                _NAMED_BY_CALLER.setdefault(frame.f_back.f_code, set()).add(self.name)
+        return raw(self)
+
+    return __enter__
+
+
+_NAMED_CALLS = _Swap(_source_info.ExtendNameStackContextManager, "__enter__", _recording_enter)
+
+
 @contextlib.contextmanager
 def recording_named_calls() -> Iterator[None]:
-    """While open, each scope a `jax.named_call` wrapper pushes is recorded with the
-    code that called the wrapper (`_NAMED_BY_CALLER`). Reference counted: the original
-    `__enter__` is put back when the last user leaves."""
-    cls = _source_info.ExtendNameStackContextManager
-    with _named_call_lock:
-        _named_call_depth[0] += 1
-        if _named_call_depth[0] == 1:
-            raw = cls.__enter__
-
-            def __enter__(self: Any) -> Any:
-                frame = sys._getframe(1)
-                if frame.f_code is _NAMED_CALL_WRAPPER and frame.f_back is not None:
-                    if len(_NAMED_BY_CALLER) > _NAMED_BY_CALLER_MAX:
-                        _NAMED_BY_CALLER.clear()
-                    names = _NAMED_BY_CALLER.setdefault(frame.f_back.f_code, set())
-                    names.add(self.name)
-                return raw(self)
-
-            __enter__.sowviz_original = raw  # type: ignore[attr-defined]
-            cls.__enter__ = __enter__
+    """While open (in this context), each scope a `jax.named_call` wrapper pushes is
+    recorded with the code that called the wrapper (`_NAMED_BY_CALLER`). The wrapper
+    is installed while anyone records (`_Swap`)."""
+    token = _recording_names.set(True)
     try:
-        yield
+        with _NAMED_CALLS.held():
+            yield
     finally:
-        with _named_call_lock:
-            _named_call_depth[0] -= 1
-            if _named_call_depth[0] == 0:
-                cls.__enter__ = cls.__enter__.sowviz_original
+        _recording_names.reset(token)
 
 
 def named_call_names(code: Any) -> frozenset[str]:
@@ -3258,14 +3322,27 @@ def user_call_site(frame: Any, *, direct: bool = False) -> SourceLocation | None
 # ---------------------------------------------------------------------------
 # The parameters a `jax.vmap`ped function of the user's was given its values as.
 
-import contextvars  # noqa: E402
-
 from jax._src import api as _api  # noqa: E402
 
 _vmap_params: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
     "sowviz_vmap_params", default=None
 )
-_vmap_depth = [0]
+
+
+def _noting_vmap_params(raw: Any, live: list[bool]) -> Any:
+    """`api.debug_info` that, when this context records, notes a `vmap`'s parameters."""
+
+    @functools.wraps(raw)
+    def debug_info(traced_for: str, fun: Any, args: Any, kwargs: Any, *a: Any, **k: Any):
+        into = _vmap_params.get()
+        if live[0] and into is not None and traced_for == "vmap":
+            _note_vmap_params(into, fun, args, kwargs)
+        return raw(traced_for, fun, args, kwargs, *a, **k)
+
+    return debug_info
+
+
+_VMAP_PARAMS = _Swap(_api, "debug_info", _noting_vmap_params)
 
 
 @contextlib.contextmanager
@@ -3276,30 +3353,15 @@ def recording_vmap_params() -> Iterator[dict[tuple[int, Var], str]]:
     "x"`. The function's stage names its ports by them, as a `jit`'s body names its
     operands. JAX 0.10-0.12's `vmap` asks `api.debug_info("vmap", fun, args, kwargs)`
     with the arguments as given (the variables outside), whichever way the user reached
-    `vmap` (`jax.vmap`, `from jax import vmap`, Equinox's `filter_vmap`)."""
+    `vmap` (`jax.vmap`, `from jax import vmap`, Equinox's `filter_vmap`). The wrapper
+    is installed while anyone records (`_Swap`)."""
     found: dict[tuple[int, Var], str] = {}
     token = _vmap_params.set(found)
-    with _named_call_lock:
-        _vmap_depth[0] += 1
-        if _vmap_depth[0] == 1:
-            raw = _api.debug_info
-
-            def debug_info(traced_for: str, fun: Any, args: Any, kwargs: Any, *a: Any, **k: Any):
-                into = _vmap_params.get()
-                if into is not None and traced_for == "vmap":
-                    _note_vmap_params(into, fun, args, kwargs)
-                return raw(traced_for, fun, args, kwargs, *a, **k)
-
-            debug_info.sowviz_original = raw  # type: ignore[attr-defined]
-            _api.debug_info = debug_info
     try:
-        yield found
+        with _VMAP_PARAMS.held():
+            yield found
     finally:
         _vmap_params.reset(token)
-        with _named_call_lock:
-            _vmap_depth[0] -= 1
-            if _vmap_depth[0] == 0:
-                _api.debug_info = _api.debug_info.sowviz_original
 
 
 def _note_vmap_params(into: dict, fun: Any, args: Any, kwargs: Any) -> None:

@@ -1049,31 +1049,41 @@ def _producer(
     among: Mapping[str, _Flags],
     fills: frozenset[str] = frozenset(),
 ) -> tuple[str, str | None, str | None, tuple[float, ...]]:
-    """The forward origin: the earliest non-finite node of `among` (those of `fwd` whose
-    values reach a result), unless the results hold only kinds it does not (a NaN
-    result after an earlier +Inf, as diffrax fills its output buffer with +Inf before
-    the solve writes it): then the earliest node holding a kind the results hold, with
-    the earlier node it passed over. An equation that made the ±Inf from finite values
-    (an overflow: `mul`, `exp`; not a fill that `select_n` or `broadcast_in_dim` moves)
-    stays the origin, with the node holding the results' kind that it led to; one made
-    from literals alone (`-jnp.inf` as a float32) is a fill. When the earliest node is
-    a fill (diffrax's `jnp.full(n, direction * jnp.inf)` buffer, moved into its loop),
-    the first node computing a non-finite value after it, before the results' kind, is
-    that overflow (the vector field's `y ** 2` at y ~ 1e37), the fill named before it.
-    Nodes holding the results' kind compare by the first iteration holding that kind
-    (when `locate`'s count run knows it): a loop that carries a +Inf fill from its first
-    iteration (Equinox's `while_loop` selects it every iteration) and writes the NaN
-    `sqrt` made at the 7th came after that `sqrt`, not at iteration 0. When the results
-    hold none (what is non-finite is a gradient), the earliest node not in `fills` (a
-    literal's ±Inf: `jnp.clip(dt, max=jnp.inf)` in `odeint`'s loop) is the origin, or,
-    when that is a ±Inf fill, the first NaN after it (`_nan_after_fill`).
-    Returns (origin, earlier node passed over, later node it led to, the origin's first
-    iteration holding what made it the origin)."""
+    """The forward origin among the non-finite nodes `among` (those of `fwd` whose values
+    reach a result), in order of their first non-finite iteration. Kinds: NaN and Inf
+    (+Inf and -Inf alike: a sign flip makes no new value); "the results' kind" is any
+    kind the results hold. Nodes holding it compare by the first iteration holding it
+    (when `locate`'s count run knows it): a loop that carries a +Inf fill from its
+    first iteration (Equinox's `while_loop`) and writes the NaN `sqrt` made at the 7th
+    came after that `sqrt`, not at iteration 0.
+
+    1. No node but the results holds the results' kind (what is non-finite is a
+       gradient, or only the results): the earliest node not in `fills` (a literal's
+       ±Inf, `jnp.clip(dt, max=jnp.inf)` in `odeint`'s loop, read by every iteration,
+       holds its Inf from the first: no place a problem was born) is the origin; when
+       that is a ±Inf fill, the first NaN after it (`_nan_after_fill`).
+    2. The earliest node holds the results' kind, no later than any other: it is the
+       origin.
+    3. Else the earliest node holding the results' kind (`n`: a NaN result after an
+       earlier +Inf, as diffrax fills its output buffer with +Inf before the solve
+       writes it) is, unless the earliest node made what followed. That maker is the
+       earliest node itself or, when it is a fill, the overflow after it
+       (`_overflow_after_fill`: the vector field's `y ** 2` at y ~ 1e37); it is the
+       origin, with `n` as what it led to, when it computes (an overflow: `mul`,
+       `exp`; not a fill that `select_n` or `broadcast_in_dim` moves, nor one made
+       from literals alone), held none of the results' kind at its first iteration
+       (a `div` in a loop that makes +Inf at iteration 0 holds, from iteration 1, the
+       NaN its +Inf led to), and the results hold NaN or `n` is a fill (no arithmetic
+       makes ±Inf of a NaN: ±Inf results after a NaN were put in its place, tinygp's
+       `jnp.where(jnp.isfinite(ll), ll, -jnp.inf)` after a failed `cholesky`).
+
+    The earlier node passed over is named (`_named_earlier`) beside an origin that is
+    not the earliest. Returns (origin, earlier node passed over, later node it led to,
+    the origin's first iteration holding what made it the origin)."""
     order = sorted(among, key=lambda n: ix.key(n, among[n].fwd_iter))
     first = order[0]
 
     def kinds(n: str, first_iteration: bool = False) -> frozenset[str]:
-        # +Inf and -Inf alike: a sign flip (`-jnp.sum(jnp.log(p))`) makes no new value
         held = fwd[n].first_kinds() if first_iteration else fwd[n].fwd_kinds
         return frozenset("inf" if k.endswith("inf") else k for k in held)
 
@@ -1084,39 +1094,45 @@ def _producer(
         return ix.key(n, fwd[n].first_of(raw))
 
     holding = sorted((n for n in among if kinds(n) & results and n not in ix.outputs), key=when)
-    if not holding:
-        # (a literal's ±Inf, read by every iteration of a loop, held its Inf from the
-        # first: it is no place a problem was born, the first value made non-finite is)
+    if not holding:  # 1.
         first = next((n for n in order if n not in fills), first)
         nan = _nan_after_fill(ix, fwd, order, first, kinds)
         if nan is not None:
             return nan, _named_earlier(ix, order, order[0], nan), None, fwd[nan].first_of(["nan"])
         return first, None, None, fwd[first].first_of(raw)
-    if kinds(first) & results and when(first) <= when(holding[0]):
+    if kinds(first) & results and when(first) <= when(holding[0]):  # 2.
         return first, None, None, fwd[first].first_of(raw)  # (no `raw`: its first of any)
-    n = holding[0]
-    # (a ±Inf fill first, diffrax's output buffer `jnp.full(n, direction * jnp.inf)`
-    # moved into its loop: the first value computed non-finite after it, before what the
-    # results hold, is where they went wrong, the vector field's overflow)
+    n = holding[0]  # 3.
     made = first
     if first in fills or _fill_stage(ix, first):
-        before = order[: order.index(n)] if n in order else order
-        # (not a stage holding the fill itself: the line box `m = segment_max(x * w, ...)`
-        # around an empty segment's -Inf computes `x * w`, and made no Inf)
-        around = set(ix.ancestors(first))
-        made = next((m for m in before if m not in around and _overflow(ix, fwd, m, fills)), first)
-    # (an overflow at its first iteration holds the NaN it led to later: a `div` in a
-    # loop that makes +Inf at iteration 0 holds NaN from iteration 1, the positions
-    # the `mul` its +Inf became made NaN)
+        overflow = _overflow_after_fill(ix, fwd, order, first, n, fills)
+        made = first if overflow is None else overflow
     if _computes(ix, made) and not _is_fill(ix, made) and not kinds(made, True) & results:
-        # No arithmetic makes ±Inf of a NaN: ±Inf results after a NaN were put in its
-        # place (tinygp's `jnp.where(jnp.isfinite(ll), ll, -jnp.inf)` after a failed
-        # `cholesky`: the NaN is the origin) or made apart from it by an overflow, then
-        # the origin of what the results hold.
         if "nan" in results or _is_fill(ix, n):
             earlier = None if made == first else _named_earlier(ix, order, first, made)
             return made, earlier, n, fwd[made].fwd_iter
     return n, _named_earlier(ix, order, first, n), None, fwd[n].first_of(raw)
+
+
+def _overflow_after_fill(
+    ix: _Index,
+    fwd: Mapping[str, _Flags],
+    order: Sequence[str],
+    fill: str,
+    until: str,
+    fills: frozenset[str],
+) -> str | None:
+    """Where the values went wrong after a ±Inf fill, the earliest non-finite node
+    (diffrax's output buffer `jnp.full(n, direction * jnp.inf)`, moved into its loop),
+    which made nothing: the first node of `order` before `until` (the first holding
+    what the results hold) that made its non-finite values from finite ones
+    (`_overflow`: it computes, holds no fill, reads no node non-finite before it, so a
+    GAT's `segment_max` passing a masked node's -Inf on is none), and is not a stage
+    holding the fill (the line box `m = segment_max(x * w, ...)` around an empty
+    segment's -Inf computes `x * w`, and made no Inf). None when there is none."""
+    before = order[: order.index(until)] if until in order else order
+    around = set(ix.ancestors(fill))
+    return next((m for m in before if m not in around and _overflow(ix, fwd, m, fills)), None)
 
 
 def _nan_after_fill(
