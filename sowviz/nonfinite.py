@@ -715,10 +715,14 @@ def _written_over(ix: _Index, fwd: Mapping[str, _Flags]) -> bool:
     `max_steps`) hands its unwritten +Inf rows on: the loop's result holds them."""
     holding_loops = {a for n in ix.nodes.values() if n.kind in _STACKED for a in ix.ancestors(n.id)}
     for n in fwd:
-        if ix.nodes[n].kind in _STACKED or n in ix.outputs:
-            return False  # (a loop's result, or the program's, holds the fill)
+        if n in ix.outputs:
+            return False  # (the program's result holds the fill)
         if ix.loop[n] is not None:
-            continue  # (inside the body: the buffer while it is written)
+            # (inside a body: the buffer while it is written, a nested loop's too, as
+            # `DirectAdjoint`'s scans are)
+            continue
+        if ix.nodes[n].kind in _STACKED:
+            return False  # (the loop's result holds the fill: rows never written)
         # Before the loop: read by it, by another value holding the fill (checked here
         # in its turn: diffrax's `_allocate_output`, then Equinox's buffer rewrite), or,
         # with a finite result, by the loop's own machinery beside it (Equinox's check
