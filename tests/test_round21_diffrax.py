@@ -103,7 +103,7 @@ def _probe_of(d, node_id, shape=None):
 
 def test_the_solves_time_arguments_are_boxes_of_their_lines(solved):
     _, ins = solved
-    d, by = _nodes(ins)
+    d, _ = _nodes(ins)
     (ode,) = [n for n in d["nodes"] if n["label"] == "NeuralODE"]
     kids = [n for n in d["nodes"] if n["parent"] == ode["id"]]
     # no loose equation beside the solve (they were `slice`, `squeeze` per argument,
