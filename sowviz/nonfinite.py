@@ -621,6 +621,7 @@ def find(
             follows_forward=from_forward,
         )
     fill = ""
+    overwritten = False
     if fwd_origin is not None and results_finite is True and _loop_fill(ix, fwd, fwd_origin.node):
         # A library's fill values (diffrax's output buffer, optimistix's first `f = inf`)
         # in a healthy run: no origin of anything, said apart, drawn as expected values.
@@ -630,6 +631,7 @@ def find(
         fill = loop_fill_message(
             ix.nodes[fwd_origin.node], _held(rest), [ix.nodes[n] for n in named]
         )
+        overwritten = not tested and _written_over(ix, fwd)
         fwd_origin, expected = None, expected | fwd.keys()
     elif fwd_origin is not None and results_finite is True and _mask_in_loop(ix, fwd, fwd_origin):
         # A mask made in a loop's step (a KV-cache decoder's causal mask, which depends on
@@ -666,6 +668,7 @@ def find(
         grads=mine,
         other_grads=other,
         skipped=skipped,
+        overwritten=overwritten and not bwd_origin,
     )
     return with_message(out)
 
@@ -701,6 +704,41 @@ def _loop_fill(ix: _Index, fwd: Mapping[str, _Flags], node: str) -> bool:
         if any(ix.nodes[t].kind in _STACKED or t in holding_loops for t in reads):
             return True
     return False
+
+
+def _written_over(ix: _Index, fwd: Mapping[str, _Flags]) -> bool:
+    """Whether a loop's fill values (`_loop_fill`) never left the loop carrying them:
+    every value holding them is made inside a loop's body or before the loop and read
+    by it, and no loop's result holds one. A healthy diffrax solve writes every row of
+    its +Inf output buffer (`SaveAt(ts=...)`): its `ys` is finite, the fill is gone, and
+    there is nothing to tell. A solve that stopped early (`throw=False` past
+    `max_steps`) hands its unwritten +Inf rows on: the loop's result holds them."""
+    holding_loops = {a for n in ix.nodes.values() if n.kind in _STACKED for a in ix.ancestors(n.id)}
+    for n in fwd:
+        if n in ix.outputs:
+            return False  # (the program's result holds the fill)
+        if ix.loop[n] is not None:
+            # (inside a body: the buffer while it is written, a nested loop's too, as
+            # `DirectAdjoint`'s scans are)
+            continue
+        if ix.nodes[n].kind in _STACKED:
+            return False  # (the loop's result holds the fill: rows never written)
+        # Before the loop: read by it, by another value holding the fill (checked here
+        # in its turn: diffrax's `_allocate_output`, then Equinox's buffer rewrite), or,
+        # with a finite result, by the loop's own machinery beside it (Equinox's check
+        # of the loop's state), not by anything outside the stage holding the loop.
+        around = {a for a in ix.ancestors(n) if a in holding_loops and a != ix.graph.root}
+        reads = ix.out.get(n, ())
+        if not reads or not all(
+            ix.nodes[t].kind in _STACKED
+            or t in holding_loops
+            or ix.loop[t] is not None
+            or t in fwd
+            or around & set(ix.ancestors(t))
+            for t in reads
+        ):
+            return False  # (read after the loop, or by nothing that loops)
+    return True
 
 
 def _tested_nans(ix: _Index, fwd: Mapping[str, _Flags]) -> list[str]:

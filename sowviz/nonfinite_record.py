@@ -103,6 +103,10 @@ class Origins:
     # only gradients are non-finite, and `expect_nonfinite=("gradients",)` declared them
     # expected (a guarded update skips the step: `nonfinite_expect`): no alarm
     skipped: bool = False
+    # only loop fill values (`fill`), every one written over inside the loop that carried
+    # them (a healthy diffrax solve's +Inf output buffer, every row saved): no value
+    # holding them left the loop, and the report says nothing of them (no banner)
+    overwritten: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -116,6 +120,7 @@ class Origins:
             "located": self.located,
             "not_reproduced": self.not_reproduced,
             "skipped": self.skipped,
+            "overwritten": self.overwritten,
             "message": self.message,
         }
 

@@ -356,11 +356,12 @@ export class App {
     }
     clear(this.banner);
     const rec = this.origins.stored;
-    this.banner.hidden = !rec;
-    if (!rec) {
+    this.banner.hidden = !rec || rec.overwritten;
+    if (!rec || rec.overwritten) {
       // a record of null (Python's rule ran) over non-finite values: only fills that
-      // reach no result (an empty `segment_max`'s -Inf), marked in the muted colour
-      this.root.toggleAttribute("data-nonfinite-quiet", this.model?.nonfinite === null);
+      // reach no result (an empty `segment_max`'s -Inf), marked in the muted colour;
+      // so is a loop's fill written over inside the loop (no value holding it left)
+      this.root.toggleAttribute("data-nonfinite-quiet", this.model?.nonfinite === null || !!rec?.overwritten);
       return;
     }
     this.banner.classList.toggle("sv-banner-quiet", !rec.alarm);

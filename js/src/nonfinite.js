@@ -70,7 +70,7 @@ function pass(o) {
  * (whose older form holds bare node ids). Never recomputed from the summaries.
  * @returns {{step: number|null, forward: any, backward: any, propagators: string[],
  *   expected: string[], removed: boolean, alarm: boolean, located: boolean|null,
- *   notReproduced: boolean, message: string|null}|null}
+ *   notReproduced: boolean, overwritten: boolean, message: string|null}|null}
  */
 export function storedOrigins(model, history) {
   const rec = model?.nonfinite ?? history?.nonfinite ?? null;
@@ -90,6 +90,9 @@ export function storedOrigins(model, history) {
     located: rec.located ?? null,
     // locate re-ran the step and found no alarm: the step's own record, kept
     notReproduced: !!rec.not_reproduced,
+    // only a loop's fill values, every one written over inside the loop (a healthy
+    // diffrax solve's +Inf output buffer): nothing to tell, no banner
+    overwritten: !!rec.overwritten,
     message: rec.message ?? null,
   };
 }

@@ -480,6 +480,9 @@ _MAPPED = "\x0f"
 #: Equations that only lay a value out: after a stage on an assignment line (`vmap`'s
 #: transposes around `rfft`), the stage still makes the line's value
 _LAYOUT = frozenset({"transpose", "reshape", "squeeze", "expand_dims", "broadcast_in_dim"})
+#: The equations an index of the user's makes (`ts[0]`: `slice`, `squeeze`;
+#: `x[i]`: `dynamic_slice`): several from one operation are its box (`plumbed_line`)
+_INDEXING = frozenset({"slice", "squeeze", "dynamic_slice", "gather", "reshape"})
 #: JAX transforms whose own equations on a line (`jacfwd` unravelling its result) are
 #: named by what the line assigns, not by the transform
 _TRANSFORMS = frozenset(
@@ -1748,6 +1751,7 @@ def _fold(
             hi += 1
         made: dict[Any, int] = {}
         integer: set[Any] = set()
+        indexing: dict[Any, bool] = {}  # each operation: all its equations index
         for m in range(lo, hi + 1):
             op = operations[m] if m < len(operations) else None
             if op is None or calls(m) or (m < len(stages) and stages[m]):
@@ -1755,7 +1759,13 @@ def _fold(
             made[op[0]] = made.get(op[0], 0) + 1
             if op[1]:
                 integer.add(op[0])
-        return any(made[op] >= SMALL_LEVEL_RUN for op in integer)
+            prim = primitives[m] if m < len(primitives) else None
+            indexing[op[0]] = indexing.get(op[0], True) and prim in _INDEXING
+        # (a float array's static index, `t0=ts[0]` in a call's arguments: `slice`, then
+        # `squeeze`, no integer work, were loose boxes beside the call)
+        return any(made[op] >= SMALL_LEVEL_RUN for op in integer) or any(
+            made[op] >= SMALL_LEVEL_RUN for op, yes in indexing.items() if yes
+        )
 
     def line_key(library: bool) -> Callable[[int], str | None]:
         # Runs inside one scope (or none) whose level is big, from one line: a user's
