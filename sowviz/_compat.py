@@ -553,6 +553,17 @@ def new_var(aval: Any) -> Var:
     return _core.Var(aval)
 
 
+def staging_now() -> bool:
+    """Whether a JAX transformation is tracing the code that asks (inside `jax.jit`,
+    `vmap`, `grad`, a `lax.scan` body...): a compiled program called there would be
+    staged into that trace, not run, and its results would be tracers. Inside
+    `jax.ensure_compile_time_eval()` (JAX 0.10-0.12: `eager_constant_folding`) a call on
+    concrete values runs, so that is not staging."""
+    if _config.eager_constant_folding.value:
+        return False
+    return not isinstance(_core.trace_ctx.trace, _core.EvalTrace)
+
+
 def traced_var(x: Any) -> Var | None:
     """The jaxpr variable a value traced by `jax.make_jaxpr` stands for, through the
     tracers of `vmap` and `jvp` around it (an Equinox module called under `jax.vmap`),

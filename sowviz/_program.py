@@ -88,6 +88,16 @@ _NO_ARGUMENTS = (
 )
 
 
+_STAGED = (
+    "sowviz.{where} was called while JAX traces a function (inside `jax.jit`, `vmap`, "
+    "`grad`, a `lax.scan` body or another transformation): sowviz compiles and runs a "
+    "program of its own and reads its statistics back, which a trace cannot do (the "
+    "call would be staged into it). Call it outside the transformation; where you must "
+    "call it inside one on concrete values, wrap the call in "
+    "`with jax.ensure_compile_time_eval():`."
+)
+
+
 def check_has_arguments(mode: Mode, args: tuple, where: str) -> None:
     """Mode grad needs an argument to differentiate (modes jvp, vjp and all take a
     function of none, as `jax.jvp(f, (), ())` and `jax.vjp(f)` do)."""
@@ -874,6 +884,11 @@ class Runner:
             raise said from err
         finally:
             self.family.local.args = None
+        if _compat.staging_now():
+            # (checked here, not first: traced arguments and traced values the function
+            # closes over get their own, more precise messages above; this call of the
+            # compiled program was staged into the caller's trace, its results tracers)
+            raise TypeError(_STAGED.format(where=where))
         if out.packed.pending:
             # (a Monitor's step leaves a CPU mesh's summaries on the device they ran on:
             # its gather takes the step's other parts there, `_wire.gather`)

@@ -120,12 +120,29 @@ def test_jax_put_back_when_the_function_raises_during_the_trace():
     with pytest.raises(ValueError, match="user's own error"):
         sowviz.inspect(outer, *_args())
     _jax_is_its_own()
-    # (and where the inner `inspect` fails: JAX staged its work into the outer trace)
-    with pytest.raises(TypeError):
+    # (and where the inner `inspect` is refused: JAX would stage its work into the
+    # outer trace; the error says so and names the fix)
+    with pytest.raises(TypeError, match=r"while JAX traces a function.*ensure_compile_time_eval"):
         sowviz.inspect(lambda w, x: sowviz.inspect(_named_loss(), *_args()).result, *_args())
+    with pytest.raises(TypeError, match=r"sowviz.inspect was called while JAX traces"):
+        jax.jit(lambda w, x: sowviz.inspect(_named_loss(), *_args()).result)(*_args())
     _jax_is_its_own()
     # the next trace records again
     _named_loss_checked(sowviz.inspect(_named_loss(), *_args(), mode="grad"))
+    _jax_is_its_own()
+
+
+def test_a_monitor_step_inside_jit_says_so_and_is_right_outside():
+    """A `Monitor.step` on concrete values, called inside `jax.jit` (its compiled
+    program would be staged into that trace), is refused in sowviz's words; the same
+    Monitor outside returns JAX's gradient."""
+    mon = sowviz.Monitor(_named_loss())
+    with pytest.raises(TypeError, match=r"sowviz.Monitor.step was called while JAX traces"):
+        jax.jit(lambda s: mon.step(*_args())[0] * s)(np.float32(2.0))
+    value, grads = mon.step(*_args())
+    want_value, want_grads = jax.value_and_grad(prog.named_loss)(*_args())
+    np.testing.assert_allclose(float(value), float(want_value), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(grads), np.asarray(want_grads), rtol=1e-5, atol=1e-7)
     _jax_is_its_own()
 
 
