@@ -244,3 +244,28 @@ def test_the_report_draws_no_banner_for_a_healthy_solve(page, solved, tmp_path):
     assert banner.is_visible()
     assert "Only +Inf fill values" in banner.inner_text(), banner.inner_text()
     assert page.errors == []
+
+
+def test_a_loop_on_an_indexing_line_stays_a_stage_beside_the_index_box():
+    """The index box is the index's equations alone: a `scan` on the same line
+    (`lax.scan(step, xs[0], xs)`) was swallowed into a closed box named by the line's
+    assignment, hiding the loop from the first view."""
+
+    def f(xs):
+        c, ys = jax.lax.scan(lambda c, x: (jnp.tanh(c + x), jnp.tanh(c + x) * 2.0), xs[0], xs)
+        return jnp.sum(c**2) + jnp.mean(ys**2)
+
+    xs = jnp.linspace(-1.0, 1.0, 6 * 4).reshape(6, 4)
+    ins = sowviz.inspect(f, xs, mode="grad")
+    model = ins.to_dict()
+    by_id = {n["id"]: n for n in model["nodes"]}
+    root = next(n for n in model["nodes"] if n.get("parent") is None)
+    (scan,) = [n for n in model["nodes"] if n["kind"] == "scan"]
+    assert scan["parent"] == root["id"], by_id[scan["parent"]]["label"]
+    (index,) = [n for n in model["nodes"] if n["label"] == "xs[0]"]
+    inside = sorted(n["label"] for n in model["nodes"] if n.get("parent") == index["id"])
+    assert inside == ["slice", "squeeze"]
+    value, grad = ins.result
+    want_value, want_grad = jax.value_and_grad(f)(xs)
+    np.testing.assert_allclose(float(value), float(want_value), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(grad), np.asarray(want_grad), rtol=1e-5, atol=1e-7)

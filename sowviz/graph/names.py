@@ -1804,7 +1804,10 @@ def _fold(
                     own = function_label(loc.function)[0]
                     again = f"\x04{passes[i]}" if i < len(passes) and passes[i] else ""
                     return f"{own}:{loc.line}\x02{'/'.join(scope)}{again}\x03"
-                if not library and plumbed_line(i):  # (`\x03`: a small level's least run)
+                own_stage = i < len(stages) and bool(stages[i])
+                # (a loop or call on the line stays a stage of its own beside the box of
+                # its arguments' index: `scan(step, xs[0], xs)` was swallowed whole)
+                if not library and not own_stage and plumbed_line(i):  # (`\x03`: least run)
                     if at_module_call is None or not at_module_call(i):
                         own = function_label(loc.function)[0]
                         again = f"\x04{passes[i]}" if i < len(passes) and passes[i] else ""
