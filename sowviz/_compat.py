@@ -38,7 +38,7 @@ import os
 import re
 import sys
 import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -350,38 +350,34 @@ def new_eqn(invars, outvars, primitive, params, effects, source_info=None) -> Ja
     return _core.new_jaxpr_eqn(invars, outvars, primitive, params, effects, source_info)
 
 
-def stop_gradient_eqn(x: Var, source_info=None) -> tuple[JaxprEqn, Var]:
-    """An equation `y = stop_gradient(x)` and its output `y` (the primitive
-    `lax.stop_gradient` binds, found by tracing it: `stop_gradient` in JAX 0.10-0.12)."""
-    global _STOP_GRADIENT
-    if _STOP_GRADIENT is None:
-        closed = jax.make_jaxpr(jax.lax.stop_gradient)(jax.ShapeDtypeStruct((), "float32"))
+#: (primitive, params) of the one equation a function of one array traces to, by name
+_UNARY: dict[str, tuple[Primitive, dict]] = {}
+
+
+def _unary_eqn(fn: Callable, x: Var, source_info: Any) -> tuple[JaxprEqn, Var]:
+    """An equation `y = fn(x)` and its output `y`: the primitive `fn` binds, found once
+    by tracing it (so no primitive's name is assumed, JAX 0.10-0.12)."""
+    key = fn.__qualname__
+    if key not in _UNARY:
+        closed = jax.make_jaxpr(fn)(jax.ShapeDtypeStruct((), "float32"))
         (eqn,) = closed.jaxpr.eqns
-        _STOP_GRADIENT = (eqn.primitive, dict(eqn.params))
-    prim, params = _STOP_GRADIENT
+        _UNARY[key] = (eqn.primitive, dict(eqn.params))
+    prim, params = _UNARY[key]
     y = new_var(x.aval)
     return new_eqn([x], [y], prim, params, set(), source_info), y
 
 
-_STOP_GRADIENT: tuple[Primitive, dict] | None = None
+def stop_gradient_eqn(x: Var, source_info=None) -> tuple[JaxprEqn, Var]:
+    """An equation `y = stop_gradient(x)` and its output `y` (`stop_gradient`)."""
+    return _unary_eqn(jax.lax.stop_gradient, x, source_info)
 
 
 def copy_eqn(x: Var, source_info=None) -> tuple[JaxprEqn, Var]:
-    """An equation `y = copy(x)` and its output `y` (the primitive `jnp.copy` binds,
-    found by tracing it: `copy` in JAX 0.10-0.12). A value sown through a copy that
-    one equation alone reads gets that equation's cotangent alone: a `sow` hands its
-    result to every read of its operand (`read_on_through`), the copy's has none."""
-    global _COPY
-    if _COPY is None:
-        closed = jax.make_jaxpr(jax.numpy.copy)(jax.ShapeDtypeStruct((), "float32"))
-        (eqn,) = closed.jaxpr.eqns
-        _COPY = (eqn.primitive, dict(eqn.params))
-    prim, params = _COPY
-    y = new_var(x.aval)
-    return new_eqn([x], [y], prim, params, set(), source_info), y
-
-
-_COPY: tuple[Primitive, dict] | None = None
+    """An equation `y = copy(x)` and its output `y` (`jnp.copy` binds `copy`). A value
+    sown through a copy that one equation alone reads gets that equation's cotangent
+    alone: a `sow` hands its result to every read of its operand (`read_on_through`),
+    the copy's has none."""
+    return _unary_eqn(jax.numpy.copy, x, source_info)
 
 
 def closed_call_eqn(closed: ClosedJaxpr, invars: list, source_info=None) -> JaxprEqn:

@@ -105,14 +105,11 @@ def test_a_scan_body_reads_its_carry_and_slices_from_outside():
 
     g = sowviz.inspect(loss, jnp.eye(3), jnp.ones((4, 3))).graph
     (scan,) = [n for n in g.nodes if n.kind == "scan"]
-    _, inner_add, _, carry_add = [n.id for n in g.nodes if n.parent == scan.id]
+    dot, inner_add, _, carry_add = [n.id for n in g.nodes if n.parent == scan.id]
     into = {(g.node(s).label, t) for e in g.edges if e.target == scan.id for s, t in e.ends}
-    # the slices read by `... + x`; not `w` (an argument differentiated: a weight, as
-    # every module reads its own). The carry's `jnp.zeros(3)`, a constant loose beside
-    # the scan, is the scan's own work since round 21 (`graph.saved.folded_constants`):
-    # no box, no edge into `h @ w` and `h + ...`
-    assert into == {("xs", inner_add)}
-    assert not [n for n in g.nodes if n.primitive == "broadcast_in_dim"]
+    # the carry's zeros read by `h @ w` and `h + ...`, the slices by `... + x`; not `w`
+    # (an argument differentiated: a weight, as every module reads its own)
+    assert into == {("broadcast_in_dim", dot), ("broadcast_in_dim", carry_add), ("xs", inner_add)}
     # the final carry leaves from the body's `h + ...`; `ys` is the carry passed through
     out = {(s, g.node(t).label) for e in g.edges if e.source == scan.id for s, t in e.ends}
     assert out == {(carry_add, "reduce_sum"), (scan.id, "reduce_sum")}

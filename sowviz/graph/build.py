@@ -1681,6 +1681,9 @@ class _Builder(InputsMixin):
                 and j not in unread
                 and (j in out or j not in candidates)
                 and not (_is_type_cast(jaxpr.eqns[j]) or id(jaxpr.eqns[j]) in self.passed)
+                # (nor a loop's carry: its edge is the loop's port, named by the user's
+                # carry, `h` of `fori_loop(0, n, body, jnp.zeros(4))`, an NNX scan's `i`)
+                and construct_of(jaxpr.eqns[j].primitive.name) not in _LOOPS
                 for j in readers[i]
             )
             if ok:

@@ -1752,8 +1752,11 @@ def _fold(
         made: dict[Any, int] = {}
         integer: set[Any] = set()
         indexing: dict[Any, bool] = {}  # each operation: all its equations index
+        staged = False  # the line holds a stage (a loop, a sow)
         for m in range(lo, hi + 1):
             op = operations[m] if m < len(operations) else None
+            if m < len(stages) and stages[m]:
+                staged = True
             if op is None or calls(m) or (m < len(stages) and stages[m]):
                 continue
             made[op[0]] = made.get(op[0], 0) + 1
@@ -1762,9 +1765,11 @@ def _fold(
             prim = primitives[m] if m < len(primitives) else None
             indexing[op[0]] = indexing.get(op[0], True) and prim in _INDEXING
         # (a float array's static index, `t0=ts[0]` in a call's arguments: `slice`, then
-        # `squeeze`, no integer work, were loose boxes beside the call)
-        return any(made[op] >= SMALL_LEVEL_RUN for op in integer) or any(
-            made[op] >= SMALL_LEVEL_RUN for op, yes in indexing.items() if yes
+        # `squeeze`, no integer work, were loose boxes beside the call; not on a line
+        # holding a stage, which the box would swallow or whose name it would take:
+        # `scan(step, xs[0], xs)`, `scale = sow(jnp.exp(x[1]), "scale")`)
+        return any(made[op] >= SMALL_LEVEL_RUN for op in integer) or (
+            not staged and any(made[op] >= SMALL_LEVEL_RUN for op, yes in indexing.items() if yes)
         )
 
     def line_key(library: bool) -> Callable[[int], str | None]:
@@ -1804,10 +1809,7 @@ def _fold(
                     own = function_label(loc.function)[0]
                     again = f"\x04{passes[i]}" if i < len(passes) and passes[i] else ""
                     return f"{own}:{loc.line}\x02{'/'.join(scope)}{again}\x03"
-                own_stage = i < len(stages) and bool(stages[i])
-                # (a loop or call on the line stays a stage of its own beside the box of
-                # its arguments' index: `scan(step, xs[0], xs)` was swallowed whole)
-                if not library and not own_stage and plumbed_line(i):  # (`\x03`: least run)
+                if not library and plumbed_line(i):  # (`\x03`: a small level's least run)
                     if at_module_call is None or not at_module_call(i):
                         own = function_label(loc.function)[0]
                         again = f"\x04{passes[i]}" if i < len(passes) and passes[i] else ""
