@@ -1193,6 +1193,11 @@ def inspect(
     BatchNorm statistics, its RNG counters) is drawn as outputs (`new model.bn.mean`)
     and left unwritten; `Monitor.step` writes it back.
 
+    `inspect` compiles, runs and reads back a program of its own, so call it outside
+    `jax.jit`, `vmap`, `grad` and other transformations: inside one it raises a
+    TypeError saying so (on concrete values, `with jax.ensure_compile_time_eval():`
+    runs it there).
+
     Example:
         >>> ins = sowviz.inspect(lambda w: jnp.sum(jnp.tanh(w) ** 2), jnp.ones(3))
         >>> ins.to_dict()["schema"], ins.mode.value

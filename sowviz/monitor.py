@@ -314,7 +314,9 @@ class Monitor:
         that `fn` assigns in its arguments (a Flax NNX model's BatchNorm statistics,
         its dropout RNG counters) is written back, as `nnx.value_and_grad` does.
         Arguments are positional: bind keyword arguments into `fn` with
-        `functools.partial` when making the Monitor.
+        `functools.partial` when making the Monitor. It replaces your jitted
+        value-and-grad: call it outside `jax.jit` and other transformations (inside one
+        it raises a TypeError saying so) and jit only the update.
 
         `step=n` numbers this step n (later calls count on from n + 1), as
         TensorBoard's `global_step` does: an eval Monitor stepped every other training
