@@ -256,7 +256,9 @@ def test_a_tesseract_stage_says_which_output_it_shows(tesseracts, grad_ins):
     x, a = tp.make_args()
     y = apply_tesseract(scale, {"x": x, "a": a, "b": jnp.float32(0.5)})["y"]
     leaves = {p.leaf for p in grad_ins.probes if p.node == grad_ins.probe("scale").node}
-    assert leaves == {"['y']"}
+    # (its differentiable inputs have probes of their own since round 21, the
+    # Tesseract's VJP per field: `probe("scale", input="x")`)
+    assert leaves == {"['y']", "['x (input)']", "['a (input)']"}
     got = grad_ins.probe("scale")  # one output: named without `leaf=`, as before
     assert got is grad_ins.probe("scale", "y")
     np.testing.assert_allclose(got.summaries["primal"]["l2"], np.linalg.norm(y), rtol=1e-5)
