@@ -32,6 +32,7 @@ from .source_text import (
     called_alone,
     calls_from_module,
     derivative_alone,
+    is_loop_header,
     is_return,
     names_string,
     operand_text,
@@ -1768,8 +1769,13 @@ def _fold(
         # `squeeze`, no integer work, were loose boxes beside the call; not on a line
         # holding a stage, which the box would swallow or whose name it would take:
         # `scan(step, xs[0], xs)`, `scale = sow(jnp.exp(x[1]), "scale")`)
+        # Nor a Python loop's header (`for x in xs:`, each pass's `slice`, `squeeze` on
+        # JAX 0.10): a box per pass there, beside the pass's own calls.
+        loc = locs[i]
         return any(made[op] >= SMALL_LEVEL_RUN for op in integer) or (
-            not staged and any(made[op] >= SMALL_LEVEL_RUN for op, yes in indexing.items() if yes)
+            not staged
+            and any(made[op] >= SMALL_LEVEL_RUN for op, yes in indexing.items() if yes)
+            and not (loc is not None and is_loop_header(loc.file, loc.line))
         )
 
     def line_key(library: bool) -> Callable[[int], str | None]:

@@ -111,6 +111,15 @@ def _targets(file: str, line: int, column: int | None = None) -> list[str] | Non
     return names
 
 
+def is_loop_header(file: str, line: int) -> bool:
+    """Whether `file:line` is in a Python `for` loop's header (`for x in xs:`)."""
+    tree = _parsed("".join(_lines(file)))
+    return tree is not None and any(
+        isinstance(n, ast.For) and n.lineno <= line <= (n.iter.end_lineno or n.lineno)
+        for n in ast.walk(tree)
+    )
+
+
 def is_return(file: str, line: int) -> bool:
     """Whether `file:line` is (part of) a `return` statement."""
     statements = _statements_at("".join(_lines(file)), line)
